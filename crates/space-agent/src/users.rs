@@ -1,0 +1,71 @@
+//! Looking users up in the sandbox's own `/etc/passwd`.
+
+use std::fs;
+
+/// The account a command runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+}
+
+/// Resolves a user name or numeric uid; `None` means root.
+pub fn resolve(user: Option<&str>) -> Result<Account, String> {
+    let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
+    resolve_in(&passwd, user.unwrap_or("root"))
+}
+
+fn resolve_in(passwd: &str, user: &str) -> Result<Account, String> {
+    let numeric: Option<u32> = user.parse().ok();
+    for line in passwd.lines() {
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.len() < 7 {
+            continue;
+        }
+        let (Ok(uid), Ok(gid)) = (fields[2].parse::<u32>(), fields[3].parse::<u32>()) else {
+            continue;
+        };
+        if fields[0] == user || numeric == Some(uid) {
+            return Ok(Account {
+                name: fields[0].to_string(),
+                uid,
+                gid,
+                home: fields[5].to_string(),
+            });
+        }
+    }
+    match (numeric, user) {
+        // A bare uid with no passwd entry is still a valid identity.
+        (Some(uid), _) => Ok(Account {
+            name: uid.to_string(),
+            uid,
+            gid: uid,
+            home: "/".into(),
+        }),
+        (None, "root") => Ok(Account {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+            home: "/root".into(),
+        }),
+        (None, name) => Err(format!("no such user in the sandbox: {name}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nbroken\n";
+
+    #[test]
+    fn names_and_uids_resolve() {
+        assert_eq!(resolve_in(PASSWD, "nobody").unwrap().uid, 65534);
+        assert_eq!(resolve_in(PASSWD, "0").unwrap().name, "root");
+        assert_eq!(resolve_in(PASSWD, "1234").unwrap().gid, 1234);
+        assert!(resolve_in(PASSWD, "mallory").is_err());
+        assert_eq!(resolve_in("", "root").unwrap().home, "/root");
+    }
+}

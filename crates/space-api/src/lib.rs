@@ -1,0 +1,352 @@
+//! The public API's wire types (see `shared/API.md`).
+//!
+//! Request types are `deny_unknown_fields`: a typo in a request is an error,
+//! never silently ignored. These types carry no validation logic; the server
+//! converts them into its own validated domain types.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The body of every non-2xx response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable, snake_case (`not_found`, `invalid_request`, `invalid_state`, …).
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+    #[schema(value_type = Object)]
+    pub details: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Paused,
+    Suspending,
+    Suspended,
+    Resuming,
+    Deleting,
+    Deleted,
+    Failed,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Suspending => "suspending",
+            SandboxState::Suspended => "suspended",
+            SandboxState::Resuming => "resuming",
+            SandboxState::Deleting => "deleting",
+            SandboxState::Deleted => "deleted",
+            SandboxState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<SandboxState> {
+        serde_json::from_value(serde_json::Value::String(text.to_string())).ok()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnIdle {
+    Pause,
+    Suspend,
+    Delete,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_idle: Option<OnIdle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime_s: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Egress {
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub egress: Egress,
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    pub template: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u32>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: String,
+    pub template: String,
+    pub state: SandboxState,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub disk_mib: u32,
+    pub labels: BTreeMap<String, String>,
+    /// The isolation engine running it: `gvisor` or `firecracker`.
+    pub engine: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub lifecycle: Lifecycle,
+    pub network: Network,
+    pub last_activity_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// Every lifecycle call answers with the sandbox and the operation it started.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxOperation {
+    pub sandbox: Sandbox,
+    pub operation: Operation,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationKind {
+    Create,
+    Pause,
+    Resume,
+    Suspend,
+    Delete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationState {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl OperationState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, OperationState::Succeeded | OperationState::Failed | OperationState::Cancelled)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Progress {
+    pub step: String,
+    pub done: u64,
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Operation {
+    pub id: String,
+    pub kind: OperationKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    pub state: OperationState,
+    pub progress: Progress,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OperationList {
+    pub operations: Vec<Operation>,
+}
+
+/// `POST /v1/sandboxes/{id}/commands` and `/exec`: exactly one of `argv` and `cmd`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// A shell string, run by `/bin/sh -c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub stdin: bool,
+    #[serde(default)]
+    pub tty: bool,
+    /// 0 or absent: no timeout.
+    #[serde(default)]
+    pub timeout_s: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandState {
+    Running,
+    Exited,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProcessResult {
+    /// The exit code, or null when a signal ended it.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it (`KILL`, `TERM`, …), or null.
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub finished_at: String,
+    /// Set when the platform, not the process, ended the session (for
+    /// example the sandbox failed); exit_code and signal are then null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Attach {
+    pub output: String,
+    pub stdin: String,
+    pub ws: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Command {
+    pub id: String,
+    pub sandbox_id: String,
+    pub state: CommandState,
+    pub argv: Vec<String>,
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    pub started_at: String,
+    pub attach: Attach,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ProcessResult>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CommandCreated {
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CommandList {
+    pub commands: Vec<Command>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecResponse {
+    pub command: Command,
+    pub stdout: String,
+    pub stderr: String,
+    pub result: ProcessResult,
+    /// True when stdout or stderr was cut to the exec limit; the whole
+    /// output stays in the transcript.
+    pub truncated: bool,
+}
+
+/// One line of `GET .../commands/{cid}/output`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputFrame {
+    Stdout {
+        /// Position of the first byte in the command's combined output.
+        offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
+        /// The bytes, base64, when they are not valid UTF-8.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_b64: Option<String>,
+    },
+    Stderr {
+        offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_b64: Option<String>,
+    },
+    Exit {
+        result: ProcessResult,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EngineStatus {
+    pub name: String,
+    pub available: bool,
+    /// Why it is (un)available.
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+    /// The engine new sandboxes run on.
+    pub engine: String,
+    pub engines: Vec<EngineStatus>,
+    pub kvm: KvmStatus,
+    pub disk: DiskStatus,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct KvmStatus {
+    pub present: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DiskStatus {
+    pub filesystem: String,
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}

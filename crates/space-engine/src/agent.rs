@@ -1,0 +1,270 @@
+//! The host side of the agent channel: handshake, health, command streams.
+//!
+//! One reader task owns the socket's read half and routes frames to the
+//! stream they belong to; one writer task owns the write half. Everything the
+//! guest sends is untrusted: headers are validated before any allocation,
+//! frames for unknown streams are dropped, and a protocol violation closes
+//! the connection.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use space_proto::{
+    decode_header, ExecFailed, ExecRequest, Exited, Frame, FrameKind, Hello, ProtoError, ProtocolErrorMessage,
+    SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+/// Frames buffered per stream before the reader waits (backpressure).
+const STREAM_DEPTH: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("the agent connection is closed")]
+    Disconnected,
+    #[error("the agent did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("could not start the process: {}", .0.message)]
+    ExecFailed(ExecFailed),
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtoError),
+}
+
+struct Shared {
+    streams: Mutex<HashMap<u32, mpsc::Sender<Frame>>>,
+    next_stream: AtomicU32,
+    closed: AtomicBool,
+}
+
+/// A connected, handshaken agent. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentConn {
+    outbox: mpsc::Sender<Frame>,
+    shared: Arc<Shared>,
+    hello: Arc<Hello>,
+}
+
+/// What a command stream delivers, in order; `Exit` is always last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(Exited),
+}
+
+/// A running command's stream.
+pub struct ExecStream {
+    pub stream: u32,
+    pub pid: u32,
+    frames: mpsc::Receiver<Frame>,
+    conn: AgentConn,
+}
+
+impl AgentConn {
+    /// Reads the agent's hello, answers with its identity, starts the I/O
+    /// tasks and checks health with a ping.
+    pub async fn handshake(socket: UnixStream, welcome: Welcome, patience: Duration) -> Result<AgentConn, AgentError> {
+        let (mut read_half, mut write_half) = socket.into_split();
+        let hello: Hello = tokio::time::timeout(patience, read_frame(&mut read_half))
+            .await
+            .map_err(|_| AgentError::Timeout(patience))??
+            .expect(FrameKind::Hello)?;
+        if hello.protocol_version != PROTOCOL_VERSION {
+            let message = ProtocolErrorMessage {
+                message: format!("host speaks protocol {PROTOCOL_VERSION}, agent {}", hello.protocol_version),
+            };
+            let _ = write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Error, &message)).await;
+            return Err(ProtoError::Version { theirs: hello.protocol_version }.into());
+        }
+        write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome)).await?;
+
+        let shared = Arc::new(Shared {
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU32::new(1),
+            closed: AtomicBool::new(false),
+        });
+        let (outbox, queued) = mpsc::channel(256);
+        tokio::spawn(write_loop(write_half, queued));
+        tokio::spawn(read_loop(read_half, shared.clone()));
+        let conn = AgentConn { outbox, shared, hello: Arc::new(hello) };
+        conn.ping(patience).await?;
+        Ok(conn)
+    }
+
+    pub fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    fn open_stream(&self) -> Result<(u32, mpsc::Receiver<Frame>), AgentError> {
+        if self.is_closed() {
+            return Err(AgentError::Disconnected);
+        }
+        let stream = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(STREAM_DEPTH);
+        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, tx);
+        Ok((stream, rx))
+    }
+
+    fn close_stream(&self, stream: u32) {
+        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+    }
+
+    async fn send(&self, frame: Frame) -> Result<(), AgentError> {
+        self.outbox.send(frame).await.map_err(|_| AgentError::Disconnected)
+    }
+
+    /// A health check: the agent echoes the ping. Returns the round trip.
+    pub async fn ping(&self, patience: Duration) -> Result<Duration, AgentError> {
+        let (stream, mut rx) = self.open_stream()?;
+        let started = Instant::now();
+        let result = async {
+            self.send(Frame::new(stream, FrameKind::Ping, b"health".to_vec())).await?;
+            match tokio::time::timeout(patience, rx.recv()).await {
+                Err(_) => Err(AgentError::Timeout(patience)),
+                Ok(None) => Err(AgentError::Disconnected),
+                Ok(Some(frame)) if frame.kind == FrameKind::Pong => Ok(started.elapsed()),
+                Ok(Some(frame)) => Err(ProtoError::Unexpected { expected: FrameKind::Pong, got: frame.kind }.into()),
+            }
+        }
+        .await;
+        self.close_stream(stream);
+        result
+    }
+
+    /// Starts a process; returns once it runs (or could not be started).
+    pub async fn exec(&self, request: &ExecRequest) -> Result<ExecStream, AgentError> {
+        let (stream, mut frames) = self.open_stream()?;
+        let result = async {
+            self.send(Frame::message(stream, FrameKind::Exec, request)).await?;
+            let first = frames.recv().await.ok_or(AgentError::Disconnected)?;
+            match first.kind {
+                FrameKind::Started => Ok(first.parse::<Started>()?.pid),
+                FrameKind::ExecFailed => Err(AgentError::ExecFailed(first.parse()?)),
+                got => Err(ProtoError::Unexpected { expected: FrameKind::Started, got }.into()),
+            }
+        }
+        .await;
+        match result {
+            Ok(pid) => Ok(ExecStream { stream, pid, frames, conn: self.clone() }),
+            Err(err) => {
+                self.close_stream(stream);
+                Err(err)
+            }
+        }
+    }
+
+    /// Sends bytes to a command's stdin.
+    pub async fn send_stdin(&self, stream: u32, bytes: Vec<u8>) -> Result<(), AgentError> {
+        self.send(Frame::new(stream, FrameKind::Stdin, bytes)).await
+    }
+
+    pub async fn close_stdin(&self, stream: u32) -> Result<(), AgentError> {
+        self.send(Frame::new(stream, FrameKind::StdinEof, Vec::new())).await
+    }
+
+    /// Sends `signal` (a number) to a command's process group.
+    pub async fn signal(&self, stream: u32, signal: i32) -> Result<(), AgentError> {
+        self.send(Frame::message(stream, FrameKind::Signal, &SignalRequest { signal })).await
+    }
+}
+
+impl ExecStream {
+    /// The next event; `None` only if the connection broke before the exit.
+    pub async fn next(&mut self) -> Option<ExecEvent> {
+        let frame = self.frames.recv().await?;
+        let event = match frame.kind {
+            FrameKind::Stdout => ExecEvent::Stdout(frame.payload),
+            FrameKind::Stderr => ExecEvent::Stderr(frame.payload),
+            FrameKind::Exit => match frame.parse::<Exited>() {
+                Ok(exited) => {
+                    self.conn.close_stream(self.stream);
+                    ExecEvent::Exit(exited)
+                }
+                Err(_) => return None,
+            },
+            _ => return None,
+        };
+        Some(event)
+    }
+
+    pub fn conn(&self) -> &AgentConn {
+        &self.conn
+    }
+}
+
+impl Drop for ExecStream {
+    fn drop(&mut self) {
+        self.conn.close_stream(self.stream);
+    }
+}
+
+async fn read_frame(reader: &mut OwnedReadHalf) -> Result<Frame, ProtoError> {
+    let mut header_bytes = [0u8; HEADER_LEN];
+    reader.read_exact(&mut header_bytes).await?;
+    let header = decode_header(&header_bytes)?;
+    debug_assert!(header.len <= MAX_PAYLOAD);
+    let mut payload = vec![0u8; header.len];
+    reader.read_exact(&mut payload).await?;
+    Ok(Frame { stream: header.stream, kind: header.kind, payload })
+}
+
+async fn write_frame(writer: &mut OwnedWriteHalf, frame: &Frame) -> Result<(), ProtoError> {
+    writer.write_all(&frame.encode()?).await?;
+    Ok(())
+}
+
+async fn write_loop(mut writer: OwnedWriteHalf, mut queued: mpsc::Receiver<Frame>) {
+    let mut buf = Vec::new();
+    while let Some(frame) = queued.recv().await {
+        buf.clear();
+        let _ = frame.encode_into(&mut buf);
+        // Coalesce what is already queued into one write.
+        while buf.len() < 256 * 1024 {
+            match queued.try_recv() {
+                Ok(next) => {
+                    let _ = next.encode_into(&mut buf);
+                }
+                Err(_) => break,
+            }
+        }
+        if writer.write_all(&buf).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
+    loop {
+        let frame = match read_frame(&mut reader).await {
+            Ok(frame) => frame,
+            Err(err) => {
+                tracing::debug!("agent connection closed: {err}");
+                break;
+            }
+        };
+        if frame.stream == CONTROL_STREAM {
+            if frame.kind == FrameKind::Error {
+                let message = frame.parse::<ProtocolErrorMessage>().map(|m| m.message).unwrap_or_default();
+                tracing::warn!("the agent reported a protocol error: {message}");
+            }
+            continue;
+        }
+        let target = shared.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&frame.stream).cloned();
+        if let Some(target) = target {
+            // A receiver that went away just means nobody listens any more.
+            let _ = target.send(frame).await;
+        }
+    }
+    shared.closed.store(true, Ordering::Release);
+    // Dropping every sender ends every open stream with `None`.
+    shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}

@@ -1,0 +1,345 @@
+//! The gVisor engine: each sandbox is one `runsc` container in its own
+//! sandbox (sentry + gofer), with a btrfs snapshot of the template as its
+//! root, no network device, and the agent as PID 1 dialing home through a
+//! Unix socket in a bind-mounted directory (`--host-uds=open`).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oci_spec::runtime::{
+    Capability, LinuxCapabilitiesBuilder, MountBuilder, ProcessBuilder, RootBuilder, Spec, UserBuilder,
+};
+use space_host::btrfs;
+use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
+use space_process::Reaper;
+use space_proto::{Welcome, PROTOCOL_VERSION};
+use tokio::net::UnixListener;
+
+use crate::{AgentConn, Availability, Engine, EngineError, SandboxSpec, Started};
+
+/// How long a sandbox may take from `runsc run` to the agent's hello.
+const BOOT_PATIENCE: Duration = Duration::from_secs(20);
+/// The socket the agent dials, as seen from the host.
+const SOCKET_NAME: &str = "agent.sock";
+
+#[derive(Debug, Clone)]
+pub struct GvisorConfig {
+    /// The `runsc` binary.
+    pub runsc: PathBuf,
+    /// The statically linked `space-agent` put into every sandbox.
+    pub agent_bin: PathBuf,
+    /// `runsc --root`: where runsc keeps its container state.
+    pub state_dir: PathBuf,
+}
+
+pub struct Gvisor {
+    config: GvisorConfig,
+}
+
+impl Gvisor {
+    pub fn new(config: GvisorConfig) -> Gvisor {
+        Gvisor { config }
+    }
+
+    /// runsc's global flags. Each is part of the isolation contract:
+    /// - `--network=none`: no network device but loopback;
+    /// - `--host-uds=open`: lets the agent connect to the one host socket
+    ///   bind-mounted into the sandbox (nothing else on the host is mounted);
+    /// - `--overlay2=none`: writes land in the sandbox's own btrfs snapshot,
+    ///   not in sentry memory, so they count as disk and survive a suspend.
+    pub fn runsc(&self) -> Command {
+        let mut command = Command::new(&self.config.runsc);
+        command
+            .arg(format!("--root={}", self.config.state_dir.display()))
+            .args(["--network=none", "--host-uds=open", "--overlay2=none"]);
+        command
+    }
+
+    /// The OCI bundle directory of a sandbox.
+    pub fn bundle_dir(dir: &Path) -> PathBuf {
+        dir.join("bundle")
+    }
+
+    /// The host directory that holds the agent's socket.
+    pub fn socket_dir(dir: &Path) -> PathBuf {
+        dir.join("sock")
+    }
+
+    /// Writes the OCI bundle for `spec`: `config.json` with the sandbox's own
+    /// root, the agent as PID 1, and the two bind mounts it needs.
+    pub fn write_bundle(&self, spec: &SandboxSpec) -> Result<PathBuf, EngineError> {
+        let bundle = Self::bundle_dir(&spec.dir);
+        fs::create_dir_all(&bundle).map_err(EngineError::io("creating the bundle dir"))?;
+        let config = oci_config(spec, &self.config.agent_bin)?;
+        let json = serde_json::to_vec_pretty(&config).map_err(|e| EngineError::Runtime(e.to_string()))?;
+        fs::write(bundle.join("config.json"), json).map_err(EngineError::io("writing config.json"))?;
+        Ok(bundle)
+    }
+
+    /// Everything before `runsc run`: the root snapshot, the socket directory
+    /// and the bundle. Returns the listener the agent will dial.
+    fn prepare(&self, spec: &SandboxSpec) -> Result<std::os::unix::net::UnixListener, EngineError> {
+        fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
+        btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
+        let socket_dir = Self::socket_dir(&spec.dir);
+        fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
+        fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
+        let listener = std::os::unix::net::UnixListener::bind(socket_dir.join(SOCKET_NAME))
+            .map_err(EngineError::io("binding the agent socket"))?;
+        listener.set_nonblocking(true).map_err(EngineError::io("socket mode"))?;
+        self.write_bundle(spec)?;
+        Ok(listener)
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+        let started = Instant::now();
+        let this = self.clone_config();
+        let spec_clone = spec.clone();
+        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
+
+        let log_path = spec.dir.join("runsc.log");
+        let log = fs::File::create(&log_path).map_err(EngineError::io("creating runsc.log"))?;
+        let log_err = log.try_clone().map_err(EngineError::io("runsc.log"))?;
+        let mut run = self.runsc();
+        run.args(["run", "--detach", "--bundle"])
+            .arg(Self::bundle_dir(&spec.dir))
+            .arg(&spec.id)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        let child = Reaper::global().spawn(&mut run).map_err(EngineError::io("starting runsc"))?;
+        let runsc_done = tokio::task::spawn_blocking(move || child.wait());
+
+        let accept = tokio::time::timeout(BOOT_PATIENCE, listener.accept());
+        tokio::pin!(accept);
+        tokio::pin!(runsc_done);
+        let mut runsc_finished = false;
+        let socket = loop {
+            tokio::select! {
+                status = &mut runsc_done, if !runsc_finished => {
+                    runsc_finished = true;
+                    let status = status.map_err(|e| EngineError::Runtime(e.to_string()))?;
+                    if !status.success() {
+                        return Err(EngineError::Runtime(format!(
+                            "runsc run failed ({status:?}): {}", log_tail(&log_path)
+                        )));
+                    }
+                }
+                accepted = &mut accept => {
+                    let (socket, _) = accepted
+                        .map_err(|_| EngineError::Runtime(format!(
+                            "the agent did not dial home within {BOOT_PATIENCE:?}: {}", log_tail(&log_path)
+                        )))?
+                        .map_err(EngineError::io("accepting the agent"))?;
+                    break socket;
+                }
+            }
+        };
+        // Nobody else may connect: the socket file goes away once the agent is in.
+        let _ = fs::remove_file(Self::socket_dir(&spec.dir).join(SOCKET_NAME));
+        let boot = started.elapsed();
+        let welcome = Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            sandbox_id: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            env: spec.env.clone(),
+        };
+        let agent = AgentConn::handshake(socket, welcome, BOOT_PATIENCE).await?;
+        if !runsc_finished {
+            // `runsc run --detach` returns once the container started; don't
+            // leave its exit status unobserved.
+            let status = runsc_done.await.map_err(|e| EngineError::Runtime(e.to_string()))?;
+            if !status.success() {
+                return Err(EngineError::Runtime(format!("runsc run failed: {}", log_tail(&log_path))));
+            }
+        }
+        Ok(Started { agent, boot })
+    }
+
+    fn clone_config(&self) -> Gvisor {
+        Gvisor { config: self.config.clone() }
+    }
+
+    fn destroy_blocking(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        // `delete --force` kills the sandbox if it still runs. A container
+        // that never existed makes it fail, which is fine here.
+        let _ = space_host::run(self.runsc().args(["delete", "--force", &spec.id]));
+        btrfs::delete_subvolume(&spec.dir.join("rootfs"))?;
+        if spec.dir.exists() {
+            fs::remove_dir_all(&spec.dir).map_err(EngineError::io("removing the sandbox dir"))?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Engine for Gvisor {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn availability(&self) -> Availability {
+        let version = space_host::run(Command::new(&self.config.runsc).arg("--version"));
+        let (available, detail) = match version {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out);
+                (true, text.lines().next().unwrap_or("runsc").to_string())
+            }
+            Err(err) => (false, format!("runsc is not usable ({err}); run `space setup` to install it")),
+        };
+        let agent_ok = self.config.agent_bin.is_file();
+        if available && !agent_ok {
+            return Availability {
+                name: "gvisor",
+                available: false,
+                detail: format!("the agent binary {} is missing", self.config.agent_bin.display()),
+            };
+        }
+        Availability { name: "gvisor", available, detail }
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+        match self.start(spec).await {
+            Ok(started) => Ok(started),
+            Err(err) => {
+                if let Err(cleanup) = self.destroy(spec).await {
+                    tracing::warn!(sandbox = %spec.id, "cleaning up after a failed create: {cleanup}");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        let this = self.clone_config();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || this.destroy_blocking(&spec))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))?
+    }
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    let tail = lines.into_iter().rev().collect::<Vec<_>>().join(" | ");
+    if tail.is_empty() {
+        "no output".into()
+    } else {
+        tail
+    }
+}
+
+/// The capabilities of root inside the sandbox (Docker's default set). They
+/// are capabilities of gVisor's emulated kernel, not of the host.
+const CAPABILITIES: &[Capability] = &[
+    Capability::AuditWrite,
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fowner,
+    Capability::Fsetid,
+    Capability::Kill,
+    Capability::Mknod,
+    Capability::NetBindService,
+    Capability::NetRaw,
+    Capability::Setfcap,
+    Capability::Setgid,
+    Capability::Setpcap,
+    Capability::Setuid,
+    Capability::SysChroot,
+];
+
+fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError> {
+    let invalid = |e: oci_spec::OciSpecError| EngineError::Runtime(format!("building the OCI spec: {e}"));
+    let caps: std::collections::HashSet<Capability> = CAPABILITIES.iter().copied().collect();
+    let capabilities = LinuxCapabilitiesBuilder::default()
+        .bounding(caps.clone())
+        .effective(caps.clone())
+        .permitted(caps.clone())
+        .inheritable(caps.clone())
+        .ambient(caps)
+        .build()
+        .map_err(invalid)?;
+    let agent_in_root = format!("/{AGENT_PATH_IN_ROOT}");
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(UserBuilder::default().uid(0u32).gid(0u32).build().map_err(invalid)?)
+        .args(vec![agent_in_root.clone()])
+        .env(vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            format!("SPACE_AGENT_SOCKET=/{HOST_DIR_IN_ROOT}/{SOCKET_NAME}"),
+        ])
+        .cwd("/")
+        .capabilities(capabilities)
+        .no_new_privileges(false)
+        .build()
+        .map_err(invalid)?;
+    let root = RootBuilder::default().path(spec.dir.join("rootfs")).readonly(false).build().map_err(invalid)?;
+
+    let mut mounts = Spec::default().mounts().clone().unwrap_or_default();
+    mounts.push(
+        MountBuilder::default()
+            .destination(agent_in_root)
+            .typ("bind")
+            .source(agent_bin)
+            .options(vec!["rbind".to_string(), "ro".to_string()])
+            .build()
+            .map_err(invalid)?,
+    );
+    mounts.push(
+        MountBuilder::default()
+            .destination(format!("/{HOST_DIR_IN_ROOT}"))
+            .typ("bind")
+            .source(Gvisor::socket_dir(&spec.dir))
+            .options(vec!["rbind".to_string(), "rw".to_string()])
+            .build()
+            .map_err(invalid)?,
+    );
+
+    let mut config = Spec::default();
+    config.set_process(Some(process));
+    config.set_root(Some(root));
+    config.set_hostname(Some(spec.hostname.clone()));
+    config.set_mounts(Some(mounts));
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bundle_runs_the_agent_with_its_two_binds() {
+        let spec = SandboxSpec {
+            id: "sbx_test".into(),
+            dir: PathBuf::from("/data/sandboxes/sbx_test"),
+            template_rootfs: PathBuf::from("/data/templates/base/1/rootfs"),
+            hostname: "sbx_test".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            disk_mib: 1024,
+            env: Default::default(),
+        };
+        let config = serde_json::to_value(oci_config(&spec, Path::new("/opt/space-agent")).unwrap()).unwrap();
+        assert_eq!(config["process"]["args"][0], "/.space/space-agent");
+        assert_eq!(config["root"]["path"], "/data/sandboxes/sbx_test/rootfs");
+        assert_eq!(config["hostname"], "sbx_test");
+        let mounts = config["mounts"].as_array().unwrap();
+        let bind_sources: Vec<&str> =
+            mounts.iter().filter(|m| m["type"] == "bind").map(|m| m["source"].as_str().unwrap()).collect();
+        assert_eq!(bind_sources, ["/opt/space-agent", "/data/sandboxes/sbx_test/sock"]);
+        let namespaces: Vec<&str> = config["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
+        assert!(namespaces.contains(&"network") && namespaces.contains(&"pid"), "{namespaces:?}");
+    }
+}

@@ -1,0 +1,88 @@
+//! Isolation engines behind one trait.
+//!
+//! An [`Engine`] turns a [`SandboxSpec`] into a running sandbox whose agent
+//! has dialed home and answered a health check, and tears it down again. The
+//! rest of the platform only ever sees the trait and an [`AgentConn`]; it never
+//! learns which engine runs a sandbox.
+//!
+//! Engines own their processes, sockets and on-disk formats. They do not
+//! persist state, enforce API rules or know about tenants.
+
+pub mod agent;
+pub mod gvisor;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub use agent::{AgentConn, AgentError, ExecEvent, ExecStream};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("preparing the sandbox: {0}")]
+    Host(#[from] space_host::HostError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the engine failed: {0}")]
+    Runtime(String),
+    #[error("the agent did not come up: {0}")]
+    Agent(#[from] AgentError),
+}
+
+impl EngineError {
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EngineError {
+        let what = what.into();
+        move |source| EngineError::Io { what, source }
+    }
+}
+
+/// Everything an engine needs to start one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub id: String,
+    /// The sandbox's own directory (created by the engine, removed on destroy).
+    pub dir: PathBuf,
+    /// The template root to copy (read-only).
+    pub template_rootfs: PathBuf,
+    pub hostname: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub disk_mib: u32,
+    /// The sandbox-wide environment handed to every command.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A started sandbox: its agent has said hello and answered a ping.
+pub struct Started {
+    pub agent: AgentConn,
+    /// Time from asking the engine to the agent's hello.
+    pub boot: std::time::Duration,
+}
+
+/// Availability of an engine on this host, and why.
+#[derive(Debug, Clone)]
+pub struct Availability {
+    pub name: &'static str,
+    pub available: bool,
+    pub detail: String,
+}
+
+#[async_trait::async_trait]
+pub trait Engine: Send + Sync {
+    /// `gvisor` or `firecracker`.
+    fn name(&self) -> &'static str;
+
+    /// Whether this host can run the engine.
+    fn availability(&self) -> Availability;
+
+    /// Starts a sandbox and returns once its agent is healthy. On error,
+    /// everything this call created is gone again.
+    async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError>;
+
+    /// Stops the sandbox and frees all it held (processes, mounts, disk).
+    /// Idempotent: destroying what is already gone succeeds.
+    async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+}

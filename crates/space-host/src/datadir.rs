@@ -1,0 +1,138 @@
+//! The data directory: where templates, sandboxes and state live.
+//!
+//! ```text
+//! DIR/space.db                      state (SQLite, WAL)
+//! DIR/dev-api-key                   the dev-mode key (0600)
+//! DIR/templates/NAME/VERSION/       rootfs/ (read-only subvolume), template.json
+//! DIR/sandboxes/ID/                 rootfs/ (snapshot), bundle/, sock/, commands/
+//! DIR/run/                          engine state
+//! ```
+//!
+//! It must be on btrfs; when it is not, [`ensure_btrfs`] puts a loop-mounted
+//! btrfs image there.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::btrfs::is_btrfs;
+use crate::template::TemplateInfo;
+use crate::{run, HostError};
+
+/// The name of the loop image inside a data dir that is not on btrfs.
+pub const LOOP_IMAGE: &str = ".space-btrfs.img";
+
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+impl DataDir {
+    /// Opens an existing data dir; it must already be on btrfs.
+    pub fn open(root: &Path) -> Result<DataDir, HostError> {
+        let root = fs::canonicalize(root).map_err(HostError::io(format!("opening data dir {}", root.display())))?;
+        if !is_btrfs(&root) {
+            return Err(HostError::Invalid(format!(
+                "data dir {} is not on btrfs; run `space setup --data-dir {}` first",
+                root.display(),
+                root.display()
+            )));
+        }
+        let dir = DataDir { root };
+        for sub in [dir.templates_dir(), dir.sandboxes_dir(), dir.run_dir()] {
+            fs::create_dir_all(&sub).map_err(HostError::io(format!("creating {}", sub.display())))?;
+        }
+        Ok(dir)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn db_path(&self) -> PathBuf {
+        self.root.join("space.db")
+    }
+    pub fn dev_key_path(&self) -> PathBuf {
+        self.root.join("dev-api-key")
+    }
+    pub fn templates_dir(&self) -> PathBuf {
+        self.root.join("templates")
+    }
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.root.join("sandboxes")
+    }
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.sandboxes_dir().join(id)
+    }
+    pub fn run_dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
+    /// The newest complete version of template `name`, if any.
+    pub fn template(&self, name: &str) -> Option<TemplateInfo> {
+        if !crate::template::valid_name(name) {
+            return None;
+        }
+        let dir = self.templates_dir().join(name);
+        let mut versions: Vec<u32> = fs::read_dir(&dir)
+            .ok()?
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        versions.sort_unstable();
+        versions.into_iter().rev().find_map(|version| TemplateInfo::load(&dir.join(version.to_string())).ok())
+    }
+
+    /// Every template's newest complete version.
+    pub fn templates(&self) -> Vec<TemplateInfo> {
+        let Ok(entries) = fs::read_dir(self.templates_dir()) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+        names.sort();
+        names.iter().filter_map(|name| self.template(name)).collect()
+    }
+
+    /// Free and total bytes of the filesystem holding the data dir.
+    pub fn disk_space(&self) -> (u64, u64) {
+        match nix::sys::statvfs::statvfs(&self.root) {
+            Ok(s) => (s.blocks_available() * s.fragment_size(), s.blocks() * s.fragment_size()),
+            Err(_) => (0, 0),
+        }
+    }
+}
+
+/// Makes sure `dir` is on btrfs: it already is, or a loop image inside it is
+/// mounted over it (created first, sparse, `size_gib` large, if missing).
+/// Returns what was done, for the setup log.
+pub fn ensure_btrfs(dir: &Path, size_gib: u64) -> Result<String, HostError> {
+    fs::create_dir_all(dir).map_err(HostError::io(format!("creating {}", dir.display())))?;
+    if is_btrfs(dir) {
+        return Ok(format!("{} is on btrfs", dir.display()));
+    }
+    let image = dir.join(LOOP_IMAGE);
+    let mut said = String::new();
+    if !image.exists() {
+        let others: Vec<String> = fs::read_dir(dir)
+            .map_err(HostError::io(format!("reading {}", dir.display())))?
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        if !others.is_empty() {
+            return Err(HostError::Invalid(format!(
+                "{} is not on btrfs and not empty ({} entries); mounting a btrfs image over it would hide them. \
+                 Use an empty directory or one on btrfs.",
+                dir.display(),
+                others.len()
+            )));
+        }
+        let file = fs::File::create(&image).map_err(HostError::io(format!("creating {}", image.display())))?;
+        file.set_len(size_gib << 30).map_err(HostError::io("sizing the btrfs image"))?;
+        drop(file);
+        run(Command::new("mkfs.btrfs").arg("-q").arg(&image))?;
+        said.push_str(&format!("created a {size_gib} GiB sparse btrfs image; "));
+    }
+    run(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir))?;
+    if !is_btrfs(dir) {
+        return Err(HostError::Invalid(format!("mounted {} but {} is still not btrfs", image.display(), dir.display())));
+    }
+    said.push_str(&format!("mounted it on {}", dir.display()));
+    Ok(said)
+}

@@ -1,0 +1,98 @@
+//! The JSON messages carried by control frames.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The agent's first words after it connects.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub agent_version: String,
+    /// The agent's pid inside the sandbox (1 when it is init).
+    pub pid: u32,
+}
+
+/// The sandbox's identity, sent by the host in answer to [`Hello`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Welcome {
+    pub protocol_version: u32,
+    pub sandbox_id: String,
+    pub hostname: String,
+    /// Environment every command starts with (the sandbox's env).
+    pub env: BTreeMap<String, String>,
+}
+
+/// Start a process in the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Program and arguments; `argv[0]` is looked up in `PATH` when it has no `/`.
+    pub argv: Vec<String>,
+    /// Added to (and overriding) the sandbox's env.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; the user's home when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// User name or numeric uid; root when absent.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Keep stdin open for [`crate::FrameKind::Stdin`] frames.
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Started {
+    pub pid: u32,
+}
+
+/// Why a process could not be started.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecFailure {
+    /// `argv[0]` does not exist (or is not in `PATH`).
+    NotFound,
+    /// `argv[0]` exists but cannot be executed.
+    PermissionDenied,
+    /// The working directory does not exist or is not a directory.
+    BadCwd,
+    /// The user does not exist in the sandbox.
+    BadUser,
+    /// The request itself is unusable (for example an empty argv).
+    Invalid,
+    /// Anything else the kernel refused.
+    Spawn,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecFailed {
+    pub reason: ExecFailure,
+    pub message: String,
+}
+
+/// How the process ended. Exactly one of the two fields is set.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Exited {
+    pub exit_code: Option<i32>,
+    /// Signal number that killed it.
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProtocolErrorMessage {
+    pub message: String,
+}
