@@ -23,7 +23,11 @@ pub enum HostError {
         source: std::io::Error,
     },
     #[error("`{command}` failed ({status}): {stderr}")]
-    CommandFailed { command: String, status: String, stderr: String },
+    CommandFailed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -39,7 +43,9 @@ impl HostError {
 /// the tail of its stderr.
 pub fn run(command: &mut Command) -> Result<Vec<u8>, HostError> {
     let rendered = format!("{command:?}").replace('"', "");
-    let output = Reaper::global().output(command).map_err(HostError::io(format!("running {rendered}")))?;
+    let output = Reaper::global()
+        .output(command)
+        .map_err(HostError::io(format!("running {rendered}")))?;
     if output.status.success() {
         return Ok(output.stdout);
     }

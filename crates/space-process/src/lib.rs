@@ -121,7 +121,10 @@ impl Reaper {
     pub fn output(&self, command: &mut Command) -> io::Result<Output> {
         use std::io::Read;
         use std::process::Stdio;
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut reaped = self.spawn(command)?;
         let mut stderr_pipe = reaped.child.stderr.take();
         let stderr_reader = thread::spawn(move || {
@@ -137,17 +140,27 @@ impl Reaper {
         }
         let stderr = stderr_reader.join().unwrap_or_default();
         let status = reaped.wait();
-        Ok(Output { status, stdout, stderr })
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
     }
 
     fn reap_forever(&self) {
         loop {
-            let generation = self.registry.lock().unwrap_or_else(|e| e.into_inner()).generation;
+            let generation = self
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .generation;
             match waitpid(Pid::from_raw(-1), None) {
                 Ok(status) => {
                     let (pid, exit) = match status {
                         WaitStatus::Exited(pid, code) => (pid, ExitStatus::Exited(code)),
-                        WaitStatus::Signaled(pid, sig, _) => (pid, ExitStatus::Signaled(sig as i32)),
+                        WaitStatus::Signaled(pid, sig, _) => {
+                            (pid, ExitStatus::Signaled(sig as i32))
+                        }
                         _ => continue,
                     };
                     let waiter = self
@@ -198,8 +211,12 @@ mod tests {
     #[test]
     fn statuses_reach_their_own_waiters() {
         let reaper = Reaper::global();
-        let a = reaper.spawn(Command::new("sh").args(["-c", "exit 3"])).unwrap();
-        let b = reaper.spawn(Command::new("sh").args(["-c", "kill -TERM $$"])).unwrap();
+        let a = reaper
+            .spawn(Command::new("sh").args(["-c", "exit 3"]))
+            .unwrap();
+        let b = reaper
+            .spawn(Command::new("sh").args(["-c", "kill -TERM $$"]))
+            .unwrap();
         assert_eq!(a.wait(), ExitStatus::Exited(3));
         assert_eq!(b.wait(), ExitStatus::Signaled(15));
     }

@@ -1,0 +1,107 @@
+//! The gVisor engine on real runsc: create, exec, destroy.
+
+use std::time::Duration;
+
+use space_engine::gvisor::{Gvisor, GvisorConfig};
+use space_engine::{Engine, ExecEvent, SandboxSpec};
+use space_host::template::BASE_TEMPLATE;
+use space_proto::ExecRequest;
+use space_testkit::{agent_bin, TestDataDir};
+
+fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
+    let template = data.data.template(BASE_TEMPLATE).unwrap();
+    SandboxSpec {
+        id: id.into(),
+        dir: data.data.sandbox_dir(id),
+        template_rootfs: template.rootfs(),
+        hostname: id.into(),
+        vcpus: 1,
+        memory_mib: 256,
+        disk_mib: 1024,
+        env: [("GREETING".to_string(), "hi".to_string())].into(),
+    }
+}
+
+fn request(argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: Default::default(),
+        cwd: None,
+        user: None,
+        stdin: false,
+    }
+}
+
+async fn run(
+    agent: &space_engine::AgentConn,
+    argv: &[&str],
+) -> (Vec<u8>, Vec<u8>, space_proto::Exited) {
+    let mut stream = agent.exec(&request(argv)).await.expect("exec");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("exec timed out")
+        {
+            Some(ExecEvent::Stdout(b)) => out.extend(b),
+            Some(ExecEvent::Stderr(b)) => err.extend(b),
+            Some(ExecEvent::Exit(exited)) => return (out, err, exited),
+            None => panic!("stream ended without an exit frame"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let engine = Gvisor::new(GvisorConfig {
+        runsc: "runsc".into(),
+        agent_bin: agent_bin(),
+        state_dir: data.data.run_dir().join("runsc"),
+    });
+    assert!(
+        engine.availability().available,
+        "{}",
+        engine.availability().detail
+    );
+    let spec = spec(&data, "sbx_enginetest");
+    let started = engine.create(&spec).await.expect("create");
+    let agent = started.agent;
+    assert_eq!(agent.hello().pid, 1, "the agent is PID 1");
+
+    let (out, err, exited) = run(
+        &agent,
+        &[
+            "sh",
+            "-c",
+            "echo $GREETING $(hostname); echo oops >&2; exit 3",
+        ],
+    )
+    .await;
+    assert_eq!(String::from_utf8_lossy(&out), "hi sbx_enginetest\n");
+    assert_eq!(String::from_utf8_lossy(&err), "oops\n");
+    assert_eq!(exited.exit_code, Some(3));
+    let (out, _, _) = run(&agent, &["uname", "-r"]).await;
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_ne!(
+        String::from_utf8_lossy(&out).trim(),
+        host_release.trim(),
+        "the guest kernel is not the host's"
+    );
+
+    let missing = agent.exec(&request(&["no-such-binary"])).await;
+    assert!(
+        matches!(missing, Err(space_engine::AgentError::ExecFailed(ref f)) if f.reason == space_proto::ExecFailure::NotFound),
+        "a missing binary is a clear error"
+    );
+
+    engine.destroy(&spec).await.expect("destroy");
+    assert!(!spec.dir.exists(), "the sandbox dir is gone");
+    let ps = space_host::run(std::process::Command::new("ps").args(["-eo", "args"])).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ps).contains("sbx_enginetest"),
+        "no runsc process is left"
+    );
+    engine.destroy(&spec).await.expect("destroy is idempotent");
+}

@@ -1,0 +1,108 @@
+//! Fixtures for tests that run real sandboxes.
+//!
+//! `scripts/test.sh` prepares a shared data dir (`SPACE_TEST_DATA_DIR`,
+//! default `/var/lib/space-test`) with `space setup`, which puts it on btrfs
+//! and builds the `base` template, and builds the static agent
+//! (`SPACE_AGENT_BIN`). Each test then gets its own data dir inside it, with
+//! a snapshot of `base`, so tests never share sandboxes or state.
+//! Nothing here skips: a missing fixture is a loud failure naming the fix.
+
+use std::path::{Path, PathBuf};
+
+use space_host::btrfs;
+use space_host::datadir::DataDir;
+use space_host::template::BASE_TEMPLATE;
+
+const DEFAULT_SHARED: &str = "/var/lib/space-test";
+
+/// The shared test data dir prepared by `space setup`.
+pub fn shared_data_dir() -> PathBuf {
+    std::env::var_os("SPACE_TEST_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SHARED))
+}
+
+/// The static agent binary.
+pub fn agent_bin() -> PathBuf {
+    let path = std::env::var_os("SPACE_AGENT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../target/x86_64-unknown-linux-gnu/release/space-agent")
+        });
+    assert!(
+        path.is_file(),
+        "the static agent {} is missing: run scripts/test.sh (it builds it) or set SPACE_AGENT_BIN",
+        path.display()
+    );
+    path
+}
+
+/// An isolated data dir holding a snapshot of the shared `base` template.
+/// Removed (with every subvolume in it) on drop.
+pub struct TestDataDir {
+    pub data: DataDir,
+}
+
+impl TestDataDir {
+    pub fn new() -> TestDataDir {
+        let shared = DataDir::open(&shared_data_dir()).unwrap_or_else(|e| {
+            panic!("the shared test data dir is not ready ({e}): run scripts/test.sh, which runs `space setup` on it")
+        });
+        let base = shared
+            .template(BASE_TEMPLATE)
+            .expect("the shared test data dir has no `base` template: run scripts/test.sh");
+        let mut suffix = [0u8; 6];
+        getrandom::getrandom(&mut suffix).expect("getrandom");
+        let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+        let root = shared.root().join("tests").join(name);
+        let version_dir = root
+            .join("templates")
+            .join(BASE_TEMPLATE)
+            .join(base.meta.version.to_string());
+        std::fs::create_dir_all(&version_dir).expect("creating the test data dir");
+        btrfs::snapshot(&base.rootfs(), &version_dir.join("rootfs")).expect("snapshotting base");
+        std::fs::copy(
+            base.dir.join("template.json"),
+            version_dir.join("template.json"),
+        )
+        .expect("template.json");
+        TestDataDir {
+            data: DataDir::open(&root).expect("opening the test data dir"),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.data.root()
+    }
+}
+
+impl Default for TestDataDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestDataDir {
+    fn drop(&mut self) {
+        remove_tree_with_subvolumes(self.data.root());
+    }
+}
+
+/// Deletes a directory tree, deleting btrfs subvolumes inside it properly.
+pub fn remove_tree_with_subvolumes(path: &Path) {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let child = entry.path();
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            if btrfs::is_subvolume(&child) {
+                let _ = btrfs::delete_subvolume(&child);
+            } else {
+                remove_tree_with_subvolumes(&child);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(path);
+}
