@@ -1,1 +1,457 @@
-fn main() {}
+//! `space`: one binary that prepares the host, serves the API, and is the
+//! command-line client. It parses arguments and wires parts together; the
+//! logic lives in the library crates.
+
+mod bench;
+mod client;
+mod setup;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+const DEFAULT_DATA_DIR: &str = "/var/lib/space";
+const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+
+#[derive(Parser)]
+#[command(
+    name = "space",
+    version,
+    about = "SPACE: isolated sandboxes for agent-written code"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Top,
+}
+
+#[derive(Subcommand)]
+enum Top {
+    /// Prepare this host: packages, a btrfs data dir, the `base` template.
+    Setup(setup::SetupArgs),
+    /// Run the API server.
+    Serve(ServeArgs),
+    /// Create, list, inspect and delete sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// Run a command in a sandbox, streaming its output; exits with its code.
+    Exec(ExecArgs),
+    /// Inspect operations.
+    #[command(subcommand)]
+    Op(OpCommand),
+    /// Measure create and exec latency against the raw runsc floor.
+    Bench(bench::BenchArgs),
+}
+
+/// Where the API is and how to authenticate.
+#[derive(Args, Clone)]
+pub struct ClientArgs {
+    /// The server's URL.
+    #[arg(long, env = "SPACE_URL", default_value = DEFAULT_URL, global = true)]
+    url: String,
+    /// The API key (default: the dev key in --data-dir, if readable).
+    #[arg(long, env = "SPACE_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// Data dir whose dev-api-key to use when no key is given.
+    #[arg(long = "key-data-dir", env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
+    key_data_dir: PathBuf,
+}
+
+impl ClientArgs {
+    fn client(&self) -> Result<client::Client> {
+        let key = match &self.api_key {
+            Some(key) => key.clone(),
+            None => std::fs::read_to_string(self.key_data_dir.join("dev-api-key"))
+                .map(|k| k.trim().to_string())
+                .with_context(|| {
+                    format!(
+                        "no API key: set SPACE_API_KEY, or run a dev server (`space serve --dev`) whose key is in {}",
+                        self.key_data_dir.display()
+                    )
+                })?,
+        };
+        Ok(client::Client::new(&self.url, &key))
+    }
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Development mode: loopback only, with a generated key in DATA_DIR/dev-api-key.
+    #[arg(long)]
+    dev: bool,
+    /// File holding the API key (required without --dev).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct EngineArgs {
+    /// The statically linked guest agent.
+    #[arg(long, env = "SPACE_AGENT_BIN")]
+    agent_bin: Option<PathBuf>,
+    /// The runsc binary.
+    #[arg(long, env = "SPACE_RUNSC", default_value = "runsc")]
+    runsc: PathBuf,
+}
+
+impl EngineArgs {
+    pub fn agent_bin(&self) -> Result<PathBuf> {
+        if let Some(path) = &self.agent_bin {
+            return Ok(path.clone());
+        }
+        let exe = std::env::current_exe().context("locating the space binary")?;
+        let dir = exe.parent().unwrap_or(Path::new("/"));
+        let candidates = [
+            dir.join("space-agent"),
+            dir.join("../x86_64-unknown-linux-gnu/release/space-agent"),
+            PathBuf::from("/usr/local/lib/space/space-agent"),
+        ];
+        candidates.iter().find(|p| p.is_file()).cloned().with_context(|| {
+            "cannot find the static space-agent; build it with scripts/build.sh or pass --agent-bin".to_string()
+        })
+    }
+
+    pub fn platform_config(&self, data_dir: &Path) -> Result<space_server::PlatformConfig> {
+        Ok(space_server::PlatformConfig {
+            data_dir: data_dir.to_path_buf(),
+            runsc: self.runsc.clone(),
+            agent_bin: self.agent_bin()?,
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum SandboxCommand {
+    /// Create a sandbox and wait until it runs.
+    Create {
+        #[arg(long, default_value = "base")]
+        template: String,
+        #[arg(long)]
+        vcpus: Option<u32>,
+        #[arg(long)]
+        memory_mib: Option<u32>,
+        #[arg(long)]
+        disk_mib: Option<u32>,
+        /// Environment for every command, KEY=VALUE (repeatable).
+        #[arg(long = "env", value_parser = parse_pair)]
+        env: Vec<(String, String)>,
+        /// Label, key=value (repeatable).
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+        /// Return once accepted, without waiting for the sandbox to run.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List sandboxes.
+    Ls {
+        #[arg(long)]
+        state: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one sandbox as JSON.
+    Get {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a sandbox and wait until it is gone.
+    Rm {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    sandbox: String,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    cwd: Option<String>,
+    /// Environment, KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    /// Kill the command after this many seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    argv: Vec<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Subcommand)]
+enum OpCommand {
+    /// Show an operation, optionally waiting for it to finish.
+    Get {
+        id: String,
+        /// Seconds to wait for a terminal state (max 60).
+        #[arg(long)]
+        wait: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+fn parse_pair(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("space: {err:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Top::Setup(args) => setup::run(args).map(|()| 0),
+        Top::Serve(args) => serve(args).map(|()| 0),
+        Top::Sandbox(command) => sandbox(command).map(|()| 0),
+        Top::Exec(args) => exec(args),
+        Top::Op(OpCommand::Get { id, wait, client }) => {
+            let path = match wait {
+                Some(s) => format!("/v1/operations/{id}?wait={s}"),
+                None => format!("/v1/operations/{id}"),
+            };
+            print_json(&client.client()?.get(&path)?);
+            Ok(0)
+        }
+        Top::Bench(args) => bench::run(args).map(|()| 0),
+    }
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    init_logging();
+    if args.dev && !args.listen.ip().is_loopback() {
+        bail!(
+            "--dev binds loopback only; {} is not a loopback address",
+            args.listen
+        );
+    }
+    let platform = space_server::start_platform(&args.engine.platform_config(&args.data_dir)?)?;
+    let key = if args.dev {
+        eprintln!("WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",
+            platform.data.dev_key_path().display());
+        dev_key(&platform.data.dev_key_path())?
+    } else {
+        let path = args
+            .api_key_file
+            .as_ref()
+            .context("without --dev, --api-key-file is required")?;
+        let key =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let key = key.trim().to_string();
+        if key.len() < 16 {
+            bail!(
+                "the API key in {} is shorter than 16 characters",
+                path.display()
+            );
+        }
+        key
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        tracing::info!("SPACE listening on http://{}", listener.local_addr()?);
+        let state = space_server::AppState::new(platform, key);
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            tracing::info!("shutting down");
+        };
+        space_server::serve(listener, state, shutdown).await?;
+        Ok(())
+    })
+}
+
+/// The dev key: created once (0600), then reused.
+fn dev_key(path: &Path) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(existing) = std::fs::read_to_string(path) {
+        if !existing.trim().is_empty() {
+            return Ok(existing.trim().to_string());
+        }
+    }
+    let mut bytes = [0u8; 24];
+    getrandom::getrandom(&mut bytes).context("reading random bytes")?;
+    let key = format!(
+        "space_dev_{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(file, "{key}")?;
+    Ok(key)
+}
+
+fn sandbox(command: SandboxCommand) -> Result<()> {
+    match command {
+        SandboxCommand::Create {
+            template,
+            vcpus,
+            memory_mib,
+            disk_mib,
+            env,
+            labels,
+            no_wait,
+            client,
+        } => {
+            let client = client.client()?;
+            let request = space_api::CreateSandboxRequest {
+                template,
+                vcpus,
+                memory_mib,
+                disk_mib,
+                env: env.into_iter().collect(),
+                labels: labels.into_iter().collect(),
+                lifecycle: None,
+                network: None,
+            };
+            let accepted = client.post("/v1/sandboxes", &serde_json::to_value(&request)?)?;
+            let id = accepted["sandbox"]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if no_wait {
+                print_json(&accepted);
+                return Ok(());
+            }
+            let op_id = accepted["operation"]["id"].as_str().unwrap_or_default();
+            eprintln!("accepted {id}; waiting for operation {op_id} (accepted is not ready)");
+            let operation = client.wait_operation(op_id)?;
+            if operation["state"] != "succeeded" {
+                bail!(
+                    "create failed: {}",
+                    operation["error"]["message"]
+                        .as_str()
+                        .unwrap_or("unknown error")
+                );
+            }
+            print_json(&client.get(&format!("/v1/sandboxes/{id}"))?);
+        }
+        SandboxCommand::Ls { state, client } => {
+            let path = match state {
+                Some(state) => format!("/v1/sandboxes?state={state}"),
+                None => "/v1/sandboxes".to_string(),
+            };
+            let list = client.client()?.get(&path)?;
+            println!(
+                "{:<26} {:<10} {:<10} {:<8} CREATED",
+                "ID", "STATE", "TEMPLATE", "ENGINE"
+            );
+            for s in list["sandboxes"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<26} {:<10} {:<10} {:<8} {}",
+                    s["id"].as_str().unwrap_or(""),
+                    s["state"].as_str().unwrap_or(""),
+                    s["template"].as_str().unwrap_or(""),
+                    s["engine"].as_str().unwrap_or(""),
+                    s["created_at"].as_str().unwrap_or("")
+                );
+            }
+        }
+        SandboxCommand::Get { id, client } => {
+            print_json(&client.client()?.get(&format!("/v1/sandboxes/{id}"))?)
+        }
+        SandboxCommand::Rm { id, client } => {
+            let client = client.client()?;
+            let accepted = client.delete(&format!("/v1/sandboxes/{id}"))?;
+            let operation =
+                client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+            if operation["state"] != "succeeded" {
+                bail!(
+                    "delete failed: {}",
+                    operation["error"]["message"]
+                        .as_str()
+                        .unwrap_or("unknown error")
+                );
+            }
+            eprintln!("deleted {id}");
+        }
+    }
+    Ok(())
+}
+
+fn exec(args: ExecArgs) -> Result<i32> {
+    let client = args.client.client()?;
+    let request = space_api::CommandRequest {
+        argv: Some(args.argv),
+        env: args.env.into_iter().collect(),
+        cwd: args.cwd,
+        timeout_s: args.timeout.unwrap_or(0),
+        ..Default::default()
+    };
+    let created = client.post(
+        &format!("/v1/sandboxes/{}/commands", args.sandbox),
+        &serde_json::to_value(&request)?,
+    )?;
+    let output_path = created["command"]["attach"]["output"]
+        .as_str()
+        .context("no output link in the answer")?
+        .to_string();
+    let result = client.stream_output(&output_path)?;
+    if let Some(error) = result.error.as_deref() {
+        eprintln!("space: {error}");
+    }
+    Ok(match (result.exit_code, result.signal.as_deref()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => {
+            eprintln!("space: the command was killed by SIG{signal}");
+            128 + signal_number(signal)
+        }
+        (None, None) => 255,
+    })
+}
+
+fn signal_number(name: &str) -> i32 {
+    format!("SIG{name}")
+        .parse::<nix::sys::signal::Signal>()
+        .map(|s| s as i32)
+        .unwrap_or(0)
+}

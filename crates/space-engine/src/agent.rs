@@ -40,6 +40,7 @@ struct Shared {
     streams: Mutex<HashMap<u32, mpsc::Sender<Frame>>>,
     next_stream: AtomicU32,
     closed: AtomicBool,
+    closed_notify: tokio::sync::Notify,
 }
 
 /// A connected, handshaken agent. Cheap to clone.
@@ -106,6 +107,7 @@ impl AgentConn {
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU32::new(1),
             closed: AtomicBool::new(false),
+            closed_notify: tokio::sync::Notify::new(),
         });
         let (outbox, queued) = mpsc::channel(256);
         tokio::spawn(write_loop(write_half, queued));
@@ -125,6 +127,15 @@ impl AgentConn {
 
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the connection is gone (the sandbox stopped or died).
+    pub async fn closed(&self) {
+        let notified = self.shared.closed_notify.notified();
+        if self.is_closed() {
+            return;
+        }
+        notified.await;
     }
 
     fn open_stream(&self) -> Result<(u32, mpsc::Receiver<Frame>), AgentError> {

@@ -100,8 +100,13 @@ impl Gvisor {
         Ok(listener)
     }
 
-    async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
-        let started = Instant::now();
+    /// Prepares the sandbox and runs it until its agent dials home. Returns
+    /// the agent's socket (before any handshake) and the time from spawning
+    /// `runsc` to the connection, the engine's own floor.
+    pub async fn boot(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
         let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone))
@@ -119,14 +124,14 @@ impl Gvisor {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
+        let started = Instant::now();
         let child = Reaper::global()
             .spawn(&mut run)
             .map_err(EngineError::io("starting runsc"))?;
-        let runsc_done = tokio::task::spawn_blocking(move || child.wait());
+        let mut runsc_done = tokio::task::spawn_blocking(move || child.wait());
 
         let accept = tokio::time::timeout(BOOT_PATIENCE, listener.accept());
         tokio::pin!(accept);
-        tokio::pin!(runsc_done);
         let mut runsc_finished = false;
         let socket = loop {
             tokio::select! {
@@ -149,16 +154,9 @@ impl Gvisor {
                 }
             }
         };
+        let elapsed = started.elapsed();
         // Nobody else may connect: the socket file goes away once the agent is in.
         let _ = fs::remove_file(Self::socket_dir(&spec.dir).join(SOCKET_NAME));
-        let boot = started.elapsed();
-        let welcome = Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            sandbox_id: spec.id.clone(),
-            hostname: spec.hostname.clone(),
-            env: spec.env.clone(),
-        };
-        let agent = AgentConn::handshake(socket, welcome, BOOT_PATIENCE).await?;
         if !runsc_finished {
             // `runsc run --detach` returns once the container started; don't
             // leave its exit status unobserved.
@@ -172,6 +170,18 @@ impl Gvisor {
                 )));
             }
         }
+        Ok((socket, elapsed))
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+        let (socket, boot) = self.boot(spec).await?;
+        let welcome = Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            sandbox_id: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            env: spec.env.clone(),
+        };
+        let agent = AgentConn::handshake(socket, welcome, BOOT_PATIENCE).await?;
         Ok(Started { agent, boot })
     }
 

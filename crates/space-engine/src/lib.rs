@@ -58,7 +58,7 @@ pub struct SandboxSpec {
 /// A started sandbox: its agent has said hello and answered a ping.
 pub struct Started {
     pub agent: AgentConn,
-    /// Time from asking the engine to the agent's hello.
+    /// Time from starting the engine's process to the agent dialing home.
     pub boot: std::time::Duration,
 }
 

@@ -63,3 +63,22 @@ pub fn is_subvolume(path: &Path) -> bool {
             .map(|m| m.is_dir() && m.ino() == 256)
             .unwrap_or(false)
 }
+
+/// Deletes a directory tree, deleting the btrfs subvolumes inside it as
+/// subvolumes (plain `remove_dir_all` cannot remove them).
+pub fn remove_tree(path: &Path) -> Result<(), HostError> {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let child = entry.path();
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            if is_subvolume(&child) {
+                delete_subvolume(&child)?;
+            } else {
+                remove_tree(&child)?;
+            }
+        }
+    }
+    std::fs::remove_dir_all(path).map_err(HostError::io(format!("removing {}", path.display())))
+}

@@ -1,1 +1,86 @@
+//! The SPACE server: the control plane (HTTP API, operations, state) and,
+//! on a single host, the local node (engines, transcripts).
+//!
+//! `app` builds the router, separate from `serve`, so tests drive the real
+//! API over a real socket against real sandboxes.
 
+pub mod api;
+pub mod commands;
+pub mod domain;
+pub mod error;
+pub mod ids;
+pub mod platform;
+pub mod store;
+pub mod transcript;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use api::{app, AppState};
+use space_engine::gvisor::{Gvisor, GvisorConfig};
+use space_host::datadir::DataDir;
+
+pub use crate::platform::Platform;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Host(#[from] space_host::HostError),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("{0}")]
+    Startup(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How to run the platform on this host.
+#[derive(Debug, Clone)]
+pub struct PlatformConfig {
+    pub data_dir: PathBuf,
+    pub runsc: PathBuf,
+    pub agent_bin: PathBuf,
+}
+
+/// Opens the data dir and state, reconciles what a previous run left, and
+/// wires the engine. The process becomes a child subreaper here, so
+/// sandbox processes that outlive `runsc` are reaped promptly.
+pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerError> {
+    space_process::become_subreaper().map_err(|source| ServerError::Io {
+        what: "becoming a subreaper".into(),
+        source,
+    })?;
+    let data = DataDir::open(&config.data_dir)?;
+    let store = store::Store::open(&data.db_path())?;
+    let engine = Arc::new(Gvisor::new(GvisorConfig {
+        runsc: config.runsc.clone(),
+        agent_bin: config.agent_bin.clone(),
+        state_dir: data.run_dir().join("runsc"),
+    }));
+    let platform = Platform::new(data, store, engine);
+    platform
+        .reconcile()
+        .map_err(|e| ServerError::Startup(e.message))?;
+    Ok(platform)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let router = app(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| ServerError::Io {
+            what: "serving HTTP".into(),
+            source,
+        })
+}

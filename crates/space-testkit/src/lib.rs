@@ -3,13 +3,12 @@
 //! `scripts/test.sh` prepares a shared data dir (`SPACE_TEST_DATA_DIR`,
 //! default `/var/lib/space-test`) with `space setup`, which puts it on btrfs
 //! and builds the `base` template, and builds the static agent
-//! (`SPACE_AGENT_BIN`). Each test then gets its own data dir inside it, with
-//! a snapshot of `base`, so tests never share sandboxes or state.
+//! (`SPACE_AGENT_BIN`). Each test then gets its own scratch data dir inside
+//! it, with a snapshot of `base`, so tests never share sandboxes or state.
 //! Nothing here skips: a missing fixture is a loud failure naming the fix.
 
 use std::path::{Path, PathBuf};
 
-use space_host::btrfs;
 use space_host::datadir::DataDir;
 use space_host::template::BASE_TEMPLATE;
 
@@ -49,27 +48,13 @@ impl TestDataDir {
         let shared = DataDir::open(&shared_data_dir()).unwrap_or_else(|e| {
             panic!("the shared test data dir is not ready ({e}): run scripts/test.sh, which runs `space setup` on it")
         });
-        let base = shared
-            .template(BASE_TEMPLATE)
-            .expect("the shared test data dir has no `base` template: run scripts/test.sh");
         let mut suffix = [0u8; 6];
         getrandom::getrandom(&mut suffix).expect("getrandom");
         let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
-        let root = shared.root().join("tests").join(name);
-        let version_dir = root
-            .join("templates")
-            .join(BASE_TEMPLATE)
-            .join(base.meta.version.to_string());
-        std::fs::create_dir_all(&version_dir).expect("creating the test data dir");
-        btrfs::snapshot(&base.rootfs(), &version_dir.join("rootfs")).expect("snapshotting base");
-        std::fs::copy(
-            base.dir.join("template.json"),
-            version_dir.join("template.json"),
-        )
-        .expect("template.json");
-        TestDataDir {
-            data: DataDir::open(&root).expect("opening the test data dir"),
-        }
+        let data = shared
+            .scratch(&format!("test-{name}"), &[BASE_TEMPLATE])
+            .unwrap_or_else(|e| panic!("making a test data dir ({e}): run scripts/test.sh"));
+        TestDataDir { data }
     }
 
     pub fn root(&self) -> &Path {
@@ -85,24 +70,8 @@ impl Default for TestDataDir {
 
 impl Drop for TestDataDir {
     fn drop(&mut self) {
-        remove_tree_with_subvolumes(self.data.root());
-    }
-}
-
-/// Deletes a directory tree, deleting btrfs subvolumes inside it properly.
-pub fn remove_tree_with_subvolumes(path: &Path) {
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let child = entry.path();
-        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-            if btrfs::is_subvolume(&child) {
-                let _ = btrfs::delete_subvolume(&child);
-            } else {
-                remove_tree_with_subvolumes(&child);
-            }
+        if let Err(err) = space_host::btrfs::remove_tree(self.data.root()) {
+            eprintln!("removing a test data dir: {err}");
         }
     }
-    let _ = std::fs::remove_dir_all(path);
 }

@@ -1,0 +1,199 @@
+//! `space bench`: create-to-ready and exec round-trip latency through the
+//! real API, side by side with the raw engine floor measured in the same
+//! run (`runsc run` to the agent's hello; `runsc exec true`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use space_engine::gvisor::{Gvisor, GvisorConfig};
+use space_engine::{Engine, SandboxSpec};
+use space_host::datadir::DataDir;
+use space_process::Reaper;
+use space_proto::{FrameKind, Hello};
+use tokio::io::AsyncReadExt;
+
+use crate::client::Client;
+use crate::EngineArgs;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A data dir prepared by `space setup`; the benchmark works in a scratch
+    /// dir inside it and removes it afterwards.
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Sandboxes to create (each side).
+    #[arg(short = 'n', long, default_value_t = 10)]
+    runs: usize,
+    /// `true` round trips per sandbox through the API.
+    #[arg(long, default_value_t = 20)]
+    execs: usize,
+    /// `runsc exec true` runs per raw sandbox (slow: a process per call).
+    #[arg(long, default_value_t = 3)]
+    raw_execs: usize,
+    #[arg(long, default_value = "base")]
+    template: String,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn percentile(&self, p: f64) -> f64 {
+        let mut ms: Vec<f64> = self.0.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        ms.sort_by(|a, b| a.total_cmp(b));
+        if ms.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * (ms.len() as f64 - 1.0)).round() as usize;
+        ms[rank.min(ms.len() - 1)]
+    }
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let shared = DataDir::open(&args.data_dir)?;
+    let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &[&args.template])?;
+    let result = bench(&args, &scratch);
+    let cleanup = space_host::btrfs::remove_tree(scratch.root());
+    result?;
+    cleanup?;
+    Ok(())
+}
+
+fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
+    let platform = space_server::start_platform(&args.engine.platform_config(scratch.root())?)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mut key_bytes = [0u8; 16];
+    getrandom::getrandom(&mut key_bytes)?;
+    let key: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let state = space_server::AppState::new(platform.clone(), key.clone());
+    runtime.spawn(space_server::serve(listener, state, std::future::pending()));
+    let client = Client::new(&url, &key);
+
+    let raw_engine = Gvisor::new(GvisorConfig {
+        runsc: args.engine.runsc.clone(),
+        agent_bin: args.engine.agent_bin()?,
+        state_dir: scratch.run_dir().join("runsc-raw"),
+    });
+    let template = scratch
+        .template(&args.template)
+        .context("the template vanished")?;
+
+    let (mut create, mut exec, mut raw_create, mut raw_exec) = (
+        Samples(vec![]),
+        Samples(vec![]),
+        Samples(vec![]),
+        Samples(vec![]),
+    );
+    eprintln!(
+        "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
+        args.runs, args.execs, args.raw_execs
+    );
+    for i in 0..args.runs {
+        // Ours: the whole API path, create accepted -> operation succeeded.
+        let started = Instant::now();
+        let accepted = client.post(
+            "/v1/sandboxes",
+            &serde_json::json!({"template": args.template}),
+        )?;
+        let operation =
+            client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        if operation["state"] != "succeeded" {
+            bail!("create failed: {}", operation["error"]);
+        }
+        create.0.push(started.elapsed());
+        let id = accepted["sandbox"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        for _ in 0..args.execs {
+            let started = Instant::now();
+            let answer = client.post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                &serde_json::json!({"argv": ["true"]}),
+            )?;
+            exec.0.push(started.elapsed());
+            if answer["result"]["exit_code"] != 0 {
+                bail!("`true` failed: {answer}");
+            }
+        }
+        let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
+        client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
+
+        // The floor: runsc alone, from spawn to the agent's first frame.
+        let spec = SandboxSpec {
+            id: format!("raw-{}-{i}", std::process::id()),
+            dir: scratch.sandbox_dir(&format!("raw-{i}")),
+            template_rootfs: template.rootfs(),
+            hostname: "raw".into(),
+            vcpus: 1,
+            memory_mib: 512,
+            disk_mib: 2048,
+            env: Default::default(),
+        };
+        let boot = runtime.block_on(async {
+            let (mut socket, elapsed) = raw_engine.boot(&spec).await?;
+            let mut header = [0u8; space_proto::HEADER_LEN];
+            socket.read_exact(&mut header).await?;
+            let header = space_proto::decode_header(&header)?;
+            let mut payload = vec![0u8; header.len];
+            socket.read_exact(&mut payload).await?;
+            let hello: Hello = space_proto::Frame::new(header.stream, header.kind, payload)
+                .expect(FrameKind::Hello)?;
+            anyhow::Ok((elapsed, hello, socket))
+        });
+        let (elapsed, _hello, socket) = boot?;
+        raw_create.0.push(elapsed);
+        for _ in 0..args.raw_execs {
+            let started = Instant::now();
+            let output =
+                Reaper::global().output(raw_engine.runsc().args(["exec", &spec.id, "true"]))?;
+            raw_exec.0.push(started.elapsed());
+            if !output.status.success() {
+                bail!(
+                    "runsc exec failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+        }
+        drop(socket);
+        runtime.block_on(raw_engine.destroy(&spec))?;
+        eprint!("\rbench: {}/{} ", i + 1, args.runs);
+    }
+    eprintln!();
+
+    println!("{:<44} {:>9} {:>9} {:>6}", "figure (ms)", "p50", "p95", "n");
+    let row = |name: &str, s: &Samples| {
+        println!(
+            "{name:<44} {:>9.1} {:>9.1} {:>6}",
+            s.percentile(50.0),
+            s.percentile(95.0),
+            s.0.len()
+        )
+    };
+    row("create -> ready, SPACE API", &create);
+    row("create -> agent hello, raw runsc run", &raw_create);
+    println!(
+        "{:<44} {:>9.2} {:>9.2}",
+        "ratio ours/raw",
+        create.percentile(50.0) / raw_create.percentile(50.0),
+        create.percentile(95.0) / raw_create.percentile(95.0)
+    );
+    row("exec `true` round trip, SPACE API", &exec);
+    row("exec `true`, raw runsc exec", &raw_exec);
+    println!(
+        "{:<44} {:>9.2} {:>9.2}",
+        "ratio ours/raw",
+        exec.percentile(50.0) / raw_exec.percentile(50.0),
+        exec.percentile(95.0) / raw_exec.percentile(95.0)
+    );
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}

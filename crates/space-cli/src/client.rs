@@ -1,0 +1,142 @@
+//! A small blocking client of the SPACE API.
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine as _;
+use space_api::{OutputFrame, ProcessResult};
+
+pub struct Client {
+    base: String,
+    auth: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    pub fn new(base: &str, key: &str) -> Client {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5))
+            .build();
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            auth: format!("Bearer {key}"),
+            agent,
+        }
+    }
+
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        self.agent
+            .request(method, &format!("{}{path}", self.base))
+            .set("Authorization", &self.auth)
+    }
+
+    fn answer(result: Result<ureq::Response, ureq::Error>) -> Result<serde_json::Value> {
+        match result {
+            Ok(response) => Ok(response.into_json().context("reading the answer")?),
+            Err(ureq::Error::Status(status, response)) => {
+                let body: serde_json::Value = response.into_json().unwrap_or_default();
+                let error = &body["error"];
+                bail!(
+                    "HTTP {status} {}: {}",
+                    error["code"].as_str().unwrap_or("error"),
+                    error["message"].as_str().unwrap_or("no message")
+                )
+            }
+            Err(err) => Err(err).context("reaching the SPACE server (is `space serve` running?)"),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Result<serde_json::Value> {
+        Self::answer(self.request("GET", path).call())
+    }
+
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value> {
+        Self::answer(self.request("POST", path).send_json(body))
+    }
+
+    pub fn delete(&self, path: &str) -> Result<serde_json::Value> {
+        Self::answer(self.request("DELETE", path).call())
+    }
+
+    /// Long-polls an operation until it is terminal.
+    pub fn wait_operation(&self, id: &str) -> Result<serde_json::Value> {
+        loop {
+            let operation = self.get(&format!("/v1/operations/{id}?wait=30"))?;
+            if matches!(
+                operation["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            ) {
+                return Ok(operation);
+            }
+        }
+    }
+
+    /// Streams a command's output to our stdout/stderr until its exit frame,
+    /// re-attaching from the last offset if the stream breaks.
+    pub fn stream_output(&self, output_path: &str) -> Result<ProcessResult> {
+        let mut offset = 0u64;
+        let mut attempts = 0;
+        loop {
+            let response = self
+                .request("GET", &format!("{output_path}?from={offset}&follow=true"))
+                .call();
+            let response = match response {
+                Ok(response) => response,
+                Err(ureq::Error::Status(..)) => {
+                    return Self::answer(response).and_then(|_| bail!("no output stream"))
+                }
+                Err(err) if attempts < 5 => {
+                    attempts += 1;
+                    eprintln!(
+                        "space: output stream failed ({err}); re-attaching at offset {offset}"
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+                Err(err) => return Err(err).context("reading the output stream"),
+            };
+            let reader = BufReader::new(response.into_reader());
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                let frame: OutputFrame = serde_json::from_str(&line).context("an output frame")?;
+                match frame {
+                    OutputFrame::Stdout {
+                        offset: at,
+                        data,
+                        data_b64,
+                    } => {
+                        let bytes = frame_bytes(data, data_b64)?;
+                        offset = at + bytes.len() as u64;
+                        let mut out = std::io::stdout().lock();
+                        out.write_all(&bytes)?;
+                        out.flush()?;
+                    }
+                    OutputFrame::Stderr {
+                        offset: at,
+                        data,
+                        data_b64,
+                    } => {
+                        let bytes = frame_bytes(data, data_b64)?;
+                        offset = at + bytes.len() as u64;
+                        std::io::stderr().write_all(&bytes)?;
+                    }
+                    OutputFrame::Exit { result } => return Ok(result),
+                }
+            }
+            attempts += 1;
+            if attempts > 5 {
+                bail!("the output stream kept breaking before the exit frame");
+            }
+            eprintln!("space: output stream ended early; re-attaching at offset {offset}");
+        }
+    }
+}
+
+fn frame_bytes(data: Option<String>, data_b64: Option<String>) -> Result<Vec<u8>> {
+    match (data, data_b64) {
+        (Some(text), _) => Ok(text.into_bytes()),
+        (None, Some(b64)) => Ok(base64::engine::general_purpose::STANDARD.decode(b64)?),
+        (None, None) => Ok(Vec::new()),
+    }
+}

@@ -1,0 +1,77 @@
+//! `space setup`: make this host ready, idempotently.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use space_host::datadir::{ensure_btrfs, DataDir};
+use space_host::template::{build_debian, BASE_PACKAGES, BASE_TEMPLATE};
+
+use crate::EngineArgs;
+
+#[derive(Args)]
+pub struct SetupArgs {
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Size of the sparse btrfs image made when the data dir is not on btrfs.
+    #[arg(long, default_value_t = 64)]
+    btrfs_image_gib: u64,
+    /// Debian suite of the base template.
+    #[arg(long, default_value = "bookworm")]
+    suite: String,
+    /// Do not install Debian packages (they must already be there).
+    #[arg(long)]
+    skip_packages: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(args: SetupArgs) -> Result<()> {
+    let started = Instant::now();
+    let say = |line: &str| eprintln!("setup: {line}");
+    if !args.skip_packages {
+        space_host::packages::ensure_required(say).context("installing packages")?;
+    }
+    let what =
+        ensure_btrfs(&args.data_dir, args.btrfs_image_gib).context("preparing the data dir")?;
+    say(&format!("data dir: {what}"));
+    let data = DataDir::open(&args.data_dir)?;
+    match data.template(BASE_TEMPLATE) {
+        Some(template) => say(&format!(
+            "template {BASE_TEMPLATE}: version {} present",
+            template.meta.version
+        )),
+        None => {
+            let agent = args.engine.agent_bin()?;
+            let bar = ProgressBar::new(4);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "setup: building template base [{bar:20}] {pos}/{len} {elapsed} {wide_msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            let built = build_debian(
+                &data,
+                BASE_TEMPLATE,
+                &args.suite,
+                BASE_PACKAGES,
+                &agent,
+                |p| {
+                    bar.set_position(p.done);
+                    bar.set_message(p.step);
+                },
+            );
+            bar.finish_and_clear();
+            let template = built.context("building the base template")?;
+            say(&format!(
+                "template {BASE_TEMPLATE}: built version {}",
+                template.meta.version
+            ));
+        }
+    }
+    say(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! `/v1/sandboxes/{id}/commands` and `/exec`.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use space_api::{
+    Command, CommandCreated, CommandList, CommandRequest, CommandState, ErrorBody, ExecResponse,
+};
+
+use super::{ApiJson, ApiQuery, AppState, WaitQuery};
+use crate::domain::CommandSpec;
+use crate::error::ApiError;
+use crate::transcript::{self, Stream, TranscriptReader};
+
+/// The most stdout (and, apart, stderr) `/exec` returns inline.
+pub const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = CommandRequest,
+    responses((status = 201, description = "The process is running", body = CommandCreated),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 422, description = "No such binary, bad cwd or user", body = ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<CommandRequest>,
+) -> Result<(StatusCode, Json<CommandCreated>), ApiError> {
+    state.platform.sandbox(&id)?;
+    let spec = CommandSpec::try_from(request)?;
+    let command = state.platform.start_command(&id, spec).await?;
+    Ok((StatusCode::CREATED, Json(CommandCreated { command })))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<CommandList>, ApiError> {
+    state.platform.sandbox(&id)?;
+    Ok(Json(CommandList {
+        commands: state.platform.store.commands(&id)?,
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id"), WaitQuery),
+    responses((status = 200, body = Command), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    ApiQuery(wait): ApiQuery<WaitQuery>,
+) -> Result<Json<Command>, ApiError> {
+    let deadline = wait.deadline()?;
+    let platform = &state.platform;
+    let command = platform
+        .wait_for(
+            deadline,
+            || platform.command(&id, &cid),
+            |c| c.state == CommandState::Exited,
+        )
+        .await?;
+    Ok(Json(command))
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct StdinQuery {
+    /// Close stdin after writing the body.
+    #[serde(default)]
+    eof: bool,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/stdin", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id"), StdinQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204, description = "Delivered to the agent"), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, description = "The command has exited", body = ErrorBody)))]
+pub async fn stdin(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<StdinQuery>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    state.platform.command(&id, &cid)?;
+    let (_, stream, agent) = state
+        .platform
+        .live_command(&cid)
+        .ok_or_else(|| ApiError::invalid_state("command", "exited", "write to stdin"))?;
+    let gone = |_| ApiError::invalid_state("command", "exited", "write to stdin");
+    for chunk in body.chunks(space_proto::MAX_OUTPUT_CHUNK) {
+        agent
+            .send_stdin(stream, chunk.to_vec())
+            .await
+            .map_err(gone)?;
+    }
+    if query.eof {
+        agent.close_stdin(stream).await.map_err(gone)?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// `TERM`, `KILL`, `INT`, `HUP`, `QUIT`, `USR1`, `USR2`, `STOP`, `CONT` (with or without `SIG`).
+    signal: String,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/signal", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id")),
+    request_body = SignalRequest,
+    responses((status = 204, description = "Sent to the process group"), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn signal(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    ApiJson(request): ApiJson<SignalRequest>,
+) -> Result<StatusCode, ApiError> {
+    use nix::sys::signal::Signal;
+    let name = request.signal.trim_start_matches("SIG");
+    let signal = match name {
+        "TERM" => Signal::SIGTERM,
+        "KILL" => Signal::SIGKILL,
+        "INT" => Signal::SIGINT,
+        "HUP" => Signal::SIGHUP,
+        "QUIT" => Signal::SIGQUIT,
+        "USR1" => Signal::SIGUSR1,
+        "USR2" => Signal::SIGUSR2,
+        "STOP" => Signal::SIGSTOP,
+        "CONT" => Signal::SIGCONT,
+        other => return Err(ApiError::bad_request(format!("unknown signal {other:?}"))),
+    };
+    state.platform.command(&id, &cid)?;
+    let (_, stream, agent) = state
+        .platform
+        .live_command(&cid)
+        .ok_or_else(|| ApiError::invalid_state("command", "exited", "signal it"))?;
+    agent
+        .signal(stream, signal as i32)
+        .await
+        .map_err(|_| ApiError::invalid_state("command", "exited", "signal it"))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = CommandRequest,
+    responses((status = 200, description = "The command ran to its end", body = ExecResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn exec(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<CommandRequest>,
+) -> Result<Json<ExecResponse>, ApiError> {
+    state.platform.sandbox(&id)?;
+    if request.stdin {
+        return Err(ApiError::bad_request(
+            "exec cannot take stdin; start a command instead",
+        ));
+    }
+    let spec = CommandSpec::try_from(request)?;
+    let platform = &state.platform;
+    let started = platform.start_command(&id, spec).await?;
+    let command = platform
+        .wait_for(
+            None::<Instant>,
+            || platform.command(&id, &started.id),
+            |c| c.state == CommandState::Exited,
+        )
+        .await?;
+    let path = transcript::path_for(&platform.data.sandbox_dir(&id), &command.id);
+    let (stdout, stderr, truncated) =
+        collect_output(&path).map_err(|e| ApiError::internal("reading the transcript", e))?;
+    let result = command
+        .result
+        .clone()
+        .ok_or_else(|| ApiError::internal("finishing exec", "no result recorded"))?;
+    Ok(Json(ExecResponse {
+        command,
+        stdout,
+        stderr,
+        result,
+        truncated,
+    }))
+}
+
+/// Reads a finished transcript into two bounded strings.
+fn collect_output(path: &std::path::Path) -> std::io::Result<(String, String, bool)> {
+    let limit = std::fs::metadata(path)?.len();
+    let mut reader = TranscriptReader::open(path)?;
+    let (mut out, mut err, mut truncated) = (Vec::new(), Vec::new(), false);
+    while let Some(chunk) = reader.next_chunk(limit)? {
+        let target = match chunk.stream {
+            Stream::Stdout => &mut out,
+            Stream::Stderr => &mut err,
+        };
+        let room = EXEC_OUTPUT_LIMIT - target.len();
+        if chunk.bytes.len() > room {
+            truncated = true;
+        }
+        target.extend_from_slice(&chunk.bytes[..chunk.bytes.len().min(room)]);
+    }
+    Ok((
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+        truncated,
+    ))
+}

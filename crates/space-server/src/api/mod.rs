@@ -1,0 +1,238 @@
+//! The HTTP edge: routing, auth, request parsing, the OpenAPI document.
+//! Handlers are thin: parse, call the platform, shape the response.
+
+mod commands;
+mod health;
+mod openapi;
+mod operations;
+mod output;
+mod sandboxes;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use serde::de::DeserializeOwned;
+
+pub use self::openapi::ApiDoc;
+use crate::error::ApiError;
+use crate::platform::Platform;
+
+/// Largest JSON request body.
+const MAX_JSON_BODY: usize = 1 << 20;
+/// Longest `?wait=` a client may ask for.
+pub const MAX_WAIT_S: u64 = 60;
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub platform: Arc<Platform>,
+    pub api_key: Arc<String>,
+    pub health: Arc<health::HostFacts>,
+}
+
+impl AppState {
+    pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
+        let health = Arc::new(health::HostFacts::probe(platform.engine.as_ref()));
+        AppState {
+            platform,
+            api_key: Arc::new(api_key),
+            health,
+        }
+    }
+}
+
+/// The whole API as a router, separate from `serve` so tests drive it directly.
+pub fn app(state: AppState) -> Router {
+    let protected = Router::new()
+        .route(
+            "/v1/sandboxes",
+            get(sandboxes::list).post(sandboxes::create),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::delete),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands",
+            get(commands::list).post(commands::create),
+        )
+        .route("/v1/sandboxes/{id}/commands/{cid}", get(commands::get))
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/output",
+            get(output::output),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/stdin",
+            axum::routing::post(commands::stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/signal",
+            axum::routing::post(commands::signal),
+        )
+        .route(
+            "/v1/sandboxes/{id}/exec",
+            axum::routing::post(commands::exec),
+        )
+        .route("/v1/operations", get(operations::list))
+        .route("/v1/operations/{id}", get(operations::get))
+        .route("/v1/openapi.json", get(openapi::document))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .route("/v1/health", get(health::health))
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+async fn require_key(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(key) if constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => {
+            Ok(next.run(request).await)
+        }
+        Some(_) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the API key is not valid",
+        )),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing API key: send `Authorization: Bearer <key>`",
+        )),
+    }
+}
+
+/// Compares without leaking, through timing, how much of a key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body whose every parse failure is a 4xx in our error shape.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(request, state).await {
+            Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    match rejection {
+        JsonRejection::JsonDataError(err) => {
+            ApiError::bad_request(format!("invalid request body: {}", err.body_text()))
+                .with_details(serde_json::json!({"reason": "schema"}))
+        }
+        JsonRejection::JsonSyntaxError(err) => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("the body is not valid JSON: {}", err.body_text()),
+        ),
+        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as JSON with `Content-Type: application/json`",
+        ),
+        JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the request body exceeds {MAX_JSON_BODY} bytes"),
+            )
+        }
+        other => ApiError::bad_request(other.body_text()),
+    }
+}
+
+/// Query parameters whose parse failures are 400s in our error shape.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(query_rejection(rejection)),
+        }
+    }
+}
+
+fn query_rejection(rejection: QueryRejection) -> ApiError {
+    ApiError::bad_request(format!("invalid query string: {}", rejection.body_text()))
+}
+
+/// `?wait=<seconds>` as a deadline (at most [`MAX_WAIT_S`]).
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    /// Seconds to wait for a terminal state (max 60).
+    pub wait: Option<u64>,
+}
+
+impl WaitQuery {
+    pub fn deadline(&self) -> Result<Option<Instant>, ApiError> {
+        match self.wait {
+            None | Some(0) => Ok(None),
+            Some(s) if s > MAX_WAIT_S => Err(ApiError::bad_request(format!(
+                "wait may be at most {MAX_WAIT_S} seconds"
+            ))),
+            Some(s) => Ok(Some(Instant::now() + Duration::from_secs(s))),
+        }
+    }
+}
+
+/// The `Idempotency-Key` header, if sent.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request("Idempotency-Key must be ASCII"))?;
+    if key.is_empty() || key.len() > 255 {
+        return Err(ApiError::bad_request(
+            "Idempotency-Key must be 1-255 characters",
+        ));
+    }
+    Ok(Some(key.to_string()))
+}

@@ -1,0 +1,42 @@
+//! The OpenAPI document: the contract, served at `/v1/openapi.json` and
+//! checked against real responses by the tests.
+
+use axum::Json;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::{commands, health, operations, output, sandboxes};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "SPACE API", description = "Sandboxed Platform for Agentic Code Execution", version = "1"),
+    paths(
+        health::health,
+        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete,
+        operations::get, operations::list,
+        commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::exec,
+        output::output,
+    ),
+    components(schemas(commands::SignalRequest)),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "This document", content_type = "application/json")))]
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,48 @@
+//! `/v1/operations`: follow asynchronous lifecycle work.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use space_api::{ErrorBody, Operation, OperationList};
+
+use super::{ApiQuery, AppState, WaitQuery};
+use crate::error::ApiError;
+
+#[utoipa::path(get, path = "/v1/operations/{id}", tag = "operations",
+    params(("id" = String, Path, description = "Operation id"), WaitQuery),
+    responses((status = 200, body = Operation), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(wait): ApiQuery<WaitQuery>,
+) -> Result<Json<Operation>, ApiError> {
+    let deadline = wait.deadline()?;
+    let platform = &state.platform;
+    let operation = platform
+        .wait_for(
+            deadline,
+            || platform.operation(&id),
+            |op| op.state.is_terminal(),
+        )
+        .await?;
+    Ok(Json(operation))
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this sandbox's operations.
+    sandbox_id: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/operations", tag = "operations", params(ListQuery),
+    responses((status = 200, body = OperationList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<OperationList>, ApiError> {
+    let operations = state
+        .platform
+        .store
+        .operations(query.sandbox_id.as_deref())?;
+    Ok(Json(OperationList { operations }))
+}

@@ -1,0 +1,199 @@
+//! `GET .../commands/{cid}/output`: replay and follow a transcript as
+//! NDJSON (or SSE), always ending with the exit frame once the command ended.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::Response;
+use base64::Engine as _;
+use space_api::{ErrorBody, OutputFrame};
+use tokio::sync::{mpsc, watch};
+
+use super::{ApiQuery, AppState};
+use crate::error::ApiError;
+use crate::platform::Platform;
+use crate::transcript::{self, Chunk, Progress, Stream, TranscriptReader};
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct OutputQuery {
+    /// Start at this offset of the combined output (stdout and stderr bytes
+    /// in arrival order). Default 0.
+    #[serde(default)]
+    from: u64,
+    /// Keep the stream open until the command exits. Default false: send
+    /// what is there (and the exit frame if it has ended).
+    #[serde(default)]
+    follow: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Format {
+    Ndjson,
+    Sse,
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/output", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id"), OutputQuery),
+    responses(
+        (status = 200, description = "Newline-delimited frames; the last is the exit frame once the command ended",
+         body = OutputFrame, content_type = "application/x-ndjson"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn output(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<OutputQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let platform = state.platform.clone();
+    platform.sandbox(&id)?;
+    platform.command(&id, &cid)?;
+    let live = platform.live_command(&cid).map(|(progress, _, _)| progress);
+    let path = transcript::path_for(&platform.data.sandbox_dir(&id), &cid);
+    let reader = TranscriptReader::open(&path).map_err(|_| {
+        ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "not_found",
+            "the transcript is gone (the sandbox was deleted)",
+        )
+    })?;
+    let format = match headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) {
+        Some(accept) if accept.contains("text/event-stream") => Format::Sse,
+        _ => Format::Ndjson,
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let follower = Follower {
+        platform,
+        sandbox_id: id,
+        command_id: cid,
+        path,
+        reader,
+        live,
+        format,
+        tx,
+    };
+    tokio::spawn(follower.run(query.from, query.follow));
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    }));
+    let content_type = match format {
+        Format::Ndjson => "application/x-ndjson",
+        Format::Sse => "text/event-stream",
+    };
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+struct Follower {
+    platform: Arc<Platform>,
+    sandbox_id: String,
+    command_id: String,
+    path: std::path::PathBuf,
+    reader: TranscriptReader,
+    live: Option<watch::Receiver<Progress>>,
+    format: Format,
+    tx: mpsc::Sender<Bytes>,
+}
+
+impl Follower {
+    /// What the writer has completed; a finished command's file is whole.
+    fn progress(&mut self) -> Progress {
+        match &mut self.live {
+            Some(live) => *live.borrow_and_update(),
+            None => Progress {
+                file_len: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0),
+                finished: true,
+            },
+        }
+    }
+
+    async fn run(mut self, from: u64, follow: bool) {
+        let first = self.progress();
+        if self.reader.seek_to(from, first.file_len).is_err() {
+            return;
+        }
+        loop {
+            let progress = self.progress();
+            loop {
+                match self.reader.next_chunk(progress.file_len) {
+                    Ok(Some(chunk)) => {
+                        if !self.send(&chunk_frame(chunk)).await {
+                            return; // the client went away
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::error!(command = %self.command_id, "reading the transcript: {err}");
+                        return;
+                    }
+                }
+            }
+            if progress.finished {
+                let command = self.platform.command(&self.sandbox_id, &self.command_id);
+                if let Some(result) = command.ok().and_then(|c| c.result) {
+                    self.send(&OutputFrame::Exit { result }).await;
+                }
+                return;
+            }
+            if !follow {
+                return;
+            }
+            let Some(live) = self.live.as_mut() else {
+                continue;
+            };
+            if live.changed().await.is_err() {
+                // The writer is gone: the command ended; read the rest as a file.
+                self.live = None;
+            }
+        }
+    }
+
+    async fn send(&self, frame: &OutputFrame) -> bool {
+        let json = serde_json::to_string(frame).unwrap_or_default();
+        let text = match self.format {
+            Format::Ndjson => format!("{json}\n"),
+            Format::Sse => {
+                let event = match frame {
+                    OutputFrame::Stdout { .. } => "stdout",
+                    OutputFrame::Stderr { .. } => "stderr",
+                    OutputFrame::Exit { .. } => "exit",
+                };
+                format!("event: {event}\ndata: {json}\n\n")
+            }
+        };
+        self.tx.send(Bytes::from(text)).await.is_ok()
+    }
+}
+
+fn chunk_frame(chunk: Chunk) -> OutputFrame {
+    let (data, data_b64) = match String::from_utf8(chunk.bytes) {
+        Ok(text) => (Some(text), None),
+        Err(err) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(err.into_bytes())),
+        ),
+    };
+    match chunk.stream {
+        Stream::Stdout => OutputFrame::Stdout {
+            offset: chunk.offset,
+            data,
+            data_b64,
+        },
+        Stream::Stderr => OutputFrame::Stderr {
+            offset: chunk.offset,
+            data,
+            data_b64,
+        },
+    }
+}

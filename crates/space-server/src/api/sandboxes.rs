@@ -1,0 +1,149 @@
+//! `/v1/sandboxes`: create, list, get, delete.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use space_api::{
+    CreateSandboxRequest, ErrorBody, OperationKind, Sandbox, SandboxList, SandboxOperation,
+    SandboxState,
+};
+
+use super::{idempotency_key, ApiJson, ApiQuery, AppState};
+use crate::domain::CreateSpec;
+use crate::error::ApiError;
+
+/// Replays the operation an `Idempotency-Key` already started, if any.
+fn replay(
+    state: &AppState,
+    key: Option<&str>,
+    kind: OperationKind,
+) -> Result<Option<SandboxOperation>, ApiError> {
+    let Some(key) = key else { return Ok(None) };
+    let Some(operation) = state.platform.store.operation_by_key(key)? else {
+        return Ok(None);
+    };
+    if operation.kind != kind {
+        return Err(ApiError::unprocessable(
+            "this Idempotency-Key was already used for a different request",
+        ));
+    }
+    let sandbox_id = operation.sandbox_id.clone().unwrap_or_default();
+    let sandbox = state.platform.sandbox(&sandbox_id)?.sandbox;
+    Ok(Some(SandboxOperation { sandbox, operation }))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSandboxRequest,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
+    responses(
+        (status = 202, description = "Accepted; follow the operation", body = SandboxOperation),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, description = "Unknown template", body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<CreateSandboxRequest>,
+) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
+    let key = idempotency_key(&headers)?;
+    if let Some(replayed) = replay(&state, key.as_deref(), OperationKind::Create)? {
+        return Ok((StatusCode::ACCEPTED, Json(replayed)));
+    }
+    let platform = &state.platform;
+    let template = platform.data.template(&request.template).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "template_not_found",
+            format!("no template {:?}", request.template),
+        )
+        .with_details(serde_json::json!({"kind": "template", "id": request.template}))
+    })?;
+    if !state.health.engine_available {
+        return Err(ApiError::unavailable(format!(
+            "the {} engine is not available on this host",
+            platform.engine.name()
+        )));
+    }
+    let spec = CreateSpec::new(request, &template.meta.defaults)?;
+    let (sandbox, operation) =
+        platform.create_sandbox(spec, template.meta.version, key.as_deref())?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(SandboxOperation { sandbox, operation }),
+    ))
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only sandboxes in this state.
+    state: Option<String>,
+    /// Only sandboxes with this label, as `key=value`.
+    label: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<SandboxList>, ApiError> {
+    let wanted_state = match &query.state {
+        None => None,
+        Some(text) => Some(
+            SandboxState::parse(text)
+                .ok_or_else(|| ApiError::bad_request(format!("unknown state {text:?}")))?,
+        ),
+    };
+    let wanted_label = match &query.label {
+        None => None,
+        Some(text) => Some(
+            text.split_once('=')
+                .ok_or_else(|| ApiError::bad_request("label must be given as key=value"))?,
+        ),
+    };
+    let sandboxes = state
+        .platform
+        .store
+        .sandboxes()?
+        .into_iter()
+        .map(|record| record.sandbox)
+        .filter(|s| wanted_state.is_none_or(|wanted| s.state == wanted))
+        .filter(|s| wanted_label.is_none_or(|(k, v)| s.labels.get(k).is_some_and(|have| have == v)))
+        .collect();
+    Ok(Json(SandboxList { sandboxes }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = Sandbox), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Sandbox>, ApiError> {
+    Ok(Json(state.platform.sandbox(&id)?.sandbox))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
+    responses((status = 202, body = SandboxOperation), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
+    let key = idempotency_key(&headers)?;
+    if let Some(replayed) = replay(&state, key.as_deref(), OperationKind::Delete)? {
+        if replayed.sandbox.id == id {
+            return Ok((StatusCode::ACCEPTED, Json(replayed)));
+        }
+        return Err(ApiError::unprocessable(
+            "this Idempotency-Key was already used for a different sandbox",
+        ));
+    }
+    let (sandbox, operation) = state.platform.delete_sandbox(&id, key.as_deref())?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(SandboxOperation { sandbox, operation }),
+    ))
+}

@@ -1,0 +1,241 @@
+//! Command sessions: start a process through the agent, keep its output in
+//! a transcript on the host, record how it ended.
+
+use std::time::Instant;
+
+use space_api::{Attach, Command, CommandState, ProcessResult};
+use space_engine::{AgentConn, AgentError, ExecEvent, ExecStream};
+use space_proto::{ExecFailure, ExecRequest, Exited};
+use tokio::sync::watch;
+
+use crate::domain::{self, CommandSpec};
+use crate::error::ApiError;
+use crate::ids;
+use crate::platform::Platform;
+use crate::transcript::{self, Progress, Stream, TranscriptWriter};
+
+/// What exists of a running command in memory.
+pub struct LiveCommand {
+    pub progress: watch::Receiver<Progress>,
+    pub stream: u32,
+    pub agent: AgentConn,
+}
+
+pub fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().trim_start_matches("SIG").to_string())
+        .unwrap_or_else(|_| signal.to_string())
+}
+
+/// The result recorded for a session the platform had to abandon.
+pub fn lost_result(command: &Command, why: &str) -> ProcessResult {
+    ProcessResult {
+        exit_code: None,
+        signal: None,
+        timed_out: false,
+        duration_ms: 0,
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        finished_at: ids::now(),
+        error: Some(format!(
+            "the command's end was not observed: {why} (started {})",
+            command.started_at
+        )),
+    }
+}
+
+fn exec_failure(err: AgentError) -> ApiError {
+    use axum::http::StatusCode;
+    match err {
+        AgentError::ExecFailed(failed) => {
+            let code = match failed.reason {
+                ExecFailure::NotFound => "executable_not_found",
+                ExecFailure::PermissionDenied => "permission_denied",
+                ExecFailure::BadCwd => "invalid_cwd",
+                ExecFailure::BadUser => "invalid_user",
+                ExecFailure::Invalid => "invalid_value",
+                ExecFailure::Spawn => "spawn_failed",
+            };
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, failed.message)
+        }
+        AgentError::Disconnected | AgentError::Timeout(_) => ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_state",
+            "the sandbox is not reachable; it may have stopped",
+        ),
+        AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
+    }
+}
+
+impl Platform {
+    /// Starts a command; returns once the process runs.
+    pub async fn start_command(
+        self: &std::sync::Arc<Self>,
+        sandbox_id: &str,
+        spec: CommandSpec,
+    ) -> Result<Command, ApiError> {
+        let record = self.sandbox(sandbox_id)?;
+        let state = record.sandbox.state;
+        if !domain::accepts_commands(state) {
+            return Err(ApiError::invalid_state(
+                "sandbox",
+                state.as_str(),
+                "run a command",
+            ));
+        }
+        let agent = self.agent(sandbox_id).ok_or_else(|| {
+            ApiError::invalid_state(
+                "sandbox",
+                state.as_str(),
+                "run a command (its agent is not connected)",
+            )
+        })?;
+        let id = ids::new_id("cmd");
+        let sandbox_dir = self.data.sandbox_dir(sandbox_id);
+        let transcript_path = transcript::path_for(&sandbox_dir, &id);
+        let writer = TranscriptWriter::create(&transcript_path)
+            .map_err(|e| ApiError::internal("creating the transcript", e))?;
+        let request = ExecRequest {
+            argv: spec.argv.clone(),
+            env: spec.env,
+            cwd: spec.cwd,
+            user: spec.user,
+            stdin: spec.stdin,
+        };
+        let started = Instant::now();
+        let stream = match agent.exec(&request).await {
+            Ok(stream) => stream,
+            Err(err) => {
+                let _ =
+                    std::fs::remove_dir_all(transcript_path.parent().unwrap_or(&transcript_path));
+                return Err(exec_failure(err));
+            }
+        };
+        let base = format!("/v1/sandboxes/{sandbox_id}/commands/{id}");
+        let command = Command {
+            id: id.clone(),
+            sandbox_id: sandbox_id.to_string(),
+            state: CommandState::Running,
+            argv: spec.argv,
+            pid: stream.pid,
+            tag: spec.tag,
+            started_at: ids::now(),
+            attach: Attach {
+                output: format!("{base}/output"),
+                stdin: format!("{base}/stdin"),
+                ws: format!("{base}/attach"),
+            },
+            result: None,
+        };
+        self.store.put_command(&command)?;
+        self.store.touch_sandbox(sandbox_id, &command.started_at)?;
+        let live = LiveCommand {
+            progress: writer.subscribe(),
+            stream: stream.stream,
+            agent,
+        };
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), live);
+        self.changed();
+        let platform = self.clone();
+        let pumped = command.clone();
+        tokio::spawn(async move {
+            platform
+                .pump(pumped, stream, writer, started, spec.timeout_s)
+                .await
+        });
+        Ok(command)
+    }
+
+    /// Moves a command's output into its transcript until it exits, then
+    /// records the result (before readers are told the transcript is done).
+    async fn pump(
+        self: std::sync::Arc<Self>,
+        mut command: Command,
+        mut stream: ExecStream,
+        mut writer: TranscriptWriter,
+        started: Instant,
+        timeout_s: u64,
+    ) {
+        let deadline = (timeout_s > 0).then(|| {
+            tokio::time::Instant::from_std(started) + std::time::Duration::from_secs(timeout_s)
+        });
+        let mut timed_out = false;
+        let mut write_failed = false;
+        let exited: Option<Exited> = loop {
+            let event = match deadline {
+                Some(deadline) if !timed_out => tokio::select! {
+                    event = stream.next() => event,
+                    () = tokio::time::sleep_until(deadline) => {
+                        timed_out = true;
+                        let _ = stream.conn().signal(stream.stream, nix::sys::signal::Signal::SIGKILL as i32).await;
+                        continue;
+                    }
+                },
+                _ => stream.next().await,
+            };
+            let appended = match event {
+                Some(ExecEvent::Stdout(bytes)) => writer.append(Stream::Stdout, &bytes),
+                Some(ExecEvent::Stderr(bytes)) => writer.append(Stream::Stderr, &bytes),
+                Some(ExecEvent::Exit(exited)) => break Some(exited),
+                None => break None,
+            };
+            if let Err(err) = appended {
+                if !write_failed {
+                    tracing::error!(command = %command.id, "writing the transcript: {err}");
+                    write_failed = true;
+                }
+            }
+        };
+        let mut result = match exited {
+            Some(exited) => ProcessResult {
+                exit_code: exited.exit_code,
+                signal: exited.signal.map(signal_name),
+                timed_out,
+                duration_ms: started.elapsed().as_millis() as u64,
+                stdout_bytes: writer.stdout_bytes,
+                stderr_bytes: writer.stderr_bytes,
+                finished_at: ids::now(),
+                error: write_failed
+                    .then(|| "the host could not keep all of the output".to_string()),
+            },
+            None => lost_result(&command, "the sandbox stopped before the command ended"),
+        };
+        result.stdout_bytes = writer.stdout_bytes;
+        result.stderr_bytes = writer.stderr_bytes;
+        command.state = CommandState::Exited;
+        command.result = Some(result);
+        if let Err(err) = self.store.put_command(&command) {
+            tracing::error!(command = %command.id, "recording the result: {err}");
+        }
+        let _ = self.store.touch_sandbox(&command.sandbox_id, &ids::now());
+        writer.finish();
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&command.id);
+        self.changed();
+    }
+
+    pub fn command(&self, sandbox_id: &str, command_id: &str) -> Result<Command, ApiError> {
+        if !ids::plausible(command_id, "cmd") {
+            return Err(ApiError::not_found("command", command_id));
+        }
+        self.store
+            .command(command_id)?
+            .filter(|c| c.sandbox_id == sandbox_id)
+            .ok_or_else(|| ApiError::not_found("command", command_id))
+    }
+
+    pub fn live_command(
+        &self,
+        command_id: &str,
+    ) -> Option<(watch::Receiver<Progress>, u32, AgentConn)> {
+        let commands = self.commands.lock().unwrap_or_else(|e| e.into_inner());
+        commands
+            .get(command_id)
+            .map(|c| (c.progress.clone(), c.stream, c.agent.clone()))
+    }
+}

@@ -1,0 +1,343 @@
+//! Validated domain types and the sandbox state machine.
+//!
+//! Wire types from `space-api` are converted here with `TryFrom`; handlers
+//! and actors only ever see the validated forms.
+
+use std::collections::BTreeMap;
+
+use space_api::{
+    CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, SandboxState,
+};
+use space_host::template::TemplateDefaults;
+
+use crate::error::ApiError;
+
+pub const MAX_VCPUS: u32 = 64;
+pub const MIN_MEMORY_MIB: u32 = 64;
+pub const MAX_MEMORY_MIB: u32 = 256 * 1024;
+pub const MIN_DISK_MIB: u32 = 64;
+pub const MAX_DISK_MIB: u32 = 1024 * 1024;
+const MAX_ENV_ENTRIES: usize = 256;
+const MAX_ENV_BYTES: usize = 64 * 1024;
+const MAX_LABELS: usize = 64;
+const MAX_ARGV_BYTES: usize = 256 * 1024;
+pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
+
+/// A create request checked against the template's defaults.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    pub template: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub disk_mib: u32,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub lifecycle: Lifecycle,
+    pub network: Network,
+}
+
+impl CreateSpec {
+    /// Validates `request`, filling gaps from the template's defaults.
+    pub fn new(
+        request: CreateSandboxRequest,
+        defaults: &TemplateDefaults,
+    ) -> Result<CreateSpec, ApiError> {
+        let vcpus = request.vcpus.unwrap_or(defaults.vcpus);
+        let memory_mib = request.memory_mib.unwrap_or(defaults.memory_mib);
+        let disk_mib = request.disk_mib.unwrap_or(defaults.disk_mib);
+        in_range("vcpus", vcpus, 1, MAX_VCPUS)?;
+        in_range("memory_mib", memory_mib, MIN_MEMORY_MIB, MAX_MEMORY_MIB)?;
+        in_range("disk_mib", disk_mib, MIN_DISK_MIB, MAX_DISK_MIB)?;
+        validate_env(&request.env)?;
+        let mut env = defaults.env.clone();
+        env.extend(request.env);
+        if request.labels.len() > MAX_LABELS {
+            return Err(ApiError::unprocessable(format!(
+                "at most {MAX_LABELS} labels"
+            )));
+        }
+        for (key, value) in &request.labels {
+            if key.is_empty() || key.len() > 63 || value.len() > 255 || key.contains('=') {
+                return Err(ApiError::unprocessable(format!(
+                    "label {key:?}: keys are 1-63 characters without '=', values at most 255"
+                ))
+                .with_details(serde_json::json!({"field": "labels"})));
+            }
+        }
+        let lifecycle = request.lifecycle.unwrap_or(Lifecycle {
+            idle_timeout_s: None,
+            on_idle: Some(OnIdle::None),
+            max_lifetime_s: None,
+        });
+        Ok(CreateSpec {
+            template: request.template,
+            vcpus,
+            memory_mib,
+            disk_mib,
+            env,
+            labels: request.labels,
+            lifecycle,
+            network: request.network.unwrap_or(Network {
+                egress: Egress::None,
+            }),
+        })
+    }
+}
+
+fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), ApiError> {
+    if value < min || value > max {
+        return Err(ApiError::unprocessable(format!(
+            "{field} must be between {min} and {max}, got {value}"
+        ))
+        .with_details(serde_json::json!({"field": field, "min": min, "max": max})));
+    }
+    Ok(())
+}
+
+fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if env.len() > MAX_ENV_ENTRIES {
+        return Err(ApiError::unprocessable(format!(
+            "at most {MAX_ENV_ENTRIES} environment variables"
+        )));
+    }
+    let total: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_ENV_BYTES {
+        return Err(ApiError::unprocessable(format!(
+            "the environment may hold at most {MAX_ENV_BYTES} bytes"
+        )));
+    }
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(ApiError::unprocessable(format!(
+                "environment variable {key:?}: names are non-empty without '=' or NUL; values without NUL"
+            ))
+            .with_details(serde_json::json!({"field": "env"})));
+        }
+    }
+    Ok(())
+}
+
+/// A command request, validated.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub stdin: bool,
+    pub timeout_s: u64,
+    pub tag: Option<String>,
+}
+
+impl TryFrom<CommandRequest> for CommandSpec {
+    type Error = ApiError;
+
+    fn try_from(request: CommandRequest) -> Result<CommandSpec, ApiError> {
+        let argv = match (request.argv, request.cmd) {
+            (Some(argv), None) => argv,
+            (None, Some(cmd)) => vec!["/bin/sh".to_string(), "-c".to_string(), cmd],
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad_request("give either argv or cmd, not both"))
+            }
+            (None, None) => {
+                return Err(ApiError::bad_request(
+                    "give argv (a list) or cmd (a shell string)",
+                ))
+            }
+        };
+        if argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(ApiError::unprocessable("argv must name a program"));
+        }
+        if argv.iter().any(|a| a.contains('\0'))
+            || argv.iter().map(String::len).sum::<usize>() > MAX_ARGV_BYTES
+        {
+            return Err(ApiError::unprocessable(format!(
+                "argv must hold no NUL bytes and at most {MAX_ARGV_BYTES} bytes"
+            )));
+        }
+        validate_env(&request.env)?;
+        if let Some(cwd) = &request.cwd {
+            if !cwd.starts_with('/') || cwd.contains('\0') {
+                return Err(ApiError::bad_request(format!(
+                    "cwd must be an absolute path, got {cwd:?}"
+                )));
+            }
+        }
+        if request.tty {
+            return Err(ApiError::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                "unsupported",
+                "tty sessions are not supported yet; run without tty",
+            ));
+        }
+        if request.timeout_s > MAX_TIMEOUT_S {
+            return Err(ApiError::unprocessable(format!(
+                "timeout_s may be at most {MAX_TIMEOUT_S}"
+            )));
+        }
+        if request.tag.as_ref().is_some_and(|t| t.len() > 128) {
+            return Err(ApiError::unprocessable("tag may be at most 128 bytes"));
+        }
+        Ok(CommandSpec {
+            argv,
+            env: request.env,
+            cwd: request.cwd,
+            user: request.user,
+            stdin: request.stdin,
+            timeout_s: request.timeout_s,
+            tag: request.tag,
+        })
+    }
+}
+
+/// What happens to a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The engine started it and its agent answered.
+    Started,
+    /// A delete was accepted.
+    DeleteRequested,
+    /// The engine freed everything.
+    Destroyed,
+    /// Something went wrong beyond repair.
+    Failure,
+}
+
+/// The sandbox state machine. Every (state, event) pair is decided here.
+pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiError> {
+    use Event::*;
+    use SandboxState::*;
+    let to = match (from, event) {
+        (Creating, Started) => Some(Running),
+        (
+            Running | Paused | Suspended | Resuming | Suspending | Deleting | Deleted | Failed,
+            Started,
+        ) => None,
+        (
+            Creating | Running | Paused | Suspending | Suspended | Resuming | Failed,
+            DeleteRequested,
+        ) => Some(Deleting),
+        (Deleting, DeleteRequested) => Some(Deleting),
+        (Deleted, DeleteRequested) => Some(Deleted),
+        (Deleting, Destroyed) => Some(Deleted),
+        (
+            Creating | Running | Paused | Suspending | Suspended | Resuming | Deleted | Failed,
+            Destroyed,
+        ) => None,
+        (Creating | Running | Paused | Suspending | Suspended | Resuming | Deleting, Failure) => {
+            Some(Failed)
+        }
+        (Deleted | Failed, Failure) => None,
+    };
+    let action = match event {
+        Started => "start",
+        DeleteRequested => "delete",
+        Destroyed => "finish deleting",
+        Failure => "fail",
+    };
+    to.ok_or_else(|| ApiError::invalid_state("sandbox", from.as_str(), action))
+}
+
+/// Whether commands may run in a sandbox in this state.
+pub fn accepts_commands(state: SandboxState) -> bool {
+    match state {
+        SandboxState::Running => true,
+        SandboxState::Creating
+        | SandboxState::Paused
+        | SandboxState::Suspending
+        | SandboxState::Suspended
+        | SandboxState::Resuming
+        | SandboxState::Deleting
+        | SandboxState::Deleted
+        | SandboxState::Failed => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_machine_allows_only_listed_moves() {
+        use SandboxState::*;
+        assert_eq!(transition(Creating, Event::Started).unwrap(), Running);
+        assert_eq!(
+            transition(Running, Event::DeleteRequested).unwrap(),
+            Deleting
+        );
+        assert_eq!(
+            transition(Deleted, Event::DeleteRequested).unwrap(),
+            Deleted
+        );
+        assert_eq!(transition(Deleting, Event::Destroyed).unwrap(), Deleted);
+        assert_eq!(
+            transition(Failed, Event::DeleteRequested).unwrap(),
+            Deleting
+        );
+        let err = transition(Running, Event::Started).unwrap_err();
+        assert_eq!(err.status, 409);
+        assert!(err.message.contains("running"));
+        assert!(transition(Deleted, Event::Failure).is_err());
+    }
+
+    #[test]
+    fn create_requests_are_checked_against_defaults() {
+        let defaults = TemplateDefaults::default();
+        let spec = CreateSpec::new(
+            CreateSandboxRequest {
+                template: "base".into(),
+                ..Default::default()
+            },
+            &defaults,
+        )
+        .unwrap();
+        assert_eq!((spec.vcpus, spec.memory_mib, spec.disk_mib), (1, 512, 2048));
+        for bad in [
+            CreateSandboxRequest {
+                template: "base".into(),
+                vcpus: Some(0),
+                ..Default::default()
+            },
+            CreateSandboxRequest {
+                template: "base".into(),
+                memory_mib: Some(1),
+                ..Default::default()
+            },
+            CreateSandboxRequest {
+                template: "base".into(),
+                env: [("A=B".to_string(), "x".to_string())].into(),
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(CreateSpec::new(bad, &defaults).unwrap_err().status, 422);
+        }
+    }
+
+    #[test]
+    fn commands_need_exactly_one_of_argv_and_cmd() {
+        let both = CommandRequest {
+            argv: Some(vec!["ls".into()]),
+            cmd: Some("ls".into()),
+            ..Default::default()
+        };
+        assert_eq!(CommandSpec::try_from(both).unwrap_err().status, 400);
+        assert_eq!(
+            CommandSpec::try_from(CommandRequest::default())
+                .unwrap_err()
+                .status,
+            400
+        );
+        let shell = CommandSpec::try_from(CommandRequest {
+            cmd: Some("echo hi".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(shell.argv, ["/bin/sh", "-c", "echo hi"]);
+        let relative = CommandRequest {
+            argv: Some(vec!["ls".into()]),
+            cwd: Some("tmp".into()),
+            ..Default::default()
+        };
+        assert_eq!(CommandSpec::try_from(relative).unwrap_err().status, 400);
+    }
+}

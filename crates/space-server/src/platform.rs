@@ -1,0 +1,507 @@
+//! The control plane's core: sandbox records, their actors, operations.
+//!
+//! One actor task per sandbox owns its lifecycle: it alone moves the
+//! sandbox from state to state (through [`crate::domain::transition`]) and
+//! persists each move before anyone can observe it. Handlers create records
+//! and send the actor jobs; they never change a sandbox's state themselves.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use space_api::{Operation, OperationKind, OperationState, Progress, Sandbox, SandboxState};
+use space_engine::{AgentConn, Engine, EngineError, SandboxSpec};
+use space_host::datadir::DataDir;
+use tokio::sync::{mpsc, watch};
+
+use crate::commands::LiveCommand;
+use crate::domain::{self, CreateSpec, Event};
+use crate::error::ApiError;
+use crate::ids;
+use crate::store::{SandboxRecord, Store};
+
+/// A job for a sandbox's actor.
+#[derive(Debug)]
+enum Job {
+    Create { operation_id: String },
+    Delete { operation_id: String },
+}
+
+/// What exists of a sandbox in memory while its actor lives.
+struct LiveSandbox {
+    agent: Mutex<Option<AgentConn>>,
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+pub struct Platform {
+    pub data: DataDir,
+    pub store: Store,
+    pub engine: Arc<dyn Engine>,
+    /// Bumped after every persisted change, for long-polling waiters.
+    changes: watch::Sender<u64>,
+    sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+    pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
+}
+
+impl Platform {
+    pub fn new(data: DataDir, store: Store, engine: Arc<dyn Engine>) -> Arc<Platform> {
+        Arc::new(Platform {
+            data,
+            store,
+            engine,
+            changes: watch::Sender::new(0),
+            sandboxes: Mutex::new(HashMap::new()),
+            commands: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Waits until `check` returns `Some` or `deadline` passes; then returns
+    /// the last value `load` gave.
+    pub async fn wait_for<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut load: impl FnMut() -> Result<T, ApiError>,
+        done: impl Fn(&T) -> bool,
+    ) -> Result<T, ApiError> {
+        let mut changes = self.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let value = load()?;
+            let left = match deadline {
+                Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
+            if done(&value) || left.is_zero() {
+                return Ok(value);
+            }
+            let _ = tokio::time::timeout(left, changes.changed()).await;
+        }
+    }
+
+    /// Marks what a previous server process left in flight. Sandboxes do not
+    /// outlive their server yet (the agent exits when its channel closes), so
+    /// live ones are recorded as failed; their disks stay until deleted.
+    pub fn reconcile(&self) -> Result<(), ApiError> {
+        let now = ids::now();
+        for mut record in self.store.sandboxes()? {
+            let state = record.sandbox.state;
+            if matches!(state, SandboxState::Deleted | SandboxState::Failed) {
+                continue;
+            }
+            record.sandbox.state = domain::transition(state, Event::Failure)?;
+            record.sandbox.failure_reason = Some(
+                "the server restarted while the sandbox was running; delete it to free its disk"
+                    .into(),
+            );
+            record.sandbox.updated_at = now.clone();
+            self.store.put_sandbox(&record)?;
+            for mut command in self.store.commands(&record.sandbox.id)? {
+                if command.result.is_none() {
+                    command.state = space_api::CommandState::Exited;
+                    command.result = Some(crate::commands::lost_result(
+                        &command,
+                        "the server restarted",
+                    ));
+                    self.store.put_command(&command)?;
+                }
+            }
+        }
+        for mut operation in self.store.operations(None)? {
+            if !operation.state.is_terminal() {
+                operation.state = OperationState::Failed;
+                operation.error = Some(
+                    ApiError::new(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "interrupted",
+                        "the server restarted before the operation finished",
+                    )
+                    .detail(),
+                );
+                operation.finished_at = Some(now.clone());
+                self.store.put_operation(&operation, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn sandbox(&self, id: &str) -> Result<SandboxRecord, ApiError> {
+        if !ids::plausible(id, "sbx") {
+            return Err(ApiError::not_found("sandbox", id));
+        }
+        self.store
+            .sandbox(id)?
+            .ok_or_else(|| ApiError::not_found("sandbox", id))
+    }
+
+    /// The agent of a running sandbox.
+    pub fn agent(&self, id: &str) -> Option<AgentConn> {
+        let live = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()?;
+        let agent = live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        agent
+    }
+
+    /// Accepts a create: records the sandbox and its operation, then hands
+    /// the work to a new actor.
+    pub fn create_sandbox(
+        self: &Arc<Self>,
+        spec: CreateSpec,
+        template_version: u32,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        let now = ids::now();
+        let sandbox = Sandbox {
+            id: ids::new_id("sbx"),
+            template: spec.template,
+            state: SandboxState::Creating,
+            vcpus: spec.vcpus,
+            memory_mib: spec.memory_mib,
+            disk_mib: spec.disk_mib,
+            labels: spec.labels,
+            engine: self.engine.name().to_string(),
+            created_at: now.clone(),
+            updated_at: now.clone(),
+            lifecycle: spec.lifecycle,
+            network: spec.network,
+            last_activity_at: now.clone(),
+            failure_reason: None,
+        };
+        let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
+        let record = SandboxRecord {
+            sandbox: sandbox.clone(),
+            template_version,
+            env: spec.env,
+        };
+        self.store.put_sandbox(&record)?;
+        self.store.put_operation(&operation, idempotency_key)?;
+        self.changed();
+        self.spawn_actor(
+            &sandbox.id,
+            Job::Create {
+                operation_id: operation.id.clone(),
+            },
+        );
+        Ok((sandbox, operation))
+    }
+
+    /// Accepts a delete. Deleting a deleted sandbox succeeds at once.
+    pub fn delete_sandbox(
+        self: &Arc<Self>,
+        id: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        let record = self.sandbox(id)?;
+        let mut operation = new_operation(OperationKind::Delete, id, "queued", 2);
+        if record.sandbox.state == SandboxState::Deleted {
+            let now = ids::now();
+            operation.state = OperationState::Succeeded;
+            operation.progress = Progress {
+                step: "already deleted".into(),
+                done: 2,
+                total: 2,
+            };
+            operation.started_at = Some(now.clone());
+            operation.finished_at = Some(now);
+            self.store.put_operation(&operation, idempotency_key)?;
+            self.changed();
+            return Ok((record.sandbox, operation));
+        }
+        domain::transition(record.sandbox.state, Event::DeleteRequested)?;
+        self.store.put_operation(&operation, idempotency_key)?;
+        self.changed();
+        let job = Job::Delete {
+            operation_id: operation.id.clone(),
+        };
+        let live = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        match live {
+            Some(live) if live.jobs.send(job).is_ok() => {}
+            Some(_) | None => self.spawn_actor(
+                id,
+                Job::Delete {
+                    operation_id: operation.id.clone(),
+                },
+            ),
+        }
+        Ok((record.sandbox, operation))
+    }
+
+    fn spawn_actor(self: &Arc<Self>, id: &str, first: Job) {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        let _ = jobs.send(first);
+        let live = Arc::new(LiveSandbox {
+            agent: Mutex::new(None),
+            jobs,
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), live.clone());
+        let actor = Actor {
+            platform: self.clone(),
+            id: id.to_string(),
+            live,
+        };
+        tokio::spawn(actor.run(queue));
+    }
+
+    /// Applies `event` to a sandbox and persists it. Only actors (and
+    /// startup reconciliation) call this.
+    fn apply(&self, id: &str, event: Event, reason: Option<String>) -> Result<Sandbox, ApiError> {
+        let mut record = self.sandbox(id)?;
+        record.sandbox.state = domain::transition(record.sandbox.state, event)?;
+        record.sandbox.updated_at = ids::now();
+        if reason.is_some() {
+            record.sandbox.failure_reason = reason;
+        }
+        self.store.put_sandbox(&record)?;
+        self.changed();
+        Ok(record.sandbox)
+    }
+
+    pub fn operation(&self, id: &str) -> Result<Operation, ApiError> {
+        if !ids::plausible(id, "op") {
+            return Err(ApiError::not_found("operation", id));
+        }
+        self.store
+            .operation(id)?
+            .ok_or_else(|| ApiError::not_found("operation", id))
+    }
+
+    fn update_operation(&self, id: &str, change: impl FnOnce(&mut Operation)) {
+        let result = self.operation(id).and_then(|mut operation| {
+            change(&mut operation);
+            self.store.put_operation(&operation, None)?;
+            Ok(())
+        });
+        if let Err(err) = result {
+            tracing::error!(operation = id, "updating an operation: {}", err.message);
+        }
+        self.changed();
+    }
+
+    fn progress(&self, id: &str, step: &str, done: u64) {
+        self.update_operation(id, |op| {
+            if op.state == OperationState::Pending {
+                op.state = OperationState::Running;
+                op.started_at = Some(ids::now());
+            }
+            op.progress.step = step.to_string();
+            op.progress.done = done;
+        });
+    }
+
+    fn finish_operation(&self, id: &str, error: Option<ApiError>) {
+        self.update_operation(id, |op| {
+            op.finished_at = Some(ids::now());
+            op.started_at.get_or_insert_with(ids::now);
+            match error {
+                None => {
+                    op.state = OperationState::Succeeded;
+                    op.progress.done = op.progress.total;
+                    op.progress.step = "done".into();
+                }
+                Some(error) => {
+                    op.state = OperationState::Failed;
+                    op.error = Some(error.detail());
+                }
+            }
+        });
+    }
+
+    fn engine_spec(&self, record: &SandboxRecord) -> SandboxSpec {
+        let sandbox = &record.sandbox;
+        SandboxSpec {
+            id: sandbox.id.clone(),
+            dir: self.data.sandbox_dir(&sandbox.id),
+            template_rootfs: self
+                .data
+                .templates_dir()
+                .join(&sandbox.template)
+                .join(record.template_version.to_string())
+                .join("rootfs"),
+            hostname: ids::hostname_for(&sandbox.id),
+            vcpus: sandbox.vcpus,
+            memory_mib: sandbox.memory_mib,
+            disk_mib: sandbox.disk_mib,
+            env: record.env.clone(),
+        }
+    }
+}
+
+fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) -> Operation {
+    Operation {
+        id: ids::new_id("op"),
+        kind,
+        sandbox_id: Some(sandbox_id.to_string()),
+        state: OperationState::Pending,
+        progress: Progress {
+            step: step.into(),
+            done: 0,
+            total,
+        },
+        error: None,
+        created_at: ids::now(),
+        started_at: None,
+        finished_at: None,
+    }
+}
+
+/// What a client may learn of an engine failure: no host paths, no internals.
+fn engine_failure(err: &EngineError) -> ApiError {
+    let message = match err {
+        EngineError::Host(_) | EngineError::Io { .. } => {
+            "preparing the sandbox's root filesystem failed"
+        }
+        EngineError::Runtime(_) => "the isolation engine failed to start the sandbox",
+        EngineError::Agent(_) => "the sandbox started but its agent did not become healthy",
+    };
+    ApiError::new(
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        "engine_failed",
+        message,
+    )
+}
+
+struct Actor {
+    platform: Arc<Platform>,
+    id: String,
+    live: Arc<LiveSandbox>,
+}
+
+impl Actor {
+    async fn run(self, mut queue: mpsc::UnboundedReceiver<Job>) {
+        loop {
+            let agent = self
+                .live
+                .agent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let job = tokio::select! {
+                job = queue.recv() => job,
+                () = async {
+                    match &agent {
+                        Some(agent) => agent.closed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    self.agent_lost();
+                    continue;
+                }
+            };
+            let Some(job) = job else { break };
+            let finished = match job {
+                Job::Create { operation_id } => {
+                    self.create(&operation_id).await;
+                    false
+                }
+                Job::Delete { operation_id } => self.delete(&operation_id).await,
+            };
+            if finished {
+                break;
+            }
+        }
+        self.platform
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+
+    fn set_agent(&self, agent: Option<AgentConn>) {
+        *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = agent;
+    }
+
+    async fn create(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let record = match platform.sandbox(&self.id) {
+            Ok(record) => record,
+            Err(err) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        platform.progress(operation_id, "starting the sandbox", 1);
+        let spec = platform.engine_spec(&record);
+        match platform.engine.create(&spec).await {
+            Ok(started) => {
+                tracing::info!(sandbox = %self.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
+                platform.progress(operation_id, "agent healthy", 2);
+                self.set_agent(Some(started.agent));
+                match platform.apply(&self.id, Event::Started, None) {
+                    Ok(_) => platform.finish_operation(operation_id, None),
+                    Err(err) => platform.finish_operation(operation_id, Some(err)),
+                }
+            }
+            Err(err) => {
+                tracing::warn!(sandbox = %self.id, "create failed: {err}");
+                let failure = engine_failure(&err);
+                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
+                platform.finish_operation(operation_id, Some(failure));
+            }
+        }
+    }
+
+    /// Returns true once the sandbox is deleted and the actor may end.
+    async fn delete(&self, operation_id: &str) -> bool {
+        let platform = &self.platform;
+        if let Err(err) = platform.apply(&self.id, Event::DeleteRequested, None) {
+            platform.finish_operation(operation_id, Some(err));
+            return false;
+        }
+        platform.progress(operation_id, "stopping the sandbox and freeing its disk", 1);
+        let record = match platform.sandbox(&self.id) {
+            Ok(record) => record,
+            Err(err) => {
+                platform.finish_operation(operation_id, Some(err));
+                return false;
+            }
+        };
+        self.set_agent(None);
+        match platform
+            .engine
+            .destroy(&platform.engine_spec(&record))
+            .await
+        {
+            Ok(()) => {
+                let result = platform.apply(&self.id, Event::Destroyed, None);
+                platform.finish_operation(operation_id, result.err());
+                true
+            }
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "delete failed: {err}");
+                let failure = ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "engine_failed",
+                    "freeing the sandbox failed; retry the delete",
+                );
+                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
+                platform.finish_operation(operation_id, Some(failure));
+                false
+            }
+        }
+    }
+
+    fn agent_lost(&self) {
+        self.set_agent(None);
+        let state = self.platform.sandbox(&self.id).map(|r| r.sandbox.state);
+        if state.is_ok_and(domain::accepts_commands) {
+            tracing::warn!(sandbox = %self.id, "the sandbox stopped unexpectedly");
+            let _ = self.platform.apply(
+                &self.id,
+                Event::Failure,
+                Some("the sandbox stopped unexpectedly (its agent disconnected)".into()),
+            );
+        }
+    }
+}

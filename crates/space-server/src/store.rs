@@ -1,0 +1,224 @@
+//! Durable state: one SQLite file (WAL) in the data dir.
+//!
+//! Each record is its API object as JSON plus the columns we query by.
+//! Every write completes before the change is acknowledged to a client.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use space_api::{Command, Operation, Sandbox};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("a stored record is unreadable: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+/// What the server keeps about a sandbox beyond its API object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub sandbox: Sandbox,
+    pub template_version: u32,
+    /// The sandbox-wide environment; never returned by the API.
+    pub env: BTreeMap<String, String>,
+}
+
+fn sandbox_from_row(
+    (body, last_activity): (String, Option<String>),
+) -> Result<SandboxRecord, StoreError> {
+    let mut record: SandboxRecord = serde_json::from_str(&body)?;
+    if let Some(at) = last_activity {
+        record.sandbox.last_activity_at = at;
+    }
+    Ok(record)
+}
+
+const SCHEMA_VERSION: i64 = 1;
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    body TEXT NOT NULL,
+    -- kept apart from body: commands touch it while the actor owns body
+    last_activity_at TEXT
+);
+CREATE TABLE IF NOT EXISTS operations (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    sandbox_id TEXT,
+    idempotency_key TEXT,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS operations_by_sandbox ON operations (sandbox_id);
+CREATE UNIQUE INDEX IF NOT EXISTS operations_by_key ON operations (idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS commands (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS commands_by_sandbox ON commands (sandbox_id);
+";
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // NORMAL in WAL mode survives a killed process; only power loss can
+        // drop the last transactions.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::Sqlite(rusqlite::Error::InvalidParameterName(
+                format!("the database was written by a newer SPACE (schema {version})"),
+            )));
+        }
+        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn put_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
+        let body = serde_json::to_string(record)?;
+        self.conn().execute(
+            "INSERT INTO sandboxes (id, seq, state, body) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM sandboxes), ?2, ?3)
+             ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
+            params![record.sandbox.id, record.sandbox.state.as_str(), body],
+        )?;
+        Ok(())
+    }
+
+    pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
+        let row: Option<(String, Option<String>)> = self
+            .conn()
+            .query_row(
+                "SELECT body, last_activity_at FROM sandboxes WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        row.map(sandbox_from_row).transpose()
+    }
+
+    pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        let conn = self.conn();
+        let mut statement =
+            conn.prepare("SELECT body, last_activity_at FROM sandboxes ORDER BY seq")?;
+        let rows = statement
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter().map(sandbox_from_row).collect()
+    }
+
+    /// Records activity (a command started or ended) without touching the
+    /// record the sandbox's actor owns.
+    pub fn touch_sandbox(&self, id: &str, at: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1",
+            params![id, at],
+        )?;
+        Ok(())
+    }
+
+    pub fn put_operation(
+        &self,
+        operation: &Operation,
+        idempotency_key: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let body = serde_json::to_string(operation)?;
+        self.conn().execute(
+            "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body)
+             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4)
+             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+            params![operation.id, operation.sandbox_id, idempotency_key, body],
+        )?;
+        Ok(())
+    }
+
+    pub fn operation(&self, id: &str) -> Result<Option<Operation>, StoreError> {
+        let body: Option<String> = self
+            .conn()
+            .query_row("SELECT body FROM operations WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    }
+
+    pub fn operation_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
+        let body: Option<String> = self
+            .conn()
+            .query_row(
+                "SELECT body FROM operations WHERE idempotency_key = ?1",
+                [key],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    }
+
+    pub fn operations(&self, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
+        let conn = self.conn();
+        let mut statement = conn.prepare(
+            "SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq",
+        )?;
+        let bodies = statement
+            .query_map([sandbox_id], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(bodies
+            .iter()
+            .map(|b| serde_json::from_str(b))
+            .collect::<Result<_, _>>()?)
+    }
+
+    pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {
+        let body = serde_json::to_string(command)?;
+        self.conn().execute(
+            "INSERT INTO commands (id, seq, sandbox_id, body)
+             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM commands), ?2, ?3)
+             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+            params![command.id, command.sandbox_id, body],
+        )?;
+        Ok(())
+    }
+
+    pub fn command(&self, id: &str) -> Result<Option<Command>, StoreError> {
+        let body: Option<String> = self
+            .conn()
+            .query_row("SELECT body FROM commands WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    }
+
+    pub fn commands(&self, sandbox_id: &str) -> Result<Vec<Command>, StoreError> {
+        let conn = self.conn();
+        let mut statement =
+            conn.prepare("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq")?;
+        let bodies = statement
+            .query_map([sandbox_id], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(bodies
+            .iter()
+            .map(|b| serde_json::from_str(b))
+            .collect::<Result<_, _>>()?)
+    }
+}
