@@ -1,15 +1,16 @@
 //! Running one command: spawn, pump its output, report how it ended.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, Stdio};
-use std::sync::mpsc::SyncSender;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -19,8 +20,8 @@ use space_proto::{
     MAX_OUTPUT_CHUNK,
 };
 
-use crate::users;
-use crate::Sessions;
+use crate::users::{self, Account};
+use crate::{spawn, Sessions};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// After the process exits, how long its pipes may take to drain. Anything
@@ -31,7 +32,7 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// The host's handle on a running command.
 pub struct SessionControl {
     pgid: i32,
-    stdin: Option<ChildStdin>,
+    stdin: Option<File>,
 }
 
 /// Output frames and the exit frame of one stream go through this gate, so
@@ -59,6 +60,23 @@ impl StreamGate {
     }
 }
 
+/// Everything needed to start the process, checked up front.
+struct Plan {
+    program: PathBuf,
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: String,
+    account: Account,
+    stdin: bool,
+}
+
+/// A started process: its pid, its exit status to come, and its pipes.
+struct Spawned {
+    pid: u32,
+    exit: Receiver<ExitStatus>,
+    pipes: spawn::Pipes,
+}
+
 pub fn start(
     stream: u32,
     request: ExecRequest,
@@ -66,77 +84,51 @@ pub fn start(
     outbox: &SyncSender<Frame>,
     sessions: &Sessions,
 ) {
-    let reply = |kind, payload: Frame| {
-        let _ = outbox.send(Frame {
-            stream,
-            kind,
-            payload: payload.payload,
-        });
-    };
-    let spawned = prepare(&request, identity).and_then(|mut command| spawn(&mut command));
-    let reaped = match spawned {
-        Ok(reaped) => reaped,
+    let spawned = plan(&request, identity).and_then(|plan| launch(&plan));
+    let Spawned { pid, exit, pipes } = match spawned {
+        Ok(spawned) => spawned,
         Err(failure) => {
-            reply(
-                FrameKind::ExecFailed,
-                Frame::message(stream, FrameKind::ExecFailed, &failure),
-            );
+            let _ = outbox.send(Frame::message(stream, FrameKind::ExecFailed, &failure));
             return;
         }
     };
-    let pid = reaped.id();
-    let (mut child, exit) = reaped.into_parts();
     sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(
         stream,
         SessionControl {
             pgid: pid as i32,
-            stdin: child.stdin.take(),
+            stdin: pipes.stdin,
         },
     );
-    reply(
-        FrameKind::Started,
-        Frame::message(stream, FrameKind::Started, &Started { pid }),
-    );
+    let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
     let gate = Arc::new(StreamGate {
         open: Mutex::new(true),
         outbox: outbox.clone(),
         stream,
     });
-    let pumps: Vec<_> = [
-        child
-            .stdout
-            .take()
-            .map(|pipe| pump(pipe, FrameKind::Stdout, gate.clone())),
-        child
-            .stderr
-            .take()
-            .map(|pipe| pump(pipe, FrameKind::Stderr, gate.clone())),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let (drained_tx, drained) = mpsc::channel();
+    pump(
+        pipes.stdout,
+        FrameKind::Stdout,
+        gate.clone(),
+        drained_tx.clone(),
+    );
+    pump(pipes.stderr, FrameKind::Stderr, gate.clone(), drained_tx);
 
     let sessions = sessions.clone();
     let _ = thread::Builder::new()
         .name(format!("wait-{stream}"))
         .spawn(move || {
             let status = exit.recv().unwrap_or(ExitStatus::Signaled(9));
-            let (done_tx, done_rx) = std::sync::mpsc::channel();
-            for pump in pumps {
-                let done_tx = done_tx.clone();
-                thread::spawn(move || {
-                    let _ = pump.join();
-                    let _ = done_tx.send(());
-                });
-            }
-            drop(done_tx);
-            let deadline = std::time::Instant::now() + DRAIN_GRACE;
-            loop {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                match done_rx.recv_timeout(left) {
-                    Ok(()) => continue,
-                    Err(_) => break, // all pumps done, or the grace ran out
+            // Both pumps report when their pipe hits EOF; a pipe still held by a
+            // background job after the grace period is left behind.
+            let deadline = Instant::now() + DRAIN_GRACE;
+            for _ in 0..2 {
+                if drained
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .is_err()
+                {
+                    break;
                 }
             }
             sessions
@@ -157,26 +149,23 @@ pub fn start(
         });
 }
 
-fn pump<R: Read + Send + 'static>(
-    mut pipe: R,
-    kind: FrameKind,
-    gate: Arc<StreamGate>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
+fn pump(mut pipe: File, kind: FrameKind, gate: Arc<StreamGate>, drained: mpsc::Sender<()>) {
+    let _ = thread::Builder::new().name("pump".into()).spawn(move || {
         let mut buf = vec![0u8; MAX_OUTPUT_CHUNK];
         loop {
             match pipe.read(&mut buf) {
-                Ok(0) => return,
+                Ok(0) => break,
                 Ok(n) => {
                     if !gate.send(kind, buf[..n].to_vec()) {
-                        return;
+                        break;
                     }
                 }
                 Err(err) if err.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return,
+                Err(_) => break,
             }
         }
-    })
+        let _ = drained.send(());
+    });
 }
 
 fn failed(reason: ExecFailure, message: impl Into<String>) -> ExecFailed {
@@ -186,8 +175,9 @@ fn failed(reason: ExecFailure, message: impl Into<String>) -> ExecFailed {
     }
 }
 
-/// Builds the command, checking what would otherwise be an ambiguous spawn error.
-fn prepare(request: &ExecRequest, identity: &Welcome) -> Result<Command, ExecFailed> {
+/// Resolves user, working directory, environment and program, so every
+/// failure is a precise error before anything is spawned.
+fn plan(request: &ExecRequest, identity: &Welcome) -> Result<Plan, ExecFailed> {
     let Some(program) = request.argv.first().filter(|p| !p.is_empty()) else {
         return Err(failed(ExecFailure::Invalid, "argv must name a program"));
     };
@@ -214,29 +204,16 @@ fn prepare(request: &ExecRequest, identity: &Welcome) -> Result<Command, ExecFai
     env.extend(identity.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(request.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
-    let resolved = resolve_program(
+    let search_path = env.get("PATH").map(String::as_str).unwrap_or(DEFAULT_PATH);
+    let program = resolve_program(program, search_path)?;
+    Ok(Plan {
         program,
-        env.get("PATH").map(String::as_str).unwrap_or(DEFAULT_PATH),
-    )?;
-    let mut command = Command::new(resolved);
-    command
-        .arg0(program)
-        .args(&request.argv[1..])
-        .env_clear()
-        .envs(&env)
-        .current_dir(&cwd)
-        .process_group(0)
-        .stdin(if request.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if account.uid != 0 || account.gid != 0 {
-        command.uid(account.uid).gid(account.gid);
-    }
-    Ok(command)
+        argv: request.argv.clone(),
+        env,
+        cwd,
+        account,
+        stdin: request.stdin,
+    })
 }
 
 /// Finds `program` the way `execvp` would, so "not found" is told apart
@@ -272,14 +249,60 @@ fn resolve_program(program: &str, path: &str) -> Result<PathBuf, ExecFailed> {
     }
 }
 
-fn spawn(command: &mut Command) -> Result<space_process::ReapedChild, ExecFailed> {
-    Reaper::global()
-        .spawn(command)
-        .map_err(|err| match err.kind() {
-            ErrorKind::NotFound => failed(ExecFailure::NotFound, err.to_string()),
-            ErrorKind::PermissionDenied => failed(ExecFailure::PermissionDenied, err.to_string()),
-            _ => failed(ExecFailure::Spawn, err.to_string()),
+fn spawn_failure(err: std::io::Error) -> ExecFailed {
+    match err.kind() {
+        ErrorKind::NotFound => failed(ExecFailure::NotFound, err.to_string()),
+        ErrorKind::PermissionDenied => failed(ExecFailure::PermissionDenied, err.to_string()),
+        _ => failed(ExecFailure::Spawn, err.to_string()),
+    }
+}
+
+fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
+    let reaper = Reaper::global();
+    if plan.account.uid == 0 && plan.account.gid == 0 {
+        let env: Vec<(String, String)> = plan.env.clone().into_iter().collect();
+        let mut pipes = None;
+        let (pid, exit) = reaper
+            .spawn_with(|| {
+                let (pid, spawned) =
+                    spawn::spawn(&plan.program, &plan.argv, &env, &plan.cwd, plan.stdin)?;
+                pipes = Some(spawned);
+                Ok(pid)
+            })
+            .map_err(spawn_failure)?;
+        let pipes = pipes.ok_or_else(|| failed(ExecFailure::Spawn, "spawn returned no pipes"))?;
+        return Ok(Spawned { pid, exit, pipes });
+    }
+    // Dropping privileges needs code between fork and exec: std does it.
+    let mut command = Command::new(&plan.program);
+    command
+        .arg0(&plan.argv[0])
+        .args(&plan.argv[1..])
+        .env_clear()
+        .envs(&plan.env)
+        .current_dir(&plan.cwd)
+        .process_group(0)
+        .uid(plan.account.uid)
+        .gid(plan.account.gid)
+        .stdin(if plan.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
         })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let reaped = reaper.spawn(&mut command).map_err(spawn_failure)?;
+    let pid = reaped.id();
+    let (mut child, exit) = reaped.into_parts();
+    let take = |fd: Option<std::os::fd::OwnedFd>| fd.map(File::from);
+    let pipes = spawn::Pipes {
+        stdin: take(child.stdin.take().map(Into::into)),
+        stdout: take(child.stdout.take().map(Into::into))
+            .ok_or_else(|| failed(ExecFailure::Spawn, "no stdout pipe"))?,
+        stderr: take(child.stderr.take().map(Into::into))
+            .ok_or_else(|| failed(ExecFailure::Spawn, "no stderr pipe"))?,
+    };
+    Ok(Spawned { pid, exit, pipes })
 }
 
 pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {
@@ -291,8 +314,7 @@ pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {
         .get_mut(&stream)
         .and_then(|s| s.stdin.take());
     if let Some(mut pipe) = pipe {
-        let ok = pipe.write_all(bytes).is_ok();
-        if ok {
+        if pipe.write_all(bytes).is_ok() {
             if let Some(session) = sessions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

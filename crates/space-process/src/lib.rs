@@ -117,6 +117,23 @@ impl Reaper {
         Ok(ReapedChild { child, exit: rx })
     }
 
+    /// Registers a child started by `spawn` (which returns its pid), for
+    /// callers that spawn without `std::process` (for example with
+    /// `posix_spawn`). The registry lock is held while `spawn` runs.
+    pub fn spawn_with(
+        &self,
+        spawn: impl FnOnce() -> io::Result<u32>,
+    ) -> io::Result<(u32, Receiver<ExitStatus>)> {
+        let (tx, rx) = mpsc::channel();
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let pid = spawn()?;
+        registry.waiters.insert(pid as i32, tx);
+        registry.generation += 1;
+        drop(registry);
+        self.spawned.notify_all();
+        Ok((pid, rx))
+    }
+
     /// Runs `command` to completion, capturing stdout and stderr.
     pub fn output(&self, command: &mut Command) -> io::Result<Output> {
         use std::io::Read;
