@@ -60,7 +60,7 @@ pub async fn get(
     let platform = &state.platform;
     let command = platform
         .wait_for(
-            deadline,
+            Some(deadline),
             || platform.command(&id, &cid),
             |c| c.state == CommandState::Exited,
         )

@@ -210,14 +210,15 @@ pub struct WaitQuery {
 }
 
 impl WaitQuery {
-    pub fn deadline(&self) -> Result<Option<Instant>, ApiError> {
-        match self.wait {
-            None | Some(0) => Ok(None),
-            Some(s) if s > MAX_WAIT_S => Err(ApiError::bad_request(format!(
+    /// When to stop waiting; no `wait` means answer at once.
+    pub fn deadline(&self) -> Result<Instant, ApiError> {
+        let seconds = self.wait.unwrap_or(0);
+        if seconds > MAX_WAIT_S {
+            return Err(ApiError::bad_request(format!(
                 "wait may be at most {MAX_WAIT_S} seconds"
-            ))),
-            Some(s) => Ok(Some(Instant::now() + Duration::from_secs(s))),
+            )));
         }
+        Ok(Instant::now() + Duration::from_secs(seconds))
     }
 }
 

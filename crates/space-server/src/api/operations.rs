@@ -19,7 +19,7 @@ pub async fn get(
     let platform = &state.platform;
     let operation = platform
         .wait_for(
-            deadline,
+            Some(deadline),
             || platform.operation(&id),
             |op| op.state.is_terminal(),
         )

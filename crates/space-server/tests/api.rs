@@ -1,0 +1,607 @@
+//! The first sandbox, end to end: the real API over HTTP, real runsc
+//! sandboxes, a real SQLite file. Every JSON answer is checked against the
+//! server's OpenAPI document.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{text_of, TestServer};
+use serde_json::json;
+use space_testkit::TestDataDir;
+
+#[test]
+fn a_sandbox_is_a_debian_machine_with_its_own_kernel() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base", "labels": {"suite": "e2e"}}));
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sandbox["state"], "running");
+    assert_eq!(sandbox["engine"], "gvisor");
+    assert_eq!(sandbox["labels"]["suite"], "e2e");
+
+    let kernel = server.exec(&id, json!({"argv": ["uname", "-r"]}));
+    let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(kernel["result"]["exit_code"], 0);
+    assert_ne!(
+        kernel["stdout"].as_str().unwrap().trim(),
+        host_kernel.trim(),
+        "the sandbox must not share the host kernel"
+    );
+
+    let os = server.exec(&id, json!({"cmd": "cat /etc/os-release"}));
+    assert!(
+        os["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("VERSION_CODENAME=bookworm"),
+        "{os}"
+    );
+
+    let python = server.exec(&id, json!({"argv": ["python3", "-c", "print(6*7)"]}));
+    assert_eq!(python["stdout"], "42\n");
+    assert_eq!(python["truncated"], false);
+
+    let listed = server.ok("GET", "/v1/sandboxes?state=running&label=suite=e2e", None);
+    assert!(listed["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["id"] == id.as_str()));
+    let none = server.ok("GET", "/v1/sandboxes?label=suite=other", None);
+    assert!(none["sandboxes"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn state_persists_between_commands_and_results_are_exact() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base", "env": {"GREETING": "hello"}}));
+
+    let write = server.exec(
+        &id,
+        json!({"cmd": "echo \"$GREETING from one\" > /root/note.txt", "cwd": "/root"}),
+    );
+    assert_eq!(write["result"]["exit_code"], 0);
+    let read = server.exec(&id, json!({"argv": ["cat", "/root/note.txt"]}));
+    assert_eq!(
+        read["stdout"], "hello from one\n",
+        "the second command sees the first one's file"
+    );
+
+    let mixed = server.exec(&id, json!({"cmd": "echo out; echo err >&2; exit 7"}));
+    assert_eq!(mixed["stdout"], "out\n");
+    assert_eq!(mixed["stderr"], "err\n");
+    assert_eq!(mixed["result"]["exit_code"], 7);
+    assert_eq!(mixed["result"]["signal"], serde_json::Value::Null);
+    assert_eq!(mixed["result"]["stdout_bytes"], 4);
+    assert_eq!(mixed["result"]["stderr_bytes"], 4);
+
+    let killed = server.exec(&id, json!({"cmd": "kill -KILL $$"}));
+    assert_eq!(killed["result"]["exit_code"], serde_json::Value::Null);
+    assert_eq!(killed["result"]["signal"], "KILL");
+
+    let env = server.exec(&id, json!({"argv": ["sh", "-c", "echo $GREETING $EXTRA; pwd"], "env": {"EXTRA": "x"}, "cwd": "/tmp"}));
+    assert_eq!(env["stdout"], "hello x\n/tmp\n");
+
+    let nobody = server.exec(&id, json!({"argv": ["id", "-u"], "user": "nobody"}));
+    assert_eq!(nobody["stdout"], "65534\n");
+
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"argv": ["no-such-binary"]})),
+        422,
+        "executable_not_found",
+    );
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"argv": ["ls"], "cwd": "/nope"})),
+        422,
+        "invalid_cwd",
+    );
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"argv": ["ls"], "user": "mallory"})),
+        422,
+        "invalid_user",
+    );
+
+    let commands = server.ok("GET", &format!("/v1/sandboxes/{id}/commands"), None);
+    let commands = commands["commands"].as_array().unwrap();
+    assert_eq!(commands.len(), 6, "failed starts leave no command record");
+    assert!(commands
+        .iter()
+        .all(|c| c["state"] == "exited" && c["result"].is_object()));
+    assert_eq!(
+        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"],
+        "running",
+        "the sandbox outlives its commands"
+    );
+}
+
+#[test]
+fn output_streams_while_running_and_replays_from_any_offset() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let created = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "for i in 1 2 3; do echo line$i; sleep 0.4; done; echo done >&2", "tag": "slow"})),
+    );
+    let command = &created["command"];
+    assert_eq!(command["state"], "running");
+    assert!(command["pid"].as_u64().unwrap() > 1);
+    let cid = command["id"].as_str().unwrap().to_string();
+
+    // Follow the live stream: the first line arrives long before the end.
+    let started = Instant::now();
+    let path = format!(
+        "{}/v1/sandboxes/{id}/commands/{cid}/output?follow=true",
+        server.url
+    );
+    let response = ureq::get(&path)
+        .set("Authorization", &format!("Bearer {}", server.key))
+        .call()
+        .unwrap();
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/x-ndjson")
+    );
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(response.into_reader()));
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let first_at = started.elapsed();
+    assert_eq!(first["type"], "stdout");
+    assert_eq!(first["data"], "line1\n");
+    let running = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"), None);
+    assert_eq!(
+        running["state"], "running",
+        "the first frame came while the command ran"
+    );
+    let rest: Vec<serde_json::Value> = lines
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let last = rest.last().unwrap();
+    assert_eq!(last["type"], "exit", "the stream ends with the exit frame");
+    assert_eq!(last["result"]["exit_code"], 0);
+    assert!(
+        first_at < Duration::from_millis(1000),
+        "first frame after {first_at:?}"
+    );
+
+    // Replays after the end.
+    let all = server.output(&id, &cid, "");
+    assert_eq!(text_of(&all, "stdout"), "line1\nline2\nline3\n");
+    assert_eq!(text_of(&all, "stderr"), "done\n");
+    assert_eq!(all.last().unwrap()["type"], "exit");
+    let tail = server.output(&id, &cid, "?from=8");
+    assert_eq!(tail[0]["offset"], 8);
+    assert_eq!(text_of(&tail, "stdout"), "ne2\nline3\n");
+    let past_end = server.output(&id, &cid, "?from=1000");
+    assert_eq!(past_end.len(), 1, "only the exit frame: {past_end:?}");
+
+    let waited = server.ok(
+        "GET",
+        &format!("/v1/sandboxes/{id}/commands/{cid}?wait=5"),
+        None,
+    );
+    assert_eq!(waited["result"]["stdout_bytes"], 18);
+    assert_eq!(waited["tag"], "slow");
+
+    // SSE carries the same frames.
+    let (status, sse) = server.raw(
+        "GET",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/output"),
+        &[
+            ("Authorization", &format!("Bearer {}", server.key)),
+            ("Accept", "text/event-stream"),
+        ],
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(sse.starts_with("event: stdout\ndata: "), "{sse}");
+    assert!(
+        sse.trim_end()
+            .rsplit("\n\n")
+            .next()
+            .unwrap()
+            .starts_with("event: exit"),
+        "{sse}"
+    );
+}
+
+#[test]
+fn binary_output_survives_and_exec_output_is_bounded() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let created = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "printf 'a\\000b\\377c'"})),
+    );
+    let cid = created["command"]["id"].as_str().unwrap();
+    let frames = server.output(&id, cid, "?follow=true");
+    let bytes: Vec<u8> = frames
+        .iter()
+        .filter(|f| f["type"] == "stdout")
+        .flat_map(|f| match f["data"].as_str() {
+            Some(text) => text.as_bytes().to_vec(),
+            None => base64_decode(f["data_b64"].as_str().unwrap()),
+        })
+        .collect();
+    assert_eq!(bytes, b"a\x00b\xffc");
+
+    let big = server.exec(
+        &id,
+        json!({"cmd": "head -c 3000000 /dev/zero | tr '\\0' x"}),
+    );
+    assert_eq!(big["truncated"], true);
+    assert_eq!(big["stdout"].as_str().unwrap().len(), 1 << 20);
+    assert_eq!(
+        big["result"]["stdout_bytes"], 3_000_000,
+        "the transcript keeps everything"
+    );
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        acc = (acc << 6) | ALPHABET.iter().position(|&a| a == c).unwrap() as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_sandbox_sees_neither_host_files_nor_any_network() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let secret = std::env::temp_dir().join(format!("space-host-secret-{}", std::process::id()));
+    std::fs::write(&secret, "host only").unwrap();
+
+    let read = server.exec(&id, json!({"argv": ["cat", secret.to_str().unwrap()]}));
+    assert_ne!(read["result"]["exit_code"], 0, "{read}");
+    assert!(!read["stdout"].as_str().unwrap().contains("host only"));
+    let api_port = server.url.rsplit(':').next().unwrap();
+    let probe = format!(
+        "import socket\nfor host, port in [('127.0.0.1', {api_port}), ('1.1.1.1', 53), ('10.0.0.1', 80)]:\n    \
+         try:\n        socket.create_connection((host, port), timeout=2); print('REACHED', host)\n    \
+         except OSError as e:\n        print('blocked', host, e.errno)\n\
+         print(sorted(open('/proc/net/dev').read().split()[::17]))"
+    );
+    let net = server.exec(&id, json!({"argv": ["python3", "-c", probe]}));
+    let out = net["stdout"].as_str().unwrap();
+    assert!(
+        !out.contains("REACHED"),
+        "the sandbox reached something: {out}"
+    );
+    assert_eq!(out.matches("blocked").count(), 3, "{out}");
+    let links = server.exec(
+        &id,
+        json!({"cmd": "ls /sys/class/net 2>/dev/null || cat /proc/net/dev"}),
+    );
+    assert!(
+        !links["stdout"].as_str().unwrap().contains("eth"),
+        "no network device but loopback: {links}"
+    );
+    std::fs::remove_file(&secret).unwrap();
+}
+
+#[test]
+fn delete_frees_everything_and_is_idempotent() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    server.exec(&id, json!({"cmd": "echo keep > /root/f"}));
+    let sandbox_dir = data.data.sandbox_dir(&id);
+    assert!(sandbox_dir.join("rootfs").exists());
+
+    let operation = server.delete_sandbox(&id);
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    assert_eq!(operation["kind"], "delete");
+    assert_eq!(
+        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"],
+        "deleted"
+    );
+    assert!(
+        !sandbox_dir.exists(),
+        "the sandbox's root and files are gone"
+    );
+    let ps = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .any(|cmdline| String::from_utf8_lossy(&cmdline).contains(&id));
+    assert!(!ps, "no process mentions the sandbox");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&id), "no mount is left");
+    let subvolumes = space_host::run(
+        std::process::Command::new("btrfs")
+            .args(["subvolume", "list", "-o"])
+            .arg(data.root()),
+    )
+    .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&subvolumes).contains(&id),
+        "no subvolume is left"
+    );
+
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"argv": ["true"]})),
+        409,
+        "invalid_state",
+    );
+    let again = server.delete_sandbox(&id);
+    assert_eq!(again["state"], "succeeded", "deleting twice is fine");
+}
+
+#[test]
+fn bad_input_gets_the_error_shape_and_changes_nothing() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "no-such-template"})),
+        404,
+        "template_not_found",
+    );
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "colour": "blue"})),
+        400,
+        "invalid_request",
+    );
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "vcpus": "two"})),
+        400,
+        "invalid_request",
+    );
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "memory_mib": -5})),
+        400,
+        "invalid_request",
+    );
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "vcpus": 0})),
+        422,
+        "invalid_value",
+    );
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "memory_mib": 99999999})),
+        422,
+        "invalid_value",
+    );
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "network": {"egress": "everywhere"}})),
+        400,
+        "invalid_request",
+    );
+    server.error(
+        "GET",
+        "/v1/sandboxes/sbx_00000000000000000000",
+        None,
+        404,
+        "not_found",
+    );
+    server.error(
+        "GET",
+        &format!("/v1/sandboxes/{}", "x".repeat(5000)),
+        None,
+        404,
+        "not_found",
+    );
+    server.error(
+        "GET",
+        "/v1/operations/op_00000000000000000000?wait=1",
+        None,
+        404,
+        "not_found",
+    );
+    server.error(
+        "GET",
+        "/v1/operations/op_00000000000000000000?wait=999",
+        None,
+        400,
+        "invalid_request",
+    );
+    server.error(
+        "GET",
+        "/v1/sandboxes?state=sleepy",
+        None,
+        400,
+        "invalid_request",
+    );
+
+    let auth = format!("Bearer {}", server.key);
+    let malformed = server.raw(
+        "POST",
+        "/v1/sandboxes",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        Some("{\"template\":"),
+    );
+    assert_eq!(malformed.0, 400);
+    assert!(
+        malformed.1.contains("\"malformed_json\""),
+        "{}",
+        malformed.1
+    );
+    let no_type = server.raw(
+        "POST",
+        "/v1/sandboxes",
+        &[("Authorization", &auth)],
+        Some("{\"template\":\"base\"}"),
+    );
+    assert_eq!(no_type.0, 415, "{}", no_type.1);
+    let huge = "x".repeat(2 << 20);
+    let too_big = server.raw(
+        "POST",
+        "/v1/sandboxes",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        Some(&huge),
+    );
+    assert_eq!(too_big.0, 413, "{}", too_big.1);
+
+    for (headers, what) in [
+        (vec![], "no key"),
+        (vec![("Authorization", "Bearer wrong")], "a wrong key"),
+        (vec![("Authorization", "Basic Zm9v")], "another scheme"),
+    ] {
+        let (status, body) = server.raw("GET", "/v1/sandboxes", &headers, None);
+        assert_eq!(status, 401, "{what}: {body}");
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["error"]["code"], "unauthorized");
+        server.check("GET", "/v1/sandboxes", 401, "application/json", &value);
+    }
+    let (status, health) = server.raw("GET", "/v1/health", &[], None);
+    assert_eq!(status, 200, "health needs no key");
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    server.check("GET", "/v1/health", 200, "application/json", &health);
+    assert_eq!(health["engine"], "gvisor");
+    assert_eq!(
+        server
+            .raw("GET", "/v1/nowhere", &[("Authorization", &auth)], None)
+            .0,
+        404
+    );
+
+    // Nothing was created by any of it.
+    assert!(server.ok("GET", "/v1/sandboxes", None)["sandboxes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(server.ok("GET", "/v1/operations", None)["operations"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        std::fs::read_dir(data.data.sandboxes_dir())
+            .unwrap()
+            .count(),
+        0
+    );
+    for body in [
+        json!({"argv": ["ls"], "cmd": "ls"}),
+        json!({}),
+        json!({"argv": []}),
+    ] {
+        let (status, _) = server.call(
+            "POST",
+            "/v1/sandboxes/sbx_00000000000000000000/commands",
+            Some(body),
+        );
+        assert_eq!(status, 404);
+    }
+}
+
+#[test]
+fn idempotency_keys_replay_the_original_operation() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let auth = format!("Bearer {}", server.key);
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Idempotency-Key", "create-once"),
+    ];
+    let (first_status, first) = server.raw(
+        "POST",
+        "/v1/sandboxes",
+        &headers,
+        Some(r#"{"template":"base"}"#),
+    );
+    let (second_status, second) = server.raw(
+        "POST",
+        "/v1/sandboxes",
+        &headers,
+        Some(r#"{"template":"base"}"#),
+    );
+    assert_eq!((first_status, second_status), (202, 202));
+    let (first, second): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&first).unwrap(),
+        serde_json::from_str(&second).unwrap(),
+    );
+    assert_eq!(first["operation"]["id"], second["operation"]["id"]);
+    assert_eq!(first["sandbox"]["id"], second["sandbox"]["id"]);
+    assert_eq!(
+        server.ok("GET", "/v1/sandboxes", None)["sandboxes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let operation = server.wait_operation(first["operation"]["id"].as_str().unwrap());
+    assert_eq!(operation["state"], "succeeded");
+    let operations = server.ok(
+        "GET",
+        &format!(
+            "/v1/operations?sandbox_id={}",
+            first["sandbox"]["id"].as_str().unwrap()
+        ),
+        None,
+    );
+    assert_eq!(operations["operations"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn records_and_transcripts_survive_a_server_restart() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let done = server.exec(&id, json!({"cmd": "echo before restart"}));
+    let cid = done["command"]["id"].as_str().unwrap().to_string();
+    server.stop();
+
+    let server = TestServer::start(&data);
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(
+        sandbox["state"], "failed",
+        "sandboxes do not survive their server yet, and say so"
+    );
+    assert!(sandbox["failure_reason"]
+        .as_str()
+        .unwrap()
+        .contains("restarted"));
+    let command = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"), None);
+    assert_eq!(command["result"]["exit_code"], 0);
+    assert_eq!(
+        text_of(&server.output(&id, &cid, ""), "stdout"),
+        "before restart\n"
+    );
+    let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={id}"), None);
+    assert_eq!(operations["operations"][0]["state"], "succeeded");
+    assert_eq!(
+        server.delete_sandbox(&id)["state"],
+        "succeeded",
+        "a failed sandbox can still be freed"
+    );
+}

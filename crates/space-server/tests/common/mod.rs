@@ -1,0 +1,277 @@
+//! A real server on a real socket over a real data dir, and a client that
+//! checks every JSON answer against the server's own OpenAPI document.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use space_server::{AppState, Platform, PlatformConfig};
+use space_testkit::{agent_bin, TestDataDir};
+
+pub struct TestServer {
+    pub url: String,
+    pub key: String,
+    pub platform: Arc<Platform>,
+    runtime: Option<tokio::runtime::Runtime>,
+    contract: Value,
+}
+
+pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
+    PlatformConfig {
+        data_dir: data.root().to_path_buf(),
+        runsc: PathBuf::from("runsc"),
+        agent_bin: agent_bin(),
+    }
+}
+
+impl TestServer {
+    pub fn start(data: &TestDataDir) -> TestServer {
+        let platform =
+            space_server::start_platform(&platform_config(data)).expect("starting the platform");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let key = format!("test-key-{}", std::process::id());
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = AppState::new(platform.clone(), key.clone());
+        runtime.spawn(space_server::serve(listener, state, std::future::pending()));
+        let mut server = TestServer {
+            url,
+            key,
+            platform,
+            runtime: Some(runtime),
+            contract: Value::Null,
+        };
+        let (status, doc) = server.call("GET", "/v1/openapi.json", None);
+        assert_eq!(status, 200);
+        server.contract = doc;
+        server
+    }
+
+    /// Stops serving and drops every in-memory handle, as a killed server would.
+    pub fn stop(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+
+    fn agent(&self) -> ureq::Agent {
+        ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(120))
+            .build()
+    }
+
+    /// A raw request; returns status and body text, checking nothing.
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, String) {
+        let mut request = self.agent().request(method, &format!("{}{path}", self.url));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        let result = match body {
+            Some(body) => request.send_string(body),
+            None => request.call(),
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(err) => panic!("{method} {path}: {err}"),
+        };
+        (
+            response.status(),
+            response.into_string().unwrap_or_default(),
+        )
+    }
+
+    /// An authenticated JSON call whose answer is checked against the contract.
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let auth = format!("Bearer {}", self.key);
+        let text = body.map(|b| b.to_string());
+        let mut headers = vec![("Authorization", auth.as_str())];
+        if text.is_some() {
+            headers.push(("Content-Type", "application/json"));
+        }
+        let (status, body) = self.raw(method, path, &headers, text.as_deref());
+        let value: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        if !self.contract.is_null() {
+            self.check(method, path, status, "application/json", &value);
+        }
+        (status, value)
+    }
+
+    pub fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.call(method, path, body);
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path} -> {status}: {value}"
+        );
+        value
+    }
+
+    /// Asserts the error shape, the status and the code.
+    pub fn error(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        status: u16,
+        code: &str,
+    ) -> Value {
+        let (got, value) = self.call(method, path, body);
+        assert_eq!(got, status, "{method} {path}: {value}");
+        assert_eq!(value["error"]["code"], code, "{value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{value}"
+        );
+        assert!(value["error"]["details"].is_object(), "{value}");
+        value
+    }
+
+    /// Validates `value` against the contract's schema for this response.
+    pub fn check(&self, method: &str, path: &str, status: u16, content_type: &str, value: &Value) {
+        let concrete = path.split('?').next().unwrap();
+        let paths = self.contract["paths"].as_object().expect("paths");
+        let (template, item) = paths
+            .iter()
+            .find(|(template, _)| matches_template(template, concrete))
+            .unwrap_or_else(|| panic!("{concrete} is not in the OpenAPI document"));
+        let operation = &item[method.to_lowercase()];
+        assert!(
+            operation.is_object(),
+            "{method} {template} is not in the OpenAPI document"
+        );
+        let response = &operation["responses"][status.to_string()];
+        assert!(
+            response.is_object(),
+            "{method} {template} answered {status}, which the document does not list"
+        );
+        let schema = &response["content"][content_type]["schema"];
+        if schema.is_null() {
+            return;
+        }
+        let mut root = schema.clone();
+        root.as_object_mut()
+            .unwrap()
+            .insert("components".into(), self.contract["components"].clone());
+        let validator = jsonschema::validator_for(&root).expect("a valid schema");
+        let errors: Vec<String> = validator
+            .iter_errors(value)
+            .map(|e| format!("{e} at {}", e.instance_path))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {path} {status} does not match the contract: {errors:?}\n{value}"
+        );
+    }
+
+    /// Creates a sandbox and waits for its create operation to succeed.
+    pub fn create_sandbox(&self, body: Value) -> String {
+        let (status, accepted) = self.call("POST", "/v1/sandboxes", Some(body));
+        assert_eq!(status, 202, "{accepted}");
+        assert_eq!(accepted["sandbox"]["state"], "creating");
+        let operation = self.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+        assert_eq!(operation["state"], "succeeded", "{operation}");
+        accepted["sandbox"]["id"].as_str().unwrap().to_string()
+    }
+
+    pub fn wait_operation(&self, id: &str) -> Value {
+        for _ in 0..10 {
+            let operation = self.ok("GET", &format!("/v1/operations/{id}?wait=30"), None);
+            if matches!(
+                operation["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            ) {
+                return operation;
+            }
+        }
+        panic!("operation {id} did not finish");
+    }
+
+    pub fn exec(&self, sandbox: &str, body: Value) -> Value {
+        self.ok("POST", &format!("/v1/sandboxes/{sandbox}/exec"), Some(body))
+    }
+
+    /// Reads an NDJSON output stream, checking each frame against the contract.
+    pub fn output(&self, sandbox: &str, command: &str, query: &str) -> Vec<Value> {
+        let path = format!("/v1/sandboxes/{sandbox}/commands/{command}/output{query}");
+        let auth = format!("Bearer {}", self.key);
+        let (status, body) = self.raw("GET", &path, &[("Authorization", &auth)], None);
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .map(|line| {
+                let frame: Value = serde_json::from_str(line).unwrap();
+                self.check("GET", &path, 200, "application/x-ndjson", &frame);
+                frame
+            })
+            .collect()
+    }
+
+    pub fn delete_sandbox(&self, id: &str) -> Value {
+        let (status, accepted) = self.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert_eq!(status, 202, "{accepted}");
+        self.wait_operation(accepted["operation"]["id"].as_str().unwrap())
+    }
+}
+
+impl Drop for TestServer {
+    /// Deletes whatever sandboxes a test left, so no runsc process outlives it.
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let platform = self.platform.clone();
+        runtime.block_on(async move {
+            for record in platform.store.sandboxes().unwrap_or_default() {
+                if record.sandbox.state == space_api::SandboxState::Deleted {
+                    continue;
+                }
+                if let Ok((_, operation)) = platform.delete_sandbox(&record.sandbox.id, None) {
+                    let deadline = Some(std::time::Instant::now() + Duration::from_secs(30));
+                    let _ = platform
+                        .wait_for(
+                            deadline,
+                            || platform.operation(&operation.id),
+                            |op| op.state.is_terminal(),
+                        )
+                        .await;
+                }
+            }
+        });
+        runtime.shutdown_timeout(Duration::from_secs(2));
+    }
+}
+
+fn matches_template(template: &str, concrete: &str) -> bool {
+    let t: Vec<&str> = template.split('/').collect();
+    let c: Vec<&str> = concrete.split('/').collect();
+    t.len() == c.len()
+        && t.iter()
+            .zip(&c)
+            .all(|(t, c)| (t.starts_with('{') && t.ends_with('}')) || t == c)
+}
+
+/// Concatenates the text of output frames of one kind.
+pub fn text_of(frames: &[Value], kind: &str) -> String {
+    frames
+        .iter()
+        .filter(|f| f["type"] == kind)
+        .map(|f| f["data"].as_str().unwrap_or(""))
+        .collect()
+}
