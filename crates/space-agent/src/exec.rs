@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use space_process::{ExitStatus, Reaper};
-use space_proto::{
-    ExecFailed, ExecFailure, ExecRequest, Exited, Frame, FrameKind, Started, Welcome,
-    MAX_OUTPUT_CHUNK,
-};
+use space_proto::{ExecFailed, ExecFailure, ExecRequest, Exited, Frame, FrameKind, Started, Welcome, MAX_OUTPUT_CHUNK};
 
 use crate::users::{self, Account};
 use crate::{spawn, Sessions};
@@ -46,11 +43,7 @@ struct StreamGate {
 impl StreamGate {
     fn send(&self, kind: FrameKind, payload: Vec<u8>) -> bool {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        *open
-            && self
-                .outbox
-                .send(Frame::new(self.stream, kind, payload))
-                .is_ok()
+        *open && self.outbox.send(Frame::new(self.stream, kind, payload)).is_ok()
     }
 
     fn close_with(&self, frame: Frame) {
@@ -77,13 +70,7 @@ struct Spawned {
     pipes: spawn::Pipes,
 }
 
-pub fn start(
-    stream: u32,
-    request: ExecRequest,
-    identity: &Welcome,
-    outbox: &SyncSender<Frame>,
-    sessions: &Sessions,
-) {
+pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &SyncSender<Frame>, sessions: &Sessions) {
     let spawned = plan(&request, identity).and_then(|plan| launch(&plan));
     let Spawned { pid, exit, pipes } = match spawned {
         Ok(spawned) => spawned,
@@ -92,61 +79,35 @@ pub fn start(
             return;
         }
     };
-    sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(
-        stream,
-        SessionControl {
-            pgid: pid as i32,
-            stdin: pipes.stdin,
-        },
-    );
+    sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(stream, SessionControl { pgid: pid as i32, stdin: pipes.stdin });
     let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
-    let gate = Arc::new(StreamGate {
-        open: Mutex::new(true),
-        outbox: outbox.clone(),
-        stream,
-    });
+    let gate = Arc::new(StreamGate { open: Mutex::new(true), outbox: outbox.clone(), stream });
     let (drained_tx, drained) = mpsc::channel();
-    pump(
-        pipes.stdout,
-        FrameKind::Stdout,
-        gate.clone(),
-        drained_tx.clone(),
-    );
+    pump(pipes.stdout, FrameKind::Stdout, gate.clone(), drained_tx.clone());
     pump(pipes.stderr, FrameKind::Stderr, gate.clone(), drained_tx);
 
     let sessions = sessions.clone();
-    let _ = thread::Builder::new()
-        .name(format!("wait-{stream}"))
-        .spawn(move || {
-            let status = exit.recv().unwrap_or(ExitStatus::Signaled(9));
-            // Both pumps report when their pipe hits EOF; a pipe still held by a
-            // background job after the grace period is left behind.
-            let deadline = Instant::now() + DRAIN_GRACE;
-            for _ in 0..2 {
-                if drained
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                    .is_err()
-                {
-                    break;
-                }
+    let _ = thread::Builder::new().name(format!("wait-{stream}")).spawn(move || {
+        let status = exit.recv().unwrap_or(ExitStatus::Signaled(9));
+        // Both pumps report when their pipe hits EOF; a pipe still held by a
+        // background job after the grace period is left behind.
+        let deadline = Instant::now() + DRAIN_GRACE;
+        for _ in 0..2 {
+            if drained.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_err() {
+                break;
             }
-            sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&stream);
-            let exited = match status {
-                ExitStatus::Exited(code) => Exited {
-                    exit_code: Some(code),
-                    signal: None,
-                },
-                ExitStatus::Signaled(sig) => Exited {
-                    exit_code: None,
-                    signal: Some(sig),
-                },
-            };
-            gate.close_with(Frame::message(stream, FrameKind::Exit, &exited));
-        });
+        }
+        sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+        let exited = match status {
+            ExitStatus::Exited(code) => Exited { exit_code: Some(code), signal: None },
+            ExitStatus::Signaled(sig) => Exited { exit_code: None, signal: Some(sig) },
+        };
+        gate.close_with(Frame::message(stream, FrameKind::Exit, &exited));
+    });
 }
 
 fn pump(mut pipe: File, kind: FrameKind, gate: Arc<StreamGate>, drained: mpsc::Sender<()>) {
@@ -169,10 +130,7 @@ fn pump(mut pipe: File, kind: FrameKind, gate: Arc<StreamGate>, drained: mpsc::S
 }
 
 fn failed(reason: ExecFailure, message: impl Into<String>) -> ExecFailed {
-    ExecFailed {
-        reason,
-        message: message.into(),
-    }
+    ExecFailed { reason, message: message.into() }
 }
 
 /// Resolves user, working directory, environment and program, so every
@@ -181,18 +139,14 @@ fn plan(request: &ExecRequest, identity: &Welcome) -> Result<Plan, ExecFailed> {
     let Some(program) = request.argv.first().filter(|p| !p.is_empty()) else {
         return Err(failed(ExecFailure::Invalid, "argv must name a program"));
     };
-    let account =
-        users::resolve(request.user.as_deref()).map_err(|m| failed(ExecFailure::BadUser, m))?;
+    let account = users::resolve(request.user.as_deref()).map_err(|m| failed(ExecFailure::BadUser, m))?;
     let cwd = request.cwd.clone().unwrap_or_else(|| account.home.clone());
     let cwd = if Path::new(&cwd).is_dir() {
         cwd
     } else if request.cwd.is_none() {
         "/".to_string() // a home that does not exist is not the caller's fault
     } else {
-        return Err(failed(
-            ExecFailure::BadCwd,
-            format!("working directory does not exist: {cwd}"),
-        ));
+        return Err(failed(ExecFailure::BadCwd, format!("working directory does not exist: {cwd}")));
     };
 
     let mut env: BTreeMap<String, String> = BTreeMap::new();
@@ -206,14 +160,7 @@ fn plan(request: &ExecRequest, identity: &Welcome) -> Result<Plan, ExecFailed> {
 
     let search_path = env.get("PATH").map(String::as_str).unwrap_or(DEFAULT_PATH);
     let program = resolve_program(program, search_path)?;
-    Ok(Plan {
-        program,
-        argv: request.argv.clone(),
-        env,
-        cwd,
-        account,
-        stdin: request.stdin,
-    })
+    Ok(Plan { program, argv: request.argv.clone(), env, cwd, account, stdin: request.stdin })
 }
 
 /// Finds `program` the way `execvp` would, so "not found" is told apart
@@ -222,30 +169,19 @@ fn resolve_program(program: &str, path: &str) -> Result<PathBuf, ExecFailed> {
     let candidates: Vec<PathBuf> = if program.contains('/') {
         vec![PathBuf::from(program)]
     } else {
-        path.split(':')
-            .filter(|d| !d.is_empty())
-            .map(|d| Path::new(d).join(program))
-            .collect()
+        path.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(program)).collect()
     };
     let mut not_executable = None;
     for candidate in candidates {
         match candidate.metadata() {
-            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => {
-                return Ok(candidate)
-            }
+            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => return Ok(candidate),
             Ok(_) => not_executable = Some(candidate),
             Err(_) => {}
         }
     }
     match not_executable {
-        Some(path) => Err(failed(
-            ExecFailure::PermissionDenied,
-            format!("not an executable file: {}", path.display()),
-        )),
-        None => Err(failed(
-            ExecFailure::NotFound,
-            format!("executable file not found: {program}"),
-        )),
+        Some(path) => Err(failed(ExecFailure::PermissionDenied, format!("not an executable file: {}", path.display()))),
+        None => Err(failed(ExecFailure::NotFound, format!("executable file not found: {program}"))),
     }
 }
 
@@ -264,8 +200,7 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
         let mut pipes = None;
         let (pid, exit) = reaper
             .spawn_with(|| {
-                let (pid, spawned) =
-                    spawn::spawn(&plan.program, &plan.argv, &env, &plan.cwd, plan.stdin)?;
+                let (pid, spawned) = spawn::spawn(&plan.program, &plan.argv, &env, &plan.cwd, plan.stdin)?;
                 pipes = Some(spawned);
                 Ok(pid)
             })
@@ -284,11 +219,7 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
         .process_group(0)
         .uid(plan.account.uid)
         .gid(plan.account.gid)
-        .stdin(if plan.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(if plan.stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let reaped = reaper.spawn(&mut command).map_err(spawn_failure)?;
@@ -308,18 +239,10 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
 pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {
     // Take the pipe out while writing so a slow reader inside the sandbox
     // does not hold the sessions lock.
-    let pipe = sessions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_mut(&stream)
-        .and_then(|s| s.stdin.take());
+    let pipe = sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&stream).and_then(|s| s.stdin.take());
     if let Some(mut pipe) = pipe {
         if pipe.write_all(bytes).is_ok() {
-            if let Some(session) = sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(&stream)
-            {
+            if let Some(session) = sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&stream) {
                 session.stdin = Some(pipe);
             }
         }
@@ -327,21 +250,13 @@ pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {
 }
 
 pub fn close_stdin(sessions: &Sessions, stream: u32) {
-    if let Some(session) = sessions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_mut(&stream)
-    {
+    if let Some(session) = sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&stream) {
         session.stdin = None;
     }
 }
 
 pub fn signal(sessions: &Sessions, stream: u32, signal: i32) {
-    let pgid = sessions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&stream)
-        .map(|s| s.pgid);
+    let pgid = sessions.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).map(|s| s.pgid);
     if let (Some(pgid), Ok(signal)) = (pgid, Signal::try_from(signal)) {
         let _ = killpg(Pid::from_raw(pgid), signal);
     }

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use std::{env, io, process, thread};
 
 use space_proto::{
-    read_frame, write_frame, ExecRequest, Frame, FrameKind, Hello, ProtocolErrorMessage,
-    SignalRequest, Welcome, CONTROL_STREAM, PROTOCOL_VERSION,
+    read_frame, write_frame, ExecRequest, Frame, FrameKind, Hello, ProtocolErrorMessage, SignalRequest, Welcome,
+    CONTROL_STREAM, PROTOCOL_VERSION,
 };
 
 /// Where the host's socket appears inside the sandbox unless told otherwise.
@@ -38,8 +38,7 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let socket_path = env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string());
-    let stream = dial(&socket_path, Duration::from_secs(10))
-        .map_err(|e| format!("dialing {socket_path}: {e}"))?;
+    let stream = dial(&socket_path, Duration::from_secs(10)).map_err(|e| format!("dialing {socket_path}: {e}"))?;
     let mut reader = stream.try_clone().map_err(|e| e.to_string())?;
     let mut writer = stream;
 
@@ -48,19 +47,12 @@ fn run() -> Result<(), String> {
         agent_version: env!("CARGO_PKG_VERSION").into(),
         pid: process::id(),
     };
-    write_frame(
-        &mut writer,
-        &Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello),
-    )
-    .map_err(|e| e.to_string())?;
+    write_frame(&mut writer, &Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello)).map_err(|e| e.to_string())?;
     let welcome: Welcome = read_frame(&mut reader)
         .and_then(|frame| frame.expect(FrameKind::Welcome))
         .map_err(|e| format!("handshake: {e}"))?;
     if welcome.protocol_version != PROTOCOL_VERSION {
-        return Err(format!(
-            "host speaks protocol {}, agent {PROTOCOL_VERSION}",
-            welcome.protocol_version
-        ));
+        return Err(format!("host speaks protocol {}, agent {PROTOCOL_VERSION}", welcome.protocol_version));
     }
     if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
         eprintln!("space-agent: setting hostname: {err}");
@@ -72,11 +64,7 @@ fn run() -> Result<(), String> {
         .spawn(move || write_loop(writer, queued))
         .map_err(|e| e.to_string())?;
 
-    let agent = Agent {
-        identity: Arc::new(welcome),
-        outbox,
-        sessions: Arc::default(),
-    };
+    let agent = Agent { identity: Arc::new(welcome), outbox, sessions: Arc::default() };
     agent.serve(&mut reader);
     // The host went away: the sandbox has no one to serve.
     Ok(())
@@ -124,9 +112,7 @@ impl Agent {
             };
             if let Err(message) = self.handle(frame) {
                 let error = ProtocolErrorMessage { message };
-                let _ = self
-                    .outbox
-                    .send(Frame::message(CONTROL_STREAM, FrameKind::Error, &error));
+                let _ = self.outbox.send(Frame::message(CONTROL_STREAM, FrameKind::Error, &error));
             }
         }
     }
@@ -134,19 +120,11 @@ impl Agent {
     fn handle(&self, frame: Frame) -> Result<(), String> {
         match frame.kind {
             FrameKind::Ping => {
-                let _ = self
-                    .outbox
-                    .send(Frame::new(frame.stream, FrameKind::Pong, frame.payload));
+                let _ = self.outbox.send(Frame::new(frame.stream, FrameKind::Pong, frame.payload));
             }
             FrameKind::Exec => {
                 let request: ExecRequest = frame.parse().map_err(|e| e.to_string())?;
-                exec::start(
-                    frame.stream,
-                    request,
-                    &self.identity,
-                    &self.outbox,
-                    &self.sessions,
-                );
+                exec::start(frame.stream, request, &self.identity, &self.outbox, &self.sessions);
             }
             FrameKind::Stdin => exec::write_stdin(&self.sessions, frame.stream, &frame.payload),
             FrameKind::StdinEof => exec::close_stdin(&self.sessions, frame.stream),

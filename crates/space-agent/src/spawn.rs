@@ -26,8 +26,7 @@ pub struct Pipes {
 }
 
 fn cstring(text: &str) -> io::Result<CString> {
-    CString::new(text)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in an argument"))
+    CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in an argument"))
 }
 
 fn check(code: libc::c_int) -> io::Result<()> {
@@ -52,9 +51,7 @@ impl SpawnSetup {
         // before use; on failure of the second the first is destroyed.
         unsafe {
             check(libc::posix_spawnattr_init(ptr::addr_of_mut!((*raw).attr)))?;
-            if let Err(err) = check(libc::posix_spawn_file_actions_init(ptr::addr_of_mut!(
-                (*raw).actions
-            ))) {
+            if let Err(err) = check(libc::posix_spawn_file_actions_init(ptr::addr_of_mut!((*raw).actions))) {
                 libc::posix_spawnattr_destroy(ptr::addr_of_mut!((*raw).attr));
                 return Err(err);
             }
@@ -87,10 +84,7 @@ pub fn spawn(
 ) -> io::Result<(u32, Pipes)> {
     let program = cstring(&program.to_string_lossy())?;
     let argv: Vec<CString> = argv.iter().map(|a| cstring(a)).collect::<io::Result<_>>()?;
-    let envp: Vec<CString> = env
-        .iter()
-        .map(|(k, v)| cstring(&format!("{k}={v}")))
-        .collect::<io::Result<_>>()?;
+    let envp: Vec<CString> = env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
     let cwd = cstring(cwd)?;
     let mut argv_ptrs: Vec<*mut libc::c_char> = argv.iter().map(|a| a.as_ptr() as *mut _).collect();
     argv_ptrs.push(ptr::null_mut());
@@ -107,8 +101,7 @@ pub fn spawn(
     let (stderr_host, stderr_child) = pipe2(OFlag::O_CLOEXEC)?;
 
     let mut setup = SpawnSetup::new()?;
-    let flags =
-        libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK;
+    let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK;
     let mut pid: libc::pid_t = 0;
     // SAFETY: `setup` holds initialised objects; the signal sets are
     // initialised by sigemptyset/sigfillset before use; every pointer passed
@@ -120,38 +113,14 @@ pub fn spawn(
         libc::sigemptyset(empty.as_mut_ptr());
         let mut all = MaybeUninit::<libc::sigset_t>::uninit();
         libc::sigfillset(all.as_mut_ptr());
-        check(libc::posix_spawnattr_setflags(
-            &mut setup.attr,
-            flags as libc::c_short,
-        ))?;
+        check(libc::posix_spawnattr_setflags(&mut setup.attr, flags as libc::c_short))?;
         check(libc::posix_spawnattr_setpgroup(&mut setup.attr, 0))?;
-        check(libc::posix_spawnattr_setsigmask(
-            &mut setup.attr,
-            empty.as_ptr(),
-        ))?;
-        check(libc::posix_spawnattr_setsigdefault(
-            &mut setup.attr,
-            all.as_ptr(),
-        ))?;
-        check(libc::posix_spawn_file_actions_adddup2(
-            &mut setup.actions,
-            stdin_child.as_raw_fd(),
-            0,
-        ))?;
-        check(libc::posix_spawn_file_actions_adddup2(
-            &mut setup.actions,
-            stdout_child.as_raw_fd(),
-            1,
-        ))?;
-        check(libc::posix_spawn_file_actions_adddup2(
-            &mut setup.actions,
-            stderr_child.as_raw_fd(),
-            2,
-        ))?;
-        check(libc::posix_spawn_file_actions_addchdir_np(
-            &mut setup.actions,
-            cwd.as_ptr(),
-        ))?;
+        check(libc::posix_spawnattr_setsigmask(&mut setup.attr, empty.as_ptr()))?;
+        check(libc::posix_spawnattr_setsigdefault(&mut setup.attr, all.as_ptr()))?;
+        check(libc::posix_spawn_file_actions_adddup2(&mut setup.actions, stdin_child.as_raw_fd(), 0))?;
+        check(libc::posix_spawn_file_actions_adddup2(&mut setup.actions, stdout_child.as_raw_fd(), 1))?;
+        check(libc::posix_spawn_file_actions_adddup2(&mut setup.actions, stderr_child.as_raw_fd(), 2))?;
+        check(libc::posix_spawn_file_actions_addchdir_np(&mut setup.actions, cwd.as_ptr()))?;
         check(libc::posix_spawn(
             &mut pid,
             program.as_ptr(),
@@ -165,10 +134,6 @@ pub fn spawn(
     drop((stdin_child, stdout_child, stderr_child));
     Ok((
         pid as u32,
-        Pipes {
-            stdin: stdin_host.map(File::from),
-            stdout: stdout_host.into(),
-            stderr: stderr_host.into(),
-        },
+        Pipes { stdin: stdin_host.map(File::from), stdout: stdout_host.into(), stderr: stderr_host.into() },
     ))
 }

@@ -28,28 +28,13 @@ fn resolve_in(passwd: &str, user: &str) -> Result<Account, String> {
             continue;
         };
         if fields[0] == user || numeric == Some(uid) {
-            return Ok(Account {
-                name: fields[0].to_string(),
-                uid,
-                gid,
-                home: fields[5].to_string(),
-            });
+            return Ok(Account { name: fields[0].to_string(), uid, gid, home: fields[5].to_string() });
         }
     }
     match (numeric, user) {
         // A bare uid with no passwd entry is still a valid identity.
-        (Some(uid), _) => Ok(Account {
-            name: uid.to_string(),
-            uid,
-            gid: uid,
-            home: "/".into(),
-        }),
-        (None, "root") => Ok(Account {
-            name: "root".into(),
-            uid: 0,
-            gid: 0,
-            home: "/root".into(),
-        }),
+        (Some(uid), _) => Ok(Account { name: uid.to_string(), uid, gid: uid, home: "/".into() }),
+        (None, "root") => Ok(Account { name: "root".into(), uid: 0, gid: 0, home: "/root".into() }),
         (None, name) => Err(format!("no such user in the sandbox: {name}")),
     }
 }
@@ -58,7 +43,8 @@ fn resolve_in(passwd: &str, user: &str) -> Result<Account, String> {
 mod tests {
     use super::*;
 
-    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nbroken\n";
+    const PASSWD: &str =
+        "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nbroken\n";
 
     #[test]
     fn names_and_uids_resolve() {

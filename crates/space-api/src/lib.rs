@@ -166,10 +166,7 @@ pub enum OperationState {
 
 impl OperationState {
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            OperationState::Succeeded | OperationState::Failed | OperationState::Cancelled
-        )
+        matches!(self, OperationState::Succeeded | OperationState::Failed | OperationState::Cancelled)
     }
 }
 

@@ -82,16 +82,10 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
         agent_bin: args.engine.agent_bin()?,
         state_dir: scratch.run_dir().join("runsc-raw"),
     });
-    let template = scratch
-        .template(&args.template)
-        .context("the template vanished")?;
+    let template = scratch.template(&args.template).context("the template vanished")?;
 
-    let (mut create, mut exec, mut raw_create, mut raw_exec) = (
-        Samples(vec![]),
-        Samples(vec![]),
-        Samples(vec![]),
-        Samples(vec![]),
-    );
+    let (mut create, mut exec, mut raw_create, mut raw_exec) =
+        (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -99,26 +93,16 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     for i in 0..args.runs {
         // Ours: the whole API path, create accepted -> operation succeeded.
         let started = Instant::now();
-        let accepted = client.post(
-            "/v1/sandboxes",
-            &serde_json::json!({"template": args.template}),
-        )?;
-        let operation =
-            client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        let accepted = client.post("/v1/sandboxes", &serde_json::json!({"template": args.template}))?;
+        let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
         if operation["state"] != "succeeded" {
             bail!("create failed: {}", operation["error"]);
         }
         create.0.push(started.elapsed());
-        let id = accepted["sandbox"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
         for _ in 0..args.execs {
             let started = Instant::now();
-            let answer = client.post(
-                &format!("/v1/sandboxes/{id}/exec"),
-                &serde_json::json!({"argv": ["true"]}),
-            )?;
+            let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
             exec.0.push(started.elapsed());
             if answer["result"]["exit_code"] != 0 {
                 bail!("`true` failed: {answer}");
@@ -145,22 +129,17 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
             let header = space_proto::decode_header(&header)?;
             let mut payload = vec![0u8; header.len];
             socket.read_exact(&mut payload).await?;
-            let hello: Hello = space_proto::Frame::new(header.stream, header.kind, payload)
-                .expect(FrameKind::Hello)?;
+            let hello: Hello = space_proto::Frame::new(header.stream, header.kind, payload).expect(FrameKind::Hello)?;
             anyhow::Ok((elapsed, hello, socket))
         });
         let (elapsed, _hello, socket) = boot?;
         raw_create.0.push(elapsed);
         for _ in 0..args.raw_execs {
             let started = Instant::now();
-            let output =
-                Reaper::global().output(raw_engine.runsc().args(["exec", &spec.id, "true"]))?;
+            let output = Reaper::global().output(raw_engine.runsc().args(["exec", &spec.id, "true"]))?;
             raw_exec.0.push(started.elapsed());
             if !output.status.success() {
-                bail!(
-                    "runsc exec failed: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
+                bail!("runsc exec failed: {}", String::from_utf8_lossy(&output.stderr));
             }
         }
         drop(socket);
@@ -171,12 +150,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
 
     println!("{:<44} {:>9} {:>9} {:>6}", "figure (ms)", "p50", "p95", "n");
     let row = |name: &str, s: &Samples| {
-        println!(
-            "{name:<44} {:>9.1} {:>9.1} {:>6}",
-            s.percentile(50.0),
-            s.percentile(95.0),
-            s.0.len()
-        )
+        println!("{name:<44} {:>9.1} {:>9.1} {:>6}", s.percentile(50.0), s.percentile(95.0), s.0.len())
     };
     row("create -> ready, SPACE API", &create);
     row("create -> agent hello, raw runsc run", &raw_create);

@@ -15,20 +15,12 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: &str, key: &str) -> Client {
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(5))
-            .build();
-        Client {
-            base: base.trim_end_matches('/').to_string(),
-            auth: format!("Bearer {key}"),
-            agent,
-        }
+        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).build();
+        Client { base: base.trim_end_matches('/').to_string(), auth: format!("Bearer {key}"), agent }
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
-        self.agent
-            .request(method, &format!("{}{path}", self.base))
-            .set("Authorization", &self.auth)
+        self.agent.request(method, &format!("{}{path}", self.base)).set("Authorization", &self.auth)
     }
 
     fn answer(result: Result<ureq::Response, ureq::Error>) -> Result<serde_json::Value> {
@@ -63,10 +55,7 @@ impl Client {
     pub fn wait_operation(&self, id: &str) -> Result<serde_json::Value> {
         loop {
             let operation = self.get(&format!("/v1/operations/{id}?wait=30"))?;
-            if matches!(
-                operation["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            ) {
+            if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
                 return Ok(operation);
             }
         }
@@ -78,19 +67,13 @@ impl Client {
         let mut offset = 0u64;
         let mut attempts = 0;
         loop {
-            let response = self
-                .request("GET", &format!("{output_path}?from={offset}&follow=true"))
-                .call();
+            let response = self.request("GET", &format!("{output_path}?from={offset}&follow=true")).call();
             let response = match response {
                 Ok(response) => response,
-                Err(ureq::Error::Status(..)) => {
-                    return Self::answer(response).and_then(|_| bail!("no output stream"))
-                }
+                Err(ureq::Error::Status(..)) => return Self::answer(response).and_then(|_| bail!("no output stream")),
                 Err(err) if attempts < 5 => {
                     attempts += 1;
-                    eprintln!(
-                        "space: output stream failed ({err}); re-attaching at offset {offset}"
-                    );
+                    eprintln!("space: output stream failed ({err}); re-attaching at offset {offset}");
                     std::thread::sleep(Duration::from_millis(200));
                     continue;
                 }
@@ -101,22 +84,14 @@ impl Client {
                 let Ok(line) = line else { break };
                 let frame: OutputFrame = serde_json::from_str(&line).context("an output frame")?;
                 match frame {
-                    OutputFrame::Stdout {
-                        offset: at,
-                        data,
-                        data_b64,
-                    } => {
+                    OutputFrame::Stdout { offset: at, data, data_b64 } => {
                         let bytes = frame_bytes(data, data_b64)?;
                         offset = at + bytes.len() as u64;
                         let mut out = std::io::stdout().lock();
                         out.write_all(&bytes)?;
                         out.flush()?;
                     }
-                    OutputFrame::Stderr {
-                        offset: at,
-                        data,
-                        data_b64,
-                    } => {
+                    OutputFrame::Stderr { offset: at, data, data_b64 } => {
                         let bytes = frame_bytes(data, data_b64)?;
                         offset = at + bytes.len() as u64;
                         std::io::stderr().write_all(&bytes)?;

@@ -16,11 +16,7 @@ const DEFAULT_DATA_DIR: &str = "/var/lib/space";
 const DEFAULT_URL: &str = "http://127.0.0.1:7070";
 
 #[derive(Parser)]
-#[command(
-    name = "space",
-    version,
-    about = "SPACE: isolated sandboxes for agent-written code"
-)]
+#[command(name = "space", version, about = "SPACE: isolated sandboxes for agent-written code")]
 struct Cli {
     #[command(subcommand)]
     command: Top,
@@ -149,6 +145,9 @@ enum SandboxCommand {
         /// Return once accepted, without waiting for the sandbox to run.
         #[arg(long)]
         no_wait: bool,
+        /// Print only the sandbox id.
+        #[arg(long, short)]
+        quiet: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -242,60 +241,53 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 fn print_json(value: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).unwrap_or_default()
-    );
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
 }
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
     init_logging();
     if args.dev && !args.listen.ip().is_loopback() {
-        bail!(
-            "--dev binds loopback only; {} is not a loopback address",
-            args.listen
-        );
+        bail!("--dev binds loopback only; {} is not a loopback address", args.listen);
     }
     let platform = space_server::start_platform(&args.engine.platform_config(&args.data_dir)?)?;
     let key = if args.dev {
-        eprintln!("WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",
-            platform.data.dev_key_path().display());
+        eprintln!(
+            "WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",
+            platform.data.dev_key_path().display()
+        );
         dev_key(&platform.data.dev_key_path())?
     } else {
-        let path = args
-            .api_key_file
-            .as_ref()
-            .context("without --dev, --api-key-file is required")?;
-        let key =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let path = args.api_key_file.as_ref().context("without --dev, --api-key-file is required")?;
+        let key = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let key = key.trim().to_string();
         if key.len() < 16 {
-            bail!(
-                "the API key in {} is shorter than 16 characters",
-                path.display()
-            );
+            bail!("the API key in {} is shorter than 16 characters", path.display());
         }
         key
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!("SPACE listening on http://{}", listener.local_addr()?);
+        use tokio::signal::unix::{signal, SignalKind};
+        // Handlers go in before the address is announced, so a client that
+        // saw it can always stop the server cleanly.
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         let state = space_server::AppState::new(platform, key);
-        let shutdown = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tracing::info!("SPACE listening on http://{}", listener.local_addr()?);
+        let shutdown = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
             }
             tracing::info!("shutting down");
         };
@@ -315,10 +307,7 @@ fn dev_key(path: &Path) -> Result<String> {
     }
     let mut bytes = [0u8; 24];
     getrandom::getrandom(&mut bytes).context("reading random bytes")?;
-    let key = format!(
-        "space_dev_{}",
-        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    let key = format!("space_dev_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -332,16 +321,7 @@ fn dev_key(path: &Path) -> Result<String> {
 
 fn sandbox(command: SandboxCommand) -> Result<()> {
     match command {
-        SandboxCommand::Create {
-            template,
-            vcpus,
-            memory_mib,
-            disk_mib,
-            env,
-            labels,
-            no_wait,
-            client,
-        } => {
+        SandboxCommand::Create { template, vcpus, memory_mib, disk_mib, env, labels, no_wait, quiet, client } => {
             let client = client.client()?;
             let request = space_api::CreateSandboxRequest {
                 template,
@@ -354,26 +334,20 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
                 network: None,
             };
             let accepted = client.post("/v1/sandboxes", &serde_json::to_value(&request)?)?;
-            let id = accepted["sandbox"]["id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if no_wait {
-                print_json(&accepted);
-                return Ok(());
+            let id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
+            if !no_wait {
+                let op_id = accepted["operation"]["id"].as_str().unwrap_or_default();
+                eprintln!("accepted {id}; waiting for operation {op_id} (accepted is not ready)");
+                let operation = client.wait_operation(op_id)?;
+                if operation["state"] != "succeeded" {
+                    bail!("create failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
+                }
             }
-            let op_id = accepted["operation"]["id"].as_str().unwrap_or_default();
-            eprintln!("accepted {id}; waiting for operation {op_id} (accepted is not ready)");
-            let operation = client.wait_operation(op_id)?;
-            if operation["state"] != "succeeded" {
-                bail!(
-                    "create failed: {}",
-                    operation["error"]["message"]
-                        .as_str()
-                        .unwrap_or("unknown error")
-                );
+            match (quiet, no_wait) {
+                (true, _) => println!("{id}"),
+                (false, true) => print_json(&accepted),
+                (false, false) => print_json(&client.get(&format!("/v1/sandboxes/{id}"))?),
             }
-            print_json(&client.get(&format!("/v1/sandboxes/{id}"))?);
         }
         SandboxCommand::Ls { state, client } => {
             let path = match state {
@@ -381,10 +355,7 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
                 None => "/v1/sandboxes".to_string(),
             };
             let list = client.client()?.get(&path)?;
-            println!(
-                "{:<26} {:<10} {:<10} {:<8} CREATED",
-                "ID", "STATE", "TEMPLATE", "ENGINE"
-            );
+            println!("{:<26} {:<10} {:<10} {:<8} CREATED", "ID", "STATE", "TEMPLATE", "ENGINE");
             for s in list["sandboxes"].as_array().into_iter().flatten() {
                 println!(
                     "{:<26} {:<10} {:<10} {:<8} {}",
@@ -396,21 +367,13 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
                 );
             }
         }
-        SandboxCommand::Get { id, client } => {
-            print_json(&client.client()?.get(&format!("/v1/sandboxes/{id}"))?)
-        }
+        SandboxCommand::Get { id, client } => print_json(&client.client()?.get(&format!("/v1/sandboxes/{id}"))?),
         SandboxCommand::Rm { id, client } => {
             let client = client.client()?;
             let accepted = client.delete(&format!("/v1/sandboxes/{id}"))?;
-            let operation =
-                client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+            let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
             if operation["state"] != "succeeded" {
-                bail!(
-                    "delete failed: {}",
-                    operation["error"]["message"]
-                        .as_str()
-                        .unwrap_or("unknown error")
-                );
+                bail!("delete failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
             }
             eprintln!("deleted {id}");
         }
@@ -427,14 +390,9 @@ fn exec(args: ExecArgs) -> Result<i32> {
         timeout_s: args.timeout.unwrap_or(0),
         ..Default::default()
     };
-    let created = client.post(
-        &format!("/v1/sandboxes/{}/commands", args.sandbox),
-        &serde_json::to_value(&request)?,
-    )?;
-    let output_path = created["command"]["attach"]["output"]
-        .as_str()
-        .context("no output link in the answer")?
-        .to_string();
+    let created = client.post(&format!("/v1/sandboxes/{}/commands", args.sandbox), &serde_json::to_value(&request)?)?;
+    let output_path =
+        created["command"]["attach"]["output"].as_str().context("no output link in the answer")?.to_string();
     let result = client.stream_output(&output_path)?;
     if let Some(error) = result.error.as_deref() {
         eprintln!("space: {error}");
@@ -450,8 +408,5 @@ fn exec(args: ExecArgs) -> Result<i32> {
 }
 
 fn signal_number(name: &str) -> i32 {
-    format!("SIG{name}")
-        .parse::<nix::sys::signal::Signal>()
-        .map(|s| s as i32)
-        .unwrap_or(0)
+    format!("SIG{name}").parse::<nix::sys::signal::Signal>().map(|s| s as i32).unwrap_or(0)
 }

@@ -34,15 +34,11 @@ pub fn run(args: SetupArgs) -> Result<()> {
     if !args.skip_packages {
         space_host::packages::ensure_required(say).context("installing packages")?;
     }
-    let what =
-        ensure_btrfs(&args.data_dir, args.btrfs_image_gib).context("preparing the data dir")?;
+    let what = ensure_btrfs(&args.data_dir, args.btrfs_image_gib).context("preparing the data dir")?;
     say(&format!("data dir: {what}"));
     let data = DataDir::open(&args.data_dir)?;
     match data.template(BASE_TEMPLATE) {
-        Some(template) => say(&format!(
-            "template {BASE_TEMPLATE}: version {} present",
-            template.meta.version
-        )),
+        Some(template) => say(&format!("template {BASE_TEMPLATE}: version {} present", template.meta.version)),
         None => {
             let agent = args.engine.agent_bin()?;
             let bar = ProgressBar::new(4);
@@ -53,23 +49,13 @@ pub fn run(args: SetupArgs) -> Result<()> {
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            let built = build_debian(
-                &data,
-                BASE_TEMPLATE,
-                &args.suite,
-                BASE_PACKAGES,
-                &agent,
-                |p| {
-                    bar.set_position(p.done);
-                    bar.set_message(p.step);
-                },
-            );
+            let built = build_debian(&data, BASE_TEMPLATE, &args.suite, BASE_PACKAGES, &agent, |p| {
+                bar.set_position(p.done);
+                bar.set_message(p.step);
+            });
             bar.finish_and_clear();
             let template = built.context("building the base template")?;
-            say(&format!(
-                "template {BASE_TEMPLATE}: built version {}",
-                template.meta.version
-            ));
+            say(&format!("template {BASE_TEMPLATE}: built version {}", template.meta.version));
         }
     }
     say(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));

@@ -12,9 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use space_proto::{
-    decode_header, ExecFailed, ExecRequest, Exited, Frame, FrameKind, Hello, ProtoError,
-    ProtocolErrorMessage, SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN, MAX_PAYLOAD,
-    PROTOCOL_VERSION,
+    decode_header, ExecFailed, ExecRequest, Exited, Frame, FrameKind, Hello, ProtoError, ProtocolErrorMessage,
+    SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -70,11 +69,7 @@ pub struct ExecStream {
 impl AgentConn {
     /// Reads the agent's hello, answers with its identity, starts the I/O
     /// tasks and checks health with a ping.
-    pub async fn handshake(
-        socket: UnixStream,
-        welcome: Welcome,
-        patience: Duration,
-    ) -> Result<AgentConn, AgentError> {
+    pub async fn handshake(socket: UnixStream, welcome: Welcome, patience: Duration) -> Result<AgentConn, AgentError> {
         let (mut read_half, mut write_half) = socket.into_split();
         let hello: Hello = tokio::time::timeout(patience, read_frame(&mut read_half))
             .await
@@ -82,26 +77,12 @@ impl AgentConn {
             .expect(FrameKind::Hello)?;
         if hello.protocol_version != PROTOCOL_VERSION {
             let message = ProtocolErrorMessage {
-                message: format!(
-                    "host speaks protocol {PROTOCOL_VERSION}, agent {}",
-                    hello.protocol_version
-                ),
+                message: format!("host speaks protocol {PROTOCOL_VERSION}, agent {}", hello.protocol_version),
             };
-            let _ = write_frame(
-                &mut write_half,
-                &Frame::message(CONTROL_STREAM, FrameKind::Error, &message),
-            )
-            .await;
-            return Err(ProtoError::Version {
-                theirs: hello.protocol_version,
-            }
-            .into());
+            let _ = write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Error, &message)).await;
+            return Err(ProtoError::Version { theirs: hello.protocol_version }.into());
         }
-        write_frame(
-            &mut write_half,
-            &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome),
-        )
-        .await?;
+        write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome)).await?;
 
         let shared = Arc::new(Shared {
             streams: Mutex::new(HashMap::new()),
@@ -112,11 +93,7 @@ impl AgentConn {
         let (outbox, queued) = mpsc::channel(256);
         tokio::spawn(write_loop(write_half, queued));
         tokio::spawn(read_loop(read_half, shared.clone()));
-        let conn = AgentConn {
-            outbox,
-            shared,
-            hello: Arc::new(hello),
-        };
+        let conn = AgentConn { outbox, shared, hello: Arc::new(hello) };
         conn.ping(patience).await?;
         Ok(conn)
     }
@@ -144,27 +121,16 @@ impl AgentConn {
         }
         let stream = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_DEPTH);
-        self.shared
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(stream, tx);
+        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, tx);
         Ok((stream, rx))
     }
 
     fn close_stream(&self, stream: u32) {
-        self.shared
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&stream);
+        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
     }
 
     async fn send(&self, frame: Frame) -> Result<(), AgentError> {
-        self.outbox
-            .send(frame)
-            .await
-            .map_err(|_| AgentError::Disconnected)
+        self.outbox.send(frame).await.map_err(|_| AgentError::Disconnected)
     }
 
     /// A health check: the agent echoes the ping. Returns the round trip.
@@ -172,17 +138,12 @@ impl AgentConn {
         let (stream, mut rx) = self.open_stream()?;
         let started = Instant::now();
         let result = async {
-            self.send(Frame::new(stream, FrameKind::Ping, b"health".to_vec()))
-                .await?;
+            self.send(Frame::new(stream, FrameKind::Ping, b"health".to_vec())).await?;
             match tokio::time::timeout(patience, rx.recv()).await {
                 Err(_) => Err(AgentError::Timeout(patience)),
                 Ok(None) => Err(AgentError::Disconnected),
                 Ok(Some(frame)) if frame.kind == FrameKind::Pong => Ok(started.elapsed()),
-                Ok(Some(frame)) => Err(ProtoError::Unexpected {
-                    expected: FrameKind::Pong,
-                    got: frame.kind,
-                }
-                .into()),
+                Ok(Some(frame)) => Err(ProtoError::Unexpected { expected: FrameKind::Pong, got: frame.kind }.into()),
             }
         }
         .await;
@@ -194,27 +155,17 @@ impl AgentConn {
     pub async fn exec(&self, request: &ExecRequest) -> Result<ExecStream, AgentError> {
         let (stream, mut frames) = self.open_stream()?;
         let result = async {
-            self.send(Frame::message(stream, FrameKind::Exec, request))
-                .await?;
+            self.send(Frame::message(stream, FrameKind::Exec, request)).await?;
             let first = frames.recv().await.ok_or(AgentError::Disconnected)?;
             match first.kind {
                 FrameKind::Started => Ok(first.parse::<Started>()?.pid),
                 FrameKind::ExecFailed => Err(AgentError::ExecFailed(first.parse()?)),
-                got => Err(ProtoError::Unexpected {
-                    expected: FrameKind::Started,
-                    got,
-                }
-                .into()),
+                got => Err(ProtoError::Unexpected { expected: FrameKind::Started, got }.into()),
             }
         }
         .await;
         match result {
-            Ok(pid) => Ok(ExecStream {
-                stream,
-                pid,
-                frames,
-                conn: self.clone(),
-            }),
+            Ok(pid) => Ok(ExecStream { stream, pid, frames, conn: self.clone() }),
             Err(err) => {
                 self.close_stream(stream);
                 Err(err)
@@ -228,18 +179,12 @@ impl AgentConn {
     }
 
     pub async fn close_stdin(&self, stream: u32) -> Result<(), AgentError> {
-        self.send(Frame::new(stream, FrameKind::StdinEof, Vec::new()))
-            .await
+        self.send(Frame::new(stream, FrameKind::StdinEof, Vec::new())).await
     }
 
     /// Sends `signal` (a number) to a command's process group.
     pub async fn signal(&self, stream: u32, signal: i32) -> Result<(), AgentError> {
-        self.send(Frame::message(
-            stream,
-            FrameKind::Signal,
-            &SignalRequest { signal },
-        ))
-        .await
+        self.send(Frame::message(stream, FrameKind::Signal, &SignalRequest { signal })).await
     }
 }
 
@@ -280,11 +225,7 @@ async fn read_frame(reader: &mut OwnedReadHalf) -> Result<Frame, ProtoError> {
     debug_assert!(header.len <= MAX_PAYLOAD);
     let mut payload = vec![0u8; header.len];
     reader.read_exact(&mut payload).await?;
-    Ok(Frame {
-        stream: header.stream,
-        kind: header.kind,
-        payload,
-    })
+    Ok(Frame { stream: header.stream, kind: header.kind, payload })
 }
 
 async fn write_frame(writer: &mut OwnedWriteHalf, frame: &Frame) -> Result<(), ProtoError> {
@@ -323,20 +264,12 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
         };
         if frame.stream == CONTROL_STREAM {
             if frame.kind == FrameKind::Error {
-                let message = frame
-                    .parse::<ProtocolErrorMessage>()
-                    .map(|m| m.message)
-                    .unwrap_or_default();
+                let message = frame.parse::<ProtocolErrorMessage>().map(|m| m.message).unwrap_or_default();
                 tracing::warn!("the agent reported a protocol error: {message}");
             }
             continue;
         }
-        let target = shared
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&frame.stream)
-            .cloned();
+        let target = shared.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&frame.stream).cloned();
         if let Some(target) = target {
             // A receiver that went away just means nobody listens any more.
             let _ = target.send(frame).await;
@@ -344,9 +277,5 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
     }
     shared.closed.store(true, Ordering::Release);
     // Dropping every sender ends every open stream with `None`.
-    shared
-        .streams
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
+    shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }

@@ -10,8 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use oci_spec::runtime::{
-    Capability, LinuxCapabilitiesBuilder, MountBuilder, ProcessBuilder, RootBuilder, Spec,
-    UserBuilder,
+    Capability, LinuxCapabilitiesBuilder, MountBuilder, ProcessBuilder, RootBuilder, Spec, UserBuilder,
 };
 use space_host::btrfs;
 use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
@@ -53,9 +52,11 @@ impl Gvisor {
     ///   not in sentry memory, so they count as disk and survive a suspend.
     pub fn runsc(&self) -> Command {
         let mut command = Command::new(&self.config.runsc);
-        command
-            .arg(format!("--root={}", self.config.state_dir.display()))
-            .args(["--network=none", "--host-uds=open", "--overlay2=none"]);
+        command.arg(format!("--root={}", self.config.state_dir.display())).args([
+            "--network=none",
+            "--host-uds=open",
+            "--overlay2=none",
+        ]);
         command
     }
 
@@ -75,10 +76,8 @@ impl Gvisor {
         let bundle = Self::bundle_dir(&spec.dir);
         fs::create_dir_all(&bundle).map_err(EngineError::io("creating the bundle dir"))?;
         let config = oci_config(spec, &self.config.agent_bin)?;
-        let json =
-            serde_json::to_vec_pretty(&config).map_err(|e| EngineError::Runtime(e.to_string()))?;
-        fs::write(bundle.join("config.json"), json)
-            .map_err(EngineError::io("writing config.json"))?;
+        let json = serde_json::to_vec_pretty(&config).map_err(|e| EngineError::Runtime(e.to_string()))?;
+        fs::write(bundle.join("config.json"), json).map_err(EngineError::io("writing config.json"))?;
         Ok(bundle)
     }
 
@@ -89,13 +88,10 @@ impl Gvisor {
         btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
         let socket_dir = Self::socket_dir(&spec.dir);
         fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
-        fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700))
-            .map_err(EngineError::io("chmod"))?;
+        fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
         let listener = std::os::unix::net::UnixListener::bind(socket_dir.join(SOCKET_NAME))
             .map_err(EngineError::io("binding the agent socket"))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(EngineError::io("socket mode"))?;
+        listener.set_nonblocking(true).map_err(EngineError::io("socket mode"))?;
         self.write_bundle(spec)?;
         Ok(listener)
     }
@@ -103,10 +99,7 @@ impl Gvisor {
     /// Prepares the sandbox and runs it until its agent dials home. Returns
     /// the agent's socket (before any handshake) and the time from spawning
     /// `runsc` to the connection, the engine's own floor.
-    pub async fn boot(
-        &self,
-        spec: &SandboxSpec,
-    ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
+    pub async fn boot(&self, spec: &SandboxSpec) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
         let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone))
@@ -125,9 +118,7 @@ impl Gvisor {
             .stdout(log)
             .stderr(log_err);
         let started = Instant::now();
-        let child = Reaper::global()
-            .spawn(&mut run)
-            .map_err(EngineError::io("starting runsc"))?;
+        let child = Reaper::global().spawn(&mut run).map_err(EngineError::io("starting runsc"))?;
         let mut runsc_done = tokio::task::spawn_blocking(move || child.wait());
 
         let accept = tokio::time::timeout(BOOT_PATIENCE, listener.accept());
@@ -160,14 +151,9 @@ impl Gvisor {
         if !runsc_finished {
             // `runsc run --detach` returns once the container started; don't
             // leave its exit status unobserved.
-            let status = runsc_done
-                .await
-                .map_err(|e| EngineError::Runtime(e.to_string()))?;
+            let status = runsc_done.await.map_err(|e| EngineError::Runtime(e.to_string()))?;
             if !status.success() {
-                return Err(EngineError::Runtime(format!(
-                    "runsc run failed: {}",
-                    log_tail(&log_path)
-                )));
+                return Err(EngineError::Runtime(format!("runsc run failed: {}", log_tail(&log_path))));
             }
         }
         Ok((socket, elapsed))
@@ -186,9 +172,7 @@ impl Gvisor {
     }
 
     fn clone_config(&self) -> Gvisor {
-        Gvisor {
-            config: self.config.clone(),
-        }
+        Gvisor { config: self.config.clone() }
     }
 
     fn destroy_blocking(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
@@ -216,27 +200,17 @@ impl Engine for Gvisor {
                 let text = String::from_utf8_lossy(&out);
                 (true, text.lines().next().unwrap_or("runsc").to_string())
             }
-            Err(err) => (
-                false,
-                format!("runsc is not usable ({err}); run `space setup` to install it"),
-            ),
+            Err(err) => (false, format!("runsc is not usable ({err}); run `space setup` to install it")),
         };
         let agent_ok = self.config.agent_bin.is_file();
         if available && !agent_ok {
             return Availability {
                 name: "gvisor",
                 available: false,
-                detail: format!(
-                    "the agent binary {} is missing",
-                    self.config.agent_bin.display()
-                ),
+                detail: format!("the agent binary {} is missing", self.config.agent_bin.display()),
             };
         }
-        Availability {
-            name: "gvisor",
-            available,
-            detail,
-        }
+        Availability { name: "gvisor", available, detail }
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
@@ -291,8 +265,7 @@ const CAPABILITIES: &[Capability] = &[
 ];
 
 fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError> {
-    let invalid =
-        |e: oci_spec::OciSpecError| EngineError::Runtime(format!("building the OCI spec: {e}"));
+    let invalid = |e: oci_spec::OciSpecError| EngineError::Runtime(format!("building the OCI spec: {e}"));
     let caps: std::collections::HashSet<Capability> = CAPABILITIES.iter().copied().collect();
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
@@ -305,13 +278,7 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
     let agent_in_root = format!("/{AGENT_PATH_IN_ROOT}");
     let process = ProcessBuilder::default()
         .terminal(false)
-        .user(
-            UserBuilder::default()
-                .uid(0u32)
-                .gid(0u32)
-                .build()
-                .map_err(invalid)?,
-        )
+        .user(UserBuilder::default().uid(0u32).gid(0u32).build().map_err(invalid)?)
         .args(vec![agent_in_root.clone()])
         .env(vec![
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
@@ -322,11 +289,7 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
         .no_new_privileges(false)
         .build()
         .map_err(invalid)?;
-    let root = RootBuilder::default()
-        .path(spec.dir.join("rootfs"))
-        .readonly(false)
-        .build()
-        .map_err(invalid)?;
+    let root = RootBuilder::default().path(spec.dir.join("rootfs")).readonly(false).build().map_err(invalid)?;
 
     let mut mounts = Spec::default().mounts().clone().unwrap_or_default();
     mounts.push(
@@ -372,31 +335,16 @@ mod tests {
             disk_mib: 1024,
             env: Default::default(),
         };
-        let config =
-            serde_json::to_value(oci_config(&spec, Path::new("/opt/space-agent")).unwrap())
-                .unwrap();
+        let config = serde_json::to_value(oci_config(&spec, Path::new("/opt/space-agent")).unwrap()).unwrap();
         assert_eq!(config["process"]["args"][0], "/.space/space-agent");
         assert_eq!(config["root"]["path"], "/data/sandboxes/sbx_test/rootfs");
         assert_eq!(config["hostname"], "sbx_test");
         let mounts = config["mounts"].as_array().unwrap();
-        let bind_sources: Vec<&str> = mounts
-            .iter()
-            .filter(|m| m["type"] == "bind")
-            .map(|m| m["source"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            bind_sources,
-            ["/opt/space-agent", "/data/sandboxes/sbx_test/sock"]
-        );
-        let namespaces: Vec<&str> = config["linux"]["namespaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n["type"].as_str().unwrap())
-            .collect();
-        assert!(
-            namespaces.contains(&"network") && namespaces.contains(&"pid"),
-            "{namespaces:?}"
-        );
+        let bind_sources: Vec<&str> =
+            mounts.iter().filter(|m| m["type"] == "bind").map(|m| m["source"].as_str().unwrap()).collect();
+        assert_eq!(bind_sources, ["/opt/space-agent", "/data/sandboxes/sbx_test/sock"]);
+        let namespaces: Vec<&str> =
+            config["linux"]["namespaces"].as_array().unwrap().iter().map(|n| n["type"].as_str().unwrap()).collect();
+        assert!(namespaces.contains(&"network") && namespaces.contains(&"pid"), "{namespaces:?}");
     }
 }

@@ -32,17 +32,11 @@ fn request(argv: &[&str]) -> ExecRequest {
     }
 }
 
-async fn run(
-    agent: &space_engine::AgentConn,
-    argv: &[&str],
-) -> (Vec<u8>, Vec<u8>, space_proto::Exited) {
+async fn run(agent: &space_engine::AgentConn, argv: &[&str]) -> (Vec<u8>, Vec<u8>, space_proto::Exited) {
     let mut stream = agent.exec(&request(argv)).await.expect("exec");
     let (mut out, mut err) = (Vec::new(), Vec::new());
     loop {
-        match tokio::time::timeout(Duration::from_secs(30), stream.next())
-            .await
-            .expect("exec timed out")
-        {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("exec timed out") {
             Some(ExecEvent::Stdout(b)) => out.extend(b),
             Some(ExecEvent::Stderr(b)) => err.extend(b),
             Some(ExecEvent::Exit(exited)) => return (out, err, exited),
@@ -60,35 +54,19 @@ async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
         agent_bin: agent_bin(),
         state_dir: data.data.run_dir().join("runsc"),
     });
-    assert!(
-        engine.availability().available,
-        "{}",
-        engine.availability().detail
-    );
+    assert!(engine.availability().available, "{}", engine.availability().detail);
     let spec = spec(&data, "sbx_enginetest");
     let started = engine.create(&spec).await.expect("create");
     let agent = started.agent;
     assert_eq!(agent.hello().pid, 1, "the agent is PID 1");
 
-    let (out, err, exited) = run(
-        &agent,
-        &[
-            "sh",
-            "-c",
-            "echo $GREETING $(hostname); echo oops >&2; exit 3",
-        ],
-    )
-    .await;
+    let (out, err, exited) = run(&agent, &["sh", "-c", "echo $GREETING $(hostname); echo oops >&2; exit 3"]).await;
     assert_eq!(String::from_utf8_lossy(&out), "hi sbx_enginetest\n");
     assert_eq!(String::from_utf8_lossy(&err), "oops\n");
     assert_eq!(exited.exit_code, Some(3));
     let (out, _, _) = run(&agent, &["uname", "-r"]).await;
     let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    assert_ne!(
-        String::from_utf8_lossy(&out).trim(),
-        host_release.trim(),
-        "the guest kernel is not the host's"
-    );
+    assert_ne!(String::from_utf8_lossy(&out).trim(), host_release.trim(), "the guest kernel is not the host's");
 
     let missing = agent.exec(&request(&["no-such-binary"])).await;
     assert!(
@@ -99,9 +77,6 @@ async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
     engine.destroy(&spec).await.expect("destroy");
     assert!(!spec.dir.exists(), "the sandbox dir is gone");
     let ps = space_host::run(std::process::Command::new("ps").args(["-eo", "args"])).unwrap();
-    assert!(
-        !String::from_utf8_lossy(&ps).contains("sbx_enginetest"),
-        "no runsc process is left"
-    );
+    assert!(!String::from_utf8_lossy(&ps).contains("sbx_enginetest"), "no runsc process is left");
     engine.destroy(&spec).await.expect("destroy is idempotent");
 }

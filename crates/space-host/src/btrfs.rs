@@ -9,33 +9,20 @@ use crate::{run, HostError};
 
 /// Whether `path` lives on a btrfs filesystem.
 pub fn is_btrfs(path: &Path) -> bool {
-    statfs(path)
-        .map(|s| s.filesystem_type() == BTRFS_SUPER_MAGIC)
-        .unwrap_or(false)
+    statfs(path).map(|s| s.filesystem_type() == BTRFS_SUPER_MAGIC).unwrap_or(false)
 }
 
 pub fn create_subvolume(path: &Path) -> Result<(), HostError> {
-    run(Command::new("btrfs")
-        .args(["subvolume", "create"])
-        .arg(path))
-    .map(drop)
+    run(Command::new("btrfs").args(["subvolume", "create"]).arg(path)).map(drop)
 }
 
 /// A writable snapshot of `source` at `dest` (the source may be read-only).
 pub fn snapshot(source: &Path, dest: &Path) -> Result<(), HostError> {
-    run(Command::new("btrfs")
-        .args(["subvolume", "snapshot"])
-        .arg(source)
-        .arg(dest))
-    .map(drop)
+    run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(source).arg(dest)).map(drop)
 }
 
 pub fn set_read_only(path: &Path) -> Result<(), HostError> {
-    run(Command::new("btrfs")
-        .args(["property", "set", "-ts"])
-        .arg(path)
-        .args(["ro", "true"]))
-    .map(drop)
+    run(Command::new("btrfs").args(["property", "set", "-ts"]).arg(path).args(["ro", "true"])).map(drop)
 }
 
 /// Deletes a subvolume; a path that is already gone is not an error.
@@ -46,10 +33,7 @@ pub fn delete_subvolume(path: &Path) -> Result<(), HostError> {
     if is_subvolume(path) {
         // A read-only subvolume must be made writable before deletion of its
         // nested content; `subvolume delete` itself handles ro.
-        run(Command::new("btrfs")
-            .args(["subvolume", "delete"])
-            .arg(path))
-        .map(drop)
+        run(Command::new("btrfs").args(["subvolume", "delete"]).arg(path)).map(drop)
     } else {
         std::fs::remove_dir_all(path).map_err(HostError::io(format!("removing {}", path.display())))
     }
@@ -58,10 +42,7 @@ pub fn delete_subvolume(path: &Path) -> Result<(), HostError> {
 /// A btrfs subvolume's root directory always has inode number 256.
 pub fn is_subvolume(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    is_btrfs(path)
-        && std::fs::symlink_metadata(path)
-            .map(|m| m.is_dir() && m.ino() == 256)
-            .unwrap_or(false)
+    is_btrfs(path) && std::fs::symlink_metadata(path).map(|m| m.is_dir() && m.ino() == 256).unwrap_or(false)
 }
 
 /// Deletes a directory tree, deleting the btrfs subvolumes inside it as

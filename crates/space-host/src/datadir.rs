@@ -30,10 +30,7 @@ pub struct DataDir {
 impl DataDir {
     /// Opens an existing data dir; it must already be on btrfs.
     pub fn open(root: &Path) -> Result<DataDir, HostError> {
-        let root = fs::canonicalize(root).map_err(HostError::io(format!(
-            "opening data dir {}",
-            root.display()
-        )))?;
+        let root = fs::canonicalize(root).map_err(HostError::io(format!("opening data dir {}", root.display())))?;
         if !is_btrfs(&root) {
             return Err(HostError::Invalid(format!(
                 "data dir {} is not on btrfs; run `space setup --data-dir {}` first",
@@ -43,8 +40,7 @@ impl DataDir {
         }
         let dir = DataDir { root };
         for sub in [dir.templates_dir(), dir.sandboxes_dir(), dir.run_dir()] {
-            fs::create_dir_all(&sub)
-                .map_err(HostError::io(format!("creating {}", sub.display())))?;
+            fs::create_dir_all(&sub).map_err(HostError::io(format!("creating {}", sub.display())))?;
         }
         Ok(dir)
     }
@@ -77,15 +73,10 @@ impl DataDir {
             return None;
         }
         let dir = self.templates_dir().join(name);
-        let mut versions: Vec<u32> = fs::read_dir(&dir)
-            .ok()?
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
+        let mut versions: Vec<u32> =
+            fs::read_dir(&dir).ok()?.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok()).collect();
         versions.sort_unstable();
-        versions
-            .into_iter()
-            .rev()
-            .find_map(|version| TemplateInfo::load(&dir.join(version.to_string())).ok())
+        versions.into_iter().rev().find_map(|version| TemplateInfo::load(&dir.join(version.to_string())).ok())
     }
 
     /// Every template's newest complete version.
@@ -93,14 +84,9 @@ impl DataDir {
         let Ok(entries) = fs::read_dir(self.templates_dir()) else {
             return Vec::new();
         };
-        let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .collect();
+        let mut names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
         names.sort();
-        names
-            .iter()
-            .filter_map(|name| self.template(name))
-            .collect()
+        names.iter().filter_map(|name| self.template(name)).collect()
     }
 
     /// A fresh, isolated data dir at `scratch/<name>` inside this one, holding
@@ -113,23 +99,13 @@ impl DataDir {
         }
         for template_name in templates {
             let template = self.template(template_name).ok_or_else(|| {
-                HostError::Invalid(format!(
-                    "no template {template_name:?} in {}",
-                    self.root.display()
-                ))
+                HostError::Invalid(format!("no template {template_name:?} in {}", self.root.display()))
             })?;
-            let version_dir = root
-                .join("templates")
-                .join(template_name)
-                .join(template.meta.version.to_string());
-            fs::create_dir_all(&version_dir)
-                .map_err(HostError::io("creating a scratch template dir"))?;
+            let version_dir = root.join("templates").join(template_name).join(template.meta.version.to_string());
+            fs::create_dir_all(&version_dir).map_err(HostError::io("creating a scratch template dir"))?;
             crate::btrfs::snapshot(&template.rootfs(), &version_dir.join("rootfs"))?;
-            fs::copy(
-                template.dir.join("template.json"),
-                version_dir.join("template.json"),
-            )
-            .map_err(HostError::io("copying template.json"))?;
+            fs::copy(template.dir.join("template.json"), version_dir.join("template.json"))
+                .map_err(HostError::io("copying template.json"))?;
         }
         fs::create_dir_all(&root).map_err(HostError::io("creating a scratch data dir"))?;
         DataDir::open(&root)
@@ -138,10 +114,7 @@ impl DataDir {
     /// Free and total bytes of the filesystem holding the data dir.
     pub fn disk_space(&self) -> (u64, u64) {
         match nix::sys::statvfs::statvfs(&self.root) {
-            Ok(s) => (
-                s.blocks_available() * s.fragment_size(),
-                s.blocks() * s.fragment_size(),
-            ),
+            Ok(s) => (s.blocks_available() * s.fragment_size(), s.blocks() * s.fragment_size()),
             Err(_) => (0, 0),
         }
     }
@@ -170,18 +143,13 @@ pub fn ensure_btrfs(dir: &Path, size_gib: u64) -> Result<String, HostError> {
                 others.len()
             )));
         }
-        let file = fs::File::create(&image)
-            .map_err(HostError::io(format!("creating {}", image.display())))?;
-        file.set_len(size_gib << 30)
-            .map_err(HostError::io("sizing the btrfs image"))?;
+        let file = fs::File::create(&image).map_err(HostError::io(format!("creating {}", image.display())))?;
+        file.set_len(size_gib << 30).map_err(HostError::io("sizing the btrfs image"))?;
         drop(file);
         run(Command::new("mkfs.btrfs").arg("-q").arg(&image))?;
         said.push_str(&format!("created a {size_gib} GiB sparse btrfs image; "));
     }
-    run(Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&image)
-        .arg(dir))?;
+    run(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir))?;
     if !is_btrfs(dir) {
         return Err(HostError::Invalid(format!(
             "mounted {} but {} is still not btrfs",

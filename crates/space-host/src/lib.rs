@@ -23,11 +23,7 @@ pub enum HostError {
         source: std::io::Error,
     },
     #[error("`{command}` failed ({status}): {stderr}")]
-    CommandFailed {
-        command: String,
-        status: String,
-        stderr: String,
-    },
+    CommandFailed { command: String, status: String, stderr: String },
     #[error("{0}")]
     Invalid(String),
 }
@@ -43,9 +39,7 @@ impl HostError {
 /// the tail of its stderr.
 pub fn run(command: &mut Command) -> Result<Vec<u8>, HostError> {
     let rendered = format!("{command:?}").replace('"', "");
-    let output = Reaper::global()
-        .output(command)
-        .map_err(HostError::io(format!("running {rendered}")))?;
+    let output = Reaper::global().output(command).map_err(HostError::io(format!("running {rendered}")))?;
     if output.status.success() {
         return Ok(output.stdout);
     }
@@ -61,4 +55,37 @@ pub fn run(command: &mut Command) -> Result<Vec<u8>, HostError> {
 /// Now, as an RFC 3339 UTC string with millisecond precision.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// Whether the ELF executable at `path` is statically linked (has no
+/// program interpreter). The agent must be: it runs in roots we did not build.
+pub fn is_static_elf(path: &std::path::Path) -> std::io::Result<bool> {
+    let bytes = std::fs::read(path)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not a 64-bit little-endian ELF file");
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return Err(bad());
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
+    let phoff = u64::from_le_bytes(bytes[0x20..0x28].try_into().map_err(|_| bad())?) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    for index in 0..phnum {
+        let at = phoff + index * phentsize;
+        let header = bytes.get(at..at + 4).ok_or_else(bad)?;
+        if u32::from_le_bytes(header.try_into().map_err(|_| bad())?) == PT_INTERP {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tells_static_from_dynamic_executables() {
+        // Whatever runs this test is dynamically linked (cargo test binaries are).
+        let me = std::env::current_exe().unwrap();
+        assert!(!super::is_static_elf(&me).unwrap());
+        assert!(super::is_static_elf(std::path::Path::new("/etc/hostname")).is_err());
+    }
 }

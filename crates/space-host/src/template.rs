@@ -64,14 +64,9 @@ pub struct TemplateInfo {
 impl TemplateInfo {
     pub fn load(dir: &Path) -> Result<TemplateInfo, HostError> {
         let path = dir.join("template.json");
-        let text = fs::read_to_string(&path)
-            .map_err(HostError::io(format!("reading {}", path.display())))?;
-        let meta = serde_json::from_str(&text)
-            .map_err(|e| HostError::Invalid(format!("{}: {e}", path.display())))?;
-        Ok(TemplateInfo {
-            meta,
-            dir: dir.to_path_buf(),
-        })
+        let text = fs::read_to_string(&path).map_err(HostError::io(format!("reading {}", path.display())))?;
+        let meta = serde_json::from_str(&text).map_err(|e| HostError::Invalid(format!("{}: {e}", path.display())))?;
+        Ok(TemplateInfo { meta, dir: dir.to_path_buf() })
     }
 
     pub fn rootfs(&self) -> PathBuf {
@@ -83,9 +78,7 @@ impl TemplateInfo {
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         && name.as_bytes()[0].is_ascii_alphanumeric()
 }
 
@@ -108,9 +101,7 @@ pub fn build_debian(
     mut progress: impl FnMut(BuildProgress),
 ) -> Result<TemplateInfo, HostError> {
     if !valid_name(name) {
-        return Err(HostError::Invalid(format!(
-            "invalid template name {name:?}"
-        )));
+        return Err(HostError::Invalid(format!("invalid template name {name:?}")));
     }
     let template_dir = data.templates_dir().join(name);
     fs::create_dir_all(&template_dir).map_err(HostError::io("creating the template dir"))?;
@@ -127,17 +118,11 @@ pub fn build_debian(
             source: serde_json::json!({"debian": {"suite": suite, "packages": packages}}),
             defaults: TemplateDefaults::default(),
         };
-        let json =
-            serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
-        fs::write(partial.join("template.json"), json)
-            .map_err(HostError::io("writing template.json"))?;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
+        fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;
         let final_dir = template_dir.join(version.to_string());
         fs::rename(&partial, &final_dir).map_err(HostError::io("publishing the template"))?;
-        progress(BuildProgress {
-            step: "done".into(),
-            done: 4,
-            total: 4,
-        });
+        progress(BuildProgress { step: "done".into(), done: 4, total: 4 });
         TemplateInfo::load(&final_dir)
     });
     if finish.is_err() {
@@ -162,11 +147,7 @@ fn build_into(
     progress: &mut impl FnMut(BuildProgress),
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
-    let step = |step: &str, done| BuildProgress {
-        step: step.into(),
-        done,
-        total: 4,
-    };
+    let step = |step: &str, done| BuildProgress { step: step.into(), done, total: 4 };
     progress(step("creating the root subvolume", 0));
     btrfs::create_subvolume(&rootfs)?;
 
@@ -183,9 +164,7 @@ fn build_into(
         .arg(&mirror)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = Reaper::global()
-        .spawn(&mut command)
-        .map_err(HostError::io("starting mmdebstrap"))?;
+    let mut child = Reaper::global().spawn(&mut command).map_err(HostError::io("starting mmdebstrap"))?;
     let stdout = child.child.stdout.take();
     let copier = std::thread::spawn(move || {
         let mut text = Vec::new();
@@ -199,10 +178,7 @@ fn build_into(
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = writeln!(log, "{line}");
             if let Some(what) = line.strip_prefix("I: ") {
-                progress(step(
-                    &format!("mmdebstrap: {}", what.trim_end_matches("...")),
-                    1,
-                ));
+                progress(step(&format!("mmdebstrap: {}", what.trim_end_matches("...")), 1));
             }
             tail.push(line);
             if tail.len() > 20 {
@@ -232,14 +208,9 @@ fn build_into(
 pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
     use std::os::unix::fs::PermissionsExt;
     let target = rootfs.join(AGENT_PATH_IN_ROOT);
-    fs::create_dir_all(rootfs.join(HOST_DIR_IN_ROOT))
-        .map_err(HostError::io("creating /.space in the root"))?;
-    fs::copy(agent_bin, &target).map_err(HostError::io(format!(
-        "copying the agent from {}",
-        agent_bin.display()
-    )))?;
-    fs::set_permissions(&target, fs::Permissions::from_mode(0o755))
-        .map_err(HostError::io("chmod of the agent"))?;
+    fs::create_dir_all(rootfs.join(HOST_DIR_IN_ROOT)).map_err(HostError::io("creating /.space in the root"))?;
+    fs::copy(agent_bin, &target).map_err(HostError::io(format!("copying the agent from {}", agent_bin.display())))?;
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).map_err(HostError::io("chmod of the agent"))?;
     Ok(())
 }
 

@@ -90,10 +90,8 @@ impl Reaper {
     pub fn global() -> &'static Reaper {
         static REAPER: OnceLock<&'static Reaper> = OnceLock::new();
         REAPER.get_or_init(|| {
-            let reaper: &'static Reaper = Box::leak(Box::new(Reaper {
-                registry: Mutex::new(Registry::default()),
-                spawned: Condvar::new(),
-            }));
+            let reaper: &'static Reaper =
+                Box::leak(Box::new(Reaper { registry: Mutex::new(Registry::default()), spawned: Condvar::new() }));
             thread::Builder::new()
                 .name("reaper".into())
                 .spawn(move || reaper.reap_forever())
@@ -120,10 +118,7 @@ impl Reaper {
     /// Registers a child started by `spawn` (which returns its pid), for
     /// callers that spawn without `std::process` (for example with
     /// `posix_spawn`). The registry lock is held while `spawn` runs.
-    pub fn spawn_with(
-        &self,
-        spawn: impl FnOnce() -> io::Result<u32>,
-    ) -> io::Result<(u32, Receiver<ExitStatus>)> {
+    pub fn spawn_with(&self, spawn: impl FnOnce() -> io::Result<u32>) -> io::Result<(u32, Receiver<ExitStatus>)> {
         let (tx, rx) = mpsc::channel();
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let pid = spawn()?;
@@ -138,10 +133,7 @@ impl Reaper {
     pub fn output(&self, command: &mut Command) -> io::Result<Output> {
         use std::io::Read;
         use std::process::Stdio;
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut reaped = self.spawn(command)?;
         let mut stderr_pipe = reaped.child.stderr.take();
         let stderr_reader = thread::spawn(move || {
@@ -157,35 +149,20 @@ impl Reaper {
         }
         let stderr = stderr_reader.join().unwrap_or_default();
         let status = reaped.wait();
-        Ok(Output {
-            status,
-            stdout,
-            stderr,
-        })
+        Ok(Output { status, stdout, stderr })
     }
 
     fn reap_forever(&self) {
         loop {
-            let generation = self
-                .registry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .generation;
+            let generation = self.registry.lock().unwrap_or_else(|e| e.into_inner()).generation;
             match waitpid(Pid::from_raw(-1), None) {
                 Ok(status) => {
                     let (pid, exit) = match status {
                         WaitStatus::Exited(pid, code) => (pid, ExitStatus::Exited(code)),
-                        WaitStatus::Signaled(pid, sig, _) => {
-                            (pid, ExitStatus::Signaled(sig as i32))
-                        }
+                        WaitStatus::Signaled(pid, sig, _) => (pid, ExitStatus::Signaled(sig as i32)),
                         _ => continue,
                     };
-                    let waiter = self
-                        .registry
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .waiters
-                        .remove(&pid.as_raw());
+                    let waiter = self.registry.lock().unwrap_or_else(|e| e.into_inner()).waiters.remove(&pid.as_raw());
                     if let Some(waiter) = waiter {
                         let _ = waiter.send(exit);
                     }
@@ -194,11 +171,9 @@ impl Reaper {
                     let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
                     // Sleep until something is spawned; the timeout only
                     // bounds how long an adopted orphan may stay a zombie.
-                    let _ = self.spawned.wait_timeout_while(
-                        registry,
-                        Duration::from_millis(500),
-                        |r| r.generation == generation,
-                    );
+                    let _ = self
+                        .spawned
+                        .wait_timeout_while(registry, Duration::from_millis(500), |r| r.generation == generation);
                 }
                 Err(Errno::EINTR) => {}
                 Err(_) => thread::sleep(Duration::from_millis(10)),
@@ -228,21 +203,15 @@ mod tests {
     #[test]
     fn statuses_reach_their_own_waiters() {
         let reaper = Reaper::global();
-        let a = reaper
-            .spawn(Command::new("sh").args(["-c", "exit 3"]))
-            .unwrap();
-        let b = reaper
-            .spawn(Command::new("sh").args(["-c", "kill -TERM $$"]))
-            .unwrap();
+        let a = reaper.spawn(Command::new("sh").args(["-c", "exit 3"])).unwrap();
+        let b = reaper.spawn(Command::new("sh").args(["-c", "kill -TERM $$"])).unwrap();
         assert_eq!(a.wait(), ExitStatus::Exited(3));
         assert_eq!(b.wait(), ExitStatus::Signaled(15));
     }
 
     #[test]
     fn output_captures_both_streams() {
-        let out = Reaper::global()
-            .output(Command::new("sh").args(["-c", "echo out; echo err >&2; exit 7"]))
-            .unwrap();
+        let out = Reaper::global().output(Command::new("sh").args(["-c", "echo out; echo err >&2; exit 7"])).unwrap();
         assert_eq!(out.stdout, b"out\n");
         assert_eq!(out.stderr, b"err\n");
         assert_eq!(out.status, ExitStatus::Exited(7));

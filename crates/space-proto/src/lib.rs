@@ -143,21 +143,13 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, ProtoError> {
     if buf.len() < end {
         return Ok(None);
     }
-    let frame = Frame {
-        stream: header.stream,
-        kind: header.kind,
-        payload: buf[HEADER_LEN..end].to_vec(),
-    };
+    let frame = Frame { stream: header.stream, kind: header.kind, payload: buf[HEADER_LEN..end].to_vec() };
     Ok(Some((frame, end)))
 }
 
 impl Frame {
     pub fn new(stream: u32, kind: FrameKind, payload: Vec<u8>) -> Frame {
-        Frame {
-            stream,
-            kind,
-            payload,
-        }
+        Frame { stream, kind, payload }
     }
 
     /// A frame whose payload is `message` as JSON.
@@ -165,31 +157,18 @@ impl Frame {
         // Serializing our own message types cannot fail: they hold no maps
         // with non-string keys and no failing Serialize impls.
         let payload = serde_json::to_vec(message).unwrap_or_default();
-        Frame {
-            stream,
-            kind,
-            payload,
-        }
+        Frame { stream, kind, payload }
     }
 
     /// Parses the JSON payload as `M`.
     pub fn parse<M: serde::de::DeserializeOwned>(&self) -> Result<M, ProtoError> {
-        serde_json::from_slice(&self.payload).map_err(|source| ProtoError::BadMessage {
-            kind: self.kind,
-            source,
-        })
+        serde_json::from_slice(&self.payload).map_err(|source| ProtoError::BadMessage { kind: self.kind, source })
     }
 
     /// Parses the payload, insisting on the frame kind.
-    pub fn expect<M: serde::de::DeserializeOwned>(
-        &self,
-        expected: FrameKind,
-    ) -> Result<M, ProtoError> {
+    pub fn expect<M: serde::de::DeserializeOwned>(&self, expected: FrameKind) -> Result<M, ProtoError> {
         if self.kind != expected {
-            return Err(ProtoError::Unexpected {
-                expected,
-                got: self.kind,
-            });
+            return Err(ProtoError::Unexpected { expected, got: self.kind });
         }
         self.parse()
     }
@@ -221,11 +200,7 @@ pub fn read_frame<R: Read>(reader: &mut R) -> Result<Frame, ProtoError> {
     let header = decode_header(&header_bytes)?;
     let mut payload = vec![0u8; header.len];
     reader.read_exact(&mut payload)?;
-    Ok(Frame {
-        stream: header.stream,
-        kind: header.kind,
-        payload,
-    })
+    Ok(Frame { stream: header.stream, kind: header.kind, payload })
 }
 
 /// Blocking write of one frame (used by the agent).
@@ -251,9 +226,7 @@ mod tests {
 
     #[test]
     fn partial_input_asks_for_more() {
-        let bytes = Frame::new(1, FrameKind::Ping, vec![1; 100])
-            .encode()
-            .unwrap();
+        let bytes = Frame::new(1, FrameKind::Ping, vec![1; 100]).encode().unwrap();
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut]).unwrap().is_none(), "cut at {cut}");
         }
@@ -268,14 +241,9 @@ mod tests {
         assert!(matches!(decode(&huge), Err(ProtoError::TooLarge(_))));
         let mut unknown = Frame::new(1, FrameKind::Stdout, vec![]).encode().unwrap();
         unknown[8] = 200;
-        assert!(matches!(
-            decode(&unknown),
-            Err(ProtoError::UnknownKind(200))
-        ));
+        assert!(matches!(decode(&unknown), Err(ProtoError::UnknownKind(200))));
         // A truncated stream through the blocking reader is an I/O error, not a panic.
-        let bytes = Frame::new(1, FrameKind::Stdout, vec![9; 10])
-            .encode()
-            .unwrap();
+        let bytes = Frame::new(1, FrameKind::Stdout, vec![9; 10]).encode().unwrap();
         assert!(read_frame(&mut &bytes[..12]).is_err());
     }
 
@@ -288,10 +256,7 @@ mod tests {
         );
         assert!(frame.parse::<Hello>().is_err());
         let ping = Frame::new(0, FrameKind::Ping, vec![]);
-        assert!(matches!(
-            ping.expect::<Hello>(FrameKind::Hello),
-            Err(ProtoError::Unexpected { .. })
-        ));
+        assert!(matches!(ping.expect::<Hello>(FrameKind::Hello), Err(ProtoError::Unexpected { .. })));
     }
 
     #[test]

@@ -37,10 +37,7 @@ pub fn lost_result(command: &Command, why: &str) -> ProcessResult {
         stdout_bytes: 0,
         stderr_bytes: 0,
         finished_at: ids::now(),
-        error: Some(format!(
-            "the command's end was not observed: {why} (started {})",
-            command.started_at
-        )),
+        error: Some(format!("the command's end was not observed: {why} (started {})", command.started_at)),
     }
 }
 
@@ -58,11 +55,9 @@ fn exec_failure(err: AgentError) -> ApiError {
             };
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, failed.message)
         }
-        AgentError::Disconnected | AgentError::Timeout(_) => ApiError::new(
-            StatusCode::CONFLICT,
-            "invalid_state",
-            "the sandbox is not reachable; it may have stopped",
-        ),
+        AgentError::Disconnected | AgentError::Timeout(_) => {
+            ApiError::new(StatusCode::CONFLICT, "invalid_state", "the sandbox is not reachable; it may have stopped")
+        }
         AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
     }
 }
@@ -77,37 +72,23 @@ impl Platform {
         let record = self.sandbox(sandbox_id)?;
         let state = record.sandbox.state;
         if !domain::accepts_commands(state) {
-            return Err(ApiError::invalid_state(
-                "sandbox",
-                state.as_str(),
-                "run a command",
-            ));
+            return Err(ApiError::invalid_state("sandbox", state.as_str(), "run a command"));
         }
         let agent = self.agent(sandbox_id).ok_or_else(|| {
-            ApiError::invalid_state(
-                "sandbox",
-                state.as_str(),
-                "run a command (its agent is not connected)",
-            )
+            ApiError::invalid_state("sandbox", state.as_str(), "run a command (its agent is not connected)")
         })?;
         let id = ids::new_id("cmd");
         let sandbox_dir = self.data.sandbox_dir(sandbox_id);
         let transcript_path = transcript::path_for(&sandbox_dir, &id);
-        let writer = TranscriptWriter::create(&transcript_path)
-            .map_err(|e| ApiError::internal("creating the transcript", e))?;
-        let request = ExecRequest {
-            argv: spec.argv.clone(),
-            env: spec.env,
-            cwd: spec.cwd,
-            user: spec.user,
-            stdin: spec.stdin,
-        };
+        let writer =
+            TranscriptWriter::create(&transcript_path).map_err(|e| ApiError::internal("creating the transcript", e))?;
+        let request =
+            ExecRequest { argv: spec.argv.clone(), env: spec.env, cwd: spec.cwd, user: spec.user, stdin: spec.stdin };
         let started = Instant::now();
         let stream = match agent.exec(&request).await {
             Ok(stream) => stream,
             Err(err) => {
-                let _ =
-                    std::fs::remove_dir_all(transcript_path.parent().unwrap_or(&transcript_path));
+                let _ = std::fs::remove_dir_all(transcript_path.parent().unwrap_or(&transcript_path));
                 return Err(exec_failure(err));
             }
         };
@@ -129,23 +110,12 @@ impl Platform {
         };
         self.store.put_command(&command)?;
         self.store.touch_sandbox(sandbox_id, &command.started_at)?;
-        let live = LiveCommand {
-            progress: writer.subscribe(),
-            stream: stream.stream,
-            agent,
-        };
-        self.commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), live);
+        let live = LiveCommand { progress: writer.subscribe(), stream: stream.stream, agent };
+        self.commands.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), live);
         self.changed();
         let platform = self.clone();
         let pumped = command.clone();
-        tokio::spawn(async move {
-            platform
-                .pump(pumped, stream, writer, started, spec.timeout_s)
-                .await
-        });
+        tokio::spawn(async move { platform.pump(pumped, stream, writer, started, spec.timeout_s).await });
         Ok(command)
     }
 
@@ -159,9 +129,8 @@ impl Platform {
         started: Instant,
         timeout_s: u64,
     ) {
-        let deadline = (timeout_s > 0).then(|| {
-            tokio::time::Instant::from_std(started) + std::time::Duration::from_secs(timeout_s)
-        });
+        let deadline = (timeout_s > 0)
+            .then(|| tokio::time::Instant::from_std(started) + std::time::Duration::from_secs(timeout_s));
         let mut timed_out = false;
         let mut write_failed = false;
         let exited: Option<Exited> = loop {
@@ -198,8 +167,7 @@ impl Platform {
                 stdout_bytes: writer.stdout_bytes,
                 stderr_bytes: writer.stderr_bytes,
                 finished_at: ids::now(),
-                error: write_failed
-                    .then(|| "the host could not keep all of the output".to_string()),
+                error: write_failed.then(|| "the host could not keep all of the output".to_string()),
             },
             None => lost_result(&command, "the sandbox stopped before the command ended"),
         };
@@ -212,10 +180,7 @@ impl Platform {
         }
         let _ = self.store.touch_sandbox(&command.sandbox_id, &ids::now());
         writer.finish();
-        self.commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&command.id);
+        self.commands.lock().unwrap_or_else(|e| e.into_inner()).remove(&command.id);
         self.changed();
     }
 
@@ -229,13 +194,8 @@ impl Platform {
             .ok_or_else(|| ApiError::not_found("command", command_id))
     }
 
-    pub fn live_command(
-        &self,
-        command_id: &str,
-    ) -> Option<(watch::Receiver<Progress>, u32, AgentConn)> {
+    pub fn live_command(&self, command_id: &str) -> Option<(watch::Receiver<Progress>, u32, AgentConn)> {
         let commands = self.commands.lock().unwrap_or_else(|e| e.into_inner());
-        commands
-            .get(command_id)
-            .map(|c| (c.progress.clone(), c.stream, c.agent.clone()))
+        commands.get(command_id).map(|c| (c.progress.clone(), c.stream, c.agent.clone()))
     }
 }

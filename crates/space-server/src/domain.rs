@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use space_api::{
-    CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, SandboxState,
-};
+use space_api::{CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, SandboxState};
 use space_host::template::TemplateDefaults;
 
 use crate::error::ApiError;
@@ -38,10 +36,7 @@ pub struct CreateSpec {
 
 impl CreateSpec {
     /// Validates `request`, filling gaps from the template's defaults.
-    pub fn new(
-        request: CreateSandboxRequest,
-        defaults: &TemplateDefaults,
-    ) -> Result<CreateSpec, ApiError> {
+    pub fn new(request: CreateSandboxRequest, defaults: &TemplateDefaults) -> Result<CreateSpec, ApiError> {
         let vcpus = request.vcpus.unwrap_or(defaults.vcpus);
         let memory_mib = request.memory_mib.unwrap_or(defaults.memory_mib);
         let disk_mib = request.disk_mib.unwrap_or(defaults.disk_mib);
@@ -52,9 +47,7 @@ impl CreateSpec {
         let mut env = defaults.env.clone();
         env.extend(request.env);
         if request.labels.len() > MAX_LABELS {
-            return Err(ApiError::unprocessable(format!(
-                "at most {MAX_LABELS} labels"
-            )));
+            return Err(ApiError::unprocessable(format!("at most {MAX_LABELS} labels")));
         }
         for (key, value) in &request.labels {
             if key.is_empty() || key.len() > 63 || value.len() > 255 || key.contains('=') {
@@ -77,34 +70,26 @@ impl CreateSpec {
             env,
             labels: request.labels,
             lifecycle,
-            network: request.network.unwrap_or(Network {
-                egress: Egress::None,
-            }),
+            network: request.network.unwrap_or(Network { egress: Egress::None }),
         })
     }
 }
 
 fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), ApiError> {
     if value < min || value > max {
-        return Err(ApiError::unprocessable(format!(
-            "{field} must be between {min} and {max}, got {value}"
-        ))
-        .with_details(serde_json::json!({"field": field, "min": min, "max": max})));
+        return Err(ApiError::unprocessable(format!("{field} must be between {min} and {max}, got {value}"))
+            .with_details(serde_json::json!({"field": field, "min": min, "max": max})));
     }
     Ok(())
 }
 
 fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
     if env.len() > MAX_ENV_ENTRIES {
-        return Err(ApiError::unprocessable(format!(
-            "at most {MAX_ENV_ENTRIES} environment variables"
-        )));
+        return Err(ApiError::unprocessable(format!("at most {MAX_ENV_ENTRIES} environment variables")));
     }
     let total: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
     if total > MAX_ENV_BYTES {
-        return Err(ApiError::unprocessable(format!(
-            "the environment may hold at most {MAX_ENV_BYTES} bytes"
-        )));
+        return Err(ApiError::unprocessable(format!("the environment may hold at most {MAX_ENV_BYTES} bytes")));
     }
     for (key, value) in env {
         if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
@@ -136,21 +121,13 @@ impl TryFrom<CommandRequest> for CommandSpec {
         let argv = match (request.argv, request.cmd) {
             (Some(argv), None) => argv,
             (None, Some(cmd)) => vec!["/bin/sh".to_string(), "-c".to_string(), cmd],
-            (Some(_), Some(_)) => {
-                return Err(ApiError::bad_request("give either argv or cmd, not both"))
-            }
-            (None, None) => {
-                return Err(ApiError::bad_request(
-                    "give argv (a list) or cmd (a shell string)",
-                ))
-            }
+            (Some(_), Some(_)) => return Err(ApiError::bad_request("give either argv or cmd, not both")),
+            (None, None) => return Err(ApiError::bad_request("give argv (a list) or cmd (a shell string)")),
         };
         if argv.first().is_none_or(|p| p.is_empty()) {
             return Err(ApiError::unprocessable("argv must name a program"));
         }
-        if argv.iter().any(|a| a.contains('\0'))
-            || argv.iter().map(String::len).sum::<usize>() > MAX_ARGV_BYTES
-        {
+        if argv.iter().any(|a| a.contains('\0')) || argv.iter().map(String::len).sum::<usize>() > MAX_ARGV_BYTES {
             return Err(ApiError::unprocessable(format!(
                 "argv must hold no NUL bytes and at most {MAX_ARGV_BYTES} bytes"
             )));
@@ -158,9 +135,7 @@ impl TryFrom<CommandRequest> for CommandSpec {
         validate_env(&request.env)?;
         if let Some(cwd) = &request.cwd {
             if !cwd.starts_with('/') || cwd.contains('\0') {
-                return Err(ApiError::bad_request(format!(
-                    "cwd must be an absolute path, got {cwd:?}"
-                )));
+                return Err(ApiError::bad_request(format!("cwd must be an absolute path, got {cwd:?}")));
             }
         }
         if request.tty {
@@ -171,9 +146,7 @@ impl TryFrom<CommandRequest> for CommandSpec {
             ));
         }
         if request.timeout_s > MAX_TIMEOUT_S {
-            return Err(ApiError::unprocessable(format!(
-                "timeout_s may be at most {MAX_TIMEOUT_S}"
-            )));
+            return Err(ApiError::unprocessable(format!("timeout_s may be at most {MAX_TIMEOUT_S}")));
         }
         if request.tag.as_ref().is_some_and(|t| t.len() > 128) {
             return Err(ApiError::unprocessable("tag may be at most 128 bytes"));
@@ -209,24 +182,13 @@ pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiE
     use SandboxState::*;
     let to = match (from, event) {
         (Creating, Started) => Some(Running),
-        (
-            Running | Paused | Suspended | Resuming | Suspending | Deleting | Deleted | Failed,
-            Started,
-        ) => None,
-        (
-            Creating | Running | Paused | Suspending | Suspended | Resuming | Failed,
-            DeleteRequested,
-        ) => Some(Deleting),
+        (Running | Paused | Suspended | Resuming | Suspending | Deleting | Deleted | Failed, Started) => None,
+        (Creating | Running | Paused | Suspending | Suspended | Resuming | Failed, DeleteRequested) => Some(Deleting),
         (Deleting, DeleteRequested) => Some(Deleting),
         (Deleted, DeleteRequested) => Some(Deleted),
         (Deleting, Destroyed) => Some(Deleted),
-        (
-            Creating | Running | Paused | Suspending | Suspended | Resuming | Deleted | Failed,
-            Destroyed,
-        ) => None,
-        (Creating | Running | Paused | Suspending | Suspended | Resuming | Deleting, Failure) => {
-            Some(Failed)
-        }
+        (Creating | Running | Paused | Suspending | Suspended | Resuming | Deleted | Failed, Destroyed) => None,
+        (Creating | Running | Paused | Suspending | Suspended | Resuming | Deleting, Failure) => Some(Failed),
         (Deleted | Failed, Failure) => None,
     };
     let action = match event {
@@ -261,19 +223,10 @@ mod tests {
     fn the_state_machine_allows_only_listed_moves() {
         use SandboxState::*;
         assert_eq!(transition(Creating, Event::Started).unwrap(), Running);
-        assert_eq!(
-            transition(Running, Event::DeleteRequested).unwrap(),
-            Deleting
-        );
-        assert_eq!(
-            transition(Deleted, Event::DeleteRequested).unwrap(),
-            Deleted
-        );
+        assert_eq!(transition(Running, Event::DeleteRequested).unwrap(), Deleting);
+        assert_eq!(transition(Deleted, Event::DeleteRequested).unwrap(), Deleted);
         assert_eq!(transition(Deleting, Event::Destroyed).unwrap(), Deleted);
-        assert_eq!(
-            transition(Failed, Event::DeleteRequested).unwrap(),
-            Deleting
-        );
+        assert_eq!(transition(Failed, Event::DeleteRequested).unwrap(), Deleting);
         let err = transition(Running, Event::Started).unwrap_err();
         assert_eq!(err.status, 409);
         assert!(err.message.contains("running"));
@@ -283,26 +236,12 @@ mod tests {
     #[test]
     fn create_requests_are_checked_against_defaults() {
         let defaults = TemplateDefaults::default();
-        let spec = CreateSpec::new(
-            CreateSandboxRequest {
-                template: "base".into(),
-                ..Default::default()
-            },
-            &defaults,
-        )
-        .unwrap();
+        let spec =
+            CreateSpec::new(CreateSandboxRequest { template: "base".into(), ..Default::default() }, &defaults).unwrap();
         assert_eq!((spec.vcpus, spec.memory_mib, spec.disk_mib), (1, 512, 2048));
         for bad in [
-            CreateSandboxRequest {
-                template: "base".into(),
-                vcpus: Some(0),
-                ..Default::default()
-            },
-            CreateSandboxRequest {
-                template: "base".into(),
-                memory_mib: Some(1),
-                ..Default::default()
-            },
+            CreateSandboxRequest { template: "base".into(), vcpus: Some(0), ..Default::default() },
+            CreateSandboxRequest { template: "base".into(), memory_mib: Some(1), ..Default::default() },
             CreateSandboxRequest {
                 template: "base".into(),
                 env: [("A=B".to_string(), "x".to_string())].into(),
@@ -315,29 +254,13 @@ mod tests {
 
     #[test]
     fn commands_need_exactly_one_of_argv_and_cmd() {
-        let both = CommandRequest {
-            argv: Some(vec!["ls".into()]),
-            cmd: Some("ls".into()),
-            ..Default::default()
-        };
+        let both = CommandRequest { argv: Some(vec!["ls".into()]), cmd: Some("ls".into()), ..Default::default() };
         assert_eq!(CommandSpec::try_from(both).unwrap_err().status, 400);
-        assert_eq!(
-            CommandSpec::try_from(CommandRequest::default())
-                .unwrap_err()
-                .status,
-            400
-        );
-        let shell = CommandSpec::try_from(CommandRequest {
-            cmd: Some("echo hi".into()),
-            ..Default::default()
-        })
-        .unwrap();
+        assert_eq!(CommandSpec::try_from(CommandRequest::default()).unwrap_err().status, 400);
+        let shell =
+            CommandSpec::try_from(CommandRequest { cmd: Some("echo hi".into()), ..Default::default() }).unwrap();
         assert_eq!(shell.argv, ["/bin/sh", "-c", "echo hi"]);
-        let relative = CommandRequest {
-            argv: Some(vec!["ls".into()]),
-            cwd: Some("tmp".into()),
-            ..Default::default()
-        };
+        let relative = CommandRequest { argv: Some(vec!["ls".into()]), cwd: Some("tmp".into()), ..Default::default() };
         assert_eq!(CommandSpec::try_from(relative).unwrap_err().status, 400);
     }
 }

@@ -16,12 +16,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            details: serde_json::json!({}),
-        }
+        ApiError { status, code, message: message.into(), details: serde_json::json!({}) }
     }
 
     pub fn with_details(mut self, details: serde_json::Value) -> ApiError {
@@ -38,56 +33,34 @@ impl ApiError {
     }
 
     pub fn not_found(kind: &str, id: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no {kind} {id:?}"),
-        )
-        .with_details(serde_json::json!({ "kind": kind, "id": id }))
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no {kind} {id:?}"))
+            .with_details(serde_json::json!({ "kind": kind, "id": id }))
     }
 
     pub fn invalid_state(what: &str, state: &str, action: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "invalid_state",
-            format!("cannot {action}: the {what} is {state}"),
-        )
-        .with_details(serde_json::json!({ "state": state }))
+        ApiError::new(StatusCode::CONFLICT, "invalid_state", format!("cannot {action}: the {what} is {state}"))
+            .with_details(serde_json::json!({ "state": state }))
     }
 
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "engine_unavailable",
-            message,
-        )
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", message)
     }
 
     /// A bug or a host failure. The detail goes to the log, not the client,
     /// so host paths never leak.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> ApiError {
         tracing::error!("{context}: {err}");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("internal error while {context}"),
-        )
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("internal error while {context}"))
     }
 
     pub fn detail(&self) -> ErrorDetail {
-        ErrorDetail {
-            code: self.code.to_string(),
-            message: self.message.clone(),
-            details: self.details.clone(),
-        }
+        ErrorDetail { code: self.code.to_string(), message: self.message.clone(), details: self.details.clone() }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: self.detail(),
-        };
+        let body = ErrorBody { error: self.detail() };
         (self.status, Json(body)).into_response()
     }
 }

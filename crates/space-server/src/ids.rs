@@ -20,9 +20,7 @@ pub fn plausible(id: &str, prefix: &str) -> bool {
     id.len() == prefix.len() + 21
         && id.starts_with(prefix)
         && id.as_bytes()[prefix.len()] == b'_'
-        && id[prefix.len() + 1..]
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit())
+        && id[prefix.len() + 1..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 pub fn now() -> String {

@@ -51,10 +51,8 @@ pub struct PlatformConfig {
 /// wires the engine. The process becomes a child subreaper here, so
 /// sandbox processes that outlive `runsc` are reaped promptly.
 pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerError> {
-    space_process::become_subreaper().map_err(|source| ServerError::Io {
-        what: "becoming a subreaper".into(),
-        source,
-    })?;
+    space_process::become_subreaper()
+        .map_err(|source| ServerError::Io { what: "becoming a subreaper".into(), source })?;
     let data = DataDir::open(&config.data_dir)?;
     let store = store::Store::open(&data.db_path())?;
     let engine = Arc::new(Gvisor::new(GvisorConfig {
@@ -63,9 +61,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
         state_dir: data.run_dir().join("runsc"),
     }));
     let platform = Platform::new(data, store, engine);
-    platform
-        .reconcile()
-        .map_err(|e| ServerError::Startup(e.message))?;
+    platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }
 
@@ -79,8 +75,5 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|source| ServerError::Io {
-            what: "serving HTTP".into(),
-            source,
-        })
+        .map_err(|source| ServerError::Io { what: "serving HTTP".into(), source })
 }

@@ -93,19 +93,14 @@ impl Platform {
                 continue;
             }
             record.sandbox.state = domain::transition(state, Event::Failure)?;
-            record.sandbox.failure_reason = Some(
-                "the server restarted while the sandbox was running; delete it to free its disk"
-                    .into(),
-            );
+            record.sandbox.failure_reason =
+                Some("the server restarted while the sandbox was running; delete it to free its disk".into());
             record.sandbox.updated_at = now.clone();
             self.store.put_sandbox(&record)?;
             for mut command in self.store.commands(&record.sandbox.id)? {
                 if command.result.is_none() {
                     command.state = space_api::CommandState::Exited;
-                    command.result = Some(crate::commands::lost_result(
-                        &command,
-                        "the server restarted",
-                    ));
+                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
                     self.store.put_command(&command)?;
                 }
             }
@@ -132,19 +127,12 @@ impl Platform {
         if !ids::plausible(id, "sbx") {
             return Err(ApiError::not_found("sandbox", id));
         }
-        self.store
-            .sandbox(id)?
-            .ok_or_else(|| ApiError::not_found("sandbox", id))
+        self.store.sandbox(id)?.ok_or_else(|| ApiError::not_found("sandbox", id))
     }
 
     /// The agent of a running sandbox.
     pub fn agent(&self, id: &str) -> Option<AgentConn> {
-        let live = self
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned()?;
+        let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()?;
         let agent = live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         agent
     }
@@ -175,20 +163,11 @@ impl Platform {
             failure_reason: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
-        let record = SandboxRecord {
-            sandbox: sandbox.clone(),
-            template_version,
-            env: spec.env,
-        };
+        let record = SandboxRecord { sandbox: sandbox.clone(), template_version, env: spec.env };
         self.store.put_sandbox(&record)?;
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
-        self.spawn_actor(
-            &sandbox.id,
-            Job::Create {
-                operation_id: operation.id.clone(),
-            },
-        );
+        self.spawn_actor(&sandbox.id, Job::Create { operation_id: operation.id.clone() });
         Ok((sandbox, operation))
     }
 
@@ -203,11 +182,7 @@ impl Platform {
         if record.sandbox.state == SandboxState::Deleted {
             let now = ids::now();
             operation.state = OperationState::Succeeded;
-            operation.progress = Progress {
-                step: "already deleted".into(),
-                done: 2,
-                total: 2,
-            };
+            operation.progress = Progress { step: "already deleted".into(), done: 2, total: 2 };
             operation.started_at = Some(now.clone());
             operation.finished_at = Some(now);
             self.store.put_operation(&operation, idempotency_key)?;
@@ -217,23 +192,11 @@ impl Platform {
         domain::transition(record.sandbox.state, Event::DeleteRequested)?;
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
-        let job = Job::Delete {
-            operation_id: operation.id.clone(),
-        };
-        let live = self
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
+        let job = Job::Delete { operation_id: operation.id.clone() };
+        let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
         match live {
             Some(live) if live.jobs.send(job).is_ok() => {}
-            Some(_) | None => self.spawn_actor(
-                id,
-                Job::Delete {
-                    operation_id: operation.id.clone(),
-                },
-            ),
+            Some(_) | None => self.spawn_actor(id, Job::Delete { operation_id: operation.id.clone() }),
         }
         Ok((record.sandbox, operation))
     }
@@ -241,19 +204,9 @@ impl Platform {
     fn spawn_actor(self: &Arc<Self>, id: &str, first: Job) {
         let (jobs, queue) = mpsc::unbounded_channel();
         let _ = jobs.send(first);
-        let live = Arc::new(LiveSandbox {
-            agent: Mutex::new(None),
-            jobs,
-        });
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_string(), live.clone());
-        let actor = Actor {
-            platform: self.clone(),
-            id: id.to_string(),
-            live,
-        };
+        let live = Arc::new(LiveSandbox { agent: Mutex::new(None), jobs });
+        self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
+        let actor = Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
     }
 
@@ -275,9 +228,7 @@ impl Platform {
         if !ids::plausible(id, "op") {
             return Err(ApiError::not_found("operation", id));
         }
-        self.store
-            .operation(id)?
-            .ok_or_else(|| ApiError::not_found("operation", id))
+        self.store.operation(id)?.ok_or_else(|| ApiError::not_found("operation", id))
     }
 
     fn update_operation(&self, id: &str, change: impl FnOnce(&mut Operation)) {
@@ -347,11 +298,7 @@ fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) 
         kind,
         sandbox_id: Some(sandbox_id.to_string()),
         state: OperationState::Pending,
-        progress: Progress {
-            step: step.into(),
-            done: 0,
-            total,
-        },
+        progress: Progress { step: step.into(), done: 0, total },
         error: None,
         created_at: ids::now(),
         started_at: None,
@@ -362,17 +309,11 @@ fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) 
 /// What a client may learn of an engine failure: no host paths, no internals.
 fn engine_failure(err: &EngineError) -> ApiError {
     let message = match err {
-        EngineError::Host(_) | EngineError::Io { .. } => {
-            "preparing the sandbox's root filesystem failed"
-        }
+        EngineError::Host(_) | EngineError::Io { .. } => "preparing the sandbox's root filesystem failed",
         EngineError::Runtime(_) => "the isolation engine failed to start the sandbox",
         EngineError::Agent(_) => "the sandbox started but its agent did not become healthy",
     };
-    ApiError::new(
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        "engine_failed",
-        message,
-    )
+    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "engine_failed", message)
 }
 
 struct Actor {
@@ -384,12 +325,7 @@ struct Actor {
 impl Actor {
     async fn run(self, mut queue: mpsc::UnboundedReceiver<Job>) {
         loop {
-            let agent = self
-                .live
-                .agent
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
+            let agent = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let job = tokio::select! {
                 job = queue.recv() => job,
                 () = async {
@@ -414,11 +350,7 @@ impl Actor {
                 break;
             }
         }
-        self.platform
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        self.platform.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 
     fn set_agent(&self, agent: Option<AgentConn>) {
@@ -468,11 +400,7 @@ impl Actor {
             }
         };
         self.set_agent(None);
-        match platform
-            .engine
-            .destroy(&platform.engine_spec(&record))
-            .await
-        {
+        match platform.engine.destroy(&platform.engine_spec(&record)).await {
             Ok(()) => {
                 let result = platform.apply(&self.id, Event::Destroyed, None);
                 platform.finish_operation(operation_id, result.err());

@@ -28,9 +28,7 @@ pub struct SandboxRecord {
     pub env: BTreeMap<String, String>,
 }
 
-fn sandbox_from_row(
-    (body, last_activity): (String, Option<String>),
-) -> Result<SandboxRecord, StoreError> {
+fn sandbox_from_row((body, last_activity): (String, Option<String>)) -> Result<SandboxRecord, StoreError> {
     let mut record: SandboxRecord = serde_json::from_str(&body)?;
     if let Some(at) = last_activity {
         record.sandbox.last_activity_at = at;
@@ -80,15 +78,13 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError::Sqlite(rusqlite::Error::InvalidParameterName(
-                format!("the database was written by a newer SPACE (schema {version})"),
-            )));
+            return Err(StoreError::Sqlite(rusqlite::Error::InvalidParameterName(format!(
+                "the database was written by a newer SPACE (schema {version})"
+            ))));
         }
         conn.execute_batch(SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-        Ok(Store {
-            conn: Mutex::new(conn),
-        })
+        Ok(Store { conn: Mutex::new(conn) })
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -108,40 +104,28 @@ impl Store {
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
         let row: Option<(String, Option<String>)> = self
             .conn()
-            .query_row(
-                "SELECT body, last_activity_at FROM sandboxes WHERE id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+            .query_row("SELECT body, last_activity_at FROM sandboxes WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
         row.map(sandbox_from_row).transpose()
     }
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         let conn = self.conn();
-        let mut statement =
-            conn.prepare("SELECT body, last_activity_at FROM sandboxes ORDER BY seq")?;
-        let rows = statement
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut statement = conn.prepare("SELECT body, last_activity_at FROM sandboxes ORDER BY seq")?;
+        let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<Vec<_>, _>>()?;
         rows.into_iter().map(sandbox_from_row).collect()
     }
 
     /// Records activity (a command started or ended) without touching the
     /// record the sandbox's actor owns.
     pub fn touch_sandbox(&self, id: &str, at: &str) -> Result<(), StoreError> {
-        self.conn().execute(
-            "UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1",
-            params![id, at],
-        )?;
+        self.conn().execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", params![id, at])?;
         Ok(())
     }
 
-    pub fn put_operation(
-        &self,
-        operation: &Operation,
-        idempotency_key: Option<&str>,
-    ) -> Result<(), StoreError> {
+    pub fn put_operation(&self, operation: &Operation, idempotency_key: Option<&str>) -> Result<(), StoreError> {
         let body = serde_json::to_string(operation)?;
         self.conn().execute(
             "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body)
@@ -153,39 +137,25 @@ impl Store {
     }
 
     pub fn operation(&self, id: &str) -> Result<Option<Operation>, StoreError> {
-        let body: Option<String> = self
-            .conn()
-            .query_row("SELECT body FROM operations WHERE id = ?1", [id], |r| {
-                r.get(0)
-            })
-            .optional()?;
+        let body: Option<String> =
+            self.conn().query_row("SELECT body FROM operations WHERE id = ?1", [id], |r| r.get(0)).optional()?;
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
 
     pub fn operation_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
         let body: Option<String> = self
             .conn()
-            .query_row(
-                "SELECT body FROM operations WHERE idempotency_key = ?1",
-                [key],
-                |r| r.get(0),
-            )
+            .query_row("SELECT body FROM operations WHERE idempotency_key = ?1", [key], |r| r.get(0))
             .optional()?;
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
 
     pub fn operations(&self, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
         let conn = self.conn();
-        let mut statement = conn.prepare(
-            "SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq",
-        )?;
-        let bodies = statement
-            .query_map([sandbox_id], |r| r.get::<_, String>(0))?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(bodies
-            .iter()
-            .map(|b| serde_json::from_str(b))
-            .collect::<Result<_, _>>()?)
+        let mut statement =
+            conn.prepare("SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq")?;
+        let bodies = statement.query_map([sandbox_id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
     }
 
     pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {
@@ -200,25 +170,15 @@ impl Store {
     }
 
     pub fn command(&self, id: &str) -> Result<Option<Command>, StoreError> {
-        let body: Option<String> = self
-            .conn()
-            .query_row("SELECT body FROM commands WHERE id = ?1", [id], |r| {
-                r.get(0)
-            })
-            .optional()?;
+        let body: Option<String> =
+            self.conn().query_row("SELECT body FROM commands WHERE id = ?1", [id], |r| r.get(0)).optional()?;
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
 
     pub fn commands(&self, sandbox_id: &str) -> Result<Vec<Command>, StoreError> {
         let conn = self.conn();
-        let mut statement =
-            conn.prepare("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq")?;
-        let bodies = statement
-            .query_map([sandbox_id], |r| r.get::<_, String>(0))?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(bodies
-            .iter()
-            .map(|b| serde_json::from_str(b))
-            .collect::<Result<_, _>>()?)
+        let mut statement = conn.prepare("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq")?;
+        let bodies = statement.query_map([sandbox_id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
     }
 }

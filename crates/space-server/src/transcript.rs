@@ -43,10 +43,7 @@ impl TranscriptWriter {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        let file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(path)?;
+        let file = OpenOptions::new().create_new(true).append(true).open(path)?;
         Ok(TranscriptWriter {
             file,
             progress: watch::Sender::new(Progress::default()),
@@ -67,8 +64,7 @@ impl TranscriptWriter {
         }
         self.buf.clear();
         self.buf.push(stream as u8);
-        self.buf
-            .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         self.buf.extend_from_slice(bytes);
         self.file.write_all(&self.buf)?;
         match stream {
@@ -107,12 +103,7 @@ pub struct TranscriptReader {
 
 impl TranscriptReader {
     pub fn open(path: &Path) -> io::Result<TranscriptReader> {
-        Ok(TranscriptReader {
-            file: File::open(path)?,
-            file_pos: 0,
-            offset: 0,
-            skip: 0,
-        })
+        Ok(TranscriptReader { file: File::open(path)?, file_pos: 0, offset: 0, skip: 0 })
     }
 
     /// Positions the reader at combined offset `from`, within the first
@@ -138,17 +129,9 @@ impl TranscriptReader {
         let stream = match header[0] {
             1 => Stream::Stdout,
             2 => Stream::Stderr,
-            other => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("bad record kind {other}"),
-                ))
-            }
+            other => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad record kind {other}"))),
         };
-        Ok((
-            stream,
-            u32::from_le_bytes([header[1], header[2], header[3], header[4]]) as u64,
-        ))
+        Ok((stream, u32::from_le_bytes([header[1], header[2], header[3], header[4]]) as u64))
     }
 
     /// The next chunk among the first `limit` file bytes, if any.
@@ -169,21 +152,14 @@ impl TranscriptReader {
             self.file.seek(SeekFrom::Current(skip as i64))?;
             let mut bytes = vec![0u8; (len - skip) as usize];
             self.file.read_exact(&mut bytes)?;
-            return Ok(Some(Chunk {
-                stream,
-                offset: record_start + skip,
-                bytes,
-            }));
+            return Ok(Some(Chunk { stream, offset: record_start + skip, bytes }));
         }
     }
 }
 
 /// Where a command's transcript lives.
 pub fn path_for(sandbox_dir: &Path, command_id: &str) -> PathBuf {
-    sandbox_dir
-        .join("commands")
-        .join(command_id)
-        .join("transcript")
+    sandbox_dir.join("commands").join(command_id).join("transcript")
 }
 
 #[cfg(test)]
@@ -211,23 +187,9 @@ mod tests {
 
         let all = collect(&path, 0);
         assert_eq!(all.len(), 3);
-        assert_eq!(
-            all[1],
-            Chunk {
-                stream: Stream::Stderr,
-                offset: 6,
-                bytes: b"oops\n".to_vec()
-            }
-        );
+        assert_eq!(all[1], Chunk { stream: Stream::Stderr, offset: 6, bytes: b"oops\n".to_vec() });
         let middle = collect(&path, 8);
-        assert_eq!(
-            middle[0],
-            Chunk {
-                stream: Stream::Stderr,
-                offset: 8,
-                bytes: b"ps\n".to_vec()
-            }
-        );
+        assert_eq!(middle[0], Chunk { stream: Stream::Stderr, offset: 8, bytes: b"ps\n".to_vec() });
         assert_eq!(middle[1].bytes, b"world\n\x00\xff");
         assert!(collect(&path, 19).is_empty());
         assert!(collect(&path, 1000).is_empty());

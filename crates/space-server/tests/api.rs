@@ -30,24 +30,14 @@ fn a_sandbox_is_a_debian_machine_with_its_own_kernel() {
     );
 
     let os = server.exec(&id, json!({"cmd": "cat /etc/os-release"}));
-    assert!(
-        os["stdout"]
-            .as_str()
-            .unwrap()
-            .contains("VERSION_CODENAME=bookworm"),
-        "{os}"
-    );
+    assert!(os["stdout"].as_str().unwrap().contains("VERSION_CODENAME=bookworm"), "{os}");
 
     let python = server.exec(&id, json!({"argv": ["python3", "-c", "print(6*7)"]}));
     assert_eq!(python["stdout"], "42\n");
     assert_eq!(python["truncated"], false);
 
     let listed = server.ok("GET", "/v1/sandboxes?state=running&label=suite=e2e", None);
-    assert!(listed["sandboxes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|s| s["id"] == id.as_str()));
+    assert!(listed["sandboxes"].as_array().unwrap().iter().any(|s| s["id"] == id.as_str()));
     let none = server.ok("GET", "/v1/sandboxes?label=suite=other", None);
     assert!(none["sandboxes"].as_array().unwrap().is_empty());
 }
@@ -58,16 +48,10 @@ fn state_persists_between_commands_and_results_are_exact() {
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base", "env": {"GREETING": "hello"}}));
 
-    let write = server.exec(
-        &id,
-        json!({"cmd": "echo \"$GREETING from one\" > /root/note.txt", "cwd": "/root"}),
-    );
+    let write = server.exec(&id, json!({"cmd": "echo \"$GREETING from one\" > /root/note.txt", "cwd": "/root"}));
     assert_eq!(write["result"]["exit_code"], 0);
     let read = server.exec(&id, json!({"argv": ["cat", "/root/note.txt"]}));
-    assert_eq!(
-        read["stdout"], "hello from one\n",
-        "the second command sees the first one's file"
-    );
+    assert_eq!(read["stdout"], "hello from one\n", "the second command sees the first one's file");
 
     let mixed = server.exec(&id, json!({"cmd": "echo out; echo err >&2; exit 7"}));
     assert_eq!(mixed["stdout"], "out\n");
@@ -81,7 +65,8 @@ fn state_persists_between_commands_and_results_are_exact() {
     assert_eq!(killed["result"]["exit_code"], serde_json::Value::Null);
     assert_eq!(killed["result"]["signal"], "KILL");
 
-    let env = server.exec(&id, json!({"argv": ["sh", "-c", "echo $GREETING $EXTRA; pwd"], "env": {"EXTRA": "x"}, "cwd": "/tmp"}));
+    let env = server
+        .exec(&id, json!({"argv": ["sh", "-c", "echo $GREETING $EXTRA; pwd"], "env": {"EXTRA": "x"}, "cwd": "/tmp"}));
     assert_eq!(env["stdout"], "hello x\n/tmp\n");
 
     let nobody = server.exec(&id, json!({"argv": ["id", "-u"], "user": "nobody"}));
@@ -112,9 +97,7 @@ fn state_persists_between_commands_and_results_are_exact() {
     let commands = server.ok("GET", &format!("/v1/sandboxes/{id}/commands"), None);
     let commands = commands["commands"].as_array().unwrap();
     assert_eq!(commands.len(), 6, "failed starts leave no command record");
-    assert!(commands
-        .iter()
-        .all(|c| c["state"] == "exited" && c["result"].is_object()));
+    assert!(commands.iter().all(|c| c["state"] == "exited" && c["result"].is_object()));
     assert_eq!(
         server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"],
         "running",
@@ -139,38 +122,21 @@ fn output_streams_while_running_and_replays_from_any_offset() {
 
     // Follow the live stream: the first line arrives long before the end.
     let started = Instant::now();
-    let path = format!(
-        "{}/v1/sandboxes/{id}/commands/{cid}/output?follow=true",
-        server.url
-    );
-    let response = ureq::get(&path)
-        .set("Authorization", &format!("Bearer {}", server.key))
-        .call()
-        .unwrap();
-    assert_eq!(
-        response.header("content-type"),
-        Some("application/x-ndjson")
-    );
+    let path = format!("{}/v1/sandboxes/{id}/commands/{cid}/output?follow=true", server.url);
+    let response = ureq::get(&path).set("Authorization", &format!("Bearer {}", server.key)).call().unwrap();
+    assert_eq!(response.header("content-type"), Some("application/x-ndjson"));
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(response.into_reader()));
     let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     let first_at = started.elapsed();
     assert_eq!(first["type"], "stdout");
     assert_eq!(first["data"], "line1\n");
     let running = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"), None);
-    assert_eq!(
-        running["state"], "running",
-        "the first frame came while the command ran"
-    );
-    let rest: Vec<serde_json::Value> = lines
-        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
-        .collect();
+    assert_eq!(running["state"], "running", "the first frame came while the command ran");
+    let rest: Vec<serde_json::Value> = lines.map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
     let last = rest.last().unwrap();
     assert_eq!(last["type"], "exit", "the stream ends with the exit frame");
     assert_eq!(last["result"]["exit_code"], 0);
-    assert!(
-        first_at < Duration::from_millis(1000),
-        "first frame after {first_at:?}"
-    );
+    assert!(first_at < Duration::from_millis(1000), "first frame after {first_at:?}");
 
     // Replays after the end.
     let all = server.output(&id, &cid, "");
@@ -183,11 +149,7 @@ fn output_streams_while_running_and_replays_from_any_offset() {
     let past_end = server.output(&id, &cid, "?from=1000");
     assert_eq!(past_end.len(), 1, "only the exit frame: {past_end:?}");
 
-    let waited = server.ok(
-        "GET",
-        &format!("/v1/sandboxes/{id}/commands/{cid}?wait=5"),
-        None,
-    );
+    let waited = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=5"), None);
     assert_eq!(waited["result"]["stdout_bytes"], 18);
     assert_eq!(waited["tag"], "slow");
 
@@ -195,22 +157,12 @@ fn output_streams_while_running_and_replays_from_any_offset() {
     let (status, sse) = server.raw(
         "GET",
         &format!("/v1/sandboxes/{id}/commands/{cid}/output"),
-        &[
-            ("Authorization", &format!("Bearer {}", server.key)),
-            ("Accept", "text/event-stream"),
-        ],
+        &[("Authorization", &format!("Bearer {}", server.key)), ("Accept", "text/event-stream")],
         None,
     );
     assert_eq!(status, 200);
     assert!(sse.starts_with("event: stdout\ndata: "), "{sse}");
-    assert!(
-        sse.trim_end()
-            .rsplit("\n\n")
-            .next()
-            .unwrap()
-            .starts_with("event: exit"),
-        "{sse}"
-    );
+    assert!(sse.trim_end().rsplit("\n\n").next().unwrap().starts_with("event: exit"), "{sse}");
 }
 
 #[test]
@@ -218,11 +170,8 @@ fn binary_output_survives_and_exec_output_is_bounded() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
-    let created = server.ok(
-        "POST",
-        &format!("/v1/sandboxes/{id}/commands"),
-        Some(json!({"cmd": "printf 'a\\000b\\377c'"})),
-    );
+    let created =
+        server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"cmd": "printf 'a\\000b\\377c'"})));
     let cid = created["command"]["id"].as_str().unwrap();
     let frames = server.output(&id, cid, "?follow=true");
     let bytes: Vec<u8> = frames
@@ -235,16 +184,10 @@ fn binary_output_survives_and_exec_output_is_bounded() {
         .collect();
     assert_eq!(bytes, b"a\x00b\xffc");
 
-    let big = server.exec(
-        &id,
-        json!({"cmd": "head -c 3000000 /dev/zero | tr '\\0' x"}),
-    );
+    let big = server.exec(&id, json!({"cmd": "head -c 3000000 /dev/zero | tr '\\0' x"}));
     assert_eq!(big["truncated"], true);
     assert_eq!(big["stdout"].as_str().unwrap().len(), 1 << 20);
-    assert_eq!(
-        big["result"]["stdout_bytes"], 3_000_000,
-        "the transcript keeps everything"
-    );
+    assert_eq!(big["result"]["stdout_bytes"], 3_000_000, "the transcript keeps everything");
 }
 
 fn base64_decode(text: &str) -> Vec<u8> {
@@ -282,19 +225,10 @@ fn the_sandbox_sees_neither_host_files_nor_any_network() {
     );
     let net = server.exec(&id, json!({"argv": ["python3", "-c", probe]}));
     let out = net["stdout"].as_str().unwrap();
-    assert!(
-        !out.contains("REACHED"),
-        "the sandbox reached something: {out}"
-    );
+    assert!(!out.contains("REACHED"), "the sandbox reached something: {out}");
     assert_eq!(out.matches("blocked").count(), 3, "{out}");
-    let links = server.exec(
-        &id,
-        json!({"cmd": "ls /sys/class/net 2>/dev/null || cat /proc/net/dev"}),
-    );
-    assert!(
-        !links["stdout"].as_str().unwrap().contains("eth"),
-        "no network device but loopback: {links}"
-    );
+    let links = server.exec(&id, json!({"cmd": "ls /sys/class/net 2>/dev/null || cat /proc/net/dev"}));
+    assert!(!links["stdout"].as_str().unwrap().contains("eth"), "no network device but loopback: {links}");
     std::fs::remove_file(&secret).unwrap();
 }
 
@@ -310,14 +244,8 @@ fn delete_frees_everything_and_is_idempotent() {
     let operation = server.delete_sandbox(&id);
     assert_eq!(operation["state"], "succeeded", "{operation}");
     assert_eq!(operation["kind"], "delete");
-    assert_eq!(
-        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"],
-        "deleted"
-    );
-    assert!(
-        !sandbox_dir.exists(),
-        "the sandbox's root and files are gone"
-    );
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "deleted");
+    assert!(!sandbox_dir.exists(), "the sandbox's root and files are gone");
     let ps = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
@@ -325,24 +253,12 @@ fn delete_frees_everything_and_is_idempotent() {
     assert!(!ps, "no process mentions the sandbox");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id), "no mount is left");
-    let subvolumes = space_host::run(
-        std::process::Command::new("btrfs")
-            .args(["subvolume", "list", "-o"])
-            .arg(data.root()),
-    )
-    .unwrap();
-    assert!(
-        !String::from_utf8_lossy(&subvolumes).contains(&id),
-        "no subvolume is left"
-    );
+    let subvolumes =
+        space_host::run(std::process::Command::new("btrfs").args(["subvolume", "list", "-o"]).arg(data.root()))
+            .unwrap();
+    assert!(!String::from_utf8_lossy(&subvolumes).contains(&id), "no subvolume is left");
 
-    server.error(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"argv": ["true"]})),
-        409,
-        "invalid_state",
-    );
+    server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
     let again = server.delete_sandbox(&id);
     assert_eq!(again["state"], "succeeded", "deleting twice is fine");
 }
@@ -351,41 +267,11 @@ fn delete_frees_everything_and_is_idempotent() {
 fn bad_input_gets_the_error_shape_and_changes_nothing() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    server.error(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "no-such-template"})),
-        404,
-        "template_not_found",
-    );
-    server.error(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "base", "colour": "blue"})),
-        400,
-        "invalid_request",
-    );
-    server.error(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "base", "vcpus": "two"})),
-        400,
-        "invalid_request",
-    );
-    server.error(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "base", "memory_mib": -5})),
-        400,
-        "invalid_request",
-    );
-    server.error(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "base", "vcpus": 0})),
-        422,
-        "invalid_value",
-    );
+    server.error("POST", "/v1/sandboxes", Some(json!({"template": "no-such-template"})), 404, "template_not_found");
+    server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "colour": "blue"})), 400, "invalid_request");
+    server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "vcpus": "two"})), 400, "invalid_request");
+    server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": -5})), 400, "invalid_request");
+    server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "vcpus": 0})), 422, "invalid_value");
     server.error(
         "POST",
         "/v1/sandboxes",
@@ -400,73 +286,28 @@ fn bad_input_gets_the_error_shape_and_changes_nothing() {
         400,
         "invalid_request",
     );
-    server.error(
-        "GET",
-        "/v1/sandboxes/sbx_00000000000000000000",
-        None,
-        404,
-        "not_found",
-    );
-    server.error(
-        "GET",
-        &format!("/v1/sandboxes/{}", "x".repeat(5000)),
-        None,
-        404,
-        "not_found",
-    );
-    server.error(
-        "GET",
-        "/v1/operations/op_00000000000000000000?wait=1",
-        None,
-        404,
-        "not_found",
-    );
-    server.error(
-        "GET",
-        "/v1/operations/op_00000000000000000000?wait=999",
-        None,
-        400,
-        "invalid_request",
-    );
-    server.error(
-        "GET",
-        "/v1/sandboxes?state=sleepy",
-        None,
-        400,
-        "invalid_request",
-    );
+    server.error("GET", "/v1/sandboxes/sbx_00000000000000000000", None, 404, "not_found");
+    server.error("GET", &format!("/v1/sandboxes/{}", "x".repeat(5000)), None, 404, "not_found");
+    server.error("GET", "/v1/operations/op_00000000000000000000?wait=1", None, 404, "not_found");
+    server.error("GET", "/v1/operations/op_00000000000000000000?wait=999", None, 400, "invalid_request");
+    server.error("GET", "/v1/sandboxes?state=sleepy", None, 400, "invalid_request");
 
     let auth = format!("Bearer {}", server.key);
     let malformed = server.raw(
         "POST",
         "/v1/sandboxes",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
         Some("{\"template\":"),
     );
     assert_eq!(malformed.0, 400);
-    assert!(
-        malformed.1.contains("\"malformed_json\""),
-        "{}",
-        malformed.1
-    );
-    let no_type = server.raw(
-        "POST",
-        "/v1/sandboxes",
-        &[("Authorization", &auth)],
-        Some("{\"template\":\"base\"}"),
-    );
+    assert!(malformed.1.contains("\"malformed_json\""), "{}", malformed.1);
+    let no_type = server.raw("POST", "/v1/sandboxes", &[("Authorization", &auth)], Some("{\"template\":\"base\"}"));
     assert_eq!(no_type.0, 415, "{}", no_type.1);
     let huge = "x".repeat(2 << 20);
     let too_big = server.raw(
         "POST",
         "/v1/sandboxes",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
         Some(&huge),
     );
     assert_eq!(too_big.0, 413, "{}", too_big.1);
@@ -487,38 +328,14 @@ fn bad_input_gets_the_error_shape_and_changes_nothing() {
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
     server.check("GET", "/v1/health", 200, "application/json", &health);
     assert_eq!(health["engine"], "gvisor");
-    assert_eq!(
-        server
-            .raw("GET", "/v1/nowhere", &[("Authorization", &auth)], None)
-            .0,
-        404
-    );
+    assert_eq!(server.raw("GET", "/v1/nowhere", &[("Authorization", &auth)], None).0, 404);
 
     // Nothing was created by any of it.
-    assert!(server.ok("GET", "/v1/sandboxes", None)["sandboxes"]
-        .as_array()
-        .unwrap()
-        .is_empty());
-    assert!(server.ok("GET", "/v1/operations", None)["operations"]
-        .as_array()
-        .unwrap()
-        .is_empty());
-    assert_eq!(
-        std::fs::read_dir(data.data.sandboxes_dir())
-            .unwrap()
-            .count(),
-        0
-    );
-    for body in [
-        json!({"argv": ["ls"], "cmd": "ls"}),
-        json!({}),
-        json!({"argv": []}),
-    ] {
-        let (status, _) = server.call(
-            "POST",
-            "/v1/sandboxes/sbx_00000000000000000000/commands",
-            Some(body),
-        );
+    assert!(server.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().is_empty());
+    assert!(server.ok("GET", "/v1/operations", None)["operations"].as_array().unwrap().is_empty());
+    assert_eq!(std::fs::read_dir(data.data.sandboxes_dir()).unwrap().count(), 0);
+    for body in [json!({"argv": ["ls"], "cmd": "ls"}), json!({}), json!({"argv": []})] {
+        let (status, _) = server.call("POST", "/v1/sandboxes/sbx_00000000000000000000/commands", Some(body));
         assert_eq!(status, 404);
     }
 }
@@ -528,47 +345,20 @@ fn idempotency_keys_replay_the_original_operation() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let auth = format!("Bearer {}", server.key);
-    let headers = [
-        ("Authorization", auth.as_str()),
-        ("Content-Type", "application/json"),
-        ("Idempotency-Key", "create-once"),
-    ];
-    let (first_status, first) = server.raw(
-        "POST",
-        "/v1/sandboxes",
-        &headers,
-        Some(r#"{"template":"base"}"#),
-    );
-    let (second_status, second) = server.raw(
-        "POST",
-        "/v1/sandboxes",
-        &headers,
-        Some(r#"{"template":"base"}"#),
-    );
+    let headers =
+        [("Authorization", auth.as_str()), ("Content-Type", "application/json"), ("Idempotency-Key", "create-once")];
+    let (first_status, first) = server.raw("POST", "/v1/sandboxes", &headers, Some(r#"{"template":"base"}"#));
+    let (second_status, second) = server.raw("POST", "/v1/sandboxes", &headers, Some(r#"{"template":"base"}"#));
     assert_eq!((first_status, second_status), (202, 202));
-    let (first, second): (serde_json::Value, serde_json::Value) = (
-        serde_json::from_str(&first).unwrap(),
-        serde_json::from_str(&second).unwrap(),
-    );
+    let (first, second): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&first).unwrap(), serde_json::from_str(&second).unwrap());
     assert_eq!(first["operation"]["id"], second["operation"]["id"]);
     assert_eq!(first["sandbox"]["id"], second["sandbox"]["id"]);
-    assert_eq!(
-        server.ok("GET", "/v1/sandboxes", None)["sandboxes"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(server.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().len(), 1);
     let operation = server.wait_operation(first["operation"]["id"].as_str().unwrap());
     assert_eq!(operation["state"], "succeeded");
-    let operations = server.ok(
-        "GET",
-        &format!(
-            "/v1/operations?sandbox_id={}",
-            first["sandbox"]["id"].as_str().unwrap()
-        ),
-        None,
-    );
+    let operations =
+        server.ok("GET", &format!("/v1/operations?sandbox_id={}", first["sandbox"]["id"].as_str().unwrap()), None);
     assert_eq!(operations["operations"].as_array().unwrap().len(), 1);
 }
 
@@ -583,25 +373,12 @@ fn records_and_transcripts_survive_a_server_restart() {
 
     let server = TestServer::start(&data);
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
-    assert_eq!(
-        sandbox["state"], "failed",
-        "sandboxes do not survive their server yet, and say so"
-    );
-    assert!(sandbox["failure_reason"]
-        .as_str()
-        .unwrap()
-        .contains("restarted"));
+    assert_eq!(sandbox["state"], "failed", "sandboxes do not survive their server yet, and say so");
+    assert!(sandbox["failure_reason"].as_str().unwrap().contains("restarted"));
     let command = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"), None);
     assert_eq!(command["result"]["exit_code"], 0);
-    assert_eq!(
-        text_of(&server.output(&id, &cid, ""), "stdout"),
-        "before restart\n"
-    );
+    assert_eq!(text_of(&server.output(&id, &cid, ""), "stdout"), "before restart\n");
     let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={id}"), None);
     assert_eq!(operations["operations"][0]["state"], "succeeded");
-    assert_eq!(
-        server.delete_sandbox(&id)["state"],
-        "succeeded",
-        "a failed sandbox can still be freed"
-    );
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded", "a failed sandbox can still be freed");
 }

@@ -16,19 +16,14 @@ const DEFAULT_SHARED: &str = "/var/lib/space-test";
 
 /// The shared test data dir prepared by `space setup`.
 pub fn shared_data_dir() -> PathBuf {
-    std::env::var_os("SPACE_TEST_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SHARED))
+    std::env::var_os("SPACE_TEST_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_SHARED))
 }
 
 /// The static agent binary.
 pub fn agent_bin() -> PathBuf {
-    let path = std::env::var_os("SPACE_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/release/space-agent")
-        });
+    let path = std::env::var_os("SPACE_AGENT_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/x86_64-unknown-linux-gnu/release/space-agent")
+    });
     assert!(
         path.is_file(),
         "the static agent {} is missing: run scripts/test.sh (it builds it) or set SPACE_AGENT_BIN",

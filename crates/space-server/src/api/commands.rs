@@ -6,9 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use space_api::{
-    Command, CommandCreated, CommandList, CommandRequest, CommandState, ErrorBody, ExecResponse,
-};
+use space_api::{Command, CommandCreated, CommandList, CommandRequest, CommandState, ErrorBody, ExecResponse};
 
 use super::{ApiJson, ApiQuery, AppState, WaitQuery};
 use crate::domain::CommandSpec;
@@ -38,14 +36,9 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<CommandList>, ApiError> {
+pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<CommandList>, ApiError> {
     state.platform.sandbox(&id)?;
-    Ok(Json(CommandList {
-        commands: state.platform.store.commands(&id)?,
-    }))
+    Ok(Json(CommandList { commands: state.platform.store.commands(&id)? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", tag = "commands",
@@ -58,13 +51,8 @@ pub async fn get(
 ) -> Result<Json<Command>, ApiError> {
     let deadline = wait.deadline()?;
     let platform = &state.platform;
-    let command = platform
-        .wait_for(
-            Some(deadline),
-            || platform.command(&id, &cid),
-            |c| c.state == CommandState::Exited,
-        )
-        .await?;
+    let command =
+        platform.wait_for(Some(deadline), || platform.command(&id, &cid), |c| c.state == CommandState::Exited).await?;
     Ok(Json(command))
 }
 
@@ -94,10 +82,7 @@ pub async fn stdin(
         .ok_or_else(|| ApiError::invalid_state("command", "exited", "write to stdin"))?;
     let gone = |_| ApiError::invalid_state("command", "exited", "write to stdin");
     for chunk in body.chunks(space_proto::MAX_OUTPUT_CHUNK) {
-        agent
-            .send_stdin(stream, chunk.to_vec())
-            .await
-            .map_err(gone)?;
+        agent.send_stdin(stream, chunk.to_vec()).await.map_err(gone)?;
     }
     if query.eof {
         agent.close_stdin(stream).await.map_err(gone)?;
@@ -137,14 +122,9 @@ pub async fn signal(
         other => return Err(ApiError::bad_request(format!("unknown signal {other:?}"))),
     };
     state.platform.command(&id, &cid)?;
-    let (_, stream, agent) = state
-        .platform
-        .live_command(&cid)
-        .ok_or_else(|| ApiError::invalid_state("command", "exited", "signal it"))?;
-    agent
-        .signal(stream, signal as i32)
-        .await
-        .map_err(|_| ApiError::invalid_state("command", "exited", "signal it"))?;
+    let (_, stream, agent) =
+        state.platform.live_command(&cid).ok_or_else(|| ApiError::invalid_state("command", "exited", "signal it"))?;
+    agent.signal(stream, signal as i32).await.map_err(|_| ApiError::invalid_state("command", "exited", "signal it"))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -161,34 +141,19 @@ pub async fn exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     state.platform.sandbox(&id)?;
     if request.stdin {
-        return Err(ApiError::bad_request(
-            "exec cannot take stdin; start a command instead",
-        ));
+        return Err(ApiError::bad_request("exec cannot take stdin; start a command instead"));
     }
     let spec = CommandSpec::try_from(request)?;
     let platform = &state.platform;
     let started = platform.start_command(&id, spec).await?;
     let command = platform
-        .wait_for(
-            None::<Instant>,
-            || platform.command(&id, &started.id),
-            |c| c.state == CommandState::Exited,
-        )
+        .wait_for(None::<Instant>, || platform.command(&id, &started.id), |c| c.state == CommandState::Exited)
         .await?;
     let path = transcript::path_for(&platform.data.sandbox_dir(&id), &command.id);
     let (stdout, stderr, truncated) =
         collect_output(&path).map_err(|e| ApiError::internal("reading the transcript", e))?;
-    let result = command
-        .result
-        .clone()
-        .ok_or_else(|| ApiError::internal("finishing exec", "no result recorded"))?;
-    Ok(Json(ExecResponse {
-        command,
-        stdout,
-        stderr,
-        result,
-        truncated,
-    }))
+    let result = command.result.clone().ok_or_else(|| ApiError::internal("finishing exec", "no result recorded"))?;
+    Ok(Json(ExecResponse { command, stdout, stderr, result, truncated }))
 }
 
 /// Reads a finished transcript into two bounded strings.
@@ -207,9 +172,5 @@ fn collect_output(path: &std::path::Path) -> std::io::Result<(String, String, bo
         }
         target.extend_from_slice(&chunk.bytes[..chunk.bytes.len().min(room)]);
     }
-    Ok((
-        String::from_utf8_lossy(&out).into_owned(),
-        String::from_utf8_lossy(&err).into_owned(),
-        truncated,
-    ))
+    Ok((String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned(), truncated))
 }

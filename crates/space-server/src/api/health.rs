@@ -32,11 +32,7 @@ impl HostFacts {
                 detail: "not built into this server yet; this host runs gVisor".into(),
             });
         }
-        HostFacts {
-            engine_available: availability.available,
-            engines,
-            kvm,
-        }
+        HostFacts { engine_available: availability.available, engines, kvm }
     }
 }
 
@@ -44,23 +40,18 @@ impl HostFacts {
 pub fn kvm_status() -> KvmStatus {
     let present = Path::new("/dev/kvm").exists();
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let hardware = cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| {
-        l.split_whitespace()
-            .any(|flag| flag == "vmx" || flag == "svm")
-    });
+    let hardware = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|flag| flag == "vmx" || flag == "svm"));
     let pvm = Path::new("/sys/module/kvm_pvm").exists();
     let detail = match (present, hardware, pvm) {
         (false, _, _) => "no /dev/kvm on this host",
         (true, true, _) => "/dev/kvm with hardware virtualization (vmx/svm)",
-        (true, false, true) => {
-            "/dev/kvm is kvm_pvm (no vmx/svm): it cannot boot a stock guest kernel"
-        }
+        (true, false, true) => "/dev/kvm is kvm_pvm (no vmx/svm): it cannot boot a stock guest kernel",
         (true, false, false) => "/dev/kvm without vmx/svm flags",
     };
-    KvmStatus {
-        present,
-        detail: detail.into(),
-    }
+    KvmStatus { present, detail: detail.into() }
 }
 
 #[utoipa::path(get, path = "/v1/health", tag = "health", security(()),
@@ -68,26 +59,13 @@ pub fn kvm_status() -> KvmStatus {
 pub async fn health(State(state): State<AppState>) -> Json<Health> {
     let platform = &state.platform;
     let (free_bytes, total_bytes) = platform.data.disk_space();
-    let filesystem = if space_host::btrfs::is_btrfs(platform.data.root()) {
-        "btrfs"
-    } else {
-        "other"
-    };
+    let filesystem = if space_host::btrfs::is_btrfs(platform.data.root()) { "btrfs" } else { "other" };
     Json(Health {
-        status: if state.health.engine_available {
-            "ok"
-        } else {
-            "degraded"
-        }
-        .into(),
+        status: if state.health.engine_available { "ok" } else { "degraded" }.into(),
         version: env!("CARGO_PKG_VERSION").into(),
         engine: platform.engine.name().into(),
         engines: state.health.engines.clone(),
         kvm: state.health.kvm.clone(),
-        disk: DiskStatus {
-            filesystem: filesystem.into(),
-            free_bytes,
-            total_bytes,
-        },
+        disk: DiskStatus { filesystem: filesystem.into(), free_bytes, total_bytes },
     })
 }

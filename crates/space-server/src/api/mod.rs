@@ -41,46 +41,21 @@ pub struct AppState {
 impl AppState {
     pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
         let health = Arc::new(health::HostFacts::probe(platform.engine.as_ref()));
-        AppState {
-            platform,
-            api_key: Arc::new(api_key),
-            health,
-        }
+        AppState { platform, api_key: Arc::new(api_key), health }
     }
 }
 
 /// The whole API as a router, separate from `serve` so tests drive it directly.
 pub fn app(state: AppState) -> Router {
     let protected = Router::new()
-        .route(
-            "/v1/sandboxes",
-            get(sandboxes::list).post(sandboxes::create),
-        )
-        .route(
-            "/v1/sandboxes/{id}",
-            get(sandboxes::get).delete(sandboxes::delete),
-        )
-        .route(
-            "/v1/sandboxes/{id}/commands",
-            get(commands::list).post(commands::create),
-        )
+        .route("/v1/sandboxes", get(sandboxes::list).post(sandboxes::create))
+        .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
+        .route("/v1/sandboxes/{id}/commands", get(commands::list).post(commands::create))
         .route("/v1/sandboxes/{id}/commands/{cid}", get(commands::get))
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/output",
-            get(output::output),
-        )
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/stdin",
-            axum::routing::post(commands::stdin),
-        )
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/signal",
-            axum::routing::post(commands::signal),
-        )
-        .route(
-            "/v1/sandboxes/{id}/exec",
-            axum::routing::post(commands::exec),
-        )
+        .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output::output))
+        .route("/v1/sandboxes/{id}/commands/{cid}/stdin", axum::routing::post(commands::stdin))
+        .route("/v1/sandboxes/{id}/commands/{cid}/signal", axum::routing::post(commands::signal))
+        .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
         .route("/v1/operations", get(operations::list))
         .route("/v1/operations/{id}", get(operations::get))
         .route("/v1/openapi.json", get(openapi::document))
@@ -99,18 +74,10 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this route does not take that method",
-    )
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
 }
 
-async fn require_key(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
+async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -118,14 +85,8 @@ async fn require_key(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(key) if constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => {
-            Ok(next.run(request).await)
-        }
-        Some(_) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the API key is not valid",
-        )),
+        Some(key) if constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => Ok(next.run(request).await),
+        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid")),
         None => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -172,13 +133,11 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
             "unsupported_media_type",
             "send the body as JSON with `Content-Type: application/json`",
         ),
-        JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("the request body exceeds {MAX_JSON_BODY} bytes"),
-            )
-        }
+        JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request body exceeds {MAX_JSON_BODY} bytes"),
+        ),
         other => ApiError::bad_request(other.body_text()),
     }
 }
@@ -214,9 +173,7 @@ impl WaitQuery {
     pub fn deadline(&self) -> Result<Instant, ApiError> {
         let seconds = self.wait.unwrap_or(0);
         if seconds > MAX_WAIT_S {
-            return Err(ApiError::bad_request(format!(
-                "wait may be at most {MAX_WAIT_S} seconds"
-            )));
+            return Err(ApiError::bad_request(format!("wait may be at most {MAX_WAIT_S} seconds")));
         }
         Ok(Instant::now() + Duration::from_secs(seconds))
     }
@@ -227,13 +184,9 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
     let Some(value) = headers.get("idempotency-key") else {
         return Ok(None);
     };
-    let key = value
-        .to_str()
-        .map_err(|_| ApiError::bad_request("Idempotency-Key must be ASCII"))?;
+    let key = value.to_str().map_err(|_| ApiError::bad_request("Idempotency-Key must be ASCII"))?;
     if key.is_empty() || key.len() > 255 {
-        return Err(ApiError::bad_request(
-            "Idempotency-Key must be 1-255 characters",
-        ));
+        return Err(ApiError::bad_request("Idempotency-Key must be 1-255 characters"));
     }
     Ok(Some(key.to_string()))
 }

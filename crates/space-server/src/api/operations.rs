@@ -17,13 +17,7 @@ pub async fn get(
 ) -> Result<Json<Operation>, ApiError> {
     let deadline = wait.deadline()?;
     let platform = &state.platform;
-    let operation = platform
-        .wait_for(
-            Some(deadline),
-            || platform.operation(&id),
-            |op| op.state.is_terminal(),
-        )
-        .await?;
+    let operation = platform.wait_for(Some(deadline), || platform.operation(&id), |op| op.state.is_terminal()).await?;
     Ok(Json(operation))
 }
 
@@ -40,9 +34,6 @@ pub async fn list(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
-    let operations = state
-        .platform
-        .store
-        .operations(query.sandbox_id.as_deref())?;
+    let operations = state.platform.store.operations(query.sandbox_id.as_deref())?;
     Ok(Json(OperationList { operations }))
 }

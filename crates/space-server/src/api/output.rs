@@ -65,33 +65,18 @@ pub async fn output(
         _ => Format::Ndjson,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let follower = Follower {
-        platform,
-        sandbox_id: id,
-        command_id: cid,
-        path,
-        reader,
-        live,
-        format,
-        tx,
-    };
+    let follower = Follower { platform, sandbox_id: id, command_id: cid, path, reader, live, format, tx };
     tokio::spawn(follower.run(query.from, query.follow));
     let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+        rx.recv().await.map(|bytes| (Ok::<_, Infallible>(bytes), rx))
     }));
     let content_type = match format {
         Format::Ndjson => "application/x-ndjson",
         Format::Sse => "text/event-stream",
     };
     let mut response = Response::new(body);
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(response)
 }
 
@@ -111,10 +96,7 @@ impl Follower {
     fn progress(&mut self) -> Progress {
         match &mut self.live {
             Some(live) => *live.borrow_and_update(),
-            None => Progress {
-                file_len: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0),
-                finished: true,
-            },
+            None => Progress { file_len: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0), finished: true },
         }
     }
 
@@ -179,21 +161,10 @@ impl Follower {
 fn chunk_frame(chunk: Chunk) -> OutputFrame {
     let (data, data_b64) = match String::from_utf8(chunk.bytes) {
         Ok(text) => (Some(text), None),
-        Err(err) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(err.into_bytes())),
-        ),
+        Err(err) => (None, Some(base64::engine::general_purpose::STANDARD.encode(err.into_bytes()))),
     };
     match chunk.stream {
-        Stream::Stdout => OutputFrame::Stdout {
-            offset: chunk.offset,
-            data,
-            data_b64,
-        },
-        Stream::Stderr => OutputFrame::Stderr {
-            offset: chunk.offset,
-            data,
-            data_b64,
-        },
+        Stream::Stdout => OutputFrame::Stdout { offset: chunk.offset, data, data_b64 },
+        Stream::Stderr => OutputFrame::Stderr { offset: chunk.offset, data, data_b64 },
     }
 }

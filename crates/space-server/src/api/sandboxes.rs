@@ -3,29 +3,20 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use space_api::{
-    CreateSandboxRequest, ErrorBody, OperationKind, Sandbox, SandboxList, SandboxOperation,
-    SandboxState,
-};
+use space_api::{CreateSandboxRequest, ErrorBody, OperationKind, Sandbox, SandboxList, SandboxOperation, SandboxState};
 
 use super::{idempotency_key, ApiJson, ApiQuery, AppState};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
 
 /// Replays the operation an `Idempotency-Key` already started, if any.
-fn replay(
-    state: &AppState,
-    key: Option<&str>,
-    kind: OperationKind,
-) -> Result<Option<SandboxOperation>, ApiError> {
+fn replay(state: &AppState, key: Option<&str>, kind: OperationKind) -> Result<Option<SandboxOperation>, ApiError> {
     let Some(key) = key else { return Ok(None) };
     let Some(operation) = state.platform.store.operation_by_key(key)? else {
         return Ok(None);
     };
     if operation.kind != kind {
-        return Err(ApiError::unprocessable(
-            "this Idempotency-Key was already used for a different request",
-        ));
+        return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different request"));
     }
     let sandbox_id = operation.sandbox_id.clone().unwrap_or_default();
     let sandbox = state.platform.sandbox(&sandbox_id)?.sandbox;
@@ -50,12 +41,8 @@ pub async fn create(
     }
     let platform = &state.platform;
     let template = platform.data.template(&request.template).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "template_not_found",
-            format!("no template {:?}", request.template),
-        )
-        .with_details(serde_json::json!({"kind": "template", "id": request.template}))
+        ApiError::new(StatusCode::NOT_FOUND, "template_not_found", format!("no template {:?}", request.template))
+            .with_details(serde_json::json!({"kind": "template", "id": request.template}))
     })?;
     if !state.health.engine_available {
         return Err(ApiError::unavailable(format!(
@@ -64,12 +51,8 @@ pub async fn create(
         )));
     }
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
-    let (sandbox, operation) =
-        platform.create_sandbox(spec, template.meta.version, key.as_deref())?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(SandboxOperation { sandbox, operation }),
-    ))
+    let (sandbox, operation) = platform.create_sandbox(spec, template.meta.version, key.as_deref())?;
+    Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
@@ -89,17 +72,15 @@ pub async fn list(
 ) -> Result<Json<SandboxList>, ApiError> {
     let wanted_state = match &query.state {
         None => None,
-        Some(text) => Some(
-            SandboxState::parse(text)
-                .ok_or_else(|| ApiError::bad_request(format!("unknown state {text:?}")))?,
-        ),
+        Some(text) => {
+            Some(SandboxState::parse(text).ok_or_else(|| ApiError::bad_request(format!("unknown state {text:?}")))?)
+        }
     };
     let wanted_label = match &query.label {
         None => None,
-        Some(text) => Some(
-            text.split_once('=')
-                .ok_or_else(|| ApiError::bad_request("label must be given as key=value"))?,
-        ),
+        Some(text) => {
+            Some(text.split_once('=').ok_or_else(|| ApiError::bad_request("label must be given as key=value"))?)
+        }
     };
     let sandboxes = state
         .platform
@@ -116,10 +97,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Sandbox>, ApiError> {
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Sandbox>, ApiError> {
     Ok(Json(state.platform.sandbox(&id)?.sandbox))
 }
 
@@ -137,13 +115,8 @@ pub async fn delete(
         if replayed.sandbox.id == id {
             return Ok((StatusCode::ACCEPTED, Json(replayed)));
         }
-        return Err(ApiError::unprocessable(
-            "this Idempotency-Key was already used for a different sandbox",
-        ));
+        return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
     }
     let (sandbox, operation) = state.platform.delete_sandbox(&id, key.as_deref())?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(SandboxOperation { sandbox, operation }),
-    ))
+    Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }

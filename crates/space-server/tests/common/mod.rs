@@ -20,36 +20,19 @@ pub struct TestServer {
 }
 
 pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
-    PlatformConfig {
-        data_dir: data.root().to_path_buf(),
-        runsc: PathBuf::from("runsc"),
-        agent_bin: agent_bin(),
-    }
+    PlatformConfig { data_dir: data.root().to_path_buf(), runsc: PathBuf::from("runsc"), agent_bin: agent_bin() }
 }
 
 impl TestServer {
     pub fn start(data: &TestDataDir) -> TestServer {
-        let platform =
-            space_server::start_platform(&platform_config(data)).expect("starting the platform");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let platform = space_server::start_platform(&platform_config(data)).expect("starting the platform");
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let key = format!("test-key-{}", std::process::id());
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(platform.clone(), key.clone());
         runtime.spawn(space_server::serve(listener, state, std::future::pending()));
-        let mut server = TestServer {
-            url,
-            key,
-            platform,
-            runtime: Some(runtime),
-            contract: Value::Null,
-        };
+        let mut server = TestServer { url, key, platform, runtime: Some(runtime), contract: Value::Null };
         let (status, doc) = server.call("GET", "/v1/openapi.json", None);
         assert_eq!(status, 200);
         server.contract = doc;
@@ -64,19 +47,11 @@ impl TestServer {
     }
 
     fn agent(&self) -> ureq::Agent {
-        ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(120))
-            .build()
+        ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build()
     }
 
     /// A raw request; returns status and body text, checking nothing.
-    pub fn raw(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<&str>,
-    ) -> (u16, String) {
+    pub fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> (u16, String) {
         let mut request = self.agent().request(method, &format!("{}{path}", self.url));
         for (name, value) in headers {
             request = request.set(name, value);
@@ -90,10 +65,7 @@ impl TestServer {
             Err(ureq::Error::Status(_, response)) => response,
             Err(err) => panic!("{method} {path}: {err}"),
         };
-        (
-            response.status(),
-            response.into_string().unwrap_or_default(),
-        )
+        (response.status(), response.into_string().unwrap_or_default())
     }
 
     /// An authenticated JSON call whose answer is checked against the contract.
@@ -105,8 +77,8 @@ impl TestServer {
             headers.push(("Content-Type", "application/json"));
         }
         let (status, body) = self.raw(method, path, &headers, text.as_deref());
-        let value: Value = serde_json::from_str(&body)
-            .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        let value: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
         if !self.contract.is_null() {
             self.check(method, path, status, "application/json", &value);
         }
@@ -115,31 +87,16 @@ impl TestServer {
 
     pub fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let (status, value) = self.call(method, path, body);
-        assert!(
-            (200..300).contains(&status),
-            "{method} {path} -> {status}: {value}"
-        );
+        assert!((200..300).contains(&status), "{method} {path} -> {status}: {value}");
         value
     }
 
     /// Asserts the error shape, the status and the code.
-    pub fn error(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-        status: u16,
-        code: &str,
-    ) -> Value {
+    pub fn error(&self, method: &str, path: &str, body: Option<Value>, status: u16, code: &str) -> Value {
         let (got, value) = self.call(method, path, body);
         assert_eq!(got, status, "{method} {path}: {value}");
         assert_eq!(value["error"]["code"], code, "{value}");
-        assert!(
-            value["error"]["message"]
-                .as_str()
-                .is_some_and(|m| !m.is_empty()),
-            "{value}"
-        );
+        assert!(value["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{value}");
         assert!(value["error"]["details"].is_object(), "{value}");
         value
     }
@@ -153,32 +110,18 @@ impl TestServer {
             .find(|(template, _)| matches_template(template, concrete))
             .unwrap_or_else(|| panic!("{concrete} is not in the OpenAPI document"));
         let operation = &item[method.to_lowercase()];
-        assert!(
-            operation.is_object(),
-            "{method} {template} is not in the OpenAPI document"
-        );
+        assert!(operation.is_object(), "{method} {template} is not in the OpenAPI document");
         let response = &operation["responses"][status.to_string()];
-        assert!(
-            response.is_object(),
-            "{method} {template} answered {status}, which the document does not list"
-        );
+        assert!(response.is_object(), "{method} {template} answered {status}, which the document does not list");
         let schema = &response["content"][content_type]["schema"];
         if schema.is_null() {
             return;
         }
         let mut root = schema.clone();
-        root.as_object_mut()
-            .unwrap()
-            .insert("components".into(), self.contract["components"].clone());
+        root.as_object_mut().unwrap().insert("components".into(), self.contract["components"].clone());
         let validator = jsonschema::validator_for(&root).expect("a valid schema");
-        let errors: Vec<String> = validator
-            .iter_errors(value)
-            .map(|e| format!("{e} at {}", e.instance_path))
-            .collect();
-        assert!(
-            errors.is_empty(),
-            "{method} {path} {status} does not match the contract: {errors:?}\n{value}"
-        );
+        let errors: Vec<String> = validator.iter_errors(value).map(|e| format!("{e} at {}", e.instance_path)).collect();
+        assert!(errors.is_empty(), "{method} {path} {status} does not match the contract: {errors:?}\n{value}");
     }
 
     /// Creates a sandbox and waits for its create operation to succeed.
@@ -194,10 +137,7 @@ impl TestServer {
     pub fn wait_operation(&self, id: &str) -> Value {
         for _ in 0..10 {
             let operation = self.ok("GET", &format!("/v1/operations/{id}?wait=30"), None);
-            if matches!(
-                operation["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            ) {
+            if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
                 return operation;
             }
         }
@@ -245,11 +185,7 @@ impl Drop for TestServer {
                 if let Ok((_, operation)) = platform.delete_sandbox(&record.sandbox.id, None) {
                     let deadline = Some(std::time::Instant::now() + Duration::from_secs(30));
                     let _ = platform
-                        .wait_for(
-                            deadline,
-                            || platform.operation(&operation.id),
-                            |op| op.state.is_terminal(),
-                        )
+                        .wait_for(deadline, || platform.operation(&operation.id), |op| op.state.is_terminal())
                         .await;
                 }
             }
@@ -261,17 +197,10 @@ impl Drop for TestServer {
 fn matches_template(template: &str, concrete: &str) -> bool {
     let t: Vec<&str> = template.split('/').collect();
     let c: Vec<&str> = concrete.split('/').collect();
-    t.len() == c.len()
-        && t.iter()
-            .zip(&c)
-            .all(|(t, c)| (t.starts_with('{') && t.ends_with('}')) || t == c)
+    t.len() == c.len() && t.iter().zip(&c).all(|(t, c)| (t.starts_with('{') && t.ends_with('}')) || t == c)
 }
 
 /// Concatenates the text of output frames of one kind.
 pub fn text_of(frames: &[Value], kind: &str) -> String {
-    frames
-        .iter()
-        .filter(|f| f["type"] == kind)
-        .map(|f| f["data"].as_str().unwrap_or(""))
-        .collect()
+    frames.iter().filter(|f| f["type"] == kind).map(|f| f["data"].as_str().unwrap_or("")).collect()
 }

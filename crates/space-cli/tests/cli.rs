@@ -1,0 +1,97 @@
+//! The `space` binary as a user runs it: a dev server, then the CLI.
+//! Children are spawned through the reaper: the fixtures use it, and it
+//! reaps every child of this process.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+
+use space_process::{ExitStatus, Output, ReapedChild, Reaper};
+use space_testkit::{agent_bin, TestDataDir};
+
+const SPACE: &str = env!("CARGO_BIN_EXE_space");
+
+/// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
+fn serve(data: &TestDataDir) -> (ReapedChild, String) {
+    let mut command = Command::new(SPACE);
+    command
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(agent_bin())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let url = loop {
+        let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
+        if let Some(at) = line.find("http://") {
+            break line[at..].trim().to_string();
+        }
+        seen.push(line);
+    };
+    assert!(seen.iter().any(|l| l.contains("development mode")), "dev mode says so loudly: {seen:?}");
+    std::thread::spawn(move || lines.for_each(drop)); // keep the pipe drained
+    (child, url)
+}
+
+fn space(data: &TestDataDir, url: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(SPACE);
+    command.args(args).env("SPACE_URL", url).env("SPACE_DATA_DIR", data.root()).env_remove("SPACE_API_KEY");
+    Reaper::global().output(&mut command).unwrap()
+}
+
+fn stop(child: ReapedChild) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait_timeout(std::time::Duration::from_secs(20)).expect("the server stops on SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn dev_server_and_cli_run_a_sandbox() {
+    let data = TestDataDir::new();
+    let (server, url) = serve(&data);
+    let key_path = data.root().join("dev-api-key");
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    assert_eq!(std::fs::metadata(&key_path).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let created = space(&data, &url, &["sandbox", "create", "--quiet", "--env", "WHO=cli"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let id = String::from_utf8(created.stdout).unwrap().trim().to_string();
+    assert!(id.starts_with("sbx_"), "{id}");
+
+    let exec = space(&data, &url, &["exec", &id, "--", "sh", "-c", "echo hi $WHO; echo oops >&2; exit 3"]);
+    assert_eq!(exec.status, ExitStatus::Exited(3), "the command's exit code is the CLI's");
+    assert_eq!(String::from_utf8_lossy(&exec.stdout), "hi cli\n");
+    assert_eq!(String::from_utf8_lossy(&exec.stderr), "oops\n");
+    let missing = space(&data, &url, &["exec", &id, "--", "no-such-binary"]);
+    assert_eq!(missing.status, ExitStatus::Exited(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("executable_not_found"));
+
+    let listed = space(&data, &url, &["sandbox", "ls"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(&id));
+    let removed = space(&data, &url, &["sandbox", "rm", &id]);
+    assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
+    let gone = space(&data, &url, &["sandbox", "get", &id]);
+    assert!(String::from_utf8_lossy(&gone.stdout).contains("\"deleted\""));
+    stop(server);
+
+    let (server, _) = serve(&data);
+    assert_eq!(std::fs::read_to_string(&key_path).unwrap(), key, "the dev key is reused on restart");
+    stop(server);
+}
+
+#[test]
+fn dev_mode_refuses_a_public_address() {
+    let data = TestDataDir::new();
+    let mut command = Command::new(SPACE);
+    command
+        .args(["serve", "--dev", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(agent_bin());
+    let out = Reaper::global().output(&mut command).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}

@@ -1,0 +1,41 @@
+# Shared by the scripts: where things are, and how they are built.
+# shellcheck shell=bash
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HOST_TARGET="x86_64-unknown-linux-gnu"
+AGENT_BIN="$ROOT/target/$HOST_TARGET/release/space-agent"
+export SPACE_AGENT_BIN="$AGENT_BIN"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+need_root() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "this needs root (apt-get, mounts, runsc): run it with sudo" >&2
+        exit 1
+    fi
+}
+
+# Build tools from Debian, installed only when missing.
+ensure_build_deps() {
+    local missing=()
+    for pkg in gcc libc6-dev curl; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        say "installing build tools: ${missing[*]}"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    fi
+    if ! command -v cargo >/dev/null; then
+        echo "cargo is missing: install a Rust toolchain (1.85 or newer) first" >&2
+        exit 1
+    fi
+}
+
+# The guest agent is linked statically so it runs in any root filesystem.
+# An explicit --target keeps the static flag away from build scripts and
+# proc macros.
+build_agent() {
+    say "building the static guest agent"
+    RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p space-agent --target "$HOST_TARGET"
+}

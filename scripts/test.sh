@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install what is needed and run the whole test suite on real sandboxes.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+need_root
+
+export SPACE_TEST_DATA_DIR="${SPACE_TEST_DATA_DIR:-/var/lib/space-test}"
+
+ensure_build_deps
+cd "$ROOT"
+build_agent
+say "building the test suite"
+cargo build --locked -p space-cli
+cargo test --workspace --locked --no-run
+
+say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base template)"
+"$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR"
+
+say "checking format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "running the tests"
+cargo test --workspace --locked
