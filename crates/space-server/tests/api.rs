@@ -382,3 +382,92 @@ fn records_and_transcripts_survive_a_server_restart() {
     assert_eq!(operations["operations"][0]["state"], "succeeded");
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded", "a failed sandbox can still be freed");
 }
+
+#[test]
+fn the_agent_reaps_orphans_and_commands_can_be_timed_out_signalled_and_fed() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+
+    // An orphan re-parented to the agent (PID 1) is reaped, not left a zombie.
+    server.exec(&id, json!({"cmd": "(sleep 0.2 &) ; true"}));
+    std::thread::sleep(Duration::from_millis(700));
+    let ps = server.exec(&id, json!({"argv": ["ps", "-eo", "pid,ppid,stat,comm"]}));
+    let zombies: Vec<&str> = ps["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2).is_some_and(|s| s.starts_with('Z')))
+        .collect();
+    assert!(zombies.is_empty(), "zombies: {zombies:?}");
+
+    let started = Instant::now();
+    let timed = server.exec(&id, json!({"argv": ["sleep", "30"], "timeout_s": 1}));
+    assert_eq!(timed["result"]["timed_out"], true, "{timed}");
+    assert_eq!(timed["result"]["signal"], "KILL");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let sleeper = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"argv": ["sleep", "30"]})));
+    let cid = sleeper["command"]["id"].as_str().unwrap();
+    let (status, _) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/signal"),
+        &[("Authorization", &format!("Bearer {}", server.key)), ("Content-Type", "application/json")],
+        Some(r#"{"signal":"TERM"}"#),
+    );
+    assert_eq!(status, 204);
+    let ended = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=10"), None);
+    assert_eq!(ended["result"]["signal"], "TERM", "{ended}");
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/signal"),
+        Some(json!({"signal": "TERM"})),
+        409,
+        "invalid_state",
+    );
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/signal"),
+        Some(json!({"signal": "NOPE"})),
+        400,
+        "invalid_request",
+    );
+
+    let cat = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"argv": ["cat"], "stdin": true})));
+    let cid = cat["command"]["id"].as_str().unwrap();
+    let (status, _) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/stdin?eof=true"),
+        &[("Authorization", &format!("Bearer {}", server.key))],
+        Some("round trip\n"),
+    );
+    assert_eq!(status, 204);
+    let frames = server.output(&id, cid, "?follow=true");
+    assert_eq!(text_of(&frames, "stdout"), "round trip\n");
+    assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0);
+}
+
+#[test]
+fn an_engine_failure_fails_the_operation_and_leaves_nothing_behind() {
+    let data = TestDataDir::new();
+    // A runsc that answers --version but cannot run anything.
+    let fake = data.root().join("broken-runsc");
+    std::fs::write(&fake, "#!/bin/sh\ncase \"$*\" in\n  *--version*) echo 'runsc version broken';;\n  *\" run \"*) echo 'boom' >&2; exit 1;;\n  *) exec runsc \"$@\";;\nesac\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut config = common::platform_config(&data);
+    config.runsc = fake;
+    let server = TestServer::start_with(config);
+
+    let (status, accepted) = server.call("POST", "/v1/sandboxes", Some(json!({"template": "base"})));
+    assert_eq!(status, 202);
+    let operation = server.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+    assert_eq!(operation["state"], "failed");
+    assert_eq!(operation["error"]["code"], "engine_failed");
+    let message = operation["error"]["message"].as_str().unwrap();
+    assert!(!message.contains(data.root().to_str().unwrap()), "no host paths leak: {message}");
+    let id = accepted["sandbox"]["id"].as_str().unwrap();
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sandbox["state"], "failed");
+    assert!(sandbox["failure_reason"].is_string());
+    assert!(!data.data.sandbox_dir(id).exists(), "no half-created root or bundle is left");
+}

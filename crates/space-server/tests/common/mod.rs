@@ -25,7 +25,11 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
 
 impl TestServer {
     pub fn start(data: &TestDataDir) -> TestServer {
-        let platform = space_server::start_platform(&platform_config(data)).expect("starting the platform");
+        Self::start_with(platform_config(data))
+    }
+
+    pub fn start_with(config: PlatformConfig) -> TestServer {
+        let platform = space_server::start_platform(&config).expect("starting the platform");
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let key = format!("test-key-{}", std::process::id());
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
