@@ -152,22 +152,16 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     let row = |name: &str, s: &Samples| {
         println!("{name:<44} {:>9.1} {:>9.1} {:>6}", s.percentile(50.0), s.percentile(95.0), s.0.len())
     };
+    let ratio = |ours: &Samples, raw: &Samples| {
+        let at = |p| ours.percentile(p) / raw.percentile(p);
+        println!("{:<44} {:>9.2} {:>9.2}", "ratio ours/raw", at(50.0), at(95.0));
+    };
     row("create -> ready, SPACE API", &create);
     row("create -> agent hello, raw runsc run", &raw_create);
-    println!(
-        "{:<44} {:>9.2} {:>9.2}",
-        "ratio ours/raw",
-        create.percentile(50.0) / raw_create.percentile(50.0),
-        create.percentile(95.0) / raw_create.percentile(95.0)
-    );
+    ratio(&create, &raw_create);
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
-    println!(
-        "{:<44} {:>9.2} {:>9.2}",
-        "ratio ours/raw",
-        exec.percentile(50.0) / raw_exec.percentile(50.0),
-        exec.percentile(95.0) / raw_exec.percentile(95.0)
-    );
+    ratio(&exec, &raw_exec);
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }

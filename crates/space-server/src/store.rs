@@ -136,26 +136,30 @@ impl Store {
         Ok(())
     }
 
-    pub fn operation(&self, id: &str) -> Result<Option<Operation>, StoreError> {
-        let body: Option<String> =
-            self.conn().query_row("SELECT body FROM operations WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+    /// The JSON body of the one row `sql` selects, parsed.
+    fn one<T: serde::de::DeserializeOwned>(&self, sql: &str, param: &str) -> Result<Option<T>, StoreError> {
+        let body: Option<String> = self.conn().query_row(sql, [param], |r| r.get(0)).optional()?;
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    }
+
+    /// The JSON bodies of every row `sql` selects, parsed.
+    fn many<T: serde::de::DeserializeOwned>(&self, sql: &str, param: Option<&str>) -> Result<Vec<T>, StoreError> {
+        let conn = self.conn();
+        let mut statement = conn.prepare(sql)?;
+        let bodies = statement.query_map([param], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
+    }
+
+    pub fn operation(&self, id: &str) -> Result<Option<Operation>, StoreError> {
+        self.one("SELECT body FROM operations WHERE id = ?1", id)
     }
 
     pub fn operation_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
-        let body: Option<String> = self
-            .conn()
-            .query_row("SELECT body FROM operations WHERE idempotency_key = ?1", [key], |r| r.get(0))
-            .optional()?;
-        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+        self.one("SELECT body FROM operations WHERE idempotency_key = ?1", key)
     }
 
     pub fn operations(&self, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
-        let conn = self.conn();
-        let mut statement =
-            conn.prepare("SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq")?;
-        let bodies = statement.query_map([sandbox_id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
+        self.many("SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq", sandbox_id)
     }
 
     pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {
@@ -170,15 +174,10 @@ impl Store {
     }
 
     pub fn command(&self, id: &str) -> Result<Option<Command>, StoreError> {
-        let body: Option<String> =
-            self.conn().query_row("SELECT body FROM commands WHERE id = ?1", [id], |r| r.get(0)).optional()?;
-        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+        self.one("SELECT body FROM commands WHERE id = ?1", id)
     }
 
     pub fn commands(&self, sandbox_id: &str) -> Result<Vec<Command>, StoreError> {
-        let conn = self.conn();
-        let mut statement = conn.prepare("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq")?;
-        let bodies = statement.query_map([sandbox_id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
+        self.many("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq", Some(sandbox_id))
     }
 }
