@@ -278,4 +278,5 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
     shared.closed.store(true, Ordering::Release);
     // Dropping every sender ends every open stream with `None`.
     shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    shared.closed_notify.notify_waiters();
 }

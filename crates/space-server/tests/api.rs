@@ -471,3 +471,46 @@ fn an_engine_failure_fails_the_operation_and_leaves_nothing_behind() {
     assert!(sandbox["failure_reason"].is_string());
     assert!(!data.data.sandbox_dir(id).exists(), "no half-created root or bundle is left");
 }
+
+#[test]
+fn a_sandbox_that_dies_is_marked_failed_and_its_commands_get_a_clear_end() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let sleeper = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"argv": ["sleep", "60"]})));
+    let cid = sleeper["command"]["id"].as_str().unwrap();
+
+    // Kill the sandbox's kernel (the runsc sandbox process) from the host.
+    let victim = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let entry = e.ok()?;
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).ok()?).into_owned();
+            (cmdline.starts_with("runsc-sandbox") && cmdline.contains(&id)).then_some(pid)
+        })
+        .next()
+        .expect("the sandbox's runsc process");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim), nix::sys::signal::Signal::SIGKILL).unwrap();
+
+    let command = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=20"), None);
+    assert_eq!(command["state"], "exited", "{command}");
+    assert_eq!(command["result"]["exit_code"], serde_json::Value::Null);
+    assert!(command["result"]["error"].as_str().is_some_and(|e| e.contains("stopped")), "{command}");
+    let frames = server.output(&id, cid, "");
+    assert_eq!(frames.last().unwrap()["type"], "exit", "the stream still ends with an exit frame");
+
+    let mut sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    for _ in 0..50 {
+        if sandbox["state"] == "failed" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    }
+    assert_eq!(sandbox["state"], "failed", "{sandbox}");
+    assert!(sandbox["failure_reason"].as_str().unwrap().contains("unexpectedly"));
+    server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+    assert!(!data.data.sandbox_dir(&id).exists());
+}

@@ -129,6 +129,13 @@ impl Follower {
                 return;
             }
             if !follow {
+                // The result is stored before the transcript is marked
+                // finished, so a stored result means the file is whole.
+                let ended = self.platform.command(&self.sandbox_id, &self.command_id).is_ok_and(|c| c.result.is_some());
+                if ended && self.live.is_some() {
+                    self.live = None;
+                    continue;
+                }
                 return;
             }
             let Some(live) = self.live.as_mut() else {
