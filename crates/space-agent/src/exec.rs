@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
@@ -18,7 +17,7 @@ use space_process::{ExitStatus, Reaper};
 use space_proto::{ExecFailed, ExecFailure, ExecRequest, Exited, Frame, FrameKind, Started, Welcome, MAX_OUTPUT_CHUNK};
 
 use crate::users::{self, Account};
-use crate::{spawn, Sessions};
+use crate::{pool, spawn, Sessions};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// After the process exits, how long its pipes may take to drain. Anything
@@ -29,7 +28,23 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// The host's handle on a running command.
 pub struct SessionControl {
     pgid: i32,
-    stdin: Option<File>,
+    /// Feeds a writer thread, so a process that does not read its stdin
+    /// never stalls the agent's connection. Dropping it closes stdin.
+    // The queue is not bounded yet: flow control for stdin is future work.
+    stdin: Option<mpsc::Sender<Vec<u8>>>,
+}
+
+/// Copies queued bytes into the process's stdin until the queue closes.
+fn feed_stdin(mut pipe: File) -> mpsc::Sender<Vec<u8>> {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    pool::run(move || {
+        for bytes in rx {
+            if pipe.write_all(&bytes).is_err() {
+                return;
+            }
+        }
+    });
+    tx
 }
 
 /// Output frames and the exit frame of one stream go through this gate, so
@@ -82,7 +97,7 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
     sessions
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(stream, SessionControl { pgid: pid as i32, stdin: pipes.stdin });
+        .insert(stream, SessionControl { pgid: pid as i32, stdin: pipes.stdin.map(feed_stdin) });
     let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
     let gate = Arc::new(StreamGate { open: Mutex::new(true), outbox: outbox.clone(), stream });
@@ -91,7 +106,7 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
     pump(pipes.stderr, FrameKind::Stderr, gate.clone(), drained_tx);
 
     let sessions = sessions.clone();
-    let _ = thread::Builder::new().name(format!("wait-{stream}")).spawn(move || {
+    pool::run(move || {
         let status = exit.recv().unwrap_or(ExitStatus::Signaled(9));
         // Both pumps report when their pipe hits EOF; a pipe still held by a
         // background job after the grace period is left behind.
@@ -111,7 +126,7 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
 }
 
 fn pump(mut pipe: File, kind: FrameKind, gate: Arc<StreamGate>, drained: mpsc::Sender<()>) {
-    let _ = thread::Builder::new().name("pump".into()).spawn(move || {
+    pool::run(move || {
         let mut buf = vec![0u8; MAX_OUTPUT_CHUNK];
         loop {
             match pipe.read(&mut buf) {
@@ -237,15 +252,9 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
 }
 
 pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {
-    // Take the pipe out while writing so a slow reader inside the sandbox
-    // does not hold the sessions lock.
-    let pipe = sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&stream).and_then(|s| s.stdin.take());
-    if let Some(mut pipe) = pipe {
-        if pipe.write_all(bytes).is_ok() {
-            if let Some(session) = sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&stream) {
-                session.stdin = Some(pipe);
-            }
-        }
+    if let Some(stdin) = sessions.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).and_then(|s| s.stdin.as_ref())
+    {
+        let _ = stdin.send(bytes.to_vec());
     }
 }
 

@@ -9,6 +9,7 @@
 //! linked and small, because it runs in roots it did not build.
 
 mod exec;
+mod pool;
 mod spawn;
 mod users;
 
