@@ -17,6 +17,9 @@ use tokio::io::AsyncReadExt;
 use crate::client::Client;
 use crate::EngineArgs;
 
+/// Times `posix_spawn` + `waitpid` of `true` inside the sandbox, in ms.
+const SPAWN_PROBE: &str = "import os, time\nfor _ in range(10):\n    t = time.perf_counter()\n    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n    print((time.perf_counter() - t) * 1000)";
+
 #[derive(Args)]
 pub struct BenchArgs {
     /// A data dir prepared by `space setup`; the benchmark works in a scratch
@@ -84,8 +87,8 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     });
     let template = scratch.template(&args.template).context("the template vanished")?;
 
-    let (mut create, mut exec, mut raw_create, mut raw_exec) =
-        (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
+    let (mut create, mut exec, mut raw_create, mut raw_exec, mut in_guest) =
+        (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -106,6 +109,17 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
             exec.0.push(started.elapsed());
             if answer["result"]["exit_code"] != 0 {
                 bail!("`true` failed: {answer}");
+            }
+        }
+        // The floor inside the sandbox: how long the guest kernel itself
+        // takes to start and reap `true` (needs python3 in the template).
+        let probe = client
+            .post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["python3", "-c", SPAWN_PROBE]}));
+        if let Ok(answer) = probe {
+            for line in answer["stdout"].as_str().unwrap_or("").lines() {
+                if let Ok(ms) = line.trim().parse::<f64>() {
+                    in_guest.0.push(Duration::from_secs_f64(ms / 1000.0));
+                }
             }
         }
         let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
@@ -162,6 +176,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
     ratio(&exec, &raw_exec);
+    if !in_guest.0.is_empty() {
+        row("posix_spawn `true` + wait, inside the sandbox", &in_guest);
+    }
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }
