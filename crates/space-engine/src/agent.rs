@@ -280,3 +280,78 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
     shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clear();
     shared.closed_notify.notify_waiters();
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    fn welcome() -> Welcome {
+        Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            sandbox_id: "sbx_t".into(),
+            hostname: "t".into(),
+            env: BTreeMap::new(),
+        }
+    }
+
+    fn hello_frame(version: u32) -> Vec<u8> {
+        let hello = Hello { protocol_version: version, agent_version: "test".into(), pid: 1 };
+        Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_hostile_or_wrong_agent_is_refused_without_harm() {
+        // A header announcing a 4 GiB payload is refused before allocation.
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&0u32.to_le_bytes());
+        huge.push(FrameKind::Hello as u8);
+        guest.write_all(&huge).await.unwrap();
+        let refused = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await;
+        assert!(matches!(refused, Err(AgentError::Protocol(ProtoError::TooLarge(_)))));
+
+        // Another protocol version is refused, and told so.
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(&hello_frame(PROTOCOL_VERSION + 1)).await.unwrap();
+        let refused = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await;
+        assert!(matches!(refused, Err(AgentError::Protocol(ProtoError::Version { .. }))));
+
+        // Silence is a timeout, not a hang.
+        let (host, _guest) = UnixStream::pair().unwrap();
+        let silent = AgentConn::handshake(host, welcome(), Duration::from_millis(100)).await;
+        assert!(matches!(silent, Err(AgentError::Timeout(_))));
+    }
+
+    #[tokio::test]
+    async fn garbage_after_the_handshake_closes_the_connection_and_ends_streams() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let fake_agent = tokio::spawn(async move {
+            let (mut read, mut write) = guest.into_split();
+            write.write_all(&hello_frame(PROTOCOL_VERSION)).await.unwrap();
+            let _welcome = read_frame(&mut read).await.unwrap();
+            let ping = read_frame(&mut read).await.unwrap();
+            write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
+            let exec = read_frame(&mut read).await.unwrap();
+            let started = Frame::message(exec.stream, FrameKind::Started, &Started { pid: 7 });
+            write.write_all(&started.encode().unwrap()).await.unwrap();
+            // Frames for streams nobody opened are dropped; an unknown kind
+            // is a protocol violation that ends the connection.
+            write.write_all(&Frame::new(999, FrameKind::Stdout, b"stray".to_vec()).encode().unwrap()).await.unwrap();
+            write.write_all(&[1, 0, 0, 0, 1, 0, 0, 0, 250, 0]).await.unwrap();
+            (read, write)
+        });
+        let conn = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await.unwrap();
+        let request = ExecRequest { argv: vec!["x".into()], env: BTreeMap::new(), cwd: None, user: None, stdin: false };
+        let mut stream = conn.exec(&request).await.unwrap();
+        assert_eq!(stream.pid, 7);
+        let _keep_open = fake_agent.await.unwrap();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(2), stream.next()).await.unwrap(), None);
+        tokio::time::timeout(Duration::from_secs(2), conn.closed()).await.expect("closed() resolves");
+        assert!(conn.is_closed());
+        assert!(matches!(conn.exec(&request).await, Err(AgentError::Disconnected)));
+    }
+}
