@@ -170,6 +170,18 @@ enum SandboxCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Freeze a sandbox in memory and wait until it is paused.
+    Pause {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Thaw a paused sandbox and wait until it runs.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]
@@ -199,6 +211,12 @@ enum OpCommand {
         /// Seconds to wait for a terminal state (max 60).
         #[arg(long)]
         wait: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Wait until an operation ends; exit 0 only if it succeeded.
+    Wait {
+        id: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -235,6 +253,11 @@ fn run(cli: Cli) -> Result<i32> {
             };
             print_json(&client.client()?.get(&path)?);
             Ok(0)
+        }
+        Top::Op(OpCommand::Wait { id, client }) => {
+            let operation = client.client()?.wait_operation(&id)?;
+            print_json(&operation);
+            Ok(if operation["state"] == "succeeded" { 0 } else { 1 })
         }
         Top::Bench(args) => bench::run(args).map(|()| 0),
     }
@@ -371,12 +394,30 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
         SandboxCommand::Rm { id, client } => {
             let client = client.client()?;
             let accepted = client.delete(&format!("/v1/sandboxes/{id}"))?;
-            let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
-            if operation["state"] != "succeeded" {
-                bail!("delete failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
-            }
+            finish_lifecycle(&client, &accepted, "delete")?;
             eprintln!("deleted {id}");
         }
+        SandboxCommand::Pause { id, client } => {
+            let client = client.client()?;
+            let accepted = client.post(&format!("/v1/sandboxes/{id}/pause"), &serde_json::json!({}))?;
+            finish_lifecycle(&client, &accepted, "pause")?;
+            eprintln!("paused {id}");
+        }
+        SandboxCommand::Resume { id, client } => {
+            let client = client.client()?;
+            let accepted = client.post(&format!("/v1/sandboxes/{id}/resume"), &serde_json::json!({}))?;
+            finish_lifecycle(&client, &accepted, "resume")?;
+            eprintln!("resumed {id}");
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the operation a lifecycle call started; its failure is ours.
+fn finish_lifecycle(client: &client::Client, accepted: &serde_json::Value, what: &str) -> Result<()> {
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("{what} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
     }
     Ok(())
 }

@@ -171,6 +171,17 @@ impl Gvisor {
         Ok(Started { agent, boot })
     }
 
+    /// Runs one runsc subcommand off the async threads.
+    async fn runsc_blocking<const N: usize>(&self, args: [&str; N]) -> Result<(), EngineError> {
+        let mut command = self.runsc();
+        command.args(args);
+        tokio::task::spawn_blocking(move || space_host::run(&mut command))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))?
+            .map(drop)
+            .map_err(|e| EngineError::Runtime(e.to_string()))
+    }
+
     fn clone_config(&self) -> Gvisor {
         Gvisor { config: self.config.clone() }
     }
@@ -223,6 +234,14 @@ impl Engine for Gvisor {
                 Err(err)
             }
         }
+    }
+
+    async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.runsc_blocking(["pause", &spec.id]).await
+    }
+
+    async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.runsc_blocking(["resume", &spec.id]).await
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

@@ -82,6 +82,12 @@ pub trait Engine: Send + Sync {
     /// everything this call created is gone again.
     async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError>;
 
+    /// Freezes every process of the sandbox; its memory stays resident.
+    async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+
+    /// Thaws a paused sandbox.
+    async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+
     /// Stops the sandbox and frees all it held (processes, mounts, disk).
     /// Idempotent: destroying what is already gone succeeds.
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError>;

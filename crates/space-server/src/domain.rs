@@ -172,6 +172,10 @@ pub enum Event {
     DeleteRequested,
     /// The engine freed everything.
     Destroyed,
+    /// The engine froze it, memory kept.
+    Froze,
+    /// The engine thawed a paused sandbox.
+    Thawed,
     /// Something went wrong beyond repair.
     Failure,
 }
@@ -190,14 +194,24 @@ pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiE
         (Creating | Running | Paused | Suspending | Suspended | Resuming | Deleted | Failed, Destroyed) => None,
         (Creating | Running | Paused | Suspending | Suspended | Resuming | Deleting, Failure) => Some(Failed),
         (Deleted | Failed, Failure) => None,
+        (Running, Froze) => Some(Paused),
+        (Creating | Paused | Suspending | Suspended | Resuming | Deleting | Deleted | Failed, Froze) => None,
+        (Paused, Thawed) => Some(Running),
+        (Creating | Running | Suspending | Suspended | Resuming | Deleting | Deleted | Failed, Thawed) => None,
     };
-    let action = match event {
-        Started => "start",
-        DeleteRequested => "delete",
-        Destroyed => "finish deleting",
-        Failure => "fail",
-    };
-    to.ok_or_else(|| ApiError::invalid_state("sandbox", from.as_str(), action))
+    to.ok_or_else(|| ApiError::invalid_state("sandbox", from.as_str(), action_name(event)))
+}
+
+/// What a user asked for when `event` is the outcome, in words.
+pub fn action_name(event: Event) -> &'static str {
+    match event {
+        Event::Started => "start",
+        Event::DeleteRequested => "delete",
+        Event::Destroyed => "finish deleting",
+        Event::Failure => "fail",
+        Event::Froze => "pause",
+        Event::Thawed => "resume",
+    }
 }
 
 /// Whether commands may run in a sandbox in this state.
@@ -231,6 +245,12 @@ mod tests {
         assert_eq!(err.status, 409);
         assert!(err.message.contains("running"));
         assert!(transition(Deleted, Event::Failure).is_err());
+        assert_eq!(transition(Running, Event::Froze).unwrap(), Paused);
+        assert_eq!(transition(Paused, Event::Thawed).unwrap(), Running);
+        assert_eq!(transition(Paused, Event::DeleteRequested).unwrap(), Deleting);
+        assert!(transition(Paused, Event::Froze).unwrap_err().message.contains("paused"));
+        assert!(transition(Running, Event::Thawed).is_err());
+        assert!(transition(Creating, Event::Froze).is_err());
     }
 
     #[test]

@@ -20,11 +20,11 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::store::{SandboxRecord, Store};
 
-/// A job for a sandbox's actor.
+/// A job for a sandbox's actor: carry out this operation.
 #[derive(Debug)]
-enum Job {
-    Create { operation_id: String },
-    Delete { operation_id: String },
+struct Job {
+    kind: OperationKind,
+    operation_id: String,
 }
 
 /// What exists of a sandbox in memory while its actor lives.
@@ -167,36 +167,50 @@ impl Platform {
         self.store.put_sandbox(&record)?;
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
-        self.spawn_actor(&sandbox.id, Job::Create { operation_id: operation.id.clone() });
+        self.spawn_actor(&sandbox.id, Job { kind: OperationKind::Create, operation_id: operation.id.clone() });
         Ok((sandbox, operation))
     }
 
-    /// Accepts a delete. Deleting a deleted sandbox succeeds at once.
-    pub fn delete_sandbox(
+    /// Accepts a lifecycle request (pause, resume, delete) after checking it
+    /// is valid in the sandbox's current state (409 otherwise), and hands it
+    /// to the sandbox's actor. Deleting a deleted sandbox succeeds at once.
+    pub fn request(
         self: &Arc<Self>,
         id: &str,
+        kind: OperationKind,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let record = self.sandbox(id)?;
-        let mut operation = new_operation(OperationKind::Delete, id, "queued", 2);
-        if record.sandbox.state == SandboxState::Deleted {
+        let (event, total) = match kind {
+            OperationKind::Delete => (Event::DeleteRequested, 2),
+            OperationKind::Pause => (Event::Froze, 1),
+            OperationKind::Resume => (Event::Thawed, 1),
+            OperationKind::Create | OperationKind::Suspend => {
+                return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
+            }
+        };
+        let mut operation = new_operation(kind, id, "queued", total);
+        if kind == OperationKind::Delete && record.sandbox.state == SandboxState::Deleted {
             let now = ids::now();
             operation.state = OperationState::Succeeded;
-            operation.progress = Progress { step: "already deleted".into(), done: 2, total: 2 };
+            operation.progress = Progress { step: "already deleted".into(), done: total, total };
             operation.started_at = Some(now.clone());
             operation.finished_at = Some(now);
             self.store.put_operation(&operation, idempotency_key)?;
             self.changed();
             return Ok((record.sandbox, operation));
         }
-        domain::transition(record.sandbox.state, Event::DeleteRequested)?;
+        domain::transition(record.sandbox.state, event)?;
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
-        let job = Job::Delete { operation_id: operation.id.clone() };
+        let job = Job { kind, operation_id: operation.id.clone() };
         let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
-        match live {
-            Some(live) if live.jobs.send(job).is_ok() => {}
-            Some(_) | None => self.spawn_actor(id, Job::Delete { operation_id: operation.id.clone() }),
+        let unsent = match live {
+            Some(live) => live.jobs.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            self.spawn_actor(id, job);
         }
         Ok((record.sandbox, operation))
     }
@@ -339,12 +353,27 @@ impl Actor {
                 }
             };
             let Some(job) = job else { break };
-            let finished = match job {
-                Job::Create { operation_id } => {
-                    self.create(&operation_id).await;
+            let engine = self.platform.engine.clone();
+            let id = job.operation_id.as_str();
+            let finished = match job.kind {
+                OperationKind::Create => {
+                    self.create(id).await;
                     false
                 }
-                Job::Delete { operation_id } => self.delete(&operation_id).await,
+                OperationKind::Delete => self.delete(id).await,
+                OperationKind::Pause => {
+                    self.change(id, Event::Froze, "freezing", |spec| async move { engine.pause(&spec).await }).await;
+                    false
+                }
+                OperationKind::Resume => {
+                    self.change(id, Event::Thawed, "thawing", |spec| async move { engine.resume(&spec).await }).await;
+                    false
+                }
+                OperationKind::Suspend => {
+                    let error = ApiError::unprocessable("suspend is not supported yet");
+                    self.platform.finish_operation(id, Some(error));
+                    false
+                }
             };
             if finished {
                 break;
@@ -379,6 +408,39 @@ impl Actor {
                 tracing::warn!(sandbox = %self.id, "create failed: {err}");
                 let failure = engine_failure(&err);
                 let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
+                platform.finish_operation(operation_id, Some(failure));
+            }
+        }
+    }
+
+    /// Carries out one engine call that moves the sandbox by `event`.
+    async fn change<F, Fut>(&self, operation_id: &str, event: Event, step: &str, call: F)
+    where
+        F: FnOnce(SandboxSpec) -> Fut,
+        Fut: std::future::Future<Output = Result<(), EngineError>>,
+    {
+        let platform = &self.platform;
+        let record = match platform.sandbox(&self.id) {
+            Ok(record) => record,
+            Err(err) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        // The state may have moved since the request was accepted.
+        if let Err(err) = domain::transition(record.sandbox.state, event) {
+            return platform.finish_operation(operation_id, Some(err));
+        }
+        platform.progress(operation_id, step, 0);
+        match call(platform.engine_spec(&record)).await {
+            Ok(()) => {
+                let result = platform.apply(&self.id, event, None);
+                platform.finish_operation(operation_id, result.err());
+            }
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "{step} failed: {err}");
+                let failure = ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "engine_failed",
+                    format!("the engine could not {}", domain::action_name(event)),
+                );
                 platform.finish_operation(operation_id, Some(failure));
             }
         }

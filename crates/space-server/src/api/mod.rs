@@ -50,6 +50,8 @@ pub fn app(state: AppState) -> Router {
     let protected = Router::new()
         .route("/v1/sandboxes", get(sandboxes::list).post(sandboxes::create))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
+        .route("/v1/sandboxes/{id}/pause", axum::routing::post(sandboxes::pause))
+        .route("/v1/sandboxes/{id}/resume", axum::routing::post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/commands", get(commands::list).post(commands::create))
         .route("/v1/sandboxes/{id}/commands/{cid}", get(commands::get))
         .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output::output))

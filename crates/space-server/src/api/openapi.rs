@@ -12,7 +12,7 @@ use super::{commands, health, operations, output, sandboxes};
     info(title = "SPACE API", description = "Sandboxed Platform for Agentic Code Execution", version = "1"),
     paths(
         health::health,
-        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete,
+        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete, sandboxes::pause, sandboxes::resume,
         operations::get, operations::list,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::exec,
         output::output,

@@ -105,18 +105,47 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     params(("id" = String, Path, description = "Sandbox id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, body = SandboxOperation), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn delete(
+pub async fn delete(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
+    lifecycle(state, headers, id, OperationKind::Delete).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
+    responses((status = 202, description = "Accepted: every process is frozen in memory once it succeeds", body = SandboxOperation),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody)))]
+pub async fn pause(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
+    lifecycle(state, headers, id, OperationKind::Pause).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
+    responses((status = 202, description = "Accepted: the sandbox runs again once it succeeds", body = SandboxOperation),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "Not paused", body = ErrorBody)))]
+pub async fn resume(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
+    lifecycle(state, headers, id, OperationKind::Resume).await
+}
+
+type LifecycleAnswer = Result<(StatusCode, Json<SandboxOperation>), ApiError>;
+
+/// Every lifecycle call: replay an `Idempotency-Key`, or hand the request
+/// to the sandbox's actor and answer 202 with the operation.
+async fn lifecycle(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
+    kind: OperationKind,
+) -> LifecycleAnswer {
     let key = idempotency_key(&headers)?;
-    if let Some(replayed) = replay(&state, key.as_deref(), OperationKind::Delete)? {
+    if let Some(replayed) = replay(&state, key.as_deref(), kind)? {
         if replayed.sandbox.id == id {
             return Ok((StatusCode::ACCEPTED, Json(replayed)));
         }
         return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
     }
-    let (sandbox, operation) = state.platform.delete_sandbox(&id, key.as_deref())?;
+    let (sandbox, operation) = state.platform.request(&id, kind, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }

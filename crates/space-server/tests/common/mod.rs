@@ -72,6 +72,19 @@ impl TestServer {
         (response.status(), response.into_string().unwrap_or_default())
     }
 
+    /// A request written on a raw socket, for cases where the server may
+    /// answer (and close) before reading the body: the body is written
+    /// best-effort and the answer read regardless. Returns the whole answer.
+    pub fn early_answer(&self, head: &str, body: &[u8]) -> String {
+        let mut socket = std::net::TcpStream::connect(self.url.trim_start_matches("http://")).unwrap();
+        let head = format!("{head}\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        std::io::Write::write_all(&mut socket, head.as_bytes()).unwrap();
+        let _ = std::io::Write::write_all(&mut socket, body);
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut socket, &mut answer);
+        answer
+    }
+
     /// An authenticated JSON call whose answer is checked against the contract.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let auth = format!("Bearer {}", self.key);
@@ -186,7 +199,8 @@ impl Drop for TestServer {
                 if record.sandbox.state == space_api::SandboxState::Deleted {
                     continue;
                 }
-                if let Ok((_, operation)) = platform.delete_sandbox(&record.sandbox.id, None) {
+                if let Ok((_, operation)) = platform.request(&record.sandbox.id, space_api::OperationKind::Delete, None)
+                {
                     let deadline = Some(std::time::Instant::now() + Duration::from_secs(30));
                     let _ = platform
                         .wait_for(deadline, || platform.operation(&operation.id), |op| op.state.is_terminal())

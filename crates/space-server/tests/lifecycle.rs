@@ -1,0 +1,109 @@
+//! Lifecycle on real runsc: pause and resume in memory.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestServer;
+use serde_json::{json, Value};
+use space_testkit::TestDataDir;
+
+/// A background process holding a random token in memory; it writes
+/// `pid token counter` to /root/state every 50 ms.
+const KEEPER: &str = "nohup python3 -c '
+import os, time
+token = os.urandom(8).hex()
+n = 0
+while True:
+    n += 1
+    with open(\"/root/state.new\", \"w\") as f:
+        f.write(f\"{os.getpid()} {token} {n}\")
+    os.replace(\"/root/state.new\", \"/root/state\")
+    time.sleep(0.05)
+' >/dev/null 2>&1 &";
+
+fn keeper_state(server: &TestServer, id: &str) -> (String, String, u64) {
+    let read = server.exec(
+        id,
+        json!({"cmd": "for i in $(seq 50); do [ -s /root/state ] && break; sleep 0.1; done; cat /root/state"}),
+    );
+    let text = read["stdout"].as_str().unwrap().to_string();
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(parts.len(), 3, "{read}");
+    (parts[0].to_string(), parts[1].to_string(), parts[2].parse().unwrap())
+}
+
+fn lifecycle(server: &TestServer, id: &str, action: &str) -> Value {
+    let (status, accepted) = server.call("POST", &format!("/v1/sandboxes/{id}/{action}"), None);
+    assert_eq!(status, 202, "{action}: {accepted}");
+    assert_eq!(accepted["operation"]["kind"], action);
+    server.wait_operation(accepted["operation"]["id"].as_str().unwrap())
+}
+
+#[test]
+fn pause_freezes_processes_in_memory_and_resume_brings_them_back() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    server.exec(&id, json!({"cmd": KEEPER}));
+    let (pid, token, _) = keeper_state(&server, &id);
+    let host_view = data.data.sandbox_dir(&id).join("rootfs/root/state");
+    let running_a = std::fs::read_to_string(&host_view).ok();
+    std::thread::sleep(Duration::from_millis(300));
+    let running_b = std::fs::read_to_string(&host_view).ok();
+    assert!(running_a.is_some() && running_a != running_b, "the host sees the file change while running");
+
+    let paused = lifecycle(&server, &id, "pause");
+    assert_eq!(paused["state"], "succeeded", "{paused}");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "paused");
+    let before = std::fs::read_to_string(&host_view).ok();
+    let refused = server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"argv": ["true"]})),
+        409,
+        "invalid_state",
+    );
+    assert_eq!(refused["error"]["details"]["state"], "paused");
+    server.error("POST", &format!("/v1/sandboxes/{id}/pause"), None, 409, "invalid_state");
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = std::fs::read_to_string(&host_view).ok();
+    assert!(before.is_some(), "the state file is visible in the sandbox root on the host");
+    assert_eq!(before, after, "nothing runs while paused");
+
+    let resumed = lifecycle(&server, &id, "resume");
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "running");
+    let (pid_after, token_after, _) = keeper_state(&server, &id);
+    assert_eq!((pid_after, token_after), (pid, token), "the same process with the same memory");
+    server.error("POST", &format!("/v1/sandboxes/{id}/resume"), None, 409, "invalid_state");
+
+    // A paused sandbox can be deleted, and nothing of it is left.
+    assert_eq!(lifecycle(&server, &id, "pause")["state"], "succeeded");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+    assert!(!data.data.sandbox_dir(&id).exists());
+    let left = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .any(|cmdline| String::from_utf8_lossy(&cmdline).contains(&id));
+    assert!(!left, "no process of the deleted sandbox is left");
+}
+
+#[test]
+fn lifecycle_calls_replay_their_idempotency_key_and_refuse_unknown_sandboxes() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let auth = format!("Bearer {}", server.key);
+    let headers = [("Authorization", auth.as_str()), ("Idempotency-Key", "pause-once")];
+    let first = server.raw("POST", &format!("/v1/sandboxes/{id}/pause"), &headers, None);
+    let second = server.raw("POST", &format!("/v1/sandboxes/{id}/pause"), &headers, None);
+    assert_eq!((first.0, second.0), (202, 202), "{second:?}");
+    let (first, second): (Value, Value) =
+        (serde_json::from_str(&first.1).unwrap(), serde_json::from_str(&second.1).unwrap());
+    assert_eq!(first["operation"]["id"], second["operation"]["id"]);
+    let resume_with_same_key = server.raw("POST", &format!("/v1/sandboxes/{id}/resume"), &headers, None);
+    assert_eq!(resume_with_same_key.0, 422, "{resume_with_same_key:?}");
+    server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/pause", None, 404, "not_found");
+    server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/resume", None, 404, "not_found");
+}
