@@ -28,6 +28,7 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// The host's handle on a running command.
 pub struct SessionControl {
     pgid: i32,
+    gate: Arc<StreamGate>,
     /// Feeds a writer thread, so a process that does not read its stdin
     /// never stalls the agent's connection. Dropping it closes stdin.
     // The queue is not bounded yet: flow control for stdin is future work.
@@ -61,10 +62,16 @@ impl StreamGate {
         *open && self.outbox.send(Frame::new(self.stream, kind, payload)).is_ok()
     }
 
+    /// Stops the stream without an exit frame (its host session is gone).
+    fn silence(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    }
+
     fn close_with(&self, frame: Frame) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        *open = false;
-        let _ = self.outbox.send(frame);
+        if std::mem::replace(&mut *open, false) {
+            let _ = self.outbox.send(frame);
+        }
     }
 }
 
@@ -94,13 +101,11 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
             return;
         }
     };
-    sessions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(stream, SessionControl { pgid: pid as i32, stdin: pipes.stdin.map(feed_stdin) });
+    let gate = Arc::new(StreamGate { open: Mutex::new(true), outbox: outbox.clone(), stream });
+    let control = SessionControl { pgid: pid as i32, gate: gate.clone(), stdin: pipes.stdin.map(feed_stdin) };
+    sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, control);
     let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
-    let gate = Arc::new(StreamGate { open: Mutex::new(true), outbox: outbox.clone(), stream });
     let (drained_tx, drained) = mpsc::channel();
     pump(pipes.stdout, FrameKind::Stdout, gate.clone(), drained_tx.clone());
     pump(pipes.stderr, FrameKind::Stderr, gate.clone(), drained_tx);
@@ -255,6 +260,14 @@ pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {
     if let Some(stdin) = sessions.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).and_then(|s| s.stdin.as_ref())
     {
         let _ = stdin.send(bytes.to_vec());
+    }
+}
+
+/// Forgets every stream: after a new host session, nobody listens to them.
+/// The processes keep running.
+pub fn forget_streams(sessions: &Sessions) {
+    for (_, session) in sessions.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+        session.gate.silence();
     }
 }
 

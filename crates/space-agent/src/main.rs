@@ -15,7 +15,7 @@ mod users;
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{self, sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use std::{env, io, process, thread};
@@ -39,14 +39,56 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let socket_path = env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string());
-    let stream = dial(&socket_path, Duration::from_secs(10)).map_err(|e| format!("dialing {socket_path}: {e}"))?;
-    let mut reader = stream.try_clone().map_err(|e| e.to_string())?;
-    let mut writer = stream;
+    let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false)?;
+    if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
+    {
+        if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
+            eprintln!("space-agent: setting hostname: {err}");
+        }
+    }
 
+    let (outbox, queued) = sync_channel::<Frame>(OUTBOX_DEPTH);
+    let (sockets, new_sockets) = mpsc::channel::<UnixStream>();
+    let _ = sockets.send(writer);
+    thread::Builder::new()
+        .name("writer".into())
+        .spawn(move || write_loop(queued, new_sockets))
+        .map_err(|e| e.to_string())?;
+
+    let mut session = welcome.session;
+    let agent = Agent { identity: Arc::new(welcome), outbox, sessions: Arc::default() };
+    loop {
+        agent.serve(&mut reader);
+        // Quiesced for a snapshot, or the host went away: either way let go
+        // of the socket entirely and dial again until the host listens.
+        // Commands keep running; their output waits in the pipes.
+        drop(reader);
+        let (new_reader, new_writer, welcome) = connect(&socket_path, None, true)?;
+        if welcome.session != session {
+            // A new host session knows nothing of the old streams.
+            exec::forget_streams(&agent.sessions);
+            session = welcome.session;
+        }
+        let _ = sockets.send(new_writer);
+        reader = new_reader;
+    }
+}
+
+/// Dials the host and does the handshake; returns the reading half, the
+/// writing half and the host's welcome. `patience` None: dial forever.
+fn connect(
+    path: &str,
+    patience: Option<Duration>,
+    reconnect: bool,
+) -> Result<(UnixStream, UnixStream, Welcome), String> {
+    let stream = dial(path, patience).map_err(|e| format!("dialing {path}: {e}"))?;
+    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut reader = stream;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         agent_version: env!("CARGO_PKG_VERSION").into(),
         pid: process::id(),
+        reconnect,
     };
     write_frame(&mut writer, &Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello)).map_err(|e| e.to_string())?;
     let welcome: Welcome = read_frame(&mut reader)
@@ -55,45 +97,54 @@ fn run() -> Result<(), String> {
     if welcome.protocol_version != PROTOCOL_VERSION {
         return Err(format!("host speaks protocol {}, agent {PROTOCOL_VERSION}", welcome.protocol_version));
     }
-    if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
-        eprintln!("space-agent: setting hostname: {err}");
-    }
-
-    let (outbox, queued) = sync_channel::<Frame>(OUTBOX_DEPTH);
-    thread::Builder::new()
-        .name("writer".into())
-        .spawn(move || write_loop(writer, queued))
-        .map_err(|e| e.to_string())?;
-
-    let agent = Agent { identity: Arc::new(welcome), outbox, sessions: Arc::default() };
-    agent.serve(&mut reader);
-    // The host went away: the sandbox has no one to serve.
-    Ok(())
+    Ok((reader, writer, welcome))
 }
 
-/// Connects to the host, retrying while its socket is not there yet.
-fn dial(path: &str, patience: Duration) -> io::Result<UnixStream> {
-    let deadline = Instant::now() + patience;
+/// Connects to the host, retrying (with backoff up to a second) while its
+/// socket is not there.
+fn dial(path: &str, patience: Option<Duration>) -> io::Result<UnixStream> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(2);
     loop {
         match UnixStream::connect(path) {
             Ok(stream) => return Ok(stream),
-            Err(err) if Instant::now() >= deadline => return Err(err),
-            Err(_) => thread::sleep(Duration::from_millis(5)),
+            Err(err) if patience.is_some_and(|p| started.elapsed() >= p) => return Err(err),
+            Err(_) => {
+                thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(if started.elapsed() < Duration::from_secs(5) {
+                    20
+                } else {
+                    1000
+                }));
+            }
         }
     }
 }
 
-fn write_loop(mut writer: UnixStream, queued: Receiver<Frame>) {
+/// Writes queued frames to the current socket. After a `QuiesceAck` (or a
+/// failed write) it drops the socket and waits for the next one.
+fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
+    let Ok(mut writer) = sockets.recv() else { return };
     for frame in queued {
-        if write_frame(&mut writer, &frame).is_err() {
-            // The reader sees the same failure and ends the agent.
-            return;
+        let written = write_frame(&mut writer, &frame).is_ok();
+        if !written || frame.kind == FrameKind::QuiesceAck {
+            drop(writer);
+            writer = match sockets.recv() {
+                Ok(next) => next,
+                Err(_) => return,
+            };
         }
     }
 }
 
 /// What the agent keeps about each running command.
 pub(crate) type Sessions = Arc<Mutex<HashMap<u32, exec::SessionControl>>>;
+
+/// What handling one frame means for the connection.
+enum Served {
+    Continue,
+    Quiesced,
+}
 
 struct Agent {
     identity: Arc<Welcome>,
@@ -102,6 +153,7 @@ struct Agent {
 }
 
 impl Agent {
+    /// Serves frames until the host asks for a quiesce or the connection ends.
     fn serve(&self, reader: &mut UnixStream) {
         loop {
             let frame = match read_frame(reader) {
@@ -111,15 +163,26 @@ impl Agent {
                     return;
                 }
             };
-            if let Err(message) = self.handle(frame) {
-                let error = ProtocolErrorMessage { message };
-                let _ = self.outbox.send(Frame::message(CONTROL_STREAM, FrameKind::Error, &error));
+            match self.handle(frame) {
+                Ok(Served::Continue) => {}
+                Ok(Served::Quiesced) => return,
+                Err(message) => {
+                    let error = ProtocolErrorMessage { message };
+                    let _ = self.outbox.send(Frame::message(CONTROL_STREAM, FrameKind::Error, &error));
+                }
             }
         }
     }
 
-    fn handle(&self, frame: Frame) -> Result<(), String> {
+    fn handle(&self, frame: Frame) -> Result<Served, String> {
         match frame.kind {
+            FrameKind::Quiesce => {
+                // The writer sends the ack after everything queued before
+                // it, then drops its socket; `serve` returns and the reader
+                // drops the other half, so no socket of ours is left open.
+                let _ = self.outbox.send(Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, Vec::new()));
+                return Ok(Served::Quiesced);
+            }
             FrameKind::Ping => {
                 let _ = self.outbox.send(Frame::new(frame.stream, FrameKind::Pong, frame.payload));
             }
@@ -139,6 +202,6 @@ impl Agent {
             }
             other => return Err(format!("the agent does not accept {other:?} frames")),
         }
-        Ok(())
+        Ok(Served::Continue)
     }
 }

@@ -176,7 +176,13 @@ enum SandboxCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Thaw a paused sandbox and wait until it runs.
+    /// Snapshot a sandbox to disk (the engine process exits) and wait.
+    Suspend {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resume a paused or suspended sandbox and wait until it runs.
     Resume {
         id: String,
         #[command(flatten)]
@@ -402,6 +408,12 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
             let accepted = client.post(&format!("/v1/sandboxes/{id}/pause"), &serde_json::json!({}))?;
             finish_lifecycle(&client, &accepted, "pause")?;
             eprintln!("paused {id}");
+        }
+        SandboxCommand::Suspend { id, client } => {
+            let client = client.client()?;
+            let accepted = client.post(&format!("/v1/sandboxes/{id}/suspend"), &serde_json::json!({}))?;
+            finish_lifecycle(&client, &accepted, "suspend")?;
+            eprintln!("suspended {id}");
         }
         SandboxCommand::Resume { id, client } => {
             let client = client.client()?;

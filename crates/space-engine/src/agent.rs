@@ -5,6 +5,10 @@
 //! guest sends is untrusted: headers are validated before any allocation,
 //! frames for unknown streams are dropped, and a protocol violation closes
 //! the connection.
+//!
+//! A connection can be quiesced (before a snapshot: the agent lets go of its
+//! socket) and re-attached to the agent's next socket after a restore; the
+//! command streams survive both.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -40,6 +44,13 @@ struct Shared {
     next_stream: AtomicU32,
     closed: AtomicBool,
     closed_notify: tokio::sync::Notify,
+    /// Set while a quiesce is asked for; the reader then ends quietly.
+    quiescing: AtomicBool,
+    /// Told when the agent acknowledged a quiesce and closed its socket.
+    detached: tokio::sync::Notify,
+    /// Hands the writer task the write half of each new socket.
+    writers: mpsc::UnboundedSender<OwnedWriteHalf>,
+    welcome: Welcome,
 }
 
 /// A connected, handshaken agent. Cheap to clone.
@@ -48,6 +59,28 @@ pub struct AgentConn {
     outbox: mpsc::Sender<Frame>,
     shared: Arc<Shared>,
     hello: Arc<Hello>,
+}
+
+/// Reads the agent's hello on a new socket and answers with `welcome`.
+async fn greet(
+    socket: UnixStream,
+    welcome: &Welcome,
+    patience: Duration,
+) -> Result<(OwnedReadHalf, OwnedWriteHalf, Hello), AgentError> {
+    let (mut read_half, mut write_half) = socket.into_split();
+    let hello: Hello = tokio::time::timeout(patience, read_frame(&mut read_half))
+        .await
+        .map_err(|_| AgentError::Timeout(patience))??
+        .expect(FrameKind::Hello)?;
+    if hello.protocol_version != PROTOCOL_VERSION {
+        let message = ProtocolErrorMessage {
+            message: format!("host speaks protocol {PROTOCOL_VERSION}, agent {}", hello.protocol_version),
+        };
+        let _ = write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Error, &message)).await;
+        return Err(ProtoError::Version { theirs: hello.protocol_version }.into());
+    }
+    write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, welcome)).await?;
+    Ok((read_half, write_half, hello))
 }
 
 /// What a command stream delivers, in order; `Exit` is always last.
@@ -70,32 +103,63 @@ impl AgentConn {
     /// Reads the agent's hello, answers with its identity, starts the I/O
     /// tasks and checks health with a ping.
     pub async fn handshake(socket: UnixStream, welcome: Welcome, patience: Duration) -> Result<AgentConn, AgentError> {
-        let (mut read_half, mut write_half) = socket.into_split();
-        let hello: Hello = tokio::time::timeout(patience, read_frame(&mut read_half))
-            .await
-            .map_err(|_| AgentError::Timeout(patience))??
-            .expect(FrameKind::Hello)?;
-        if hello.protocol_version != PROTOCOL_VERSION {
-            let message = ProtocolErrorMessage {
-                message: format!("host speaks protocol {PROTOCOL_VERSION}, agent {}", hello.protocol_version),
-            };
-            let _ = write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Error, &message)).await;
-            return Err(ProtoError::Version { theirs: hello.protocol_version }.into());
-        }
-        write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome)).await?;
-
+        let (read_half, write_half, hello) = greet(socket, &welcome, patience).await?;
+        let (writers, new_writers) = mpsc::unbounded_channel();
+        let _ = writers.send(write_half);
         let shared = Arc::new(Shared {
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU32::new(1),
             closed: AtomicBool::new(false),
             closed_notify: tokio::sync::Notify::new(),
+            quiescing: AtomicBool::new(false),
+            detached: tokio::sync::Notify::new(),
+            writers,
+            welcome,
         });
         let (outbox, queued) = mpsc::channel(256);
-        tokio::spawn(write_loop(write_half, queued));
+        tokio::spawn(write_loop(queued, new_writers));
         tokio::spawn(read_loop(read_half, shared.clone()));
         let conn = AgentConn { outbox, shared, hello: Arc::new(hello) };
         conn.ping(patience).await?;
         Ok(conn)
+    }
+
+    /// The identity this connection gives its agent.
+    pub fn welcome(&self) -> &Welcome {
+        &self.shared.welcome
+    }
+
+    /// Asks the agent to let go of its socket (before a snapshot) and waits
+    /// until it has: it answers `QuiesceAck` and closes its end. Command
+    /// streams stay open for [`AgentConn::reattach`].
+    pub async fn quiesce(&self, patience: Duration) -> Result<(), AgentError> {
+        if self.is_closed() {
+            return Err(AgentError::Disconnected);
+        }
+        let detached = self.shared.detached.notified();
+        tokio::pin!(detached);
+        detached.as_mut().enable();
+        self.shared.quiescing.store(true, Ordering::Release);
+        self.send(Frame::new(CONTROL_STREAM, FrameKind::Quiesce, Vec::new())).await?;
+        let waited = tokio::select! {
+            () = &mut detached => Ok(()),
+            () = self.closed() => Err(AgentError::Disconnected),
+            () = tokio::time::sleep(patience) => Err(AgentError::Timeout(patience)),
+        };
+        if waited.is_err() {
+            self.shared.quiescing.store(false, Ordering::Release);
+        }
+        waited
+    }
+
+    /// Continues a quiesced connection on the agent's new socket (after a
+    /// restore): same identity, same streams; checks health with a ping.
+    pub async fn reattach(&self, socket: UnixStream, patience: Duration) -> Result<(), AgentError> {
+        let (read_half, write_half, _hello) = greet(socket, &self.shared.welcome, patience).await?;
+        self.shared.quiescing.store(false, Ordering::Release);
+        self.shared.writers.send(write_half).map_err(|_| AgentError::Disconnected)?;
+        tokio::spawn(read_loop(read_half, self.shared.clone()));
+        self.ping(patience).await.map(drop)
     }
 
     pub fn hello(&self) -> &Hello {
@@ -233,9 +297,26 @@ async fn write_frame(writer: &mut OwnedWriteHalf, frame: &Frame) -> Result<(), P
     Ok(())
 }
 
-async fn write_loop(mut writer: OwnedWriteHalf, mut queued: mpsc::Receiver<Frame>) {
+/// Writes queued frames to the current socket; a new socket's write half
+/// replaces the old one (after a quiesce and restore).
+async fn write_loop(mut queued: mpsc::Receiver<Frame>, mut writers: mpsc::UnboundedReceiver<OwnedWriteHalf>) {
+    let Some(mut writer) = writers.recv().await else { return };
     let mut buf = Vec::new();
-    while let Some(frame) = queued.recv().await {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            next = writers.recv() => {
+                match next {
+                    Some(next) => writer = next,
+                    None => return,
+                }
+                continue;
+            }
+            frame = queued.recv() => match frame {
+                Some(frame) => frame,
+                None => return,
+            },
+        };
         buf.clear();
         let _ = frame.encode_into(&mut buf);
         // Coalesce what is already queued into one write.
@@ -248,12 +329,17 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut queued: mpsc::Receiver<Frame
             }
         }
         if writer.write_all(&buf).await.is_err() {
-            return;
+            // Wait for the next socket; what was in this write is lost.
+            match writers.recv().await {
+                Some(next) => writer = next,
+                None => return,
+            }
         }
     }
 }
 
 async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
+    let mut acknowledged = false;
     loop {
         let frame = match read_frame(&mut reader).await {
             Ok(frame) => frame,
@@ -263,9 +349,13 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
             }
         };
         if frame.stream == CONTROL_STREAM {
-            if frame.kind == FrameKind::Error {
-                let message = frame.parse::<ProtocolErrorMessage>().map(|m| m.message).unwrap_or_default();
-                tracing::warn!("the agent reported a protocol error: {message}");
+            match frame.kind {
+                FrameKind::QuiesceAck if shared.quiescing.load(Ordering::Acquire) => acknowledged = true,
+                FrameKind::Error => {
+                    let message = frame.parse::<ProtocolErrorMessage>().map(|m| m.message).unwrap_or_default();
+                    tracing::warn!("the agent reported a protocol error: {message}");
+                }
+                _ => {}
             }
             continue;
         }
@@ -274,6 +364,11 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
             // A receiver that went away just means nobody listens any more.
             let _ = target.send(frame).await;
         }
+    }
+    if acknowledged {
+        // The agent let go on purpose; its streams go on after reattach.
+        shared.detached.notify_waiters();
+        return;
     }
     shared.closed.store(true, Ordering::Release);
     // Dropping every sender ends every open stream with `None`.
@@ -295,11 +390,12 @@ mod tests {
             sandbox_id: "sbx_t".into(),
             hostname: "t".into(),
             env: BTreeMap::new(),
+            session: 1,
         }
     }
 
     fn hello_frame(version: u32) -> Vec<u8> {
-        let hello = Hello { protocol_version: version, agent_version: "test".into(), pid: 1 };
+        let hello = Hello { protocol_version: version, agent_version: "test".into(), pid: 1, reconnect: false };
         Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()
     }
 
@@ -353,5 +449,61 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(2), conn.closed()).await.expect("closed() resolves");
         assert!(conn.is_closed());
         assert!(matches!(conn.exec(&request).await, Err(AgentError::Disconnected)));
+    }
+
+    #[tokio::test]
+    async fn streams_survive_a_quiesce_and_reattach() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let first = tokio::spawn(async move {
+            let (mut read, mut write) = guest.into_split();
+            write.write_all(&hello_frame(PROTOCOL_VERSION)).await.unwrap();
+            let _welcome = read_frame(&mut read).await.unwrap();
+            let ping = read_frame(&mut read).await.unwrap();
+            write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
+            let exec = read_frame(&mut read).await.unwrap();
+            let started = Frame::message(exec.stream, FrameKind::Started, &Started { pid: 9 });
+            write.write_all(&started.encode().unwrap()).await.unwrap();
+            write
+                .write_all(&Frame::new(exec.stream, FrameKind::Stdout, b"before".to_vec()).encode().unwrap())
+                .await
+                .unwrap();
+            let quiesce = read_frame(&mut read).await.unwrap();
+            assert_eq!(quiesce.kind, FrameKind::Quiesce);
+            write
+                .write_all(&Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, vec![]).encode().unwrap())
+                .await
+                .unwrap();
+            exec.stream // both halves drop here: the agent let go
+        });
+        let conn = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await.unwrap();
+        let request = ExecRequest { argv: vec!["x".into()], env: BTreeMap::new(), cwd: None, user: None, stdin: false };
+        let mut stream = conn.exec(&request).await.unwrap();
+        assert_eq!(stream.next().await, Some(ExecEvent::Stdout(b"before".to_vec())));
+        conn.quiesce(Duration::from_secs(2)).await.expect("quiesced");
+        let stream_id = first.await.unwrap();
+        assert!(!conn.is_closed(), "a quiesced connection is not closed");
+
+        let (host, guest) = UnixStream::pair().unwrap();
+        let second = tokio::spawn(async move {
+            let (mut read, mut write) = guest.into_split();
+            let hello =
+                Hello { protocol_version: PROTOCOL_VERSION, agent_version: "t".into(), pid: 1, reconnect: true };
+            write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
+            let welcome: Welcome = read_frame(&mut read).await.unwrap().expect(FrameKind::Welcome).unwrap();
+            assert_eq!(welcome.session, 1, "the same session goes on");
+            let ping = read_frame(&mut read).await.unwrap();
+            write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
+            write
+                .write_all(&Frame::new(stream_id, FrameKind::Stdout, b"after".to_vec()).encode().unwrap())
+                .await
+                .unwrap();
+            let exit = Frame::message(stream_id, FrameKind::Exit, &Exited { exit_code: Some(0), signal: None });
+            write.write_all(&exit.encode().unwrap()).await.unwrap();
+            (read, write)
+        });
+        conn.reattach(host, Duration::from_secs(2)).await.expect("reattached");
+        assert_eq!(stream.next().await, Some(ExecEvent::Stdout(b"after".to_vec())));
+        assert_eq!(stream.next().await, Some(ExecEvent::Exit(Exited { exit_code: Some(0), signal: None })));
+        let _keep_open = second.await.unwrap();
     }
 }

@@ -15,7 +15,6 @@ use oci_spec::runtime::{
 use space_host::btrfs;
 use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
 use space_process::Reaper;
-use space_proto::{Welcome, PROTOCOL_VERSION};
 use tokio::net::UnixListener;
 
 use crate::{AgentConn, Availability, Engine, EngineError, SandboxSpec, Started};
@@ -37,6 +36,15 @@ pub struct GvisorConfig {
 
 pub struct Gvisor {
     config: GvisorConfig,
+}
+
+/// How `runsc` starts a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    /// A fresh container from the template root.
+    Run,
+    /// The container from its checkpoint (root, bundle and sockets exist).
+    Restore,
 }
 
 impl Gvisor {
@@ -83,35 +91,63 @@ impl Gvisor {
 
     /// Everything before `runsc run`: the root snapshot, the socket directory
     /// and the bundle. Returns the listener the agent will dial.
-    fn prepare(&self, spec: &SandboxSpec) -> Result<std::os::unix::net::UnixListener, EngineError> {
-        fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
-        btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
+    fn prepare(&self, spec: &SandboxSpec, launch: Launch) -> Result<std::os::unix::net::UnixListener, EngineError> {
         let socket_dir = Self::socket_dir(&spec.dir);
-        fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
-        fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
-        let listener = std::os::unix::net::UnixListener::bind(socket_dir.join(SOCKET_NAME))
+        if launch == Launch::Run {
+            fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
+            btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
+            fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
+            fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
+            self.write_bundle(spec)?;
+        }
+        // Whatever the sandbox left in its socket directory goes first.
+        let socket_path = socket_dir.join(SOCKET_NAME);
+        if fs::symlink_metadata(&socket_path).is_ok() {
+            fs::remove_file(&socket_path).map_err(EngineError::io("clearing the socket path"))?;
+        }
+        let listener = std::os::unix::net::UnixListener::bind(&socket_path)
             .map_err(EngineError::io("binding the agent socket"))?;
         listener.set_nonblocking(true).map_err(EngineError::io("socket mode"))?;
-        self.write_bundle(spec)?;
         Ok(listener)
+    }
+
+    /// Where a suspended sandbox's checkpoint lives.
+    pub fn snapshot_dir(dir: &Path) -> PathBuf {
+        dir.join("snapshot")
     }
 
     /// Prepares the sandbox and runs it until its agent dials home. Returns
     /// the agent's socket (before any handshake) and the time from spawning
     /// `runsc` to the connection, the engine's own floor.
     pub async fn boot(&self, spec: &SandboxSpec) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
+        self.launch(spec, Launch::Run).await
+    }
+
+    async fn launch(
+        &self,
+        spec: &SandboxSpec,
+        launch: Launch,
+    ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
-        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone))
+        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, launch))
             .await
             .map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
 
         let log_path = spec.dir.join("runsc.log");
-        let log = fs::File::create(&log_path).map_err(EngineError::io("creating runsc.log"))?;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(EngineError::io("opening runsc.log"))?;
         let log_err = log.try_clone().map_err(EngineError::io("runsc.log"))?;
         let mut run = self.runsc();
-        run.args(["run", "--detach", "--bundle"])
+        match launch {
+            Launch::Run => run.args(["run", "--detach"]),
+            Launch::Restore => run.args(["restore", "--detach", "--image-path"]).arg(Self::snapshot_dir(&spec.dir)),
+        };
+        run.arg("--bundle")
             .arg(Self::bundle_dir(&spec.dir))
             .arg(&spec.id)
             .stdin(Stdio::null())
@@ -131,7 +167,7 @@ impl Gvisor {
                     let status = status.map_err(|e| EngineError::Runtime(e.to_string()))?;
                     if !status.success() {
                         return Err(EngineError::Runtime(format!(
-                            "runsc run failed ({status:?}): {}", log_tail(&log_path)
+                            "runsc {launch:?} failed ({status:?}): {}", log_tail(&log_path)
                         )));
                     }
                 }
@@ -161,13 +197,7 @@ impl Gvisor {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
         let (socket, boot) = self.boot(spec).await?;
-        let welcome = Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            sandbox_id: spec.id.clone(),
-            hostname: spec.hostname.clone(),
-            env: spec.env.clone(),
-        };
-        let agent = AgentConn::handshake(socket, welcome, BOOT_PATIENCE).await?;
+        let agent = AgentConn::handshake(socket, crate::welcome_for(spec), BOOT_PATIENCE).await?;
         Ok(Started { agent, boot })
     }
 
@@ -242,6 +272,36 @@ impl Engine for Gvisor {
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.runsc_blocking(["resume", &spec.id]).await
+    }
+
+    async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        let snapshot = Self::snapshot_dir(&spec.dir);
+        let _ = fs::remove_dir_all(&snapshot);
+        fs::create_dir_all(&snapshot).map_err(EngineError::io("creating the snapshot dir"))?;
+        let image = snapshot.to_string_lossy().into_owned();
+        self.runsc_blocking(["checkpoint", "--image-path", &image, &spec.id]).await?;
+        // The checkpointed container has stopped; free its runsc state so
+        // no engine process of it is left while it is suspended.
+        self.runsc_blocking(["delete", "--force", &spec.id]).await
+    }
+
+    async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+        if !Self::snapshot_dir(&spec.dir).join("checkpoint.img").is_file() {
+            return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
+        }
+        let (socket, _) = self.launch(spec, Launch::Restore).await?;
+        let _ = fs::remove_dir_all(Self::snapshot_dir(&spec.dir));
+        Ok(socket)
+    }
+
+    fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
+        Self::snapshot_dir(&spec.dir).join("checkpoint.img").is_file()
+    }
+
+    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        space_host::run(self.runsc().args(["delete", "--force", &spec.id]))
+            .map(drop)
+            .map_err(|e| EngineError::Runtime(e.to_string()))
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

@@ -55,6 +55,22 @@ pub struct SandboxSpec {
     pub env: BTreeMap<String, String>,
 }
 
+/// The identity a sandbox's agent receives when it dials in. The session
+/// is fresh for every new host-side connection.
+pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
+    let mut session = [0u8; 8];
+    // Any value will do if the kernel's random source fails: it only needs
+    // to differ from the previous session's.
+    let _ = getrandom::getrandom(&mut session);
+    space_proto::Welcome {
+        protocol_version: space_proto::PROTOCOL_VERSION,
+        sandbox_id: spec.id.clone(),
+        hostname: spec.hostname.clone(),
+        env: spec.env.clone(),
+        session: u64::from_le_bytes(session) | 1,
+    }
+}
+
 /// A started sandbox: its agent has said hello and answered a ping.
 pub struct Started {
     pub agent: AgentConn,
@@ -87,6 +103,22 @@ pub trait Engine: Send + Sync {
 
     /// Thaws a paused sandbox.
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+
+    /// Snapshots a running sandbox to its directory (memory, processes,
+    /// open files; its disk is already there) and stops it: afterwards no
+    /// engine process of it exists. Its agent must have been quiesced.
+    async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+
+    /// Starts a suspended sandbox from its snapshot and returns the socket
+    /// its agent dialed from inside (before any handshake).
+    async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError>;
+
+    /// Whether a whole snapshot of the sandbox exists.
+    fn has_snapshot(&self, spec: &SandboxSpec) -> bool;
+
+    /// Stops the sandbox's processes, keeping its disk and snapshot.
+    /// Blocking: call it off the async threads.
+    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
 
     /// Stops the sandbox and frees all it held (processes, mounts, disk).
     /// Idempotent: destroying what is already gone succeeds.

@@ -25,7 +25,7 @@ use std::io::{self, Read, Write};
 pub use messages::*;
 
 /// Bumped on any incompatible change; the handshake refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest payload either side may send.
 pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Largest chunk of output the agent puts in one frame.
@@ -83,6 +83,12 @@ frame_kinds! {
     Signal = 13,
     /// either way: [`ProtocolErrorMessage`]; the sender closes afterwards.
     Error = 14,
+    /// host → agent, control stream: let go of the channel (before a
+    /// snapshot); the agent answers `QuiesceAck`, closes its socket and
+    /// dials home again, keeping its commands running.
+    Quiesce = 15,
+    /// agent → host: the last frame before the agent closes its socket.
+    QuiesceAck = 16,
 }
 
 /// One decoded frame.
@@ -252,7 +258,7 @@ mod tests {
         let frame = Frame::new(
             0,
             FrameKind::Hello,
-            br#"{"protocol_version":1,"agent_version":"x","pid":1,"evil":true}"#.to_vec(),
+            br#"{"protocol_version":2,"agent_version":"x","pid":1,"reconnect":false,"evil":true}"#.to_vec(),
         );
         assert!(frame.parse::<Hello>().is_err());
         let ping = Frame::new(0, FrameKind::Ping, vec![]);

@@ -12,6 +12,8 @@ pub struct Hello {
     pub agent_version: String,
     /// The agent's pid inside the sandbox (1 when it is init).
     pub pid: u32,
+    /// The agent dials again after a quiesce (its commands kept running).
+    pub reconnect: bool,
 }
 
 /// The sandbox's identity, sent by the host in answer to [`Hello`].
@@ -23,6 +25,10 @@ pub struct Welcome {
     pub hostname: String,
     /// Environment every command starts with (the sandbox's env).
     pub env: BTreeMap<String, String>,
+    /// Identifies the host's side of the channel. A new value means a new
+    /// host session (the server restarted): streams of the old one are
+    /// dropped; the same value after a quiesce means carry on.
+    pub session: u64,
 }
 
 /// Start a process in the sandbox.

@@ -176,6 +176,14 @@ pub enum Event {
     Froze,
     /// The engine thawed a paused sandbox.
     Thawed,
+    /// A suspend was accepted.
+    SuspendRequested,
+    /// The snapshot is on disk and no engine process is left.
+    Checkpointed,
+    /// A resume of a suspended sandbox was accepted.
+    RestoreRequested,
+    /// The sandbox runs again from its snapshot.
+    Restored,
     /// Something went wrong beyond repair.
     Failure,
 }
@@ -198,6 +206,14 @@ pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiE
         (Creating | Paused | Suspending | Suspended | Resuming | Deleting | Deleted | Failed, Froze) => None,
         (Paused, Thawed) => Some(Running),
         (Creating | Running | Suspending | Suspended | Resuming | Deleting | Deleted | Failed, Thawed) => None,
+        (Running | Paused, SuspendRequested) => Some(Suspending),
+        (Creating | Suspending | Suspended | Resuming | Deleting | Deleted | Failed, SuspendRequested) => None,
+        (Suspending, Checkpointed) => Some(Suspended),
+        (Creating | Running | Paused | Suspended | Resuming | Deleting | Deleted | Failed, Checkpointed) => None,
+        (Suspended, RestoreRequested) => Some(Resuming),
+        (Creating | Running | Paused | Suspending | Resuming | Deleting | Deleted | Failed, RestoreRequested) => None,
+        (Resuming, Restored) => Some(Running),
+        (Creating | Running | Paused | Suspending | Suspended | Deleting | Deleted | Failed, Restored) => None,
     };
     to.ok_or_else(|| ApiError::invalid_state("sandbox", from.as_str(), action_name(event)))
 }
@@ -210,7 +226,8 @@ pub fn action_name(event: Event) -> &'static str {
         Event::Destroyed => "finish deleting",
         Event::Failure => "fail",
         Event::Froze => "pause",
-        Event::Thawed => "resume",
+        Event::Thawed | Event::RestoreRequested | Event::Restored => "resume",
+        Event::SuspendRequested | Event::Checkpointed => "suspend",
     }
 }
 
@@ -251,6 +268,13 @@ mod tests {
         assert!(transition(Paused, Event::Froze).unwrap_err().message.contains("paused"));
         assert!(transition(Running, Event::Thawed).is_err());
         assert!(transition(Creating, Event::Froze).is_err());
+        assert_eq!(transition(Paused, Event::SuspendRequested).unwrap(), Suspending);
+        assert_eq!(transition(Suspending, Event::Checkpointed).unwrap(), Suspended);
+        assert_eq!(transition(Suspended, Event::RestoreRequested).unwrap(), Resuming);
+        assert_eq!(transition(Resuming, Event::Restored).unwrap(), Running);
+        assert_eq!(transition(Suspended, Event::DeleteRequested).unwrap(), Deleting);
+        assert!(transition(Suspended, Event::SuspendRequested).is_err());
+        assert!(transition(Suspended, Event::Thawed).is_err());
     }
 
     #[test]

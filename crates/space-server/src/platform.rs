@@ -20,6 +20,9 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::store::{SandboxRecord, Store};
 
+/// How long an agent may take to let go of its channel or to come back.
+const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
+
 /// A job for a sandbox's actor: carry out this operation.
 #[derive(Debug)]
 struct Job {
@@ -82,21 +85,38 @@ impl Platform {
         }
     }
 
-    /// Marks what a previous server process left in flight. Sandboxes do not
-    /// outlive their server yet (the agent exits when its channel closes), so
-    /// live ones are recorded as failed; their disks stay until deleted.
+    /// Settles what a previous server process left in flight. Whole
+    /// snapshots stay `suspended`. Live sandboxes cannot be re-adopted yet:
+    /// their engine processes are stopped and they are recorded as failed
+    /// (their disks stay until deleted). Commands whose end was not seen get
+    /// a result saying so; unfinished operations fail.
     pub fn reconcile(&self) -> Result<(), ApiError> {
         let now = ids::now();
         for mut record in self.store.sandboxes()? {
             let state = record.sandbox.state;
-            if matches!(state, SandboxState::Deleted | SandboxState::Failed) {
-                continue;
+            let spec = self.engine_spec(&record);
+            let keep = match state {
+                SandboxState::Deleted | SandboxState::Failed => true,
+                SandboxState::Suspended => self.engine.has_snapshot(&spec),
+                SandboxState::Creating
+                | SandboxState::Running
+                | SandboxState::Paused
+                | SandboxState::Suspending
+                | SandboxState::Resuming
+                | SandboxState::Deleting => false,
+            };
+            if !keep {
+                if let Err(err) = self.engine.stop(&spec) {
+                    tracing::debug!(sandbox = %record.sandbox.id, "stopping leftovers: {err}");
+                }
+                record.sandbox.state = domain::transition(state, Event::Failure)?;
+                record.sandbox.failure_reason = Some(format!(
+                    "the server restarted while the sandbox was {}; delete it to free its disk",
+                    state.as_str()
+                ));
+                record.sandbox.updated_at = now.clone();
+                self.store.put_sandbox(&record)?;
             }
-            record.sandbox.state = domain::transition(state, Event::Failure)?;
-            record.sandbox.failure_reason =
-                Some("the server restarted while the sandbox was running; delete it to free its disk".into());
-            record.sandbox.updated_at = now.clone();
-            self.store.put_sandbox(&record)?;
             for mut command in self.store.commands(&record.sandbox.id)? {
                 if command.result.is_none() {
                     command.state = space_api::CommandState::Exited;
@@ -112,7 +132,7 @@ impl Platform {
                     ApiError::new(
                         axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                         "interrupted",
-                        "the server restarted before the operation finished",
+                        "interrupted by server restart",
                     )
                     .detail(),
                 );
@@ -184,9 +204,11 @@ impl Platform {
         let (event, total) = match kind {
             OperationKind::Delete => (Event::DeleteRequested, 2),
             OperationKind::Pause => (Event::Froze, 1),
+            OperationKind::Resume if record.sandbox.state == SandboxState::Suspended => (Event::RestoreRequested, 2),
             OperationKind::Resume => (Event::Thawed, 1),
-            OperationKind::Create | OperationKind::Suspend => {
-                return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
+            OperationKind::Suspend => (Event::SuspendRequested, 3),
+            OperationKind::Create => {
+                return Err(ApiError::unprocessable("create is not a request on an existing sandbox"));
             }
         };
         let mut operation = new_operation(kind, id, "queued", total);
@@ -286,6 +308,14 @@ impl Platform {
         });
     }
 
+    /// Stops a sandbox's engine processes (keeping its disk), off the async
+    /// threads; a sandbox that is already stopped is fine.
+    async fn stop_engine(&self, spec: &SandboxSpec) {
+        let engine = self.engine.clone();
+        let spec = spec.clone();
+        let _ = tokio::task::spawn_blocking(move || engine.stop(&spec)).await;
+    }
+
     fn engine_spec(&self, record: &SandboxRecord) -> SandboxSpec {
         let sandbox = &record.sandbox;
         SandboxSpec {
@@ -366,12 +396,18 @@ impl Actor {
                     false
                 }
                 OperationKind::Resume => {
-                    self.change(id, Event::Thawed, "thawing", |spec| async move { engine.resume(&spec).await }).await;
+                    let suspended =
+                        self.platform.sandbox(&self.id).is_ok_and(|r| r.sandbox.state == SandboxState::Suspended);
+                    if suspended {
+                        self.restore(id).await;
+                    } else {
+                        self.change(id, Event::Thawed, "thawing", |spec| async move { engine.resume(&spec).await })
+                            .await;
+                    }
                     false
                 }
                 OperationKind::Suspend => {
-                    let error = ApiError::unprocessable("suspend is not supported yet");
-                    self.platform.finish_operation(id, Some(error));
+                    self.suspend(id).await;
                     false
                 }
             };
@@ -441,6 +477,97 @@ impl Actor {
                     "engine_failed",
                     format!("the engine could not {}", domain::action_name(event)),
                 );
+                platform.finish_operation(operation_id, Some(failure));
+            }
+        }
+    }
+
+    /// Suspend: thaw if paused, quiesce the agent, checkpoint, stop.
+    async fn suspend(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let record = match platform.sandbox(&self.id) {
+            Ok(record) => record,
+            Err(err) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        let was_paused = record.sandbox.state == SandboxState::Paused;
+        if let Err(err) = platform.apply(&self.id, Event::SuspendRequested, None) {
+            return platform.finish_operation(operation_id, Some(err));
+        }
+        let spec = platform.engine_spec(&record);
+        let agent = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let result = async {
+            if was_paused {
+                // A frozen agent cannot let go of its channel.
+                platform.progress(operation_id, "thawing", 0);
+                platform.engine.resume(&spec).await.map_err(|e| ("thawing", e.to_string()))?;
+            }
+            platform.progress(operation_id, "quiescing the agent", 1);
+            let agent = agent.ok_or(("quiescing", "the agent is not connected".to_string()))?;
+            agent.quiesce(QUIESCE_PATIENCE).await.map_err(|e| ("quiescing", e.to_string()))?;
+            platform.progress(operation_id, "writing the snapshot", 2);
+            platform.engine.suspend(&spec).await.map_err(|e| ("writing the snapshot", e.to_string()))
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                let applied = platform.apply(&self.id, Event::Checkpointed, None);
+                platform.finish_operation(operation_id, applied.err());
+            }
+            Err((step, err)) => {
+                tracing::error!(sandbox = %self.id, "suspend failed while {step}: {err}");
+                let failure = ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "engine_failed",
+                    format!("suspending failed while {step}"),
+                );
+                self.set_agent(None);
+                platform.stop_engine(&spec).await;
+                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
+                platform.finish_operation(operation_id, Some(failure));
+            }
+        }
+    }
+
+    /// Resume from a snapshot: restore, then re-attach the agent (or greet
+    /// it afresh if this server never knew it).
+    async fn restore(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let record = match platform.sandbox(&self.id) {
+            Ok(record) => record,
+            Err(err) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        if let Err(err) = platform.apply(&self.id, Event::RestoreRequested, None) {
+            return platform.finish_operation(operation_id, Some(err));
+        }
+        platform.progress(operation_id, "restoring the snapshot", 0);
+        let spec = platform.engine_spec(&record);
+        let known = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let result = async {
+            let socket = platform.engine.restore(&spec).await.map_err(|e| e.to_string())?;
+            platform.progress(operation_id, "reconnecting the agent", 1);
+            match known {
+                Some(agent) => agent.reattach(socket, QUIESCE_PATIENCE).await.map(|()| agent),
+                None => AgentConn::handshake(socket, space_engine::welcome_for(&spec), QUIESCE_PATIENCE).await,
+            }
+            .map_err(|e| e.to_string())
+        }
+        .await;
+        match result {
+            Ok(agent) => {
+                self.set_agent(Some(agent));
+                let applied = platform.apply(&self.id, Event::Restored, None);
+                platform.finish_operation(operation_id, applied.err());
+            }
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "resume from snapshot failed: {err}");
+                let failure = ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "engine_failed",
+                    "resuming from the snapshot failed",
+                );
+                self.set_agent(None);
+                platform.stop_engine(&spec).await;
+                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
                 platform.finish_operation(operation_id, Some(failure));
             }
         }

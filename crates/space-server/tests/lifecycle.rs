@@ -107,3 +107,73 @@ fn lifecycle_calls_replay_their_idempotency_key_and_refuse_unknown_sandboxes() {
     server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/pause", None, 404, "not_found");
     server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/resume", None, 404, "not_found");
 }
+
+fn sandbox_processes(id: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(id))
+        .count()
+}
+
+#[test]
+fn suspend_writes_a_snapshot_and_resume_brings_back_processes_memory_and_commands() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    server.exec(&id, json!({"cmd": KEEPER}));
+    server.exec(&id, json!({"cmd": "echo on disk > /root/file.txt"}));
+    let (pid, token, _) = keeper_state(&server, &id);
+    // A command that runs across the suspend.
+    let counter = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.3; done"})),
+    );
+    let cid = counter["command"]["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(400));
+
+    let suspended = lifecycle(&server, &id, "suspend");
+    assert_eq!(suspended["state"], "succeeded", "{suspended}");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "suspended");
+    assert_eq!(sandbox_processes(&id), 0, "no engine process exists while suspended");
+    assert!(data.data.sandbox_dir(&id).join("snapshot/checkpoint.img").is_file());
+    server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
+    server.error("POST", &format!("/v1/sandboxes/{id}/pause"), None, 409, "invalid_state");
+    server.error("POST", &format!("/v1/sandboxes/{id}/suspend"), None, 409, "invalid_state");
+
+    let resumed = lifecycle(&server, &id, "resume");
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "running");
+    let (pid_after, token_after, _) = keeper_state(&server, &id);
+    assert_eq!((pid_after, token_after), (pid, token), "the same process with the same memory");
+    assert_eq!(server.exec(&id, json!({"argv": ["cat", "/root/file.txt"]}))["stdout"], "on disk\n");
+
+    // The command that ran across the suspend finished with all its output.
+    let frames = server.output(&id, &cid, "?follow=true");
+    assert_eq!(common::text_of(&frames, "stdout"), "tick1\ntick2\ntick3\ntick4\ntick5\ntick6\n");
+    assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0, "{frames:?}");
+    assert!(!data.data.sandbox_dir(&id).join("snapshot").exists(), "the snapshot is freed after resume");
+}
+
+#[test]
+fn a_suspended_sandbox_survives_a_server_restart_and_pause_works_from_suspend_too() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    server.exec(&id, json!({"cmd": KEEPER}));
+    let (pid, token, _) = keeper_state(&server, &id);
+    assert_eq!(lifecycle(&server, &id, "pause")["state"], "succeeded");
+    assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded", "a paused sandbox can be suspended");
+    server.stop();
+
+    let server = TestServer::start(&data);
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "suspended");
+    let resumed = lifecycle(&server, &id, "resume");
+    assert_eq!(resumed["state"], "succeeded", "{resumed}");
+    let (pid_after, token_after, _) = keeper_state(&server, &id);
+    assert_eq!((pid_after, token_after), (pid, token));
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+    assert!(!data.data.sandbox_dir(&id).exists());
+    assert_eq!(sandbox_processes(&id), 0);
+}

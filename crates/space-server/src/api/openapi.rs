@@ -13,6 +13,7 @@ use super::{commands, health, operations, output, sandboxes};
     paths(
         health::health,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete, sandboxes::pause, sandboxes::resume,
+        sandboxes::suspend,
         operations::get, operations::list,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::exec,
         output::output,

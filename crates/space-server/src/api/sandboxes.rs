@@ -122,11 +122,21 @@ pub async fn pause(state: State<AppState>, headers: HeaderMap, id: Path<String>)
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
-    responses((status = 202, description = "Accepted: the sandbox runs again once it succeeds", body = SandboxOperation),
+    responses((status = 202, description = "Accepted: the sandbox runs again once it succeeds (from paused or suspended)", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "Not paused", body = ErrorBody)))]
+        (status = 409, description = "Neither paused nor suspended", body = ErrorBody)))]
 pub async fn resume(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
     lifecycle(state, headers, id, OperationKind::Resume).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/suspend", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
+    responses((status = 202, description = "Accepted: memory, processes and disk go to a snapshot on disk and the engine process exits", body = SandboxOperation),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "Neither running nor paused", body = ErrorBody)))]
+pub async fn suspend(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
+    lifecycle(state, headers, id, OperationKind::Suspend).await
 }
 
 type LifecycleAnswer = Result<(StatusCode, Json<SandboxOperation>), ApiError>;
