@@ -55,6 +55,33 @@ impl Samples {
     }
 }
 
+/// Calls a lifecycle action and waits for its operation; returns how long.
+fn timed_lifecycle(client: &Client, id: &str, action: &str) -> Result<Duration> {
+    let started = Instant::now();
+    let accepted = client.post(&format!("/v1/sandboxes/{id}/{action}"), &serde_json::json!({}))?;
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("{action} failed: {}", operation["error"]);
+    }
+    Ok(started.elapsed())
+}
+
+/// Bytes of the regular files under `dir`.
+fn dir_size(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
@@ -89,6 +116,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
 
     let (mut create, mut exec, mut raw_create, mut raw_exec, mut in_guest) =
         (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
+    let (mut pause, mut resume, mut raw_pause, mut raw_resume, mut suspend, mut restore) =
+        (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
+    let mut snapshot_bytes: Vec<u64> = Vec::new();
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -122,6 +152,12 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
                 }
             }
         }
+        // Lifecycle through the API: each figure is call accepted -> operation succeeded.
+        pause.0.push(timed_lifecycle(&client, &id, "pause")?);
+        resume.0.push(timed_lifecycle(&client, &id, "resume")?);
+        suspend.0.push(timed_lifecycle(&client, &id, "suspend")?);
+        snapshot_bytes.push(dir_size(&scratch.sandbox_dir(&id).join("snapshot")));
+        restore.0.push(timed_lifecycle(&client, &id, "resume")?);
         let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
         client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
 
@@ -156,6 +192,14 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
                 bail!("runsc exec failed: {}", String::from_utf8_lossy(&output.stderr));
             }
         }
+        for (action, samples) in [("pause", &mut raw_pause), ("resume", &mut raw_resume)] {
+            let started = Instant::now();
+            let output = Reaper::global().output(raw_engine.runsc().args([action, &spec.id]))?;
+            samples.0.push(started.elapsed());
+            if !output.status.success() {
+                bail!("runsc {action} failed: {}", String::from_utf8_lossy(&output.stderr));
+            }
+        }
         drop(socket);
         runtime.block_on(raw_engine.destroy(&spec))?;
         eprint!("\rbench: {}/{} ", i + 1, args.runs);
@@ -178,6 +222,23 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     ratio(&exec, &raw_exec);
     if !in_guest.0.is_empty() {
         row("posix_spawn `true` + wait, inside the sandbox", &in_guest);
+    }
+    row("pause, SPACE API", &pause);
+    row("pause, raw runsc pause", &raw_pause);
+    ratio(&pause, &raw_pause);
+    row("resume (from paused), SPACE API", &resume);
+    row("resume, raw runsc resume", &raw_resume);
+    ratio(&resume, &raw_resume);
+    row("suspend (quiesce + checkpoint), SPACE API", &suspend);
+    row("resume from suspend, SPACE API", &restore);
+    snapshot_bytes.sort_unstable();
+    if let Some(median) = snapshot_bytes.get(snapshot_bytes.len() / 2) {
+        println!(
+            "{:<44} {:>9.1} MiB (median of {})",
+            "snapshot size on disk",
+            *median as f64 / (1u64 << 20) as f64,
+            snapshot_bytes.len()
+        );
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
