@@ -126,8 +126,15 @@ fn dial(path: &str, patience: Option<Duration>) -> io::Result<UnixStream> {
 fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
     let Ok(mut writer) = sockets.recv() else { return };
     for frame in queued {
-        let written = write_frame(&mut writer, &frame).is_ok();
-        if !written || frame.kind == FrameKind::QuiesceAck {
+        // A frame that could not be written goes out on the next socket.
+        while write_frame(&mut writer, &frame).is_err() {
+            drop(writer);
+            writer = match sockets.recv() {
+                Ok(next) => next,
+                Err(_) => return,
+            };
+        }
+        if frame.kind == FrameKind::QuiesceAck {
             drop(writer);
             writer = match sockets.recv() {
                 Ok(next) => next,

@@ -103,12 +103,33 @@ impl AgentConn {
     /// Reads the agent's hello, answers with its identity, starts the I/O
     /// tasks and checks health with a ping.
     pub async fn handshake(socket: UnixStream, welcome: Welcome, patience: Duration) -> Result<AgentConn, AgentError> {
+        Self::handshake_adopting(socket, welcome, patience, &[]).await.map(|(conn, _)| conn)
+    }
+
+    /// A handshake that also takes over streams the agent still has from an
+    /// earlier connection of the same session (`(stream, pid)` pairs): a
+    /// restarted server picking up running commands. Their streams are
+    /// registered before anything is read, so no frame of theirs is lost.
+    pub async fn handshake_adopting(
+        socket: UnixStream,
+        welcome: Welcome,
+        patience: Duration,
+        adopt: &[(u32, u32)],
+    ) -> Result<(AgentConn, Vec<ExecStream>), AgentError> {
         let (read_half, write_half, hello) = greet(socket, &welcome, patience).await?;
         let (writers, new_writers) = mpsc::unbounded_channel();
         let _ = writers.send(write_half);
+        let mut streams = HashMap::new();
+        let mut receivers = Vec::new();
+        for &(stream, pid) in adopt {
+            let (tx, rx) = mpsc::channel(STREAM_DEPTH);
+            streams.insert(stream, tx);
+            receivers.push((stream, pid, rx));
+        }
+        let next_stream = adopt.iter().map(|(stream, _)| stream + 1).max().unwrap_or(1);
         let shared = Arc::new(Shared {
-            streams: Mutex::new(HashMap::new()),
-            next_stream: AtomicU32::new(1),
+            streams: Mutex::new(streams),
+            next_stream: AtomicU32::new(next_stream),
             closed: AtomicBool::new(false),
             closed_notify: tokio::sync::Notify::new(),
             quiescing: AtomicBool::new(false),
@@ -120,8 +141,12 @@ impl AgentConn {
         tokio::spawn(write_loop(queued, new_writers));
         tokio::spawn(read_loop(read_half, shared.clone()));
         let conn = AgentConn { outbox, shared, hello: Arc::new(hello) };
+        let adopted = receivers
+            .into_iter()
+            .map(|(stream, pid, frames)| ExecStream { stream, pid, frames, conn: conn.clone() })
+            .collect();
         conn.ping(patience).await?;
-        Ok(conn)
+        Ok((conn, adopted))
     }
 
     /// The identity this connection gives its agent.

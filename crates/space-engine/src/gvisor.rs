@@ -17,7 +17,7 @@ use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
 use space_process::Reaper;
 use tokio::net::UnixListener;
 
-use crate::{AgentConn, Availability, Engine, EngineError, SandboxSpec, Started};
+use crate::{AgentConn, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
 
 /// How long a sandbox may take from `runsc run` to the agent's hello.
 const BOOT_PATIENCE: Duration = Duration::from_secs(20);
@@ -46,6 +46,10 @@ enum Launch {
     /// The container from its checkpoint (root, bundle and sockets exist).
     Restore,
 }
+
+/// How long a restarted server waits for a live sandbox's agent to redial
+/// (the agent backs off to one attempt a second).
+const REDIAL_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Gvisor {
     pub fn new(config: GvisorConfig) -> Gvisor {
@@ -296,6 +300,33 @@ impl Engine for Gvisor {
 
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
         Self::snapshot_dir(&spec.dir).join("checkpoint.img").is_file()
+    }
+
+    fn status(&self, spec: &SandboxSpec) -> LiveStatus {
+        let Ok(out) = space_host::run(self.runsc().args(["state", &spec.id])) else {
+            return LiveStatus::Gone;
+        };
+        let state: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+        match state["status"].as_str() {
+            Some("running") => LiveStatus::Running,
+            Some("paused") => LiveStatus::Paused,
+            _ => LiveStatus::Gone,
+        }
+    }
+
+    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+        let this = self.clone_config();
+        let spec_clone = spec.clone();
+        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, Launch::Restore))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
+        let accepted = tokio::time::timeout(REDIAL_PATIENCE, listener.accept()).await;
+        let _ = fs::remove_file(Self::socket_dir(&spec.dir).join(SOCKET_NAME));
+        let (socket, _) = accepted
+            .map_err(|_| EngineError::Runtime(format!("the agent did not redial within {REDIAL_PATIENCE:?}")))?
+            .map_err(EngineError::io("accepting the agent"))?;
+        Ok(socket)
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

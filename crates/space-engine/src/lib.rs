@@ -78,6 +78,15 @@ pub struct Started {
     pub boot: std::time::Duration,
 }
 
+/// What the engine knows of a sandbox's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveStatus {
+    Running,
+    Paused,
+    /// No live engine process (never started, stopped, or died).
+    Gone,
+}
+
 /// Availability of an engine on this host, and why.
 #[derive(Debug, Clone)]
 pub struct Availability {
@@ -115,6 +124,15 @@ pub trait Engine: Send + Sync {
 
     /// Whether a whole snapshot of the sandbox exists.
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool;
+
+    /// Whether the sandbox's engine processes are alive, and how.
+    /// Blocking: call it off the async threads.
+    fn status(&self, spec: &SandboxSpec) -> LiveStatus;
+
+    /// Listens on the sandbox's agent socket again and returns the agent's
+    /// next connection (its agent redials when its channel drops): how a
+    /// restarted server re-adopts a live sandbox.
+    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError>;
 
     /// Stops the sandbox's processes, keeping its disk and snapshot.
     /// Blocking: call it off the async threads.

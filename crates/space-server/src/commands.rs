@@ -109,14 +109,27 @@ impl Platform {
             result: None,
         };
         self.store.put_command(&command)?;
+        self.store.put_command_stream(&id, stream.stream, spec.timeout_s)?;
         self.store.touch_sandbox(sandbox_id, &command.started_at)?;
-        let live = LiveCommand { progress: writer.subscribe(), stream: stream.stream, agent };
-        self.commands.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), live);
+        self.follow(command.clone(), stream, writer, started, spec.timeout_s);
         self.changed();
-        let platform = self.clone();
-        let pumped = command.clone();
-        tokio::spawn(async move { platform.pump(pumped, stream, writer, started, spec.timeout_s).await });
         Ok(command)
+    }
+
+    /// Registers a running command and moves its output into its transcript
+    /// until it ends (also used for commands re-adopted after a restart).
+    pub(crate) fn follow(
+        self: &std::sync::Arc<Self>,
+        command: Command,
+        stream: ExecStream,
+        writer: TranscriptWriter,
+        started: Instant,
+        timeout_s: u64,
+    ) {
+        let live = LiveCommand { progress: writer.subscribe(), stream: stream.stream, agent: stream.conn().clone() };
+        self.commands.lock().unwrap_or_else(|e| e.into_inner()).insert(command.id.clone(), live);
+        let platform = self.clone();
+        tokio::spawn(async move { platform.pump(command, stream, writer, started, timeout_s).await });
     }
 
     /// Moves a command's output into its transcript until it exits, then

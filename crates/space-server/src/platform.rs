@@ -25,13 +25,13 @@ const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
 
 /// A job for a sandbox's actor: carry out this operation.
 #[derive(Debug)]
-struct Job {
+pub(crate) struct Job {
     kind: OperationKind,
     operation_id: String,
 }
 
 /// What exists of a sandbox in memory while its actor lives.
-struct LiveSandbox {
+pub(crate) struct LiveSandbox {
     agent: Mutex<Option<AgentConn>>,
     jobs: mpsc::UnboundedSender<Job>,
 }
@@ -42,7 +42,7 @@ pub struct Platform {
     pub engine: Arc<dyn Engine>,
     /// Bumped after every persisted change, for long-polling waiters.
     changes: watch::Sender<u64>,
-    sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+    pub(crate) sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
 }
 
@@ -85,64 +85,6 @@ impl Platform {
         }
     }
 
-    /// Settles what a previous server process left in flight. Whole
-    /// snapshots stay `suspended`. Live sandboxes cannot be re-adopted yet:
-    /// their engine processes are stopped and they are recorded as failed
-    /// (their disks stay until deleted). Commands whose end was not seen get
-    /// a result saying so; unfinished operations fail.
-    pub fn reconcile(&self) -> Result<(), ApiError> {
-        let now = ids::now();
-        for mut record in self.store.sandboxes()? {
-            let state = record.sandbox.state;
-            let spec = self.engine_spec(&record);
-            let keep = match state {
-                SandboxState::Deleted | SandboxState::Failed => true,
-                SandboxState::Suspended => self.engine.has_snapshot(&spec),
-                SandboxState::Creating
-                | SandboxState::Running
-                | SandboxState::Paused
-                | SandboxState::Suspending
-                | SandboxState::Resuming
-                | SandboxState::Deleting => false,
-            };
-            if !keep {
-                if let Err(err) = self.engine.stop(&spec) {
-                    tracing::debug!(sandbox = %record.sandbox.id, "stopping leftovers: {err}");
-                }
-                record.sandbox.state = domain::transition(state, Event::Failure)?;
-                record.sandbox.failure_reason = Some(format!(
-                    "the server restarted while the sandbox was {}; delete it to free its disk",
-                    state.as_str()
-                ));
-                record.sandbox.updated_at = now.clone();
-                self.store.put_sandbox(&record)?;
-            }
-            for mut command in self.store.commands(&record.sandbox.id)? {
-                if command.result.is_none() {
-                    command.state = space_api::CommandState::Exited;
-                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                    self.store.put_command(&command)?;
-                }
-            }
-        }
-        for mut operation in self.store.operations(None)? {
-            if !operation.state.is_terminal() {
-                operation.state = OperationState::Failed;
-                operation.error = Some(
-                    ApiError::new(
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "interrupted",
-                        "interrupted by server restart",
-                    )
-                    .detail(),
-                );
-                operation.finished_at = Some(now.clone());
-                self.store.put_operation(&operation, None)?;
-            }
-        }
-        Ok(())
-    }
-
     pub fn sandbox(&self, id: &str) -> Result<SandboxRecord, ApiError> {
         if !ids::plausible(id, "sbx") {
             return Err(ApiError::not_found("sandbox", id));
@@ -183,11 +125,15 @@ impl Platform {
             failure_reason: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
-        let record = SandboxRecord { sandbox: sandbox.clone(), template_version, env: spec.env };
+        let record = SandboxRecord { sandbox: sandbox.clone(), template_version, env: spec.env, agent_session: None };
         self.store.put_sandbox(&record)?;
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
-        self.spawn_actor(&sandbox.id, Job { kind: OperationKind::Create, operation_id: operation.id.clone() });
+        self.spawn_actor(
+            &sandbox.id,
+            Some(Job { kind: OperationKind::Create, operation_id: operation.id.clone() }),
+            None,
+        );
         Ok((sandbox, operation))
     }
 
@@ -232,15 +178,17 @@ impl Platform {
             None => Some(job),
         };
         if let Some(job) = unsent {
-            self.spawn_actor(id, job);
+            self.spawn_actor(id, Some(job), None);
         }
         Ok((record.sandbox, operation))
     }
 
-    fn spawn_actor(self: &Arc<Self>, id: &str, first: Job) {
+    pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>) {
         let (jobs, queue) = mpsc::unbounded_channel();
-        let _ = jobs.send(first);
-        let live = Arc::new(LiveSandbox { agent: Mutex::new(None), jobs });
+        if let Some(first) = first {
+            let _ = jobs.send(first);
+        }
+        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
         let actor = Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
@@ -248,8 +196,20 @@ impl Platform {
 
     /// Applies `event` to a sandbox and persists it. Only actors (and
     /// startup reconciliation) call this.
-    fn apply(&self, id: &str, event: Event, reason: Option<String>) -> Result<Sandbox, ApiError> {
+    pub(crate) fn apply(&self, id: &str, event: Event, reason: Option<String>) -> Result<Sandbox, ApiError> {
+        self.apply_with(id, event, reason, |_| {})
+    }
+
+    /// [`Platform::apply`], also changing the record in the same write.
+    pub(crate) fn apply_with(
+        &self,
+        id: &str,
+        event: Event,
+        reason: Option<String>,
+        edit: impl FnOnce(&mut SandboxRecord),
+    ) -> Result<Sandbox, ApiError> {
         let mut record = self.sandbox(id)?;
+        edit(&mut record);
         record.sandbox.state = domain::transition(record.sandbox.state, event)?;
         record.sandbox.updated_at = ids::now();
         if reason.is_some() {
@@ -279,7 +239,7 @@ impl Platform {
         self.changed();
     }
 
-    fn progress(&self, id: &str, step: &str, done: u64) {
+    pub(crate) fn progress(&self, id: &str, step: &str, done: u64) {
         self.update_operation(id, |op| {
             if op.state == OperationState::Pending {
                 op.state = OperationState::Running;
@@ -290,7 +250,7 @@ impl Platform {
         });
     }
 
-    fn finish_operation(&self, id: &str, error: Option<ApiError>) {
+    pub(crate) fn finish_operation(&self, id: &str, error: Option<ApiError>) {
         self.update_operation(id, |op| {
             op.finished_at = Some(ids::now());
             op.started_at.get_or_insert_with(ids::now);
@@ -310,13 +270,13 @@ impl Platform {
 
     /// Stops a sandbox's engine processes (keeping its disk), off the async
     /// threads; a sandbox that is already stopped is fine.
-    async fn stop_engine(&self, spec: &SandboxSpec) {
+    pub(crate) async fn stop_engine(&self, spec: &SandboxSpec) {
         let engine = self.engine.clone();
         let spec = spec.clone();
         let _ = tokio::task::spawn_blocking(move || engine.stop(&spec)).await;
     }
 
-    fn engine_spec(&self, record: &SandboxRecord) -> SandboxSpec {
+    pub(crate) fn engine_spec(&self, record: &SandboxRecord) -> SandboxSpec {
         let sandbox = &record.sandbox;
         SandboxSpec {
             id: sandbox.id.clone(),
@@ -434,8 +394,9 @@ impl Actor {
             Ok(started) => {
                 tracing::info!(sandbox = %self.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
                 platform.progress(operation_id, "agent healthy", 2);
+                let session = started.agent.welcome().session;
                 self.set_agent(Some(started.agent));
-                match platform.apply(&self.id, Event::Started, None) {
+                match platform.apply_with(&self.id, Event::Started, None, |r| r.agent_session = Some(session)) {
                     Ok(_) => platform.finish_operation(operation_id, None),
                     Err(err) => platform.finish_operation(operation_id, Some(err)),
                 }
@@ -554,8 +515,9 @@ impl Actor {
         .await;
         match result {
             Ok(agent) => {
+                let session = agent.welcome().session;
                 self.set_agent(Some(agent));
-                let applied = platform.apply(&self.id, Event::Restored, None);
+                let applied = platform.apply_with(&self.id, Event::Restored, None, |r| r.agent_session = Some(session));
                 platform.finish_operation(operation_id, applied.err());
             }
             Err(err) => {

@@ -26,6 +26,10 @@ pub struct SandboxRecord {
     pub template_version: u32,
     /// The sandbox-wide environment; never returned by the API.
     pub env: BTreeMap<String, String>,
+    /// The host session its agent knows; a restarted server reuses it to
+    /// re-adopt the sandbox with its command streams.
+    #[serde(default)]
+    pub agent_session: Option<u64>,
 }
 
 fn sandbox_from_row((body, last_activity): (String, Option<String>)) -> Result<SandboxRecord, StoreError> {
@@ -62,6 +66,12 @@ CREATE TABLE IF NOT EXISTS commands (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS commands_by_sandbox ON commands (sandbox_id);
+-- what a restarted server needs to pick a running command up again
+CREATE TABLE IF NOT EXISTS command_streams (
+    command_id TEXT PRIMARY KEY,
+    stream INTEGER NOT NULL,
+    timeout_s INTEGER NOT NULL
+);
 ";
 
 pub struct Store {
@@ -171,6 +181,25 @@ impl Store {
             params![command.id, command.sandbox_id, body],
         )?;
         Ok(())
+    }
+
+    pub fn put_command_stream(&self, command_id: &str, stream: u32, timeout_s: u64) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO command_streams (command_id, stream, timeout_s) VALUES (?1, ?2, ?3)",
+            params![command_id, stream, timeout_s as i64],
+        )?;
+        Ok(())
+    }
+
+    /// The agent stream and timeout of a command, if recorded.
+    pub fn command_stream(&self, command_id: &str) -> Result<Option<(u32, u64)>, StoreError> {
+        let row: Option<(u32, i64)> = self
+            .conn()
+            .query_row("SELECT stream, timeout_s FROM command_streams WHERE command_id = ?1", [command_id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        Ok(row.map(|(stream, timeout)| (stream, timeout.max(0) as u64)))
     }
 
     pub fn command(&self, id: &str) -> Result<Option<Command>, StoreError> {

@@ -53,6 +53,32 @@ impl TranscriptWriter {
         })
     }
 
+    /// Opens an existing transcript to append to it (a command picked up
+    /// again after a server restart), recounting what it already holds.
+    pub fn reopen(path: &Path) -> io::Result<TranscriptWriter> {
+        let file_len = std::fs::metadata(path)?.len();
+        let mut reader = TranscriptReader::open(path)?;
+        let (mut stdout_bytes, mut stderr_bytes, mut complete) = (0, 0, 0);
+        while let Some(chunk) = reader.next_chunk(file_len)? {
+            match chunk.stream {
+                Stream::Stdout => stdout_bytes += chunk.bytes.len() as u64,
+                Stream::Stderr => stderr_bytes += chunk.bytes.len() as u64,
+            }
+            complete = reader.file_pos;
+        }
+        let file = OpenOptions::new().write(true).open(path)?;
+        // A record cut short by a crash is dropped.
+        file.set_len(complete)?;
+        let file = OpenOptions::new().append(true).open(path)?;
+        Ok(TranscriptWriter {
+            file,
+            progress: watch::Sender::new(Progress { file_len: complete, finished: false }),
+            stdout_bytes,
+            stderr_bytes,
+            buf: Vec::new(),
+        })
+    }
+
     /// Where readers learn about new output.
     pub fn subscribe(&self) -> watch::Receiver<Progress> {
         self.progress.subscribe()

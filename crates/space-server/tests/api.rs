@@ -370,20 +370,44 @@ fn records_and_transcripts_survive_a_server_restart() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
+    let doomed = server.create_sandbox(json!({"template": "base"}));
     let done = server.exec(&id, json!({"cmd": "echo before restart"}));
     let cid = done["command"]["id"].as_str().unwrap().to_string();
     server.stop();
+    // One sandbox dies while no server watches it.
+    kill_sandbox_kernel(&doomed);
 
     let server = TestServer::start(&data);
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
-    assert_eq!(sandbox["state"], "failed", "sandboxes do not survive their server yet, and say so");
-    assert!(sandbox["failure_reason"].as_str().unwrap().contains("restarted"));
+    assert_eq!(sandbox["state"], "running", "a live sandbox is re-adopted");
+    assert_eq!(server.exec(&id, json!({"cmd": "echo after restart"}))["stdout"], "after restart\n");
     let command = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"), None);
     assert_eq!(command["result"]["exit_code"], 0);
     assert_eq!(text_of(&server.output(&id, &cid, ""), "stdout"), "before restart\n");
     let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={id}"), None);
     assert_eq!(operations["operations"][0]["state"], "succeeded");
-    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded", "a failed sandbox can still be freed");
+
+    let lost = server.ok("GET", &format!("/v1/sandboxes/{doomed}"), None);
+    assert_eq!(lost["state"], "failed", "{lost}");
+    assert!(lost["failure_reason"].as_str().unwrap().contains("could not re-adopt"), "{lost}");
+    assert_eq!(server.delete_sandbox(&doomed)["state"], "succeeded", "a failed sandbox can still be freed");
+    assert!(!data.data.sandbox_dir(&doomed).exists());
+}
+
+/// Kills a sandbox's runsc sandbox process (its kernel) from the host.
+fn kill_sandbox_kernel(id: &str) {
+    let victim = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let entry = e.ok()?;
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).ok()?).into_owned();
+            (cmdline.starts_with("runsc-sandbox") && cmdline.contains(id)).then_some(pid)
+        })
+        .next()
+        .expect("the sandbox's runsc process");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim), nix::sys::signal::Signal::SIGKILL).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
 }
 
 #[test]
@@ -483,18 +507,7 @@ fn a_sandbox_that_dies_is_marked_failed_and_its_commands_get_a_clear_end() {
     let sleeper = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"argv": ["sleep", "60"]})));
     let cid = sleeper["command"]["id"].as_str().unwrap();
 
-    // Kill the sandbox's kernel (the runsc sandbox process) from the host.
-    let victim = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| {
-            let entry = e.ok()?;
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).ok()?).into_owned();
-            (cmdline.starts_with("runsc-sandbox") && cmdline.contains(&id)).then_some(pid)
-        })
-        .next()
-        .expect("the sandbox's runsc process");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim), nix::sys::signal::Signal::SIGKILL).unwrap();
+    kill_sandbox_kernel(&id);
 
     let command = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=20"), None);
     assert_eq!(command["state"], "exited", "{command}");

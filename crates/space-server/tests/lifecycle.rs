@@ -177,3 +177,44 @@ fn a_suspended_sandbox_survives_a_server_restart_and_pause_works_from_suspend_to
     assert!(!data.data.sandbox_dir(&id).exists());
     assert_eq!(sandbox_processes(&id), 0);
 }
+
+#[test]
+fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let running = server.create_sandbox(json!({"template": "base"}));
+    let paused = server.create_sandbox(json!({"template": "base"}));
+    for id in [&running, &paused] {
+        server.exec(id, json!({"cmd": KEEPER}));
+    }
+    let (pid, token, _) = keeper_state(&server, &running);
+    let (paused_pid, paused_token, _) = keeper_state(&server, &paused);
+    assert_eq!(lifecycle(&server, &paused, "pause")["state"], "succeeded");
+    let ticker = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{running}/commands"),
+        Some(json!({"cmd": "for i in 1 2 3 4 5 6 7 8; do echo tick$i; sleep 0.25; done; exit 3"})),
+    );
+    let cid = ticker["command"]["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(300));
+    // The server goes away without cleaning up, as if killed.
+    server.stop();
+    assert!(sandbox_processes(&running) > 0, "engine processes do not die with the server");
+
+    let server = TestServer::start(&data);
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{running}"), None)["state"], "running");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{paused}"), None)["state"], "paused");
+    let (pid_after, token_after, _) = keeper_state(&server, &running);
+    assert_eq!((pid_after, token_after), (pid, token), "the background process kept running");
+
+    // The command that ran through the restart is picked up and ends with its real result.
+    let finished = server.ok("GET", &format!("/v1/sandboxes/{running}/commands/{cid}?wait=20"), None);
+    assert_eq!(finished["result"]["exit_code"], 3, "{finished}");
+    let frames = server.output(&running, &cid, "");
+    let stdout = common::text_of(&frames, "stdout");
+    assert!(stdout.starts_with("tick1\n") && stdout.ends_with("tick8\n"), "{stdout:?}");
+
+    assert_eq!(lifecycle(&server, &paused, "resume")["state"], "succeeded");
+    let (pid_after, token_after, _) = keeper_state(&server, &paused);
+    assert_eq!((pid_after, token_after), (paused_pid, paused_token));
+}

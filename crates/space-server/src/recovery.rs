@@ -1,0 +1,178 @@
+//! What a server does when it starts over a data dir another server used:
+//! settle what was in flight, and re-adopt the sandboxes that still run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use space_api::{Command, OperationState, SandboxState};
+use space_engine::{AgentConn, LiveStatus};
+
+use crate::domain::{self, Event};
+use crate::error::ApiError;
+use crate::ids;
+use crate::platform::Platform;
+use crate::store::SandboxRecord;
+use crate::transcript::{self, TranscriptWriter};
+
+/// How long a re-adopted agent has to answer its handshake.
+const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
+
+impl Platform {
+    /// Settles what a previous server process left in flight. Whole
+    /// snapshots stay `suspended`. Live sandboxes cannot be re-adopted yet:
+    /// their engine processes are stopped and they are recorded as failed
+    /// (their disks stay until deleted). Commands whose end was not seen get
+    /// a result saying so; unfinished operations fail.
+    pub fn reconcile(&self) -> Result<(), ApiError> {
+        let now = ids::now();
+        for mut record in self.store.sandboxes()? {
+            let state = record.sandbox.state;
+            let spec = self.engine_spec(&record);
+            let keep = match state {
+                SandboxState::Deleted | SandboxState::Failed => true,
+                SandboxState::Suspended => self.engine.has_snapshot(&spec),
+                // Live ones are re-adopted by `recover`, commands and all.
+                SandboxState::Running | SandboxState::Paused => continue,
+                SandboxState::Creating | SandboxState::Suspending | SandboxState::Resuming | SandboxState::Deleting => {
+                    false
+                }
+            };
+            if !keep {
+                if let Err(err) = self.engine.stop(&spec) {
+                    tracing::debug!(sandbox = %record.sandbox.id, "stopping leftovers: {err}");
+                }
+                record.sandbox.state = domain::transition(state, Event::Failure)?;
+                record.sandbox.failure_reason = Some(format!(
+                    "the server restarted while the sandbox was {}; delete it to free its disk",
+                    state.as_str()
+                ));
+                record.sandbox.updated_at = now.clone();
+                self.store.put_sandbox(&record)?;
+            }
+            for mut command in self.store.commands(&record.sandbox.id)? {
+                if command.result.is_none() {
+                    command.state = space_api::CommandState::Exited;
+                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
+                    self.store.put_command(&command)?;
+                }
+            }
+        }
+        for mut operation in self.store.operations(None)? {
+            if !operation.state.is_terminal() {
+                operation.state = OperationState::Failed;
+                operation.error = Some(
+                    ApiError::new(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "interrupted",
+                        "interrupted by server restart",
+                    )
+                    .detail(),
+                );
+                operation.finished_at = Some(now.clone());
+                self.store.put_operation(&operation, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-adopts every sandbox recorded as running or paused whose engine
+    /// processes still live: its agent redials, the handshake reuses its
+    /// session so the agent keeps its command streams, and the commands'
+    /// output keeps flowing into their transcripts. What cannot be re-adopted
+    /// is stopped and recorded as failed. Call once, before serving.
+    pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
+        let live: Vec<SandboxRecord> = self
+            .store
+            .sandboxes()?
+            .into_iter()
+            .filter(|r| matches!(r.sandbox.state, SandboxState::Running | SandboxState::Paused))
+            .collect();
+        let adoptions: Vec<_> = live.into_iter().map(|record| tokio::spawn(self.clone().adopt(record))).collect();
+        for adoption in adoptions {
+            let _ = adoption.await;
+        }
+        Ok(())
+    }
+
+    async fn adopt(self: Arc<Self>, record: SandboxRecord) {
+        let id = record.sandbox.id.clone();
+        let running: Vec<Command> =
+            self.store.commands(&id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect();
+        match self.try_adopt(&record, &running).await {
+            Ok(()) => tracing::info!(sandbox = %id, commands = running.len(), "re-adopted after a restart"),
+            Err(why) => {
+                tracing::warn!(sandbox = %id, "could not re-adopt: {why}");
+                self.stop_engine(&self.engine_spec(&record)).await;
+                let reason = format!(
+                    "the server restarted and could not re-adopt the sandbox ({why}); delete it to free its disk"
+                );
+                let _ = self.apply(&id, Event::Failure, Some(reason));
+                for mut command in running {
+                    command.state = space_api::CommandState::Exited;
+                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
+                    let _ = self.store.put_command(&command);
+                }
+                self.changed();
+            }
+        }
+    }
+
+    async fn try_adopt(self: &Arc<Self>, record: &SandboxRecord, running: &[Command]) -> Result<(), String> {
+        let session = record.agent_session.ok_or("no agent session was recorded")?;
+        let spec = self.engine_spec(record);
+        let engine = self.engine.clone();
+        let status = {
+            let spec = spec.clone();
+            tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
+        };
+        match status {
+            LiveStatus::Gone => return Err("its engine processes are gone".into()),
+            // A frozen agent cannot redial: thaw it for the handshake.
+            LiveStatus::Paused => self.engine.resume(&spec).await.map_err(|e| e.to_string())?,
+            LiveStatus::Running => {}
+        }
+        let socket = self.engine.redial(&spec).await.map_err(|e| e.to_string())?;
+        // Each running command with the agent stream and timeout it had.
+        let mut resumable = Vec::new();
+        for command in running {
+            match self.store.command_stream(&command.id).map_err(|e| e.to_string())? {
+                Some((stream, timeout_s)) => resumable.push((command.clone(), stream, timeout_s)),
+                None => {
+                    // Nothing says which stream it was: it cannot be finished.
+                    let mut command = command.clone();
+                    command.state = space_api::CommandState::Exited;
+                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
+                    let _ = self.store.put_command(&command);
+                }
+            }
+        }
+        let adopt: Vec<(u32, u32)> = resumable.iter().map(|(command, stream, _)| (*stream, command.pid)).collect();
+        let mut welcome = space_engine::welcome_for(&spec);
+        welcome.session = session;
+        let (agent, streams) =
+            AgentConn::handshake_adopting(socket, welcome, ADOPT_PATIENCE, &adopt).await.map_err(|e| e.to_string())?;
+        if status == LiveStatus::Paused {
+            self.engine.pause(&spec).await.map_err(|e| e.to_string())?;
+        }
+        self.spawn_actor(&record.sandbox.id, None, Some(agent));
+        let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
+        for (stream, (command, _, timeout_s)) in streams.into_iter().zip(resumable) {
+            let path = transcript::path_for(&sandbox_dir, &command.id);
+            let writer = TranscriptWriter::reopen(&path).map_err(|e| e.to_string())?;
+            let started = started_instant(&command.started_at);
+            self.follow(command, stream, writer, started, timeout_s);
+        }
+        self.changed();
+        Ok(())
+    }
+}
+
+/// The monotonic instant matching a recorded start time (for durations and
+/// timeouts of re-adopted commands).
+fn started_instant(started_at: &str) -> Instant {
+    let elapsed = humantime::parse_rfc3339(started_at)
+        .ok()
+        .and_then(|at| SystemTime::now().duration_since(at).ok())
+        .unwrap_or_default();
+    Instant::now().checked_sub(elapsed).unwrap_or_else(Instant::now)
+}
