@@ -101,7 +101,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     let mut key_bytes = [0u8; 16];
     getrandom::getrandom(&mut key_bytes)?;
     let key: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
-    runtime.block_on(platform.recover()).map_err(|e| anyhow::anyhow!(e.message))?;
+    runtime.block_on(platform.start()).map_err(|e| anyhow::anyhow!(e.message))?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let state = space_server::AppState::new(platform.clone(), key.clone());

@@ -311,7 +311,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-        platform.recover().await.map_err(|e| anyhow::anyhow!(e.message))?;
+        platform.start().await.map_err(|e| anyhow::anyhow!(e.message))?;
         let state = space_server::AppState::new(platform, key);
         tracing::info!("SPACE listening on http://{}", listener.local_addr()?);
         let shutdown = async move {

@@ -10,6 +10,7 @@ pub mod domain;
 pub mod error;
 pub mod ids;
 pub mod platform;
+mod policies;
 mod recovery;
 pub mod store;
 pub mod transcript;

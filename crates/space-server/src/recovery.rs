@@ -75,11 +75,20 @@ impl Platform {
         Ok(())
     }
 
+    /// Takes up the platform's duties in this process: re-adopts live
+    /// sandboxes (see [`Platform::recover`]) and starts enforcing lifecycle
+    /// policies. Call once, inside the runtime, before serving.
+    pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
+        self.recover().await?;
+        tokio::spawn(self.clone().enforce_policies());
+        Ok(())
+    }
+
     /// Re-adopts every sandbox recorded as running or paused whose engine
     /// processes still live: its agent redials, the handshake reuses its
     /// session so the agent keeps its command streams, and the commands'
     /// output keeps flowing into their transcripts. What cannot be re-adopted
-    /// is stopped and recorded as failed. Call once, before serving.
+    /// is stopped and recorded as failed.
     pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
         let live: Vec<SandboxRecord> = self
             .store

@@ -218,3 +218,41 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     let (pid_after, token_after, _) = keeper_state(&server, &paused);
     assert_eq!((pid_after, token_after), (paused_pid, paused_token));
 }
+
+fn wait_for_state(server: &TestServer, id: &str, state: &str) -> Value {
+    let mut sandbox = Value::Null;
+    for _ in 0..150 {
+        sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+        if sandbox["state"] == state {
+            return sandbox;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{id} never became {state}: {sandbox}");
+}
+
+#[test]
+fn idle_and_lifetime_policies_act_on_time() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let idle = |on_idle: &str| json!({"template": "base", "lifecycle": {"idle_timeout_s": 1, "on_idle": on_idle}});
+    let pauses = server.create_sandbox(idle("pause"));
+    let suspends = server.create_sandbox(idle("suspend"));
+    let deletes = server.create_sandbox(idle("delete"));
+    let mortal = server.create_sandbox(json!({"template": "base", "lifecycle": {"max_lifetime_s": 3}}));
+    let busy = server.create_sandbox(idle("pause"));
+    // A running command is activity: this one is not idle while it runs.
+    server.ok("POST", &format!("/v1/sandboxes/{busy}/commands"), Some(json!({"argv": ["sleep", "4"]})));
+
+    wait_for_state(&server, &pauses, "paused");
+    wait_for_state(&server, &suspends, "suspended");
+    wait_for_state(&server, &deletes, "deleted");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{busy}"), None)["state"], "running", "busy is not idle");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{mortal}"), None)["state"], "running", "no idle policy");
+    wait_for_state(&server, &mortal, "deleted");
+    wait_for_state(&server, &busy, "paused");
+    let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={pauses}"), None);
+    let kinds: Vec<&str> =
+        operations["operations"].as_array().unwrap().iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["create", "pause"], "policies act through ordinary operations");
+}

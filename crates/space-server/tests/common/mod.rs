@@ -32,7 +32,7 @@ impl TestServer {
         let platform = space_server::start_platform(&config).expect("starting the platform");
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let key = format!("test-key-{}", std::process::id());
-        runtime.block_on(platform.recover()).expect("recovering what a previous server left");
+        runtime.block_on(platform.start()).expect("recovering what a previous server left");
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(platform.clone(), key.clone());

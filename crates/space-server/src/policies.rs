@@ -1,0 +1,155 @@
+//! Lifecycle policies: idle sandboxes are paused, suspended or deleted as
+//! each asked (`lifecycle.idle_timeout_s` + `on_idle`), and sandboxes past
+//! `lifecycle.max_lifetime_s` are deleted. The loop only files requests;
+//! each sandbox's actor carries them out like any client's.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use space_api::{CommandState, OnIdle, OperationKind, SandboxState};
+
+use crate::platform::Platform;
+use crate::store::SandboxRecord;
+
+/// How often policies are checked.
+const TICK: Duration = Duration::from_secs(1);
+
+fn age(at: &str, now: SystemTime) -> Option<Duration> {
+    let at = humantime::parse_rfc3339_weak(at).ok()?;
+    now.duration_since(at).ok()
+}
+
+/// What the policies want done to a sandbox now, if anything.
+pub(crate) fn due(record: &SandboxRecord, now: SystemTime, has_running_commands: bool) -> Option<OperationKind> {
+    let sandbox = &record.sandbox;
+    let lifecycle = &sandbox.lifecycle;
+    let stable = matches!(sandbox.state, SandboxState::Running | SandboxState::Paused | SandboxState::Suspended);
+    let lived_out =
+        lifecycle.max_lifetime_s.is_some_and(|max| age(&sandbox.created_at, now).is_some_and(|a| a.as_secs() >= max));
+    if stable && lived_out {
+        return Some(OperationKind::Delete);
+    }
+    if sandbox.state != SandboxState::Running || has_running_commands {
+        return None;
+    }
+    let timeout = lifecycle.idle_timeout_s?;
+    if age(&sandbox.last_activity_at, now)?.as_secs() < timeout {
+        return None;
+    }
+    match lifecycle.on_idle? {
+        OnIdle::Pause => Some(OperationKind::Pause),
+        OnIdle::Suspend => Some(OperationKind::Suspend),
+        OnIdle::Delete => Some(OperationKind::Delete),
+        OnIdle::None => None,
+    }
+}
+
+impl Platform {
+    /// Checks every sandbox's policies once a second, for as long as the
+    /// platform lives.
+    pub(crate) async fn enforce_policies(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(TICK);
+        loop {
+            ticker.tick().await;
+            let Ok(records) = self.store.sandboxes() else { continue };
+            let now = SystemTime::now();
+            for record in records {
+                let id = &record.sandbox.id;
+                let busy = self
+                    .store
+                    .commands(id)
+                    .map(|commands| commands.iter().any(|c| c.state == CommandState::Running))
+                    .unwrap_or(true);
+                let Some(kind) = due(&record, now, busy) else { continue };
+                // An operation already queued for it makes this one moot.
+                let pending =
+                    self.store.operations(Some(id)).unwrap_or_default().iter().any(|op| !op.state.is_terminal());
+                if pending {
+                    continue;
+                }
+                match self.request(id, kind, None) {
+                    Ok(_) => tracing::info!(sandbox = %id, "lifecycle policy: {kind:?}"),
+                    Err(err) => {
+                        tracing::debug!(sandbox = %id, "lifecycle policy {kind:?} not applied: {}", err.message)
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use space_api::{Egress, Lifecycle, Network, Sandbox};
+
+    use super::*;
+
+    fn record(state: SandboxState, lifecycle: Lifecycle, created: &str, active: &str) -> SandboxRecord {
+        SandboxRecord {
+            sandbox: Sandbox {
+                id: "sbx_1".into(),
+                template: "base".into(),
+                state,
+                vcpus: 1,
+                memory_mib: 256,
+                disk_mib: 1024,
+                labels: BTreeMap::new(),
+                engine: "gvisor".into(),
+                created_at: created.into(),
+                updated_at: created.into(),
+                lifecycle,
+                network: Network { egress: Egress::None },
+                last_activity_at: active.into(),
+                failure_reason: None,
+            },
+            template_version: 1,
+            env: BTreeMap::new(),
+            agent_session: None,
+        }
+    }
+
+    #[test]
+    fn idle_and_lifetime_rules() {
+        let now = humantime::parse_rfc3339_weak("2026-01-01T00:10:00Z").unwrap();
+        let idle = |on_idle| Lifecycle { idle_timeout_s: Some(60), on_idle: Some(on_idle), max_lifetime_s: None };
+        let old = "2026-01-01T00:00:00.000Z";
+        let fresh = "2026-01-01T00:09:30.000Z";
+        assert_eq!(
+            due(&record(SandboxState::Running, idle(OnIdle::Pause), old, old), now, false),
+            Some(OperationKind::Pause)
+        );
+        assert_eq!(
+            due(&record(SandboxState::Running, idle(OnIdle::Suspend), old, old), now, false),
+            Some(OperationKind::Suspend)
+        );
+        assert_eq!(
+            due(&record(SandboxState::Running, idle(OnIdle::Delete), old, old), now, false),
+            Some(OperationKind::Delete)
+        );
+        assert_eq!(due(&record(SandboxState::Running, idle(OnIdle::None), old, old), now, false), None);
+        assert_eq!(
+            due(&record(SandboxState::Running, idle(OnIdle::Pause), old, fresh), now, false),
+            None,
+            "recently active"
+        );
+        assert_eq!(
+            due(&record(SandboxState::Running, idle(OnIdle::Pause), old, old), now, true),
+            None,
+            "a command runs"
+        );
+        assert_eq!(
+            due(&record(SandboxState::Paused, idle(OnIdle::Pause), old, old), now, false),
+            None,
+            "already paused"
+        );
+        let mortal = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: Some(300) };
+        assert_eq!(
+            due(&record(SandboxState::Suspended, mortal.clone(), old, fresh), now, true),
+            Some(OperationKind::Delete)
+        );
+        assert_eq!(due(&record(SandboxState::Running, mortal.clone(), fresh, fresh), now, false), None);
+        assert_eq!(due(&record(SandboxState::Deleting, mortal, old, old), now, false), None);
+    }
+}
