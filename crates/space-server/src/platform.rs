@@ -220,6 +220,27 @@ impl Platform {
         Ok(record.sandbox)
     }
 
+    /// For `?auto_resume=true`: resumes a paused or suspended sandbox and
+    /// waits until it runs (anything else is left to the usual checks).
+    pub async fn resume_for_work(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let state = self.sandbox(id)?.sandbox.state;
+        if !matches!(state, SandboxState::Paused | SandboxState::Suspended) {
+            return Ok(());
+        }
+        let (_, operation) = self.request(id, OperationKind::Resume, None)?;
+        let deadline = Some(Instant::now() + Duration::from_secs(60));
+        let operation = self.wait_for(deadline, || self.operation(&operation.id), |op| op.state.is_terminal()).await?;
+        match (operation.state, operation.error) {
+            (OperationState::Succeeded, _) => Ok(()),
+            (_, Some(error)) => Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "invalid_state",
+                format!("resuming the sandbox failed: {}", error.message),
+            )),
+            (_, None) => Err(ApiError::invalid_state("sandbox", state.as_str(), "resume it in time")),
+        }
+    }
+
     pub fn operation(&self, id: &str) -> Result<Operation, ApiError> {
         if !ids::plausible(id, "op") {
             return Err(ApiError::not_found("operation", id));

@@ -256,3 +256,20 @@ fn idle_and_lifetime_policies_act_on_time() {
         operations["operations"].as_array().unwrap().iter().map(|o| o["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["create", "pause"], "policies act through ordinary operations");
 }
+
+#[test]
+fn commands_can_ask_to_resume_a_paused_or_suspended_sandbox() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    assert_eq!(lifecycle(&server, &id, "pause")["state"], "succeeded");
+    server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
+    let ran =
+        server.ok("POST", &format!("/v1/sandboxes/{id}/exec?auto_resume=true"), Some(json!({"cmd": "echo awake"})));
+    assert_eq!(ran["stdout"], "awake\n");
+    assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded");
+    let started =
+        server.ok("POST", &format!("/v1/sandboxes/{id}/commands?auto_resume=true"), Some(json!({"argv": ["true"]})));
+    assert_eq!(started["command"]["state"], "running");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "running");
+}

@@ -13,11 +13,20 @@ use crate::domain::CommandSpec;
 use crate::error::ApiError;
 use crate::transcript::{self, Stream, TranscriptReader};
 
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AutoResume {
+    /// Resume a paused or suspended sandbox first (default: such a sandbox
+    /// answers 409).
+    #[serde(default)]
+    auto_resume: bool,
+}
+
 /// The most stdout (and, apart, stderr) `/exec` returns inline.
 pub const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id"), AutoResume),
     request_body = CommandRequest,
     responses((status = 201, description = "The process is running", body = CommandCreated),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -25,10 +34,14 @@ pub const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
 pub async fn create(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    ApiQuery(resume): ApiQuery<AutoResume>,
     ApiJson(request): ApiJson<CommandRequest>,
 ) -> Result<(StatusCode, Json<CommandCreated>), ApiError> {
     state.platform.sandbox(&id)?;
     let spec = CommandSpec::try_from(request)?;
+    if resume.auto_resume {
+        state.platform.resume_for_work(&id).await?;
+    }
     let command = state.platform.start_command(&id, spec).await?;
     Ok((StatusCode::CREATED, Json(CommandCreated { command })))
 }
@@ -129,7 +142,7 @@ pub async fn signal(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "commands",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id"), AutoResume),
     request_body = CommandRequest,
     responses((status = 200, description = "The command ran to its end", body = ExecResponse),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -137,6 +150,7 @@ pub async fn signal(
 pub async fn exec(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    ApiQuery(resume): ApiQuery<AutoResume>,
     ApiJson(request): ApiJson<CommandRequest>,
 ) -> Result<Json<ExecResponse>, ApiError> {
     state.platform.sandbox(&id)?;
@@ -144,6 +158,9 @@ pub async fn exec(
         return Err(ApiError::bad_request("exec cannot take stdin; start a command instead"));
     }
     let spec = CommandSpec::try_from(request)?;
+    if resume.auto_resume {
+        state.platform.resume_for_work(&id).await?;
+    }
     let platform = &state.platform;
     let started = platform.start_command(&id, spec).await?;
     let command = platform
