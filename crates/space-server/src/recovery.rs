@@ -24,6 +24,7 @@ impl Platform {
     /// (their disks stay until deleted). Commands whose end was not seen get
     /// a result saying so; unfinished operations fail.
     pub fn reconcile(&self) -> Result<(), ApiError> {
+        self.sweep();
         let now = ids::now();
         for mut record in self.store.sandboxes()? {
             let state = record.sandbox.state;
@@ -73,6 +74,36 @@ impl Platform {
             }
         }
         Ok(())
+    }
+
+    /// Removes what sandboxes the database does not know (or knows as
+    /// deleted) left in the data dir: their engine processes, subvolumes
+    /// and files.
+    fn sweep(&self) {
+        let Ok(entries) = std::fs::read_dir(self.data.sandboxes_dir()) else { return };
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+            let known =
+                self.store.sandbox(&name).ok().flatten().is_some_and(|r| r.sandbox.state != SandboxState::Deleted);
+            if known {
+                continue;
+            }
+            tracing::info!(sandbox = %name, "sweeping leftovers of an unknown sandbox");
+            let spec = space_engine::SandboxSpec {
+                id: name,
+                dir: entry.path(),
+                template_rootfs: Default::default(),
+                hostname: String::new(),
+                vcpus: 0,
+                memory_mib: 0,
+                disk_mib: 0,
+                env: Default::default(),
+            };
+            let _ = self.engine.stop(&spec);
+            if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {
+                tracing::warn!("sweeping {}: {err}", spec.dir.display());
+            }
+        }
     }
 
     /// Takes up the platform's duties in this process: re-adopts live

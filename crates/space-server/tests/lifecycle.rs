@@ -273,3 +273,18 @@ fn commands_can_ask_to_resume_a_paused_or_suspended_sandbox() {
     assert_eq!(started["command"]["state"], "running");
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "running");
 }
+
+#[test]
+fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
+    let data = TestDataDir::new();
+    let stray = data.data.sandbox_dir("sbx_0123456789abcdef0123");
+    std::fs::create_dir_all(&stray).unwrap();
+    space_host::btrfs::create_subvolume(&stray.join("rootfs")).unwrap();
+    std::fs::write(stray.join("rootfs/junk"), "left behind").unwrap();
+    let server = TestServer::start(&data);
+    assert!(!stray.exists(), "the leftover directory and its subvolume are gone");
+    let kept = server.create_sandbox(json!({"template": "base"}));
+    server.stop();
+    let _server = TestServer::start(&data);
+    assert!(data.data.sandbox_dir(&kept).join("rootfs").exists(), "a known sandbox is kept");
+}
