@@ -14,6 +14,7 @@ mod spawn;
 mod users;
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -21,8 +22,8 @@ use std::time::{Duration, Instant};
 use std::{env, io, process, thread};
 
 use space_proto::{
-    read_frame, write_frame, ExecRequest, Frame, FrameKind, Hello, ProtocolErrorMessage, SignalRequest, Welcome,
-    CONTROL_STREAM, PROTOCOL_VERSION,
+    read_frame, write_frame, ExecRequest, Frame, FrameKind, Hello, Identity, ProtocolErrorMessage, SignalRequest,
+    Welcome, CONTROL_STREAM, PROTOCOL_VERSION,
 };
 
 /// Where the host's socket appears inside the sandbox unless told otherwise.
@@ -56,7 +57,7 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
 
     let mut session = welcome.session;
-    let agent = Agent { identity: Arc::new(welcome), outbox, sessions: Arc::default() };
+    let agent = Agent { identity: Arc::new(Mutex::new(welcome)), outbox, sessions: Arc::default() };
     loop {
         agent.serve(&mut reader);
         // Quiesced for a snapshot, or the host went away: either way let go
@@ -147,6 +148,21 @@ fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
 /// What the agent keeps about each running command.
 pub(crate) type Sessions = Arc<Mutex<HashMap<u32, exec::SessionControl>>>;
 
+/// Becomes the sandbox a warm-pool member is handed out as: its env for
+/// every later command, and fresh entropy mixed into the kernel's pool.
+fn take_identity(current: &Mutex<Welcome>, identity: Identity) {
+    current.lock().unwrap_or_else(|e| e.into_inner()).env = identity.env;
+    let entropy: Vec<u8> = (0..identity.entropy_hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(identity.entropy_hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    // Writing to /dev/urandom mixes the bytes in without crediting them.
+    if let Err(err) =
+        std::fs::OpenOptions::new().write(true).open("/dev/urandom").and_then(|mut f| f.write_all(&entropy))
+    {
+        eprintln!("space-agent: mixing in entropy: {err}");
+    }
+}
+
 /// What handling one frame means for the connection.
 enum Served {
     Continue,
@@ -154,7 +170,7 @@ enum Served {
 }
 
 struct Agent {
-    identity: Arc<Welcome>,
+    identity: Arc<Mutex<Welcome>>,
     outbox: SyncSender<Frame>,
     sessions: Sessions,
 }
@@ -190,12 +206,18 @@ impl Agent {
                 let _ = self.outbox.send(Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, Vec::new()));
                 return Ok(Served::Quiesced);
             }
+            FrameKind::Identity => {
+                let identity: Identity = frame.parse().map_err(|e| e.to_string())?;
+                take_identity(&self.identity, identity);
+                let _ = self.outbox.send(Frame::new(frame.stream, FrameKind::IdentityAck, Vec::new()));
+            }
             FrameKind::Ping => {
                 let _ = self.outbox.send(Frame::new(frame.stream, FrameKind::Pong, frame.payload));
             }
             FrameKind::Exec => {
                 let request: ExecRequest = frame.parse().map_err(|e| e.to_string())?;
-                exec::start(frame.stream, request, &self.identity, &self.outbox, &self.sessions);
+                let identity = self.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                exec::start(frame.stream, request, &identity, &self.outbox, &self.sessions);
             }
             FrameKind::Stdin => exec::write_stdin(&self.sessions, frame.stream, &frame.payload),
             FrameKind::StdinEof => exec::close_stdin(&self.sessions, frame.stream),

@@ -88,25 +88,42 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let shared = DataDir::open(&args.data_dir)?;
     let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &[&args.template])?;
-    let result = bench(&args, &scratch);
-    let cleanup = space_host::btrfs::remove_tree(scratch.root());
+    let warm_scratch = shared.scratch(&format!("bench-warm-{}", std::process::id()), &[&args.template])?;
+    let result = bench(&args, &scratch, &warm_scratch);
+    let cleanup =
+        space_host::btrfs::remove_tree(scratch.root()).and(space_host::btrfs::remove_tree(warm_scratch.root()));
     result?;
     cleanup?;
     Ok(())
 }
 
-fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
-    let platform = space_server::start_platform(&args.engine.platform_config(scratch.root())?)?;
-    let runtime = tokio::runtime::Runtime::new()?;
+/// An in-process server on a loopback port over `data`.
+fn start_server(
+    runtime: &tokio::runtime::Runtime,
+    args: &BenchArgs,
+    data: &DataDir,
+    warm_pool: u32,
+) -> Result<(Client, std::sync::Arc<space_server::Platform>)> {
+    let mut config = args.engine.platform_config(data.root())?;
+    config.warm_pool = warm_pool;
+    let platform = space_server::start_platform(&config)?;
+    runtime.block_on(platform.start()).map_err(|e| anyhow::anyhow!(e.message))?;
     let mut key_bytes = [0u8; 16];
     getrandom::getrandom(&mut key_bytes)?;
     let key: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
-    runtime.block_on(platform.start()).map_err(|e| anyhow::anyhow!(e.message))?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let state = space_server::AppState::new(platform.clone(), key.clone());
     runtime.spawn(space_server::serve(listener, state, std::future::pending()));
-    let client = Client::new(&url, &key);
+    Ok((Client::new(&url, &key), platform))
+}
+
+fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    // Two servers side by side: every create on the first is a cold start,
+    // the second hands out members of a one-sandbox warm pool.
+    let (client, _cold_platform) = start_server(&runtime, args, scratch, 0)?;
+    let (warm_client, warm_platform) = start_server(&runtime, args, warm_scratch, 1)?;
 
     let raw_engine = Gvisor::new(GvisorConfig {
         runsc: args.engine.runsc.clone(),
@@ -120,6 +137,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
     let (mut pause, mut resume, mut raw_pause, mut raw_resume, mut suspend, mut restore) =
         (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
     let mut snapshot_bytes: Vec<u64> = Vec::new();
+    let mut warm_create = Samples(vec![]);
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -161,6 +179,22 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
         restore.0.push(timed_lifecycle(&client, &id, "resume")?);
         let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
         client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
+
+        // Warm: wait until the pool has refilled, then time a create.
+        let refill_deadline = Instant::now() + Duration::from_secs(60);
+        while warm_platform.warm_count() == 0 && Instant::now() < refill_deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let started = Instant::now();
+        let accepted = warm_client.post("/v1/sandboxes", &serde_json::json!({"template": args.template}))?;
+        let operation = warm_client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        if operation["state"] != "succeeded" {
+            bail!("warm create failed: {}", operation["error"]);
+        }
+        warm_create.0.push(started.elapsed());
+        let warm_id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
+        let deleted = warm_client.delete(&format!("/v1/sandboxes/{warm_id}"))?;
+        warm_client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
 
         // The floor: runsc alone, from spawn to the agent's first frame.
         let spec = SandboxSpec {
@@ -215,9 +249,16 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
         let at = |p| ours.percentile(p) / raw.percentile(p);
         println!("{:<44} {:>9.2} {:>9.2}", "ratio ours/raw", at(50.0), at(95.0));
     };
-    row("create -> ready, SPACE API", &create);
+    row("create -> ready, SPACE API (cold)", &create);
     row("create -> agent hello, raw runsc run", &raw_create);
     ratio(&create, &raw_create);
+    row("create -> ready, SPACE API (warm pool)", &warm_create);
+    println!(
+        "{:<44} {:>9.2} {:>9.2}",
+        "speed-up warm vs cold",
+        create.percentile(50.0) / warm_create.percentile(50.0),
+        create.percentile(95.0) / warm_create.percentile(95.0)
+    );
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
     ratio(&exec, &raw_exec);
@@ -241,6 +282,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
             snapshot_bytes.len()
         );
     }
+    runtime.block_on(warm_platform.drain_warm());
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }

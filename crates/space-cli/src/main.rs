@@ -96,6 +96,9 @@ pub struct EngineArgs {
     /// The runsc binary.
     #[arg(long, env = "SPACE_RUNSC", default_value = "runsc")]
     runsc: PathBuf,
+    /// Warm (pre-started, paused) sandboxes kept per template for fast create.
+    #[arg(long, env = "SPACE_WARM_POOL", default_value_t = 2)]
+    warm_pool: u32,
 }
 
 impl EngineArgs {
@@ -120,6 +123,7 @@ impl EngineArgs {
             data_dir: data_dir.to_path_buf(),
             runsc: self.runsc.clone(),
             agent_bin: self.agent_bin()?,
+            warm_pool: self.warm_pool,
         })
     }
 }
@@ -321,7 +325,10 @@ fn serve(args: ServeArgs) -> Result<()> {
             }
             tracing::info!("shutting down");
         };
+        let platform = state.platform.clone();
         space_server::serve(listener, state, shutdown).await?;
+        // Warm sandboxes belong to no one; the others keep running.
+        platform.drain_warm().await;
         Ok(())
     })
 }

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use space_proto::{
-    decode_header, ExecFailed, ExecRequest, Exited, Frame, FrameKind, Hello, ProtoError, ProtocolErrorMessage,
-    SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
+    decode_header, ExecFailed, ExecRequest, Exited, Frame, FrameKind, Hello, Identity, ProtoError,
+    ProtocolErrorMessage, SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -233,6 +233,26 @@ impl AgentConn {
                 Ok(None) => Err(AgentError::Disconnected),
                 Ok(Some(frame)) if frame.kind == FrameKind::Pong => Ok(started.elapsed()),
                 Ok(Some(frame)) => Err(ProtoError::Unexpected { expected: FrameKind::Pong, got: frame.kind }.into()),
+            }
+        }
+        .await;
+        self.close_stream(stream);
+        result
+    }
+
+    /// Gives a sandbox handed out from a warm pool its own environment and
+    /// fresh entropy; returns once the agent has taken them.
+    pub async fn set_identity(&self, identity: &Identity, patience: Duration) -> Result<(), AgentError> {
+        let (stream, mut rx) = self.open_stream()?;
+        let result = async {
+            self.send(Frame::message(stream, FrameKind::Identity, identity)).await?;
+            match tokio::time::timeout(patience, rx.recv()).await {
+                Err(_) => Err(AgentError::Timeout(patience)),
+                Ok(None) => Err(AgentError::Disconnected),
+                Ok(Some(frame)) if frame.kind == FrameKind::IdentityAck => Ok(()),
+                Ok(Some(frame)) => {
+                    Err(ProtoError::Unexpected { expected: FrameKind::IdentityAck, got: frame.kind }.into())
+                }
             }
         }
         .await;

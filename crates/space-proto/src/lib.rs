@@ -89,6 +89,11 @@ frame_kinds! {
     Quiesce = 15,
     /// agent → host: the last frame before the agent closes its socket.
     QuiesceAck = 16,
+    /// host → agent, opens a stream: [`Identity`] for a sandbox handed out
+    /// from a warm pool; answered with `IdentityAck` on the same stream.
+    Identity = 17,
+    /// agent → host: the identity is in place.
+    IdentityAck = 18,
 }
 
 /// One decoded frame.

@@ -31,6 +31,17 @@ pub struct Welcome {
     pub session: u64,
 }
 
+/// What a sandbox taken from a warm pool becomes when it is handed out.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    /// Replaces the environment every command starts with.
+    pub env: BTreeMap<String, String>,
+    /// Fresh random bytes (hex) mixed into the guest's entropy pool, so
+    /// sandboxes started alike never share random state.
+    pub entropy_hex: String,
+}
+
 /// Start a process in the sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]

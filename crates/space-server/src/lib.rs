@@ -14,6 +14,7 @@ mod policies;
 mod recovery;
 pub mod store;
 pub mod transcript;
+mod warm;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,6 +48,8 @@ pub struct PlatformConfig {
     pub data_dir: PathBuf,
     pub runsc: PathBuf,
     pub agent_bin: PathBuf,
+    /// Warm sandboxes kept per template (0: every create is a cold start).
+    pub warm_pool: u32,
 }
 
 /// Opens the data dir and state, reconciles what a previous run left, and
@@ -62,7 +65,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
         agent_bin: config.agent_bin.clone(),
         state_dir: data.run_dir().join("runsc"),
     }));
-    let platform = Platform::new(data, store, engine);
+    let platform = Platform::new(data, store, engine, config.warm_pool);
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }

@@ -24,10 +24,11 @@ use crate::store::{SandboxRecord, Store};
 const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
 
 /// A job for a sandbox's actor: carry out this operation.
-#[derive(Debug)]
 pub(crate) struct Job {
     kind: OperationKind,
     operation_id: String,
+    /// For a create: the warm sandbox to hand out instead of a cold start.
+    warm: Option<crate::warm::WarmMember>,
 }
 
 /// What exists of a sandbox in memory while its actor lives.
@@ -44,10 +45,13 @@ pub struct Platform {
     changes: watch::Sender<u64>,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
+    pub(crate) warm: crate::warm::WarmPools,
+    /// Warm sandboxes kept per template (0: always cold start).
+    pub(crate) warm_size: u32,
 }
 
 impl Platform {
-    pub fn new(data: DataDir, store: Store, engine: Arc<dyn Engine>) -> Arc<Platform> {
+    pub fn new(data: DataDir, store: Store, engine: Arc<dyn Engine>, warm_size: u32) -> Arc<Platform> {
         Arc::new(Platform {
             data,
             store,
@@ -55,6 +59,8 @@ impl Platform {
             changes: watch::Sender::new(0),
             sandboxes: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
+            warm: Default::default(),
+            warm_size,
         })
     }
 
@@ -104,12 +110,14 @@ impl Platform {
     pub fn create_sandbox(
         self: &Arc<Self>,
         spec: CreateSpec,
-        template_version: u32,
+        template: &space_host::template::TemplateInfo,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let now = ids::now();
+        let template_version = template.meta.version;
+        let warm = self.take_warm(&spec, template);
         let sandbox = Sandbox {
-            id: ids::new_id("sbx"),
+            id: warm.as_ref().map(|m| m.spec.id.clone()).unwrap_or_else(|| ids::new_id("sbx")),
             template: spec.template,
             state: SandboxState::Creating,
             vcpus: spec.vcpus,
@@ -131,7 +139,7 @@ impl Platform {
         self.changed();
         self.spawn_actor(
             &sandbox.id,
-            Some(Job { kind: OperationKind::Create, operation_id: operation.id.clone() }),
+            Some(Job { kind: OperationKind::Create, operation_id: operation.id.clone(), warm }),
             None,
         );
         Ok((sandbox, operation))
@@ -171,7 +179,7 @@ impl Platform {
         domain::transition(record.sandbox.state, event)?;
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
-        let job = Job { kind, operation_id: operation.id.clone() };
+        let job = Job { kind, operation_id: operation.id.clone(), warm: None };
         let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
         let unsent = match live {
             Some(live) => live.jobs.send(job).err().map(|e| e.0),
@@ -368,7 +376,7 @@ impl Actor {
             let id = job.operation_id.as_str();
             let finished = match job.kind {
                 OperationKind::Create => {
-                    self.create(id).await;
+                    self.create(id, job.warm).await;
                     false
                 }
                 OperationKind::Delete => self.delete(id).await,
@@ -403,14 +411,31 @@ impl Actor {
         *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = agent;
     }
 
-    async fn create(&self, operation_id: &str) {
+    async fn create(&self, operation_id: &str, warm: Option<crate::warm::WarmMember>) {
         let platform = &self.platform;
         let record = match platform.sandbox(&self.id) {
             Ok(record) => record,
             Err(err) => return platform.finish_operation(operation_id, Some(err)),
         };
-        platform.progress(operation_id, "starting the sandbox", 1);
         let spec = platform.engine_spec(&record);
+        if let Some(member) = warm {
+            platform.progress(operation_id, "waking a warm sandbox", 1);
+            match platform.hand_out(&member, &record.env).await {
+                Ok(()) => {
+                    let session = member.agent.welcome().session;
+                    self.set_agent(Some(member.agent));
+                    let applied =
+                        platform.apply_with(&self.id, Event::Started, None, |r| r.agent_session = Some(session));
+                    return platform.finish_operation(operation_id, applied.err());
+                }
+                Err(err) => {
+                    // Fall back to a cold start under the same id.
+                    tracing::warn!(sandbox = %self.id, "handing out a warm sandbox failed: {err}");
+                    let _ = platform.engine.destroy(&member.spec).await;
+                }
+            }
+        }
+        platform.progress(operation_id, "starting the sandbox", 1);
         match platform.engine.create(&spec).await {
             Ok(started) => {
                 tracing::info!(sandbox = %self.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");

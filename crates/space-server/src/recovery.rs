@@ -112,6 +112,7 @@ impl Platform {
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
         self.recover().await?;
         tokio::spawn(self.clone().enforce_policies());
+        self.fill_warm_pools();
         Ok(())
     }
 

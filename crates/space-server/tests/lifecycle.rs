@@ -288,3 +288,54 @@ fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
     let _server = TestServer::start(&data);
     assert!(data.data.sandbox_dir(&kept).join("rootfs").exists(), "a known sandbox is kept");
 }
+
+#[test]
+fn warm_pool_sandboxes_get_their_own_identity() {
+    let data = TestDataDir::new();
+    let mut config = common::platform_config(&data);
+    config.warm_pool = 2;
+    let server = TestServer::start_with(config);
+    for _ in 0..100 {
+        if server.platform.warm_count() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(server.platform.warm_count(), 2, "the pool fills in the background");
+
+    let identity = |id: &str| {
+        let out = server
+            .exec(id, json!({"cmd": "hostname; echo $WHO; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"}));
+        out["stdout"].as_str().unwrap().to_string()
+    };
+    let warm: Vec<String> =
+        ["a", "b"].iter().map(|who| server.create_sandbox(json!({"template": "base", "env": {"WHO": who}}))).collect();
+    let cold: Vec<String> = ["c", "d"]
+        .iter()
+        .map(|who| server.create_sandbox(json!({"template": "base", "env": {"WHO": who}, "memory_mib": 300})))
+        .collect();
+    // A warm sandbox was booted before anyone asked for it; a cold one after.
+    let booted_before_asked = |id: &str| {
+        let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+        let asked = humantime::parse_rfc3339_weak(sandbox["created_at"].as_str().unwrap()).unwrap();
+        let booted =
+            std::fs::metadata(data.data.sandbox_dir(id).join("bundle/config.json")).unwrap().modified().unwrap();
+        booted < asked
+    };
+    assert!(warm.iter().all(|id| booted_before_asked(id)), "the first two came from the pool");
+    assert!(cold.iter().all(|id| !booted_before_asked(id)), "other sizes start cold");
+    let mut seen = Vec::new();
+    for (id, who) in warm.iter().chain(&cold).zip(["a", "b", "c", "d"]) {
+        let text = identity(id);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], id.replace('_', "-"), "each sandbox has its own hostname");
+        assert_eq!(lines[1], who, "the create request's env is in place");
+        assert_eq!(lines[2].len(), 32);
+        seen.push(lines[2].to_string());
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 4, "no two sandboxes read the same random bytes");
+    let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={}", warm[0]), None);
+    assert_eq!(operations["operations"][0]["state"], "succeeded");
+}

@@ -51,7 +51,7 @@ pub async fn create(
         )));
     }
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
-    let (sandbox, operation) = platform.create_sandbox(spec, template.meta.version, key.as_deref())?;
+    let (sandbox, operation) = platform.create_sandbox(spec, &template, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 

@@ -20,7 +20,12 @@ pub struct TestServer {
 }
 
 pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
-    PlatformConfig { data_dir: data.root().to_path_buf(), runsc: PathBuf::from("runsc"), agent_bin: agent_bin() }
+    PlatformConfig {
+        data_dir: data.root().to_path_buf(),
+        runsc: PathBuf::from("runsc"),
+        agent_bin: agent_bin(),
+        warm_pool: 0,
+    }
 }
 
 impl TestServer {
@@ -196,6 +201,7 @@ impl Drop for TestServer {
         };
         let platform = self.platform.clone();
         runtime.block_on(async move {
+            platform.drain_warm().await;
             for record in platform.store.sandboxes().unwrap_or_default() {
                 if record.sandbox.state == space_api::SandboxState::Deleted {
                     continue;

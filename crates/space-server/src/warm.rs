@@ -1,0 +1,156 @@
+//! Fast create: a warm pool of pre-started, paused sandboxes per template.
+//!
+//! On gVisor a restore is slower than a cold start, so the fast path is a
+//! sandbox that already booted: it waits paused (costing memory, not CPU),
+//! and a create takes it, thaws it and gives it its identity — its env and
+//! fresh entropy; its id and hostname were chosen when it was started. Pool
+//! members are not in the database: a restarted server sweeps them away.
+//! The pool refills in the background. An engine that restores clones of a
+//! template snapshot (Firecracker) would fill the same pool by restoring
+//! instead of booting; `take` and the hand-out stay the same.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use space_engine::{AgentConn, SandboxSpec};
+use space_host::template::TemplateInfo;
+use space_proto::Identity;
+
+use crate::domain::CreateSpec;
+use crate::ids;
+use crate::platform::Platform;
+
+/// How long a woken member's agent has to take its identity.
+const IDENTITY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A started, paused sandbox waiting to be handed out.
+pub(crate) struct WarmMember {
+    pub spec: SandboxSpec,
+    pub agent: AgentConn,
+    template: String,
+    version: u32,
+}
+
+#[derive(Default)]
+pub(crate) struct WarmPools {
+    members: Mutex<Vec<WarmMember>>,
+    /// Templates being refilled right now.
+    filling: Mutex<HashSet<(String, u32)>>,
+}
+
+impl Platform {
+    /// Takes a warm member for a create that asks for nothing the member
+    /// was not started with (the template's default sizes).
+    pub(crate) fn take_warm(self: &Arc<Self>, spec: &CreateSpec, template: &TemplateInfo) -> Option<WarmMember> {
+        let defaults = &template.meta.defaults;
+        if (spec.vcpus, spec.memory_mib, spec.disk_mib) != (defaults.vcpus, defaults.memory_mib, defaults.disk_mib) {
+            return None;
+        }
+        let version = template.meta.version;
+        let taken = {
+            let mut members = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
+            let at = members
+                .iter()
+                .position(|m| m.template == spec.template && m.version == version && !m.agent.is_closed());
+            at.map(|at| members.remove(at))
+        };
+        self.refill_warm(template.clone());
+        taken
+    }
+
+    /// Wakes a member and gives it its identity.
+    pub(crate) async fn hand_out(
+        &self,
+        member: &WarmMember,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        self.engine.resume(&member.spec).await.map_err(|e| e.to_string())?;
+        let mut entropy = [0u8; 32];
+        getrandom::getrandom(&mut entropy).map_err(|e| e.to_string())?;
+        let identity = Identity { env: env.clone(), entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect() };
+        member.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(|e| e.to_string())
+    }
+
+    /// Tops the pool of `template` up to its size, in the background.
+    pub(crate) fn refill_warm(self: &Arc<Self>, template: TemplateInfo) {
+        if self.warm_size == 0 {
+            return;
+        }
+        let key = (template.meta.name.clone(), template.meta.version);
+        if !self.warm.filling.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+            return; // already being refilled
+        }
+        let platform = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let have = platform
+                    .warm
+                    .members
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .filter(|m| (m.template.as_str(), m.version) == (key.0.as_str(), key.1))
+                    .count();
+                if have >= platform.warm_size as usize {
+                    break;
+                }
+                match platform.start_warm(&template).await {
+                    Ok(member) => platform.warm.members.lock().unwrap_or_else(|e| e.into_inner()).push(member),
+                    Err(err) => {
+                        tracing::warn!(template = %key.0, "could not start a warm sandbox: {err}");
+                        break;
+                    }
+                }
+            }
+            platform.warm.filling.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        });
+    }
+
+    async fn start_warm(&self, template: &TemplateInfo) -> Result<WarmMember, String> {
+        let id = ids::new_id("sbx");
+        let defaults = &template.meta.defaults;
+        let spec = SandboxSpec {
+            dir: self.data.sandbox_dir(&id),
+            template_rootfs: template.rootfs(),
+            hostname: ids::hostname_for(&id),
+            vcpus: defaults.vcpus,
+            memory_mib: defaults.memory_mib,
+            disk_mib: defaults.disk_mib,
+            env: Default::default(),
+            id,
+        };
+        let started = self.engine.create(&spec).await.map_err(|e| e.to_string())?;
+        if let Err(err) = self.engine.pause(&spec).await {
+            let _ = self.engine.destroy(&spec).await;
+            return Err(err.to_string());
+        }
+        Ok(WarmMember {
+            spec,
+            agent: started.agent,
+            template: template.meta.name.clone(),
+            version: template.meta.version,
+        })
+    }
+
+    /// Fills every template's pool (at start).
+    pub(crate) fn fill_warm_pools(self: &Arc<Self>) {
+        for template in self.data.templates() {
+            self.refill_warm(template);
+        }
+    }
+
+    /// Destroys every warm member (on shutdown; a restart would sweep them).
+    pub async fn drain_warm(&self) {
+        let members: Vec<WarmMember> =
+            std::mem::take(&mut *self.warm.members.lock().unwrap_or_else(|e| e.into_inner()));
+        for member in members {
+            let _ = self.engine.destroy(&member.spec).await;
+        }
+    }
+
+    /// How many warm sandboxes wait now.
+    pub fn warm_count(&self) -> usize {
+        self.warm.members.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
