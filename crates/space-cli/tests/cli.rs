@@ -95,3 +95,38 @@ fn dev_mode_refuses_a_public_address() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 }
+
+#[test]
+fn sigkill_of_the_server_loses_nothing() {
+    let data = TestDataDir::new();
+    let (server, url) = serve(&data);
+    let created = space(&data, &url, &["sandbox", "create", "--quiet"]);
+    let id = String::from_utf8(created.stdout).unwrap().trim().to_string();
+    let suspended_id =
+        String::from_utf8(space(&data, &url, &["sandbox", "create", "--quiet"]).stdout).unwrap().trim().to_string();
+    for sandbox in [&id, &suspended_id] {
+        let started = space(
+            &data,
+            &url,
+            &["exec", sandbox, "--", "sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo $! > /root/bg.pid"],
+        );
+        assert_eq!(started.status, ExitStatus::Exited(0), "{}", String::from_utf8_lossy(&started.stderr));
+    }
+    let suspended = space(&data, &url, &["sandbox", "suspend", &suspended_id]);
+    assert!(suspended.status.success(), "{}", String::from_utf8_lossy(&suspended.stderr));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some());
+
+    let (server, url) = serve(&data);
+    let alive = space(&data, &url, &["exec", &id, "--", "sh", "-c", "kill -0 $(cat /root/bg.pid) && echo alive"]);
+    assert_eq!(String::from_utf8_lossy(&alive.stdout), "alive\n", "{}", String::from_utf8_lossy(&alive.stderr));
+    let resumed = space(&data, &url, &["sandbox", "resume", &suspended_id]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let alive =
+        space(&data, &url, &["exec", &suspended_id, "--", "sh", "-c", "kill -0 $(cat /root/bg.pid) && echo alive"]);
+    assert_eq!(String::from_utf8_lossy(&alive.stdout), "alive\n", "{}", String::from_utf8_lossy(&alive.stderr));
+    for sandbox in [&id, &suspended_id] {
+        assert!(space(&data, &url, &["sandbox", "rm", sandbox]).status.success());
+    }
+    stop(server);
+}

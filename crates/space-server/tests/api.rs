@@ -257,6 +257,10 @@ fn delete_frees_everything_and_is_idempotent() {
         space_host::run(std::process::Command::new("btrfs").args(["subvolume", "list", "-o"]).arg(data.root()))
             .unwrap();
     assert!(!String::from_utf8_lossy(&subvolumes).contains(&id), "no subvolume is left");
+    let runsc_state: Vec<String> = std::fs::read_dir(data.data.run_dir().join("runsc"))
+        .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!runsc_state.iter().any(|name| name.contains(&id)), "no runsc state is left: {runsc_state:?}");
 
     server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
     let again = server.delete_sandbox(&id);

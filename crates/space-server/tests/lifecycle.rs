@@ -154,6 +154,15 @@ fn suspend_writes_a_snapshot_and_resume_brings_back_processes_memory_and_command
     assert_eq!(common::text_of(&frames, "stdout"), "tick1\ntick2\ntick3\ntick4\ntick5\ntick6\n");
     assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0, "{frames:?}");
     assert!(!data.data.sandbox_dir(&id).join("snapshot").exists(), "the snapshot is freed after resume");
+
+    // A suspended sandbox deletes cleanly: snapshot, disk and runsc state.
+    assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+    assert!(!data.data.sandbox_dir(&id).exists());
+    let runsc_state: Vec<String> = std::fs::read_dir(data.data.run_dir().join("runsc"))
+        .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!runsc_state.iter().any(|name| name.contains(&id)), "no runsc state is left: {runsc_state:?}");
 }
 
 #[test]
