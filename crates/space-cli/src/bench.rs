@@ -66,6 +66,46 @@ fn timed_lifecycle(client: &Client, id: &str, action: &str) -> Result<Duration> 
     Ok(started.elapsed())
 }
 
+/// The proportional memory (PSS) of every process of a sandbox: those whose
+/// command line names it (runsc sandbox and gofer) and their descendants.
+fn engine_pss(sandbox_id: &str) -> Option<u64> {
+    let mut parents: Vec<(u32, u32, bool)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse().ok());
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let named = String::from_utf8_lossy(&cmdline).contains(sandbox_id);
+        parents.push((pid, ppid.unwrap_or(0), named));
+    }
+    let mut members: Vec<u32> = parents.iter().filter(|p| p.2).map(|p| p.0).collect();
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for &(pid, ppid, _) in &parents {
+            if members.contains(&ppid) && !members.contains(&pid) {
+                members.push(pid);
+                grew = true;
+            }
+        }
+    }
+    let total: u64 = members
+        .iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|text| {
+            let line = text.lines().find(|l| l.starts_with("Pss:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+        })
+        .sum();
+    (total > 0).then_some(total)
+}
+
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
 /// Bytes of the regular files under `dir`.
 fn dir_size(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
@@ -138,6 +178,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
     let mut snapshot_bytes: Vec<u64> = Vec::new();
     let mut warm_create = Samples(vec![]);
+    let mut idle_pss: Vec<u64> = Vec::new();
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -170,6 +211,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
                     in_guest.0.push(Duration::from_secs_f64(ms / 1000.0));
                 }
             }
+        }
+        if let Some(pss) = engine_pss(&id) {
+            idle_pss.push(pss);
         }
         // Lifecycle through the API: each figure is call accepted -> operation succeeded.
         pause.0.push(timed_lifecycle(&client, &id, "pause")?);
@@ -280,6 +324,22 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             "snapshot size on disk",
             *median as f64 / (1u64 << 20) as f64,
             snapshot_bytes.len()
+        );
+    }
+    idle_pss.sort_unstable();
+    if let Some(&pss) = idle_pss.get(idle_pss.len() / 2) {
+        let available = mem_available().unwrap_or(0);
+        println!(
+            "{:<44} {:>9.1} MiB (median of {})",
+            "idle sandbox memory (PSS of its processes)",
+            pss as f64 / (1u64 << 20) as f64,
+            idle_pss.len()
+        );
+        println!(
+            "{:<44} {:>9} (MemAvailable {:.1} GiB / PSS)",
+            "idle sandboxes this host could hold",
+            available / pss.max(1),
+            available as f64 / (1u64 << 30) as f64
         );
     }
     runtime.block_on(warm_platform.drain_warm());
