@@ -53,6 +53,9 @@ pub struct TemplateMeta {
     pub created_at: String,
     pub source: serde_json::Value,
     pub defaults: TemplateDefaults,
+    /// Warm sandboxes to keep for this template; the server's setting when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -117,6 +120,7 @@ pub fn build_debian(
             created_at: crate::now_rfc3339(),
             source: serde_json::json!({"debian": {"suite": suite, "packages": packages}}),
             defaults: TemplateDefaults::default(),
+            warm_pool: None,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
         fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;

@@ -74,7 +74,8 @@ impl Platform {
 
     /// Tops the pool of `template` up to its size, in the background.
     pub(crate) fn refill_warm(self: &Arc<Self>, template: TemplateInfo) {
-        if self.warm_size == 0 {
+        let size = template.meta.warm_pool.unwrap_or(self.warm_size) as usize;
+        if size == 0 {
             return;
         }
         let key = (template.meta.name.clone(), template.meta.version);
@@ -92,7 +93,7 @@ impl Platform {
                     .iter()
                     .filter(|m| (m.template.as_str(), m.version) == (key.0.as_str(), key.1))
                     .count();
-                if have >= platform.warm_size as usize {
+                if have >= size {
                     break;
                 }
                 match platform.start_warm(&template).await {

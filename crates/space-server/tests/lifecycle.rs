@@ -313,8 +313,10 @@ fn warm_pool_sandboxes_get_their_own_identity() {
     assert_eq!(server.platform.warm_count(), 2, "the pool fills in the background");
 
     let identity = |id: &str| {
-        let out = server
-            .exec(id, json!({"cmd": "hostname; echo $WHO; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"}));
+        let out = server.exec(
+            id,
+            json!({"cmd": "hostname; echo $WHO; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s"}),
+        );
         out["stdout"].as_str().unwrap().to_string()
     };
     let warm: Vec<String> =
@@ -341,10 +343,32 @@ fn warm_pool_sandboxes_get_their_own_identity() {
         assert_eq!(lines[1], who, "the create request's env is in place");
         assert_eq!(lines[2].len(), 32);
         seen.push(lines[2].to_string());
+        let guest_clock: i64 = lines[3].parse().unwrap();
+        let host_clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        assert!((guest_clock - host_clock).abs() <= 2, "the clock is right: guest {guest_clock}, host {host_clock}");
     }
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), 4, "no two sandboxes read the same random bytes");
     let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={}", warm[0]), None);
     assert_eq!(operations["operations"][0]["state"], "succeeded");
+}
+
+#[test]
+fn a_template_can_set_its_own_warm_pool_size() {
+    let data = TestDataDir::new();
+    let template = data.data.template("base").unwrap();
+    let path = template.dir.join("template.json");
+    let mut meta: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    meta["warm_pool"] = json!(1);
+    std::fs::write(&path, meta.to_string()).unwrap();
+    let server = TestServer::start(&data); // the server's own setting is 0 here
+    for _ in 0..100 {
+        if server.platform.warm_count() == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(server.platform.warm_count(), 1, "the template's size wins");
 }
