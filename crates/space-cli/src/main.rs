@@ -99,6 +99,9 @@ pub struct EngineArgs {
     /// Warm (pre-started, paused) sandboxes kept per template for fast create.
     #[arg(long, env = "SPACE_WARM_POOL", default_value_t = 2)]
     warm_pool: u32,
+    /// Memory (MiB) the host may promise to sandboxes; default: host memory less 1 GiB.
+    #[arg(long, env = "SPACE_CAPACITY_MIB")]
+    capacity_mib: Option<u64>,
 }
 
 impl EngineArgs {
@@ -124,6 +127,7 @@ impl EngineArgs {
             runsc: self.runsc.clone(),
             agent_bin: self.agent_bin()?,
             warm_pool: self.warm_pool,
+            capacity_mib: self.capacity_mib,
         })
     }
 }

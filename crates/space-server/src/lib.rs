@@ -5,6 +5,7 @@
 //! API over a real socket against real sandboxes.
 
 pub mod api;
+mod capacity;
 pub mod commands;
 pub mod domain;
 pub mod error;
@@ -50,6 +51,9 @@ pub struct PlatformConfig {
     pub agent_bin: PathBuf,
     /// Warm sandboxes kept per template (0: every create is a cold start).
     pub warm_pool: u32,
+    /// Memory the host may promise to sandboxes, in MiB (default: the
+    /// host's memory less 1 GiB).
+    pub capacity_mib: Option<u64>,
 }
 
 /// Opens the data dir and state, reconciles what a previous run left, and
@@ -65,7 +69,8 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
         agent_bin: config.agent_bin.clone(),
         state_dir: data.run_dir().join("runsc"),
     }));
-    let platform = Platform::new(data, store, engine, config.warm_pool);
+    let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
+    let platform = Platform::new(data, store, engine, config.warm_pool, capacity);
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }

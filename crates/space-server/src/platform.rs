@@ -48,10 +48,21 @@ pub struct Platform {
     pub(crate) warm: crate::warm::WarmPools,
     /// Warm sandboxes kept per template (0: always cold start).
     pub(crate) warm_size: u32,
+    /// Memory the host can promise to sandboxes, in MiB.
+    pub(crate) capacity_mib: u64,
+    /// Held from the capacity check until the new record is written, so
+    /// concurrent creates cannot both take the last room.
+    admission: Mutex<()>,
 }
 
 impl Platform {
-    pub fn new(data: DataDir, store: Store, engine: Arc<dyn Engine>, warm_size: u32) -> Arc<Platform> {
+    pub fn new(
+        data: DataDir,
+        store: Store,
+        engine: Arc<dyn Engine>,
+        warm_size: u32,
+        capacity_mib: u64,
+    ) -> Arc<Platform> {
         Arc::new(Platform {
             data,
             store,
@@ -61,6 +72,8 @@ impl Platform {
             commands: Mutex::new(HashMap::new()),
             warm: Default::default(),
             warm_size,
+            capacity_mib,
+            admission: Mutex::new(()),
         })
     }
 
@@ -115,7 +128,12 @@ impl Platform {
     ) -> Result<(Sandbox, Operation), ApiError> {
         let now = ids::now();
         let template_version = template.meta.version;
+        let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         let warm = self.take_warm(&spec, template);
+        if warm.is_none() {
+            // A warm member's memory is already counted.
+            self.admit(spec.memory_mib)?;
+        }
         let sandbox = Sandbox {
             id: warm.as_ref().map(|m| m.spec.id.clone()).unwrap_or_else(|| ids::new_id("sbx")),
             template: spec.template,
@@ -177,6 +195,9 @@ impl Platform {
             return Ok((record.sandbox, operation));
         }
         domain::transition(record.sandbox.state, event)?;
+        if event == Event::RestoreRequested {
+            self.admit(record.sandbox.memory_mib)?;
+        }
         self.store.put_operation(&operation, idempotency_key)?;
         self.changed();
         let job = Job { kind, operation_id: operation.id.clone(), warm: None };

@@ -46,11 +46,13 @@ pub(crate) fn due(record: &SandboxRecord, now: SystemTime, has_running_commands:
 
 impl Platform {
     /// Checks every sandbox's policies once a second, for as long as the
-    /// platform lives.
+    /// platform lives (and tops the warm pools up).
     pub(crate) async fn enforce_policies(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(TICK);
         loop {
             ticker.tick().await;
+            // Memory freed since the last tick may make room for warm members.
+            self.fill_warm_pools();
             let Ok(records) = self.store.sandboxes() else { continue };
             let now = SystemTime::now();
             for record in records {

@@ -96,6 +96,10 @@ impl Platform {
                 if have >= size {
                     break;
                 }
+                if platform.admit(template.meta.defaults.memory_mib).is_err() {
+                    tracing::info!(template = %key.0, "the warm pool stops at the host's capacity");
+                    break;
+                }
                 match platform.start_warm(&template).await {
                     Ok(member) => platform.warm.members.lock().unwrap_or_else(|e| e.into_inner()).push(member),
                     Err(err) => {
@@ -148,6 +152,12 @@ impl Platform {
         for member in members {
             let _ = self.engine.destroy(&member.spec).await;
         }
+    }
+
+    /// Memory promised to warm members, in MiB.
+    pub(crate) fn warm_reserved_mib(&self) -> u64 {
+        let members = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
+        members.iter().map(|m| u64::from(m.spec.memory_mib)).sum()
     }
 
     /// How many warm sandboxes wait now.

@@ -372,3 +372,33 @@ fn a_template_can_set_its_own_warm_pool_size() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(server.platform.warm_count(), 1, "the template's size wins");
 }
+
+#[test]
+fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
+    let data = TestDataDir::new();
+    let mut config = common::platform_config(&data);
+    config.capacity_mib = Some(1200);
+    config.warm_pool = 2;
+    let server = TestServer::start_with(config);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(server.platform.warm_count(), 2, "two 512 MiB members fit in 1200 MiB");
+    // A cold create (other size) of 256 MiB does not fit beside them.
+    let refused =
+        server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})), 503, "capacity");
+    assert_eq!(refused["error"]["details"]["capacity_mib"], 1200);
+    // Taking a warm member moves its memory from the pool to the sandbox;
+    // the pool may not refill beyond the capacity.
+    let id = server.create_sandbox(json!({"template": "base"}));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(server.platform.warm_count(), 1, "no room to refill");
+    assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded", "suspended sandboxes hold no memory");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(server.platform.warm_count(), 2, "the pool refills into the freed memory");
+    let refused = server.error("POST", &format!("/v1/sandboxes/{id}/resume"), None, 503, "capacity");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("MiB"));
+    assert_eq!(
+        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"],
+        "suspended",
+        "a refused resume changes nothing"
+    );
+}

@@ -124,7 +124,8 @@ pub async fn pause(state: State<AppState>, headers: HeaderMap, id: Path<String>)
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, description = "Accepted: the sandbox runs again once it succeeds (from paused or suspended)", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "Neither paused nor suspended", body = ErrorBody)))]
+        (status = 409, description = "Neither paused nor suspended", body = ErrorBody),
+        (status = 503, description = "No room on this host to bring a suspended sandbox back", body = ErrorBody)))]
 pub async fn resume(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
     lifecycle(state, headers, id, OperationKind::Resume).await
 }
