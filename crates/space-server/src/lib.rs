@@ -4,6 +4,7 @@
 //! `app` builds the router, separate from `serve`, so tests drive the real
 //! API over a real socket against real sandboxes.
 
+mod actor;
 pub mod api;
 mod capacity;
 pub mod commands;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use space_api::{Operation, OperationKind, OperationState, Progress, Sandbox, SandboxState};
-use space_engine::{AgentConn, Engine, EngineError, SandboxSpec};
+use space_engine::{AgentConn, Engine, SandboxSpec};
 use space_host::datadir::DataDir;
 use tokio::sync::{mpsc, watch};
 
@@ -20,20 +20,17 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::store::{SandboxRecord, Store};
 
-/// How long an agent may take to let go of its channel or to come back.
-const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
-
 /// A job for a sandbox's actor: carry out this operation.
 pub(crate) struct Job {
-    kind: OperationKind,
-    operation_id: String,
+    pub(crate) kind: OperationKind,
+    pub(crate) operation_id: String,
     /// For a create: the warm sandbox to hand out instead of a cold start.
-    warm: Option<crate::warm::WarmMember>,
+    pub(crate) warm: Option<crate::warm::WarmMember>,
 }
 
 /// What exists of a sandbox in memory while its actor lives.
 pub(crate) struct LiveSandbox {
-    agent: Mutex<Option<AgentConn>>,
+    pub(crate) agent: Mutex<Option<AgentConn>>,
     jobs: mpsc::UnboundedSender<Job>,
 }
 
@@ -219,7 +216,7 @@ impl Platform {
         }
         let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
-        let actor = Actor { platform: self.clone(), id: id.to_string(), live };
+        let actor = crate::actor::Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
     }
 
@@ -357,297 +354,5 @@ fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) 
         created_at: ids::now(),
         started_at: None,
         finished_at: None,
-    }
-}
-
-/// What a client may learn of an engine failure: no host paths, no internals.
-fn engine_failure(err: &EngineError) -> ApiError {
-    let message = match err {
-        EngineError::Host(_) | EngineError::Io { .. } => "preparing the sandbox's root filesystem failed",
-        EngineError::Runtime(_) => "the isolation engine failed to start the sandbox",
-        EngineError::Agent(_) => "the sandbox started but its agent did not become healthy",
-    };
-    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "engine_failed", message)
-}
-
-struct Actor {
-    platform: Arc<Platform>,
-    id: String,
-    live: Arc<LiveSandbox>,
-}
-
-impl Actor {
-    async fn run(self, mut queue: mpsc::UnboundedReceiver<Job>) {
-        loop {
-            let agent = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let job = tokio::select! {
-                job = queue.recv() => job,
-                () = async {
-                    match &agent {
-                        Some(agent) => agent.closed().await,
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    self.agent_lost();
-                    continue;
-                }
-            };
-            let Some(job) = job else { break };
-            let engine = self.platform.engine.clone();
-            let id = job.operation_id.as_str();
-            let finished = match job.kind {
-                OperationKind::Create => {
-                    self.create(id, job.warm).await;
-                    false
-                }
-                OperationKind::Delete => self.delete(id).await,
-                OperationKind::Pause => {
-                    self.change(id, Event::Froze, "freezing", |spec| async move { engine.pause(&spec).await }).await;
-                    false
-                }
-                OperationKind::Resume => {
-                    let suspended =
-                        self.platform.sandbox(&self.id).is_ok_and(|r| r.sandbox.state == SandboxState::Suspended);
-                    if suspended {
-                        self.restore(id).await;
-                    } else {
-                        self.change(id, Event::Thawed, "thawing", |spec| async move { engine.resume(&spec).await })
-                            .await;
-                    }
-                    false
-                }
-                OperationKind::Suspend => {
-                    self.suspend(id).await;
-                    false
-                }
-            };
-            if finished {
-                break;
-            }
-        }
-        self.platform.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
-    }
-
-    fn set_agent(&self, agent: Option<AgentConn>) {
-        *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = agent;
-    }
-
-    async fn create(&self, operation_id: &str, warm: Option<crate::warm::WarmMember>) {
-        let platform = &self.platform;
-        let record = match platform.sandbox(&self.id) {
-            Ok(record) => record,
-            Err(err) => return platform.finish_operation(operation_id, Some(err)),
-        };
-        let spec = platform.engine_spec(&record);
-        if let Some(member) = warm {
-            platform.progress(operation_id, "waking a warm sandbox", 1);
-            match platform.hand_out(&member, &record.env).await {
-                Ok(()) => {
-                    let session = member.agent.welcome().session;
-                    self.set_agent(Some(member.agent));
-                    let applied =
-                        platform.apply_with(&self.id, Event::Started, None, |r| r.agent_session = Some(session));
-                    return platform.finish_operation(operation_id, applied.err());
-                }
-                Err(err) => {
-                    // Fall back to a cold start under the same id.
-                    tracing::warn!(sandbox = %self.id, "handing out a warm sandbox failed: {err}");
-                    let _ = platform.engine.destroy(&member.spec).await;
-                }
-            }
-        }
-        platform.progress(operation_id, "starting the sandbox", 1);
-        match platform.engine.create(&spec).await {
-            Ok(started) => {
-                tracing::info!(sandbox = %self.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
-                platform.progress(operation_id, "agent healthy", 2);
-                let session = started.agent.welcome().session;
-                self.set_agent(Some(started.agent));
-                match platform.apply_with(&self.id, Event::Started, None, |r| r.agent_session = Some(session)) {
-                    Ok(_) => platform.finish_operation(operation_id, None),
-                    Err(err) => platform.finish_operation(operation_id, Some(err)),
-                }
-            }
-            Err(err) => {
-                tracing::warn!(sandbox = %self.id, "create failed: {err}");
-                let failure = engine_failure(&err);
-                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
-                platform.finish_operation(operation_id, Some(failure));
-            }
-        }
-    }
-
-    /// Carries out one engine call that moves the sandbox by `event`.
-    async fn change<F, Fut>(&self, operation_id: &str, event: Event, step: &str, call: F)
-    where
-        F: FnOnce(SandboxSpec) -> Fut,
-        Fut: std::future::Future<Output = Result<(), EngineError>>,
-    {
-        let platform = &self.platform;
-        let record = match platform.sandbox(&self.id) {
-            Ok(record) => record,
-            Err(err) => return platform.finish_operation(operation_id, Some(err)),
-        };
-        // The state may have moved since the request was accepted.
-        if let Err(err) = domain::transition(record.sandbox.state, event) {
-            return platform.finish_operation(operation_id, Some(err));
-        }
-        platform.progress(operation_id, step, 0);
-        match call(platform.engine_spec(&record)).await {
-            Ok(()) => {
-                let result = platform.apply(&self.id, event, None);
-                platform.finish_operation(operation_id, result.err());
-            }
-            Err(err) => {
-                tracing::error!(sandbox = %self.id, "{step} failed: {err}");
-                let failure = ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "engine_failed",
-                    format!("the engine could not {}", domain::action_name(event)),
-                );
-                platform.finish_operation(operation_id, Some(failure));
-            }
-        }
-    }
-
-    /// Suspend: thaw if paused, quiesce the agent, checkpoint, stop.
-    async fn suspend(&self, operation_id: &str) {
-        let platform = &self.platform;
-        let record = match platform.sandbox(&self.id) {
-            Ok(record) => record,
-            Err(err) => return platform.finish_operation(operation_id, Some(err)),
-        };
-        let was_paused = record.sandbox.state == SandboxState::Paused;
-        if let Err(err) = platform.apply(&self.id, Event::SuspendRequested, None) {
-            return platform.finish_operation(operation_id, Some(err));
-        }
-        let spec = platform.engine_spec(&record);
-        let agent = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let result = async {
-            if was_paused {
-                // A frozen agent cannot let go of its channel.
-                platform.progress(operation_id, "thawing", 0);
-                platform.engine.resume(&spec).await.map_err(|e| ("thawing", e.to_string()))?;
-            }
-            platform.progress(operation_id, "quiescing the agent", 1);
-            let agent = agent.ok_or(("quiescing", "the agent is not connected".to_string()))?;
-            agent.quiesce(QUIESCE_PATIENCE).await.map_err(|e| ("quiescing", e.to_string()))?;
-            platform.progress(operation_id, "writing the snapshot", 2);
-            platform.engine.suspend(&spec).await.map_err(|e| ("writing the snapshot", e.to_string()))
-        }
-        .await;
-        match result {
-            Ok(()) => {
-                let applied = platform.apply(&self.id, Event::Checkpointed, None);
-                platform.finish_operation(operation_id, applied.err());
-            }
-            Err((step, err)) => {
-                tracing::error!(sandbox = %self.id, "suspend failed while {step}: {err}");
-                let failure = ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "engine_failed",
-                    format!("suspending failed while {step}"),
-                );
-                self.set_agent(None);
-                platform.stop_engine(&spec).await;
-                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
-                platform.finish_operation(operation_id, Some(failure));
-            }
-        }
-    }
-
-    /// Resume from a snapshot: restore, then re-attach the agent (or greet
-    /// it afresh if this server never knew it).
-    async fn restore(&self, operation_id: &str) {
-        let platform = &self.platform;
-        let record = match platform.sandbox(&self.id) {
-            Ok(record) => record,
-            Err(err) => return platform.finish_operation(operation_id, Some(err)),
-        };
-        if let Err(err) = platform.apply(&self.id, Event::RestoreRequested, None) {
-            return platform.finish_operation(operation_id, Some(err));
-        }
-        platform.progress(operation_id, "restoring the snapshot", 0);
-        let spec = platform.engine_spec(&record);
-        let known = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let result = async {
-            let socket = platform.engine.restore(&spec).await.map_err(|e| e.to_string())?;
-            platform.progress(operation_id, "reconnecting the agent", 1);
-            match known {
-                Some(agent) => agent.reattach(socket, QUIESCE_PATIENCE).await.map(|()| agent),
-                None => AgentConn::handshake(socket, space_engine::welcome_for(&spec), QUIESCE_PATIENCE).await,
-            }
-            .map_err(|e| e.to_string())
-        }
-        .await;
-        match result {
-            Ok(agent) => {
-                let session = agent.welcome().session;
-                self.set_agent(Some(agent));
-                let applied = platform.apply_with(&self.id, Event::Restored, None, |r| r.agent_session = Some(session));
-                platform.finish_operation(operation_id, applied.err());
-            }
-            Err(err) => {
-                tracing::error!(sandbox = %self.id, "resume from snapshot failed: {err}");
-                let failure = ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "engine_failed",
-                    "resuming from the snapshot failed",
-                );
-                self.set_agent(None);
-                platform.stop_engine(&spec).await;
-                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
-                platform.finish_operation(operation_id, Some(failure));
-            }
-        }
-    }
-
-    /// Returns true once the sandbox is deleted and the actor may end.
-    async fn delete(&self, operation_id: &str) -> bool {
-        let platform = &self.platform;
-        if let Err(err) = platform.apply(&self.id, Event::DeleteRequested, None) {
-            platform.finish_operation(operation_id, Some(err));
-            return false;
-        }
-        platform.progress(operation_id, "stopping the sandbox and freeing its disk", 1);
-        let record = match platform.sandbox(&self.id) {
-            Ok(record) => record,
-            Err(err) => {
-                platform.finish_operation(operation_id, Some(err));
-                return false;
-            }
-        };
-        self.set_agent(None);
-        match platform.engine.destroy(&platform.engine_spec(&record)).await {
-            Ok(()) => {
-                let result = platform.apply(&self.id, Event::Destroyed, None);
-                platform.finish_operation(operation_id, result.err());
-                true
-            }
-            Err(err) => {
-                tracing::error!(sandbox = %self.id, "delete failed: {err}");
-                let failure = ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "engine_failed",
-                    "freeing the sandbox failed; retry the delete",
-                );
-                let _ = platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
-                platform.finish_operation(operation_id, Some(failure));
-                false
-            }
-        }
-    }
-
-    fn agent_lost(&self) {
-        self.set_agent(None);
-        let state = self.platform.sandbox(&self.id).map(|r| r.sandbox.state);
-        if state.is_ok_and(domain::accepts_commands) {
-            tracing::warn!(sandbox = %self.id, "the sandbox stopped unexpectedly");
-            let _ = self.platform.apply(
-                &self.id,
-                Event::Failure,
-                Some("the sandbox stopped unexpectedly (its agent disconnected)".into()),
-            );
-        }
     }
 }
