@@ -9,6 +9,7 @@
 //! linked and small, because it runs in roots it did not build.
 
 mod exec;
+mod files;
 mod pool;
 mod spawn;
 mod users;
@@ -57,7 +58,8 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
 
     let mut session = welcome.session;
-    let agent = Agent { identity: Arc::new(Mutex::new(welcome)), outbox, sessions: Arc::default() };
+    let agent =
+        Agent { uploads: Arc::default(), identity: Arc::new(Mutex::new(welcome)), outbox, sessions: Arc::default() };
     loop {
         agent.serve(&mut reader);
         // Quiesced for a snapshot, or the host went away: either way let go
@@ -170,6 +172,7 @@ enum Served {
 }
 
 struct Agent {
+    uploads: files::Uploads,
     identity: Arc<Mutex<Welcome>>,
     outbox: SyncSender<Frame>,
     sessions: Sessions,
@@ -205,6 +208,15 @@ impl Agent {
                 // drops the other half, so no socket of ours is left open.
                 let _ = self.outbox.send(Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, Vec::new()));
                 return Ok(Served::Quiesced);
+            }
+            FrameKind::FileRead => files::read(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox),
+            FrameKind::FileWrite => {
+                files::begin_write(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.uploads)
+            }
+            FrameKind::FileData => files::write_data(frame.stream, &frame.payload, &self.uploads),
+            FrameKind::FileEnd => files::end_write(frame.stream, &self.uploads, &self.outbox),
+            FrameKind::FileDelete => {
+                files::delete(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox)
             }
             FrameKind::Identity => {
                 let identity: Identity = frame.parse().map_err(|e| e.to_string())?;

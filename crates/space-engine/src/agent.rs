@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use space_proto::{
-    decode_header, ExecFailed, ExecRequest, Exited, Frame, FrameKind, Hello, Identity, ProtoError,
-    ProtocolErrorMessage, SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
+    decode_header, ExecFailed, ExecRequest, Exited, FileError, FileInfo, FileListing, FileRequest, Frame, FrameKind,
+    Hello, Identity, ProtoError, ProtocolErrorMessage, SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN,
+    MAX_PAYLOAD, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -37,6 +38,8 @@ pub enum AgentError {
     ExecFailed(ExecFailed),
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtoError),
+    #[error("{}", .0.message)]
+    File(FileError),
 }
 
 struct Shared {
@@ -89,6 +92,77 @@ pub enum ExecEvent {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Exit(Exited),
+}
+
+/// What reading a path gives.
+pub enum FileRead {
+    /// A regular file: its size and mode, then its bytes from `data`.
+    File {
+        info: FileInfo,
+        data: FileStream,
+    },
+    Dir(FileListing),
+}
+
+/// The bytes of a file being read.
+pub struct FileStream {
+    frames: mpsc::Receiver<Frame>,
+    _guard: StreamGuard,
+}
+
+/// A file being written: send its bytes, then `finish`.
+pub struct FileUpload {
+    frames: mpsc::Receiver<Frame>,
+    guard: StreamGuard,
+}
+
+/// Unregisters a stream when dropped.
+struct StreamGuard {
+    stream: u32,
+    conn: AgentConn,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.conn.close_stream(self.stream);
+    }
+}
+
+fn file_failure(frame: &Frame) -> AgentError {
+    match frame.parse::<FileError>() {
+        Ok(error) => AgentError::File(error),
+        Err(err) => err.into(),
+    }
+}
+
+impl FileStream {
+    /// The next chunk; `None` at the end of the file.
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, AgentError> {
+        let frame = self.frames.recv().await.ok_or(AgentError::Disconnected)?;
+        match frame.kind {
+            FrameKind::FileData => Ok(Some(frame.payload)),
+            FrameKind::FileEnd => Ok(None),
+            FrameKind::FileFailed => Err(file_failure(&frame)),
+            got => Err(ProtoError::Unexpected { expected: FrameKind::FileData, got }.into()),
+        }
+    }
+}
+
+impl FileUpload {
+    pub async fn send(&self, bytes: Vec<u8>) -> Result<(), AgentError> {
+        self.guard.conn.send(Frame::new(self.guard.stream, FrameKind::FileData, bytes)).await
+    }
+
+    /// Ends the file and waits for the agent to confirm it is written.
+    pub async fn finish(mut self) -> Result<(), AgentError> {
+        self.guard.conn.send(Frame::new(self.guard.stream, FrameKind::FileEnd, Vec::new())).await?;
+        let frame = self.frames.recv().await.ok_or(AgentError::Disconnected)?;
+        match frame.kind {
+            FrameKind::FileDone => Ok(()),
+            FrameKind::FileFailed => Err(file_failure(&frame)),
+            got => Err(ProtoError::Unexpected { expected: FrameKind::FileDone, got }.into()),
+        }
+    }
 }
 
 /// A running command's stream.
@@ -258,6 +332,46 @@ impl AgentConn {
         .await;
         self.close_stream(stream);
         result
+    }
+
+    /// Reads a path inside the sandbox: a file's bytes or a directory's listing.
+    pub async fn read_file(&self, path: &str) -> Result<FileRead, AgentError> {
+        let (stream, mut frames) = self.open_stream()?;
+        let guard = StreamGuard { stream, conn: self.clone() };
+        let request = FileRequest { path: path.into(), mode: None, recursive: false };
+        self.send(Frame::message(stream, FrameKind::FileRead, &request)).await?;
+        let first = frames.recv().await.ok_or(AgentError::Disconnected)?;
+        match first.kind {
+            FrameKind::FileInfo => {
+                Ok(FileRead::File { info: first.parse()?, data: FileStream { frames, _guard: guard } })
+            }
+            FrameKind::FileListing => Ok(FileRead::Dir(first.parse()?)),
+            FrameKind::FileFailed => Err(file_failure(&first)),
+            got => Err(ProtoError::Unexpected { expected: FrameKind::FileInfo, got }.into()),
+        }
+    }
+
+    /// Starts writing a file (parents are created; an existing file is replaced).
+    pub async fn write_file(&self, path: &str, mode: u32) -> Result<FileUpload, AgentError> {
+        let (stream, frames) = self.open_stream()?;
+        let guard = StreamGuard { stream, conn: self.clone() };
+        let request = FileRequest { path: path.into(), mode: Some(mode), recursive: false };
+        self.send(Frame::message(stream, FrameKind::FileWrite, &request)).await?;
+        Ok(FileUpload { frames, guard })
+    }
+
+    /// Deletes a path; a directory only when empty unless `recursive`.
+    pub async fn delete_path(&self, path: &str, recursive: bool) -> Result<(), AgentError> {
+        let (stream, mut frames) = self.open_stream()?;
+        let _guard = StreamGuard { stream, conn: self.clone() };
+        let request = FileRequest { path: path.into(), mode: None, recursive };
+        self.send(Frame::message(stream, FrameKind::FileDelete, &request)).await?;
+        let frame = frames.recv().await.ok_or(AgentError::Disconnected)?;
+        match frame.kind {
+            FrameKind::FileDone => Ok(()),
+            FrameKind::FileFailed => Err(file_failure(&frame)),
+            got => Err(ProtoError::Unexpected { expected: FrameKind::FileDone, got }.into()),
+        }
     }
 
     /// Starts a process; returns once it runs (or could not be started).

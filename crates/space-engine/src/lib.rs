@@ -14,7 +14,7 @@ pub mod gvisor;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use agent::{AgentConn, AgentError, ExecEvent, ExecStream};
+pub use agent::{AgentConn, AgentError, ExecEvent, ExecStream, FileRead, FileStream, FileUpload};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

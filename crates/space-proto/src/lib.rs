@@ -94,6 +94,26 @@ frame_kinds! {
     Identity = 17,
     /// agent → host: the identity is in place.
     IdentityAck = 18,
+    /// host → agent, opens a stream: [`FileRequest`] to read a path.
+    FileRead = 19,
+    /// host → agent, opens a stream: [`FileRequest`] to write a file; raw
+    /// `FileData` frames follow, then `FileEnd`.
+    FileWrite = 20,
+    /// host → agent, opens a stream: [`FileRequest`] to delete a path.
+    FileDelete = 21,
+    /// agent → host: a regular file follows: [`FileInfo`], then `FileData`
+    /// frames, then `FileEnd`.
+    FileInfo = 22,
+    /// agent → host: the path is a directory: [`FileListing`].
+    FileListing = 23,
+    /// either way: raw file bytes.
+    FileData = 24,
+    /// either way: no more data.
+    FileEnd = 25,
+    /// agent → host: the write or delete is done.
+    FileDone = 26,
+    /// agent → host: [`FileError`]; the stream ends.
+    FileFailed = 27,
 }
 
 /// One decoded frame.

@@ -113,3 +113,64 @@ pub struct SignalRequest {
 pub struct ProtocolErrorMessage {
     pub message: String,
 }
+
+/// A file operation on a path inside the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileRequest {
+    /// Absolute path, resolved inside the sandbox.
+    pub path: String,
+    /// For writes: the file's permission bits.
+    #[serde(default)]
+    pub mode: Option<u32>,
+    /// For deletes: remove a directory and everything in it.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileInfo {
+    pub size: u64,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    /// Seconds since the epoch.
+    pub mtime: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileListing {
+    pub entries: Vec<DirEntry>,
+}
+
+/// Why a file operation failed.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFailure {
+    NotFound,
+    PermissionDenied,
+    /// A directory where a file was needed, or the other way round.
+    WrongType,
+    /// A non-empty directory without `recursive`.
+    NotEmpty,
+    Invalid,
+    Io,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileError {
+    pub reason: FileFailure,
+    pub message: String,
+}

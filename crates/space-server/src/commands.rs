@@ -59,6 +59,7 @@ fn exec_failure(err: AgentError) -> ApiError {
             ApiError::new(StatusCode::CONFLICT, "invalid_state", "the sandbox is not reachable; it may have stopped")
         }
         AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
+        AgentError::File(err) => ApiError::internal("starting a command", err.message),
     }
 }
 

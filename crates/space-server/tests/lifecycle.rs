@@ -66,6 +66,7 @@ fn pause_freezes_processes_in_memory_and_resume_brings_them_back() {
     );
     assert_eq!(refused["error"]["details"]["state"], "paused");
     server.error("POST", &format!("/v1/sandboxes/{id}/pause"), None, 409, "invalid_state");
+    server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/root"), None, 409, "invalid_state");
     std::thread::sleep(Duration::from_millis(1000));
     let after = std::fs::read_to_string(&host_view).ok();
     assert!(before.is_some(), "the state file is visible in the sandbox root on the host");

@@ -2,6 +2,7 @@
 //! Handlers are thin: parse, call the platform, shape the response.
 
 mod commands;
+mod files;
 mod health;
 mod openapi;
 mod operations;
@@ -59,6 +60,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/commands/{cid}/stdin", axum::routing::post(commands::stdin))
         .route("/v1/sandboxes/{id}/commands/{cid}/signal", axum::routing::post(commands::signal))
         .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(files::read).put(files::write).delete(files::delete).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/v1/operations", get(operations::list))
         .route("/v1/operations/{id}", get(operations::get))
         .route("/v1/openapi.json", get(openapi::document))

@@ -5,7 +5,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{commands, health, operations, output, sandboxes};
+use super::{commands, files, health, operations, output, sandboxes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -17,8 +17,9 @@ use super::{commands, health, operations, output, sandboxes};
         operations::get, operations::list,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::exec,
         output::output,
+        files::read, files::write, files::delete,
     ),
-    components(schemas(commands::SignalRequest)),
+    components(schemas(commands::SignalRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]

@@ -1,0 +1,202 @@
+//! `/v1/sandboxes/{id}/files`: read, write and delete paths inside a
+//! sandbox, streamed both ways. Paths are resolved by the agent inside the
+//! sandbox; nothing here touches a host path.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use space_api::ErrorBody;
+use space_engine::{AgentConn, AgentError, FileRead};
+use space_proto::FileFailure;
+
+use super::{ApiQuery, AppState};
+use crate::domain;
+use crate::error::ApiError;
+
+/// The largest file one PUT may write.
+pub const MAX_FILE_BYTES: usize = 1 << 30;
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct FileQuery {
+    /// Absolute path inside the sandbox.
+    path: String,
+    /// For PUT: permission bits in octal (default 0644).
+    mode: Option<String>,
+    /// For DELETE: remove a directory with everything in it.
+    #[serde(default)]
+    recursive: bool,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct FileWritten {
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits in octal, such as `0644`.
+    pub mode: String,
+    /// Last modification, RFC 3339.
+    pub mtime: String,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct DirListing {
+    pub entries: Vec<FileEntry>,
+}
+
+fn checked_path(path: &str) -> Result<&str, ApiError> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(ApiError::bad_request(format!("path must be an absolute path, got {path:?}")));
+    }
+    Ok(path)
+}
+
+/// The running sandbox's agent, or why there is none.
+fn agent_for(state: &AppState, id: &str) -> Result<AgentConn, ApiError> {
+    let sandbox = state.platform.sandbox(id)?.sandbox;
+    if !domain::accepts_commands(sandbox.state) {
+        return Err(ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"));
+    }
+    state.platform.agent(id).ok_or_else(|| ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"))
+}
+
+fn file_error(err: AgentError) -> ApiError {
+    match err {
+        AgentError::File(error) => {
+            let (status, code) = match error.reason {
+                FileFailure::NotFound => (StatusCode::NOT_FOUND, "file_not_found"),
+                FileFailure::PermissionDenied => (StatusCode::UNPROCESSABLE_ENTITY, "permission_denied"),
+                FileFailure::WrongType => (StatusCode::UNPROCESSABLE_ENTITY, "wrong_file_type"),
+                FileFailure::NotEmpty => (StatusCode::CONFLICT, "directory_not_empty"),
+                FileFailure::Invalid => (StatusCode::BAD_REQUEST, "invalid_request"),
+                FileFailure::Io => (StatusCode::UNPROCESSABLE_ENTITY, "io_error"),
+            };
+            ApiError::new(status, code, error.message)
+        }
+        AgentError::Disconnected | AgentError::Timeout(_) => {
+            ApiError::new(StatusCode::CONFLICT, "invalid_state", "the sandbox is not reachable; it may have stopped")
+        }
+        other => ApiError::internal("a file operation", other),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses(
+        (status = 200, description = "A regular file's bytes (application/octet-stream), or a directory's listing", body = DirListing),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn read(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<FileQuery>,
+) -> Result<Response, ApiError> {
+    let path = checked_path(&query.path)?;
+    let agent = agent_for(&state, &id)?;
+    let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
+    match agent.read_file(path).await.map_err(file_error)? {
+        FileRead::Dir(listing) => {
+            let entries = listing
+                .entries
+                .into_iter()
+                .map(|e| FileEntry {
+                    name: e.name,
+                    kind: e.kind,
+                    size: e.size,
+                    mode: format!("{:04o}", e.mode),
+                    mtime: crate::ids::format_time(
+                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.mtime.max(0) as u64),
+                    ),
+                })
+                .collect();
+            Ok(Json(DirListing { entries }).into_response())
+        }
+        FileRead::File { info, data } => {
+            let chunks = futures_util::stream::unfold(data, |mut data| async move {
+                match data.next_chunk().await {
+                    Ok(Some(bytes)) => Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), data)),
+                    Ok(None) => None,
+                    // Cut the body short: the length header tells the client.
+                    Err(err) => Some((Err(std::io::Error::other(err.to_string())), data)),
+                }
+            });
+            let mut response = Response::new(Body::from_stream(chunks));
+            let headers = response.headers_mut();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(info.size));
+            headers
+                .insert("x-file-mode", HeaderValue::from_str(&format!("{:04o}", info.mode)).expect("octal is ASCII"));
+            Ok(response)
+        }
+    }
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "Written (parent directories created)", body = FileWritten),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn write(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<FileQuery>,
+    body: Body,
+) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
+    let path = checked_path(&query.path)?.to_string();
+    let mode = match &query.mode {
+        None => 0o644,
+        Some(text) => u32::from_str_radix(text, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| {
+            ApiError::bad_request(format!("mode must be octal permission bits such as 0644, got {text:?}"))
+        })?,
+    };
+    let agent = agent_for(&state, &id)?;
+    let upload = agent.write_file(&path, mode).await.map_err(file_error)?;
+    let mut stream = body.into_data_stream();
+    let mut size = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+        size += chunk.len();
+        if size > MAX_FILE_BYTES {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("a file may be at most {MAX_FILE_BYTES} bytes"),
+            ));
+        }
+        for piece in chunk.chunks(space_proto::MAX_OUTPUT_CHUNK) {
+            upload.send(piece.to_vec()).await.map_err(file_error)?;
+        }
+    }
+    upload.finish().await.map_err(file_error)?;
+    let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
+    Ok((StatusCode::CREATED, Json(FileWritten { path, size: size as u64 })))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses((status = 204, description = "Deleted"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<FileQuery>,
+) -> Result<StatusCode, ApiError> {
+    let path = checked_path(&query.path)?;
+    let agent = agent_for(&state, &id)?;
+    agent.delete_path(path, query.recursive).await.map_err(file_error)?;
+    let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,111 @@
+//! The files API on real sandboxes: streamed both ways, paths resolved only
+//! inside the sandbox.
+
+mod common;
+
+use common::TestServer;
+use serde_json::json;
+use space_testkit::TestDataDir;
+
+#[test]
+fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let url = |query: &str| format!("{}/v1/sandboxes/{id}/files?{query}", server.url);
+    let auth = format!("Bearer {}", server.key);
+
+    // Write with parents created and a mode; read it back, also from a command.
+    let written = ureq::put(&url("path=/root/dir/sub/hello.txt&mode=0600"))
+        .set("Authorization", &auth)
+        .send_bytes(b"hello\n")
+        .unwrap();
+    assert_eq!(written.status(), 201);
+    let written: serde_json::Value = written.into_json().unwrap();
+    server.check("PUT", &format!("/v1/sandboxes/{id}/files"), 201, "application/json", &written);
+    assert_eq!(written["size"], 6);
+    let read = ureq::get(&url("path=/root/dir/sub/hello.txt")).set("Authorization", &auth).call().unwrap();
+    assert_eq!(read.header("x-file-mode"), Some("0600"));
+    assert_eq!(read.into_string().unwrap(), "hello\n");
+    assert_eq!(
+        server.exec(&id, json!({"cmd": "stat -c %a /root/dir/sub/hello.txt; cat /root/dir/sub/hello.txt"}))["stdout"],
+        "600\nhello\n"
+    );
+
+    // Binary content of a few MiB survives the round trip.
+    let blob: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    ureq::put(&url("path=/tmp/blob.bin")).set("Authorization", &auth).send_bytes(&blob).unwrap();
+    let mut back = Vec::new();
+    std::io::Read::read_to_end(
+        &mut ureq::get(&url("path=/tmp/blob.bin")).set("Authorization", &auth).call().unwrap().into_reader(),
+        &mut back,
+    )
+    .unwrap();
+    assert!(back == blob, "binary content changed on the way");
+    let sum = server.exec(&id, json!({"cmd": "wc -c < /tmp/blob.bin"}));
+    assert_eq!(sum["stdout"], "3000000\n");
+
+    // Directory listing.
+    let (status, listing) = server.call("GET", &format!("/v1/sandboxes/{id}/files?path=/root/dir/sub"), None);
+    assert_eq!(status, 200);
+    assert_eq!(listing["entries"][0]["name"], "hello.txt");
+    assert_eq!(listing["entries"][0]["type"], "file");
+    assert_eq!(listing["entries"][0]["mode"], "0600");
+
+    // Errors.
+    server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/nope"), None, 404, "file_not_found");
+    server.error("GET", &format!("/v1/sandboxes/{id}/files?path=relative/path"), None, 400, "invalid_request");
+    server.error("DELETE", &format!("/v1/sandboxes/{id}/files?path=/root/dir"), None, 409, "directory_not_empty");
+    let (status, _) = server.raw(
+        "DELETE",
+        &format!("/v1/sandboxes/{id}/files?path=/root/dir&recursive=true"),
+        &[("Authorization", &auth)],
+        None,
+    );
+    assert_eq!(status, 204);
+    server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/root/dir/sub/hello.txt"), None, 404, "file_not_found");
+    server.error("DELETE", &format!("/v1/sandboxes/{id}/files?path=/"), None, 400, "invalid_request");
+}
+
+#[test]
+fn dotdot_and_symlinks_never_leave_the_sandbox() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let auth = format!("Bearer {}", server.key);
+    server.exec(&id, json!({"cmd": "ln -s / /root/escape && ln -s ../../../../../.. /root/up"}));
+    let marker = format!("space-escape-{}", std::process::id());
+
+    // Reads through `..` and links see the sandbox's own files, and a
+    // file that exists only on the host is not found.
+    server.exec(&id, json!({"cmd": format!("echo inside > /srv/{marker}")}));
+    let host_only = std::env::temp_dir().join(format!("{marker}-host"));
+    std::fs::write(&host_only, "host").unwrap();
+    // Status and body of a GET of `path`.
+    let get = |path: &str| match ureq::get(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
+        .set("Authorization", &auth)
+        .call()
+    {
+        Ok(response) => (response.status(), response.into_string().unwrap()),
+        Err(ureq::Error::Status(status, response)) => (status, response.into_string().unwrap()),
+        Err(err) => panic!("{path}: {err}"),
+    };
+    for path in
+        [format!("/root/../srv/{marker}"), format!("/root/escape/srv/{marker}"), format!("/root/up/srv/{marker}")]
+    {
+        assert_eq!(get(&path), (200, "inside\n".to_string()), "{path} resolved inside the sandbox");
+    }
+    for path in [format!("/root/escape{}", host_only.display()), format!("/root/up/..{}", host_only.display())] {
+        assert_eq!(get(&path).0, 404, "{path} must not reach the host");
+    }
+    std::fs::remove_file(&host_only).unwrap();
+    // Writes through them land in the sandbox, never on the host.
+    for path in [format!("/root/escape/tmp/{marker}"), format!("/root/up/../../tmp/{marker}")] {
+        ureq::put(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
+            .set("Authorization", &auth)
+            .send_bytes(b"inside")
+            .unwrap();
+    }
+    assert!(!std::path::Path::new(&format!("/tmp/{marker}")).exists(), "nothing was written on the host");
+    assert_eq!(server.exec(&id, json!({"argv": ["cat", format!("/tmp/{marker}")]}))["stdout"], "inside");
+}
