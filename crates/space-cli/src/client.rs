@@ -51,6 +51,27 @@ impl Client {
         Self::answer(self.request("DELETE", path).call())
     }
 
+    /// Streams a local file into a sandbox.
+    pub fn upload(&self, sandbox: &str, path: &str, mode: &str, file: std::fs::File) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&mode={mode}", encode(path));
+        Self::answer(self.request("PUT", &target).send(file)).map(drop)
+    }
+
+    /// Streams a file out of a sandbox into `out`.
+    pub fn download(&self, sandbox: &str, path: &str, out: &mut impl Write) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
+        match self.request("GET", &target).call() {
+            Ok(response) if response.content_type() == "application/json" => {
+                bail!("{path} is a directory (directories are not supported yet)")
+            }
+            Ok(response) => {
+                std::io::copy(&mut response.into_reader(), out).context("receiving the file")?;
+                Ok(())
+            }
+            Err(err) => Self::answer(Err(err)).map(drop),
+        }
+    }
+
     /// Long-polls an operation until it is terminal.
     pub fn wait_operation(&self, id: &str) -> Result<serde_json::Value> {
         loop {
@@ -106,6 +127,16 @@ impl Client {
             eprintln!("space: output stream ended early; re-attaching at offset {offset}");
         }
     }
+}
+
+/// Percent-encodes a path for a query string.
+fn encode(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 fn frame_bytes(data: Option<String>, data_b64: Option<String>) -> Result<Vec<u8>> {

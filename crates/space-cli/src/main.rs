@@ -36,6 +36,16 @@ enum Top {
     /// Inspect operations.
     #[command(subcommand)]
     Op(OpCommand),
+    /// Copy a file into or out of a sandbox: `LOCAL SBX:/path` or `SBX:/path LOCAL`.
+    Cp {
+        from: String,
+        to: String,
+        /// Permission bits (octal) for a file copied in; default: the local file's.
+        #[arg(long)]
+        mode: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Measure create and exec latency against the raw runsc floor.
     Bench(bench::BenchArgs),
 }
@@ -273,6 +283,7 @@ fn run(cli: Cli) -> Result<i32> {
             print_json(&operation);
             Ok(if operation["state"] == "succeeded" { 0 } else { 1 })
         }
+        Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
     }
 }
@@ -470,6 +481,40 @@ fn exec(args: ExecArgs) -> Result<i32> {
         }
         (None, None) => 255,
     })
+}
+
+/// `SBX:/path` as (sandbox, path); anything else is a local path.
+fn remote(spec: &str) -> Option<(&str, &str)> {
+    let (sandbox, path) = spec.split_once(':')?;
+    (sandbox.starts_with("sbx_") && path.starts_with('/')).then_some((sandbox, path))
+}
+
+fn copy(client: &client::Client, from: &str, to: &str, mode: Option<String>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match (remote(from), remote(to)) {
+        (None, Some((sandbox, path))) => {
+            let file = std::fs::File::open(from).with_context(|| format!("opening {from}"))?;
+            let meta = file.metadata()?;
+            if !meta.is_file() {
+                bail!("{from} is not a regular file (directories are not supported yet)");
+            }
+            let mode = mode.unwrap_or_else(|| format!("{:04o}", meta.permissions().mode() & 0o7777));
+            client.upload(sandbox, path, &mode, file)
+        }
+        (Some((sandbox, path)), None) => {
+            // Into a temporary file first: a failed copy leaves `to` as it was.
+            let partial = format!("{to}.space-partial");
+            let mut out = std::fs::File::create(&partial).with_context(|| format!("creating {partial}"))?;
+            let copied = client
+                .download(sandbox, path, &mut out)
+                .and_then(|()| std::fs::rename(&partial, to).with_context(|| format!("renaming {partial} to {to}")));
+            if copied.is_err() {
+                let _ = std::fs::remove_file(&partial);
+            }
+            copied
+        }
+        _ => bail!("give one local path and one SANDBOX:/absolute/path"),
+    }
 }
 
 fn signal_number(name: &str) -> i32 {

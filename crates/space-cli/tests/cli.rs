@@ -69,6 +69,18 @@ fn dev_server_and_cli_run_a_sandbox() {
     assert_eq!(missing.status, ExitStatus::Exited(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("executable_not_found"));
 
+    let local = data.root().join("cp-in.txt");
+    std::fs::write(&local, "copied in\n").unwrap();
+    let into = space(&data, &url, &["cp", local.to_str().unwrap(), &format!("{id}:/root/sub/cp.txt")]);
+    assert!(into.status.success(), "{}", String::from_utf8_lossy(&into.stderr));
+    let back = data.root().join("cp-out.txt");
+    let out = space(&data, &url, &["cp", &format!("{id}:/root/sub/cp.txt"), back.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "copied in\n");
+    let missing = space(&data, &url, &["cp", &format!("{id}:/nope"), back.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("file_not_found"));
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "copied in\n", "a failed copy leaves the local file alone");
+
     let listed = space(&data, &url, &["sandbox", "ls"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&id));
     let removed = space(&data, &url, &["sandbox", "rm", &id]);
