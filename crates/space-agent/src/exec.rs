@@ -33,6 +33,8 @@ pub struct SessionControl {
     /// never stalls the agent's connection. Dropping it closes stdin.
     // The queue is not bounded yet: flow control for stdin is future work.
     stdin: Option<mpsc::Sender<Vec<u8>>>,
+    /// The terminal's master side, for resizes (tty sessions only).
+    terminal: Option<File>,
 }
 
 /// Copies queued bytes into the process's stdin until the queue closes.
@@ -83,6 +85,7 @@ struct Plan {
     cwd: String,
     account: Account,
     stdin: bool,
+    tty: bool,
 }
 
 /// A started process: its pid, its exit status to come, and its pipes.
@@ -102,7 +105,8 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
         }
     };
     let gate = Arc::new(StreamGate { open: Mutex::new(true), outbox: outbox.clone(), stream });
-    let control = SessionControl { pgid: pid as i32, gate: gate.clone(), stdin: pipes.stdin.map(feed_stdin) };
+    let terminal = if request.tty { pipes.stdout.try_clone().ok() } else { None };
+    let control = SessionControl { pgid: pid as i32, gate: gate.clone(), stdin: pipes.stdin.map(feed_stdin), terminal };
     sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, control);
     let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
@@ -180,7 +184,10 @@ fn plan(request: &ExecRequest, identity: &Welcome) -> Result<Plan, ExecFailed> {
 
     let search_path = env.get("PATH").map(String::as_str).unwrap_or(DEFAULT_PATH);
     let program = resolve_program(program, search_path)?;
-    Ok(Plan { program, argv: request.argv.clone(), env, cwd, account, stdin: request.stdin })
+    if request.tty {
+        env.entry("TERM".into()).or_insert_with(|| "xterm-256color".into());
+    }
+    Ok(Plan { program, argv: request.argv.clone(), env, cwd, account, stdin: request.stdin, tty: request.tty })
 }
 
 /// Finds `program` the way `execvp` would, so "not found" is told apart
@@ -215,6 +222,9 @@ fn spawn_failure(err: std::io::Error) -> ExecFailed {
 
 fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
     let reaper = Reaper::global();
+    if plan.tty {
+        return launch_on_tty(plan);
+    }
     if plan.account.uid == 0 && plan.account.gid == 0 {
         let env: Vec<(String, String)> = plan.env.clone().into_iter().collect();
         let mut pipes = None;
@@ -254,6 +264,65 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
             .ok_or_else(|| failed(ExecFailure::Spawn, "no stderr pipe"))?,
     };
     Ok(Spawned { pid, exit, pipes })
+}
+
+/// Starts the command on a new pseudo-terminal: its own session with the
+/// terminal as controlling tty; stdout and stderr both go to the terminal.
+fn launch_on_tty(plan: &Plan) -> Result<Spawned, ExecFailed> {
+    let size = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+    let pty = nix::pty::openpty(Some(&size), None).map_err(|e| failed(ExecFailure::Spawn, format!("openpty: {e}")))?;
+    let slave = |pty: &nix::pty::OpenptyResult| {
+        pty.slave.try_clone().map(Stdio::from).map_err(|e| failed(ExecFailure::Spawn, e.to_string()))
+    };
+    let mut command = Command::new(&plan.program);
+    command
+        .arg0(&plan.argv[0])
+        .args(&plan.argv[1..])
+        .env_clear()
+        .envs(&plan.env)
+        .current_dir(&plan.cwd)
+        .stdin(slave(&pty)?)
+        .stdout(slave(&pty)?)
+        .stderr(slave(&pty)?);
+    if plan.account.uid != 0 || plan.account.gid != 0 {
+        command.uid(plan.account.uid).gid(plan.account.gid);
+    }
+    // SAFETY: between fork and exec this only calls async-signal-safe
+    // functions (setsid, ioctl) and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let reaped = Reaper::global().spawn(&mut command).map_err(spawn_failure)?;
+    let pid = reaped.id();
+    let (_, exit) = reaped.into_parts();
+    drop(command); // closes our copies of the terminal's slave side
+    let master = File::from(pty.master);
+    let pipes = spawn::Pipes {
+        stdin: Some(master.try_clone().map_err(|e| failed(ExecFailure::Spawn, e.to_string()))?),
+        stdout: master,
+        // Everything arrives on the terminal: an empty stream stands for stderr.
+        stderr: File::open("/dev/null").map_err(|e| failed(ExecFailure::Spawn, e.to_string()))?,
+    };
+    drop(pty.slave);
+    Ok(Spawned { pid, exit, pipes })
+}
+
+/// Sets the size of a command's terminal.
+pub fn resize(sessions: &Sessions, stream: u32, size: space_proto::TerminalSize) {
+    use std::os::fd::AsRawFd;
+    let sessions = sessions.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(terminal) = sessions.get(&stream).and_then(|s| s.terminal.as_ref()) else { return };
+    let winsize = libc::winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: the fd is open (owned by the session) and winsize is a valid,
+    // initialised struct of the type TIOCSWINSZ expects.
+    unsafe {
+        libc::ioctl(terminal.as_raw_fd(), libc::TIOCSWINSZ, &winsize);
+    }
 }
 
 pub fn write_stdin(sessions: &Sessions, stream: u32, bytes: &[u8]) {

@@ -209,6 +209,7 @@ impl Agent {
                 let _ = self.outbox.send(Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, Vec::new()));
                 return Ok(Served::Quiesced);
             }
+            FrameKind::Resize => exec::resize(&self.sessions, frame.stream, frame.parse().map_err(|e| e.to_string())?),
             FrameKind::FileRead => files::read(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox),
             FrameKind::FileWrite => {
                 files::begin_write(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.uploads)

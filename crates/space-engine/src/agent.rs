@@ -405,6 +405,11 @@ impl AgentConn {
         self.send(Frame::new(stream, FrameKind::StdinEof, Vec::new())).await
     }
 
+    /// Resizes a tty command's terminal.
+    pub async fn resize(&self, stream: u32, size: space_proto::TerminalSize) -> Result<(), AgentError> {
+        self.send(Frame::message(stream, FrameKind::Resize, &size)).await
+    }
+
     /// Sends `signal` (a number) to a command's process group.
     pub async fn signal(&self, stream: u32, signal: i32) -> Result<(), AgentError> {
         self.send(Frame::message(stream, FrameKind::Signal, &SignalRequest { signal })).await
@@ -600,7 +605,14 @@ mod tests {
             (read, write)
         });
         let conn = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await.unwrap();
-        let request = ExecRequest { argv: vec!["x".into()], env: BTreeMap::new(), cwd: None, user: None, stdin: false };
+        let request = ExecRequest {
+            argv: vec!["x".into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            user: None,
+            stdin: false,
+            tty: false,
+        };
         let mut stream = conn.exec(&request).await.unwrap();
         assert_eq!(stream.pid, 7);
         let _keep_open = fake_agent.await.unwrap();
@@ -635,7 +647,14 @@ mod tests {
             exec.stream // both halves drop here: the agent let go
         });
         let conn = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await.unwrap();
-        let request = ExecRequest { argv: vec!["x".into()], env: BTreeMap::new(), cwd: None, user: None, stdin: false };
+        let request = ExecRequest {
+            argv: vec!["x".into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            user: None,
+            stdin: false,
+            tty: false,
+        };
         let mut stream = conn.exec(&request).await.unwrap();
         assert_eq!(stream.next().await, Some(ExecEvent::Stdout(b"before".to_vec())));
         conn.quiesce(Duration::from_secs(2)).await.expect("quiesced");

@@ -29,6 +29,7 @@ fn request(argv: &[&str]) -> ExecRequest {
         cwd: None,
         user: None,
         stdin: false,
+        tty: false,
     }
 }
 

@@ -114,6 +114,8 @@ frame_kinds! {
     FileDone = 26,
     /// agent → host: [`FileError`]; the stream ends.
     FileFailed = 27,
+    /// host → agent: [`TerminalSize`] for a command's pseudo-terminal.
+    Resize = 28,
 }
 
 /// One decoded frame.

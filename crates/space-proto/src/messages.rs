@@ -60,6 +60,17 @@ pub struct ExecRequest {
     /// Keep stdin open for [`crate::FrameKind::Stdin`] frames.
     #[serde(default)]
     pub stdin: bool,
+    /// Run on a pseudo-terminal (stdout and stderr merged, stdin open).
+    #[serde(default)]
+    pub tty: bool,
+}
+
+/// A terminal size, for [`crate::FrameKind::Resize`].
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub cols: u16,
+    pub rows: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

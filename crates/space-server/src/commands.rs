@@ -83,8 +83,14 @@ impl Platform {
         let transcript_path = transcript::path_for(&sandbox_dir, &id);
         let writer =
             TranscriptWriter::create(&transcript_path).map_err(|e| ApiError::internal("creating the transcript", e))?;
-        let request =
-            ExecRequest { argv: spec.argv.clone(), env: spec.env, cwd: spec.cwd, user: spec.user, stdin: spec.stdin };
+        let request = ExecRequest {
+            argv: spec.argv.clone(),
+            env: spec.env,
+            cwd: spec.cwd,
+            user: spec.user,
+            stdin: spec.stdin || spec.tty,
+            tty: spec.tty,
+        };
         let started = Instant::now();
         let stream = match agent.exec(&request).await {
             Ok(stream) => stream,

@@ -110,6 +110,7 @@ pub struct CommandSpec {
     pub cwd: Option<String>,
     pub user: Option<String>,
     pub stdin: bool,
+    pub tty: bool,
     pub timeout_s: u64,
     pub tag: Option<String>,
 }
@@ -138,13 +139,6 @@ impl TryFrom<CommandRequest> for CommandSpec {
                 return Err(ApiError::bad_request(format!("cwd must be an absolute path, got {cwd:?}")));
             }
         }
-        if request.tty {
-            return Err(ApiError::new(
-                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                "unsupported",
-                "tty sessions are not supported yet; run without tty",
-            ));
-        }
         if request.timeout_s > MAX_TIMEOUT_S {
             return Err(ApiError::unprocessable(format!("timeout_s may be at most {MAX_TIMEOUT_S}")));
         }
@@ -157,6 +151,7 @@ impl TryFrom<CommandRequest> for CommandSpec {
             cwd: request.cwd,
             user: request.user,
             stdin: request.stdin,
+            tty: request.tty,
             timeout_s: request.timeout_s,
             tag: request.tag,
         })

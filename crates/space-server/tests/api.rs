@@ -534,3 +534,41 @@ fn a_sandbox_that_dies_is_marked_failed_and_its_commands_get_a_clear_end() {
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
     assert!(!data.data.sandbox_dir(&id).exists());
 }
+
+#[test]
+fn tty_commands_run_on_a_pseudo_terminal_that_can_be_resized() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let tty = server.exec(&id, json!({"argv": ["tty"], "tty": true}));
+    assert!(tty["stdout"].as_str().unwrap().starts_with("/dev/pts/"), "{tty}");
+    let plain = server.exec(&id, json!({"argv": ["tty"]}));
+    assert_eq!(plain["stdout"], "not a tty\n");
+
+    let auth = format!("Bearer {}", server.key);
+    let shell = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "read line; stty size; echo \"got $line\"", "tty": true})),
+    );
+    let cid = shell["command"]["id"].as_str().unwrap();
+    let (status, _) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/resize"),
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        Some(r#"{"cols": 100, "rows": 30}"#),
+    );
+    assert_eq!(status, 204);
+    let (status, _) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/stdin"),
+        &[("Authorization", &auth)],
+        Some("hello\n"),
+    );
+    assert_eq!(status, 204);
+    let frames = server.output(&id, cid, "?follow=true");
+    let text = text_of(&frames, "stdout");
+    assert!(text.contains("30 100"), "the terminal has the new size: {text:?}");
+    assert!(text.contains("got hello"), "{text:?}");
+    assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0);
+}

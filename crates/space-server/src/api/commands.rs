@@ -141,6 +141,34 @@ pub async fn signal(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    cols: u16,
+    rows: u16,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/resize", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id")),
+    request_body = ResizeRequest,
+    responses((status = 204, description = "The terminal has the new size"), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resize(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    ApiJson(request): ApiJson<ResizeRequest>,
+) -> Result<StatusCode, ApiError> {
+    if request.cols == 0 || request.rows == 0 {
+        return Err(ApiError::bad_request("cols and rows must be at least 1"));
+    }
+    state.platform.command(&id, &cid)?;
+    let (_, stream, agent) =
+        state.platform.live_command(&cid).ok_or_else(|| ApiError::invalid_state("command", "exited", "resize it"))?;
+    let size = space_proto::TerminalSize { cols: request.cols, rows: request.rows };
+    agent.resize(stream, size).await.map_err(|_| ApiError::invalid_state("command", "exited", "resize it"))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id"), AutoResume),
     request_body = CommandRequest,

@@ -59,6 +59,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output::output))
         .route("/v1/sandboxes/{id}/commands/{cid}/stdin", axum::routing::post(commands::stdin))
         .route("/v1/sandboxes/{id}/commands/{cid}/signal", axum::routing::post(commands::signal))
+        .route("/v1/sandboxes/{id}/commands/{cid}/resize", axum::routing::post(commands::resize))
         .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
         .route(
             "/v1/sandboxes/{id}/files",

@@ -15,11 +15,11 @@ use super::{commands, files, health, operations, output, sandboxes};
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete, sandboxes::pause, sandboxes::resume,
         sandboxes::suspend,
         operations::get, operations::list,
-        commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::exec,
+        commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,
         output::output,
         files::read, files::write, files::delete,
     ),
-    components(schemas(commands::SignalRequest, files::FileWritten, files::DirListing, files::FileEntry)),
+    components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
