@@ -572,3 +572,40 @@ fn tty_commands_run_on_a_pseudo_terminal_that_can_be_resized() {
     assert!(text.contains("got hello"), "{text:?}");
     assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0);
 }
+
+#[test]
+fn a_websocket_attach_drives_an_interactive_shell() {
+    use tungstenite::client::IntoClientRequest;
+    use tungstenite::Message;
+
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let shell = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"argv": ["sh"], "tty": true})));
+    let cid = shell["command"]["id"].as_str().unwrap();
+
+    let url = format!("{}/v1/sandboxes/{id}/commands/{cid}/attach", server.url.replace("http://", "ws://"));
+    let mut request = url.as_str().into_client_request().unwrap();
+    request.headers_mut().insert("Authorization", format!("Bearer {}", server.key).parse().unwrap());
+    let (mut socket, response) = tungstenite::connect(request).expect("the WebSocket upgrade");
+    assert_eq!(response.status(), 101);
+    socket.send(Message::Text(r#"{"resize": {"cols": 120, "rows": 40}}"#.into())).unwrap();
+    socket.send(Message::Binary(b"stty size; echo marker-$((6*7)); exit 5\n".to_vec().into())).unwrap();
+
+    let mut screen = Vec::new();
+    let exit = loop {
+        match socket.read().expect("the attach stays open until the exit") {
+            Message::Binary(bytes) => screen.extend_from_slice(&bytes),
+            Message::Text(text) => break serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            Message::Close(_) => panic!("closed before the exit frame"),
+            _ => {}
+        }
+    };
+    let screen = String::from_utf8_lossy(&screen);
+    assert!(screen.contains("40 120"), "the resize reached the terminal: {screen:?}");
+    assert!(screen.contains("marker-42"), "{screen:?}");
+    assert_eq!(exit["exit"]["exit_code"], 5);
+
+    // Without a WebSocket upgrade the route says so in the error shape.
+    server.error("GET", &format!("/v1/sandboxes/{id}/commands/{cid}/attach"), None, 400, "invalid_request");
+}

@@ -1,6 +1,7 @@
 //! The HTTP edge: routing, auth, request parsing, the OpenAPI document.
 //! Handlers are thin: parse, call the platform, shape the response.
 
+mod attach;
 mod commands;
 mod files;
 mod health;
@@ -60,6 +61,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/commands/{cid}/stdin", axum::routing::post(commands::stdin))
         .route("/v1/sandboxes/{id}/commands/{cid}/signal", axum::routing::post(commands::signal))
         .route("/v1/sandboxes/{id}/commands/{cid}/resize", axum::routing::post(commands::resize))
+        .route("/v1/sandboxes/{id}/commands/{cid}/attach", get(attach::attach))
         .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
         .route(
             "/v1/sandboxes/{id}/files",

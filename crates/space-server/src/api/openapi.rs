@@ -5,7 +5,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{commands, files, health, operations, output, sandboxes};
+use super::{attach, commands, files, health, operations, output, sandboxes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,7 +16,7 @@ use super::{commands, files, health, operations, output, sandboxes};
         sandboxes::suspend,
         operations::get, operations::list,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,
-        output::output,
+        output::output, attach::attach,
         files::read, files::write, files::delete,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),

@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use base64::Engine as _;
-use space_api::{ErrorBody, OutputFrame};
+use space_api::{ErrorBody, OutputFrame, ProcessResult};
 use tokio::sync::{mpsc, watch};
 
 use super::{ApiQuery, AppState};
@@ -48,27 +48,14 @@ pub async fn output(
     ApiQuery(query): ApiQuery<OutputQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let platform = state.platform.clone();
-    platform.sandbox(&id)?;
-    platform.command(&id, &cid)?;
-    let live = platform.live_command(&cid).map(|(progress, _, _)| progress);
-    let path = transcript::path_for(&platform.data.sandbox_dir(&id), &cid);
-    let reader = TranscriptReader::open(&path).map_err(|_| {
-        ApiError::new(
-            axum::http::StatusCode::NOT_FOUND,
-            "not_found",
-            "the transcript is gone (the sandbox was deleted)",
-        )
-    })?;
+    let emitted = follow(&state.platform, &id, &cid, query.from, query.follow)?;
     let format = match headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) {
         Some(accept) if accept.contains("text/event-stream") => Format::Sse,
         _ => Format::Ndjson,
     };
-    let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let follower = Follower { platform, sandbox_id: id, command_id: cid, path, reader, live, format, tx };
-    tokio::spawn(follower.run(query.from, query.follow));
-    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    let body = Body::from_stream(futures_util::stream::unfold(emitted, move |mut emitted| async move {
+        let item = emitted.recv().await?;
+        Some((Ok::<_, Infallible>(render(format, &item.into_frame())), emitted))
     }));
     let content_type = match format {
         Format::Ndjson => "application/x-ndjson",
@@ -80,6 +67,71 @@ pub async fn output(
     Ok(response)
 }
 
+/// What a follower hands on: output as it was written, then the end.
+pub(crate) enum Emitted {
+    Chunk(Chunk),
+    Exit(ProcessResult),
+}
+
+impl Emitted {
+    pub(crate) fn into_frame(self) -> OutputFrame {
+        match self {
+            Emitted::Chunk(chunk) => chunk_frame(chunk),
+            Emitted::Exit(result) => OutputFrame::Exit { result },
+        }
+    }
+}
+
+/// Starts following a command's transcript from `from`: everything there
+/// is, then (with `follow`) what comes, then the exit once it has ended.
+pub(crate) fn follow(
+    platform: &Arc<Platform>,
+    id: &str,
+    cid: &str,
+    from: u64,
+    follow: bool,
+) -> Result<mpsc::Receiver<Emitted>, ApiError> {
+    platform.sandbox(id)?;
+    platform.command(id, cid)?;
+    let live = platform.live_command(cid).map(|(progress, _, _)| progress);
+    let path = transcript::path_for(&platform.data.sandbox_dir(id), cid);
+    let reader = TranscriptReader::open(&path).map_err(|_| {
+        ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "not_found",
+            "the transcript is gone (the sandbox was deleted)",
+        )
+    })?;
+    let (tx, rx) = mpsc::channel::<Emitted>(16);
+    let follower = Follower {
+        platform: platform.clone(),
+        sandbox_id: id.to_string(),
+        command_id: cid.to_string(),
+        path,
+        reader,
+        live,
+        tx,
+    };
+    tokio::spawn(follower.run(from, follow));
+    Ok(rx)
+}
+
+fn render(format: Format, frame: &OutputFrame) -> Bytes {
+    let json = serde_json::to_string(frame).unwrap_or_default();
+    let text = match format {
+        Format::Ndjson => format!("{json}\n"),
+        Format::Sse => {
+            let event = match frame {
+                OutputFrame::Stdout { .. } => "stdout",
+                OutputFrame::Stderr { .. } => "stderr",
+                OutputFrame::Exit { .. } => "exit",
+            };
+            format!("event: {event}\ndata: {json}\n\n")
+        }
+    };
+    Bytes::from(text)
+}
+
 struct Follower {
     platform: Arc<Platform>,
     sandbox_id: String,
@@ -87,8 +139,7 @@ struct Follower {
     path: std::path::PathBuf,
     reader: TranscriptReader,
     live: Option<watch::Receiver<Progress>>,
-    format: Format,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Emitted>,
 }
 
 impl Follower {
@@ -110,7 +161,7 @@ impl Follower {
             loop {
                 match self.reader.next_chunk(progress.file_len) {
                     Ok(Some(chunk)) => {
-                        if !self.send(&chunk_frame(chunk)).await {
+                        if !self.send(Emitted::Chunk(chunk)).await {
                             return; // the client went away
                         }
                     }
@@ -124,7 +175,7 @@ impl Follower {
             if progress.finished {
                 let command = self.platform.command(&self.sandbox_id, &self.command_id);
                 if let Some(result) = command.ok().and_then(|c| c.result) {
-                    self.send(&OutputFrame::Exit { result }).await;
+                    self.send(Emitted::Exit(result)).await;
                 }
                 return;
             }
@@ -148,20 +199,8 @@ impl Follower {
         }
     }
 
-    async fn send(&self, frame: &OutputFrame) -> bool {
-        let json = serde_json::to_string(frame).unwrap_or_default();
-        let text = match self.format {
-            Format::Ndjson => format!("{json}\n"),
-            Format::Sse => {
-                let event = match frame {
-                    OutputFrame::Stdout { .. } => "stdout",
-                    OutputFrame::Stderr { .. } => "stderr",
-                    OutputFrame::Exit { .. } => "exit",
-                };
-                format!("event: {event}\ndata: {json}\n\n")
-            }
-        };
-        self.tx.send(Bytes::from(text)).await.is_ok()
+    async fn send(&self, item: Emitted) -> bool {
+        self.tx.send(item).await.is_ok()
     }
 }
 

@@ -1,0 +1,94 @@
+//! `GET .../commands/{cid}/attach`: a WebSocket for interactive use.
+//! Binary frames from the client go to the command's stdin; the command's
+//! output (replayed from the start, then live) comes back as binary frames;
+//! a JSON text frame `{"resize": {"cols", "rows"}}` resizes a tty. When the
+//! command ends the server sends `{"exit": <result>}` as text and closes.
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::response::Response;
+use futures_util::{SinkExt, StreamExt};
+use space_api::ErrorBody;
+
+use super::output::{follow, Emitted};
+use super::AppState;
+use crate::error::ApiError;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientText {
+    resize: Size,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Size {
+    cols: u16,
+    rows: u16,
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/attach", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id")),
+    responses((status = 101, description = "Switching to the WebSocket protocol"),
+        (status = 400, description = "Not a WebSocket upgrade", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn attach(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let upgrade = upgrade.map_err(|e| ApiError::bad_request(format!("attach needs a WebSocket upgrade: {e}")))?;
+    let output = follow(&state.platform, &id, &cid, 0, true)?;
+    let input = state.platform.live_command(&cid).map(|(_, stream, agent)| (stream, agent));
+    Ok(upgrade.on_upgrade(move |socket| session(socket, output, input)))
+}
+
+async fn session(
+    socket: WebSocket,
+    mut output: tokio::sync::mpsc::Receiver<Emitted>,
+    input: Option<(u32, space_engine::AgentConn)>,
+) {
+    let (mut sink, mut source) = socket.split();
+    let pump_out = async move {
+        while let Some(item) = output.recv().await {
+            let message = match item {
+                Emitted::Chunk(chunk) => Message::Binary(chunk.bytes.into()),
+                Emitted::Exit(result) => {
+                    let text = serde_json::json!({ "exit": result }).to_string();
+                    let _ = sink.send(Message::Text(text.into())).await;
+                    break;
+                }
+            };
+            if sink.send(message).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.close().await;
+    };
+    let pump_in = async move {
+        while let Some(Ok(message)) = source.next().await {
+            let Some((stream, agent)) = &input else { continue };
+            match message {
+                Message::Binary(bytes) => {
+                    if agent.send_stdin(*stream, bytes.to_vec()).await.is_err() {
+                        break;
+                    }
+                }
+                Message::Text(text) => {
+                    if let Ok(ClientText { resize }) = serde_json::from_str::<ClientText>(&text) {
+                        let size = space_proto::TerminalSize { cols: resize.cols.max(1), rows: resize.rows.max(1) };
+                        let _ = agent.resize(*stream, size).await;
+                    }
+                }
+                Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) => {}
+            }
+        }
+    };
+    // The session ends when the output ends (the command exited) or the
+    // client goes away.
+    tokio::select! {
+        () = pump_out => {}
+        () = pump_in => {}
+    }
+}
