@@ -19,6 +19,14 @@ impl Client {
         Client { base: base.trim_end_matches('/').to_string(), auth: format!("Bearer {key}"), agent }
     }
 
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn key(&self) -> &str {
+        self.auth.trim_start_matches("Bearer ")
+    }
+
     fn request(&self, method: &str, path: &str) -> ureq::Request {
         self.agent.request(method, &format!("{}{path}", self.base)).set("Authorization", &self.auth)
     }
@@ -49,6 +57,16 @@ impl Client {
 
     pub fn delete(&self, path: &str) -> Result<serde_json::Value> {
         Self::answer(self.request("DELETE", path).call())
+    }
+
+    /// Closes a command's stdin.
+    pub fn close_stdin(&self, stdin_path: &str) -> Result<()> {
+        match self.request("POST", &format!("{stdin_path}?eof=true")).send_bytes(&[]) {
+            Ok(_) => Ok(()),
+            // The command may already have ended: nothing left to close.
+            Err(ureq::Error::Status(409, _)) => Ok(()),
+            Err(err) => Self::answer(Err(err)).map(drop),
+        }
     }
 
     /// Streams a local file into a sandbox.

@@ -2,6 +2,7 @@
 //! command-line client. It parses arguments and wires parts together; the
 //! logic lives in the library crates.
 
+mod attach;
 mod bench;
 mod client;
 mod setup;
@@ -220,6 +221,12 @@ struct ExecArgs {
     /// Kill the command after this many seconds.
     #[arg(long)]
     timeout: Option<u64>,
+    /// Keep stdin open and send ours (over the attach WebSocket).
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// Run on a pseudo-terminal; our terminal goes into raw mode.
+    #[arg(short = 't', long)]
+    tty: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     argv: Vec<String>,
@@ -464,9 +471,17 @@ fn exec(args: ExecArgs) -> Result<i32> {
         env: args.env.into_iter().collect(),
         cwd: args.cwd,
         timeout_s: args.timeout.unwrap_or(0),
+        stdin: args.interactive,
+        tty: args.tty,
         ..Default::default()
     };
     let created = client.post(&format!("/v1/sandboxes/{}/commands", args.sandbox), &serde_json::to_value(&request)?)?;
+    if args.interactive || args.tty {
+        let links = &created["command"]["attach"];
+        let attach = links["ws"].as_str().context("no attach link in the answer")?;
+        let stdin = links["stdin"].as_str().context("no stdin link in the answer")?;
+        return attach::interactive(&client, attach, stdin, args.tty);
+    }
     let output_path =
         created["command"]["attach"]["output"].as_str().context("no output link in the answer")?.to_string();
     let result = client.stream_output(&output_path)?;
@@ -517,6 +532,6 @@ fn copy(client: &client::Client, from: &str, to: &str, mode: Option<String>) -> 
     }
 }
 
-fn signal_number(name: &str) -> i32 {
+pub(crate) fn signal_number(name: &str) -> i32 {
     format!("SIG{name}").parse::<nix::sys::signal::Signal>().map(|s| s as i32).unwrap_or(0)
 }

@@ -81,6 +81,28 @@ fn dev_server_and_cli_run_a_sandbox() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("file_not_found"));
     assert_eq!(std::fs::read_to_string(&back).unwrap(), "copied in\n", "a failed copy leaves the local file alone");
 
+    // Interactive: our stdin reaches the command, its end closes the command's.
+    let mut command = Command::new(SPACE);
+    command
+        .args(["exec", "-i", &id, "--", "sh", "-c", "read first; echo \"got $first\"; cat; exit 4"])
+        .env("SPACE_URL", &url)
+        .env("SPACE_DATA_DIR", data.root())
+        .env_remove("SPACE_API_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    std::io::Write::write_all(child.child.stdin.as_mut().unwrap(), b"hello\nrest of input\n").unwrap();
+    drop(child.child.stdin.take());
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    let status = child.wait_timeout(std::time::Duration::from_secs(30)).expect("exec -i ends when the command does");
+    assert_eq!(status, ExitStatus::Exited(4));
+    assert_eq!(stdout, "got hello\nrest of input\n");
+    let tty = space(&data, &url, &["exec", "-t", &id, "--", "tty"]);
+    assert_eq!(tty.status, ExitStatus::Exited(0));
+    assert!(String::from_utf8_lossy(&tty.stdout).starts_with("/dev/pts/"), "{}", String::from_utf8_lossy(&tty.stdout));
+
     let listed = space(&data, &url, &["sandbox", "ls"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&id));
     let removed = space(&data, &url, &["sandbox", "rm", &id]);
