@@ -609,3 +609,18 @@ fn a_websocket_attach_drives_an_interactive_shell() {
     // Without a WebSocket upgrade the route says so in the error shape.
     server.error("GET", &format!("/v1/sandboxes/{id}/commands/{cid}/attach"), None, 400, "invalid_request");
 }
+
+#[test]
+fn a_background_process_outlives_the_command_that_started_it() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let started = Instant::now();
+    // No redirection: the background job still holds the command's output pipes.
+    let run = server.exec(&id, json!({"cmd": "nohup sleep 30 & echo started $!"}));
+    assert!(started.elapsed() < Duration::from_secs(5), "the command returned at once ({:?})", started.elapsed());
+    assert_eq!(run["result"]["exit_code"], 0);
+    let pid = run["stdout"].as_str().unwrap().trim().trim_start_matches("started ").to_string();
+    let alive = server.exec(&id, json!({"cmd": format!("kill -0 {pid} && echo alive")}));
+    assert_eq!(alive["stdout"], "alive\n", "the background process keeps running");
+}

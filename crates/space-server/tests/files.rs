@@ -42,8 +42,12 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     )
     .unwrap();
     assert!(back == blob, "binary content changed on the way");
-    let sum = server.exec(&id, json!({"cmd": "wc -c < /tmp/blob.bin"}));
-    assert_eq!(sum["stdout"], "3000000\n");
+    let local = data.root().join("blob.bin");
+    std::fs::write(&local, &blob).unwrap();
+    let host_sum = space_host::run(std::process::Command::new("sha256sum").arg(&local)).unwrap();
+    let host_sum = String::from_utf8_lossy(&host_sum).split_whitespace().next().unwrap().to_string();
+    let sum = server.exec(&id, json!({"cmd": "sha256sum /tmp/blob.bin"}));
+    assert_eq!(sum["stdout"].as_str().unwrap().split_whitespace().next().unwrap(), host_sum, "bit-exact inside");
 
     // Directory listing.
     let (status, listing) = server.call("GET", &format!("/v1/sandboxes/{id}/files?path=/root/dir/sub"), None);
@@ -51,6 +55,7 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     assert_eq!(listing["entries"][0]["name"], "hello.txt");
     assert_eq!(listing["entries"][0]["type"], "file");
     assert_eq!(listing["entries"][0]["mode"], "0600");
+    assert_eq!(listing["entries"][0]["size"], 6);
 
     // Errors.
     server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/nope"), None, 404, "file_not_found");
