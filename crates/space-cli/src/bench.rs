@@ -55,6 +55,65 @@ impl Samples {
     }
 }
 
+/// Bytes per second, in MB/s (10^6).
+struct Throughput {
+    api_stream: f64,
+    local_pipe: f64,
+    guest_pipe: f64,
+    upload: f64,
+    download: f64,
+}
+
+const STREAM_BYTES: u64 = 200 << 20;
+const FILE_BYTES: usize = 64 << 20;
+const PRODUCER: &str = "head -c 209715200 /dev/zero | tr '\\0' x";
+
+fn mb_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / 1e6 / elapsed.as_secs_f64()
+}
+
+/// Output streaming through the API against a local pipe producing the
+/// same bytes, and file transfer rates.
+fn measure_throughput(client: &Client, id: &str) -> Result<Throughput> {
+    // The host's own pipe: the same producer, read through a pipe.
+    let started = Instant::now();
+    let local = Reaper::global().output(std::process::Command::new("sh").args(["-c", PRODUCER]))?;
+    let local_pipe = mb_per_s(local.stdout.len() as u64, started.elapsed());
+
+    let started = Instant::now();
+    let created = client.post(&format!("/v1/sandboxes/{id}/commands"), &serde_json::json!({"cmd": PRODUCER}))?;
+    let output = created["command"]["attach"]["output"].as_str().unwrap_or_default().to_string();
+    let received = client.count_output(&output)?;
+    let api_stream = mb_per_s(received, started.elapsed());
+    if received != STREAM_BYTES {
+        bail!("the stream delivered {received} of {STREAM_BYTES} bytes");
+    }
+    // The guest's own floor: the producer through one more pipe inside it.
+    let probe = format!(
+        "import subprocess, time\nt = time.perf_counter()\nsubprocess.run(['sh', '-c', {:?} + ' | cat > /dev/null'])\nprint({STREAM_BYTES} / 1e6 / (time.perf_counter() - t))",
+        PRODUCER
+    );
+    let inside =
+        client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["python3", "-c", probe]}))?;
+    let guest_pipe = inside["stdout"].as_str().unwrap_or("").trim().parse::<f64>().unwrap_or(f64::NAN);
+
+    let payload: Vec<u8> = (0..FILE_BYTES).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3]).collect();
+    let local_file = std::env::temp_dir().join(format!("space-bench-{}", std::process::id()));
+    std::fs::write(&local_file, &payload)?;
+    let started = Instant::now();
+    client.upload(id, "/root/bench.bin", "0644", std::fs::File::open(&local_file)?)?;
+    let upload = mb_per_s(FILE_BYTES as u64, started.elapsed());
+    let started = Instant::now();
+    let mut back = Vec::with_capacity(FILE_BYTES);
+    client.download(id, "/root/bench.bin", &mut back)?;
+    let download = mb_per_s(back.len() as u64, started.elapsed());
+    let _ = std::fs::remove_file(&local_file);
+    if back != payload {
+        bail!("the downloaded file differs from the uploaded one");
+    }
+    Ok(Throughput { api_stream, local_pipe, guest_pipe, upload, download })
+}
+
 /// Calls a lifecycle action and waits for its operation; returns how long.
 fn timed_lifecycle(client: &Client, id: &str, action: &str) -> Result<Duration> {
     let started = Instant::now();
@@ -179,6 +238,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let mut snapshot_bytes: Vec<u64> = Vec::new();
     let mut warm_create = Samples(vec![]);
     let mut idle_pss: Vec<u64> = Vec::new();
+    let mut throughput: Option<Throughput> = None;
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -211,6 +271,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
                     in_guest.0.push(Duration::from_secs_f64(ms / 1000.0));
                 }
             }
+        }
+        if i == 0 {
+            throughput = Some(measure_throughput(&client, &id)?);
         }
         if let Some(pss) = engine_pss(&id) {
             idle_pss.push(pss);
@@ -325,6 +388,15 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             *median as f64 / (1u64 << 20) as f64,
             snapshot_bytes.len()
         );
+    }
+    if let Some(t) = &throughput {
+        println!("{:<44} {:>9.0} MB/s", "stdout streaming through the API", t.api_stream);
+        println!("{:<44} {:>9.0} MB/s", "the same bytes from a local pipe on the host", t.local_pipe);
+        println!("{:<44} {:>9.2}", "ratio API/local pipe", t.api_stream / t.local_pipe);
+        println!("{:<44} {:>9.0} MB/s", "the same bytes through a pipe inside gVisor", t.guest_pipe);
+        println!("{:<44} {:>9.2}", "ratio API/pipe inside gVisor", t.api_stream / t.guest_pipe);
+        println!("{:<44} {:>9.0} MB/s", "file upload (PUT 64 MiB)", t.upload);
+        println!("{:<44} {:>9.0} MB/s", "file download (GET 64 MiB)", t.download);
     }
     idle_pss.sort_unstable();
     if let Some(&pss) = idle_pss.get(idle_pss.len() / 2) {

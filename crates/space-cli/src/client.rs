@@ -100,6 +100,21 @@ impl Client {
         }
     }
 
+    /// Follows a command's output to its exit frame, counting the bytes.
+    pub fn count_output(&self, output_path: &str) -> Result<u64> {
+        let response = self.request("GET", &format!("{output_path}?follow=true")).call()?;
+        let mut total = 0u64;
+        for line in BufReader::with_capacity(1 << 20, response.into_reader()).lines() {
+            match serde_json::from_str::<OutputFrame>(&line?)? {
+                OutputFrame::Stdout { data, data_b64, .. } | OutputFrame::Stderr { data, data_b64, .. } => {
+                    total += frame_bytes(data, data_b64)?.len() as u64;
+                }
+                OutputFrame::Exit { .. } => return Ok(total),
+            }
+        }
+        bail!("the output stream ended without an exit frame")
+    }
+
     /// Streams a command's output to our stdout/stderr until its exit frame,
     /// re-attaching from the last offset if the stream breaks.
     pub fn stream_output(&self, output_path: &str) -> Result<ProcessResult> {
