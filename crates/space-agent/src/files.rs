@@ -17,7 +17,7 @@ use space_proto::{
 use crate::pool;
 
 /// Files being written, by stream.
-pub type Uploads = Arc<Mutex<HashMap<u32, Result<File, FileError>>>>;
+pub type Uploads = Arc<Mutex<HashMap<u32, Result<Sink, FileError>>>>;
 
 fn failure(err: std::io::Error, path: &str) -> FileError {
     let reason = match err.kind() {
@@ -47,6 +47,23 @@ pub fn read(stream: u32, request: FileRequest, outbox: &SyncSender<Frame>) {
         let result = (|| -> Result<(), FileError> {
             let path = absolute(&request.path)?;
             let meta = fs::metadata(path).map_err(|e| failure(e, &request.path))?;
+            if request.tar {
+                if !meta.is_dir() {
+                    return Err(FileError {
+                        reason: FileFailure::WrongType,
+                        message: format!("{}: not a directory", request.path),
+                    });
+                }
+                // The size of an archive is not known before it is written.
+                send(Frame::message(stream, FrameKind::FileInfo, &FileInfo { size: 0, mode: meta.mode() & 0o7777 }));
+                let mut builder = tar::Builder::new(FrameWriter { stream, outbox: outbox.clone(), buf: Vec::new() });
+                builder.follow_symlinks(false);
+                builder.append_dir_all(".", path).map_err(|e| failure(e, &request.path))?;
+                let mut writer = builder.into_inner().map_err(|e| failure(e, &request.path))?;
+                writer.flush().map_err(|e| failure(e, &request.path))?;
+                send(Frame::new(stream, FrameKind::FileEnd, Vec::new()));
+                return Ok(());
+            }
             if meta.is_dir() {
                 let mut entries = Vec::new();
                 for entry in fs::read_dir(path).map_err(|e| failure(e, &request.path))?.flatten() {
@@ -97,8 +114,103 @@ pub fn read(stream: u32, request: FileRequest, outbox: &SyncSender<Frame>) {
     });
 }
 
-/// Opens a file for a write; its data follows on the stream.
+/// Sends what is written to it as `FileData` frames of at most one chunk.
+struct FrameWriter {
+    stream: u32,
+    outbox: SyncSender<Frame>,
+    buf: Vec<u8>,
+}
+
+impl Write for FrameWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() >= MAX_OUTPUT_CHUNK {
+            self.flush()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        for chunk in self.buf.chunks(MAX_OUTPUT_CHUNK) {
+            self.outbox
+                .send(Frame::new(self.stream, FrameKind::FileData, chunk.to_vec()))
+                .map_err(|_| std::io::Error::other("the host went away"))?;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Reads the chunks of an upload as they arrive (for unpacking a tar).
+struct ChunkReader {
+    chunks: std::sync::mpsc::Receiver<Vec<u8>>,
+    current: std::io::Cursor<Vec<u8>>,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = self.current.read(out)?;
+            if n > 0 || out.is_empty() {
+                return Ok(n);
+            }
+            match self.chunks.recv() {
+                Ok(chunk) => self.current = std::io::Cursor::new(chunk),
+                Err(_) => return Ok(0), // the upload ended
+            }
+        }
+    }
+}
+
+/// Unpacks an archive into `dir`, refusing (not skipping) any entry whose
+/// path would lead outside it.
+fn unpack(mut archive: tar::Archive<ChunkReader>, dir: &Path, shown: &str) -> Result<(), FileError> {
+    use std::path::Component;
+    let invalid = |message: String| FileError { reason: FileFailure::Invalid, message };
+    archive.set_preserve_permissions(true);
+    for entry in archive.entries().map_err(|e| invalid(format!("{shown}: not a tar archive: {e}")))? {
+        let mut entry = entry.map_err(|e| invalid(format!("{shown}: a broken archive: {e}")))?;
+        let name = entry.path().map_err(|e| invalid(format!("{shown}: {e}")))?.into_owned();
+        if name.components().any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_))) {
+            return Err(invalid(format!("{shown}: entry {} would land outside the directory", name.display())));
+        }
+        let inside = entry.unpack_in(dir).map_err(|e| failure(e, shown))?;
+        if !inside {
+            return Err(invalid(format!("{shown}: entry {} would land outside the directory", name.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Where an upload's bytes go.
+pub enum Sink {
+    File(File),
+    /// A tar archive being unpacked by a worker; it reports when done.
+    Unpack {
+        chunks: std::sync::mpsc::Sender<Vec<u8>>,
+        done: std::sync::mpsc::Receiver<Result<(), FileError>>,
+    },
+}
+
+/// Opens a file (or, for a tar, starts unpacking into a directory); its
+/// data follows on the stream.
 pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
+    if request.tar {
+        let opened = absolute(&request.path).and_then(|dir| {
+            fs::create_dir_all(dir).map_err(|e| failure(e, &request.path))?;
+            let (chunks, incoming) = std::sync::mpsc::channel();
+            let (report, done) = std::sync::mpsc::channel();
+            let dir = dir.to_path_buf();
+            let shown = request.path.clone();
+            pool::run(move || {
+                let archive = tar::Archive::new(ChunkReader { chunks: incoming, current: Default::default() });
+                let _ = report.send(unpack(archive, &dir, &shown));
+            });
+            Ok(Sink::Unpack { chunks, done })
+        });
+        uploads.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, opened);
+        return;
+    }
     let opened = (|| {
         let path = absolute(&request.path)?;
         if let Some(parent) = path.parent() {
@@ -114,7 +226,7 @@ pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
             .map_err(|e| failure(e, &request.path))?;
         // The mode given wins over the umask and over an existing file's.
         fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| failure(e, &request.path))?;
-        Ok(file)
+        Ok(Sink::File(file))
     })();
     uploads.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, opened);
 }
@@ -123,10 +235,17 @@ pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
 pub fn write_data(stream: u32, bytes: &[u8], uploads: &Uploads) {
     let mut uploads = uploads.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = uploads.get_mut(&stream) {
-        if let Ok(file) = entry {
-            if let Err(err) = file.write_all(bytes) {
-                *entry = Err(failure(err, "write"));
+        let failed = match entry {
+            Ok(Sink::File(file)) => file.write_all(bytes).err().map(|err| failure(err, "write")),
+            // If the unpacking stopped, `end_write` reports why.
+            Ok(Sink::Unpack { chunks, .. }) => {
+                let _ = chunks.send(bytes.to_vec());
+                None
             }
+            Err(_) => None,
+        };
+        if let Some(error) = failed {
+            *entry = Err(error);
         }
     }
 }
@@ -135,10 +254,22 @@ pub fn write_data(stream: u32, bytes: &[u8], uploads: &Uploads) {
 pub fn end_write(stream: u32, uploads: &Uploads, outbox: &SyncSender<Frame>) {
     let entry = uploads.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
     let frame = match entry {
-        Some(Ok(file)) => match file.sync_all() {
+        Some(Ok(Sink::File(file))) => match file.sync_all() {
             Ok(()) => Frame::new(stream, FrameKind::FileDone, Vec::new()),
             Err(err) => Frame::message(stream, FrameKind::FileFailed, &failure(err, "sync")),
         },
+        Some(Ok(Sink::Unpack { chunks, done })) => {
+            drop(chunks); // end of the archive
+            match done.recv() {
+                Ok(Ok(())) => Frame::new(stream, FrameKind::FileDone, Vec::new()),
+                Ok(Err(error)) => Frame::message(stream, FrameKind::FileFailed, &error),
+                Err(_) => Frame::message(
+                    stream,
+                    FrameKind::FileFailed,
+                    &FileError { reason: FileFailure::Io, message: "the unpacking stopped".into() },
+                ),
+            }
+        }
         Some(Err(error)) => Frame::message(stream, FrameKind::FileFailed, &error),
         None => Frame::message(
             stream,

@@ -75,6 +75,35 @@ impl Client {
         Self::answer(self.request("PUT", &target).send(file)).map(drop)
     }
 
+    /// Sends a tar archive to unpack into directory `path` of a sandbox.
+    pub fn upload_tar(&self, sandbox: &str, path: &str, archive: Vec<u8>) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));
+        Self::answer(self.request("PUT", &target).send_bytes(&archive)).map(drop)
+    }
+
+    /// A directory of a sandbox as a tar archive.
+    pub fn download_tar(&self, sandbox: &str, path: &str) -> Result<Vec<u8>> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));
+        match self.request("GET", &target).call() {
+            Ok(response) => {
+                let mut archive = Vec::new();
+                std::io::Read::read_to_end(&mut response.into_reader(), &mut archive)
+                    .context("receiving the archive")?;
+                Ok(archive)
+            }
+            Err(err) => Self::answer(Err(err)).map(|_| Vec::new()),
+        }
+    }
+
+    /// Whether `path` in a sandbox is a directory.
+    pub fn is_dir(&self, sandbox: &str, path: &str) -> Result<bool> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
+        match self.request("GET", &target).call() {
+            Ok(response) => Ok(response.content_type() == "application/json"),
+            Err(err) => Self::answer(Err(err)).map(|_| false),
+        }
+    }
+
     /// Streams a file out of a sandbox into `out`.
     pub fn download(&self, sandbox: &str, path: &str, out: &mut impl Write) -> Result<()> {
         let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));

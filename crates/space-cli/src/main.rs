@@ -37,7 +37,7 @@ enum Top {
     /// Inspect operations.
     #[command(subcommand)]
     Op(OpCommand),
-    /// Copy a file into or out of a sandbox: `LOCAL SBX:/path` or `SBX:/path LOCAL`.
+    /// Copy a file or directory into or out of a sandbox: `LOCAL SBX:/path` or `SBX:/path LOCAL`.
     Cp {
         from: String,
         to: String,
@@ -508,15 +508,27 @@ fn copy(client: &client::Client, from: &str, to: &str, mode: Option<String>) -> 
     use std::os::unix::fs::PermissionsExt;
     match (remote(from), remote(to)) {
         (None, Some((sandbox, path))) => {
-            let file = std::fs::File::open(from).with_context(|| format!("opening {from}"))?;
-            let meta = file.metadata()?;
-            if !meta.is_file() {
-                bail!("{from} is not a regular file (directories are not supported yet)");
+            let meta = std::fs::metadata(from).with_context(|| format!("reading {from}"))?;
+            if meta.is_dir() {
+                // A directory travels as a tar archive, unpacked into `path`.
+                let mut builder = tar::Builder::new(Vec::new());
+                builder.follow_symlinks(false);
+                builder.append_dir_all(".", from).with_context(|| format!("archiving {from}"))?;
+                let archive = builder.into_inner()?;
+                return client.upload_tar(sandbox, path, archive);
             }
+            if !meta.is_file() {
+                bail!("{from} is neither a regular file nor a directory");
+            }
+            let file = std::fs::File::open(from).with_context(|| format!("opening {from}"))?;
             let mode = mode.unwrap_or_else(|| format!("{:04o}", meta.permissions().mode() & 0o7777));
             client.upload(sandbox, path, &mode, file)
         }
         (Some((sandbox, path)), None) => {
+            if client.is_dir(sandbox, path)? {
+                let archive = client.download_tar(sandbox, path)?;
+                return unpack_here(&archive, std::path::Path::new(to));
+            }
             // Into a temporary file first: a failed copy leaves `to` as it was.
             let partial = format!("{to}.space-partial");
             let mut out = std::fs::File::create(&partial).with_context(|| format!("creating {partial}"))?;
@@ -530,6 +542,24 @@ fn copy(client: &client::Client, from: &str, to: &str, mode: Option<String>) -> 
         }
         _ => bail!("give one local path and one SANDBOX:/absolute/path"),
     }
+}
+
+/// Unpacks an archive that came out of a sandbox (so: untrusted) into
+/// `dir`, refusing any entry that would land outside it.
+fn unpack_here(archive: &[u8], dir: &std::path::Path) -> Result<()> {
+    use std::path::Component;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut archive = tar::Archive::new(archive);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let name = entry.path()?.into_owned();
+        let outside =
+            name.components().any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_)));
+        if outside || !entry.unpack_in(dir)? {
+            bail!("the archive's entry {} would land outside {}", name.display(), dir.display());
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn signal_number(name: &str) -> i32 {

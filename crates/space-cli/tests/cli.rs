@@ -81,6 +81,17 @@ fn dev_server_and_cli_run_a_sandbox() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("file_not_found"));
     assert_eq!(std::fs::read_to_string(&back).unwrap(), "copied in\n", "a failed copy leaves the local file alone");
 
+    // Directories travel both ways.
+    let tree = data.root().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/deep.txt"), "deep\n").unwrap();
+    let up = space(&data, &url, &["cp", tree.to_str().unwrap(), &format!("{id}:/root/tree")]);
+    assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    let down = data.root().join("tree-back");
+    let fetched = space(&data, &url, &["cp", &format!("{id}:/root/tree"), down.to_str().unwrap()]);
+    assert!(fetched.status.success(), "{}", String::from_utf8_lossy(&fetched.stderr));
+    assert_eq!(std::fs::read_to_string(down.join("sub/deep.txt")).unwrap(), "deep\n");
+
     // Interactive: our stdin reaches the command, its end closes the command's.
     let mut command = Command::new(SPACE);
     command

@@ -334,11 +334,12 @@ impl AgentConn {
         result
     }
 
-    /// Reads a path inside the sandbox: a file's bytes or a directory's listing.
-    pub async fn read_file(&self, path: &str) -> Result<FileRead, AgentError> {
+    /// Reads a path inside the sandbox: a file's bytes or a directory's
+    /// listing; with `tar`, a directory as a tar archive (as `File`).
+    pub async fn read_file(&self, path: &str, tar: bool) -> Result<FileRead, AgentError> {
         let (stream, mut frames) = self.open_stream()?;
         let guard = StreamGuard { stream, conn: self.clone() };
-        let request = FileRequest { path: path.into(), mode: None, recursive: false };
+        let request = FileRequest { path: path.into(), mode: None, recursive: false, tar };
         self.send(Frame::message(stream, FrameKind::FileRead, &request)).await?;
         let first = frames.recv().await.ok_or(AgentError::Disconnected)?;
         match first.kind {
@@ -352,10 +353,11 @@ impl AgentConn {
     }
 
     /// Starts writing a file (parents are created; an existing file is replaced).
-    pub async fn write_file(&self, path: &str, mode: u32) -> Result<FileUpload, AgentError> {
+    /// With `tar`, the bytes are a tar archive unpacked into directory `path`.
+    pub async fn write_file(&self, path: &str, mode: u32, tar: bool) -> Result<FileUpload, AgentError> {
         let (stream, frames) = self.open_stream()?;
         let guard = StreamGuard { stream, conn: self.clone() };
-        let request = FileRequest { path: path.into(), mode: Some(mode), recursive: false };
+        let request = FileRequest { path: path.into(), mode: Some(mode), recursive: false, tar };
         self.send(Frame::message(stream, FrameKind::FileWrite, &request)).await?;
         Ok(FileUpload { frames, guard })
     }
@@ -364,7 +366,7 @@ impl AgentConn {
     pub async fn delete_path(&self, path: &str, recursive: bool) -> Result<(), AgentError> {
         let (stream, mut frames) = self.open_stream()?;
         let _guard = StreamGuard { stream, conn: self.clone() };
-        let request = FileRequest { path: path.into(), mode: None, recursive };
+        let request = FileRequest { path: path.into(), mode: None, recursive, tar: false };
         self.send(Frame::message(stream, FrameKind::FileDelete, &request)).await?;
         let frame = frames.recv().await.ok_or(AgentError::Disconnected)?;
         match frame.kind {

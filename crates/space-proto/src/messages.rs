@@ -137,6 +137,9 @@ pub struct FileRequest {
     /// For deletes: remove a directory and everything in it.
     #[serde(default)]
     pub recursive: bool,
+    /// For reads and writes of a directory: the bytes are a tar archive of it.
+    #[serde(default)]
+    pub tar: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

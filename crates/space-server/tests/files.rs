@@ -114,3 +114,61 @@ fn dotdot_and_symlinks_never_leave_the_sandbox() {
     assert!(!std::path::Path::new(&format!("/tmp/{marker}")).exists(), "nothing was written on the host");
     assert_eq!(server.exec(&id, json!({"argv": ["cat", format!("/tmp/{marker}")]}))["stdout"], "inside");
 }
+
+#[test]
+fn directories_travel_as_tar_archives_both_ways() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let auth = format!("Bearer {}", server.key);
+    server.exec(&id, json!({"cmd": "mkdir -p /srv/tree/a/b && echo one > /srv/tree/a/one.txt && printf 'two' > /srv/tree/a/b/two.bin && chmod 0750 /srv/tree/a/b && ln -s one.txt /srv/tree/a/link"}));
+
+    let response = ureq::get(&format!("{}/v1/sandboxes/{id}/files?path=/srv/tree&format=tar", server.url))
+        .set("Authorization", &auth)
+        .call()
+        .unwrap();
+    assert_eq!(response.header("content-type"), Some("application/x-tar"));
+    let mut archive = Vec::new();
+    std::io::Read::read_to_end(&mut response.into_reader(), &mut archive).unwrap();
+    let names: Vec<String> = tar::Archive::new(&archive[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().trim_start_matches("./").to_string())
+        .collect();
+    for expected in ["a/one.txt", "a/b/two.bin", "a/link"] {
+        assert!(names.iter().any(|n| n == expected), "{expected} in {names:?}");
+    }
+
+    // The same archive unpacks into another directory, modes and links kept.
+    let put = ureq::put(&format!("{}/v1/sandboxes/{id}/files?path=/root/copy&format=tar", server.url))
+        .set("Authorization", &auth)
+        .send_bytes(&archive)
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let check = server.exec(&id, json!({"cmd": "cat /root/copy/a/one.txt /root/copy/a/b/two.bin; echo; stat -c %a /root/copy/a/b; readlink /root/copy/a/link"}));
+    assert_eq!(check["stdout"], "one\ntwo\n750\none.txt\n");
+
+    // A hostile archive cannot write outside the target directory.
+    let mut evil = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(4);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    let name = b"../../escaped.txt";
+    header.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name);
+    header.set_cksum();
+    evil.append(&header, &b"evil"[..]).unwrap();
+    let evil = evil.into_inner().unwrap();
+    let refused = ureq::put(&format!("{}/v1/sandboxes/{id}/files?path=/root/target&format=tar", server.url))
+        .set("Authorization", &auth)
+        .send_bytes(&evil);
+    match refused {
+        Err(ureq::Error::Status(400, response)) => {
+            let body = response.into_string().unwrap();
+            assert!(body.contains("outside the directory"), "the refusal says why: {body}");
+        }
+        other => panic!("a traversal entry must be refused: {other:?}"),
+    }
+    let outside = server.exec(&id, json!({"cmd": "ls /escaped.txt /root/escaped.txt 2>&1 | grep -c 'No such'"}));
+    assert_eq!(outside["stdout"], "2\n", "nothing landed outside the target");
+}

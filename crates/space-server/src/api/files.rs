@@ -29,6 +29,19 @@ pub struct FileQuery {
     /// For DELETE: remove a directory with everything in it.
     #[serde(default)]
     recursive: bool,
+    /// `tar`: GET a directory as a tar archive, or PUT one to unpack into
+    /// the directory `path`.
+    format: Option<String>,
+}
+
+impl FileQuery {
+    fn tar(&self) -> Result<bool, ApiError> {
+        match self.format.as_deref() {
+            None => Ok(false),
+            Some("tar") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!("format must be tar, got {other:?}"))),
+        }
+    }
 }
 
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -103,9 +116,10 @@ pub async fn read(
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     let path = checked_path(&query.path)?;
+    let tar = query.tar()?;
     let agent = agent_for(&state, &id)?;
     let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
-    match agent.read_file(path).await.map_err(file_error)? {
+    match agent.read_file(path, tar).await.map_err(file_error)? {
         FileRead::Dir(listing) => {
             let entries = listing
                 .entries
@@ -133,8 +147,13 @@ pub async fn read(
             });
             let mut response = Response::new(Body::from_stream(chunks));
             let headers = response.headers_mut();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(info.size));
+            if tar {
+                // An archive's length is not known until it is written.
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-tar"));
+            } else {
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(info.size));
+            }
             headers
                 .insert("x-file-mode", HeaderValue::from_str(&format!("{:04o}", info.mode)).expect("octal is ASCII"));
             Ok(response)
@@ -162,8 +181,9 @@ pub async fn write(
             ApiError::bad_request(format!("mode must be octal permission bits such as 0644, got {text:?}"))
         })?,
     };
+    let tar = query.tar()?;
     let agent = agent_for(&state, &id)?;
-    let upload = agent.write_file(&path, mode).await.map_err(file_error)?;
+    let upload = agent.write_file(&path, mode, tar).await.map_err(file_error)?;
     let mut stream = body.into_data_stream();
     let mut size = 0usize;
     while let Some(chunk) = stream.next().await {
