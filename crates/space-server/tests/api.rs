@@ -624,3 +624,23 @@ fn a_background_process_outlives_the_command_that_started_it() {
     let alive = server.exec(&id, json!({"cmd": format!("kill -0 {pid} && echo alive")}));
     assert_eq!(alive["stdout"], "alive\n", "the background process keeps running");
 }
+
+#[test]
+fn many_readers_follow_the_same_command_and_get_the_same_bytes() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let created = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "for i in $(seq 1 200); do echo line-$i; done; sleep 0.5; seq 1 5000"})),
+    );
+    let cid = created["command"]["id"].as_str().unwrap().to_string();
+    let readers: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            (0..4).map(|_| scope.spawn(|| text_of(&server.output(&id, &cid, "?follow=true"), "stdout"))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(readers[0].starts_with("line-1\n") && readers[0].ends_with("\n5000\n"), "{}", &readers[0][..40]);
+    assert!(readers.iter().all(|r| *r == readers[0]), "every reader saw the same bytes");
+}
