@@ -239,13 +239,8 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
         return Ok(Spawned { pid, exit, pipes });
     }
     // Dropping privileges needs code between fork and exec: std does it.
-    let mut command = Command::new(&plan.program);
+    let mut command = base_command(plan);
     command
-        .arg0(&plan.argv[0])
-        .args(&plan.argv[1..])
-        .env_clear()
-        .envs(&plan.env)
-        .current_dir(&plan.cwd)
         .process_group(0)
         .uid(plan.account.uid)
         .gid(plan.account.gid)
@@ -266,6 +261,13 @@ fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
     Ok(Spawned { pid, exit, pipes })
 }
 
+/// The program, its arguments, environment and working directory.
+fn base_command(plan: &Plan) -> Command {
+    let mut command = Command::new(&plan.program);
+    command.arg0(&plan.argv[0]).args(&plan.argv[1..]).env_clear().envs(&plan.env).current_dir(&plan.cwd);
+    command
+}
+
 /// Starts the command on a new pseudo-terminal: its own session with the
 /// terminal as controlling tty; stdout and stderr both go to the terminal.
 fn launch_on_tty(plan: &Plan) -> Result<Spawned, ExecFailed> {
@@ -274,16 +276,8 @@ fn launch_on_tty(plan: &Plan) -> Result<Spawned, ExecFailed> {
     let slave = |pty: &nix::pty::OpenptyResult| {
         pty.slave.try_clone().map(Stdio::from).map_err(|e| failed(ExecFailure::Spawn, e.to_string()))
     };
-    let mut command = Command::new(&plan.program);
-    command
-        .arg0(&plan.argv[0])
-        .args(&plan.argv[1..])
-        .env_clear()
-        .envs(&plan.env)
-        .current_dir(&plan.cwd)
-        .stdin(slave(&pty)?)
-        .stdout(slave(&pty)?)
-        .stderr(slave(&pty)?);
+    let mut command = base_command(plan);
+    command.stdin(slave(&pty)?).stdout(slave(&pty)?).stderr(slave(&pty)?);
     if plan.account.uid != 0 || plan.account.gid != 0 {
         command.uid(plan.account.uid).gid(plan.account.gid);
     }

@@ -22,6 +22,14 @@ pub struct AutoResume {
     auto_resume: bool,
 }
 
+/// A running command's agent stream, or 404 / 409 (it has exited).
+fn running(state: &AppState, id: &str, cid: &str, action: &str) -> Result<(u32, space_engine::AgentConn), ApiError> {
+    state.platform.command(id, cid)?;
+    let (_, stream, agent) =
+        state.platform.live_command(cid).ok_or_else(|| ApiError::invalid_state("command", "exited", action))?;
+    Ok((stream, agent))
+}
+
 /// The most stdout (and, apart, stderr) `/exec` returns inline.
 pub const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
 
@@ -88,11 +96,7 @@ pub async fn stdin(
     ApiQuery(query): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    state.platform.command(&id, &cid)?;
-    let (_, stream, agent) = state
-        .platform
-        .live_command(&cid)
-        .ok_or_else(|| ApiError::invalid_state("command", "exited", "write to stdin"))?;
+    let (stream, agent) = running(&state, &id, &cid, "write to stdin")?;
     let gone = |_| ApiError::invalid_state("command", "exited", "write to stdin");
     for chunk in body.chunks(space_proto::MAX_OUTPUT_CHUNK) {
         agent.send_stdin(stream, chunk.to_vec()).await.map_err(gone)?;
@@ -134,9 +138,7 @@ pub async fn signal(
         "CONT" => Signal::SIGCONT,
         other => return Err(ApiError::bad_request(format!("unknown signal {other:?}"))),
     };
-    state.platform.command(&id, &cid)?;
-    let (_, stream, agent) =
-        state.platform.live_command(&cid).ok_or_else(|| ApiError::invalid_state("command", "exited", "signal it"))?;
+    let (stream, agent) = running(&state, &id, &cid, "signal it")?;
     agent.signal(stream, signal as i32).await.map_err(|_| ApiError::invalid_state("command", "exited", "signal it"))?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -161,9 +163,7 @@ pub async fn resize(
     if request.cols == 0 || request.rows == 0 {
         return Err(ApiError::bad_request("cols and rows must be at least 1"));
     }
-    state.platform.command(&id, &cid)?;
-    let (_, stream, agent) =
-        state.platform.live_command(&cid).ok_or_else(|| ApiError::invalid_state("command", "exited", "resize it"))?;
+    let (stream, agent) = running(&state, &id, &cid, "resize it")?;
     let size = space_proto::TerminalSize { cols: request.cols, rows: request.rows };
     agent.resize(stream, size).await.map_err(|_| ApiError::invalid_state("command", "exited", "resize it"))?;
     Ok(StatusCode::NO_CONTENT)
