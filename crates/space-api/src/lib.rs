@@ -152,6 +152,8 @@ pub enum OperationKind {
     Resume,
     Suspend,
     Delete,
+    /// Building a template.
+    BuildTemplate,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -183,6 +185,9 @@ pub struct Operation {
     pub kind: OperationKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
+    /// The template a build operation makes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     pub state: OperationState,
     pub progress: Progress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -349,4 +354,96 @@ pub struct DiskStatus {
     pub filesystem: String,
     pub free_bytes: u64,
     pub total_bytes: u64,
+}
+
+/// Runtime defaults of a template; sandboxes may override them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateDefaultsRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u32>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DebianSource {
+    #[serde(default = "default_suite")]
+    pub suite: String,
+    pub packages: Vec<String>,
+}
+
+fn default_suite() -> String {
+    "bookworm".into()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateSource {
+    pub debian: DebianSource,
+}
+
+/// `POST /v1/templates`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplateRequest {
+    pub name: String,
+    pub from: TemplateSource,
+    #[serde(default)]
+    pub defaults: TemplateDefaultsRequest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateState {
+    Building,
+    Ready,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateDefaults {
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub disk_mib: u32,
+    pub env: BTreeMap<String, String>,
+    pub workdir: String,
+    pub user: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    pub name: String,
+    pub state: TemplateState,
+    /// The newest complete version (absent while the first one builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    #[schema(value_type = Object)]
+    pub source: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<TemplateDefaults>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// The build in progress, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub building_operation: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateList {
+    pub templates: Vec<Template>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateOperation {
+    pub template: Template,
+    pub operation: Operation,
 }

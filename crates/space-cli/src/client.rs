@@ -55,6 +55,22 @@ impl Client {
         Self::answer(self.request("POST", path).send_json(body))
     }
 
+    /// A DELETE answered with no body (204).
+    pub fn delete_empty(&self, path: &str) -> Result<()> {
+        match self.request("DELETE", path).call() {
+            Ok(_) => Ok(()),
+            Err(err) => Self::answer(Err(err)).map(drop),
+        }
+    }
+
+    /// A GET of a text body.
+    pub fn get_text(&self, path: &str) -> Result<String> {
+        match self.request("GET", path).call() {
+            Ok(response) => Ok(response.into_string()?),
+            Err(err) => Self::answer(Err(err)).map(|_| String::new()),
+        }
+    }
+
     pub fn delete(&self, path: &str) -> Result<serde_json::Value> {
         Self::answer(self.request("DELETE", path).call())
     }

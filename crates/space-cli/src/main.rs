@@ -37,6 +37,9 @@ enum Top {
     /// Inspect operations.
     #[command(subcommand)]
     Op(OpCommand),
+    /// Build, list, inspect and delete templates.
+    #[command(subcommand)]
+    Template(TemplateCommand),
     /// Copy a file or directory into or out of a sandbox: `LOCAL SBX:/path` or `SBX:/path LOCAL`.
     Cp {
         from: String,
@@ -235,6 +238,39 @@ struct ExecArgs {
 }
 
 #[derive(Subcommand)]
+enum TemplateCommand {
+    /// Build a template from Debian packages, showing progress.
+    Build {
+        #[arg(long)]
+        name: String,
+        /// Packages, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        debian_packages: Vec<String>,
+        #[arg(long, default_value = "bookworm")]
+        suite: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List templates.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one template as JSON.
+    Get {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete every version of a template (refused while sandboxes use it).
+    Rm {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
 enum OpCommand {
     /// Show an operation, optionally waiting for it to finish.
     Get {
@@ -290,6 +326,7 @@ fn run(cli: Cli) -> Result<i32> {
             print_json(&operation);
             Ok(if operation["state"] == "succeeded" { 0 } else { 1 })
         }
+        Top::Template(command) => template(command).map(|()| 0),
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
     }
@@ -496,6 +533,60 @@ fn exec(args: ExecArgs) -> Result<i32> {
         }
         (None, None) => 255,
     })
+}
+
+fn template(command: TemplateCommand) -> Result<()> {
+    match command {
+        TemplateCommand::Build { name, debian_packages, suite, client } => {
+            let client = client.client()?;
+            let request =
+                serde_json::json!({"name": name, "from": {"debian": {"suite": suite, "packages": debian_packages}}});
+            let accepted = client.post("/v1/templates", &request)?;
+            let op = accepted["operation"]["id"].as_str().unwrap_or_default().to_string();
+            let bar = indicatif::ProgressBar::new(4);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "building {prefix} [{bar:20}] {pos}/{len} {elapsed} {wide_msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_prefix(name.clone());
+            let operation = loop {
+                let operation = client.get(&format!("/v1/operations/{op}?wait=1"))?;
+                bar.set_position(operation["progress"]["done"].as_u64().unwrap_or(0));
+                bar.set_message(operation["progress"]["step"].as_str().unwrap_or("").to_string());
+                if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                    break operation;
+                }
+            };
+            bar.finish_and_clear();
+            if operation["state"] != "succeeded" {
+                let log = client.get_text(&format!("/v1/operations/{op}/log")).unwrap_or_default();
+                eprintln!("{log}");
+                bail!("building {name} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
+            }
+            print_json(&client.get(&format!("/v1/templates/{name}"))?);
+        }
+        TemplateCommand::Ls { client } => {
+            let list = client.client()?.get("/v1/templates")?;
+            println!("{:<24} {:<9} {:<8} CREATED", "NAME", "STATE", "VERSION");
+            for t in list["templates"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:<9} {:<8} {}",
+                    t["name"].as_str().unwrap_or(""),
+                    t["state"].as_str().unwrap_or(""),
+                    t["version"].as_u64().map(|v| v.to_string()).unwrap_or_default(),
+                    t["created_at"].as_str().unwrap_or("")
+                );
+            }
+        }
+        TemplateCommand::Get { name, client } => print_json(&client.client()?.get(&format!("/v1/templates/{name}"))?),
+        TemplateCommand::Rm { name, client } => {
+            client.client()?.delete_empty(&format!("/v1/templates/{name}"))?;
+            eprintln!("deleted template {name}");
+        }
+    }
+    Ok(())
 }
 
 /// `SBX:/path` as (sandbox, path); anything else is a local path.

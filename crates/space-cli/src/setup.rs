@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use space_host::datadir::{ensure_btrfs, DataDir};
-use space_host::template::{build_debian, BASE_PACKAGES, BASE_TEMPLATE};
+use space_host::template::{build_debian, DebianBuild, BASE_PACKAGES, BASE_TEMPLATE};
 
 use crate::EngineArgs;
 
@@ -49,12 +49,20 @@ pub fn run(args: SetupArgs) -> Result<()> {
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            let built = build_debian(&data, BASE_TEMPLATE, &args.suite, BASE_PACKAGES, &agent, |p| {
+            let build = DebianBuild {
+                name: BASE_TEMPLATE.into(),
+                suite: args.suite.clone(),
+                packages: BASE_PACKAGES.iter().map(|p| p.to_string()).collect(),
+                defaults: Default::default(),
+                log: data.log_path("setup-base"),
+            };
+            let built = build_debian(&data, &build, &agent, |p| {
                 bar.set_position(p.done);
                 bar.set_message(p.step);
             });
             bar.finish_and_clear();
-            let template = built.context("building the base template")?;
+            let template =
+                built.with_context(|| format!("building the base template (log: {})", build.log.display()))?;
             say(&format!("template {BASE_TEMPLATE}: built version {}", template.meta.version));
         }
     }

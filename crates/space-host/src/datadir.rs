@@ -66,6 +66,10 @@ impl DataDir {
     pub fn run_dir(&self) -> PathBuf {
         self.root.join("run")
     }
+    /// Logs of operations (template builds), by operation id.
+    pub fn log_path(&self, operation_id: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{operation_id}.log"))
+    }
 
     /// The newest complete version of template `name`, if any.
     pub fn template(&self, name: &str) -> Option<TemplateInfo> {

@@ -95,14 +95,25 @@ pub struct BuildProgress {
 
 /// Builds template `name` from Debian `suite` with `packages`, as the next
 /// version. Nothing is visible until the build is complete.
+/// What to build a Debian template from.
+#[derive(Debug, Clone)]
+pub struct DebianBuild {
+    pub name: String,
+    pub suite: String,
+    pub packages: Vec<String>,
+    pub defaults: TemplateDefaults,
+    /// Where the build log goes (it outlives a failed build).
+    pub log: PathBuf,
+}
+
 pub fn build_debian(
     data: &DataDir,
-    name: &str,
-    suite: &str,
-    packages: &[&str],
+    build: &DebianBuild,
     agent_bin: &Path,
     mut progress: impl FnMut(BuildProgress),
 ) -> Result<TemplateInfo, HostError> {
+    let (name, suite) = (build.name.as_str(), build.suite.as_str());
+    let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     if !valid_name(name) {
         return Err(HostError::Invalid(format!("invalid template name {name:?}")));
     }
@@ -112,14 +123,14 @@ pub fn build_debian(
     let partial = template_dir.join(format!(".{version}.partial"));
     remove_partial(&partial)?;
     fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
-    let result = build_into(&partial, suite, packages, agent_bin, &mut progress);
+    let result = build_into(&partial, suite, &packages, agent_bin, &build.log, &mut progress);
     let finish = result.and_then(|()| {
         let meta = TemplateMeta {
             name: name.into(),
             version,
             created_at: crate::now_rfc3339(),
             source: serde_json::json!({"debian": {"suite": suite, "packages": packages}}),
-            defaults: TemplateDefaults::default(),
+            defaults: build.defaults.clone(),
             warm_pool: None,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
@@ -148,6 +159,7 @@ fn build_into(
     suite: &str,
     packages: &[&str],
     agent_bin: &Path,
+    log_path: &Path,
     progress: &mut impl FnMut(BuildProgress),
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
@@ -156,12 +168,14 @@ fn build_into(
     btrfs::create_subvolume(&rootfs)?;
 
     progress(step("installing Debian packages (mmdebstrap)", 1));
-    let log_path = dir.join("build.log");
-    let mut log = fs::File::create(&log_path).map_err(HostError::io("creating build.log"))?;
+    if let Some(parent) = log_path.parent() {
+        fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
+    }
+    let mut log = fs::File::create(log_path).map_err(HostError::io("creating the build log"))?;
     let mirror = packages::configured_mirror();
     let mut command = Command::new("mmdebstrap");
     command
-        .args(["--variant=minbase", "--mode=root", "--format=directory"])
+        .args(["--variant=minbase", "--mode=root", "--format=directory", "--verbose"])
         .arg(format!("--include={}", packages.join(",")))
         .arg(suite)
         .arg(&rootfs)

@@ -82,6 +82,7 @@ impl Actor {
                     self.suspend(id).await;
                     false
                 }
+                OperationKind::BuildTemplate => false, // never queued to a sandbox
             };
             if finished {
                 break;

@@ -15,6 +15,7 @@ pub mod platform;
 mod policies;
 mod recovery;
 pub mod store;
+mod templates;
 pub mod transcript;
 mod warm;
 
@@ -71,7 +72,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
         state_dir: data.run_dir().join("runsc"),
     }));
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
-    let platform = Platform::new(data, store, engine, config.warm_pool, capacity);
+    let platform = Platform::new(data, store, engine, config.warm_pool, capacity, config.agent_bin.clone());
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }

@@ -50,6 +50,9 @@ pub struct Platform {
     /// Held from the capacity check until the new record is written, so
     /// concurrent creates cannot both take the last room.
     admission: Mutex<()>,
+    pub(crate) builds: crate::templates::Builds,
+    /// The guest agent put into templates this server builds.
+    pub(crate) agent_bin: std::path::PathBuf,
 }
 
 impl Platform {
@@ -59,6 +62,7 @@ impl Platform {
         engine: Arc<dyn Engine>,
         warm_size: u32,
         capacity_mib: u64,
+        agent_bin: std::path::PathBuf,
     ) -> Arc<Platform> {
         Arc::new(Platform {
             data,
@@ -71,6 +75,8 @@ impl Platform {
             warm_size,
             capacity_mib,
             admission: Mutex::new(()),
+            builds: Default::default(),
+            agent_bin,
         })
     }
 
@@ -176,8 +182,8 @@ impl Platform {
             OperationKind::Resume if record.sandbox.state == SandboxState::Suspended => (Event::RestoreRequested, 2),
             OperationKind::Resume => (Event::Thawed, 1),
             OperationKind::Suspend => (Event::SuspendRequested, 3),
-            OperationKind::Create => {
-                return Err(ApiError::unprocessable("create is not a request on an existing sandbox"));
+            OperationKind::Create | OperationKind::BuildTemplate => {
+                return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
             }
         };
         let mut operation = new_operation(kind, id, "queued", total);
@@ -343,11 +349,12 @@ impl Platform {
     }
 }
 
-fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) -> Operation {
+pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) -> Operation {
     Operation {
         id: ids::new_id("op"),
         kind,
         sandbox_id: Some(sandbox_id.to_string()),
+        template: None,
         state: OperationState::Pending,
         progress: Progress { step: step.into(), done: 0, total },
         error: None,

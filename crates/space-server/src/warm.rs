@@ -160,6 +160,20 @@ impl Platform {
         members.iter().map(|m| u64::from(m.spec.memory_mib)).sum()
     }
 
+    /// Destroys the warm members of one template (it is being deleted).
+    pub(crate) async fn drain_warm_template(&self, name: &str) {
+        let members: Vec<WarmMember> = {
+            let mut all = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
+            let (theirs, others): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut *all).into_iter().partition(|m| m.template == name);
+            *all = others;
+            theirs
+        };
+        for member in members {
+            let _ = self.engine.destroy(&member.spec).await;
+        }
+    }
+
     /// How many warm sandboxes wait now.
     pub fn warm_count(&self) -> usize {
         self.warm.members.lock().unwrap_or_else(|e| e.into_inner()).len()

@@ -9,6 +9,7 @@ mod openapi;
 mod operations;
 mod output;
 mod sandboxes;
+mod templates;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,6 +70,9 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/operations", get(operations::list))
         .route("/v1/operations/{id}", get(operations::get))
+        .route("/v1/operations/{id}/log", get(templates::log))
+        .route("/v1/templates", get(templates::list).post(templates::create))
+        .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
         .route("/v1/openapi.json", get(openapi::document))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()

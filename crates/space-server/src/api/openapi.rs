@@ -5,7 +5,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{attach, commands, files, health, operations, output, sandboxes};
+use super::{attach, commands, files, health, operations, output, sandboxes, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -14,7 +14,8 @@ use super::{attach, commands, files, health, operations, output, sandboxes};
         health::health,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete, sandboxes::pause, sandboxes::resume,
         sandboxes::suspend,
-        operations::get, operations::list,
+        operations::get, operations::list, templates::log,
+        templates::create, templates::list, templates::get, templates::delete,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,
         output::output, attach::attach,
         files::read, files::write, files::delete,

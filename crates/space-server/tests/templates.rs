@@ -1,0 +1,121 @@
+//! Templates built from Debian packages through the API, on real runsc.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestServer;
+use serde_json::json;
+use space_testkit::TestDataDir;
+
+#[test]
+fn a_debian_template_builds_as_an_operation_and_runs_its_packages() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let (status, accepted) = server.call(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "jqbox", "from": {"debian": {"packages": ["jq"]}}, "defaults": {"env": {"TOOL": "jq"}}})),
+    );
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(accepted["template"]["state"], "building");
+    let op = accepted["operation"]["id"].as_str().unwrap().to_string();
+    assert_eq!(accepted["operation"]["kind"], "build_template");
+    let listed = server.ok("GET", "/v1/templates/jqbox", None);
+    assert_eq!(listed["state"], "building");
+    server.error(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "jqbox", "from": {"debian": {"packages": ["jq"]}}})),
+        409,
+        "build_in_progress",
+    );
+
+    // Progress moves through real steps while it builds.
+    let mut steps = Vec::new();
+    let operation = loop {
+        let operation = server.ok("GET", &format!("/v1/operations/{op}?wait=2"), None);
+        let step = operation["progress"]["step"].as_str().unwrap().to_string();
+        if steps.last() != Some(&step) {
+            steps.push(step);
+        }
+        if matches!(operation["state"].as_str(), Some("succeeded" | "failed")) {
+            break operation;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    assert!(steps.iter().any(|s| s.starts_with("mmdebstrap")), "progress showed the build's steps: {steps:?}");
+    let auth = format!("Bearer {}", server.key);
+    let (status, log) = server.raw("GET", &format!("/v1/operations/{op}/log"), &[("Authorization", &auth)], None);
+    assert_eq!(status, 200);
+    assert!(log.contains("jq"), "the log tells what was installed");
+
+    let template = server.ok("GET", "/v1/templates/jqbox", None);
+    assert_eq!((template["state"].as_str(), template["version"].as_u64()), (Some("ready"), Some(1)));
+    let id = server.create_sandbox(json!({"template": "jqbox"}));
+    let jq = server.exec(&id, json!({"cmd": "echo '{\"a\": [1, 2]}' | jq -c '.a | length'; echo $TOOL"}));
+    assert_eq!(jq["stdout"], "2\njq\n", "{jq}");
+
+    // In use: refused. Free: every version goes.
+    server.error("DELETE", "/v1/templates/jqbox", None, 409, "template_in_use");
+    server.delete_sandbox(&id);
+    let (status, _) = server.raw("DELETE", "/v1/templates/jqbox", &[("Authorization", &auth)], None);
+    assert_eq!(status, 204);
+    server.error("GET", "/v1/templates/jqbox", None, 404, "template_not_found");
+    assert!(!data.data.templates_dir().join("jqbox").exists());
+    let names: Vec<String> = server.ok("GET", "/v1/templates", None)["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["base"]);
+}
+
+#[test]
+fn bad_template_requests_are_refused_and_a_failed_build_leaves_nothing() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    server.error(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "Bad Name", "from": {"debian": {"packages": ["jq"]}}})),
+        400,
+        "invalid_request",
+    );
+    server.error(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "x", "from": {"debian": {"packages": ["jq; rm -rf /"]}}})),
+        422,
+        "invalid_value",
+    );
+    server.error(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "x", "from": {"debian": {"packages": []}}})),
+        422,
+        "invalid_value",
+    );
+    server.error("POST", "/v1/templates", Some(json!({"name": "x", "from": {"oci": {}}})), 400, "invalid_request");
+
+    let (status, accepted) = server.call(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "broken", "from": {"debian": {"packages": ["no-such-package-xyz"]}}})),
+    );
+    assert_eq!(status, 202);
+    let op = accepted["operation"]["id"].as_str().unwrap();
+    let operation = server.wait_operation(op);
+    assert_eq!(operation["state"], "failed");
+    assert_eq!(operation["error"]["code"], "build_failed");
+    let auth = format!("Bearer {}", server.key);
+    let (status, log) = server.raw("GET", &format!("/v1/operations/{op}/log"), &[("Authorization", &auth)], None);
+    assert_eq!(status, 200);
+    assert!(log.contains("no-such-package-xyz"), "the log shows why: {log}");
+    server.error("GET", "/v1/templates/broken", None, 404, "template_not_found");
+    let leftovers: Vec<_> =
+        std::fs::read_dir(data.data.templates_dir().join("broken")).map(|d| d.flatten().count()).into_iter().collect();
+    assert!(leftovers.iter().all(|n| *n == 0), "no half-built version is left");
+}
