@@ -251,6 +251,16 @@ enum TemplateCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Make a template of a directory on this host (no server needed).
+    ImportDir {
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// List templates.
     Ls {
         #[command(flatten)]
@@ -566,6 +576,14 @@ fn template(command: TemplateCommand) -> Result<()> {
                 bail!("building {name} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
             }
             print_json(&client.get(&format!("/v1/templates/{name}"))?);
+        }
+        TemplateCommand::ImportDir { dir, name, data_dir, engine } => {
+            let data = space_host::datadir::DataDir::open(&data_dir)?;
+            let template =
+                space_host::template::import_dir(&data, &name, &dir, &Default::default(), &engine.agent_bin()?, |p| {
+                    eprintln!("import: {}", p.step)
+                })?;
+            eprintln!("template {name}: version {}", template.meta.version);
         }
         TemplateCommand::Ls { client } => {
             let list = client.client()?.get("/v1/templates")?;

@@ -112,8 +112,54 @@ pub fn build_debian(
     agent_bin: &Path,
     mut progress: impl FnMut(BuildProgress),
 ) -> Result<TemplateInfo, HostError> {
-    let (name, suite) = (build.name.as_str(), build.suite.as_str());
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
+    let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
+    publish(data, &build.name, source, &build.defaults, &mut progress, |partial, progress| {
+        build_into(partial, &build.suite, &packages, agent_bin, &build.log, progress)
+    })
+}
+
+/// Makes a template of a directory on the host (for local admins): its
+/// content is copied (modes, owners, links kept) into a new version.
+pub fn import_dir(
+    data: &DataDir,
+    name: &str,
+    source_dir: &Path,
+    defaults: &TemplateDefaults,
+    agent_bin: &Path,
+    mut progress: impl FnMut(BuildProgress),
+) -> Result<TemplateInfo, HostError> {
+    if !source_dir.is_dir() {
+        return Err(HostError::Invalid(format!("{} is not a directory", source_dir.display())));
+    }
+    let source = serde_json::json!({"dir": source_dir.display().to_string()});
+    publish(data, name, source, defaults, &mut progress, |partial, progress| {
+        let rootfs = partial.join("rootfs");
+        let step = |step: &str, done| BuildProgress { step: step.into(), done, total: 4 };
+        progress(step("creating the root subvolume", 0));
+        btrfs::create_subvolume(&rootfs)?;
+        progress(step("copying the directory", 1));
+        let mut from = source_dir.as_os_str().to_owned();
+        from.push("/.");
+        crate::run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(from).arg(&rootfs))?;
+        progress(step("installing the agent", 2));
+        install_agent(&rootfs, agent_bin)?;
+        progress(step("sealing the root (read-only)", 3));
+        btrfs::set_read_only(&rootfs)
+    })
+}
+
+/// Builds the next version of template `name` in a hidden directory with
+/// `fill`, then publishes it by writing `template.json` and renaming; on
+/// failure nothing of it is left.
+fn publish(
+    data: &DataDir,
+    name: &str,
+    source: serde_json::Value,
+    defaults: &TemplateDefaults,
+    progress: &mut dyn FnMut(BuildProgress),
+    fill: impl FnOnce(&Path, &mut dyn FnMut(BuildProgress)) -> Result<(), HostError>,
+) -> Result<TemplateInfo, HostError> {
     if !valid_name(name) {
         return Err(HostError::Invalid(format!("invalid template name {name:?}")));
     }
@@ -123,14 +169,13 @@ pub fn build_debian(
     let partial = template_dir.join(format!(".{version}.partial"));
     remove_partial(&partial)?;
     fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
-    let result = build_into(&partial, suite, &packages, agent_bin, &build.log, &mut progress);
-    let finish = result.and_then(|()| {
+    let finish = fill(&partial, progress).and_then(|()| {
         let meta = TemplateMeta {
             name: name.into(),
             version,
             created_at: crate::now_rfc3339(),
-            source: serde_json::json!({"debian": {"suite": suite, "packages": packages}}),
-            defaults: build.defaults.clone(),
+            source,
+            defaults: defaults.clone(),
             warm_pool: None,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
@@ -142,6 +187,8 @@ pub fn build_debian(
     });
     if finish.is_err() {
         let _ = remove_partial(&partial);
+        // A first version that failed leaves no empty template directory.
+        let _ = fs::remove_dir(&template_dir);
     }
     finish
 }
@@ -160,7 +207,7 @@ fn build_into(
     packages: &[&str],
     agent_bin: &Path,
     log_path: &Path,
-    progress: &mut impl FnMut(BuildProgress),
+    progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
     let step = |step: &str, done| BuildProgress { step: step.into(), done, total: 4 };

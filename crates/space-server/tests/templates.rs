@@ -119,3 +119,32 @@ fn bad_template_requests_are_refused_and_a_failed_build_leaves_nothing() {
         std::fs::read_dir(data.data.templates_dir().join("broken")).map(|d| d.flatten().count()).into_iter().collect();
     assert!(leftovers.iter().all(|n| *n == 0), "no half-built version is left");
 }
+
+#[test]
+fn a_directory_becomes_a_template_and_sandboxes_never_change_it() {
+    let data = TestDataDir::new();
+    // A directory holding a root filesystem: a writable copy of base with a marker.
+    let source = data.root().join("source-root");
+    space_host::btrfs::snapshot(&data.data.template("base").unwrap().rootfs(), &source).unwrap();
+    std::fs::write(source.join("etc/marker"), "from a directory\n").unwrap();
+    let defaults = space_host::template::TemplateDefaults::default();
+    let agent = space_testkit::agent_bin();
+    let imported = space_host::template::import_dir(&data.data, "fromdir", &source, &defaults, &agent, |_| {}).unwrap();
+    assert_eq!(imported.meta.version, 1);
+
+    let server = TestServer::start(&data);
+    let first = server.create_sandbox(json!({"template": "fromdir"}));
+    assert_eq!(server.exec(&first, json!({"argv": ["cat", "/etc/marker"]}))["stdout"], "from a directory\n");
+    server.exec(
+        &first,
+        json!({"cmd": "echo changed > /etc/marker; rm /bin/true-not-there 2>/dev/null; touch /etc/new-file"}),
+    );
+    let second = server.create_sandbox(json!({"template": "fromdir"}));
+    let seen = server.exec(&second, json!({"cmd": "cat /etc/marker; ls /etc/new-file 2>&1 | grep -c 'No such'"}));
+    assert_eq!(seen["stdout"], "from a directory\n1\n", "a sandbox's writes never reach its template");
+    assert_eq!(
+        std::fs::read_to_string(imported.rootfs().join("etc/marker")).unwrap(),
+        "from a directory\n",
+        "the template's root on disk is untouched"
+    );
+}
