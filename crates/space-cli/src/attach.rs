@@ -61,9 +61,9 @@ fn resize_message((cols, rows): (u16, u16)) -> Message {
 }
 
 /// Runs the session until the command exits; returns its exit code.
-/// `stdin_path` is the command's stdin route, used to close its stdin when
-/// ours ends (a WebSocket has no end-of-file of its own).
-pub fn interactive(client: &Client, attach_path: &str, stdin_path: &str, tty: bool) -> Result<i32> {
+/// When our stdin ends, the command's is closed with an `{"eof": true}`
+/// frame on the same socket.
+pub fn interactive(client: &Client, attach_path: &str, tty: bool) -> Result<i32> {
     let url = format!("{}{attach_path}", client.base().replacen("http", "ws", 1));
     let mut request = url.as_str().into_client_request().context("the attach URL")?;
     request.headers_mut().insert("Authorization", format!("Bearer {}", client.key()).parse()?);
@@ -114,9 +114,8 @@ pub fn interactive(client: &Client, attach_path: &str, stdin_path: &str, tty: bo
             match stdin.read(&mut buf) {
                 Ok(0) | Err(_) => {
                     stdin_open = false;
-                    // Whatever was sent goes first, then the end of input.
-                    let _ = socket.flush();
-                    client.close_stdin(stdin_path)?;
+                    // On the same socket, so it arrives after every byte before it.
+                    let _ = socket.send(Message::Text(r#"{"eof": true}"#.into()));
                 }
                 Ok(n) => {
                     let _ = socket.send(Message::Binary(buf[..n].to_vec().into()));

@@ -75,16 +75,6 @@ impl Client {
         Self::answer(self.request("DELETE", path).call())
     }
 
-    /// Closes a command's stdin.
-    pub fn close_stdin(&self, stdin_path: &str) -> Result<()> {
-        match self.request("POST", &format!("{stdin_path}?eof=true")).send_bytes(&[]) {
-            Ok(_) => Ok(()),
-            // The command may already have ended: nothing left to close.
-            Err(ureq::Error::Status(409, _)) => Ok(()),
-            Err(err) => Self::answer(Err(err)).map(drop),
-        }
-    }
-
     /// Streams a local file into a sandbox.
     pub fn upload(&self, sandbox: &str, path: &str, mode: &str, file: std::fs::File) -> Result<()> {
         let target = format!("/v1/sandboxes/{sandbox}/files?path={}&mode={mode}", encode(path));

@@ -524,10 +524,8 @@ fn exec(args: ExecArgs) -> Result<i32> {
     };
     let created = client.post(&format!("/v1/sandboxes/{}/commands", args.sandbox), &serde_json::to_value(&request)?)?;
     if args.interactive || args.tty {
-        let links = &created["command"]["attach"];
-        let attach = links["ws"].as_str().context("no attach link in the answer")?;
-        let stdin = links["stdin"].as_str().context("no stdin link in the answer")?;
-        return attach::interactive(&client, attach, stdin, args.tty);
+        let attach = created["command"]["attach"]["ws"].as_str().context("no attach link in the answer")?;
+        return attach::interactive(&client, attach, args.tty);
     }
     let output_path =
         created["command"]["attach"]["output"].as_str().context("no output link in the answer")?.to_string();

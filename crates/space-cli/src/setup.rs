@@ -55,6 +55,7 @@ pub fn run(args: SetupArgs) -> Result<()> {
                 packages: BASE_PACKAGES.iter().map(|p| p.to_string()).collect(),
                 defaults: Default::default(),
                 log: data.log_path("setup-base"),
+                apt_cache: Some(data.apt_cache_dir()),
             };
             let built = build_debian(&data, &build, &agent, |p| {
                 bar.set_position(p.done);

@@ -66,6 +66,10 @@ impl DataDir {
     pub fn run_dir(&self) -> PathBuf {
         self.root.join("run")
     }
+    /// Debian packages downloaded by template builds, shared between them.
+    pub fn apt_cache_dir(&self) -> PathBuf {
+        self.root.join("cache").join("apt")
+    }
     /// Logs of operations (template builds), by operation id.
     pub fn log_path(&self, operation_id: &str) -> PathBuf {
         self.root.join("logs").join(format!("{operation_id}.log"))

@@ -104,6 +104,8 @@ pub struct DebianBuild {
     pub defaults: TemplateDefaults,
     /// Where the build log goes (it outlives a failed build).
     pub log: PathBuf,
+    /// Downloaded packages kept between builds, so the next build reuses them.
+    pub apt_cache: Option<PathBuf>,
 }
 
 pub fn build_debian(
@@ -115,7 +117,7 @@ pub fn build_debian(
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
     publish(data, &build.name, source, &build.defaults, &mut progress, |partial, progress| {
-        build_into(partial, &build.suite, &packages, agent_bin, &build.log, progress)
+        build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)
     })
 }
 
@@ -207,6 +209,7 @@ fn build_into(
     packages: &[&str],
     agent_bin: &Path,
     log_path: &Path,
+    apt_cache: Option<&Path>,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
@@ -223,12 +226,20 @@ fn build_into(
     let mut command = Command::new("mmdebstrap");
     command
         .args(["--variant=minbase", "--mode=root", "--format=directory", "--verbose"])
-        .arg(format!("--include={}", packages.join(",")))
-        .arg(suite)
-        .arg(&rootfs)
-        .arg(&mirror)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg(format!("--include={}", packages.join(",")));
+    if let Some(cache) = apt_cache {
+        // mmdebstrap's documented way to share /var/cache/apt/archives:
+        // copy the cache in before, and the (grown) cache out after; the
+        // root's own copy is cleaned up as usual.
+        fs::create_dir_all(cache).map_err(HostError::io("creating the apt cache"))?;
+        let cache = cache.display();
+        command
+            .arg("--skip=essential/unlink")
+            .arg("--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives/")
+            .arg(format!("--setup-hook=sync-in {cache} /var/cache/apt/archives/"))
+            .arg(format!("--customize-hook=sync-out /var/cache/apt/archives {cache}"));
+    }
+    command.arg(suite).arg(&rootfs).arg(&mirror).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = Reaper::global().spawn(&mut command).map_err(HostError::io("starting mmdebstrap"))?;
     let stdout = child.child.stdout.take();
     let copier = std::thread::spawn(move || {

@@ -108,6 +108,7 @@ impl Platform {
             packages: debian.packages.clone(),
             defaults,
             log: self.data.log_path(&operation.id),
+            apt_cache: Some(self.data.apt_cache_dir()),
         };
         let platform = self.clone();
         let operation_id = operation.id.clone();

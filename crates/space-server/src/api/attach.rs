@@ -1,8 +1,10 @@
 //! `GET .../commands/{cid}/attach`: a WebSocket for interactive use.
 //! Binary frames from the client go to the command's stdin; the command's
 //! output (replayed from the start, then live) comes back as binary frames;
-//! a JSON text frame `{"resize": {"cols", "rows"}}` resizes a tty. When the
-//! command ends the server sends `{"exit": <result>}` as text and closes.
+//! a JSON text frame `{"resize": {"cols", "rows"}}` resizes a tty and
+//! `{"eof": true}` closes the command's stdin (after every byte sent before
+//! it). When the command ends the server sends `{"exit": <result>}` as text
+//! and closes.
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
@@ -17,7 +19,10 @@ use crate::error::ApiError;
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ClientText {
-    resize: Size,
+    #[serde(default)]
+    resize: Option<Size>,
+    #[serde(default)]
+    eof: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -75,9 +80,13 @@ async fn session(
                     }
                 }
                 Message::Text(text) => {
-                    if let Ok(ClientText { resize }) = serde_json::from_str::<ClientText>(&text) {
+                    let Ok(control) = serde_json::from_str::<ClientText>(&text) else { continue };
+                    if let Some(resize) = control.resize {
                         let size = space_proto::TerminalSize { cols: resize.cols.max(1), rows: resize.rows.max(1) };
                         let _ = agent.resize(*stream, size).await;
+                    }
+                    if control.eof {
+                        let _ = agent.close_stdin(*stream).await;
                     }
                 }
                 Message::Close(_) => break,
