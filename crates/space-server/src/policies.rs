@@ -53,6 +53,7 @@ impl Platform {
             ticker.tick().await;
             // Memory freed since the last tick may make room for warm members.
             self.fill_warm_pools();
+            self.reclaim_old_versions().await;
             let Ok(records) = self.store.sandboxes() else { continue };
             let now = SystemTime::now();
             for record in records {

@@ -183,6 +183,36 @@ impl Platform {
         })
     }
 
+    /// Removes template versions that are neither the newest nor used by a
+    /// sandbox that still exists (rebuilds leave the old one behind until
+    /// its last sandbox is gone), with their warm members.
+    pub(crate) async fn reclaim_old_versions(&self) {
+        let Ok(records) = self.store.sandboxes() else { return };
+        let in_use: std::collections::HashSet<(String, u32)> = records
+            .iter()
+            .filter(|r| r.sandbox.state != space_api::SandboxState::Deleted)
+            .map(|r| (r.sandbox.template.clone(), r.template_version))
+            .collect();
+        for template in self.data.templates() {
+            let name = template.meta.name.clone();
+            let newest = template.meta.version;
+            let Ok(entries) = std::fs::read_dir(self.data.templates_dir().join(&name)) else { continue };
+            for entry in entries.flatten() {
+                let Some(version) = entry.file_name().to_str().and_then(|v| v.parse::<u32>().ok()) else { continue };
+                if version >= newest || in_use.contains(&(name.clone(), version)) {
+                    continue;
+                }
+                self.drain_warm_version(&name, version).await;
+                let dir = entry.path();
+                tracing::info!(template = %name, version, "reclaiming an unused old version");
+                let removed = tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir)).await;
+                if let Ok(Err(err)) = removed {
+                    tracing::warn!(template = %name, version, "reclaiming: {err}");
+                }
+            }
+        }
+    }
+
     /// Deletes every version of a template no sandbox uses.
     pub async fn delete_template(&self, name: &str) -> Result<(), ApiError> {
         self.template(name)?;

@@ -162,10 +162,18 @@ impl Platform {
 
     /// Destroys the warm members of one template (it is being deleted).
     pub(crate) async fn drain_warm_template(&self, name: &str) {
+        self.drain_warm_where(|m| m.template == name).await;
+    }
+
+    /// Destroys the warm members of one version of a template.
+    pub(crate) async fn drain_warm_version(&self, name: &str, version: u32) {
+        self.drain_warm_where(|m| m.template == name && m.version == version).await;
+    }
+
+    async fn drain_warm_where(&self, doomed: impl Fn(&WarmMember) -> bool) {
         let members: Vec<WarmMember> = {
             let mut all = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
-            let (theirs, others): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut *all).into_iter().partition(|m| m.template == name);
+            let (theirs, others): (Vec<_>, Vec<_>) = std::mem::take(&mut *all).into_iter().partition(|m| doomed(m));
             *all = others;
             theirs
         };

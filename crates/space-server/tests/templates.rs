@@ -148,3 +148,40 @@ fn a_directory_becomes_a_template_and_sandboxes_never_change_it() {
         "the template's root on disk is untouched"
     );
 }
+
+#[test]
+fn a_rebuild_makes_a_new_version_and_the_old_one_goes_with_its_last_sandbox() {
+    let data = TestDataDir::new();
+    let source = data.root().join("source-root");
+    space_host::btrfs::snapshot(&data.data.template("base").unwrap().rootfs(), &source).unwrap();
+    let defaults = space_host::template::TemplateDefaults::default();
+    let agent = space_testkit::agent_bin();
+    std::fs::write(source.join("etc/generation"), "one\n").unwrap();
+    space_host::template::import_dir(&data.data, "gen", &source, &defaults, &agent, |_| {}).unwrap();
+
+    let server = TestServer::start(&data);
+    let old = server.create_sandbox(json!({"template": "gen"}));
+    std::fs::write(source.join("etc/generation"), "two\n").unwrap();
+    let v2 = space_host::template::import_dir(&data.data, "gen", &source, &defaults, &agent, |_| {}).unwrap();
+    assert_eq!(v2.meta.version, 2);
+    let new = server.create_sandbox(json!({"template": "gen"}));
+    assert_eq!(
+        server.exec(&old, json!({"argv": ["cat", "/etc/generation"]}))["stdout"],
+        "one\n",
+        "a sandbox keeps its version"
+    );
+    assert_eq!(server.exec(&new, json!({"argv": ["cat", "/etc/generation"]}))["stdout"], "two\n");
+    std::thread::sleep(Duration::from_millis(1500));
+    let v1 = data.data.templates_dir().join("gen/1");
+    assert!(v1.exists(), "version 1 stays while a sandbox uses it");
+
+    server.delete_sandbox(&old);
+    for _ in 0..50 {
+        if !v1.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!v1.exists(), "version 1 is reclaimed once its last sandbox is gone");
+    assert!(data.data.templates_dir().join("gen/2").exists());
+}
