@@ -60,10 +60,21 @@ fn resize_message((cols, rows): (u16, u16)) -> Message {
     Message::Text(serde_json::json!({"resize": {"cols": cols, "rows": rows}}).to_string().into())
 }
 
+/// The shell's convention for a process result: its code, or 128 + signal.
+fn exit_code(result: &serde_json::Value) -> i32 {
+    match (result["exit_code"].as_i64(), result["signal"].as_str()) {
+        (Some(code), _) => code as i32,
+        (None, Some(signal)) => 128 + crate::signal_number(signal),
+        (None, None) => 255,
+    }
+}
+
 /// Runs the session until the command exits; returns its exit code.
 /// When our stdin ends, the command's is closed with an `{"eof": true}`
 /// frame on the same socket.
-pub fn interactive(client: &Client, attach_path: &str, tty: bool) -> Result<i32> {
+/// If the socket ends without the exit frame, the result is fetched from
+/// `command_path` instead: the caller never has to guess how it ended.
+pub fn interactive(client: &Client, attach_path: &str, command_path: &str, tty: bool) -> Result<i32> {
     let url = format!("{}{attach_path}", client.base().replacen("http", "ws", 1));
     let mut request = url.as_str().into_client_request().context("the attach URL")?;
     request.headers_mut().insert("Authorization", format!("Bearer {}", client.key()).parse()?);
@@ -131,20 +142,17 @@ pub fn interactive(client: &Client, attach_path: &str, tty: bool) -> Result<i32>
                 }
                 Ok(Message::Text(text)) => {
                     let end: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-                    let result = &end["exit"];
-                    if result.is_null() {
-                        continue;
+                    if !end["exit"].is_null() {
+                        return Ok(exit_code(&end["exit"]));
                     }
-                    return Ok(match (result["exit_code"].as_i64(), result["signal"].as_str()) {
-                        (Some(code), _) => code as i32,
-                        (None, Some(signal)) => 128 + crate::signal_number(signal),
-                        (None, None) => 255,
-                    });
                 }
-                Ok(Message::Close(_)) => bail!("the server closed the session before the command ended"),
                 Ok(_) => {}
                 Err(tungstenite::Error::Io(err)) if err.kind() == ErrorKind::WouldBlock => break,
-                Err(err) => return Err(err).context("reading the session"),
+                // Closed (or broken) before we read the exit frame: ask.
+                Err(_) => {
+                    let command = client.get(&format!("{command_path}?wait=60"))?;
+                    return Ok(exit_code(&command["result"]));
+                }
             }
         }
         std::thread::sleep(Duration::from_millis(0));

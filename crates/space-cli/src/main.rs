@@ -525,7 +525,9 @@ fn exec(args: ExecArgs) -> Result<i32> {
     let created = client.post(&format!("/v1/sandboxes/{}/commands", args.sandbox), &serde_json::to_value(&request)?)?;
     if args.interactive || args.tty {
         let attach = created["command"]["attach"]["ws"].as_str().context("no attach link in the answer")?;
-        return attach::interactive(&client, attach, args.tty);
+        let command =
+            format!("/v1/sandboxes/{}/commands/{}", args.sandbox, created["command"]["id"].as_str().unwrap_or(""));
+        return attach::interactive(&client, attach, &command, args.tty);
     }
     let output_path =
         created["command"]["attach"]["output"].as_str().context("no output link in the answer")?.to_string();
