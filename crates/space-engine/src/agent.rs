@@ -560,6 +560,22 @@ mod tests {
         }
     }
 
+    fn exec_x() -> ExecRequest {
+        ExecRequest { argv: vec!["x".into()], env: BTreeMap::new(), cwd: None, user: None, stdin: false, tty: false }
+    }
+
+    /// Plays an agent up to its first exec request: hello, welcome, pong.
+    async fn greet_and_take_exec(guest: UnixStream) -> (OwnedReadHalf, OwnedWriteHalf, Frame) {
+        let (mut read, mut write) = guest.into_split();
+        write.write_all(&hello_frame(PROTOCOL_VERSION)).await.unwrap();
+        let _welcome = read_frame(&mut read).await.unwrap();
+        let ping = read_frame(&mut read).await.unwrap();
+        write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
+        let exec = read_frame(&mut read).await.unwrap();
+        assert_eq!(exec.kind, FrameKind::Exec);
+        (read, write, exec)
+    }
+
     fn hello_frame(version: u32) -> Vec<u8> {
         let hello = Hello { protocol_version: version, agent_version: "test".into(), pid: 1, reconnect: false };
         Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()
@@ -592,12 +608,7 @@ mod tests {
     async fn garbage_after_the_handshake_closes_the_connection_and_ends_streams() {
         let (host, guest) = UnixStream::pair().unwrap();
         let fake_agent = tokio::spawn(async move {
-            let (mut read, mut write) = guest.into_split();
-            write.write_all(&hello_frame(PROTOCOL_VERSION)).await.unwrap();
-            let _welcome = read_frame(&mut read).await.unwrap();
-            let ping = read_frame(&mut read).await.unwrap();
-            write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
-            let exec = read_frame(&mut read).await.unwrap();
+            let (read, mut write, exec) = greet_and_take_exec(guest).await;
             let started = Frame::message(exec.stream, FrameKind::Started, &Started { pid: 7 });
             write.write_all(&started.encode().unwrap()).await.unwrap();
             // Frames for streams nobody opened are dropped; an unknown kind
@@ -607,14 +618,7 @@ mod tests {
             (read, write)
         });
         let conn = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await.unwrap();
-        let request = ExecRequest {
-            argv: vec!["x".into()],
-            env: BTreeMap::new(),
-            cwd: None,
-            user: None,
-            stdin: false,
-            tty: false,
-        };
+        let request = exec_x();
         let mut stream = conn.exec(&request).await.unwrap();
         assert_eq!(stream.pid, 7);
         let _keep_open = fake_agent.await.unwrap();
@@ -628,12 +632,7 @@ mod tests {
     async fn streams_survive_a_quiesce_and_reattach() {
         let (host, guest) = UnixStream::pair().unwrap();
         let first = tokio::spawn(async move {
-            let (mut read, mut write) = guest.into_split();
-            write.write_all(&hello_frame(PROTOCOL_VERSION)).await.unwrap();
-            let _welcome = read_frame(&mut read).await.unwrap();
-            let ping = read_frame(&mut read).await.unwrap();
-            write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
-            let exec = read_frame(&mut read).await.unwrap();
+            let (mut read, mut write, exec) = greet_and_take_exec(guest).await;
             let started = Frame::message(exec.stream, FrameKind::Started, &Started { pid: 9 });
             write.write_all(&started.encode().unwrap()).await.unwrap();
             write
@@ -649,14 +648,7 @@ mod tests {
             exec.stream // both halves drop here: the agent let go
         });
         let conn = AgentConn::handshake(host, welcome(), Duration::from_secs(2)).await.unwrap();
-        let request = ExecRequest {
-            argv: vec!["x".into()],
-            env: BTreeMap::new(),
-            cwd: None,
-            user: None,
-            stdin: false,
-            tty: false,
-        };
+        let request = exec_x();
         let mut stream = conn.exec(&request).await.unwrap();
         assert_eq!(stream.next().await, Some(ExecEvent::Stdout(b"before".to_vec())));
         conn.quiesce(Duration::from_secs(2)).await.expect("quiesced");

@@ -31,14 +31,6 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    /// The shell's convention: the exit code, or 128 + the signal number.
-    pub fn code_or_128_plus_signal(self) -> i32 {
-        match self {
-            ExitStatus::Exited(code) => code,
-            ExitStatus::Signaled(sig) => 128 + sig,
-        }
-    }
-
     pub fn success(self) -> bool {
         self == ExitStatus::Exited(0)
     }

@@ -227,8 +227,15 @@ fn the_sandbox_sees_neither_host_files_nor_any_network() {
     let out = net["stdout"].as_str().unwrap();
     assert!(!out.contains("REACHED"), "the sandbox reached something: {out}");
     assert_eq!(out.matches("blocked").count(), 3, "{out}");
-    let links = server.exec(&id, json!({"cmd": "ls /sys/class/net 2>/dev/null || cat /proc/net/dev"}));
-    assert!(!links["stdout"].as_str().unwrap().contains("eth"), "no network device but loopback: {links}");
+    let devices = server.exec(&id, json!({"argv": ["cat", "/proc/net/dev"]}));
+    let names: Vec<&str> = devices["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .skip(2)
+        .filter_map(|line| line.split(':').next().map(str::trim))
+        .collect();
+    assert_eq!(names, ["lo"], "no network device but loopback: {devices}");
     std::fs::remove_file(&secret).unwrap();
 }
 
@@ -246,11 +253,7 @@ fn delete_frees_everything_and_is_idempotent() {
     assert_eq!(operation["kind"], "delete");
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "deleted");
     assert!(!sandbox_dir.exists(), "the sandbox's root and files are gone");
-    let ps = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .any(|cmdline| String::from_utf8_lossy(&cmdline).contains(&id));
-    assert!(!ps, "no process mentions the sandbox");
+    assert_eq!(space_testkit::processes_mentioning(&id), 0, "no process mentions the sandbox");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id), "no mount is left");
     let subvolumes =

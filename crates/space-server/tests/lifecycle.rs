@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::TestServer;
 use serde_json::{json, Value};
-use space_testkit::TestDataDir;
+use space_testkit::{processes_mentioning, TestDataDir};
 
 /// A background process holding a random token in memory; it writes
 /// `pid token counter` to /root/state every 50 ms.
@@ -83,11 +83,7 @@ fn pause_freezes_processes_in_memory_and_resume_brings_them_back() {
     assert_eq!(lifecycle(&server, &id, "pause")["state"], "succeeded");
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
     assert!(!data.data.sandbox_dir(&id).exists());
-    let left = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .any(|cmdline| String::from_utf8_lossy(&cmdline).contains(&id));
-    assert!(!left, "no process of the deleted sandbox is left");
+    assert_eq!(processes_mentioning(&id), 0, "no process of the deleted sandbox is left");
 }
 
 #[test]
@@ -107,14 +103,6 @@ fn lifecycle_calls_replay_their_idempotency_key_and_refuse_unknown_sandboxes() {
     assert_eq!(resume_with_same_key.0, 422, "{resume_with_same_key:?}");
     server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/pause", None, 404, "not_found");
     server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/resume", None, 404, "not_found");
-}
-
-fn sandbox_processes(id: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(id))
-        .count()
 }
 
 #[test]
@@ -137,7 +125,7 @@ fn suspend_writes_a_snapshot_and_resume_brings_back_processes_memory_and_command
     let suspended = lifecycle(&server, &id, "suspend");
     assert_eq!(suspended["state"], "succeeded", "{suspended}");
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "suspended");
-    assert_eq!(sandbox_processes(&id), 0, "no engine process exists while suspended");
+    assert_eq!(processes_mentioning(&id), 0, "no engine process exists while suspended");
     assert!(data.data.sandbox_dir(&id).join("snapshot/checkpoint.img").is_file());
     server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
     server.error("POST", &format!("/v1/sandboxes/{id}/pause"), None, 409, "invalid_state");
@@ -185,7 +173,7 @@ fn a_suspended_sandbox_survives_a_server_restart_and_pause_works_from_suspend_to
     assert_eq!((pid_after, token_after), (pid, token));
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
     assert!(!data.data.sandbox_dir(&id).exists());
-    assert_eq!(sandbox_processes(&id), 0);
+    assert_eq!(processes_mentioning(&id), 0);
 }
 
 #[test]
@@ -209,7 +197,7 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     std::thread::sleep(Duration::from_millis(300));
     // The server goes away without cleaning up, as if killed.
     server.stop();
-    assert!(sandbox_processes(&running) > 0, "engine processes do not die with the server");
+    assert!(processes_mentioning(&running) > 0, "engine processes do not die with the server");
 
     let server = TestServer::start(&data);
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{running}"), None)["state"], "running");

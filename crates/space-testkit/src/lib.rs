@@ -32,6 +32,16 @@ pub fn agent_bin() -> PathBuf {
     path
 }
 
+/// How many processes on the host have `text` in their command line (a
+/// sandbox id shows up in its runsc sandbox and gofer processes).
+pub fn processes_mentioning(text: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .expect("reading /proc")
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(text))
+        .count()
+}
+
 /// An isolated data dir holding a snapshot of the shared `base` template.
 /// Removed (with every subvolume in it) on drop.
 pub struct TestDataDir {
