@@ -163,14 +163,20 @@ fn plan(request: &ExecRequest, identity: &Welcome) -> Result<Plan, ExecFailed> {
     let Some(program) = request.argv.first().filter(|p| !p.is_empty()) else {
         return Err(failed(ExecFailure::Invalid, "argv must name a program"));
     };
-    let account = users::resolve(request.user.as_deref()).map_err(|m| failed(ExecFailure::BadUser, m))?;
-    let cwd = request.cwd.clone().unwrap_or_else(|| account.home.clone());
-    let cwd = if Path::new(&cwd).is_dir() {
-        cwd
-    } else if request.cwd.is_none() {
-        "/".to_string() // a home that does not exist is not the caller's fault
-    } else {
-        return Err(failed(ExecFailure::BadCwd, format!("working directory does not exist: {cwd}")));
+    let user = request.user.as_deref().or(identity.user.as_deref());
+    let account = users::resolve(user).map_err(|m| failed(ExecFailure::BadUser, m))?;
+    let cwd = match &request.cwd {
+        Some(cwd) if Path::new(cwd).is_dir() => cwd.clone(),
+        Some(cwd) => return Err(failed(ExecFailure::BadCwd, format!("working directory does not exist: {cwd}"))),
+        // The template's workdir (for the template's user), else the user's
+        // home, else `/`: a default that does not exist is not the caller's
+        // fault. A command run as another user starts in that user's home.
+        None => [identity.workdir.as_deref().filter(|_| request.user.is_none()), Some(account.home.as_str())]
+            .into_iter()
+            .flatten()
+            .find(|dir| Path::new(dir).is_dir())
+            .unwrap_or("/")
+            .to_string(),
     };
 
     let mut env: BTreeMap<String, String> = BTreeMap::new();

@@ -11,10 +11,29 @@ pub struct Account {
     pub home: String,
 }
 
-/// Resolves a user name or numeric uid; `None` means root.
+/// Resolves a user name or numeric uid, optionally with a group as images
+/// give it (`user:group`, `1000:1000`); `None` means root.
 pub fn resolve(user: Option<&str>) -> Result<Account, String> {
     let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
-    resolve_in(&passwd, user.unwrap_or("root"))
+    let Some((user, group)) = user.and_then(|u| u.split_once(':')) else {
+        return resolve_in(&passwd, user.unwrap_or("root"));
+    };
+    let mut account = resolve_in(&passwd, user)?;
+    account.gid = group_in(&fs::read_to_string("/etc/group").unwrap_or_default(), group)?;
+    Ok(account)
+}
+
+/// A group name or numeric gid from `/etc/group`'s text.
+fn group_in(groups: &str, group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse() {
+        return Ok(gid);
+    }
+    groups
+        .lines()
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .find(|fields| fields.len() >= 3 && fields[0] == group)
+        .and_then(|fields| fields[2].parse().ok())
+        .ok_or_else(|| format!("no such group in the sandbox: {group}"))
 }
 
 fn resolve_in(passwd: &str, user: &str) -> Result<Account, String> {
@@ -53,5 +72,12 @@ mod tests {
         assert_eq!(resolve_in(PASSWD, "1234").unwrap().gid, 1234);
         assert!(resolve_in(PASSWD, "mallory").is_err());
         assert_eq!(resolve_in("", "root").unwrap().home, "/root");
+    }
+
+    #[test]
+    fn groups_resolve_by_name_or_number() {
+        assert_eq!(group_in("staff:x:50:\n", "staff"), Ok(50));
+        assert_eq!(group_in("", "1000"), Ok(1000));
+        assert!(group_in("staff:x:50:\n", "wheel").is_err());
     }
 }

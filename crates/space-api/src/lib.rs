@@ -175,6 +175,19 @@ impl OperationState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Progress {
     pub step: String,
+    /// Steps done of `total`.
+    pub done: u64,
+    pub total: u64,
+    /// How much of the current step's work is done, when it is measured
+    /// (bytes of an image's layers, packages of a Debian build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount: Option<ProgressAmount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProgressAmount {
+    /// `bytes` or `packages`.
+    pub unit: String,
     pub done: u64,
     pub total: u64,
 }

@@ -37,6 +37,12 @@ pub struct BenchArgs {
     raw_execs: usize,
     #[arg(long, default_value = "base")]
     template: String,
+    /// Skip the template figures (a `base` build and an image import).
+    #[arg(long)]
+    skip_templates: bool,
+    /// Size of the generated image for the import figure, in MiB.
+    #[arg(long, default_value_t = 512)]
+    image_mib: u64,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -313,6 +319,8 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             memory_mib: 512,
             disk_mib: 2048,
             env: Default::default(),
+            workdir: None,
+            user: None,
         };
         let boot = runtime.block_on(async {
             let (mut socket, elapsed) = raw_engine.boot(&spec).await?;
@@ -414,7 +422,71 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             available as f64 / (1u64 << 30) as f64
         );
     }
+    if !args.skip_templates {
+        bench_templates(args, &client, scratch)?;
+    }
     runtime.block_on(warm_platform.drain_warm());
     runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// Template figures: a `base` build (packages from the shared apt cache)
+/// and the import of a generated OCI archive of `--image-mib`.
+fn bench_templates(args: &BenchArgs, client: &Client, scratch: &DataDir) -> Result<()> {
+    use space_host::oci::{write_archive, ArchiveFormat, ImageSettings};
+    // Share the serving data dir's package cache, as a second build would.
+    let shared_cache = DataDir::open(&args.data_dir)?.apt_cache_dir();
+    let cache = scratch.apt_cache_dir();
+    if shared_cache.is_dir() && !cache.exists() {
+        std::fs::create_dir_all(cache.parent().unwrap_or(scratch.root()))?;
+        std::os::unix::fs::symlink(&shared_cache, &cache)?;
+    }
+    eprintln!("bench: building a `base` template (apt cache shared) and importing a {} MiB image", args.image_mib);
+    let request = serde_json::json!({"name": "bench-base", "from": {"debian": {
+        "packages": space_host::template::BASE_PACKAGES}}});
+    let started = Instant::now();
+    let accepted = client.post("/v1/templates", &request)?;
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("building bench-base failed: {}", operation["error"]);
+    }
+    let build = started.elapsed();
+    let built = scratch.template("bench-base").context("the built template vanished")?;
+    let rootfs_bytes = dir_size(&built.rootfs());
+
+    // A one-layer image of incompressible files, as `docker save` writes it.
+    let work = scratch.root().join("bench-image");
+    std::fs::create_dir_all(&work)?;
+    let layer_path = work.join("layer.tar");
+    let mut layer = tar::Builder::new(std::io::BufWriter::new(std::fs::File::create(&layer_path)?));
+    let chunk: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    for n in 0..args.image_mib.div_ceil(8) {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(chunk.len() as u64);
+        header.set_mode(0o644);
+        layer.append_data(&mut header, format!("data/file-{n}.bin"), &chunk[..])?;
+    }
+    layer.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+    let archive = work.join("image.tar");
+    write_archive(&archive, ArchiveFormat::DockerSave, &[layer_path], &ImageSettings::default())?;
+    let archive_bytes = std::fs::metadata(&archive)?.len();
+    let started = Instant::now();
+    let accepted =
+        client.post_stream("/v1/templates?name=bench-image", "application/x-tar", std::fs::File::open(&archive)?)?;
+    let uploaded = started.elapsed();
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("importing the bench image failed: {}", operation["error"]);
+    }
+    let total = started.elapsed();
+    let _ = std::fs::remove_dir_all(&work);
+
+    let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+    println!("{:<44} {:>9.1} s", "template build `base` (mmdebstrap, cached)", build.as_secs_f64());
+    println!("{:<44} {:>9.1} MiB", "template `base` root size", mib(rootfs_bytes));
+    println!("{:<44} {:>9.1} MiB", "generated image archive (docker save)", mib(archive_bytes));
+    println!("{:<44} {:>9.0} MB/s", "image upload (POST body to disk)", mb_per_s(archive_bytes, uploaded));
+    println!("{:<44} {:>9.0} MB/s", "image import (layers applied)", mb_per_s(archive_bytes, total - uploaded));
+    println!("{:<44} {:>9.0} MB/s", "image upload + import, end to end", mb_per_s(archive_bytes, total));
     Ok(())
 }

@@ -55,6 +55,11 @@ impl Client {
         Self::answer(self.request("POST", path).send_json(body))
     }
 
+    /// A POST whose body is streamed from `body`.
+    pub fn post_stream(&self, path: &str, content_type: &str, body: impl std::io::Read) -> Result<serde_json::Value> {
+        Self::answer(self.request("POST", path).set("Content-Type", content_type).send(body))
+    }
+
     /// A DELETE answered with no body (204).
     pub fn delete_empty(&self, path: &str) -> Result<()> {
         match self.request("DELETE", path).call() {
@@ -198,7 +203,7 @@ impl Client {
 }
 
 /// Percent-encodes a path for a query string.
-fn encode(path: &str) -> String {
+pub fn encode(path: &str) -> String {
     path.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),

@@ -116,6 +116,10 @@ pub struct EngineArgs {
     /// Memory (MiB) the host may promise to sandboxes; default: host memory less 1 GiB.
     #[arg(long, env = "SPACE_CAPACITY_MIB")]
     capacity_mib: Option<u64>,
+    /// Also build ext4 root drives (Firecracker's) for templates; default:
+    /// when the host has hardware virtualization.
+    #[arg(long, env = "SPACE_EXT4_IMAGES")]
+    ext4_images: Option<bool>,
 }
 
 impl EngineArgs {
@@ -142,6 +146,7 @@ impl EngineArgs {
             agent_bin: self.agent_bin()?,
             warm_pool: self.warm_pool,
             capacity_mib: self.capacity_mib,
+            ext4_images: self.ext4_images,
         })
     }
 }
@@ -248,6 +253,21 @@ enum TemplateCommand {
         debian_packages: Vec<String>,
         #[arg(long, default_value = "bookworm")]
         suite: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make a template of an OCI image archive (`docker save` output or an
+    /// OCI image layout in a tar, optionally gzip-compressed).
+    ImportOci {
+        file: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// Default working directory (over the image's WorkingDir).
+        #[arg(long)]
+        workdir: Option<String>,
+        /// Default user (over the image's User).
+        #[arg(long)]
+        user: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -545,6 +565,44 @@ fn exec(args: ExecArgs) -> Result<i32> {
     })
 }
 
+/// Follows a build operation with a progress bar (steps, and bytes or
+/// packages within a step); on failure prints the build log.
+fn follow_build(client: &client::Client, name: &str, op: &str) -> Result<()> {
+    let bar = indicatif::ProgressBar::new(4);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("building {prefix} [{bar:20}] {pos}/{len} {elapsed} {wide_msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(name.to_string());
+    let operation = loop {
+        let operation = client.get(&format!("/v1/operations/{op}?wait=1"))?;
+        let progress = &operation["progress"];
+        bar.set_position(progress["done"].as_u64().unwrap_or(0));
+        let mut message = progress["step"].as_str().unwrap_or("").to_string();
+        let amount = &progress["amount"];
+        if let (Some(done), Some(total)) = (amount["done"].as_u64(), amount["total"].as_u64()) {
+            message = match amount["unit"].as_str() {
+                Some("bytes") => {
+                    format!("{message} ({} of {})", indicatif::HumanBytes(done), indicatif::HumanBytes(total))
+                }
+                unit => format!("{message} ({done} of {total} {})", unit.unwrap_or("")),
+            };
+        }
+        bar.set_message(message);
+        if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+            break operation;
+        }
+    };
+    bar.finish_and_clear();
+    if operation["state"] != "succeeded" {
+        let log = client.get_text(&format!("/v1/operations/{op}/log")).unwrap_or_default();
+        eprintln!("{log}");
+        bail!("building {name} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
+    }
+    print_json(&client.get(&format!("/v1/templates/{name}"))?);
+    Ok(())
+}
+
 fn template(command: TemplateCommand) -> Result<()> {
     match command {
         TemplateCommand::Build { name, debian_packages, suite, client } => {
@@ -552,30 +610,29 @@ fn template(command: TemplateCommand) -> Result<()> {
             let request =
                 serde_json::json!({"name": name, "from": {"debian": {"suite": suite, "packages": debian_packages}}});
             let accepted = client.post("/v1/templates", &request)?;
-            let op = accepted["operation"]["id"].as_str().unwrap_or_default().to_string();
-            let bar = indicatif::ProgressBar::new(4);
-            bar.set_style(
+            follow_build(&client, &name, accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        }
+        TemplateCommand::ImportOci { file, name, workdir, user, client } => {
+            let client = client.client()?;
+            let archive = std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;
+            let size = archive.metadata()?.len();
+            let bar = indicatif::ProgressBar::new(size).with_style(
                 indicatif::ProgressStyle::with_template(
-                    "building {prefix} [{bar:20}] {pos}/{len} {elapsed} {wide_msg}",
+                    "uploading {prefix} [{bar:20}] {bytes}/{total_bytes} {bytes_per_sec}",
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             bar.set_prefix(name.clone());
-            let operation = loop {
-                let operation = client.get(&format!("/v1/operations/{op}?wait=1"))?;
-                bar.set_position(operation["progress"]["done"].as_u64().unwrap_or(0));
-                bar.set_message(operation["progress"]["step"].as_str().unwrap_or("").to_string());
-                if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
-                    break operation;
+            let mut query = format!("/v1/templates?name={}", client::encode(&name));
+            for (key, value) in [("workdir", workdir), ("user", user)] {
+                if let Some(value) = value {
+                    query.push_str(&format!("&{key}={}", client::encode(&value)));
                 }
-            };
-            bar.finish_and_clear();
-            if operation["state"] != "succeeded" {
-                let log = client.get_text(&format!("/v1/operations/{op}/log")).unwrap_or_default();
-                eprintln!("{log}");
-                bail!("building {name} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
             }
-            print_json(&client.get(&format!("/v1/templates/{name}"))?);
+            let accepted = client.post_stream(&query, "application/x-tar", bar.wrap_read(archive));
+            bar.finish_and_clear();
+            let accepted = accepted?;
+            follow_build(&client, &name, accepted["operation"]["id"].as_str().unwrap_or_default())?;
         }
         TemplateCommand::ImportDir { dir, name, data_dir, engine } => {
             let data = space_host::datadir::DataDir::open(&data_dir)?;

@@ -556,6 +556,8 @@ mod tests {
             sandbox_id: "sbx_t".into(),
             hostname: "t".into(),
             env: BTreeMap::new(),
+            workdir: None,
+            user: None,
             session: 1,
         }
     }

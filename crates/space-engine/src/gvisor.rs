@@ -444,6 +444,8 @@ mod tests {
             memory_mib: 256,
             disk_mib: 1024,
             env: Default::default(),
+            workdir: None,
+            user: None,
         };
         let config = serde_json::to_value(oci_config(&spec, Path::new("/opt/space-agent")).unwrap()).unwrap();
         assert_eq!(config["process"]["args"][0], "/.space/space-agent");

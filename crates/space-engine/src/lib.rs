@@ -53,6 +53,9 @@ pub struct SandboxSpec {
     pub disk_mib: u32,
     /// The sandbox-wide environment handed to every command.
     pub env: BTreeMap<String, String>,
+    /// The template's defaults for commands that name no cwd or user.
+    pub workdir: Option<String>,
+    pub user: Option<String>,
 }
 
 /// The identity a sandbox's agent receives when it dials in. The session
@@ -67,6 +70,8 @@ pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
         sandbox_id: spec.id.clone(),
         hostname: spec.hostname.clone(),
         env: spec.env.clone(),
+        workdir: spec.workdir.clone(),
+        user: spec.user.clone(),
         session: u64::from_le_bytes(session) | 1,
     }
 }

@@ -19,6 +19,8 @@ fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
         memory_mib: 256,
         disk_mib: 1024,
         env: [("GREETING".to_string(), "hi".to_string())].into(),
+        workdir: None,
+        user: None,
     }
 }
 

@@ -3,7 +3,8 @@
 //! ```text
 //! DIR/space.db                      state (SQLite, WAL)
 //! DIR/dev-api-key                   the dev-mode key (0600)
-//! DIR/templates/NAME/VERSION/       rootfs/ (read-only subvolume), template.json
+//! DIR/templates/NAME/VERSION/       rootfs/ (read-only subvolume), template.json,
+//!                                   rootfs.ext4 (Firecracker's root drive, when built)
 //! DIR/sandboxes/ID/                 rootfs/ (snapshot), bundle/, sock/, commands/
 //! DIR/run/                          engine state
 //! ```
@@ -25,6 +26,7 @@ pub const LOOP_IMAGE: &str = ".space-btrfs.img";
 #[derive(Debug, Clone)]
 pub struct DataDir {
     root: PathBuf,
+    ext4_images: bool,
 }
 
 impl DataDir {
@@ -38,7 +40,7 @@ impl DataDir {
                 root.display()
             )));
         }
-        let dir = DataDir { root };
+        let dir = DataDir { root, ext4_images: crate::hardware_virtualization() };
         for sub in [dir.templates_dir(), dir.sandboxes_dir(), dir.run_dir()] {
             fs::create_dir_all(&sub).map_err(HostError::io(format!("creating {}", sub.display())))?;
         }
@@ -47,6 +49,17 @@ impl DataDir {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whether template builds also make an ext4 image of each root (what
+    /// the Firecracker engine boots from). By default, when this host has
+    /// hardware virtualization.
+    pub fn ext4_images(&self) -> bool {
+        self.ext4_images
+    }
+
+    pub fn set_ext4_images(&mut self, build: bool) {
+        self.ext4_images = build;
     }
     pub fn db_path(&self) -> PathBuf {
         self.root.join("space.db")

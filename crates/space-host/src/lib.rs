@@ -7,6 +7,7 @@
 
 pub mod btrfs;
 pub mod datadir;
+pub mod oci;
 pub mod packages;
 pub mod template;
 
@@ -33,6 +34,16 @@ impl HostError {
         let what = what.into();
         move |source| HostError::Io { what, source }
     }
+}
+
+/// Whether the CPU offers hardware virtualization (Intel VT-x or AMD-V), as
+/// Firecracker needs; `kvm_pvm`'s software `/dev/kvm` does not count.
+pub fn hardware_virtualization() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| {
+        info.lines()
+            .filter(|line| line.starts_with("flags"))
+            .any(|line| line.split_whitespace().any(|flag| flag == "vmx" || flag == "svm"))
+    })
 }
 
 /// Runs a host command to completion; a non-zero exit is an error carrying

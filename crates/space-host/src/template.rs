@@ -16,6 +16,8 @@ use crate::{btrfs, packages, HostError};
 pub const AGENT_PATH_IN_ROOT: &str = ".space/space-agent";
 /// The directory inside the root where the host's socket directory is mounted.
 pub const HOST_DIR_IN_ROOT: &str = ".space/host";
+/// Firecracker's root drive inside a template version's directory.
+pub const EXT4_IMAGE: &str = "rootfs.ext4";
 /// The default template and what it holds.
 pub const BASE_TEMPLATE: &str = "base";
 pub const BASE_PACKAGES: &[&str] = &["python3", "coreutils", "procps", "ca-certificates"];
@@ -85,16 +87,81 @@ pub fn valid_name(name: &str) -> bool {
         && name.as_bytes()[0].is_ascii_alphanumeric()
 }
 
-/// A step of a build, for progress display.
+/// Build steps every source goes through (reading, root, content, agent).
+pub const BUILD_STEPS: u64 = 4;
+
+/// A step of a build, for progress display, with how much of the step's
+/// work (bytes, packages) is done when that is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildProgress {
     pub step: String,
     pub done: u64,
     pub total: u64,
+    pub amount: Option<Amount>,
 }
 
-/// Builds template `name` from Debian `suite` with `packages`, as the next
-/// version. Nothing is visible until the build is complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Amount {
+    /// `bytes` or `packages`.
+    pub unit: &'static str,
+    pub done: u64,
+    pub total: u64,
+}
+
+impl BuildProgress {
+    pub fn step(step: &str, done: u64) -> BuildProgress {
+        BuildProgress { step: step.into(), done, total: BUILD_STEPS, amount: None }
+    }
+
+    pub fn bytes(step: &str, done: u64, bytes_done: u64, bytes_total: u64) -> BuildProgress {
+        let amount = Amount { unit: "bytes", done: bytes_done.min(bytes_total), total: bytes_total };
+        BuildProgress { amount: Some(amount), ..BuildProgress::step(step, done) }
+    }
+}
+
+/// Defaults given with a build request; unset values come from the image
+/// (for OCI imports) or the platform.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DefaultsOverride {
+    pub vcpus: Option<u32>,
+    pub memory_mib: Option<u32>,
+    pub disk_mib: Option<u32>,
+    /// Added to (and overriding) the image's variables.
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub user: Option<String>,
+}
+
+impl DefaultsOverride {
+    /// `self` over `under`: set values win, env maps merge.
+    pub fn over(&self, under: DefaultsOverride) -> DefaultsOverride {
+        let mut env = under.env;
+        env.extend(self.env.clone());
+        DefaultsOverride {
+            vcpus: self.vcpus.or(under.vcpus),
+            memory_mib: self.memory_mib.or(under.memory_mib),
+            disk_mib: self.disk_mib.or(under.disk_mib),
+            env,
+            workdir: self.workdir.clone().or(under.workdir),
+            user: self.user.clone().or(under.user),
+        }
+    }
+
+    /// `self` over `image` over the platform's defaults.
+    pub fn apply(&self, image: DefaultsOverride) -> TemplateDefaults {
+        let merged = self.over(image);
+        let base = TemplateDefaults::default();
+        TemplateDefaults {
+            vcpus: merged.vcpus.unwrap_or(base.vcpus),
+            memory_mib: merged.memory_mib.unwrap_or(base.memory_mib),
+            disk_mib: merged.disk_mib.unwrap_or(base.disk_mib),
+            env: merged.env,
+            workdir: merged.workdir.unwrap_or(base.workdir),
+            user: merged.user.unwrap_or(base.user),
+        }
+    }
+}
+
 /// What to build a Debian template from.
 #[derive(Debug, Clone)]
 pub struct DebianBuild {
@@ -108,6 +175,8 @@ pub struct DebianBuild {
     pub apt_cache: Option<PathBuf>,
 }
 
+/// Builds template `name` from Debian `suite` with `packages`, as the next
+/// version. Nothing is visible until the build is complete.
 pub fn build_debian(
     data: &DataDir,
     build: &DebianBuild,
@@ -116,8 +185,9 @@ pub fn build_debian(
 ) -> Result<TemplateInfo, HostError> {
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
-    publish(data, &build.name, source, &build.defaults, &mut progress, |partial, progress| {
-        build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)
+    publish(data, &build.name, &mut progress, |partial, progress| {
+        build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)?;
+        Ok((source, build.defaults.clone()))
     })
 }
 
@@ -135,9 +205,9 @@ pub fn import_dir(
         return Err(HostError::Invalid(format!("{} is not a directory", source_dir.display())));
     }
     let source = serde_json::json!({"dir": source_dir.display().to_string()});
-    publish(data, name, source, defaults, &mut progress, |partial, progress| {
+    publish(data, name, &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
-        let step = |step: &str, done| BuildProgress { step: step.into(), done, total: 4 };
+        let step = BuildProgress::step;
         progress(step("creating the root subvolume", 0));
         btrfs::create_subvolume(&rootfs)?;
         progress(step("copying the directory", 1));
@@ -147,20 +217,22 @@ pub fn import_dir(
         progress(step("installing the agent", 2));
         install_agent(&rootfs, agent_bin)?;
         progress(step("sealing the root (read-only)", 3));
-        btrfs::set_read_only(&rootfs)
+        btrfs::set_read_only(&rootfs)?;
+        Ok((source, defaults.clone()))
     })
 }
+
+/// What a build made: its source description and the template's defaults.
+pub(crate) type Built = (serde_json::Value, TemplateDefaults);
 
 /// Builds the next version of template `name` in a hidden directory with
 /// `fill`, then publishes it by writing `template.json` and renaming; on
 /// failure nothing of it is left.
-fn publish(
+pub(crate) fn publish(
     data: &DataDir,
     name: &str,
-    source: serde_json::Value,
-    defaults: &TemplateDefaults,
     progress: &mut dyn FnMut(BuildProgress),
-    fill: impl FnOnce(&Path, &mut dyn FnMut(BuildProgress)) -> Result<(), HostError>,
+    fill: impl FnOnce(&Path, &mut dyn FnMut(BuildProgress)) -> Result<Built, HostError>,
 ) -> Result<TemplateInfo, HostError> {
     if !valid_name(name) {
         return Err(HostError::Invalid(format!("invalid template name {name:?}")));
@@ -171,20 +243,24 @@ fn publish(
     let partial = template_dir.join(format!(".{version}.partial"));
     remove_partial(&partial)?;
     fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
-    let finish = fill(&partial, progress).and_then(|()| {
+    let finish = fill(&partial, progress).and_then(|(source, defaults)| {
+        if data.ext4_images() {
+            progress(BuildProgress::step("making the ext4 root drive", BUILD_STEPS - 1));
+            make_ext4(&partial.join("rootfs"), &partial.join(EXT4_IMAGE), defaults.disk_mib)?;
+        }
         let meta = TemplateMeta {
             name: name.into(),
             version,
             created_at: crate::now_rfc3339(),
             source,
-            defaults: defaults.clone(),
+            defaults,
             warm_pool: None,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
         fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;
         let final_dir = template_dir.join(version.to_string());
         fs::rename(&partial, &final_dir).map_err(HostError::io("publishing the template"))?;
-        progress(BuildProgress { step: "done".into(), done: 4, total: 4 });
+        progress(BuildProgress::step("done", BUILD_STEPS));
         TemplateInfo::load(&final_dir)
     });
     if finish.is_err() {
@@ -213,7 +289,7 @@ fn build_into(
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
-    let step = |step: &str, done| BuildProgress { step: step.into(), done, total: 4 };
+    let step = BuildProgress::step;
     progress(step("creating the root subvolume", 0));
     btrfs::create_subvolume(&rootfs)?;
 
@@ -241,28 +317,47 @@ fn build_into(
     }
     command.arg(suite).arg(&rootfs).arg(&mirror).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = Reaper::global().spawn(&mut command).map_err(HostError::io("starting mmdebstrap"))?;
-    let stdout = child.child.stdout.take();
-    let copier = std::thread::spawn(move || {
-        let mut text = Vec::new();
-        if let Some(mut out) = stdout {
-            let _ = std::io::Read::read_to_end(&mut out, &mut text);
-        }
-        text
-    });
+    // Both streams feed one loop: the log keeps everything, progress counts
+    // packages apt says it will install and dpkg says it set up.
+    let (lines, received) = std::sync::mpsc::channel::<String>();
+    let stdout = child.child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+    let stderr = child.child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+    for stream in [stdout, stderr].into_iter().flatten() {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(lines);
     let mut tail = Vec::new();
-    if let Some(stderr) = child.child.stderr.take() {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = writeln!(log, "{line}");
-            if let Some(what) = line.strip_prefix("I: ") {
-                progress(step(&format!("mmdebstrap: {}", what.trim_end_matches("...")), 1));
-            }
-            tail.push(line);
-            if tail.len() > 20 {
-                tail.remove(0);
-            }
+    let (mut set_up, mut to_install) = (0u64, 0u64);
+    let mut what = "installing Debian packages (mmdebstrap)".to_string();
+    for line in received {
+        let _ = writeln!(log, "{line}");
+        let mut changed = false;
+        if let Some(step) = line.strip_prefix("I: ") {
+            what = format!("mmdebstrap: {}", step.trim_end_matches("..."));
+            changed = true;
+        } else if line.starts_with("Setting up ") {
+            set_up += 1;
+            changed = true;
+        } else if let Some(count) = newly_installed(&line) {
+            to_install += count;
+            changed = true;
+        }
+        if changed {
+            let amount = Amount { unit: "packages", done: set_up.min(to_install), total: to_install.max(set_up) };
+            progress(BuildProgress { amount: Some(amount), ..step(&what, 1) });
+        }
+        tail.push(line);
+        if tail.len() > 20 {
+            tail.remove(0);
         }
     }
-    let _ = log.write_all(&copier.join().unwrap_or_default());
     let status = child.wait();
     if !status.success() {
         return Err(HostError::CommandFailed {
@@ -280,9 +375,59 @@ fn build_into(
     Ok(())
 }
 
-/// Puts the agent and its mount points into a template root.
+/// Writes an ext4 image of `rootfs` (owners, modes, links kept; no mount
+/// needed), sized from the content plus `disk_mib` of room for the
+/// sandbox's own writes. The file is sparse: unused room costs no disk.
+pub fn make_ext4(rootfs: &Path, image: &Path, disk_mib: u32) -> Result<u64, HostError> {
+    let usage = crate::run(Command::new("du").args(["-s", "--block-size=1"]).arg(rootfs))?;
+    let content: u64 = String::from_utf8_lossy(&usage)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| HostError::Invalid("du printed no size".into()))?;
+    const MIB: u64 = 1 << 20;
+    // Room for ext4's own metadata (inode tables, journal) over the content.
+    let size = (content + content / 5 + 64 * MIB + u64::from(disk_mib) * MIB).div_ceil(MIB) * MIB;
+    let file = fs::File::create(image).map_err(HostError::io("creating the ext4 image"))?;
+    file.set_len(size).map_err(HostError::io("sizing the ext4 image"))?;
+    drop(file);
+    crate::run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", "space-root", "-E", "root_owner=0:0", "-d"])
+            .arg(rootfs)
+            .arg(image),
+    )?;
+    Ok(size)
+}
+
+/// apt's summary line: "0 upgraded, 37 newly installed, 0 to remove ...".
+fn newly_installed(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once(" upgraded, ")?;
+    rest.split_once(" newly installed")?.0.trim().parse().ok()
+}
+
+/// Puts the agent and its mount points into a template root. Whatever the
+/// root had at `/.space` (an image may put a symlink there) is replaced
+/// first, so nothing here ever follows a link out of the root.
 pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
     use std::os::unix::fs::PermissionsExt;
+    let space_dir = rootfs.join(".space");
+    match fs::symlink_metadata(&space_dir) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(&space_dir),
+        Ok(_) => fs::remove_file(&space_dir),
+        Err(_) => Ok(()),
+    }
+    .map_err(HostError::io("clearing /.space in the root"))?;
+    fs::create_dir(&space_dir).map_err(HostError::io("creating /.space in the root"))?;
+    // Mount points the engine needs, for minimal images that lack them.
+    for dir in ["proc", "dev", "sys", "tmp"] {
+        let path = rootfs.join(dir);
+        if fs::symlink_metadata(&path).is_err() {
+            fs::create_dir(&path).map_err(HostError::io(format!("creating /{dir} in the root")))?;
+            let mode = if dir == "tmp" { 0o1777 } else { 0o755 };
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(HostError::io("chmod"))?;
+        }
+    }
     let target = rootfs.join(AGENT_PATH_IN_ROOT);
     fs::create_dir_all(rootfs.join(HOST_DIR_IN_ROOT)).map_err(HostError::io("creating /.space in the root"))?;
     fs::copy(agent_bin, &target).map_err(HostError::io(format!("copying the agent from {}", agent_bin.display())))?;
@@ -293,6 +438,33 @@ pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apt_summaries_give_package_counts() {
+        assert_eq!(newly_installed("0 upgraded, 37 newly installed, 0 to remove and 0 not upgraded."), Some(37));
+        assert_eq!(newly_installed("Setting up jq (1.6-2.1) ..."), None);
+    }
+
+    #[test]
+    fn request_defaults_win_over_the_image() {
+        let image = DefaultsOverride {
+            env: [("PATH".to_string(), "/bin".to_string()), ("A".into(), "image".into())].into(),
+            workdir: Some("/srv".into()),
+            user: Some("1000".into()),
+            ..Default::default()
+        };
+        let request = DefaultsOverride {
+            env: [("A".to_string(), "request".to_string())].into(),
+            memory_mib: Some(1024),
+            user: Some("root".into()),
+            ..Default::default()
+        };
+        let merged = request.apply(image);
+        assert_eq!(merged.env["PATH"], "/bin");
+        assert_eq!(merged.env["A"], "request");
+        assert_eq!((merged.workdir.as_str(), merged.user.as_str(), merged.memory_mib), ("/srv", "root", 1024));
+        assert_eq!(merged.vcpus, TemplateDefaults::default().vcpus);
+    }
 
     #[test]
     fn template_names_are_path_safe() {

@@ -25,6 +25,12 @@ pub struct Welcome {
     pub hostname: String,
     /// Environment every command starts with (the sandbox's env).
     pub env: BTreeMap<String, String>,
+    /// The template's working directory for commands that name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// The template's user for commands that name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Identifies the host's side of the channel. A new value means a new
     /// host session (the server restarted): streams of the old one are
     /// dropped; the same value after a quiesce means carry on.

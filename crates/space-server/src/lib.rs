@@ -56,6 +56,9 @@ pub struct PlatformConfig {
     /// Memory the host may promise to sandboxes, in MiB (default: the
     /// host's memory less 1 GiB).
     pub capacity_mib: Option<u64>,
+    /// Whether template builds also make ext4 root drives (Firecracker's);
+    /// `None`: when the host has hardware virtualization.
+    pub ext4_images: Option<bool>,
 }
 
 /// Opens the data dir and state, reconciles what a previous run left, and
@@ -64,7 +67,10 @@ pub struct PlatformConfig {
 pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerError> {
     space_process::become_subreaper()
         .map_err(|source| ServerError::Io { what: "becoming a subreaper".into(), source })?;
-    let data = DataDir::open(&config.data_dir)?;
+    let mut data = DataDir::open(&config.data_dir)?;
+    if let Some(build) = config.ext4_images {
+        data.set_ext4_images(build);
+    }
     let store = store::Store::open(&data.db_path())?;
     let engine = Arc::new(Gvisor::new(GvisorConfig {
         runsc: config.runsc.clone(),

@@ -190,7 +190,7 @@ impl Platform {
         if kind == OperationKind::Delete && record.sandbox.state == SandboxState::Deleted {
             let now = ids::now();
             operation.state = OperationState::Succeeded;
-            operation.progress = Progress { step: "already deleted".into(), done: total, total };
+            operation.progress = Progress { step: "already deleted".into(), done: total, total, amount: None };
             operation.started_at = Some(now.clone());
             operation.finished_at = Some(now);
             self.store.put_operation(&operation, idempotency_key)?;
@@ -293,6 +293,20 @@ impl Platform {
     }
 
     pub(crate) fn progress(&self, id: &str, step: &str, done: u64) {
+        self.progress_with(id, step, done, None);
+    }
+
+    /// A build's progress, with its measured amount when there is one.
+    pub(crate) fn build_progress(&self, id: &str, progress: &space_host::template::BuildProgress) {
+        let amount = progress.amount.as_ref().map(|a| space_api::ProgressAmount {
+            unit: a.unit.into(),
+            done: a.done,
+            total: a.total,
+        });
+        self.progress_with(id, &progress.step, progress.done, amount);
+    }
+
+    fn progress_with(&self, id: &str, step: &str, done: u64, amount: Option<space_api::ProgressAmount>) {
         self.update_operation(id, |op| {
             if op.state == OperationState::Pending {
                 op.state = OperationState::Running;
@@ -300,6 +314,7 @@ impl Platform {
             }
             op.progress.step = step.to_string();
             op.progress.done = done;
+            op.progress.amount = amount;
         });
     }
 
@@ -312,6 +327,7 @@ impl Platform {
                     op.state = OperationState::Succeeded;
                     op.progress.done = op.progress.total;
                     op.progress.step = "done".into();
+                    op.progress.amount = None;
                 }
                 Some(error) => {
                     op.state = OperationState::Failed;
@@ -331,15 +347,15 @@ impl Platform {
 
     pub(crate) fn engine_spec(&self, record: &SandboxRecord) -> SandboxSpec {
         let sandbox = &record.sandbox;
+        let version_dir = self.data.templates_dir().join(&sandbox.template).join(record.template_version.to_string());
+        // The version a sandbox started from stays on disk while it exists.
+        let defaults = space_host::template::TemplateInfo::load(&version_dir).ok().map(|t| t.meta.defaults);
         SandboxSpec {
             id: sandbox.id.clone(),
             dir: self.data.sandbox_dir(&sandbox.id),
-            template_rootfs: self
-                .data
-                .templates_dir()
-                .join(&sandbox.template)
-                .join(record.template_version.to_string())
-                .join("rootfs"),
+            template_rootfs: version_dir.join("rootfs"),
+            workdir: defaults.as_ref().map(|d| d.workdir.clone()),
+            user: defaults.map(|d| d.user),
             hostname: ids::hostname_for(&sandbox.id),
             vcpus: sandbox.vcpus,
             memory_mib: sandbox.memory_mib,
@@ -356,7 +372,7 @@ pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, t
         sandbox_id: Some(sandbox_id.to_string()),
         template: None,
         state: OperationState::Pending,
-        progress: Progress { step: step.into(), done: 0, total },
+        progress: Progress { step: step.into(), done: 0, total, amount: None },
         error: None,
         created_at: ids::now(),
         started_at: None,

@@ -98,6 +98,8 @@ impl Platform {
                 memory_mib: 0,
                 disk_mib: 0,
                 env: Default::default(),
+                workdir: None,
+                user: None,
             };
             let _ = self.engine.stop(&spec);
             if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {

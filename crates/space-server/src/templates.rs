@@ -5,17 +5,45 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use space_api::{CreateTemplateRequest, Operation, OperationKind, Template, TemplateDefaults, TemplateState};
-use space_host::template::{valid_name, DebianBuild, TemplateInfo};
+use space_api::{
+    CreateTemplateRequest, Operation, OperationKind, Template, TemplateDefaults, TemplateDefaultsRequest, TemplateState,
+};
+use space_host::oci::OciImport;
+use space_host::template::{valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, BUILD_STEPS};
+use space_host::HostError;
 
 use crate::domain::{MAX_DISK_MIB, MAX_MEMORY_MIB, MAX_VCPUS, MIN_DISK_MIB, MIN_MEMORY_MIB};
 use crate::error::ApiError;
 use crate::platform::{new_operation, Platform};
 
-/// Builds in progress: template name → (operation id, source).
+/// Builds in progress: template name → (operation id once accepted, source).
 #[derive(Default)]
 pub(crate) struct Builds {
-    in_progress: Mutex<HashMap<String, (String, serde_json::Value)>>,
+    in_progress: Mutex<HashMap<String, (Option<String>, serde_json::Value)>>,
+}
+
+/// A template name reserved for one build, from before its upload until
+/// the build ends; dropping it frees the name.
+pub struct BuildSlot {
+    platform: Arc<Platform>,
+    name: String,
+}
+
+impl Drop for BuildSlot {
+    fn drop(&mut self) {
+        self.platform.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
+    }
+}
+
+/// An uploaded image archive on disk, removed when dropped.
+pub struct Upload {
+    pub path: std::path::PathBuf,
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 fn valid_package(name: &str) -> bool {
@@ -24,6 +52,33 @@ fn valid_package(name: &str) -> bool {
         && name.len() <= 128
         && bytes[0].is_ascii_alphanumeric()
         && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.:".contains(b))
+}
+
+/// Checks a request's defaults and keeps only what it set.
+pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverride, ApiError> {
+    let in_range = |v: Option<u32>, min: u32, max: u32| v.is_none_or(|v| (min..=max).contains(&v));
+    if !in_range(given.vcpus, 1, MAX_VCPUS)
+        || !in_range(given.memory_mib, MIN_MEMORY_MIB, MAX_MEMORY_MIB)
+        || !in_range(given.disk_mib, MIN_DISK_MIB, MAX_DISK_MIB)
+        || given.workdir.as_deref().is_some_and(|w| !w.starts_with('/'))
+    {
+        return Err(ApiError::unprocessable(
+            "defaults out of range (vcpus, memory_mib, disk_mib) or a relative workdir",
+        ));
+    }
+    if let Some(user) = &given.user {
+        if user.is_empty() || user.len() > 64 || user.contains(['\0', '\n']) {
+            return Err(ApiError::unprocessable(format!("not a user: {user:?}")));
+        }
+    }
+    Ok(DefaultsOverride {
+        vcpus: given.vcpus,
+        memory_mib: given.memory_mib,
+        disk_mib: given.disk_mib,
+        env: given.env,
+        workdir: given.workdir,
+        user: given.user,
+    })
 }
 
 fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
@@ -46,15 +101,34 @@ fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
     }
 }
 
+/// What runs a build, on a blocking thread: the platform, the operation's
+/// id and a progress sink in, the published template out.
+type BuildJob =
+    Box<dyn FnOnce(&Platform, &str, &mut dyn FnMut(BuildProgress)) -> Result<TemplateInfo, HostError> + Send>;
+
 impl Platform {
-    /// Accepts a Debian template build and runs it in the background.
-    pub fn build_template(self: &Arc<Self>, request: CreateTemplateRequest) -> Result<(Template, Operation), ApiError> {
-        let name = request.name.clone();
-        if !valid_name(&name) {
+    /// Reserves `name` for a build: 400 for a bad name, 409 while another
+    /// build of it runs.
+    pub fn reserve_build(self: &Arc<Self>, name: &str, source: serde_json::Value) -> Result<BuildSlot, ApiError> {
+        if !valid_name(name) {
             return Err(ApiError::bad_request(format!(
                 "template names are 1-63 lowercase letters, digits, '-' or '_', got {name:?}"
             )));
         }
+        let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
+        if builds.contains_key(name) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "build_in_progress",
+                format!("template {name:?} is being built already"),
+            ));
+        }
+        builds.insert(name.to_string(), (None, source));
+        Ok(BuildSlot { platform: self.clone(), name: name.to_string() })
+    }
+
+    /// Accepts a Debian template build and runs it in the background.
+    pub fn build_template(self: &Arc<Self>, request: CreateTemplateRequest) -> Result<(Template, Operation), ApiError> {
         let debian = &request.from.debian;
         if debian.packages.is_empty() || debian.packages.len() > 500 {
             return Err(ApiError::unprocessable("give between 1 and 500 packages"));
@@ -65,60 +139,74 @@ impl Platform {
         if debian.suite.is_empty() || !debian.suite.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             return Err(ApiError::unprocessable(format!("not a Debian suite: {:?}", debian.suite)));
         }
-        let mut defaults = space_host::template::TemplateDefaults::default();
-        let given = request.defaults;
-        defaults.vcpus = given.vcpus.unwrap_or(defaults.vcpus);
-        defaults.memory_mib = given.memory_mib.unwrap_or(defaults.memory_mib);
-        defaults.disk_mib = given.disk_mib.unwrap_or(defaults.disk_mib);
-        defaults.env = given.env;
-        defaults.workdir = given.workdir.unwrap_or(defaults.workdir);
-        defaults.user = given.user.unwrap_or(defaults.user);
-        let in_range = |v: u32, min: u32, max: u32| (min..=max).contains(&v);
-        if !in_range(defaults.vcpus, 1, MAX_VCPUS)
-            || !in_range(defaults.memory_mib, MIN_MEMORY_MIB, MAX_MEMORY_MIB)
-            || !in_range(defaults.disk_mib, MIN_DISK_MIB, MAX_DISK_MIB)
-            || !defaults.workdir.starts_with('/')
-        {
-            return Err(ApiError::unprocessable(
-                "defaults out of range (vcpus, memory_mib, disk_mib) or a relative workdir",
-            ));
-        }
+        let defaults = checked_overrides(request.defaults.clone())?.apply(Default::default());
         let source = serde_json::json!({"debian": {"suite": debian.suite, "packages": debian.packages}});
+        let slot = self.reserve_build(&request.name, source)?;
+        let (name, suite, packages) = (request.name.clone(), debian.suite.clone(), debian.packages.clone());
+        self.start_build(
+            slot,
+            Box::new(move |platform, operation_id, progress| {
+                let build = DebianBuild {
+                    name,
+                    suite,
+                    packages,
+                    defaults,
+                    log: platform.data.log_path(operation_id),
+                    apt_cache: Some(platform.data.apt_cache_dir()),
+                };
+                space_host::template::build_debian(&platform.data, &build, &platform.agent_bin, progress)
+            }),
+        )
+    }
 
-        let mut operation = new_operation(OperationKind::BuildTemplate, "", "queued", 4);
+    /// Accepts an uploaded OCI image archive and imports it in the background.
+    pub fn import_image(
+        self: &Arc<Self>,
+        slot: BuildSlot,
+        upload: Upload,
+        overrides: DefaultsOverride,
+    ) -> Result<(Template, Operation), ApiError> {
+        let name = slot.name.clone();
+        self.start_build(
+            slot,
+            Box::new(move |platform, operation_id, progress| {
+                let import = OciImport {
+                    name,
+                    archive: upload.path.clone(),
+                    overrides,
+                    log: platform.data.log_path(operation_id),
+                };
+                let built = space_host::oci::import_oci(&platform.data, &import, &platform.agent_bin, progress);
+                drop(upload);
+                built
+            }),
+        )
+    }
+
+    /// Creates the build operation for a reserved name and runs `job`.
+    fn start_build(self: &Arc<Self>, slot: BuildSlot, job: BuildJob) -> Result<(Template, Operation), ApiError> {
+        let name = slot.name.clone();
+        let mut operation = new_operation(OperationKind::BuildTemplate, "", "queued", BUILD_STEPS);
         operation.sandbox_id = None;
         operation.template = Some(name.clone());
-        {
+        let source = {
             let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
-            if builds.contains_key(&name) {
-                return Err(ApiError::new(
-                    axum::http::StatusCode::CONFLICT,
-                    "build_in_progress",
-                    format!("template {name:?} is being built already"),
-                ));
-            }
-            builds.insert(name.clone(), (operation.id.clone(), source.clone()));
-        }
+            let entry = builds.get_mut(&name).ok_or_else(|| ApiError::internal("a build slot", "vanished"))?;
+            entry.0 = Some(operation.id.clone());
+            entry.1.clone()
+        };
         self.store.put_operation(&operation, None)?;
         self.changed();
 
-        let build = DebianBuild {
-            name: name.clone(),
-            suite: debian.suite.clone(),
-            packages: debian.packages.clone(),
-            defaults,
-            log: self.data.log_path(&operation.id),
-            apt_cache: Some(self.data.apt_cache_dir()),
-        };
         let platform = self.clone();
         let operation_id = operation.id.clone();
+        let template_name = name.clone();
         tokio::spawn(async move {
+            let name = template_name;
             let worker = platform.clone();
             let id = operation_id.clone();
             let built = tokio::task::spawn_blocking(move || {
-                space_host::template::build_debian(&worker.data, &build, &worker.agent_bin, |p| {
-                    worker.progress(&id, &p.step, p.done);
-                })
+                job(&worker, &id, &mut |p: BuildProgress| worker.build_progress(&id, &p))
             })
             .await;
             let error = match built {
@@ -128,19 +216,19 @@ impl Platform {
                 }
                 Ok(Err(err)) => {
                     tracing::warn!(template = %name, "build failed: {err}");
-                    Some(ApiError::new(
-                        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                        "build_failed",
-                        "the template build failed; see the operation's log",
-                    ))
+                    let mut message = format!("the template build failed: {err}");
+                    if let Some((cut, _)) = message.char_indices().nth(2000) {
+                        message.truncate(cut);
+                    }
+                    Some(ApiError::new(axum::http::StatusCode::UNPROCESSABLE_ENTITY, "build_failed", message))
                 }
                 Err(err) => Some(ApiError::internal("building a template", err)),
             };
-            platform.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            drop(slot);
             platform.finish_operation(&operation_id, error);
         });
         let template = Template {
-            name: request.name,
+            name,
             state: TemplateState::Building,
             version: None,
             source,
@@ -158,7 +246,7 @@ impl Platform {
             .data
             .templates()
             .iter()
-            .map(|info| api_template(info, building.get(&info.meta.name).map(|b| b.0.clone())))
+            .map(|info| api_template(info, building.get(&info.meta.name).and_then(|b| b.0.clone())))
             .collect();
         for (name, (operation, source)) in building {
             if !list.iter().any(|t| t.name == name) {
@@ -169,7 +257,7 @@ impl Platform {
                     source,
                     defaults: None,
                     created_at: None,
-                    building_operation: Some(operation),
+                    building_operation: operation,
                 });
             }
         }

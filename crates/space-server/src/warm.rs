@@ -123,6 +123,8 @@ impl Platform {
             memory_mib: defaults.memory_mib,
             disk_mib: defaults.disk_mib,
             env: Default::default(),
+            workdir: Some(defaults.workdir.clone()),
+            user: Some(defaults.user.clone()),
             id,
         };
         let started = self.engine.create(&spec).await.map_err(|e| e.to_string())?;

@@ -33,8 +33,13 @@ fn a_debian_template_builds_as_an_operation_and_runs_its_packages() {
 
     // Progress moves through real steps while it builds.
     let mut steps = Vec::new();
+    let mut packages_seen = Vec::new();
     let operation = loop {
-        let operation = server.ok("GET", &format!("/v1/operations/{op}?wait=2"), None);
+        let operation = server.ok("GET", &format!("/v1/operations/{op}"), None);
+        let amount = &operation["progress"]["amount"];
+        if amount["unit"] == "packages" {
+            packages_seen.push((amount["done"].as_u64().unwrap(), amount["total"].as_u64().unwrap()));
+        }
         let step = operation["progress"]["step"].as_str().unwrap().to_string();
         if steps.last() != Some(&step) {
             steps.push(step);
@@ -46,6 +51,10 @@ fn a_debian_template_builds_as_an_operation_and_runs_its_packages() {
     };
     assert_eq!(operation["state"], "succeeded", "{operation}");
     assert!(steps.iter().any(|s| s.starts_with("mmdebstrap")), "progress showed the build's steps: {steps:?}");
+    assert!(
+        !packages_seen.is_empty() && packages_seen.iter().all(|(done, total)| done <= total),
+        "progress counted packages: {packages_seen:?}"
+    );
     let auth = format!("Bearer {}", server.key);
     let (status, log) = server.raw("GET", &format!("/v1/operations/{op}/log"), &[("Authorization", &auth)], None);
     assert_eq!(status, 200);

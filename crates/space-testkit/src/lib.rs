@@ -32,6 +32,32 @@ pub fn agent_bin() -> PathBuf {
     path
 }
 
+/// A statically linked busybox from Debian's `busybox-static` package
+/// (downloaded and unpacked once into the shared data dir), for images
+/// built in tests: it runs in any root without libraries.
+pub fn busybox_static() -> PathBuf {
+    let dir = shared_data_dir().join("fixtures");
+    let bin = dir.join("busybox");
+    if bin.is_file() {
+        return bin;
+    }
+    let work = dir.join(format!(".busybox-{}", std::process::id()));
+    std::fs::create_dir_all(&work).expect("creating the fixtures dir");
+    space_host::run(std::process::Command::new("apt-get").args(["download", "busybox-static"]).current_dir(&work))
+        .unwrap_or_else(|e| panic!("downloading Debian's busybox-static ({e}): is apt configured?"));
+    let deb = std::fs::read_dir(&work)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .expect("apt-get download left no .deb");
+    space_host::run(std::process::Command::new("dpkg-deb").arg("-x").arg(&deb).arg(work.join("x")))
+        .expect("unpacking busybox-static");
+    // Another test process may have won the race; either copy is the same.
+    std::fs::rename(work.join("x/bin/busybox"), &bin).expect("placing busybox");
+    let _ = std::fs::remove_dir_all(&work);
+    bin
+}
+
 /// How many processes on the host have `text` in their command line (a
 /// sandbox id shows up in its runsc sandbox and gofer processes).
 pub fn processes_mentioning(text: &str) -> usize {

@@ -24,7 +24,11 @@ pub struct AutoResume {
 
 /// A running command's agent stream, or 404 / 409 (it has exited).
 fn running(state: &AppState, id: &str, cid: &str, action: &str) -> Result<(u32, space_engine::AgentConn), ApiError> {
-    state.platform.command(id, cid)?;
+    let command = state.platform.command(id, cid)?;
+    // Its recorded result wins: the live entry may outlast the exit briefly.
+    if command.result.is_some() {
+        return Err(ApiError::invalid_state("command", "exited", action));
+    }
     let (_, stream, agent) =
         state.platform.live_command(cid).ok_or_else(|| ApiError::invalid_state("command", "exited", action))?;
     Ok((stream, agent))

@@ -29,7 +29,7 @@ use crate::error::ApiError;
 use crate::platform::Platform;
 
 /// Largest JSON request body.
-const MAX_JSON_BODY: usize = 1 << 20;
+pub(crate) const MAX_JSON_BODY: usize = 1 << 20;
 /// Longest `?wait=` a client may ask for.
 pub const MAX_WAIT_S: u64 = 60;
 
@@ -71,7 +71,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/operations", get(operations::list))
         .route("/v1/operations/{id}", get(operations::get))
         .route("/v1/operations/{id}/log", get(templates::log))
-        .route("/v1/templates", get(templates::list).post(templates::create))
+        .route(
+            "/v1/templates",
+            get(templates::list).post(templates::create).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
         .route("/v1/openapi.json", get(openapi::document))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
@@ -132,7 +135,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
-fn json_rejection(rejection: JsonRejection) -> ApiError {
+pub(crate) fn json_rejection(rejection: JsonRejection) -> ApiError {
     match rejection {
         JsonRejection::JsonDataError(err) => {
             ApiError::bad_request(format!("invalid request body: {}", err.body_text()))

@@ -1,25 +1,127 @@
 //! `/v1/templates`: build from Debian packages (an operation), list,
 //! inspect, delete; and `/v1/operations/{id}/log` for build logs.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use space_api::{CreateTemplateRequest, ErrorBody, Template, TemplateList, TemplateOperation};
+use futures_util::StreamExt;
+use space_api::{
+    CreateTemplateRequest, ErrorBody, Operation, Template, TemplateDefaultsRequest, TemplateList, TemplateOperation,
+};
+use tokio::io::AsyncWriteExt;
 
-use super::{ApiJson, AppState};
+use super::{ApiQuery, AppState};
 use crate::error::ApiError;
+use crate::templates::{checked_overrides, Upload};
 
-#[utoipa::path(post, path = "/v1/templates", tag = "templates", request_body = CreateTemplateRequest,
+/// Query of `POST /v1/templates` with an image archive as the body.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ImportQuery {
+    /// The template's name (for an image archive body).
+    name: Option<String>,
+    /// Default vCPUs (over the image's and the platform's).
+    vcpus: Option<u32>,
+    /// Default memory in MiB.
+    memory_mib: Option<u32>,
+    /// Default disk in MiB.
+    disk_mib: Option<u32>,
+    /// Default working directory (over the image's `WorkingDir`).
+    workdir: Option<String>,
+    /// Default user (over the image's `User`).
+    user: Option<String>,
+}
+
+/// The largest image archive accepted (further limited by free disk).
+pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
+
+#[utoipa::path(post, path = "/v1/templates", tag = "templates", params(ImportQuery),
+    request_body(description = "JSON to build from Debian packages, or an OCI image archive (`docker save` \
+        output or an OCI image layout in a tar, optionally gzip-compressed) with `?name=`",
+        content((CreateTemplateRequest = "application/json"), (Vec<u8> = "application/x-tar"))),
     responses((status = 202, description = "Accepted; follow the build operation", body = TemplateOperation),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 422, body = ErrorBody)))]
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    ApiJson(request): ApiJson<CreateTemplateRequest>,
+    ApiQuery(query): ApiQuery<ImportQuery>,
+    request: Request,
 ) -> Result<(StatusCode, Json<TemplateOperation>), ApiError> {
-    let (template, operation) = state.platform.build_template(request)?;
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let (template, operation) = match mime.as_str() {
+        "application/json" => {
+            if query.name.is_some() || query.workdir.is_some() || query.user.is_some() {
+                return Err(ApiError::bad_request("a JSON build takes its name and defaults in the body"));
+            }
+            let body = axum::body::to_bytes(request.into_body(), super::MAX_JSON_BODY).await.map_err(|_| {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the request body exceeds {} bytes", super::MAX_JSON_BODY),
+                )
+            })?;
+            let Json(request) = Json::<CreateTemplateRequest>::from_bytes(&body).map_err(super::json_rejection)?;
+            state.platform.build_template(request)?
+        }
+        "application/x-tar" | "application/tar" | "application/gzip" => import(&state, query, request).await?,
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send JSON (`application/json`) to build from Debian packages, or an image archive \
+                 (`application/x-tar`) with `?name=`",
+            ))
+        }
+    };
     Ok((StatusCode::ACCEPTED, Json(TemplateOperation { template, operation })))
+}
+
+/// Streams an uploaded image archive to disk, then starts its import.
+async fn import(state: &AppState, query: ImportQuery, request: Request) -> Result<(Template, Operation), ApiError> {
+    let name = query.name.ok_or_else(|| ApiError::bad_request("give the template's name: ?name=<name>"))?;
+    let overrides = checked_overrides(TemplateDefaultsRequest {
+        vcpus: query.vcpus,
+        memory_mib: query.memory_mib,
+        disk_mib: query.disk_mib,
+        env: Default::default(),
+        workdir: query.workdir,
+        user: query.user,
+    })?;
+    let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}))?;
+    let (free, _) = state.platform.data.disk_space();
+    let limit = MAX_IMAGE_BYTES.min(free / 2);
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the archive exceeds {limit} bytes (the limit, or half the free space of the data dir)"),
+        )
+    };
+    if request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) > Some(limit) {
+        return Err(too_large());
+    }
+    let dir = state.platform.data.run_dir().join("uploads");
+    tokio::fs::create_dir_all(&dir).await.map_err(|e| ApiError::internal("creating the upload dir", e))?;
+    let upload = Upload { path: dir.join(format!("{}.tar", crate::ids::new_id("upload"))) };
+    let mut file =
+        tokio::fs::File::create(&upload.path).await.map_err(|e| ApiError::internal("storing the upload", e))?;
+    let mut body = request.into_body().into_data_stream();
+    let mut written = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
+        written += chunk.len() as u64;
+        if written > limit {
+            return Err(too_large());
+        }
+        file.write_all(&chunk).await.map_err(|e| ApiError::internal("storing the upload", e))?;
+    }
+    file.flush().await.map_err(|e| ApiError::internal("storing the upload", e))?;
+    if written == 0 {
+        return Err(ApiError::bad_request("the body is empty: send an image archive"));
+    }
+    state.platform.import_image(slot, upload, overrides)
 }
 
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",

@@ -26,6 +26,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         agent_bin: agent_bin(),
         warm_pool: 0,
         capacity_mib: None,
+        ext4_images: None,
     }
 }
 
@@ -106,6 +107,24 @@ impl TestServer {
         if !self.contract.is_null() {
             self.check(method, path, status, "application/json", &value);
         }
+        (status, value)
+    }
+
+    /// POSTs a file as the body (streamed), checked against the contract.
+    pub fn upload(&self, path: &str, content_type: &str, file: &std::path::Path) -> (u16, Value) {
+        let request = self
+            .agent()
+            .post(&format!("{}{path}", self.url))
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .set("Content-Type", content_type);
+        let response = match request.send(std::fs::File::open(file).expect("opening the upload")) {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(err) => panic!("POST {path}: {err}"),
+        };
+        let status = response.status();
+        let value: Value = response.into_json().expect("a JSON answer");
+        self.check("POST", path, status, "application/json", &value);
         (status, value)
     }
 

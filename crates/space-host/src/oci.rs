@@ -1,0 +1,850 @@
+//! OCI image archives → template roots.
+//!
+//! Both `docker save` output (`manifest.json`) and an OCI image layout
+//! (`index.json` and `blobs/`) in a tar are read in place from the uploaded
+//! file: the outer tar is indexed once (member → offset, size) and each
+//! layer is streamed from there through the digest check, gzip and the tar
+//! reader straight into the root. Nothing is held in memory beyond one
+//! entry's buffer, and every path an archive names is checked before it is
+//! touched: absolute paths, `..`, links leading out of the root and layers
+//! that do not match their digests fail the build with a precise reason.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
+use sha2::{Digest, Sha256};
+
+use crate::datadir::DataDir;
+use crate::template::{install_agent, publish, BuildProgress, DefaultsOverride, TemplateInfo};
+use crate::{btrfs, HostError};
+
+/// The largest JSON document (manifest, index, config) read from an archive.
+const MAX_JSON: u64 = 8 << 20;
+/// How many symlinks one path may pass through before it is refused.
+const MAX_LINK_HOPS: u32 = 40;
+
+fn bad(reason: impl Into<String>) -> HostError {
+    HostError::Invalid(reason.into())
+}
+
+/// What to import.
+#[derive(Debug, Clone)]
+pub struct OciImport {
+    pub name: String,
+    /// The uploaded archive (a tar, or a gzip-compressed tar).
+    pub archive: PathBuf,
+    /// Values given with the request; they win over the image's.
+    pub overrides: DefaultsOverride,
+    /// Where the build log goes.
+    pub log: PathBuf,
+}
+
+/// Imports an OCI image archive as the next version of a template.
+pub fn import_oci(
+    data: &DataDir,
+    import: &OciImport,
+    agent_bin: &Path,
+    mut progress: impl FnMut(BuildProgress),
+) -> Result<TemplateInfo, HostError> {
+    let mut log = open_log(&import.log)?;
+    let result = publish(data, &import.name, &mut progress, |partial, progress| {
+        let rootfs = partial.join("rootfs");
+        let step = |step: &str, done| BuildProgress::step(step, done);
+        progress(step("reading the archive", 0));
+        let archive = OuterArchive::open(&import.archive, partial)?;
+        let image = archive.image()?;
+        let _ = writeln!(log, "image: {} ({} layers)", image.format, image.layers.len());
+        progress(step("creating the root subvolume", 1));
+        btrfs::create_subvolume(&rootfs)?;
+        let total: u64 = image.layers.iter().map(|l| l.size).sum();
+        let mut done = 0;
+        for (n, layer) in image.layers.iter().enumerate() {
+            let what = format!("applying layer {} of {}", n + 1, image.layers.len());
+            let _ = writeln!(log, "{what}: {} ({} bytes)", layer.member, layer.size);
+            let mut report = |bytes: u64| progress(BuildProgress::bytes(&what, 2, done + bytes, total));
+            apply_layer(&archive, layer, n + 1, &rootfs, &mut log, &mut report)?;
+            done += layer.size;
+        }
+        archive.discard();
+        progress(step("installing the agent", 3));
+        install_agent(&rootfs, agent_bin)?;
+        btrfs::set_read_only(&rootfs)?;
+        let defaults = import.overrides.apply(image.defaults);
+        let source = serde_json::json!({"oci": {
+            "format": image.format,
+            "digest": image.digest,
+            "layers": image.layers.len(),
+            "bytes": total,
+        }});
+        Ok((source, defaults))
+    });
+    if let Err(err) = &result {
+        let _ = writeln!(log, "import failed: {err}");
+    }
+    result
+}
+
+fn open_log(path: &Path) -> Result<fs::File, HostError> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
+    }
+    fs::File::create(path).map_err(HostError::io("creating the build log"))
+}
+
+/// A member of the outer archive: its data in the file, or a link to another member.
+#[derive(Debug, Clone)]
+enum Member {
+    Data { offset: u64, size: u64 },
+    Link(String),
+}
+
+/// The uploaded archive, indexed.
+struct OuterArchive {
+    path: PathBuf,
+    /// A decompressed copy, when the upload was gzip-compressed.
+    decompressed: Option<PathBuf>,
+    members: HashMap<String, Member>,
+}
+
+/// What the image says, ready to apply.
+struct Image {
+    format: &'static str,
+    digest: String,
+    layers: Vec<Layer>,
+    defaults: DefaultsOverride,
+}
+
+struct Layer {
+    member: String,
+    size: u64,
+    /// Digest of the blob as stored (compressed), when the format names it.
+    blob_digest: Option<String>,
+    /// Digest of the uncompressed tar (`rootfs.diff_ids`).
+    diff_id: String,
+}
+
+impl OuterArchive {
+    fn open(upload: &Path, work: &Path) -> Result<OuterArchive, HostError> {
+        let mut file = fs::File::open(upload).map_err(HostError::io("opening the uploaded archive"))?;
+        let mut magic = [0u8; 2];
+        let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+        let (path, decompressed) = if gzip {
+            let plain = work.join("image.tar");
+            let mut out = fs::File::create(&plain).map_err(HostError::io("decompressing the archive"))?;
+            let reader = flate2::read::MultiGzDecoder::new(BufReader::new(
+                fs::File::open(upload).map_err(HostError::io("opening the uploaded archive"))?,
+            ));
+            io::copy(&mut BufReader::new(reader), &mut out)
+                .map_err(|e| bad(format!("the archive is gzip-compressed but does not decompress: {e}")))?;
+            (plain.clone(), Some(plain))
+        } else {
+            (upload.to_path_buf(), None)
+        };
+        let members = index_members(&path)?;
+        Ok(OuterArchive { path, decompressed, members })
+    }
+
+    fn discard(&self) {
+        if let Some(copy) = &self.decompressed {
+            let _ = fs::remove_file(copy);
+        }
+    }
+
+    /// A member's bytes, following member links.
+    fn open_member(&self, name: &str) -> Result<(io::Take<fs::File>, u64), HostError> {
+        let mut name = name.to_string();
+        for _ in 0..8 {
+            match self.members.get(&name) {
+                Some(Member::Data { offset, size }) => {
+                    let mut file = fs::File::open(&self.path).map_err(HostError::io("opening the archive"))?;
+                    file.seek(SeekFrom::Start(*offset)).map_err(HostError::io("reading the archive"))?;
+                    return Ok((file.take(*size), *size));
+                }
+                Some(Member::Link(target)) => name = target.clone(),
+                None => return Err(bad(format!("the archive has no {name:?}, which the image refers to"))),
+            }
+        }
+        Err(bad(format!("the archive's links around {name:?} go in circles")))
+    }
+
+    fn read_json(&self, name: &str, digest: Option<&str>) -> Result<Vec<u8>, HostError> {
+        let (reader, size) = self.open_member(name)?;
+        if size > MAX_JSON {
+            return Err(bad(format!("{name} is {size} bytes, more than a manifest or config may be")));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        let mut reader = reader;
+        reader.read_to_end(&mut bytes).map_err(HostError::io(format!("reading {name}")))?;
+        if let Some(expected) = digest {
+            let actual = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
+            if actual != expected {
+                return Err(bad(format!("{name} does not match its digest {expected} (it is {actual})")));
+            }
+        }
+        Ok(bytes)
+    }
+
+    fn image(&self) -> Result<Image, HostError> {
+        if self.members.contains_key("manifest.json") {
+            self.docker_image()
+        } else if self.members.contains_key("index.json") {
+            self.oci_image()
+        } else {
+            Err(bad("the archive has neither manifest.json (docker save) nor index.json (OCI image layout)"))
+        }
+    }
+
+    /// `docker save`: `manifest.json` names the config and layer files.
+    fn docker_image(&self) -> Result<Image, HostError> {
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            #[serde(rename = "Config")]
+            config: String,
+            #[serde(rename = "Layers")]
+            layers: Vec<String>,
+        }
+        let bytes = self.read_json("manifest.json", None)?;
+        let entries: Vec<Entry> =
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("manifest.json is not a docker manifest: {e}")))?;
+        let [entry] = entries.as_slice() else {
+            return Err(bad(format!("manifest.json lists {} images; import one at a time", entries.len())));
+        };
+        let config_digest = digest_of_member_name(&entry.config);
+        let config = self.read_json(&clean_name(&entry.config)?, config_digest.as_deref())?;
+        let digest = config_digest.unwrap_or_else(|| format!("sha256:{}", hex(&Sha256::digest(&config))));
+        let config = parse_config(&config)?;
+        let diff_ids = &config.rootfs.diff_ids;
+        if diff_ids.len() != entry.layers.len() {
+            return Err(bad(format!(
+                "the config lists {} layers but manifest.json {}",
+                diff_ids.len(),
+                entry.layers.len()
+            )));
+        }
+        let mut layers = Vec::new();
+        for (member, diff_id) in entry.layers.iter().zip(diff_ids) {
+            let member = clean_name(member)?;
+            let (_, size) = self.open_member(&member)?;
+            layers.push(Layer { blob_digest: digest_of_member_name(&member), member, size, diff_id: diff_id.clone() });
+        }
+        Ok(Image { format: "docker-save", digest, layers, defaults: image_defaults(&config) })
+    }
+
+    /// OCI image layout: `index.json` → (index →) manifest → config, layers.
+    fn oci_image(&self) -> Result<Image, HostError> {
+        let bytes = self.read_json("index.json", None)?;
+        let mut index =
+            ImageIndex::from_reader(&bytes[..]).map_err(|e| bad(format!("index.json is not an OCI index: {e}")))?;
+        for _ in 0..4 {
+            let manifests = index.manifests();
+            let chosen = manifests
+                .iter()
+                .find(|d| {
+                    d.platform()
+                        .as_ref()
+                        .is_some_and(|p| p.os().to_string() == "linux" && p.architecture().to_string() == "amd64")
+                })
+                .or_else(|| manifests.first())
+                .ok_or_else(|| bad("the OCI index lists no manifest"))?;
+            let digest = chosen.digest().to_string();
+            let blob = self.read_json(&blob_member(&digest)?, Some(&digest))?;
+            if *chosen.media_type() == MediaType::ImageIndex {
+                index =
+                    ImageIndex::from_reader(&blob[..]).map_err(|e| bad(format!("{digest}: not an OCI index: {e}")))?;
+                continue;
+            }
+            let manifest = ImageManifest::from_reader(&blob[..])
+                .map_err(|e| bad(format!("{digest}: not an OCI image manifest: {e}")))?;
+            let config_digest = manifest.config().digest().to_string();
+            let config = parse_config(&self.read_json(&blob_member(&config_digest)?, Some(&config_digest))?)?;
+            let diff_ids = &config.rootfs.diff_ids;
+            if diff_ids.len() != manifest.layers().len() {
+                return Err(bad(format!(
+                    "the config lists {} layers but the manifest {}",
+                    diff_ids.len(),
+                    manifest.layers().len()
+                )));
+            }
+            let mut layers = Vec::new();
+            for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
+                let layer_digest = descriptor.digest().to_string();
+                let member = blob_member(&layer_digest)?;
+                let (_, size) = self.open_member(&member)?;
+                if size != descriptor.size() {
+                    return Err(bad(format!(
+                        "layer {layer_digest} is {size} bytes but the manifest says {}",
+                        descriptor.size()
+                    )));
+                }
+                layers.push(Layer { member, size, blob_digest: Some(layer_digest), diff_id: diff_id.clone() });
+            }
+            return Ok(Image { format: "oci-layout", digest, layers, defaults: image_defaults(&config) });
+        }
+        Err(bad("the OCI index nests too deeply"))
+    }
+}
+
+/// The parts of an image config an import uses. (Parsed leniently: the
+/// spec makes `history` and most of `config` optional.)
+#[derive(serde::Deserialize)]
+struct ImageConfig {
+    #[serde(default)]
+    config: Option<RuntimeConfig>,
+    rootfs: RootFs,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct RuntimeConfig {
+    #[serde(default)]
+    env: Option<Vec<String>>,
+    #[serde(default)]
+    working_dir: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+fn parse_config(bytes: &[u8]) -> Result<ImageConfig, HostError> {
+    serde_json::from_slice(bytes).map_err(|e| bad(format!("the image config is not valid: {e}")))
+}
+
+/// The image config's `Env`, `WorkingDir` and `User` as template defaults.
+fn image_defaults(config: &ImageConfig) -> DefaultsOverride {
+    let mut defaults = DefaultsOverride { workdir: Some("/".into()), user: Some("root".into()), ..Default::default() };
+    let Some(runtime) = &config.config else { return defaults };
+    for pair in runtime.env.iter().flatten() {
+        if let Some((key, value)) = pair.split_once('=') {
+            defaults.env.insert(key.to_string(), value.to_string());
+        }
+    }
+    if let Some(dir) = runtime.working_dir.as_deref().filter(|d| d.starts_with('/')) {
+        defaults.workdir = Some(dir.to_string());
+    }
+    if let Some(user) = runtime.user.as_deref().filter(|u| !u.is_empty()) {
+        defaults.user = Some(user.to_string());
+    }
+    defaults
+}
+
+/// `blobs/<algorithm>/<hex>` for a digest we can check.
+fn blob_member(digest: &str) -> Result<String, HostError> {
+    match digest.split_once(':') {
+        Some(("sha256", hex)) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(format!("blobs/sha256/{hex}"))
+        }
+        _ => Err(bad(format!("unsupported digest {digest:?} (only sha256 is supported)"))),
+    }
+}
+
+/// The digest a member's name promises: `blobs/sha256/<hex>` or `<hex>.json`.
+fn digest_of_member_name(name: &str) -> Option<String> {
+    let name = name.trim_start_matches("./");
+    let hex = name.strip_prefix("blobs/sha256/").or_else(|| name.strip_suffix(".json"))?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| format!("sha256:{hex}"))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A relative member name with only normal components, joined by `/`.
+fn clean_name(name: &str) -> Result<String, HostError> {
+    let path = clean_relative(Path::new(name)).map_err(|why| bad(format!("archive member {name:?}: {why}")))?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// `path` without `.` components, refusing absolute paths and `..`.
+fn clean_relative(path: &Path) -> Result<PathBuf, &'static str> {
+    let mut clean = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => clean.push(part),
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return Err("absolute paths are not allowed"),
+            Component::ParentDir => return Err("paths with `..` are not allowed"),
+        }
+    }
+    Ok(clean)
+}
+
+/// Indexes the outer tar: each regular member's data offset and size, and links.
+fn index_members(path: &Path) -> Result<HashMap<String, Member>, HostError> {
+    let file = fs::File::open(path).map_err(HostError::io("opening the archive"))?;
+    let mut archive = tar::Archive::new(BufReader::new(file));
+    let not_tar = |e: io::Error| bad(format!("the upload is not a tar archive: {e}"));
+    let mut members = HashMap::new();
+    for entry in archive.entries().map_err(not_tar)? {
+        let entry = entry.map_err(not_tar)?;
+        let raw = entry.path().map_err(not_tar)?.to_string_lossy().into_owned();
+        let name = clean_name(&raw)?;
+        let kind = entry.header().entry_type();
+        let member = if kind.is_file() {
+            Member::Data { offset: entry.raw_file_position(), size: entry.size() }
+        } else if kind.is_symlink() || kind.is_hard_link() {
+            let target = entry.link_name().map_err(not_tar)?.ok_or_else(|| bad(format!("{raw:?}: empty link")))?;
+            let target = if kind.is_symlink() {
+                Path::new(&name).parent().unwrap_or(Path::new("")).join(target)
+            } else {
+                target.into_owned()
+            };
+            Member::Link(clean_name(
+                &normalize_lexically(&target)
+                    .ok_or_else(|| bad(format!("archive member {raw:?} links outside the archive")))?,
+            )?)
+        } else {
+            continue;
+        };
+        members.insert(name, member);
+    }
+    if members.is_empty() {
+        return Err(bad("the upload is not a tar archive (no members found)"));
+    }
+    Ok(members)
+}
+
+/// Resolves `.` and `..` without touching the disk; `None` if it climbs out.
+fn normalize_lexically(path: &Path) -> Option<String> {
+    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => parts.push(part),
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(parts.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>().join("/"))
+}
+
+/// Counts and hashes what passes through.
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+    count: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
+    }
+}
+
+fn apply_layer(
+    archive: &OuterArchive,
+    layer: &Layer,
+    number: usize,
+    root: &Path,
+    log: &mut dyn Write,
+    report: &mut dyn FnMut(u64),
+) -> Result<(), HostError> {
+    let fail = |why: String| bad(format!("layer {number} ({}): {why}", layer.member));
+    let (blob, _) = archive.open_member(&layer.member)?;
+    let read_so_far = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut raw =
+        BufReader::with_capacity(1 << 20, Hashing { inner: blob, hasher: Sha256::new(), count: read_so_far.clone() });
+    let head = raw.fill_buf().map_err(|e| fail(format!("reading: {e}")))?;
+    let compression = match head {
+        [0x1f, 0x8b, ..] => "gzip",
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => return Err(fail("zstd-compressed layers are not supported; use gzip".into())),
+        _ => "none",
+    };
+    let diff_id = {
+        let decoded: Box<dyn Read + '_> = match compression {
+            "gzip" => Box::new(flate2::bufread::MultiGzDecoder::new(&mut raw)),
+            _ => Box::new(&mut raw),
+        };
+        let uncompressed = Hashing { inner: decoded, hasher: Sha256::new(), count: Default::default() };
+        let mut tar = tar::Archive::new(uncompressed);
+        let mut created: HashSet<PathBuf> = HashSet::new();
+        let mut last_report = 0;
+        for entry in tar.entries().map_err(|e| fail(format!("not a tar: {e}")))? {
+            let mut entry = entry.map_err(|e| fail(format!("not a valid tar: {e}")))?;
+            apply_entry(root, &mut entry, &mut created, log).map_err(|e| match e {
+                HostError::Invalid(why) => fail(why),
+                other => other,
+            })?;
+            if read_so_far.get() - last_report > (4 << 20) {
+                last_report = read_so_far.get();
+                report(last_report);
+            }
+        }
+        let mut uncompressed = tar.into_inner();
+        io::copy(&mut uncompressed, &mut io::sink()).map_err(|e| fail(format!("reading the end: {e}")))?;
+        format!("sha256:{}", hex(&uncompressed.hasher.finalize()))
+    };
+    io::copy(&mut raw, &mut io::sink()).map_err(|e| fail(format!("reading the end: {e}")))?;
+    let blob_digest = format!("sha256:{}", hex(&raw.into_inner().hasher.finalize()));
+    if let Some(expected) = &layer.blob_digest {
+        if *expected != blob_digest {
+            return Err(fail(format!("the content does not match its digest {expected} (it is {blob_digest})")));
+        }
+    }
+    if layer.diff_id != diff_id {
+        return Err(fail(format!("the content does not match diff_id {} (it is {diff_id})", layer.diff_id)));
+    }
+    report(layer.size);
+    Ok(())
+}
+
+/// Applies one layer entry under `root`, OCI-style: whiteouts remove what
+/// lower layers made, an opaque directory hides its lower content, and
+/// everything else replaces what was at its path.
+fn apply_entry<R: Read>(
+    root: &Path,
+    entry: &mut tar::Entry<R>,
+    created: &mut HashSet<PathBuf>,
+    log: &mut dyn Write,
+) -> Result<(), HostError> {
+    let raw = entry.path().map_err(|e| bad(format!("unreadable entry name: {e}")))?.into_owned();
+    let rel = clean_relative(&raw).map_err(|why| bad(format!("entry {raw:?}: {why}")))?;
+    let (Some(name), Some(parent_rel)) = (rel.file_name().map(OsString::from), rel.parent()) else {
+        return Ok(()); // the root itself
+    };
+    let parent = resolve_in_root(root, parent_rel)?;
+    fs::create_dir_all(&parent).map_err(HostError::io(format!("creating {}", parent_rel.display())))?;
+    let name_str = name.to_string_lossy();
+    if name_str == ".wh..wh..opq" {
+        for child in fs::read_dir(&parent).map_err(HostError::io("reading a directory"))?.flatten() {
+            if !created.contains(&parent_rel.join(child.file_name())) {
+                remove_any(&child.path())?;
+            }
+        }
+        return Ok(());
+    }
+    if let Some(hidden) = name_str.strip_prefix(".wh.") {
+        if hidden.is_empty() || hidden == "." || hidden == ".." {
+            return Err(bad(format!("entry {raw:?}: not a valid whiteout")));
+        }
+        return remove_any(&parent.join(hidden));
+    }
+    let dst = parent.join(&name);
+    created.insert(rel.clone());
+    let header = entry.header();
+    let kind = header.entry_type();
+    let mode = header.mode().map_err(|e| bad(format!("entry {raw:?}: {e}")))? & 0o7777;
+    let uid = header.uid().unwrap_or(0) as u32;
+    let gid = header.gid().unwrap_or(0) as u32;
+    let mtime = header.mtime().ok().map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+    let io_err = |what: &str| HostError::io(format!("{what} {}", rel.display()));
+    if kind.is_dir() {
+        if !fs::symlink_metadata(&dst).map(|m| m.is_dir()).unwrap_or(false) {
+            remove_any(&dst)?;
+            fs::create_dir(&dst).map_err(io_err("creating"))?;
+        }
+        std::os::unix::fs::chown(&dst, Some(uid), Some(gid)).map_err(io_err("chown of"))?;
+        fs::set_permissions(&dst, fs::Permissions::from_mode(mode)).map_err(io_err("chmod of"))?;
+    } else if kind.is_file() {
+        remove_any(&dst)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&dst)
+            .map_err(io_err("creating"))?;
+        io::copy(entry, &mut file).map_err(|e| bad(format!("entry {raw:?}: {e}")))?;
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(io_err("chown of"))?;
+        file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err("chmod of"))?;
+        if let Some(mtime) = mtime {
+            let _ = file.set_modified(mtime);
+        }
+    } else if kind.is_symlink() {
+        let target = entry
+            .link_name()
+            .map_err(|e| bad(format!("entry {raw:?}: {e}")))?
+            .ok_or_else(|| bad(format!("symlink {raw:?} has no target")))?
+            .into_owned();
+        if symlink_escapes(&rel, &target) {
+            return Err(bad(format!("symlink {raw:?} points outside the image root ({})", target.display())));
+        }
+        remove_any(&dst)?;
+        std::os::unix::fs::symlink(&target, &dst).map_err(io_err("creating symlink"))?;
+        std::os::unix::fs::lchown(&dst, Some(uid), Some(gid)).map_err(io_err("chown of"))?;
+    } else if kind.is_hard_link() {
+        let target = entry
+            .link_name()
+            .map_err(|e| bad(format!("entry {raw:?}: {e}")))?
+            .ok_or_else(|| bad(format!("hard link {raw:?} has no target")))?
+            .into_owned();
+        let target_rel = clean_relative(&target)
+            .map_err(|why| bad(format!("hard link {raw:?} points outside the image root ({why})")))?;
+        let (Some(target_name), Some(target_parent)) = (target_rel.file_name(), target_rel.parent()) else {
+            return Err(bad(format!("hard link {raw:?} points at the root")));
+        };
+        let source = resolve_in_root(root, target_parent)?.join(target_name);
+        match fs::symlink_metadata(&source) {
+            Ok(meta) if !meta.is_dir() => {}
+            _ => return Err(bad(format!("hard link {raw:?}: no file at {}", target.display()))),
+        }
+        if source != dst {
+            remove_any(&dst)?;
+            fs::hard_link(&source, &dst).map_err(io_err("linking"))?;
+        }
+    } else if kind == tar::EntryType::Fifo {
+        remove_any(&dst)?;
+        nix::unistd::mkfifo(&dst, nix::sys::stat::Mode::from_bits_truncate(mode))
+            .map_err(|e| HostError::Io { what: format!("creating fifo {}", rel.display()), source: e.into() })?;
+        std::os::unix::fs::chown(&dst, Some(uid), Some(gid)).map_err(io_err("chown of"))?;
+    } else {
+        // Devices come from the engine, never from an image.
+        let _ = writeln!(log, "  skipped {} ({kind:?})", rel.display());
+    }
+    Ok(())
+}
+
+/// A relative symlink whose target climbs above the image root.
+fn symlink_escapes(entry: &Path, target: &Path) -> bool {
+    if target.is_absolute() {
+        return false; // resolved inside the sandbox, where / is the image root
+    }
+    let mut depth = entry.components().count().saturating_sub(1);
+    for component in target.components() {
+        match component {
+            Component::ParentDir if depth == 0 => return true,
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// `root/rel` with every symlink on the way resolved as the sandbox would
+/// see it: absolute targets start again at `root`, and `..` stops at
+/// `root`, so the result is always inside `root`.
+fn resolve_in_root(root: &Path, rel: &Path) -> Result<PathBuf, HostError> {
+    let mut resolved: Vec<OsString> = Vec::new();
+    let mut pending: std::collections::VecDeque<OsString> =
+        rel.components().filter_map(|c| normal_or_parent(c)).collect();
+    let mut hops = 0;
+    while let Some(part) = pending.pop_front() {
+        if part == ".." {
+            resolved.pop();
+            continue;
+        }
+        let candidate: PathBuf = root.join(resolved.iter().collect::<PathBuf>()).join(&part);
+        match fs::symlink_metadata(&candidate) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                hops += 1;
+                if hops > MAX_LINK_HOPS {
+                    return Err(bad(format!("too many symlinks under {}", rel.display())));
+                }
+                let target = fs::read_link(&candidate).map_err(HostError::io("reading a symlink"))?;
+                if target.is_absolute() {
+                    resolved.clear();
+                }
+                let mut next: std::collections::VecDeque<OsString> =
+                    target.components().filter_map(|c| normal_or_parent(c)).collect();
+                next.extend(pending);
+                pending = next;
+            }
+            Ok(meta) if !meta.is_dir() => {
+                return Err(bad(format!("{} is not a directory", rel.display())));
+            }
+            _ => resolved.push(part),
+        }
+    }
+    Ok(root.join(resolved.iter().collect::<PathBuf>()))
+}
+
+fn normal_or_parent(component: Component) -> Option<OsString> {
+    match component {
+        Component::Normal(part) => Some(part.to_os_string()),
+        Component::ParentDir => Some("..".into()),
+        _ => None,
+    }
+}
+
+/// Removes whatever is at `path` (without following a symlink there).
+fn remove_any(path: &Path) -> Result<(), HostError> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            fs::remove_dir_all(path).map_err(HostError::io(format!("removing {}", path.display())))
+        }
+        Ok(_) => fs::remove_file(path).map_err(HostError::io(format!("removing {}", path.display()))),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The two archive shapes [`write_archive`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveFormat {
+    /// `docker save` (legacy layout): `manifest.json`, `<id>/layer.tar`, `<hex>.json`.
+    DockerSave,
+    /// An OCI image layout with gzip-compressed layers.
+    OciLayout,
+}
+
+/// The runtime part of an image config.
+#[derive(Debug, Clone, Default)]
+pub struct ImageSettings {
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub user: Option<String>,
+}
+
+/// Writes an image archive at `out` from uncompressed layer tars (lowest
+/// first), streaming them from disk. The benchmark and the tests make their
+/// images with it; it writes what `docker save` and OCI tools write.
+pub fn write_archive(
+    out: &Path,
+    format: ArchiveFormat,
+    layers: &[PathBuf],
+    settings: &ImageSettings,
+) -> Result<(), HostError> {
+    let err = |what: &str| HostError::io(format!("writing the image archive: {what}"));
+    let file = fs::File::create(out).map_err(err("creating it"))?;
+    let mut tar = tar::Builder::new(io::BufWriter::with_capacity(1 << 20, file));
+    let mut diff_ids = Vec::new();
+    let mut members = Vec::new();
+    let mut blobs = Vec::new();
+    for (n, layer) in layers.iter().enumerate() {
+        let diff_id = format!("sha256:{}", hex(&file_sha256(layer)?));
+        match format {
+            ArchiveFormat::DockerSave => {
+                let member = format!("{:064x}/layer.tar", n + 1);
+                append_file(&mut tar, &member, layer)?;
+                members.push(member);
+            }
+            ArchiveFormat::OciLayout => {
+                let gz = layer.with_extension("tar.gz");
+                let mut encoder =
+                    flate2::write::GzEncoder::new(fs::File::create(&gz).map_err(err("gzip"))?, Default::default());
+                io::copy(&mut fs::File::open(layer).map_err(err("a layer"))?, &mut encoder).map_err(err("gzip"))?;
+                encoder.finish().map_err(err("gzip"))?;
+                let digest = format!("sha256:{}", hex(&file_sha256(&gz)?));
+                let size = fs::metadata(&gz).map_err(err("gzip"))?.len();
+                append_file(&mut tar, &blob_member(&digest)?, &gz)?;
+                fs::remove_file(&gz).map_err(err("gzip"))?;
+                blobs.push(serde_json::json!({
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest, "size": size,
+                }));
+            }
+        }
+        diff_ids.push(diff_id);
+    }
+    let mut runtime = serde_json::json!({"Env": settings.env});
+    if let Some(dir) = &settings.working_dir {
+        runtime["WorkingDir"] = dir.clone().into();
+    }
+    if let Some(user) = &settings.user {
+        runtime["User"] = user.clone().into();
+    }
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": runtime,
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .map_err(|e| bad(e.to_string()))?;
+    let config_digest = format!("sha256:{}", hex(&Sha256::digest(&config)));
+    let json = |value: serde_json::Value| serde_json::to_vec(&value).map_err(|e| bad(e.to_string()));
+    match format {
+        ArchiveFormat::DockerSave => {
+            let config_member = format!("{}.json", &config_digest[7..]);
+            append_bytes(&mut tar, &config_member, &config)?;
+            let manifest = json(serde_json::json!([{"Config": config_member, "RepoTags": [], "Layers": members}]))?;
+            append_bytes(&mut tar, "manifest.json", &manifest)?;
+        }
+        ArchiveFormat::OciLayout => {
+            append_bytes(&mut tar, &blob_member(&config_digest)?, &config)?;
+            let manifest = json(serde_json::json!({
+                "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": config_digest, "size": config.len()},
+                "layers": blobs,
+            }))?;
+            let manifest_digest = format!("sha256:{}", hex(&Sha256::digest(&manifest)));
+            append_bytes(&mut tar, &blob_member(&manifest_digest)?, &manifest)?;
+            let index = json(serde_json::json!({
+                "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                               "digest": manifest_digest, "size": manifest.len()}],
+            }))?;
+            append_bytes(&mut tar, "index.json", &index)?;
+            append_bytes(&mut tar, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        }
+    }
+    tar.into_inner().and_then(|mut w| w.flush()).map_err(err("finishing it"))
+}
+
+fn file_sha256(path: &Path) -> Result<sha2::digest::Output<Sha256>, HostError> {
+    let mut hasher = Sha256::new();
+    let mut file = fs::File::open(path).map_err(HostError::io(format!("reading {}", path.display())))?;
+    io::copy(&mut file, &mut hasher).map_err(HostError::io(format!("reading {}", path.display())))?;
+    Ok(hasher.finalize())
+}
+
+fn append_file<W: Write>(tar: &mut tar::Builder<W>, name: &str, path: &Path) -> Result<(), HostError> {
+    let mut file = fs::File::open(path).map_err(HostError::io(format!("reading {}", path.display())))?;
+    tar.append_file(name, &mut file).map_err(HostError::io("writing the image archive"))
+}
+
+fn append_bytes<W: Write>(tar: &mut tar::Builder<W>, name: &str, bytes: &[u8]) -> Result<(), HostError> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(bytes.len() as u64);
+    header.set_mode(0o644);
+    tar.append_data(&mut header, name, bytes).map_err(HostError::io("writing the image archive"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_that_climb_out_are_caught() {
+        assert!(symlink_escapes(Path::new("a"), Path::new("../etc")));
+        assert!(symlink_escapes(Path::new("a/b/c"), Path::new("../../../x")));
+        assert!(!symlink_escapes(Path::new("a/b/c"), Path::new("../../x")));
+        assert!(!symlink_escapes(Path::new("bin/sh"), Path::new("/bin/busybox")));
+        assert!(!symlink_escapes(Path::new("lib"), Path::new("usr/lib")));
+    }
+
+    #[test]
+    fn member_names_are_checked() {
+        assert_eq!(clean_name("./blobs/sha256/ab").unwrap(), "blobs/sha256/ab");
+        assert!(clean_name("/etc/passwd").is_err());
+        assert!(clean_name("a/../../b").is_err());
+        assert_eq!(normalize_lexically(Path::new("x/../y/./z")).as_deref(), Some("y/z"));
+        assert_eq!(normalize_lexically(Path::new("../y")), None);
+    }
+
+    #[test]
+    fn digests_come_from_names_and_descriptors() {
+        let hex = "a".repeat(64);
+        assert_eq!(digest_of_member_name(&format!("blobs/sha256/{hex}")), Some(format!("sha256:{hex}")));
+        assert_eq!(digest_of_member_name(&format!("{hex}.json")), Some(format!("sha256:{hex}")));
+        assert_eq!(digest_of_member_name("abc/layer.tar"), None);
+        assert_eq!(blob_member(&format!("sha256:{hex}")).unwrap(), format!("blobs/sha256/{hex}"));
+        assert!(blob_member("sha512:00").is_err());
+        assert!(blob_member("sha256:../../x").is_err());
+    }
+
+    #[test]
+    fn paths_resolve_inside_the_root() {
+        let root = std::env::temp_dir().join(format!("space-oci-resolve-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("usr/lib")).unwrap();
+        std::os::unix::fs::symlink("usr/lib", root.join("lib")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("etc-link")).unwrap();
+        std::os::unix::fs::symlink("../../../../..", root.join("up")).unwrap();
+        assert_eq!(resolve_in_root(&root, Path::new("lib/x")).unwrap(), root.join("usr/lib/x"));
+        assert_eq!(resolve_in_root(&root, Path::new("etc-link")).unwrap(), root.join("etc"));
+        assert_eq!(resolve_in_root(&root, Path::new("up/tmp")).unwrap(), root.join("tmp"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

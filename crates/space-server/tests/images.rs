@@ -1,0 +1,303 @@
+//! Templates from OCI image archives (`docker save` and OCI layouts) made
+//! here, layer by layer, imported through the API and run on real runsc.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{platform_config, TestServer};
+use serde_json::{json, Value};
+use space_host::oci::{write_archive, ArchiveFormat, ImageSettings};
+use space_testkit::{busybox_static, TestDataDir};
+
+/// Layer tars written into a work dir.
+struct Layer {
+    builder: tar::Builder<fs::File>,
+    path: PathBuf,
+}
+
+impl Layer {
+    fn new(dir: &Path, name: &str) -> Layer {
+        let path = dir.join(format!("{name}.tar"));
+        Layer { builder: tar::Builder::new(fs::File::create(&path).unwrap()), path }
+    }
+
+    fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_size(size);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(1_700_000_000);
+        header
+    }
+
+    fn dir(mut self, path: &str) -> Layer {
+        let mut header = Self::header(tar::EntryType::Directory, 0o755, 0);
+        self.builder.append_data(&mut header, path, std::io::empty()).unwrap();
+        self
+    }
+
+    fn file(mut self, path: &str, mode: u32, content: &[u8]) -> Layer {
+        let mut header = Self::header(tar::EntryType::Regular, mode, content.len() as u64);
+        self.builder.append_data(&mut header, path, content).unwrap();
+        self
+    }
+
+    fn symlink(mut self, path: &str, target: &str) -> Layer {
+        let mut header = Self::header(tar::EntryType::Symlink, 0o777, 0);
+        self.builder.append_link(&mut header, path, target).unwrap();
+        self
+    }
+
+    fn hard_link(mut self, path: &str, target: &str) -> Layer {
+        let mut header = Self::header(tar::EntryType::Link, 0o644, 0);
+        self.builder.append_link(&mut header, path, target).unwrap();
+        self
+    }
+
+    /// An entry whose name the tar crate would refuse to write (`..`,
+    /// absolute), put into the header's bytes directly, as an attacker would.
+    fn raw(mut self, kind: tar::EntryType, name: &str, link: &str, content: &[u8]) -> Layer {
+        let mut header = Self::header(kind, 0o644, content.len() as u64);
+        header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        header.set_cksum();
+        self.builder.append(&header, content).unwrap();
+        self
+    }
+
+    fn finish(self) -> PathBuf {
+        self.builder.into_inner().unwrap();
+        self.path
+    }
+}
+
+/// A busybox base layer: a shell and the tools the checks use.
+fn base_layer(dir: &Path) -> Layer {
+    let busybox = fs::read(busybox_static()).unwrap();
+    let mut layer = Layer::new(dir, "base").dir("bin").file("bin/busybox", 0o755, &busybox);
+    for tool in ["sh", "cat", "ls", "echo", "pwd", "test", "rm", "id", "env", "cmp"] {
+        layer = layer.symlink(&format!("bin/{tool}"), "busybox");
+    }
+    layer
+        .hard_link("bin/busybox-again", "bin/busybox")
+        .dir("etc")
+        .file("etc/keep.txt", 0o644, b"kept\n")
+        .file("etc/gone.txt", 0o644, b"whited out in layer 2\n")
+        .dir("data")
+        .file("data/old.txt", 0o644, b"hidden by an opaque dir\n")
+}
+
+/// The two-layer image of the issue: layer 2 adds a file, whites out
+/// another, makes `data/` opaque, and the config sets env and workdir.
+fn two_layer_image(dir: &Path, format: ArchiveFormat) -> PathBuf {
+    let base = base_layer(dir).finish();
+    let top = Layer::new(dir, "top")
+        .file("hello.txt", 0o640, b"added in layer 2\n")
+        .file("etc/.wh.gone.txt", 0o644, b"")
+        .dir("data")
+        .file("data/.wh..wh..opq", 0o644, b"")
+        .file("data/new.txt", 0o644, b"new\n")
+        .dir("work")
+        .finish();
+    let settings = ImageSettings {
+        env: vec!["PATH=/bin".into(), "GREETING=hi from the image".into()],
+        working_dir: Some("/work".into()),
+        user: Some("0:0".into()),
+    };
+    let out = dir.join(format!("{format:?}.tar"));
+    write_archive(&out, format, &[base, top], &settings).unwrap();
+    out
+}
+
+fn work_dir(data: &TestDataDir, name: &str) -> PathBuf {
+    let dir = data.root().join("work").join(name);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Uploads an archive and waits for the import operation.
+fn import(server: &TestServer, name: &str, archive: &Path) -> Value {
+    let (status, accepted) = server.upload(&format!("/v1/templates?name={name}"), "application/x-tar", archive);
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(accepted["template"]["state"], "building");
+    server.wait_operation(accepted["operation"]["id"].as_str().unwrap())
+}
+
+const CHECK: &str = "cat /hello.txt; test -e /etc/gone.txt && echo gone-present || echo gone-absent; \
+    cat /etc/keep.txt; ls /data; echo \"$GREETING\"; pwd; id -u; cmp /bin/busybox /bin/busybox-again && echo linked";
+const EXPECTED: &str = "added in layer 2\ngone-absent\nkept\nnew.txt\nhi from the image\n/work\n0\nlinked\n";
+
+#[test]
+fn a_docker_save_image_becomes_a_template_that_sandboxes_see_exactly() {
+    let data = TestDataDir::new();
+    let mut config = platform_config(&data);
+    config.ext4_images = Some(true);
+    let server = TestServer::start_with(config);
+    let archive = two_layer_image(&work_dir(&data, "docker"), ArchiveFormat::DockerSave);
+
+    let operation = import(&server, "twolayer", &archive);
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    let template = server.ok("GET", "/v1/templates/twolayer", None);
+    assert_eq!(template["source"]["oci"]["format"], "docker-save", "{template}");
+    assert_eq!(template["defaults"]["workdir"], "/work");
+    assert_eq!(template["defaults"]["env"]["GREETING"], "hi from the image");
+    assert_eq!(template["defaults"]["user"], "0:0");
+
+    let first = server.create_sandbox(json!({"template": "twolayer"}));
+    let seen = server.exec(&first, json!({"cmd": CHECK}));
+    assert_eq!((seen["stdout"].as_str(), seen["result"]["exit_code"].as_i64()), (Some(EXPECTED), Some(0)), "{seen}");
+    let modes = server.exec(&first, json!({"cmd": "ls -l /hello.txt /bin/sh"}));
+    let listing = modes["stdout"].as_str().unwrap();
+    assert!(listing.contains("-rw-r-----") && listing.contains("/bin/sh -> busybox"), "{listing}");
+
+    // A sandbox's writes never reach the template: a second one sees the original.
+    let wrote = server.exec(&first, json!({"cmd": "echo changed > /hello.txt; rm /etc/keep.txt; cat /hello.txt"}));
+    assert_eq!(wrote["stdout"], "changed\n", "{wrote}");
+    let second = server.create_sandbox(json!({"template": "twolayer", "env": {"GREETING": "overridden"}}));
+    let fresh = server.exec(&second, json!({"cmd": "cat /hello.txt /etc/keep.txt; echo $GREETING"}));
+    assert_eq!(fresh["stdout"], "added in layer 2\nkept\noverridden\n", "{fresh}");
+
+    // The Firecracker root drive holds the same tree.
+    let image = data.root().join("templates/twolayer/1/rootfs.ext4");
+    space_host::run(std::process::Command::new("e2fsck").args(["-fn"]).arg(&image)).expect("a clean ext4 image");
+    let cat = space_host::run(std::process::Command::new("debugfs").args(["-R", "cat /hello.txt"]).arg(&image));
+    assert_eq!(String::from_utf8_lossy(&cat.unwrap()), "added in layer 2\n");
+    for id in [first, second] {
+        server.delete_sandbox(&id);
+    }
+}
+
+#[test]
+fn the_same_image_as_an_oci_layout_gives_the_same_sandbox() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let archive = two_layer_image(&work_dir(&data, "oci"), ArchiveFormat::OciLayout);
+
+    let operation = import(&server, "ocilayout", &archive);
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    let template = server.ok("GET", "/v1/templates/ocilayout", None);
+    assert_eq!(template["source"]["oci"]["format"], "oci-layout", "{template}");
+    let id = server.create_sandbox(json!({"template": "ocilayout"}));
+    let seen = server.exec(&id, json!({"cmd": CHECK}));
+    assert_eq!((seen["stdout"].as_str(), seen["result"]["exit_code"].as_i64()), (Some(EXPECTED), Some(0)), "{seen}");
+    server.delete_sandbox(&id);
+
+    // Request values win over the image's; a gzip-compressed upload works too.
+    let gz = archive.with_extension("tar.gz");
+    let mut encoder = flate2::write::GzEncoder::new(fs::File::create(&gz).unwrap(), Default::default());
+    std::io::copy(&mut fs::File::open(&archive).unwrap(), &mut encoder).unwrap();
+    encoder.finish().unwrap();
+    let (status, accepted) =
+        server.upload("/v1/templates?name=ocilayout&workdir=/etc&memory_mib=256", "application/gzip", &gz);
+    assert_eq!(status, 202, "{accepted}");
+    let operation = server.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    let template = server.ok("GET", "/v1/templates/ocilayout", None);
+    assert_eq!((template["version"].as_u64(), template["defaults"]["workdir"].as_str()), (Some(2), Some("/etc")));
+    assert_eq!(template["defaults"]["memory_mib"], 256);
+    let id = server.create_sandbox(json!({"template": "ocilayout"}));
+    assert_eq!(server.exec(&id, json!({"cmd": "pwd"}))["stdout"], "/etc\n");
+    server.delete_sandbox(&id);
+}
+
+/// Every file and directory name under `dir`, recursively (not following links).
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            found.push(entry.path());
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                found.extend(tree(&entry.path()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn hostile_and_broken_archives_fail_cleanly_and_write_nothing_outside() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let dir = work_dir(&data, "hostile");
+    let marker = format!("space-escape-{}", std::process::id());
+    let settings = ImageSettings::default();
+    let image = |name: &str, layer: Layer| {
+        let out = dir.join(format!("{name}.image.tar"));
+        write_archive(&out, ArchiveFormat::DockerSave, &[layer.finish()], &settings).unwrap();
+        out
+    };
+    let garbage = dir.join("garbage.tar");
+    fs::write(&garbage, (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<_>>()).unwrap();
+    let traversal = image(
+        "traversal",
+        Layer::new(&dir, "traversal").raw(tar::EntryType::Regular, &format!("../../../{marker}"), "", b"out"),
+    );
+    let absolute = image(
+        "absolute",
+        Layer::new(&dir, "absolute").raw(tar::EntryType::Regular, &format!("/tmp/{marker}"), "", b"out"),
+    );
+    let symlink_out =
+        image("symlink", Layer::new(&dir, "symlink").symlink("escape", "../../../../../../tmp").dir("bin"));
+    let hardlink_out = image(
+        "hardlink",
+        Layer::new(&dir, "hardlink").raw(tar::EntryType::Link, "passwd", "../../../../../../etc/passwd", b""),
+    );
+    // A layer whose bytes were changed after its digest was taken.
+    let tampered = two_layer_image(&work_dir(&data, "tampered"), ArchiveFormat::OciLayout);
+    let mut bytes = fs::read(&tampered).unwrap();
+    let at = bytes.windows(16).position(|w| w == b"added in layer 2").map(|_| ());
+    assert!(at.is_none(), "layer 2 is gzip-compressed in an OCI layout");
+    let gzip_at = bytes.windows(3).rposition(|w| w == [0x1f, 0x8b, 0x08]).expect("a gzip layer");
+    bytes[gzip_at + 40] ^= 0xff;
+    fs::write(&tampered, &bytes).unwrap();
+
+    let templates_before = tree(&data.root().join("templates"));
+    for (archive, reason) in [
+        (&garbage, "not a tar"),
+        (&traversal, "`..`"),
+        (&absolute, "absolute"),
+        (&symlink_out, "outside the image root"),
+        (&hardlink_out, "outside the image root"),
+        (&tampered, "layer"),
+    ] {
+        let operation = import(&server, "hostile", archive);
+        assert_eq!(operation["state"], "failed", "{}: {operation}", archive.display());
+        assert_eq!(operation["error"]["code"], "build_failed");
+        let message = operation["error"]["message"].as_str().unwrap();
+        assert!(message.contains(reason), "{}: {message}", archive.display());
+        server.error("GET", "/v1/templates/hostile", None, 404, "template_not_found");
+        assert_eq!(tree(&data.root().join("templates")), templates_before, "no half-built template is left");
+    }
+    for place in [Path::new("/tmp"), Path::new("/"), data.root(), &data.root().join("templates")] {
+        assert!(!place.join(&marker).exists(), "{} was written", place.join(&marker).display());
+    }
+    let uploads = data.root().join("run/uploads");
+    assert_eq!(fs::read_dir(&uploads).map(|d| d.count()).unwrap_or(0), 0, "uploads are removed");
+
+    // A symlink to an absolute path is the image's own business: writing
+    // through it lands inside the root, never on the host.
+    let inside = image(
+        "inside",
+        Layer::new(&dir, "inside").symlink("etc-link", "/etc").file(&format!("etc-link/{marker}"), 0o644, b"in"),
+    );
+    assert_eq!(import(&server, "inside", &inside)["state"], "succeeded");
+    assert!(data.root().join(format!("templates/inside/1/rootfs/etc/{marker}")).is_file());
+    assert!(!Path::new("/etc").join(&marker).exists(), "the host's /etc was written");
+
+    // The request itself: a name is needed, and the body must be one of the two kinds.
+    let auth = format!("Authorization: Bearer {}", server.key);
+    for (query, content_type, expected) in [
+        ("", "application/x-tar", "400 Bad Request"),
+        ("?name=x", "text/plain", "415 Unsupported Media Type"),
+        ("?name=Bad..Name", "application/x-tar", "400 Bad Request"),
+        ("?name=x&bogus=1", "application/x-tar", "400 Bad Request"),
+    ] {
+        let head = format!("POST /v1/templates{query} HTTP/1.1\r\n{auth}\r\nContent-Type: {content_type}");
+        let answer = server.early_answer(&head, b"not an archive");
+        assert!(answer.starts_with(&format!("HTTP/1.1 {expected}")), "{query} {content_type}: {answer}");
+    }
+}
