@@ -125,7 +125,8 @@ pub struct EngineArgs {
 impl EngineArgs {
     pub fn agent_bin(&self) -> Result<PathBuf> {
         if let Some(path) = &self.agent_bin {
-            return Ok(path.clone());
+            // Absolute: the engine hands it to runsc, which runs elsewhere.
+            return std::fs::canonicalize(path).with_context(|| format!("the agent {}", path.display()));
         }
         let exe = std::env::current_exe().context("locating the space binary")?;
         let dir = exe.parent().unwrap_or(Path::new("/"));

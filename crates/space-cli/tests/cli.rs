@@ -150,11 +150,8 @@ fn busybox_image(dir: &std::path::Path) -> std::path::PathBuf {
     add("srv/hello.txt", tar::EntryType::Regular, 0o644, b"from the image\n", None);
     layer.into_inner().unwrap();
     let archive = dir.join("image.tar");
-    let settings = space_host::oci::ImageSettings {
-        env: vec!["PATH=/bin".into()],
-        working_dir: Some("/srv".into()),
-        user: None,
-    };
+    let settings =
+        space_host::oci::ImageSettings { env: vec!["PATH=/bin".into()], working_dir: Some("/srv".into()), user: None };
     space_host::oci::write_archive(&archive, space_host::oci::ArchiveFormat::DockerSave, &[layer_path], &settings)
         .unwrap();
     archive
