@@ -565,11 +565,7 @@ fn apply_entry<R: Read>(
             let _ = file.set_modified(mtime);
         }
     } else if kind.is_symlink() {
-        let target = entry
-            .link_name()
-            .map_err(|e| bad(format!("entry {raw:?}: {e}")))?
-            .ok_or_else(|| bad(format!("symlink {raw:?} has no target")))?
-            .into_owned();
+        let target = link_target(entry, &raw)?;
         if symlink_escapes(&rel, &target) {
             return Err(bad(format!("symlink {raw:?} points outside the image root ({})", target.display())));
         }
@@ -577,11 +573,7 @@ fn apply_entry<R: Read>(
         std::os::unix::fs::symlink(&target, &dst).map_err(io_err("creating symlink"))?;
         std::os::unix::fs::lchown(&dst, Some(uid), Some(gid)).map_err(io_err("chown of"))?;
     } else if kind.is_hard_link() {
-        let target = entry
-            .link_name()
-            .map_err(|e| bad(format!("entry {raw:?}: {e}")))?
-            .ok_or_else(|| bad(format!("hard link {raw:?} has no target")))?
-            .into_owned();
+        let target = link_target(entry, &raw)?;
         let target_rel = clean_relative(&target)
             .map_err(|why| bad(format!("hard link {raw:?} points outside the image root ({why})")))?;
         let (Some(target_name), Some(target_parent)) = (target_rel.file_name(), target_rel.parent()) else {
@@ -606,6 +598,14 @@ fn apply_entry<R: Read>(
         let _ = writeln!(log, "  skipped {} ({kind:?})", rel.display());
     }
     Ok(())
+}
+
+fn link_target<R: Read>(entry: &tar::Entry<R>, raw: &Path) -> Result<PathBuf, HostError> {
+    Ok(entry
+        .link_name()
+        .map_err(|e| bad(format!("entry {raw:?}: {e}")))?
+        .ok_or_else(|| bad(format!("link {raw:?} has no target")))?
+        .into_owned())
 }
 
 /// A relative symlink whose target climbs above the image root.

@@ -216,7 +216,12 @@ impl Platform {
                 }
                 Ok(Err(err)) => {
                     tracing::warn!(template = %name, "build failed: {err}");
-                    let mut message = format!("the template build failed: {err}");
+                    // The input's own faults are told; host errors (paths,
+                    // commands) stay in the server's and the build's logs.
+                    let mut message = match &err {
+                        HostError::Invalid(why) => format!("the template build failed: {why}"),
+                        _ => "the template build failed; see the operation's log".to_string(),
+                    };
                     if let Some((cut, _)) = message.char_indices().nth(2000) {
                         message.truncate(cut);
                     }
