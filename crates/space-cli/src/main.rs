@@ -52,6 +52,81 @@ enum Top {
     },
     /// Measure create and exec latency against the raw runsc floor.
     Bench(bench::BenchArgs),
+    /// Make, list and revoke tenants' API keys (works beside a running server).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Make a key for a tenant and print it once; only its hash is kept.
+    Create {
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        tenant: String,
+        /// The tenant's quotas (kept for the tenant; 429 past them).
+        #[arg(long)]
+        max_sandboxes: Option<u32>,
+        #[arg(long)]
+        max_vcpus: Option<u32>,
+        #[arg(long)]
+        max_memory_mib: Option<u64>,
+    },
+    /// List keys (ids, tenants, dates; never the keys).
+    Ls {
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
+    /// Revoke a key by its id; requests with it get 401 at once.
+    Revoke {
+        id: String,
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
+}
+
+fn keys(command: KeysCommand) -> Result<()> {
+    use space_server::store::{Quotas, Store};
+    let open = |dir: &Path| -> Result<Store> {
+        let data = space_host::datadir::DataDir::open(dir)?;
+        Ok(Store::open(&data.db_path())?)
+    };
+    match command {
+        KeysCommand::Create { data_dir, tenant, max_sandboxes, max_vcpus, max_memory_mib } => {
+            if !space_server::tenants::valid_tenant(&tenant) || tenant == space_server::store::OPERATOR_TENANT {
+                bail!(
+                    "tenant names are 1-63 lowercase letters, digits, '-' or '_' (and not {:?})",
+                    space_server::store::OPERATOR_TENANT
+                );
+            }
+            let store = open(&data_dir)?;
+            let quotas = Quotas { max_sandboxes, max_vcpus, max_memory_mib };
+            let given = (quotas != Quotas::default()).then_some(&quotas);
+            let (info, key) = space_server::tenants::create_key(&store, &tenant, given)?;
+            eprintln!("key {} for tenant {tenant}; it is shown once, keep it now:", info.id);
+            println!("{key}");
+        }
+        KeysCommand::Ls { data_dir } => {
+            println!("{:<26} {:<20} {:<26} REVOKED", "ID", "TENANT", "CREATED");
+            for key in open(&data_dir)?.keys()? {
+                println!(
+                    "{:<26} {:<20} {:<26} {}",
+                    key.id,
+                    key.tenant,
+                    key.created_at,
+                    key.revoked_at.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        KeysCommand::Revoke { id, data_dir } => {
+            if !open(&data_dir)?.revoke_key(&id, &space_server::ids::now())? {
+                bail!("no key {id:?}");
+            }
+            eprintln!("revoked {id}");
+        }
+    }
+    Ok(())
 }
 
 /// Where the API is and how to authenticate.
@@ -95,9 +170,20 @@ struct ServeArgs {
     /// Development mode: loopback only, with a generated key in DATA_DIR/dev-api-key.
     #[arg(long)]
     dev: bool,
-    /// File holding the API key (required without --dev).
+    /// File holding the operator's API key (required without --dev);
+    /// tenants' keys come from `space keys create`.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address (keys then cross the
+    /// network in clear text; only behind a TLS-terminating proxy).
+    #[arg(long)]
+    insecure_http: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -360,6 +446,7 @@ fn run(cli: Cli) -> Result<i32> {
         Top::Template(command) => template(command).map(|()| 0),
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
+        Top::Keys(command) => keys(command).map(|()| 0),
     }
 }
 
@@ -379,6 +466,17 @@ fn serve(args: ServeArgs) -> Result<()> {
     init_logging();
     if args.dev && !args.listen.ip().is_loopback() {
         bail!("--dev binds loopback only; {} is not a loopback address", args.listen);
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(space_server::http::tls_config(cert, key)?),
+        _ => None,
+    };
+    if tls.is_none() && !args.listen.ip().is_loopback() && !args.insecure_http {
+        bail!(
+            "{} is not a loopback address: serve it with --tls-cert and --tls-key, or say --insecure-http \
+             (API keys would cross the network in clear text)",
+            args.listen
+        );
     }
     let platform = space_server::start_platform(&args.engine.platform_config(&args.data_dir)?)?;
     let key = if args.dev {
@@ -407,7 +505,8 @@ fn serve(args: ServeArgs) -> Result<()> {
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         platform.start().await.map_err(|e| anyhow::anyhow!(e.message))?;
         let state = space_server::AppState::new(platform, key);
-        tracing::info!("SPACE listening on http://{}", listener.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!("SPACE listening on {scheme}://{}", listener.local_addr()?);
         let shutdown = async move {
             tokio::select! {
                 _ = term.recv() => {}
@@ -416,7 +515,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             tracing::info!("shutting down");
         };
         let platform = state.platform.clone();
-        space_server::serve(listener, state, shutdown).await?;
+        space_server::http::serve_with(listener, state, tls, shutdown).await?;
         // Warm sandboxes belong to no one; the others keep running.
         platform.drain_warm().await;
         Ok(())

@@ -41,6 +41,8 @@ pub struct OciImport {
     pub archive: PathBuf,
     /// Values given with the request; they win over the image's.
     pub overrides: DefaultsOverride,
+    /// The tenant it is imported for; `None`: shared.
+    pub owner: Option<String>,
     /// Where the build log goes.
     pub log: PathBuf,
 }
@@ -53,7 +55,7 @@ pub fn import_oci(
     mut progress: impl FnMut(BuildProgress),
 ) -> Result<TemplateInfo, HostError> {
     let mut log = open_log(&import.log)?;
-    let result = publish(data, &import.name, &mut progress, |partial, progress| {
+    let result = publish(data, &import.name, import.owner.clone(), &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
         let step = |step: &str, done| BuildProgress::step(step, done);
         progress(step("reading the archive", 0));

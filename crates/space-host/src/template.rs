@@ -58,6 +58,9 @@ pub struct TemplateMeta {
     /// Warm sandboxes to keep for this template; the server's setting when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<u32>,
+    /// The tenant it belongs to; `None`: shared by every tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -169,6 +172,8 @@ pub struct DebianBuild {
     pub suite: String,
     pub packages: Vec<String>,
     pub defaults: TemplateDefaults,
+    /// The tenant it is built for; `None`: shared.
+    pub owner: Option<String>,
     /// Where the build log goes (it outlives a failed build).
     pub log: PathBuf,
     /// Downloaded packages kept between builds, so the next build reuses them.
@@ -185,7 +190,7 @@ pub fn build_debian(
 ) -> Result<TemplateInfo, HostError> {
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
-    publish(data, &build.name, &mut progress, |partial, progress| {
+    publish(data, &build.name, build.owner.clone(), &mut progress, |partial, progress| {
         build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)?;
         Ok((source, build.defaults.clone()))
     })
@@ -205,7 +210,7 @@ pub fn import_dir(
         return Err(HostError::Invalid(format!("{} is not a directory", source_dir.display())));
     }
     let source = serde_json::json!({"dir": source_dir.display().to_string()});
-    publish(data, name, &mut progress, |partial, progress| {
+    publish(data, name, None, &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
         let step = BuildProgress::step;
         progress(step("creating the root subvolume", 0));
@@ -231,6 +236,7 @@ pub(crate) type Built = (serde_json::Value, TemplateDefaults);
 pub(crate) fn publish(
     data: &DataDir,
     name: &str,
+    owner: Option<String>,
     progress: &mut dyn FnMut(BuildProgress),
     fill: impl FnOnce(&Path, &mut dyn FnMut(BuildProgress)) -> Result<Built, HostError>,
 ) -> Result<TemplateInfo, HostError> {
@@ -255,6 +261,7 @@ pub(crate) fn publish(
             source,
             defaults,
             warm_pool: None,
+            owner,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
         fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;

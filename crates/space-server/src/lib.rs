@@ -10,16 +10,17 @@ mod capacity;
 pub mod commands;
 pub mod domain;
 pub mod error;
+pub mod http;
 pub mod ids;
 pub mod platform;
 mod policies;
 mod recovery;
 pub mod store;
 mod templates;
+pub mod tenants;
 pub mod transcript;
 mod warm;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -89,9 +90,5 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let router = app(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| ServerError::Io { what: "serving HTTP".into(), source })
+    http::serve_with(listener, state, None, shutdown).await
 }

@@ -127,11 +127,13 @@ impl Platform {
         self: &Arc<Self>,
         spec: CreateSpec,
         template: &space_host::template::TemplateInfo,
+        tenant: &str,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let now = ids::now();
         let template_version = template.meta.version;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_quotas(tenant, &spec)?;
         let warm = self.take_warm(&spec, template);
         if warm.is_none() {
             // A warm member's memory is already counted.
@@ -154,9 +156,15 @@ impl Platform {
             failure_reason: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
-        let record = SandboxRecord { sandbox: sandbox.clone(), template_version, env: spec.env, agent_session: None };
+        let record = SandboxRecord {
+            sandbox: sandbox.clone(),
+            template_version,
+            env: spec.env,
+            agent_session: None,
+            tenant: tenant.to_string(),
+        };
         self.store.put_sandbox(&record)?;
-        self.store.put_operation(&operation, idempotency_key)?;
+        self.store.put_operation(&operation, tenant, idempotency_key)?;
         self.changed();
         self.spawn_actor(
             &sandbox.id,
@@ -193,7 +201,7 @@ impl Platform {
             operation.progress = Progress { step: "already deleted".into(), done: total, total, amount: None };
             operation.started_at = Some(now.clone());
             operation.finished_at = Some(now);
-            self.store.put_operation(&operation, idempotency_key)?;
+            self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
             self.changed();
             return Ok((record.sandbox, operation));
         }
@@ -201,7 +209,7 @@ impl Platform {
         if event == Event::RestoreRequested {
             self.admit(record.sandbox.memory_mib)?;
         }
-        self.store.put_operation(&operation, idempotency_key)?;
+        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
         let job = Job { kind, operation_id: operation.id.clone(), warm: None };
         let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
@@ -283,7 +291,7 @@ impl Platform {
     fn update_operation(&self, id: &str, change: impl FnOnce(&mut Operation)) {
         let result = self.operation(id).and_then(|mut operation| {
             change(&mut operation);
-            self.store.put_operation(&operation, None)?;
+            self.store.put_operation(&operation, "", None)?;
             Ok(())
         });
         if let Err(err) = result {

@@ -110,6 +110,7 @@ mod tests {
             template_version: 1,
             env: BTreeMap::new(),
             agent_session: None,
+            tenant: "default".into(),
         }
     }
 

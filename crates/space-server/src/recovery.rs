@@ -70,7 +70,7 @@ impl Platform {
                     .detail(),
                 );
                 operation.finished_at = Some(now.clone());
-                self.store.put_operation(&operation, None)?;
+                self.store.put_operation(&operation, "", None)?;
             }
         }
         Ok(())

@@ -30,6 +30,33 @@ pub struct SandboxRecord {
     /// re-adopt the sandbox with its command streams.
     #[serde(default)]
     pub agent_session: Option<u64>,
+    /// The tenant that owns it; records from before tenants are the operator's.
+    #[serde(default = "operator_tenant")]
+    pub tenant: String,
+}
+
+/// The tenant of the server's own key (dev key or `--api-key-file`).
+pub const OPERATOR_TENANT: &str = "default";
+
+fn operator_tenant() -> String {
+    OPERATOR_TENANT.to_string()
+}
+
+/// A tenant's quotas (`None`: no limit beyond the host's capacity).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    pub max_sandboxes: Option<u32>,
+    pub max_vcpus: Option<u32>,
+    pub max_memory_mib: Option<u64>,
+}
+
+/// An API key as listed: never the key itself, which is stored only hashed.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    pub id: String,
+    pub tenant: String,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
 }
 
 fn sandbox_from_row((body, last_activity): (String, Option<String>)) -> Result<SandboxRecord, StoreError> {
@@ -40,7 +67,7 @@ fn sandbox_from_row((body, last_activity): (String, Option<String>)) -> Result<S
     Ok(record)
 }
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -55,10 +82,10 @@ CREATE TABLE IF NOT EXISTS operations (
     seq INTEGER NOT NULL,
     sandbox_id TEXT,
     idempotency_key TEXT,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    tenant TEXT NOT NULL DEFAULT 'default'
 );
 CREATE INDEX IF NOT EXISTS operations_by_sandbox ON operations (sandbox_id);
-CREATE UNIQUE INDEX IF NOT EXISTS operations_by_key ON operations (idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE TABLE IF NOT EXISTS commands (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
@@ -66,6 +93,18 @@ CREATE TABLE IF NOT EXISTS commands (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS commands_by_sandbox ON commands (sandbox_id);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    quotas TEXT NOT NULL
+);
+-- API keys, stored only as the SHA-256 of the key
+CREATE TABLE IF NOT EXISTS api_keys (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL,
+    revoked_at TEXT
+);
 -- what a restarted server needs to pick a running command up again
 CREATE TABLE IF NOT EXISTS command_streams (
     command_id TEXT PRIMARY KEY,
@@ -93,6 +132,18 @@ impl Store {
             ))));
         }
         conn.execute_batch(SCHEMA)?;
+        // Schema 1 had no tenants: its operations are the operator's, and an
+        // Idempotency-Key is now unique per tenant.
+        let has_tenant: bool =
+            conn.prepare("SELECT 1 FROM pragma_table_info('operations') WHERE name = 'tenant'")?.exists([])?;
+        if !has_tenant {
+            conn.execute_batch("ALTER TABLE operations ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'")?;
+        }
+        conn.execute_batch(
+            "DROP INDEX IF EXISTS operations_by_key;
+             CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
+                 WHERE idempotency_key IS NOT NULL;",
+        )?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Store { conn: Mutex::new(conn) })
     }
@@ -135,15 +186,75 @@ impl Store {
         Ok(())
     }
 
-    pub fn put_operation(&self, operation: &Operation, idempotency_key: Option<&str>) -> Result<(), StoreError> {
+    /// Records an operation; `tenant` and the key are kept from the first write.
+    pub fn put_operation(
+        &self,
+        operation: &Operation,
+        tenant: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<(), StoreError> {
         let body = serde_json::to_string(operation)?;
         self.conn().execute(
-            "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body)
-             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4)
+            "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body, tenant)
+             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4, ?5)
              ON CONFLICT (id) DO UPDATE SET body = excluded.body",
-            params![operation.id, operation.sandbox_id, idempotency_key, body],
+            params![operation.id, operation.sandbox_id, idempotency_key, body, tenant],
         )?;
         Ok(())
+    }
+
+    /// The tenant that owns an operation.
+    pub fn operation_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.conn().query_row("SELECT tenant FROM operations WHERE id = ?1", [id], |r| r.get(0)).optional()?)
+    }
+
+    pub fn put_tenant(&self, name: &str, quotas: &Quotas) -> Result<(), StoreError> {
+        let quotas = serde_json::to_string(quotas)?;
+        self.conn().execute(
+            "INSERT INTO tenants (name, quotas) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET quotas = excluded.quotas",
+            params![name, quotas],
+        )?;
+        Ok(())
+    }
+
+    pub fn tenant_quotas(&self, name: &str) -> Result<Quotas, StoreError> {
+        Ok(self.one("SELECT quotas FROM tenants WHERE name = ?1", name)?.unwrap_or_default())
+    }
+
+    pub fn put_key(&self, id: &str, tenant: &str, hash: &str, at: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO api_keys (id, tenant, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![id, tenant, hash, at],
+        )?;
+        Ok(())
+    }
+
+    /// The tenant of a key that is not revoked, by the key's hash.
+    pub fn key_tenant(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT tenant FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL", [hash], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
+        let conn = self.conn();
+        let mut statement =
+            conn.prepare("SELECT id, tenant, created_at, revoked_at FROM api_keys ORDER BY created_at, id")?;
+        let keys = statement
+            .query_map([], |r| {
+                Ok(KeyInfo { id: r.get(0)?, tenant: r.get(1)?, created_at: r.get(2)?, revoked_at: r.get(3)? })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(keys)
+    }
+
+    /// Revokes a key; false if there is no such key.
+    pub fn revoke_key(&self, id: &str, at: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn()
+            .execute("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1", params![id, at])?;
+        Ok(changed > 0)
     }
 
     /// The JSON body of the one row `sql` selects, parsed.
@@ -164,12 +275,30 @@ impl Store {
         self.one("SELECT body FROM operations WHERE id = ?1", id)
     }
 
-    pub fn operation_by_key(&self, key: &str) -> Result<Option<Operation>, StoreError> {
-        self.one("SELECT body FROM operations WHERE idempotency_key = ?1", key)
+    pub fn operation_by_key(&self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
+        let body: Option<String> = self
+            .conn()
+            .query_row("SELECT body FROM operations WHERE tenant = ?1 AND idempotency_key = ?2", [tenant, key], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
 
     pub fn operations(&self, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
         self.many("SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq", sandbox_id)
+    }
+
+    /// A tenant's operations, optionally of one sandbox.
+    pub fn tenant_operations(&self, tenant: &str, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
+        let conn = self.conn();
+        let mut statement = conn.prepare(
+            "SELECT body FROM operations WHERE tenant = ?1 AND (?2 IS NULL OR sandbox_id = ?2) ORDER BY seq",
+        )?;
+        let bodies = statement
+            .query_map(params![tenant, sandbox_id], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
     }
 
     pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {

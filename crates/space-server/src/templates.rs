@@ -12,14 +12,29 @@ use space_host::oci::OciImport;
 use space_host::template::{valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, BUILD_STEPS};
 use space_host::HostError;
 
+use crate::tenants::Caller;
+
 use crate::domain::{MAX_DISK_MIB, MAX_MEMORY_MIB, MAX_VCPUS, MIN_DISK_MIB, MIN_MEMORY_MIB};
 use crate::error::ApiError;
 use crate::platform::{new_operation, Platform};
 
-/// Builds in progress: template name → (operation id once accepted, source).
+/// A build in progress: its operation once accepted, source and owner.
+#[derive(Clone)]
+struct Building {
+    operation: Option<String>,
+    source: serde_json::Value,
+    owner: Option<String>,
+}
+
+/// Builds in progress, by template name.
 #[derive(Default)]
 pub(crate) struct Builds {
-    in_progress: Mutex<HashMap<String, (Option<String>, serde_json::Value)>>,
+    in_progress: Mutex<HashMap<String, Building>>,
+}
+
+pub(crate) fn template_not_found(name: &str) -> ApiError {
+    ApiError::new(axum::http::StatusCode::NOT_FOUND, "template_not_found", format!("no template {name:?}"))
+        .with_details(serde_json::json!({"kind": "template", "id": name}))
 }
 
 /// A template name reserved for one build, from before its upload until
@@ -27,6 +42,8 @@ pub(crate) struct Builds {
 pub struct BuildSlot {
     platform: Arc<Platform>,
     name: String,
+    owner: Option<String>,
+    tenant: String,
 }
 
 impl Drop for BuildSlot {
@@ -107,28 +124,57 @@ type BuildJob =
     Box<dyn FnOnce(&Platform, &str, &mut dyn FnMut(BuildProgress)) -> Result<TemplateInfo, HostError> + Send>;
 
 impl Platform {
-    /// Reserves `name` for a build: 400 for a bad name, 409 while another
-    /// build of it runs.
-    pub fn reserve_build(self: &Arc<Self>, name: &str, source: serde_json::Value) -> Result<BuildSlot, ApiError> {
+    /// Who owns template `name` (`Some(None)`: shared), if it exists or is
+    /// being built.
+    pub fn template_owner(&self, name: &str) -> Option<Option<String>> {
+        if let Some(building) = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Some(building.owner.clone());
+        }
+        self.data.template(name).map(|t| t.meta.owner)
+    }
+
+    /// Reserves `name` for a build by `caller`: 400 for a bad name, 409
+    /// while another build of it runs or when the name is someone else's
+    /// (a tenant's builds are its own; the operator's are shared).
+    pub fn reserve_build(
+        self: &Arc<Self>,
+        name: &str,
+        source: serde_json::Value,
+        caller: &Caller,
+    ) -> Result<BuildSlot, ApiError> {
         if !valid_name(name) {
             return Err(ApiError::bad_request(format!(
                 "template names are 1-63 lowercase letters, digits, '-' or '_', got {name:?}"
             )));
         }
+        let owner = (!caller.operator).then(|| caller.tenant.clone());
         let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
-        if builds.contains_key(name) {
+        if builds.contains_key(name) && caller.sees_template(builds[name].owner.as_deref()) {
             return Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,
                 "build_in_progress",
                 format!("template {name:?} is being built already"),
             ));
         }
-        builds.insert(name.to_string(), (None, source));
-        Ok(BuildSlot { platform: self.clone(), name: name.to_string() })
+        let current =
+            builds.get(name).map(|b| b.owner.clone()).or_else(|| self.data.template(name).map(|t| t.meta.owner));
+        if current.is_some_and(|current| current != owner) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "name_taken",
+                format!("the template name {name:?} is taken; choose another"),
+            ));
+        }
+        builds.insert(name.to_string(), Building { operation: None, source, owner: owner.clone() });
+        Ok(BuildSlot { platform: self.clone(), name: name.to_string(), owner, tenant: caller.tenant.clone() })
     }
 
     /// Accepts a Debian template build and runs it in the background.
-    pub fn build_template(self: &Arc<Self>, request: CreateTemplateRequest) -> Result<(Template, Operation), ApiError> {
+    pub fn build_template(
+        self: &Arc<Self>,
+        request: CreateTemplateRequest,
+        caller: &Caller,
+    ) -> Result<(Template, Operation), ApiError> {
         let debian = &request.from.debian;
         if debian.packages.is_empty() || debian.packages.len() > 500 {
             return Err(ApiError::unprocessable("give between 1 and 500 packages"));
@@ -141,8 +187,9 @@ impl Platform {
         }
         let defaults = checked_overrides(request.defaults.clone())?.apply(Default::default());
         let source = serde_json::json!({"debian": {"suite": debian.suite, "packages": debian.packages}});
-        let slot = self.reserve_build(&request.name, source)?;
+        let slot = self.reserve_build(&request.name, source, caller)?;
         let (name, suite, packages) = (request.name.clone(), debian.suite.clone(), debian.packages.clone());
+        let owner = slot.owner.clone();
         self.start_build(
             slot,
             Box::new(move |platform, operation_id, progress| {
@@ -151,6 +198,7 @@ impl Platform {
                     suite,
                     packages,
                     defaults,
+                    owner,
                     log: platform.data.log_path(operation_id),
                     apt_cache: Some(platform.data.apt_cache_dir()),
                 };
@@ -166,7 +214,7 @@ impl Platform {
         upload: Upload,
         overrides: DefaultsOverride,
     ) -> Result<(Template, Operation), ApiError> {
-        let name = slot.name.clone();
+        let (name, owner) = (slot.name.clone(), slot.owner.clone());
         self.start_build(
             slot,
             Box::new(move |platform, operation_id, progress| {
@@ -174,6 +222,7 @@ impl Platform {
                     name,
                     archive: upload.path.clone(),
                     overrides,
+                    owner,
                     log: platform.data.log_path(operation_id),
                 };
                 let built = space_host::oci::import_oci(&platform.data, &import, &platform.agent_bin, progress);
@@ -192,10 +241,10 @@ impl Platform {
         let source = {
             let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
             let entry = builds.get_mut(&name).ok_or_else(|| ApiError::internal("a build slot", "vanished"))?;
-            entry.0 = Some(operation.id.clone());
-            entry.1.clone()
+            entry.operation = Some(operation.id.clone());
+            entry.source.clone()
         };
-        self.store.put_operation(&operation, None)?;
+        self.store.put_operation(&operation, &slot.tenant, None)?;
         self.changed();
 
         let platform = self.clone();
@@ -244,25 +293,27 @@ impl Platform {
         Ok((template, operation))
     }
 
-    /// Every template: ready ones (newest version) and first builds.
-    pub fn templates(&self) -> Vec<Template> {
+    /// Every template `caller` can see (shared ones and its own): ready
+    /// ones (newest version) and first builds.
+    pub fn templates(&self, caller: &Caller) -> Vec<Template> {
         let building = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut list: Vec<Template> = self
             .data
             .templates()
             .iter()
-            .map(|info| api_template(info, building.get(&info.meta.name).and_then(|b| b.0.clone())))
+            .filter(|info| caller.sees_template(info.meta.owner.as_deref()))
+            .map(|info| api_template(info, building.get(&info.meta.name).and_then(|b| b.operation.clone())))
             .collect();
-        for (name, (operation, source)) in building {
-            if !list.iter().any(|t| t.name == name) {
+        for (name, building) in building {
+            if caller.sees_template(building.owner.as_deref()) && !list.iter().any(|t| t.name == name) {
                 list.push(Template {
                     name,
                     state: TemplateState::Building,
                     version: None,
-                    source,
+                    source: building.source,
                     defaults: None,
                     created_at: None,
-                    building_operation: operation,
+                    building_operation: building.operation,
                 });
             }
         }
@@ -270,10 +321,16 @@ impl Platform {
         list
     }
 
-    pub fn template(&self, name: &str) -> Result<Template, ApiError> {
-        self.templates().into_iter().find(|t| t.name == name).ok_or_else(|| {
-            ApiError::new(axum::http::StatusCode::NOT_FOUND, "template_not_found", format!("no template {name:?}"))
-        })
+    pub fn template(&self, name: &str, caller: &Caller) -> Result<Template, ApiError> {
+        self.templates(caller).into_iter().find(|t| t.name == name).ok_or_else(|| template_not_found(name))
+    }
+
+    /// A ready template `caller` may start sandboxes from.
+    pub fn usable_template(&self, name: &str, caller: &Caller) -> Result<TemplateInfo, ApiError> {
+        self.data
+            .template(name)
+            .filter(|t| caller.sees_template(t.meta.owner.as_deref()))
+            .ok_or_else(|| template_not_found(name))
     }
 
     /// Removes template versions that are neither the newest nor used by a
@@ -307,8 +364,8 @@ impl Platform {
     }
 
     /// Deletes every version of a template no sandbox uses.
-    pub async fn delete_template(&self, name: &str) -> Result<(), ApiError> {
-        self.template(name)?;
+    pub async fn delete_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
+        self.template(name, caller)?;
         if self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name) {
             return Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,
@@ -316,20 +373,22 @@ impl Platform {
                 format!("template {name:?} is being built"),
             ));
         }
-        let users: Vec<String> = self
+        let users: Vec<_> = self
             .store
             .sandboxes()?
             .into_iter()
             .filter(|r| r.sandbox.template == name && r.sandbox.state != space_api::SandboxState::Deleted)
-            .map(|r| r.sandbox.id)
             .collect();
         if !users.is_empty() {
+            // Only the caller's own sandboxes are named.
+            let own: Vec<&str> =
+                users.iter().filter(|r| r.tenant == caller.tenant).map(|r| r.sandbox.id.as_str()).collect();
             return Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,
                 "template_in_use",
                 format!("template {name:?} is used by {} sandbox(es); delete them first", users.len()),
             )
-            .with_details(serde_json::json!({"sandboxes": users})));
+            .with_details(serde_json::json!({"sandboxes": own})));
         }
         self.drain_warm_template(name).await;
         let dir = self.data.templates_dir().join(name);

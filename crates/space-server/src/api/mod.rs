@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 pub use self::openapi::ApiDoc;
 use crate::error::ApiError;
 use crate::platform::Platform;
+use crate::tenants::Caller;
 
 /// Largest JSON request body.
 pub(crate) const MAX_JSON_BODY: usize = 1 << 20;
@@ -95,22 +96,67 @@ async fn method_not_allowed() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
 }
 
-async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
+/// Authenticates the key (the server's own, or a tenant's), then refuses a
+/// path naming another tenant's sandbox, operation or template with the
+/// same 404 an unknown one gets.
+async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match presented {
-        Some(key) if constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => Ok(next.run(request).await),
-        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid")),
-        None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing API key: send `Authorization: Bearer <key>`",
-        )),
+    let caller = match presented {
+        Some(key) if constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => Caller::operator(),
+        Some(key) => state
+            .platform
+            .tenant_for_key(key)?
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid"))?,
+        None => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing API key: send `Authorization: Bearer <key>`",
+            ))
+        }
+    };
+    check_owner(&state, &caller, request.method(), request.uri().path())?;
+    request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+/// 404 for a resource of another tenant named in the path.
+fn check_owner(state: &AppState, caller: &Caller, method: &axum::http::Method, path: &str) -> Result<(), ApiError> {
+    let mut parts = path.trim_start_matches("/v1/").split('/');
+    let (Some(kind), Some(id)) = (parts.next(), parts.next()) else { return Ok(()) };
+    let platform = &state.platform;
+    match kind {
+        "sandboxes" => {
+            if platform.store.sandbox(id)?.is_some_and(|r| r.tenant != caller.tenant) {
+                return Err(ApiError::not_found("sandbox", id));
+            }
+        }
+        "operations" => {
+            if platform.store.operation_tenant(id)?.is_some_and(|t| t != caller.tenant) {
+                return Err(ApiError::not_found("operation", id));
+            }
+        }
+        "templates" => {
+            let Some(owner) = platform.template_owner(id) else { return Ok(()) };
+            if !caller.sees_template(owner.as_deref()) {
+                return Err(crate::templates::template_not_found(id));
+            }
+            if owner.is_none() && !caller.operator && method == axum::http::Method::DELETE {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "shared templates are managed with the server's own key",
+                ));
+            }
+        }
+        _ => {}
     }
+    Ok(())
 }
 
 /// Compares without leaking, through timing, how much of a key matched.

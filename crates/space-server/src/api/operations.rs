@@ -1,11 +1,12 @@
 //! `/v1/operations`: follow asynchronous lifecycle work.
 
 use axum::extract::{Path, State};
-use axum::Json;
+use axum::{Extension, Json};
 use space_api::{ErrorBody, Operation, OperationList};
 
 use super::{ApiQuery, AppState, WaitQuery};
 use crate::error::ApiError;
+use crate::tenants::Caller;
 
 #[utoipa::path(get, path = "/v1/operations/{id}", tag = "operations",
     params(("id" = String, Path, description = "Operation id"), WaitQuery),
@@ -32,8 +33,9 @@ pub struct ListQuery {
     responses((status = 200, body = OperationList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
-    let operations = state.platform.store.operations(query.sandbox_id.as_deref())?;
+    let operations = state.platform.store.tenant_operations(&caller.tenant, query.sandbox_id.as_deref())?;
     Ok(Json(OperationList { operations }))
 }

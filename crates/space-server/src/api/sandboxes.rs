@@ -2,17 +2,24 @@
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::Extension;
 use axum::Json;
 use space_api::{CreateSandboxRequest, ErrorBody, OperationKind, Sandbox, SandboxList, SandboxOperation, SandboxState};
 
 use super::{idempotency_key, ApiJson, ApiQuery, AppState};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
+use crate::tenants::Caller;
 
 /// Replays the operation an `Idempotency-Key` already started, if any.
-fn replay(state: &AppState, key: Option<&str>, kind: OperationKind) -> Result<Option<SandboxOperation>, ApiError> {
+fn replay(
+    state: &AppState,
+    caller: &Caller,
+    key: Option<&str>,
+    kind: OperationKind,
+) -> Result<Option<SandboxOperation>, ApiError> {
     let Some(key) = key else { return Ok(None) };
-    let Some(operation) = state.platform.store.operation_by_key(key)? else {
+    let Some(operation) = state.platform.store.operation_by_key(&caller.tenant, key)? else {
         return Ok(None);
     };
     if operation.kind != kind {
@@ -29,21 +36,20 @@ fn replay(state: &AppState, key: Option<&str>, kind: OperationKind) -> Result<Op
     responses(
         (status = 202, description = "Accepted; follow the operation", body = SandboxOperation),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, description = "Unknown template", body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 422, body = ErrorBody), (status = 429, description = "Past the tenant's quota", body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
     let key = idempotency_key(&headers)?;
-    if let Some(replayed) = replay(&state, key.as_deref(), OperationKind::Create)? {
+    if let Some(replayed) = replay(&state, &caller, key.as_deref(), OperationKind::Create)? {
         return Ok((StatusCode::ACCEPTED, Json(replayed)));
     }
     let platform = &state.platform;
-    let template = platform.data.template(&request.template).ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "template_not_found", format!("no template {:?}", request.template))
-            .with_details(serde_json::json!({"kind": "template", "id": request.template}))
-    })?;
+    let template = platform.usable_template(&request.template, &caller)?;
     if !state.health.engine_available {
         return Err(ApiError::unavailable(format!(
             "the {} engine is not available on this host",
@@ -51,7 +57,7 @@ pub async fn create(
         )));
     }
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
-    let (sandbox, operation) = platform.create_sandbox(spec, &template, key.as_deref())?;
+    let (sandbox, operation) = platform.create_sandbox(spec, &template, &caller.tenant, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
@@ -68,6 +74,7 @@ pub struct ListQuery {
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<SandboxList>, ApiError> {
     let wanted_state = match &query.state {
@@ -87,6 +94,7 @@ pub async fn list(
         .store
         .sandboxes()?
         .into_iter()
+        .filter(|record| record.tenant == caller.tenant)
         .map(|record| record.sandbox)
         .filter(|s| wanted_state.is_none_or(|wanted| s.state == wanted))
         .filter(|s| wanted_label.is_none_or(|(k, v)| s.labels.get(k).is_some_and(|have| have == v)))
@@ -105,8 +113,13 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     params(("id" = String, Path, description = "Sandbox id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, body = SandboxOperation), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn delete(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
-    lifecycle(state, headers, id, OperationKind::Delete).await
+pub async fn delete(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    headers: HeaderMap,
+    id: Path<String>,
+) -> LifecycleAnswer {
+    lifecycle(state, caller, headers, id, OperationKind::Delete).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
@@ -115,8 +128,13 @@ pub async fn delete(state: State<AppState>, headers: HeaderMap, id: Path<String>
     responses((status = 202, description = "Accepted: every process is frozen in memory once it succeeds", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Not running", body = ErrorBody)))]
-pub async fn pause(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
-    lifecycle(state, headers, id, OperationKind::Pause).await
+pub async fn pause(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    headers: HeaderMap,
+    id: Path<String>,
+) -> LifecycleAnswer {
+    lifecycle(state, caller, headers, id, OperationKind::Pause).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
@@ -126,8 +144,13 @@ pub async fn pause(state: State<AppState>, headers: HeaderMap, id: Path<String>)
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Neither paused nor suspended", body = ErrorBody),
         (status = 503, description = "No room on this host to bring a suspended sandbox back", body = ErrorBody)))]
-pub async fn resume(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
-    lifecycle(state, headers, id, OperationKind::Resume).await
+pub async fn resume(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    headers: HeaderMap,
+    id: Path<String>,
+) -> LifecycleAnswer {
+    lifecycle(state, caller, headers, id, OperationKind::Resume).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/suspend", tag = "sandboxes",
@@ -136,8 +159,13 @@ pub async fn resume(state: State<AppState>, headers: HeaderMap, id: Path<String>
     responses((status = 202, description = "Accepted: memory, processes and disk go to a snapshot on disk and the engine process exits", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Neither running nor paused", body = ErrorBody)))]
-pub async fn suspend(state: State<AppState>, headers: HeaderMap, id: Path<String>) -> LifecycleAnswer {
-    lifecycle(state, headers, id, OperationKind::Suspend).await
+pub async fn suspend(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    headers: HeaderMap,
+    id: Path<String>,
+) -> LifecycleAnswer {
+    lifecycle(state, caller, headers, id, OperationKind::Suspend).await
 }
 
 type LifecycleAnswer = Result<(StatusCode, Json<SandboxOperation>), ApiError>;
@@ -146,12 +174,13 @@ type LifecycleAnswer = Result<(StatusCode, Json<SandboxOperation>), ApiError>;
 /// to the sandbox's actor and answer 202 with the operation.
 async fn lifecycle(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     Path(id): Path<String>,
     kind: OperationKind,
 ) -> LifecycleAnswer {
     let key = idempotency_key(&headers)?;
-    if let Some(replayed) = replay(&state, key.as_deref(), kind)? {
+    if let Some(replayed) = replay(&state, &caller, key.as_deref(), kind)? {
         if replayed.sandbox.id == id {
             return Ok((StatusCode::ACCEPTED, Json(replayed)));
         }

@@ -4,7 +4,7 @@
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::StreamExt;
 use space_api::{
     CreateTemplateRequest, ErrorBody, Operation, Template, TemplateDefaultsRequest, TemplateList, TemplateOperation,
@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 use super::{ApiQuery, AppState};
 use crate::error::ApiError;
 use crate::templates::{checked_overrides, Upload};
+use crate::tenants::Caller;
 
 /// Query of `POST /v1/templates` with an image archive as the body.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
@@ -45,6 +46,7 @@ pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<ImportQuery>,
     request: Request,
 ) -> Result<(StatusCode, Json<TemplateOperation>), ApiError> {
@@ -63,9 +65,9 @@ pub async fn create(
                 )
             })?;
             let Json(request) = Json::<CreateTemplateRequest>::from_bytes(&body).map_err(super::json_rejection)?;
-            state.platform.build_template(request)?
+            state.platform.build_template(request, &caller)?
         }
-        "application/x-tar" | "application/tar" | "application/gzip" => import(&state, query, request).await?,
+        "application/x-tar" | "application/tar" | "application/gzip" => import(&state, &caller, query, request).await?,
         _ => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -79,7 +81,12 @@ pub async fn create(
 }
 
 /// Streams an uploaded image archive to disk, then starts its import.
-async fn import(state: &AppState, query: ImportQuery, request: Request) -> Result<(Template, Operation), ApiError> {
+async fn import(
+    state: &AppState,
+    caller: &Caller,
+    query: ImportQuery,
+    request: Request,
+) -> Result<(Template, Operation), ApiError> {
     let name = query.name.ok_or_else(|| ApiError::bad_request("give the template's name: ?name=<name>"))?;
     let overrides = checked_overrides(TemplateDefaultsRequest {
         vcpus: query.vcpus,
@@ -89,7 +96,7 @@ async fn import(state: &AppState, query: ImportQuery, request: Request) -> Resul
         workdir: query.workdir,
         user: query.user,
     })?;
-    let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}))?;
+    let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}), caller)?;
     let (free, _) = state.platform.data.disk_space();
     let limit = MAX_IMAGE_BYTES.min(free / 2);
     let too_large = || {
@@ -126,23 +133,32 @@ async fn import(state: &AppState, query: ImportQuery, request: Request) -> Resul
 
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
     responses((status = 200, body = TemplateList), (status = 401, body = ErrorBody)))]
-pub async fn list(State(state): State<AppState>) -> Json<TemplateList> {
-    Json(TemplateList { templates: state.platform.templates() })
+pub async fn list(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> Json<TemplateList> {
+    Json(TemplateList { templates: state.platform.templates(&caller) })
 }
 
 #[utoipa::path(get, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 200, body = Template), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Template>, ApiError> {
-    Ok(Json(state.platform.template(&name)?))
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Json<Template>, ApiError> {
+    Ok(Json(state.platform.template(&name, &caller)?))
 }
 
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 204, description = "Every version is gone"), (status = 401, body = ErrorBody),
+        (status = 403, description = "A shared template, and not the server's own key", body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "In use or being built", body = ErrorBody)))]
-pub async fn delete(State(state): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    state.platform.delete_template(&name).await?;
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.platform.delete_template(&name, &caller).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -1,0 +1,130 @@
+//! Tenants and their API keys. A key is shown once, when it is made, and
+//! stored only as its SHA-256 (keys are 256 random bits, so a plain hash
+//! is as good as a slow one). Every sandbox, operation and command belongs
+//! to the tenant whose key created it; templates built with the operator's
+//! key are shared, those built with a tenant's key are that tenant's.
+
+use sha2::{Digest, Sha256};
+use space_api::SandboxState;
+
+use crate::domain::CreateSpec;
+use crate::error::ApiError;
+use crate::ids;
+use crate::platform::Platform;
+use crate::store::{KeyInfo, Quotas, Store, StoreError, OPERATOR_TENANT};
+
+/// Who is calling, as the API key says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: String,
+    /// The server's own key: may manage shared templates.
+    pub operator: bool,
+}
+
+impl Caller {
+    pub fn operator() -> Caller {
+        Caller { tenant: OPERATOR_TENANT.to_string(), operator: true }
+    }
+
+    /// Whether a template owned by `owner` (`None`: shared) is visible.
+    pub fn sees_template(&self, owner: Option<&str>) -> bool {
+        owner.is_none_or(|owner| owner == self.tenant)
+    }
+}
+
+/// Tenant names: short, lowercase, safe in logs and paths.
+pub fn valid_tenant(name: &str) -> bool {
+    space_host::template::valid_name(name)
+}
+
+pub fn hash_key(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Makes a key for `tenant` (recording the tenant's quotas when given) and
+/// returns it with its listing; the key itself is not stored.
+pub fn create_key(store: &Store, tenant: &str, quotas: Option<&Quotas>) -> Result<(KeyInfo, String), StoreError> {
+    let mut secret = [0u8; 32];
+    getrandom::getrandom(&mut secret).expect("the kernel's random source");
+    let key = format!("space_{}", secret.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let id = ids::new_id("key");
+    let now = ids::now();
+    if let Some(quotas) = quotas {
+        store.put_tenant(tenant, quotas)?;
+    }
+    store.put_key(&id, tenant, &hash_key(&key), &now)?;
+    Ok((KeyInfo { id, tenant: tenant.to_string(), created_at: now, revoked_at: None }, key))
+}
+
+impl Platform {
+    /// The caller a presented key stands for: a tenant's key, if one matches
+    /// and is not revoked.
+    pub fn tenant_for_key(&self, presented: &str) -> Result<Option<Caller>, ApiError> {
+        if !presented.starts_with("space_") || presented.len() > 128 {
+            return Ok(None);
+        }
+        let tenant = self.store.key_tenant(&hash_key(presented))?;
+        Ok(tenant.map(|tenant| Caller { tenant, operator: false }))
+    }
+
+    /// 429 when `spec` would take `tenant` past its quotas.
+    pub(crate) fn check_quotas(&self, tenant: &str, spec: &CreateSpec) -> Result<(), ApiError> {
+        let quotas = self.store.tenant_quotas(tenant)?;
+        if quotas == Quotas::default() {
+            return Ok(());
+        }
+        let held: Vec<_> = self
+            .store
+            .sandboxes()?
+            .into_iter()
+            .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
+            .collect();
+        let vcpus: u32 = held.iter().map(|r| r.sandbox.vcpus).sum();
+        let memory: u64 = held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum();
+        let over = |what: String| {
+            Err(ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", what)
+                .with_details(serde_json::json!({"tenant": tenant})))
+        };
+        if let Some(max) = quotas.max_sandboxes {
+            if held.len() as u64 >= u64::from(max) {
+                return over(format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first"));
+            }
+        }
+        if let Some(max) = quotas.max_vcpus {
+            if vcpus + spec.vcpus > max {
+                return over(format!("tenant {tenant:?} may use at most {max} vCPUs ({vcpus} in use)"));
+            }
+        }
+        if let Some(max) = quotas.max_memory_mib {
+            if memory + u64::from(spec.memory_mib) > max {
+                return over(format!("tenant {tenant:?} may use at most {max} MiB of memory ({memory} in use)"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_stored_only_hashed() {
+        let dir = std::env::temp_dir().join(format!("space-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(&dir.join("space.db")).unwrap();
+        let (info, key) = create_key(&store, "team-a", None).unwrap();
+        let (_, other) = create_key(&store, "team-a", None).unwrap();
+        assert_ne!(key, other);
+        assert!(key.starts_with("space_") && key.len() == 70, "{key}");
+        assert_eq!(store.key_tenant(&hash_key(&key)).unwrap().as_deref(), Some("team-a"));
+        let db = std::fs::read(dir.join("space.db")).unwrap_or_default();
+        let wal = std::fs::read(dir.join("space.db-wal")).unwrap_or_default();
+        let needle = key.as_bytes();
+        assert!(!db.windows(needle.len()).any(|w| w == needle) && !wal.windows(needle.len()).any(|w| w == needle));
+        assert!(store.revoke_key(&info.id, "now").unwrap());
+        assert_eq!(store.key_tenant(&hash_key(&key)).unwrap(), None);
+        assert!(!store.revoke_key("key_nope", "now").unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,238 @@
+//! Tenants: keys, isolation (another tenant's resource is 404 on every
+//! route, list and stream), shared and own templates, and quotas.
+
+mod common;
+
+use common::TestServer;
+use serde_json::{json, Value};
+use space_host::oci::{write_archive, ArchiveFormat, ImageSettings};
+use space_server::store::Quotas;
+use space_server::tenants::create_key;
+use space_testkit::TestDataDir;
+
+/// A one-file image, enough for a template that only has to exist.
+fn tiny_image(data: &TestDataDir) -> std::path::PathBuf {
+    let dir = data.root().join("tiny");
+    std::fs::create_dir_all(&dir).unwrap();
+    let layer = dir.join("layer.tar");
+    let mut builder = tar::Builder::new(std::fs::File::create(&layer).unwrap());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(3);
+    header.set_mode(0o644);
+    builder.append_data(&mut header, "etc/owner", &b"a\n"[..]).unwrap();
+    builder.into_inner().unwrap();
+    let archive = dir.join("image.tar");
+    write_archive(&archive, ArchiveFormat::DockerSave, &[layer], &ImageSettings::default()).unwrap();
+    archive
+}
+
+fn expect(server: &TestServer, key: &str, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {
+    let (got, value) = server.call_as(key, method, path, body);
+    assert_eq!(got, status, "{method} {path} as another tenant: {value}");
+    value
+}
+
+#[test]
+fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let (_, a) = create_key(&server.platform.store, "team-a", None).unwrap();
+    let (b_info, b) = create_key(&server.platform.store, "team-b", None).unwrap();
+
+    // A's sandbox, command and operation.
+    let (status, accepted) = server.call_as(&a, "POST", "/v1/sandboxes", Some(json!({"template": "base"})));
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["sandbox"]["id"].as_str().unwrap().to_string();
+    let op = accepted["operation"]["id"].as_str().unwrap().to_string();
+    let done = expect(&server, &a, "GET", &format!("/v1/operations/{op}?wait=30"), None, 200);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let ran = expect(&server, &a, "POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "echo mine"})), 200);
+    assert_eq!(ran["stdout"], "mine\n");
+    let cid = ran["command"]["id"].as_str().unwrap().to_string();
+
+    // B gets exactly what an unknown id gets, everywhere.
+    let sbx = format!("/v1/sandboxes/{id}");
+    let cmd = format!("{sbx}/commands/{cid}");
+    for (method, path, body) in [
+        ("GET", sbx.clone(), None),
+        ("DELETE", sbx.clone(), None),
+        ("POST", format!("{sbx}/pause"), Some(json!({}))),
+        ("POST", format!("{sbx}/resume"), Some(json!({}))),
+        ("POST", format!("{sbx}/suspend"), Some(json!({}))),
+        ("POST", format!("{sbx}/exec"), Some(json!({"cmd": "id"}))),
+        ("POST", format!("{sbx}/commands"), Some(json!({"cmd": "id"}))),
+        ("GET", format!("{sbx}/commands"), None),
+        ("GET", cmd.clone(), None),
+        ("POST", format!("{cmd}/stdin"), Some(json!({"data": "x"}))),
+        ("POST", format!("{cmd}/signal"), Some(json!({"signal": "TERM"}))),
+        ("GET", format!("/v1/operations/{op}"), None),
+    ] {
+        let answer = expect(&server, &b, method, &path, body, 404);
+        assert_eq!(answer["error"]["code"], "not_found", "{method} {path}: {answer}");
+    }
+    let auth = format!("Bearer {b}");
+    for path in [
+        format!("{cmd}/output"),
+        format!("{sbx}/files?path=/etc/hostname"),
+        format!("/v1/operations/{op}/log"),
+        format!("{cmd}/attach"),
+    ] {
+        let (status, _) = server.raw("GET", &path, &[("Authorization", &auth)], None);
+        assert_eq!(status, 404, "GET {path} as another tenant");
+    }
+    let listed = expect(&server, &b, "GET", "/v1/sandboxes", None, 200);
+    assert_eq!(listed["sandboxes"], json!([]), "B lists none of A's sandboxes");
+    let operations = expect(&server, &b, "GET", "/v1/operations", None, 200);
+    assert_eq!(operations["operations"], json!([]));
+    let operations = expect(&server, &b, "GET", &format!("/v1/operations?sandbox_id={id}"), None, 200);
+    assert_eq!(operations["operations"], json!([]));
+    // The operator's key is a tenant too: it does not see A's sandbox either.
+    server.error("GET", &sbx, None, 404, "not_found");
+    assert_eq!(expect(&server, &a, "GET", "/v1/sandboxes", None, 200)["sandboxes"].as_array().unwrap().len(), 1);
+
+    // Idempotency keys are per tenant: B's use of A's key makes B's own sandbox.
+    let create = |key: &str| {
+        let auth = format!("Bearer {key}");
+        server.raw(
+            "POST",
+            "/v1/sandboxes",
+            &[("Authorization", &auth), ("Content-Type", "application/json"), ("Idempotency-Key", "same-key")],
+            Some(r#"{"template": "base"}"#),
+        )
+    };
+    let (_, first) = create(&a);
+    let (_, other) = create(&b);
+    let first: Value = serde_json::from_str(&first).unwrap();
+    let other: Value = serde_json::from_str(&other).unwrap();
+    assert_ne!(first["sandbox"]["id"], other["sandbox"]["id"], "{first} {other}");
+    let theirs = other["sandbox"]["id"].as_str().unwrap();
+    assert_eq!(server.platform.store.sandbox(theirs).unwrap().unwrap().tenant, "team-b");
+    let (status, deleted) = server.call_as(&b, "DELETE", &format!("/v1/sandboxes/{theirs}"), None);
+    assert_eq!(status, 202, "{deleted}");
+    let op = deleted["operation"]["id"].as_str().unwrap();
+    expect(&server, &b, "GET", &format!("/v1/operations/{op}?wait=30"), None, 200);
+
+    // Templates: A's own is invisible to B; shared ones are visible to all
+    // and managed only with the operator's key.
+    let archive = tiny_image(&data);
+    let (status, accepted) = {
+        let request = ureq::post(&format!("{}/v1/templates?name=team-a-tools", server.url))
+            .set("Authorization", &format!("Bearer {a}"))
+            .set("Content-Type", "application/x-tar");
+        let response = request.send(std::fs::File::open(&archive).unwrap()).unwrap();
+        (response.status(), response.into_json::<Value>().unwrap())
+    };
+    assert_eq!(status, 202, "{accepted}");
+    let built = expect(
+        &server,
+        &a,
+        "GET",
+        &format!("/v1/operations/{}?wait=30", accepted["operation"]["id"].as_str().unwrap()),
+        None,
+        200,
+    );
+    assert_eq!(built["state"], "succeeded", "{built}");
+    expect(&server, &a, "GET", "/v1/templates/team-a-tools", None, 200);
+    let answer = expect(&server, &b, "GET", "/v1/templates/team-a-tools", None, 404);
+    assert_eq!(answer["error"]["code"], "template_not_found");
+    let names = |key: &str| -> Vec<String> {
+        expect(&server, key, "GET", "/v1/templates", None, 200)["templates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(names(&a).contains(&"team-a-tools".to_string()) && names(&a).contains(&"base".to_string()));
+    assert!(!names(&b).contains(&"team-a-tools".to_string()) && names(&b).contains(&"base".to_string()));
+    let answer = expect(&server, &b, "POST", "/v1/sandboxes", Some(json!({"template": "team-a-tools"})), 404);
+    assert_eq!(answer["error"]["code"], "template_not_found");
+    let answer = expect(
+        &server,
+        &b,
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "team-a-tools", "from": {"debian": {"packages": ["jq"]}}})),
+        409,
+    );
+    assert_eq!(answer["error"]["code"], "name_taken");
+    expect(
+        &server,
+        &b,
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "base", "from": {"debian": {"packages": ["jq"]}}})),
+        409,
+    );
+    expect(&server, &b, "DELETE", "/v1/templates/team-a-tools", None, 404);
+    let answer = expect(&server, &b, "DELETE", "/v1/templates/base", None, 403);
+    assert_eq!(answer["error"]["code"], "forbidden");
+
+    // Keys: a bad one and a revoked one are 401.
+    assert_eq!(
+        expect(&server, "space_not-a-real-key", "GET", "/v1/sandboxes", None, 401)["error"]["code"],
+        "unauthorized"
+    );
+    assert!(server.platform.store.revoke_key(&b_info.id, "now").unwrap());
+    expect(&server, &b, "GET", "/v1/sandboxes", None, 401);
+
+    for sandbox in [id, first["sandbox"]["id"].as_str().unwrap().to_string()] {
+        let (status, deleted) = server.call_as(&a, "DELETE", &format!("/v1/sandboxes/{sandbox}"), None);
+        assert_eq!(status, 202, "{deleted}");
+        expect(
+            &server,
+            &a,
+            "GET",
+            &format!("/v1/operations/{}?wait=30", deleted["operation"]["id"].as_str().unwrap()),
+            None,
+            200,
+        );
+    }
+}
+
+#[test]
+fn quotas_refuse_with_429_and_name_the_limit() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let quotas = Quotas { max_sandboxes: Some(1), max_vcpus: Some(2), max_memory_mib: Some(768) };
+    let (_, key) = create_key(&server.platform.store, "small", Some(&quotas)).unwrap();
+    let answer =
+        expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 1024})), 429);
+    assert_eq!(answer["error"]["code"], "quota_exceeded");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("768 MiB"), "{answer}");
+    let answer = expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "vcpus": 3})), 429);
+    assert!(answer["error"]["message"].as_str().unwrap().contains("2 vCPUs"), "{answer}");
+    let (status, accepted) =
+        server.call_as(&key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
+    assert_eq!(status, 202, "{accepted}");
+    let answer =
+        expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})), 429);
+    assert!(answer["error"]["message"].as_str().unwrap().contains("at most 1 sandboxes"), "{answer}");
+    // Other tenants are not limited by it.
+    let id = server.create_sandbox(json!({"template": "base", "memory_mib": 256}));
+    server.delete_sandbox(&id);
+    let (_, deleted) =
+        server.call_as(&key, "DELETE", &format!("/v1/sandboxes/{}", accepted["sandbox"]["id"].as_str().unwrap()), None);
+    expect(
+        &server,
+        &key,
+        "GET",
+        &format!("/v1/operations/{}?wait=30", deleted["operation"]["id"].as_str().unwrap()),
+        None,
+        200,
+    );
+    // Once deleted, it no longer counts.
+    let (status, again) =
+        server.call_as(&key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
+    assert_eq!(status, 202, "{again}");
+    let (_, deleted) =
+        server.call_as(&key, "DELETE", &format!("/v1/sandboxes/{}", again["sandbox"]["id"].as_str().unwrap()), None);
+    expect(
+        &server,
+        &key,
+        "GET",
+        &format!("/v1/operations/{}?wait=30", deleted["operation"]["id"].as_str().unwrap()),
+        None,
+        200,
+    );
+}
