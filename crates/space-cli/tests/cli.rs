@@ -13,9 +13,18 @@ const SPACE: &str = env!("CARGO_BIN_EXE_space");
 
 /// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
 fn serve(data: &TestDataDir) -> (ReapedChild, String) {
+    let (child, url, seen) = serve_with(data, &["--dev", "--listen", "127.0.0.1:0"]);
+    assert!(seen.iter().any(|l| l.contains("development mode")), "dev mode says so loudly: {seen:?}");
+    (child, url)
+}
+
+/// Starts `space serve ARGS`; returns it, its URL and what it said first.
+fn serve_with(data: &TestDataDir, args: &[&str]) -> (ReapedChild, String, Vec<String>) {
     let mut command = Command::new(SPACE);
     command
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
         .arg(data.root())
         .arg("--agent-bin")
         .arg(agent_bin())
@@ -26,14 +35,13 @@ fn serve(data: &TestDataDir) -> (ReapedChild, String) {
     let mut seen = Vec::new();
     let url = loop {
         let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
-        if let Some(at) = line.find("http://") {
+        if let Some(at) = line.find("http://").or_else(|| line.find("https://")) {
             break line[at..].trim().to_string();
         }
         seen.push(line);
     };
-    assert!(seen.iter().any(|l| l.contains("development mode")), "dev mode says so loudly: {seen:?}");
     std::thread::spawn(move || lines.for_each(drop)); // keep the pipe drained
-    (child, url)
+    (child, url, seen)
 }
 
 fn space(data: &TestDataDir, url: &str, args: &[&str]) -> Output {
@@ -233,4 +241,77 @@ fn sigkill_of_the_server_loses_nothing() {
         assert!(space(&data, &url, &["sandbox", "rm", sandbox]).status.success());
     }
     stop(server);
+}
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Reaper::global().output(Command::new(program).args(args)).unwrap()
+}
+
+#[test]
+fn tenant_keys_are_made_listed_and_revoked_and_a_public_address_needs_tls() {
+    let data = TestDataDir::new();
+    let made = space(&data, "", &["keys", "create", "--tenant", "team-x", "--max-sandboxes", "2"]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let key = String::from_utf8(made.stdout).unwrap().trim().to_string();
+    assert!(key.starts_with("space_") && String::from_utf8_lossy(&made.stderr).contains("shown once"));
+    let listed = String::from_utf8(space(&data, "", &["keys", "ls"]).stdout).unwrap();
+    assert!(listed.contains("team-x") && !listed.contains(&key), "{listed}");
+    let id = listed.lines().find(|l| l.contains("team-x")).unwrap().split_whitespace().next().unwrap().to_string();
+    let bad = space(&data, "", &["keys", "create", "--tenant", "Not A Name"]);
+    assert_eq!(bad.status, ExitStatus::Exited(1));
+
+    // The tenant's key works against a running server, until it is revoked.
+    let operator_key = data.root().join("operator-key");
+    std::fs::write(&operator_key, "an-operator-key-of-some-length").unwrap();
+    let dir = data.root().to_str().unwrap().to_string();
+    let (cert, pem_key) = (format!("{dir}/cert.pem"), format!("{dir}/key.pem"));
+    let made = run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            &pem_key,
+            "-out",
+            &cert,
+        ],
+    );
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let key_file = operator_key.to_str().unwrap();
+    let (server, url, _) = serve_with(
+        &data,
+        &["--listen", "127.0.0.1:0", "--api-key-file", key_file, "--tls-cert", &cert, "--tls-key", &pem_key],
+    );
+    assert!(url.starts_with("https://"), "{url}");
+    let curl = |extra: &[&str], target: &str| {
+        let auth = format!("Authorization: Bearer {key}");
+        let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", &auth];
+        args.extend_from_slice(extra);
+        args.push(target);
+        String::from_utf8(run("curl", &args).stdout).unwrap()
+    };
+    let sandboxes = format!("{url}/v1/sandboxes");
+    assert_eq!(curl(&["--cacert", &cert], &sandboxes), "200", "the tenant's key over TLS");
+    assert_ne!(curl(&[], &sandboxes.replace("https://", "http://")), "200", "no plain HTTP on the TLS port");
+    assert!(space(&data, "", &["keys", "revoke", &id]).status.success());
+    assert_eq!(curl(&["--cacert", &cert], &sandboxes), "401", "a revoked key is refused at once");
+    stop(server);
+
+    // Plain HTTP on a public address must be asked for by name.
+    let mut command = Command::new(SPACE);
+    command.args(["serve", "--listen", "0.0.0.0:0", "--api-key-file", key_file, "--data-dir", &dir]);
+    let refused = Reaper::global().output(&mut command).unwrap();
+    assert_eq!(refused.status, ExitStatus::Exited(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--insecure-http"));
 }
