@@ -96,7 +96,12 @@ struct Spawned {
 }
 
 pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &SyncSender<Frame>, sessions: &Sessions) {
-    let spawned = plan(&request, identity).and_then(|plan| launch(&plan));
+    let spawned = plan(&request, identity).and_then(|plan| launch(&plan)).inspect(|spawned| {
+        set_limit(spawned.pid, libc::RLIMIT_NPROC, MAX_PROCESSES);
+        if let Some(mib) = identity.memory_mib {
+            set_limit(spawned.pid, libc::RLIMIT_AS, u64::from(mib) << 20);
+        }
+    });
     let Spawned { pid, exit, pipes } = match spawned {
         Ok(spawned) => spawned,
         Err(failure) => {
@@ -223,6 +228,27 @@ fn spawn_failure(err: std::io::Error) -> ExecFailed {
         ErrorKind::NotFound => failed(ExecFailure::NotFound, err.to_string()),
         ErrorKind::PermissionDenied => failed(ExecFailure::PermissionDenied, err.to_string()),
         _ => failed(ExecFailure::Spawn, err.to_string()),
+    }
+}
+
+/// Processes a command and what it starts may have at once (per user), so
+/// a fork bomb gets EAGAIN inside instead of exhausting the engine.
+const MAX_PROCESSES: u64 = 512;
+
+/// Caps a new command (and what it starts): its address space at the
+/// sandbox's memory, so one process that asks for more gets ENOMEM instead
+/// of pushing the sandbox past its cgroup limit, and its processes at
+/// [`MAX_PROCESSES`]. The agent itself stays unlimited, so it can always
+/// start the command that cleans up. Set right after the spawn returns
+/// (the child has exec'd by then): a program may run a few instructions
+/// first, and several processes together can still exceed the memory (then
+/// the engine's limit holds and the sandbox fails "out of memory").
+fn set_limit(pid: u32, resource: libc::__rlimit_resource_t, value: u64) {
+    let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+    // SAFETY: prlimit reads `limit` and writes nothing (old is null).
+    let result = unsafe { libc::prlimit(pid as libc::pid_t, resource, &limit, std::ptr::null_mut()) };
+    if result != 0 {
+        eprintln!("space-agent: limiting {pid} ({resource}): {}", std::io::Error::last_os_error());
     }
 }
 

@@ -558,6 +558,7 @@ mod tests {
             env: BTreeMap::new(),
             workdir: None,
             user: None,
+            memory_mib: None,
             session: 1,
         }
     }

@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use oci_spec::runtime::{
-    Capability, LinuxCapabilitiesBuilder, MountBuilder, ProcessBuilder, RootBuilder, Spec, UserBuilder,
+    Capability, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResourcesBuilder,
+    MountBuilder, ProcessBuilder, RootBuilder, Spec, UserBuilder,
 };
 use space_host::btrfs;
 use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
@@ -100,6 +101,9 @@ impl Gvisor {
         if launch == Launch::Run {
             fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
             btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
+            if spec.disk_mib > 0 {
+                btrfs::limit_exclusive(&spec.dir.join("rootfs"), spec.disk_mib)?;
+            }
             fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
             fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
             self.write_bundle(spec)?;
@@ -270,6 +274,27 @@ impl Engine for Gvisor {
         }
     }
 
+    fn stop_reason(&self, spec: &SandboxSpec) -> Option<&'static str> {
+        // A counter in one of the cgroup's files, under cgroup v1 or v2.
+        let cgroup = cgroup_path(&spec.id);
+        let relative = cgroup.strip_prefix("/").unwrap_or(&cgroup);
+        let counted = |files: [PathBuf; 2], key: &str| {
+            files.iter().filter_map(|path| fs::read_to_string(path).ok()).any(|text| {
+                text.lines()
+                    .any(|line| line.strip_prefix(key).is_some_and(|n| n.trim().parse::<u64>().unwrap_or(0) > 0))
+            })
+        };
+        let v1 = |controller: &str, file: &str| Path::new("/sys/fs/cgroup").join(controller).join(relative).join(file);
+        let v2 = |file: &str| Path::new("/sys/fs/cgroup").join(relative).join(file);
+        if counted([v1("memory", "memory.oom_control"), v2("memory.events")], "oom_kill ") {
+            return Some("out of memory: the sandbox went over its memory_mib and the host stopped it");
+        }
+        if counted([v1("pids", "pids.events"), v2("pids.events")], "max ") {
+            return Some("too many tasks: the sandbox's engine hit its host task limit and stopped");
+        }
+        None
+    }
+
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.runsc_blocking(["pause", &spec.id]).await
     }
@@ -374,6 +399,22 @@ const CAPABILITIES: &[Capability] = &[
     Capability::SysChroot,
 ];
 
+/// CFS period for the CPU quota (`vcpus` periods of CPU time per period).
+const CPU_PERIOD_US: u64 = 100_000;
+/// Host tasks (threads) of one sandbox's runsc processes.
+const HOST_TASKS_LIMIT: i64 = 4096;
+/// Memory the sentry and gofer need beyond what the guest is given.
+const ENGINE_OVERHEAD_MIB: u32 = 96;
+
+fn memory_limit_bytes(memory_mib: u32) -> i64 {
+    i64::from(memory_mib + ENGINE_OVERHEAD_MIB) << 20
+}
+
+/// The sandbox's cgroup, relative to each controller's root.
+pub fn cgroup_path(id: &str) -> PathBuf {
+    PathBuf::from(format!("/space/{id}"))
+}
+
 fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError> {
     let invalid = |e: oci_spec::OciSpecError| EngineError::Runtime(format!("building the OCI spec: {e}"));
     let caps: std::collections::HashSet<Capability> = CAPABILITIES.iter().copied().collect();
@@ -421,7 +462,33 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
             .map_err(invalid)?,
     );
 
+    // The sentry and gofer run in a cgroup of their own (`space/<id>`):
+    // memory (the guest's share plus the sentry's own), CPU quota, and
+    // host tasks (the sentry's threads; guest processes are not host tasks).
+    let resources = LinuxResourcesBuilder::default()
+        .memory(
+            LinuxMemoryBuilder::default()
+                .limit(memory_limit_bytes(spec.memory_mib))
+                .swap(memory_limit_bytes(spec.memory_mib))
+                .build()
+                .map_err(invalid)?,
+        )
+        .cpu(
+            LinuxCpuBuilder::default()
+                .period(CPU_PERIOD_US)
+                .quota(i64::from(spec.vcpus.max(1)) * CPU_PERIOD_US as i64)
+                .build()
+                .map_err(invalid)?,
+        )
+        .pids(LinuxPidsBuilder::default().limit(HOST_TASKS_LIMIT).build().map_err(invalid)?)
+        .build()
+        .map_err(invalid)?;
+    let mut linux = Spec::default().linux().clone().unwrap_or_default();
+    linux.set_cgroups_path(Some(cgroup_path(&spec.id)));
+    linux.set_resources(Some(resources));
+
     let mut config = Spec::default();
+    config.set_linux(Some(linux));
     config.set_process(Some(process));
     config.set_root(Some(root));
     config.set_hostname(Some(spec.hostname.clone()));

@@ -72,6 +72,7 @@ pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
         env: spec.env.clone(),
         workdir: spec.workdir.clone(),
         user: spec.user.clone(),
+        memory_mib: (spec.memory_mib > 0).then_some(spec.memory_mib),
         session: u64::from_le_bytes(session) | 1,
     }
 }
@@ -129,6 +130,12 @@ pub trait Engine: Send + Sync {
 
     /// Whether a whole snapshot of the sandbox exists.
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool;
+
+    /// Why the sandbox's engine stopped, when the host's limits tell (asked
+    /// after it stopped unexpectedly): over its memory, or its task limit.
+    fn stop_reason(&self, _spec: &SandboxSpec) -> Option<&'static str> {
+        None
+    }
 
     /// Whether the sandbox's engine processes are alive, and how.
     /// Blocking: call it off the async threads.

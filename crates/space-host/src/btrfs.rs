@@ -21,6 +21,24 @@ pub fn snapshot(source: &Path, dest: &Path) -> Result<(), HostError> {
     run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(source).arg(dest)).map(drop)
 }
 
+/// Turns on quota groups for the filesystem holding `path` (idempotent):
+/// what lets a sandbox's writes be capped at its `disk_mib`.
+pub fn enable_quotas(path: &Path) -> Result<(), HostError> {
+    run(Command::new("btrfs").args(["quota", "enable"]).arg(path)).map(drop)
+}
+
+/// Caps the data a subvolume may hold beyond what it shares with its
+/// origin (its own writes) at `mib`; writes past it fail with EDQUOT.
+pub fn limit_exclusive(path: &Path, mib: u32) -> Result<(), HostError> {
+    run(Command::new("btrfs").args(["qgroup", "limit", "-e", &format!("{mib}M")]).arg(path)).map(drop)
+}
+
+/// Removes the quota groups of deleted subvolumes once btrfs has cleaned
+/// them up (until then they are busy; a later call gets them).
+pub fn clear_stale_qgroups(path: &Path) {
+    let _ = run(Command::new("btrfs").args(["qgroup", "clear-stale"]).arg(path));
+}
+
 pub fn set_read_only(path: &Path) -> Result<(), HostError> {
     run(Command::new("btrfs").args(["property", "set", "-ts"]).arg(path).args(["ro", "true"])).map(drop)
 }

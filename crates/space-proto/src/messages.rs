@@ -31,6 +31,9 @@ pub struct Welcome {
     /// The template's user for commands that name none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The sandbox's memory: each command's address space is capped at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
     /// Identifies the host's side of the channel. A new value means a new
     /// host session (the server restarted): streams of the old one are
     /// dropped; the same value after a quiesce means carry on.

@@ -290,12 +290,14 @@ impl Actor {
         self.set_agent(None);
         let state = self.platform.sandbox(&self.id).map(|r| r.sandbox.state);
         if state.is_ok_and(domain::accepts_commands) {
-            tracing::warn!(sandbox = %self.id, "the sandbox stopped unexpectedly");
-            let _ = self.platform.apply(
-                &self.id,
-                Event::Failure,
-                Some("the sandbox stopped unexpectedly (its agent disconnected)".into()),
-            );
+            let reason = self
+                .platform
+                .sandbox(&self.id)
+                .ok()
+                .and_then(|record| self.platform.engine.stop_reason(&self.platform.engine_spec(&record)))
+                .unwrap_or("the sandbox stopped unexpectedly (its agent disconnected)");
+            tracing::warn!(sandbox = %self.id, "{reason}");
+            let _ = self.platform.apply(&self.id, Event::Failure, Some(reason.into()));
         }
     }
 }

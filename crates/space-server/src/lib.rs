@@ -69,6 +69,8 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     space_process::become_subreaper()
         .map_err(|source| ServerError::Io { what: "becoming a subreaper".into(), source })?;
     let mut data = DataDir::open(&config.data_dir)?;
+    // Sandboxes' disk_mib is a btrfs quota on their root.
+    space_host::btrfs::enable_quotas(data.root())?;
     if let Some(build) = config.ext4_images {
         data.set_ext4_images(build);
     }

@@ -49,8 +49,15 @@ impl Platform {
     /// platform lives (and tops the warm pools up).
     pub(crate) async fn enforce_policies(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(TICK);
+        let mut ticks: u64 = 0;
         loop {
             ticker.tick().await;
+            ticks += 1;
+            if ticks % 60 == 0 {
+                // Quota groups of deleted sandboxes, once btrfs let them go.
+                let root = self.data.root().to_path_buf();
+                let _ = tokio::task::spawn_blocking(move || space_host::btrfs::clear_stale_qgroups(&root)).await;
+            }
             // Memory freed since the last tick may make room for warm members.
             self.fill_warm_pools();
             self.reclaim_old_versions().await;
