@@ -53,7 +53,7 @@ impl Platform {
         loop {
             ticker.tick().await;
             ticks += 1;
-            if ticks % 60 == 0 {
+            if ticks.is_multiple_of(60) {
                 // Quota groups of deleted sandboxes, once btrfs let them go.
                 let root = self.data.root().to_path_buf();
                 let _ = tokio::task::spawn_blocking(move || space_host::btrfs::clear_stale_qgroups(&root)).await;
