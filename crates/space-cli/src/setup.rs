@@ -37,6 +37,8 @@ pub fn run(args: SetupArgs) -> Result<()> {
     let what = ensure_btrfs(&args.data_dir, args.btrfs_image_gib).context("preparing the data dir")?;
     say(&format!("data dir: {what}"));
     let data = DataDir::open(&args.data_dir)?;
+    let quotas = space_host::btrfs::enable_quotas(data.root()).context("turning btrfs quotas on")?;
+    say(&format!("disk limits: btrfs {quotas:?} quotas"));
     match data.template(BASE_TEMPLATE) {
         Some(template) => say(&format!("template {BASE_TEMPLATE}: version {} present", template.meta.version)),
         None => {

@@ -21,10 +21,85 @@ pub fn snapshot(source: &Path, dest: &Path) -> Result<(), HostError> {
     run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(source).arg(dest)).map(drop)
 }
 
-/// Turns on quota groups for the filesystem holding `path` (idempotent):
-/// what lets a sandbox's writes be capped at its `disk_mib`.
-pub fn enable_quotas(path: &Path) -> Result<(), HostError> {
-    run(Command::new("btrfs").args(["quota", "enable"]).arg(path)).map(drop)
+#[repr(C)]
+struct QuotaCtlArgs {
+    cmd: u64,
+    status: u64,
+}
+
+#[repr(C)]
+struct FsInfoArgs {
+    max_id: u64,
+    num_devices: u64,
+    fsid: [u8; 16],
+    rest: [u8; 1024 - 32],
+}
+
+nix::ioctl_readwrite!(btrfs_quota_ctl, 0x94, 40, QuotaCtlArgs);
+nix::ioctl_read!(btrfs_fs_info, 0x94, 31, FsInfoArgs);
+
+const QUOTA_CTL_DISABLE: u64 = 2;
+const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
+
+/// How quotas run on a filesystem, as its sysfs says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaMode {
+    Off,
+    /// Full qgroups: shared extents are tracked; deleting a big snapshot
+    /// can leave the numbers inconsistent, and then limits lapse.
+    Full,
+    /// Simple quotas (kernel 6.7+): each extent is charged to the
+    /// subvolume that wrote it; never inconsistent.
+    Simple,
+}
+
+/// The quota mode of the btrfs filesystem holding `path`.
+pub fn quota_mode(path: &Path) -> Result<QuotaMode, HostError> {
+    let dir = std::fs::File::open(path).map_err(HostError::io(format!("opening {}", path.display())))?;
+    let mut info = FsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
+    // SAFETY: the fd is a directory on btrfs and `info` is the 1024-byte
+    // struct the ioctl fills.
+    unsafe { btrfs_fs_info(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut info) }
+        .map_err(|e| HostError::Invalid(format!("reading btrfs info of {}: {e}", path.display())))?;
+    let hex: String = info.fsid.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
+    let mode = std::fs::read_to_string(format!("/sys/fs/btrfs/{uuid}/qgroups/mode"));
+    Ok(match mode.as_deref().map(str::trim) {
+        Ok("squota") => QuotaMode::Simple,
+        Ok(_) => QuotaMode::Full,
+        Err(_) => QuotaMode::Off,
+    })
+}
+
+fn quota_ctl(path: &Path, cmd: u64) -> std::io::Result<()> {
+    let dir = std::fs::File::open(path)?;
+    let mut args = QuotaCtlArgs { cmd, status: 0 };
+    // SAFETY: the fd is a directory on btrfs and `args` is the struct the
+    // ioctl reads and writes.
+    unsafe { btrfs_quota_ctl(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut args) }?;
+    Ok(())
+}
+
+/// Turns on simple quotas for the filesystem holding `path`: what caps a
+/// sandbox's own writes at its `disk_mib`. Full qgroups left by an older
+/// setup are replaced (their limits are set again by the caller). Returns
+/// the mode in force; kernels before 6.7 keep full qgroups.
+pub fn enable_quotas(path: &Path) -> Result<QuotaMode, HostError> {
+    let mode = quota_mode(path)?;
+    if mode == QuotaMode::Simple {
+        return Ok(mode);
+    }
+    if mode == QuotaMode::Full {
+        quota_ctl(path, QUOTA_CTL_DISABLE).map_err(HostError::io("turning full btrfs quotas off"))?;
+    }
+    match quota_ctl(path, QUOTA_CTL_ENABLE_SIMPLE) {
+        Ok(()) => Ok(QuotaMode::Simple),
+        Err(err) => {
+            tracing::warn!("btrfs simple quotas are not available ({err}); using full qgroups");
+            run(Command::new("btrfs").args(["quota", "enable"]).arg(path))?;
+            Ok(QuotaMode::Full)
+        }
+    }
 }
 
 /// Caps the data a subvolume may hold beyond what it shares with its

@@ -83,6 +83,7 @@ impl Platform {
         let transcript_path = transcript::path_for(&sandbox_dir, &id);
         let writer =
             TranscriptWriter::create(&transcript_path).map_err(|e| ApiError::internal("creating the transcript", e))?;
+        let writer = writer.with_limit(self.max_output_bytes.load(std::sync::atomic::Ordering::Relaxed));
         let request = ExecRequest {
             argv: spec.argv.clone(),
             env: spec.env,
@@ -187,7 +188,17 @@ impl Platform {
                 stdout_bytes: writer.stdout_bytes,
                 stderr_bytes: writer.stderr_bytes,
                 finished_at: ids::now(),
-                error: write_failed.then(|| "the host could not keep all of the output".to_string()),
+                error: if write_failed {
+                    Some("the host could not keep all of the output".to_string())
+                } else if writer.dropped_bytes > 0 {
+                    Some(format!(
+                        "{} bytes of output past the {}-byte limit per command were not kept",
+                        writer.dropped_bytes,
+                        self.max_output_bytes.load(std::sync::atomic::Ordering::Relaxed)
+                    ))
+                } else {
+                    None
+                },
             },
             None => lost_result(&command, "the sandbox stopped before the command ended"),
         };

@@ -70,11 +70,21 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
         .map_err(|source| ServerError::Io { what: "becoming a subreaper".into(), source })?;
     let mut data = DataDir::open(&config.data_dir)?;
     // Sandboxes' disk_mib is a btrfs quota on their root.
-    space_host::btrfs::enable_quotas(data.root())?;
+    let quotas_before = space_host::btrfs::quota_mode(data.root())?;
+    let quotas = space_host::btrfs::enable_quotas(data.root())?;
     if let Some(build) = config.ext4_images {
         data.set_ext4_images(build);
     }
     let store = store::Store::open(&data.db_path())?;
+    if quotas != quotas_before {
+        // Limits do not survive a change of quota mode: set them again.
+        for record in store.sandboxes()? {
+            let rootfs = data.sandbox_dir(&record.sandbox.id).join("rootfs");
+            if rootfs.exists() {
+                let _ = space_host::btrfs::limit_exclusive(&rootfs, record.sandbox.disk_mib);
+            }
+        }
+    }
     let engine = Arc::new(Gvisor::new(GvisorConfig {
         runsc: config.runsc.clone(),
         agent_bin: config.agent_bin.clone(),

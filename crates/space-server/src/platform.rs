@@ -53,7 +53,12 @@ pub struct Platform {
     pub(crate) builds: crate::templates::Builds,
     /// The guest agent put into templates this server builds.
     pub(crate) agent_bin: std::path::PathBuf,
+    /// Output kept per command; what comes after is counted, not stored.
+    pub max_output_bytes: std::sync::atomic::AtomicU64,
 }
+
+/// Output kept per command by default (stdout and stderr together).
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 256 << 20;
 
 impl Platform {
     pub fn new(
@@ -77,6 +82,7 @@ impl Platform {
             admission: Mutex::new(()),
             builds: Default::default(),
             agent_bin,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
         })
     }
 

@@ -201,7 +201,9 @@ impl Platform {
         let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
         for (stream, (command, _, timeout_s)) in streams.into_iter().zip(resumable) {
             let path = transcript::path_for(&sandbox_dir, &command.id);
-            let writer = TranscriptWriter::reopen(&path).map_err(|e| e.to_string())?;
+            let writer = TranscriptWriter::reopen(&path)
+                .map_err(|e| e.to_string())?
+                .with_limit(self.max_output_bytes.load(std::sync::atomic::Ordering::Relaxed));
             let started = started_instant(&command.started_at);
             self.follow(command, stream, writer, started, timeout_s);
         }

@@ -36,6 +36,10 @@ pub struct TranscriptWriter {
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
     buf: Vec<u8>,
+    /// Output bytes kept at most; later output is only counted.
+    limit: u64,
+    /// Output bytes not kept because of `limit`.
+    pub dropped_bytes: u64,
 }
 
 impl TranscriptWriter {
@@ -50,7 +54,15 @@ impl TranscriptWriter {
             stdout_bytes: 0,
             stderr_bytes: 0,
             buf: Vec::new(),
+            limit: u64::MAX,
+            dropped_bytes: 0,
         })
+    }
+
+    /// Keeps at most `bytes` of output (stdout and stderr together).
+    pub fn with_limit(mut self, bytes: u64) -> TranscriptWriter {
+        self.limit = bytes;
+        self
     }
 
     /// Opens an existing transcript to append to it (a command picked up
@@ -76,6 +88,8 @@ impl TranscriptWriter {
             stdout_bytes,
             stderr_bytes,
             buf: Vec::new(),
+            limit: u64::MAX,
+            dropped_bytes: 0,
         })
     }
 
@@ -86,6 +100,10 @@ impl TranscriptWriter {
 
     pub fn append(&mut self, stream: Stream, bytes: &[u8]) -> io::Result<()> {
         if bytes.is_empty() {
+            return Ok(());
+        }
+        if self.stdout_bytes + self.stderr_bytes + bytes.len() as u64 > self.limit {
+            self.dropped_bytes += bytes.len() as u64;
             return Ok(());
         }
         self.buf.clear();
@@ -197,6 +215,20 @@ mod tests {
         let mut reader = TranscriptReader::open(path).unwrap();
         reader.seek_to(from, limit).unwrap();
         std::iter::from_fn(|| reader.next_chunk(limit).unwrap()).collect()
+    }
+
+    #[test]
+    fn output_past_the_limit_is_counted_not_kept() {
+        let path = std::env::temp_dir().join(format!("space-limit-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut writer = TranscriptWriter::create(&path).unwrap().with_limit(10);
+        writer.append(Stream::Stdout, b"12345").unwrap();
+        writer.append(Stream::Stderr, b"678").unwrap();
+        writer.append(Stream::Stdout, b"9abc").unwrap();
+        writer.append(Stream::Stdout, b"de").unwrap();
+        assert_eq!((writer.stdout_bytes, writer.stderr_bytes, writer.dropped_bytes), (7, 3, 4));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 10 + 3 * RECORD_HEADER as u64);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
