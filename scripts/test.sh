@@ -22,3 +22,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "running the tests"
 cargo test --workspace --locked
+
+say "fuzzing (FUZZ_SECONDS=${FUZZ_SECONDS:-60} per target)"
+"$ROOT/scripts/fuzz.sh"
