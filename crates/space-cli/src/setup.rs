@@ -70,6 +70,16 @@ pub fn run(args: SetupArgs) -> Result<()> {
             say(&format!("template {BASE_TEMPLATE}: built version {}", template.meta.version));
         }
     }
+    // Firecracker's guest: Debian's cloud kernel and an initramfs whose
+    // /init is the agent (built on every host, so a move to hardware
+    // virtualization finds it ready; the VMM tests boot it too).
+    let agent = args.engine.agent_bin()?;
+    let guest = space_host::guest::prepare(&data, &agent, &say).context("preparing the Firecracker guest")?;
+    say(&format!(
+        "guest kernel {} and initramfs: {}",
+        guest.release,
+        guest.kernel.parent().unwrap_or(data.root()).display()
+    ));
     say(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(())
 }

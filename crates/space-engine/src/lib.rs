@@ -9,6 +9,7 @@
 //! persist state, enforce API rules or know about tenants.
 
 pub mod agent;
+pub mod firecracker;
 pub mod gvisor;
 
 use std::collections::BTreeMap;

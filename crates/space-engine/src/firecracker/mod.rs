@@ -1,0 +1,234 @@
+//! Firecracker: microVMs on hosts with hardware virtualization. This part
+//! is the VMM side: finding the binaries, telling whether this host can run
+//! them (and why not), starting a `firecracker` process — directly or under
+//! the `jailer` — and driving it through its API socket.
+
+pub mod api;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use space_process::{ReapedChild, Reaper};
+
+pub use self::api::Api;
+use crate::{Availability, EngineError};
+
+/// How long a new VMM may take to answer on its API socket.
+const API_PATIENCE: Duration = Duration::from_secs(5);
+
+/// `firecracker`: the configured path, else `FIRECRACKER_BIN`, else `PATH`.
+pub fn find_firecracker(configured: Option<&Path>) -> Option<PathBuf> {
+    find("firecracker", configured, "FIRECRACKER_BIN")
+}
+
+/// `jailer`: the configured path, else `FIRECRACKER_JAILER_BIN`, else next
+/// to the firecracker binary, else `PATH`.
+pub fn find_jailer(configured: Option<&Path>, firecracker: Option<&Path>) -> Option<PathBuf> {
+    find("jailer", configured, "FIRECRACKER_JAILER_BIN")
+        .or_else(|| firecracker.and_then(Path::parent).map(|d| d.join("jailer")).filter(|p| p.is_file()))
+}
+
+fn find(name: &str, configured: Option<&Path>, env: &str) -> Option<PathBuf> {
+    if let Some(path) = configured {
+        return path.is_file().then(|| path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os(env).map(PathBuf::from) {
+        return path.is_file().then_some(path);
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// Whether this host can run Firecracker microVMs, and exactly why not.
+/// `guest` is the kernel and initramfs a sandbox boots.
+pub fn availability(firecracker: Option<&Path>, guest: Option<(&Path, &Path)>) -> Availability {
+    let no = |detail: String| Availability { name: "firecracker", available: false, detail };
+    let Some(binary) = find_firecracker(firecracker) else {
+        return no("no firecracker binary: set FIRECRACKER_BIN or pass --firecracker-bin (see the README)".into());
+    };
+    if !Path::new("/dev/kvm").exists() {
+        return no("/dev/kvm is missing: the host has no KVM (load kvm_intel or kvm_amd)".into());
+    }
+    if let Err(err) = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        return no(format!("/dev/kvm is not accessible ({err}): run as root or join the kvm group"));
+    }
+    if !space_host::hardware_virtualization() {
+        let pvm = Path::new("/sys/module/kvm_pvm").exists();
+        return no(if pvm {
+            "/dev/kvm is provided by kvm_pvm and the CPU has no vmx/svm: it cannot boot a stock guest kernel; \
+             use gVisor here, or a host with hardware virtualization"
+                .into()
+        } else {
+            "the CPU shows no vmx/svm (hardware virtualization is off or not passed through)".into()
+        });
+    }
+    if let Some((kernel, initrd)) = guest {
+        if !kernel.is_file() || !initrd.is_file() {
+            return no(format!(
+                "the guest kernel/initramfs ({}, {}) are missing: run `space setup`",
+                kernel.display(),
+                initrd.display()
+            ));
+        }
+    }
+    Availability { name: "firecracker", available: true, detail: format!("firecracker at {}", binary.display()) }
+}
+
+/// A running `firecracker` process and its API.
+pub struct Vmm {
+    child: Option<ReapedChild>,
+    /// The VMM's own pid (under the jailer with a new PID namespace it is
+    /// not the process we spawned).
+    pid: i32,
+    pub api: Api,
+    /// From spawning the process to its API answering.
+    pub ready_after: Duration,
+    /// What to remove when it is gone (its directory, jailer cgroups).
+    leftovers: Vec<PathBuf>,
+}
+
+impl Vmm {
+    /// Starts `firecracker --api-sock DIR/api.sock --id ID` and waits until
+    /// its API answers. Its log goes to `DIR/firecracker.log`.
+    pub async fn spawn(binary: &Path, dir: &Path, id: &str) -> Result<Vmm, EngineError> {
+        fs::create_dir_all(dir).map_err(EngineError::io("creating the VMM dir"))?;
+        let socket = dir.join("api.sock");
+        let _ = fs::remove_file(&socket);
+        let log = fs::File::create(dir.join("firecracker.log")).map_err(EngineError::io("creating the VMM log"))?;
+        let err = log.try_clone().map_err(EngineError::io("the VMM log"))?;
+        let mut command = Command::new(binary);
+        command.arg("--api-sock").arg(&socket).args(["--id", id]).stdin(Stdio::null()).stdout(log).stderr(err);
+        let started = Instant::now();
+        let child = Reaper::global().spawn(&mut command).map_err(EngineError::io("starting firecracker"))?;
+        let pid = child.id() as i32;
+        let mut vmm =
+            Vmm { child: Some(child), pid, api: Api::new(&socket), ready_after: Duration::ZERO, leftovers: vec![] };
+        vmm.ready_after = vmm.wait_for_api(started).await?;
+        Ok(vmm)
+    }
+
+    /// Starts firecracker under the jailer: its own uid/gid, a chroot under
+    /// `chroot_base`, cgroups and a new PID namespace. The binary is copied
+    /// into the chroot by the jailer; it must be statically linked.
+    pub async fn spawn_jailed(
+        jailer: &Path,
+        binary: &Path,
+        chroot_base: &Path,
+        id: &str,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Vmm, EngineError> {
+        let exec_name = binary.file_name().and_then(|n| n.to_str()).unwrap_or("firecracker").to_string();
+        let jail = chroot_base.join(&exec_name).join(id);
+        let root = jail.join("root");
+        let _ = fs::remove_dir_all(&jail);
+        fs::create_dir_all(chroot_base).map_err(EngineError::io("creating the chroot base"))?;
+        let mut command = Command::new(jailer);
+        command
+            .args(["--id", id])
+            .arg("--exec-file")
+            .arg(binary)
+            .args(["--uid", &uid.to_string(), "--gid", &gid.to_string()])
+            .arg("--chroot-base-dir")
+            .arg(chroot_base)
+            .args(["--cgroup-version", if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" }])
+            .arg("--new-pid-ns")
+            .args(["--", "--api-sock", "/api.sock"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        // With a new PID namespace the jailer forks the VMM, records its pid
+        // and exits; the VMM is then our child by the subreaper rule.
+        let output = Reaper::global().output(&mut command).map_err(EngineError::io("starting the jailer"))?;
+        if !output.status.success() {
+            return Err(EngineError::Runtime(format!(
+                "the jailer failed ({:?}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        let pid_file = root.join(format!("{exec_name}.pid"));
+        let pid = wait_for(|| fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()))
+            .await
+            .ok_or_else(|| EngineError::Runtime("the jailer wrote no pid file".into()))?;
+        let mut leftovers = vec![jail.clone()];
+        for cgroup_root in [
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/cpu",
+            "/sys/fs/cgroup/cpuset",
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/memory",
+        ] {
+            leftovers.push(Path::new(cgroup_root).join(&exec_name).join(id));
+        }
+        let mut vmm =
+            Vmm { child: None, pid, api: Api::new(&root.join("api.sock")), ready_after: Duration::ZERO, leftovers };
+        vmm.ready_after = vmm.wait_for_api(started).await?;
+        Ok(vmm)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    async fn wait_for_api(&mut self, started: Instant) -> Result<Duration, EngineError> {
+        while started.elapsed() < API_PATIENCE {
+            if self.api.instance_info().await.is_ok() {
+                return Ok(started.elapsed());
+            }
+            if let Some(child) = &self.child {
+                if let Some(status) = child.wait_timeout(Duration::ZERO) {
+                    return Err(EngineError::Runtime(format!("firecracker exited at start ({status:?})")));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.kill();
+        Err(EngineError::Runtime(format!("firecracker's API did not answer within {API_PATIENCE:?}")))
+    }
+
+    /// Stops the VMM and removes its socket, jail and cgroups.
+    pub fn kill(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
+        if let Some(child) = self.child.take() {
+            let _ = child.wait_timeout(Duration::from_secs(5));
+        } else {
+            // Reaped by the subreaper; wait until it is gone.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Path::new(&format!("/proc/{}", self.pid)).exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let _ = fs::remove_file(self.api.socket());
+        for path in self.leftovers.drain(..) {
+            if path.starts_with("/sys/fs/cgroup") {
+                let _ = fs::remove_dir(&path);
+            } else {
+                let _ = fs::remove_dir_all(&path);
+            }
+        }
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn wait_for<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + API_PATIENCE;
+    while Instant::now() < deadline {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
