@@ -35,6 +35,7 @@ pub const MODULES_ORDER: &str = "modules.order";
 /// The boot artifacts of the Firecracker engine.
 #[derive(Debug, Clone)]
 pub struct GuestArtifacts {
+    /// The ELF kernel Firecracker loads (unpacked from Debian's bzImage).
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     /// The kernel release, such as `6.1.0-57-cloud-amd64`.
@@ -46,11 +47,55 @@ pub fn guest_dir(data: &DataDir) -> PathBuf {
     data.root().join("guest")
 }
 
+/// Firecracker on x86_64 loads an ELF `vmlinux`, not a bzImage: the ELF is
+/// the bzImage's compressed payload (LZ4 in Debian's cloud kernel; gzip
+/// is handled too), found by its magic and unpacked.
+pub fn extract_vmlinux(bzimage: &[u8]) -> Result<Vec<u8>, HostError> {
+    const LZ4_LEGACY: [u8; 4] = [0x02, 0x21, 0x4c, 0x18];
+    const GZIP: [u8; 3] = [0x1f, 0x8b, 0x08];
+    let is_elf = |bytes: &[u8]| bytes.starts_with(b"\x7fELF");
+    for at in (0..bzimage.len().saturating_sub(4)).filter(|&i| bzimage[i..].starts_with(&LZ4_LEGACY)) {
+        let elf = lz4_legacy(&bzimage[at + 4..]);
+        if is_elf(&elf) {
+            return Ok(elf);
+        }
+    }
+    for at in (0..bzimage.len().saturating_sub(3)).filter(|&i| bzimage[i..].starts_with(&GZIP)) {
+        let mut elf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bzimage[at..]), &mut elf);
+        if is_elf(&elf) {
+            return Ok(elf);
+        }
+    }
+    Err(HostError::Invalid("no LZ4 or gzip payload holding an ELF kernel in the bzImage".into()))
+}
+
+/// An LZ4 "legacy" stream (as the kernel's build writes it): blocks of
+/// `[u32 LE size][compressed]`, each at most 8 MiB unpacked, until a size
+/// that does not fit (the kernel appends its unpacked length).
+fn lz4_legacy(mut input: &[u8]) -> Vec<u8> {
+    const BLOCK: usize = 8 << 20;
+    let mut out = Vec::new();
+    let mut block = vec![0u8; BLOCK];
+    while input.len() >= 4 {
+        let size = u32::from_le_bytes([input[0], input[1], input[2], input[3]]) as usize;
+        if size == 0 || size > input.len() - 4 {
+            break;
+        }
+        match lz4_flex::block::decompress_into(&input[4..4 + size], &mut block) {
+            Ok(n) => out.extend_from_slice(&block[..n]),
+            Err(_) => break,
+        }
+        input = &input[4 + size..];
+    }
+    out
+}
+
 /// The artifacts if they were built, without building them.
 pub fn existing(data: &DataDir) -> Option<GuestArtifacts> {
     let dir = guest_dir(data);
     let release = fs::read_to_string(dir.join("release")).ok()?.trim().to_string();
-    let artifacts = GuestArtifacts { kernel: dir.join("vmlinuz"), initramfs: dir.join("initramfs.cpio"), release };
+    let artifacts = GuestArtifacts { kernel: dir.join("vmlinux"), initramfs: dir.join("initramfs.cpio"), release };
     (artifacts.kernel.is_file() && artifacts.initramfs.is_file()).then_some(artifacts)
 }
 
@@ -61,7 +106,7 @@ pub fn prepare(data: &DataDir, agent_bin: &Path, say: &dyn Fn(&str)) -> Result<G
     fs::create_dir_all(&dir).map_err(HostError::io("creating the guest dir"))?;
     let unpacked = dir.join("kernel-package");
     let release = match fs::read_to_string(dir.join("release")) {
-        Ok(release) if dir.join("vmlinuz").is_file() && unpacked.is_dir() => release.trim().to_string(),
+        Ok(release) if dir.join("vmlinux").is_file() && unpacked.is_dir() => release.trim().to_string(),
         _ => {
             say(&format!("downloading the guest kernel ({KERNEL_PACKAGE})"));
             download_kernel(&dir, &unpacked)?
@@ -90,7 +135,7 @@ pub fn prepare(data: &DataDir, agent_bin: &Path, say: &dyn Fn(&str)) -> Result<G
     let partial = dir.join(".initramfs.cpio.partial");
     fs::write(&partial, &bytes).map_err(HostError::io("writing the initramfs"))?;
     fs::rename(&partial, &initramfs).map_err(HostError::io("publishing the initramfs"))?;
-    Ok(GuestArtifacts { kernel: dir.join("vmlinuz"), initramfs, release })
+    Ok(GuestArtifacts { kernel: dir.join("vmlinux"), initramfs, release })
 }
 
 /// `apt-get download` of the kernel package the metapackage depends on,
@@ -115,6 +160,8 @@ fn download_kernel(dir: &Path, unpacked: &Path) -> Result<String, HostError> {
     let _ = fs::remove_dir_all(&download);
     let release = package.trim_start_matches("linux-image-").to_string();
     let vmlinuz = unpacked.join("boot").join(format!("vmlinuz-{release}"));
+    let bzimage = fs::read(&vmlinuz).map_err(HostError::io(format!("reading {}", vmlinuz.display())))?;
+    fs::write(dir.join("vmlinux"), extract_vmlinux(&bzimage)?).map_err(HostError::io("writing vmlinux"))?;
     fs::copy(&vmlinuz, dir.join("vmlinuz")).map_err(HostError::io(format!("copying {}", vmlinuz.display())))?;
     fs::write(dir.join("release"), &release).map_err(HostError::io("recording the kernel release"))?;
     Ok(release)

@@ -74,6 +74,15 @@ pub struct SnapshotLoad {
     /// its pages until they write them.
     pub mem_backend: MemBackend,
     pub resume_vm: bool,
+    /// A vsock socket of its own, for each process restored from one
+    /// snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vsock_override: Option<VsockOverride>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VsockOverride {
+    pub uds_path: PathBuf,
 }
 
 #[derive(Deserialize)]

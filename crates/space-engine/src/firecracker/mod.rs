@@ -138,26 +138,27 @@ impl Vmm {
             .arg(chroot_base)
             .args(["--cgroup-version", if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" }])
             .arg("--new-pid-ns")
-            .args(["--", "--api-sock", "/api.sock"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .args(["--", "--api-sock", "/api.sock"]);
+        // The VMM inherits the jailer's output: a file, not a pipe we would
+        // wait on.
+        let log_path = chroot_base.join(format!("{id}.jailer.log"));
+        let log = fs::File::create(&log_path).map_err(EngineError::io("creating the jailer log"))?;
+        let err = log.try_clone().map_err(EngineError::io("the jailer log"))?;
+        command.stdin(Stdio::null()).stdout(log).stderr(err);
         let started = Instant::now();
         // With a new PID namespace the jailer forks the VMM, records its pid
         // and exits; the VMM is then our child by the subreaper rule.
-        let output = Reaper::global().output(&mut command).map_err(EngineError::io("starting the jailer"))?;
-        if !output.status.success() {
-            return Err(EngineError::Runtime(format!(
-                "the jailer failed ({:?}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
+        let jailer_process = Reaper::global().spawn(&mut command).map_err(EngineError::io("starting the jailer"))?;
+        let status = jailer_process.wait_timeout(API_PATIENCE);
+        if status.is_none_or(|s| !s.success()) {
+            let said = fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(EngineError::Runtime(format!("the jailer failed ({status:?}): {}", said.trim())));
         }
         let pid_file = root.join(format!("{exec_name}.pid"));
         let pid = wait_for(|| fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()))
             .await
             .ok_or_else(|| EngineError::Runtime("the jailer wrote no pid file".into()))?;
-        let mut leftovers = vec![jail.clone()];
+        let mut leftovers = vec![jail.clone(), log_path];
         for cgroup_root in [
             "/sys/fs/cgroup",
             "/sys/fs/cgroup/cpu",
