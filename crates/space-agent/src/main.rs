@@ -10,6 +10,7 @@
 
 mod exec;
 mod files;
+mod init;
 mod pool;
 mod spawn;
 mod users;
@@ -29,6 +30,8 @@ use space_proto::{
 
 /// Where the host's socket appears inside the sandbox unless told otherwise.
 const DEFAULT_SOCKET: &str = "/.space/host/agent.sock";
+/// The host over vsock (CID 2), instead of a socket path.
+const VSOCK: &str = "vsock:2:1024";
 /// Frames queued for the socket before senders block (backpressure).
 const OUTBOX_DEPTH: usize = 256;
 
@@ -40,7 +43,14 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let socket_path = env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string());
+    // In a Firecracker guest the agent is the initramfs's /init: it boots
+    // the root drive first, then reaches the host over vsock.
+    let socket_path = if init::in_initramfs() {
+        init::boot()?;
+        VSOCK.to_string()
+    } else {
+        env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string())
+    };
     let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false)?;
     if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
     {
@@ -109,7 +119,8 @@ fn dial(path: &str, patience: Option<Duration>) -> io::Result<UnixStream> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(2);
     loop {
-        match UnixStream::connect(path) {
+        let attempt = if path == VSOCK { init::dial_vsock() } else { UnixStream::connect(path) };
+        match attempt {
             Ok(stream) => return Ok(stream),
             Err(err) if patience.is_some_and(|p| started.elapsed() >= p) => return Err(err),
             Err(_) => {

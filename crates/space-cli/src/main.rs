@@ -52,6 +52,13 @@ enum Top {
     },
     /// Measure create and exec latency against the raw runsc floor.
     Bench(bench::BenchArgs),
+    /// Tell which engines this host can run, and why not.
+    Doctor {
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Make, list and revoke tenants' API keys (works beside a running server).
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -84,6 +91,55 @@ enum KeysCommand {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
     },
+}
+
+/// `space doctor`: each engine, available or not and why, what to do, and
+/// the data dir's state. Exits 1 when no engine can run.
+fn doctor(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
+    let ok = |yes: bool| if yes { "yes" } else { "no " };
+    let data = match space_host::datadir::DataDir::open(data_dir) {
+        Ok(data) => data,
+        Err(err) => {
+            println!("data dir  no  {err}");
+            println!("          run `space setup --data-dir {}` first", data_dir.display());
+            return Ok(1);
+        }
+    };
+    let quotas = space_host::btrfs::quota_mode(data.root()).map(|m| format!("{m:?}")).unwrap_or_else(|e| e.to_string());
+    println!("data dir  yes {} on btrfs, quotas: {quotas}", data.root().display());
+    let config = engine.platform_config(data_dir).unwrap_or_else(|_| space_server::PlatformConfig {
+        data_dir: data_dir.to_path_buf(),
+        runsc: engine.runsc.clone(),
+        agent_bin: PathBuf::from("space-agent (not found)"),
+        warm_pool: 0,
+        capacity_mib: None,
+        ext4_images: None,
+        engine: engine.engine,
+        firecracker_bin: engine.firecracker_bin.clone(),
+    });
+    let report = space_server::engine_report(&config, &data);
+    for availability in &report {
+        println!("{:<9} {} {}", availability.name, ok(availability.available), availability.detail);
+        if !availability.available && availability.name == "firecracker" {
+            println!(
+                "          Firecracker needs vmx/svm and a firecracker binary (README: Firecracker on a KVM host)"
+            );
+        }
+    }
+    let kvm = space_server::api::kvm_status();
+    println!("kvm       {} {}", ok(kvm.present), kvm.detail);
+    let picked =
+        report.iter().find(|a| a.name == "firecracker" && a.available).or_else(|| report.iter().find(|a| a.available));
+    match picked {
+        Some(engine) => {
+            println!("engine    {} (what `space serve --engine auto` uses)", engine.name);
+            Ok(0)
+        }
+        None => {
+            println!("engine    none can run here");
+            Ok(1)
+        }
+    }
 }
 
 fn keys(command: KeysCommand) -> Result<()> {
@@ -206,6 +262,13 @@ pub struct EngineArgs {
     /// when the host has hardware virtualization.
     #[arg(long, env = "SPACE_EXT4_IMAGES")]
     ext4_images: Option<bool>,
+    /// The engine: auto (Firecracker where it can run, else gVisor),
+    /// gvisor, or firecracker.
+    #[arg(long, env = "SPACE_ENGINE", default_value = "auto")]
+    engine: space_server::EngineChoice,
+    /// The firecracker binary (its jailer is looked for beside it).
+    #[arg(long, env = "FIRECRACKER_BIN")]
+    firecracker_bin: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -234,6 +297,8 @@ impl EngineArgs {
             warm_pool: self.warm_pool,
             capacity_mib: self.capacity_mib,
             ext4_images: self.ext4_images,
+            engine: self.engine,
+            firecracker_bin: self.firecracker_bin.clone(),
         })
     }
 }
@@ -447,6 +512,7 @@ fn run(cli: Cli) -> Result<i32> {
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
         Top::Keys(command) => keys(command).map(|()| 0),
+        Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
 }
 

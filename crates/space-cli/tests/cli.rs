@@ -315,3 +315,25 @@ fn tenant_keys_are_made_listed_and_revoked_and_a_public_address_needs_tls() {
     assert_eq!(refused.status, ExitStatus::Exited(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--insecure-http"));
 }
+
+#[test]
+fn doctor_tells_which_engine_runs_here_and_why_not() {
+    let data = TestDataDir::new();
+    let mut command = Command::new(SPACE);
+    command
+        .args(["doctor", "--data-dir"])
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(agent_bin())
+        .env_remove("FIRECRACKER_BIN");
+    let out = Reaper::global().output(&mut command).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status, ExitStatus::Exited(0), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("gvisor") && l.contains(" yes ")), "{text}");
+    let firecracker = text.lines().find(|l| l.starts_with("firecracker")).expect("a firecracker line");
+    assert!(firecracker.contains(" no "), "no firecracker binary is given: {text}");
+    if !space_host::hardware_virtualization() {
+        assert!(firecracker.contains("vmx/svm"), "the missing hardware virtualization is named: {firecracker}");
+        assert!(text.contains("engine    gvisor"), "{text}");
+    }
+}

@@ -25,7 +25,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use api::{app, AppState};
+use space_engine::firecracker::{Firecracker, FirecrackerConfig};
 use space_engine::gvisor::{Gvisor, GvisorConfig};
+use space_engine::Engine;
 use space_host::datadir::DataDir;
 
 pub use crate::platform::Platform;
@@ -60,6 +62,67 @@ pub struct PlatformConfig {
     /// Whether template builds also make ext4 root drives (Firecracker's);
     /// `None`: when the host has hardware virtualization.
     pub ext4_images: Option<bool>,
+    /// Which engine runs sandboxes.
+    pub engine: EngineChoice,
+    /// The firecracker binary (else `FIRECRACKER_BIN`, else `PATH`).
+    pub firecracker_bin: Option<PathBuf>,
+}
+
+/// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
+/// one of them by name (an error when it cannot run here).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EngineChoice {
+    #[default]
+    Auto,
+    Gvisor,
+    Firecracker,
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(EngineChoice::Auto),
+            "gvisor" => Ok(EngineChoice::Gvisor),
+            "firecracker" => Ok(EngineChoice::Firecracker),
+            other => Err(format!("unknown engine {other:?}: auto, gvisor or firecracker")),
+        }
+    }
+}
+
+/// Both engines as configured for `data`, whether or not they can run here.
+pub fn engines(config: &PlatformConfig, data: &DataDir) -> (Gvisor, Option<Firecracker>) {
+    let gvisor = Gvisor::new(GvisorConfig {
+        runsc: config.runsc.clone(),
+        agent_bin: config.agent_bin.clone(),
+        state_dir: data.run_dir().join("runsc"),
+    });
+    let guest = space_host::guest::existing(data);
+    let firecracker = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref()).map(|binary| {
+        let (kernel, initramfs) = match guest {
+            Some(guest) => (guest.kernel, guest.initramfs),
+            None => {
+                let dir = space_host::guest::guest_dir(data);
+                (dir.join("vmlinux"), dir.join("initramfs.cpio"))
+            }
+        };
+        Firecracker::new(FirecrackerConfig { firecracker: binary, kernel, initramfs })
+    });
+    (gvisor, firecracker)
+}
+
+/// Each engine's availability on this host, and why.
+pub fn engine_report(config: &PlatformConfig, data: &DataDir) -> Vec<space_engine::Availability> {
+    let (gvisor, firecracker) = engines(config, data);
+    let guest = space_host::guest::existing(data);
+    let firecracker = match firecracker {
+        Some(engine) => engine.availability(),
+        None => space_engine::firecracker::availability(
+            config.firecracker_bin.as_deref(),
+            guest.as_ref().map(|g| (g.kernel.as_path(), g.initramfs.as_path())),
+        ),
+    };
+    vec![gvisor.availability(), firecracker]
 }
 
 /// Opens the data dir and state, reconciles what a previous run left, and
@@ -85,13 +148,24 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
             }
         }
     }
-    let engine = Arc::new(Gvisor::new(GvisorConfig {
-        runsc: config.runsc.clone(),
-        agent_bin: config.agent_bin.clone(),
-        state_dir: data.run_dir().join("runsc"),
-    }));
+    let report = engine_report(config, &data);
+    let (gvisor, firecracker) = engines(config, &data);
+    let firecracker_ready = firecracker.as_ref().map(|f| f.availability());
+    let engine: Arc<dyn Engine> = match (config.engine, firecracker, firecracker_ready) {
+        (EngineChoice::Gvisor, _, _) => Arc::new(gvisor),
+        (_, Some(firecracker), Some(ready)) if ready.available => Arc::new(firecracker),
+        (EngineChoice::Firecracker, _, ready) => {
+            let why = ready.map(|r| r.detail).unwrap_or_else(|| {
+                space_engine::firecracker::availability(config.firecracker_bin.as_deref(), None).detail
+            });
+            return Err(ServerError::Startup(format!("the firecracker engine cannot run here: {why}")));
+        }
+        (EngineChoice::Auto, _, _) => Arc::new(gvisor),
+    };
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
+    tracing::info!("engine: {}", engine.name());
     let platform = Platform::new(data, store, engine, config.warm_pool, capacity, config.agent_bin.clone());
+    let _ = platform.engine_report.set(report);
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }

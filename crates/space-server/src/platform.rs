@@ -55,6 +55,8 @@ pub struct Platform {
     pub(crate) agent_bin: std::path::PathBuf,
     /// Output kept per command; what comes after is counted, not stored.
     pub max_output_bytes: std::sync::atomic::AtomicU64,
+    /// Every engine's availability on this host, probed at startup.
+    pub engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -83,6 +85,7 @@ impl Platform {
             builds: Default::default(),
             agent_bin,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
+            engine_report: Default::default(),
         })
     }
 

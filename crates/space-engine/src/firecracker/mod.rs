@@ -4,6 +4,9 @@
 //! the `jailer` — and driving it through its API socket.
 
 pub mod api;
+mod engine;
+
+pub use self::engine::{Firecracker, FirecrackerConfig};
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,39 +47,44 @@ fn find(name: &str, configured: Option<&Path>, env: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Whether this host can run Firecracker microVMs, and exactly why not.
-/// `guest` is the kernel and initramfs a sandbox boots.
+/// Whether this host can run Firecracker microVMs, and exactly why not
+/// (every reason that applies, hardware first). `guest` is the kernel and
+/// initramfs a sandbox boots.
 pub fn availability(firecracker: Option<&Path>, guest: Option<(&Path, &Path)>) -> Availability {
-    let no = |detail: String| Availability { name: "firecracker", available: false, detail };
-    let Some(binary) = find_firecracker(firecracker) else {
-        return no("no firecracker binary: set FIRECRACKER_BIN or pass --firecracker-bin (see the README)".into());
-    };
+    let mut reasons = Vec::new();
     if !Path::new("/dev/kvm").exists() {
-        return no("/dev/kvm is missing: the host has no KVM (load kvm_intel or kvm_amd)".into());
-    }
-    if let Err(err) = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        return no(format!("/dev/kvm is not accessible ({err}): run as root or join the kvm group"));
+        reasons.push("/dev/kvm is missing: the host has no KVM (load kvm_intel or kvm_amd)".to_string());
+    } else if let Err(err) = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        reasons.push(format!("/dev/kvm is not accessible ({err}): run as root or join the kvm group"));
     }
     if !space_host::hardware_virtualization() {
-        let pvm = Path::new("/sys/module/kvm_pvm").exists();
-        return no(if pvm {
-            "/dev/kvm is provided by kvm_pvm and the CPU has no vmx/svm: it cannot boot a stock guest kernel; \
-             use gVisor here, or a host with hardware virtualization"
-                .into()
+        reasons.push(if Path::new("/sys/module/kvm_pvm").exists() {
+            "/dev/kvm is provided by kvm_pvm and the CPU has no vmx/svm: it cannot boot a stock guest kernel \
+             (use gVisor here, or a host with hardware virtualization)"
+                .to_string()
         } else {
-            "the CPU shows no vmx/svm (hardware virtualization is off or not passed through)".into()
+            "the CPU shows no vmx/svm (hardware virtualization is off or not passed through)".to_string()
         });
     }
-    if let Some((kernel, initrd)) = guest {
-        if !kernel.is_file() || !initrd.is_file() {
-            return no(format!(
-                "the guest kernel/initramfs ({}, {}) are missing: run `space setup`",
-                kernel.display(),
-                initrd.display()
-            ));
-        }
+    let binary = find_firecracker(firecracker);
+    if binary.is_none() {
+        reasons.push("no firecracker binary: set FIRECRACKER_BIN or pass --firecracker-bin".to_string());
     }
-    Availability { name: "firecracker", available: true, detail: format!("firecracker at {}", binary.display()) }
+    match guest {
+        Some((kernel, initrd)) if !kernel.is_file() || !initrd.is_file() => {
+            reasons.push("the guest kernel and initramfs are missing: run `space setup`".to_string());
+        }
+        None => reasons.push("the guest kernel and initramfs are missing: run `space setup`".to_string()),
+        _ => {}
+    }
+    match (reasons.is_empty(), binary) {
+        (true, Some(binary)) => Availability {
+            name: "firecracker",
+            available: true,
+            detail: format!("firecracker at {}", binary.display()),
+        },
+        _ => Availability { name: "firecracker", available: false, detail: reasons.join("; ") },
+    }
 }
 
 /// A running `firecracker` process and its API.

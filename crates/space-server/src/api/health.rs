@@ -5,7 +5,6 @@ use std::path::Path;
 use axum::extract::State;
 use axum::Json;
 use space_api::{DiskStatus, EngineStatus, Health, KvmStatus};
-use space_engine::Engine;
 
 use super::AppState;
 
@@ -17,22 +16,14 @@ pub struct HostFacts {
 }
 
 impl HostFacts {
-    pub fn probe(engine: &dyn Engine) -> HostFacts {
-        let availability = engine.availability();
-        let mut engines = vec![EngineStatus {
-            name: availability.name.into(),
-            available: availability.available,
-            detail: availability.detail,
-        }];
-        let kvm = kvm_status();
-        if engine.name() != "firecracker" {
-            engines.push(EngineStatus {
-                name: "firecracker".into(),
-                available: false,
-                detail: "not built into this server yet; this host runs gVisor".into(),
-            });
-        }
-        HostFacts { engine_available: availability.available, engines, kvm }
+    pub fn probe(platform: &crate::Platform) -> HostFacts {
+        let availability = platform.engine.availability();
+        let report = platform.engine_report.get().cloned().unwrap_or_else(|| vec![availability.clone()]);
+        let engines = report
+            .into_iter()
+            .map(|a| EngineStatus { name: a.name.into(), available: a.available, detail: a.detail })
+            .collect();
+        HostFacts { engine_available: availability.available, engines, kvm: kvm_status() }
     }
 }
 

@@ -24,6 +24,7 @@ use axum::routing::get;
 use axum::Router;
 use serde::de::DeserializeOwned;
 
+pub use self::health::kvm_status;
 pub use self::openapi::ApiDoc;
 use crate::error::ApiError;
 use crate::platform::Platform;
@@ -44,7 +45,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
-        let health = Arc::new(health::HostFacts::probe(platform.engine.as_ref()));
+        let health = Arc::new(health::HostFacts::probe(&platform));
         AppState { platform, api_key: Arc::new(api_key), health }
     }
 }

@@ -27,6 +27,8 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         warm_pool: 0,
         capacity_mib: None,
         ext4_images: None,
+        engine: space_server::EngineChoice::Gvisor,
+        firecracker_bin: None,
     }
 }
 

@@ -1,0 +1,76 @@
+//! The agent as `/init` of a Firecracker guest's initramfs: it loads the
+//! virtio and vsock modules listed in `/modules.order`, mounts the
+//! template's root drive, moves into it and stays PID 1 there; the host is
+//! then reached over vsock (CID 2) instead of a Unix socket.
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::mount::{mount, MsFlags};
+
+/// The list the initramfs carries; its presence means "boot from here".
+const MODULES_ORDER: &str = "/modules.order";
+/// The root drive Firecracker attaches first.
+const ROOT_DEVICE: &str = "/dev/vda";
+const NEW_ROOT: &str = "/newroot";
+/// The host's vsock address as the guest sees it, and the agent's port.
+pub const HOST_CID: u32 = 2;
+pub const AGENT_PORT: u32 = 1024;
+
+/// Whether this process is `/init` of an initramfs made for it.
+pub fn in_initramfs() -> bool {
+    std::process::id() == 1 && Path::new(MODULES_ORDER).is_file()
+}
+
+/// Loads the modules, mounts the root drive and switches into it.
+pub fn boot() -> Result<(), String> {
+    let none: Option<&str> = None;
+    let fs_mount = |source: &str, target: &str, fstype: &str| {
+        fs::create_dir_all(target).map_err(|e| format!("creating {target}: {e}"))?;
+        mount(Some(source), target, Some(fstype), MsFlags::empty(), none).map_err(|e| format!("mounting {target}: {e}"))
+    };
+    fs_mount("proc", "/proc", "proc")?;
+    fs_mount("sysfs", "/sys", "sysfs")?;
+    fs_mount("devtmpfs", "/dev", "devtmpfs")?;
+    let order = fs::read_to_string(MODULES_ORDER).map_err(|e| format!("reading {MODULES_ORDER}: {e}"))?;
+    for module in order.lines().filter(|l| !l.trim().is_empty()) {
+        let file = fs::File::open(module).map_err(|e| format!("opening {module}: {e}"))?;
+        match nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(err) => return Err(format!("loading {module}: {err}")),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Path::new(ROOT_DEVICE).exists() {
+        if Instant::now() > deadline {
+            return Err(format!("{ROOT_DEVICE} did not appear"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fs::create_dir_all(NEW_ROOT).map_err(|e| e.to_string())?;
+    mount(Some(ROOT_DEVICE), NEW_ROOT, Some("ext4"), MsFlags::empty(), none)
+        .map_err(|e| format!("mounting the root drive: {e}"))?;
+    for dir in ["dev", "proc", "sys"] {
+        let target = format!("{NEW_ROOT}/{dir}");
+        fs::create_dir_all(&target).map_err(|e| format!("creating {target}: {e}"))?;
+        mount(Some(format!("/{dir}").as_str()), target.as_str(), none, MsFlags::MS_MOVE, none)
+            .map_err(|e| format!("moving /{dir}: {e}"))?;
+    }
+    // switch_root: the new root takes /'s place; the initramfs stays behind
+    // (it is freed with nothing referring to it).
+    std::env::set_current_dir(NEW_ROOT).map_err(|e| e.to_string())?;
+    mount(Some("."), "/", none, MsFlags::MS_MOVE, none).map_err(|e| format!("moving the root: {e}"))?;
+    nix::unistd::chroot(".").map_err(|e| format!("chroot: {e}"))?;
+    std::env::set_current_dir("/").map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A stream to the host over vsock, usable wherever a Unix stream is (both
+/// are plain stream sockets to read, write and shut down).
+pub fn dial_vsock() -> std::io::Result<std::os::unix::net::UnixStream> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, VsockAddr};
+    let fd = socket(AddressFamily::Vsock, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &VsockAddr::new(HOST_CID, AGENT_PORT))?;
+    Ok(std::os::unix::net::UnixStream::from(fd))
+}
