@@ -425,8 +425,114 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     if !args.skip_templates {
         bench_templates(args, &client, scratch)?;
     }
+    match space_engine::firecracker::find_firecracker(args.engine.firecracker_bin.as_deref()) {
+        Some(binary) => runtime.block_on(bench_firecracker(&binary, scratch, args.runs))?,
+        None => println!("{:<44} skipped: no firecracker binary (FIRECRACKER_BIN)", "firecracker figures"),
+    }
     runtime.block_on(warm_platform.drain_warm());
     runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// Private memory (Private_Clean + Private_Dirty) of a process, in bytes.
+fn private_bytes(pid: i32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}
+
+/// Firecracker's VMM side, beside gVisor's figures: spawn to API ready,
+/// configure and InstanceStart, a full snapshot, and five clones loaded
+/// from it (private memory each: clones share the snapshot's pages). On
+/// hosts without vmx/svm the guest does not come up; these are VMM figures.
+async fn bench_firecracker(binary: &std::path::Path, scratch: &DataDir, runs: usize) -> Result<()> {
+    use space_engine::firecracker::api::{
+        BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, SnapshotLoad, Vsock, VsockOverride,
+    };
+    use space_engine::firecracker::Vmm;
+    let guest = space_host::guest::existing(scratch)
+        .or_else(|| DataDir::open(&scratch.root().join("../..")).ok().and_then(|d| space_host::guest::existing(&d)))
+        .context("the guest kernel: run `space setup`")?;
+    let work = scratch.root().join("bench-firecracker");
+    let (mut ready, mut start, mut snapshot, mut load) =
+        (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
+    let mut private = Vec::new();
+    for i in 0..runs.max(1) {
+        let dir = work.join(format!("vm-{i}"));
+        let vmm = Vmm::spawn(binary, &dir, &format!("bench-{}-{i}", std::process::id())).await?;
+        ready.0.push(vmm.ready_after);
+        let root = dir.join("root.ext4");
+        std::fs::write(&root, vec![0u8; 1 << 20])?;
+        let started = Instant::now();
+        vmm.api
+            .boot_source(&BootSource {
+                kernel_image_path: guest.kernel.clone(),
+                initrd_path: Some(guest.initramfs.clone()),
+                boot_args: "console=ttyS0 reboot=k panic=1 pci=off".into(),
+            })
+            .await?;
+        vmm.api
+            .machine_config(&MachineConfig { vcpu_count: 1, mem_size_mib: 256, smt: false, track_dirty_pages: false })
+            .await?;
+        vmm.api
+            .drive(&Drive { drive_id: "root".into(), path_on_host: root, is_root_device: true, is_read_only: false })
+            .await?;
+        vmm.api.vsock(&Vsock { guest_cid: 3, uds_path: dir.join("vsock.sock") }).await?;
+        vmm.api.start().await?;
+        start.0.push(started.elapsed());
+        if i == 0 {
+            vmm.api.pause().await?;
+            let started = Instant::now();
+            let (state, memory) = (work.join("vm.state"), work.join("vm.mem"));
+            vmm.api
+                .snapshot_create(&SnapshotCreate {
+                    snapshot_type: "Full",
+                    snapshot_path: state.clone(),
+                    mem_file_path: memory.clone(),
+                })
+                .await?;
+            snapshot.0.push(started.elapsed());
+            drop(vmm);
+            let mut clones = Vec::new();
+            for n in 0..5 {
+                let clone_dir = work.join(format!("clone-{n}"));
+                let clone = Vmm::spawn(binary, &clone_dir, &format!("bench-clone-{}-{n}", std::process::id())).await?;
+                let started = Instant::now();
+                clone
+                    .api
+                    .snapshot_load(&SnapshotLoad {
+                        snapshot_path: state.clone(),
+                        mem_backend: MemBackend { backend_type: "File", backend_path: memory.clone() },
+                        resume_vm: false,
+                        vsock_override: Some(VsockOverride { uds_path: clone_dir.join("vsock.sock") }),
+                    })
+                    .await?;
+                load.0.push(started.elapsed());
+                clones.push(clone);
+            }
+            private.extend(clones.iter().map(|c| private_bytes(c.pid())));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    let row = |name: &str, s: &Samples| {
+        println!("{name:<44} {:>9.1} {:>9.1} {:>6}", s.percentile(50.0), s.percentile(95.0), s.0.len())
+    };
+    row("firecracker: spawn -> API ready", &ready);
+    row("firecracker: configure + InstanceStart", &start);
+    row("firecracker: full snapshot (256 MiB)", &snapshot);
+    row("firecracker: snapshot load (clone, x5)", &load);
+    private.sort_unstable();
+    if let Some(median) = private.get(private.len() / 2) {
+        println!(
+            "{:<44} {:>9.1} MiB (median of {})",
+            "firecracker: private memory per clone",
+            *median as f64 / (1u64 << 20) as f64,
+            private.len()
+        );
+    }
     Ok(())
 }
 
