@@ -195,3 +195,58 @@ fn firecracker_runs_under_the_jailer_as_its_own_user() {
         assert!(!base.join("firecracker/space-test-jail").exists(), "the jail is removed");
     });
 }
+
+#[test]
+fn firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent() {
+    use space_engine::firecracker::{Firecracker, FirecrackerConfig};
+    use space_engine::{Engine, SandboxSpec};
+    let test = "firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent";
+    let Some(binary) = firecracker(test) else { return };
+    let Some(jailer) = find_jailer(None, Some(&binary)) else {
+        skip(&format!("{test}: no jailer beside FIRECRACKER_BIN"));
+        return;
+    };
+    let data = TestDataDir::new();
+    let (kernel, initramfs) = guest();
+    // A template version with a small ext4 root drive.
+    let template = data.root().join("templates/tiny/1");
+    std::fs::create_dir_all(template.join("rootfs/etc")).unwrap();
+    std::fs::write(template.join("rootfs/etc/hostname"), "tiny\n").unwrap();
+    space_host::template::make_ext4(&template.join("rootfs"), &template.join("rootfs.ext4"), 16).unwrap();
+    let engine = Firecracker::new(FirecrackerConfig {
+        firecracker: binary,
+        kernel,
+        initramfs,
+        jailer: Some(jailer),
+        jail_base: data.root().join("jail"),
+        jail_uid: 65534,
+    });
+    let spec = SandboxSpec {
+        id: "sbx_fcjail".into(),
+        dir: data.data.sandbox_dir("sbx_fcjail"),
+        template_rootfs: template.join("rootfs"),
+        hostname: "sbx_fcjail".into(),
+        vcpus: 1,
+        memory_mib: 128,
+        disk_mib: 16,
+        env: Default::default(),
+        workdir: None,
+        user: None,
+    };
+    runtime().block_on(async {
+        let created = engine.create(&spec).await;
+        if space_host::hardware_virtualization() {
+            let started = created.expect("the microVM boots and its agent answers");
+            assert!(started.agent.ping(std::time::Duration::from_secs(5)).await.is_ok());
+        } else {
+            // Everything up to InstanceStart worked in the jail (paths, owner,
+            // socket); only the guest cannot come up on kvm_pvm.
+            let err = created.err().expect("no guest on this host").to_string();
+            assert!(err.contains("did not dial home"), "it failed waiting for the agent, not before: {err}");
+        }
+        engine.destroy(&spec).await.unwrap();
+        assert!(!spec.dir.exists(), "the sandbox dir is gone");
+        assert!(!data.root().join("jail/firecracker/sbx-fcjail").exists(), "the jail is gone");
+        assert_eq!(space_testkit::processes_mentioning("sbx-fcjail"), 0, "no VMM is left");
+    });
+}

@@ -106,7 +106,17 @@ pub fn engines(config: &PlatformConfig, data: &DataDir) -> (Gvisor, Option<Firec
                 (dir.join("vmlinux"), dir.join("initramfs.cpio"))
             }
         };
-        Firecracker::new(FirecrackerConfig { firecracker: binary, kernel, initramfs })
+        // Under the jailer when one is beside the binary: its own uid, a
+        // chroot in the data dir, cgroups, a new PID namespace.
+        let jailer = space_engine::firecracker::find_jailer(None, Some(&binary));
+        Firecracker::new(FirecrackerConfig {
+            firecracker: binary,
+            kernel,
+            initramfs,
+            jailer,
+            jail_base: data.run_dir().join("jail"),
+            jail_uid: 65534,
+        })
     });
     (gvisor, firecracker)
 }

@@ -33,6 +33,38 @@ pub struct FirecrackerConfig {
     pub firecracker: PathBuf,
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
+    /// When set, each VMM runs under this jailer (as `jail_uid`, chrooted
+    /// under `jail_base`); else as a plain child process.
+    pub jailer: Option<PathBuf>,
+    pub jail_base: PathBuf,
+    pub jail_uid: u32,
+}
+
+/// The jailer takes letters, digits and `-` in an id.
+fn jail_id(id: &str) -> String {
+    id.replace('_', "-")
+}
+
+/// Where a VMM's files are, as the host and as the VMM see them.
+struct Layout {
+    /// The directory on the host.
+    host: PathBuf,
+    /// Whether the VMM is chrooted there (it then names files from `/`).
+    jailed: bool,
+}
+
+impl Layout {
+    fn vm(&self, name: &str) -> PathBuf {
+        if self.jailed {
+            Path::new("/").join(name)
+        } else {
+            self.host.join(name)
+        }
+    }
+
+    fn host(&self, name: &str) -> PathBuf {
+        self.host.join(name)
+    }
 }
 
 pub struct Firecracker {
@@ -45,32 +77,74 @@ impl Firecracker {
         Firecracker { config, vmms: Mutex::new(HashMap::new()) }
     }
 
-    fn vsock_base(dir: &Path) -> PathBuf {
-        dir.join("vsock.sock")
+    /// Where the host listens for the agent (Firecracker's hybrid vsock
+    /// connects the guest's CID 2 port to `<uds_path>_<port>`).
+    fn agent_socket(layout: &Layout) -> PathBuf {
+        layout.host(&format!("vsock.sock_{AGENT_PORT}"))
     }
 
-    /// Where the host listens for the agent.
-    fn agent_socket(dir: &Path) -> PathBuf {
-        PathBuf::from(format!("{}_{AGENT_PORT}", Self::vsock_base(dir).display()))
-    }
-
+    /// The sandbox's snapshot, kept in its own directory.
     fn snapshot(dir: &Path) -> (PathBuf, PathBuf) {
         (dir.join("snapshot/vm.state"), dir.join("snapshot/vm.mem"))
     }
 
-    fn listen(dir: &Path) -> Result<UnixListener, EngineError> {
-        let path = Self::agent_socket(dir);
+    fn listen(&self, layout: &Layout) -> Result<UnixListener, EngineError> {
+        let path = Self::agent_socket(layout);
         let _ = fs::remove_file(&path);
-        UnixListener::bind(&path).map_err(EngineError::io("listening for the agent"))
+        let listener = UnixListener::bind(&path).map_err(EngineError::io("listening for the agent"))?;
+        if layout.jailed {
+            // The jailed VMM connects as its own uid.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o777)).map_err(EngineError::io("socket mode"))?;
+        }
+        Ok(listener)
     }
 
-    async fn accept(listener: UnixListener, dir: &Path) -> Result<tokio::net::UnixStream, EngineError> {
+    async fn accept(listener: UnixListener, layout: &Layout) -> Result<tokio::net::UnixStream, EngineError> {
         let (socket, _) = tokio::time::timeout(BOOT_PATIENCE, listener.accept())
             .await
             .map_err(|_| EngineError::Runtime(format!("the agent did not dial home within {BOOT_PATIENCE:?}")))?
             .map_err(EngineError::io("accepting the agent"))?;
-        let _ = fs::remove_file(Self::agent_socket(dir));
+        let _ = fs::remove_file(Self::agent_socket(layout));
         Ok(socket)
+    }
+
+    /// Where this sandbox's VMM will find its files. Under the jailer they
+    /// are placed in its chroot (the sandbox's own files hard-linked, the
+    /// shared kernel and initramfs reflinked) and owned by its uid.
+    fn layout(&self, spec: &SandboxSpec, extra: &[(&str, &Path)]) -> Result<Layout, EngineError> {
+        let Some(_) = &self.config.jailer else {
+            return Ok(Layout { host: spec.dir.clone(), jailed: false });
+        };
+        let root = Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).map_err(EngineError::io("creating the jail"))?;
+        let uid = self.config.jail_uid;
+        for (name, source) in
+            [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())]
+        {
+            space_host::run(Command::new("cp").arg("--reflink=auto").arg(source).arg(root.join(name)))?;
+        }
+        for (name, source) in extra {
+            fs::hard_link(source, root.join(name)).map_err(EngineError::io(format!("linking {name} into the jail")))?;
+        }
+        let owned: Vec<PathBuf> =
+            ["vmlinux", "initramfs.cpio"].iter().chain(extra.iter().map(|(n, _)| n)).map(|n| root.join(n)).collect();
+        for path in owned.iter().chain(std::iter::once(&root)) {
+            std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(EngineError::io("chown into the jail"))?;
+        }
+        Ok(Layout { host: root, jailed: true })
+    }
+
+    async fn spawn(&self, spec: &SandboxSpec) -> Result<Vmm, EngineError> {
+        match &self.config.jailer {
+            Some(jailer) => {
+                let uid = self.config.jail_uid;
+                let id = jail_id(&spec.id);
+                Vmm::spawn_jailed(jailer, &self.config.firecracker, &self.config.jail_base, &id, uid, uid).await
+            }
+            None => Vmm::spawn(&self.config.firecracker, &spec.dir.join("vmm"), &spec.id).await,
+        }
     }
 
     fn with_vmm<T>(&self, id: &str, f: impl FnOnce(&mut (Vmm, bool)) -> T) -> Result<T, EngineError> {
@@ -93,14 +167,20 @@ impl Firecracker {
         }
         let root = spec.dir.join("rootfs.ext4");
         space_host::run(Command::new("cp").arg("--reflink=auto").arg(&template_image).arg(&root))?;
-        let listener = Self::listen(&spec.dir)?;
+        let layout = self.layout(spec, &[("rootfs.ext4", &root)])?;
+        let listener = self.listen(&layout)?;
         let started = Instant::now();
-        let vmm = Vmm::spawn(&self.config.firecracker, &spec.dir.join("vmm"), &spec.id).await?;
+        let vmm = self.spawn(spec).await?;
         let api = vmm.api.clone();
         self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), (vmm, false));
+        let (kernel, initramfs) = if layout.jailed {
+            (layout.vm("vmlinux"), layout.vm("initramfs.cpio"))
+        } else {
+            (self.config.kernel.clone(), self.config.initramfs.clone())
+        };
         api.boot_source(&BootSource {
-            kernel_image_path: self.config.kernel.clone(),
-            initrd_path: Some(self.config.initramfs.clone()),
+            kernel_image_path: kernel,
+            initrd_path: Some(initramfs),
             boot_args: BOOT_ARGS.into(),
         })
         .await?;
@@ -111,11 +191,16 @@ impl Firecracker {
             track_dirty_pages: false,
         })
         .await?;
-        api.drive(&Drive { drive_id: "root".into(), path_on_host: root, is_root_device: true, is_read_only: false })
-            .await?;
-        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: Self::vsock_base(&spec.dir) }).await?;
+        api.drive(&Drive {
+            drive_id: "root".into(),
+            path_on_host: layout.vm("rootfs.ext4"),
+            is_root_device: true,
+            is_read_only: false,
+        })
+        .await?;
+        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: layout.vm("vsock.sock") }).await?;
         api.start().await?;
-        let socket = Self::accept(listener, &spec.dir).await?;
+        let socket = Self::accept(listener, &layout).await?;
         let boot = started.elapsed();
         let agent = AgentConn::handshake(socket, crate::welcome_for(spec), BOOT_PATIENCE).await?;
         Ok(Started { agent, boot })
@@ -165,11 +250,26 @@ impl Engine for Firecracker {
             api.pause().await?;
         }
         let (state, memory) = Self::snapshot(&spec.dir);
-        let _ = fs::remove_dir_all(state.parent().unwrap_or(&spec.dir));
-        fs::create_dir_all(state.parent().unwrap_or(&spec.dir))
-            .map_err(EngineError::io("creating the snapshot dir"))?;
-        api.snapshot_create(&SnapshotCreate { snapshot_type: "Full", snapshot_path: state, mem_file_path: memory })
+        let snapshot_dir = state.parent().unwrap_or(&spec.dir).to_path_buf();
+        let _ = fs::remove_dir_all(&snapshot_dir);
+        fs::create_dir_all(&snapshot_dir).map_err(EngineError::io("creating the snapshot dir"))?;
+        if self.config.jailer.is_some() {
+            // Written inside the jail, then linked out before it goes.
+            let root = Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id));
+            let (jail_state, jail_memory) = (PathBuf::from("/vm.state"), PathBuf::from("/vm.mem"));
+            api.snapshot_create(&SnapshotCreate {
+                snapshot_type: "Full",
+                snapshot_path: jail_state,
+                mem_file_path: jail_memory,
+            })
             .await?;
+            for (name, target) in [("vm.state", &state), ("vm.mem", &memory)] {
+                fs::hard_link(root.join(name), target).map_err(EngineError::io("keeping the snapshot"))?;
+            }
+        } else {
+            api.snapshot_create(&SnapshotCreate { snapshot_type: "Full", snapshot_path: state, mem_file_path: memory })
+                .await?;
+        }
         self.kill(&spec.id);
         Ok(())
     }
@@ -179,18 +279,22 @@ impl Engine for Firecracker {
         if !self.has_snapshot(spec) {
             return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
         }
-        let listener = Self::listen(&spec.dir)?;
-        let vmm = Vmm::spawn(&self.config.firecracker, &spec.dir.join("vmm"), &spec.id).await?;
+        let root = spec.dir.join("rootfs.ext4");
+        let layout = self.layout(spec, &[("rootfs.ext4", &root), ("vm.state", &state), ("vm.mem", &memory)])?;
+        let listener = self.listen(&layout)?;
+        let vmm = self.spawn(spec).await?;
         let api = vmm.api.clone();
         self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), (vmm, false));
+        let (state, memory) =
+            if layout.jailed { (layout.vm("vm.state"), layout.vm("vm.mem")) } else { (state, memory) };
         api.snapshot_load(&SnapshotLoad {
             snapshot_path: state,
             mem_backend: MemBackend { backend_type: "File", backend_path: memory },
             resume_vm: true,
-            vsock_override: Some(VsockOverride { uds_path: Self::vsock_base(&spec.dir) }),
+            vsock_override: Some(VsockOverride { uds_path: layout.vm("vsock.sock") }),
         })
         .await?;
-        Self::accept(listener, &spec.dir).await
+        Self::accept(listener, &layout).await
     }
 
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
@@ -213,8 +317,15 @@ impl Engine for Firecracker {
     }
 
     async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
-        let listener = Self::listen(&spec.dir)?;
-        Self::accept(listener, &spec.dir).await
+        let layout = match &self.config.jailer {
+            Some(_) => Layout {
+                host: Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id)),
+                jailed: true,
+            },
+            None => Layout { host: spec.dir.clone(), jailed: false },
+        };
+        let listener = self.listen(&layout)?;
+        Self::accept(listener, &layout).await
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

@@ -120,9 +120,17 @@ impl Vmm {
         Ok(vmm)
     }
 
+    /// The directory the jailer makes the VMM's root: files the VMM needs
+    /// go there (owned by its uid) before [`Vmm::spawn_jailed`].
+    pub fn jail_root(binary: &Path, chroot_base: &Path, id: &str) -> PathBuf {
+        let exec_name = binary.file_name().and_then(|n| n.to_str()).unwrap_or("firecracker");
+        chroot_base.join(exec_name).join(id).join("root")
+    }
+
     /// Starts firecracker under the jailer: its own uid/gid, a chroot under
     /// `chroot_base`, cgroups and a new PID namespace. The binary is copied
-    /// into the chroot by the jailer; it must be statically linked.
+    /// into the chroot by the jailer; it must be statically linked. Files
+    /// already placed in [`Vmm::jail_root`] stay.
     pub async fn spawn_jailed(
         jailer: &Path,
         binary: &Path,
@@ -134,7 +142,8 @@ impl Vmm {
         let exec_name = binary.file_name().and_then(|n| n.to_str()).unwrap_or("firecracker").to_string();
         let jail = chroot_base.join(&exec_name).join(id);
         let root = jail.join("root");
-        let _ = fs::remove_dir_all(&jail);
+        let _ = fs::remove_file(root.join(&exec_name));
+        let _ = fs::remove_file(root.join(format!("{exec_name}.pid")));
         fs::create_dir_all(chroot_base).map_err(EngineError::io("creating the chroot base"))?;
         let mut command = Command::new(jailer);
         command
