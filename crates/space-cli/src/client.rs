@@ -86,6 +86,12 @@ impl Client {
         Self::answer(self.request("PUT", &target).send(file)).map(drop)
     }
 
+    /// Writes `bytes` to `path` in a sandbox.
+    pub fn upload_bytes(&self, sandbox: &str, path: &str, bytes: &[u8]) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
+        Self::answer(self.request("PUT", &target).send_bytes(bytes)).map(drop)
+    }
+
     /// Sends a tar archive to unpack into directory `path` of a sandbox.
     pub fn upload_tar(&self, sandbox: &str, path: &str, archive: Vec<u8>) -> Result<()> {
         let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));

@@ -5,6 +5,7 @@
 mod attach;
 mod bench;
 mod client;
+mod mcp;
 mod setup;
 
 use std::net::SocketAddr;
@@ -52,6 +53,12 @@ enum Top {
     },
     /// Measure create and exec latency against the raw runsc floor.
     Bench(bench::BenchArgs),
+    /// Serve the Model Context Protocol on stdin/stdout: tools that create
+    /// sandboxes, run commands and move files (uses SPACE_URL, SPACE_API_KEY).
+    Mcp {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Tell which engines this host can run, and why not.
     Doctor {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
@@ -512,6 +519,7 @@ fn run(cli: Cli) -> Result<i32> {
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
         Top::Keys(command) => keys(command).map(|()| 0),
+        Top::Mcp { client } => mcp::serve(&client.client()?).map(|()| 0),
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
 }

@@ -337,3 +337,100 @@ fn doctor_tells_which_engine_runs_here_and_why_not() {
         assert!(text.contains("engine    gvisor"), "{text}");
     }
 }
+
+#[test]
+fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
+    use std::io::Write;
+    let data = TestDataDir::new();
+    let (server, url) = serve(&data);
+    let mut command = Command::new(SPACE);
+    command
+        .arg("mcp")
+        .env("SPACE_URL", &url)
+        .env("SPACE_DATA_DIR", data.root())
+        .env("SPACE_API_KEY", std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    let mut stdin = child.child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.child.stdout.take().unwrap()).lines();
+    let mut ask = |id: u64, method: &str, params: serde_json::Value| -> serde_json::Value {
+        let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{request}").unwrap();
+        stdin.flush().unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(answer["id"], id, "{answer}");
+        answer
+    };
+    let init = ask(
+        1,
+        "initialize",
+        serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert_eq!(init["result"]["serverInfo"]["name"], "space");
+    let tools = ask(2, "tools/list", serde_json::json!({}));
+    let names: Vec<&str> =
+        tools["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    for expected in [
+        "create_sandbox",
+        "run_command",
+        "write_file",
+        "read_file",
+        "list_sandboxes",
+        "pause_sandbox",
+        "resume_sandbox",
+        "suspend_sandbox",
+        "delete_sandbox",
+    ] {
+        assert!(names.contains(&expected), "{expected} in {names:?}");
+    }
+    assert!(tools["result"]["tools"].as_array().unwrap().iter().all(|t| t["inputSchema"]["type"] == "object"));
+
+    let created = ask(3, "tools/call", serde_json::json!({"name": "create_sandbox", "arguments": {}}));
+    assert_eq!(created["result"]["isError"], false, "{created}");
+    let sandbox: serde_json::Value =
+        serde_json::from_str(created["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    let id = sandbox["id"].as_str().unwrap().to_string();
+    let ran = ask(
+        4,
+        "tools/call",
+        serde_json::json!({"name": "run_command", "arguments": {"sandbox_id": id, "command": "echo hello from mcp; exit 3"}}),
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(ran["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (result["stdout"].as_str(), result["exit_code"].as_i64()),
+        (Some("hello from mcp\n"), Some(3)),
+        "{result}"
+    );
+    let wrote = ask(
+        5,
+        "tools/call",
+        serde_json::json!({"name": "write_file", "arguments": {"sandbox_id": id, "path": "/root/mcp/note.txt", "content": "noted"}}),
+    );
+    assert_eq!(wrote["result"]["isError"], false, "{wrote}");
+    let read = ask(
+        6,
+        "tools/call",
+        serde_json::json!({"name": "read_file", "arguments": {"sandbox_id": id, "path": "/root/mcp/note.txt"}}),
+    );
+    assert_eq!(read["result"]["content"][0]["text"], "noted");
+    // Errors are tool errors, not crashes.
+    let missing = ask(
+        7,
+        "tools/call",
+        serde_json::json!({"name": "run_command", "arguments": {"sandbox_id": "sbx_nope", "command": "true"}}),
+    );
+    assert_eq!(missing["result"]["isError"], true, "{missing}");
+    let unknown = ask(8, "no/such/method", serde_json::json!({}));
+    assert_eq!(unknown["error"]["code"], -32601);
+    let deleted = ask(9, "tools/call", serde_json::json!({"name": "delete_sandbox", "arguments": {"sandbox_id": id}}));
+    assert_eq!(deleted["result"]["isError"], false, "{deleted}");
+    drop(stdin);
+    assert!(
+        child.wait_timeout(std::time::Duration::from_secs(10)).is_some_and(|s| s.success()),
+        "mcp ends with its input"
+    );
+    stop(server);
+}

@@ -1,0 +1,214 @@
+//! `space mcp`: a Model Context Protocol server over stdio (JSON-RPC 2.0,
+//! one message per line) whose tools drive a SPACE server through its API
+//! (`SPACE_URL`, `SPACE_API_KEY`). A failing call is a tool result with
+//! `isError: true` and the server's error message, never a crash.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use crate::client::{encode, Client};
+
+/// The protocol revision this server speaks.
+const PROTOCOL_VERSION: &str = "2024-11-05";
+
+fn tools() -> Value {
+    let id = json!({"type": "string", "description": "The sandbox id (sbx_…)"});
+    let env = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let only_id = json!({"type": "object", "properties": {"sandbox_id": id}, "required": ["sandbox_id"], "additionalProperties": false});
+    json!([
+        {"name": "create_sandbox",
+         "description": "Create an isolated Linux sandbox and wait until it runs. Returns the sandbox.",
+         "inputSchema": {"type": "object", "properties": {
+             "template": {"type": "string", "description": "Template name (default: base)"},
+             "env": env, "vcpus": {"type": "integer", "minimum": 1},
+             "memory_mib": {"type": "integer", "minimum": 64}, "disk_mib": {"type": "integer", "minimum": 256}},
+          "additionalProperties": false}},
+        {"name": "run_command",
+         "description": "Run a shell command (or an argv) in a sandbox and wait for it: stdout, stderr and exit code.",
+         "inputSchema": {"type": "object", "properties": {
+             "sandbox_id": id,
+             "command": {"type": "string", "description": "Run by /bin/sh -c"},
+             "argv": {"type": "array", "items": {"type": "string"}},
+             "cwd": {"type": "string"}, "env": env,
+             "timeout_s": {"type": "integer", "minimum": 0}},
+          "required": ["sandbox_id"], "additionalProperties": false}},
+        {"name": "write_file",
+         "description": "Write a text file in a sandbox (parents are created).",
+         "inputSchema": {"type": "object", "properties": {
+             "sandbox_id": id, "path": {"type": "string", "description": "Absolute path"},
+             "content": {"type": "string"}},
+          "required": ["sandbox_id", "path", "content"], "additionalProperties": false}},
+        {"name": "read_file",
+         "description": "Read a file from a sandbox.",
+         "inputSchema": {"type": "object", "properties": {
+             "sandbox_id": id, "path": {"type": "string", "description": "Absolute path"}},
+          "required": ["sandbox_id", "path"], "additionalProperties": false}},
+        {"name": "list_sandboxes", "description": "List sandboxes with their state.",
+         "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false}},
+        {"name": "pause_sandbox", "description": "Freeze a sandbox in memory.", "inputSchema": only_id},
+        {"name": "resume_sandbox", "description": "Resume a paused or suspended sandbox.", "inputSchema": only_id},
+        {"name": "suspend_sandbox", "description": "Snapshot a sandbox to disk and stop it.", "inputSchema": only_id},
+        {"name": "delete_sandbox", "description": "Delete a sandbox and everything it holds.", "inputSchema": only_id},
+    ])
+}
+
+fn text(value: &str) -> Value {
+    json!({"content": [{"type": "text", "text": value}], "isError": false})
+}
+
+fn tool_error(message: &str) -> Value {
+    json!({"content": [{"type": "text", "text": message}], "isError": true})
+}
+
+fn string<'a>(args: &'a Value, key: &str) -> Result<&'a str, String> {
+    args[key].as_str().ok_or_else(|| format!("`{key}` (a string) is required"))
+}
+
+/// Waits for an accepted operation and says how it ended.
+fn finish(client: &Client, accepted: &Value) -> Result<Value, String> {
+    let id = accepted["operation"]["id"].as_str().ok_or("the server accepted no operation")?;
+    let operation = client.wait_operation(id).map_err(|e| e.to_string())?;
+    if operation["state"] != "succeeded" {
+        return Err(format!(
+            "the {} operation {}: {}",
+            operation["kind"], operation["state"], operation["error"]["message"]
+        ));
+    }
+    Ok(operation)
+}
+
+fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
+    let e = |err: anyhow::Error| err.to_string();
+    match name {
+        "create_sandbox" => {
+            let mut body = json!({"template": args["template"].as_str().unwrap_or("base")});
+            for key in ["env", "vcpus", "memory_mib", "disk_mib"] {
+                if !args[key].is_null() {
+                    body[key] = args[key].clone();
+                }
+            }
+            let accepted = client.post("/v1/sandboxes", &body).map_err(e)?;
+            finish(client, &accepted)?;
+            let id = accepted["sandbox"]["id"].as_str().unwrap_or_default();
+            let sandbox = client.get(&format!("/v1/sandboxes/{id}")).map_err(e)?;
+            Ok(text(&serde_json::to_string_pretty(&sandbox).unwrap_or_default()))
+        }
+        "run_command" => {
+            let id = string(args, "sandbox_id")?;
+            let mut body = json!({});
+            match (args["command"].as_str(), args["argv"].as_array()) {
+                (Some(command), None) => body["cmd"] = command.into(),
+                (None, Some(argv)) => body["argv"] = Value::Array(argv.clone()),
+                _ => return Err("give either `command` (a shell string) or `argv` (a list)".into()),
+            }
+            for key in ["cwd", "env", "timeout_s"] {
+                if !args[key].is_null() {
+                    body[key] = args[key].clone();
+                }
+            }
+            let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &body).map_err(e)?;
+            let result = &answer["result"];
+            let summary = json!({
+                "exit_code": result["exit_code"], "signal": result["signal"], "timed_out": result["timed_out"],
+                "stdout": answer["stdout"], "stderr": answer["stderr"], "truncated": answer["truncated"],
+            });
+            Ok(text(&serde_json::to_string_pretty(&summary).unwrap_or_default()))
+        }
+        "write_file" => {
+            let (id, path, content) = (string(args, "sandbox_id")?, string(args, "path")?, string(args, "content")?);
+            client.upload_bytes(id, path, content.as_bytes()).map_err(e)?;
+            Ok(text(&format!("wrote {} bytes to {path}", content.len())))
+        }
+        "read_file" => {
+            let (id, path) = (string(args, "sandbox_id")?, string(args, "path")?);
+            let mut bytes = Vec::new();
+            client.download(id, path, &mut bytes).map_err(e)?;
+            Ok(text(&String::from_utf8_lossy(&bytes)))
+        }
+        "list_sandboxes" => {
+            let list = client.get("/v1/sandboxes").map_err(e)?;
+            let rows: Vec<Value> = list["sandboxes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| json!({"id": s["id"], "state": s["state"], "template": s["template"]}))
+                .collect();
+            Ok(text(&serde_json::to_string_pretty(&rows).unwrap_or_default()))
+        }
+        "pause_sandbox" | "resume_sandbox" | "suspend_sandbox" | "delete_sandbox" => {
+            let id = string(args, "sandbox_id")?;
+            let action = name.trim_end_matches("_sandbox");
+            let accepted = if action == "delete" {
+                client.delete(&format!("/v1/sandboxes/{}", encode(id))).map_err(e)?
+            } else {
+                client.post(&format!("/v1/sandboxes/{}/{action}", encode(id)), &json!({})).map_err(e)?
+            };
+            finish(client, &accepted)?;
+            let past = match action {
+                "pause" => "paused",
+                "resume" => "resumed",
+                "suspend" => "suspended",
+                _ => "deleted",
+            };
+            Ok(text(&format!("{id} {past}")))
+        }
+        other => Err(format!("no tool {other:?}")),
+    }
+}
+
+/// One JSON-RPC message in, its answer (none for a notification) out.
+fn handle(client: &Client, message: &Value) -> Option<Value> {
+    let id = message.get("id").cloned();
+    let reply = |result: Result<Value, (i64, String)>| {
+        let id = id.clone()?;
+        Some(match result {
+            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Err((code, message)) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        })
+    };
+    let method = message["method"].as_str().unwrap_or("");
+    match method {
+        "initialize" => reply(Ok(json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": {"name": "space", "version": env!("CARGO_PKG_VERSION")},
+            "instructions": "Isolated Linux sandboxes: create one, run commands and move files in it, then delete it.",
+        }))),
+        "ping" => reply(Ok(json!({}))),
+        "tools/list" => reply(Ok(json!({"tools": tools()}))),
+        "tools/call" => {
+            let params = &message["params"];
+            let Some(name) = params["name"].as_str() else {
+                return reply(Err((-32602, "tools/call needs params.name".into())));
+            };
+            let args = if params["arguments"].is_null() { json!({}) } else { params["arguments"].clone() };
+            reply(Ok(call(client, name, &args).unwrap_or_else(|message| tool_error(&message))))
+        }
+        _ if method.starts_with("notifications/") => None,
+        _ => reply(Err((-32601, format!("no method {method:?}")))),
+    }
+}
+
+/// Serves MCP on stdin/stdout until stdin closes.
+pub fn serve(client: &Client) -> Result<()> {
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout().lock();
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = match serde_json::from_str::<Value>(&line) {
+            Ok(message) => handle(client, &message),
+            Err(err) => Some(json!({"jsonrpc": "2.0", "id": null,
+                                    "error": {"code": -32700, "message": format!("not JSON: {err}")}})),
+        };
+        if let Some(answer) = answer {
+            writeln!(stdout, "{answer}")?;
+            stdout.flush()?;
+        }
+    }
+    Ok(())
+}
