@@ -434,3 +434,59 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
     );
     stop(server);
 }
+
+#[test]
+fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
+    let data = TestDataDir::new();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let venv = data.root().join("venv");
+    let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();
+    assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
+    let pip = Reaper::global()
+        .output(Command::new(venv.join("bin/pip")).args(["install", "-q"]).arg(repo.join("sdk/python")))
+        .unwrap();
+    assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
+
+    let (server, url) = serve(&data);
+    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let python = venv.join("bin/python");
+    let mut tests = Command::new(&python);
+    tests
+        .args(["-m", "unittest", "discover", "-v", "-s"])
+        .arg(repo.join("sdk/python/tests"))
+        .env("SPACE_URL", &url)
+        .env("SPACE_API_KEY", &key);
+    let ran = Reaper::global().output(&mut tests).unwrap();
+    let report = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success() && report.contains("OK"), "the SDK's tests: {report}");
+
+    // The walkthrough, unattended: a transcript directory stays, the sandbox goes.
+    let walk = data.root().join("walk");
+    std::fs::create_dir_all(&walk).unwrap();
+    let mut command = Command::new(&python);
+    command
+        .arg(repo.join("examples/first_sandbox.py"))
+        .current_dir(&walk)
+        .env("SPACE_URL", &url)
+        .env("SPACE_API_KEY", &key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    std::io::Write::write_all(child.child.stdin.as_mut().unwrap(), b"delete\n").unwrap();
+    drop(child.child.stdin.take());
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert_eq!(child.wait_timeout(std::time::Duration::from_secs(120)), Some(ExitStatus::Exited(0)), "{out}");
+    let runs: Vec<_> = std::fs::read_dir(walk.join("space-runs")).unwrap().flatten().collect();
+    assert_eq!(runs.len(), 1, "one run directory");
+    let id = runs[0].file_name().to_string_lossy().into_owned();
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs[0].path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["commands"].as_array().unwrap().len(), 4);
+    assert_eq!(run["commands"][3]["exit_code"], 3);
+    assert!(out.contains("accepts at once") && out.contains("succeeded"), "{out}");
+    let got = space(&data, &url, &["sandbox", "get", &id]);
+    assert!(String::from_utf8_lossy(&got.stdout).contains("\"deleted\""), "no sandbox is left");
+    stop(server);
+}

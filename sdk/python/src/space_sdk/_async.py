@@ -1,0 +1,231 @@
+"""The asynchronous client: the same surface as the synchronous one, with `await`."""
+
+from __future__ import annotations
+
+
+import time
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
+
+import httpx
+
+from ._common import (TERMINAL, CommandResult, OutputEvent, as_bytes, check_operation, command_body, config,
+                      create_body, listing)
+from ._errors import SpaceError, error_from_response
+
+
+class AsyncClient:
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, timeout: float = 90.0) -> None:
+        self.url, headers = config(url, api_key)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                # A kept-alive connection the server had closed: a GET is
+                # safe to send again on a fresh one.
+                if method != "GET":
+                    raise
+                response = await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as err:
+            raise SpaceError(f"cannot reach the SPACE server at {self.url}: {err!r}", code="unreachable") from err
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+            raise error_from_response(response.status_code, body)
+        return response
+
+    async def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return (await self.request(method, path, **kwargs)).json()
+
+    async def wait_operation(self, operation_id: str, timeout: float = 300.0) -> Dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            operation = await self.json("GET", f"/v1/operations/{operation_id}", params={"wait": 30})
+            if operation.get("state") in TERMINAL:
+                return operation
+            if time.monotonic() > deadline:
+                raise SpaceError(f"operation {operation_id} did not finish within {timeout}s", code="timeout")
+
+
+class AsyncCommandHandle:
+    def __init__(self, sandbox: "AsyncSandbox", command_id: str) -> None:
+        self.sandbox = sandbox
+        self.id = command_id
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/commands/{self.id}{suffix}"
+
+    async def stream(self, from_offset: int = 0) -> AsyncIterator[OutputEvent]:
+        params = {"from": from_offset, "follow": "true"}
+        http = self.sandbox.client._http
+        async with http.stream("GET", self._path("/output"), params=params, timeout=None) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise error_from_response(response.status_code, response.json())
+            async for line in response.aiter_lines():
+                if line.strip():
+                    event = OutputEvent.parse(line)
+                    yield event
+                    if event.type == "exit":
+                        return
+
+    async def send_stdin(self, data: Union[str, bytes], eof: bool = False) -> None:
+        params = {"eof": "true"} if eof else None
+        await self.sandbox.client.request("POST", self._path("/stdin"), content=as_bytes(data), params=params)
+
+    async def close_stdin(self) -> None:
+        await self.sandbox.client.request("POST", self._path("/stdin"), content=b"", params={"eof": "true"})
+
+    async def signal(self, name: str = "TERM") -> None:
+        await self.sandbox.client.request("POST", self._path("/signal"), json={"signal": name})
+
+    async def wait(self, timeout: Optional[float] = None) -> CommandResult:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = await self.sandbox.client.json("GET", self._path(), params={"wait": 30})
+            if info.get("result") is not None:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise SpaceError(f"command {self.id} still runs after {timeout}s", code="timeout")
+        out, err = bytearray(), bytearray()
+        result: Dict[str, Any] = info["result"]
+        async for event in self.stream():
+            if event.type == "stdout":
+                out += event.data
+            elif event.type == "stderr":
+                err += event.data
+            elif event.result:
+                result = event.result
+        return CommandResult.from_output(self.id, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                                         result)
+
+
+class AsyncCommands:
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self.sandbox = sandbox
+
+    async def run(self, cmd: Union[str, Sequence[str]], *, env: Optional[Dict[str, str]] = None,
+                  cwd: Optional[str] = None, timeout: Optional[float] = None,
+                  user: Optional[str] = None) -> CommandResult:
+        body = command_body(cmd, env, cwd, timeout, user)
+        answer = await self.sandbox.client.json("POST", f"/v1/sandboxes/{self.sandbox.id}/exec", json=body,
+                                                timeout=None if not timeout else timeout + 30)
+        return CommandResult.from_exec(answer)
+
+    async def start(self, cmd: Union[str, Sequence[str]], *, env: Optional[Dict[str, str]] = None,
+                    cwd: Optional[str] = None, timeout: Optional[float] = None, user: Optional[str] = None,
+                    stdin: bool = False, tag: Optional[str] = None) -> AsyncCommandHandle:
+        body = command_body(cmd, env, cwd, timeout, user, stdin, tag)
+        created = await self.sandbox.client.json("POST", f"/v1/sandboxes/{self.sandbox.id}/commands", json=body)
+        return AsyncCommandHandle(self.sandbox, created["command"]["id"])
+
+    async def connect(self, command_id: str) -> AsyncCommandHandle:
+        await self.sandbox.client.json("GET", f"/v1/sandboxes/{self.sandbox.id}/commands/{command_id}")
+        return AsyncCommandHandle(self.sandbox, command_id)
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return (await self.sandbox.client.json("GET", f"/v1/sandboxes/{self.sandbox.id}/commands"))["commands"]
+
+
+class AsyncFiles:
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self.sandbox = sandbox
+
+    def _path(self) -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/files"
+
+    async def write(self, path: str, data: Union[str, bytes], mode: Optional[str] = None) -> Dict[str, Any]:
+        params = {"path": path}
+        if mode:
+            params["mode"] = mode
+        return await self.sandbox.client.json("PUT", self._path(), params=params, content=as_bytes(data))
+
+    async def read(self, path: str) -> bytes:
+        response = await self.sandbox.client.request("GET", self._path(), params={"path": path})
+        if response.headers.get("content-type", "").startswith("application/json"):
+            raise SpaceError(f"{path} is a directory; use files.list", code="is_a_directory")
+        return response.content
+
+    async def list(self, path: str) -> List[Dict[str, Any]]:
+        response = await self.sandbox.client.request("GET", self._path(), params={"path": path})
+        if not response.headers.get("content-type", "").startswith("application/json"):
+            raise SpaceError(f"{path} is a file; use files.read", code="not_a_directory")
+        return listing(response.json())
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        params = {"path": path}
+        if recursive:
+            params["recursive"] = "true"
+        await self.sandbox.client.request("DELETE", self._path(), params=params)
+
+
+class AsyncSandbox:
+    def __init__(self, info: Dict[str, Any], client: AsyncClient, keep: bool = True) -> None:
+        self.info = info
+        self.id: str = info["id"]
+        self.client = client
+        self.keep = keep
+        self.commands = AsyncCommands(self)
+        self.files = AsyncFiles(self)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r}, state={self.info.get('state')!r})"
+
+    @classmethod
+    async def create(cls, template: str = "base", *, keep: bool = False, client: Optional[AsyncClient] = None,
+                     timeout: float = 300.0, **spec: Any) -> "AsyncSandbox":
+        client = client or AsyncClient()
+        accepted = await client.json("POST", "/v1/sandboxes", json=create_body(template, spec))
+        check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
+        return cls(await client.json("GET", f"/v1/sandboxes/{accepted['sandbox']['id']}"), client, keep=keep)
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, client: Optional[AsyncClient] = None) -> "AsyncSandbox":
+        client = client or AsyncClient()
+        return cls(await client.json("GET", f"/v1/sandboxes/{sandbox_id}"), client, keep=True)
+
+    @classmethod
+    async def list(cls, *, state: Optional[str] = None,
+                   client: Optional[AsyncClient] = None) -> List["AsyncSandbox"]:
+        client = client or AsyncClient()
+        params = {"state": state} if state else None
+        return [cls(s, client) for s in (await client.json("GET", "/v1/sandboxes", params=params))["sandboxes"]]
+
+    async def refresh(self) -> Dict[str, Any]:
+        self.info = await self.client.json("GET", f"/v1/sandboxes/{self.id}")
+        return self.info
+
+    async def _lifecycle(self, method: str, path: str) -> Dict[str, Any]:
+        accepted = await self.client.json(method, path, json={} if method == "POST" else None)
+        operation = check_operation(await self.client.wait_operation(accepted["operation"]["id"]))
+        await self.refresh()
+        return operation
+
+    async def pause(self) -> Dict[str, Any]:
+        return await self._lifecycle("POST", f"/v1/sandboxes/{self.id}/pause")
+
+    async def resume(self) -> Dict[str, Any]:
+        return await self._lifecycle("POST", f"/v1/sandboxes/{self.id}/resume")
+
+    async def suspend(self) -> Dict[str, Any]:
+        return await self._lifecycle("POST", f"/v1/sandboxes/{self.id}/suspend")
+
+    async def delete(self) -> Dict[str, Any]:
+        return await self._lifecycle("DELETE", f"/v1/sandboxes/{self.id}")
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if not self.keep:
+            await self.delete()
+
+
+

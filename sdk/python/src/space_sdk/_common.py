@@ -1,0 +1,120 @@
+"""What the sync and async clients share: configuration, request bodies
+and the shapes of results."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from ._errors import OperationFailedError, SpaceError
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def config(url: Optional[str], api_key: Optional[str]) -> "tuple[str, Dict[str, str]]":
+    url = (url or os.environ.get("SPACE_URL") or DEFAULT_URL).rstrip("/")
+    key = api_key or os.environ.get("SPACE_API_KEY")
+    if not key:
+        raise SpaceError("no API key: pass api_key= or set SPACE_API_KEY", code="no_api_key")
+    return url, {"Authorization": f"Bearer {key}"}
+
+
+def create_body(template: str, spec: Dict[str, Any]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"template": template}
+    for key in ("vcpus", "memory_mib", "disk_mib", "env", "labels", "lifecycle", "network"):
+        if spec.get(key) is not None:
+            body[key] = spec[key]
+    unknown = set(spec) - {"vcpus", "memory_mib", "disk_mib", "env", "labels", "lifecycle", "network"}
+    if unknown:
+        raise TypeError(f"unknown sandbox settings: {sorted(unknown)}")
+    return body
+
+
+def command_body(cmd: Union[str, Sequence[str]], env: Optional[Dict[str, str]], cwd: Optional[str],
+                 timeout: Optional[float], user: Optional[str], stdin: bool = False,
+                 tag: Optional[str] = None) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
+    if env:
+        body["env"] = dict(env)
+    if cwd:
+        body["cwd"] = cwd
+    if user:
+        body["user"] = user
+    if timeout:
+        body["timeout_s"] = max(1, int(round(timeout)))
+    if stdin:
+        body["stdin"] = True
+    if tag:
+        body["tag"] = tag
+    return body
+
+
+def check_operation(operation: Dict[str, Any]) -> Dict[str, Any]:
+    if operation.get("state") != "succeeded":
+        error = operation.get("error") or {}
+        raise OperationFailedError(
+            f"the {operation.get('kind')} operation {operation.get('state')}: {error.get('message', 'no reason given')}",
+            code=error.get("code", "operation_failed"), details={"operation": operation})
+    return operation
+
+
+@dataclass
+class CommandResult:
+    """How a command ended, with its output."""
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]
+    signal: Optional[str] = None
+    timed_out: bool = False
+    command_id: Optional[str] = None
+    truncated: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_exec(cls, answer: Dict[str, Any]) -> "CommandResult":
+        result = answer.get("result") or {}
+        return cls(stdout=answer.get("stdout", ""), stderr=answer.get("stderr", ""),
+                   exit_code=result.get("exit_code"), signal=result.get("signal"),
+                   timed_out=bool(result.get("timed_out")), command_id=(answer.get("command") or {}).get("id"),
+                   truncated=bool(answer.get("truncated")), raw=answer)
+
+    @classmethod
+    def from_output(cls, command_id: str, stdout: str, stderr: str, result: Dict[str, Any]) -> "CommandResult":
+        return cls(stdout=stdout, stderr=stderr, exit_code=result.get("exit_code"), signal=result.get("signal"),
+                   timed_out=bool(result.get("timed_out")), command_id=command_id, raw=result)
+
+
+@dataclass
+class OutputEvent:
+    """One piece of a command's output, or its end (`type == "exit"`)."""
+    type: str
+    offset: int = 0
+    data: bytes = b""
+    result: Optional[Dict[str, Any]] = None
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+    @classmethod
+    def parse(cls, line: str) -> "OutputEvent":
+        frame = json.loads(line)
+        if frame.get("type") == "exit":
+            return cls(type="exit", result=frame.get("result") or {})
+        if "data_b64" in frame:
+            data = base64.b64decode(frame["data_b64"])
+        else:
+            data = frame.get("data", "").encode("utf-8")
+        return cls(type=frame.get("type", "stdout"), offset=int(frame.get("offset", 0)), data=data)
+
+
+def as_bytes(data: Union[str, bytes]) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+def listing(body: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return list(body.get("entries", []))

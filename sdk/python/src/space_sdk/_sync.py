@@ -1,0 +1,257 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+import httpx
+
+from ._common import (TERMINAL, CommandResult, OutputEvent, as_bytes, check_operation, command_body, config,
+                      create_body, listing)
+from ._errors import SpaceError, error_from_response
+
+
+class Client:
+    """One connection pool to a SPACE server."""
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, timeout: float = 90.0) -> None:
+        self.url, headers = config(url, api_key)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                # A kept-alive connection the server had closed: a GET is
+                # safe to send again on a fresh one.
+                if method != "GET":
+                    raise
+                response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as err:
+            raise SpaceError(f"cannot reach the SPACE server at {self.url}: {err!r}", code="unreachable") from err
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+            raise error_from_response(response.status_code, body)
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    def wait_operation(self, operation_id: str, timeout: float = 300.0) -> Dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            operation = self.json("GET", f"/v1/operations/{operation_id}", params={"wait": 30})
+            if operation.get("state") in TERMINAL:
+                return operation
+            if time.monotonic() > deadline:
+                raise SpaceError(f"operation {operation_id} did not finish within {timeout}s", code="timeout")
+
+
+_default: Optional[Client] = None
+
+
+def _client(client: Optional[Client]) -> Client:
+    global _default
+    if client is not None:
+        return client
+    if _default is None:
+        _default = Client()
+    return _default
+
+
+class CommandHandle:
+    """A command started in a sandbox: stream it, feed it, signal it, wait."""
+
+    def __init__(self, sandbox: "Sandbox", command_id: str) -> None:
+        self.sandbox = sandbox
+        self.id = command_id
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/commands/{self.id}{suffix}"
+
+    def stream(self, from_offset: int = 0) -> Iterator[OutputEvent]:
+        """Yields output events as they arrive, ending with the exit event."""
+        params = {"from": from_offset, "follow": "true"}
+        client = self.sandbox.client
+        with client._http.stream("GET", self._path("/output"), params=params, timeout=None) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise error_from_response(response.status_code, response.json())
+            for line in response.iter_lines():
+                if line.strip():
+                    event = OutputEvent.parse(line)
+                    yield event
+                    if event.type == "exit":
+                        return
+
+    def send_stdin(self, data: Union[str, bytes], eof: bool = False) -> None:
+        params = {"eof": "true"} if eof else None
+        self.sandbox.client.request("POST", self._path("/stdin"), content=as_bytes(data), params=params)
+
+    def close_stdin(self) -> None:
+        self.sandbox.client.request("POST", self._path("/stdin"), content=b"", params={"eof": "true"})
+
+    def signal(self, name: str = "TERM") -> None:
+        self.sandbox.client.request("POST", self._path("/signal"), json={"signal": name})
+
+    def info(self) -> Dict[str, Any]:
+        return self.sandbox.client.json("GET", self._path())
+
+    def wait(self, timeout: Optional[float] = None) -> CommandResult:
+        """Waits for the end and returns the result with the whole output."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.sandbox.client.json("GET", self._path(), params={"wait": 30})
+            if info.get("result") is not None:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise SpaceError(f"command {self.id} still runs after {timeout}s", code="timeout")
+        out, err = bytearray(), bytearray()
+        result: Dict[str, Any] = info["result"]
+        for event in self.stream():
+            if event.type == "stdout":
+                out += event.data
+            elif event.type == "stderr":
+                err += event.data
+            elif event.result:
+                result = event.result
+        return CommandResult.from_output(self.id, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                                         result)
+
+
+class Commands:
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self.sandbox = sandbox
+
+    def run(self, cmd: Union[str, Sequence[str]], *, env: Optional[Dict[str, str]] = None,
+            cwd: Optional[str] = None, timeout: Optional[float] = None, user: Optional[str] = None) -> CommandResult:
+        """Runs a shell string (or an argv) and returns how it ended."""
+        body = command_body(cmd, env, cwd, timeout, user)
+        answer = self.sandbox.client.json("POST", f"/v1/sandboxes/{self.sandbox.id}/exec", json=body,
+                                          timeout=None if not timeout else timeout + 30)
+        return CommandResult.from_exec(answer)
+
+    def start(self, cmd: Union[str, Sequence[str]], *, env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None, timeout: Optional[float] = None, user: Optional[str] = None,
+              stdin: bool = False, tag: Optional[str] = None) -> CommandHandle:
+        """Starts a command and returns at once with a handle to it."""
+        body = command_body(cmd, env, cwd, timeout, user, stdin, tag)
+        created = self.sandbox.client.json("POST", f"/v1/sandboxes/{self.sandbox.id}/commands", json=body)
+        return CommandHandle(self.sandbox, created["command"]["id"])
+
+    def connect(self, command_id: str) -> CommandHandle:
+        """A handle to a command started earlier (re-attach by id)."""
+        self.sandbox.client.json("GET", f"/v1/sandboxes/{self.sandbox.id}/commands/{command_id}")
+        return CommandHandle(self.sandbox, command_id)
+
+    def list(self) -> List[Dict[str, Any]]:
+        return self.sandbox.client.json("GET", f"/v1/sandboxes/{self.sandbox.id}/commands")["commands"]
+
+
+class Files:
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self.sandbox = sandbox
+
+    def _path(self) -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/files"
+
+    def write(self, path: str, data: Union[str, bytes], mode: Optional[str] = None) -> Dict[str, Any]:
+        params = {"path": path}
+        if mode:
+            params["mode"] = mode
+        return self.sandbox.client.json("PUT", self._path(), params=params, content=as_bytes(data))
+
+    def read(self, path: str) -> bytes:
+        response = self.sandbox.client.request("GET", self._path(), params={"path": path})
+        if response.headers.get("content-type", "").startswith("application/json"):
+            raise SpaceError(f"{path} is a directory; use files.list", code="is_a_directory")
+        return response.content
+
+    def list(self, path: str) -> List[Dict[str, Any]]:
+        response = self.sandbox.client.request("GET", self._path(), params={"path": path})
+        if not response.headers.get("content-type", "").startswith("application/json"):
+            raise SpaceError(f"{path} is a file; use files.read", code="not_a_directory")
+        return listing(response.json())
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        params = {"path": path}
+        if recursive:
+            params["recursive"] = "true"
+        self.sandbox.client.request("DELETE", self._path(), params=params)
+
+
+class Sandbox:
+    """A sandbox on the SPACE server."""
+
+    def __init__(self, info: Dict[str, Any], client: Client, keep: bool = True) -> None:
+        self.info = info
+        self.id: str = info["id"]
+        self.client = client
+        self.keep = keep
+        self.commands = Commands(self)
+        self.files = Files(self)
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r}, state={self.info.get('state')!r})"
+
+    @classmethod
+    def create(cls, template: str = "base", *, keep: bool = False, client: Optional[Client] = None,
+               timeout: float = 300.0, **spec: Any) -> "Sandbox":
+        """Creates a sandbox and returns once it runs (accepted is not ready:
+        this waits for the create operation and raises if it failed)."""
+        client = _client(client)
+        accepted = client.json("POST", "/v1/sandboxes", json=create_body(template, spec))
+        check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
+        return cls(client.json("GET", f"/v1/sandboxes/{accepted['sandbox']['id']}"), client, keep=keep)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
+        client = _client(client)
+        return cls(client.json("GET", f"/v1/sandboxes/{sandbox_id}"), client, keep=True)
+
+    @classmethod
+    def list(cls, *, state: Optional[str] = None, client: Optional[Client] = None) -> List["Sandbox"]:
+        client = _client(client)
+        params = {"state": state} if state else None
+        return [cls(s, client) for s in client.json("GET", "/v1/sandboxes", params=params)["sandboxes"]]
+
+    def refresh(self) -> Dict[str, Any]:
+        self.info = self.client.json("GET", f"/v1/sandboxes/{self.id}")
+        return self.info
+
+    @property
+    def state(self) -> str:
+        return self.refresh()["state"]
+
+    def _lifecycle(self, method: str, path: str) -> Dict[str, Any]:
+        accepted = self.client.json(method, path, json={} if method == "POST" else None)
+        operation = check_operation(self.client.wait_operation(accepted["operation"]["id"]))
+        self.refresh()
+        return operation
+
+    def pause(self) -> Dict[str, Any]:
+        return self._lifecycle("POST", f"/v1/sandboxes/{self.id}/pause")
+
+    def resume(self) -> Dict[str, Any]:
+        return self._lifecycle("POST", f"/v1/sandboxes/{self.id}/resume")
+
+    def suspend(self) -> Dict[str, Any]:
+        return self._lifecycle("POST", f"/v1/sandboxes/{self.id}/suspend")
+
+    def delete(self) -> Dict[str, Any]:
+        return self._lifecycle("DELETE", f"/v1/sandboxes/{self.id}")
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.keep:
+            self.delete()

@@ -1,0 +1,96 @@
+"""The SDK against a real SPACE server and real sandboxes (SPACE_URL and
+SPACE_API_KEY point at it). Run: python -m unittest discover -s sdk/python/tests"""
+
+import asyncio
+import unittest
+
+from space_sdk import AsyncSandbox, ConflictError, NotFoundError, Sandbox, SpaceError
+
+
+class SyncSdk(unittest.TestCase):
+    def test_the_whole_surface(self):
+        sbx = Sandbox.create(template="base", env={"WHO": "sdk"})
+        try:
+            self.assertEqual(sbx.info["state"], "running")
+            result = sbx.commands.run("echo hello $WHO; echo oops >&2; exit 4")
+            self.assertEqual((result.stdout, result.stderr, result.exit_code), ("hello sdk\n", "oops\n", 4))
+            self.assertFalse(result.timed_out)
+            timed = sbx.commands.run(["sleep", "30"], timeout=1)
+            self.assertTrue(timed.timed_out)
+
+            sbx.files.write("/root/sdk/notes.txt", "written by the sdk")
+            self.assertEqual(sbx.files.read("/root/sdk/notes.txt"), b"written by the sdk")
+            names = [entry["name"] for entry in sbx.files.list("/root/sdk")]
+            self.assertEqual(names, ["notes.txt"])
+            sbx.files.remove("/root/sdk", recursive=True)
+            with self.assertRaises(NotFoundError):
+                sbx.files.read("/root/sdk/notes.txt")
+
+            handle = sbx.commands.start("for i in 1 2 3; do echo line $i; sleep 0.2; done; exit 2")
+            events = list(handle.stream())
+            self.assertEqual("".join(e.text for e in events if e.type == "stdout"), "line 1\nline 2\nline 3\n")
+            self.assertEqual(events[-1].type, "exit")
+            self.assertEqual(events[-1].result["exit_code"], 2)
+            again = sbx.commands.connect(handle.id).wait()
+            self.assertEqual((again.stdout, again.exit_code), ("line 1\nline 2\nline 3\n", 2))
+
+            cat = sbx.commands.start(["cat"], stdin=True)
+            cat.send_stdin("fed through stdin\n")
+            cat.close_stdin()
+            self.assertEqual(cat.wait().stdout, "fed through stdin\n")
+            sleeper = sbx.commands.start(["sleep", "60"])
+            sleeper.signal("TERM")
+            self.assertEqual(sleeper.wait().signal, "TERM")
+
+            sbx.commands.run("echo kept > /tmp/state")
+            sbx.pause()
+            self.assertEqual(sbx.state, "paused")
+            with self.assertRaises(ConflictError) as raised:
+                sbx.commands.run("true")
+            self.assertEqual(raised.exception.code, "invalid_state")
+            sbx.resume()
+            self.assertEqual(sbx.commands.run("cat /tmp/state").stdout, "kept\n")
+            self.assertIn(sbx.id, [s.id for s in Sandbox.list()])
+            self.assertEqual(Sandbox.connect(sbx.id).id, sbx.id)
+        finally:
+            sbx.delete()
+        self.assertEqual(sbx.info["state"], "deleted")
+
+    def test_context_manager_deletes_unless_kept(self):
+        with Sandbox.create() as sbx:
+            self.assertEqual(sbx.commands.run(["true"]).exit_code, 0)
+        self.assertEqual(Sandbox.connect(sbx.id).info["state"], "deleted")
+
+    def test_errors_are_typed(self):
+        with self.assertRaises(NotFoundError) as raised:
+            Sandbox.connect("sbx_doesnotexist")
+        self.assertEqual(raised.exception.status, 404)
+        with self.assertRaises(NotFoundError) as raised:
+            Sandbox.create(template="no-such-template")
+        self.assertEqual(raised.exception.code, "template_not_found")
+        with self.assertRaises(SpaceError):
+            Sandbox.create(memory_mib=1)
+
+
+class AsyncSdk(unittest.TestCase):
+    def test_the_same_surface_with_await(self):
+        async def scenario():
+            async with await AsyncSandbox.create() as sbx:
+                result = await sbx.commands.run("echo async; exit 4")
+                self.assertEqual((result.stdout, result.exit_code), ("async\n", 4))
+                await sbx.files.write("/root/a.txt", b"bytes")
+                self.assertEqual(await sbx.files.read("/root/a.txt"), b"bytes")
+                handle = await sbx.commands.start(["sh", "-c", "echo one; echo two"])
+                lines = [e.text async for e in handle.stream() if e.type == "stdout"]
+                self.assertEqual("".join(lines), "one\ntwo\n")
+                await sbx.pause()
+                await sbx.resume()
+                self.assertEqual((await sbx.commands.run("echo back")).stdout, "back\n")
+            self.assertEqual(sbx.info["state"], "deleted")
+            await sbx.client.aclose()
+
+        asyncio.run(scenario())
+
+
+if __name__ == "__main__":
+    unittest.main()
