@@ -32,6 +32,14 @@ fn expect(server: &TestServer, key: &str, method: &str, path: &str, body: Option
     value
 }
 
+/// Deletes a sandbox with a tenant's key and waits until it is gone.
+fn delete_as(server: &TestServer, key: &str, id: &str) {
+    let (status, deleted) = server.call_as(key, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 202, "{deleted}");
+    let op = deleted["operation"]["id"].as_str().unwrap();
+    assert_eq!(expect(server, key, "GET", &format!("/v1/operations/{op}?wait=30"), None, 200)["state"], "succeeded");
+}
+
 #[test]
 fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     let data = TestDataDir::new();
@@ -107,10 +115,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     assert_ne!(first["sandbox"]["id"], other["sandbox"]["id"], "{first} {other}");
     let theirs = other["sandbox"]["id"].as_str().unwrap();
     assert_eq!(server.platform.store.sandbox(theirs).unwrap().unwrap().tenant, "team-b");
-    let (status, deleted) = server.call_as(&b, "DELETE", &format!("/v1/sandboxes/{theirs}"), None);
-    assert_eq!(status, 202, "{deleted}");
-    let op = deleted["operation"]["id"].as_str().unwrap();
-    expect(&server, &b, "GET", &format!("/v1/operations/{op}?wait=30"), None, 200);
+    delete_as(&server, &b, theirs);
 
     // Templates: A's own is invisible to B; shared ones are visible to all
     // and managed only with the operator's key.
@@ -177,16 +182,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     expect(&server, &b, "GET", "/v1/sandboxes", None, 401);
 
     for sandbox in [id, first["sandbox"]["id"].as_str().unwrap().to_string()] {
-        let (status, deleted) = server.call_as(&a, "DELETE", &format!("/v1/sandboxes/{sandbox}"), None);
-        assert_eq!(status, 202, "{deleted}");
-        expect(
-            &server,
-            &a,
-            "GET",
-            &format!("/v1/operations/{}?wait=30", deleted["operation"]["id"].as_str().unwrap()),
-            None,
-            200,
-        );
+        delete_as(&server, &a, &sandbox);
     }
 }
 
@@ -211,28 +207,10 @@ fn quotas_refuse_with_429_and_name_the_limit() {
     // Other tenants are not limited by it.
     let id = server.create_sandbox(json!({"template": "base", "memory_mib": 256}));
     server.delete_sandbox(&id);
-    let (_, deleted) =
-        server.call_as(&key, "DELETE", &format!("/v1/sandboxes/{}", accepted["sandbox"]["id"].as_str().unwrap()), None);
-    expect(
-        &server,
-        &key,
-        "GET",
-        &format!("/v1/operations/{}?wait=30", deleted["operation"]["id"].as_str().unwrap()),
-        None,
-        200,
-    );
+    delete_as(&server, &key, accepted["sandbox"]["id"].as_str().unwrap());
     // Once deleted, it no longer counts.
     let (status, again) =
         server.call_as(&key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
     assert_eq!(status, 202, "{again}");
-    let (_, deleted) =
-        server.call_as(&key, "DELETE", &format!("/v1/sandboxes/{}", again["sandbox"]["id"].as_str().unwrap()), None);
-    expect(
-        &server,
-        &key,
-        "GET",
-        &format!("/v1/operations/{}?wait=30", deleted["operation"]["id"].as_str().unwrap()),
-        None,
-        200,
-    );
+    delete_as(&server, &key, again["sandbox"]["id"].as_str().unwrap());
 }

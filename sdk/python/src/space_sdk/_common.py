@@ -112,6 +112,28 @@ class OutputEvent:
         return cls(type=frame.get("type", "stdout"), offset=int(frame.get("offset", 0)), data=data)
 
 
+class OutputCollector:
+    """Gathers a command's streamed output into its result."""
+
+    def __init__(self, command_id: str, result: Dict[str, Any]) -> None:
+        self.command_id = command_id
+        self.result = result
+        self.out = bytearray()
+        self.err = bytearray()
+
+    def add(self, event: OutputEvent) -> None:
+        if event.type == "stdout":
+            self.out += event.data
+        elif event.type == "stderr":
+            self.err += event.data
+        elif event.result:
+            self.result = event.result
+
+    def finish(self) -> CommandResult:
+        return CommandResult.from_output(self.command_id, self.out.decode("utf-8", "replace"),
+                                         self.err.decode("utf-8", "replace"), self.result)
+
+
 def as_bytes(data: Union[str, bytes]) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 

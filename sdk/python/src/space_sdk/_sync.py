@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import httpx
 
-from ._common import (TERMINAL, CommandResult, OutputEvent, as_bytes, check_operation, command_body, config,
+from ._common import (TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation, command_body, config,
                       create_body, listing)
 from ._errors import SpaceError, error_from_response
 
@@ -114,17 +114,10 @@ class CommandHandle:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 raise SpaceError(f"command {self.id} still runs after {timeout}s", code="timeout")
-        out, err = bytearray(), bytearray()
-        result: Dict[str, Any] = info["result"]
+        collector = OutputCollector(self.id, info["result"])
         for event in self.stream():
-            if event.type == "stdout":
-                out += event.data
-            elif event.type == "stderr":
-                err += event.data
-            elif event.result:
-                result = event.result
-        return CommandResult.from_output(self.id, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                                         result)
+            collector.add(event)
+        return collector.finish()
 
 
 class Commands:
