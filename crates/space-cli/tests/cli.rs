@@ -443,7 +443,11 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();
     assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
     let pip = Reaper::global()
-        .output(Command::new(venv.join("bin/pip")).args(["install", "-q"]).arg(repo.join("sdk/python")))
+        .output(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "-q"])
+                .arg(format!("{}[attach]", repo.join("sdk/python").display())),
+        )
         .unwrap();
     assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
 

@@ -42,7 +42,17 @@ class SyncSdk(unittest.TestCase):
             sleeper.signal("TERM")
             self.assertEqual(sleeper.wait().signal, "TERM")
 
+            with sbx.commands.start(["cat"], stdin=True).attach() as session:
+                session.send(b"over the websocket\n")
+                session.close_stdin()
+                received = b"".join(session.output())
+            self.assertEqual(received, b"over the websocket\n")
+            self.assertEqual(session.result["exit_code"], 0)
+
             sbx.commands.run("echo kept > /tmp/state")
+            sbx.suspend()
+            self.assertEqual(sbx.state, "suspended")
+            sbx.resume()
             sbx.pause()
             self.assertEqual(sbx.state, "paused")
             with self.assertRaises(ConflictError) as raised:

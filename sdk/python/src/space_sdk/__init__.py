@@ -7,10 +7,10 @@ from ._async import AsyncClient, AsyncCommandHandle, AsyncSandbox
 from ._common import CommandResult, OutputEvent
 from ._errors import (AuthenticationError, CapacityError, ConflictError, ForbiddenError, InvalidRequestError,
                       NotFoundError, OperationFailedError, QuotaExceededError, SpaceError, TooLargeError)
-from ._sync import Client, CommandHandle, Sandbox
+from ._sync import Attachment, Client, CommandHandle, Sandbox
 
 __all__ = [
-    "AsyncClient", "AsyncCommandHandle", "AsyncSandbox", "AuthenticationError", "CapacityError", "Client",
+    "AsyncClient", "AsyncCommandHandle", "AsyncSandbox", "Attachment", "AuthenticationError", "CapacityError", "Client",
     "CommandHandle", "CommandResult", "ConflictError", "ForbiddenError", "InvalidRequestError", "NotFoundError",
     "OperationFailedError", "OutputEvent", "QuotaExceededError", "Sandbox", "SpaceError", "TooLargeError",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -102,6 +103,26 @@ class CommandHandle:
     def signal(self, name: str = "TERM") -> None:
         self.sandbox.client.request("POST", self._path("/signal"), json={"signal": name})
 
+    def attach(self) -> "Attachment":
+        """An interactive session over the command's WebSocket: bytes in are
+        its stdin, bytes out its output (needs `pip install space-sdk[attach]`)."""
+        try:
+            from websockets.sync.client import connect
+        except ImportError as err:
+            raise SpaceError("attach needs the websockets package: pip install 'space-sdk[attach]'",
+                             code="missing_dependency") from err
+        client = self.sandbox.client
+        url = client.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + self._path("/attach")
+        headers = {"Authorization": client._http.headers["Authorization"]}
+        try:
+            opened = connect(url, additional_headers=headers)
+        except TypeError:  # websockets < 14 names it extra_headers
+            opened = connect(url, extra_headers=headers)
+        # Entered as a context manager, which newer websockets expect; the
+        # attachment leaves it when closed.
+        socket = opened.__enter__() if hasattr(opened, "__enter__") else opened
+        return Attachment(socket)
+
     def info(self) -> Dict[str, Any]:
         return self.sandbox.client.json("GET", self._path())
 
@@ -118,6 +139,43 @@ class CommandHandle:
         for event in self.stream():
             collector.add(event)
         return collector.finish()
+
+
+class Attachment:
+    """A live WebSocket session with a command (see `CommandHandle.attach`)."""
+
+    def __init__(self, socket: Any) -> None:
+        self._socket = socket
+        self.result: Optional[Dict[str, Any]] = None
+
+    def send(self, data: Union[str, bytes]) -> None:
+        self._socket.send(as_bytes(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._socket.send(json.dumps({"resize": {"cols": cols, "rows": rows}}))
+
+    def close_stdin(self) -> None:
+        self._socket.send(json.dumps({"eof": True}))
+
+    def output(self) -> Iterator[bytes]:
+        """Yields output until the command ends (then `result` is set)."""
+        for message in self._socket:
+            if isinstance(message, bytes):
+                yield message
+            else:
+                frame = json.loads(message)
+                if "exit" in frame:
+                    self.result = frame["exit"]
+                    return
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class Commands:
