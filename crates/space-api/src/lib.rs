@@ -413,6 +413,10 @@ pub struct CreateTemplateRequest {
     pub from: TemplateSource,
     #[serde(default)]
     pub defaults: TemplateDefaultsRequest,
+    /// `gvisor` or `firecracker`: the engine its sandboxes run on, over the
+    /// server's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -448,6 +452,9 @@ pub struct Template {
     /// The build in progress, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub building_operation: Option<String>,
+    /// The engine its sandboxes run on (absent: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -321,6 +321,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             env: Default::default(),
             workdir: None,
             user: None,
+            engine: None,
         };
         let boot = runtime.block_on(async {
             let (mut socket, elapsed) = raw_engine.boot(&spec).await?;

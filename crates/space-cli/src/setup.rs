@@ -53,6 +53,7 @@ pub fn run(args: SetupArgs) -> Result<()> {
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
             let build = DebianBuild {
                 owner: None,
+                engine: None,
                 name: BASE_TEMPLATE.into(),
                 suite: args.suite.clone(),
                 packages: BASE_PACKAGES.iter().map(|p| p.to_string()).collect(),

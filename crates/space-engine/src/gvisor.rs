@@ -513,6 +513,7 @@ mod tests {
             env: Default::default(),
             workdir: None,
             user: None,
+            engine: None,
         };
         let config = serde_json::to_value(oci_config(&spec, Path::new("/opt/space-agent")).unwrap()).unwrap();
         assert_eq!(config["process"]["args"][0], "/.space/space-agent");

@@ -57,6 +57,9 @@ pub struct SandboxSpec {
     /// The template's defaults for commands that name no cwd or user.
     pub workdir: Option<String>,
     pub user: Option<String>,
+    /// The engine that runs it (`None`: the server's default), for
+    /// [`Engines`] to dispatch on.
+    pub engine: Option<String>,
 }
 
 /// The identity a sandbox's agent receives when it dials in. The session
@@ -154,4 +157,90 @@ pub trait Engine: Send + Sync {
     /// Stops the sandbox and frees all it held (processes, mounts, disk).
     /// Idempotent: destroying what is already gone succeeds.
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+}
+
+/// Every engine this server runs, dispatched per sandbox by
+/// [`SandboxSpec::engine`] (the default one when it names none), so a
+/// template can choose its engine while the rest of the platform sees one
+/// [`Engine`].
+pub struct Engines {
+    default: std::sync::Arc<dyn Engine>,
+    others: Vec<std::sync::Arc<dyn Engine>>,
+}
+
+impl Engines {
+    pub fn new(default: std::sync::Arc<dyn Engine>, others: Vec<std::sync::Arc<dyn Engine>>) -> Engines {
+        Engines { default, others }
+    }
+
+    /// The engine called `name`, if this server has it and it can run here.
+    pub fn usable(&self, name: &str) -> Option<&std::sync::Arc<dyn Engine>> {
+        std::iter::once(&self.default).chain(&self.others).find(|engine| {
+            engine.name() == name && (std::ptr::eq(*engine, &self.default) || engine.availability().available)
+        })
+    }
+
+    fn pick(&self, spec: &SandboxSpec) -> &std::sync::Arc<dyn Engine> {
+        match spec.engine.as_deref() {
+            Some(name) if name != self.default.name() => {
+                self.others.iter().find(|engine| engine.name() == name).unwrap_or(&self.default)
+            }
+            _ => &self.default,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Engine for Engines {
+    fn name(&self) -> &'static str {
+        self.default.name()
+    }
+
+    fn availability(&self) -> Availability {
+        self.default.availability()
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+        self.pick(spec).create(spec).await
+    }
+
+    async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.pick(spec).pause(spec).await
+    }
+
+    async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.pick(spec).resume(spec).await
+    }
+
+    async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.pick(spec).suspend(spec).await
+    }
+
+    async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+        self.pick(spec).restore(spec).await
+    }
+
+    fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
+        self.pick(spec).has_snapshot(spec)
+    }
+
+    fn stop_reason(&self, spec: &SandboxSpec) -> Option<&'static str> {
+        self.pick(spec).stop_reason(spec)
+    }
+
+    fn status(&self, spec: &SandboxSpec) -> LiveStatus {
+        self.pick(spec).status(spec)
+    }
+
+    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+        self.pick(spec).redial(spec).await
+    }
+
+    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.pick(spec).stop(spec)
+    }
+
+    async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.pick(spec).destroy(spec).await
+    }
 }

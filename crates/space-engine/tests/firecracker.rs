@@ -232,6 +232,7 @@ fn firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent() {
         env: Default::default(),
         workdir: None,
         user: None,
+        engine: None,
     };
     runtime().block_on(async {
         let created = engine.create(&spec).await;

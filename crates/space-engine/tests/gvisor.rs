@@ -21,6 +21,7 @@ fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
         env: [("GREETING".to_string(), "hi".to_string())].into(),
         workdir: None,
         user: None,
+        engine: None,
     }
 }
 

@@ -43,6 +43,8 @@ pub struct OciImport {
     pub overrides: DefaultsOverride,
     /// The tenant it is imported for; `None`: shared.
     pub owner: Option<String>,
+    /// The engine its sandboxes run on; `None`: the server's default.
+    pub engine: Option<String>,
     /// Where the build log goes.
     pub log: PathBuf,
 }
@@ -55,7 +57,8 @@ pub fn import_oci(
     mut progress: impl FnMut(BuildProgress),
 ) -> Result<TemplateInfo, HostError> {
     let mut log = open_log(&import.log)?;
-    let result = publish(data, &import.name, import.owner.clone(), &mut progress, |partial, progress| {
+    let labels = (import.owner.clone(), import.engine.clone());
+    let result = publish(data, &import.name, labels, &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
         let step = |step: &str, done| BuildProgress::step(step, done);
         progress(step("reading the archive", 0));

@@ -61,6 +61,9 @@ pub struct TemplateMeta {
     /// The tenant it belongs to; `None`: shared by every tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The engine its sandboxes run on; `None`: the server's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -174,6 +177,8 @@ pub struct DebianBuild {
     pub defaults: TemplateDefaults,
     /// The tenant it is built for; `None`: shared.
     pub owner: Option<String>,
+    /// The engine its sandboxes run on; `None`: the server's default.
+    pub engine: Option<String>,
     /// Where the build log goes (it outlives a failed build).
     pub log: PathBuf,
     /// Downloaded packages kept between builds, so the next build reuses them.
@@ -190,7 +195,7 @@ pub fn build_debian(
 ) -> Result<TemplateInfo, HostError> {
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
-    publish(data, &build.name, build.owner.clone(), &mut progress, |partial, progress| {
+    publish(data, &build.name, (build.owner.clone(), build.engine.clone()), &mut progress, |partial, progress| {
         build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)?;
         Ok((source, build.defaults.clone()))
     })
@@ -210,7 +215,7 @@ pub fn import_dir(
         return Err(HostError::Invalid(format!("{} is not a directory", source_dir.display())));
     }
     let source = serde_json::json!({"dir": source_dir.display().to_string()});
-    publish(data, name, None, &mut progress, |partial, progress| {
+    publish(data, name, (None, None), &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
         let step = BuildProgress::step;
         progress(step("creating the root subvolume", 0));
@@ -236,7 +241,7 @@ pub(crate) type Built = (serde_json::Value, TemplateDefaults);
 pub(crate) fn publish(
     data: &DataDir,
     name: &str,
-    owner: Option<String>,
+    (owner, engine): (Option<String>, Option<String>),
     progress: &mut dyn FnMut(BuildProgress),
     fill: impl FnOnce(&Path, &mut dyn FnMut(BuildProgress)) -> Result<Built, HostError>,
 ) -> Result<TemplateInfo, HostError> {
@@ -262,6 +267,7 @@ pub(crate) fn publish(
             defaults,
             warm_pool: None,
             owner,
+            engine,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
         fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;

@@ -160,18 +160,22 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     }
     let report = engine_report(config, &data);
     let (gvisor, firecracker) = engines(config, &data);
+    let gvisor: Arc<dyn Engine> = Arc::new(gvisor);
+    let firecracker: Option<Arc<dyn Engine>> = firecracker.map(|f| Arc::new(f) as Arc<dyn Engine>);
     let firecracker_ready = firecracker.as_ref().map(|f| f.availability());
-    let engine: Arc<dyn Engine> = match (config.engine, firecracker, firecracker_ready) {
-        (EngineChoice::Gvisor, _, _) => Arc::new(gvisor),
-        (_, Some(firecracker), Some(ready)) if ready.available => Arc::new(firecracker),
+    // The default engine, and the other one for templates that ask for it.
+    let (default, other) = match (config.engine, &firecracker, firecracker_ready) {
+        (EngineChoice::Gvisor, _, _) => (gvisor, firecracker),
+        (_, Some(firecracker), Some(ready)) if ready.available => (firecracker.clone(), Some(gvisor)),
         (EngineChoice::Firecracker, _, ready) => {
             let why = ready.map(|r| r.detail).unwrap_or_else(|| {
                 space_engine::firecracker::availability(config.firecracker_bin.as_deref(), None).detail
             });
             return Err(ServerError::Startup(format!("the firecracker engine cannot run here: {why}")));
         }
-        (EngineChoice::Auto, _, _) => Arc::new(gvisor),
+        (EngineChoice::Auto, _, _) => (gvisor, firecracker),
     };
+    let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
     tracing::info!("engine: {}", engine.name());
     let platform = Platform::new(data, store, engine, config.warm_pool, capacity, config.agent_bin.clone());

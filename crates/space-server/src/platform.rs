@@ -141,6 +141,7 @@ impl Platform {
     ) -> Result<(Sandbox, Operation), ApiError> {
         let now = ids::now();
         let template_version = template.meta.version;
+        let engine = self.engine_for(template)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         self.check_quotas(tenant, &spec)?;
         let warm = self.take_warm(&spec, template);
@@ -156,7 +157,7 @@ impl Platform {
             memory_mib: spec.memory_mib,
             disk_mib: spec.disk_mib,
             labels: spec.labels,
-            engine: self.engine.name().to_string(),
+            engine,
             created_at: now.clone(),
             updated_at: now.clone(),
             lifecycle: spec.lifecycle,
@@ -362,6 +363,23 @@ impl Platform {
         let _ = tokio::task::spawn_blocking(move || engine.stop(&spec)).await;
     }
 
+    /// The engine a template's sandboxes run on: its own setting when this
+    /// host can run that engine (503 otherwise), else the server's default.
+    pub(crate) fn engine_for(&self, template: &space_host::template::TemplateInfo) -> Result<String, ApiError> {
+        let Some(wanted) = template.meta.engine.as_deref().filter(|w| *w != self.engine.name()) else {
+            return Ok(self.engine.name().to_string());
+        };
+        let report = self.engine_report.get().cloned().unwrap_or_default();
+        match report.iter().find(|a| a.name == wanted) {
+            Some(engine) if engine.available => Ok(wanted.to_string()),
+            found => Err(ApiError::unavailable(format!(
+                "template {:?} runs on {wanted}, which this host cannot run: {}",
+                template.meta.name,
+                found.map(|a| a.detail.as_str()).unwrap_or("not configured")
+            ))),
+        }
+    }
+
     pub(crate) fn engine_spec(&self, record: &SandboxRecord) -> SandboxSpec {
         let sandbox = &record.sandbox;
         let version_dir = self.data.templates_dir().join(&sandbox.template).join(record.template_version.to_string());
@@ -373,6 +391,7 @@ impl Platform {
             template_rootfs: version_dir.join("rootfs"),
             workdir: defaults.as_ref().map(|d| d.workdir.clone()),
             user: defaults.map(|d| d.user),
+            engine: Some(sandbox.engine.clone()),
             hostname: ids::hostname_for(&sandbox.id),
             vcpus: sandbox.vcpus,
             memory_mib: sandbox.memory_mib,

@@ -100,6 +100,7 @@ impl Platform {
                 env: Default::default(),
                 workdir: None,
                 user: None,
+                engine: None,
             };
             let _ = self.engine.stop(&spec);
             if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {

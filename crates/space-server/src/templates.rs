@@ -98,6 +98,14 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
     })
 }
 
+/// A template's engine setting: `gvisor`, `firecracker`, or none.
+pub fn checked_engine(engine: Option<String>) -> Result<Option<String>, ApiError> {
+    match engine.as_deref() {
+        None | Some("gvisor") | Some("firecracker") => Ok(engine),
+        Some(other) => Err(ApiError::unprocessable(format!("engine must be gvisor or firecracker, got {other:?}"))),
+    }
+}
+
 fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
     let d = &info.meta.defaults;
     Template {
@@ -115,6 +123,7 @@ fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
         }),
         created_at: Some(info.meta.created_at.clone()),
         building_operation: building,
+        engine: info.meta.engine.clone(),
     }
 }
 
@@ -186,6 +195,7 @@ impl Platform {
             return Err(ApiError::unprocessable(format!("not a Debian suite: {:?}", debian.suite)));
         }
         let defaults = checked_overrides(request.defaults.clone())?.apply(Default::default());
+        let engine = checked_engine(request.engine.clone())?;
         let source = serde_json::json!({"debian": {"suite": debian.suite, "packages": debian.packages}});
         let slot = self.reserve_build(&request.name, source, caller)?;
         let (name, suite, packages) = (request.name.clone(), debian.suite.clone(), debian.packages.clone());
@@ -199,6 +209,7 @@ impl Platform {
                     packages,
                     defaults,
                     owner,
+                    engine,
                     log: platform.data.log_path(operation_id),
                     apt_cache: Some(platform.data.apt_cache_dir()),
                 };
@@ -213,6 +224,7 @@ impl Platform {
         slot: BuildSlot,
         upload: Upload,
         overrides: DefaultsOverride,
+        engine: Option<String>,
     ) -> Result<(Template, Operation), ApiError> {
         let (name, owner) = (slot.name.clone(), slot.owner.clone());
         self.start_build(
@@ -223,6 +235,7 @@ impl Platform {
                     archive: upload.path.clone(),
                     overrides,
                     owner,
+                    engine,
                     log: platform.data.log_path(operation_id),
                 };
                 let built = space_host::oci::import_oci(&platform.data, &import, &platform.agent_bin, progress);
@@ -289,6 +302,7 @@ impl Platform {
             defaults: None,
             created_at: None,
             building_operation: Some(operation.id.clone()),
+            engine: None,
         };
         Ok((template, operation))
     }
@@ -314,6 +328,7 @@ impl Platform {
                     defaults: None,
                     created_at: None,
                     building_operation: building.operation,
+                    engine: None,
                 });
             }
         }

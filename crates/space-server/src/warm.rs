@@ -75,7 +75,8 @@ impl Platform {
     /// Tops the pool of `template` up to its size, in the background.
     pub(crate) fn refill_warm(self: &Arc<Self>, template: TemplateInfo) {
         let size = template.meta.warm_pool.unwrap_or(self.warm_size) as usize;
-        if size == 0 {
+        // A template whose engine cannot run here gets no warm members.
+        if size == 0 || self.engine_for(&template).is_err() {
             return;
         }
         let key = (template.meta.name.clone(), template.meta.version);
@@ -125,6 +126,7 @@ impl Platform {
             env: Default::default(),
             workdir: Some(defaults.workdir.clone()),
             user: Some(defaults.user.clone()),
+            engine: template.meta.engine.clone(),
             id,
         };
         let started = self.engine.create(&spec).await.map_err(|e| e.to_string())?;

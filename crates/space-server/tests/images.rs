@@ -301,3 +301,42 @@ fn hostile_and_broken_archives_fail_cleanly_and_write_nothing_outside() {
         assert!(answer.starts_with(&format!("HTTP/1.1 {expected}")), "{query} {content_type}: {answer}");
     }
 }
+
+#[test]
+fn a_template_can_ask_for_its_engine() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let archive = two_layer_image(&work_dir(&data, "engine"), ArchiveFormat::DockerSave);
+
+    // Asking for the engine the server runs anyway: sandboxes run as usual.
+    let (status, accepted) = server.upload("/v1/templates?name=ongvisor&engine=gvisor", "application/x-tar", &archive);
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(server.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    assert_eq!(server.ok("GET", "/v1/templates/ongvisor", None)["engine"], "gvisor");
+    let id = server.create_sandbox(json!({"template": "ongvisor"}));
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["engine"], "gvisor");
+    assert_eq!(server.exec(&id, json!({"cmd": "cat /hello.txt"}))["stdout"], "added in layer 2\n");
+    server.delete_sandbox(&id);
+
+    // An engine this host cannot run: the create says so, and nothing is made.
+    let (status, accepted) =
+        server.upload("/v1/templates?name=onfirecracker&engine=firecracker", "application/x-tar", &archive);
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(server.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    if !space_host::hardware_virtualization() {
+        let refused = server.error(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"template": "onfirecracker"})),
+            503,
+            "engine_unavailable",
+        );
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains("firecracker") && message.contains("cannot run"), "{message}");
+        let listed = server.ok("GET", "/v1/sandboxes", None);
+        assert!(listed["sandboxes"].as_array().unwrap().iter().all(|s| s["template"] != "onfirecracker"), "{listed}");
+    }
+    let auth = format!("Authorization: Bearer {}", server.key);
+    let head = format!("POST /v1/templates?name=x&engine=qemu HTTP/1.1\r\n{auth}\r\nContent-Type: application/x-tar");
+    assert!(server.early_answer(&head, b"x").starts_with("HTTP/1.1 422"));
+}

@@ -32,6 +32,8 @@ pub struct ImportQuery {
     workdir: Option<String>,
     /// Default user (over the image's `User`).
     user: Option<String>,
+    /// `gvisor` or `firecracker`: the engine its sandboxes run on.
+    engine: Option<String>,
 }
 
 /// The largest image archive accepted (further limited by free disk).
@@ -54,7 +56,7 @@ pub async fn create(
     let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let (template, operation) = match mime.as_str() {
         "application/json" => {
-            if query.name.is_some() || query.workdir.is_some() || query.user.is_some() {
+            if query.name.is_some() || query.workdir.is_some() || query.user.is_some() || query.engine.is_some() {
                 return Err(ApiError::bad_request("a JSON build takes its name and defaults in the body"));
             }
             let body = axum::body::to_bytes(request.into_body(), super::MAX_JSON_BODY).await.map_err(|_| {
@@ -96,6 +98,7 @@ async fn import(
         workdir: query.workdir,
         user: query.user,
     })?;
+    let engine = crate::templates::checked_engine(query.engine)?;
     let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}), caller)?;
     let (free, _) = state.platform.data.disk_space();
     let limit = MAX_IMAGE_BYTES.min(free / 2);
@@ -128,7 +131,7 @@ async fn import(
     if written == 0 {
         return Err(ApiError::bad_request("the body is empty: send an image archive"));
     }
-    state.platform.import_image(slot, upload, overrides)
+    state.platform.import_image(slot, upload, overrides, engine)
 }
 
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
