@@ -197,15 +197,15 @@ fn firecracker_runs_under_the_jailer_as_its_own_user() {
 }
 
 #[test]
-fn firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent() {
+fn firecracker_engine_starts_a_microvm_jailed_and_not_and_waits_for_its_agent() {
     use space_engine::firecracker::{Firecracker, FirecrackerConfig};
     use space_engine::{Engine, SandboxSpec};
-    let test = "firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent";
+    let test = "firecracker_engine_starts_a_microvm_jailed_and_not_and_waits_for_its_agent";
     let Some(binary) = firecracker(test) else { return };
-    let Some(jailer) = find_jailer(None, Some(&binary)) else {
-        skip(&format!("{test}: no jailer beside FIRECRACKER_BIN"));
-        return;
-    };
+    let jailer = find_jailer(None, Some(&binary));
+    if jailer.is_none() {
+        skip(&format!("{test} (the jailed half): no jailer beside FIRECRACKER_BIN"));
+    }
     let data = TestDataDir::new();
     let (kernel, initramfs) = guest();
     // A template version with a small ext4 root drive.
@@ -213,19 +213,62 @@ fn firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent() {
     std::fs::create_dir_all(template.join("rootfs/etc")).unwrap();
     std::fs::write(template.join("rootfs/etc/hostname"), "tiny\n").unwrap();
     space_host::template::make_ext4(&template.join("rootfs"), &template.join("rootfs.ext4"), 16).unwrap();
-    let engine = Firecracker::new(FirecrackerConfig {
-        firecracker: binary,
-        kernel,
-        initramfs,
-        jailer: Some(jailer),
-        jail_base: data.root().join("jail"),
-        jail_uid: 65534,
-    });
+    for jailer in [jailer, None] {
+        let jailed = jailer.is_some();
+        let engine = Firecracker::new(FirecrackerConfig {
+            firecracker: binary.clone(),
+            kernel: kernel.clone(),
+            initramfs: initramfs.clone(),
+            jailer,
+            jail_base: data.root().join("jail"),
+            jail_uid: 65534,
+        });
+        let id = if jailed { "sbx_fcjail" } else { "sbx_fcplain" };
+        let spec = SandboxSpec {
+            id: id.into(),
+            dir: data.data.sandbox_dir(id),
+            template_rootfs: template.join("rootfs"),
+            hostname: id.into(),
+            vcpus: 1,
+            memory_mib: 128,
+            disk_mib: 16,
+            env: Default::default(),
+            workdir: None,
+            user: None,
+            engine: None,
+        };
+        runtime().block_on(async {
+            let created = engine.create(&spec).await;
+            if space_host::hardware_virtualization() {
+                let started = created.expect("the microVM boots and its agent answers");
+                assert!(started.agent.ping(std::time::Duration::from_secs(5)).await.is_ok());
+            } else {
+                // Everything up to InstanceStart worked (paths, owner, socket,
+                // ids); only the guest cannot come up on kvm_pvm.
+                let err = created.err().expect("no guest on this host").to_string();
+                assert!(err.contains("did not dial home"), "jailed {jailed}: it failed before the agent: {err}");
+            }
+            engine.destroy(&spec).await.unwrap();
+            let dashed = id.replace('_', "-");
+            assert!(!spec.dir.exists(), "the sandbox dir is gone");
+            assert!(!data.root().join("jail/firecracker").join(&dashed).exists(), "the jail is gone");
+            assert_eq!(space_testkit::processes_mentioning(&dashed), 0, "no VMM is left");
+        });
+    }
+}
+
+#[test]
+fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running() {
+    use space_engine::firecracker::{Firecracker, FirecrackerConfig};
+    use space_engine::{Engine, LiveStatus, SandboxSpec};
+    let Some(binary) = firecracker("firecracker_engine_adopts_a_vmm_a_previous_server_left_running") else { return };
+    let data = TestDataDir::new();
+    let (kernel, initramfs) = guest();
     let spec = SandboxSpec {
-        id: "sbx_fcjail".into(),
-        dir: data.data.sandbox_dir("sbx_fcjail"),
-        template_rootfs: template.join("rootfs"),
-        hostname: "sbx_fcjail".into(),
+        id: "sbx_fcadopt".into(),
+        dir: data.data.sandbox_dir("sbx_fcadopt"),
+        template_rootfs: data.root().join("unused"),
+        hostname: "sbx_fcadopt".into(),
         vcpus: 1,
         memory_mib: 128,
         disk_mib: 16,
@@ -234,20 +277,30 @@ fn firecracker_engine_starts_a_jailed_microvm_and_waits_for_its_agent() {
         user: None,
         engine: None,
     };
+    let config = FirecrackerConfig {
+        firecracker: binary.clone(),
+        kernel,
+        initramfs,
+        jailer: None,
+        jail_base: data.root().join("jail"),
+        jail_uid: 65534,
+    };
     runtime().block_on(async {
-        let created = engine.create(&spec).await;
-        if space_host::hardware_virtualization() {
-            let started = created.expect("the microVM boots and its agent answers");
-            assert!(started.agent.ping(std::time::Duration::from_secs(5)).await.is_ok());
-        } else {
-            // Everything up to InstanceStart worked in the jail (paths, owner,
-            // socket); only the guest cannot come up on kvm_pvm.
-            let err = created.err().expect("no guest on this host").to_string();
-            assert!(err.contains("did not dial home"), "it failed waiting for the agent, not before: {err}");
-        }
+        // What a previous server left: a started VMM and its pid file.
+        let vmm = Vmm::spawn(&binary, &spec.dir.join("vmm"), "sbx-fcadopt").await.unwrap();
+        configure(&vmm, &spec.dir.join("vmm")).await;
+        vmm.api.start().await.unwrap();
+        let pid = vmm.pid();
+        std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
+        std::mem::forget(vmm); // the old server is gone without stopping it
+
+        let engine = Firecracker::new(config);
+        assert_eq!(engine.status(&spec), LiveStatus::Running, "the new engine finds the VMM");
+        engine.pause(&spec).await.unwrap();
+        assert_eq!(engine.status(&spec), LiveStatus::Paused);
+        engine.resume(&spec).await.unwrap();
         engine.destroy(&spec).await.unwrap();
-        assert!(!spec.dir.exists(), "the sandbox dir is gone");
-        assert!(!data.root().join("jail/firecracker/sbx-fcjail").exists(), "the jail is gone");
-        assert_eq!(space_testkit::processes_mentioning("sbx-fcjail"), 0, "no VMM is left");
+        assert!(gone(pid), "destroy stops the adopted VMM");
+        assert!(!spec.dir.exists());
     });
 }

@@ -40,7 +40,13 @@ pub struct FirecrackerConfig {
     pub jail_uid: u32,
 }
 
-/// The jailer takes letters, digits and `-` in an id.
+/// Whether `pid` is a live firecracker process (not a recycled pid).
+fn is_firecracker(pid: i32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).next().is_some_and(|arg0| arg0.ends_with(b"firecracker")))
+}
+
+/// The jailer and firecracker take letters, digits and `-` in an id.
 fn jail_id(id: &str) -> String {
     id.replace('_', "-")
 }
@@ -137,14 +143,38 @@ impl Firecracker {
     }
 
     async fn spawn(&self, spec: &SandboxSpec) -> Result<Vmm, EngineError> {
-        match &self.config.jailer {
+        let vmm = match &self.config.jailer {
             Some(jailer) => {
                 let uid = self.config.jail_uid;
                 let id = jail_id(&spec.id);
                 Vmm::spawn_jailed(jailer, &self.config.firecracker, &self.config.jail_base, &id, uid, uid).await
             }
-            None => Vmm::spawn(&self.config.firecracker, &spec.dir.join("vmm"), &spec.id).await,
+            // Firecracker's --id takes the same characters as the jailer's.
+            None => Vmm::spawn(&self.config.firecracker, &spec.dir.join("vmm"), &jail_id(&spec.id)).await,
+        }?;
+        // VMMs outlive the server; a restarted one finds them by this.
+        let _ = fs::write(spec.dir.join("vmm.pid"), vmm.pid().to_string());
+        Ok(vmm)
+    }
+
+    /// A VMM started by an earlier server process, still running: taken
+    /// back from its pid file, with its API socket and leftovers.
+    fn adopt(&self, spec: &SandboxSpec) -> bool {
+        if self.vmms.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&spec.id) {
+            return true;
         }
+        let pid = fs::read_to_string(spec.dir.join("vmm.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok());
+        let Some(pid) = pid.filter(|pid| is_firecracker(*pid)) else { return false };
+        let (socket, leftovers) = match &self.config.jailer {
+            Some(_) => {
+                let root = Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id));
+                (root.join("api.sock"), vec![root.parent().map(Path::to_path_buf).unwrap_or(root.clone())])
+            }
+            None => (spec.dir.join("vmm/api.sock"), vec![]),
+        };
+        let vmm = Vmm { child: None, pid, api: super::Api::new(&socket), ready_after: Duration::ZERO, leftovers };
+        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), (vmm, false));
+        true
     }
 
     fn with_vmm<T>(&self, id: &str, f: impl FnOnce(&mut (Vmm, bool)) -> T) -> Result<T, EngineError> {
@@ -234,16 +264,19 @@ impl Engine for Firecracker {
     }
 
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.adopt(spec);
         self.api(&spec.id)?.pause().await?;
         self.with_vmm(&spec.id, |(_, paused)| *paused = true)
     }
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.adopt(spec);
         self.api(&spec.id)?.resume().await?;
         self.with_vmm(&spec.id, |(_, paused)| *paused = false)
     }
 
     async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.adopt(spec);
         let api = self.api(&spec.id)?;
         let paused = self.with_vmm(&spec.id, |(_, paused)| *paused)?;
         if !paused {
@@ -303,6 +336,7 @@ impl Engine for Firecracker {
     }
 
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {
+        self.adopt(spec);
         let vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
         match vmms.get(&spec.id) {
             Some((vmm, paused)) if Path::new(&format!("/proc/{}", vmm.pid())).exists() => {
@@ -329,11 +363,13 @@ impl Engine for Firecracker {
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.adopt(spec);
         self.kill(&spec.id);
         Ok(())
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.adopt(spec);
         self.kill(&spec.id);
         if spec.dir.exists() {
             fs::remove_dir_all(&spec.dir).map_err(EngineError::io("removing the sandbox dir"))?;
