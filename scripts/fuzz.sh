@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzz the host<->agent frame decoder and the API request parsers for a
-# bounded time each (FUZZ_SECONDS, default 60). Uses cargo-fuzz (installed
+# Fuzz the host<->agent frame decoder, the API request parsers and image
+# layer application (nothing may land outside the root) for a bounded time each (FUZZ_SECONDS, default 60). Uses cargo-fuzz (installed
 # from crates.io when missing) on the default toolchain; RUSTC_BOOTSTRAP lets
 # a stable compiler take libFuzzer's flags, and `--sanitizer none` keeps it
 # off nightly-only sanitizers. A crash fails the script and leaves its input
@@ -18,10 +18,13 @@ export RUSTC_BOOTSTRAP=1
 say "building the fuzz targets"
 cargo fuzz build --sanitizer none
 mkdir -p "$ROOT/fuzz/artifacts"
-for target in frame_decoder api_requests; do
+for target in frame_decoder api_requests layer_apply; do
     say "fuzzing $target for ${SECONDS_EACH}s"
     log="$ROOT/fuzz/artifacts/$target.log"
-    if ! cargo fuzz run --sanitizer none "$target" -- -max_total_time="$SECONDS_EACH" >"$log" 2>&1; then
+    corpus=("$ROOT/fuzz/corpus/$target")
+    [ -d "$ROOT/fuzz/seeds/$target" ] && corpus+=("$ROOT/fuzz/seeds/$target")
+    mkdir -p "${corpus[0]}"
+    if ! cargo fuzz run --sanitizer none "$target" "${corpus[@]}" -- -max_total_time="$SECONDS_EACH" >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         echo "fuzzing $target failed: the input is under fuzz/artifacts/$target/" >&2
         exit 1

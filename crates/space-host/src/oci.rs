@@ -475,21 +475,17 @@ fn apply_layer(
             _ => Box::new(&mut raw),
         };
         let uncompressed = Hashing { inner: decoded, hasher: Sha256::new(), count: Default::default() };
-        let mut tar = tar::Archive::new(uncompressed);
-        let mut created: HashSet<PathBuf> = HashSet::new();
         let mut last_report = 0;
-        for entry in tar.entries().map_err(|e| fail(format!("not a tar: {e}")))? {
-            let mut entry = entry.map_err(|e| fail(format!("not a valid tar: {e}")))?;
-            apply_entry(root, &mut entry, &mut created, log).map_err(|e| match e {
-                HostError::Invalid(why) => fail(why),
-                other => other,
-            })?;
+        let mut progress = || {
             if read_so_far.get() - last_report > (4 << 20) {
                 last_report = read_so_far.get();
                 report(last_report);
             }
-        }
-        let mut uncompressed = tar.into_inner();
+        };
+        let mut uncompressed = apply_tar(root, uncompressed, log, &mut progress).map_err(|e| match e {
+            HostError::Invalid(why) => fail(why),
+            other => other,
+        })?;
         io::copy(&mut uncompressed, &mut io::sink()).map_err(|e| fail(format!("reading the end: {e}")))?;
         format!("sha256:{}", hex(&uncompressed.hasher.finalize()))
     };
@@ -505,6 +501,25 @@ fn apply_layer(
     }
     report(layer.size);
     Ok(())
+}
+
+/// Applies one uncompressed layer tar under `root` (whiteouts, opaque
+/// directories, every path kept inside `root`) and hands the reader back
+/// for whatever follows the archive. `progress` is called after each entry.
+pub fn apply_tar<R: Read>(
+    root: &Path,
+    layer: R,
+    log: &mut dyn Write,
+    progress: &mut dyn FnMut(),
+) -> Result<R, HostError> {
+    let mut tar = tar::Archive::new(layer);
+    let mut created: HashSet<PathBuf> = HashSet::new();
+    for entry in tar.entries().map_err(|e| bad(format!("not a tar: {e}")))? {
+        let mut entry = entry.map_err(|e| bad(format!("not a valid tar: {e}")))?;
+        apply_entry(root, &mut entry, &mut created, log)?;
+        progress();
+    }
+    Ok(tar.into_inner())
 }
 
 /// Applies one layer entry under `root`, OCI-style: whiteouts remove what
