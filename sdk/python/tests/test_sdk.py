@@ -93,6 +93,13 @@ class AsyncSdk(unittest.TestCase):
                 handle = await sbx.commands.start(["sh", "-c", "echo one; echo two"])
                 lines = [e.text async for e in handle.stream() if e.type == "stdout"]
                 self.assertEqual("".join(lines), "one\ntwo\n")
+                cat = await sbx.commands.start(["cat"], stdin=True)
+                async with await cat.attach() as session:
+                    await session.send("async websocket\n")
+                    await session.close_stdin()
+                    received = b"".join([chunk async for chunk in session.output()])
+                self.assertEqual(received, b"async websocket\n")
+                self.assertEqual(session.result["exit_code"], 0)
                 await sbx.pause()
                 await sbx.resume()
                 self.assertEqual((await sbx.commands.run("echo back")).stdout, "back\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
@@ -86,6 +87,19 @@ class AsyncCommandHandle:
     async def signal(self, name: str = "TERM") -> None:
         await self.sandbox.client.request("POST", self._path("/signal"), json={"signal": name})
 
+    async def attach(self) -> "AsyncAttachment":
+        """An interactive session over the command's WebSocket (needs
+        `pip install space-sdk[attach]`)."""
+        try:
+            from websockets.asyncio.client import connect
+        except ImportError as err:
+            raise SpaceError("attach needs websockets 13 or later: pip install 'space-sdk[attach]'",
+                             code="missing_dependency") from err
+        client = self.sandbox.client
+        url = client.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + self._path("/attach")
+        socket = await connect(url, additional_headers={"Authorization": client._http.headers["Authorization"]})
+        return AsyncAttachment(socket)
+
     async def wait(self, timeout: Optional[float] = None) -> CommandResult:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -98,6 +112,43 @@ class AsyncCommandHandle:
         async for event in self.stream():
             collector.add(event)
         return collector.finish()
+
+
+class AsyncAttachment:
+    """A live WebSocket session with a command (see `AsyncCommandHandle.attach`)."""
+
+    def __init__(self, socket: Any) -> None:
+        self._socket = socket
+        self.result: Optional[Dict[str, Any]] = None
+
+    async def send(self, data: Union[str, bytes]) -> None:
+        await self._socket.send(as_bytes(data))
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._socket.send(json.dumps({"resize": {"cols": cols, "rows": rows}}))
+
+    async def close_stdin(self) -> None:
+        await self._socket.send(json.dumps({"eof": True}))
+
+    async def output(self) -> AsyncIterator[bytes]:
+        """Yields output until the command ends (then `result` is set)."""
+        async for message in self._socket:
+            if isinstance(message, bytes):
+                yield message
+            else:
+                frame = json.loads(message)
+                if "exit" in frame:
+                    self.result = frame["exit"]
+                    return
+
+    async def close(self) -> None:
+        await self._socket.close()
+
+    async def __aenter__(self) -> "AsyncAttachment":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
 
 
 class AsyncCommands:
