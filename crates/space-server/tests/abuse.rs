@@ -242,6 +242,17 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     );
 
     // --- Exhaustion inside, while the neighbour must keep answering ---
+    // Memory and disk first: a fork bomb's leftovers would stop these
+    // commands from starting at all, which proves nothing.
+    let out = py(&server, &id, "x = bytearray(3 << 30)\nprint('GOT', len(x))");
+    suite.check("allocate 3 GiB in a 256 MiB sandbox", out.contains("MemoryError") && !out.contains("GOT"), &out);
+    let (out, _, _) = sh(
+        &server,
+        &id,
+        "dd if=/dev/zero of=/root/fill bs=1M count=1500 2>/dev/null; stat -c %s /root/fill; rm -f /root/fill",
+    );
+    let written: u64 = out.trim().parse().unwrap_or(u64::MAX);
+    suite.check("write 1500 MiB past a 512 MiB disk_mib", written > 0 && written <= 513 << 20, &out);
     let (status, flood) = server.call(
         "POST",
         &format!("/v1/sandboxes/{id}/commands"),
@@ -256,12 +267,13 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
         kept <= 8 << 20 && ended["result"]["error"].as_str().is_some_and(|e| e.contains("not kept")),
         &ended,
     );
-    let (status, _) = server.call(
+    let (status, bomb) = server.call(
         "POST",
         &format!("/v1/sandboxes/{id}/commands"),
         Some(json!({"cmd": "f(){ f|f& }; f; sleep 10", "timeout_s": 15})),
     );
     assert_eq!(status, 201);
+    let bomb = bomb["command"]["id"].as_str().unwrap().to_string();
     std::thread::sleep(Duration::from_secs(2));
     let started = Instant::now();
     let alive = server.exec(&other, json!({"argv": ["echo", "ok"]}));
@@ -272,15 +284,8 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     );
     let inside = sh(&server, &id, "echo agent-ok").0;
     suite.check("lock the agent out with a fork bomb", inside == "agent-ok\n", &inside);
-    let out = py(&server, &id, "x = bytearray(3 << 30)\nprint('GOT', len(x))");
-    suite.check("allocate 3 GiB in a 256 MiB sandbox", !out.contains("GOT"), &out);
-    let (out, _, _) = sh(
-        &server,
-        &id,
-        "dd if=/dev/zero of=/root/fill bs=1M count=1500 2>/dev/null; stat -c %s /root/fill; rm -f /root/fill",
-    );
-    let written: u64 = out.trim().parse().unwrap_or(u64::MAX);
-    suite.check("write 1500 MiB past a 512 MiB disk_mib", written <= 513 << 20, &out);
+    let ended = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{bomb}?wait=30"), None);
+    assert!(ended["result"].is_object(), "the bomb's command ends on its timeout: {ended}");
     let (status, health) = server.raw("GET", "/v1/health", &[], None);
     suite.check("take the server down", status == 200, &health);
 
