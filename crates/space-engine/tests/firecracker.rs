@@ -68,6 +68,14 @@ async fn configure(vmm: &Vmm, dir: &Path) {
     vmm.api.vsock(&Vsock { guest_cid: 3, uds_path: dir.join("vsock.sock") }).await.unwrap();
 }
 
+/// A VMM with the guest configured and InstanceStart done.
+async fn started_vmm(binary: &Path, dir: &Path, id: &str) -> Vmm {
+    let vmm = Vmm::spawn(binary, dir, id).await.unwrap();
+    configure(&vmm, dir).await;
+    vmm.api.start().await.unwrap();
+    vmm
+}
+
 fn gone(pid: i32) -> bool {
     !Path::new(&format!("/proc/{pid}")).exists()
         || std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| s.contains("State:\tZ"))
@@ -99,9 +107,7 @@ fn firecracker_configures_starts_pauses_and_resumes() {
     let data = TestDataDir::new();
     let dir = data.root().join("vmm");
     runtime().block_on(async {
-        let vmm = Vmm::spawn(&binary, &dir, "space-test-run").await.unwrap();
-        configure(&vmm, &dir).await;
-        vmm.api.start().await.unwrap();
+        let vmm = started_vmm(&binary, &dir, "space-test-run").await;
         assert_eq!(vmm.api.instance_info().await.unwrap().state, "Running");
         vmm.api.pause().await.unwrap();
         assert_eq!(vmm.api.instance_info().await.unwrap().state, "Paused");
@@ -140,9 +146,7 @@ fn firecracker_snapshot_loads_into_new_processes() {
     let data = TestDataDir::new();
     let dir = data.root().join("vmm");
     runtime().block_on(async {
-        let vmm = Vmm::spawn(&binary, &dir, "space-test-snap").await.unwrap();
-        configure(&vmm, &dir).await;
-        vmm.api.start().await.unwrap();
+        let vmm = started_vmm(&binary, &dir, "space-test-snap").await;
         vmm.api.pause().await.unwrap();
         let (state, memory) = (dir.join("vm.state"), dir.join("vm.mem"));
         vmm.api
@@ -287,9 +291,7 @@ fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running() {
     };
     runtime().block_on(async {
         // What a previous server left: a started VMM and its pid file.
-        let vmm = Vmm::spawn(&binary, &spec.dir.join("vmm"), "sbx-fcadopt").await.unwrap();
-        configure(&vmm, &spec.dir.join("vmm")).await;
-        vmm.api.start().await.unwrap();
+        let vmm = started_vmm(&binary, &spec.dir.join("vmm"), "sbx-fcadopt").await;
         let pid = vmm.pid();
         std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
         std::mem::forget(vmm); // the old server is gone without stopping it
