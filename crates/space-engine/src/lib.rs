@@ -173,13 +173,6 @@ impl Engines {
         Engines { default, others }
     }
 
-    /// The engine called `name`, if this server has it and it can run here.
-    pub fn usable(&self, name: &str) -> Option<&std::sync::Arc<dyn Engine>> {
-        std::iter::once(&self.default).chain(&self.others).find(|engine| {
-            engine.name() == name && (std::ptr::eq(*engine, &self.default) || engine.availability().available)
-        })
-    }
-
     fn pick(&self, spec: &SandboxSpec) -> &std::sync::Arc<dyn Engine> {
         match spec.engine.as_deref() {
             Some(name) if name != self.default.name() => {

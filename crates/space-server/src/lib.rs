@@ -124,13 +124,25 @@ pub fn engines(config: &PlatformConfig, data: &DataDir) -> (Gvisor, Option<Firec
 /// Each engine's availability on this host, and why.
 pub fn engine_report(config: &PlatformConfig, data: &DataDir) -> Vec<space_engine::Availability> {
     let (gvisor, firecracker) = engines(config, data);
-    let guest = space_host::guest::existing(data);
+    report(config, data, &gvisor, firecracker.as_ref().map(|f| f as &dyn Engine))
+}
+
+/// [`engine_report`] for engines already built (each probed once).
+fn report(
+    config: &PlatformConfig,
+    data: &DataDir,
+    gvisor: &dyn Engine,
+    firecracker: Option<&dyn Engine>,
+) -> Vec<space_engine::Availability> {
     let firecracker = match firecracker {
         Some(engine) => engine.availability(),
-        None => space_engine::firecracker::availability(
-            config.firecracker_bin.as_deref(),
-            guest.as_ref().map(|g| (g.kernel.as_path(), g.initramfs.as_path())),
-        ),
+        None => {
+            let guest = space_host::guest::existing(data);
+            space_engine::firecracker::availability(
+                config.firecracker_bin.as_deref(),
+                guest.as_ref().map(|g| (g.kernel.as_path(), g.initramfs.as_path())),
+            )
+        }
     };
     vec![gvisor.availability(), firecracker]
 }
@@ -158,11 +170,11 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
             }
         }
     }
-    let report = engine_report(config, &data);
     let (gvisor, firecracker) = engines(config, &data);
     let gvisor: Arc<dyn Engine> = Arc::new(gvisor);
     let firecracker: Option<Arc<dyn Engine>> = firecracker.map(|f| Arc::new(f) as Arc<dyn Engine>);
-    let firecracker_ready = firecracker.as_ref().map(|f| f.availability());
+    let report = report(config, &data, gvisor.as_ref(), firecracker.as_deref());
+    let firecracker_ready = firecracker.as_ref().map(|_| report[1].clone());
     // The default engine, and the other one for templates that ask for it.
     let (default, other) = match (config.engine, &firecracker, firecracker_ready) {
         (EngineChoice::Gvisor, _, _) => (gvisor, firecracker),

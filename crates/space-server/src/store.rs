@@ -203,6 +203,16 @@ impl Store {
         Ok(())
     }
 
+    /// The tenant that owns a sandbox, without reading the whole record
+    /// (asked on every request naming a sandbox).
+    pub fn sandbox_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let tenant: Option<Option<String>> = self
+            .conn()
+            .query_row("SELECT json_extract(body, '$.tenant') FROM sandboxes WHERE id = ?1", [id], |r| r.get(0))
+            .optional()?;
+        Ok(tenant.map(|t| t.unwrap_or_else(operator_tenant)))
+    }
+
     /// The tenant that owns an operation.
     pub fn operation_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(self.conn().query_row("SELECT tenant FROM operations WHERE id = ?1", [id], |r| r.get(0)).optional()?)

@@ -17,8 +17,11 @@ pub struct HostFacts {
 
 impl HostFacts {
     pub fn probe(platform: &crate::Platform) -> HostFacts {
-        let availability = platform.engine.availability();
-        let report = platform.engine_report.get().cloned().unwrap_or_else(|| vec![availability.clone()]);
+        // Probed once at startup; only a platform built without it probes here.
+        let report = platform.engine_report.get().cloned().unwrap_or_else(|| vec![platform.engine.availability()]);
+        let availability = report.iter().find(|a| a.name == platform.engine.name()).cloned().unwrap_or_else(|| {
+            space_engine::Availability { name: platform.engine.name(), available: false, detail: "not probed".into() }
+        });
         let engines = report
             .into_iter()
             .map(|a| EngineStatus { name: a.name.into(), available: a.available, detail: a.detail })

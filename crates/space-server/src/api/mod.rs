@@ -132,7 +132,7 @@ fn check_owner(state: &AppState, caller: &Caller, method: &axum::http::Method, p
     let (Some(kind), Some(id)) = (parts.next(), parts.next()) else { return Ok(()) };
     let platform = &state.platform;
     match kind {
-        "sandboxes" if platform.store.sandbox(id)?.is_some_and(|r| r.tenant != caller.tenant) => {
+        "sandboxes" if platform.store.sandbox_tenant(id)?.is_some_and(|t| t != caller.tenant) => {
             return Err(ApiError::not_found("sandbox", id));
         }
         "operations" if platform.store.operation_tenant(id)?.is_some_and(|t| t != caller.tenant) => {
