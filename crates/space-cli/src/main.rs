@@ -114,16 +114,9 @@ fn doctor(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
     };
     let quotas = space_host::btrfs::quota_mode(data.root()).map(|m| format!("{m:?}")).unwrap_or_else(|e| e.to_string());
     println!("data dir  yes {} on btrfs, quotas: {quotas}", data.root().display());
-    let config = engine.platform_config(data_dir).unwrap_or_else(|_| space_server::PlatformConfig {
-        data_dir: data_dir.to_path_buf(),
-        runsc: engine.runsc.clone(),
-        agent_bin: PathBuf::from("space-agent (not found)"),
-        warm_pool: 0,
-        capacity_mib: None,
-        ext4_images: None,
-        engine: engine.engine,
-        firecracker_bin: engine.firecracker_bin.clone(),
-    });
+    // A missing agent is one of the things the report names.
+    let agent = engine.agent_bin().unwrap_or_else(|_| PathBuf::from("space-agent (not found)"));
+    let config = engine.config_with_agent(data_dir, agent);
     let report = space_server::engine_report(&config, &data);
     for availability in &report {
         println!("{:<9} {} {}", availability.name, ok(availability.available), availability.detail);
@@ -297,16 +290,20 @@ impl EngineArgs {
     }
 
     pub fn platform_config(&self, data_dir: &Path) -> Result<space_server::PlatformConfig> {
-        Ok(space_server::PlatformConfig {
+        Ok(self.config_with_agent(data_dir, self.agent_bin()?))
+    }
+
+    fn config_with_agent(&self, data_dir: &Path, agent_bin: PathBuf) -> space_server::PlatformConfig {
+        space_server::PlatformConfig {
             data_dir: data_dir.to_path_buf(),
             runsc: self.runsc.clone(),
-            agent_bin: self.agent_bin()?,
+            agent_bin,
             warm_pool: self.warm_pool,
             capacity_mib: self.capacity_mib,
             ext4_images: self.ext4_images,
             engine: self.engine,
             firecracker_bin: self.firecracker_bin.clone(),
-        })
+        }
     }
 }
 
