@@ -63,6 +63,7 @@ pub fn boot() -> Result<(), String> {
     mount(Some("."), "/", none, MsFlags::MS_MOVE, none).map_err(|e| format!("moving the root: {e}"))?;
     nix::unistd::chroot(".").map_err(|e| format!("chroot: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| e.to_string())?;
+    BOOTED_VM.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
@@ -74,3 +75,67 @@ pub fn dial_vsock() -> std::io::Result<std::os::unix::net::UnixStream> {
     connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &VsockAddr::new(HOST_CID, AGENT_PORT))?;
     Ok(std::os::unix::net::UnixStream::from(fd))
 }
+
+/// How far the guest's clock may be off the host's before the agent sets it.
+const CLOCK_SLACK_MS: u64 = 100;
+
+/// Sets the guest's wall clock to the host's (`host_ms` since the epoch)
+/// when it is off: a microVM restored from a snapshot wakes with the time
+/// it was saved at.
+pub fn set_clock(host_ms: u64) {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    if now.abs_diff(host_ms) < CLOCK_SLACK_MS {
+        return;
+    }
+    let time = nix::sys::time::TimeSpec::new((host_ms / 1000) as i64, ((host_ms % 1000) * 1_000_000) as i64);
+    if let Err(err) = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, time) {
+        eprintln!("space-agent: setting the clock: {err}");
+    }
+}
+
+// RNDADDENTROPY takes `struct rand_pool_info { int entropy_count; int
+// buf_size; __u32 buf[]; }`; its size in the request code is the two ints.
+nix::ioctl_write_ptr_bad!(rnd_add_entropy, nix::request_code_write!(b'R', 0x03, 8), u8);
+nix::ioctl_none!(rnd_reseed_crng, b'R', 0x07);
+
+/// Mixes `bytes` into the kernel's random state. Where the kernel allows it
+/// (a microVM's init, which holds CAP_SYS_ADMIN) they are also credited and
+/// the CRNG is reseeded at once, so a clone of a snapshot never continues
+/// the random stream its template was saved with. Under gVisor the ioctls
+/// are refused and the write alone is enough: its random device draws from
+/// the host on every read.
+pub fn add_entropy(bytes: &[u8]) {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let mut device = match fs::OpenOptions::new().write(true).open("/dev/urandom") {
+        Ok(device) => device,
+        Err(err) => return eprintln!("space-agent: opening /dev/urandom: {err}"),
+    };
+    // Writing mixes the bytes in without crediting them.
+    if let Err(err) = device.write_all(bytes) {
+        eprintln!("space-agent: mixing in entropy: {err}");
+    }
+    if bytes.is_empty() || !in_vm_init() {
+        return;
+    }
+    let mut info = Vec::with_capacity(8 + bytes.len());
+    info.extend_from_slice(&(bytes.len() as i32 * 8).to_ne_bytes());
+    info.extend_from_slice(&(bytes.len() as i32).to_ne_bytes());
+    info.extend_from_slice(bytes);
+    // SAFETY: `info` is a complete rand_pool_info (header and `buf_size`
+    // bytes) that outlives the call; RNDRESEEDCRNG takes no argument.
+    let credited = unsafe { rnd_add_entropy(device.as_raw_fd(), info.as_ptr()) }
+        .and_then(|_| unsafe { rnd_reseed_crng(device.as_raw_fd()) });
+    if let Err(err) = credited {
+        eprintln!("space-agent: reseeding the kernel's random generator: {err}");
+    }
+}
+
+/// Whether this agent booted a microVM (it is PID 1 and switched from the
+/// initramfs into the root drive).
+fn in_vm_init() -> bool {
+    BOOTED_VM.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static BOOTED_VM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -16,7 +16,6 @@ mod spawn;
 mod users;
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -45,19 +44,15 @@ fn main() {
 fn run() -> Result<(), String> {
     // In a Firecracker guest the agent is the initramfs's /init: it boots
     // the root drive first, then reaches the host over vsock.
-    let socket_path = if init::in_initramfs() {
+    let in_vm = init::in_initramfs();
+    let socket_path = if in_vm {
         init::boot()?;
         VSOCK.to_string()
     } else {
         env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string())
     };
     let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false)?;
-    if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
-    {
-        if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
-            eprintln!("space-agent: setting hostname: {err}");
-        }
-    }
+    take_welcome(&welcome, in_vm);
 
     let (outbox, queued) = sync_channel::<Frame>(OUTBOX_DEPTH);
     let (sockets, new_sockets) = mpsc::channel::<UnixStream>();
@@ -77,13 +72,35 @@ fn run() -> Result<(), String> {
         // Commands keep running; their output waits in the pipes.
         drop(reader);
         let (new_reader, new_writer, welcome) = connect(&socket_path, None, true)?;
+        take_welcome(&welcome, in_vm);
         if welcome.session != session {
             // A new host session knows nothing of the old streams.
             exec::forget_streams(&agent.sessions);
             session = welcome.session;
         }
+        let mut identity = agent.identity.lock().unwrap_or_else(|e| e.into_inner());
+        if identity.sandbox_id != welcome.sandbox_id {
+            // A clone of a template's snapshot woke up as a new sandbox: it
+            // takes that sandbox's whole identity.
+            *identity = welcome;
+        }
+        drop(identity);
         let _ = sockets.send(new_writer);
         reader = new_reader;
+    }
+}
+
+/// What every handshake sets in the sandbox: its hostname and, in a
+/// microVM (whose clock stood still while it was a snapshot), the time.
+fn take_welcome(welcome: &Welcome, in_vm: bool) {
+    if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
+    {
+        if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
+            eprintln!("space-agent: setting hostname: {err}");
+        }
+    }
+    if let (true, Some(host_ms)) = (in_vm, welcome.clock_unix_ms) {
+        init::set_clock(host_ms);
     }
 }
 
@@ -162,18 +179,13 @@ fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
 pub(crate) type Sessions = Arc<Mutex<HashMap<u32, exec::SessionControl>>>;
 
 /// Becomes the sandbox a warm-pool member is handed out as: its env for
-/// every later command, and fresh entropy mixed into the kernel's pool.
+/// every later command, and fresh entropy for the kernel's random state.
 fn take_identity(current: &Mutex<Welcome>, identity: Identity) {
     current.lock().unwrap_or_else(|e| e.into_inner()).env = identity.env;
     let entropy: Vec<u8> = (0..identity.entropy_hex.len() / 2)
         .filter_map(|i| u8::from_str_radix(identity.entropy_hex.get(2 * i..2 * i + 2)?, 16).ok())
         .collect();
-    // Writing to /dev/urandom mixes the bytes in without crediting them.
-    if let Err(err) =
-        std::fs::OpenOptions::new().write(true).open("/dev/urandom").and_then(|mut f| f.write_all(&entropy))
-    {
-        eprintln!("space-agent: mixing in entropy: {err}");
-    }
+    init::add_entropy(&entropy);
 }
 
 /// What handling one frame means for the connection.

@@ -82,7 +82,10 @@ async fn greet(
         let _ = write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Error, &message)).await;
         return Err(ProtoError::Version { theirs: hello.protocol_version }.into());
     }
-    write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, welcome)).await?;
+    // Stamped as it leaves: a restored microVM sets its clock from it.
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok();
+    let welcome = Welcome { clock_unix_ms: clock.map(|c| c.as_millis() as u64), ..welcome.clone() };
+    write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome)).await?;
     Ok((read_half, write_half, hello))
 }
 
@@ -560,6 +563,7 @@ mod tests {
             user: None,
             memory_mib: None,
             session: 1,
+            clock_unix_ms: None,
         }
     }
 

@@ -78,7 +78,16 @@ pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
         user: spec.user.clone(),
         memory_mib: (spec.memory_mib > 0).then_some(spec.memory_mib),
         session: u64::from_le_bytes(session) | 1,
+        clock_unix_ms: None,
     }
+}
+
+/// What a sandbox that started as a copy of another (a warm member, a
+/// clone of a template snapshot) becomes: `env`, and fresh entropy.
+pub fn fresh_identity(env: &BTreeMap<String, String>) -> Result<space_proto::Identity, EngineError> {
+    let mut entropy = [0u8; 32];
+    getrandom::getrandom(&mut entropy).map_err(|e| EngineError::Runtime(format!("no random bytes: {e}")))?;
+    Ok(space_proto::Identity { env: env.clone(), entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect() })
 }
 
 /// A started sandbox: its agent has said hello and answered a ping.

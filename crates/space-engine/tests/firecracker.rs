@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use space_engine::firecracker::api::{
     BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, SnapshotLoad, Vsock, VsockOverride,
 };
-use space_engine::firecracker::{find_jailer, Vmm};
+use space_engine::firecracker::{find_jailer, Firecracker, FirecrackerConfig, Vmm};
+use space_engine::{Engine, LiveStatus, SandboxSpec};
 use space_host::datadir::DataDir;
 use space_testkit::{shared_data_dir, TestDataDir};
 
@@ -44,11 +45,13 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// Configures a VM with the Debian guest kernel, a root drive and vsock.
-async fn configure(vmm: &Vmm, dir: &Path) {
+/// Configures a VM with the Debian guest kernel, the root drive `root`
+/// (1 MiB of zeros unless it exists) and vsock at `vsock`.
+async fn configure(vmm: &Vmm, root: &Path, vsock: &Path) {
     let (kernel, initrd) = guest();
-    let root = dir.join("root.ext4");
-    std::fs::write(&root, vec![0u8; 1 << 20]).unwrap();
+    if !vmm_path(vmm, root).exists() {
+        std::fs::write(vmm_path(vmm, root), vec![0u8; 1 << 20]).unwrap();
+    }
     vmm.api
         .boot_source(&BootSource {
             kernel_image_path: kernel,
@@ -62,18 +65,111 @@ async fn configure(vmm: &Vmm, dir: &Path) {
         .await
         .unwrap();
     vmm.api
-        .drive(&Drive { drive_id: "root".into(), path_on_host: root, is_root_device: true, is_read_only: false })
+        .drive(&Drive {
+            drive_id: "root".into(),
+            path_on_host: root.to_path_buf(),
+            is_root_device: true,
+            is_read_only: false,
+        })
         .await
         .unwrap();
-    vmm.api.vsock(&Vsock { guest_cid: 3, uds_path: dir.join("vsock.sock") }).await.unwrap();
+    vmm.api.vsock(&Vsock { guest_cid: 3, uds_path: vsock.to_path_buf() }).await.unwrap();
+}
+
+/// A path as the (unjailed) VMM resolves it: relative ones from its
+/// directory, which holds its API socket.
+fn vmm_path(vmm: &Vmm, path: &Path) -> PathBuf {
+    vmm.api.socket().parent().unwrap().join(path)
 }
 
 /// A VMM with the guest configured and InstanceStart done.
 async fn started_vmm(binary: &Path, dir: &Path, id: &str) -> Vmm {
     let vmm = Vmm::spawn(binary, dir, id).await.unwrap();
-    configure(&vmm, dir).await;
+    configure(&vmm, &dir.join("root.ext4"), &dir.join("vsock.sock")).await;
     vmm.api.start().await.unwrap();
     vmm
+}
+
+/// A template version `templates/tiny/1` with a small ext4 root drive and
+/// the default shape 1 vCPU, 128 MiB, 16 MiB of disk.
+fn tiny_template(data: &TestDataDir) -> PathBuf {
+    let template = data.root().join("templates/tiny/1");
+    std::fs::create_dir_all(template.join("rootfs/etc")).unwrap();
+    std::fs::write(template.join("rootfs/etc/hostname"), "tiny\n").unwrap();
+    space_host::template::make_ext4(&template.join("rootfs"), &template.join("rootfs.ext4"), 16).unwrap();
+    let meta = serde_json::json!({
+        "name": "tiny", "version": 1, "created_at": "2026-12-02T00:00:00Z", "source": {},
+        "defaults": {"vcpus": 1, "memory_mib": 128, "disk_mib": 16, "env": {}, "workdir": "/", "user": "root"},
+    });
+    std::fs::write(template.join("template.json"), meta.to_string()).unwrap();
+    template
+}
+
+fn engine_config(binary: &Path, jailer: Option<PathBuf>, data: &TestDataDir) -> FirecrackerConfig {
+    let (kernel, initramfs) = guest();
+    FirecrackerConfig {
+        firecracker: binary.to_path_buf(),
+        kernel,
+        initramfs,
+        jailer,
+        jail_base: data.root().join("jail"),
+        jail_uid: space_engine::firecracker::JAIL_UID,
+        // The guest does not come up on these hosts: fail fast.
+        boot_patience: if space_host::hardware_virtualization() {
+            space_engine::firecracker::BOOT_PATIENCE
+        } else {
+            std::time::Duration::from_secs(3)
+        },
+    }
+}
+
+/// A sandbox of `template`, with its default shape unless `memory_mib`
+/// and `disk_mib` say otherwise.
+fn sandbox(data: &TestDataDir, template: &Path, id: &str, memory_mib: u32, disk_mib: u32) -> SandboxSpec {
+    SandboxSpec {
+        id: id.into(),
+        dir: data.data.sandbox_dir(id),
+        template_rootfs: template.join("rootfs"),
+        hostname: id.into(),
+        vcpus: 1,
+        memory_mib,
+        disk_mib,
+        env: Default::default(),
+        workdir: None,
+        user: None,
+        engine: None,
+    }
+}
+
+/// The jailer beside `binary`, or a loud line that the jailed half of
+/// `test` is skipped.
+fn jailer_for(test: &str, binary: &Path) -> Option<PathBuf> {
+    let jailer = find_jailer(None, Some(binary));
+    if jailer.is_none() {
+        skip(&format!("{test} (the jailed half): no jailer beside FIRECRACKER_BIN"));
+    }
+    jailer
+}
+
+/// The sandbox's error when the guest cannot come up here, or its agent.
+async fn expect_agent_or_no_guest(created: Result<space_engine::Started, space_engine::EngineError>, what: &str) {
+    if space_host::hardware_virtualization() {
+        let started = created.expect("the microVM runs and its agent answers");
+        assert!(started.agent.ping(std::time::Duration::from_secs(5)).await.is_ok());
+    } else {
+        // Everything before the guest (paths, owners, sockets, ids, the
+        // VMM's API) worked; only the guest cannot come up on kvm_pvm.
+        let err = created.err().expect("no guest on this host").to_string();
+        assert!(err.contains("did not dial home"), "{what}: it failed before the agent: {err}");
+    }
+}
+
+/// Nothing of the sandbox is left: its dir, its jail, its VMM.
+fn assert_gone(data: &TestDataDir, spec: &SandboxSpec) {
+    let dashed = spec.id.replace('_', "-");
+    assert!(!spec.dir.exists(), "the sandbox dir is gone");
+    assert!(!data.root().join("jail/firecracker").join(&dashed).exists(), "the jail is gone");
+    assert_eq!(space_testkit::processes_mentioning(&dashed), 0, "no VMM is left");
 }
 
 fn gone(pid: i32) -> bool {
@@ -193,6 +289,14 @@ fn firecracker_runs_under_the_jailer_as_its_own_user() {
         // Its root is the jail: the API socket is there, the host's /etc is not.
         let root = PathBuf::from(format!("/proc/{}/root", vmm.pid()));
         assert!(root.join("api.sock").exists() && !root.join("etc/passwd").exists(), "the VMM is chrooted");
+        // A dynamically linked build runs there on the libraries put in
+        // for it (a static one needs none).
+        let libraries = space_engine::firecracker::shared_libraries(&binary).unwrap();
+        for library in &libraries {
+            assert!(root.join(library.strip_prefix("/").unwrap()).is_file(), "{} is in the jail", library.display());
+        }
+        let linked = if libraries.is_empty() { "static" } else { "dynamic" };
+        eprintln!("a {linked} firecracker ran under the jailer with {} libraries", libraries.len());
         let pid = vmm.pid();
         vmm.kill();
         assert!(gone(pid));
@@ -201,102 +305,142 @@ fn firecracker_runs_under_the_jailer_as_its_own_user() {
 }
 
 #[test]
-fn firecracker_engine_starts_a_microvm_jailed_and_not_and_waits_for_its_agent() {
-    use space_engine::firecracker::{Firecracker, FirecrackerConfig};
-    use space_engine::{Engine, SandboxSpec};
-    let test = "firecracker_engine_starts_a_microvm_jailed_and_not_and_waits_for_its_agent";
+fn firecracker_engine_boots_a_microvm_jailed_and_not_and_waits_for_its_agent() {
+    let test = "firecracker_engine_boots_a_microvm_jailed_and_not_and_waits_for_its_agent";
     let Some(binary) = firecracker(test) else { return };
-    let jailer = find_jailer(None, Some(&binary));
-    if jailer.is_none() {
-        skip(&format!("{test} (the jailed half): no jailer beside FIRECRACKER_BIN"));
-    }
     let data = TestDataDir::new();
-    let (kernel, initramfs) = guest();
-    // A template version with a small ext4 root drive.
-    let template = data.root().join("templates/tiny/1");
-    std::fs::create_dir_all(template.join("rootfs/etc")).unwrap();
-    std::fs::write(template.join("rootfs/etc/hostname"), "tiny\n").unwrap();
-    space_host::template::make_ext4(&template.join("rootfs"), &template.join("rootfs.ext4"), 16).unwrap();
-    for jailer in [jailer, None] {
+    let template = tiny_template(&data);
+    for jailer in [jailer_for(test, &binary), None] {
         let jailed = jailer.is_some();
-        let engine = Firecracker::new(FirecrackerConfig {
-            firecracker: binary.clone(),
-            kernel: kernel.clone(),
-            initramfs: initramfs.clone(),
-            jailer,
-            jail_base: data.root().join("jail"),
-            jail_uid: 65534,
-        });
+        let engine = Firecracker::new(engine_config(&binary, jailer, &data));
+        // Not the template's shape (more memory and disk): a cold boot, on
+        // a root drive grown by the extra disk.
         let id = if jailed { "sbx_fcjail" } else { "sbx_fcplain" };
-        let spec = SandboxSpec {
-            id: id.into(),
-            dir: data.data.sandbox_dir(id),
-            template_rootfs: template.join("rootfs"),
-            hostname: id.into(),
-            vcpus: 1,
-            memory_mib: 128,
-            disk_mib: 16,
-            env: Default::default(),
-            workdir: None,
-            user: None,
-            engine: None,
-        };
+        let spec = sandbox(&data, &template, id, 256, 48);
+        assert!(engine.template_snapshot_dir(&spec).is_none(), "not the template's shape: no clone");
         runtime().block_on(async {
-            let created = engine.create(&spec).await;
-            if space_host::hardware_virtualization() {
-                let started = created.expect("the microVM boots and its agent answers");
-                assert!(started.agent.ping(std::time::Duration::from_secs(5)).await.is_ok());
-            } else {
-                // Everything up to InstanceStart worked (paths, owner, socket,
-                // ids); only the guest cannot come up on kvm_pvm.
-                let err = created.err().expect("no guest on this host").to_string();
-                assert!(err.contains("did not dial home"), "jailed {jailed}: it failed before the agent: {err}");
-            }
+            expect_agent_or_no_guest(engine.create(&spec).await, &format!("jailed {jailed}")).await;
             engine.destroy(&spec).await.unwrap();
-            let dashed = id.replace('_', "-");
-            assert!(!spec.dir.exists(), "the sandbox dir is gone");
-            assert!(!data.root().join("jail/firecracker").join(&dashed).exists(), "the jail is gone");
-            assert_eq!(space_testkit::processes_mentioning(&dashed), 0, "no VMM is left");
+            assert_gone(&data, &spec);
         });
     }
 }
 
 #[test]
+fn firecracker_engine_clones_a_template_snapshot_jailed_and_not() {
+    use std::os::unix::fs::MetadataExt;
+    let test = "firecracker_engine_clones_a_template_snapshot_jailed_and_not";
+    let Some(binary) = firecracker(test) else { return };
+    let data = TestDataDir::new();
+    let template = tiny_template(&data);
+    for jailer in [jailer_for(test, &binary), None] {
+        let jailed = jailer.is_some();
+        let engine = Firecracker::new(engine_config(&binary, jailer, &data));
+        let (a, b) =
+            (sandbox(&data, &template, "sbx_clone_a", 128, 16), sandbox(&data, &template, "sbx_clone_b", 128, 16));
+        let snapshot = engine.template_snapshot_dir(&a).expect("the template's shape: a clone");
+        runtime().block_on(async {
+            if space_host::hardware_virtualization() {
+                // The engine boots the template once and saves it.
+                expect_agent_or_no_guest(engine.create(&a).await, "the first clone").await;
+                engine.destroy(&a).await.unwrap();
+            } else {
+                // The guest cannot boot here: save a started VM by hand,
+                // the way the engine does (paths relative to the VMM's dir).
+                save_by_hand(&binary, &template, &snapshot, &data.root().join("saving")).await;
+            }
+            let memory = std::fs::metadata(snapshot.join("vm.mem")).unwrap();
+            // Two clones at once: each its own VMM (and uid when jailed), both
+            // mapping the one memory file privately.
+            let watch = async {
+                let mut seen = Vec::new();
+                for _ in 0..500 {
+                    seen = [&a, &b].iter().filter_map(|spec| mapping(spec, memory.ino())).collect();
+                    if seen.len() == 2 {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                seen
+            };
+            let (made_a, made_b, seen) = tokio::join!(engine.create(&a), engine.create(&b), watch);
+            assert_eq!(seen.len(), 2, "jailed {jailed}: both clones map the template's memory file: {seen:?}");
+            if jailed {
+                assert_ne!(seen[0], seen[1], "each jailed VMM has its own uid");
+                assert!(seen.iter().all(|uid| *uid >= space_engine::firecracker::JAIL_UID), "{seen:?}");
+            }
+            expect_agent_or_no_guest(made_a, &format!("jailed {jailed}, clone a")).await;
+            expect_agent_or_no_guest(made_b, &format!("jailed {jailed}, clone b")).await;
+            for spec in [&a, &b] {
+                engine.destroy(spec).await.unwrap();
+                assert_gone(&data, spec);
+            }
+            let kept = std::fs::metadata(snapshot.join("vm.mem")).unwrap();
+            assert_eq!((kept.ino(), kept.len(), kept.mode() & 0o777), (memory.ino(), memory.len(), 0o644));
+            assert!(snapshot.join("vm.state").is_file() && snapshot.join("rootfs.ext4").is_file());
+
+            // Without a snapshot the engine makes one first; when that
+            // fails nothing half-made is left.
+            if !space_host::hardware_virtualization() {
+                std::fs::remove_dir_all(&snapshot).unwrap();
+                expect_agent_or_no_guest(engine.create(&a).await, "making the template snapshot").await;
+                assert!(!snapshot.exists() && !snapshot.with_extension("building").exists());
+                assert_gone(&data, &a);
+                assert_eq!(space_testkit::processes_mentioning("tpl-"), 0, "no template VMM is left");
+            }
+        });
+    }
+}
+
+/// What the engine saves of a template's microVM, made from a started
+/// (not booted) VM: its state, memory and root drive, in `snapshot`.
+async fn save_by_hand(binary: &Path, template: &Path, snapshot: &Path, work: &Path) {
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work).unwrap();
+    std::fs::copy(template.join("rootfs.ext4"), work.join("rootfs.ext4")).unwrap();
+    let vmm = Vmm::spawn(binary, work, "space-test-template").await.unwrap();
+    configure(&vmm, Path::new("rootfs.ext4"), Path::new("vsock.sock")).await;
+    vmm.api.start().await.unwrap();
+    vmm.api.pause().await.unwrap();
+    let create =
+        SnapshotCreate { snapshot_type: "Full", snapshot_path: "vm.state".into(), mem_file_path: "vm.mem".into() };
+    vmm.api.snapshot_create(&create).await.unwrap();
+    drop(vmm);
+    std::fs::create_dir_all(snapshot).unwrap();
+    for name in ["vm.state", "vm.mem", "rootfs.ext4"] {
+        std::fs::rename(work.join(name), snapshot.join(name)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(snapshot.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+}
+
+/// The uid of the sandbox's VMM when it maps the file with inode `inode`
+/// privately (a copy-on-write mapping, `p` in its permissions).
+fn mapping(spec: &SandboxSpec, inode: u64) -> Option<u32> {
+    let pid = std::fs::read_to_string(spec.dir.join("vmm.pid")).ok()?.trim().parse::<i32>().ok()?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mapped = maps.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 5 && fields[1].ends_with('p') && fields[4] == inode.to_string()
+    });
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status.lines().find(|l| l.starts_with("Uid:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    mapped.then_some(uid)
+}
+
+#[test]
 fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running() {
-    use space_engine::firecracker::{Firecracker, FirecrackerConfig};
-    use space_engine::{Engine, LiveStatus, SandboxSpec};
     let Some(binary) = firecracker("firecracker_engine_adopts_a_vmm_a_previous_server_left_running") else { return };
     let data = TestDataDir::new();
-    let (kernel, initramfs) = guest();
-    let spec = SandboxSpec {
-        id: "sbx_fcadopt".into(),
-        dir: data.data.sandbox_dir("sbx_fcadopt"),
-        template_rootfs: data.root().join("unused"),
-        hostname: "sbx_fcadopt".into(),
-        vcpus: 1,
-        memory_mib: 128,
-        disk_mib: 16,
-        env: Default::default(),
-        workdir: None,
-        user: None,
-        engine: None,
-    };
-    let config = FirecrackerConfig {
-        firecracker: binary.clone(),
-        kernel,
-        initramfs,
-        jailer: None,
-        jail_base: data.root().join("jail"),
-        jail_uid: 65534,
-    };
+    let spec = sandbox(&data, &data.root().join("unused"), "sbx_fcadopt", 128, 16);
     runtime().block_on(async {
         // What a previous server left: a started VMM and its pid file.
-        let vmm = started_vmm(&binary, &spec.dir.join("vmm"), "sbx-fcadopt").await;
+        let vmm = started_vmm(&binary, &spec.dir, "sbx-fcadopt").await;
         let pid = vmm.pid();
         std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
         std::mem::forget(vmm); // the old server is gone without stopping it
 
-        let engine = Firecracker::new(config);
+        let engine = Firecracker::new(engine_config(&binary, None, &data));
         assert_eq!(engine.status(&spec), LiveStatus::Running, "the new engine finds the VMM");
         engine.pause(&spec).await.unwrap();
         assert_eq!(engine.status(&spec), LiveStatus::Paused);

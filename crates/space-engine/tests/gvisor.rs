@@ -83,3 +83,40 @@ async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
     assert_eq!(space_testkit::processes_mentioning("sbx_enginetest"), 0, "no runsc process is left");
     engine.destroy(&spec).await.expect("destroy is idempotent");
 }
+
+/// What a clone of a template snapshot goes through: its agent, quiesced
+/// in the template, dials a host that welcomes it as another sandbox. It
+/// must become that sandbox — id, hostname, env — not carry on as the one
+/// it was saved as.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let engine = Gvisor::new(GvisorConfig {
+        runsc: "runsc".into(),
+        agent_bin: agent_bin(),
+        state_dir: data.data.run_dir().join("runsc"),
+    });
+    let spec = spec(&data, "sbx_original");
+    let agent = engine.create(&spec).await.expect("create").agent;
+    agent.quiesce(Duration::from_secs(10)).await.expect("quiesce");
+
+    let socket = engine.redial(&spec).await.expect("the agent dials again");
+    let mut clone = spec.clone();
+    clone.id = "sbx_clone".into();
+    clone.hostname = "sbx-clone".into();
+    clone.env = [("ROLE".to_string(), "clone".to_string())].into();
+    clone.workdir = Some("/tmp".into());
+    let welcome = space_engine::welcome_for(&clone);
+    let agent = space_engine::AgentConn::handshake(socket, welcome, Duration::from_secs(10)).await.expect("handshake");
+    // (The kernel's hostname changes where the agent holds CAP_SYS_ADMIN:
+    // in a microVM, not under gVisor's default capabilities.)
+    let (out, _, _) = run(&agent, &["sh", "-c", "echo ${ROLE}/${GREETING}/${HOSTNAME}/$(pwd)"]).await;
+    assert_eq!(String::from_utf8_lossy(&out), "clone//sbx-clone//tmp\n", "the new identity, nothing of the old");
+    // Fresh entropy and env, as a clone is given after its welcome.
+    let identity = space_engine::fresh_identity(&[("ROLE".to_string(), "handed-out".to_string())].into()).unwrap();
+    agent.set_identity(&identity, Duration::from_secs(10)).await.expect("identity");
+    let (out, _, _) = run(&agent, &["sh", "-c", "echo $ROLE"]).await;
+    assert_eq!(String::from_utf8_lossy(&out), "handed-out\n");
+    engine.destroy(&spec).await.expect("destroy");
+}

@@ -132,6 +132,11 @@ pub fn prepare(data: &DataDir, agent_bin: &Path, say: &dyn Fn(&str)) -> Result<G
     }
     archive.file(MODULES_ORDER, 0o644, order.as_bytes());
     let bytes = archive.finish();
+    // Unchanged, it is left as it is: Firecracker's template snapshots are
+    // named after the guest files, and a rewrite would void them.
+    if fs::read(&initramfs).is_ok_and(|old| old == bytes) {
+        return Ok(GuestArtifacts { kernel: dir.join("vmlinux"), initramfs, release });
+    }
     let partial = dir.join(".initramfs.cpio.partial");
     fs::write(&partial, &bytes).map_err(HostError::io("writing the initramfs"))?;
     fs::rename(&partial, &initramfs).map_err(HostError::io("publishing the initramfs"))?;

@@ -38,6 +38,11 @@ pub struct Welcome {
     /// host session (the server restarted): streams of the old one are
     /// dropped; the same value after a quiesce means carry on.
     pub session: u64,
+    /// The host's wall clock when it sent this (ms since the epoch): a
+    /// microVM restored from a snapshot wakes with the clock it was saved
+    /// with, and its agent sets the guest's clock from this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_unix_ms: Option<u64>,
 }
 
 /// What a sandbox taken from a warm pool becomes when it is handed out.

@@ -115,7 +115,8 @@ pub fn engines(config: &PlatformConfig, data: &DataDir) -> (Gvisor, Option<Firec
             initramfs,
             jailer,
             jail_base: data.run_dir().join("jail"),
-            jail_uid: 65534,
+            jail_uid: space_engine::firecracker::JAIL_UID,
+            boot_patience: space_engine::firecracker::BOOT_PATIENCE,
         })
     });
     (gvisor, firecracker)

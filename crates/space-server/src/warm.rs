@@ -1,13 +1,14 @@
 //! Fast create: a warm pool of pre-started, paused sandboxes per template.
 //!
-//! On gVisor a restore is slower than a cold start, so the fast path is a
-//! sandbox that already booted: it waits paused (costing memory, not CPU),
-//! and a create takes it, thaws it and gives it its identity — its env and
-//! fresh entropy; its id and hostname were chosen when it was started. Pool
-//! members are not in the database: a restarted server sweeps them away.
-//! The pool refills in the background. An engine that restores clones of a
-//! template snapshot (Firecracker) would fill the same pool by restoring
-//! instead of booting; `take` and the hand-out stay the same.
+//! The fast path is a sandbox that already started: it waits paused
+//! (costing memory, not CPU), and a create takes it, thaws it and gives it
+//! its identity — its env and fresh entropy; its id and hostname were chosen
+//! when it was started. On gVisor a member is booted (a restore is slower
+//! than a cold start there); on Firecracker the engine starts every sandbox
+//! of a template's default shape as a clone of the template's snapshot, so
+//! members are clones sharing the snapshot's memory pages. Pool members are
+//! not in the database: a restarted server sweeps them away. The pool
+//! refills in the background.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,6 @@ use std::time::Duration;
 
 use space_engine::{AgentConn, SandboxSpec};
 use space_host::template::TemplateInfo;
-use space_proto::Identity;
 
 use crate::domain::CreateSpec;
 use crate::ids;
@@ -66,9 +66,7 @@ impl Platform {
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<(), String> {
         self.engine.resume(&member.spec).await.map_err(|e| e.to_string())?;
-        let mut entropy = [0u8; 32];
-        getrandom::getrandom(&mut entropy).map_err(|e| e.to_string())?;
-        let identity = Identity { env: env.clone(), entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect() };
+        let identity = space_engine::fresh_identity(env).map_err(|e| e.to_string())?;
         member.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(|e| e.to_string())
     }
 

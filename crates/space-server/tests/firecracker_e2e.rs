@@ -1,5 +1,6 @@
-//! The whole guest path on Firecracker through the API: create, exec,
-//! suspend, resume, delete. It needs hardware virtualization (vmx/svm) and
+//! The whole guest path on Firecracker through the API: create (a cold
+//! boot, and clones of the template's snapshot), exec, suspend, resume,
+//! delete. It needs hardware virtualization (vmx/svm) and
 //! `FIRECRACKER_BIN`; elsewhere — such as hosts whose /dev/kvm is kvm_pvm —
 //! it skips with one line saying so.
 
@@ -32,7 +33,8 @@ fn firecracker_sandbox_end_to_end_through_the_api() {
     config.engine = space_server::EngineChoice::Firecracker;
     config.firecracker_bin = binary.map(Into::into);
     let server = TestServer::start_with(config);
-    let id = server.create_sandbox(json!({"template": "base", "memory_mib": 512}));
+    // Not the template's shape: a cold boot.
+    let id = server.create_sandbox(json!({"template": "base", "memory_mib": 768}));
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
     assert_eq!(sandbox["engine"], "firecracker");
     let ran = server.exec(&id, json!({"cmd": "echo hello from a microVM > /root/note; cat /root/note; uname -r"}));
@@ -44,5 +46,26 @@ fn firecracker_sandbox_end_to_end_through_the_api() {
         assert_eq!(done["state"], "succeeded", "{action}: {done}");
     }
     assert_eq!(server.exec(&id, json!({"cmd": "cat /root/note"}))["stdout"], "hello from a microVM\n");
-    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+
+    // The template's default shape: the first such create saved the
+    // template's microVM, and these are clones of it. Each is its own
+    // sandbox (hostname), with its own random state and the host's time.
+    let snapshots = base.dir.join("firecracker");
+    let clones: Vec<String> = (0..2).map(|_| server.create_sandbox(json!({"template": "base"}))).collect();
+    assert!(std::fs::read_dir(&snapshots).is_ok_and(|mut d| d.next().is_some()), "the template snapshot is kept");
+    let mut seen = Vec::new();
+    for clone in &clones {
+        let ran = server.exec(clone, json!({"cmd": "hostname; head -c 16 /dev/urandom | od -An -tx1; date +%s"}));
+        let out = ran["stdout"].as_str().unwrap().to_string();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], clone.replace('_', "-"), "the clone took its own hostname: {out}");
+        let guest_time: u64 = lines[2].trim().parse().unwrap();
+        let host_time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert!(host_time.abs_diff(guest_time) < 5, "the clone's clock is the host's: {guest_time} vs {host_time}");
+        seen.push(lines[1].to_string());
+    }
+    assert_ne!(seen[0], seen[1], "clones never share random state");
+    for sandbox in clones.iter().chain([&id]) {
+        assert_eq!(server.delete_sandbox(sandbox)["state"], "succeeded");
+    }
 }

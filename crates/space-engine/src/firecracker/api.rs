@@ -113,7 +113,12 @@ impl Api {
     ) -> Result<(StatusCode, Bytes), EngineError> {
         let failed =
             |what: &str, e: &dyn std::fmt::Display| EngineError::Runtime(format!("firecracker API {what} {path}: {e}"));
-        let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(|e| failed("connecting for", &e))?;
+        let stream = super::at_socket(&self.socket, |p| std::os::unix::net::UnixStream::connect(p))
+            .and_then(|stream| {
+                stream.set_nonblocking(true)?;
+                tokio::net::UnixStream::from_std(stream)
+            })
+            .map_err(|e| failed("connecting for", &e))?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| failed("handshake for", &e))?;

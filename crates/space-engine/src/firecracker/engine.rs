@@ -6,12 +6,24 @@
 //! `<uds_path>_1024`. Pause and resume are `PATCH /vm`; suspend is a full
 //! snapshot; restore loads it into a new process, and the agent, whose
 //! vsock connection did not survive, dials again.
+//!
+//! A sandbox of its template's default shape is a clone: the template's
+//! microVM is booted once, its agent quiesced, and saved (memory, device
+//! state, root drive) next to the template; each clone loads that snapshot
+//! into a new VMM — the memory file mapped privately, so clones share its
+//! pages until they write them — on a reflink copy of the saved drive. Its
+//! agent redials, takes the new sandbox's identity from the welcome, and
+//! fresh entropy reseeds its kernel's random generator.
+//!
+//! Every path a VMM is given for its own files is relative to its working
+//! directory (the sandbox's directory, or `/` of its jail), so a snapshot
+//! names the same files wherever it is loaded.
 
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::UnixListener;
@@ -20,24 +32,40 @@ use super::api::{BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, S
 use super::Vmm;
 use crate::{AgentConn, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
 
-/// How long a microVM may take from start to the agent's hello.
-const BOOT_PATIENCE: Duration = Duration::from_secs(20);
+/// How long a microVM may take from start to the agent's hello, unless
+/// configured.
+pub const BOOT_PATIENCE: Duration = Duration::from_secs(20);
+/// How long an agent has to let go of its socket before a snapshot.
+const QUIESCE_PATIENCE: Duration = Duration::from_secs(10);
 const GUEST_CID: u32 = 3;
 const AGENT_PORT: u32 = 1024;
 const BOOT_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off quiet";
-/// The ext4 root drive inside a template version's directory.
-const TEMPLATE_IMAGE: &str = "rootfs.ext4";
+/// The ext4 root drive: in a template version's directory, in a sandbox's
+/// and in a template snapshot.
+const ROOT_DRIVE: &str = space_host::template::EXT4_IMAGE;
+/// A snapshot's device state and memory.
+const STATE: &str = "vm.state";
+const MEMORY: &str = "vm.mem";
+/// The first uid a jailed VMM runs as: far above the ranges distributions
+/// give users and subordinate ids, so no account on the host shares one.
+pub const JAIL_UID: u32 = 1_900_000_000;
+/// How many uids jailed VMMs take one each from, from `jail_uid`.
+const JAIL_UIDS: u32 = 65536;
 
 #[derive(Debug, Clone)]
 pub struct FirecrackerConfig {
     pub firecracker: PathBuf,
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
-    /// When set, each VMM runs under this jailer (as `jail_uid`, chrooted
-    /// under `jail_base`); else as a plain child process.
+    /// When set, each VMM runs under this jailer, chrooted under
+    /// `jail_base`, as a uid (and gid) of its own from `jail_uid` up; else
+    /// as a plain child process.
     pub jailer: Option<PathBuf>,
     pub jail_base: PathBuf,
     pub jail_uid: u32,
+    /// How long a microVM may take from start (or load) to its agent's
+    /// hello: [`BOOT_PATIENCE`].
+    pub boot_patience: Duration,
 }
 
 /// Whether `pid` is a live firecracker process (not a recycled pid).
@@ -53,18 +81,27 @@ fn jail_id(id: &str) -> String {
 
 /// Where a VMM's files are, as the host and as the VMM see them.
 struct Layout {
-    /// The directory on the host.
+    /// The VMM's working directory on the host: the sandbox's directory,
+    /// or the root of its jail.
     host: PathBuf,
-    /// Whether the VMM is chrooted there (it then names files from `/`).
+    /// Whether the VMM is chrooted there.
     jailed: bool,
 }
 
 impl Layout {
-    fn vm(&self, name: &str) -> PathBuf {
+    /// A file of the VMM's own, as the VMM names it: relative to its
+    /// working directory, so a snapshot's paths hold for every clone.
+    fn own(name: &str) -> PathBuf {
+        PathBuf::from(name)
+    }
+
+    /// A file shared with other VMMs (kernel, a template snapshot): linked
+    /// into a jail under `name`, else named where it is.
+    fn shared(&self, name: &str, host: &Path) -> PathBuf {
         if self.jailed {
-            Path::new("/").join(name)
+            PathBuf::from(name)
         } else {
-            self.host.join(name)
+            host.to_path_buf()
         }
     }
 
@@ -73,14 +110,30 @@ impl Layout {
     }
 }
 
+/// A VMM this engine runs, and whether it is paused.
+struct Running {
+    vmm: Vmm,
+    paused: bool,
+}
+
 pub struct Firecracker {
     config: FirecrackerConfig,
-    vmms: Mutex<HashMap<String, (Vmm, bool)>>,
+    vmms: Mutex<HashMap<String, Running>>,
+    /// Held while a jail's uid is chosen and its root made, so two jails
+    /// never take the same uid.
+    jail_uids: Mutex<()>,
+    /// One lock per template snapshot, so each is made once.
+    template_snapshots: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Firecracker {
     pub fn new(config: FirecrackerConfig) -> Firecracker {
-        Firecracker { config, vmms: Mutex::new(HashMap::new()) }
+        Firecracker {
+            config,
+            vmms: Mutex::new(HashMap::new()),
+            jail_uids: Mutex::new(()),
+            template_snapshots: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Where the host listens for the agent (Firecracker's hybrid vsock
@@ -89,15 +142,28 @@ impl Firecracker {
         layout.host(&format!("vsock.sock_{AGENT_PORT}"))
     }
 
-    /// The sandbox's snapshot, kept in its own directory.
-    fn snapshot(dir: &Path) -> (PathBuf, PathBuf) {
-        (dir.join("snapshot/vm.state"), dir.join("snapshot/vm.mem"))
+    /// The sandbox's own snapshot.
+    fn snapshot_dir(dir: &Path) -> PathBuf {
+        dir.join("snapshot")
+    }
+
+    /// The VMM's working directory: its jail's root, or the sandbox's dir.
+    fn vmm_dir(&self, spec: &SandboxSpec) -> PathBuf {
+        match &self.config.jailer {
+            Some(_) => Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id)),
+            None => spec.dir.clone(),
+        }
     }
 
     fn listen(&self, layout: &Layout) -> Result<UnixListener, EngineError> {
         let path = Self::agent_socket(layout);
         let _ = fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(EngineError::io("listening for the agent"))?;
+        let listener = super::at_socket(&path, |p| std::os::unix::net::UnixListener::bind(p))
+            .and_then(|listener| {
+                listener.set_nonblocking(true)?;
+                UnixListener::from_std(listener)
+            })
+            .map_err(EngineError::io("listening for the agent"))?;
         if layout.jailed {
             // The jailed VMM connects as its own uid.
             use std::os::unix::fs::PermissionsExt;
@@ -106,55 +172,82 @@ impl Firecracker {
         Ok(listener)
     }
 
-    async fn accept(listener: UnixListener, layout: &Layout) -> Result<tokio::net::UnixStream, EngineError> {
-        let (socket, _) = tokio::time::timeout(BOOT_PATIENCE, listener.accept())
+    async fn accept(&self, listener: UnixListener, layout: &Layout) -> Result<tokio::net::UnixStream, EngineError> {
+        let patience = self.config.boot_patience;
+        let (socket, _) = tokio::time::timeout(patience, listener.accept())
             .await
-            .map_err(|_| EngineError::Runtime(format!("the agent did not dial home within {BOOT_PATIENCE:?}")))?
+            .map_err(|_| EngineError::Runtime(format!("the agent did not dial home within {patience:?}")))?
             .map_err(EngineError::io("accepting the agent"))?;
         let _ = fs::remove_file(Self::agent_socket(layout));
         Ok(socket)
     }
 
-    /// Where this sandbox's VMM will find its files. Under the jailer they
-    /// are placed in its chroot (the sandbox's own files hard-linked, the
-    /// shared kernel and initramfs reflinked) and owned by its uid.
-    fn layout(&self, spec: &SandboxSpec, extra: &[(&str, &Path)]) -> Result<Layout, EngineError> {
+    /// Prepares where this sandbox's VMM will find its files. Under the
+    /// jailer they are placed in its chroot — `own` files hard-linked and
+    /// owned by the VMM's uid, `shared` ones (kernel, initramfs, a template
+    /// snapshot) hard-linked read-only — and a uid no other jail holds is
+    /// chosen (the jail root's owner records it). Returns the layout and
+    /// the uid.
+    fn layout(
+        &self,
+        spec: &SandboxSpec,
+        own: &[(&str, &Path)],
+        shared: &[(&str, &Path)],
+    ) -> Result<(Layout, Option<u32>), EngineError> {
         let Some(_) = &self.config.jailer else {
-            return Ok(Layout { host: spec.dir.clone(), jailed: false });
+            return Ok((Layout { host: spec.dir.clone(), jailed: false }, None));
         };
-        let root = Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id));
+        let root = self.vmm_dir(spec);
         let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).map_err(EngineError::io("creating the jail"))?;
-        let uid = self.config.jail_uid;
-        for (name, source) in
-            [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())]
-        {
-            space_host::run(Command::new("cp").arg("--reflink=auto").arg(source).arg(root.join(name)))?;
+        let uid = {
+            let _choosing = self.jail_uids.lock().unwrap_or_else(|e| e.into_inner());
+            let uid = self.free_uid()?;
+            fs::create_dir_all(&root).map_err(EngineError::io("creating the jail"))?;
+            std::os::unix::fs::chown(&root, Some(uid), Some(uid)).map_err(EngineError::io("chown of the jail"))?;
+            uid
+        };
+        let kernel = [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())];
+        for (name, source) in kernel.iter().chain(shared) {
+            link_or_copy(source, &root.join(name))?;
         }
-        for (name, source) in extra {
-            fs::hard_link(source, root.join(name)).map_err(EngineError::io(format!("linking {name} into the jail")))?;
+        for (name, source) in own {
+            let target = root.join(name);
+            fs::hard_link(source, &target).map_err(EngineError::io(format!("linking {name} into the jail")))?;
+            std::os::unix::fs::chown(&target, Some(uid), Some(uid)).map_err(EngineError::io("chown into the jail"))?;
         }
-        let owned: Vec<PathBuf> =
-            ["vmlinux", "initramfs.cpio"].iter().chain(extra.iter().map(|(n, _)| n)).map(|n| root.join(n)).collect();
-        for path in owned.iter().chain(std::iter::once(&root)) {
-            std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(EngineError::io("chown into the jail"))?;
-        }
-        Ok(Layout { host: root, jailed: true })
+        Ok((Layout { host: root, jailed: true }, Some(uid)))
     }
 
-    async fn spawn(&self, spec: &SandboxSpec) -> Result<Vmm, EngineError> {
-        let vmm = match &self.config.jailer {
-            Some(jailer) => {
-                let uid = self.config.jail_uid;
+    /// The lowest uid of the jail range that no jail root is owned by.
+    fn free_uid(&self) -> Result<u32, EngineError> {
+        use std::os::unix::fs::MetadataExt;
+        let jails = self.config.jail_base.join(super::exec_name(&self.config.firecracker));
+        let taken: std::collections::HashSet<u32> = fs::read_dir(&jails)
+            .map(|entries| entries.flatten().filter_map(|e| fs::metadata(e.path().join("root")).ok()))
+            .into_iter()
+            .flatten()
+            .map(|meta| meta.uid())
+            .collect();
+        (self.config.jail_uid..self.config.jail_uid.saturating_add(JAIL_UIDS))
+            .find(|uid| !taken.contains(uid))
+            .ok_or_else(|| EngineError::Runtime(format!("all {JAIL_UIDS} jail uids are in use")))
+    }
+
+    /// Starts the sandbox's VMM (as `uid` under the jailer) and records it.
+    async fn spawn(&self, spec: &SandboxSpec, uid: Option<u32>) -> Result<super::Api, EngineError> {
+        let vmm = match (&self.config.jailer, uid) {
+            (Some(jailer), Some(uid)) => {
                 let id = jail_id(&spec.id);
                 Vmm::spawn_jailed(jailer, &self.config.firecracker, &self.config.jail_base, &id, uid, uid).await
             }
             // Firecracker's --id takes the same characters as the jailer's.
-            None => Vmm::spawn(&self.config.firecracker, &spec.dir.join("vmm"), &jail_id(&spec.id)).await,
+            _ => Vmm::spawn(&self.config.firecracker, &spec.dir, &jail_id(&spec.id)).await,
         }?;
         // VMMs outlive the server; a restarted one finds them by this.
         let _ = fs::write(spec.dir.join("vmm.pid"), vmm.pid().to_string());
-        Ok(vmm)
+        let api = vmm.api.clone();
+        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), Running { vmm, paused: false });
+        Ok(api)
     }
 
     /// A VMM started by an earlier server process, still running: taken
@@ -165,52 +258,63 @@ impl Firecracker {
         }
         let pid = fs::read_to_string(spec.dir.join("vmm.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok());
         let Some(pid) = pid.filter(|pid| is_firecracker(*pid)) else { return false };
-        let (socket, leftovers) = match &self.config.jailer {
-            Some(_) => {
-                let root = Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id));
-                (root.join("api.sock"), vec![root.parent().map(Path::to_path_buf).unwrap_or(root.clone())])
-            }
-            None => (spec.dir.join("vmm/api.sock"), vec![]),
+        let dir = self.vmm_dir(spec);
+        let leftovers = match &self.config.jailer {
+            Some(_) => vec![dir.parent().map(Path::to_path_buf).unwrap_or(dir.clone())],
+            None => vec![],
         };
-        let vmm = Vmm { child: None, pid, api: super::Api::new(&socket), ready_after: Duration::ZERO, leftovers };
-        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), (vmm, false));
+        let vmm = Vmm {
+            child: None,
+            pid,
+            api: super::Api::new(&dir.join("api.sock")),
+            ready_after: Duration::ZERO,
+            leftovers,
+        };
+        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), Running { vmm, paused: false });
         true
     }
 
-    fn with_vmm<T>(&self, id: &str, f: impl FnOnce(&mut (Vmm, bool)) -> T) -> Result<T, EngineError> {
+    fn with_vmm<T>(&self, id: &str, f: impl FnOnce(&mut Running) -> T) -> Result<T, EngineError> {
         let mut vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
-        let vmm = vmms.get_mut(id).ok_or_else(|| EngineError::Runtime(format!("no microVM for {id}")))?;
-        Ok(f(vmm))
+        let running = vmms.get_mut(id).ok_or_else(|| EngineError::Runtime(format!("no microVM for {id}")))?;
+        Ok(f(running))
     }
 
     fn api(&self, id: &str) -> Result<super::Api, EngineError> {
-        self.with_vmm(id, |(vmm, _)| vmm.api.clone())
+        self.with_vmm(id, |running| running.vmm.api.clone())
     }
 
-    async fn boot(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+    /// The sandbox's root drive: a reflink copy of `image`, grown by what
+    /// the sandbox asks for over the template's default disk.
+    fn copy_root_drive(spec: &SandboxSpec, image: &Path) -> Result<PathBuf, EngineError> {
         fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
-        let template_image = spec.template_rootfs.with_file_name(TEMPLATE_IMAGE);
+        let root = spec.dir.join(ROOT_DRIVE);
+        space_host::run(Command::new("cp").arg("--reflink=auto").arg(image).arg(&root))?;
+        let default_disk = template_defaults(spec).map(|d| d.disk_mib).unwrap_or(spec.disk_mib);
+        if spec.disk_mib > default_disk {
+            let size = fs::metadata(&root).map_err(EngineError::io("the root drive"))?.len();
+            let grown = size.div_ceil(1 << 20) + u64::from(spec.disk_mib - default_disk);
+            space_host::run(Command::new("resize2fs").arg("-f").arg(&root).arg(format!("{grown}M")))?;
+        }
+        Ok(root)
+    }
+
+    /// Boots a new microVM from the template's ext4 image.
+    async fn boot(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+        let template_image = spec.template_rootfs.with_file_name(ROOT_DRIVE);
         if !template_image.is_file() {
             return Err(EngineError::Runtime(
                 "the template has no ext4 image; rebuild it on this host (or with --ext4-images true)".into(),
             ));
         }
-        let root = spec.dir.join("rootfs.ext4");
-        space_host::run(Command::new("cp").arg("--reflink=auto").arg(&template_image).arg(&root))?;
-        let layout = self.layout(spec, &[("rootfs.ext4", &root)])?;
+        let root = Self::copy_root_drive(spec, &template_image)?;
+        let (layout, uid) = self.layout(spec, &[(ROOT_DRIVE, &root)], &[])?;
         let listener = self.listen(&layout)?;
         let started = Instant::now();
-        let vmm = self.spawn(spec).await?;
-        let api = vmm.api.clone();
-        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), (vmm, false));
-        let (kernel, initramfs) = if layout.jailed {
-            (layout.vm("vmlinux"), layout.vm("initramfs.cpio"))
-        } else {
-            (self.config.kernel.clone(), self.config.initramfs.clone())
-        };
+        let api = self.spawn(spec, uid).await?;
         api.boot_source(&BootSource {
-            kernel_image_path: kernel,
-            initrd_path: Some(initramfs),
+            kernel_image_path: layout.shared("vmlinux", &self.config.kernel),
+            initrd_path: Some(layout.shared("initramfs.cpio", &self.config.initramfs)),
             boot_args: BOOT_ARGS.into(),
         })
         .await?;
@@ -223,24 +327,193 @@ impl Firecracker {
         .await?;
         api.drive(&Drive {
             drive_id: "root".into(),
-            path_on_host: layout.vm("rootfs.ext4"),
+            path_on_host: Layout::own(ROOT_DRIVE),
             is_root_device: true,
             is_read_only: false,
         })
         .await?;
-        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: layout.vm("vsock.sock") }).await?;
+        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: Layout::own("vsock.sock") }).await?;
         api.start().await?;
-        let socket = Self::accept(listener, &layout).await?;
+        let socket = self.accept(listener, &layout).await?;
         let boot = started.elapsed();
-        let agent = AgentConn::handshake(socket, crate::welcome_for(spec), BOOT_PATIENCE).await?;
+        let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.config.boot_patience).await?;
+        Ok(Started { agent, boot })
+    }
+
+    /// Pauses the VMM (if it is not) and saves a full snapshot of it into
+    /// `target` (`vm.state`, `vm.mem`).
+    async fn save(&self, spec: &SandboxSpec, target: &Path) -> Result<(), EngineError> {
+        let api = self.api(&spec.id)?;
+        if !self.with_vmm(&spec.id, |running| running.paused)? {
+            api.pause().await?;
+            self.with_vmm(&spec.id, |running| running.paused = true)?;
+        }
+        let cwd = self.vmm_dir(spec);
+        for name in [STATE, MEMORY] {
+            let _ = fs::remove_file(cwd.join(name));
+        }
+        api.snapshot_create(&SnapshotCreate {
+            snapshot_type: "Full",
+            snapshot_path: Layout::own(STATE),
+            mem_file_path: Layout::own(MEMORY),
+        })
+        .await?;
+        fs::create_dir_all(target).map_err(EngineError::io("creating the snapshot dir"))?;
+        for name in [STATE, MEMORY] {
+            fs::rename(cwd.join(name), target.join(name)).map_err(EngineError::io("keeping the snapshot"))?;
+        }
+        Ok(())
+    }
+
+    /// Loads the snapshot `state` + `memory` into a new VMM for `spec`,
+    /// whose root drive is already in its directory, and returns the
+    /// socket its agent dials from. The memory file is mapped privately.
+    async fn load(
+        &self,
+        spec: &SandboxSpec,
+        own: &[(&str, &Path)],
+        state: &Path,
+        memory: &Path,
+    ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
+        let (layout, uid) = self.layout(spec, own, &[(STATE, state), (MEMORY, memory)])?;
+        let listener = self.listen(&layout)?;
+        let started = Instant::now();
+        let api = self.spawn(spec, uid).await?;
+        api.snapshot_load(&SnapshotLoad {
+            snapshot_path: layout.shared(STATE, state),
+            mem_backend: MemBackend { backend_type: "File", backend_path: layout.shared(MEMORY, memory) },
+            resume_vm: true,
+            vsock_override: Some(VsockOverride { uds_path: Layout::own("vsock.sock") }),
+        })
+        .await?;
+        let socket = self.accept(listener, &layout).await?;
+        Ok((socket, started.elapsed()))
+    }
+
+    /// Where the snapshot of `spec`'s template for its shape is kept, if
+    /// the sandbox has its template's default shape (clones have exactly
+    /// the template microVM's vCPUs, memory and disk). Named by the guest
+    /// kernel and initramfs too, so a new agent makes a new snapshot.
+    pub fn template_snapshot_dir(&self, spec: &SandboxSpec) -> Option<PathBuf> {
+        let defaults = template_defaults(spec)?;
+        if (spec.vcpus, spec.memory_mib, spec.disk_mib) != (defaults.vcpus, defaults.memory_mib, defaults.disk_mib) {
+            return None;
+        }
+        let mut guest = Vec::new();
+        for file in [&self.config.kernel, &self.config.initramfs] {
+            let meta = fs::metadata(file).ok()?;
+            guest.push((meta.len(), meta.modified().ok()));
+        }
+        let name = format!("{}cpu-{}mib-{:016x}", spec.vcpus, spec.memory_mib, hash_of(&guest));
+        Some(spec.template_rootfs.with_file_name("firecracker").join(name))
+    }
+
+    /// The template snapshot for `spec`, made first if there is none: the
+    /// template's microVM is booted, its agent quiesced (it will redial
+    /// from every clone) and the VM saved with its root drive.
+    async fn template_snapshot(&self, spec: &SandboxSpec, dir: &Path) -> Result<(), EngineError> {
+        let complete = |dir: &Path| [STATE, MEMORY, ROOT_DRIVE].iter().all(|name| dir.join(name).is_file());
+        if complete(dir) {
+            return Ok(());
+        }
+        let lock = self
+            .template_snapshots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(dir.to_path_buf())
+            .or_default()
+            .clone();
+        let _making = lock.lock().await;
+        if complete(dir) {
+            return Ok(());
+        }
+        let building = dir.with_extension("building");
+        let _ = fs::remove_dir_all(&building);
+        // One id per template version and shape: its VMM and jail.
+        let template = SandboxSpec {
+            id: format!("tpl-{:016x}", hash_of(dir)),
+            dir: building.clone(),
+            hostname: "template".into(),
+            env: Default::default(),
+            ..spec.clone()
+        };
+        let made = async {
+            let started = self.boot(&template).await?;
+            started.agent.quiesce(QUIESCE_PATIENCE).await?;
+            self.save(&template, &building).await
+        }
+        .await;
+        self.kill(&template.id);
+        let kept = made.and_then(|()| {
+            // Clones read it as their own uids: root's, read-only for them.
+            for name in [STATE, MEMORY, ROOT_DRIVE] {
+                let path = building.join(name);
+                std::os::unix::fs::chown(&path, Some(0), Some(0)).map_err(EngineError::io("chown of the snapshot"))?;
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
+                    .map_err(EngineError::io("the snapshot's mode"))?;
+            }
+            for leftover in ["vmm.pid", "api.sock", "vsock.sock", "firecracker.log"] {
+                let _ = fs::remove_file(building.join(leftover));
+            }
+            // Snapshots made for an older guest are of no more use.
+            if let Some(parent) = dir.parent() {
+                for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
+                    if entry.path() != building && entry.path() != dir {
+                        let _ = fs::remove_dir_all(entry.path());
+                    }
+                }
+            }
+            fs::rename(&building, dir).map_err(EngineError::io("keeping the template snapshot"))
+        });
+        if kept.is_err() {
+            let _ = fs::remove_dir_all(&building);
+        }
+        kept
+    }
+
+    /// Starts `spec` as a clone of its template's snapshot in `dir`.
+    async fn clone_of(&self, spec: &SandboxSpec, dir: &Path) -> Result<Started, EngineError> {
+        self.template_snapshot(spec, dir).await?;
+        let root = Self::copy_root_drive(spec, &dir.join(ROOT_DRIVE))?;
+        let (socket, boot) = self.load(spec, &[(ROOT_DRIVE, &root)], &dir.join(STATE), &dir.join(MEMORY)).await?;
+        // The welcome makes the clone this sandbox (id, hostname, env); the
+        // entropy reseeds the random state every clone woke up with.
+        let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.config.boot_patience).await?;
+        agent.set_identity(&crate::fresh_identity(&spec.env)?, self.config.boot_patience).await?;
         Ok(Started { agent, boot })
     }
 
     fn kill(&self, id: &str) {
-        if let Some((mut vmm, _)) = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).remove(id) {
-            vmm.kill();
+        if let Some(mut running) = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).remove(id) {
+            running.vmm.kill();
         }
     }
+}
+
+/// The template's default sandbox shape, from the version's metadata.
+fn template_defaults(spec: &SandboxSpec) -> Option<space_host::template::TemplateDefaults> {
+    let version = spec.template_rootfs.parent()?;
+    space_host::template::TemplateInfo::load(version).ok().map(|t| t.meta.defaults)
+}
+
+/// A short name for a value (not across Rust releases: it names caches).
+fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A hard link where the file system allows one (clones then share the
+/// file's pages), else a reflink or plain copy.
+fn link_or_copy(source: &Path, target: &Path) -> Result<(), EngineError> {
+    let _ = fs::remove_file(target);
+    if fs::hard_link(source, target).is_ok() {
+        return Ok(());
+    }
+    space_host::run(Command::new("cp").arg("--reflink=auto").arg(source).arg(target))?;
+    Ok(())
 }
 
 #[async_trait::async_trait]
@@ -254,93 +527,58 @@ impl Engine for Firecracker {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
-        match self.boot(spec).await {
-            Ok(started) => Ok(started),
-            Err(err) => {
-                let _ = self.destroy(spec).await;
-                Err(err)
-            }
+        let started = match self.template_snapshot_dir(spec) {
+            Some(dir) => self.clone_of(spec, &dir).await,
+            None => self.boot(spec).await,
+        };
+        if started.is_err() {
+            let _ = self.destroy(spec).await;
         }
+        started
     }
 
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.adopt(spec);
         self.api(&spec.id)?.pause().await?;
-        self.with_vmm(&spec.id, |(_, paused)| *paused = true)
+        self.with_vmm(&spec.id, |running| running.paused = true)
     }
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.adopt(spec);
         self.api(&spec.id)?.resume().await?;
-        self.with_vmm(&spec.id, |(_, paused)| *paused = false)
+        self.with_vmm(&spec.id, |running| running.paused = false)
     }
 
     async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.adopt(spec);
-        let api = self.api(&spec.id)?;
-        let paused = self.with_vmm(&spec.id, |(_, paused)| *paused)?;
-        if !paused {
-            api.pause().await?;
-        }
-        let (state, memory) = Self::snapshot(&spec.dir);
-        let snapshot_dir = state.parent().unwrap_or(&spec.dir).to_path_buf();
-        let _ = fs::remove_dir_all(&snapshot_dir);
-        fs::create_dir_all(&snapshot_dir).map_err(EngineError::io("creating the snapshot dir"))?;
-        if self.config.jailer.is_some() {
-            // Written inside the jail, then linked out before it goes.
-            let root = Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id));
-            let (jail_state, jail_memory) = (PathBuf::from("/vm.state"), PathBuf::from("/vm.mem"));
-            api.snapshot_create(&SnapshotCreate {
-                snapshot_type: "Full",
-                snapshot_path: jail_state,
-                mem_file_path: jail_memory,
-            })
-            .await?;
-            for (name, target) in [("vm.state", &state), ("vm.mem", &memory)] {
-                fs::hard_link(root.join(name), target).map_err(EngineError::io("keeping the snapshot"))?;
-            }
-        } else {
-            api.snapshot_create(&SnapshotCreate { snapshot_type: "Full", snapshot_path: state, mem_file_path: memory })
-                .await?;
-        }
+        let target = Self::snapshot_dir(&spec.dir);
+        let _ = fs::remove_dir_all(&target);
+        self.save(spec, &target).await?;
         self.kill(&spec.id);
         Ok(())
     }
 
     async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
-        let (state, memory) = Self::snapshot(&spec.dir);
         if !self.has_snapshot(spec) {
             return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
         }
-        let root = spec.dir.join("rootfs.ext4");
-        let layout = self.layout(spec, &[("rootfs.ext4", &root), ("vm.state", &state), ("vm.mem", &memory)])?;
-        let listener = self.listen(&layout)?;
-        let vmm = self.spawn(spec).await?;
-        let api = vmm.api.clone();
-        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), (vmm, false));
-        let (state, memory) =
-            if layout.jailed { (layout.vm("vm.state"), layout.vm("vm.mem")) } else { (state, memory) };
-        api.snapshot_load(&SnapshotLoad {
-            snapshot_path: state,
-            mem_backend: MemBackend { backend_type: "File", backend_path: memory },
-            resume_vm: true,
-            vsock_override: Some(VsockOverride { uds_path: layout.vm("vsock.sock") }),
-        })
-        .await?;
-        Self::accept(listener, &layout).await
+        let snapshot = Self::snapshot_dir(&spec.dir);
+        let root = spec.dir.join(ROOT_DRIVE);
+        let loaded = self.load(spec, &[(ROOT_DRIVE, &root)], &snapshot.join(STATE), &snapshot.join(MEMORY)).await;
+        loaded.map(|(socket, _)| socket)
     }
 
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
-        let (state, memory) = Self::snapshot(&spec.dir);
-        state.is_file() && memory.is_file()
+        let snapshot = Self::snapshot_dir(&spec.dir);
+        snapshot.join(STATE).is_file() && snapshot.join(MEMORY).is_file()
     }
 
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {
         self.adopt(spec);
         let vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
         match vmms.get(&spec.id) {
-            Some((vmm, paused)) if Path::new(&format!("/proc/{}", vmm.pid())).exists() => {
-                if *paused {
+            Some(running) if Path::new(&format!("/proc/{}", running.vmm.pid())).exists() => {
+                if running.paused {
                     LiveStatus::Paused
                 } else {
                     LiveStatus::Running
@@ -351,15 +589,9 @@ impl Engine for Firecracker {
     }
 
     async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
-        let layout = match &self.config.jailer {
-            Some(_) => Layout {
-                host: Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(&spec.id)),
-                jailed: true,
-            },
-            None => Layout { host: spec.dir.clone(), jailed: false },
-        };
+        let layout = Layout { host: self.vmm_dir(spec), jailed: self.config.jailer.is_some() };
         let listener = self.listen(&layout)?;
-        Self::accept(listener, &layout).await
+        self.accept(listener, &layout).await
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
@@ -369,11 +601,106 @@ impl Engine for Firecracker {
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.adopt(spec);
-        self.kill(&spec.id);
+        self.stop_and_clear(spec)
+    }
+}
+
+impl Firecracker {
+    /// Stops the sandbox's VMM and removes its directory.
+    fn stop_and_clear(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.stop(spec)?;
         if spec.dir.exists() {
             fs::remove_dir_all(&spec.dir).map_err(EngineError::io("removing the sandbox dir"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A template version with the default shape 1 vCPU / 128 MiB / 16 MiB
+    /// of disk and its ext4 image, in a fresh directory.
+    fn template(name: &str) -> PathBuf {
+        let version = std::env::temp_dir().join(format!("space-fc-{name}-{}", std::process::id())).join("1");
+        let _ = fs::remove_dir_all(&version);
+        fs::create_dir_all(version.join("rootfs/etc")).unwrap();
+        fs::write(version.join("rootfs/etc/hostname"), "t\n").unwrap();
+        space_host::template::make_ext4(&version.join("rootfs"), &version.join(ROOT_DRIVE), 16).unwrap();
+        let meta = serde_json::json!({
+            "name": "t", "version": 1, "created_at": "2026-12-02T00:00:00Z", "source": {},
+            "defaults": {"vcpus": 1, "memory_mib": 128, "disk_mib": 16, "env": {}, "workdir": "/", "user": "root"},
+        });
+        fs::write(version.join("template.json"), meta.to_string()).unwrap();
+        version
+    }
+
+    fn spec(version: &Path, disk_mib: u32) -> SandboxSpec {
+        SandboxSpec {
+            id: "sbx_drive".into(),
+            dir: version.parent().unwrap().join(format!("sandbox-{disk_mib}")),
+            template_rootfs: version.join("rootfs"),
+            hostname: "sbx".into(),
+            vcpus: 1,
+            memory_mib: 128,
+            disk_mib,
+            env: Default::default(),
+            workdir: None,
+            user: None,
+            engine: None,
+        }
+    }
+
+    fn block_count(image: &Path) -> u64 {
+        let out = space_host::run(Command::new("dumpe2fs").arg("-h").arg(image)).unwrap();
+        let text = String::from_utf8_lossy(&out);
+        text.lines().find_map(|l| l.strip_prefix("Block count:")).unwrap().trim().parse().unwrap()
+    }
+
+    #[test]
+    fn a_root_drive_grows_by_the_disk_asked_for_over_the_template_default() {
+        let version = template("grow");
+        let image = version.join(ROOT_DRIVE);
+        let same = Firecracker::copy_root_drive(&spec(&version, 16), &image).unwrap();
+        assert_eq!(fs::metadata(&same).unwrap().len(), fs::metadata(&image).unwrap().len(), "the default: a copy");
+        let grown = Firecracker::copy_root_drive(&spec(&version, 48), &image).unwrap();
+        let extra = fs::metadata(&grown).unwrap().len() - fs::metadata(&image).unwrap().len();
+        assert_eq!(extra, 32 << 20, "32 MiB more than the template's default");
+        assert!(block_count(&grown) > block_count(&image), "the file system was resized too");
+        space_host::run(Command::new("e2fsck").arg("-fn").arg(&grown)).expect("and is clean");
+        // The template's image is untouched.
+        space_host::run(Command::new("e2fsck").arg("-fn").arg(&image)).unwrap();
+        let _ = fs::remove_dir_all(version.parent().unwrap());
+    }
+
+    #[test]
+    fn only_the_template_default_shape_is_a_clone() {
+        let version = template("shape");
+        let engine = Firecracker::new(FirecrackerConfig {
+            firecracker: "/nonexistent/firecracker".into(),
+            kernel: version.join("template.json"),
+            initramfs: version.join(ROOT_DRIVE),
+            jailer: None,
+            jail_base: version.join("jail"),
+            jail_uid: JAIL_UID,
+            boot_patience: BOOT_PATIENCE,
+        });
+        let default = spec(&version, 16);
+        let dir = engine.template_snapshot_dir(&default).expect("the default shape is cloned");
+        assert!(dir.starts_with(version.join("firecracker")), "kept with the template version: {}", dir.display());
+        assert_eq!(engine.template_snapshot_dir(&default), Some(dir.clone()), "the same snapshot every time");
+        for other in [
+            SandboxSpec { disk_mib: 48, ..default.clone() },
+            SandboxSpec { memory_mib: 256, ..default.clone() },
+            SandboxSpec { vcpus: 2, ..default.clone() },
+        ] {
+            assert_eq!(engine.template_snapshot_dir(&other), None, "another shape boots");
+        }
+        // A new guest (kernel or initramfs) means a new snapshot.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        fs::write(version.join("template.json"), fs::read(version.join("template.json")).unwrap()).unwrap();
+        assert_ne!(engine.template_snapshot_dir(&default), Some(dir));
+        let _ = fs::remove_dir_all(version.parent().unwrap());
     }
 }

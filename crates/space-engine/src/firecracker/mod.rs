@@ -6,7 +6,7 @@
 pub mod api;
 mod engine;
 
-pub use self::engine::{Firecracker, FirecrackerConfig};
+pub use self::engine::{Firecracker, FirecrackerConfig, BOOT_PATIENCE, JAIL_UID};
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -101,8 +101,8 @@ pub struct Vmm {
 }
 
 impl Vmm {
-    /// Starts `firecracker --api-sock DIR/api.sock --id ID` and waits until
-    /// its API answers. Its log goes to `DIR/firecracker.log`.
+    /// Starts `firecracker --api-sock DIR/api.sock --id ID` in `DIR` and
+    /// waits until its API answers. Its log goes to `DIR/firecracker.log`.
     pub async fn spawn(binary: &Path, dir: &Path, id: &str) -> Result<Vmm, EngineError> {
         fs::create_dir_all(dir).map_err(EngineError::io("creating the VMM dir"))?;
         let socket = dir.join("api.sock");
@@ -110,7 +110,15 @@ impl Vmm {
         let log = fs::File::create(dir.join("firecracker.log")).map_err(EngineError::io("creating the VMM log"))?;
         let err = log.try_clone().map_err(EngineError::io("the VMM log"))?;
         let mut command = Command::new(binary);
-        command.arg("--api-sock").arg(&socket).args(["--id", id]).stdin(Stdio::null()).stdout(log).stderr(err);
+        // Its working directory is `dir`: the paths it is given for its own
+        // files are relative to it.
+        command
+            .current_dir(dir)
+            .args(["--api-sock", "api.sock"])
+            .args(["--id", id])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err);
         let started = Instant::now();
         let child = Reaper::global().spawn(&mut command).map_err(EngineError::io("starting firecracker"))?;
         let pid = child.id() as i32;
@@ -123,14 +131,14 @@ impl Vmm {
     /// The directory the jailer makes the VMM's root: files the VMM needs
     /// go there (owned by its uid) before [`Vmm::spawn_jailed`].
     pub fn jail_root(binary: &Path, chroot_base: &Path, id: &str) -> PathBuf {
-        let exec_name = binary.file_name().and_then(|n| n.to_str()).unwrap_or("firecracker");
-        chroot_base.join(exec_name).join(id).join("root")
+        chroot_base.join(exec_name(binary)).join(id).join("root")
     }
 
     /// Starts firecracker under the jailer: its own uid/gid, a chroot under
-    /// `chroot_base`, cgroups and a new PID namespace. The binary is copied
-    /// into the chroot by the jailer; it must be statically linked. Files
-    /// already placed in [`Vmm::jail_root`] stay.
+    /// `chroot_base`, cgroups and a new PID namespace. The jailer copies the
+    /// binary into the chroot; the libraries a dynamically linked build
+    /// loads are put there first. Files already placed in
+    /// [`Vmm::jail_root`] stay.
     pub async fn spawn_jailed(
         jailer: &Path,
         binary: &Path,
@@ -139,12 +147,13 @@ impl Vmm {
         uid: u32,
         gid: u32,
     ) -> Result<Vmm, EngineError> {
-        let exec_name = binary.file_name().and_then(|n| n.to_str()).unwrap_or("firecracker").to_string();
+        let exec_name = exec_name(binary);
         let jail = chroot_base.join(&exec_name).join(id);
         let root = jail.join("root");
         let _ = fs::remove_file(root.join(&exec_name));
         let _ = fs::remove_file(root.join(format!("{exec_name}.pid")));
         fs::create_dir_all(chroot_base).map_err(EngineError::io("creating the chroot base"))?;
+        provide_libraries(binary, chroot_base, &root)?;
         let mut command = Command::new(jailer);
         command
             .args(["--id", id])
@@ -238,6 +247,77 @@ impl Drop for Vmm {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Calls `f` (a bind or a connect) with a name for the socket `path` that
+/// fits a socket address (108 bytes): the path itself when it is short
+/// enough, else the socket's name under `/proc/self/fd/N` of its directory
+/// opened for the call. Deep data dirs and jails make long paths.
+pub(crate) fn at_socket<T>(path: &Path, f: impl FnOnce(&Path) -> std::io::Result<T>) -> std::io::Result<T> {
+    const ROOM: usize = 100;
+    if path.as_os_str().len() < ROOM {
+        return f(path);
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return f(path) };
+    let dir = fs::File::open(dir)?;
+    f(&Path::new("/proc/self/fd").join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string()).join(name))
+}
+
+/// The name the jailer gives the binary (and its jails' directory).
+pub(crate) fn exec_name(binary: &Path) -> String {
+    binary.file_name().and_then(|n| n.to_str()).unwrap_or("firecracker").to_string()
+}
+
+/// The shared libraries a dynamically linked binary loads (its loader
+/// among them), as `ldd` lists them; none for a static binary.
+pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    if space_host::is_static_elf(binary).map_err(EngineError::io(format!("reading {}", binary.display())))? {
+        return Ok(Vec::new());
+    }
+    let output = Reaper::global().output(Command::new("ldd").arg(binary)).map_err(EngineError::io("running ldd"))?;
+    // "libc.so.6 => /lib/.../libc.so.6 (0x...)" and the loader as
+    // "/lib64/ld-linux-x86-64.so.2 (0x...)"; the vDSO has no path.
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let path = line.split_once(" => ").map_or(line, |(_, target)| target).split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// Puts the libraries `binary` loads into the jail `root` at the paths its
+/// loader looks for them: hard links to one copy per library under
+/// `chroot_base`, refreshed when the host's library changes. Root owns
+/// them; the VMM can read but not change them.
+fn provide_libraries(binary: &Path, chroot_base: &Path, root: &Path) -> Result<(), EngineError> {
+    for library in shared_libraries(binary)? {
+        let relative = library.strip_prefix("/").unwrap_or(&library);
+        let host = fs::metadata(&library).map_err(EngineError::io(format!("reading {}", library.display())))?;
+        let cached = chroot_base.join(".libraries").join(relative);
+        let fresh = fs::metadata(&cached)
+            .is_ok_and(|meta| meta.len() == host.len() && meta.modified().ok() == host.modified().ok());
+        if !fresh {
+            let parent = cached.parent().unwrap_or(chroot_base);
+            fs::create_dir_all(parent).map_err(EngineError::io("creating the library cache"))?;
+            let partial = cached.with_extension("partial");
+            fs::copy(&library, &partial).map_err(EngineError::io(format!("copying {}", library.display())))?;
+            if let Ok(modified) = host.modified() {
+                let file =
+                    fs::File::options().write(true).open(&partial).map_err(EngineError::io("the library copy"))?;
+                file.set_modified(modified).map_err(EngineError::io("the library copy's time"))?;
+            }
+            fs::rename(&partial, &cached).map_err(EngineError::io("caching a library"))?;
+        }
+        let target = root.join(relative);
+        fs::create_dir_all(target.parent().unwrap_or(root)).map_err(EngineError::io("creating the jail's /lib"))?;
+        let _ = fs::remove_file(&target);
+        fs::hard_link(&cached, &target)
+            .map_err(EngineError::io(format!("linking {} into the jail", library.display())))?;
+    }
+    Ok(())
 }
 
 async fn wait_for<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
