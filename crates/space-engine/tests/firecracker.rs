@@ -49,6 +49,11 @@ fn runtime() -> tokio::runtime::Runtime {
 /// (1 MiB of zeros unless it exists) and vsock at `vsock`.
 async fn configure(vmm: &Vmm, root: &Path, vsock: &Path) {
     let (kernel, initrd) = guest();
+    configure_with(vmm, (kernel, initrd), root, vsock).await;
+}
+
+/// [`configure`] with the kernel and initramfs as the VMM names them.
+async fn configure_with(vmm: &Vmm, (kernel, initrd): (PathBuf, PathBuf), root: &Path, vsock: &Path) {
     if !vmm_path(vmm, root).exists() {
         std::fs::write(vmm_path(vmm, root), vec![0u8; 1 << 20]).unwrap();
     }
@@ -429,24 +434,72 @@ fn mapping(spec: &SandboxSpec, inode: u64) -> Option<u32> {
 }
 
 #[test]
-fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running() {
-    let Some(binary) = firecracker("firecracker_engine_adopts_a_vmm_a_previous_server_left_running") else { return };
+fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_and_restores_it() {
+    let test = "firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_and_restores_it";
+    let Some(binary) = firecracker(test) else { return };
     let data = TestDataDir::new();
-    let spec = sandbox(&data, &data.root().join("unused"), "sbx_fcadopt", 128, 16);
-    runtime().block_on(async {
-        // What a previous server left: a started VMM and its pid file.
-        let vmm = started_vmm(&binary, &spec.dir, "sbx-fcadopt").await;
-        let pid = vmm.pid();
-        std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
-        std::mem::forget(vmm); // the old server is gone without stopping it
+    let template = tiny_template(&data);
+    for jailer in [jailer_for(test, &binary), None] {
+        let jailed = jailer.is_some();
+        let config = engine_config(&binary, jailer.clone(), &data);
+        let id = if jailed { "sbx_fcadoptjail" } else { "sbx_fcadopt" };
+        let spec = sandbox(&data, &template, id, 128, 16);
+        std::fs::create_dir_all(&spec.dir).unwrap();
+        std::fs::copy(template.join("rootfs.ext4"), spec.dir.join("rootfs.ext4")).unwrap();
+        runtime().block_on(async {
+            // What a previous server left: a started VMM (in the engine's
+            // layout: its jail, or the sandbox dir) and its pid file.
+            let vmm = match &jailer {
+                Some(jailer) => {
+                    let uid = config.jail_uid + 7;
+                    let root = Vmm::jail_root(&binary, &config.jail_base, &id.replace('_', "-"));
+                    std::fs::create_dir_all(&root).unwrap();
+                    std::fs::hard_link(spec.dir.join("rootfs.ext4"), root.join("rootfs.ext4")).unwrap();
+                    std::os::unix::fs::chown(root.join("rootfs.ext4"), Some(uid), Some(uid)).unwrap();
+                    std::fs::copy(&config.kernel, root.join("vmlinux")).unwrap();
+                    std::fs::copy(&config.initramfs, root.join("initramfs.cpio")).unwrap();
+                    let vmm = Vmm::spawn_jailed(jailer, &binary, &config.jail_base, &id.replace('_', "-"), uid, uid)
+                        .await
+                        .unwrap();
+                    let guest = ("vmlinux".into(), "initramfs.cpio".into());
+                    configure_with(&vmm, guest, Path::new("rootfs.ext4"), Path::new("vsock.sock")).await;
+                    vmm
+                }
+                None => {
+                    let vmm = Vmm::spawn(&binary, &spec.dir, &id.replace('_', "-")).await.unwrap();
+                    configure(&vmm, Path::new("rootfs.ext4"), Path::new("vsock.sock")).await;
+                    vmm
+                }
+            };
+            vmm.api.start().await.unwrap();
+            let pid = vmm.pid();
+            std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
+            std::mem::forget(vmm); // the old server is gone without stopping it
 
-        let engine = Firecracker::new(engine_config(&binary, None, &data));
-        assert_eq!(engine.status(&spec), LiveStatus::Running, "the new engine finds the VMM");
-        engine.pause(&spec).await.unwrap();
-        assert_eq!(engine.status(&spec), LiveStatus::Paused);
-        engine.resume(&spec).await.unwrap();
-        engine.destroy(&spec).await.unwrap();
-        assert!(gone(pid), "destroy stops the adopted VMM");
-        assert!(!spec.dir.exists());
-    });
+            let engine = Firecracker::new(config.clone());
+            assert_eq!(engine.status(&spec), LiveStatus::Running, "jailed {jailed}: the new engine finds the VMM");
+            engine.pause(&spec).await.unwrap();
+            assert_eq!(engine.status(&spec), LiveStatus::Paused);
+            engine.resume(&spec).await.unwrap();
+
+            // Suspend: a full snapshot kept in the sandbox dir, the VMM gone.
+            engine.suspend(&spec).await.unwrap();
+            assert!(gone(pid), "suspend stops the VMM");
+            assert!(engine.has_snapshot(&spec), "the snapshot is kept");
+            assert_eq!(engine.status(&spec), LiveStatus::Gone);
+            let memory = std::fs::metadata(spec.dir.join("snapshot/vm.mem")).unwrap().len();
+            assert_eq!(memory, 128 << 20, "the whole memory is saved");
+            // Restore: loaded into a new VMM (a new jail and uid when jailed);
+            // only the guest's redial cannot happen here.
+            let restored = engine.restore(&spec).await;
+            if space_host::hardware_virtualization() {
+                restored.expect("the agent dials again");
+            } else {
+                let err = restored.expect_err("no guest on this host").to_string();
+                assert!(err.contains("did not dial home"), "jailed {jailed}: the load failed: {err}");
+            }
+            engine.destroy(&spec).await.unwrap();
+            assert_gone(&data, &spec);
+        });
+    }
 }

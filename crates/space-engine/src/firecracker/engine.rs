@@ -45,6 +45,8 @@ const BOOT_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off quiet";
 const ROOT_DRIVE: &str = space_host::template::EXT4_IMAGE;
 /// A snapshot's device state and memory.
 const STATE: &str = "vm.state";
+/// The VMM's end of the hybrid vsock (the host listens on `<it>_<port>`).
+const VSOCK: &str = "vsock.sock";
 const MEMORY: &str = "vm.mem";
 /// The first uid a jailed VMM runs as: far above the ranges distributions
 /// give users and subordinate ids, so no account on the host shares one.
@@ -139,7 +141,7 @@ impl Firecracker {
     /// Where the host listens for the agent (Firecracker's hybrid vsock
     /// connects the guest's CID 2 port to `<uds_path>_<port>`).
     fn agent_socket(layout: &Layout) -> PathBuf {
-        layout.host(&format!("vsock.sock_{AGENT_PORT}"))
+        layout.host(&format!("{VSOCK}_{AGENT_PORT}"))
     }
 
     /// The sandbox's own snapshot.
@@ -195,6 +197,8 @@ impl Firecracker {
         shared: &[(&str, &Path)],
     ) -> Result<(Layout, Option<u32>), EngineError> {
         let Some(_) = &self.config.jailer else {
+            // A previous VMM's vsock socket would keep this one from binding.
+            let _ = fs::remove_file(spec.dir.join(VSOCK));
             return Ok((Layout { host: spec.dir.clone(), jailed: false }, None));
         };
         let root = self.vmm_dir(spec);
@@ -332,7 +336,7 @@ impl Firecracker {
             is_read_only: false,
         })
         .await?;
-        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: Layout::own("vsock.sock") }).await?;
+        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: Layout::own(VSOCK) }).await?;
         api.start().await?;
         let socket = self.accept(listener, &layout).await?;
         let boot = started.elapsed();
@@ -360,30 +364,44 @@ impl Firecracker {
         .await?;
         fs::create_dir_all(target).map_err(EngineError::io("creating the snapshot dir"))?;
         for name in [STATE, MEMORY] {
-            fs::rename(cwd.join(name), target.join(name)).map_err(EngineError::io("keeping the snapshot"))?;
+            let (from, to) = (cwd.join(name), target.join(name));
+            if fs::rename(&from, &to).is_err() {
+                // Another file system (or subvolume): copy, then let go.
+                space_host::run(Command::new("cp").arg("--reflink=auto").arg(&from).arg(&to))?;
+                let _ = fs::remove_file(&from);
+            }
         }
         Ok(())
     }
 
-    /// Loads the snapshot `state` + `memory` into a new VMM for `spec`,
-    /// whose root drive is already in its directory, and returns the
-    /// socket its agent dials from. The memory file is mapped privately.
+    /// Loads the snapshot `state` + `memory` into a new VMM for `spec` on
+    /// the root drive `drive` (in the sandbox's directory), and returns the
+    /// socket its agent dials from and how long that took. The memory file
+    /// is mapped privately. A `shared` snapshot (a template's) is only read;
+    /// a sandbox's own becomes its new VMM's.
     async fn load(
         &self,
         spec: &SandboxSpec,
-        own: &[(&str, &Path)],
-        state: &Path,
-        memory: &Path,
+        drive: &Path,
+        (state, memory): (&Path, &Path),
+        shared: bool,
     ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
-        let (layout, uid) = self.layout(spec, own, &[(STATE, state), (MEMORY, memory)])?;
+        let snapshot = [(STATE, state), (MEMORY, memory)];
+        let drive = [(ROOT_DRIVE, drive)];
+        let (layout, uid) = if shared {
+            self.layout(spec, &drive, &snapshot)?
+        } else {
+            self.layout(spec, &[drive[0], snapshot[0], snapshot[1]], &[])?
+        };
         let listener = self.listen(&layout)?;
         let started = Instant::now();
         let api = self.spawn(spec, uid).await?;
+        // Linked into a jail under their names; else named where they are.
         api.snapshot_load(&SnapshotLoad {
             snapshot_path: layout.shared(STATE, state),
             mem_backend: MemBackend { backend_type: "File", backend_path: layout.shared(MEMORY, memory) },
             resume_vm: true,
-            vsock_override: Some(VsockOverride { uds_path: Layout::own("vsock.sock") }),
+            vsock_override: Some(VsockOverride { uds_path: Layout::own(VSOCK) }),
         })
         .await?;
         let socket = self.accept(listener, &layout).await?;
@@ -453,7 +471,7 @@ impl Firecracker {
                 fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
                     .map_err(EngineError::io("the snapshot's mode"))?;
             }
-            for leftover in ["vmm.pid", "api.sock", "vsock.sock", "firecracker.log"] {
+            for leftover in ["vmm.pid", "api.sock", VSOCK, "firecracker.log"] {
                 let _ = fs::remove_file(building.join(leftover));
             }
             // Snapshots made for an older guest are of no more use.
@@ -476,7 +494,7 @@ impl Firecracker {
     async fn clone_of(&self, spec: &SandboxSpec, dir: &Path) -> Result<Started, EngineError> {
         self.template_snapshot(spec, dir).await?;
         let root = Self::copy_root_drive(spec, &dir.join(ROOT_DRIVE))?;
-        let (socket, boot) = self.load(spec, &[(ROOT_DRIVE, &root)], &dir.join(STATE), &dir.join(MEMORY)).await?;
+        let (socket, boot) = self.load(spec, &root, (&dir.join(STATE), &dir.join(MEMORY)), true).await?;
         // The welcome makes the clone this sandbox (id, hostname, env); the
         // entropy reseeds the random state every clone woke up with.
         let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.config.boot_patience).await?;
@@ -564,7 +582,7 @@ impl Engine for Firecracker {
         }
         let snapshot = Self::snapshot_dir(&spec.dir);
         let root = spec.dir.join(ROOT_DRIVE);
-        let loaded = self.load(spec, &[(ROOT_DRIVE, &root)], &snapshot.join(STATE), &snapshot.join(MEMORY)).await;
+        let loaded = self.load(spec, &root, (&snapshot.join(STATE), &snapshot.join(MEMORY)), false).await;
         loaded.map(|(socket, _)| socket)
     }
 
