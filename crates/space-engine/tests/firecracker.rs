@@ -146,14 +146,18 @@ fn sandbox(data: &TestDataDir, template: &Path, id: &str, memory_mib: u32, disk_
     }
 }
 
-/// The jailer beside `binary`, or a loud line that the jailed half of
-/// `test` is skipped.
-fn jailer_for(test: &str, binary: &Path) -> Option<PathBuf> {
-    let jailer = find_jailer(None, Some(binary));
+/// What an engine test needs: the binary, a data dir with a tiny
+/// template, and the ways to run VMMs — jailed (with the jailer beside the
+/// binary; a loud line when there is none) and not.
+fn engine_test(test: &str) -> Option<(PathBuf, TestDataDir, PathBuf, Vec<Option<PathBuf>>)> {
+    let binary = firecracker(test)?;
+    let jailer = find_jailer(None, Some(&binary));
     if jailer.is_none() {
         skip(&format!("{test} (the jailed half): no jailer beside FIRECRACKER_BIN"));
     }
-    jailer
+    let data = TestDataDir::new();
+    let template = tiny_template(&data);
+    Some((binary, data, template, vec![jailer, None]))
 }
 
 /// The sandbox's error when the guest cannot come up here, or its agent.
@@ -312,10 +316,8 @@ fn firecracker_runs_under_the_jailer_as_its_own_user() {
 #[test]
 fn firecracker_engine_boots_a_microvm_jailed_and_not_and_waits_for_its_agent() {
     let test = "firecracker_engine_boots_a_microvm_jailed_and_not_and_waits_for_its_agent";
-    let Some(binary) = firecracker(test) else { return };
-    let data = TestDataDir::new();
-    let template = tiny_template(&data);
-    for jailer in [jailer_for(test, &binary), None] {
+    let Some((binary, data, template, jailers)) = engine_test(test) else { return };
+    for jailer in jailers {
         let jailed = jailer.is_some();
         let engine = Firecracker::new(engine_config(&binary, jailer, &data));
         // Not the template's shape (more memory and disk): a cold boot, on
@@ -335,10 +337,8 @@ fn firecracker_engine_boots_a_microvm_jailed_and_not_and_waits_for_its_agent() {
 fn firecracker_engine_clones_a_template_snapshot_jailed_and_not() {
     use std::os::unix::fs::MetadataExt;
     let test = "firecracker_engine_clones_a_template_snapshot_jailed_and_not";
-    let Some(binary) = firecracker(test) else { return };
-    let data = TestDataDir::new();
-    let template = tiny_template(&data);
-    for jailer in [jailer_for(test, &binary), None] {
+    let Some((binary, data, template, jailers)) = engine_test(test) else { return };
+    for jailer in jailers {
         let jailed = jailer.is_some();
         let engine = Firecracker::new(engine_config(&binary, jailer, &data));
         let (a, b) =
@@ -436,10 +436,8 @@ fn mapping(spec: &SandboxSpec, inode: u64) -> Option<u32> {
 #[test]
 fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_and_restores_it() {
     let test = "firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_and_restores_it";
-    let Some(binary) = firecracker(test) else { return };
-    let data = TestDataDir::new();
-    let template = tiny_template(&data);
-    for jailer in [jailer_for(test, &binary), None] {
+    let Some((binary, data, template, jailers)) = engine_test(test) else { return };
+    for jailer in jailers {
         let jailed = jailer.is_some();
         let config = engine_config(&binary, jailer.clone(), &data);
         let id = if jailed { "sbx_fcadoptjail" } else { "sbx_fcadopt" };

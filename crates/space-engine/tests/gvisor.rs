@@ -25,6 +25,14 @@ fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
     }
 }
 
+fn engine(data: &TestDataDir) -> Gvisor {
+    Gvisor::new(GvisorConfig {
+        runsc: "runsc".into(),
+        agent_bin: agent_bin(),
+        state_dir: data.data.run_dir().join("runsc"),
+    })
+}
+
 fn request(argv: &[&str]) -> ExecRequest {
     ExecRequest {
         argv: argv.iter().map(|s| s.to_string()).collect(),
@@ -53,11 +61,7 @@ async fn run(agent: &space_engine::AgentConn, argv: &[&str]) -> (Vec<u8>, Vec<u8
 async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
     space_process::become_subreaper().unwrap();
     let data = TestDataDir::new();
-    let engine = Gvisor::new(GvisorConfig {
-        runsc: "runsc".into(),
-        agent_bin: agent_bin(),
-        state_dir: data.data.run_dir().join("runsc"),
-    });
+    let engine = engine(&data);
     assert!(engine.availability().available, "{}", engine.availability().detail);
     let spec = spec(&data, "sbx_enginetest");
     let started = engine.create(&spec).await.expect("create");
@@ -92,11 +96,7 @@ async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
 async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     space_process::become_subreaper().unwrap();
     let data = TestDataDir::new();
-    let engine = Gvisor::new(GvisorConfig {
-        runsc: "runsc".into(),
-        agent_bin: agent_bin(),
-        state_dir: data.data.run_dir().join("runsc"),
-    });
+    let engine = engine(&data);
     let spec = spec(&data, "sbx_original");
     let agent = engine.create(&spec).await.expect("create").agent;
     agent.quiesce(Duration::from_secs(10)).await.expect("quiesce");
