@@ -126,6 +126,10 @@ fn doctor(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
             );
         }
     }
+    if let Some(binary) = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref()) {
+        let (jailed, detail) = space_engine::firecracker::jail_report(&binary);
+        println!("jailer    {} {detail}", ok(jailed));
+    }
     let kvm = space_server::api::kvm_status();
     println!("kvm       {} {}", ok(kvm.present), kvm.detail);
     let picked =

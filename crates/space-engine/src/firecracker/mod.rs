@@ -47,6 +47,29 @@ fn find(name: &str, configured: Option<&Path>, env: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Whether microVMs started with `binary` run jailed, and how: for
+/// `space doctor`.
+pub fn jail_report(binary: &Path) -> (bool, String) {
+    let Some(jailer) = find_jailer(None, Some(binary)) else {
+        return (
+            false,
+            "no jailer beside firecracker (or FIRECRACKER_JAILER_BIN): microVMs would run unjailed, as root".into(),
+        );
+    };
+    let linking = match shared_libraries(binary) {
+        Ok(libraries) if libraries.is_empty() => "firecracker is statically linked".to_string(),
+        Ok(libraries) => {
+            format!("firecracker is dynamically linked: its {} libraries are linked into each jail", libraries.len())
+        }
+        Err(err) => format!("firecracker's libraries: {err}"),
+    };
+    let detail = format!(
+        "{}: each microVM chrooted, in its own PID namespace and cgroup, as a uid of its own; {linking}",
+        jailer.display()
+    );
+    (true, detail)
+}
+
 /// Whether this host can run Firecracker microVMs, and exactly why not
 /// (every reason that applies, hardware first). `guest` is the kernel and
 /// initramfs a sandbox boots.
