@@ -39,3 +39,23 @@ build_agent() {
     say "building the static guest agent"
     RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p space-agent --target "$HOST_TARGET"
 }
+
+# The guest test boots the microVM guest (Debian's kernel, the initramfs,
+# the agent as /init) under QEMU in software emulation, with a vhost-user
+# vsock device: Debian's QEMU (from bookworm-backports when apt has it, as
+# runsc: the host's qemu-utils may come from there), and vhost-device-vsock
+# from crates.io, built into target/tools.
+ensure_guest_test_tools() {
+    if ! command -v qemu-system-x86_64 >/dev/null; then
+        say "installing qemu-system-x86 (for the guest test)"
+        local release=()
+        if apt-cache policy | grep -q bookworm-backports; then
+            release=(-t bookworm-backports)
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${release[@]}" qemu-system-x86
+    fi
+    if [ ! -x "$ROOT/target/tools/bin/vhost-device-vsock" ]; then
+        say "building vhost-device-vsock (for the guest test)"
+        cargo install --locked --version 0.3.0 --root "$ROOT/target/tools" vhost-device-vsock
+    fi
+}

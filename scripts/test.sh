@@ -15,6 +15,7 @@ cargo test --workspace --locked --no-run
 
 say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base template)"
 "$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR"
+ensure_guest_test_tools
 
 say "checking format and lints"
 cargo fmt --all -- --check

@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::{request, run, sh};
 use space_engine::gvisor::{Gvisor, GvisorConfig};
-use space_engine::{Engine, ExecEvent, SandboxSpec};
+use space_engine::{Engine, SandboxSpec};
 use space_host::template::BASE_TEMPLATE;
-use space_proto::ExecRequest;
 use space_testkit::{agent_bin, TestDataDir};
 
 fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
@@ -31,30 +33,6 @@ fn engine(data: &TestDataDir) -> Gvisor {
         agent_bin: agent_bin(),
         state_dir: data.data.run_dir().join("runsc"),
     })
-}
-
-fn request(argv: &[&str]) -> ExecRequest {
-    ExecRequest {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        env: Default::default(),
-        cwd: None,
-        user: None,
-        stdin: false,
-        tty: false,
-    }
-}
-
-async fn run(agent: &space_engine::AgentConn, argv: &[&str]) -> (Vec<u8>, Vec<u8>, space_proto::Exited) {
-    let mut stream = agent.exec(&request(argv)).await.expect("exec");
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("exec timed out") {
-            Some(ExecEvent::Stdout(b)) => out.extend(b),
-            Some(ExecEvent::Stderr(b)) => err.extend(b),
-            Some(ExecEvent::Exit(exited)) => return (out, err, exited),
-            None => panic!("stream ended without an exit frame"),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -111,12 +89,11 @@ async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     let agent = space_engine::AgentConn::handshake(socket, welcome, Duration::from_secs(10)).await.expect("handshake");
     // (The kernel's hostname changes where the agent holds CAP_SYS_ADMIN:
     // in a microVM, not under gVisor's default capabilities.)
-    let (out, _, _) = run(&agent, &["sh", "-c", "echo ${ROLE}/${GREETING}/${HOSTNAME}/$(pwd)"]).await;
-    assert_eq!(String::from_utf8_lossy(&out), "clone//sbx-clone//tmp\n", "the new identity, nothing of the old");
+    let seen = sh(&agent, "echo ${ROLE}/${GREETING}/${HOSTNAME}/$(pwd)").await;
+    assert_eq!(seen, "clone//sbx-clone//tmp\n", "the new identity, nothing of the old");
     // Fresh entropy and env, as a clone is given after its welcome.
     let identity = space_engine::fresh_identity(&[("ROLE".to_string(), "handed-out".to_string())].into()).unwrap();
     agent.set_identity(&identity, Duration::from_secs(10)).await.expect("identity");
-    let (out, _, _) = run(&agent, &["sh", "-c", "echo $ROLE"]).await;
-    assert_eq!(String::from_utf8_lossy(&out), "handed-out\n");
+    assert_eq!(sh(&agent, "echo $ROLE").await, "handed-out\n");
     engine.destroy(&spec).await.expect("destroy");
 }

@@ -1,0 +1,179 @@
+//! The guest half of the Firecracker engine, run for real on hosts where
+//! Firecracker cannot boot a guest (no vmx/svm): Debian's cloud kernel and
+//! the initramfs `space setup` built (the agent as `/init`) boot under
+//! QEMU's `microvm` machine — virtio-mmio devices, as in Firecracker — in
+//! software emulation, with a vhost-user vsock device whose host side
+//! follows Firecracker's hybrid scheme (the guest dials CID 2 port P, the
+//! host listens on `<uds>_P`). The agent must load its modules, mount the
+//! root drive, switch into it, dial home and serve the real host side
+//! (`AgentConn`): commands, its hostname and the host's clock, fresh
+//! entropy, and a quiesce and redial as another sandbox — what a clone of
+//! a template snapshot goes through.
+//!
+//! It needs `qemu-system-x86_64` and `vhost-device-vsock`, which
+//! `scripts/test.sh` installs (Debian's qemu-system-x86; the crate from
+//! crates.io into `target/tools`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::sh;
+use space_engine::{AgentConn, SandboxSpec};
+use space_host::datadir::DataDir;
+use space_host::template::BASE_TEMPLATE;
+use space_process::{ReapedChild, Reaper};
+use space_testkit::{shared_data_dir, TestDataDir};
+
+/// Software emulation is slow; the guest still boots in seconds.
+const BOOT_PATIENCE: Duration = Duration::from_secs(120);
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `name` from `env`, else `PATH`, else `target/tools/bin`.
+fn tool(name: &str, env: &str) -> PathBuf {
+    let installed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin").join(name);
+    std::env::var_os(env)
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("PATH")
+                .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(name)).find(|path| path.is_file()))
+        })
+        .or_else(|| installed.is_file().then_some(installed))
+        .unwrap_or_else(|| panic!("{name} is missing: run scripts/test.sh, which installs it (or set {env})"))
+}
+
+/// The guest's processes on the host; killed when the test ends.
+struct Processes(Vec<ReapedChild>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &self.0 {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+fn spec(id: &str, env: &[(&str, &str)]) -> SandboxSpec {
+    SandboxSpec {
+        id: id.into(),
+        dir: PathBuf::from("/nonexistent"),
+        template_rootfs: PathBuf::from("/nonexistent"),
+        hostname: id.replace('_', "-"),
+        vcpus: 1,
+        memory_mib: 512,
+        disk_mib: 64,
+        env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        workdir: None,
+        user: None,
+        engine: None,
+    }
+}
+
+async fn accept(listener: &tokio::net::UnixListener, what: &str, console: &Path) -> tokio::net::UnixStream {
+    match tokio::time::timeout(BOOT_PATIENCE, listener.accept()).await {
+        Ok(Ok((socket, _))) => socket,
+        _ => panic!(
+            "{what}: the agent did not dial in; console:\n{}",
+            std::fs::read_to_string(console).unwrap_or_default()
+        ),
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
+    space_process::become_subreaper().unwrap();
+    let qemu = tool("qemu-system-x86_64", "SPACE_QEMU_BIN");
+    let vhost = tool("vhost-device-vsock", "SPACE_VHOST_VSOCK_BIN");
+    let shared = DataDir::open(&shared_data_dir()).expect("the shared test data dir: run scripts/test.sh");
+    let guest = space_host::guest::existing(&shared).expect("guest artifacts: run `space setup` (scripts/test.sh)");
+    // QEMU loads the bzImage Debian ships (Firecracker the ELF unpacked from it).
+    let bzimage = space_host::guest::guest_dir(&shared).join("vmlinuz");
+    let data = TestDataDir::new();
+    let dir = data.root().join("qemu");
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = data.data.template(BASE_TEMPLATE).unwrap();
+    let drive = dir.join("root.ext4");
+    space_host::template::make_ext4(&base.rootfs(), &drive, 64).unwrap();
+
+    let listener = tokio::net::UnixListener::bind(dir.join("vm.vsock_1024")).unwrap();
+    let mut processes = Processes(Vec::new());
+    let control = dir.join("vhost.sock");
+    let mut device = Command::new(&vhost);
+    device.args(["--guest-cid", "3", "--socket"]).arg(&control).arg("--uds-path").arg(dir.join("vm.vsock"));
+    device.stdin(Stdio::null()).stdout(std::fs::File::create(dir.join("vhost.log")).unwrap()).stderr(Stdio::null());
+    processes.0.push(Reaper::global().spawn(&mut device).expect("starting vhost-device-vsock"));
+    let started = Instant::now();
+    while !control.exists() {
+        assert!(started.elapsed() < PATIENCE, "vhost-device-vsock did not listen");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let console = dir.join("console.log");
+    let mut vm = Command::new(&qemu);
+    vm.args(["-M", "microvm,memory-backend=mem", "-cpu", "max", "-m", "512"])
+        .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
+        .args(["-nographic", "-no-reboot"])
+        // A clock far off the host's: the agent must set it from the welcome.
+        .args(["-rtc", "base=2001-01-01T00:00:00"])
+        .arg("-kernel")
+        .arg(&bzimage)
+        .arg("-initrd")
+        .arg(&guest.initramfs)
+        .args(["-append", "console=ttyS0 reboot=k panic=1 quiet"])
+        .arg("-drive")
+        .arg(format!("id=root,file={},format=raw,if=none", drive.display()))
+        .args(["-device", "virtio-blk-device,drive=root"])
+        .arg("-chardev")
+        .arg(format!("socket,id=vsock,path={}", control.display()))
+        .args(["-device", "vhost-user-vsock-device,chardev=vsock"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&console).unwrap())
+        .stderr(Stdio::null());
+    processes.0.push(Reaper::global().spawn(&mut vm).expect("starting qemu"));
+
+    // The first sandbox: the agent booted the root drive and dialed home.
+    let socket = accept(&listener, "boot", &console).await;
+    let first = spec("sbx_guest_a", &[("ROLE", "first")]);
+    let agent = AgentConn::handshake(socket, space_engine::welcome_for(&first), PATIENCE).await.expect("handshake");
+    assert_eq!(agent.hello().pid, 1, "the agent is PID 1");
+    assert_eq!(sh(&agent, "uname -r").await.trim(), guest.release, "Debian's kernel from `space setup`");
+    let mounts = sh(&agent, "cat /proc/mounts").await;
+    assert!(mounts.lines().any(|l| l.starts_with("/dev/vda / ext4 ")), "the root drive is /: {mounts}");
+    assert_eq!(sh(&agent, "test -e /modules.order || echo switched").await, "switched\n", "the initramfs is gone");
+    assert_eq!(sh(&agent, "test -x /usr/bin/python3 && echo template").await, "template\n");
+    let loaded = sh(&agent, "cat /proc/modules").await;
+    for module in ["virtio_blk", "vmw_vsock_virtio_transport"] {
+        assert!(loaded.contains(module), "{module} is loaded: {loaded}");
+    }
+    assert_eq!(sh(&agent, "hostname; echo $ROLE").await, "sbx-guest-a\nfirst\n", "its hostname and env");
+    // The guest's own clock (its RTC) says 2001; its system clock is the host's.
+    let rtc: u64 = sh(&agent, "cat /sys/class/rtc/rtc0/since_epoch").await.trim().parse().unwrap();
+    assert!(rtc < 1_100_000_000, "the guest's RTC is far off: {rtc}");
+    let guest_time: u64 = sh(&agent, "date +%s").await.trim().parse().unwrap();
+    assert!(now().abs_diff(guest_time) < 10, "the agent set the clock from the host's: {guest_time} vs {}", now());
+    let identity = space_engine::fresh_identity(&first.env).unwrap();
+    agent.set_identity(&identity, PATIENCE).await.expect("fresh entropy taken");
+
+    // Quiesced, the agent lets go and dials again; welcomed as another
+    // sandbox (as a clone of a template snapshot is), it becomes that one.
+    let running = agent.exec(&common::request(&["sleep", "1000"])).await.expect("a command that outlives it");
+    agent.quiesce(PATIENCE).await.expect("quiesce");
+    let socket = accept(&listener, "redial", &console).await;
+    let clone = spec("sbx_guest_b", &[("ROLE", "clone")]);
+    let agent = AgentConn::handshake(socket, space_engine::welcome_for(&clone), PATIENCE).await.expect("handshake");
+    assert!(agent.hello().reconnect, "it knows it is a redial");
+    assert_eq!(sh(&agent, "hostname; echo $ROLE").await, "sbx-guest-b\nclone\n", "the new sandbox's identity");
+    drop(running);
+
+    let said = std::fs::read_to_string(&console).unwrap();
+    for failure in ["space-agent: setting", "space-agent: reseeding", "space-agent: mixing"] {
+        assert!(!said.contains(failure), "the agent reported a failure ({failure}):\n{said}");
+    }
+}
