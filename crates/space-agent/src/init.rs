@@ -116,7 +116,7 @@ pub fn add_entropy(bytes: &[u8]) {
     if let Err(err) = device.write_all(bytes) {
         eprintln!("space-agent: mixing in entropy: {err}");
     }
-    if bytes.is_empty() || !in_vm_init() {
+    if bytes.is_empty() || !booted_vm() {
         return;
     }
     let mut info = Vec::with_capacity(8 + bytes.len());
@@ -134,7 +134,7 @@ pub fn add_entropy(bytes: &[u8]) {
 
 /// Whether this agent booted a microVM (it is PID 1 and switched from the
 /// initramfs into the root drive).
-fn in_vm_init() -> bool {
+pub fn booted_vm() -> bool {
     BOOTED_VM.load(std::sync::atomic::Ordering::Relaxed)
 }
 

@@ -44,15 +44,14 @@ fn main() {
 fn run() -> Result<(), String> {
     // In a Firecracker guest the agent is the initramfs's /init: it boots
     // the root drive first, then reaches the host over vsock.
-    let in_vm = init::in_initramfs();
-    let socket_path = if in_vm {
+    let socket_path = if init::in_initramfs() {
         init::boot()?;
         VSOCK.to_string()
     } else {
         env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string())
     };
     let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false)?;
-    take_welcome(&welcome, in_vm);
+    take_welcome(&welcome);
 
     let (outbox, queued) = sync_channel::<Frame>(OUTBOX_DEPTH);
     let (sockets, new_sockets) = mpsc::channel::<UnixStream>();
@@ -72,7 +71,7 @@ fn run() -> Result<(), String> {
         // Commands keep running; their output waits in the pipes.
         drop(reader);
         let (new_reader, new_writer, welcome) = connect(&socket_path, None, true)?;
-        take_welcome(&welcome, in_vm);
+        take_welcome(&welcome);
         if welcome.session != session {
             // A new host session knows nothing of the old streams.
             exec::forget_streams(&agent.sessions);
@@ -92,14 +91,14 @@ fn run() -> Result<(), String> {
 
 /// What every handshake sets in the sandbox: its hostname and, in a
 /// microVM (whose clock stood still while it was a snapshot), the time.
-fn take_welcome(welcome: &Welcome, in_vm: bool) {
+fn take_welcome(welcome: &Welcome) {
     if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
     {
         if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
             eprintln!("space-agent: setting hostname: {err}");
         }
     }
-    if let (true, Some(host_ms)) = (in_vm, welcome.clock_unix_ms) {
+    if let (true, Some(host_ms)) = (init::booted_vm(), welcome.clock_unix_ms) {
         init::set_clock(host_ms);
     }
 }

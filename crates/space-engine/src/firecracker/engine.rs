@@ -186,8 +186,8 @@ impl Firecracker {
 
     /// Prepares where this sandbox's VMM will find its files. Under the
     /// jailer they are placed in its chroot — `own` files hard-linked and
-    /// owned by the VMM's uid, `shared` ones (kernel, initramfs, a template
-    /// snapshot) hard-linked read-only — and a uid no other jail holds is
+    /// owned by the VMM's uid, `shared` ones (the kernel and initramfs it
+    /// boots, a template snapshot) hard-linked read-only — and a uid no other jail holds is
     /// chosen (the jail root's owner records it). Returns the layout and
     /// the uid.
     fn layout(
@@ -210,8 +210,7 @@ impl Firecracker {
             std::os::unix::fs::chown(&root, Some(uid), Some(uid)).map_err(EngineError::io("chown of the jail"))?;
             uid
         };
-        let kernel = [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())];
-        for (name, source) in kernel.iter().chain(shared) {
+        for (name, source) in shared {
             link_or_copy(source, &root.join(name))?;
         }
         for (name, source) in own {
@@ -288,16 +287,15 @@ impl Firecracker {
         self.with_vmm(id, |running| running.vmm.api.clone())
     }
 
-    /// The sandbox's root drive: a reflink copy of `image`, grown by what
-    /// the sandbox asks for over the template's default disk.
-    fn copy_root_drive(spec: &SandboxSpec, image: &Path) -> Result<PathBuf, EngineError> {
+    /// The sandbox's root drive: a reflink copy of `image`, grown by
+    /// `extra_mib` (what the sandbox asks for over the template's default).
+    fn copy_root_drive(spec: &SandboxSpec, image: &Path, extra_mib: u32) -> Result<PathBuf, EngineError> {
         fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
         let root = spec.dir.join(ROOT_DRIVE);
         space_host::run(Command::new("cp").arg("--reflink=auto").arg(image).arg(&root))?;
-        let default_disk = template_defaults(spec).map(|d| d.disk_mib).unwrap_or(spec.disk_mib);
-        if spec.disk_mib > default_disk {
+        if extra_mib > 0 {
             let size = fs::metadata(&root).map_err(EngineError::io("the root drive"))?.len();
-            let grown = size.div_ceil(1 << 20) + u64::from(spec.disk_mib - default_disk);
+            let grown = size.div_ceil(1 << 20) + u64::from(extra_mib);
             space_host::run(Command::new("resize2fs").arg("-f").arg(&root).arg(format!("{grown}M")))?;
         }
         Ok(root)
@@ -311,8 +309,9 @@ impl Firecracker {
                 "the template has no ext4 image; rebuild it on this host (or with --ext4-images true)".into(),
             ));
         }
-        let root = Self::copy_root_drive(spec, &template_image)?;
-        let (layout, uid) = self.layout(spec, &[(ROOT_DRIVE, &root)], &[])?;
+        let root = Self::copy_root_drive(spec, &template_image, extra_disk_mib(spec))?;
+        let guest = [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())];
+        let (layout, uid) = self.layout(spec, &[(ROOT_DRIVE, &root)], &guest)?;
         let listener = self.listen(&layout)?;
         let started = Instant::now();
         let api = self.spawn(spec, uid).await?;
@@ -493,7 +492,8 @@ impl Firecracker {
     /// Starts `spec` as a clone of its template's snapshot in `dir`.
     async fn clone_of(&self, spec: &SandboxSpec, dir: &Path) -> Result<Started, EngineError> {
         self.template_snapshot(spec, dir).await?;
-        let root = Self::copy_root_drive(spec, &dir.join(ROOT_DRIVE))?;
+        // A clone has its template's default shape: the drive as saved.
+        let root = Self::copy_root_drive(spec, &dir.join(ROOT_DRIVE), 0)?;
         let (socket, boot) = self.load(spec, &root, (&dir.join(STATE), &dir.join(MEMORY)), true).await?;
         // The welcome makes the clone this sandbox (id, hostname, env); the
         // entropy reseeds the random state every clone woke up with.
@@ -513,6 +513,11 @@ impl Firecracker {
 fn template_defaults(spec: &SandboxSpec) -> Option<space_host::template::TemplateDefaults> {
     let version = spec.template_rootfs.parent()?;
     space_host::template::TemplateInfo::load(version).ok().map(|t| t.meta.defaults)
+}
+
+/// The disk a sandbox asks for over its template's default, in MiB.
+fn extra_disk_mib(spec: &SandboxSpec) -> u32 {
+    template_defaults(spec).map_or(0, |d| spec.disk_mib.saturating_sub(d.disk_mib))
 }
 
 /// A short name for a value (not across Rust releases: it names caches).
@@ -680,9 +685,12 @@ mod tests {
     fn a_root_drive_grows_by_the_disk_asked_for_over_the_template_default() {
         let version = template("grow");
         let image = version.join(ROOT_DRIVE);
-        let same = Firecracker::copy_root_drive(&spec(&version, 16), &image).unwrap();
+        let extra = extra_disk_mib;
+        let (default, bigger) = (spec(&version, 16), spec(&version, 48));
+        assert_eq!((extra(&default), extra(&bigger)), (0, 32), "the disk asked for over the template's default");
+        let same = Firecracker::copy_root_drive(&default, &image, extra(&default)).unwrap();
         assert_eq!(fs::metadata(&same).unwrap().len(), fs::metadata(&image).unwrap().len(), "the default: a copy");
-        let grown = Firecracker::copy_root_drive(&spec(&version, 48), &image).unwrap();
+        let grown = Firecracker::copy_root_drive(&bigger, &image, extra(&bigger)).unwrap();
         let extra = fs::metadata(&grown).unwrap().len() - fs::metadata(&image).unwrap().len();
         assert_eq!(extra, 32 << 20, "32 MiB more than the template's default");
         assert!(block_count(&grown) > block_count(&image), "the file system was resized too");

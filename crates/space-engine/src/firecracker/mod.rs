@@ -292,8 +292,30 @@ pub(crate) fn exec_name(binary: &Path) -> String {
 }
 
 /// The shared libraries a dynamically linked binary loads (its loader
-/// among them), as `ldd` lists them; none for a static binary.
+/// among them), as `ldd` lists them; none for a static binary. Worked out
+/// once per binary (and again when it changes): every jailed start asks.
 pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    type Known = std::collections::HashMap<PathBuf, (u64, Option<std::time::SystemTime>, Vec<PathBuf>)>;
+    static KNOWN: std::sync::Mutex<Option<Known>> = std::sync::Mutex::new(None);
+    let meta = fs::metadata(binary).map_err(EngineError::io(format!("reading {}", binary.display())))?;
+    let version = (meta.len(), meta.modified().ok());
+    if let Some((len, modified, libraries)) =
+        KNOWN.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_default().get(binary)
+    {
+        if (*len, *modified) == version {
+            return Ok(libraries.clone());
+        }
+    }
+    let libraries = list_libraries(binary)?;
+    KNOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_default()
+        .insert(binary.to_path_buf(), (version.0, version.1, libraries.clone()));
+    Ok(libraries)
+}
+
+fn list_libraries(binary: &Path) -> Result<Vec<PathBuf>, EngineError> {
     if space_host::is_static_elf(binary).map_err(EngineError::io(format!("reading {}", binary.display())))? {
         return Ok(Vec::new());
     }
