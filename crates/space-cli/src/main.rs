@@ -276,10 +276,22 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// The guest agent: `--agent-bin`, else a statically linked
+    /// `space-agent` beside this binary, in the static build's target dir,
+    /// or installed. It runs in roots and initramfs images that have no
+    /// libc of its kind, so a dynamically linked one (such as the one
+    /// `cargo build` leaves beside a debug `space`) is refused or passed over.
     pub fn agent_bin(&self) -> Result<PathBuf> {
+        let is_static = |path: &Path| space_host::is_static_elf(path).unwrap_or(false);
         if let Some(path) = &self.agent_bin {
             // Absolute: the engine hands it to runsc, which runs elsewhere.
-            return std::fs::canonicalize(path).with_context(|| format!("the agent {}", path.display()));
+            let path = std::fs::canonicalize(path).with_context(|| format!("the agent {}", path.display()))?;
+            anyhow::ensure!(
+                is_static(&path),
+                "the agent {} is not a statically linked executable (scripts/run.sh and scripts/test.sh build one)",
+                path.display()
+            );
+            return Ok(path);
         }
         let exe = std::env::current_exe().context("locating the space binary")?;
         let dir = exe.parent().unwrap_or(Path::new("/"));
@@ -288,8 +300,9 @@ impl EngineArgs {
             dir.join("../x86_64-unknown-linux-gnu/release/space-agent"),
             PathBuf::from("/usr/local/lib/space/space-agent"),
         ];
-        candidates.iter().find(|p| p.is_file()).cloned().with_context(|| {
-            "cannot find the static space-agent; build it with scripts/build.sh or pass --agent-bin".to_string()
+        candidates.iter().find(|p| p.is_file() && is_static(p)).cloned().with_context(|| {
+            "cannot find the static space-agent: scripts/run.sh and scripts/test.sh build one, or pass --agent-bin"
+                .to_string()
         })
     }
 

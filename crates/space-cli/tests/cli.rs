@@ -494,3 +494,19 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     assert!(String::from_utf8_lossy(&got.stdout).contains("\"deleted\""), "no sandbox is left");
     stop(server);
 }
+
+/// A dynamically linked agent (such as the debug build `cargo build` puts
+/// beside a debug `space`) cannot be a sandbox's PID 1 or the guest's
+/// `/init`: naming one is a clear error, before anything is started.
+#[test]
+fn a_dynamically_linked_agent_is_refused() {
+    let data = TestDataDir::new();
+    let dynamic = std::env::current_exe().unwrap(); // this test binary is dynamically linked
+    let mut command = Command::new(SPACE);
+    command.args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data.root());
+    command.arg("--agent-bin").arg(&dynamic);
+    let out = Reaper::global().output(&mut command).unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused: {said}");
+    assert!(said.contains("not a statically linked executable"), "{said}");
+}

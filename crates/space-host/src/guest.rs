@@ -102,6 +102,7 @@ pub fn existing(data: &DataDir) -> Option<GuestArtifacts> {
 /// Downloads the kernel (once) and builds the initramfs with `agent_bin`
 /// as `/init` (again whenever the agent changed).
 pub fn prepare(data: &DataDir, agent_bin: &Path, say: &dyn Fn(&str)) -> Result<GuestArtifacts, HostError> {
+    check_init(agent_bin)?;
     let dir = guest_dir(data);
     fs::create_dir_all(&dir).map_err(HostError::io("creating the guest dir"))?;
     let unpacked = dir.join("kernel-package");
@@ -141,6 +142,21 @@ pub fn prepare(data: &DataDir, agent_bin: &Path, say: &dyn Fn(&str)) -> Result<G
     fs::write(&partial, &bytes).map_err(HostError::io("writing the initramfs"))?;
     fs::rename(&partial, &initramfs).map_err(HostError::io("publishing the initramfs"))?;
     Ok(GuestArtifacts { kernel: dir.join("vmlinux"), initramfs, release })
+}
+
+/// The agent becomes the initramfs's `/init`: with no libc or loader
+/// there, only a statically linked one can run (the kernel would panic
+/// with "No working init found").
+fn check_init(agent_bin: &Path) -> Result<(), HostError> {
+    let is_static =
+        crate::is_static_elf(agent_bin).map_err(HostError::io(format!("reading the agent {}", agent_bin.display())))?;
+    if is_static {
+        return Ok(());
+    }
+    Err(HostError::Invalid(format!(
+        "the agent {} is dynamically linked; the guest's /init must be a static build (scripts/run.sh and scripts/test.sh build one)",
+        agent_bin.display()
+    )))
 }
 
 /// `apt-get download` of the kernel package the metapackage depends on,
@@ -284,6 +300,14 @@ impl Cpio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dynamically_linked_agent_is_refused_as_init() {
+        // This test binary is dynamically linked, as a debug agent is.
+        let err = check_init(&std::env::current_exe().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("dynamically linked") && err.contains("static build"), "{err}");
+        assert!(check_init(Path::new("/nonexistent/space-agent")).is_err());
+    }
 
     #[test]
     fn cpio_entries_are_newc_and_aligned() {
