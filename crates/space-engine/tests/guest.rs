@@ -27,8 +27,11 @@ use space_host::template::BASE_TEMPLATE;
 use space_process::{ReapedChild, Reaper};
 use space_testkit::{shared_data_dir, TestDataDir};
 
-/// Software emulation is slow; the guest still boots in seconds.
+/// Software emulation is slow; the guest still boots in seconds. The whole
+/// boot is bounded by this, and a console that says nothing new for
+/// [`STALL`] fails the test at once, with the console in the message.
 const BOOT_PATIENCE: Duration = Duration::from_secs(120);
+const STALL: Duration = Duration::from_secs(30);
 const PATIENCE: Duration = Duration::from_secs(30);
 
 /// `name` from `env`, else `PATH`, else `target/tools/bin`.
@@ -73,14 +76,51 @@ fn spec(id: &str, env: &[(&str, &str)]) -> SandboxSpec {
     }
 }
 
-async fn accept(listener: &tokio::net::UnixListener, what: &str, console: &Path) -> tokio::net::UnixStream {
-    match tokio::time::timeout(BOOT_PATIENCE, listener.accept()).await {
-        Ok(Ok((socket, _))) => socket,
-        _ => panic!(
-            "{what}: the agent did not dial in; console:\n{}",
-            std::fs::read_to_string(console).unwrap_or_default()
-        ),
+/// Waits for the agent to dial in; fails fast, with the console, when QEMU
+/// exits or the guest stalls (says nothing new on its console for [`STALL`]).
+async fn accept(
+    listener: &tokio::net::UnixListener,
+    what: &str,
+    console: &Path,
+    qemu: &ReapedChild,
+) -> tokio::net::UnixStream {
+    let started = Instant::now();
+    let mut said = (0, Instant::now());
+    let fail = |why: String| -> ! {
+        panic!("{what}: {why}; console:\n{}", std::fs::read_to_string(console).unwrap_or_default())
+    };
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), listener.accept()).await {
+            Ok(Ok((socket, _))) => return socket,
+            Ok(Err(err)) => fail(format!("accepting the agent: {err}")),
+            Err(_) => {}
+        }
+        if let Some(status) = qemu.wait_timeout(Duration::ZERO) {
+            fail(format!("QEMU exited ({status:?}) before the agent dialed in"));
+        }
+        let length = std::fs::metadata(console).map(|m| m.len()).unwrap_or(0);
+        if length != said.0 {
+            said = (length, Instant::now());
+        } else if said.1.elapsed() > STALL {
+            fail(format!("the guest stalled: nothing on its console for {STALL:?}"));
+        }
+        if started.elapsed() > BOOT_PATIENCE {
+            fail(format!("the agent did not dial in within {BOOT_PATIENCE:?}"));
+        }
     }
+}
+
+/// The host's TSC frequency in kHz, which QEMU's software emulation passes
+/// through. Given to the guest kernel (`tsc_early_khz=`) so it need not
+/// calibrate: `microvm` has no HPET or PM timer to calibrate against, and
+/// where the CPU does not report its TSC frequency (AMD) the kernel would
+/// mark the TSC unstable and stall.
+fn tsc_khz() -> u64 {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu MHz")?.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .map_or(2_000_000, |mhz| (mhz * 1000.0) as u64)
 }
 
 fn now() -> u64 {
@@ -126,7 +166,8 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
         .arg(&bzimage)
         .arg("-initrd")
         .arg(&guest.initramfs)
-        .args(["-append", "console=ttyS0 reboot=k panic=1 quiet"])
+        .arg("-append")
+        .arg(format!("console=ttyS0 reboot=k panic=1 quiet tsc_early_khz={} tsc=reliable", tsc_khz()))
         .arg("-drive")
         .arg(format!("id=root,file={},format=raw,if=none", drive.display()))
         .args(["-device", "virtio-blk-device,drive=root"])
@@ -136,10 +177,13 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&console).unwrap())
         .stderr(Stdio::null());
-    processes.0.push(Reaper::global().spawn(&mut vm).expect("starting qemu"));
+    let qemu = Reaper::global().spawn(&mut vm).expect("starting qemu");
+    let qemu_pid = qemu.id();
+    processes.0.push(qemu);
+    let qemu = processes.0.iter().find(|child| child.id() == qemu_pid).unwrap();
 
     // The first sandbox: the agent booted the root drive and dialed home.
-    let socket = accept(&listener, "boot", &console).await;
+    let socket = accept(&listener, "boot", &console, qemu).await;
     let first = spec("sbx_guest_a", &[("ROLE", "first")]);
     let agent = AgentConn::handshake(socket, space_engine::welcome_for(&first), PATIENCE).await.expect("handshake");
     assert_eq!(agent.hello().pid, 1, "the agent is PID 1");
@@ -165,7 +209,7 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
     // sandbox (as a clone of a template snapshot is), it becomes that one.
     let running = agent.exec(&common::request(&["sleep", "1000"])).await.expect("a command that outlives it");
     agent.quiesce(PATIENCE).await.expect("quiesce");
-    let socket = accept(&listener, "redial", &console).await;
+    let socket = accept(&listener, "redial", &console, qemu).await;
     let clone = spec("sbx_guest_b", &[("ROLE", "clone")]);
     let agent = AgentConn::handshake(socket, space_engine::welcome_for(&clone), PATIENCE).await.expect("handshake");
     assert!(agent.hello().reconnect, "it knows it is a redial");

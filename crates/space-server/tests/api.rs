@@ -425,15 +425,23 @@ fn the_agent_reaps_orphans_and_commands_can_be_timed_out_signalled_and_fed() {
 
     // An orphan re-parented to the agent (PID 1) is reaped, not left a zombie.
     server.exec(&id, json!({"cmd": "(sleep 0.2 &) ; true"}));
-    std::thread::sleep(Duration::from_millis(700));
-    let ps = server.exec(&id, json!({"argv": ["ps", "-eo", "pid,ppid,stat,comm"]}));
-    let zombies: Vec<&str> = ps["stdout"]
-        .as_str()
-        .unwrap()
-        .lines()
-        .filter(|l| l.split_whitespace().nth(2).is_some_and(|s| s.starts_with('Z')))
-        .collect();
-    assert!(zombies.is_empty(), "zombies: {zombies:?}");
+    let orphans = || {
+        let ps = server.exec(&id, json!({"argv": ["ps", "-eo", "pid,ppid,stat,comm"]}));
+        let zombies: Vec<String> = ps["stdout"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                let fields: Vec<&str> = l.split_whitespace().collect();
+                fields.get(2).is_some_and(|s| s.starts_with('Z')) || fields.get(3) == Some(&"sleep")
+            })
+            .map(str::to_string)
+            .collect();
+        zombies
+    };
+    // Gone altogether: neither still sleeping nor left a zombie (an orphan
+    // nobody reaps stays listed as `Z`, and this wait fails).
+    space_testkit::wait_until("the orphan to exit and be reaped", space_testkit::PATIENCE, || orphans().is_empty());
 
     let started = Instant::now();
     let timed = server.exec(&id, json!({"argv": ["sleep", "30"], "timeout_s": 1}));

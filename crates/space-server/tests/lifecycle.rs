@@ -2,11 +2,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::TestServer;
 use serde_json::{json, Value};
-use space_testkit::{processes_mentioning, TestDataDir};
+use space_testkit::{processes_mentioning, wait_until, TestDataDir, PATIENCE};
 
 /// A background process holding a random token in memory; it writes
 /// `pid token counter` to /root/state every 50 ms.
@@ -49,9 +49,10 @@ fn pause_freezes_processes_in_memory_and_resume_brings_them_back() {
     let (pid, token, _) = keeper_state(&server, &id);
     let host_view = data.data.sandbox_dir(&id).join("rootfs/root/state");
     let running_a = std::fs::read_to_string(&host_view).ok();
-    std::thread::sleep(Duration::from_millis(300));
-    let running_b = std::fs::read_to_string(&host_view).ok();
-    assert!(running_a.is_some() && running_a != running_b, "the host sees the file change while running");
+    assert!(running_a.is_some(), "the state file is visible in the sandbox root on the host");
+    wait_until("the host to see the file change while running", PATIENCE, || {
+        std::fs::read_to_string(&host_view).ok() != running_a
+    });
 
     let paused = lifecycle(&server, &id, "pause");
     assert_eq!(paused["state"], "succeeded", "{paused}");
@@ -218,15 +219,10 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
 }
 
 fn wait_for_state(server: &TestServer, id: &str, state: &str) -> Value {
-    let mut sandbox = Value::Null;
-    for _ in 0..150 {
-        sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
-        if sandbox["state"] == state {
-            return sandbox;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{id} never became {state}: {sandbox}");
+    space_testkit::wait_for(&format!("{id} to become {state}"), PATIENCE, || {
+        let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+        (sandbox["state"] == state).then_some(sandbox)
+    })
 }
 
 #[test]
@@ -293,13 +289,7 @@ fn warm_pool_sandboxes_get_their_own_identity() {
     let mut config = common::platform_config(&data);
     config.warm_pool = 2;
     let server = TestServer::start_with(config);
-    for _ in 0..100 {
-        if server.platform.warm_count() == 2 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(server.platform.warm_count(), 2, "the pool fills in the background");
+    wait_until("the pool to fill in the background", PATIENCE, || server.platform.warm_count() == 2);
 
     let identity = |id: &str| {
         let out = server.exec(
@@ -352,14 +342,13 @@ fn a_template_can_set_its_own_warm_pool_size() {
     meta["warm_pool"] = json!(1);
     std::fs::write(&path, meta.to_string()).unwrap();
     let server = TestServer::start(&data); // the server's own setting is 0 here
-    for _ in 0..100 {
-        if server.platform.warm_count() == 1 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    wait_until("one warm member", PATIENCE, || server.platform.warm_count() == 1);
+    // The pool settles at the template's size, not above it.
+    let settled = Instant::now();
+    while settled.elapsed() < Duration::from_millis(500) {
+        assert_eq!(server.platform.warm_count(), 1, "the template's size wins");
+        std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(server.platform.warm_count(), 1, "the template's size wins");
 }
 
 #[test]
@@ -369,8 +358,7 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
     config.capacity_mib = Some(1200);
     config.warm_pool = 2;
     let server = TestServer::start_with(config);
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(server.platform.warm_count(), 2, "two 512 MiB members fit in 1200 MiB");
+    wait_until("two 512 MiB members in 1200 MiB", PATIENCE, || server.platform.warm_count() == 2);
     // A cold create (other size) of 256 MiB does not fit beside them.
     let refused =
         server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})), 503, "capacity");
@@ -378,11 +366,15 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
     // Taking a warm member moves its memory from the pool to the sandbox;
     // the pool may not refill beyond the capacity.
     let id = server.create_sandbox(json!({"template": "base"}));
-    std::thread::sleep(Duration::from_millis(1000));
-    assert_eq!(server.platform.warm_count(), 1, "no room to refill");
+    wait_until("the pool to give up its member", PATIENCE, || server.platform.warm_count() == 1);
+    // A refill would have had time to start; none does, for want of room.
+    let settled = Instant::now();
+    while settled.elapsed() < Duration::from_secs(1) {
+        assert_eq!(server.platform.warm_count(), 1, "no room to refill");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded", "suspended sandboxes hold no memory");
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(server.platform.warm_count(), 2, "the pool refills into the freed memory");
+    wait_until("the pool to refill into the freed memory", PATIENCE, || server.platform.warm_count() == 2);
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/resume"), None, 503, "capacity");
     assert!(refused["error"]["message"].as_str().unwrap().contains("MiB"));
     assert_eq!(

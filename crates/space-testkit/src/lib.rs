@@ -76,6 +76,12 @@ pub struct TestDataDir {
 
 impl TestDataDir {
     pub fn new() -> TestDataDir {
+        TestDataDir::with_templates(&[BASE_TEMPLATE])
+    }
+
+    /// A scratch data dir with snapshots of these shared templates (built
+    /// by `space setup`; the test command asks it for `polyglot` too).
+    pub fn with_templates(templates: &[&str]) -> TestDataDir {
         let shared = DataDir::open(&shared_data_dir()).unwrap_or_else(|e| {
             panic!("the shared test data dir is not ready ({e}): run scripts/test.sh, which runs `space setup` on it")
         });
@@ -83,7 +89,7 @@ impl TestDataDir {
         getrandom::getrandom(&mut suffix).expect("getrandom");
         let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
         let data = shared
-            .scratch(&format!("test-{name}"), &[BASE_TEMPLATE])
+            .scratch(&format!("test-{name}"), templates)
             .unwrap_or_else(|e| panic!("making a test data dir ({e}): run scripts/test.sh"));
         TestDataDir { data }
     }
@@ -105,4 +111,26 @@ impl Drop for TestDataDir {
             eprintln!("removing a test data dir: {err}");
         }
     }
+}
+
+/// How long tests wait for a condition that should come soon: long enough
+/// for a loaded 2-core machine, short enough that a real hang fails.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Polls `check` until it returns `Some`, or panics naming `what` once
+/// `patience` has passed. Tests wait for conditions, never for fixed sleeps.
+pub fn wait_for<T>(what: &str, patience: std::time::Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited {patience:?} for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Like [`wait_for`] for a plain condition.
+pub fn wait_until(what: &str, patience: std::time::Duration, mut check: impl FnMut() -> bool) {
+    wait_for(what, patience, || check().then_some(()))
 }
