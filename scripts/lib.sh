@@ -8,11 +8,21 @@ export SPACE_AGENT_BIN="$AGENT_BIN"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
+# Root is needed (apt-get, mounts, runsc). As root (a fresh Debian may have
+# no sudo) the script just goes on; otherwise it runs itself again through
+# sudo, keeping the caller's Rust toolchain (sudo resets PATH).
+# Usage: need_root "$@" at the top of a script.
 need_root() {
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "this needs root (apt-get, mounts, runsc): run it with sudo" >&2
+    [ "$(id -u)" -eq 0 ] && return 0
+    if ! command -v sudo >/dev/null; then
+        echo "this needs root (apt-get, mounts, runsc), and there is no sudo: run it as root" >&2
         exit 1
     fi
+    say "re-running as root through sudo"
+    exec sudo env "PATH=$PATH" "CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}" "RUSTUP_HOME=${RUSTUP_HOME:-$HOME/.rustup}" \
+        ${CI:+CI=$CI} ${FUZZ_SECONDS:+FUZZ_SECONDS=$FUZZ_SECONDS} ${SPACE_TEST_DATA_DIR:+SPACE_TEST_DATA_DIR=$SPACE_TEST_DATA_DIR} \
+        ${SPACE_DATA_DIR:+SPACE_DATA_DIR=$SPACE_DATA_DIR} ${FIRECRACKER_BIN:+FIRECRACKER_BIN=$FIRECRACKER_BIN} \
+        bash "$0" "$@"
 }
 
 # Build tools from Debian, installed only when missing.

@@ -4,7 +4,7 @@
 # template and run commands in it. Safe to run again.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-need_root
+need_root "$@"
 
 DATA_DIR="${SPACE_DATA_DIR:-/var/lib/space}"
 LISTEN="${SPACE_LISTEN:-127.0.0.1:7070}"

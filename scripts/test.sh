@@ -2,7 +2,7 @@
 # Install what is needed and run the whole test suite on real sandboxes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-need_root
+need_root "$@"
 
 export SPACE_TEST_DATA_DIR="${SPACE_TEST_DATA_DIR:-/var/lib/space-test}"
 
