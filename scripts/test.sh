@@ -13,8 +13,8 @@ say "building the test suite"
 cargo build --locked -p space-cli
 cargo test --workspace --locked --no-run
 
-say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base template)"
-"$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR"
+say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base and polyglot templates)"
+"$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR" --with-template polyglot
 ensure_guest_test_tools
 
 say "checking format and lints"

@@ -98,8 +98,8 @@ struct Spawned {
 pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &SyncSender<Frame>, sessions: &Sessions) {
     let spawned = plan(&request, identity).and_then(|plan| launch(&plan)).inspect(|spawned| {
         set_limit(spawned.pid, libc::RLIMIT_NPROC, MAX_PROCESSES);
-        if let Some(mib) = identity.memory_mib {
-            set_limit(spawned.pid, libc::RLIMIT_AS, u64::from(mib) << 20);
+        if crate::init::booted_vm() {
+            crate::memory::reset_kernel_oom_score(spawned.pid);
         }
     });
     let Spawned { pid, exit, pipes } = match spawned {
@@ -131,9 +131,10 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
             }
         }
         sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+        let oom_killed = crate::memory::take_killed(pid as i32);
         let exited = match status {
-            ExitStatus::Exited(code) => Exited { exit_code: Some(code), signal: None },
-            ExitStatus::Signaled(sig) => Exited { exit_code: None, signal: Some(sig) },
+            ExitStatus::Exited(code) => Exited { exit_code: Some(code), signal: None, oom_killed },
+            ExitStatus::Signaled(sig) => Exited { exit_code: None, signal: Some(sig), oom_killed },
         };
         gate.close_with(Frame::message(stream, FrameKind::Exit, &exited));
     });
@@ -235,14 +236,12 @@ fn spawn_failure(err: std::io::Error) -> ExecFailed {
 /// a fork bomb gets EAGAIN inside instead of exhausting the engine.
 const MAX_PROCESSES: u64 = 512;
 
-/// Caps a new command (and what it starts): its address space at the
-/// sandbox's memory, so one process that asks for more gets ENOMEM instead
-/// of pushing the sandbox past its cgroup limit, and its processes at
+/// Caps a new command (and what it starts): its processes at
 /// [`MAX_PROCESSES`]. The agent itself stays unlimited, so it can always
 /// start the command that cleans up. Set right after the spawn returns
-/// (the child has exec'd by then): a program may run a few instructions
-/// first, and several processes together can still exceed the memory (then
-/// the engine's limit holds and the sandbox fails "out of memory").
+/// (the child has exec'd by then). Memory is not capped per process
+/// (runtimes reserve far more address space than they use): the memory
+/// watcher (`memory.rs`) contains a hog.
 fn set_limit(pid: u32, resource: libc::__rlimit_resource_t, value: u64) {
     let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
     // SAFETY: prlimit reads `limit` and writes nothing (old is null).

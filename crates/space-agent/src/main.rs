@@ -11,6 +11,7 @@
 mod exec;
 mod files;
 mod init;
+mod memory;
 mod pool;
 mod spawn;
 mod users;
@@ -46,12 +47,14 @@ fn run() -> Result<(), String> {
     // the root drive first, then reaches the host over vsock.
     let socket_path = if init::in_initramfs() {
         init::boot()?;
+        memory::exempt_agent_from_kernel_oom();
         VSOCK.to_string()
     } else {
         env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string())
     };
     let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false)?;
     take_welcome(&welcome);
+    memory::start();
 
     let (outbox, queued) = sync_channel::<Frame>(OUTBOX_DEPTH);
     let (sockets, new_sockets) = mpsc::channel::<UnixStream>();
@@ -92,6 +95,7 @@ fn run() -> Result<(), String> {
 /// What every handshake sets in the sandbox: its hostname and, in a
 /// microVM (whose clock stood still while it was a snapshot), the time.
 fn take_welcome(welcome: &Welcome) {
+    memory::set_limit(welcome.memory_mib);
     if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
     {
         if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {

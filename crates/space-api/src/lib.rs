@@ -258,6 +258,10 @@ pub struct ProcessResult {
     /// The signal that ended it (`KILL`, `TERM`, …), or null.
     pub signal: Option<String>,
     pub timed_out: bool,
+    /// The sandbox ran out of memory and the process (or one it started)
+    /// was killed inside it to free memory; `signal` is then `KILL`.
+    #[serde(default)]
+    pub oom_killed: bool,
     pub duration_ms: u64,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use space_host::datadir::{ensure_btrfs, DataDir};
-use space_host::template::{build_debian, DebianBuild, BASE_PACKAGES, BASE_TEMPLATE};
+use space_host::template::{build_debian, known_packages, DebianBuild, BASE_TEMPLATE, POLYGLOT_TEMPLATE};
 
 use crate::EngineArgs;
 
@@ -24,6 +24,10 @@ pub struct SetupArgs {
     /// Do not install Debian packages (they must already be there).
     #[arg(long)]
     skip_packages: bool,
+    /// Also build this template when missing (`polyglot`: a JDK, Go, Node,
+    /// gcc/make, git and Python). Repeatable.
+    #[arg(long = "with-template", value_parser = [POLYGLOT_TEMPLATE])]
+    with_templates: Vec<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -39,37 +43,9 @@ pub fn run(args: SetupArgs) -> Result<()> {
     let data = DataDir::open(&args.data_dir)?;
     let quotas = space_host::btrfs::enable_quotas(data.root()).context("turning btrfs quotas on")?;
     say(&format!("disk limits: btrfs {quotas:?} quotas"));
-    match data.template(BASE_TEMPLATE) {
-        Some(template) => say(&format!("template {BASE_TEMPLATE}: version {} present", template.meta.version)),
-        None => {
-            let agent = args.engine.agent_bin()?;
-            let bar = ProgressBar::new(4);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "setup: building template base [{bar:20}] {pos}/{len} {elapsed} {wide_msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            let build = DebianBuild {
-                owner: None,
-                engine: None,
-                name: BASE_TEMPLATE.into(),
-                suite: args.suite.clone(),
-                packages: BASE_PACKAGES.iter().map(|p| p.to_string()).collect(),
-                defaults: Default::default(),
-                log: data.log_path("setup-base"),
-                apt_cache: Some(data.apt_cache_dir()),
-            };
-            let built = build_debian(&data, &build, &agent, |p| {
-                bar.set_position(p.done);
-                bar.set_message(p.step);
-            });
-            bar.finish_and_clear();
-            let template =
-                built.with_context(|| format!("building the base template (log: {})", build.log.display()))?;
-            say(&format!("template {BASE_TEMPLATE}: built version {}", template.meta.version));
-        }
+    let names = std::iter::once(BASE_TEMPLATE.to_string()).chain(args.with_templates.iter().cloned());
+    for name in names {
+        ensure_template(&data, &args, &name, say)?;
     }
     // Firecracker's guest: Debian's cloud kernel and an initramfs whose
     // /init is the agent (built on every host, so a move to hardware
@@ -82,5 +58,41 @@ pub fn run(args: SetupArgs) -> Result<()> {
         guest.kernel.parent().unwrap_or(data.root()).display()
     ));
     say(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// Builds the template `name` (one `space setup` knows) unless it is there.
+fn ensure_template(data: &DataDir, args: &SetupArgs, name: &str, say: impl Fn(&str)) -> Result<()> {
+    if let Some(template) = data.template(name) {
+        say(&format!("template {name}: version {} present", template.meta.version));
+        return Ok(());
+    }
+    let packages = known_packages(name).with_context(|| format!("no template named {name} is known to setup"))?;
+    let agent = args.engine.agent_bin()?;
+    let bar = ProgressBar::new(4);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "setup: building template {name} [{{bar:20}}] {{pos}}/{{len}} {{elapsed}} {{wide_msg}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let build = DebianBuild {
+        owner: None,
+        engine: None,
+        name: name.into(),
+        suite: args.suite.clone(),
+        packages: packages.iter().map(|p| p.to_string()).collect(),
+        defaults: Default::default(),
+        log: data.log_path(&format!("setup-{name}")),
+        apt_cache: Some(data.apt_cache_dir()),
+    };
+    let built = build_debian(data, &build, &agent, |p| {
+        bar.set_position(p.done);
+        bar.set_message(p.step);
+    });
+    bar.finish_and_clear();
+    let template = built.with_context(|| format!("building the {name} template (log: {})", build.log.display()))?;
+    say(&format!("template {name}: built version {}", template.meta.version));
     Ok(())
 }

@@ -676,13 +676,20 @@ mod tests {
                 .write_all(&Frame::new(stream_id, FrameKind::Stdout, b"after".to_vec()).encode().unwrap())
                 .await
                 .unwrap();
-            let exit = Frame::message(stream_id, FrameKind::Exit, &Exited { exit_code: Some(0), signal: None });
+            let exit = Frame::message(
+                stream_id,
+                FrameKind::Exit,
+                &Exited { exit_code: Some(0), signal: None, oom_killed: false },
+            );
             write.write_all(&exit.encode().unwrap()).await.unwrap();
             (read, write)
         });
         conn.reattach(host, Duration::from_secs(2)).await.expect("reattached");
         assert_eq!(stream.next().await, Some(ExecEvent::Stdout(b"after".to_vec())));
-        assert_eq!(stream.next().await, Some(ExecEvent::Exit(Exited { exit_code: Some(0), signal: None })));
+        assert_eq!(
+            stream.next().await,
+            Some(ExecEvent::Exit(Exited { exit_code: Some(0), signal: None, oom_killed: false }))
+        );
         let _keep_open = second.await.unwrap();
     }
 }

@@ -108,6 +108,9 @@ impl Gvisor {
             fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
             self.write_bundle(spec)?;
         }
+        // runsc resolves `/tmp`'s bind source on the host: the sandbox
+        // could have made it a link. Nothing of the sandbox runs now.
+        ensure_real_dir(&spec.dir.join("rootfs/tmp"))?;
         // Whatever the sandbox left in its socket directory goes first.
         let socket_path = socket_dir.join(SOCKET_NAME);
         if fs::symlink_metadata(&socket_path).is_ok() {
@@ -369,6 +372,18 @@ impl Engine for Gvisor {
     }
 }
 
+/// Makes `path` a real directory (mode 1777) if the sandbox left anything
+/// else there: a link, a file, a FIFO. Its contents, if it is one, stay.
+fn ensure_real_dir(path: &Path) -> Result<(), EngineError> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_dir() => return Ok(()),
+        Ok(_) => fs::remove_file(path).map_err(EngineError::io("clearing a non-directory at /tmp"))?,
+        Err(_) => {}
+    }
+    fs::create_dir(path).map_err(EngineError::io("creating /tmp"))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o1777)).map_err(EngineError::io("chmod /tmp"))
+}
+
 fn log_tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(5).collect();
@@ -410,6 +425,11 @@ fn memory_limit_bytes(memory_mib: u32) -> i64 {
     i64::from(memory_mib + ENGINE_OVERHEAD_MIB) << 20
 }
 
+/// The size of `/dev/shm`: a quarter of the sandbox's memory.
+fn shm_kib(memory_mib: u32) -> u32 {
+    memory_mib.max(4) * 1024 / 4
+}
+
 /// The sandbox's cgroup, relative to each controller's root.
 pub fn cgroup_path(id: &str) -> PathBuf {
     PathBuf::from(format!("/space/{id}"))
@@ -443,6 +463,26 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
     let root = RootBuilder::default().path(spec.dir.join("rootfs")).readonly(false).build().map_err(invalid)?;
 
     let mut mounts = Spec::default().mounts().clone().unwrap_or_default();
+    // `/dev/shm` is memory: a quarter of the sandbox's, so filling it can
+    // never take the sandbox's memory alone.
+    for mount in mounts.iter_mut().filter(|m| m.destination() == Path::new("/dev/shm")) {
+        let mut options = mount.options().clone().unwrap_or_default();
+        options.retain(|o| !o.starts_with("size="));
+        options.push(format!("size={}k", shm_kib(spec.memory_mib)));
+        mount.set_options(Some(options));
+    }
+    // `/tmp` is disk, as on a normal machine, under the sandbox's disk
+    // quota: runsc would otherwise put a tmpfs there (memory), and a build
+    // that fills `/tmp` would take the sandbox's memory.
+    mounts.push(
+        MountBuilder::default()
+            .destination("/tmp")
+            .typ("bind")
+            .source(spec.dir.join("rootfs/tmp"))
+            .options(vec!["rbind".to_string(), "rw".to_string()])
+            .build()
+            .map_err(invalid)?,
+    );
     mounts.push(
         MountBuilder::default()
             .destination(agent_in_root)
@@ -522,7 +562,12 @@ mod tests {
         let mounts = config["mounts"].as_array().unwrap();
         let bind_sources: Vec<&str> =
             mounts.iter().filter(|m| m["type"] == "bind").map(|m| m["source"].as_str().unwrap()).collect();
-        assert_eq!(bind_sources, ["/opt/space-agent", "/data/sandboxes/sbx_test/sock"]);
+        assert_eq!(
+            bind_sources,
+            ["/data/sandboxes/sbx_test/rootfs/tmp", "/opt/space-agent", "/data/sandboxes/sbx_test/sock"]
+        );
+        let shm = mounts.iter().find(|m| m["destination"] == "/dev/shm").unwrap();
+        assert!(shm["options"].as_array().unwrap().contains(&"size=65536k".into()), "{shm}");
         let namespaces: Vec<&str> =
             config["linux"]["namespaces"].as_array().unwrap().iter().map(|n| n["type"].as_str().unwrap()).collect();
         assert!(namespaces.contains(&"network") && namespaces.contains(&"pid"), "{namespaces:?}");

@@ -21,6 +21,32 @@ pub const EXT4_IMAGE: &str = "rootfs.ext4";
 /// The default template and what it holds.
 pub const BASE_TEMPLATE: &str = "base";
 pub const BASE_PACKAGES: &[&str] = &["python3", "coreutils", "procps", "ca-certificates"];
+/// The developer's toolbox, built on request (`space setup --with-template
+/// polyglot`; the test command builds it): a JDK, Go, Node, a C toolchain,
+/// git and Python.
+pub const POLYGLOT_TEMPLATE: &str = "polyglot";
+pub const POLYGLOT_PACKAGES: &[&str] = &[
+    "python3",
+    "coreutils",
+    "procps",
+    "ca-certificates",
+    "default-jdk-headless",
+    "golang-go",
+    "nodejs",
+    "gcc",
+    "libc6-dev",
+    "make",
+    "git",
+];
+
+/// The Debian packages of a template `space setup` knows how to build.
+pub fn known_packages(name: &str) -> Option<&'static [&'static str]> {
+    match name {
+        BASE_TEMPLATE => Some(BASE_PACKAGES),
+        POLYGLOT_TEMPLATE => Some(POLYGLOT_PACKAGES),
+        _ => None,
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -125,6 +125,10 @@ pub struct Exited {
     pub exit_code: Option<i32>,
     /// Signal number that killed it.
     pub signal: Option<i32>,
+    /// The agent killed it (or a process of its group) because the sandbox
+    /// ran out of memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

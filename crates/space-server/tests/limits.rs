@@ -15,30 +15,29 @@ fn free_bytes(path: &std::path::Path) -> u64 {
 }
 
 #[test]
-fn memory_past_the_limit_fails_inside_or_fails_the_sandbox_never_the_host() {
+fn memory_past_the_limit_is_reclaimed_inside_never_from_the_host() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base", "memory_mib": 256}));
     let neighbour = server.create_sandbox(json!({"template": "base", "memory_mib": 256}));
 
-    // One process asking for 2 GiB gets MemoryError; the sandbox lives on.
+    // One process touching 2 GiB is killed inside, and its result says why;
+    // the sandbox lives on.
     let hog = server.exec(&id, json!({"argv": ["python3", "-c", "x = bytearray(2 << 30); print(len(x))"]}));
-    assert_eq!(hog["result"]["exit_code"], 1, "{hog}");
-    assert!(hog["stderr"].as_str().unwrap().contains("MemoryError"), "{hog}");
+    assert_eq!(hog["result"]["signal"], "KILL", "{hog}");
+    assert_eq!(hog["result"]["oom_killed"], true, "{hog}");
     let total = server.exec(&id, json!({"cmd": "grep MemTotal /proc/meminfo"}));
     let kib: u64 = total["stdout"].as_str().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(kib < 512 * 1024, "the guest sees about its own memory, not the host's: {kib} KiB");
     assert_eq!(server.exec(&id, json!({"cmd": "echo fine"}))["stdout"], "fine\n");
 
-    // Root inside cannot lift that cap (no CAP_SYS_RESOURCE).
-    let lift = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))";
-    let refused = server.exec(&id, json!({"argv": ["python3", "-c", lift]}));
-    assert!(refused["stderr"].as_str().unwrap().contains("not allowed to raise"), "{refused}");
+    // Address space is not memory: reserving 4 GiB and touching little works.
+    let reserve = "import mmap\nm = mmap.mmap(-1, 4 << 30)\nm[0] = 1\nprint('reserved')";
+    assert_eq!(server.exec(&id, json!({"argv": ["python3", "-c", reserve]}))["stdout"], "reserved\n");
 
-    // Several processes, each under the cap, together far over it: the
-    // engine's cgroup holds. Either the kernel kills some of them (the
-    // sandbox lives on) or the whole sandbox is stopped and marked
-    // "out of memory"; never more than the limit is granted.
+    // Several processes, each under the limit, together far over it: the
+    // largest are killed inside until the rest fit; never more than the
+    // limit is granted, and the sandbox keeps running.
     let together = "for i in 1 2 3 4; do python3 -c \"
 import time
 x = bytearray(150 << 20)
@@ -50,15 +49,10 @@ time.sleep(3)\" & done; wait";
     assert_eq!(status, 201, "{started}");
     let cid = started["command"]["id"].as_str().unwrap();
     let ended = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=60"), None);
+    assert_eq!(ended["result"]["oom_killed"], true, "processes of the command were killed for memory: {ended}");
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
-    if sandbox["state"] == "failed" {
-        assert!(sandbox["failure_reason"].as_str().unwrap().starts_with("out of memory"), "{sandbox}");
-    } else {
-        let frames = server.output(&id, cid, "");
-        let touched = common::text_of(&frames, "stdout").matches("touched").count();
-        assert!(touched < 4, "4 x 150 MiB were all granted in a 256 MiB sandbox: {ended}");
-        assert_eq!(server.exec(&id, json!({"cmd": "echo alive"}))["stdout"], "alive\n");
-    }
+    assert_eq!(sandbox["state"], "running", "the sandbox itself never stopped: {sandbox}");
+    assert_eq!(server.exec(&id, json!({"cmd": "echo alive"}))["stdout"], "alive\n");
     assert_eq!(server.exec(&neighbour, json!({"cmd": "echo unharmed"}))["stdout"], "unharmed\n");
     let (status, _) = server.raw("GET", "/v1/health", &[], None);
     assert_eq!(status, 200);

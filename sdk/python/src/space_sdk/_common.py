@@ -70,6 +70,7 @@ class CommandResult:
     exit_code: Optional[int]
     signal: Optional[str] = None
     timed_out: bool = False
+    oom_killed: bool = False
     command_id: Optional[str] = None
     truncated: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
@@ -79,13 +80,15 @@ class CommandResult:
         result = answer.get("result") or {}
         return cls(stdout=answer.get("stdout", ""), stderr=answer.get("stderr", ""),
                    exit_code=result.get("exit_code"), signal=result.get("signal"),
-                   timed_out=bool(result.get("timed_out")), command_id=(answer.get("command") or {}).get("id"),
+                   timed_out=bool(result.get("timed_out")), oom_killed=bool(result.get("oom_killed")),
+                   command_id=(answer.get("command") or {}).get("id"),
                    truncated=bool(answer.get("truncated")), raw=answer)
 
     @classmethod
     def from_output(cls, command_id: str, stdout: str, stderr: str, result: Dict[str, Any]) -> "CommandResult":
         return cls(stdout=stdout, stderr=stderr, exit_code=result.get("exit_code"), signal=result.get("signal"),
-                   timed_out=bool(result.get("timed_out")), command_id=command_id, raw=result)
+                   timed_out=bool(result.get("timed_out")), oom_killed=bool(result.get("oom_killed")),
+                   command_id=command_id, raw=result)
 
 
 @dataclass

@@ -1,0 +1,155 @@
+//! The memory watcher: a process that uses more memory than the sandbox
+//! has is killed inside the sandbox, as a kernel's OOM killer would, before
+//! the engine's own limit (the host cgroup of gVisor's sentry, or the
+//! microVM's memory) is reached and the whole sandbox has to stop.
+//!
+//! Runtimes reserve far more address space than they use (the JVM's heap,
+//! Go's arenas, an 8 GiB `mmap` that is never touched), so the limit is on
+//! memory in use, never on address space. The watcher reads how much of
+//! the sandbox's memory is in use — `/proc/meminfo`, which gVisor's sentry
+//! and a guest kernel both keep — often while usage is high and rarely
+//! while it is low, so an idle sandbox costs next to nothing. Past the
+//! sandbox's `memory_mib` it kills the process with the largest resident
+//! set (never the agent) and remembers its process group, so the command
+//! that owned it reports it was killed for memory.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The sandbox's memory in bytes (0: not told yet, nothing is enforced).
+static LIMIT: AtomicU64 = AtomicU64::new(0);
+/// Process groups in which the watcher killed a process.
+static KILLED_GROUPS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
+
+/// How often usage is read while it is below [`BUSY_SHARE`] of the limit.
+const CALM_INTERVAL: Duration = Duration::from_millis(250);
+/// How often while it is above: a hog allocates hundreds of MiB a second,
+/// and the engine's headroom over `memory_mib` is ~96 MiB.
+const BUSY_INTERVAL: Duration = Duration::from_millis(10);
+/// The share of the limit (in 1/64ths) above which usage is read often.
+const BUSY_SHARE: u64 = 32;
+
+/// Sets the sandbox's memory (from the host's welcome; a clone may get
+/// another size).
+pub fn set_limit(memory_mib: Option<u32>) {
+    LIMIT.store(memory_mib.map_or(0, |mib| u64::from(mib) << 20), Ordering::Relaxed);
+}
+
+/// Starts the watcher thread.
+pub fn start() {
+    let spawned = std::thread::Builder::new().name("memory".into()).spawn(|| loop {
+        let limit = LIMIT.load(Ordering::Relaxed);
+        let used = if limit == 0 { None } else { in_use() };
+        let interval = match used {
+            Some(used) if used >= limit => {
+                kill_largest(used, limit);
+                BUSY_INTERVAL
+            }
+            Some(used) if used * 64 >= limit * BUSY_SHARE => BUSY_INTERVAL,
+            _ => CALM_INTERVAL,
+        };
+        std::thread::sleep(interval);
+    });
+    if let Err(err) = spawned {
+        eprintln!("space-agent: starting the memory watcher: {err}");
+    }
+}
+
+/// In a microVM the guest kernel's own OOM killer stands behind the
+/// watcher: it must never pick the agent, and must be free to pick any
+/// command (which would otherwise inherit the agent's exemption).
+pub fn exempt_agent_from_kernel_oom() {
+    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        eprintln!("space-agent: exempting itself from the OOM killer: {err}");
+    }
+}
+
+/// Gives a command the ordinary OOM score again (see above).
+pub fn reset_kernel_oom_score(pid: u32) {
+    let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "0");
+}
+
+/// Whether the watcher killed a process of `pgid` (and forgets it).
+pub fn take_killed(pgid: i32) -> bool {
+    KILLED_GROUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().is_some_and(|groups| groups.remove(&pgid))
+}
+
+/// Memory in use in the sandbox, in bytes: what is neither free nor
+/// reclaimable page cache. File data in memory-backed filesystems (tmpfs,
+/// `/dev/shm`) counts as in use: it cannot be dropped.
+fn in_use() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(':'))?;
+        line[name.len() + 1..].split_whitespace().next()?.parse::<u64>().ok().map(|kib| kib << 10)
+    };
+    let total = field("MemTotal")?;
+    let available = field("MemAvailable").or_else(|| Some(field("MemFree")? + field("Cached")?))?;
+    Some(total.saturating_sub(available))
+}
+
+/// The last process the watcher killed: until its memory is freed, usage
+/// stays high and nobody else is killed for it.
+static LAST_VICTIM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Kills the process with the largest resident set, as the kernel's OOM
+/// killer would pick it, and records its process group.
+fn kill_largest(used: u64, limit: u64) {
+    let last = LAST_VICTIM.load(Ordering::Relaxed);
+    if last > 0 && resident(last).is_some_and(|rss| rss > 0) {
+        return;
+    }
+    let me = std::process::id() as i32;
+    let Some((pid, rss)) = processes().filter(|&(pid, _)| pid != me && pid > 1).max_by_key(|&(_, rss)| rss) else {
+        return;
+    };
+    // SAFETY: getpgid and kill take plain integers and touch no memory of ours.
+    let pgid = unsafe { libc::getpgid(pid) };
+    if pgid > 0 {
+        KILLED_GROUPS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(pgid);
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    LAST_VICTIM.store(pid, Ordering::Relaxed);
+    eprintln!(
+        "space-agent: out of memory ({} of {} MiB in use): killed process {pid} ({} MiB resident)",
+        used >> 20,
+        limit >> 20,
+        rss >> 20
+    );
+}
+
+/// Every process's pid and resident set in bytes.
+fn processes() -> impl Iterator<Item = (i32, u64)> {
+    std::fs::read_dir("/proc").into_iter().flatten().filter_map(|entry| {
+        let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        Some((pid, resident(pid)?))
+    })
+}
+
+/// A process's resident set in bytes (a zombie has none).
+fn resident(pid: i32) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    statm.split_whitespace().nth(1)?.parse::<u64>().ok().map(|pages| pages * PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_read_from_this_kernel() {
+        let used = in_use().expect("/proc/meminfo has MemTotal and MemAvailable");
+        assert!(used > 0);
+    }
+
+    #[test]
+    fn a_killed_group_is_reported_once() {
+        KILLED_GROUPS.lock().unwrap().get_or_insert_with(HashSet::new).insert(4242);
+        assert!(take_killed(4242));
+        assert!(!take_killed(4242));
+    }
+}
