@@ -23,13 +23,15 @@ static LIMIT: AtomicU64 = AtomicU64::new(0);
 /// Process groups in which the watcher killed a process.
 static KILLED_GROUPS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
 
-/// How often usage is read while it is below [`BUSY_SHARE`] of the limit.
-const CALM_INTERVAL: Duration = Duration::from_millis(250);
+/// How often usage is read while it is below [`BUSY_SHARE`] of the limit:
+/// a hog touching memory at ~2 GB/s must not cross from there past the
+/// engine's limit between two reads.
+const CALM_INTERVAL: Duration = Duration::from_millis(100);
 /// How often while it is above: a hog allocates hundreds of MiB a second,
 /// and the engine's headroom over `memory_mib` is ~96 MiB.
 const BUSY_INTERVAL: Duration = Duration::from_millis(10);
 /// The share of the limit (in 1/64ths) above which usage is read often.
-const BUSY_SHARE: u64 = 32;
+const BUSY_SHARE: u64 = 16;
 
 /// Sets the sandbox's memory (from the host's welcome; a clone may get
 /// another size).

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use space_api::{CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, SandboxState};
+use space_api::{
+    CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, OperationKind, SandboxState,
+};
 use space_host::template::TemplateDefaults;
 
 use crate::error::ApiError;
@@ -179,6 +181,10 @@ pub enum Event {
     RestoreRequested,
     /// The sandbox runs again from its snapshot.
     Restored,
+    /// A transition a server restart interrupted was undone (the engine
+    /// shows the sandbox as it was before it): the request is carried out
+    /// again.
+    RolledBack,
     /// Something went wrong beyond repair.
     Failure,
 }
@@ -209,6 +215,9 @@ pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiE
         (Creating | Running | Paused | Suspending | Resuming | Deleting | Deleted | Failed, RestoreRequested) => None,
         (Resuming, Restored) => Some(Running),
         (Creating | Running | Paused | Suspending | Suspended | Deleting | Deleted | Failed, Restored) => None,
+        (Suspending, RolledBack) => Some(Running),
+        (Resuming, RolledBack) => Some(Suspended),
+        (Creating | Running | Paused | Suspended | Deleting | Deleted | Failed, RolledBack) => None,
     };
     to.ok_or_else(|| ApiError::invalid_state("sandbox", from.as_str(), action_name(event)))
 }
@@ -223,6 +232,22 @@ pub fn action_name(event: Event) -> &'static str {
         Event::Froze => "pause",
         Event::Thawed | Event::RestoreRequested | Event::Restored => "resume",
         Event::SuspendRequested | Event::Checkpointed => "suspend",
+        Event::RolledBack => "roll back",
+    }
+}
+
+/// Whether a sandbox in `state` already shows the outcome of an operation of
+/// `kind`: one a restart interrupted after its work but before its end was
+/// recorded is then finished, not carried out again.
+pub fn settles(kind: OperationKind, state: SandboxState) -> bool {
+    use SandboxState::*;
+    match kind {
+        OperationKind::Create => matches!(state, Running | Paused | Suspended),
+        OperationKind::Delete => state == Deleted,
+        OperationKind::Pause => state == Paused,
+        OperationKind::Resume => state == Running,
+        OperationKind::Suspend => state == Suspended,
+        OperationKind::BuildTemplate => false,
     }
 }
 
@@ -270,6 +295,9 @@ mod tests {
         assert_eq!(transition(Suspended, Event::DeleteRequested).unwrap(), Deleting);
         assert!(transition(Suspended, Event::SuspendRequested).is_err());
         assert!(transition(Suspended, Event::Thawed).is_err());
+        assert_eq!(transition(Suspending, Event::RolledBack).unwrap(), Running);
+        assert_eq!(transition(Resuming, Event::RolledBack).unwrap(), Suspended);
+        assert!(transition(Creating, Event::RolledBack).is_err());
     }
 
     #[test]

@@ -221,7 +221,12 @@ impl Platform {
         }
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
-        let job = Job { kind, operation_id: operation.id.clone(), warm: None };
+        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None });
+        Ok((record.sandbox, operation))
+    }
+
+    /// Hands `job` to the sandbox's actor, starting one if none lives.
+    pub(crate) fn queue_job(self: &Arc<Self>, id: &str, job: Job) {
         let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
         let unsent = match live {
             Some(live) => live.jobs.send(job).err().map(|e| e.0),
@@ -230,7 +235,6 @@ impl Platform {
         if let Some(job) = unsent {
             self.spawn_actor(id, Some(job), None);
         }
-        Ok((record.sandbox, operation))
     }
 
     pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>) {

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use space_api::{Command, OperationState, SandboxState};
+use space_api::{Command, Operation, OperationKind, OperationState, SandboxState};
 use space_engine::{AgentConn, LiveStatus};
 
 use crate::domain::{self, Event};
 use crate::error::ApiError;
 use crate::ids;
-use crate::platform::Platform;
+use crate::platform::{Job, Platform};
 use crate::store::SandboxRecord;
 use crate::transcript::{self, TranscriptWriter};
 
@@ -18,54 +18,73 @@ use crate::transcript::{self, TranscriptWriter};
 const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Platform {
-    /// Settles what a previous server process left in flight. Whole
-    /// snapshots stay `suspended`. Live sandboxes cannot be re-adopted yet:
-    /// their engine processes are stopped and they are recorded as failed
-    /// (their disks stay until deleted). Commands whose end was not seen get
-    /// a result saying so; unfinished operations fail.
+    /// Settles what a previous server process left in flight, so that every
+    /// request it accepted is carried out rather than dropped. A sandbox
+    /// caught between two states is put in the one its engine shows:
+    /// suspending → `suspended` if the snapshot is whole and nothing runs,
+    /// back to `running` if it still runs (the suspend is then carried out
+    /// again); resuming → `running` if it runs, back to `suspended` if only
+    /// its snapshot is there (the resume is carried out again). Only a
+    /// sandbox whose engine shows neither is `failed`, with the reason.
+    /// Creating and deleting sandboxes, and live ones, are taken up by
+    /// [`Platform::recover`]. Commands whose end was not seen in a sandbox
+    /// that no longer runs get a result saying so; template builds that
+    /// were cut short fail.
     pub fn reconcile(&self) -> Result<(), ApiError> {
         self.sweep();
-        let now = ids::now();
-        for mut record in self.store.sandboxes()? {
+        for record in self.store.sandboxes()? {
+            let id = record.sandbox.id.clone();
             let state = record.sandbox.state;
             let spec = self.engine_spec(&record);
-            let keep = match state {
-                SandboxState::Deleted | SandboxState::Failed => true,
-                SandboxState::Suspended => self.engine.has_snapshot(&spec),
-                // Live ones are re-adopted by `recover`, commands and all.
-                SandboxState::Running | SandboxState::Paused => continue,
-                SandboxState::Creating | SandboxState::Suspending | SandboxState::Resuming | SandboxState::Deleting => {
-                    false
+            let settled = match state {
+                SandboxState::Deleted
+                | SandboxState::Failed
+                | SandboxState::Running
+                | SandboxState::Paused
+                | SandboxState::Creating
+                | SandboxState::Deleting => state,
+                SandboxState::Suspended if self.engine.has_snapshot(&spec) => state,
+                SandboxState::Suspended => self.fail(&id, "its snapshot is missing")?,
+                SandboxState::Suspending | SandboxState::Resuming => {
+                    let live = self.engine.status(&spec) != LiveStatus::Gone;
+                    let snapshot = self.engine.has_snapshot(&spec);
+                    let event = match (state, live, snapshot) {
+                        (SandboxState::Suspending, true, _) => Some(Event::RolledBack),
+                        (SandboxState::Suspending, false, true) => Some(Event::Checkpointed),
+                        (SandboxState::Resuming, true, _) => Some(Event::Restored),
+                        (SandboxState::Resuming, false, true) => Some(Event::RolledBack),
+                        _ => None,
+                    };
+                    if event == Some(Event::Checkpointed) {
+                        // The snapshot is whole; what runsc kept of the
+                        // stopped container would stand in a restore's way.
+                        let _ = self.engine.stop(&spec);
+                    }
+                    match event {
+                        Some(event) => {
+                            tracing::info!(sandbox = %id, ?event, "settled a transition the restart interrupted");
+                            self.apply(&id, event, None)?.state
+                        }
+                        None => {
+                            let _ = self.engine.stop(&spec);
+                            self.fail(&id, &format!("it was {} and neither runs nor has a snapshot", state.as_str()))?
+                        }
+                    }
                 }
             };
-            if !keep {
-                if let Err(err) = self.engine.stop(&spec) {
-                    tracing::debug!(sandbox = %record.sandbox.id, "stopping leftovers: {err}");
-                }
-                record.sandbox.state = domain::transition(state, Event::Failure)?;
-                record.sandbox.failure_reason = Some(format!(
-                    "the server restarted while the sandbox was {}; delete it to free its disk",
-                    state.as_str()
-                ));
-                record.sandbox.updated_at = now.clone();
-                self.store.put_sandbox(&record)?;
-            }
-            for mut command in self.store.commands(&record.sandbox.id)? {
-                if command.result.is_none() {
-                    command.state = space_api::CommandState::Exited;
-                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                    self.store.put_command(&command)?;
-                }
+            if !matches!(settled, SandboxState::Running | SandboxState::Paused) {
+                self.end_lost_commands(&id)?;
             }
         }
+        let now = ids::now();
         for mut operation in self.store.operations(None)? {
-            if !operation.state.is_terminal() {
+            if !operation.state.is_terminal() && operation.kind == OperationKind::BuildTemplate {
                 operation.state = OperationState::Failed;
                 operation.error = Some(
                     ApiError::new(
                         axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                         "interrupted",
-                        "interrupted by server restart",
+                        "the server restarted during the build; build the template again",
                     )
                     .detail(),
                 );
@@ -73,6 +92,71 @@ impl Platform {
                 self.store.put_operation(&operation, "", None)?;
             }
         }
+        Ok(())
+    }
+
+    /// Records `id` as failed because of a restart, with `why`.
+    fn fail(&self, id: &str, why: &str) -> Result<SandboxState, ApiError> {
+        let reason = format!("the server restarted and {why}; delete it to free its disk");
+        Ok(self.apply(id, Event::Failure, Some(reason))?.state)
+    }
+
+    /// Gives every command of `id` whose end was not seen a result saying so.
+    fn end_lost_commands(&self, id: &str) -> Result<(), ApiError> {
+        for mut command in self.store.commands(id)? {
+            if command.result.is_none() {
+                command.state = space_api::CommandState::Exited;
+                command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
+                self.store.put_command(&command)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out the operations a previous server accepted but did not
+    /// finish, in the order they were accepted: each goes to its sandbox's
+    /// actor as if just accepted. One the sandbox's state already shows
+    /// (its work was done, its end not recorded) succeeds at once; a create
+    /// starts over from a clean slate. A sandbox left `creating` without
+    /// its create operation (the restart fell between the two writes, so
+    /// no client was told it was accepted) fails.
+    async fn resume_operations(self: &Arc<Self>) -> Result<(), ApiError> {
+        let mut pending: Vec<Operation> =
+            self.store.operations(None)?.into_iter().filter(|op| !op.state.is_terminal()).collect();
+        pending.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        for record in self.store.sandboxes()? {
+            let creating = record.sandbox.state == SandboxState::Creating;
+            let id = &record.sandbox.id;
+            if creating
+                && !pending.iter().any(|op| op.kind == OperationKind::Create && op.sandbox_id.as_ref() == Some(id))
+            {
+                self.engine.destroy(&self.engine_spec(&record)).await.ok();
+                self.fail(id, "its create was never accepted")?;
+            }
+        }
+        for operation in pending {
+            let Some(id) = operation.sandbox_id.clone() else { continue };
+            let record = match self.sandbox(&id) {
+                Ok(record) => record,
+                Err(err) => {
+                    self.finish_operation(&operation.id, Some(err));
+                    continue;
+                }
+            };
+            if domain::settles(operation.kind, record.sandbox.state) {
+                self.finish_operation(&operation.id, None);
+                continue;
+            }
+            if operation.kind == OperationKind::Create {
+                // Whatever the interrupted start left goes; it starts again.
+                if let Err(err) = self.engine.destroy(&self.engine_spec(&record)).await {
+                    tracing::warn!(sandbox = %id, "clearing an interrupted create: {err}");
+                }
+            }
+            tracing::info!(sandbox = %id, operation = %operation.id, kind = ?operation.kind, "carrying out an operation accepted before the restart");
+            self.queue_job(&id, Job { kind: operation.kind, operation_id: operation.id, warm: None });
+        }
+        self.changed();
         Ok(())
     }
 
@@ -114,6 +198,7 @@ impl Platform {
     /// policies. Call once, inside the runtime, before serving.
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
         self.recover().await?;
+        self.resume_operations().await?;
         tokio::spawn(self.clone().enforce_policies());
         self.fill_warm_pools();
         Ok(())
@@ -197,6 +282,16 @@ impl Platform {
             AgentConn::handshake_adopting(socket, welcome, ADOPT_PATIENCE, &adopt).await.map_err(|e| e.to_string())?;
         if status == LiveStatus::Paused {
             self.engine.pause(&spec).await.map_err(|e| e.to_string())?;
+        }
+        // A pause or resume the engine carried out before the restart but
+        // the record did not yet show: the record follows the engine.
+        let shown = match (record.sandbox.state, status) {
+            (SandboxState::Running, LiveStatus::Paused) => Some(Event::Froze),
+            (SandboxState::Paused, LiveStatus::Running) => Some(Event::Thawed),
+            _ => None,
+        };
+        if let Some(event) = shown {
+            self.apply(&record.sandbox.id, event, None).map_err(|e| e.message)?;
         }
         self.spawn_actor(&record.sandbox.id, None, Some(agent));
         let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);

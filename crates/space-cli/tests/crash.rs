@@ -1,0 +1,311 @@
+//! Crash-safety under load: clients create, exec, pause, suspend, resume and
+//! delete sandboxes while the server (`space serve`, a real process) is
+//! killed with SIGKILL at random moments and started again, several times.
+//! Afterwards every answered command still has its result and transcript,
+//! every operation has ended, every sandbox is in a usable state (none
+//! failed because of a restart), every accepted delete was carried out,
+//! and nothing of a deleted sandbox is left on the host.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use space_process::{ReapedChild, Reaper};
+use space_testkit::{agent_bin, processes_mentioning, wait_for, wait_until, TestDataDir, PATIENCE};
+
+const SPACE: &str = env!("CARGO_BIN_EXE_space");
+const CLIENTS: usize = 3;
+const KILLS: usize = 6;
+
+/// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
+fn serve(data: &TestDataDir) -> (ReapedChild, String) {
+    let mut command = Command::new(SPACE);
+    command
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", "1"])
+        .arg("--data-dir")
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(agent_bin())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let url = loop {
+        let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
+        if let Some(at) = line.find("http://") {
+            break line[at..].trim().to_string();
+        }
+        seen.push(line);
+    };
+    // The server's log, kept across restarts for a failure's post-mortem.
+    let log_path = data.root().join("serve.log");
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(log_path).unwrap();
+    std::thread::spawn(move || {
+        for line in seen.into_iter().map(Ok).chain(lines) {
+            let Ok(line) = line else { break };
+            let _ = writeln!(log, "{line}");
+        }
+    });
+    (child, url)
+}
+
+/// A random number below `n`.
+fn below(n: u64) -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).unwrap();
+    u64::from_le_bytes(bytes) % n.max(1)
+}
+
+/// A client of whichever server runs now. Requests that meet a dead
+/// server fail (None) and are not retried blindly: a lifecycle request
+/// might have been accepted before the answer was lost.
+#[derive(Clone)]
+struct Client {
+    url: Arc<RwLock<String>>,
+    key: String,
+}
+
+impl Client {
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
+        let url = format!("{}{path}", self.url.read().unwrap());
+        let request = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(90))
+            .build()
+            .request(method, &url)
+            .set("Authorization", &format!("Bearer {}", self.key));
+        let result = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(_) => return None,
+        };
+        let status = response.status();
+        Some((status, response.into_json().unwrap_or(Value::Null)))
+    }
+
+    /// Calls until the server answers (it may be restarting).
+    fn call_until_answered(&self, method: &str, path: &str) -> (u16, Value) {
+        wait_for(&format!("{method} {path} to be answered"), PATIENCE, || self.call(method, path, None))
+    }
+
+    fn wait_operation(&self, id: &str) -> Option<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some((200, op)) = self.call("GET", &format!("/v1/operations/{id}?wait=20"), None) {
+                if matches!(op["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                    return Some(op);
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(200)); // the server is restarting
+            }
+        }
+        None
+    }
+}
+
+/// What the clients were told, to check after the dust settles.
+#[derive(Default)]
+struct Record {
+    /// Commands whose result was returned: sandbox, command id, stdout.
+    answered: Vec<(String, String, String)>,
+    /// Every sandbox a create was accepted for.
+    created: Vec<String>,
+    /// Sandboxes a delete was accepted (202) for.
+    deleted: Vec<String>,
+    /// Lifecycle requests accepted (202), by kind.
+    accepted: BTreeMap<String, usize>,
+}
+
+fn client_loop(client: Client, stop: Arc<AtomicBool>, record: Arc<Mutex<Record>>) {
+    let mut mine: Vec<String> = Vec::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let action = if mine.is_empty() { 0 } else { below(10) };
+        let target = mine.get(below(mine.len() as u64) as usize).cloned();
+        match (action, target) {
+            (0 | 1, _) if mine.len() < 4 => {
+                let Some((202, answer)) =
+                    client.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})))
+                else {
+                    continue;
+                };
+                let id = answer["sandbox"]["id"].as_str().unwrap().to_string();
+                record.lock().unwrap().created.push(id.clone());
+                *record.lock().unwrap().accepted.entry("create".into()).or_default() += 1;
+                mine.push(id);
+                client.wait_operation(answer["operation"]["id"].as_str().unwrap());
+            }
+            (2..=5, Some(id)) => {
+                let token = format!("token-{n}-{}", below(1 << 30));
+                let body = json!({"cmd": format!("echo {token}; sleep 0.{}", below(5)), "timeout_s": 30});
+                if let Some((200, answer)) = client.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(body)) {
+                    if answer["result"]["exit_code"] == 0 {
+                        let cid = answer["command"]["id"].as_str().unwrap().to_string();
+                        let stdout = answer["stdout"].as_str().unwrap().to_string();
+                        assert_eq!(stdout, format!("{token}\n"), "{answer}");
+                        record.lock().unwrap().answered.push((id, cid, stdout));
+                    }
+                }
+            }
+            (6..=8, Some(id)) => {
+                let kind = ["pause", "resume", "suspend", "resume"][below(4) as usize];
+                if let Some((202, answer)) = client.call("POST", &format!("/v1/sandboxes/{id}/{kind}"), None) {
+                    *record.lock().unwrap().accepted.entry(kind.into()).or_default() += 1;
+                    client.wait_operation(answer["operation"]["id"].as_str().unwrap());
+                }
+            }
+            (_, Some(id)) => {
+                if let Some((202, answer)) = client.call("DELETE", &format!("/v1/sandboxes/{id}"), None) {
+                    record.lock().unwrap().deleted.push(id.clone());
+                    *record.lock().unwrap().accepted.entry("delete".into()).or_default() += 1;
+                    mine.retain(|m| *m != id);
+                    client.wait_operation(answer["operation"]["id"].as_str().unwrap());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// On a failure, keeps the servers' log (the data dir goes with the test).
+struct KeepLogOnFailure(std::path::PathBuf);
+
+impl Drop for KeepLogOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let kept = std::env::temp_dir().join("space-crash-test-serve.log");
+            if std::fs::copy(&self.0, &kept).is_ok() {
+                eprintln!("the servers' log: {}", kept.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn killing_the_server_under_load_loses_nothing_it_accepted() {
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let _log = KeepLogOnFailure(data.root().join("serve.log"));
+    let (mut server, url) = serve(&data);
+    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let stop = Arc::new(AtomicBool::new(false));
+    let record = Arc::new(Mutex::new(Record::default()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (client, stop, record) = (client.clone(), stop.clone(), record.clone());
+            std::thread::spawn(move || client_loop(client, stop, record))
+        })
+        .collect();
+
+    for kill in 0..KILLS {
+        // A random moment: load runs for 2-6 s between kills.
+        std::thread::sleep(Duration::from_millis(2000 + below(4000)));
+        let pid = nix::unistd::Pid::from_raw(server.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+        let (restarted, url) = serve(&data);
+        eprintln!("kill {}: restarted on {url}", kill + 1);
+        server = restarted;
+        *client.url.write().unwrap() = url;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for handle in clients {
+        handle.join().expect("a client panicked");
+    }
+    let record = std::mem::take(&mut *record.lock().unwrap());
+    eprintln!(
+        "{} sandboxes, {} commands answered, accepted: {:?}",
+        record.created.len(),
+        record.answered.len(),
+        record.accepted
+    );
+    assert!(record.created.len() >= CLIENTS && !record.answered.is_empty(), "the load did something");
+
+    // Every operation ends, none left pending or running.
+    let log = std::fs::read_to_string(data.root().join("serve.log")).unwrap_or_default();
+    eprintln!(
+        "after the restarts: {} operations carried out again, {} interrupted transitions settled, {} sandboxes re-adopted",
+        log.matches("carrying out an operation accepted before the restart").count(),
+        log.matches("settled a transition the restart interrupted").count(),
+        log.matches("re-adopted after a restart").count(),
+    );
+    let operations = wait_for("every operation to end", PATIENCE * 3, || {
+        let (status, list) = client.call_until_answered("GET", "/v1/operations");
+        assert_eq!(status, 200);
+        let ops = list["operations"].as_array().unwrap().clone();
+        ops.iter().all(|op| matches!(op["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))).then_some(ops)
+    });
+    let failed: Vec<&Value> = operations.iter().filter(|op| op["state"] == "failed").collect();
+    for op in &failed {
+        let code = op["error"]["code"].as_str().unwrap_or("");
+        // A request can still be refused for the state it meets (a pause
+        // of a sandbox another client suspended): never for a restart.
+        assert_ne!(code, "interrupted", "an operation was dropped by a restart: {op}");
+        assert!(code == "invalid_state" || code == "capacity", "an operation failed: {op}");
+    }
+
+    // Every sandbox settles in a valid state, none failed by a restart.
+    for id in &record.created {
+        let (status, sandbox) = client.call_until_answered("GET", &format!("/v1/sandboxes/{id}"));
+        assert_eq!(status, 200, "{sandbox}");
+        let state = sandbox["state"].as_str().unwrap();
+        assert_ne!(state, "failed", "a sandbox was lost: {sandbox}");
+        if record.deleted.contains(id) {
+            assert_eq!(state, "deleted", "an accepted delete was carried out: {sandbox}");
+            assert_eq!(processes_mentioning(id), 0, "no engine process of deleted {id} is left");
+            assert!(!data.data.sandbox_dir(id).exists(), "no files of deleted {id} are left");
+            for controller in ["memory", "pids", "cpu"] {
+                let cgroup = std::path::Path::new("/sys/fs/cgroup").join(controller).join("space").join(id);
+                assert!(!cgroup.exists(), "no cgroup of deleted {id} is left: {}", cgroup.display());
+            }
+            continue;
+        }
+        // Usable: resumed if need be, it runs a command.
+        if matches!(state, "paused" | "suspended") {
+            let (status, answer) = client.call("POST", &format!("/v1/sandboxes/{id}/resume"), None).unwrap();
+            assert_eq!(status, 202, "{answer}");
+            let op = client.wait_operation(answer["operation"]["id"].as_str().unwrap()).unwrap();
+            assert_eq!(op["state"], "succeeded", "{op}");
+        }
+        let (status, answer) =
+            client.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "echo usable"}))).unwrap();
+        assert_eq!((status, answer["stdout"].as_str()), (200, Some("usable\n")), "{answer}");
+    }
+
+    // Every answered command keeps its result and its transcript.
+    for (id, cid, stdout) in &record.answered {
+        if record.deleted.contains(id) {
+            continue;
+        }
+        let (status, command) = client.call_until_answered("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"));
+        assert_eq!(status, 200, "{command}");
+        assert_eq!(command["result"]["exit_code"], 0, "{command}");
+        let url = format!("{}/v1/sandboxes/{id}/commands/{cid}/output", client.url.read().unwrap());
+        let text = ureq::get(&url).set("Authorization", &format!("Bearer {}", client.key)).call().unwrap();
+        let frames = text.into_string().unwrap();
+        assert!(frames.contains(stdout.trim()), "the transcript of {cid} kept its output: {frames}");
+    }
+
+    // Clean up: everything deleted, nothing left.
+    for id in &record.created {
+        let _ = client.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    }
+    for id in &record.created {
+        wait_until(&format!("{id} to be deleted"), PATIENCE, || {
+            client.call("GET", &format!("/v1/sandboxes/{id}"), None).is_some_and(|(_, s)| s["state"] == "deleted")
+        });
+        assert_eq!(processes_mentioning(id), 0, "nothing of {id} is left");
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    server.wait_timeout(Duration::from_secs(20));
+}
