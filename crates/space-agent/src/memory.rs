@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The sandbox's memory in bytes (0: not told yet, nothing is enforced).
 static LIMIT: AtomicU64 = AtomicU64::new(0);
@@ -92,16 +92,22 @@ fn in_use() -> Option<u64> {
     Some(total.saturating_sub(available))
 }
 
-/// The last process the watcher killed: until its memory is freed, usage
-/// stays high and nobody else is killed for it.
-static LAST_VICTIM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// The last process the watcher killed, and when: until its memory is
+/// freed, usage stays high and nobody else is killed for it.
+static LAST_VICTIM: Mutex<Option<(i32, Instant)>> = Mutex::new(None);
+/// How long after a kill usage may stay high before another process is
+/// killed: the kernel under the sandbox (gVisor's sentry, a guest kernel)
+/// frees a dead process's memory a little after it is gone.
+const AFTER_KILL: Duration = Duration::from_millis(1000);
 
 /// Kills the process with the largest resident set, as the kernel's OOM
 /// killer would pick it, and records its process group.
 fn kill_largest(used: u64, limit: u64) {
-    let last = LAST_VICTIM.load(Ordering::Relaxed);
-    if last > 0 && resident(last).is_some_and(|rss| rss > 0) {
-        return;
+    let mut last = LAST_VICTIM.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((victim, at)) = *last {
+        if at.elapsed() < AFTER_KILL || resident(victim).is_some_and(|rss| rss > 0) {
+            return;
+        }
     }
     let me = std::process::id() as i32;
     let Some((pid, rss)) = processes().filter(|&(pid, _)| pid != me && pid > 1).max_by_key(|&(_, rss)| rss) else {
@@ -114,7 +120,7 @@ fn kill_largest(used: u64, limit: u64) {
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    LAST_VICTIM.store(pid, Ordering::Relaxed);
+    *last = Some((pid, Instant::now()));
     eprintln!(
         "space-agent: out of memory ({} of {} MiB in use): killed process {pid} ({} MiB resident)",
         used >> 20,

@@ -77,6 +77,13 @@ pub struct Lifecycle {
     pub on_idle: Option<OnIdle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lifetime_s: Option<u64>,
+    /// Whether the server may pause the sandbox while it is idle (no
+    /// command running, no request for the server's `--auto-pause-s`) and
+    /// resume it on the next command or file request, before serving it.
+    /// Default true; false keeps it running (background processes of
+    /// finished commands, such as a server, keep running while idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -128,6 +135,10 @@ pub struct Sandbox {
     pub lifecycle: Lifecycle,
     pub network: Network,
     pub last_activity_at: String,
+    /// Paused by the server because it was idle (not by a client): the
+    /// next command or file request resumes it first, transparently.
+    #[serde(default)]
+    pub auto_paused: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
 }

@@ -36,21 +36,28 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     raw_execs: usize,
     #[arg(long, default_value = "base")]
-    template: String,
+    pub(crate) template: String,
     /// Skip the template figures (a `base` build and an image import).
     #[arg(long)]
     skip_templates: bool,
     /// Size of the generated image for the import figure, in MiB.
     #[arg(long, default_value_t = 512)]
     image_mib: u64,
+    /// Instead of the figures above: keep this many sandboxes alive at once
+    /// and report what they cost (see `density.rs`).
+    #[arg(long)]
+    density: Option<usize>,
+    /// With --density: seconds of idleness before the server pauses a sandbox.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) idle_pause_s: u64,
     #[command(flatten)]
-    engine: EngineArgs,
+    pub(crate) engine: EngineArgs,
 }
 
-struct Samples(Vec<Duration>);
+pub(crate) struct Samples(pub(crate) Vec<Duration>);
 
 impl Samples {
-    fn percentile(&self, p: f64) -> f64 {
+    pub(crate) fn percentile(&self, p: f64) -> f64 {
         let mut ms: Vec<f64> = self.0.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
         ms.sort_by(|a, b| a.total_cmp(b));
         if ms.is_empty() {
@@ -165,7 +172,7 @@ fn engine_pss(sandbox_id: &str) -> Option<u64> {
     (total > 0).then_some(total)
 }
 
-fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
@@ -192,6 +199,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--runs must be at least 1");
     }
     let shared = DataDir::open(&args.data_dir)?;
+    if let Some(n) = args.density {
+        let scratch = shared.scratch(&format!("density-{}", std::process::id()), &[&args.template])?;
+        let result = crate::density::run(&args, &scratch, n);
+        space_host::btrfs::remove_tree(scratch.root())?;
+        return result;
+    }
     let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &[&args.template])?;
     let warm_scratch = shared.scratch(&format!("bench-warm-{}", std::process::id()), &[&args.template])?;
     let result = bench(&args, &scratch, &warm_scratch);
@@ -202,15 +215,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// An in-process server on a loopback port over `data`.
-fn start_server(
+/// An in-process server on a loopback port with `config`.
+pub(crate) fn start_server(
     runtime: &tokio::runtime::Runtime,
-    args: &BenchArgs,
-    data: &DataDir,
-    warm_pool: u32,
+    config: space_server::PlatformConfig,
 ) -> Result<(Client, std::sync::Arc<space_server::Platform>)> {
-    let mut config = args.engine.platform_config(data.root())?;
-    config.warm_pool = warm_pool;
     let platform = space_server::start_platform(&config)?;
     runtime.block_on(platform.start()).map_err(|e| anyhow::anyhow!(e.message))?;
     let mut key_bytes = [0u8; 16];
@@ -227,8 +236,15 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let runtime = tokio::runtime::Runtime::new()?;
     // Two servers side by side: every create on the first is a cold start,
     // the second hands out members of a one-sandbox warm pool.
-    let (client, _cold_platform) = start_server(&runtime, args, scratch, 0)?;
-    let (warm_client, warm_platform) = start_server(&runtime, args, warm_scratch, 1)?;
+    let config = |data: &DataDir, warm_pool| -> Result<space_server::PlatformConfig> {
+        let mut config = args.engine.platform_config(data.root())?;
+        config.warm_pool = warm_pool;
+        // Every figure here is of a sandbox in use: none is paused for idleness.
+        config.auto_pause_s = 0;
+        Ok(config)
+    };
+    let (client, _cold_platform) = start_server(&runtime, config(scratch, 0)?)?;
+    let (warm_client, warm_platform) = start_server(&runtime, config(warm_scratch, 1)?)?;
 
     let raw_engine = Gvisor::new(GvisorConfig {
         runsc: args.engine.runsc.clone(),
@@ -417,7 +433,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             idle_pss.len()
         );
         println!(
-            "{:<44} {:>9} (MemAvailable {:.1} GiB / PSS)",
+            "{:<44} {:>9} (MemAvailable {:.1} GiB / PSS; observed: --density N)",
             "idle sandboxes this host could hold",
             available / pss.max(1),
             available as f64 / (1u64 << 30) as f64

@@ -5,6 +5,7 @@
 mod attach;
 mod bench;
 mod client;
+mod density;
 mod mcp;
 mod setup;
 
@@ -273,6 +274,11 @@ pub struct EngineArgs {
     /// The firecracker binary (its jailer is looked for beside it).
     #[arg(long, env = "FIRECRACKER_BIN")]
     firecracker_bin: Option<PathBuf>,
+    /// Seconds a running sandbox may sit idle (no command running, no
+    /// request) before the server pauses it; its next command or file
+    /// request resumes it first. 0: never.
+    #[arg(long, env = "SPACE_AUTO_PAUSE_S", default_value_t = space_server::DEFAULT_AUTO_PAUSE_S)]
+    auto_pause_s: u64,
 }
 
 impl EngineArgs {
@@ -320,6 +326,7 @@ impl EngineArgs {
             ext4_images: self.ext4_images,
             engine: self.engine,
             firecracker_bin: self.firecracker_bin.clone(),
+            auto_pause_s: self.auto_pause_s,
         }
     }
 }

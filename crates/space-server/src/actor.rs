@@ -63,6 +63,10 @@ impl Actor {
                     false
                 }
                 OperationKind::Delete => self.delete(id).await,
+                OperationKind::Pause if job.auto => {
+                    self.auto_pause(id).await;
+                    false
+                }
                 OperationKind::Pause => {
                     self.change(id, Event::Froze, "freezing", |spec| async move { engine.pause(&spec).await }).await;
                     false
@@ -151,9 +155,15 @@ impl Actor {
             Ok(record) => record,
             Err(err) => return platform.finish_operation(operation_id, Some(err)),
         };
-        // The state may have moved since the request was accepted.
+        // The state may have moved since the request was accepted: to
+        // where this request leads (two resumes of an idle sandbox queued
+        // at once), which is success, or elsewhere, which is not.
         if let Err(err) = domain::transition(record.sandbox.state, event) {
-            return platform.finish_operation(operation_id, Some(err));
+            let already = matches!(
+                (record.sandbox.state, event),
+                (SandboxState::Paused, Event::Froze) | (SandboxState::Running, Event::Thawed)
+            );
+            return platform.finish_operation(operation_id, (!already).then_some(err));
         }
         platform.progress(operation_id, step, 0);
         match call(platform.engine_spec(&record)).await {
@@ -165,6 +175,34 @@ impl Actor {
                 tracing::error!(sandbox = %self.id, "{step} failed: {err}");
                 let failure = engine_failed(format!("the engine could not {}", domain::action_name(event)));
                 platform.finish_operation(operation_id, Some(failure));
+            }
+        }
+    }
+
+    /// Pauses the sandbox for idleness (see `idle.rs`): with its work gate
+    /// held exclusively, so no request uses it meanwhile, and only if it is
+    /// still idle then. Otherwise the operation is cancelled.
+    async fn auto_pause(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let Ok(_gate) = self.live.work.clone().try_write_owned() else {
+            return platform.cancel_operation(operation_id, "the sandbox is in use");
+        };
+        let record = match platform.sandbox(&self.id) {
+            Ok(record) => record,
+            Err(err) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        if !platform.idle_now(&record) {
+            return platform.cancel_operation(operation_id, "the sandbox is no longer idle");
+        }
+        platform.progress(operation_id, "pausing the idle sandbox", 0);
+        match platform.engine.pause(&platform.engine_spec(&record)).await {
+            Ok(()) => {
+                let result = platform.apply_with(&self.id, Event::Froze, None, |r| r.sandbox.auto_paused = true);
+                platform.finish_operation(operation_id, result.err());
+            }
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "pausing an idle sandbox failed: {err}");
+                platform.finish_operation(operation_id, Some(engine_failed("the engine could not pause")));
             }
         }
     }

@@ -63,6 +63,7 @@ impl CreateSpec {
             idle_timeout_s: None,
             on_idle: Some(OnIdle::None),
             max_lifetime_s: None,
+            auto_pause: None,
         });
         Ok(CreateSpec {
             template: request.template,

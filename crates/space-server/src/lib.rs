@@ -11,6 +11,7 @@ pub mod commands;
 pub mod domain;
 pub mod error;
 pub mod http;
+mod idle;
 pub mod ids;
 pub mod platform;
 mod policies;
@@ -30,6 +31,7 @@ use space_engine::gvisor::{Gvisor, GvisorConfig};
 use space_engine::Engine;
 use space_host::datadir::DataDir;
 
+pub use crate::idle::DEFAULT_AUTO_PAUSE_S;
 pub use crate::platform::Platform;
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +68,9 @@ pub struct PlatformConfig {
     pub engine: EngineChoice,
     /// The firecracker binary (else `FIRECRACKER_BIN`, else `PATH`).
     pub firecracker_bin: Option<PathBuf>,
+    /// Seconds a running sandbox may be idle before the server pauses it
+    /// (resumed on its next request); 0 turns that off.
+    pub auto_pause_s: u64,
 }
 
 /// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
@@ -193,8 +198,25 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     tracing::info!("engine: {}", engine.name());
     let platform = Platform::new(data, store, engine, config.warm_pool, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
+    platform.auto_pause_s.store(config.auto_pause_s, std::sync::atomic::Ordering::Relaxed);
+    raise_open_files_limit();
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
+}
+
+/// Lifts the soft limit on open files to the hard one: the server holds a
+/// socket per live sandbox (and transcripts), hundreds at a time.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("raising the open files limit from {soft} to {hard}: {err}");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!("reading the open files limit: {err}"),
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.

@@ -26,12 +26,18 @@ pub(crate) struct Job {
     pub(crate) operation_id: String,
     /// For a create: the warm sandbox to hand out instead of a cold start.
     pub(crate) warm: Option<crate::warm::WarmMember>,
+    /// For a pause: the server pauses an idle sandbox (see `idle.rs`).
+    pub(crate) auto: bool,
 }
 
 /// What exists of a sandbox in memory while its actor lives.
 pub(crate) struct LiveSandbox {
     pub(crate) agent: Mutex<Option<AgentConn>>,
     jobs: mpsc::UnboundedSender<Job>,
+    /// Requests that use the sandbox (commands, files) hold it shared while
+    /// they do; pausing an idle sandbox takes it exclusively, so it never
+    /// freezes a sandbox under a request.
+    pub(crate) work: Arc<tokio::sync::RwLock<()>>,
 }
 
 pub struct Platform {
@@ -57,6 +63,8 @@ pub struct Platform {
     pub max_output_bytes: std::sync::atomic::AtomicU64,
     /// Every engine's availability on this host, probed at startup.
     pub engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
+    /// Seconds a sandbox may be idle before the server pauses it (0: never).
+    pub auto_pause_s: std::sync::atomic::AtomicU64,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -86,6 +94,7 @@ impl Platform {
             agent_bin,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
+            auto_pause_s: crate::idle::DEFAULT_AUTO_PAUSE_S.into(),
         })
     }
 
@@ -163,6 +172,7 @@ impl Platform {
             lifecycle: spec.lifecycle,
             network: spec.network,
             last_activity_at: now.clone(),
+            auto_paused: false,
             failure_reason: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
@@ -178,7 +188,7 @@ impl Platform {
         self.changed();
         self.spawn_actor(
             &sandbox.id,
-            Some(Job { kind: OperationKind::Create, operation_id: operation.id.clone(), warm }),
+            Some(Job { kind: OperationKind::Create, operation_id: operation.id.clone(), warm, auto: false }),
             None,
         );
         Ok((sandbox, operation))
@@ -192,6 +202,18 @@ impl Platform {
         id: &str,
         kind: OperationKind,
         idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        self.request_job(id, kind, idempotency_key, false)
+    }
+
+    /// [`Platform::request`]; `auto` marks a pause the server files for an
+    /// idle sandbox.
+    pub(crate) fn request_job(
+        self: &Arc<Self>,
+        id: &str,
+        kind: OperationKind,
+        idempotency_key: Option<&str>,
+        auto: bool,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let record = self.sandbox(id)?;
         let (event, total) = match kind {
@@ -221,7 +243,7 @@ impl Platform {
         }
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
-        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None });
+        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, auto });
         Ok((record.sandbox, operation))
     }
 
@@ -242,7 +264,7 @@ impl Platform {
         if let Some(first) = first {
             let _ = jobs.send(first);
         }
-        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs });
+        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default() });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
         let actor = crate::actor::Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
@@ -265,6 +287,9 @@ impl Platform {
         let mut record = self.sandbox(id)?;
         edit(&mut record);
         record.sandbox.state = domain::transition(record.sandbox.state, event)?;
+        if record.sandbox.state != SandboxState::Paused {
+            record.sandbox.auto_paused = false;
+        }
         record.sandbox.updated_at = ids::now();
         if reason.is_some() {
             record.sandbox.failure_reason = reason;
@@ -337,6 +362,17 @@ impl Platform {
             op.progress.step = step.to_string();
             op.progress.done = done;
             op.progress.amount = amount;
+        });
+    }
+
+    /// Ends an operation the server filed itself (an idle pause) that no
+    /// longer applies, saying why.
+    pub(crate) fn cancel_operation(&self, id: &str, why: &str) {
+        self.update_operation(id, |op| {
+            op.state = OperationState::Cancelled;
+            op.started_at.get_or_insert_with(ids::now);
+            op.finished_at = Some(ids::now());
+            op.progress.step = why.to_string();
         });
     }
 

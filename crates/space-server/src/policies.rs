@@ -6,18 +6,14 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use space_api::{CommandState, OnIdle, OperationKind, SandboxState};
+use space_api::{OnIdle, OperationKind, SandboxState};
 
+use crate::idle::{age, may_auto_pause};
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
 
 /// How often policies are checked.
 const TICK: Duration = Duration::from_secs(1);
-
-fn age(at: &str, now: SystemTime) -> Option<Duration> {
-    let at = humantime::parse_rfc3339_weak(at).ok()?;
-    now.duration_since(at).ok()
-}
 
 /// What the policies want done to a sandbox now, if anything.
 pub(crate) fn due(record: &SandboxRecord, now: SystemTime, has_running_commands: bool) -> Option<OperationKind> {
@@ -63,21 +59,27 @@ impl Platform {
             self.reclaim_old_versions().await;
             let Ok(records) = self.store.sandboxes() else { continue };
             let now = SystemTime::now();
-            for record in records {
+            let auto_pause_s = self.auto_pause_s.load(std::sync::atomic::Ordering::Relaxed);
+            // Only stable sandboxes can be due; the rest cost no query.
+            let stable = |r: &SandboxRecord| {
+                matches!(r.sandbox.state, SandboxState::Running | SandboxState::Paused | SandboxState::Suspended)
+            };
+            for record in records.into_iter().filter(stable) {
                 let id = &record.sandbox.id;
-                let busy = self
-                    .store
-                    .commands(id)
-                    .map(|commands| commands.iter().any(|c| c.state == CommandState::Running))
-                    .unwrap_or(true);
-                let Some(kind) = due(&record, now, busy) else { continue };
+                let busy = record.sandbox.state == SandboxState::Running && self.has_running_commands(id);
+                let (kind, auto) = match due(&record, now, busy) {
+                    Some(kind) => (kind, false),
+                    None if may_auto_pause(&record, now, auto_pause_s, busy) => (OperationKind::Pause, true),
+                    None => continue,
+                };
                 // An operation already queued for it makes this one moot.
                 let pending =
                     self.store.operations(Some(id)).unwrap_or_default().iter().any(|op| !op.state.is_terminal());
                 if pending {
                     continue;
                 }
-                match self.request(id, kind, None) {
+                match self.request_job(id, kind, None, auto) {
+                    Ok(_) if auto => tracing::debug!(sandbox = %id, "pausing an idle sandbox"),
                     Ok(_) => tracing::info!(sandbox = %id, "lifecycle policy: {kind:?}"),
                     Err(err) => {
                         tracing::debug!(sandbox = %id, "lifecycle policy {kind:?} not applied: {}", err.message)
@@ -112,6 +114,7 @@ mod tests {
                 lifecycle,
                 network: Network { egress: Egress::None },
                 last_activity_at: active.into(),
+                auto_paused: false,
                 failure_reason: None,
             },
             template_version: 1,
@@ -124,7 +127,12 @@ mod tests {
     #[test]
     fn idle_and_lifetime_rules() {
         let now = humantime::parse_rfc3339_weak("2026-01-01T00:10:00Z").unwrap();
-        let idle = |on_idle| Lifecycle { idle_timeout_s: Some(60), on_idle: Some(on_idle), max_lifetime_s: None };
+        let idle = |on_idle| Lifecycle {
+            idle_timeout_s: Some(60),
+            on_idle: Some(on_idle),
+            max_lifetime_s: None,
+            auto_pause: None,
+        };
         let old = "2026-01-01T00:00:00.000Z";
         let fresh = "2026-01-01T00:09:30.000Z";
         assert_eq!(
@@ -155,7 +163,7 @@ mod tests {
             None,
             "already paused"
         );
-        let mortal = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: Some(300) };
+        let mortal = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: Some(300), auto_pause: None };
         assert_eq!(
             due(&record(SandboxState::Suspended, mortal.clone(), old, fresh), now, true),
             Some(OperationKind::Delete)

@@ -383,3 +383,66 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
         "a refused resume changes nothing"
     );
 }
+
+#[test]
+fn idle_sandboxes_are_paused_by_the_server_and_woken_by_their_next_request() {
+    let data = TestDataDir::new();
+    let mut config = common::platform_config(&data);
+    config.auto_pause_s = 1;
+    let server = TestServer::start_with(config);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let awake = server.create_sandbox(json!({"template": "base", "lifecycle": {"auto_pause": false}}));
+
+    // A running command keeps its sandbox from being idle.
+    let started = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "sleep 3; echo done", "timeout_s": 30})),
+    );
+    let cid = started["command"]["id"].as_str().unwrap();
+    let ended = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=30"), None);
+    assert_eq!(ended["result"]["exit_code"], 0, "the command ran to its end: {ended}");
+    let frames = server.output(&id, cid, "");
+    assert_eq!(common::text_of(&frames, "stdout"), "done\n");
+
+    // Idle, it is paused by the server, and says so.
+    let paused = wait_for_state(&server, &id, "paused");
+    assert_eq!(paused["auto_paused"], true, "{paused}");
+    let ops = server.ok("GET", &format!("/v1/operations?sandbox_id={id}"), None);
+    assert!(ops["operations"].as_array().unwrap().iter().any(|op| op["kind"] == "pause"), "{ops}");
+
+    // The next command wakes it before it is served.
+    assert_eq!(server.exec(&id, json!({"cmd": "echo awake"}))["stdout"], "awake\n");
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!((sandbox["state"].as_str(), sandbox["auto_paused"].as_bool()), (Some("running"), Some(false)));
+
+    // So does a file request.
+    server.exec(&id, json!({"cmd": "echo noted > /root/note.txt"}));
+    wait_for_state(&server, &id, "paused");
+    let auth = format!("Bearer {}", server.key);
+    let (status, note) =
+        server.raw("GET", &format!("/v1/sandboxes/{id}/files?path=/root/note.txt"), &[("Authorization", &auth)], None);
+    assert_eq!((status, note.as_str()), (200, "noted\n"));
+
+    // Concurrent requests to a sleeping sandbox are all served.
+    wait_for_state(&server, &id, "paused");
+    let (server_ref, id_ref) = (&server, id.as_str());
+    std::thread::scope(|scope| {
+        let answers: Vec<_> = (0..3)
+            .map(|n| {
+                scope.spawn(move || server_ref.exec(id_ref, json!({"cmd": format!("echo {n}")}))["stdout"].clone())
+            })
+            .collect();
+        for (n, answer) in answers.into_iter().enumerate() {
+            assert_eq!(answer.join().unwrap(), format!("{n}\n"));
+        }
+    });
+
+    // A pause a client asked for is not undone by a request.
+    assert_eq!(lifecycle(&server, &id, "pause")["state"], "succeeded");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["auto_paused"], false);
+    server.error("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["true"]})), 409, "invalid_state");
+
+    // A sandbox that opted out was left running all along.
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{awake}"), None)["state"], "running");
+}

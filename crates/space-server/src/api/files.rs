@@ -15,6 +15,7 @@ use space_proto::FileFailure;
 use super::{ApiQuery, AppState};
 use crate::domain;
 use crate::error::ApiError;
+use crate::idle::WorkGuard;
 
 /// The largest file one PUT may write.
 pub const MAX_FILE_BYTES: usize = 1 << 30;
@@ -75,13 +76,19 @@ fn checked_path(path: &str) -> Result<&str, ApiError> {
     Ok(path)
 }
 
-/// The running sandbox's agent, or why there is none.
-fn agent_for(state: &AppState, id: &str) -> Result<AgentConn, ApiError> {
+/// The running sandbox's agent (woken first if the server paused it for
+/// idleness), with the guard that keeps it awake; or why there is none.
+async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, WorkGuard), ApiError> {
+    let work = state.platform.begin_work(id).await?;
     let sandbox = state.platform.sandbox(id)?.sandbox;
     if !domain::accepts_commands(sandbox.state) {
         return Err(ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"));
     }
-    state.platform.agent(id).ok_or_else(|| ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"))
+    let agent = state
+        .platform
+        .agent(id)
+        .ok_or_else(|| ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"))?;
+    Ok((agent, work))
 }
 
 fn file_error(err: AgentError) -> ApiError {
@@ -117,7 +124,7 @@ pub async fn read(
 ) -> Result<Response, ApiError> {
     let path = checked_path(&query.path)?;
     let tar = query.tar()?;
-    let agent = agent_for(&state, &id)?;
+    let (agent, work) = agent_for(&state, &id).await?;
     let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
     match agent.read_file(path, tar).await.map_err(file_error)? {
         FileRead::Dir(listing) => {
@@ -137,12 +144,13 @@ pub async fn read(
             Ok(Json(DirListing { entries }).into_response())
         }
         FileRead::File { info, data } => {
-            let chunks = futures_util::stream::unfold(data, |mut data| async move {
+            // The body streams after this returns: it keeps the sandbox awake.
+            let chunks = futures_util::stream::unfold((data, work), |(mut data, work)| async move {
                 match data.next_chunk().await {
-                    Ok(Some(bytes)) => Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), data)),
+                    Ok(Some(bytes)) => Some((Ok::<_, std::io::Error>(Bytes::from(bytes)), (data, work))),
                     Ok(None) => None,
                     // Cut the body short: the length header tells the client.
-                    Err(err) => Some((Err(std::io::Error::other(err.to_string())), data)),
+                    Err(err) => Some((Err(std::io::Error::other(err.to_string())), (data, work))),
                 }
             });
             let mut response = Response::new(Body::from_stream(chunks));
@@ -182,7 +190,7 @@ pub async fn write(
         })?,
     };
     let tar = query.tar()?;
-    let agent = agent_for(&state, &id)?;
+    let (agent, _work) = agent_for(&state, &id).await?;
     let upload = agent.write_file(&path, mode, tar).await.map_err(file_error)?;
     let mut stream = body.into_data_stream();
     let mut size = 0usize;
@@ -215,7 +223,7 @@ pub async fn delete(
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<StatusCode, ApiError> {
     let path = checked_path(&query.path)?;
-    let agent = agent_for(&state, &id)?;
+    let (agent, _work) = agent_for(&state, &id).await?;
     agent.delete_path(path, query.recursive).await.map_err(file_error)?;
     let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
     Ok(StatusCode::NO_CONTENT)

@@ -29,6 +29,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         ext4_images: None,
         engine: space_server::EngineChoice::Gvisor,
         firecracker_bin: None,
+        auto_pause_s: space_server::DEFAULT_AUTO_PAUSE_S,
     }
 }
 
