@@ -228,8 +228,10 @@ impl Gvisor {
     }
 
     fn destroy_blocking(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        // `delete --force` kills the sandbox if it still runs. A container
-        // that never existed makes it fail, which is fine here.
+        // `delete --force` kills the sandbox if it still runs (thawed first:
+        // a frozen one takes no signal). A container that never existed
+        // makes it fail, which is fine here.
+        let _ = set_frozen(&spec.id, false);
         let _ = space_host::run(self.runsc().args(["delete", "--force", &spec.id]));
         btrfs::delete_subvolume(&spec.dir.join("rootfs"))?;
         if spec.dir.exists() {
@@ -298,11 +300,27 @@ impl Engine for Gvisor {
         None
     }
 
+    /// `runsc pause` stops the guest's tasks, but the sentry itself keeps
+    /// ticking (≈ 3% of a core, measured, the same as running idle): the
+    /// sandbox's cgroup is frozen too, so a paused sandbox costs no CPU.
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.runsc_blocking(["pause", &spec.id]).await
+        self.runsc_blocking(["pause", &spec.id]).await?;
+        let id = spec.id.clone();
+        let frozen = tokio::task::spawn_blocking(move || set_frozen(&id, true))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))?;
+        if let Err(err) = frozen {
+            // Still paused; only the sentry's idle cost remains.
+            tracing::warn!(sandbox = %spec.id, "freezing the paused sandbox's cgroup: {err}");
+        }
+        Ok(())
     }
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        let id = spec.id.clone();
+        tokio::task::spawn_blocking(move || set_frozen(&id, false))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))??;
         self.runsc_blocking(["resume", &spec.id]).await
     }
 
@@ -358,6 +376,8 @@ impl Engine for Gvisor {
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        // A frozen sandbox takes no signal, not even SIGKILL, until thawed.
+        let _ = set_frozen(&spec.id, false);
         space_host::run(self.runsc().args(["delete", "--force", &spec.id]))
             .map(drop)
             .map_err(|e| EngineError::Runtime(e.to_string()))
@@ -423,6 +443,40 @@ const ENGINE_OVERHEAD_MIB: u32 = 96;
 
 fn memory_limit_bytes(memory_mib: u32) -> i64 {
     i64::from(memory_mib + ENGINE_OVERHEAD_MIB) << 20
+}
+
+/// How long the kernel may take to freeze or thaw a sandbox's tasks.
+const FREEZE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Freezes or thaws every task of the sandbox's cgroup (the sentry and the
+/// gofer) with the cgroup freezer, v1 or v2, and waits until the kernel
+/// says it is done. A host without a freezer leaves them as they are.
+fn set_frozen(id: &str, frozen: bool) -> Result<(), EngineError> {
+    let cgroup = cgroup_path(id);
+    let relative = cgroup.strip_prefix("/").unwrap_or(&cgroup);
+    let v1 = Path::new("/sys/fs/cgroup/freezer").join(relative);
+    let v2 = Path::new("/sys/fs/cgroup").join(relative);
+    let (control, value, state, settled) = if v1.join("freezer.state").exists() {
+        let word = if frozen { "FROZEN" } else { "THAWED" };
+        (v1.join("freezer.state"), word, v1.join("freezer.state"), word.to_string())
+    } else if v2.join("cgroup.freeze").exists() {
+        let flag = if frozen { "1" } else { "0" };
+        (v2.join("cgroup.freeze"), flag, v2.join("cgroup.events"), format!("frozen {flag}"))
+    } else {
+        return Ok(());
+    };
+    fs::write(&control, value).map_err(EngineError::io("writing the cgroup freezer"))?;
+    let started = Instant::now();
+    loop {
+        let now = fs::read_to_string(&state).unwrap_or_default();
+        if now.lines().any(|line| line.trim() == settled) {
+            return Ok(());
+        }
+        if started.elapsed() > FREEZE_PATIENCE {
+            return Err(EngineError::Runtime(format!("the cgroup freezer did not reach {settled:?}: {now:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// The size of `/dev/shm`: a quarter of the sandbox's memory.

@@ -68,10 +68,13 @@ fn pause_freezes_processes_in_memory_and_resume_brings_them_back() {
     assert_eq!(refused["error"]["details"]["state"], "paused");
     server.error("POST", &format!("/v1/sandboxes/{id}/pause"), None, 409, "invalid_state");
     server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/root"), None, 409, "invalid_state");
+    let cpu_before = engine_cpu_ns(&id);
     std::thread::sleep(Duration::from_millis(1000));
     let after = std::fs::read_to_string(&host_view).ok();
     assert!(before.is_some(), "the state file is visible in the sandbox root on the host");
     assert_eq!(before, after, "nothing runs while paused");
+    // Not even gVisor's own kernel: its cgroup is frozen, it costs no CPU.
+    assert_eq!(engine_cpu_ns(&id), cpu_before, "the paused sandbox's engine used CPU");
 
     let resumed = lifecycle(&server, &id, "resume");
     assert_eq!(resumed["state"], "succeeded", "{resumed}");
@@ -445,4 +448,14 @@ fn idle_sandboxes_are_paused_by_the_server_and_woken_by_their_next_request() {
 
     // A sandbox that opted out was left running all along.
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{awake}"), None)["state"], "running");
+}
+
+/// CPU time the sandbox's engine processes used, from its cgroup (v1 or v2).
+fn engine_cpu_ns(id: &str) -> u64 {
+    if let Ok(ns) = std::fs::read_to_string(format!("/sys/fs/cgroup/cpuacct/space/{id}/cpuacct.usage")) {
+        return ns.trim().parse().unwrap();
+    }
+    let stat = std::fs::read_to_string(format!("/sys/fs/cgroup/space/{id}/cpu.stat")).expect("the sandbox's cgroup");
+    let usec: u64 = stat.lines().find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok()).unwrap();
+    usec * 1000
 }

@@ -61,11 +61,20 @@ pub fn busybox_static() -> PathBuf {
 /// How many processes on the host have `text` in their command line (a
 /// sandbox id shows up in its runsc sandbox and gofer processes).
 pub fn processes_mentioning(text: &str) -> usize {
+    processes_matching(text).len()
+}
+
+/// The pids of processes with `text` in their command line.
+fn processes_matching(text: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .expect("reading /proc")
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(text))
-        .count()
+        .filter_map(|e| {
+            let entry = e.ok()?;
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline).contains(text).then_some(pid)
+        })
+        .collect()
 }
 
 /// An isolated data dir holding a snapshot of the shared `base` template.
@@ -107,6 +116,13 @@ impl Default for TestDataDir {
 
 impl Drop for TestDataDir {
     fn drop(&mut self) {
+        // A test that failed half way leaves its sandboxes running; their
+        // runsc processes name this dir (`--root=DIR/run/runsc`). Left
+        // alone they would idle on the CPU under every later test.
+        let root = self.data.root().to_string_lossy().into_owned();
+        for pid in processes_matching(&format!("--root={root}/")) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
         if let Err(err) = space_host::btrfs::remove_tree(self.data.root()) {
             eprintln!("removing a test data dir: {err}");
         }
