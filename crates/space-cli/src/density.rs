@@ -36,7 +36,6 @@ pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
         args.template, args.idle_pause_s
     );
     let available_before = mem_available().unwrap_or(0);
-    let cpu_before = cpu_busy();
 
     // Create all N.
     let ids = Mutex::new(Vec::with_capacity(n));
@@ -81,11 +80,14 @@ pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
     };
     let pss = pss_by_sandbox(&ids);
     let available_after = mem_available().unwrap_or(0);
-    let cpu_idle = {
-        let (busy0, total0) = cpu_busy();
+    let (cpu_idle, server_cpu_idle) = {
+        let ((busy0, total0), own0) = (cpu_busy(), own_cpu_ticks());
+        let begun = Instant::now();
         std::thread::sleep(Duration::from_secs(10));
-        let (busy1, total1) = cpu_busy();
-        (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64
+        let ((busy1, total1), own1) = (cpu_busy(), own_cpu_ticks());
+        let ticks_per_s = 100.0; // USER_HZ
+        let own = (own1 - own0) as f64 / ticks_per_s / begun.elapsed().as_secs_f64();
+        ((busy1 - busy0) as f64 / (total1 - total0).max(1) as f64, own)
     };
     let server = process_figures();
 
@@ -154,7 +156,7 @@ pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
         mib(available_before.saturating_sub(available_after) as f64 / n as f64)
     );
     println!("{:<52} {:>12.1}", "host CPU busy while all idle (% of all cores)", cpu_idle * 100.0);
-    let _ = cpu_before;
+    println!("{:<52} {:>12.1}", "server CPU while all idle (% of one core)", server_cpu_idle * 100.0);
     for (when, figures) in [("with all alive", &server), ("after the execs", &server_after)] {
         println!("{:<52} {:>12.1}", format!("server RSS, {when} (MiB)"), mib(figures.rss as f64));
         println!("{:<52} {:>12}", format!("server threads, {when}"), figures.threads);
@@ -191,6 +193,15 @@ fn cpu_busy() -> (u64, u64) {
     // idle and iowait are fields 4 and 5.
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
     (total - idle, total)
+}
+
+/// CPU time (user + system, in clock ticks) this process used so far.
+fn own_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    let field = |n: usize| fields.get(n).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
 }
 
 /// This process's (the in-process server's) RSS, threads and open files.

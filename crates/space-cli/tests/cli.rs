@@ -9,7 +9,9 @@ use std::process::{Command, Stdio};
 use space_process::{ExitStatus, Output, ReapedChild, Reaper};
 use space_testkit::{agent_bin, TestDataDir};
 
-const SPACE: &str = env!("CARGO_BIN_EXE_space");
+mod common;
+
+use common::SPACE;
 
 /// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
 fn serve(data: &TestDataDir) -> (ReapedChild, String) {
@@ -20,26 +22,7 @@ fn serve(data: &TestDataDir) -> (ReapedChild, String) {
 
 /// Starts `space serve ARGS`; returns it, its URL and what it said first.
 fn serve_with(data: &TestDataDir, args: &[&str]) -> (ReapedChild, String, Vec<String>) {
-    let mut command = Command::new(SPACE);
-    command
-        .arg("serve")
-        .args(args)
-        .arg("--data-dir")
-        .arg(data.root())
-        .arg("--agent-bin")
-        .arg(agent_bin())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = Reaper::global().spawn(&mut command).unwrap();
-    let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    let url = loop {
-        let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
-        if let Some(at) = line.find("http://").or_else(|| line.find("https://")) {
-            break line[at..].trim().to_string();
-        }
-        seen.push(line);
-    };
+    let (child, url, seen, lines) = common::spawn_server(data, args);
     std::thread::spawn(move || lines.for_each(drop)); // keep the pipe drained
     (child, url, seen)
 }

@@ -7,41 +7,23 @@
 //! and nothing of a deleted sandbox is left on the host.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use space_process::{ReapedChild, Reaper};
-use space_testkit::{agent_bin, processes_mentioning, wait_for, wait_until, TestDataDir, PATIENCE};
+use space_process::ReapedChild;
+use space_testkit::{processes_mentioning, wait_for, wait_until, TestDataDir, PATIENCE};
 
-const SPACE: &str = env!("CARGO_BIN_EXE_space");
+mod common;
 const CLIENTS: usize = 3;
 const KILLS: usize = 6;
 
 /// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
 fn serve(data: &TestDataDir) -> (ReapedChild, String) {
-    let mut command = Command::new(SPACE);
-    command
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", "1"])
-        .arg("--data-dir")
-        .arg(data.root())
-        .arg("--agent-bin")
-        .arg(agent_bin())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = Reaper::global().spawn(&mut command).unwrap();
-    let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    let url = loop {
-        let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
-        if let Some(at) = line.find("http://") {
-            break line[at..].trim().to_string();
-        }
-        seen.push(line);
-    };
+    let (child, url, seen, lines) =
+        common::spawn_server(data, &["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "1"]);
     // The server's log, kept across restarts for a failure's post-mortem.
     let log_path = data.root().join("serve.log");
     let mut log = std::fs::OpenOptions::new().create(true).append(true).open(log_path).unwrap();

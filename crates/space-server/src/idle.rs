@@ -83,36 +83,13 @@ impl Platform {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use space_api::{Egress, Lifecycle, Network, Sandbox};
+    use space_api::Lifecycle;
 
     use super::*;
 
     fn record(state: SandboxState, auto_pause: Option<bool>, active: &str) -> SandboxRecord {
-        SandboxRecord {
-            sandbox: Sandbox {
-                id: "sbx_1".into(),
-                template: "base".into(),
-                state,
-                vcpus: 1,
-                memory_mib: 256,
-                disk_mib: 1024,
-                labels: BTreeMap::new(),
-                engine: "gvisor".into(),
-                created_at: active.into(),
-                updated_at: active.into(),
-                lifecycle: Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause },
-                network: Network { egress: Egress::None },
-                last_activity_at: active.into(),
-                auto_paused: false,
-                failure_reason: None,
-            },
-            template_version: 1,
-            env: BTreeMap::new(),
-            agent_session: None,
-            tenant: "default".into(),
-        }
+        let lifecycle = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause };
+        SandboxRecord::sample(state, lifecycle, active, active)
     }
 
     #[test]

@@ -92,36 +92,12 @@ impl Platform {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use space_api::{Egress, Lifecycle, Network, Sandbox};
+    use space_api::Lifecycle;
 
     use super::*;
 
     fn record(state: SandboxState, lifecycle: Lifecycle, created: &str, active: &str) -> SandboxRecord {
-        SandboxRecord {
-            sandbox: Sandbox {
-                id: "sbx_1".into(),
-                template: "base".into(),
-                state,
-                vcpus: 1,
-                memory_mib: 256,
-                disk_mib: 1024,
-                labels: BTreeMap::new(),
-                engine: "gvisor".into(),
-                created_at: created.into(),
-                updated_at: created.into(),
-                lifecycle,
-                network: Network { egress: Egress::None },
-                last_activity_at: active.into(),
-                auto_paused: false,
-                failure_reason: None,
-            },
-            template_version: 1,
-            env: BTreeMap::new(),
-            agent_session: None,
-            tenant: "default".into(),
-        }
+        SandboxRecord::sample(state, lifecycle, created, active)
     }
 
     #[test]

@@ -35,6 +35,42 @@ pub struct SandboxRecord {
     pub tenant: String,
 }
 
+#[cfg(test)]
+impl SandboxRecord {
+    /// A record for unit tests of policies: created and last active when
+    /// given, with this lifecycle.
+    pub(crate) fn sample(
+        state: space_api::SandboxState,
+        lifecycle: space_api::Lifecycle,
+        created: &str,
+        active: &str,
+    ) -> SandboxRecord {
+        SandboxRecord {
+            sandbox: Sandbox {
+                id: "sbx_1".into(),
+                template: "base".into(),
+                state,
+                vcpus: 1,
+                memory_mib: 256,
+                disk_mib: 1024,
+                labels: BTreeMap::new(),
+                engine: "gvisor".into(),
+                created_at: created.into(),
+                updated_at: created.into(),
+                lifecycle,
+                network: space_api::Network { egress: space_api::Egress::None },
+                last_activity_at: active.into(),
+                auto_paused: false,
+                failure_reason: None,
+            },
+            template_version: 1,
+            env: BTreeMap::new(),
+            agent_session: None,
+            tenant: "default".into(),
+        }
+    }
+}
+
 /// The tenant of the server's own key (dev key or `--api-key-file`).
 pub const OPERATOR_TENANT: &str = "default";
 

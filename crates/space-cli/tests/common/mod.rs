@@ -1,0 +1,38 @@
+//! Shared by the `space` binary's tests: starting `space serve`.
+
+use std::io::{BufRead, BufReader, Lines};
+use std::process::{ChildStderr, Command, Stdio};
+
+use space_process::{ReapedChild, Reaper};
+use space_testkit::{agent_bin, TestDataDir};
+
+pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
+
+/// Starts `space serve ARGS` over `data`; returns it, its URL, what it said
+/// before it did, and the rest of what it says (the caller must drain it).
+pub fn spawn_server(
+    data: &TestDataDir,
+    args: &[&str],
+) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
+    let mut command = Command::new(SPACE);
+    command
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(agent_bin())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let url = loop {
+        let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
+        if let Some(at) = line.find("http://").or_else(|| line.find("https://")) {
+            break line[at..].trim().to_string();
+        }
+        seen.push(line);
+    };
+    (child, url, seen, lines)
+}
