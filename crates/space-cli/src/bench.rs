@@ -425,18 +425,12 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     }
     idle_pss.sort_unstable();
     if let Some(&pss) = idle_pss.get(idle_pss.len() / 2) {
-        let available = mem_available().unwrap_or(0);
+        // How many fit is observed, not divided out: `--density N`.
         println!(
             "{:<44} {:>9.1} MiB (median of {})",
             "idle sandbox memory (PSS of its processes)",
             pss as f64 / (1u64 << 20) as f64,
             idle_pss.len()
-        );
-        println!(
-            "{:<44} {:>9} (MemAvailable {:.1} GiB / PSS; observed: --density N)",
-            "idle sandboxes this host could hold",
-            available / pss.max(1),
-            available as f64 / (1u64 << 30) as f64
         );
     }
     if !args.skip_templates {
