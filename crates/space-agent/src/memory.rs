@@ -28,10 +28,15 @@ static KILLED_GROUPS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
 /// engine's limit between two reads.
 const CALM_INTERVAL: Duration = Duration::from_millis(100);
 /// How often while it is above: a hog allocates hundreds of MiB a second,
-/// and the engine's headroom over `memory_mib` is ~96 MiB.
+/// and the engine's headroom over `memory_mib` is ~128 MiB.
 const BUSY_INTERVAL: Duration = Duration::from_millis(10);
+/// How often while it is above [`CLOSE_SHARE`]: several hogs on a loaded
+/// host can cross the rest of the headroom within a busy interval.
+const CLOSE_INTERVAL: Duration = Duration::from_millis(2);
 /// The share of the limit (in 1/64ths) above which usage is read often.
 const BUSY_SHARE: u64 = 16;
+/// The share of the limit (in 1/64ths) above which it is read very often.
+const CLOSE_SHARE: u64 = 48;
 
 /// Sets the sandbox's memory (from the host's welcome; a clone may get
 /// another size).
@@ -47,8 +52,9 @@ pub fn start() {
         let interval = match used {
             Some(used) if used >= limit => {
                 kill_largest(used, limit);
-                BUSY_INTERVAL
+                CLOSE_INTERVAL
             }
+            Some(used) if used * 64 >= limit * CLOSE_SHARE => CLOSE_INTERVAL,
             Some(used) if used * 64 >= limit * BUSY_SHARE => BUSY_INTERVAL,
             _ => CALM_INTERVAL,
         };
@@ -92,20 +98,26 @@ fn in_use() -> Option<u64> {
     Some(total.saturating_sub(available))
 }
 
-/// The last process the watcher killed, and when: until its memory is
-/// freed, usage stays high and nobody else is killed for it.
-static LAST_VICTIM: Mutex<Option<(i32, Instant)>> = Mutex::new(None);
+/// The last kill: its victim, when, and the memory in use then. Until the
+/// victim's memory is freed, usage stays high and nobody else is killed
+/// for it.
+static LAST_KILL: Mutex<Option<(i32, Instant, u64)>> = Mutex::new(None);
 /// How long after a kill usage may stay high before another process is
 /// killed: the kernel under the sandbox (gVisor's sentry, a guest kernel)
-/// frees a dead process's memory a little after it is gone.
+/// frees a dead process's memory a little after the process is gone.
 const AFTER_KILL: Duration = Duration::from_millis(1000);
+/// Growth in use since the last kill that shows another process is still
+/// allocating: then it is not worth waiting for the victim's memory.
+const STILL_GROWING: u64 = 16 << 20;
 
 /// Kills the process with the largest resident set, as the kernel's OOM
 /// killer would pick it, and records its process group.
 fn kill_largest(used: u64, limit: u64) {
-    let mut last = LAST_VICTIM.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((victim, at)) = *last {
-        if at.elapsed() < AFTER_KILL || resident(victim).is_some_and(|rss| rss > 0) {
+    let mut last = LAST_KILL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((victim, at, used_then)) = *last {
+        let victim_alive = resident(victim).is_some_and(|rss| rss > 0);
+        let settling = at.elapsed() < AFTER_KILL && used < used_then + STILL_GROWING;
+        if victim_alive || settling {
             return;
         }
     }
@@ -120,7 +132,7 @@ fn kill_largest(used: u64, limit: u64) {
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    *last = Some((pid, Instant::now()));
+    *last = Some((pid, Instant::now(), used));
     eprintln!(
         "space-agent: out of memory ({} of {} MiB in use): killed process {pid} ({} MiB resident)",
         used >> 20,

@@ -439,7 +439,10 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// Host tasks (threads) of one sandbox's runsc processes.
 const HOST_TASKS_LIMIT: i64 = 4096;
 /// Memory the sentry and gofer need beyond what the guest is given.
-const ENGINE_OVERHEAD_MIB: u32 = 96;
+/// (The sentry's own ≈ 20–30 MiB; the rest is the agent's memory
+/// watcher's time to kill a hog inside before this limit stops the whole
+/// sandbox.)
+const ENGINE_OVERHEAD_MIB: u32 = 128;
 
 fn memory_limit_bytes(memory_mib: u32) -> i64 {
     i64::from(memory_mib + ENGINE_OVERHEAD_MIB) << 20
