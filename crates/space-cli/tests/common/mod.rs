@@ -24,6 +24,17 @@ pub fn spawn_server(
         .arg(agent_bin())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // SAFETY: between fork and exec this only calls prctl, which is
+    // async-signal-safe and allocates nothing. A test that panics before it
+    // stops its server must not leave the server running after it.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = Reaper::global().spawn(&mut command).unwrap();
     let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
