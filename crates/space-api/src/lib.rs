@@ -216,11 +216,27 @@ pub struct Operation {
     pub progress: Progress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorDetail>,
+    /// Who asked for it.
+    #[serde(default)]
+    pub origin: OperationOrigin,
     pub created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
+}
+
+/// Who asked for an operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationOrigin {
+    /// A client, through the API.
+    #[default]
+    Client,
+    /// The sandbox's lifecycle policy (`idle_timeout_s`, `max_lifetime_s`).
+    Policy,
+    /// The server, pausing an idle sandbox (`auto_pause`).
+    Idle,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

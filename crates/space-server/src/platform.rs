@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use space_api::{Operation, OperationKind, OperationState, Progress, Sandbox, SandboxState};
+use space_api::{Operation, OperationKind, OperationOrigin, OperationState, Progress, Sandbox, SandboxState};
 use space_engine::{AgentConn, Engine, SandboxSpec};
 use space_host::datadir::DataDir;
 use tokio::sync::{mpsc, watch};
@@ -203,17 +203,17 @@ impl Platform {
         kind: OperationKind,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
-        self.request_job(id, kind, idempotency_key, false)
+        self.request_job(id, kind, idempotency_key, OperationOrigin::Client)
     }
 
-    /// [`Platform::request`]; `auto` marks a pause the server files for an
-    /// idle sandbox.
+    /// [`Platform::request`] for whoever asks: a client, a lifecycle policy,
+    /// or the server pausing an idle sandbox (`OperationOrigin::Idle`).
     pub(crate) fn request_job(
         self: &Arc<Self>,
         id: &str,
         kind: OperationKind,
         idempotency_key: Option<&str>,
-        auto: bool,
+        origin: OperationOrigin,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let record = self.sandbox(id)?;
         let (event, total) = match kind {
@@ -227,6 +227,7 @@ impl Platform {
             }
         };
         let mut operation = new_operation(kind, id, "queued", total);
+        operation.origin = origin;
         if kind == OperationKind::Delete && record.sandbox.state == SandboxState::Deleted {
             let now = ids::now();
             operation.state = OperationState::Succeeded;
@@ -243,6 +244,7 @@ impl Platform {
         }
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
+        let auto = origin == OperationOrigin::Idle;
         self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, auto });
         Ok((record.sandbox, operation))
     }
@@ -450,6 +452,7 @@ pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, t
         state: OperationState::Pending,
         progress: Progress { step: step.into(), done: 0, total, amount: None },
         error: None,
+        origin: OperationOrigin::Client,
         created_at: ids::now(),
         started_at: None,
         finished_at: None,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use space_api::{OnIdle, OperationKind, SandboxState};
+use space_api::{OnIdle, OperationKind, OperationOrigin, SandboxState};
 
 use crate::idle::{age, may_auto_pause};
 use crate::platform::Platform;
@@ -67,9 +67,11 @@ impl Platform {
             for record in records.into_iter().filter(stable) {
                 let id = &record.sandbox.id;
                 let busy = record.sandbox.state == SandboxState::Running && self.has_running_commands(id);
-                let (kind, auto) = match due(&record, now, busy) {
-                    Some(kind) => (kind, false),
-                    None if may_auto_pause(&record, now, auto_pause_s, busy) => (OperationKind::Pause, true),
+                let (kind, origin) = match due(&record, now, busy) {
+                    Some(kind) => (kind, OperationOrigin::Policy),
+                    None if may_auto_pause(&record, now, auto_pause_s, busy) => {
+                        (OperationKind::Pause, OperationOrigin::Idle)
+                    }
                     None => continue,
                 };
                 // An operation already queued for it makes this one moot.
@@ -78,8 +80,10 @@ impl Platform {
                 if pending {
                     continue;
                 }
-                match self.request_job(id, kind, None, auto) {
-                    Ok(_) if auto => tracing::debug!(sandbox = %id, "pausing an idle sandbox"),
+                match self.request_job(id, kind, None, origin) {
+                    Ok(_) if origin == OperationOrigin::Idle => {
+                        tracing::debug!(sandbox = %id, "pausing an idle sandbox")
+                    }
                     Ok(_) => tracing::info!(sandbox = %id, "lifecycle policy: {kind:?}"),
                     Err(err) => {
                         tracing::debug!(sandbox = %id, "lifecycle policy {kind:?} not applied: {}", err.message)

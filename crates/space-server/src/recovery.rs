@@ -154,7 +154,8 @@ impl Platform {
                 }
             }
             tracing::info!(sandbox = %id, operation = %operation.id, kind = ?operation.kind, "carrying out an operation accepted before the restart");
-            self.queue_job(&id, Job { kind: operation.kind, operation_id: operation.id, warm: None, auto: false });
+            let auto = operation.origin == space_api::OperationOrigin::Idle;
+            self.queue_job(&id, Job { kind: operation.kind, operation_id: operation.id, warm: None, auto });
         }
         self.changed();
         Ok(())

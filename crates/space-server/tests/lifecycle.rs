@@ -412,7 +412,8 @@ fn idle_sandboxes_are_paused_by_the_server_and_woken_by_their_next_request() {
     let paused = wait_for_state(&server, &id, "paused");
     assert_eq!(paused["auto_paused"], true, "{paused}");
     let ops = server.ok("GET", &format!("/v1/operations?sandbox_id={id}"), None);
-    assert!(ops["operations"].as_array().unwrap().iter().any(|op| op["kind"] == "pause"), "{ops}");
+    let idle_pause = |op: &&Value| op["kind"] == "pause" && op["origin"] == "idle" && op["state"] == "succeeded";
+    assert!(ops["operations"].as_array().unwrap().iter().any(|op| idle_pause(&op)), "{ops}");
 
     // The next command wakes it before it is served.
     assert_eq!(server.exec(&id, json!({"cmd": "echo awake"}))["stdout"], "awake\n");
