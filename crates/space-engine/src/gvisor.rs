@@ -554,7 +554,10 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
             .destination(format!("/{HOST_DIR_IN_ROOT}"))
             .typ("bind")
             .source(Gvisor::socket_dir(&spec.dir))
-            .options(vec!["rbind".to_string(), "rw".to_string()])
+            // Read-only: connecting to the host's socket needs no write to
+            // the directory, and nothing the sandbox writes may land in a
+            // host directory outside its disk quota.
+            .options(vec!["rbind".to_string(), "ro".to_string()])
             .build()
             .map_err(invalid)?,
     );
@@ -623,6 +626,8 @@ mod tests {
             bind_sources,
             ["/data/sandboxes/sbx_test/rootfs/tmp", "/opt/space-agent", "/data/sandboxes/sbx_test/sock"]
         );
+        let host_dir = mounts.iter().find(|m| m["destination"] == "/.space/host").unwrap();
+        assert!(host_dir["options"].as_array().unwrap().contains(&"ro".into()), "read-only: {host_dir}");
         let shm = mounts.iter().find(|m| m["destination"] == "/dev/shm").unwrap();
         assert!(shm["options"].as_array().unwrap().contains(&"size=65536k".into()), "{shm}");
         let namespaces: Vec<&str> =

@@ -108,6 +108,22 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     let (out, _, _) = sh(&server, &id, "echo corrupt >> /.space/space-agent 2>&1; echo rc=$?");
     let agent = std::fs::read(space_testkit::agent_bin()).unwrap();
     suite.check("overwrite the host's agent binary (bind-mounted)", !agent.ends_with(b"corrupt\n"), &out);
+    // The agent's socket directory is a host directory: nothing may be
+    // written there (it would escape the disk quota) or planted in it.
+    let (out, _, _) = sh(
+        &server,
+        &id,
+        "dd if=/dev/zero of=/.space/host/fill bs=1M count=8 2>&1; ln -s /etc/shadow /.space/host/link 2>&1; \
+         mkfifo /.space/host/fifo 2>&1; mkdir /.space/host/dir 2>&1; ls -A /.space/host",
+    );
+    let host_side: Vec<String> = std::fs::read_dir(data.data.sandbox_dir(&id).join("sock"))
+        .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    suite.check(
+        "write, link or plant files in the host's socket directory",
+        host_side.is_empty() && out.contains("Read-only file system"),
+        format!("{out} / on the host: {host_side:?}"),
+    );
     let (out, _, _) = sh(&server, &id, "env");
     suite.check(
         "find the server's credentials in the environment",
