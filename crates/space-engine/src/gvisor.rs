@@ -634,4 +634,34 @@ mod tests {
             config["linux"]["namespaces"].as_array().unwrap().iter().map(|n| n["type"].as_str().unwrap()).collect();
         assert!(namespaces.contains(&"network") && namespaces.contains(&"pid"), "{namespaces:?}");
     }
+
+    #[test]
+    fn whatever_stands_at_tmp_becomes_a_real_directory_and_no_link_is_followed() {
+        let scratch = std::env::temp_dir().join(format!("space-tmp-check-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&scratch);
+        fs::create_dir_all(scratch.join("target")).unwrap();
+        fs::write(scratch.join("target/keep"), "host file").unwrap();
+        let tmp = scratch.join("tmp");
+        let check = |tmp: &Path| {
+            let meta = fs::symlink_metadata(tmp).unwrap();
+            assert!(meta.file_type().is_dir(), "{meta:?}");
+            assert_eq!(meta.permissions().mode() & 0o7777, 0o1777);
+        };
+        // A link to a host directory: replaced, its target untouched.
+        std::os::unix::fs::symlink(scratch.join("target"), &tmp).unwrap();
+        ensure_real_dir(&tmp).unwrap();
+        check(&tmp);
+        assert_eq!(fs::read_to_string(scratch.join("target/keep")).unwrap(), "host file");
+        assert!(fs::read_dir(&tmp).unwrap().next().is_none());
+        // A FIFO, a plain file: replaced.
+        fs::remove_dir(&tmp).unwrap();
+        nix::unistd::mkfifo(&tmp, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        ensure_real_dir(&tmp).unwrap();
+        check(&tmp);
+        // A real directory keeps what the sandbox left in it.
+        fs::write(tmp.join("work"), "sandbox file").unwrap();
+        ensure_real_dir(&tmp).unwrap();
+        assert_eq!(fs::read_to_string(tmp.join("work")).unwrap(), "sandbox file");
+        fs::remove_dir_all(&scratch).unwrap();
+    }
 }
