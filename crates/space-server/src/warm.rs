@@ -11,6 +11,7 @@
 //! refills in the background.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ use crate::platform::Platform;
 
 /// How long a woken member's agent has to take its identity.
 const IDENTITY_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for members that are still starting.
+const DRAIN_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A started, paused sandbox waiting to be handed out.
 pub(crate) struct WarmMember {
@@ -37,6 +40,8 @@ pub(crate) struct WarmPools {
     members: Mutex<Vec<WarmMember>>,
     /// Templates being refilled right now.
     filling: Mutex<HashSet<(String, u32)>>,
+    /// Set once the pools are drained for shutdown: no member starts after.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Platform {
@@ -74,7 +79,7 @@ impl Platform {
     pub(crate) fn refill_warm(self: &Arc<Self>, template: TemplateInfo) {
         let size = template.meta.warm_pool.unwrap_or(self.warm_size) as usize;
         // A template whose engine cannot run here gets no warm members.
-        if size == 0 || self.engine_for(&template).is_err() {
+        if size == 0 || self.engine_for(&template).is_err() || self.warm.closed.load(Ordering::Relaxed) {
             return;
         }
         let key = (template.meta.name.clone(), template.meta.version);
@@ -100,6 +105,12 @@ impl Platform {
                     break;
                 }
                 match platform.start_warm(&template).await {
+                    // Drained meanwhile (shutdown, or the version was
+                    // deleted): nobody would ever destroy this member.
+                    Ok(member) if platform.warm.closed.load(Ordering::Relaxed) || !template.dir.exists() => {
+                        let _ = platform.engine.destroy(&member.spec).await;
+                        break;
+                    }
                     Ok(member) => platform.warm.members.lock().unwrap_or_else(|e| e.into_inner()).push(member),
                     Err(err) => {
                         tracing::warn!(template = %key.0, "could not start a warm sandbox: {err}");
@@ -147,13 +158,18 @@ impl Platform {
         }
     }
 
-    /// Destroys every warm member (on shutdown; a restart would sweep them).
+    /// Destroys every warm member and starts no more (on shutdown; a
+    /// restart would sweep them). Members still starting are waited for:
+    /// left behind, their runsc processes would outlive the server.
     pub async fn drain_warm(&self) {
-        let members: Vec<WarmMember> =
-            std::mem::take(&mut *self.warm.members.lock().unwrap_or_else(|e| e.into_inner()));
-        for member in members {
-            let _ = self.engine.destroy(&member.spec).await;
+        self.warm.closed.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + DRAIN_PATIENCE;
+        while !self.warm.filling.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        self.drain_warm_where(|_| true).await;
     }
 
     /// Memory promised to warm members, in MiB.

@@ -334,6 +334,14 @@ fn warm_pool_sandboxes_get_their_own_identity() {
     assert_eq!(seen.len(), 4, "no two sandboxes read the same random bytes");
     let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={}", warm[0]), None);
     assert_eq!(operations["operations"][0]["state"], "succeeded");
+
+    // Shut down while the pool refills (two members were just taken): the
+    // members still starting are waited for and destroyed, none outlives it.
+    let one_more = server.create_sandbox(json!({"template": "base"}));
+    assert!(!one_more.is_empty());
+    drop(server);
+    let runsc_root = format!("--root={}/", data.root().display());
+    assert_eq!(processes_mentioning(&runsc_root), 0, "an engine process outlived the server's shutdown");
 }
 
 #[test]

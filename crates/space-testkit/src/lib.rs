@@ -118,13 +118,33 @@ impl Drop for TestDataDir {
     fn drop(&mut self) {
         // A test that failed half way leaves its sandboxes running; their
         // runsc processes name this dir (`--root=DIR/run/runsc`). Left
-        // alone they would idle on the CPU under every later test.
+        // alone they would hold memory (and, running, CPU) under every
+        // later test. A paused sandbox is frozen: thawed first, or it
+        // would not die.
         let root = self.data.root().to_string_lossy().into_owned();
         for pid in processes_matching(&format!("--root={root}/")) {
+            thaw(pid);
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         if let Err(err) = space_host::btrfs::remove_tree(self.data.root()) {
             eprintln!("removing a test data dir: {err}");
+        }
+    }
+}
+
+/// Thaws the freezer cgroup (v1 or v2) a process is in, if it has one.
+fn thaw(pid: i32) {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    for line in cgroups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next(), fields.next().unwrap_or(""), fields.next().unwrap_or("/"));
+        if path == "/" {
+            continue;
+        }
+        if controllers.split(',').any(|c| c == "freezer") {
+            let _ = std::fs::write(format!("/sys/fs/cgroup/freezer{path}/freezer.state"), "THAWED");
+        } else if controllers.is_empty() {
+            let _ = std::fs::write(format!("/sys/fs/cgroup{path}/cgroup.freeze"), "0");
         }
     }
 }
