@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_api::{OperationKind, SandboxState};
+use space_api::{OperationKind, OperationOrigin, SandboxState};
 use space_engine::{AgentConn, EngineError, SandboxSpec};
 use tokio::sync::mpsc;
 
@@ -63,12 +63,19 @@ impl Actor {
                     false
                 }
                 OperationKind::Delete => self.delete(id).await,
-                OperationKind::Pause if job.auto => {
+                OperationKind::Pause if job.origin == OperationOrigin::Idle => {
                     self.auto_pause(id).await;
                     false
                 }
                 OperationKind::Pause => {
-                    self.change(id, Event::Froze, "freezing", |spec| async move { engine.pause(&spec).await }).await;
+                    self.change(
+                        id,
+                        job.kind,
+                        Event::Froze,
+                        "freezing",
+                        |spec| async move { engine.pause(&spec).await },
+                    )
+                    .await;
                     false
                 }
                 OperationKind::Resume => {
@@ -77,8 +84,8 @@ impl Actor {
                     if suspended {
                         self.restore(id).await;
                     } else {
-                        self.change(id, Event::Thawed, "thawing", |spec| async move { engine.resume(&spec).await })
-                            .await;
+                        let thaw = |spec| async move { engine.resume(&spec).await };
+                        self.change(id, job.kind, Event::Thawed, "thawing", thaw).await;
                     }
                     false
                 }
@@ -144,8 +151,9 @@ impl Actor {
         }
     }
 
-    /// Carries out one engine call that moves the sandbox by `event`.
-    async fn change<F, Fut>(&self, operation_id: &str, event: Event, step: &str, call: F)
+    /// Carries out one engine call that moves the sandbox by `event`, for an
+    /// operation of `kind`.
+    async fn change<F, Fut>(&self, operation_id: &str, kind: OperationKind, event: Event, step: &str, call: F)
     where
         F: FnOnce(SandboxSpec) -> Fut,
         Fut: std::future::Future<Output = Result<(), EngineError>>,
@@ -159,10 +167,7 @@ impl Actor {
         // where this request leads (two resumes of an idle sandbox queued
         // at once), which is success, or elsewhere, which is not.
         if let Err(err) = domain::transition(record.sandbox.state, event) {
-            let already = matches!(
-                (record.sandbox.state, event),
-                (SandboxState::Paused, Event::Froze) | (SandboxState::Running, Event::Thawed)
-            );
+            let already = domain::settles(kind, record.sandbox.state);
             return platform.finish_operation(operation_id, (!already).then_some(err));
         }
         platform.progress(operation_id, step, 0);

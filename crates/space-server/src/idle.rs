@@ -25,6 +25,8 @@ pub const DEFAULT_AUTO_PAUSE_S: u64 = 30;
 /// Held by a request while it uses a sandbox: no idle pause meanwhile.
 pub struct WorkGuard {
     _gate: Option<OwnedRwLockReadGuard<()>>,
+    /// The sandbox's state, read under the gate.
+    pub state: SandboxState,
 }
 
 /// How long ago an RFC 3339 time was.
@@ -71,7 +73,7 @@ impl Platform {
             // Read under the gate: an idle pause cannot be half done now.
             let record = self.sandbox(id)?;
             if !(record.sandbox.state == SandboxState::Paused && record.sandbox.auto_paused) {
-                return Ok(WorkGuard { _gate: guard });
+                return Ok(WorkGuard { _gate: guard, state: record.sandbox.state });
             }
             drop(guard);
             self.resume_for_work(id).await?;

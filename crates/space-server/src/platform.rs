@@ -26,8 +26,8 @@ pub(crate) struct Job {
     pub(crate) operation_id: String,
     /// For a create: the warm sandbox to hand out instead of a cold start.
     pub(crate) warm: Option<crate::warm::WarmMember>,
-    /// For a pause: the server pauses an idle sandbox (see `idle.rs`).
-    pub(crate) auto: bool,
+    /// Who asked: an `Idle` pause is the server's (see `idle.rs`).
+    pub(crate) origin: OperationOrigin,
 }
 
 /// What exists of a sandbox in memory while its actor lives.
@@ -188,7 +188,12 @@ impl Platform {
         self.changed();
         self.spawn_actor(
             &sandbox.id,
-            Some(Job { kind: OperationKind::Create, operation_id: operation.id.clone(), warm, auto: false }),
+            Some(Job {
+                kind: OperationKind::Create,
+                operation_id: operation.id.clone(),
+                warm,
+                origin: operation.origin,
+            }),
             None,
         );
         Ok((sandbox, operation))
@@ -244,8 +249,7 @@ impl Platform {
         }
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
-        let auto = origin == OperationOrigin::Idle;
-        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, auto });
+        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, origin });
         Ok((record.sandbox, operation))
     }
 

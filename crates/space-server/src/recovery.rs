@@ -154,8 +154,8 @@ impl Platform {
                 }
             }
             tracing::info!(sandbox = %id, operation = %operation.id, kind = ?operation.kind, "carrying out an operation accepted before the restart");
-            let auto = operation.origin == space_api::OperationOrigin::Idle;
-            self.queue_job(&id, Job { kind: operation.kind, operation_id: operation.id, warm: None, auto });
+            let job = Job { kind: operation.kind, operation_id: operation.id, warm: None, origin: operation.origin };
+            self.queue_job(&id, job);
         }
         self.changed();
         Ok(())

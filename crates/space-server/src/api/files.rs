@@ -80,14 +80,11 @@ fn checked_path(path: &str) -> Result<&str, ApiError> {
 /// idleness), with the guard that keeps it awake; or why there is none.
 async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, WorkGuard), ApiError> {
     let work = state.platform.begin_work(id).await?;
-    let sandbox = state.platform.sandbox(id)?.sandbox;
-    if !domain::accepts_commands(sandbox.state) {
-        return Err(ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"));
+    let refused = || ApiError::invalid_state("sandbox", work.state.as_str(), "use its files");
+    if !domain::accepts_commands(work.state) {
+        return Err(refused());
     }
-    let agent = state
-        .platform
-        .agent(id)
-        .ok_or_else(|| ApiError::invalid_state("sandbox", sandbox.state.as_str(), "use its files"))?;
+    let agent = state.platform.agent(id).ok_or_else(refused)?;
     Ok((agent, work))
 }
 
