@@ -281,16 +281,14 @@ impl Engine for Gvisor {
 
     fn stop_reason(&self, spec: &SandboxSpec) -> Option<&'static str> {
         // A counter in one of the cgroup's files, under cgroup v1 or v2.
-        let cgroup = cgroup_path(&spec.id);
-        let relative = cgroup.strip_prefix("/").unwrap_or(&cgroup);
         let counted = |files: [PathBuf; 2], key: &str| {
             files.iter().filter_map(|path| fs::read_to_string(path).ok()).any(|text| {
                 text.lines()
                     .any(|line| line.strip_prefix(key).is_some_and(|n| n.trim().parse::<u64>().unwrap_or(0) > 0))
             })
         };
-        let v1 = |controller: &str, file: &str| Path::new("/sys/fs/cgroup").join(controller).join(relative).join(file);
-        let v2 = |file: &str| Path::new("/sys/fs/cgroup").join(relative).join(file);
+        let v1 = |controller: &str, file: &str| cgroup_dir(Some(controller), &spec.id).join(file);
+        let v2 = |file: &str| cgroup_dir(None, &spec.id).join(file);
         if counted([v1("memory", "memory.oom_control"), v2("memory.events")], "oom_kill ") {
             return Some("out of memory: the sandbox went over its memory_mib and the host stopped it");
         }
@@ -455,10 +453,7 @@ const FREEZE_PATIENCE: Duration = Duration::from_secs(5);
 /// gofer) with the cgroup freezer, v1 or v2, and waits until the kernel
 /// says it is done. A host without a freezer leaves them as they are.
 fn set_frozen(id: &str, frozen: bool) -> Result<(), EngineError> {
-    let cgroup = cgroup_path(id);
-    let relative = cgroup.strip_prefix("/").unwrap_or(&cgroup);
-    let v1 = Path::new("/sys/fs/cgroup/freezer").join(relative);
-    let v2 = Path::new("/sys/fs/cgroup").join(relative);
+    let (v1, v2) = (cgroup_dir(Some("freezer"), id), cgroup_dir(None, id));
     let (control, value, state, settled) = if v1.join("freezer.state").exists() {
         let word = if frozen { "FROZEN" } else { "THAWED" };
         (v1.join("freezer.state"), word, v1.join("freezer.state"), word.to_string())
@@ -490,6 +485,14 @@ fn shm_kib(memory_mib: u32) -> u32 {
 /// The sandbox's cgroup, relative to each controller's root.
 pub fn cgroup_path(id: &str) -> PathBuf {
     PathBuf::from(format!("/space/{id}"))
+}
+
+/// The sandbox's cgroup directory: under a cgroup v1 `controller`, or in
+/// the v2 hierarchy (None).
+fn cgroup_dir(controller: Option<&str>, id: &str) -> PathBuf {
+    let cgroup = cgroup_path(id);
+    let relative = cgroup.strip_prefix("/").unwrap_or(&cgroup);
+    Path::new("/sys/fs/cgroup").join(controller.unwrap_or("")).join(relative)
 }
 
 fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError> {
