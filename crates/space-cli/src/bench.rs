@@ -138,46 +138,6 @@ fn timed_lifecycle(client: &Client, id: &str, action: &str) -> Result<Duration> 
     Ok(started.elapsed())
 }
 
-/// The proportional memory (PSS) of every process of a sandbox: those whose
-/// command line names it (runsc sandbox and gofer) and their descendants.
-fn engine_pss(sandbox_id: &str) -> Option<u64> {
-    let mut parents: Vec<(u32, u32, bool)> = Vec::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse().ok());
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let named = String::from_utf8_lossy(&cmdline).contains(sandbox_id);
-        parents.push((pid, ppid.unwrap_or(0), named));
-    }
-    let mut members: Vec<u32> = parents.iter().filter(|p| p.2).map(|p| p.0).collect();
-    let mut grew = true;
-    while grew {
-        grew = false;
-        for &(pid, ppid, _) in &parents {
-            if members.contains(&ppid) && !members.contains(&pid) {
-                members.push(pid);
-                grew = true;
-            }
-        }
-    }
-    let total: u64 = members
-        .iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
-        .filter_map(|text| {
-            let line = text.lines().find(|l| l.starts_with("Pss:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
-        })
-        .sum();
-    (total > 0).then_some(total)
-}
-
-pub(crate) fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
-}
-
 /// Bytes of the regular files under `dir`.
 fn dir_size(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
@@ -297,7 +257,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         if i == 0 {
             throughput = Some(measure_throughput(&client, &id)?);
         }
-        if let Some(pss) = engine_pss(&id) {
+        if let Some(&pss) = crate::density::pss_by_sandbox(std::slice::from_ref(&id)).get(&id) {
             idle_pss.push(pss);
         }
         // Lifecycle through the API: each figure is call accepted -> operation succeeded.

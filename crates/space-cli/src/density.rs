@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use space_host::datadir::DataDir;
 
-use crate::bench::{mem_available, start_server, BenchArgs, Samples};
+use crate::bench::{start_server, BenchArgs, Samples};
 use crate::client::Client;
 
 /// Clients creating sandboxes at once.
@@ -222,7 +222,7 @@ fn process_figures() -> ProcessFigures {
 
 /// The PSS of each sandbox's processes (runsc sandbox and gofer, which
 /// name it in their command line, and their descendants), in one pass.
-fn pss_by_sandbox(ids: &[String]) -> HashMap<String, u64> {
+pub(crate) fn pss_by_sandbox(ids: &[String]) -> HashMap<String, u64> {
     let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
     let mut owner: HashMap<u32, String> = HashMap::new();
     let mut parent: Vec<(u32, u32)> = Vec::new();
@@ -265,4 +265,11 @@ fn pss_by_sandbox(ids: &[String]) -> HashMap<String, u64> {
         *pss.entry(id).or_default() += kib << 10;
     }
     pss
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
 }
