@@ -121,10 +121,22 @@ impl Drop for TestDataDir {
         // alone they would hold memory (and, running, CPU) under every
         // later test. A paused sandbox is frozen: thawed first, or it
         // would not die.
+        // Killed rather than deleted by runsc, they leave their cgroups:
+        // removed here once empty.
         let root = self.data.root().to_string_lossy().into_owned();
+        let mut cgroups = Vec::new();
         for pid in processes_matching(&format!("--root={root}/")) {
+            cgroups.extend(cgroup_dirs(pid));
             thaw(pid);
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        cgroups.sort();
+        cgroups.dedup();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        cgroups.retain(|dir| std::fs::remove_dir(dir).is_err());
+        while !cgroups.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            cgroups.retain(|dir| std::fs::remove_dir(dir).is_err());
         }
         if let Err(err) = space_host::btrfs::remove_tree(self.data.root()) {
             eprintln!("removing a test data dir: {err}");
@@ -132,19 +144,37 @@ impl Drop for TestDataDir {
     }
 }
 
+/// The cgroups (v1 controllers' and v2) a process is in, other than the
+/// root, as (controllers, directory).
+fn cgroups_of(pid: i32) -> Vec<(String, PathBuf)> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    cgroups
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            if path == "/" {
+                return None;
+            }
+            // `name=systemd` is mounted as `systemd`; v2 has no controllers.
+            let mount = controllers.split(',').next().unwrap_or("").trim_start_matches("name=");
+            let dir = Path::new("/sys/fs/cgroup").join(mount).join(path.trim_start_matches('/'));
+            Some((controllers.to_string(), dir))
+        })
+        .collect()
+}
+
+fn cgroup_dirs(pid: i32) -> Vec<PathBuf> {
+    cgroups_of(pid).into_iter().map(|(_, dir)| dir).collect()
+}
+
 /// Thaws the freezer cgroup (v1 or v2) a process is in, if it has one.
 fn thaw(pid: i32) {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    for line in cgroups.lines() {
-        let mut fields = line.splitn(3, ':');
-        let (_, controllers, path) = (fields.next(), fields.next().unwrap_or(""), fields.next().unwrap_or("/"));
-        if path == "/" {
-            continue;
-        }
+    for (controllers, dir) in cgroups_of(pid) {
         if controllers.split(',').any(|c| c == "freezer") {
-            let _ = std::fs::write(format!("/sys/fs/cgroup/freezer{path}/freezer.state"), "THAWED");
+            let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
         } else if controllers.is_empty() {
-            let _ = std::fs::write(format!("/sys/fs/cgroup{path}/cgroup.freeze"), "0");
+            let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
         }
     }
 }
