@@ -52,7 +52,13 @@ fn run() -> Result<(), String> {
     } else {
         env::var("SPACE_AGENT_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.to_string())
     };
-    let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false)?;
+    // Nothing else in the sandbox may read this process's memory (where
+    // the channel key lives) or trace it: no core dumps, no /proc/1/mem.
+    if let Err(err) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("space-agent: PR_SET_DUMPABLE: {err}");
+    }
+    let mut key = None;
+    let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false, &mut key)?;
     take_welcome(&welcome);
     memory::start();
 
@@ -73,7 +79,17 @@ fn run() -> Result<(), String> {
         // of the socket entirely and dial again until the host listens.
         // Commands keep running; their output waits in the pipes.
         drop(reader);
-        let (new_reader, new_writer, welcome) = connect(&socket_path, None, true)?;
+        // A refused handshake (another process in the sandbox took the
+        // host's socket first, and the host turned it away) is retried.
+        let (new_reader, new_writer, welcome) = loop {
+            match connect(&socket_path, None, true, &mut key) {
+                Ok(connected) => break connected,
+                Err(err) => {
+                    eprintln!("space-agent: redialing: {err}");
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        };
         take_welcome(&welcome);
         if welcome.session != session {
             // A new host session knows nothing of the old streams.
@@ -109,10 +125,14 @@ fn take_welcome(welcome: &Welcome) {
 
 /// Dials the host and does the handshake; returns the reading half, the
 /// writing half and the host's welcome. `patience` None: dial forever.
+/// `key` is the channel key the host gave (presented on every dial, and
+/// replaced when the host gives a new one); it never leaves this process's
+/// memory otherwise.
 fn connect(
     path: &str,
     patience: Option<Duration>,
     reconnect: bool,
+    key: &mut Option<String>,
 ) -> Result<(UnixStream, UnixStream, Welcome), String> {
     let stream = dial(path, patience).map_err(|e| format!("dialing {path}: {e}"))?;
     let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
@@ -122,6 +142,7 @@ fn connect(
         agent_version: env!("CARGO_PKG_VERSION").into(),
         pid: process::id(),
         reconnect,
+        channel_key: key.clone(),
     };
     write_frame(&mut writer, &Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello)).map_err(|e| e.to_string())?;
     let welcome: Welcome = read_frame(&mut reader)
@@ -129,6 +150,10 @@ fn connect(
         .map_err(|e| format!("handshake: {e}"))?;
     if welcome.protocol_version != PROTOCOL_VERSION {
         return Err(format!("host speaks protocol {}, agent {PROTOCOL_VERSION}", welcome.protocol_version));
+    }
+    let mut welcome = welcome;
+    if let Some(new) = welcome.channel_key.take() {
+        *key = Some(new);
     }
     Ok((reader, writer, welcome))
 }

@@ -398,6 +398,51 @@ pub struct DiskStatus {
     pub filesystem: String,
     pub free_bytes: u64,
     pub total_bytes: u64,
+    /// Free space the host keeps: under it, creates, suspends, builds and
+    /// uploads get 507 and output is counted instead of kept.
+    #[serde(default)]
+    pub reserve_bytes: u64,
+}
+
+/// A tenant's quotas (`null`: no limit beyond the host's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaLimits {
+    pub max_sandboxes: Option<u32>,
+    pub max_vcpus: Option<u32>,
+    pub max_memory_mib: Option<u64>,
+    pub max_disk_mib: Option<u64>,
+}
+
+/// Host disk a tenant holds, by kind. `total_bytes` is what counts against
+/// `max_disk_mib`: each root's `disk_mib` in full while its sandbox can
+/// still write (what it holds once it cannot), plus the rest as measured.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DiskUsage {
+    pub total_bytes: u64,
+    /// The roots' `disk_mib`, reserved (a failed sandbox: what it holds).
+    pub roots_reserved_bytes: u64,
+    /// What the roots hold now (their own writes).
+    pub roots_used_bytes: u64,
+    /// Command output kept on the host.
+    pub transcripts_bytes: u64,
+    /// Suspended sandboxes' snapshots.
+    pub snapshots_bytes: u64,
+    /// The tenant's own templates (every version, and builds in progress).
+    pub templates_bytes: u64,
+    /// Image archives being uploaded.
+    pub uploads_bytes: u64,
+}
+
+/// What a tenant uses and may use: `GET /v1/usage`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub tenant: String,
+    pub quotas: QuotaLimits,
+    /// Sandboxes that hold resources (not deleted or failed).
+    pub sandboxes: u32,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub disk: DiskUsage,
 }
 
 /// Runtime defaults of a template; sandboxes may override them.

@@ -87,6 +87,10 @@ enum KeysCommand {
         max_vcpus: Option<u32>,
         #[arg(long)]
         max_memory_mib: Option<u64>,
+        /// Host disk (MiB) for the tenant's roots, output, snapshots,
+        /// templates and uploads together.
+        #[arg(long)]
+        max_disk_mib: Option<u64>,
     },
     /// List keys (ids, tenants, dates; never the keys).
     Ls {
@@ -154,7 +158,7 @@ fn keys(command: KeysCommand) -> Result<()> {
         Ok(Store::open(&data.db_path())?)
     };
     match command {
-        KeysCommand::Create { data_dir, tenant, max_sandboxes, max_vcpus, max_memory_mib } => {
+        KeysCommand::Create { data_dir, tenant, max_sandboxes, max_vcpus, max_memory_mib, max_disk_mib } => {
             if !space_server::tenants::valid_tenant(&tenant) || tenant == space_server::store::OPERATOR_TENANT {
                 bail!(
                     "tenant names are 1-63 lowercase letters, digits, '-' or '_' (and not {:?})",
@@ -162,7 +166,7 @@ fn keys(command: KeysCommand) -> Result<()> {
                 );
             }
             let store = open(&data_dir)?;
-            let quotas = Quotas { max_sandboxes, max_vcpus, max_memory_mib };
+            let quotas = Quotas { max_sandboxes, max_vcpus, max_memory_mib, max_disk_mib };
             let given = (quotas != Quotas::default()).then_some(&quotas);
             let (info, key) = space_server::tenants::create_key(&store, &tenant, given)?;
             eprintln!("key {} for tenant {tenant}; it is shown once, keep it now:", info.id);
@@ -279,6 +283,17 @@ pub struct EngineArgs {
     /// request resumes it first. 0: never.
     #[arg(long, env = "SPACE_AUTO_PAUSE_S", default_value_t = space_server::DEFAULT_AUTO_PAUSE_S)]
     auto_pause_s: u64,
+    /// Output (MiB) kept per command; the rest is counted, not stored.
+    #[arg(long, env = "SPACE_MAX_OUTPUT_MIB", default_value_t = space_server::platform::DEFAULT_MAX_OUTPUT_BYTES >> 20)]
+    max_output_mib: u64,
+    /// Output (MiB) kept per sandbox, all its commands together.
+    #[arg(long, env = "SPACE_MAX_SANDBOX_OUTPUT_MIB",
+        default_value_t = space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES >> 20)]
+    max_sandbox_output_mib: u64,
+    /// Free space (MiB) of the data dir the host keeps: under it, creates,
+    /// suspends, template builds and uploads get 507 and output is not kept.
+    #[arg(long, env = "SPACE_DISK_RESERVE_MIB", default_value_t = space_server::disk::DEFAULT_DISK_RESERVE_MIB)]
+    disk_reserve_mib: u64,
 }
 
 impl EngineArgs {
@@ -327,6 +342,9 @@ impl EngineArgs {
             engine: self.engine,
             firecracker_bin: self.firecracker_bin.clone(),
             auto_pause_s: self.auto_pause_s,
+            max_output_mib: self.max_output_mib,
+            max_sandbox_output_mib: self.max_sandbox_output_mib,
+            disk_reserve_mib: self.disk_reserve_mib,
         }
     }
 }
@@ -908,19 +926,7 @@ fn copy(client: &client::Client, from: &str, to: &str, mode: Option<String>) -> 
 /// Unpacks an archive that came out of a sandbox (so: untrusted) into
 /// `dir`, refusing any entry that would land outside it.
 fn unpack_here(archive: &[u8], dir: &std::path::Path) -> Result<()> {
-    use std::path::Component;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut archive = tar::Archive::new(archive);
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        let name = entry.path()?.into_owned();
-        let outside =
-            name.components().any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_)));
-        if outside || !entry.unpack_in(dir)? {
-            bail!("the archive's entry {} would land outside {}", name.display(), dir.display());
-        }
-    }
-    Ok(())
+    Ok(space_host::download::unpack_within(archive, dir)?)
 }
 
 pub(crate) fn signal_number(name: &str) -> i32 {

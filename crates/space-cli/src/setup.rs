@@ -78,6 +78,7 @@ fn ensure_template(data: &DataDir, args: &SetupArgs, name: &str, say: impl Fn(&s
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let build = DebianBuild {
+        max_bytes: None,
         owner: None,
         engine: None,
         name: name.into(),

@@ -40,6 +40,10 @@ pub enum AgentError {
     Protocol(#[from] ProtoError),
     #[error("{}", .0.message)]
     File(FileError),
+    /// A connection that did not present the sandbox's channel key: some
+    /// other process in the sandbox dialed in before its agent.
+    #[error("the connection did not prove it is the sandbox's agent")]
+    Impostor,
 }
 
 struct Shared {
@@ -69,24 +73,47 @@ async fn greet(
     socket: UnixStream,
     welcome: &Welcome,
     patience: Duration,
-) -> Result<(OwnedReadHalf, OwnedWriteHalf, Hello), AgentError> {
+) -> Result<(OwnedReadHalf, OwnedWriteHalf, Hello, String), AgentError> {
     let (mut read_half, mut write_half) = socket.into_split();
     let hello: Hello = tokio::time::timeout(patience, read_frame(&mut read_half))
         .await
         .map_err(|_| AgentError::Timeout(patience))??
         .expect(FrameKind::Hello)?;
+    let refuse = |message: String| Frame::message(CONTROL_STREAM, FrameKind::Error, &ProtocolErrorMessage { message });
     if hello.protocol_version != PROTOCOL_VERSION {
-        let message = ProtocolErrorMessage {
-            message: format!("host speaks protocol {PROTOCOL_VERSION}, agent {}", hello.protocol_version),
-        };
-        let _ = write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Error, &message)).await;
+        let message = format!("host speaks protocol {PROTOCOL_VERSION}, agent {}", hello.protocol_version);
+        let _ = write_frame(&mut write_half, &refuse(message)).await;
         return Err(ProtoError::Version { theirs: hello.protocol_version }.into());
     }
+    // With a key on record, only the agent holding it is let in; without
+    // one (the sandbox's first connection), this one gets a fresh key.
+    let (key, issued) = match &welcome.channel_key {
+        Some(expected) => {
+            let presented = hello.channel_key.as_deref().unwrap_or("");
+            if !space_proto::constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
+                let _ = write_frame(&mut write_half, &refuse("not this sandbox's agent".into())).await;
+                return Err(AgentError::Impostor);
+            }
+            (expected.clone(), None)
+        }
+        None => {
+            let key = new_channel_key();
+            (key.clone(), Some(key))
+        }
+    };
     // Stamped as it leaves: a restored microVM sets its clock from it.
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok();
-    let welcome = Welcome { clock_unix_ms: clock.map(|c| c.as_millis() as u64), ..welcome.clone() };
+    let welcome =
+        Welcome { clock_unix_ms: clock.map(|c| c.as_millis() as u64), channel_key: issued, ..welcome.clone() };
     write_frame(&mut write_half, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome)).await?;
-    Ok((read_half, write_half, hello))
+    Ok((read_half, write_half, hello, key))
+}
+
+/// 256 random bits, hex.
+fn new_channel_key() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).expect("the kernel's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What a command stream delivers, in order; `Exit` is always last.
@@ -193,7 +220,9 @@ impl AgentConn {
         patience: Duration,
         adopt: &[(u32, u32)],
     ) -> Result<(AgentConn, Vec<ExecStream>), AgentError> {
-        let (read_half, write_half, hello) = greet(socket, &welcome, patience).await?;
+        let (read_half, write_half, hello, key) = greet(socket, &welcome, patience).await?;
+        // What later redials must present.
+        let welcome = Welcome { channel_key: Some(key), ..welcome };
         let (writers, new_writers) = mpsc::unbounded_channel();
         let _ = writers.send(write_half);
         let mut streams = HashMap::new();
@@ -257,7 +286,7 @@ impl AgentConn {
     /// Continues a quiesced connection on the agent's new socket (after a
     /// restore): same identity, same streams; checks health with a ping.
     pub async fn reattach(&self, socket: UnixStream, patience: Duration) -> Result<(), AgentError> {
-        let (read_half, write_half, _hello) = greet(socket, &self.shared.welcome, patience).await?;
+        let (read_half, write_half, _hello, _key) = greet(socket, &self.shared.welcome, patience).await?;
         self.shared.quiescing.store(false, Ordering::Release);
         self.shared.writers.send(write_half).map_err(|_| AgentError::Disconnected)?;
         tokio::spawn(read_loop(read_half, self.shared.clone()));
@@ -564,6 +593,7 @@ mod tests {
             memory_mib: None,
             session: 1,
             clock_unix_ms: None,
+            channel_key: None,
         }
     }
 
@@ -584,7 +614,13 @@ mod tests {
     }
 
     fn hello_frame(version: u32) -> Vec<u8> {
-        let hello = Hello { protocol_version: version, agent_version: "test".into(), pid: 1, reconnect: false };
+        let hello = Hello {
+            protocol_version: version,
+            agent_version: "test".into(),
+            pid: 1,
+            reconnect: false,
+            channel_key: None,
+        };
         Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()
     }
 
@@ -662,14 +698,40 @@ mod tests {
         let stream_id = first.await.unwrap();
         assert!(!conn.is_closed(), "a quiesced connection is not closed");
 
+        // Another process dialing in without the key (or with a wrong one)
+        // is turned away, and the connection is unharmed.
+        let key = conn.welcome().channel_key.clone();
+        assert!(key.as_ref().is_some_and(|k| k.len() == 64), "the first handshake issued a key");
+        for presented in [None, Some("0".repeat(64))] {
+            let (host, guest) = UnixStream::pair().unwrap();
+            let (mut read, mut write) = guest.into_split();
+            let hello = Hello {
+                protocol_version: PROTOCOL_VERSION,
+                agent_version: "fake".into(),
+                pid: 1,
+                reconnect: true,
+                channel_key: presented,
+            };
+            write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
+            let refused = conn.reattach(host, Duration::from_secs(2)).await;
+            assert!(matches!(refused, Err(AgentError::Impostor)), "{refused:?}");
+            assert_eq!(read_frame(&mut read).await.unwrap().kind, FrameKind::Error, "told, and given no welcome");
+        }
+
         let (host, guest) = UnixStream::pair().unwrap();
         let second = tokio::spawn(async move {
             let (mut read, mut write) = guest.into_split();
-            let hello =
-                Hello { protocol_version: PROTOCOL_VERSION, agent_version: "t".into(), pid: 1, reconnect: true };
+            let hello = Hello {
+                protocol_version: PROTOCOL_VERSION,
+                agent_version: "t".into(),
+                pid: 1,
+                reconnect: true,
+                channel_key: key,
+            };
             write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
             let welcome: Welcome = read_frame(&mut read).await.unwrap().expect(FrameKind::Welcome).unwrap();
             assert_eq!(welcome.session, 1, "the same session goes on");
+            assert_eq!(welcome.channel_key, None, "a redial is never sent the key");
             let ping = read_frame(&mut read).await.unwrap();
             write.write_all(&Frame::new(ping.stream, FrameKind::Pong, ping.payload).encode().unwrap()).await.unwrap();
             write

@@ -18,7 +18,7 @@ use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
 use space_process::Reaper;
 use tokio::net::UnixListener;
 
-use crate::{AgentConn, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
+use crate::{AgentConn, AgentListener, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
 
 /// How long a sandbox may take from `runsc run` to the agent's hello.
 const BOOT_PATIENCE: Duration = Duration::from_secs(20);
@@ -47,10 +47,6 @@ enum Launch {
     /// The container from its checkpoint (root, bundle and sockets exist).
     Restore,
 }
-
-/// How long a restarted server waits for a live sandbox's agent to redial
-/// (the agent backs off to one attempt a second).
-const REDIAL_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Gvisor {
     pub fn new(config: GvisorConfig) -> Gvisor {
@@ -358,19 +354,14 @@ impl Engine for Gvisor {
         }
     }
 
-    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
         let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, Launch::Restore))
             .await
             .map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
-        let accepted = tokio::time::timeout(REDIAL_PATIENCE, listener.accept()).await;
-        let _ = fs::remove_file(Self::socket_dir(&spec.dir).join(SOCKET_NAME));
-        let (socket, _) = accepted
-            .map_err(|_| EngineError::Runtime(format!("the agent did not redial within {REDIAL_PATIENCE:?}")))?
-            .map_err(EngineError::io("accepting the agent"))?;
-        Ok(socket)
+        Ok(AgentListener::new(listener, Self::socket_dir(&spec.dir).join(SOCKET_NAME)))
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

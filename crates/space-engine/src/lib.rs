@@ -62,6 +62,40 @@ pub struct SandboxSpec {
     pub engine: Option<String>,
 }
 
+/// How long a redial waits for the agent to dial in.
+pub const REDIAL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The host's end of a sandbox's agent socket, listening; the socket file
+/// goes when it is dropped, so nobody connects once the agent is in.
+pub struct AgentListener {
+    listener: tokio::net::UnixListener,
+    path: std::path::PathBuf,
+}
+
+impl AgentListener {
+    pub fn new(listener: tokio::net::UnixListener, path: std::path::PathBuf) -> AgentListener {
+        AgentListener { listener, path }
+    }
+
+    /// The next connection, whoever made it.
+    pub async fn accept(&self) -> Result<tokio::net::UnixStream, EngineError> {
+        self.listener.accept().await.map(|(socket, _)| socket).map_err(EngineError::io("accepting the agent"))
+    }
+
+    /// The first connection within [`REDIAL_PATIENCE`].
+    pub async fn accept_one(self) -> Result<tokio::net::UnixStream, EngineError> {
+        tokio::time::timeout(REDIAL_PATIENCE, self.accept())
+            .await
+            .map_err(|_| EngineError::Runtime(format!("the agent did not redial within {REDIAL_PATIENCE:?}")))?
+    }
+}
+
+impl Drop for AgentListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// The identity a sandbox's agent receives when it dials in. The session
 /// is fresh for every new host-side connection.
 pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
@@ -79,6 +113,7 @@ pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
         memory_mib: (spec.memory_mib > 0).then_some(spec.memory_mib),
         session: u64::from_le_bytes(session) | 1,
         clock_unix_ms: None,
+        channel_key: None,
     }
 }
 
@@ -154,10 +189,11 @@ pub trait Engine: Send + Sync {
     /// Blocking: call it off the async threads.
     fn status(&self, spec: &SandboxSpec) -> LiveStatus;
 
-    /// Listens on the sandbox's agent socket again and returns the agent's
-    /// next connection (its agent redials when its channel drops): how a
-    /// restarted server re-adopts a live sandbox.
-    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError>;
+    /// Listens on the sandbox's agent socket again (its agent redials when
+    /// its channel drops): how a restarted server re-adopts a live sandbox,
+    /// and where a restore listens again when someone other than the agent
+    /// dialed first.
+    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError>;
 
     /// Stops the sandbox's processes, keeping its disk and snapshot.
     /// Blocking: call it off the async threads.
@@ -234,7 +270,7 @@ impl Engine for Engines {
         self.pick(spec).status(spec)
     }
 
-    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
         self.pick(spec).redial(spec).await
     }
 

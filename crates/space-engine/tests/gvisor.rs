@@ -79,7 +79,8 @@ async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     let agent = engine.create(&spec).await.expect("create").agent;
     agent.quiesce(Duration::from_secs(10)).await.expect("quiesce");
 
-    let socket = engine.redial(&spec).await.expect("the agent dials again");
+    let socket =
+        engine.redial(&spec).await.expect("listening again").accept_one().await.expect("the agent dials again");
     let mut clone = spec.clone();
     clone.id = "sbx_clone".into();
     clone.hostname = "sbx-clone".into();

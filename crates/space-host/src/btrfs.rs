@@ -35,8 +35,45 @@ struct FsInfoArgs {
     rest: [u8; 1024 - 32],
 }
 
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+
 nix::ioctl_readwrite!(btrfs_quota_ctl, 0x94, 40, QuotaCtlArgs);
 nix::ioctl_read!(btrfs_fs_info, 0x94, 31, FsInfoArgs);
+nix::ioctl_readwrite!(btrfs_ino_lookup, 0x94, 18, InoLookupArgs);
+
+/// The sysfs directory of the btrfs filesystem holding the open `dir`.
+fn sysfs_dir(dir: &std::fs::File) -> std::io::Result<String> {
+    let mut info = FsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
+    // SAFETY: the fd is a directory on btrfs and `info` is the 1024-byte
+    // struct the ioctl fills.
+    unsafe { btrfs_fs_info(std::os::fd::AsRawFd::as_raw_fd(dir), &mut info) }?;
+    let hex: String = info.fsid.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("/sys/fs/btrfs/{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]))
+}
+
+/// The bytes a subvolume holds on its own (its quota group's exclusive
+/// count: under simple quotas, what it wrote itself), when quotas are on.
+/// `path` must be the subvolume's root directory.
+pub fn exclusive_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    // objectid 256 is a subvolume's root directory; treeid 0 asks for the
+    // tree (subvolume id) of the fd itself.
+    let mut args = InoLookupArgs { treeid: 0, objectid: 256, name: [0; 4080] };
+    // SAFETY: the fd is a directory and `args` is the struct the ioctl fills.
+    unsafe { btrfs_ino_lookup(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut args) }.ok()?;
+    let file = format!("{}/qgroups/0_{}/exclusive", sysfs_dir(&dir).ok()?, args.treeid);
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
 
 const QUOTA_CTL_DISABLE: u64 = 2;
 const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
@@ -56,14 +93,9 @@ pub enum QuotaMode {
 /// The quota mode of the btrfs filesystem holding `path`.
 pub fn quota_mode(path: &Path) -> Result<QuotaMode, HostError> {
     let dir = std::fs::File::open(path).map_err(HostError::io(format!("opening {}", path.display())))?;
-    let mut info = FsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
-    // SAFETY: the fd is a directory on btrfs and `info` is the 1024-byte
-    // struct the ioctl fills.
-    unsafe { btrfs_fs_info(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut info) }
-        .map_err(|e| HostError::Invalid(format!("reading btrfs info of {}: {e}", path.display())))?;
-    let hex: String = info.fsid.iter().map(|b| format!("{b:02x}")).collect();
-    let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
-    let mode = std::fs::read_to_string(format!("/sys/fs/btrfs/{uuid}/qgroups/mode"));
+    let sysfs =
+        sysfs_dir(&dir).map_err(|e| HostError::Invalid(format!("reading btrfs info of {}: {e}", path.display())))?;
+    let mode = std::fs::read_to_string(format!("{sysfs}/qgroups/mode"));
     Ok(match mode.as_deref().map(str::trim) {
         Ok("squota") => QuotaMode::Simple,
         Ok(_) => QuotaMode::Full,
@@ -105,7 +137,12 @@ pub fn enable_quotas(path: &Path) -> Result<QuotaMode, HostError> {
 /// Caps the data a subvolume may hold beyond what it shares with its
 /// origin (its own writes) at `mib`; writes past it fail with EDQUOT.
 pub fn limit_exclusive(path: &Path, mib: u32) -> Result<(), HostError> {
-    run(Command::new("btrfs").args(["qgroup", "limit", "-e", &format!("{mib}M")]).arg(path)).map(drop)
+    limit_exclusive_bytes(path, u64::from(mib) << 20)
+}
+
+/// [`limit_exclusive`] in bytes.
+pub fn limit_exclusive_bytes(path: &Path, bytes: u64) -> Result<(), HostError> {
+    run(Command::new("btrfs").args(["qgroup", "limit", "-e", &bytes.to_string()]).arg(path)).map(drop)
 }
 
 /// Removes the quota groups of deleted subvolumes once btrfs has cleaned

@@ -7,6 +7,7 @@
 
 pub mod btrfs;
 pub mod datadir;
+pub mod download;
 pub mod guest;
 pub mod oci;
 pub mod packages;

@@ -47,6 +47,8 @@ pub struct OciImport {
     pub engine: Option<String>,
     /// Where the build log goes.
     pub log: PathBuf,
+    /// The most the new root may hold; `None`: no cap.
+    pub max_bytes: Option<u64>,
 }
 
 /// Imports an OCI image archive as the next version of a template.
@@ -58,15 +60,13 @@ pub fn import_oci(
 ) -> Result<TemplateInfo, HostError> {
     let mut log = open_log(&import.log)?;
     let labels = (import.owner.clone(), import.engine.clone());
-    let result = publish(data, &import.name, labels, &mut progress, |partial, progress| {
+    let result = publish(data, &import.name, labels, import.max_bytes, &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
         let step = |step: &str, done| BuildProgress::step(step, done);
         progress(step("reading the archive", 0));
-        let archive = OuterArchive::open(&import.archive, partial)?;
+        let archive = OuterArchive::open(&import.archive, partial, import.max_bytes)?;
         let image = archive.image()?;
         let _ = writeln!(log, "image: {} ({} layers)", image.format, image.layers.len());
-        progress(step("creating the root subvolume", 1));
-        btrfs::create_subvolume(&rootfs)?;
         let total: u64 = image.layers.iter().map(|l| l.size).sum();
         let mut done = 0;
         for (n, layer) in image.layers.iter().enumerate() {
@@ -135,7 +135,10 @@ struct Layer {
 }
 
 impl OuterArchive {
-    fn open(upload: &Path, work: &Path) -> Result<OuterArchive, HostError> {
+    /// Opens the upload; a gzip-compressed one is decompressed into `work`
+    /// first, at most `max_bytes` of it (a small archive may expand a
+    /// thousandfold).
+    fn open(upload: &Path, work: &Path, max_bytes: Option<u64>) -> Result<OuterArchive, HostError> {
         let mut file = fs::File::open(upload).map_err(HostError::io("opening the uploaded archive"))?;
         let mut magic = [0u8; 2];
         let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
@@ -145,8 +148,17 @@ impl OuterArchive {
             let reader = flate2::read::MultiGzDecoder::new(BufReader::new(
                 fs::File::open(upload).map_err(HostError::io("opening the uploaded archive"))?,
             ));
-            io::copy(&mut BufReader::new(reader), &mut out)
+            let cap = max_bytes.unwrap_or(u64::MAX);
+            let copied = io::copy(&mut BufReader::new(reader).take(cap.saturating_add(1)), &mut out)
                 .map_err(|e| bad(format!("the archive is gzip-compressed but does not decompress: {e}")))?;
+            if copied > cap {
+                drop(out);
+                let _ = fs::remove_file(&plain);
+                return Err(bad(format!(
+                    "the archive decompresses to more than {cap} bytes, the disk this import may use \
+                     (the tenant's quota left, or the host's free space above its reserve)"
+                )));
+            }
             (plain.clone(), Some(plain))
         } else {
             (upload.to_path_buf(), None)

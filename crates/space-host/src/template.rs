@@ -209,6 +209,9 @@ pub struct DebianBuild {
     pub log: PathBuf,
     /// Downloaded packages kept between builds, so the next build reuses them.
     pub apt_cache: Option<PathBuf>,
+    /// The most the new root may hold (the owner's disk quota left, or the
+    /// host's free space above its reserve); `None`: no cap.
+    pub max_bytes: Option<u64>,
 }
 
 /// Builds template `name` from Debian `suite` with `packages`, as the next
@@ -221,7 +224,8 @@ pub fn build_debian(
 ) -> Result<TemplateInfo, HostError> {
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
-    publish(data, &build.name, (build.owner.clone(), build.engine.clone()), &mut progress, |partial, progress| {
+    let labels = (build.owner.clone(), build.engine.clone());
+    publish(data, &build.name, labels, build.max_bytes, &mut progress, |partial, progress| {
         build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)?;
         Ok((source, build.defaults.clone()))
     })
@@ -241,11 +245,9 @@ pub fn import_dir(
         return Err(HostError::Invalid(format!("{} is not a directory", source_dir.display())));
     }
     let source = serde_json::json!({"dir": source_dir.display().to_string()});
-    publish(data, name, (None, None), &mut progress, |partial, progress| {
+    publish(data, name, (None, None), None, &mut progress, |partial, progress| {
         let rootfs = partial.join("rootfs");
         let step = BuildProgress::step;
-        progress(step("creating the root subvolume", 0));
-        btrfs::create_subvolume(&rootfs)?;
         progress(step("copying the directory", 1));
         let mut from = source_dir.as_os_str().to_owned();
         from.push("/.");
@@ -263,11 +265,14 @@ pub(crate) type Built = (serde_json::Value, TemplateDefaults);
 
 /// Builds the next version of template `name` in a hidden directory with
 /// `fill`, then publishes it by writing `template.json` and renaming; on
-/// failure nothing of it is left.
+/// failure nothing of it is left. `fill` finds the root subvolume made at
+/// `rootfs/`, capped at `max_bytes` when given (a write past it fails with
+/// EDQUOT, and so does the build).
 pub(crate) fn publish(
     data: &DataDir,
     name: &str,
     (owner, engine): (Option<String>, Option<String>),
+    max_bytes: Option<u64>,
     progress: &mut dyn FnMut(BuildProgress),
     fill: impl FnOnce(&Path, &mut dyn FnMut(BuildProgress)) -> Result<Built, HostError>,
 ) -> Result<TemplateInfo, HostError> {
@@ -280,34 +285,49 @@ pub(crate) fn publish(
     let partial = template_dir.join(format!(".{version}.partial"));
     remove_partial(&partial)?;
     fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
-    let finish = fill(&partial, progress).and_then(|(source, defaults)| {
-        if data.ext4_images() {
-            progress(BuildProgress::step("making the ext4 root drive", BUILD_STEPS - 1));
-            make_ext4(&partial.join("rootfs"), &partial.join(EXT4_IMAGE), defaults.disk_mib)?;
-        }
-        let meta = TemplateMeta {
-            name: name.into(),
-            version,
-            created_at: crate::now_rfc3339(),
-            source,
-            defaults,
-            warm_pool: None,
-            owner,
-            engine,
-        };
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
-        fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;
-        let final_dir = template_dir.join(version.to_string());
-        fs::rename(&partial, &final_dir).map_err(HostError::io("publishing the template"))?;
-        progress(BuildProgress::step("done", BUILD_STEPS));
-        TemplateInfo::load(&final_dir)
-    });
+    let finish = create_root(&partial.join("rootfs"), max_bytes, progress)
+        .and_then(|()| fill(&partial, progress))
+        .and_then(|(source, defaults)| {
+            if data.ext4_images() {
+                progress(BuildProgress::step("making the ext4 root drive", BUILD_STEPS - 1));
+                make_ext4(&partial.join("rootfs"), &partial.join(EXT4_IMAGE), defaults.disk_mib)?;
+            }
+            let meta = TemplateMeta {
+                name: name.into(),
+                version,
+                created_at: crate::now_rfc3339(),
+                source,
+                defaults,
+                warm_pool: None,
+                owner,
+                engine,
+            };
+            let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
+            fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;
+            let final_dir = template_dir.join(version.to_string());
+            fs::rename(&partial, &final_dir).map_err(HostError::io("publishing the template"))?;
+            progress(BuildProgress::step("done", BUILD_STEPS));
+            TemplateInfo::load(&final_dir)
+        });
     if finish.is_err() {
         let _ = remove_partial(&partial);
         // A first version that failed leaves no empty template directory.
         let _ = fs::remove_dir(&template_dir);
     }
     finish
+}
+
+fn create_root(
+    rootfs: &Path,
+    max_bytes: Option<u64>,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<(), HostError> {
+    progress(BuildProgress::step("creating the root subvolume", 0));
+    btrfs::create_subvolume(rootfs)?;
+    match max_bytes {
+        Some(bytes) => btrfs::limit_exclusive_bytes(rootfs, bytes),
+        None => Ok(()),
+    }
 }
 
 fn remove_partial(partial: &Path) -> Result<(), HostError> {
@@ -329,9 +349,6 @@ fn build_into(
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
     let step = BuildProgress::step;
-    progress(step("creating the root subvolume", 0));
-    btrfs::create_subvolume(&rootfs)?;
-
     progress(step("installing Debian packages (mmdebstrap)", 1));
     if let Some(parent) = log_path.parent() {
         fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;

@@ -242,6 +242,14 @@ pub fn write_frame<W: Write>(writer: &mut W, frame: &Frame) -> Result<(), ProtoE
     Ok(())
 }
 
+/// Compares secrets without leaking, through timing, how much matched.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

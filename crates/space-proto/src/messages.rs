@@ -14,6 +14,11 @@ pub struct Hello {
     pub pid: u32,
     /// The agent dials again after a quiesce (its commands kept running).
     pub reconnect: bool,
+    /// The channel key the host gave this agent at its first handshake
+    /// (kept only in the agent's memory): on a redial it proves the
+    /// connection is the sandbox's agent, not another process inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_key: Option<String>,
 }
 
 /// The sandbox's identity, sent by the host in answer to [`Hello`].
@@ -43,6 +48,12 @@ pub struct Welcome {
     /// with, and its agent sets the guest's clock from this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_unix_ms: Option<u64>,
+    /// A new channel key for the agent to present on every later dial;
+    /// sent only on a connection the host trusts to be the agent (the
+    /// first, before anything else ran in the sandbox). On the host's side,
+    /// the key a redialing agent must present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_key: Option<String>,
 }
 
 /// What a sandbox taken from a warm pool becomes when it is handed out.

@@ -117,10 +117,9 @@ impl Actor {
             platform.progress(operation_id, "waking a warm sandbox", 1);
             match platform.hand_out(&member, &record.env).await {
                 Ok(()) => {
-                    let session = member.agent.welcome().session;
+                    let welcome = member.agent.welcome().clone();
                     self.set_agent(Some(member.agent));
-                    let applied =
-                        platform.apply_with(&self.id, Event::Started, None, |r| r.agent_session = Some(session));
+                    let applied = platform.apply_with(&self.id, Event::Started, None, |r| r.remember_agent(&welcome));
                     return platform.finish_operation(operation_id, applied.err());
                 }
                 Err(err) => {
@@ -135,9 +134,9 @@ impl Actor {
             Ok(started) => {
                 tracing::info!(sandbox = %self.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
                 platform.progress(operation_id, "agent healthy", 2);
-                let session = started.agent.welcome().session;
+                let welcome = started.agent.welcome().clone();
                 self.set_agent(Some(started.agent));
-                match platform.apply_with(&self.id, Event::Started, None, |r| r.agent_session = Some(session)) {
+                match platform.apply_with(&self.id, Event::Started, None, |r| r.remember_agent(&welcome)) {
                     Ok(_) => platform.finish_operation(operation_id, None),
                     Err(err) => platform.finish_operation(operation_id, Some(err)),
                 }
@@ -276,18 +275,26 @@ impl Actor {
         let result = async {
             let socket = platform.engine.restore(&spec).await.map_err(|e| e.to_string())?;
             platform.progress(operation_id, "reconnecting the agent", 1);
-            match known {
-                Some(agent) => agent.reattach(socket, QUIESCE_PATIENCE).await.map(|()| agent),
-                None => AgentConn::handshake(socket, space_engine::welcome_for(&spec), QUIESCE_PATIENCE).await,
-            }
-            .map_err(|e| e.to_string())
+            let mut welcome = space_engine::welcome_for(&spec);
+            welcome.channel_key = record.channel_key.clone();
+            platform
+                .take_agent(&spec, Some(socket), |socket| {
+                    let (known, welcome) = (known.clone(), welcome.clone());
+                    async move {
+                        match known {
+                            Some(agent) => agent.reattach(socket, QUIESCE_PATIENCE).await.map(|()| agent),
+                            None => AgentConn::handshake(socket, welcome, QUIESCE_PATIENCE).await,
+                        }
+                    }
+                })
+                .await
         }
         .await;
         match result {
             Ok(agent) => {
-                let session = agent.welcome().session;
+                let welcome = agent.welcome().clone();
                 self.set_agent(Some(agent));
-                let applied = platform.apply_with(&self.id, Event::Restored, None, |r| r.agent_session = Some(session));
+                let applied = platform.apply_with(&self.id, Event::Restored, None, |r| r.remember_agent(&welcome));
                 platform.finish_operation(operation_id, applied.err());
             }
             Err(err) => {
@@ -315,6 +322,7 @@ impl Actor {
         self.set_agent(None);
         match platform.engine.destroy(&platform.engine_spec(&record)).await {
             Ok(()) => {
+                platform.forget_output_use(&self.id);
                 let result = platform.apply(&self.id, Event::Destroyed, None);
                 platform.finish_operation(operation_id, result.err());
                 true

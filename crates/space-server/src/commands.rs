@@ -12,7 +12,7 @@ use crate::domain::{self, CommandSpec};
 use crate::error::ApiError;
 use crate::ids;
 use crate::platform::Platform;
-use crate::transcript::{self, Progress, Stream, TranscriptWriter};
+use crate::transcript::{self, OutputLimits, Progress, Stream, TranscriptWriter};
 
 /// What exists of a running command in memory.
 pub struct LiveCommand {
@@ -56,7 +56,7 @@ fn exec_failure(err: AgentError) -> ApiError {
             };
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, failed.message)
         }
-        AgentError::Disconnected | AgentError::Timeout(_) => {
+        AgentError::Disconnected | AgentError::Timeout(_) | AgentError::Impostor => {
             ApiError::new(StatusCode::CONFLICT, "invalid_state", "the sandbox is not reachable; it may have stopped")
         }
         AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
@@ -84,7 +84,7 @@ impl Platform {
         let transcript_path = transcript::path_for(&sandbox_dir, &id);
         let writer =
             TranscriptWriter::create(&transcript_path).map_err(|e| ApiError::internal("creating the transcript", e))?;
-        let writer = writer.with_limit(self.max_output_bytes.load(std::sync::atomic::Ordering::Relaxed));
+        let writer = writer.with_limits(self.output_limits(sandbox_id));
         let request = ExecRequest {
             argv: spec.argv.clone(),
             env: spec.env,
@@ -192,14 +192,8 @@ impl Platform {
                 finished_at: ids::now(),
                 error: if write_failed {
                     Some("the host could not keep all of the output".to_string())
-                } else if writer.dropped_bytes > 0 {
-                    Some(format!(
-                        "{} bytes of output past the {}-byte limit per command were not kept",
-                        writer.dropped_bytes,
-                        self.max_output_bytes.load(std::sync::atomic::Ordering::Relaxed)
-                    ))
                 } else {
-                    None
+                    writer.dropped_note()
                 },
             },
             None => lost_result(&command, "the sandbox stopped before the command ended"),
@@ -215,6 +209,16 @@ impl Platform {
         writer.finish();
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).remove(&command.id);
         self.changed();
+    }
+
+    /// The bounds on what a command of `sandbox_id` may keep of its output.
+    pub(crate) fn output_limits(&self, sandbox_id: &str) -> OutputLimits {
+        use std::sync::atomic::Ordering::Relaxed;
+        OutputLimits {
+            per_command: self.max_output_bytes.load(Relaxed),
+            sandbox: Some((self.output_use(sandbox_id), self.max_sandbox_output_bytes.load(Relaxed))),
+            host: Some((self.data.root().to_path_buf(), self.disk_reserve_bytes.load(Relaxed))),
+        }
     }
 
     pub fn command(&self, sandbox_id: &str, command_id: &str) -> Result<Command, ApiError> {

@@ -8,6 +8,7 @@ mod actor;
 pub mod api;
 mod capacity;
 pub mod commands;
+pub mod disk;
 pub mod domain;
 pub mod error;
 pub mod http;
@@ -71,6 +72,11 @@ pub struct PlatformConfig {
     /// Seconds a running sandbox may be idle before the server pauses it
     /// (resumed on its next request); 0 turns that off.
     pub auto_pause_s: u64,
+    /// Output kept per command and per sandbox, in MiB.
+    pub max_output_mib: u64,
+    pub max_sandbox_output_mib: u64,
+    /// Free space of the data dir the host keeps, in MiB.
+    pub disk_reserve_mib: u64,
 }
 
 /// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
@@ -198,7 +204,11 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     tracing::info!("engine: {}", engine.name());
     let platform = Platform::new(data, store, engine, config.warm_pool, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
-    platform.auto_pause_s.store(config.auto_pause_s, std::sync::atomic::Ordering::Relaxed);
+    use std::sync::atomic::Ordering::Relaxed;
+    platform.auto_pause_s.store(config.auto_pause_s, Relaxed);
+    platform.max_output_bytes.store(config.max_output_mib.saturating_mul(1 << 20), Relaxed);
+    platform.max_sandbox_output_bytes.store(config.max_sandbox_output_mib.saturating_mul(1 << 20), Relaxed);
+    platform.disk_reserve_bytes.store(config.disk_reserve_mib.saturating_mul(1 << 20), Relaxed);
     raise_open_files_limit();
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)

@@ -65,6 +65,11 @@ pub struct Platform {
     pub engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
     /// Seconds a sandbox may be idle before the server pauses it (0: never).
     pub auto_pause_s: std::sync::atomic::AtomicU64,
+    /// Output kept per sandbox (all its transcripts together).
+    pub max_sandbox_output_bytes: std::sync::atomic::AtomicU64,
+    /// Free space of the data dir the host keeps (see `disk.rs`).
+    pub disk_reserve_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) output_use: crate::disk::OutputUse,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -95,6 +100,9 @@ impl Platform {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
             auto_pause_s: crate::idle::DEFAULT_AUTO_PAUSE_S.into(),
+            max_sandbox_output_bytes: crate::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),
+            disk_reserve_bytes: (crate::disk::DEFAULT_DISK_RESERVE_MIB << 20).into(),
+            output_use: Default::default(),
         })
     }
 
@@ -153,6 +161,7 @@ impl Platform {
         let engine = self.engine_for(template)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         self.check_quotas(tenant, &spec)?;
+        self.check_reserve("create a sandbox", 0)?;
         let warm = self.take_warm(&spec, template);
         if warm.is_none() {
             // A warm member's memory is already counted.
@@ -181,6 +190,7 @@ impl Platform {
             template_version,
             env: spec.env,
             agent_session: None,
+            channel_key: None,
             tenant: tenant.to_string(),
         };
         self.store.put_sandbox(&record)?;
@@ -244,6 +254,12 @@ impl Platform {
             return Ok((record.sandbox, operation));
         }
         domain::transition(record.sandbox.state, event)?;
+        if event == Event::SuspendRequested {
+            // The snapshot holds the sandbox's memory: room for all of it.
+            let snapshot = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+            self.check_reserve("suspend a sandbox", snapshot)?;
+            self.check_disk_quota(&record.tenant, snapshot, "suspend a sandbox (its snapshot holds its memory)")?;
+        }
         if event == Event::RestoreRequested {
             self.admit(record.sandbox.memory_mib)?;
         }

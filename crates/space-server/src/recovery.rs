@@ -17,7 +17,60 @@ use crate::transcript::{self, TranscriptWriter};
 /// How long a re-adopted agent has to answer its handshake.
 const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
 
+/// Handshakes a redial runs at once: connections past them wait.
+const MAX_PENDING_HANDSHAKES: usize = 32;
+
 impl Platform {
+    /// Takes the sandbox's agent back: runs `handshake` on `first` (a
+    /// restore's first connection) if given, then on every connection to
+    /// the listening socket, several at once, until one is the sandbox's
+    /// agent. Another process in the sandbox may dial in too (it does not
+    /// hold the channel key, so its handshake fails), but it cannot keep the
+    /// agent out: every connection is heard, the agent's among them.
+    pub(crate) async fn take_agent<T, F, Fut>(
+        &self,
+        spec: &space_engine::SandboxSpec,
+        first: Option<tokio::net::UnixStream>,
+        mut handshake: F,
+    ) -> Result<T, String>
+    where
+        F: FnMut(tokio::net::UnixStream) -> Fut,
+        Fut: std::future::Future<Output = Result<T, space_engine::AgentError>>,
+    {
+        use futures_util::StreamExt;
+        if let Some(socket) = first {
+            match handshake(socket).await {
+                Err(space_engine::AgentError::Impostor) => self.impostor(spec),
+                other => return other.map_err(|e| e.to_string()),
+            }
+        }
+        let listener = self.engine.redial(spec).await.map_err(|e| e.to_string())?;
+        let deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
+        let mut pending = futures_util::stream::FuturesUnordered::new();
+        let mut last_error = None;
+        loop {
+            tokio::select! {
+                accepted = listener.accept(), if pending.len() < MAX_PENDING_HANDSHAKES => {
+                    pending.push(handshake(accepted.map_err(|e| e.to_string())?));
+                }
+                Some(result) = pending.next(), if !pending.is_empty() => match result {
+                    Ok(taken) => return Ok(taken),
+                    Err(space_engine::AgentError::Impostor) => self.impostor(spec),
+                    Err(err) => last_error = Some(err.to_string()),
+                },
+                () = tokio::time::sleep_until(deadline), if pending.is_empty() => {
+                    return Err(last_error.unwrap_or_else(|| {
+                        format!("the agent did not dial in within {:?}", space_engine::REDIAL_PATIENCE)
+                    }));
+                }
+            }
+        }
+    }
+
+    fn impostor(&self, spec: &space_engine::SandboxSpec) {
+        tracing::warn!(sandbox = %spec.id, "turned away a connection to the agent socket that did not hold the agent's key");
+    }
+
     /// Settles what a previous server process left in flight, so that every
     /// request it accepted is carried out rather than dropped. A sandbox
     /// caught between two states is put in the one its engine shows:
@@ -261,7 +314,6 @@ impl Platform {
             LiveStatus::Paused => self.engine.resume(&spec).await.map_err(|e| e.to_string())?,
             LiveStatus::Running => {}
         }
-        let socket = self.engine.redial(&spec).await.map_err(|e| e.to_string())?;
         // Each running command with the agent stream and timeout it had.
         let mut resumable = Vec::new();
         for command in running {
@@ -279,8 +331,12 @@ impl Platform {
         let adopt: Vec<(u32, u32)> = resumable.iter().map(|(command, stream, _)| (*stream, command.pid)).collect();
         let mut welcome = space_engine::welcome_for(&spec);
         welcome.session = session;
-        let (agent, streams) =
-            AgentConn::handshake_adopting(socket, welcome, ADOPT_PATIENCE, &adopt).await.map_err(|e| e.to_string())?;
+        welcome.channel_key = record.channel_key.clone();
+        let (agent, streams) = self
+            .take_agent(&spec, None, |socket| {
+                AgentConn::handshake_adopting(socket, welcome.clone(), ADOPT_PATIENCE, &adopt)
+            })
+            .await?;
         if status == LiveStatus::Paused {
             self.engine.pause(&spec).await.map_err(|e| e.to_string())?;
         }
@@ -300,7 +356,7 @@ impl Platform {
             let path = transcript::path_for(&sandbox_dir, &command.id);
             let writer = TranscriptWriter::reopen(&path)
                 .map_err(|e| e.to_string())?
-                .with_limit(self.max_output_bytes.load(std::sync::atomic::Ordering::Relaxed));
+                .with_limits(self.output_limits(&command.sandbox_id));
             let started = started_instant(&command.started_at);
             self.follow(command, stream, writer, started, timeout_s);
         }

@@ -30,9 +30,22 @@ pub struct SandboxRecord {
     /// re-adopt the sandbox with its command streams.
     #[serde(default)]
     pub agent_session: Option<u64>,
+    /// The key its agent presents when it dials again (after a resume or a
+    /// server restart); never returned by the API.
+    #[serde(default)]
+    pub channel_key: Option<String>,
     /// The tenant that owns it; records from before tenants are the operator's.
     #[serde(default = "operator_tenant")]
     pub tenant: String,
+}
+
+impl SandboxRecord {
+    /// Records what the host needs to take its agent back later: the
+    /// session and the channel key of this handshake.
+    pub(crate) fn remember_agent(&mut self, welcome: &space_proto::Welcome) {
+        self.agent_session = Some(welcome.session);
+        self.channel_key = welcome.channel_key.clone();
+    }
 }
 
 #[cfg(test)]
@@ -66,6 +79,7 @@ impl SandboxRecord {
             template_version: 1,
             env: BTreeMap::new(),
             agent_session: None,
+            channel_key: None,
             tenant: "default".into(),
         }
     }
@@ -84,6 +98,9 @@ pub struct Quotas {
     pub max_sandboxes: Option<u32>,
     pub max_vcpus: Option<u32>,
     pub max_memory_mib: Option<u64>,
+    /// Host disk in MiB: roots, output, snapshots, templates, uploads.
+    #[serde(default)]
+    pub max_disk_mib: Option<u64>,
 }
 
 /// An API key as listed: never the key itself, which is stored only hashed.

@@ -63,6 +63,11 @@ impl Drop for Upload {
     }
 }
 
+/// A build whose disk allowance could not be worked out does not start.
+fn quota_unknown(err: ApiError) -> HostError {
+    HostError::Invalid(format!("the build's disk allowance is unknown: {}", err.message))
+}
+
 fn valid_package(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
@@ -157,6 +162,8 @@ impl Platform {
             )));
         }
         let owner = (!caller.operator).then(|| caller.tenant.clone());
+        self.check_reserve("build a template", 0)?;
+        self.check_disk_quota(&caller.tenant, 0, "build a template")?;
         let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
         if builds.contains_key(name) && caller.sees_template(builds[name].owner.as_deref()) {
             return Err(ApiError::new(
@@ -199,11 +206,12 @@ impl Platform {
         let source = serde_json::json!({"debian": {"suite": debian.suite, "packages": debian.packages}});
         let slot = self.reserve_build(&request.name, source, caller)?;
         let (name, suite, packages) = (request.name.clone(), debian.suite.clone(), debian.packages.clone());
-        let owner = slot.owner.clone();
+        let (owner, tenant) = (slot.owner.clone(), slot.tenant.clone());
         self.start_build(
             slot,
             Box::new(move |platform, operation_id, progress| {
                 let build = DebianBuild {
+                    max_bytes: Some(platform.build_allowance(&tenant).map_err(quota_unknown)?),
                     name,
                     suite,
                     packages,
@@ -226,11 +234,12 @@ impl Platform {
         overrides: DefaultsOverride,
         engine: Option<String>,
     ) -> Result<(Template, Operation), ApiError> {
-        let (name, owner) = (slot.name.clone(), slot.owner.clone());
+        let (name, owner, tenant) = (slot.name.clone(), slot.owner.clone(), slot.tenant.clone());
         self.start_build(
             slot,
             Box::new(move |platform, operation_id, progress| {
                 let import = OciImport {
+                    max_bytes: Some(platform.build_allowance(&tenant).map_err(quota_unknown)?),
                     name,
                     archive: upload.path.clone(),
                     overrides,

@@ -5,13 +5,14 @@
 //! key are shared, those built with a tenant's key are that tenant's.
 
 use sha2::{Digest, Sha256};
-use space_api::SandboxState;
+use space_api::{SandboxState, Usage};
 
+use crate::disk::{quota_exceeded, quota_limits};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
 use crate::ids;
 use crate::platform::Platform;
-use crate::store::{KeyInfo, Quotas, Store, StoreError, OPERATOR_TENANT};
+use crate::store::{KeyInfo, Quotas, SandboxRecord, Store, StoreError, OPERATOR_TENANT};
 
 /// Who is calling, as the API key says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,40 +68,58 @@ impl Platform {
         Ok(tenant.map(|tenant| Caller { tenant, operator: false }))
     }
 
+    /// The sandboxes of `tenant` that hold memory and vCPUs.
+    fn held(&self, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
+        Ok(self
+            .store
+            .sandboxes()?
+            .into_iter()
+            .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
+            .collect())
+    }
+
     /// 429 when `spec` would take `tenant` past its quotas.
     pub(crate) fn check_quotas(&self, tenant: &str, spec: &CreateSpec) -> Result<(), ApiError> {
         let quotas = self.store.tenant_quotas(tenant)?;
         if quotas == Quotas::default() {
             return Ok(());
         }
-        let held: Vec<_> = self
-            .store
-            .sandboxes()?
-            .into_iter()
-            .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
-            .collect();
+        let held = self.held(tenant)?;
         let vcpus: u32 = held.iter().map(|r| r.sandbox.vcpus).sum();
         let memory: u64 = held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum();
-        let over = |what: String| {
-            Err(ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", what)
-                .with_details(serde_json::json!({"tenant": tenant})))
-        };
         if let Some(max) = quotas.max_sandboxes {
             if held.len() as u64 >= u64::from(max) {
-                return over(format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first"));
+                let why = format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first");
+                return Err(quota_exceeded(tenant, "sandboxes", why));
             }
         }
         if let Some(max) = quotas.max_vcpus {
             if vcpus + spec.vcpus > max {
-                return over(format!("tenant {tenant:?} may use at most {max} vCPUs ({vcpus} in use)"));
+                let why = format!("tenant {tenant:?} may use at most {max} vCPUs ({vcpus} in use)");
+                return Err(quota_exceeded(tenant, "vcpus", why));
             }
         }
         if let Some(max) = quotas.max_memory_mib {
             if memory + u64::from(spec.memory_mib) > max {
-                return over(format!("tenant {tenant:?} may use at most {max} MiB of memory ({memory} in use)"));
+                let why = format!("tenant {tenant:?} may use at most {max} MiB of memory ({memory} in use)");
+                return Err(quota_exceeded(tenant, "memory_mib", why));
             }
         }
-        Ok(())
+        let disk = u64::from(spec.disk_mib) << 20;
+        self.check_disk_quota(tenant, disk, &format!("create a sandbox with {} MiB of disk", spec.disk_mib))
+    }
+
+    /// What `tenant` uses of each quota.
+    pub fn usage(&self, tenant: &str) -> Result<Usage, ApiError> {
+        let held = self.held(tenant)?;
+        Ok(Usage {
+            tenant: tenant.to_string(),
+            quotas: quota_limits(&self.store.tenant_quotas(tenant)?),
+            sandboxes: held.len() as u32,
+            vcpus: held.iter().map(|r| r.sandbox.vcpus).sum(),
+            memory_mib: held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum(),
+            disk: self.disk_usage(tenant)?,
+        })
     }
 }
 

@@ -10,6 +10,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
@@ -30,16 +32,43 @@ pub struct Progress {
     pub finished: bool,
 }
 
+/// How much output may be kept; what comes past a bound is counted only.
+#[derive(Clone)]
+pub struct OutputLimits {
+    /// Output bytes kept per command.
+    pub per_command: u64,
+    /// File bytes of all the sandbox's transcripts (shared by its writers)
+    /// and their bound.
+    pub sandbox: Option<(Arc<AtomicU64>, u64)>,
+    /// The data dir and the free space it keeps: under it, nothing more is
+    /// kept (checked every [`HOST_CHECK_BYTES`]).
+    pub host: Option<(PathBuf, u64)>,
+}
+
+/// How often (in output bytes) a writer looks at the host's free space.
+pub const HOST_CHECK_BYTES: u64 = 1 << 20;
+
+/// Which bound output first went past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    Command,
+    Sandbox,
+    Host,
+}
+
 pub struct TranscriptWriter {
     file: File,
     progress: watch::Sender<Progress>,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
     buf: Vec<u8>,
-    /// Output bytes kept at most; later output is only counted.
-    limit: u64,
-    /// Output bytes not kept because of `limit`.
+    limits: OutputLimits,
+    /// Output bytes offered when the host's free space is next looked at.
+    next_host_check: u64,
+    host_low: bool,
+    /// Output bytes not kept, and the bound that first stopped them.
     pub dropped_bytes: u64,
+    pub dropped: Option<Dropped>,
 }
 
 impl TranscriptWriter {
@@ -54,14 +83,17 @@ impl TranscriptWriter {
             stdout_bytes: 0,
             stderr_bytes: 0,
             buf: Vec::new(),
-            limit: u64::MAX,
+            limits: OutputLimits::unlimited(),
+            next_host_check: 0,
+            host_low: false,
             dropped_bytes: 0,
+            dropped: None,
         })
     }
 
-    /// Keeps at most `bytes` of output (stdout and stderr together).
-    pub fn with_limit(mut self, bytes: u64) -> TranscriptWriter {
-        self.limit = bytes;
+    /// Keeps output only within `limits`.
+    pub fn with_limits(mut self, limits: OutputLimits) -> TranscriptWriter {
+        self.limits = limits;
         self
     }
 
@@ -88,8 +120,11 @@ impl TranscriptWriter {
             stdout_bytes,
             stderr_bytes,
             buf: Vec::new(),
-            limit: u64::MAX,
+            limits: OutputLimits::unlimited(),
+            next_host_check: 0,
+            host_low: false,
             dropped_bytes: 0,
+            dropped: None,
         })
     }
 
@@ -102,8 +137,9 @@ impl TranscriptWriter {
         if bytes.is_empty() {
             return Ok(());
         }
-        if self.stdout_bytes + self.stderr_bytes + bytes.len() as u64 > self.limit {
+        if let Some(bound) = self.over_a_bound(bytes.len() as u64) {
             self.dropped_bytes += bytes.len() as u64;
+            self.dropped.get_or_insert(bound);
             return Ok(());
         }
         self.buf.clear();
@@ -120,9 +156,58 @@ impl TranscriptWriter {
         Ok(())
     }
 
+    /// The bound that keeps `len` more output bytes out, if any; when none
+    /// does, the sandbox's count already includes them.
+    fn over_a_bound(&mut self, len: u64) -> Option<Dropped> {
+        let offered = self.stdout_bytes + self.stderr_bytes + self.dropped_bytes;
+        if let Some((dir, reserve)) = &self.limits.host {
+            if offered >= self.next_host_check {
+                self.next_host_check = offered + HOST_CHECK_BYTES;
+                self.host_low = nix::sys::statvfs::statvfs(dir)
+                    .map(|s| s.blocks_available() * s.fragment_size() < *reserve)
+                    .unwrap_or(false);
+            }
+        }
+        if self.stdout_bytes + self.stderr_bytes + len > self.limits.per_command {
+            return Some(Dropped::Command);
+        }
+        if self.host_low {
+            return Some(Dropped::Host);
+        }
+        if let Some((used, max)) = &self.limits.sandbox {
+            let record = RECORD_HEADER as u64 + len;
+            if used.fetch_add(record, Ordering::Relaxed) + record > *max {
+                used.fetch_sub(record, Ordering::Relaxed);
+                return Some(Dropped::Sandbox);
+            }
+        }
+        None
+    }
+
+    /// What the command's result says about output that was not kept.
+    pub fn dropped_note(&self) -> Option<String> {
+        let n = self.dropped_bytes;
+        Some(match self.dropped? {
+            Dropped::Command => {
+                format!("{n} bytes of output past the {}-byte limit per command were not kept", self.limits.per_command)
+            }
+            Dropped::Sandbox => format!(
+                "{n} bytes of output were not kept: the sandbox's commands reached its {}-byte output limit",
+                self.limits.sandbox.as_ref().map(|(_, max)| *max).unwrap_or(0)
+            ),
+            Dropped::Host => format!("{n} bytes of output were not kept: the host is low on disk"),
+        })
+    }
+
     pub fn finish(&mut self) {
         let _ = self.file.sync_data();
         self.progress.send_modify(|p| p.finished = true);
+    }
+}
+
+impl OutputLimits {
+    pub fn unlimited() -> OutputLimits {
+        OutputLimits { per_command: u64::MAX, sandbox: None, host: None }
     }
 }
 
@@ -221,14 +306,53 @@ mod tests {
     fn output_past_the_limit_is_counted_not_kept() {
         let path = std::env::temp_dir().join(format!("space-limit-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let mut writer = TranscriptWriter::create(&path).unwrap().with_limit(10);
+        let limits = OutputLimits { per_command: 10, ..OutputLimits::unlimited() };
+        let mut writer = TranscriptWriter::create(&path).unwrap().with_limits(limits);
         writer.append(Stream::Stdout, b"12345").unwrap();
         writer.append(Stream::Stderr, b"678").unwrap();
         writer.append(Stream::Stdout, b"9abc").unwrap();
         writer.append(Stream::Stdout, b"de").unwrap();
         assert_eq!((writer.stdout_bytes, writer.stderr_bytes, writer.dropped_bytes), (7, 3, 4));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 10 + 3 * RECORD_HEADER as u64);
+        assert_eq!(writer.dropped, Some(Dropped::Command));
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_sandboxs_writers_share_one_bound() {
+        let dir = std::env::temp_dir().join(format!("space-sandbox-limit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let used = Arc::new(AtomicU64::new(0));
+        let limits = OutputLimits { sandbox: Some((used.clone(), 40)), ..OutputLimits::unlimited() };
+        let mut one = TranscriptWriter::create(&dir.join("1")).unwrap().with_limits(limits.clone());
+        let mut two = TranscriptWriter::create(&dir.join("2")).unwrap().with_limits(limits);
+        one.append(Stream::Stdout, &[b'a'; 15]).unwrap();
+        two.append(Stream::Stdout, &[b'b'; 15]).unwrap();
+        // 2 × (5 + 15) = 40 file bytes: the bound is reached exactly.
+        assert_eq!(used.load(Ordering::Relaxed), 40);
+        one.append(Stream::Stderr, b"x").unwrap();
+        assert_eq!((one.dropped, one.dropped_bytes), (Some(Dropped::Sandbox), 1));
+        assert!(one.dropped_note().unwrap().contains("40-byte output limit"), "{:?}", one.dropped_note());
+        let on_disk = std::fs::metadata(dir.join("1")).unwrap().len() + std::fs::metadata(dir.join("2")).unwrap().len();
+        assert_eq!(on_disk, 40);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn nothing_is_kept_under_the_hosts_reserve() {
+        let dir = std::env::temp_dir().join(format!("space-host-limit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let limits = OutputLimits { host: Some((dir.clone(), u64::MAX)), ..OutputLimits::unlimited() };
+        let mut writer = TranscriptWriter::create(&dir.join("t")).unwrap().with_limits(limits);
+        writer.append(Stream::Stdout, b"hello").unwrap();
+        assert_eq!((writer.dropped, writer.dropped_bytes), (Some(Dropped::Host), 5));
+        assert_eq!(std::fs::metadata(dir.join("t")).unwrap().len(), 0);
+        let limits = OutputLimits { host: Some((dir.clone(), 0)), ..OutputLimits::unlimited() };
+        let mut writer = TranscriptWriter::create(&dir.join("u")).unwrap().with_limits(limits);
+        writer.append(Stream::Stdout, b"hello").unwrap();
+        assert_eq!(writer.dropped, None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

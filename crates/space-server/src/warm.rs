@@ -100,6 +100,10 @@ impl Platform {
                 if have >= size {
                     break;
                 }
+                if platform.free_above_reserve() == 0 {
+                    tracing::warn!(template = %key.0, "the warm pool stops: the host is low on disk");
+                    break;
+                }
                 if platform.admit(template.meta.defaults.memory_mib).is_err() {
                     tracing::info!(template = %key.0, "the warm pool stops at the host's capacity");
                     break;

@@ -17,11 +17,74 @@ struct Suite {
     attempts: Vec<(String, Result<(), String>)>,
 }
 
+/// Each attempt and the defence that must hold against it.
+const DEFENCES: &[(&str, &str)] = &[
+    ("read a host file by its path", "gVisor: only the sandbox's own root is mounted"),
+    ("find host files or host processes from inside", "gVisor's own kernel and PID namespace"),
+    ("see the host's processes in /proc", "PID namespace in gVisor's kernel"),
+    ("open host devices (/dev/kvm, /dev/mem, disks)", "gVisor's /dev has no host devices"),
+    ("make a /dev/mem node and read host memory", "gVisor's kernel has no host memory device"),
+    ("learn the host kernel", "gVisor reports its own kernel"),
+    ("mount a host disk or a new proc", "no CAP_SYS_ADMIN"),
+    ("ptrace the agent (PID 1)", "no CAP_SYS_PTRACE; the agent is not dumpable"),
+    ("load a kernel module (finit_module)", "gVisor implements no modules; no CAP_SYS_MODULE"),
+    ("reboot the machine", "no CAP_SYS_BOOT; gVisor's kernel"),
+    ("break out of a chroot to the host's root", "the sandbox's root is all gVisor serves"),
+    ("overwrite the host's agent binary (bind-mounted)", "read-only bind mount"),
+    ("write, link or plant files in the host's socket directory", "read-only bind mount of the socket dir"),
+    ("find the server's credentials in the environment", "only the create request's env enters"),
+    ("reach a host listener on 127.0.0.1", "--network=none: loopback is the sandbox's own"),
+    ("reach the API port", "--network=none"),
+    ("reach an outside address", "--network=none: no device but lo"),
+    ("send raw packets out", "--network=none"),
+    ("find a network device besides lo", "--network=none"),
+    ("connect to the host end of the agent channel", "the socket file is removed once the agent is in"),
+    ("read another sandbox's files", "one btrfs snapshot per sandbox"),
+    ("write the template through a sandbox", "templates are read-only and never mounted"),
+    ("read a host file through the files API with ..", "paths resolved inside the sandbox by the agent"),
+    ("follow a symlink out through the files API", "paths resolved inside the sandbox by the agent"),
+    ("unpack a tar with ../ entries through the files API", "tar entries checked against the target"),
+    ("call the API with a guessed key", "256-bit keys, compared as hashes"),
+    ("reach another tenant's sandbox", "tenant check after authentication (404)"),
+    ("send a 100 KiB header", "hyper's header limits (431)"),
+    ("send a 2 MiB JSON body", "1 MiB JSON body limit (413)"),
+    ("ask for a huge id", "ids are checked before any lookup"),
+    ("hold a connection open with a never-ending head", "10 s header read timeout"),
+    ("allocate 3 GiB in a 256 MiB sandbox", "the agent's memory watcher, then the cgroup"),
+    ("write 1500 MiB past a 512 MiB disk_mib", "btrfs quota on the root snapshot"),
+    ("fill the host's disk with output", "output cap per command"),
+    ("starve other sandboxes with a fork bomb", "RLIMIT_NPROC per command, CPU quota"),
+    ("lock the agent out with a fork bomb", "the agent has no process limit of its own"),
+    ("take the server down", "every limit above"),
+    ("write into every mounted path", "read-only mounts; writable ones are the root (quota) or memory"),
+    ("fill /dev/shm past its share", "/dev/shm is a tmpfs of a quarter of memory_mib"),
+    ("write past disk_mib through /tmp", "/tmp is the root's own /tmp, under its quota"),
+    ("replace /tmp with a link to a host path", "/tmp is a mount point; checked before every launch"),
+    ("plant links, FIFOs and directories, then restart the server", "host code never follows sandbox paths"),
+    ("plant links, FIFOs and directories, then suspend and resume", "host code never follows sandbox paths"),
+    ("plant links, FIFOs and directories, then delete", "subvolume delete; remove_dir_all never follows links"),
+    ("open many connections to the agent channel from inside", "no socket exists while the agent is in"),
+    ("impersonate the agent after a resume", "the channel key, held only in the agent's memory"),
+    ("read the agent's memory for its channel key", "the agent is not dumpable"),
+    ("fill the disk through the transcripts of many commands", "output cap per sandbox"),
+    ("fill the disk through many suspend snapshots", "snapshots count against the tenant's disk quota"),
+    ("fill the disk through a template build", "the build's root is capped at the quota left"),
+    ("fill the disk through an image that decompresses a thousandfold", "decompression capped at the quota left"),
+    ("fill the disk through an upload", "uploads capped at half the quota left"),
+    ("fill the host's disk past its reserve", "free-space reserve: 507 for new work"),
+];
+
 impl Suite {
     /// Records one attempt: `held` is true when the defence held.
     fn check(&mut self, name: &str, held: bool, evidence: impl std::fmt::Display) {
+        let defence = DEFENCES.iter().find(|(n, _)| *n == name).map(|(_, d)| *d);
+        let defence = defence.unwrap_or_else(|| panic!("attempt {name:?} names no defence in DEFENCES"));
         let outcome = if held { Ok(()) } else { Err(evidence.to_string()) };
-        eprintln!("{} {name}", if held { "held:" } else { "GOT THROUGH:" });
+        if held {
+            eprintln!("held ({defence}): {name}");
+        } else {
+            eprintln!("GOT THROUGH ({defence} failed): {name}: {evidence}");
+        }
         self.attempts.push((name.to_string(), outcome));
     }
 }
@@ -34,6 +97,14 @@ fn sh(server: &TestServer, id: &str, cmd: &str) -> (String, String, i64) {
         answer["stderr"].as_str().unwrap_or("").to_string(),
         answer["result"]["exit_code"].as_i64().unwrap_or(-1),
     )
+}
+
+/// Waits for an operation of a tenant to end; returns it.
+fn wait_as(server: &TestServer, key: &str, operation: &str) -> serde_json::Value {
+    space_testkit::wait_for("an operation to end", Duration::from_secs(600), || {
+        let (_, op) = server.call_as(key, "GET", &format!("/v1/operations/{operation}?wait=30"), None);
+        matches!(op["state"].as_str(), Some("succeeded" | "failed" | "cancelled") | None).then_some(op)
+    })
 }
 
 fn py(server: &TestServer, id: &str, code: &str) -> String {
@@ -310,12 +381,313 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     let (status, health) = server.raw("GET", "/v1/health", &[], None);
     suite.check("take the server down", status == 200, &health);
 
+    // --- Mounts and memory-backed files ---
+    // On a sandbox of its own: the fork bomb's leftovers in `id` would
+    // keep these commands from starting at all, which proves nothing.
+    let probe = server.create_sandbox(json!({"template": "base", "memory_mib": 256, "disk_mib": 512}));
+    let (out, _, _) = sh(
+        &server,
+        &probe,
+        "for m in $(awk '{print $2}' /proc/mounts | sort -u); do \
+           if touch \"$m/.space-probe\" 2>/dev/null; then echo \"writable $m\"; rm -f \"$m/.space-probe\"; fi; done",
+    );
+    let writable: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("writable ")).collect();
+    let bounded = ["/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue"];
+    suite.check(
+        "write into every mounted path",
+        !writable.is_empty() && writable.iter().all(|m| bounded.contains(m)),
+        &out,
+    );
+    let (out, _, _) = sh(
+        &server,
+        &probe,
+        "dd if=/dev/zero of=/dev/shm/fill bs=1M count=2048 2>/dev/null; stat -c %s /dev/shm/fill; rm -f /dev/shm/fill",
+    );
+    let written: u64 = out.trim().parse().unwrap_or(u64::MAX);
+    suite.check("fill /dev/shm past its share", written <= 64 << 20, &out);
+    let (out, _, _) = sh(
+        &server,
+        &probe,
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=1500 2>/dev/null; stat -c %s /tmp/fill; rm -f /tmp/fill",
+    );
+    let written: u64 = out.trim().parse().unwrap_or(u64::MAX);
+    suite.check("write past disk_mib through /tmp", written > 0 && written <= 513 << 20, &out);
+    let (out, _, _) =
+        sh(&server, &probe, "rm -rf /tmp 2>&1; mv /tmp /tmp-old 2>&1; ln -s / /tmp 2>&1; stat -c %F /tmp");
+    let host_tmp = data.data.sandbox_dir(&probe).join("rootfs/tmp");
+    suite.check(
+        "replace /tmp with a link to a host path",
+        out.trim_end().ends_with("directory") && std::fs::symlink_metadata(&host_tmp).is_ok_and(|m| m.is_dir()),
+        &out,
+    );
+
+    // --- The agent channel ---
+    let out = py(
+        &server,
+        &probe,
+        "import socket\nok = 0\nfor _ in range(500):\n    s = socket.socket(socket.AF_UNIX)\n    try:\n        s.connect('/.space/host/agent.sock')\n        ok += 1\n    except OSError:\n        pass\nprint('connected', ok)",
+    );
+    let alive = sh(&server, &probe, "echo agent-ok").0;
+    suite.check(
+        "open many connections to the agent channel from inside",
+        out.trim() == "connected 0" && alive == "agent-ok\n",
+        &out,
+    );
+    let out = py(
+        &server,
+        &probe,
+        "import os\nfor path in ['/proc/1/mem', '/proc/1/environ', '/proc/1/cmdline', '/proc/1/maps']:\n    try:\n        with open(path, 'rb') as f:\n            print(path, 'READ', f.read(1 << 20))\n    except OSError as e:\n        print(path, 'refused', e.errno)",
+    );
+    let env = sh(&server, &probe, "env; cat /proc/self/environ | tr '\\0' '\\n'").0;
+    let key = server.platform.store.sandbox(&probe).unwrap().unwrap().channel_key.unwrap_or_default();
+    suite.check(
+        "read the agent's memory for its channel key",
+        key.len() == 64 && out.contains("/proc/1/mem refused") && !out.contains(&key) && !env.contains(&key),
+        &out,
+    );
+    // A process that keeps dialing the host's socket with a made-up Hello,
+    // racing the agent when the sandbox comes back from a snapshot.
+    let impostor = format!(
+        r#"import json, socket, struct, time
+hello = json.dumps({{"protocol_version": {version}, "agent_version": "fake", "pid": 1, "reconnect": True, "channel_key": "00" * 32}}).encode()
+frame = struct.pack('<IIB', len(hello), 0, 1) + hello
+log = open('/root/impostor.log', 'a', buffering=1)
+end = time.time() + 90
+while time.time() < end:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect('/.space/host/agent.sock')
+    except OSError:
+        time.sleep(0.001)
+        continue
+    s.sendall(frame)
+    s.settimeout(5)
+    try:
+        head = s.recv(9)
+        log.write('answer kind %d\n' % head[8] if len(head) == 9 else 'closed\n')
+        if len(head) == 9 and head[8] == 2:
+            log.write('WELCOMED\n')
+    except OSError as e:
+        log.write('error %s\n' % e)
+    s.close()
+"#,
+        version = space_proto::PROTOCOL_VERSION
+    );
+    let (status, started) = server.call(
+        "POST",
+        &format!("/v1/sandboxes/{probe}/commands"),
+        Some(json!({"argv": ["python3", "-c", impostor], "timeout_s": 120})),
+    );
+    assert_eq!(status, 201, "{started}");
+    let impostor_cmd = started["command"]["id"].as_str().unwrap().to_string();
+    let (_, suspending) = server.call("POST", &format!("/v1/sandboxes/{probe}/suspend"), None);
+    let suspended = server.wait_operation(suspending["operation"]["id"].as_str().unwrap());
+    let (_, resuming) = server.call("POST", &format!("/v1/sandboxes/{probe}/resume"), None);
+    let resumed = server.wait_operation(resuming["operation"]["id"].as_str().unwrap());
+    let real = server.exec(&probe, json!({"argv": ["cat", "/proc/1/cmdline"]}));
+    let log = sh(&server, &probe, "cat /root/impostor.log 2>&1").0;
+    let auth = format!("Bearer {}", server.key);
+    let kill = json!({"signal": "KILL"}).to_string();
+    let path = format!("/v1/sandboxes/{probe}/commands/{impostor_cmd}/signal");
+    let _ = server.raw("POST", &path, &[("Authorization", &auth), ("Content-Type", "application/json")], Some(&kill));
+    suite.check(
+        "impersonate the agent after a resume",
+        suspended["state"] == "succeeded"
+            && resumed["state"] == "succeeded"
+            && real["stdout"].as_str().is_some_and(|s| s.starts_with("/.space/space-agent"))
+            && !log.contains("WELCOMED"),
+        format!("{log} | {real}"),
+    );
+
+    // --- Disk a tenant causes outside its roots ---
+    let limits = &server.platform;
+    limits.max_sandbox_output_bytes.store(16 << 20, std::sync::atomic::Ordering::Relaxed);
+    let flooder = server.create_sandbox(json!({"template": "base"}));
+    for _ in 0..8 {
+        server.exec(&flooder, json!({"cmd": "head -c 4000000 /dev/zero", "timeout_s": 60}));
+    }
+    let kept = space_server::disk::tree_bytes(&data.data.sandbox_dir(&flooder).join("commands"));
+    suite.check("fill the disk through the transcripts of many commands", kept <= 16 << 20, kept);
+    server.delete_sandbox(&flooder);
+    limits
+        .max_sandbox_output_bytes
+        .store(space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES, std::sync::atomic::Ordering::Relaxed);
+
+    let quotas = space_server::store::Quotas { max_disk_mib: Some(1100), ..Default::default() };
+    let (_, hoarder) = space_server::tenants::create_key(&server.platform.store, "hoarder", Some(&quotas)).unwrap();
+    let mut snapshots = Vec::new();
+    let mut refused = None;
+    for _ in 0..4 {
+        let (status, created) = server.call_as(
+            &hoarder,
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"template": "base", "memory_mib": 256, "disk_mib": 256})),
+        );
+        if status != 202 {
+            refused = Some(created);
+            break;
+        }
+        let sid = created["sandbox"]["id"].as_str().unwrap().to_string();
+        wait_as(&server, &hoarder, created["operation"]["id"].as_str().unwrap());
+        let (status, suspending) = server.call_as(&hoarder, "POST", &format!("/v1/sandboxes/{sid}/suspend"), None);
+        snapshots.push(sid);
+        if status != 202 {
+            refused = Some(suspending);
+            break;
+        }
+        wait_as(&server, &hoarder, suspending["operation"]["id"].as_str().unwrap());
+    }
+    let usage = server.call_as(&hoarder, "GET", "/v1/usage", None).1;
+    suite.check(
+        "fill the disk through many suspend snapshots",
+        refused.as_ref().is_some_and(|r| r["error"]["details"]["resource"] == "disk")
+            && usage["disk"]["total_bytes"].as_u64().unwrap_or(u64::MAX) <= 1100 << 20,
+        format!("{refused:?} {usage}"),
+    );
+    for sid in &snapshots {
+        let _ = server.call_as(&hoarder, "DELETE", &format!("/v1/sandboxes/{sid}"), None);
+    }
+
+    // An image whose one layer is a 256 MiB file of zeros, gzip-compressed
+    // a thousandfold, for a tenant with 64 MiB of disk.
+    let quotas = space_server::store::Quotas { max_disk_mib: Some(64), ..Default::default() };
+    let (_, small) = space_server::tenants::create_key(&server.platform.store, "small-disk", Some(&quotas)).unwrap();
+    let work = std::env::temp_dir().join(format!("{marker}-bomb"));
+    std::fs::create_dir_all(&work).unwrap();
+    let layer = work.join("layer.tar");
+    {
+        let mut tar = tar::Builder::new(std::fs::File::create(&layer).unwrap());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(256 << 20);
+        header.set_mode(0o644);
+        tar.append_data(&mut header, "zeros", std::io::repeat(0).take(256 << 20)).unwrap();
+        tar.finish().unwrap();
+    }
+    let plain = work.join("image.tar");
+    space_host::oci::write_archive(&plain, space_host::oci::ArchiveFormat::DockerSave, &[layer], &Default::default())
+        .unwrap();
+    let bomb = work.join("image.tar.gz");
+    {
+        let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(&bomb).unwrap(), flate2::Compression::fast());
+        std::io::copy(&mut std::fs::File::open(&plain).unwrap(), &mut gz).unwrap();
+        gz.finish().unwrap();
+    }
+    let body = std::fs::read(&bomb).unwrap();
+    let _ = std::fs::remove_dir_all(&work);
+    let answer = server.early_answer(
+        &format!(
+            "POST /v1/templates?name=bomb HTTP/1.1\r\nAuthorization: Bearer {small}\r\nContent-Type: application/gzip"
+        ),
+        &body,
+    );
+    let accepted: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or("null")).unwrap_or_default();
+    let done = wait_as(&server, &small, accepted["operation"]["id"].as_str().unwrap_or("op_none"));
+    let usage = server.call_as(&small, "GET", "/v1/usage", None).1;
+    suite.check(
+        "fill the disk through an image that decompresses a thousandfold",
+        done["state"] == "failed"
+            && done["error"]["message"].as_str().is_some_and(|m| m.contains("decompresses to more than"))
+            && usage["disk"]["total_bytes"] == 0,
+        format!("{} | {done} | {usage}", answer.lines().next().unwrap_or("")),
+    );
+    // The same layer uncompressed: the upload itself is over what is left.
+    let answer = server.early_answer(
+        &format!(
+            "POST /v1/templates?name=big HTTP/1.1\r\nAuthorization: Bearer {small}\r\nContent-Type: application/x-tar"
+        ),
+        &vec![0u8; 48 << 20],
+    );
+    let uploads_left =
+        std::fs::read_dir(server.platform.data.run_dir().join("uploads")).map(|d| d.count()).unwrap_or(0);
+    suite.check(
+        "fill the disk through an upload",
+        answer.starts_with("HTTP/1.1 429") && answer.contains("\"resource\":\"disk\"") && uploads_left == 0,
+        answer.lines().next().unwrap_or(""),
+    );
+    let (_, fills) = space_server::tenants::create_key(
+        &server.platform.store,
+        "builder",
+        Some(&space_server::store::Quotas { max_disk_mib: Some(1), ..Default::default() }),
+    )
+    .unwrap();
+    let build = json!({"name": "huge", "from": {"debian": {"suite": "bookworm", "packages": ["jq"]}}});
+    let (status, refused) = server.call_as(&fills, "POST", "/v1/templates", Some(build));
+    // With 1 MiB of quota and nothing held, the build may start, its root
+    // capped at 1 MiB: it fails, and nothing stays.
+    let held = if status == 202 {
+        let done = wait_as(&server, &fills, refused["operation"]["id"].as_str().unwrap());
+        done["state"] == "failed" && server.call_as(&fills, "GET", "/v1/usage", None).1["disk"]["total_bytes"] == 0
+    } else {
+        status == 429 && refused["error"]["details"]["resource"] == "disk"
+    };
+    suite.check("fill the disk through a template build", held, &refused);
+
+    server.platform.disk_reserve_bytes.store(u64::MAX / 2, std::sync::atomic::Ordering::Relaxed);
+    let (status, refused) = server.call("POST", "/v1/sandboxes", Some(json!({"template": "base"})));
+    let still = server.exec(&other, json!({"argv": ["echo", "ok"]}));
+    server
+        .platform
+        .disk_reserve_bytes
+        .store(space_server::disk::DEFAULT_DISK_RESERVE_MIB << 20, std::sync::atomic::Ordering::Relaxed);
+    suite.check(
+        "fill the host's disk past its reserve",
+        status == 507 && still["result"]["exit_code"] == 0,
+        format!("{status} {refused}"),
+    );
+
+    // --- Links, FIFOs and directories where host code looks ---
+    let planter = server.create_sandbox(json!({"template": "base"}));
+    let canary = std::env::temp_dir().join(format!("{marker}-canary"));
+    std::fs::create_dir_all(&canary).unwrap();
+    std::fs::write(canary.join("keep"), "host data").unwrap();
+    let plant = format!(
+        "cd / && for d in root tmp var/tmp .space .space/host; do \
+           for n in snapshot commands sock bundle rootfs rootfs.ext4 agent.sock checkpoint.img runsc.log config.json; do \
+             ln -sfn {c} $d/$n-link 2>/dev/null; ln -sfn {c}/keep $d/$n 2>/dev/null; mkfifo $d/$n.fifo 2>/dev/null; \
+             mkdir -p $d/$n.dir/deep 2>/dev/null && ln -sfn {c} $d/$n.dir/deep/up 2>/dev/null; \
+           done; done; echo planted",
+        c = canary.display()
+    );
+    assert_eq!(sh(&server, &planter, &plant).0, "planted\n");
+    let intact = || {
+        std::fs::read_to_string(canary.join("keep")).is_ok_and(|t| t == "host data")
+            && std::fs::read_dir(&canary).map(|d| d.count()).unwrap_or(0) == 1
+    };
+    server.stop();
+    let server = TestServer::start(&data);
+    let after = sh(&server, &planter, "ls /root | wc -l").0;
+    suite.check(
+        "plant links, FIFOs and directories, then restart the server",
+        intact() && after.trim().parse::<u32>().unwrap_or(0) > 10,
+        &after,
+    );
+    let (_, suspending) = server.call("POST", &format!("/v1/sandboxes/{planter}/suspend"), None);
+    let suspended = server.wait_operation(suspending["operation"]["id"].as_str().unwrap());
+    let (_, resuming) = server.call("POST", &format!("/v1/sandboxes/{planter}/resume"), None);
+    let resumed = server.wait_operation(resuming["operation"]["id"].as_str().unwrap());
+    let after = sh(&server, &planter, "echo back").0;
+    suite.check(
+        "plant links, FIFOs and directories, then suspend and resume",
+        intact() && suspended["state"] == "succeeded" && resumed["state"] == "succeeded" && after == "back\n",
+        format!("{suspended} {resumed}"),
+    );
+    let deleted = server.delete_sandbox(&planter);
+    suite.check(
+        "plant links, FIFOs and directories, then delete",
+        intact() && deleted["state"] == "succeeded" && !data.data.sandbox_dir(&planter).exists(),
+        &deleted,
+    );
+    let _ = std::fs::remove_dir_all(&canary);
+
     // The tally.
     let got_through: Vec<&(String, Result<(), String>)> = suite.attempts.iter().filter(|(_, r)| r.is_err()).collect();
     println!("abuse attempts: {}, got through: {}", suite.attempts.len(), got_through.len());
     eprintln!("abuse attempts: {}, got through: {}", suite.attempts.len(), got_through.len());
     drop(listener);
     let _ = std::fs::remove_file(&host_file);
-    assert!(suite.attempts.len() >= 25, "the suite tries at least 25 things");
+    assert!(suite.attempts.len() >= 50, "the suite tries at least 50 things");
+    assert_eq!(suite.attempts.len(), DEFENCES.len(), "every defence is tried");
     assert!(got_through.is_empty(), "got through: {got_through:#?}");
 }

@@ -190,11 +190,12 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
 fn quotas_refuse_with_429_and_name_the_limit() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    let quotas = Quotas { max_sandboxes: Some(1), max_vcpus: Some(2), max_memory_mib: Some(768) };
+    let quotas = Quotas { max_sandboxes: Some(1), max_vcpus: Some(2), max_memory_mib: Some(768), max_disk_mib: None };
     let (_, key) = create_key(&server.platform.store, "small", Some(&quotas)).unwrap();
     let answer =
         expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 1024})), 429);
     assert_eq!(answer["error"]["code"], "quota_exceeded");
+    assert_eq!(answer["error"]["details"]["resource"], "memory_mib", "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("768 MiB"), "{answer}");
     let answer = expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "vcpus": 3})), 429);
     assert!(answer["error"]["message"].as_str().unwrap().contains("2 vCPUs"), "{answer}");

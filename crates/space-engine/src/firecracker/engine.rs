@@ -611,10 +611,10 @@ impl Engine for Firecracker {
         }
     }
 
-    async fn redial(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
+    async fn redial(&self, spec: &SandboxSpec) -> Result<crate::AgentListener, EngineError> {
         let layout = Layout { host: self.vmm_dir(spec), jailed: self.config.jailer.is_some() };
         let listener = self.listen(&layout)?;
-        self.accept(listener, &layout).await
+        Ok(crate::AgentListener::new(listener, Self::agent_socket(&layout)))
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

@@ -172,7 +172,8 @@ pub async fn read(
     responses(
         (status = 201, description = "Written (parent directories created)", body = FileWritten),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn write(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -188,6 +189,9 @@ pub async fn write(
     };
     let tar = query.tar()?;
     let (agent, _work) = agent_for(&state, &id).await?;
+    // The file lands in the sandbox's root, under its own quota; the host's
+    // reserve still comes first.
+    state.platform.check_reserve("upload a file", 0)?;
     let upload = agent.write_file(&path, mode, tar).await.map_err(file_error)?;
     let mut stream = body.into_data_stream();
     let mut size = 0usize;

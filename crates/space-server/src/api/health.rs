@@ -60,6 +60,11 @@ pub async fn health(State(state): State<AppState>) -> Json<Health> {
         engine: platform.engine.name().into(),
         engines: state.health.engines.clone(),
         kvm: state.health.kvm.clone(),
-        disk: DiskStatus { filesystem: filesystem.into(), free_bytes, total_bytes },
+        disk: DiskStatus {
+            filesystem: filesystem.into(),
+            free_bytes,
+            total_bytes,
+            reserve_bytes: platform.disk_reserve_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        },
     })
 }

@@ -10,6 +10,7 @@ mod operations;
 mod output;
 mod sandboxes;
 mod templates;
+mod usage;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,6 +79,7 @@ pub fn app(state: AppState) -> Router {
             get(templates::list).post(templates::create).layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
+        .route("/v1/usage", get(usage::usage))
         .route("/v1/openapi.json", get(openapi::document))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
@@ -108,7 +110,7 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let caller = match presented {
-        Some(key) if constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => Caller::operator(),
+        Some(key) if space_proto::constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => Caller::operator(),
         Some(key) => state
             .platform
             .tenant_for_key(key)?
@@ -154,14 +156,6 @@ fn check_owner(state: &AppState, caller: &Caller, method: &axum::http::Method, p
         _ => {}
     }
     Ok(())
-}
-
-/// Compares without leaking, through timing, how much of a key matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A JSON body whose every parse failure is a 4xx in our error shape.

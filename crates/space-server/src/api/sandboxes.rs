@@ -37,7 +37,8 @@ fn replay(
         (status = 202, description = "Accepted; follow the operation", body = SandboxOperation),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, description = "Unknown template", body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 429, description = "Past the tenant's quota", body = ErrorBody),
-        (status = 503, body = ErrorBody)))]
+        (status = 503, body = ErrorBody),
+        (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -158,7 +159,9 @@ pub async fn resume(
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, description = "Accepted: memory, processes and disk go to a snapshot on disk and the engine process exits", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "Neither running nor paused", body = ErrorBody)))]
+        (status = 409, description = "Neither running nor paused", body = ErrorBody),
+        (status = 429, description = "The snapshot would take the tenant past its disk quota", body = ErrorBody),
+        (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn suspend(
     state: State<AppState>,
     caller: Extension<Caller>,

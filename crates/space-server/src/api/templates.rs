@@ -45,7 +45,9 @@ pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
         content((CreateTemplateRequest = "application/json"), (Vec<u8> = "application/x-tar"))),
     responses((status = 202, description = "Accepted; follow the build operation", body = TemplateOperation),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 429, description = "The tenant's disk quota is used up", body = ErrorBody),
+        (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -101,20 +103,36 @@ async fn import(
     let engine = crate::templates::checked_engine(query.engine)?;
     let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}), caller)?;
     let (free, _) = state.platform.data.disk_space();
-    let limit = MAX_IMAGE_BYTES.min(free / 2);
+    // The archive and the root made of it both take disk: each may have
+    // half of what the tenant's quota and the host's reserve leave.
+    let allowance = state.platform.build_allowance(&caller.tenant)?;
+    let limit = MAX_IMAGE_BYTES.min(free / 2).min(allowance / 2);
     let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the archive exceeds {limit} bytes (the limit, or half the free space of the data dir)"),
-        )
+        if limit == allowance / 2 {
+            crate::disk::quota_exceeded(
+                &caller.tenant,
+                "disk",
+                format!(
+                    "the archive exceeds {limit} bytes: half of what the tenant's disk quota (or the host's \
+                     free space above its reserve) leaves, the other half being for the root made of it"
+                ),
+            )
+        } else {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the archive exceeds {limit} bytes (the limit, or half the free space of the data dir)"),
+            )
+        }
     };
     if request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) > Some(limit) {
         return Err(too_large());
     }
-    let dir = state.platform.data.run_dir().join("uploads");
+    let dir = state.platform.uploads_dir();
     tokio::fs::create_dir_all(&dir).await.map_err(|e| ApiError::internal("creating the upload dir", e))?;
-    let upload = Upload { path: dir.join(format!("{}.tar", crate::ids::new_id("upload"))) };
+    // Named by tenant: what a tenant is uploading counts as its disk.
+    let file_name = format!("{}{}.tar", crate::disk::upload_prefix(&caller.tenant), crate::ids::new_id("upload"));
+    let upload = Upload { path: dir.join(file_name) };
     let mut file =
         tokio::fs::File::create(&upload.path).await.map_err(|e| ApiError::internal("storing the upload", e))?;
     let mut body = request.into_body().into_data_stream();

@@ -30,6 +30,9 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         engine: space_server::EngineChoice::Gvisor,
         firecracker_bin: None,
         auto_pause_s: space_server::DEFAULT_AUTO_PAUSE_S,
+        max_output_mib: space_server::platform::DEFAULT_MAX_OUTPUT_BYTES >> 20,
+        max_sandbox_output_mib: space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES >> 20,
+        disk_reserve_mib: space_server::disk::DEFAULT_DISK_RESERVE_MIB,
     }
 }
 

@@ -1,0 +1,48 @@
+//! `GET /v1/usage`: what the caller's tenant uses of each quota, host disk
+//! by kind included. The operator may ask for any tenant (`?tenant=`).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use space_api::{ErrorBody, Usage};
+
+use super::{ApiQuery, AppState};
+use crate::error::ApiError;
+use crate::tenants::Caller;
+
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct UsageQuery {
+    /// Another tenant's usage (the server's own key only).
+    tenant: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/usage", tag = "usage", params(UsageQuery),
+    responses((status = 200, body = Usage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, description = "`tenant` given with a tenant's key", body = ErrorBody)))]
+pub async fn usage(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(query): ApiQuery<UsageQuery>,
+) -> Result<Json<Usage>, ApiError> {
+    let tenant = match query.tenant {
+        Some(tenant) if tenant != caller.tenant && !caller.operator => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "only the server's own key may ask for another tenant's usage",
+            ));
+        }
+        Some(tenant) if !crate::tenants::valid_tenant(&tenant) => {
+            return Err(ApiError::bad_request(format!("not a tenant name: {tenant:?}")));
+        }
+        Some(tenant) => tenant,
+        None => caller.tenant,
+    };
+    let platform = state.platform.clone();
+    // Sizes are read from the disk: off the async threads.
+    let usage = tokio::task::spawn_blocking(move || platform.usage(&tenant))
+        .await
+        .map_err(|e| ApiError::internal("measuring usage", e))??;
+    Ok(Json(usage))
+}

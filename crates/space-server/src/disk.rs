@@ -1,0 +1,247 @@
+//! Disk a tenant causes on the host, its bounds, and the host's reserve.
+//!
+//! What a tenant holds on the data dir's filesystem, and what bounds it:
+//! - each sandbox's root: its btrfs quota (`disk_mib`), reserved in full
+//!   while the sandbox can still write (a failed one counts what it holds);
+//! - each sandbox's command transcripts: per command
+//!   (`--max-output-mib`) and per sandbox (`--max-sandbox-output-mib`);
+//! - each suspended sandbox's snapshot: its memory image, at most the
+//!   sandbox's memory limit (the engine's cgroup holds it there);
+//! - its templates' roots: each build's root subvolume is capped at what
+//!   the tenant's quota has left (and what the host has above its reserve);
+//! - image archives being uploaded (`run/uploads/<tenant>.<id>.tar`).
+//!
+//! All of it counts against the tenant's `max_disk_mib` (429
+//! `quota_exceeded`, resource `disk`). Apart from tenants, the host keeps a
+//! reserve of free space (`--disk-reserve-mib`): under it, creates,
+//! suspends, builds and uploads are refused (507 `insufficient_storage`)
+//! and output is counted instead of kept, so the database and the running
+//! sandboxes never meet a full disk.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use space_api::{DiskUsage, SandboxState};
+
+use crate::error::ApiError;
+use crate::platform::Platform;
+use crate::store::{Quotas, SandboxRecord};
+
+/// Free space the host keeps by default, in MiB.
+pub const DEFAULT_DISK_RESERVE_MIB: u64 = 2048;
+/// Output kept per sandbox by default (all its commands' transcripts).
+pub const DEFAULT_MAX_SANDBOX_OUTPUT_BYTES: u64 = 1 << 30;
+/// What a suspend may write beyond the sandbox's `memory_mib`: the
+/// engine's own memory is in the snapshot too.
+pub const SNAPSHOT_OVERHEAD_BYTES: u64 = 256 << 20;
+
+const MIB: u64 = 1 << 20;
+
+/// Bytes taken by regular files under `dir`, never following a link.
+pub fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&entry.path()),
+            Ok(t) if t.is_file() => entry.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Per-sandbox transcript bytes on disk, loaded when first needed.
+#[derive(Default)]
+pub(crate) struct OutputUse {
+    by_sandbox: std::sync::Mutex<HashMap<String, Arc<AtomicU64>>>,
+}
+
+/// The uploads directory and the name prefix of `tenant`'s uploads in it.
+pub(crate) fn upload_prefix(tenant: &str) -> String {
+    format!("{tenant}.")
+}
+
+impl Platform {
+    /// Free bytes of the data dir's filesystem above the reserve (0 under it).
+    pub fn free_above_reserve(&self) -> u64 {
+        let (free, _) = self.data.disk_space();
+        free.saturating_sub(self.disk_reserve_bytes.load(Ordering::Relaxed))
+    }
+
+    /// 507 when the data dir's free space is under the reserve (or would be
+    /// after `adding` more bytes): `what` is refused before anything runs out.
+    pub fn check_reserve(&self, what: &str, adding: u64) -> Result<(), ApiError> {
+        let (free, _) = self.data.disk_space();
+        let reserve = self.disk_reserve_bytes.load(Ordering::Relaxed);
+        if free >= reserve.saturating_add(adding) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            format!(
+                "the host is low on disk ({} MiB free, {} MiB kept in reserve): cannot {what} now; \
+                 delete sandboxes or templates, or try later",
+                free / MIB,
+                reserve / MIB
+            ),
+        )
+        .with_details(serde_json::json!({"resource": "host_disk", "free_bytes": free, "reserve_bytes": reserve})))
+    }
+
+    /// The transcript bytes a sandbox holds, shared by its writers.
+    pub(crate) fn output_use(&self, sandbox_id: &str) -> Arc<AtomicU64> {
+        let mut map = self.output_use.by_sandbox.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(sandbox_id.to_string())
+            .or_insert_with(|| Arc::new(tree_bytes(&self.data.sandbox_dir(sandbox_id).join("commands")).into()))
+            .clone()
+    }
+
+    /// Forgets a deleted sandbox's transcript count.
+    pub(crate) fn forget_output_use(&self, sandbox_id: &str) {
+        self.output_use.by_sandbox.lock().unwrap_or_else(|e| e.into_inner()).remove(sandbox_id);
+    }
+
+    /// What `tenant` holds on the host's disk now.
+    pub fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, ApiError> {
+        let records: Vec<SandboxRecord> = self
+            .store
+            .sandboxes()?
+            .into_iter()
+            .filter(|r| r.tenant == tenant && r.sandbox.state != SandboxState::Deleted)
+            .collect();
+        let mut usage = DiskUsage::default();
+        for record in &records {
+            let dir = self.data.sandbox_dir(&record.sandbox.id);
+            let used = space_host::btrfs::exclusive_bytes(&dir.join("rootfs")).unwrap_or(0);
+            usage.roots_used_bytes += used;
+            usage.roots_reserved_bytes += match record.sandbox.state {
+                // It can no longer write: what it holds is what counts.
+                SandboxState::Failed | SandboxState::Deleting => used,
+                _ => (u64::from(record.sandbox.disk_mib) * MIB).max(used),
+            };
+            usage.transcripts_bytes += self.output_use(&record.sandbox.id).load(Ordering::Relaxed);
+            usage.snapshots_bytes += tree_bytes(&dir.join("snapshot"));
+        }
+        for name_dir in std::fs::read_dir(self.data.templates_dir()).into_iter().flatten().flatten() {
+            let name = name_dir.file_name().to_string_lossy().into_owned();
+            if self.template_owner(&name).flatten().as_deref() != Some(tenant) {
+                continue;
+            }
+            // Every version, and a build in progress (`.N.partial`).
+            for version in std::fs::read_dir(name_dir.path()).into_iter().flatten().flatten() {
+                let dir = version.path();
+                usage.templates_bytes += space_host::btrfs::exclusive_bytes(&dir.join("rootfs")).unwrap_or(0);
+                usage.templates_bytes +=
+                    std::fs::symlink_metadata(dir.join(space_host::template::EXT4_IMAGE)).map(|m| m.len()).unwrap_or(0);
+            }
+        }
+        let prefix = upload_prefix(tenant);
+        for entry in std::fs::read_dir(self.uploads_dir()).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                usage.uploads_bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+        usage.total_bytes = usage.roots_reserved_bytes
+            + usage.transcripts_bytes
+            + usage.snapshots_bytes
+            + usage.templates_bytes
+            + usage.uploads_bytes;
+        Ok(usage)
+    }
+
+    /// Bytes `tenant` may still add under its disk quota (`None`: no quota).
+    pub(crate) fn disk_quota_left(&self, tenant: &str) -> Result<Option<(u64, DiskUsage, u64)>, ApiError> {
+        let Some(max_mib) = self.store.tenant_quotas(tenant)?.max_disk_mib else {
+            return Ok(None);
+        };
+        let usage = self.disk_usage(tenant)?;
+        let max = max_mib.saturating_mul(MIB);
+        Ok(Some((max.saturating_sub(usage.total_bytes), usage, max)))
+    }
+
+    /// 429 `quota_exceeded` (resource `disk`) when `tenant` cannot add
+    /// `adding` bytes to what it holds; `what` says what was refused.
+    pub(crate) fn check_disk_quota(&self, tenant: &str, adding: u64, what: &str) -> Result<(), ApiError> {
+        let Some((left, usage, max)) = self.disk_quota_left(tenant)? else {
+            return Ok(());
+        };
+        if adding <= left && (adding > 0 || left > 0) {
+            return Ok(());
+        }
+        Err(quota_exceeded(
+            tenant,
+            "disk",
+            format!(
+                "tenant {tenant:?} may use at most {} MiB of disk and holds {} MiB (roots {} MiB reserved, \
+                 output {} MiB, snapshots {} MiB, templates {} MiB, uploads {} MiB): cannot {what}; \
+                 delete sandboxes or templates first",
+                max / MIB,
+                usage.total_bytes.div_ceil(MIB),
+                usage.roots_reserved_bytes / MIB,
+                usage.transcripts_bytes.div_ceil(MIB),
+                usage.snapshots_bytes.div_ceil(MIB),
+                usage.templates_bytes.div_ceil(MIB),
+                usage.uploads_bytes.div_ceil(MIB),
+            ),
+        ))
+    }
+
+    /// The most a new template root (or upload) of `tenant` may hold: what
+    /// its quota has left and what the host has above its reserve.
+    pub(crate) fn build_allowance(&self, tenant: &str) -> Result<u64, ApiError> {
+        let host = self.free_above_reserve();
+        Ok(match self.disk_quota_left(tenant)? {
+            Some((left, _, _)) => left.min(host),
+            None => host,
+        })
+    }
+
+    pub(crate) fn uploads_dir(&self) -> std::path::PathBuf {
+        self.data.run_dir().join("uploads")
+    }
+}
+
+/// 429 `quota_exceeded` naming the tenant and the resource.
+pub(crate) fn quota_exceeded(tenant: &str, resource: &str, message: String) -> ApiError {
+    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+        .with_details(serde_json::json!({"tenant": tenant, "resource": resource}))
+}
+
+/// A tenant's quotas with their resource names, for the usage report.
+pub(crate) fn quota_limits(quotas: &Quotas) -> space_api::QuotaLimits {
+    space_api::QuotaLimits {
+        max_sandboxes: quotas.max_sandboxes,
+        max_vcpus: quotas.max_vcpus,
+        max_memory_mib: quotas.max_memory_mib,
+        max_disk_mib: quotas.max_disk_mib,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_bytes_counts_files_and_never_follows_links() {
+        let dir = std::env::temp_dir().join(format!("space-tree-bytes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("a/one"), vec![0u8; 1000]).unwrap();
+        std::fs::write(dir.join("a/b/two"), vec![0u8; 24]).unwrap();
+        let outside = dir.with_extension("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("big"), vec![0u8; 100_000]).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("a/link")).unwrap();
+        std::os::unix::fs::symlink(outside.join("big"), dir.join("file-link")).unwrap();
+        nix::unistd::mkfifo(&dir.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(tree_bytes(&dir), 1024);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
+    }
+}
