@@ -12,6 +12,9 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 SECONDS_EACH="${FUZZ_SECONDS:-60}"
+# With FUZZ_RUNS, each target also stops once it has run that many inputs
+# (the long run: FUZZ_RUNS=1000000 with a generous FUZZ_SECONDS).
+RUNS_EACH="${FUZZ_RUNS:--1}"
 if ! cargo fuzz --version >/dev/null 2>&1; then
     say "installing cargo-fuzz"
     cargo install --locked cargo-fuzz
@@ -22,12 +25,12 @@ say "building the fuzz targets"
 cargo fuzz build --sanitizer none
 mkdir -p "$ROOT/fuzz/artifacts"
 for target in frame_decoder api_requests layer_apply sandbox_tar agent_redial; do
-    say "fuzzing $target for ${SECONDS_EACH}s"
+    say "fuzzing $target for ${SECONDS_EACH}s${FUZZ_RUNS:+ or $FUZZ_RUNS inputs}"
     log="$ROOT/fuzz/artifacts/$target.log"
     corpus=("$ROOT/fuzz/corpus/$target")
     [ -d "$ROOT/fuzz/seeds/$target" ] && corpus+=("$ROOT/fuzz/seeds/$target")
     mkdir -p "${corpus[0]}"
-    if ! cargo fuzz run --sanitizer none "$target" "${corpus[@]}" -- -max_total_time="$SECONDS_EACH" >"$log" 2>&1; then
+    if ! cargo fuzz run --sanitizer none "$target" "${corpus[@]}" -- -max_total_time="$SECONDS_EACH" -runs="$RUNS_EACH" >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         echo "fuzzing $target failed: the input is under fuzz/artifacts/$target/" >&2
         exit 1

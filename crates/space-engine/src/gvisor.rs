@@ -383,14 +383,36 @@ impl Engine for Gvisor {
 
 /// Makes `path` a real directory (mode 1777) if the sandbox left anything
 /// else there: a link, a file, a FIFO. Its contents, if it is one, stay.
+/// Everything is done relative to the parent's descriptor and never
+/// follows a link at `path`.
 fn ensure_real_dir(path: &Path) -> Result<(), EngineError> {
-    match fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_dir() => return Ok(()),
-        Ok(_) => fs::remove_file(path).map_err(EngineError::io("clearing a non-directory at /tmp"))?,
-        Err(_) => {}
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use nix::fcntl::{openat, AtFlags, OFlag};
+    use nix::sys::stat::{fchmod, fstatat, mkdirat, Mode, SFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+
+    let io = |what: &'static str| move |e: nix::Error| EngineError::io(what)(std::io::Error::from(e));
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(EngineError::Runtime(format!("{} has no parent", path.display())));
+    };
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let open = |at: Option<i32>, name: &std::ffi::OsStr| {
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        openat(at, name, dir_flags, Mode::empty()).map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let dir = open(None, parent.as_os_str()).map_err(io("opening the root"))?;
+    let at = Some(dir.as_raw_fd());
+    match fstatat(at, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => return Ok(()),
+        Ok(_) => unlinkat(at, name, UnlinkatFlags::NoRemoveDir).map_err(io("clearing a non-directory at /tmp"))?,
+        Err(nix::Error::ENOENT) => {}
+        Err(err) => return Err(io("looking at /tmp")(err)),
     }
-    fs::create_dir(path).map_err(EngineError::io("creating /tmp"))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o1777)).map_err(EngineError::io("chmod /tmp"))
+    mkdirat(at, name, Mode::from_bits_truncate(0o1777)).map_err(io("creating /tmp"))?;
+    // mkdir's mode passes through the umask; the descriptor's chmod does not.
+    let tmp = open(at, name).map_err(io("opening /tmp"))?;
+    fchmod(tmp.as_raw_fd(), Mode::from_bits_truncate(0o1777)).map_err(io("chmod /tmp"))
 }
 
 fn log_tail(path: &Path) -> String {
@@ -641,15 +663,22 @@ mod tests {
             assert!(meta.file_type().is_dir(), "{meta:?}");
             assert_eq!(meta.permissions().mode() & 0o7777, 0o1777);
         };
-        // A link to a host directory: replaced, its target untouched.
+        // A link to a host directory: replaced, its target untouched (not
+        // even its mode).
+        fs::set_permissions(scratch.join("target"), fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::symlink(scratch.join("target"), &tmp).unwrap();
         ensure_real_dir(&tmp).unwrap();
         check(&tmp);
         assert_eq!(fs::read_to_string(scratch.join("target/keep")).unwrap(), "host file");
+        assert_eq!(fs::metadata(scratch.join("target")).unwrap().permissions().mode() & 0o7777, 0o700);
         assert!(fs::read_dir(&tmp).unwrap().next().is_none());
         // A FIFO, a plain file: replaced.
         fs::remove_dir(&tmp).unwrap();
         nix::unistd::mkfifo(&tmp, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        ensure_real_dir(&tmp).unwrap();
+        check(&tmp);
+        fs::remove_dir(&tmp).unwrap();
+        fs::write(&tmp, "a file").unwrap();
         ensure_real_dir(&tmp).unwrap();
         check(&tmp);
         // A real directory keeps what the sandbox left in it.
