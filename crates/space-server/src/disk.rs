@@ -193,8 +193,16 @@ impl Platform {
     }
 
     /// The most a new template root (or upload) of `tenant` may hold: what
-    /// its quota has left and what the host has above its reserve.
-    pub(crate) fn build_allowance(&self, tenant: &str) -> Result<u64, ApiError> {
+    /// its quota has left and what the host has above its reserve, less
+    /// what builds of the tenant still running were granted.
+    pub fn build_allowance(&self, tenant: &str) -> Result<u64, ApiError> {
+        let granted = self.build_grants.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied().unwrap_or(0);
+        Ok(self.room(tenant)?.saturating_sub(granted))
+    }
+
+    /// What `tenant`'s quota has left, within the host's free space above
+    /// its reserve.
+    fn room(&self, tenant: &str) -> Result<u64, ApiError> {
         let host = self.free_above_reserve();
         Ok(match self.disk_quota_left(tenant)? {
             Some((left, _, _)) => left.min(host),
@@ -202,8 +210,37 @@ impl Platform {
         })
     }
 
+    /// [`Platform::build_allowance`], held for the tenant until the grant
+    /// is dropped (the build ended), so concurrent builds share it.
+    pub fn grant_build_allowance(&self, tenant: &str) -> Result<BuildGrant<'_>, ApiError> {
+        let mut grants = self.build_grants.lock().unwrap_or_else(|e| e.into_inner());
+        // Measured with the lock held: two builds never count the same room.
+        let bytes = self.room(tenant)?.saturating_sub(grants.get(tenant).copied().unwrap_or(0));
+        *grants.entry(tenant.to_string()).or_default() += bytes;
+        Ok(BuildGrant { platform: self, tenant: tenant.to_string(), bytes })
+    }
+
     pub(crate) fn uploads_dir(&self) -> std::path::PathBuf {
         self.data.run_dir().join("uploads")
+    }
+}
+
+/// Disk granted to one running build of a tenant; given back when dropped.
+pub struct BuildGrant<'a> {
+    platform: &'a Platform,
+    tenant: String,
+    pub bytes: u64,
+}
+
+impl Drop for BuildGrant<'_> {
+    fn drop(&mut self) {
+        let mut grants = self.platform.build_grants.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(granted) = grants.get_mut(&self.tenant) {
+            *granted = granted.saturating_sub(self.bytes);
+            if *granted == 0 {
+                grants.remove(&self.tenant);
+            }
+        }
     }
 }
 

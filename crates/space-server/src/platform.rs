@@ -70,6 +70,8 @@ pub struct Platform {
     /// Free space of the data dir the host keeps (see `disk.rs`).
     pub disk_reserve_bytes: std::sync::atomic::AtomicU64,
     pub(crate) output_use: crate::disk::OutputUse,
+    /// Disk granted to running template builds, by tenant.
+    pub(crate) build_grants: Mutex<HashMap<String, u64>>,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -103,6 +105,7 @@ impl Platform {
             max_sandbox_output_bytes: crate::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),
             disk_reserve_bytes: (crate::disk::DEFAULT_DISK_RESERVE_MIB << 20).into(),
             output_use: Default::default(),
+            build_grants: Default::default(),
         })
     }
 

@@ -210,8 +210,9 @@ impl Platform {
         self.start_build(
             slot,
             Box::new(move |platform, operation_id, progress| {
+                let grant = platform.grant_build_allowance(&tenant).map_err(quota_unknown)?;
                 let build = DebianBuild {
-                    max_bytes: Some(platform.build_allowance(&tenant).map_err(quota_unknown)?),
+                    max_bytes: Some(grant.bytes),
                     name,
                     suite,
                     packages,
@@ -238,8 +239,9 @@ impl Platform {
         self.start_build(
             slot,
             Box::new(move |platform, operation_id, progress| {
+                let grant = platform.grant_build_allowance(&tenant).map_err(quota_unknown)?;
                 let import = OciImport {
-                    max_bytes: Some(platform.build_allowance(&tenant).map_err(quota_unknown)?),
+                    max_bytes: Some(grant.bytes),
                     name,
                     archive: upload.path.clone(),
                     overrides,

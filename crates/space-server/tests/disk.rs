@@ -84,6 +84,17 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     let total = disk["total_bytes"].as_u64().unwrap();
     assert_eq!(total, 512 * MIB + disk["transcripts_bytes"].as_u64().unwrap(), "{seen}");
 
+    // Builds running at once share what is left: each is granted what the
+    // others were not, and gives it back when it ends.
+    let room = server.platform.build_allowance("disky").unwrap();
+    assert!(room > 900 * MIB && room < 1024 * MIB, "{room}");
+    let first = server.platform.grant_build_allowance("disky").unwrap();
+    assert_eq!(first.bytes, room);
+    let second = server.platform.grant_build_allowance("disky").unwrap();
+    assert_eq!((second.bytes, server.platform.build_allowance("disky").unwrap()), (0, 0));
+    drop((first, second));
+    assert_eq!(server.platform.build_allowance("disky").unwrap(), room);
+
     // A second root that does not fit: 429 naming the disk.
     let (status, refused) = create_as(&server, &key, json!({"template": "base", "disk_mib": 1024}));
     assert_eq!(status, 429, "{refused}");
