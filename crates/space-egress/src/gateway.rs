@@ -1,0 +1,510 @@
+//! The gateway: serves one sandbox's egress socket. A connection opens
+//! with `CONNECT host:port` (a tunnel, whatever runs inside it) or an
+//! absolute-form `http://` request (forwarded with `Connection: close`);
+//! anything else is refused. The target is judged by the sandbox's policy
+//! before any lookup, its addresses after, and the gateway dials the
+//! address it checked (a name is never handed to anyone else to resolve).
+
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener};
+use tokio::sync::mpsc;
+
+use crate::policy::{always_denied, Policy, Reason, Target};
+
+/// The longest request head read.
+pub const MAX_HEAD: usize = 32 * 1024;
+/// Time allowed for a request head to arrive.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed to connect to the upstream.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections a sandbox may have open through the gateway at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Looks names up. The gateway asks only for names its policy allowed.
+pub trait Resolver: Send + Sync {
+    fn resolve<'a>(&'a self, name: &'a str) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>>;
+}
+
+/// The host's own resolver (`getaddrinfo`, through tokio).
+pub struct SystemResolver;
+
+impl Resolver for SystemResolver {
+    fn resolve<'a>(&'a self, name: &'a str) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
+        Box::pin(async move { Ok(tokio::net::lookup_host((name, 0)).await?.map(|a| a.ip()).collect()) })
+    }
+}
+
+/// Fixed answers (for tests and operators' static maps); counts lookups
+/// per name so a test can prove a name was never looked up.
+#[derive(Default)]
+pub struct StaticResolver {
+    answers: std::collections::HashMap<String, Vec<IpAddr>>,
+    pub lookups: std::sync::Mutex<Vec<String>>,
+}
+
+impl StaticResolver {
+    pub fn new(answers: impl IntoIterator<Item = (String, Vec<IpAddr>)>) -> StaticResolver {
+        StaticResolver { answers: answers.into_iter().collect(), lookups: Default::default() }
+    }
+
+    pub fn lookups_of(&self, name: &str) -> usize {
+        self.lookups.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|n| *n == name).count()
+    }
+}
+
+impl Resolver for StaticResolver {
+    fn resolve<'a>(&'a self, name: &'a str) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>> {
+        self.lookups.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());
+        let found = self.answers.get(name).cloned();
+        Box::pin(async move { found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such name")) })
+    }
+}
+
+/// What the host's operator decides for every sandbox.
+#[derive(Clone)]
+pub struct GatewayConfig {
+    pub resolver: Arc<dyn Resolver>,
+    /// Internal addresses sandboxes may reach anyway (an internal mirror;
+    /// tests' loopback upstreams). Operator configuration only.
+    pub allow_internal: Vec<(IpAddr, u8)>,
+    pub max_connections: usize,
+}
+
+impl GatewayConfig {
+    pub fn new(resolver: Arc<dyn Resolver>) -> GatewayConfig {
+        GatewayConfig { resolver, allow_internal: Vec::new(), max_connections: MAX_CONNECTIONS }
+    }
+
+    fn reachable(&self, ip: IpAddr) -> bool {
+        !always_denied(ip) || self.allow_internal.iter().any(|(net, len)| crate::policy::in_net(ip, *net, *len))
+    }
+}
+
+/// One connection through the gateway, as the audit log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// When the request arrived (ms since the epoch).
+    pub at_unix_ms: u64,
+    /// `connect` (a tunnel) or `http` (a forwarded request).
+    pub via: String,
+    pub host: String,
+    pub port: u16,
+    /// `allowed` or `denied`.
+    pub decision: String,
+    /// Why it was denied (or why an allowed one failed).
+    pub reason: Option<String>,
+    /// The allow rule that matched (`None` under `public`).
+    pub rule: Option<String>,
+    /// The address dialed.
+    pub address: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+}
+
+/// One sandbox's side of the gateway: its policy (replaceable while it
+/// runs) and where its events go.
+pub struct SandboxEgress {
+    policy: RwLock<Arc<Policy>>,
+    events: mpsc::Sender<Event>,
+    open: AtomicUsize,
+    config: GatewayConfig,
+}
+
+impl SandboxEgress {
+    pub fn new(policy: Policy, events: mpsc::Sender<Event>, config: GatewayConfig) -> Arc<SandboxEgress> {
+        Arc::new(SandboxEgress { policy: RwLock::new(Arc::new(policy)), events, open: AtomicUsize::new(0), config })
+    }
+
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    fn policy(&self) -> Arc<Policy> {
+        self.policy.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Serves `listener` until the task is dropped (aborted).
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                // EMFILE and the like: give the host a moment.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move { this.handle(stream).await });
+        }
+    }
+
+    /// Serves one connection from the sandbox.
+    pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) {
+        let started = Instant::now();
+        let at_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let mut event = Event {
+            at_unix_ms,
+            via: String::new(),
+            host: String::new(),
+            port: 0,
+            decision: "denied".into(),
+            reason: None,
+            rule: None,
+            address: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+        };
+        let _slot = match Slot::take(&self.open, self.config.max_connections) {
+            Some(slot) => slot,
+            None => {
+                refuse(&mut client, 429, Reason::Limit).await;
+                event.reason = Some(Reason::Limit.as_str().into());
+                return self.record(event, started);
+            }
+        };
+        let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
+            Ok(Ok(read)) => read,
+            _ => {
+                refuse(&mut client, 400, Reason::BadRequest).await;
+                event.reason = Some(Reason::BadRequest.as_str().into());
+                return self.record(event, started);
+            }
+        };
+        let request = match Request::parse(&head) {
+            Ok(request) => request,
+            Err(()) => {
+                refuse(&mut client, 400, Reason::BadRequest).await;
+                event.reason = Some(Reason::BadRequest.as_str().into());
+                return self.record(event, started);
+            }
+        };
+        event.via = if request.connect { "connect" } else { "http" }.into();
+        event.host = request.target.to_string();
+        event.port = request.port;
+        let upstream = match self.open_upstream(&request, &mut event).await {
+            Ok(upstream) => upstream,
+            Err((status, reason)) => {
+                refuse(&mut client, status, reason).await;
+                event.reason = Some(reason.as_str().into());
+                return self.record(event, started);
+            }
+        };
+        event.decision = "allowed".into();
+        let (up, down) = relay(client, upstream, &request, &rest).await;
+        event.bytes_up = up;
+        event.bytes_down = down;
+        self.record(event, started);
+    }
+
+    /// Judges the request, resolves and dials; the HTTP status and reason
+    /// when it does not get through.
+    async fn open_upstream(&self, request: &Request, event: &mut Event) -> Result<TcpStream, (u16, Reason)> {
+        let policy = self.policy();
+        let rule = policy.decide(&request.target, request.port).map_err(|reason| (403, reason))?;
+        event.rule = rule.map(|r| r.text().to_string());
+        let candidates = match &request.target {
+            Target::Ip(ip) => vec![*ip],
+            Target::Name(name) => match self.config.resolver.resolve(name).await {
+                Ok(ips) if !ips.is_empty() => ips,
+                _ => return Err((502, Reason::NotResolved)),
+            },
+        };
+        // Rebinding: an allowed name that points inside is refused.
+        let reachable: Vec<IpAddr> = candidates.into_iter().filter(|ip| self.config.reachable(*ip)).collect();
+        let Some(ip) = reachable.first().copied() else {
+            return Err((403, Reason::InternalAddress));
+        };
+        let address = SocketAddr::new(ip, request.port);
+        event.address = Some(address.to_string());
+        match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => Ok(stream),
+            _ => Err((502, Reason::Unreachable)),
+        }
+    }
+
+    fn record(&self, mut event: Event, started: Instant) {
+        event.duration_ms = started.elapsed().as_millis() as u64;
+        if self.events.try_send(event).is_err() {
+            tracing::warn!("egress events are arriving faster than they are stored; one was dropped");
+        }
+    }
+}
+
+/// A counted place among a sandbox's open connections.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl<'a> Slot<'a> {
+    fn take(open: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
+        let before = open.fetch_add(1, Ordering::AcqRel);
+        if before >= max {
+            open.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Slot(open))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A request as the gateway needs it.
+struct Request {
+    connect: bool,
+    target: Target,
+    port: u16,
+    /// For a forwarded request: its head in origin form, `Connection: close`.
+    forward_head: Vec<u8>,
+}
+
+impl Request {
+    fn parse(head: &[u8]) -> Result<Request, ()> {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut parsed = httparse::Request::new(&mut headers);
+        match parsed.parse(head) {
+            Ok(httparse::Status::Complete(_)) => {}
+            _ => return Err(()),
+        }
+        let (method, uri) = (parsed.method.ok_or(())?, parsed.path.ok_or(())?);
+        if method.eq_ignore_ascii_case("CONNECT") {
+            let (target, port) = split_authority(uri, None)?;
+            return Ok(Request { connect: true, target, port, forward_head: Vec::new() });
+        }
+        // Absolute form, plain HTTP only: HTTPS goes through CONNECT.
+        let rest = uri.strip_prefix("http://").ok_or(())?;
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(cut) => (&rest[..cut], &rest[cut..]),
+            None => (rest, "/"),
+        };
+        if authority.contains('@') {
+            return Err(());
+        }
+        let (target, port) = split_authority(authority, Some(80))?;
+        let path = if path.starts_with('?') { format!("/{path}") } else { path.to_string() };
+        let mut out = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+        for header in parsed.headers.iter() {
+            let name = header.name.to_ascii_lowercase();
+            if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
+                continue;
+            }
+            out.extend_from_slice(header.name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(header.value);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"Connection: close\r\n\r\n");
+        Ok(Request { connect: false, target, port, forward_head: out })
+    }
+}
+
+/// `host:port` (`[v6]:port`); `default` when the port may be left out.
+fn split_authority(authority: &str, default: Option<u16>) -> Result<(Target, u16), ()> {
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(':') && (host.starts_with('[') || !host.contains(':')) => {
+            (host, Some(port.parse::<u16>().map_err(|_| ())?))
+        }
+        _ => (authority, None),
+    };
+    let port = port.or(default).filter(|p| *p > 0).ok_or(())?;
+    Ok((Target::parse(host).ok_or(())?, port))
+}
+
+/// Reads up to the end of the request head; returns the head and what
+/// came after it.
+async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let from = buf.len().saturating_sub(3);
+        buf.extend_from_slice(&chunk[..n]);
+        let end = buf[from..].windows(4).position(|w| w == b"\r\n\r\n").map(|end| from + end + 4);
+        if let Some(end) = end.filter(|end| *end <= MAX_HEAD) {
+            let rest = buf.split_off(end);
+            return Ok((buf, rest));
+        }
+        if end.is_some() || buf.len() > MAX_HEAD {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "request head too large"));
+        }
+    }
+}
+
+async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reason) {
+    let phrase = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        429 => "Too Many Requests",
+        _ => "Bad Gateway",
+    };
+    let body = format!("space egress: {} ({})\n", reason.explain(), reason.as_str());
+    let head = format!(
+        "HTTP/1.1 {status} {phrase}\r\nX-Space-Egress: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reason.as_str(),
+        body.len()
+    );
+    let _ = client.write_all(head.as_bytes()).await;
+    let _ = client.write_all(body.as_bytes()).await;
+    let _ = client.shutdown().await;
+}
+
+/// Pumps bytes both ways until both sides are done; returns (up, down).
+async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
+    mut client: S,
+    mut upstream: TcpStream,
+    request: &Request,
+    rest: &[u8],
+) -> (u64, u64) {
+    let mut up = 0;
+    if request.connect {
+        if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+            return (0, 0);
+        }
+    } else {
+        if upstream.write_all(&request.forward_head).await.is_err() {
+            return (0, 0);
+        }
+        up += request.forward_head.len() as u64;
+    }
+    if !rest.is_empty() {
+        if upstream.write_all(rest).await.is_err() {
+            return (0, 0);
+        }
+        up += rest.len() as u64;
+    }
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((more_up, down)) => (up + more_up, down),
+        Err(_) => (up, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Mode;
+
+    fn egress(mode: Mode, allow: &[&str]) -> (Arc<SandboxEgress>, mpsc::Receiver<Event>, Arc<StaticResolver>) {
+        let resolver = Arc::new(StaticResolver::new([
+            ("allowed.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()]),
+            ("inside.space.test".to_string(), vec!["10.0.0.1".parse().unwrap()]),
+        ]));
+        let mut config = GatewayConfig::new(resolver.clone());
+        config.allow_internal = vec![("127.0.0.1".parse().unwrap(), 32)];
+        let allow: Vec<String> = allow.iter().map(|s| s.to_string()).collect();
+        let (events, received) = mpsc::channel(64);
+        (SandboxEgress::new(Policy::new(mode, &allow, &[]).unwrap(), events, config), received, resolver)
+    }
+
+    async fn exchange(egress: &SandboxEgress, request: &[u8]) -> String {
+        let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+        ours.write_all(request).await.unwrap();
+        // The client says all it has to say, then reads to the end.
+        ours.shutdown().await.unwrap();
+        let served = egress.handle(theirs);
+        let read = async {
+            let mut answer = Vec::new();
+            let _ = ours.read_to_end(&mut answer).await;
+            answer
+        };
+        let ((), answer) = tokio::join!(served, read);
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    #[tokio::test]
+    async fn allowed_requests_are_forwarded_and_denied_names_never_looked_up() {
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = upstream.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let n = socket.read(&mut buf).await.unwrap();
+                    let seen = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let body = seen.lines().next().unwrap_or("").to_string();
+                    let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    socket.write_all(answer.as_bytes()).await.unwrap();
+                });
+            }
+        });
+        let (egress, mut events, resolver) = egress(Mode::Allowlist, &[&format!("allowed.space.test:{port}")]);
+
+        let answer = exchange(
+            &egress,
+            format!("GET http://allowed.space.test:{port}/x?y=1 HTTP/1.1\r\nHost: allowed.space.test\r\nProxy-Authorization: z\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("GET /x?y=1 HTTP/1.1"), "{answer}");
+        let event = events.recv().await.unwrap();
+        assert_eq!((event.decision.as_str(), event.via.as_str(), event.port), ("allowed", "http", port));
+        assert!(event.bytes_down > 0 && event.bytes_up > 0, "{event:?}");
+
+        let answer = exchange(
+            &egress,
+            format!("CONNECT allowed.space.test:{port} HTTP/1.1\r\n\r\nGET /tunnel HTTP/1.1\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200 Connection established"), "{answer}");
+        assert!(answer.ends_with("GET /tunnel HTTP/1.1"), "{answer}");
+        assert_eq!(events.recv().await.unwrap().via, "connect");
+
+        let answer = exchange(&egress, b"CONNECT denied.space.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 403") && answer.contains("not_allowed"), "{answer}");
+        assert_eq!(resolver.lookups_of("denied.space.test"), 0, "a denied name is never looked up");
+        let event = events.recv().await.unwrap();
+        assert_eq!((event.decision.as_str(), event.reason.as_deref()), ("denied", Some("not_allowed")));
+
+        let answer =
+            exchange(&egress, format!("CONNECT allowed.space.test:{} HTTP/1.1\r\n\r\n", port + 1).as_bytes()).await;
+        assert!(answer.contains("port_not_allowed"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn internal_answers_bad_requests_and_disabled_egress_are_refused() {
+        let (egress, mut events, _) = egress(Mode::Public, &[]);
+        // An allowed name that resolves inside (rebinding).
+        let answer = exchange(&egress, b"CONNECT inside.space.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 403") && answer.contains("internal_address"), "{answer}");
+        let answer = exchange(&egress, b"CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.contains("internal_address"), "{answer}");
+        let answer = exchange(&egress, b"CONNECT nowhere.space.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("not_resolved"), "{answer}");
+        for bad in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+            b"GET https://a.example/ HTTP/1.1\r\n\r\n",
+            b"GET http://user@a.example/ HTTP/1.1\r\n\r\n",
+            b"CONNECT a.example HTTP/1.1\r\n\r\n",
+            b"\x16\x03\x01\x02\x00garbage\r\n\r\n",
+        ] {
+            let answer = exchange(&egress, bad).await;
+            assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        }
+        let huge = format!("GET http://a.example/ HTTP/1.1\r\nX: {}\r\n\r\n", "y".repeat(MAX_HEAD));
+        assert!(exchange(&egress, huge.as_bytes()).await.starts_with("HTTP/1.1 400"));
+        egress.set_policy(Policy::default());
+        let answer = exchange(&egress, b"CONNECT allowed.space.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.contains("egress_disabled"), "{answer}");
+        while let Ok(event) = events.try_recv() {
+            assert_eq!(event.decision, "denied", "{event:?}");
+        }
+        assert_eq!(egress.open_connections(), 0);
+    }
+}

@@ -1,0 +1,10 @@
+//! Egress for sandboxes: a sandbox has no network device; its programs
+//! reach the outside through a proxy (the agent relays `127.0.0.1:3128` in
+//! the sandbox to a Unix socket the host listens on for that sandbox), and
+//! this gateway, on the host, makes every decision with the sandbox's
+//! [`policy::Policy`]: names are judged before they are looked up, the
+//! addresses they resolve to are judged again, and every connection is an
+//! audit [`gateway::Event`].
+
+pub mod gateway;
+pub mod policy;
