@@ -8,6 +8,7 @@
 //! The agent trusts the host and nothing else; it must stay statically
 //! linked and small, because it runs in roots it did not build.
 
+mod egress;
 mod exec;
 mod files;
 mod init;
@@ -71,8 +72,13 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
 
     let mut session = welcome.session;
-    let agent =
-        Agent { uploads: Arc::default(), identity: Arc::new(Mutex::new(welcome)), outbox, sessions: Arc::default() };
+    let agent = Agent {
+        uploads: Arc::default(),
+        identity: Arc::new(Mutex::new(welcome)),
+        outbox,
+        sessions: Arc::default(),
+        relay: start_relay(&socket_path),
+    };
     loop {
         agent.serve(&mut reader);
         // Quiesced for a snapshot, or the host went away: either way let go
@@ -105,6 +111,17 @@ fn run() -> Result<(), String> {
         drop(identity);
         let _ = sockets.send(new_writer);
         reader = new_reader;
+    }
+}
+
+/// The egress relay, to the host's egress socket beside the agent's own
+/// (a microVM has no such socket yet: its relay is not started).
+fn start_relay(agent_socket: &str) -> egress::Relay {
+    match std::path::Path::new(agent_socket).parent() {
+        Some(dir) if agent_socket != VSOCK => {
+            egress::Relay::start(dir.join("egress.sock").to_string_lossy().into_owned())
+        }
+        _ => egress::Relay::default(),
     }
 }
 
@@ -227,6 +244,7 @@ struct Agent {
     identity: Arc<Mutex<Welcome>>,
     outbox: SyncSender<Frame>,
     sessions: Sessions,
+    relay: egress::Relay,
 }
 
 impl Agent {
@@ -254,6 +272,8 @@ impl Agent {
     fn handle(&self, frame: Frame) -> Result<Served, String> {
         match frame.kind {
             FrameKind::Quiesce => {
+                // A snapshot must hold no host socket: relayed egress goes too.
+                self.relay.cut_all();
                 // The writer sends the ack after everything queued before
                 // it, then drops its socket; `serve` returns and the reader
                 // drops the other half, so no socket of ours is left open.

@@ -86,16 +86,60 @@ pub struct Lifecycle {
     pub auto_pause: Option<bool>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// What a sandbox may reach outside: `none`, what `allow` lists
+/// (`allowlist`), or every public address (`public`); `deny` wins over
+/// both, and internal addresses are never reachable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Egress {
+    #[default]
     None,
+    Allowlist,
+    Public,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// A sandbox's network: no device inside; egress through the host's
+/// gateway (the proxy at `127.0.0.1:3128` in the sandbox).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Network {
     pub egress: Egress,
+    /// `host`, `*.suffix` (subdomains), an IP or a CIDR, each with optional
+    /// `:port[,port]` (default 80 and 443). Only with `allowlist`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// The same forms; without ports a rule covers every port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+/// One connection a sandbox made through the egress gateway.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EgressEvent {
+    pub at: String,
+    /// `connect` (a tunnel) or `http` (a forwarded request).
+    pub via: String,
+    pub host: String,
+    pub port: u16,
+    /// `allowed` or `denied`.
+    pub decision: String,
+    /// Why it was denied: `egress_disabled`, `not_allowed`,
+    /// `port_not_allowed`, `denied_rule`, `internal_address`,
+    /// `not_resolved`, `bad_request`, `limit`, `unreachable`.
+    pub reason: Option<String>,
+    /// The allow rule that let it through (none under `public`).
+    pub rule: Option<String>,
+    /// The address the gateway dialed.
+    pub address: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/egress`: the newest events last.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EgressLog {
+    pub events: Vec<EgressEvent>,
 }
 
 /// `POST /v1/sandboxes`.

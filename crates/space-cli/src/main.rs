@@ -121,7 +121,7 @@ fn doctor(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
     println!("data dir  yes {} on btrfs, quotas: {quotas}", data.root().display());
     // A missing agent is one of the things the report names.
     let agent = engine.agent_bin().unwrap_or_else(|_| PathBuf::from("space-agent (not found)"));
-    let config = engine.config_with_agent(data_dir, agent);
+    let config = engine.config_with_agent(data_dir, agent)?;
     let report = space_server::engine_report(&config, &data);
     for availability in &report {
         println!("{:<9} {} {}", availability.name, ok(availability.available), availability.detail);
@@ -294,6 +294,14 @@ pub struct EngineArgs {
     /// suspends, template builds and uploads get 507 and output is not kept.
     #[arg(long, env = "SPACE_DISK_RESERVE_MIB", default_value_t = space_server::disk::DEFAULT_DISK_RESERVE_MIB)]
     disk_reserve_mib: u64,
+    /// A fixed answer for the egress gateway, NAME=IP (repeatable): when
+    /// given, names resolve only through these (an internal mirror, a test).
+    #[arg(long = "egress-host", value_name = "NAME=IP")]
+    egress_hosts: Vec<String>,
+    /// Internal addresses (IP or CIDR, repeatable) sandboxes may reach
+    /// through the gateway anyway; everything internal is refused otherwise.
+    #[arg(long = "egress-allow-internal", value_name = "CIDR")]
+    egress_allow_internal: Vec<String>,
 }
 
 impl EngineArgs {
@@ -328,11 +336,13 @@ impl EngineArgs {
     }
 
     pub fn platform_config(&self, data_dir: &Path) -> Result<space_server::PlatformConfig> {
-        Ok(self.config_with_agent(data_dir, self.agent_bin()?))
+        self.config_with_agent(data_dir, self.agent_bin()?)
     }
 
-    fn config_with_agent(&self, data_dir: &Path, agent_bin: PathBuf) -> space_server::PlatformConfig {
-        space_server::PlatformConfig {
+    fn config_with_agent(&self, data_dir: &Path, agent_bin: PathBuf) -> Result<space_server::PlatformConfig> {
+        let egress = space_server::egress::EgressSettings::parse(&self.egress_hosts, &self.egress_allow_internal)
+            .map_err(|e| anyhow::anyhow!("egress settings: {e}"))?;
+        Ok(space_server::PlatformConfig {
             data_dir: data_dir.to_path_buf(),
             runsc: self.runsc.clone(),
             agent_bin,
@@ -345,7 +355,8 @@ impl EngineArgs {
             max_output_mib: self.max_output_mib,
             max_sandbox_output_mib: self.max_sandbox_output_mib,
             disk_reserve_mib: self.disk_reserve_mib,
-        }
+            egress,
+        })
     }
 }
 

@@ -114,15 +114,22 @@ pub struct Event {
 /// One sandbox's side of the gateway: its policy (replaceable while it
 /// runs) and where its events go.
 pub struct SandboxEgress {
+    id: String,
     policy: RwLock<Arc<Policy>>,
-    events: mpsc::Sender<Event>,
+    events: mpsc::Sender<(String, Event)>,
     open: AtomicUsize,
     config: GatewayConfig,
 }
 
 impl SandboxEgress {
-    pub fn new(policy: Policy, events: mpsc::Sender<Event>, config: GatewayConfig) -> Arc<SandboxEgress> {
-        Arc::new(SandboxEgress { policy: RwLock::new(Arc::new(policy)), events, open: AtomicUsize::new(0), config })
+    /// `id` names the sandbox in the events it sends.
+    pub fn new(
+        id: String,
+        policy: Policy,
+        events: mpsc::Sender<(String, Event)>,
+        config: GatewayConfig,
+    ) -> Arc<SandboxEgress> {
+        Arc::new(SandboxEgress { id, policy: RwLock::new(Arc::new(policy)), events, open: AtomicUsize::new(0), config })
     }
 
     pub fn set_policy(&self, policy: Policy) {
@@ -238,7 +245,7 @@ impl SandboxEgress {
 
     fn record(&self, mut event: Event, started: Instant) {
         event.duration_ms = started.elapsed().as_millis() as u64;
-        if self.events.try_send(event).is_err() {
+        if self.events.try_send((self.id.clone(), event)).is_err() {
             tracing::warn!("egress events are arriving faster than they are stored; one was dropped");
         }
     }
@@ -401,7 +408,9 @@ mod tests {
     use super::*;
     use crate::policy::Mode;
 
-    fn egress(mode: Mode, allow: &[&str]) -> (Arc<SandboxEgress>, mpsc::Receiver<Event>, Arc<StaticResolver>) {
+    type Events = mpsc::Receiver<(String, Event)>;
+
+    fn egress(mode: Mode, allow: &[&str]) -> (Arc<SandboxEgress>, Events, Arc<StaticResolver>) {
         let resolver = Arc::new(StaticResolver::new([
             ("allowed.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()]),
             ("inside.space.test".to_string(), vec!["10.0.0.1".parse().unwrap()]),
@@ -410,7 +419,8 @@ mod tests {
         config.allow_internal = vec![("127.0.0.1".parse().unwrap(), 32)];
         let allow: Vec<String> = allow.iter().map(|s| s.to_string()).collect();
         let (events, received) = mpsc::channel(64);
-        (SandboxEgress::new(Policy::new(mode, &allow, &[]).unwrap(), events, config), received, resolver)
+        let policy = Policy::new(mode, &allow, &[]).unwrap();
+        (SandboxEgress::new("sbx_t".into(), policy, events, config), received, resolver)
     }
 
     async fn exchange(egress: &SandboxEgress, request: &[u8]) -> String {
@@ -453,7 +463,7 @@ mod tests {
         )
         .await;
         assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("GET /x?y=1 HTTP/1.1"), "{answer}");
-        let event = events.recv().await.unwrap();
+        let (_, event) = events.recv().await.unwrap();
         assert_eq!((event.decision.as_str(), event.via.as_str(), event.port), ("allowed", "http", port));
         assert!(event.bytes_down > 0 && event.bytes_up > 0, "{event:?}");
 
@@ -464,12 +474,12 @@ mod tests {
         .await;
         assert!(answer.starts_with("HTTP/1.1 200 Connection established"), "{answer}");
         assert!(answer.ends_with("GET /tunnel HTTP/1.1"), "{answer}");
-        assert_eq!(events.recv().await.unwrap().via, "connect");
+        assert_eq!(events.recv().await.unwrap().1.via, "connect");
 
         let answer = exchange(&egress, b"CONNECT denied.space.test:443 HTTP/1.1\r\n\r\n").await;
         assert!(answer.starts_with("HTTP/1.1 403") && answer.contains("not_allowed"), "{answer}");
         assert_eq!(resolver.lookups_of("denied.space.test"), 0, "a denied name is never looked up");
-        let event = events.recv().await.unwrap();
+        let (_, event) = events.recv().await.unwrap();
         assert_eq!((event.decision.as_str(), event.reason.as_deref()), ("denied", Some("not_allowed")));
 
         let answer =
@@ -502,7 +512,7 @@ mod tests {
         egress.set_policy(Policy::default());
         let answer = exchange(&egress, b"CONNECT allowed.space.test:443 HTTP/1.1\r\n\r\n").await;
         assert!(answer.contains("egress_disabled"), "{answer}");
-        while let Ok(event) = events.try_recv() {
+        while let Ok((_, event)) = events.try_recv() {
             assert_eq!(event.decision, "denied", "{event:?}");
         }
         assert_eq!(egress.open_connections(), 0);

@@ -99,11 +99,17 @@ impl Actor {
                 break;
             }
         }
+        self.platform.stop_egress(&self.id);
         self.platform.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 
     fn set_agent(&self, agent: Option<AgentConn>) {
+        let connected = agent.is_some();
         *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = agent;
+        if connected {
+            // Its socket directory exists now (a fresh create, a restore).
+            self.platform.start_egress(&self.id);
+        }
     }
 
     async fn create(&self, operation_id: &str, warm: Option<crate::warm::WarmMember>) {

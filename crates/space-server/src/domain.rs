@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use space_api::{
-    CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, OperationKind, SandboxState,
-};
+use space_api::{CommandRequest, CreateSandboxRequest, Lifecycle, Network, OnIdle, OperationKind, SandboxState};
 use space_host::template::TemplateDefaults;
 
 use crate::error::ApiError;
@@ -73,9 +71,17 @@ impl CreateSpec {
             env,
             labels: request.labels,
             lifecycle,
-            network: request.network.unwrap_or(Network { egress: Egress::None }),
+            network: checked_network(request.network.unwrap_or_default())?,
         })
     }
+}
+
+/// A network whose rules all read (422 naming the bad rule otherwise).
+pub fn checked_network(network: Network) -> Result<Network, ApiError> {
+    crate::egress::policy_of(&network).map_err(|err| {
+        ApiError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "network"}))
+    })?;
+    Ok(network)
 }
 
 fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), ApiError> {

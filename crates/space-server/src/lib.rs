@@ -10,6 +10,7 @@ mod capacity;
 pub mod commands;
 pub mod disk;
 pub mod domain;
+pub mod egress;
 pub mod error;
 pub mod http;
 mod idle;
@@ -77,6 +78,8 @@ pub struct PlatformConfig {
     pub max_sandbox_output_mib: u64,
     /// Free space of the data dir the host keeps, in MiB.
     pub disk_reserve_mib: u64,
+    /// The operator's egress settings (static names, internal exceptions).
+    pub egress: egress::EgressSettings,
 }
 
 /// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
@@ -209,6 +212,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     platform.max_output_bytes.store(config.max_output_mib.saturating_mul(1 << 20), Relaxed);
     platform.max_sandbox_output_bytes.store(config.max_sandbox_output_mib.saturating_mul(1 << 20), Relaxed);
     platform.disk_reserve_bytes.store(config.disk_reserve_mib.saturating_mul(1 << 20), Relaxed);
+    platform.configure_egress(&config.egress);
     raise_open_files_limit();
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)

@@ -72,6 +72,7 @@ pub struct Platform {
     pub(crate) output_use: crate::disk::OutputUse,
     /// Disk granted to running template builds, by tenant.
     pub(crate) build_grants: Mutex<HashMap<String, u64>>,
+    pub(crate) egress: crate::egress::EgressHub,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -106,6 +107,9 @@ impl Platform {
             disk_reserve_bytes: (crate::disk::DEFAULT_DISK_RESERVE_MIB << 20).into(),
             output_use: Default::default(),
             build_grants: Default::default(),
+            egress: crate::egress::EgressHub::new(space_egress::gateway::GatewayConfig::new(Arc::new(
+                space_egress::gateway::SystemResolver,
+            ))),
         })
     }
 
@@ -289,10 +293,15 @@ impl Platform {
         if let Some(first) = first {
             let _ = jobs.send(first);
         }
+        let connected = agent.is_some();
         let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default() });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
         let actor = crate::actor::Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
+        if connected {
+            // Re-adopted after a restart: its egress is served again.
+            self.start_egress(id);
+        }
     }
 
     /// Applies `event` to a sandbox and persists it. Only actors (and

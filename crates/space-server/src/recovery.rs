@@ -251,6 +251,7 @@ impl Platform {
     /// sandboxes (see [`Platform::recover`]) and starts enforcing lifecycle
     /// policies. Call once, inside the runtime, before serving.
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
+        self.store_egress_events();
         self.recover().await?;
         self.resume_operations().await?;
         tokio::spawn(self.clone().enforce_policies());

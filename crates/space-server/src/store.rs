@@ -71,7 +71,7 @@ impl SandboxRecord {
                 created_at: created.into(),
                 updated_at: created.into(),
                 lifecycle,
-                network: space_api::Network { egress: space_api::Egress::None },
+                network: space_api::Network::default(),
                 last_activity_at: active.into(),
                 auto_paused: false,
                 failure_reason: None,
@@ -164,7 +164,17 @@ CREATE TABLE IF NOT EXISTS command_streams (
     stream INTEGER NOT NULL,
     timeout_s INTEGER NOT NULL
 );
+-- every connection a sandbox made through the egress gateway
+CREATE TABLE IF NOT EXISTS egress_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sandbox_id TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS egress_events_by_sandbox ON egress_events (sandbox_id, seq);
 ";
+
+/// Egress events kept per sandbox (the oldest go first).
+pub const EGRESS_EVENTS_KEPT: u32 = 10_000;
 
 pub struct Store {
     conn: Mutex<Connection>,
@@ -381,6 +391,30 @@ impl Store {
             params![command_id, stream, timeout_s as i64],
         )?;
         Ok(())
+    }
+
+    /// Records an egress event, keeping the newest [`EGRESS_EVENTS_KEPT`].
+    pub fn put_egress_event(&self, sandbox_id: &str, event: &space_api::EgressEvent) -> Result<(), StoreError> {
+        let body = serde_json::to_string(event)?;
+        let conn = self.conn();
+        conn.execute("INSERT INTO egress_events (sandbox_id, body) VALUES (?1, ?2)", params![sandbox_id, body])?;
+        conn.execute(
+            "DELETE FROM egress_events WHERE sandbox_id = ?1 AND seq <= (SELECT seq FROM egress_events \
+             WHERE sandbox_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+            params![sandbox_id, EGRESS_EVENTS_KEPT],
+        )?;
+        Ok(())
+    }
+
+    /// A sandbox's egress events, oldest first: the newest `limit`.
+    pub fn egress_events(&self, sandbox_id: &str, limit: u32) -> Result<Vec<space_api::EgressEvent>, StoreError> {
+        let conn = self.conn();
+        let mut statement = conn.prepare(
+            "SELECT body FROM (SELECT seq, body FROM egress_events WHERE sandbox_id = ?1 ORDER BY seq DESC LIMIT ?2) \
+             ORDER BY seq",
+        )?;
+        let rows = statement.query_map(params![sandbox_id, limit], |r| r.get::<_, String>(0))?;
+        rows.map(|row| Ok(serde_json::from_str(&row?)?)).collect()
     }
 
     /// The agent stream and timeout of a command, if recorded.

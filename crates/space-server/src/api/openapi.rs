@@ -5,7 +5,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{attach, commands, files, health, operations, output, sandboxes, templates, usage};
+use super::{attach, commands, egress, files, health, operations, output, sandboxes, templates, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,7 +19,7 @@ use super::{attach, commands, files, health, operations, output, sandboxes, temp
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,
         output::output, attach::attach,
         files::read, files::write, files::delete,
-        usage::usage,
+        usage::usage, egress::log,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth),

@@ -33,6 +33,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         max_output_mib: space_server::platform::DEFAULT_MAX_OUTPUT_BYTES >> 20,
         max_sandbox_output_mib: space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES >> 20,
         disk_reserve_mib: space_server::disk::DEFAULT_DISK_RESERVE_MIB,
+        egress: Default::default(),
     }
 }
 

@@ -1,0 +1,34 @@
+//! `GET /v1/sandboxes/{id}/egress`: every connection the sandbox made
+//! through the egress gateway, allowed or not.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use space_api::{EgressLog, ErrorBody};
+
+use super::{ApiQuery, AppState};
+use crate::error::ApiError;
+
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct EgressQuery {
+    /// The newest this many events (default 1000, at most 10000).
+    limit: Option<u32>,
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/egress", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), EgressQuery),
+    responses((status = 200, body = EgressLog), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub async fn log(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<EgressQuery>,
+) -> Result<Json<EgressLog>, ApiError> {
+    state.platform.sandbox(&id)?;
+    let limit = query.limit.unwrap_or(1000);
+    let most = crate::store::EGRESS_EVENTS_KEPT;
+    if limit == 0 || limit > most {
+        return Err(ApiError::bad_request(format!("limit is between 1 and {most}")));
+    }
+    Ok(Json(EgressLog { events: state.platform.store.egress_events(&id, limit)? }))
+}
