@@ -1,15 +1,20 @@
 //! The egress relay: the sandbox has no network device, so programs reach
 //! the outside through the proxy at `127.0.0.1:3128` (every command gets
-//! the proxy variables pointing there). Each connection to it is pumped,
-//! byte for byte, to a connection to the host's egress socket, where the
-//! gateway decides everything; the relay never parses what it carries.
+//! the proxy variables pointing there). Each connection to it becomes a
+//! stream on the agent's own channel to the host, where the gateway
+//! decides everything; the relay never parses what it carries. No host
+//! socket is involved, so nothing a program holds can stand in the way of a
+//! snapshot, and a quiesce simply cuts the relayed connections.
 
-use std::io;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
+
+use space_proto::{Frame, FrameKind, AGENT_STREAM_BIT, EGRESS_WINDOW, MAX_OUTPUT_CHUNK};
 
 /// Where programs in the sandbox find the proxy.
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
@@ -35,19 +40,71 @@ pub fn proxy_env() -> [(&'static str, &'static str); 9] {
     ]
 }
 
-/// The relay's open connections, so a quiesce can cut them: a snapshot
-/// must not hold host sockets.
-#[derive(Default, Clone)]
+/// Bytes this side may still send on a connection.
+struct Credit {
+    available: Mutex<Option<usize>>,
+    changed: Condvar,
+}
+
+impl Credit {
+    fn new() -> Credit {
+        Credit { available: Mutex::new(Some(EGRESS_WINDOW)), changed: Condvar::new() }
+    }
+
+    /// Waits until `n` bytes may be sent and takes them; false once closed.
+    fn take(&self, n: usize) -> bool {
+        let mut available = self.available.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match *available {
+                None => return false,
+                Some(left) if left >= n => {
+                    *available = Some(left - n);
+                    return true;
+                }
+                Some(_) => available = self.changed.wait(available).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+
+    fn give(&self, n: usize) {
+        let mut available = self.available.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(left) = available.as_mut() {
+            *left = (*left + n).min(EGRESS_WINDOW);
+        }
+        self.changed.notify_all();
+    }
+
+    fn close(&self) {
+        *self.available.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.changed.notify_all();
+    }
+}
+
+/// What the host sent for a connection, for its writer thread.
+enum ToClient {
+    Data(Vec<u8>),
+    Eof,
+}
+
+struct Connection {
+    to_client: Sender<ToClient>,
+    credit: Arc<Credit>,
+    socket: TcpStream,
+}
+
+/// The relay's connections, by stream.
+#[derive(Clone)]
 pub struct Relay {
-    open: Arc<Mutex<Vec<Arc<UnixStream>>>>,
-    count: Arc<AtomicUsize>,
+    connections: Arc<Mutex<HashMap<u32, Connection>>>,
+    next: Arc<AtomicU32>,
+    outbox: SyncSender<Frame>,
 }
 
 impl Relay {
-    /// Listens on [`PROXY_ADDR`] and relays to `host_socket` in the
-    /// background. A sandbox whose loopback port is taken runs without it.
-    pub fn start(host_socket: String) -> Relay {
-        let relay = Relay::default();
+    /// Listens on [`PROXY_ADDR`] and relays over the channel `outbox`
+    /// writes to. A sandbox whose loopback port is taken runs without it.
+    pub fn start(outbox: SyncSender<Frame>) -> Relay {
+        let relay = Relay { connections: Arc::default(), next: Arc::new(AtomicU32::new(1)), outbox };
         let listener = match TcpListener::bind(PROXY_ADDR) {
             Ok(listener) => listener,
             Err(err) => {
@@ -58,7 +115,7 @@ impl Relay {
         let this = relay.clone();
         let spawned = thread::Builder::new().name("egress".into()).spawn(move || {
             for client in listener.incoming().flatten() {
-                this.accept(client, &host_socket);
+                this.accept(client);
             }
         });
         if let Err(err) = spawned {
@@ -67,44 +124,119 @@ impl Relay {
         relay
     }
 
-    fn accept(&self, client: TcpStream, host_socket: &str) {
-        if self.count.load(Ordering::Relaxed) >= MAX_RELAYED {
+    fn accept(&self, client: TcpStream) {
+        let mut connections = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if connections.len() >= MAX_RELAYED {
             return;
         }
-        let Ok(host) = UnixStream::connect(host_socket) else {
-            return; // The host is not listening (a server restart): the client sees a closed connection.
+        let Ok(socket) = client.try_clone() else { return };
+        let stream = AGENT_STREAM_BIT | (self.next.fetch_add(1, Ordering::Relaxed) & !AGENT_STREAM_BIT);
+        let (to_client, from_host) = mpsc::channel();
+        let credit = Arc::new(Credit::new());
+        connections.insert(stream, Connection { to_client, credit: credit.clone(), socket });
+        drop(connections);
+        if self.outbox.send(Frame::new(stream, FrameKind::EgressOpen, Vec::new())).is_err() {
+            self.forget(stream);
+            return;
+        }
+        let (up, down) = (self.clone(), self.clone());
+        let Ok(reader) = client.try_clone() else {
+            self.forget(stream);
+            return;
         };
-        let host = Arc::new(host);
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).push(host.clone());
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let this = self.clone();
-        let _ = thread::Builder::new().name("egress-conn".into()).spawn(move || {
-            let _ = pump(client, &host);
-            this.open.lock().unwrap_or_else(|e| e.into_inner()).retain(|s| !Arc::ptr_eq(s, &host));
-            this.count.fetch_sub(1, Ordering::Relaxed);
-        });
+        let _ = thread::Builder::new().name("egress-up".into()).spawn(move || up.upward(stream, reader, &credit));
+        let _ =
+            thread::Builder::new().name("egress-down".into()).spawn(move || down.downward(stream, client, from_host));
     }
 
-    /// Cuts every relayed connection (before a snapshot).
-    pub fn cut_all(&self) {
-        for host in self.open.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = host.shutdown(Shutdown::Both);
+    /// The program's bytes to the host, within the credit the host gives.
+    fn upward(&self, stream: u32, mut reader: TcpStream, credit: &Credit) {
+        let mut buf = vec![0u8; MAX_OUTPUT_CHUNK];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if !credit.take(n)
+                || self.outbox.send(Frame::new(stream, FrameKind::EgressData, buf[..n].to_vec())).is_err()
+            {
+                return;
+            }
+        }
+        let _ = self.outbox.send(Frame::new(stream, FrameKind::EgressEof, Vec::new()));
+    }
+
+    /// The host's bytes to the program, acknowledged once written.
+    fn downward(&self, stream: u32, mut writer: TcpStream, from_host: Receiver<ToClient>) {
+        while let Ok(message) = from_host.recv() {
+            match message {
+                ToClient::Data(bytes) => {
+                    if writer.write_all(&bytes).is_err() {
+                        break;
+                    }
+                    let ack = (bytes.len() as u32).to_le_bytes().to_vec();
+                    if self.outbox.send(Frame::new(stream, FrameKind::EgressAck, ack)).is_err() {
+                        break;
+                    }
+                }
+                ToClient::Eof => {
+                    let _ = writer.shutdown(Shutdown::Write);
+                }
+            }
+        }
+        // The host closed the stream (or the program's socket failed).
+        let _ = writer.shutdown(Shutdown::Both);
+        if self.forget(stream) {
+            let _ = self.outbox.send(Frame::new(stream, FrameKind::EgressClose, Vec::new()));
         }
     }
-}
 
-/// Copies both ways until both are done.
-fn pump(client: TcpStream, host: &UnixStream) -> io::Result<()> {
-    let mut client_read = client.try_clone()?;
-    let mut host_write = host.try_clone()?;
-    let upward = thread::Builder::new().name("egress-up".into()).spawn(move || {
-        let _ = io::copy(&mut client_read, &mut host_write);
-        let _ = host_write.shutdown(Shutdown::Write);
-    })?;
-    let mut host_read = host.try_clone()?;
-    let mut client_write = client;
-    let _ = io::copy(&mut host_read, &mut client_write);
-    let _ = client_write.shutdown(Shutdown::Both);
-    let _ = upward.join();
-    Ok(())
+    /// Drops a connection and cuts its socket; true if it was still there.
+    fn forget(&self, stream: u32) -> bool {
+        let removed = self.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+        if let Some(connection) = &removed {
+            connection.credit.close();
+            let _ = connection.socket.shutdown(Shutdown::Both);
+        }
+        removed.is_some()
+    }
+
+    /// A frame from the host for one of the relay's streams.
+    pub fn take_frame(&self, frame: Frame) -> io::Result<()> {
+        let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(connection) = connections.get(&frame.stream) else {
+            return Ok(()); // Already gone here; the host learns from our close.
+        };
+        match frame.kind {
+            FrameKind::EgressData => {
+                let _ = connection.to_client.send(ToClient::Data(frame.payload));
+            }
+            FrameKind::EgressEof => {
+                let _ = connection.to_client.send(ToClient::Eof);
+            }
+            FrameKind::EgressAck => {
+                let n = frame.payload.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0);
+                connection.credit.give(n as usize);
+            }
+            FrameKind::EgressClose => {
+                // The writer thread passes on what is queued, then cuts the
+                // socket once it finds the queue closed.
+                drop(connections);
+                let removed = self.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&frame.stream);
+                if let Some(connection) = removed {
+                    connection.credit.close();
+                }
+            }
+            _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "not an egress frame")),
+        }
+        Ok(())
+    }
+
+    /// Cuts every relayed connection (a quiesce: the host forgets them too).
+    pub fn cut_all(&self) {
+        let streams: Vec<u32> = self.connections.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        for stream in streams {
+            self.forget(stream);
+        }
+    }
 }

@@ -72,12 +72,13 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
 
     let mut session = welcome.session;
+    let outbox_for_relay = outbox.clone();
     let agent = Agent {
         uploads: Arc::default(),
         identity: Arc::new(Mutex::new(welcome)),
         outbox,
         sessions: Arc::default(),
-        relay: start_relay(&socket_path),
+        relay: egress::Relay::start(outbox_for_relay),
     };
     loop {
         agent.serve(&mut reader);
@@ -111,17 +112,6 @@ fn run() -> Result<(), String> {
         drop(identity);
         let _ = sockets.send(new_writer);
         reader = new_reader;
-    }
-}
-
-/// The egress relay, to the host's egress socket beside the agent's own
-/// (a microVM has no such socket yet: its relay is not started).
-fn start_relay(agent_socket: &str) -> egress::Relay {
-    match std::path::Path::new(agent_socket).parent() {
-        Some(dir) if agent_socket != VSOCK => {
-            egress::Relay::start(dir.join("egress.sock").to_string_lossy().into_owned())
-        }
-        _ => egress::Relay::default(),
     }
 }
 
@@ -279,6 +269,9 @@ impl Agent {
                 // drops the other half, so no socket of ours is left open.
                 let _ = self.outbox.send(Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, Vec::new()));
                 return Ok(Served::Quiesced);
+            }
+            FrameKind::EgressData | FrameKind::EgressEof | FrameKind::EgressAck | FrameKind::EgressClose => {
+                self.relay.take_frame(frame).map_err(|e| e.to_string())?
             }
             FrameKind::Resize => exec::resize(&self.sessions, frame.stream, frame.parse().map_err(|e| e.to_string())?),
             FrameKind::FileRead => files::read(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox),

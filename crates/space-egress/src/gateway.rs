@@ -1,4 +1,5 @@
-//! The gateway: serves one sandbox's egress socket. A connection opens
+//! The gateway: serves one sandbox's egress connections (relayed by its
+//! agent over the channel, whatever stream they arrive as). A connection opens
 //! with `CONNECT host:port` (a tunnel, whatever runs inside it) or an
 //! absolute-form `http://` request (forwarded with `Connection: close`);
 //! anything else is refused. The target is judged by the sandbox's policy
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::policy::{always_denied, Policy, Reason, Target};
@@ -143,19 +144,6 @@ impl SandboxEgress {
     /// Connections open now.
     pub fn open_connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
-    }
-
-    /// Serves `listener` until the task is dropped (aborted).
-    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                // EMFILE and the like: give the host a moment.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let this = self.clone();
-            tokio::spawn(async move { this.handle(stream).await });
-        }
     }
 
     /// Serves one connection from the sandbox.

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use space_proto::{
     decode_header, ExecFailed, ExecRequest, Exited, FileError, FileInfo, FileListing, FileRequest, Frame, FrameKind,
-    Hello, Identity, ProtoError, ProtocolErrorMessage, SignalRequest, Started, Welcome, CONTROL_STREAM, HEADER_LEN,
-    MAX_PAYLOAD, PROTOCOL_VERSION,
+    Hello, Identity, ProtoError, ProtocolErrorMessage, SignalRequest, Started, Welcome, AGENT_STREAM_BIT,
+    CONTROL_STREAM, EGRESS_WINDOW, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -58,6 +58,85 @@ struct Shared {
     /// Hands the writer task the write half of each new socket.
     writers: mpsc::UnboundedSender<OwnedWriteHalf>,
     welcome: Welcome,
+    /// Takes the egress connections the agent opens; none: they are closed.
+    egress: Mutex<Option<EgressHandler>>,
+}
+
+/// What the host does with each egress connection the agent relays.
+pub type EgressHandler = Arc<dyn Fn(EgressStream) + Send + Sync>;
+
+/// One connection a program in the sandbox made to its egress proxy,
+/// relayed by the agent over the channel.
+pub struct EgressStream {
+    pub stream: u32,
+    frames: mpsc::Receiver<Frame>,
+    conn: AgentConn,
+}
+
+impl EgressStream {
+    /// The connection as a byte stream. Two tasks carry it: the agent's
+    /// bytes in (acknowledged as they are taken, so the agent never has more
+    /// than [`EGRESS_WINDOW`] in flight), and what is written to the
+    /// returned end out, never more than the agent has acknowledged.
+    /// When the returned end is dropped, the agent is told the connection
+    /// is over.
+    pub fn into_io(self) -> tokio::io::DuplexStream {
+        let (near, far) = tokio::io::duplex(EGRESS_WINDOW);
+        let (mut near_read, mut near_write) = tokio::io::split(near);
+        let EgressStream { stream, mut frames, conn } = self;
+        let credit = Arc::new(tokio::sync::Semaphore::new(EGRESS_WINDOW));
+        let (up_credit, up_conn) = (credit.clone(), conn.clone());
+        let upward = tokio::spawn(async move {
+            let mut buf = vec![0u8; space_proto::MAX_OUTPUT_CHUNK];
+            loop {
+                let n = match near_read.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                match up_credit.acquire_many(n as u32).await {
+                    Ok(permits) => permits.forget(),
+                    Err(_) => return,
+                }
+                if up_conn.send(Frame::new(stream, FrameKind::EgressData, buf[..n].to_vec())).await.is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut upward = upward;
+            loop {
+                tokio::select! {
+                    // The host's side is done (the gateway let go of it).
+                    _ = &mut upward => break,
+                    frame = frames.recv() => match frame {
+                        Some(frame) if frame.kind == FrameKind::EgressData => {
+                            let n = frame.payload.len() as u32;
+                            if near_write.write_all(&frame.payload).await.is_err() {
+                                break;
+                            }
+                            let _ = conn.send(Frame::new(stream, FrameKind::EgressAck, n.to_le_bytes().to_vec())).await;
+                        }
+                        Some(frame) if frame.kind == FrameKind::EgressEof => {
+                            let _ = near_write.shutdown().await;
+                        }
+                        Some(frame) if frame.kind == FrameKind::EgressAck => {
+                            let n = frame.payload.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                            credit.add_permits(n.unwrap_or(0).min(EGRESS_WINDOW as u32) as usize);
+                        }
+                        // Closed by the agent, or the channel is gone.
+                        _ => {
+                            upward.abort();
+                            break;
+                        }
+                    },
+                }
+            }
+            credit.close();
+            conn.close_stream(stream);
+            let _ = conn.send(Frame::new(stream, FrameKind::EgressClose, Vec::new())).await;
+        });
+        far
+    }
 }
 
 /// A connected, handshaken agent. Cheap to clone.
@@ -242,11 +321,12 @@ impl AgentConn {
             detached: tokio::sync::Notify::new(),
             writers,
             welcome,
+            egress: Mutex::new(None),
         });
         let (outbox, queued) = mpsc::channel(256);
         tokio::spawn(write_loop(queued, new_writers));
-        tokio::spawn(read_loop(read_half, shared.clone()));
         let conn = AgentConn { outbox, shared, hello: Arc::new(hello) };
+        tokio::spawn(read_loop(read_half, conn.clone()));
         let adopted = receivers
             .into_iter()
             .map(|(stream, pid, frames)| ExecStream { stream, pid, frames, conn: conn.clone() })
@@ -289,7 +369,7 @@ impl AgentConn {
         let (read_half, write_half, _hello, _key) = greet(socket, &self.shared.welcome, patience).await?;
         self.shared.quiescing.store(false, Ordering::Release);
         self.shared.writers.send(write_half).map_err(|_| AgentError::Disconnected)?;
-        tokio::spawn(read_loop(read_half, self.shared.clone()));
+        tokio::spawn(read_loop(read_half, self.clone()));
         self.ping(patience).await.map(drop)
     }
 
@@ -318,6 +398,11 @@ impl AgentConn {
         let (tx, rx) = mpsc::channel(STREAM_DEPTH);
         self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, tx);
         Ok((stream, rx))
+    }
+
+    /// Hands every egress connection the agent relays to `handler`.
+    pub fn on_egress(&self, handler: EgressHandler) {
+        *self.shared.egress.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
     }
 
     fn close_stream(&self, stream: u32) {
@@ -536,7 +621,8 @@ async fn write_loop(mut queued: mpsc::Receiver<Frame>, mut writers: mpsc::Unboun
     }
 }
 
-async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
+async fn read_loop(mut reader: OwnedReadHalf, conn: AgentConn) {
+    let shared = conn.shared.clone();
     let mut acknowledged = false;
     loop {
         let frame = match read_frame(&mut reader).await {
@@ -557,6 +643,10 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
             }
             continue;
         }
+        if frame.kind == FrameKind::EgressOpen && frame.stream & AGENT_STREAM_BIT != 0 {
+            open_egress(&conn, frame.stream).await;
+            continue;
+        }
         let target = shared.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&frame.stream).cloned();
         if let Some(target) = target {
             // A receiver that went away just means nobody listens any more.
@@ -564,7 +654,9 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
         }
     }
     if acknowledged {
-        // The agent let go on purpose; its streams go on after reattach.
+        // The agent let go on purpose; its streams go on after reattach,
+        // but not its egress connections: it cut them.
+        shared.streams.lock().unwrap_or_else(|e| e.into_inner()).retain(|stream, _| stream & AGENT_STREAM_BIT == 0);
         shared.detached.notify_waiters();
         return;
     }
@@ -572,6 +664,19 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Shared>) {
     // Dropping every sender ends every open stream with `None`.
     shared.streams.lock().unwrap_or_else(|e| e.into_inner()).clear();
     shared.closed_notify.notify_waiters();
+}
+
+/// Registers an egress connection the agent opened and hands it over (or
+/// closes it at once when nobody takes egress).
+async fn open_egress(conn: &AgentConn, stream: u32) {
+    let handler = conn.shared.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let Some(handler) = handler else {
+        let _ = conn.send(Frame::new(stream, FrameKind::EgressClose, Vec::new())).await;
+        return;
+    };
+    let (tx, frames) = mpsc::channel(STREAM_DEPTH);
+    conn.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, tx);
+    handler(EgressStream { stream, frames, conn: conn.clone() });
 }
 
 #[cfg(test)]

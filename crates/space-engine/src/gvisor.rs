@@ -364,12 +364,6 @@ impl Engine for Gvisor {
         Ok(AgentListener::new(listener, Self::socket_dir(&spec.dir).join(SOCKET_NAME)))
     }
 
-    /// Beside the agent's socket, in the directory the sandbox sees
-    /// (read-only) at `/.space/host`.
-    fn egress_socket(&self, spec: &SandboxSpec) -> Option<PathBuf> {
-        Some(Self::socket_dir(&spec.dir).join("egress.sock"))
-    }
-
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         // A frozen sandbox takes no signal, not even SIGKILL, until thawed.
         let _ = set_frozen(&spec.id, false);

@@ -15,7 +15,9 @@ pub mod gvisor;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use agent::{AgentConn, AgentError, ExecEvent, ExecStream, FileRead, FileStream, FileUpload};
+pub use agent::{
+    AgentConn, AgentError, EgressHandler, EgressStream, ExecEvent, ExecStream, FileRead, FileStream, FileUpload,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -195,12 +197,6 @@ pub trait Engine: Send + Sync {
     /// dialed first.
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError>;
 
-    /// Where the host listens for the sandbox's egress (its agent relays
-    /// the sandbox's proxy connections there); `None`: no egress yet.
-    fn egress_socket(&self, _spec: &SandboxSpec) -> Option<std::path::PathBuf> {
-        None
-    }
-
     /// Stops the sandbox's processes, keeping its disk and snapshot.
     /// Blocking: call it off the async threads.
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
@@ -278,10 +274,6 @@ impl Engine for Engines {
 
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
         self.pick(spec).redial(spec).await
-    }
-
-    fn egress_socket(&self, spec: &SandboxSpec) -> Option<std::path::PathBuf> {
-        self.pick(spec).egress_socket(spec)
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

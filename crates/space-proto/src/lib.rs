@@ -116,7 +116,27 @@ frame_kinds! {
     FileFailed = 27,
     /// host → agent: [`TerminalSize`] for a command's pseudo-terminal.
     Resize = 28,
+    /// agent → host, opens a stream (an id with [`AGENT_STREAM_BIT`]): a
+    /// program connected to the egress proxy in the sandbox; its bytes
+    /// follow as `EgressData` either way.
+    EgressOpen = 29,
+    /// either way: raw bytes of an egress connection, at most
+    /// [`EGRESS_WINDOW`] not yet acknowledged per direction.
+    EgressData = 30,
+    /// either way: the sender sends no more bytes (a half close).
+    EgressEof = 31,
+    /// either way: the connection is gone; the stream ends.
+    EgressClose = 32,
+    /// either way: `u32` LE, the number of `EgressData` bytes passed on,
+    /// which the other side may now send again.
+    EgressAck = 33,
 }
+
+/// Streams the agent opens carry this bit; the host's never do.
+pub const AGENT_STREAM_BIT: u32 = 1 << 31;
+/// Egress bytes in flight per connection and direction, at most: a slow
+/// reader holds back its own connection, never the channel.
+pub const EGRESS_WINDOW: usize = 256 * 1024;
 
 /// One decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

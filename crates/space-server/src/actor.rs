@@ -104,12 +104,10 @@ impl Actor {
     }
 
     fn set_agent(&self, agent: Option<AgentConn>) {
-        let connected = agent.is_some();
-        *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = agent;
-        if connected {
-            // Its socket directory exists now (a fresh create, a restore).
-            self.platform.start_egress(&self.id);
+        if let Some(agent) = &agent {
+            self.platform.start_egress(&self.id, agent);
         }
+        *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = agent;
     }
 
     async fn create(&self, operation_id: &str, warm: Option<crate::warm::WarmMember>) {

@@ -1,6 +1,6 @@
-//! Each sandbox's egress socket, served by the gateway (`space-egress`)
-//! with the sandbox's policy while its actor lives, and the audit log of
-//! what went through.
+//! Each sandbox's egress: the connections its agent relays over the
+//! channel, served by the gateway (`space-egress`) with the sandbox's
+//! policy, and the audit log of what went through.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ pub(crate) struct EgressHub {
     config: Mutex<GatewayConfig>,
     /// The operator's fixed answers, when given (its lookups are counted).
     static_names: Mutex<Option<Arc<space_egress::gateway::StaticResolver>>>,
-    live: Mutex<HashMap<String, (Arc<SandboxEgress>, tokio::task::AbortHandle)>>,
+    live: Mutex<HashMap<String, Arc<SandboxEgress>>>,
     events: mpsc::Sender<(String, Event)>,
     queued: Mutex<Option<mpsc::Receiver<(String, Event)>>>,
 }
@@ -88,34 +88,27 @@ impl EgressSettings {
 }
 
 impl Platform {
-    /// Starts serving a sandbox's egress socket (again) with its policy.
-    /// An engine without one (Firecracker, for now) has no egress.
-    pub(crate) fn start_egress(&self, id: &str) {
+    /// Serves the egress connections `agent` relays with the sandbox's
+    /// policy (on every new agent connection: a create, a restore, a
+    /// re-adoption after a restart).
+    pub(crate) fn start_egress(&self, id: &str, agent: &space_engine::AgentConn) {
         let Ok(record) = self.sandbox(id) else { return };
-        let spec = self.engine_spec(&record);
-        let Some(path) = self.engine.egress_socket(&spec) else { return };
         let policy = policy_of(&record.sandbox.network).unwrap_or_default();
-        let _ = std::fs::remove_file(&path);
-        let listener = std::os::unix::net::UnixListener::bind(&path)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .and_then(tokio::net::UnixListener::from_std);
-        let listener = match listener {
-            Ok(listener) => listener,
-            Err(err) => {
-                // The sandbox dir is gone (deleted meanwhile) or unwritable.
-                tracing::debug!(sandbox = %id, "no egress socket: {err}");
-                return;
-            }
-        };
         let hub = &self.egress;
-        let config = hub.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let egress = SandboxEgress::new(id.to_string(), policy, hub.events.clone(), config);
-        let task = tokio::spawn(egress.clone().serve(listener)).abort_handle();
-        if let Some((_, old)) =
-            hub.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), (egress, task))
-        {
-            old.abort();
-        }
+        let egress = {
+            let mut live = hub.live.lock().unwrap_or_else(|e| e.into_inner());
+            let config = hub.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let events = hub.events.clone();
+            live.entry(id.to_string())
+                .or_insert_with(|| SandboxEgress::new(id.to_string(), Policy::default(), events, config))
+                .clone()
+        };
+        egress.set_policy(policy);
+        agent.on_egress(Arc::new(move |stream: space_engine::EgressStream| {
+            let egress = egress.clone();
+            let io = stream.into_io();
+            tokio::spawn(async move { egress.handle(io).await });
+        }));
     }
 
     /// Applies the operator's egress settings (before sandboxes start).
@@ -148,11 +141,9 @@ impl Platform {
         names.as_ref().map(|resolver| resolver.lookups_of(name))
     }
 
-    /// Stops serving a sandbox's egress socket (it was deleted).
+    /// Forgets a deleted sandbox's egress.
     pub(crate) fn stop_egress(&self, id: &str) {
-        if let Some((_, task)) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).remove(id) {
-            task.abort();
-        }
+        self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 
     /// Stores egress events as they come, until the server stops.

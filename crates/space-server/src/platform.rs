@@ -293,15 +293,14 @@ impl Platform {
         if let Some(first) = first {
             let _ = jobs.send(first);
         }
-        let connected = agent.is_some();
+        if let Some(agent) = &agent {
+            // Re-adopted after a restart: its egress is served again.
+            self.start_egress(id, agent);
+        }
         let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default() });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
         let actor = crate::actor::Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
-        if connected {
-            // Re-adopted after a restart: its egress is served again.
-            self.start_egress(id);
-        }
     }
 
     /// Applies `event` to a sandbox and persists it. Only actors (and

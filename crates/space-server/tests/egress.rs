@@ -12,6 +12,8 @@ use common::{platform_config, TestServer};
 use serde_json::{json, Value};
 use space_testkit::TestDataDir;
 
+const BIG: u64 = 64 << 20;
+
 /// Answers every request with `upstream saw <request line>`; keeps the
 /// request lines it saw.
 fn upstream() -> (u16, Arc<Mutex<Vec<String>>>) {
@@ -34,8 +36,19 @@ fn upstream() -> (u16, Arc<Mutex<Vec<String>>>) {
                 }
                 let line = line.trim_end().to_string();
                 log.lock().unwrap().push(line.clone());
-                let body = format!("upstream saw {line}");
                 let mut stream = stream;
+                if line.contains("/big") {
+                    // 64 MiB, streamed: through the relay's flow control.
+                    let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", BIG);
+                    let chunk = vec![b'z'; 1 << 20];
+                    for _ in 0..BIG >> 20 {
+                        if stream.write_all(&chunk).is_err() {
+                            return;
+                        }
+                    }
+                    return;
+                }
+                let body = format!("upstream saw {line}");
                 let _ = write!(
                     stream,
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -93,6 +106,12 @@ fn allowed_hosts_are_reached_through_the_gateway_and_everything_else_is_refused_
     let out = py(&server, &id, &tunnel("allowed.space.test", port));
     assert_eq!(out.trim(), "upstream saw GET /through-the-tunnel HTTP/1.1", "{out}");
 
+    // A large download streams through whole.
+    let code = format!(
+        "import urllib.request\nr = urllib.request.urlopen('http://allowed.space.test:{port}/big', timeout=120)\nn = 0\nwhile True:\n    b = r.read(1 << 16)\n    if not b:\n        break\n    n += len(b)\nprint(n)"
+    );
+    assert_eq!(py(&server, &id, &code).trim(), BIG.to_string());
+
     // Not allowed: a clear 403 at once, and the name is never looked up.
     let out = py(&server, &id, &get(&format!("http://denied.space.test:{port}/secret")));
     assert!(out.starts_with("HTTP 403") && out.contains("not_allowed"), "{out}");
@@ -115,13 +134,16 @@ fn allowed_hosts_are_reached_through_the_gateway_and_everything_else_is_refused_
     let log = events(&server, &id);
     let allowed: Vec<&Value> = log.iter().filter(|e| e["decision"] == "allowed").collect();
     let denied: Vec<&Value> = log.iter().filter(|e| e["decision"] == "denied").collect();
-    assert_eq!(allowed.len(), 2, "{log:?}");
+    assert_eq!(allowed.len(), 3, "{log:?}");
     assert!(allowed.iter().all(|e| e["host"] == "allowed.space.test" && e["bytes_down"].as_u64() > Some(0)), "{log:?}");
     assert!(allowed.iter().any(|e| e["via"] == "connect") && allowed.iter().any(|e| e["via"] == "http"));
     assert!(denied.iter().any(|e| e["host"] == "denied.space.test" && e["reason"] == "not_allowed"), "{log:?}");
 
     // Egress goes on after a suspend and resume, even with a connection
-    // held open through the relay when the snapshot is taken.
+    // held open through the relay when the snapshot is taken; there is no
+    // host socket a program could hold instead.
+    let listing = py(&server, &id, "import os\nprint(sorted(os.listdir('/.space/host')))");
+    assert_eq!(listing.trim(), "[]", "nothing in the host's directory to connect to");
     let (status, held) = server.call(
         "POST",
         &format!("/v1/sandboxes/{id}/commands"),
