@@ -112,6 +112,9 @@ pub struct Event {
     pub duration_ms: u64,
 }
 
+/// Where an open connection goes, and what cuts it.
+type Relayed = (Target, u16, Arc<tokio::sync::Notify>);
+
 /// One sandbox's side of the gateway: its policy (replaceable while it
 /// runs) and where its events go.
 pub struct SandboxEgress {
@@ -120,6 +123,9 @@ pub struct SandboxEgress {
     events: mpsc::Sender<(String, Event)>,
     open: AtomicUsize,
     config: GatewayConfig,
+    /// Connections carrying bytes now: where they go, and how to cut them.
+    relayed: std::sync::Mutex<std::collections::HashMap<u64, Relayed>>,
+    next_relayed: std::sync::atomic::AtomicU64,
 }
 
 impl SandboxEgress {
@@ -130,10 +136,26 @@ impl SandboxEgress {
         events: mpsc::Sender<(String, Event)>,
         config: GatewayConfig,
     ) -> Arc<SandboxEgress> {
-        Arc::new(SandboxEgress { id, policy: RwLock::new(Arc::new(policy)), events, open: AtomicUsize::new(0), config })
+        Arc::new(SandboxEgress {
+            id,
+            policy: RwLock::new(Arc::new(policy)),
+            events,
+            open: AtomicUsize::new(0),
+            config,
+            relayed: Default::default(),
+            next_relayed: Default::default(),
+        })
     }
 
+    /// Replaces the policy: new connections are judged by it at once, and
+    /// open ones it no longer allows are cut.
     pub fn set_policy(&self, policy: Policy) {
+        let relayed = self.relayed.lock().unwrap_or_else(|e| e.into_inner());
+        for (target, port, cut) in relayed.values() {
+            if policy.decide(target, *port).is_err() {
+                cut.notify_one();
+            }
+        }
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
     }
 
@@ -199,9 +221,18 @@ impl SandboxEgress {
             }
         };
         event.decision = "allowed".into();
-        let (up, down) = relay(client, upstream, &request, &rest).await;
-        event.bytes_up = up;
-        event.bytes_down = down;
+        let cut = Arc::new(tokio::sync::Notify::new());
+        let key = self.next_relayed.fetch_add(1, Ordering::Relaxed);
+        let entry = (request.target.clone(), request.port, cut.clone());
+        self.relayed.lock().unwrap_or_else(|e| e.into_inner()).insert(key, entry);
+        tokio::select! {
+            (up, down) = relay(client, upstream, &request, &rest) => {
+                event.bytes_up = up;
+                event.bytes_down = down;
+            }
+            () = cut.notified() => event.reason = Some(Reason::PolicyChanged.as_str().into()),
+        }
+        self.relayed.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.record(event, started);
     }
 
@@ -498,11 +529,46 @@ mod tests {
         let huge = format!("GET http://a.example/ HTTP/1.1\r\nX: {}\r\n\r\n", "y".repeat(MAX_HEAD));
         assert!(exchange(&egress, huge.as_bytes()).await.starts_with("HTTP/1.1 400"));
         egress.set_policy(Policy::default());
+        assert!(egress.relayed.lock().unwrap().is_empty());
         let answer = exchange(&egress, b"CONNECT allowed.space.test:443 HTTP/1.1\r\n\r\n").await;
         assert!(answer.contains("egress_disabled"), "{answer}");
         while let Ok((_, event)) = events.try_recv() {
             assert_eq!(event.decision, "denied", "{event:?}");
         }
         assert_eq!(egress.open_connections(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_policy_change_cuts_the_tunnels_it_no_longer_allows() {
+        // An upstream that accepts and then just holds the connection.
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = upstream.accept().await {
+                held.push(socket);
+            }
+        });
+        let (egress, mut events, _) = egress(Mode::Allowlist, &[&format!("allowed.space.test:{port}")]);
+        let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+        ours.write_all(format!("CONNECT allowed.space.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let served = tokio::spawn({
+            let egress = egress.clone();
+            async move { egress.handle(theirs).await }
+        });
+        let mut established = [0u8; 39];
+        ours.read_exact(&mut established).await.unwrap();
+        assert!(established.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&established));
+        // Still allowed: nothing happens to it.
+        egress.set_policy(Policy::new(Mode::Allowlist, &[format!("*.space.test:{port}")], &[]).unwrap());
+        let quiet = tokio::time::timeout(Duration::from_millis(200), ours.read(&mut [0u8; 1])).await;
+        assert!(quiet.is_err(), "a tunnel the new policy allows stays open");
+        // No longer allowed: cut, and recorded as such.
+        egress.set_policy(Policy::new(Mode::Allowlist, &["other.space.test".into()], &[]).unwrap());
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), ours.read_to_end(&mut rest)).await.unwrap().unwrap();
+        served.await.unwrap();
+        let (_, event) = events.recv().await.unwrap();
+        assert_eq!((event.decision.as_str(), event.reason.as_deref()), ("allowed", Some("policy_changed")));
     }
 }

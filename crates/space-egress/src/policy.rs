@@ -244,6 +244,8 @@ pub enum Reason {
     Limit,
     /// The upstream could not be reached.
     Unreachable,
+    /// Open when the policy changed, and no longer allowed: cut.
+    PolicyChanged,
 }
 
 impl Reason {
@@ -258,6 +260,7 @@ impl Reason {
             Reason::BadRequest => "bad_request",
             Reason::Limit => "limit",
             Reason::Unreachable => "unreachable",
+            Reason::PolicyChanged => "policy_changed",
         }
     }
 
@@ -273,6 +276,7 @@ impl Reason {
             Reason::BadRequest => "the gateway serves HTTP CONNECT and absolute-form http:// requests",
             Reason::Limit => "too many connections from this sandbox at once",
             Reason::Unreachable => "the host could not be reached",
+            Reason::PolicyChanged => "the sandbox's egress policy changed and no longer allows this connection",
         }
     }
 }

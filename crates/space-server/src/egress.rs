@@ -10,6 +10,7 @@ use space_egress::gateway::{Event, GatewayConfig, SandboxEgress};
 use space_egress::policy::{Mode, Policy, RuleError};
 use tokio::sync::mpsc;
 
+use crate::error::ApiError;
 use crate::platform::Platform;
 
 /// Events waiting to be stored, at most.
@@ -139,6 +140,24 @@ impl Platform {
     pub fn egress_lookups(&self, name: &str) -> Option<usize> {
         let names = self.egress.static_names.lock().unwrap_or_else(|e| e.into_inner());
         names.as_ref().map(|resolver| resolver.lookups_of(name))
+    }
+
+    /// Replaces a sandbox's network policy: kept, applied to its next
+    /// connections at once, and its open connections that the new policy
+    /// no longer allows are cut. Allowed in any state but deleted.
+    pub fn set_network(&self, id: &str, network: Network) -> Result<space_api::Sandbox, ApiError> {
+        let network = crate::domain::checked_network(network)?;
+        let record = self.sandbox(id)?;
+        if record.sandbox.state == space_api::SandboxState::Deleted {
+            return Err(ApiError::invalid_state("sandbox", "deleted", "change its network"));
+        }
+        let policy = policy_of(&network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+        self.store.set_sandbox_network(id, &network)?;
+        if let Some(egress) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            egress.set_policy(policy);
+        }
+        self.changed();
+        Ok(self.sandbox(id)?.sandbox)
     }
 
     /// Forgets a deleted sandbox's egress.

@@ -112,10 +112,15 @@ pub struct KeyInfo {
     pub revoked_at: Option<String>,
 }
 
-fn sandbox_from_row((body, last_activity): (String, Option<String>)) -> Result<SandboxRecord, StoreError> {
+type SandboxRow = (String, Option<String>, Option<String>);
+
+fn sandbox_from_row((body, last_activity, network): SandboxRow) -> Result<SandboxRecord, StoreError> {
     let mut record: SandboxRecord = serde_json::from_str(&body)?;
     if let Some(at) = last_activity {
         record.sandbox.last_activity_at = at;
+    }
+    if let Some(network) = network {
+        record.sandbox.network = serde_json::from_str(&network)?;
     }
     Ok(record)
 }
@@ -202,6 +207,13 @@ impl Store {
         if !has_tenant {
             conn.execute_batch("ALTER TABLE operations ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'")?;
         }
+        // A network changed after create is kept apart from the body, as
+        // last activity is.
+        let has_network: bool =
+            conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'network'")?.exists([])?;
+        if !has_network {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT")?;
+        }
         conn.execute_batch(
             "DROP INDEX IF EXISTS operations_by_key;
              CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
@@ -226,10 +238,10 @@ impl Store {
     }
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
-        let row: Option<(String, Option<String>)> = self
+        let row: Option<SandboxRow> = self
             .conn()
-            .query_row("SELECT body, last_activity_at FROM sandboxes WHERE id = ?1", [id], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+            .query_row("SELECT body, last_activity_at, network FROM sandboxes WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })
             .optional()?;
         row.map(sandbox_from_row).transpose()
@@ -237,8 +249,9 @@ impl Store {
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         let conn = self.conn();
-        let mut statement = conn.prepare("SELECT body, last_activity_at FROM sandboxes ORDER BY seq")?;
-        let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<Vec<_>, _>>()?;
+        let mut statement = conn.prepare("SELECT body, last_activity_at, network FROM sandboxes ORDER BY seq")?;
+        let rows =
+            statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<Result<Vec<_>, _>>()?;
         rows.into_iter().map(sandbox_from_row).collect()
     }
 
@@ -247,6 +260,13 @@ impl Store {
     pub fn touch_sandbox(&self, id: &str, at: &str) -> Result<(), StoreError> {
         self.conn().execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", params![id, at])?;
         Ok(())
+    }
+
+    /// Replaces a sandbox's network policy without touching the record the
+    /// sandbox's actor owns (the column wins over the body's copy).
+    pub fn set_sandbox_network(&self, id: &str, network: &space_api::Network) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(network)?;
+        Ok(self.conn().execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", params![id, json])? > 0)
     }
 
     /// Records an operation; `tenant` and the key are kept from the first write.

@@ -37,6 +37,11 @@ fn upstream() -> (u16, Arc<Mutex<Vec<String>>>) {
                 let line = line.trim_end().to_string();
                 log.lock().unwrap().push(line.clone());
                 let mut stream = stream;
+                if line.contains("/hold") {
+                    // Holds the connection until the test ends.
+                    std::thread::sleep(std::time::Duration::from_secs(120));
+                    return;
+                }
                 if line.contains("/big") {
                     // 64 MiB, streamed: through the relay's flow control.
                     let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", BIG);
@@ -138,6 +143,43 @@ fn allowed_hosts_are_reached_through_the_gateway_and_everything_else_is_refused_
     assert!(allowed.iter().all(|e| e["host"] == "allowed.space.test" && e["bytes_down"].as_u64() > Some(0)), "{log:?}");
     assert!(allowed.iter().any(|e| e["via"] == "connect") && allowed.iter().any(|e| e["via"] == "http"));
     assert!(denied.iter().any(|e| e["host"] == "denied.space.test" && e["reason"] == "not_allowed"), "{log:?}");
+
+    // A policy change applies at once: a tunnel it no longer allows is cut,
+    // a host it now allows works.
+    let hold = format!(
+        "import http.client, time\nc = http.client.HTTPConnection('127.0.0.1', 3128, timeout=100)\nc.set_tunnel('allowed.space.test', {port})\nc.request('GET', '/hold')\nt = time.time()\ntry:\n    c.getresponse()\n    print('ANSWERED')\nexcept Exception as e:\n    print('CUT', type(e).__name__)"
+    );
+    let (status, holding) = server.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"argv": ["python3", "-c", hold], "timeout_s": 100})),
+    );
+    assert_eq!(status, 201, "{holding}");
+    let holding = holding["command"]["id"].as_str().unwrap().to_string();
+    space_testkit::wait_until("the tunnel to be open", space_testkit::PATIENCE, || {
+        seen.lock().unwrap().iter().any(|l| l.contains("/hold"))
+    });
+    let changed = server.ok(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"egress": "allowlist", "allow": [format!("denied.space.test:{port}")]})),
+    );
+    assert_eq!(changed["network"]["allow"][0], format!("denied.space.test:{port}"), "{changed}");
+    let ended = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{holding}?wait=60"), None);
+    let out = common::text_of(&server.output(&id, &holding, ""), "stdout");
+    assert!(out.starts_with("CUT"), "the open tunnel is cut: {out} {ended}");
+    let out = py(&server, &id, &get(&format!("http://denied.space.test:{port}/now-allowed")));
+    assert_eq!(out.trim(), "upstream saw GET /now-allowed HTTP/1.1", "{out}");
+    let out = py(&server, &id, &get(&format!("http://allowed.space.test:{port}/no-longer")));
+    assert!(out.contains("not_allowed"), "{out}");
+    assert!(events(&server, &id).iter().any(|e| e["reason"] == "policy_changed"));
+    let bad = json!({"egress": "allowlist", "allow": ["bad..name"]});
+    server.error("PUT", &format!("/v1/sandboxes/{id}/network"), Some(bad), 422, "invalid_value");
+    server.ok(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"egress": "allowlist", "allow": [format!("allowed.space.test:{port}")]})),
+    );
 
     // Egress goes on after a suspend and resume, even with a connection
     // held open through the relay when the snapshot is taken; there is no

@@ -1,11 +1,12 @@
 //! `GET /v1/sandboxes/{id}/egress`: every connection the sandbox made
-//! through the egress gateway, allowed or not.
+//! through the egress gateway, allowed or not; `PUT .../network` changes
+//! its policy while it runs.
 
 use axum::extract::{Path, State};
 use axum::Json;
-use space_api::{EgressLog, ErrorBody};
+use space_api::{EgressLog, ErrorBody, Network, Sandbox};
 
-use super::{ApiQuery, AppState};
+use super::{ApiJson, ApiQuery, AppState};
 use crate::error::ApiError;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
@@ -31,4 +32,18 @@ pub async fn log(
         return Err(ApiError::bad_request(format!("limit is between 1 and {most}")));
     }
     Ok(Json(EgressLog { events: state.platform.store.egress_events(&id, limit)? }))
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = Network,
+    responses((status = 200, description = "In force for new connections at once; open ones it no longer allows are cut", body = Sandbox),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is deleted", body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn set_network(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(network): ApiJson<Network>,
+) -> Result<Json<Sandbox>, ApiError> {
+    Ok(Json(state.platform.set_network(&id, network)?))
 }

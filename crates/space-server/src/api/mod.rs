@@ -69,6 +69,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/commands/{cid}/attach", get(attach::attach))
         .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
         .route("/v1/sandboxes/{id}/egress", get(egress::log))
+        .route("/v1/sandboxes/{id}/network", axum::routing::put(egress::set_network))
         .route(
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::delete).layer(axum::extract::DefaultBodyLimit::disable()),

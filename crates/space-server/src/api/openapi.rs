@@ -19,7 +19,7 @@ use super::{attach, commands, egress, files, health, operations, output, sandbox
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,
         output::output, attach::attach,
         files::read, files::write, files::delete,
-        usage::usage, egress::log,
+        usage::usage, egress::log, egress::set_network,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth),
