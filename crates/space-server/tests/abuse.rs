@@ -72,6 +72,17 @@ const DEFENCES: &[(&str, &str)] = &[
     ("fill the disk through an image that decompresses a thousandfold", "decompression capped at the quota left"),
     ("fill the disk through an upload", "uploads capped at half the quota left"),
     ("fill the host's disk past its reserve", "free-space reserve: 507 for new work"),
+    ("use egress in a sandbox without it", "the gateway refuses: egress is none by default"),
+    ("reach the host's loopback and the API through the egress proxy", "internal addresses refused by the gateway"),
+    ("reach the cloud metadata address through the egress proxy", "link-local refused, IPv4-in-IPv6 too"),
+    ("rebind an allowed name to loopback (localhost)", "resolved addresses judged again before dialing"),
+    ("tunnel to an IP or a host off the allow list", "allow rules match names, CIDRs only IP literals"),
+    ("resolve names from inside (DNS exfiltration)", "no resolver and no route: names travel only in proxy requests"),
+    ("open a host socket for egress directly", "egress rides the agent's channel: no socket to hold"),
+    (
+        "flood the egress proxy with connections and garbage",
+        "64 connections per sandbox, 32 KiB heads, 400 for garbage",
+    ),
 ];
 
 impl Suite {
@@ -498,6 +509,85 @@ while time.time() < end:
             && !log.contains("WELCOMED"),
         format!("{log} | {real}"),
     );
+
+    // --- Egress ---
+    let proxied = |sandbox: &str, target: &str| {
+        py(
+            &server,
+            sandbox,
+            &format!("import http.client\nc = http.client.HTTPConnection('127.0.0.1', 3128, timeout=20)\nc.set_tunnel('{target}')\ntry:\n    c.request('GET', '/')\n    print('THROUGH', c.getresponse().status)\nexcept Exception as e:\n    print('refused', e)"),
+        )
+    };
+    let out = proxied(&probe, "203.0.113.7:443");
+    suite.check("use egress in a sandbox without it", out.contains("refused") && out.contains("403"), &out);
+    let public = server.create_sandbox(json!({"template": "base", "network": {"egress": "public"}}));
+    let outs: Vec<String> =
+        [format!("127.0.0.1:{api_port}"), format!("[::1]:{api_port}"), format!("127.0.0.1:{host_port}")]
+            .iter()
+            .map(|t| proxied(&public, t))
+            .collect();
+    suite.check(
+        "reach the host's loopback and the API through the egress proxy",
+        outs.iter().all(|o| o.contains("refused") && !o.contains("THROUGH")),
+        outs.join(" | "),
+    );
+    let outs: Vec<String> = ["169.254.169.254:80", "[::ffff:169.254.169.254]:80", "[fe80::1]:80"]
+        .iter()
+        .map(|t| proxied(&public, t))
+        .collect();
+    suite.check(
+        "reach the cloud metadata address through the egress proxy",
+        outs.iter().all(|o| o.contains("refused") && !o.contains("THROUGH")),
+        outs.join(" | "),
+    );
+    let out = proxied(&public, &format!("localhost:{api_port}"));
+    let events = server.ok("GET", &format!("/v1/sandboxes/{public}/egress"), None);
+    suite.check(
+        "rebind an allowed name to loopback (localhost)",
+        out.contains("refused")
+            && events["events"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["host"] == "localhost" && e["reason"] == "internal_address")),
+        format!("{out} {events}"),
+    );
+    let lister = server
+        .create_sandbox(json!({"template": "base", "network": {"egress": "allowlist", "allow": ["*.space.test"]}}));
+    let outs: Vec<String> =
+        ["203.0.113.7:443", "10.0.0.1:443", "space.test:443", "evil.example:443", "x.space.test:22"]
+            .iter()
+            .map(|t| proxied(&lister, t))
+            .collect();
+    suite.check(
+        "tunnel to an IP or a host off the allow list",
+        outs.iter().all(|o| o.contains("refused") && !o.contains("THROUGH")),
+        outs.join(" | "),
+    );
+    let out = py(
+        &server,
+        &lister,
+        "import socket\ntry:\n    print('RESOLVED', socket.getaddrinfo('data.exfil.space.test', 443))\nexcept Exception as e:\n    print('no', e)\ntry:\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.sendto(b'x', ('203.0.113.53', 53))\n    print('SENT')\nexcept Exception as e:\n    print('no', e)",
+    );
+    suite.check(
+        "resolve names from inside (DNS exfiltration)",
+        !out.contains("RESOLVED") && !out.contains("SENT"),
+        &out,
+    );
+    let out = py(&server, &lister, "import os\nprint(sorted(os.listdir('/.space/host')))");
+    suite.check("open a host socket for egress directly", out.trim() == "[]", &out);
+    let out = py(
+        &server,
+        &lister,
+        "import socket\nheld = []\nfor _ in range(100):\n    s = socket.create_connection(('127.0.0.1', 3128))\n    held.append(s)\nanswers = []\nfor s in held[:2]:\n    s.sendall(b'\\x16\\x03\\x01garbage\\r\\n\\r\\n')\n    answers.append(s.recv(64)[:12])\nx = socket.create_connection(('127.0.0.1', 3128))\nx.settimeout(20)\nprint(answers, x.recv(64)[:12])",
+    );
+    let health = server.raw("GET", "/v1/health", &[], None).0;
+    let alive = proxied(&lister, "a.space.test:443");
+    suite.check(
+        "flood the egress proxy with connections and garbage",
+        out.contains("HTTP/1.1 400") && out.contains("HTTP/1.1 429") && health == 200 && alive.contains("refused"),
+        format!("{out} | {alive}"),
+    );
+    server.delete_sandbox(&public);
+    server.delete_sandbox(&lister);
 
     // --- Disk a tenant causes outside its roots ---
     let limits = &server.platform;
