@@ -3,7 +3,8 @@
 # application (nothing may land outside the root), `space cp`'s unpacking of
 # a sandbox's tar (nothing outside the target) and the host's handshake with
 # whatever dials the agent socket on a redial (never taken for the agent
-# without its key) for a bounded time each (FUZZ_SECONDS, default 60). Uses cargo-fuzz (installed
+# without its key) and the egress gateway's reading of whatever a sandbox
+# sends its proxy, for a bounded time each (FUZZ_SECONDS, default 60). Uses cargo-fuzz (installed
 # from crates.io when missing) on the default toolchain; RUSTC_BOOTSTRAP lets
 # a stable compiler take libFuzzer's flags, and `--sanitizer none` keeps it
 # off nightly-only sanitizers. A crash fails the script and leaves its input
@@ -24,7 +25,7 @@ export RUSTC_BOOTSTRAP=1
 say "building the fuzz targets"
 cargo fuzz build --sanitizer none
 mkdir -p "$ROOT/fuzz/artifacts"
-for target in frame_decoder api_requests layer_apply sandbox_tar agent_redial; do
+for target in frame_decoder api_requests layer_apply sandbox_tar agent_redial egress_request; do
     say "fuzzing $target for ${SECONDS_EACH}s${FUZZ_RUNS:+ or $FUZZ_RUNS inputs}"
     log="$ROOT/fuzz/artifacts/$target.log"
     corpus=("$ROOT/fuzz/corpus/$target")
