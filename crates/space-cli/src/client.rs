@@ -55,6 +55,10 @@ impl Client {
         Self::answer(self.request("POST", path).send_json(body))
     }
 
+    pub fn put(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value> {
+        Self::answer(self.request("PUT", path).send_json(body))
+    }
+
     /// A POST whose body is streamed from `body`.
     pub fn post_stream(&self, path: &str, content_type: &str, body: impl std::io::Read) -> Result<serde_json::Value> {
         Self::answer(self.request("POST", path).set("Content-Type", content_type).send(body))

@@ -360,6 +360,35 @@ impl EngineArgs {
     }
 }
 
+/// A sandbox's egress policy on the command line.
+#[derive(Args, Clone)]
+pub struct NetworkArgs {
+    /// none, allowlist or public (default: allowlist when --allow-host is
+    /// given, else none).
+    #[arg(long)]
+    egress: Option<String>,
+    /// An allowed host: `name`, `*.suffix`, IP or CIDR, with optional
+    /// `:port[,port]` (repeatable).
+    #[arg(long = "allow-host", value_name = "RULE")]
+    allow: Vec<String>,
+    /// A denied host, in the same forms (repeatable).
+    #[arg(long = "deny-host", value_name = "RULE")]
+    deny: Vec<String>,
+}
+
+impl NetworkArgs {
+    /// The policy as the API takes it; `None` when nothing was given.
+    fn to_json(&self) -> Option<serde_json::Value> {
+        let egress = match &self.egress {
+            Some(mode) => mode.clone(),
+            None if !self.allow.is_empty() => "allowlist".into(),
+            None if !self.deny.is_empty() => "public".into(),
+            None => return None,
+        };
+        Some(serde_json::json!({"egress": egress, "allow": self.allow, "deny": self.deny}))
+    }
+}
+
 #[derive(Subcommand)]
 enum SandboxCommand {
     /// Create a sandbox and wait until it runs.
@@ -378,6 +407,8 @@ enum SandboxCommand {
         /// Label, key=value (repeatable).
         #[arg(long = "label", value_parser = parse_pair)]
         labels: Vec<(String, String)>,
+        #[command(flatten)]
+        network: NetworkArgs,
         /// Return once accepted, without waiting for the sandbox to run.
         #[arg(long)]
         no_wait: bool,
@@ -396,6 +427,21 @@ enum SandboxCommand {
     },
     /// Show one sandbox as JSON.
     Get {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Replace a sandbox's egress policy while it runs (open connections
+    /// it no longer allows are cut).
+    Network {
+        id: String,
+        #[command(flatten)]
+        network: NetworkArgs,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show the connections a sandbox made through the egress gateway.
+    Egress {
         id: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -671,8 +717,20 @@ fn dev_key(path: &Path) -> Result<String> {
 
 fn sandbox(command: SandboxCommand) -> Result<()> {
     match command {
-        SandboxCommand::Create { template, vcpus, memory_mib, disk_mib, env, labels, no_wait, quiet, client } => {
+        SandboxCommand::Create {
+            template,
+            vcpus,
+            memory_mib,
+            disk_mib,
+            env,
+            labels,
+            network,
+            no_wait,
+            quiet,
+            client,
+        } => {
             let client = client.client()?;
+            let network = network.to_json().map(serde_json::from_value).transpose()?;
             let request = space_api::CreateSandboxRequest {
                 template,
                 vcpus,
@@ -681,7 +739,7 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
                 env: env.into_iter().collect(),
                 labels: labels.into_iter().collect(),
                 lifecycle: None,
-                network: None,
+                network,
             };
             let accepted = client.post("/v1/sandboxes", &serde_json::to_value(&request)?)?;
             let id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
@@ -718,6 +776,24 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
             }
         }
         SandboxCommand::Get { id, client } => print_json(&client.client()?.get(&format!("/v1/sandboxes/{id}"))?),
+        SandboxCommand::Network { id, network, client } => {
+            let body = network.to_json().unwrap_or_else(|| serde_json::json!({"egress": "none"}));
+            print_json(&client.client()?.put(&format!("/v1/sandboxes/{id}/network"), &body)?["network"])
+        }
+        SandboxCommand::Egress { id, client } => {
+            let log = client.client()?.get(&format!("/v1/sandboxes/{id}/egress"))?;
+            for event in log["events"].as_array().into_iter().flatten() {
+                println!(
+                    "{} {:<7} {:<8} {}:{} {}",
+                    event["at"].as_str().unwrap_or(""),
+                    event["via"].as_str().unwrap_or(""),
+                    event["decision"].as_str().unwrap_or(""),
+                    event["host"].as_str().unwrap_or(""),
+                    event["port"],
+                    event["reason"].as_str().or(event["rule"].as_str()).unwrap_or("")
+                );
+            }
+        }
         SandboxCommand::Rm { id, client } => {
             let client = client.client()?;
             let accepted = client.delete(&format!("/v1/sandboxes/{id}"))?;

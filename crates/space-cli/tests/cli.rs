@@ -105,6 +105,31 @@ fn dev_server_and_cli_run_a_sandbox() {
     assert_eq!(tty.status, ExitStatus::Exited(0));
     assert!(String::from_utf8_lossy(&tty.stdout).starts_with("/dev/pts/"), "{}", String::from_utf8_lossy(&tty.stdout));
 
+    // Egress from the command line: a policy at create and changed live,
+    // and the log of what the sandbox tried.
+    let net = space(
+        &data,
+        &url,
+        &["sandbox", "create", "-q", "--allow-host", "pkgs.space.test:443", "--deny-host", "x.space.test"],
+    );
+    assert!(net.status.success(), "{}", String::from_utf8_lossy(&net.stderr));
+    let net = String::from_utf8(net.stdout).unwrap().trim().to_string();
+    let shown = String::from_utf8(space(&data, &url, &["sandbox", "get", &net]).stdout).unwrap();
+    assert!(shown.contains("\"allowlist\"") && shown.contains("pkgs.space.test:443"), "{shown}");
+    let tried = space(&data, &url, &["exec", &net, "--", "python3", "-c", "import urllib.request\ntry:\n    urllib.request.urlopen('http://other.space.test/')\nexcept Exception as e:\n    print(e)"]);
+    assert!(String::from_utf8_lossy(&tried.stdout).contains("403"), "{}", String::from_utf8_lossy(&tried.stdout));
+    let log = String::from_utf8(space(&data, &url, &["sandbox", "egress", &net]).stdout).unwrap();
+    assert!(log.contains("denied") && log.contains("other.space.test:80 not_allowed"), "{log}");
+    let changed = space(&data, &url, &["sandbox", "network", &net, "--egress", "none"]);
+    assert!(
+        String::from_utf8_lossy(&changed.stdout).contains("\"none\""),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    let bad = space(&data, &url, &["sandbox", "network", &net, "--allow-host", "bad..name"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("bad..name"));
+    assert!(space(&data, &url, &["sandbox", "rm", &net]).status.success());
+
     let listed = space(&data, &url, &["sandbox", "ls"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&id));
     let removed = space(&data, &url, &["sandbox", "rm", &id]);

@@ -60,6 +60,13 @@ class SyncSdk(unittest.TestCase):
             self.assertEqual(raised.exception.code, "invalid_state")
             sbx.resume()
             self.assertEqual(sbx.commands.run("cat /tmp/state").stdout, "kept\n")
+            # Egress: refused by default, with the reason; a policy set live.
+            denied = sbx.commands.run("python3 -c \"import urllib.request\ntry:\n    urllib.request.urlopen('http://pkgs.space.test/')\nexcept Exception as e:\n    print(e)\"")
+            self.assertIn("403", denied.stdout)
+            updated = sbx.set_network("allowlist", allow=["pkgs.space.test"], deny=["bad.space.test"])
+            self.assertEqual(updated["network"]["allow"], ["pkgs.space.test"])
+            log = sbx.egress_log()
+            self.assertEqual((log[0]["host"], log[0]["reason"]), ("pkgs.space.test", "egress_disabled"))
             self.assertIn(sbx.id, [s.id for s in Sandbox.list()])
             self.assertEqual(Sandbox.connect(sbx.id).id, sbx.id)
         finally:

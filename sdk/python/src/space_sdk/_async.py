@@ -252,6 +252,16 @@ class AsyncSandbox:
         await self.refresh()
         return operation
 
+    async def set_network(self, egress: str, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> Dict[str, Any]:
+        """Replaces the sandbox's egress policy at once; returns the sandbox."""
+        body = {"egress": egress, "allow": list(allow), "deny": list(deny)}
+        self.info = await self.client.json("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
+        return self.info
+
+    async def egress_log(self, limit: int = 1000) -> List[Dict[str, Any]]:
+        """Every connection the sandbox made through the egress gateway."""
+        return (await self.client.json("GET", f"/v1/sandboxes/{self.id}/egress", params={"limit": limit}))["events"]
+
     async def pause(self) -> Dict[str, Any]:
         return await self._lifecycle("POST", f"/v1/sandboxes/{self.id}/pause")
 

@@ -288,6 +288,17 @@ class Sandbox:
         self.refresh()
         return operation
 
+    def set_network(self, egress: str, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> Dict[str, Any]:
+        """Replaces the sandbox's egress policy at once (open connections it
+        no longer allows are cut); returns the sandbox."""
+        body = {"egress": egress, "allow": list(allow), "deny": list(deny)}
+        self.info = self.client.json("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
+        return self.info
+
+    def egress_log(self, limit: int = 1000) -> List[Dict[str, Any]]:
+        """Every connection the sandbox made through the egress gateway."""
+        return self.client.json("GET", f"/v1/sandboxes/{self.id}/egress", params={"limit": limit})["events"]
+
     def pause(self) -> Dict[str, Any]:
         return self._lifecycle("POST", f"/v1/sandboxes/{self.id}/pause")
 
