@@ -23,7 +23,9 @@ fn tools() -> Value {
          "inputSchema": {"type": "object", "properties": {
              "template": {"type": "string", "description": "Template name (default: base)"},
              "env": env, "vcpus": {"type": "integer", "minimum": 1},
-             "memory_mib": {"type": "integer", "minimum": 64}, "disk_mib": {"type": "integer", "minimum": 256}},
+             "memory_mib": {"type": "integer", "minimum": 64}, "disk_mib": {"type": "integer", "minimum": 256},
+             "allow_hosts": {"type": "array", "items": {"type": "string"},
+                 "description": "Hosts the sandbox may reach through its egress proxy: name, *.suffix, IP or CIDR, optional :ports (default: no egress)"}},
           "additionalProperties": false}},
         {"name": "run_command",
          "description": "Run a shell command (or an argv) in a sandbox and wait for it: stdout, stderr and exit code.",
@@ -88,6 +90,9 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
                 if !args[key].is_null() {
                     body[key] = args[key].clone();
                 }
+            }
+            if args["allow_hosts"].as_array().is_some_and(|hosts| !hosts.is_empty()) {
+                body["network"] = json!({"egress": "allowlist", "allow": args["allow_hosts"]});
             }
             let accepted = client.post("/v1/sandboxes", &body).map_err(e)?;
             finish(client, &accepted)?;

@@ -395,10 +395,15 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
     }
     assert!(tools["result"]["tools"].as_array().unwrap().iter().all(|t| t["inputSchema"]["type"] == "object"));
 
-    let created = ask(3, "tools/call", serde_json::json!({"name": "create_sandbox", "arguments": {}}));
+    let created = ask(
+        3,
+        "tools/call",
+        serde_json::json!({"name": "create_sandbox", "arguments": {"allow_hosts": ["pkgs.space.test"]}}),
+    );
     assert_eq!(created["result"]["isError"], false, "{created}");
     let sandbox: serde_json::Value =
         serde_json::from_str(created["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(sandbox["network"]["allow"][0], "pkgs.space.test", "{sandbox}");
     let id = sandbox["id"].as_str().unwrap().to_string();
     let ran = ask(
         4,
