@@ -33,6 +33,9 @@ pub fn boot() -> Result<(), String> {
     fs_mount("proc", "/proc", "proc")?;
     fs_mount("sysfs", "/sys", "sysfs")?;
     fs_mount("devtmpfs", "/dev", "devtmpfs")?;
+    // The guest's only interface: the egress proxy and programs' own
+    // servers listen on it.
+    bring_up_loopback()?;
     let order = fs::read_to_string(MODULES_ORDER).map_err(|e| format!("reading {MODULES_ORDER}: {e}"))?;
     for module in order.lines().filter(|l| !l.trim().is_empty()) {
         let file = fs::File::open(module).map_err(|e| format!("opening {module}: {e}"))?;
@@ -134,6 +137,27 @@ pub fn add_entropy(bytes: &[u8]) {
 
 /// Whether this agent booted a microVM (it is PID 1 and switched from the
 /// initramfs into the root drive).
+/// `ip link set lo up`: a booted kernel leaves it down.
+fn bring_up_loopback() -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let socket = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| format!("a socket to configure lo: {e}"))?;
+    // SAFETY: `ifreq` is plain data; all zeroes is a valid value.
+    let mut request: nix::libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as nix::libc::c_char;
+    }
+    request.ifr_ifru.ifru_flags = (nix::libc::IFF_UP | nix::libc::IFF_RUNNING) as nix::libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads an `ifreq` naming the interface and its flags.
+    let rc = unsafe { nix::libc::ioctl(socket.as_raw_fd(), nix::libc::SIOCSIFFLAGS, &request) };
+    if rc != 0 {
+        return Err(format!("bringing lo up: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 pub fn booted_vm() -> bool {
     BOOTED_VM.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -204,6 +204,20 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
     assert!(now().abs_diff(guest_time) < 10, "the agent set the clock from the host's: {guest_time} vs {}", now());
     let identity = space_engine::fresh_identity(&first.env).unwrap();
     agent.set_identity(&identity, PATIENCE).await.expect("fresh entropy taken");
+    // Egress rides the same channel over vsock: the guest's loopback is up
+    // and its proxy port reaches the host's handler (an echo here).
+    agent.on_egress(std::sync::Arc::new(|stream: space_engine::EgressStream| {
+        let (mut from_guest, mut to_guest) = tokio::io::split(stream.into_io());
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut from_guest, &mut to_guest).await;
+        });
+    }));
+    let echoed = sh(
+        &agent,
+        "python3 -c \"import socket\ns = socket.create_connection(('127.0.0.1', 3128), timeout=30)\ns.sendall(b'over vsock')\nprint(s.recv(64).decode())\"",
+    )
+    .await;
+    assert_eq!(echoed, "over vsock\n", "egress through the relay");
 
     // Quiesced, the agent lets go and dials again; welcomed as another
     // sandbox (as a clone of a template snapshot is), it becomes that one.
