@@ -127,6 +127,131 @@ fn measure_throughput(client: &Client, id: &str) -> Result<Throughput> {
     Ok(Throughput { api_stream, local_pipe, guest_pipe, upload, download })
 }
 
+/// The fixed name the egress figures' upstream (this process) answers to.
+const EGRESS_HOST: &str = "upstream.bench.space.test";
+const EGRESS_BYTES: u64 = 256 << 20;
+
+struct Egress {
+    through: f64,
+    direct: f64,
+    request_through_ms: f64,
+    request_direct_ms: f64,
+    server_growth_mib: f64,
+}
+
+/// An HTTP upstream on loopback: `/big` is [`EGRESS_BYTES`], anything else
+/// a few bytes. Returns its port.
+fn egress_upstream() -> Result<u16> {
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(match stream.try_clone() {
+                    Ok(s) => s,
+                    Err(_) => return,
+                });
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                }
+                let mut stream = stream;
+                let size = if line.contains("/big") { EGRESS_BYTES } else { 2 };
+                let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n");
+                let chunk = vec![b'e'; 1 << 20];
+                let mut left = size;
+                while left > 0 {
+                    let n = left.min(chunk.len() as u64) as usize;
+                    if stream.write_all(&chunk[..n]).is_err() {
+                        return;
+                    }
+                    left -= n as u64;
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// This process's resident memory, in bytes.
+fn own_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Egress against the same upstream reached directly from the host: a
+/// 256 MiB download and a small request's round trip (connect included).
+fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
+    use std::io::{Read, Write};
+    let port = egress_upstream()?;
+    client.put(
+        &format!("/v1/sandboxes/{id}/network"),
+        &serde_json::json!({"egress": "allowlist", "allow": [format!("{EGRESS_HOST}:{port}")]}),
+    )?;
+    let fetch = |path: &str| -> Result<u64> {
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        write!(socket, "GET {path} HTTP/1.1\r\nHost: {EGRESS_HOST}\r\n\r\n")?;
+        let mut body = Vec::new();
+        socket.read_to_end(&mut body)?;
+        Ok(body.len() as u64)
+    };
+    let started = Instant::now();
+    fetch("/big")?;
+    let direct = mb_per_s(EGRESS_BYTES, started.elapsed());
+    let mut direct_requests = Samples(vec![]);
+    for _ in 0..20 {
+        let started = Instant::now();
+        fetch("/small")?;
+        direct_requests.0.push(started.elapsed());
+    }
+    let probe = format!(
+        "import time, urllib.request\nurl = 'http://{EGRESS_HOST}:{port}'\nt = time.perf_counter()\nr = urllib.request.urlopen(url + '/big')\nn = 0\nwhile True:\n    b = r.read(1 << 20)\n    if not b:\n        break\n    n += len(b)\nprint(n / 1e6 / (time.perf_counter() - t))\nfor _ in range(20):\n    t = time.perf_counter()\n    urllib.request.urlopen(url + '/small').read()\n    print((time.perf_counter() - t) * 1000)"
+    );
+    let baseline = own_rss();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(baseline));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (peak, done) = (peak.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(own_rss(), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let answer =
+        client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["python3", "-c", probe]}));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = sampler.join();
+    let answer = answer?;
+    let mut lines = answer["stdout"].as_str().unwrap_or("").lines().map(|l| l.trim().parse::<f64>());
+    let through = match lines.next() {
+        Some(Ok(rate)) => rate,
+        _ => bail!("the egress probe failed: {answer}"),
+    };
+    let mut requests: Vec<f64> = lines.filter_map(|l| l.ok()).collect();
+    requests.sort_by(|a, b| a.total_cmp(b));
+    client.put(&format!("/v1/sandboxes/{id}/network"), &serde_json::json!({"egress": "none"}))?;
+    Ok(Egress {
+        through,
+        direct,
+        request_through_ms: requests.get(requests.len() / 2).copied().unwrap_or(f64::NAN),
+        request_direct_ms: direct_requests.percentile(50.0),
+        server_growth_mib: peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(baseline) as f64
+            / (1u64 << 20) as f64,
+    })
+}
+
 /// Calls a lifecycle action and waits for its operation; returns how long.
 fn timed_lifecycle(client: &Client, id: &str, action: &str) -> Result<Duration> {
     let started = Instant::now();
@@ -199,6 +324,12 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let config = |data: &DataDir, warm_pool| -> Result<space_server::PlatformConfig> {
         let mut config = args.engine.platform_config(data.root())?;
         config.warm_pool = warm_pool;
+        // The egress figures' upstream is this process, on loopback.
+        config.egress = space_server::egress::EgressSettings::parse(
+            &[format!("{EGRESS_HOST}=127.0.0.1")],
+            &["127.0.0.1/32".to_string()],
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
         // Every figure here is of a sandbox in use: none is paused for idleness.
         config.auto_pause_s = 0;
         Ok(config)
@@ -221,6 +352,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let mut warm_create = Samples(vec![]);
     let mut idle_pss: Vec<u64> = Vec::new();
     let mut throughput: Option<Throughput> = None;
+    let mut egress: Option<Egress> = None;
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
         args.runs, args.execs, args.raw_execs
@@ -256,6 +388,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         }
         if i == 0 {
             throughput = Some(measure_throughput(&client, &id)?);
+            egress = Some(measure_egress(&client, &id)?);
         }
         if let Some(&pss) = crate::density::pss_by_sandbox(std::slice::from_ref(&id)).get(&id) {
             idle_pss.push(pss);
@@ -382,6 +515,14 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         println!("{:<44} {:>9.2}", "ratio API/pipe inside gVisor", t.api_stream / t.guest_pipe);
         println!("{:<44} {:>9.0} MB/s", "file upload (PUT 64 MiB)", t.upload);
         println!("{:<44} {:>9.0} MB/s", "file download (GET 64 MiB)", t.download);
+    }
+    if let Some(e) = &egress {
+        println!("{:<44} {:>9.0} MB/s", "download through egress (256 MiB, urllib)", e.through);
+        println!("{:<44} {:>9.0} MB/s", "the same download on the host, direct", e.direct);
+        println!("{:<44} {:>9.2}", "ratio egress/direct", e.through / e.direct);
+        println!("{:<44} {:>9.2} ms", "request through egress, p50 (connect+GET)", e.request_through_ms);
+        println!("{:<44} {:>9.2} ms", "the same request on the host, direct, p50", e.request_direct_ms);
+        println!("{:<44} {:>9.1} MiB", "server memory growth during the download", e.server_growth_mib);
     }
     idle_pss.sort_unstable();
     if let Some(&pss) = idle_pss.get(idle_pss.len() / 2) {
