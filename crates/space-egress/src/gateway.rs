@@ -12,9 +12,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -91,26 +90,7 @@ impl GatewayConfig {
 }
 
 /// One connection through the gateway, as the audit log keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
-    /// When the request arrived (ms since the epoch).
-    pub at_unix_ms: u64,
-    /// `connect` (a tunnel) or `http` (a forwarded request).
-    pub via: String,
-    pub host: String,
-    pub port: u16,
-    /// `allowed` or `denied`.
-    pub decision: String,
-    /// Why it was denied (or why an allowed one failed).
-    pub reason: Option<String>,
-    /// The allow rule that matched (`None` under `public`).
-    pub rule: Option<String>,
-    /// The address dialed.
-    pub address: Option<String>,
-    pub bytes_up: u64,
-    pub bytes_down: u64,
-    pub duration_ms: u64,
-}
+pub type Event = space_api::EgressEvent;
 
 /// Where an open connection goes, and what cuts it.
 type Relayed = (Target, u16, Arc<tokio::sync::Notify>);
@@ -171,9 +151,8 @@ impl SandboxEgress {
     /// Serves one connection from the sandbox.
     pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) {
         let started = Instant::now();
-        let at_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         let mut event = Event {
-            at_unix_ms,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             via: String::new(),
             host: String::new(),
             port: 0,

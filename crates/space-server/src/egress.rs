@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use space_api::{Egress, EgressEvent, Network};
+use space_api::{Egress, Network};
 use space_egress::gateway::{Event, GatewayConfig, SandboxEgress};
 use space_egress::policy::{Mode, Policy, RuleError};
 use tokio::sync::mpsc;
@@ -173,21 +173,6 @@ impl Platform {
         let platform = self.clone();
         tokio::spawn(async move {
             while let Some((id, event)) = queued.recv().await {
-                let event = EgressEvent {
-                    at: crate::ids::format_time(
-                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(event.at_unix_ms),
-                    ),
-                    via: event.via,
-                    host: event.host,
-                    port: event.port,
-                    decision: event.decision,
-                    reason: event.reason,
-                    rule: event.rule,
-                    address: event.address,
-                    bytes_up: event.bytes_up,
-                    bytes_down: event.bytes_down,
-                    duration_ms: event.duration_ms,
-                };
                 if let Err(err) = platform.store.put_egress_event(&id, &event) {
                     tracing::error!(sandbox = %id, "storing an egress event: {err}");
                 }
