@@ -1,5 +1,6 @@
 //! What a program in a sandbox sends its egress proxy (relayed as is to
-//! the host's gateway): any bytes at all. The gateway must answer every one
+//! the host's gateway), and the first bytes of a tunnel it opens: any bytes
+//! at all. The gateway must answer every one
 //! with an HTTP refusal under a policy that allows nothing, never dial
 //! anything, never panic and never hang.
 
@@ -18,6 +19,8 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // The ClientHello reader sees a tunnel's first bytes, whatever they are.
+    let _ = space_egress::tls::client_hello(data);
     runtime().block_on(async {
         let resolver = Arc::new(StaticResolver::default());
         let (events, mut received) = tokio::sync::mpsc::channel(4);

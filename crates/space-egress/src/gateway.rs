@@ -199,6 +199,20 @@ impl SandboxEgress {
                 return self.record(event, started);
             }
         };
+        let mut rest = rest;
+        if request.connect {
+            if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+                return self.record(event, started);
+            }
+            // A TLS port: the tunnel must open with a ClientHello for the
+            // host it was asked for (no other site behind the same address).
+            if TLS_PORTS.contains(&request.port) {
+                if let Err(reason) = check_server_name(&mut client, &request.target, &mut rest).await {
+                    event.reason = Some(reason.as_str().into());
+                    return self.record(event, started);
+                }
+            }
+        }
         event.decision = "allowed".into();
         let cut = Arc::new(tokio::sync::Notify::new());
         let key = self.next_relayed.fetch_add(1, Ordering::Relaxed);
@@ -371,6 +385,38 @@ async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reas
     let _ = client.shutdown().await;
 }
 
+/// Ports whose tunnels must carry TLS for the host asked for.
+const TLS_PORTS: [u16; 1] = [443];
+
+/// Reads the tunnel's first bytes (into `rest`, which goes upstream
+/// afterwards) until its ClientHello is whole; the server name, when it
+/// gives one, must be the tunnel's host.
+async fn check_server_name<S: AsyncRead + Unpin>(
+    client: &mut S,
+    target: &Target,
+    rest: &mut Vec<u8>,
+) -> Result<(), Reason> {
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match crate::tls::client_hello(rest) {
+                crate::tls::Hello::Incomplete if rest.len() < crate::tls::MAX_HELLO => {}
+                crate::tls::Hello::Sni(name) => return Ok(name),
+                _ => return Err(Reason::NotTls),
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return Err(Reason::NotTls),
+                Ok(n) => rest.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let name = tokio::time::timeout(HEAD_TIMEOUT, read).await.map_err(|_| Reason::NotTls)??;
+    match (name, target) {
+        (Some(name), Target::Name(host)) if name != *host => Err(Reason::SniMismatch),
+        _ => Ok(()),
+    }
+}
+
 /// Pumps bytes both ways until both sides are done; returns (up, down).
 async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
     mut client: S,
@@ -379,11 +425,7 @@ async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
     rest: &[u8],
 ) -> (u64, u64) {
     let mut up = 0;
-    if request.connect {
-        if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
-            return (0, 0);
-        }
-    } else {
+    if !request.connect {
         if upstream.write_all(&request.forward_head).await.is_err() {
             return (0, 0);
         }
@@ -549,5 +591,31 @@ mod tests {
         served.await.unwrap();
         let (_, event) = events.recv().await.unwrap();
         assert_eq!((event.decision.as_str(), event.reason.as_deref()), ("allowed", Some("policy_changed")));
+    }
+
+    #[tokio::test]
+    async fn a_tls_tunnel_must_ask_for_the_host_it_was_opened_to() {
+        let host = Target::parse("pkgs.space.test").unwrap();
+        let check = |bytes: Vec<u8>, target: Target| async move {
+            let (mut ours, mut theirs) = tokio::io::duplex(1 << 16);
+            ours.write_all(&bytes).await.unwrap();
+            drop(ours);
+            let mut rest = Vec::new();
+            let verdict = check_server_name(&mut theirs, &target, &mut rest).await;
+            (verdict, rest)
+        };
+        let hello = crate::tls::tests::hello_for(Some("pkgs.space.test"));
+        let (verdict, rest) = check(hello.clone(), host.clone()).await;
+        assert_eq!(verdict, Ok(()));
+        assert_eq!(rest, hello, "the ClientHello goes on upstream untouched");
+        let (verdict, _) = check(crate::tls::tests::hello_for(Some("other.example")), host.clone()).await;
+        assert_eq!(verdict, Err(Reason::SniMismatch));
+        let (verdict, _) = check(crate::tls::tests::hello_for(None), host.clone()).await;
+        assert_eq!(verdict, Ok(()), "no server name: nothing to compare");
+        let (verdict, _) = check(b"GET / HTTP/1.1\r\n\r\n".to_vec(), host.clone()).await;
+        assert_eq!(verdict, Err(Reason::NotTls));
+        let half = crate::tls::tests::hello_for(Some("pkgs.space.test"))[..20].to_vec();
+        let (verdict, _) = check(half, host).await;
+        assert_eq!(verdict, Err(Reason::NotTls), "a hello cut short");
     }
 }

@@ -8,3 +8,4 @@
 
 pub mod gateway;
 pub mod policy;
+pub mod tls;

@@ -246,6 +246,10 @@ pub enum Reason {
     Unreachable,
     /// Open when the policy changed, and no longer allowed: cut.
     PolicyChanged,
+    /// A tunnel to a TLS port that did not open with a TLS ClientHello.
+    NotTls,
+    /// The TLS server name differs from the host the tunnel was asked for.
+    SniMismatch,
 }
 
 impl Reason {
@@ -261,6 +265,8 @@ impl Reason {
             Reason::Limit => "limit",
             Reason::Unreachable => "unreachable",
             Reason::PolicyChanged => "policy_changed",
+            Reason::NotTls => "not_tls",
+            Reason::SniMismatch => "sni_mismatch",
         }
     }
 
@@ -277,6 +283,8 @@ impl Reason {
             Reason::Limit => "too many connections from this sandbox at once",
             Reason::Unreachable => "the host could not be reached",
             Reason::PolicyChanged => "the sandbox's egress policy changed and no longer allows this connection",
+            Reason::NotTls => "a tunnel to port 443 must start with a TLS ClientHello",
+            Reason::SniMismatch => "the TLS server name is not the host the tunnel was opened to",
         }
     }
 }
