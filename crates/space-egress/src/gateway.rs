@@ -28,6 +28,9 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections a sandbox may have open through the gateway at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// A connection on which nothing moves either way this long is closed
+/// (the upstream side of a paused sandbox's tunnels, above all).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Looks names up. The gateway asks only for names its policy allowed.
 pub trait Resolver: Send + Sync {
@@ -77,11 +80,17 @@ pub struct GatewayConfig {
     /// tests' loopback upstreams). Operator configuration only.
     pub allow_internal: Vec<(IpAddr, u8)>,
     pub max_connections: usize,
+    pub idle_timeout: Duration,
 }
 
 impl GatewayConfig {
     pub fn new(resolver: Arc<dyn Resolver>) -> GatewayConfig {
-        GatewayConfig { resolver, allow_internal: Vec::new(), max_connections: MAX_CONNECTIONS }
+        GatewayConfig {
+            resolver,
+            allow_internal: Vec::new(),
+            max_connections: MAX_CONNECTIONS,
+            idle_timeout: IDLE_TIMEOUT,
+        }
     }
 
     fn reachable(&self, ip: IpAddr) -> bool {
@@ -218,12 +227,15 @@ impl SandboxEgress {
         let key = self.next_relayed.fetch_add(1, Ordering::Relaxed);
         let entry = (request.target.clone(), request.port, cut.clone());
         self.relayed.lock().unwrap_or_else(|e| e.into_inner()).insert(key, entry);
+        let moved = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let client = Watched { inner: client, moved: moved.clone() };
         tokio::select! {
             (up, down) = relay(client, upstream, &request, &rest) => {
                 event.bytes_up = up;
                 event.bytes_down = down;
             }
             () = cut.notified() => event.reason = Some(Reason::PolicyChanged.as_str().into()),
+            () = idle(&moved, self.config.idle_timeout) => event.reason = Some(Reason::Idle.as_str().into()),
         }
         self.relayed.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.record(event, started);
@@ -383,6 +395,62 @@ async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reas
     let _ = client.write_all(head.as_bytes()).await;
     let _ = client.write_all(body.as_bytes()).await;
     let _ = client.shutdown().await;
+}
+
+/// Resolves once `moved` has not changed for `timeout`.
+async fn idle(moved: &std::sync::atomic::AtomicU64, timeout: Duration) {
+    let mut last = moved.load(Ordering::Relaxed);
+    loop {
+        tokio::time::sleep(timeout).await;
+        let now = moved.load(Ordering::Relaxed);
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// The sandbox's side of a connection, counting the bytes that move on it
+/// either way (every byte of a relayed connection passes here).
+struct Watched<S> {
+    inner: S,
+    moved: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        self.moved.fetch_add(n as u64, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = polled {
+            self.moved.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Ports whose tunnels must carry TLS for the host asked for.
@@ -617,5 +685,38 @@ mod tests {
         let half = crate::tls::tests::hello_for(Some("pkgs.space.test"))[..20].to_vec();
         let (verdict, _) = check(half, host).await;
         assert_eq!(verdict, Err(Reason::NotTls), "a hello cut short");
+    }
+
+    #[tokio::test]
+    async fn a_connection_on_which_nothing_moves_is_closed() {
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = upstream.accept().await {
+                held.push(socket);
+            }
+        });
+        let resolver =
+            Arc::new(StaticResolver::new([("allowed.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()])]));
+        let mut config = GatewayConfig::new(resolver);
+        config.allow_internal = vec![("127.0.0.1".parse().unwrap(), 32)];
+        config.idle_timeout = Duration::from_millis(300);
+        let (events, mut received) = mpsc::channel(4);
+        let policy = Policy::new(Mode::Allowlist, &[format!("allowed.space.test:{port}")], &[]).unwrap();
+        let egress = SandboxEgress::new("sbx_t".into(), policy, events, config);
+        let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+        ours.write_all(format!("CONNECT allowed.space.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let served = tokio::spawn(async move { egress.handle(theirs).await });
+        // Bytes keep it open past the timeout...
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            ours.write_all(b"x").await.unwrap();
+        }
+        assert!(!served.is_finished(), "a connection in use stays open");
+        // ...silence closes it.
+        tokio::time::timeout(Duration::from_secs(5), served).await.unwrap().unwrap();
+        let (_, event) = received.recv().await.unwrap();
+        assert_eq!(event.reason.as_deref(), Some("idle"));
     }
 }

@@ -250,6 +250,8 @@ pub enum Reason {
     NotTls,
     /// The TLS server name differs from the host the tunnel was asked for.
     SniMismatch,
+    /// Nothing went either way for too long (a paused sandbox's tunnel).
+    Idle,
 }
 
 impl Reason {
@@ -267,6 +269,7 @@ impl Reason {
             Reason::PolicyChanged => "policy_changed",
             Reason::NotTls => "not_tls",
             Reason::SniMismatch => "sni_mismatch",
+            Reason::Idle => "idle",
         }
     }
 
@@ -285,6 +288,7 @@ impl Reason {
             Reason::PolicyChanged => "the sandbox's egress policy changed and no longer allows this connection",
             Reason::NotTls => "a tunnel to port 443 must start with a TLS ClientHello",
             Reason::SniMismatch => "the TLS server name is not the host the tunnel was opened to",
+            Reason::Idle => "the connection was idle too long",
         }
     }
 }
