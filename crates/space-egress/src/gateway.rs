@@ -531,6 +531,20 @@ mod tests {
         (SandboxEgress::new("sbx_t".into(), policy, events, config), received, resolver)
     }
 
+    /// An upstream on loopback that accepts and then just holds every
+    /// connection; returns its port.
+    async fn holding_upstream() -> u16 {
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = upstream.accept().await {
+                held.push(socket);
+            }
+        });
+        port
+    }
+
     async fn exchange(egress: &SandboxEgress, request: &[u8]) -> String {
         let (mut ours, theirs) = tokio::io::duplex(1 << 16);
         ours.write_all(request).await.unwrap();
@@ -629,15 +643,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_policy_change_cuts_the_tunnels_it_no_longer_allows() {
-        // An upstream that accepts and then just holds the connection.
-        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = upstream.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = upstream.accept().await {
-                held.push(socket);
-            }
-        });
+        let port = holding_upstream().await;
         let (egress, mut events, _) = egress(Mode::Allowlist, &[&format!("allowed.space.test:{port}")]);
         let (mut ours, theirs) = tokio::io::duplex(1 << 16);
         ours.write_all(format!("CONNECT allowed.space.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
@@ -689,14 +695,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_on_which_nothing_moves_is_closed() {
-        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = upstream.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = upstream.accept().await {
-                held.push(socket);
-            }
-        });
+        let port = holding_upstream().await;
         let resolver =
             Arc::new(StaticResolver::new([("allowed.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()])]));
         let mut config = GatewayConfig::new(resolver);
