@@ -28,7 +28,7 @@ need_root() {
 # Build tools from Debian, installed only when missing.
 ensure_build_deps() {
     local missing=()
-    for pkg in gcc libc6-dev curl openssl e2fsprogs python3 python3-venv; do
+    for pkg in gcc libc6-dev curl openssl e2fsprogs python3 python3-venv git; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

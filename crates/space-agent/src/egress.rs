@@ -18,6 +18,57 @@ use space_proto::{Frame, FrameKind, AGENT_STREAM_BIT, EGRESS_WINDOW, MAX_OUTPUT_
 
 /// Where programs in the sandbox find the proxy.
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
+/// The sandbox's egress CA, where `update-ca-certificates` keeps it.
+pub const CA_FILE: &str = "/usr/local/share/ca-certificates/space-egress-ca.crt";
+/// The system's bundle of trusted certificates (the CA is added to it).
+pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+static TRUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the sandbox trust its egress CA (the host terminates TLS with it
+/// for hosts a secret is bound to): written to [`CA_FILE`] and appended to
+/// [`BUNDLE`] (made if the image has none). Idempotent.
+pub fn install_trust(pem: &str) {
+    let pem = if pem.ends_with('\n') { pem.to_string() } else { format!("{pem}\n") };
+    let write = || -> std::io::Result<()> {
+        for path in [CA_FILE, BUNDLE] {
+            if let Some(dir) = std::path::Path::new(path).parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+        }
+        if std::fs::read_to_string(CA_FILE).ok().as_deref() != Some(pem.as_str()) {
+            std::fs::write(CA_FILE, &pem)?;
+        }
+        let bundle = std::fs::read_to_string(BUNDLE).unwrap_or_default();
+        if !bundle.contains(pem.trim_end()) {
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(BUNDLE)?;
+            let separator = if bundle.is_empty() || bundle.ends_with('\n') { "" } else { "\n" };
+            std::io::Write::write_all(&mut file, format!("{separator}{pem}").as_bytes())?;
+        }
+        Ok(())
+    };
+    match write() {
+        Ok(()) => TRUSTED.store(true, std::sync::atomic::Ordering::Relaxed),
+        Err(err) => eprintln!("space-agent: installing the egress CA: {err}"),
+    }
+}
+
+/// What every command's environment gets once the CA is trusted, so that
+/// OpenSSL, Python (requests, pip), curl, git and Node read the bundle.
+pub fn trust_env() -> Vec<(&'static str, &'static str)> {
+    if !TRUSTED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Vec::new();
+    }
+    vec![
+        ("SSL_CERT_FILE", BUNDLE),
+        ("REQUESTS_CA_BUNDLE", BUNDLE),
+        ("CURL_CA_BUNDLE", BUNDLE),
+        ("PIP_CERT", BUNDLE),
+        ("GIT_SSL_CAINFO", BUNDLE),
+        ("NODE_EXTRA_CA_CERTS", CA_FILE),
+    ]
+}
+
 /// Connections relayed at once; more are closed at once (the gateway has
 /// its own, lower, limit per sandbox).
 const MAX_RELAYED: usize = 256;

@@ -192,6 +192,7 @@ fn plan(request: &ExecRequest, identity: &Welcome) -> Result<Plan, ExecFailed> {
     env.insert("LOGNAME".into(), account.name.clone());
     env.insert("HOSTNAME".into(), identity.hostname.clone());
     env.extend(crate::egress::proxy_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env.extend(crate::egress::trust_env().into_iter().map(|(k, v)| (k.to_string(), v.to_string())));
     env.extend(identity.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(request.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 

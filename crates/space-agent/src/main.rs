@@ -119,6 +119,9 @@ fn run() -> Result<(), String> {
 /// microVM (whose clock stood still while it was a snapshot), the time.
 fn take_welcome(welcome: &Welcome) {
     memory::set_limit(welcome.memory_mib);
+    if let Some(pem) = &welcome.trust_pem {
+        egress::install_trust(pem);
+    }
     if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(welcome.hostname.as_str())
     {
         if let Err(err) = nix::unistd::sethostname(&welcome.hostname) {
@@ -216,6 +219,9 @@ pub(crate) type Sessions = Arc<Mutex<HashMap<u32, exec::SessionControl>>>;
 /// Becomes the sandbox a warm-pool member is handed out as: its env for
 /// every later command, and fresh entropy for the kernel's random state.
 fn take_identity(current: &Mutex<Welcome>, identity: Identity) {
+    if let Some(pem) = &identity.trust_pem {
+        egress::install_trust(pem);
+    }
     current.lock().unwrap_or_else(|e| e.into_inner()).env = identity.env;
     let entropy: Vec<u8> = (0..identity.entropy_hex.len() / 2)
         .filter_map(|i| u8::from_str_radix(identity.entropy_hex.get(2 * i..2 * i + 2)?, 16).ok())

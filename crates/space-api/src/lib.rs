@@ -111,6 +111,63 @@ pub struct Network {
     /// The same forms; without ports a rule covers every port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<String>,
+    /// Credentials the gateway adds to requests, by the environment
+    /// variable that holds the placeholder inside the sandbox. Their hosts
+    /// are allowed (port 443) and their HTTPS is inspected.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, SecretBinding>,
+}
+
+/// One tenant secret bound into a sandbox: the sandbox holds only a
+/// placeholder, which the gateway replaces with the value on HTTPS
+/// requests to `hosts` (and refuses to send anywhere else).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBinding {
+    /// The secret's name (`PUT /v1/secrets/{name}`).
+    pub secret: String,
+    /// Hosts (`host` or `*.suffix`) it may go to; within the secret's own
+    /// hosts, which are the default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    /// Headers the gateway sets on every request to those hosts, `{secret}`
+    /// standing for the value (`{"x-api-key": "{secret}"}`), besides
+    /// replacing the placeholder wherever a header carries it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set_header: BTreeMap<String, String>,
+    /// The placeholder in the sandbox's environment (set by the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placeholder: Option<String>,
+}
+
+/// `PUT /v1/secrets/{name}`: write-only; the value is never returned.
+#[derive(Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutSecretRequest {
+    pub value: String,
+    /// Hosts (`host` or `*.suffix`) the secret may ever be sent to.
+    pub hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for PutSecretRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PutSecretRequest").field("value", &"<redacted>").field("hosts", &self.hosts).finish()
+    }
+}
+
+/// A secret as the API shows it: never its value.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SecretInfo {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `GET /v1/secrets`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SecretList {
+    pub secrets: Vec<SecretInfo>,
 }
 
 /// One connection a sandbox made through the egress gateway.
@@ -125,7 +182,9 @@ pub struct EgressEvent {
     pub decision: String,
     /// Why it was denied: `egress_disabled`, `not_allowed`,
     /// `port_not_allowed`, `denied_rule`, `internal_address`,
-    /// `not_resolved`, `bad_request`, `limit`, `unreachable`.
+    /// `not_resolved`, `bad_request`, `limit`, `unreachable`, `not_tls`,
+    /// `sni_mismatch`, `idle`, `policy_changed`, `secret_not_for_host`,
+    /// `wrong_host`, `secret_unavailable`, `upstream_tls`.
     pub reason: Option<String>,
     /// The allow rule that let it through (none under `public`).
     pub rule: Option<String>,
@@ -134,6 +193,19 @@ pub struct EgressEvent {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration_ms: u64,
+    /// The gateway terminated its TLS (a host a secret is bound to).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inspected: bool,
+    /// Requests seen inside an inspected connection.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requests: u64,
+    /// Names (never values) of the secrets the gateway added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `GET /v1/sandboxes/{id}/egress`: the newest events last.

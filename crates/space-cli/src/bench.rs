@@ -431,6 +431,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             workdir: None,
             user: None,
             engine: None,
+            trust_pem: None,
         };
         let boot = runtime.block_on(async {
             let (mut socket, elapsed) = raw_engine.boot(&spec).await?;

@@ -294,10 +294,16 @@ pub struct EngineArgs {
     /// suspends, template builds and uploads get 507 and output is not kept.
     #[arg(long, env = "SPACE_DISK_RESERVE_MIB", default_value_t = space_server::disk::DEFAULT_DISK_RESERVE_MIB)]
     disk_reserve_mib: u64,
-    /// A fixed answer for the egress gateway, NAME=IP (repeatable): when
-    /// given, names resolve only through these (an internal mirror, a test).
-    #[arg(long = "egress-host", value_name = "NAME=IP")]
+    /// A fixed answer for the egress gateway, NAME=IP or NAME=IP:PORT
+    /// (repeatable; with a port, connections to NAME go to that port
+    /// whatever port was asked): when given, names resolve only through
+    /// these (an internal mirror, a test).
+    #[arg(long = "egress-host", value_name = "NAME=IP[:PORT]")]
     egress_hosts: Vec<String>,
+    /// PEM file of CA certificates the gateway also trusts for upstreams it
+    /// terminates TLS to (repeatable; besides the system's roots).
+    #[arg(long = "egress-trust", value_name = "FILE")]
+    egress_trust: Vec<PathBuf>,
     /// Internal addresses (IP or CIDR, repeatable) sandboxes may reach
     /// through the gateway anyway; everything internal is refused otherwise.
     #[arg(long = "egress-allow-internal", value_name = "CIDR")]
@@ -340,8 +346,9 @@ impl EngineArgs {
     }
 
     fn config_with_agent(&self, data_dir: &Path, agent_bin: PathBuf) -> Result<space_server::PlatformConfig> {
-        let egress = space_server::egress::EgressSettings::parse(&self.egress_hosts, &self.egress_allow_internal)
+        let mut egress = space_server::egress::EgressSettings::parse(&self.egress_hosts, &self.egress_allow_internal)
             .map_err(|e| anyhow::anyhow!("egress settings: {e}"))?;
+        egress.trust = self.egress_trust.clone();
         Ok(space_server::PlatformConfig {
             data_dir: data_dir.to_path_buf(),
             runsc: self.runsc.clone(),

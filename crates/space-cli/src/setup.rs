@@ -61,13 +61,25 @@ pub fn run(args: SetupArgs) -> Result<()> {
     Ok(())
 }
 
-/// Builds the template `name` (one `space setup` knows) unless it is there.
+/// Builds the template `name` (one `space setup` knows) unless it is there
+/// with the packages this version of `space` puts in it (a newer list
+/// makes a new version; sandboxes of the old one keep it).
 fn ensure_template(data: &DataDir, args: &SetupArgs, name: &str, say: impl Fn(&str)) -> Result<()> {
-    if let Some(template) = data.template(name) {
-        say(&format!("template {name}: version {} present", template.meta.version));
-        return Ok(());
-    }
     let packages = known_packages(name).with_context(|| format!("no template named {name} is known to setup"))?;
+    if let Some(template) = data.template(name) {
+        let built_with = template.meta.source["debian"]["packages"].as_array().map(|list| {
+            list.iter().filter_map(|p| p.as_str()).map(str::to_string).collect::<std::collections::BTreeSet<_>>()
+        });
+        let wanted: std::collections::BTreeSet<String> = packages.iter().map(|p| p.to_string()).collect();
+        if built_with.is_none_or(|built| built == wanted) {
+            say(&format!("template {name}: version {} present", template.meta.version));
+            return Ok(());
+        }
+        say(&format!(
+            "template {name}: version {} lacks packages this version adds; building anew",
+            template.meta.version
+        ));
+    }
     let agent = args.engine.agent_bin()?;
     let bar = ProgressBar::new(4);
     bar.set_style(

@@ -81,6 +81,13 @@ pub struct GatewayConfig {
     pub allow_internal: Vec<(IpAddr, u8)>,
     pub max_connections: usize,
     pub idle_timeout: Duration,
+    /// What upstream certificates are checked against where the gateway
+    /// terminates TLS (the system's roots unless the operator adds some).
+    pub upstream_roots: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+    /// Names whose connections go to another port than the one asked for,
+    /// whatever it was (a mirror, or a test's upstream, on its own port).
+    /// Operator configuration only.
+    pub dial_ports: std::collections::HashMap<String, u16>,
 }
 
 impl GatewayConfig {
@@ -90,6 +97,8 @@ impl GatewayConfig {
             allow_internal: Vec::new(),
             max_connections: MAX_CONNECTIONS,
             idle_timeout: IDLE_TIMEOUT,
+            upstream_roots: None,
+            dial_ports: Default::default(),
         }
     }
 
@@ -101,8 +110,15 @@ impl GatewayConfig {
 /// One connection through the gateway, as the audit log keeps it.
 pub type Event = space_api::EgressEvent;
 
-/// Where an open connection goes, and what cuts it.
-type Relayed = (Target, u16, Arc<tokio::sync::Notify>);
+/// Where an open connection goes, whether it is inspected, and what cuts it.
+type Relayed = (Target, u16, bool, Arc<tokio::sync::Notify>);
+
+/// What the gateway needs to add a sandbox's secrets to its requests.
+#[derive(Clone)]
+pub struct Credentials {
+    pub vault: Arc<dyn crate::inspect::Vault>,
+    pub ca: Arc<crate::ca::SandboxCa>,
+}
 
 /// One sandbox's side of the gateway: its policy (replaceable while it
 /// runs) and where its events go.
@@ -115,6 +131,7 @@ pub struct SandboxEgress {
     /// Connections carrying bytes now: where they go, and how to cut them.
     relayed: std::sync::Mutex<std::collections::HashMap<u64, Relayed>>,
     next_relayed: std::sync::atomic::AtomicU64,
+    credentials: RwLock<Option<Credentials>>,
 }
 
 impl SandboxEgress {
@@ -133,15 +150,22 @@ impl SandboxEgress {
             config,
             relayed: Default::default(),
             next_relayed: Default::default(),
+            credentials: RwLock::default(),
         })
     }
 
+    /// Where the sandbox's secrets come from, and its CA.
+    pub fn set_credentials(&self, credentials: Credentials) {
+        *self.credentials.write().unwrap_or_else(|e| e.into_inner()) = Some(credentials);
+    }
+
     /// Replaces the policy: new connections are judged by it at once, and
-    /// open ones it no longer allows are cut.
+    /// open ones it no longer allows are cut (inspected ones always: their
+    /// secrets may have changed).
     pub fn set_policy(&self, policy: Policy) {
         let relayed = self.relayed.lock().unwrap_or_else(|e| e.into_inner());
-        for (target, port, cut) in relayed.values() {
-            if policy.decide(target, *port).is_err() {
+        for (target, port, inspected, cut) in relayed.values() {
+            if *inspected || policy.decide(target, *port).is_err() {
                 cut.notify_one();
             }
         }
@@ -172,6 +196,9 @@ impl SandboxEgress {
             bytes_up: 0,
             bytes_down: 0,
             duration_ms: 0,
+            inspected: false,
+            requests: 0,
+            secrets: Vec::new(),
         };
         let _slot = match Slot::take(&self.open, self.config.max_connections) {
             Some(slot) => slot,
@@ -200,7 +227,26 @@ impl SandboxEgress {
         event.via = if request.connect { "connect" } else { "http" }.into();
         event.host = request.target.to_string();
         event.port = request.port;
-        let upstream = match self.open_upstream(&request, &mut event).await {
+        let policy = self.policy();
+        // A placeholder in plain HTTP goes nowhere: secrets travel only
+        // over HTTPS, added by the gateway.
+        if !request.connect && crate::inspect::carries_placeholder(&head, &policy) {
+            refuse(&mut client, 403, Reason::SecretNotForHost).await;
+            event.reason = Some(Reason::SecretNotForHost.as_str().into());
+            return self.record(event, started);
+        }
+        let inspected = request.connect && policy.inspects(&request.target, request.port);
+        let credentials = self.credentials.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let credentials = match (inspected, credentials) {
+            (false, _) => None,
+            (true, Some(credentials)) => Some(credentials),
+            (true, None) => {
+                refuse(&mut client, 403, Reason::SecretUnavailable).await;
+                event.reason = Some(Reason::SecretUnavailable.as_str().into());
+                return self.record(event, started);
+            }
+        };
+        let upstream = match self.open_upstream(&policy, &request, &mut event).await {
             Ok(upstream) => upstream,
             Err((status, reason)) => {
                 refuse(&mut client, status, reason).await;
@@ -215,7 +261,7 @@ impl SandboxEgress {
             }
             // A TLS port: the tunnel must open with a ClientHello for the
             // host it was asked for (no other site behind the same address).
-            if TLS_PORTS.contains(&request.port) {
+            if TLS_PORTS.contains(&request.port) && credentials.is_none() {
                 if let Err(reason) = check_server_name(&mut client, &request.target, &mut rest).await {
                     event.reason = Some(reason.as_str().into());
                     return self.record(event, started);
@@ -225,26 +271,67 @@ impl SandboxEgress {
         event.decision = "allowed".into();
         let cut = Arc::new(tokio::sync::Notify::new());
         let key = self.next_relayed.fetch_add(1, Ordering::Relaxed);
-        let entry = (request.target.clone(), request.port, cut.clone());
+        let entry = (request.target.clone(), request.port, inspected, cut.clone());
         self.relayed.lock().unwrap_or_else(|e| e.into_inner()).insert(key, entry);
         let moved = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let client = Watched { inner: client, moved: moved.clone() };
-        tokio::select! {
-            (up, down) = relay(client, upstream, &request, &rest) => {
-                event.bytes_up = up;
-                event.bytes_down = down;
+        let client = Watched { inner: client, moved: moved.clone(), up: 0, down: 0 };
+        if let Some(credentials) = credentials {
+            let seen = Arc::new(std::sync::Mutex::new(crate::inspect::Seen::default()));
+            let inspection = crate::inspect::Inspection {
+                host: request.target.to_string(),
+                policy,
+                vault: credentials.vault,
+                ca: credentials.ca,
+                roots: self.upstream_roots(),
+            };
+            event.inspected = true;
+            let mut client = Prefixed { rest, inner: client };
+            let served = crate::inspect::serve(&mut client, upstream, inspection, seen.clone());
+            let outcome = tokio::select! {
+                served = served => served.err(),
+                () = cut.notified() => Some(Reason::PolicyChanged),
+                () = idle(&moved, self.config.idle_timeout) => Some(Reason::Idle),
+            };
+            let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+            let client = client.inner;
+            (event.bytes_up, event.bytes_down) = (client.up, client.down);
+            event.requests = seen.requests;
+            event.secrets = seen.secrets.into_iter().collect();
+            if let Some(reason) = seen.refused.or(outcome.filter(|r| *r != Reason::Unreachable)) {
+                if seen.refused.is_some() || seen.requests == 0 {
+                    event.decision = "denied".into();
+                }
+                event.reason = Some(reason.as_str().into());
             }
-            () = cut.notified() => event.reason = Some(Reason::PolicyChanged.as_str().into()),
-            () = idle(&moved, self.config.idle_timeout) => event.reason = Some(Reason::Idle.as_str().into()),
+        } else {
+            tokio::select! {
+                (up, down) = relay(client, upstream, &request, &rest) => {
+                    event.bytes_up = up;
+                    event.bytes_down = down;
+                }
+                () = cut.notified() => event.reason = Some(Reason::PolicyChanged.as_str().into()),
+                () = idle(&moved, self.config.idle_timeout) => event.reason = Some(Reason::Idle.as_str().into()),
+            }
         }
         self.relayed.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.record(event, started);
     }
 
+    fn upstream_roots(&self) -> Arc<tokio_rustls::rustls::ClientConfig> {
+        static SYSTEM: std::sync::OnceLock<Arc<tokio_rustls::rustls::ClientConfig>> = std::sync::OnceLock::new();
+        self.config.upstream_roots.clone().unwrap_or_else(|| {
+            SYSTEM.get_or_init(|| crate::ca::upstream_roots(&[]).expect("the system's roots")).clone()
+        })
+    }
+
     /// Judges the request, resolves and dials; the HTTP status and reason
     /// when it does not get through.
-    async fn open_upstream(&self, request: &Request, event: &mut Event) -> Result<TcpStream, (u16, Reason)> {
-        let policy = self.policy();
+    async fn open_upstream(
+        &self,
+        policy: &Policy,
+        request: &Request,
+        event: &mut Event,
+    ) -> Result<TcpStream, (u16, Reason)> {
         let rule = policy.decide(&request.target, request.port).map_err(|reason| (403, reason))?;
         event.rule = rule.map(|r| r.text().to_string());
         let candidates = match &request.target {
@@ -259,7 +346,11 @@ impl SandboxEgress {
         let Some(ip) = reachable.first().copied() else {
             return Err((403, Reason::InternalAddress));
         };
-        let address = SocketAddr::new(ip, request.port);
+        let port = match &request.target {
+            Target::Name(name) => self.config.dial_ports.get(name).copied().unwrap_or(request.port),
+            Target::Ip(_) => request.port,
+        };
+        let address = SocketAddr::new(ip, port);
         event.address = Some(address.to_string());
         match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(address)).await {
             Ok(Ok(stream)) => Ok(stream),
@@ -415,6 +506,9 @@ async fn idle(moved: &std::sync::atomic::AtomicU64, timeout: Duration) {
 struct Watched<S> {
     inner: S,
     moved: Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes from the sandbox, and to it.
+    up: u64,
+    down: u64,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
@@ -427,6 +521,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         self.moved.fetch_add(n as u64, Ordering::Relaxed);
+        self.up += n as u64;
         polled
     }
 }
@@ -440,8 +535,50 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = polled {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
+            self.down += n as u64;
         }
         polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A stream whose first bytes were already read (what followed a request
+/// head): they are read again first.
+struct Prefixed<S> {
+    rest: Vec<u8>,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if !self.rest.is_empty() {
+            let n = self.rest.len().min(buf.remaining());
+            buf.put_slice(&self.rest[..n]);
+            self.rest.drain(..n);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
@@ -717,5 +854,172 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), served).await.unwrap().unwrap();
         let (_, event) = received.recv().await.unwrap();
         assert_eq!(event.reason.as_deref(), Some("idle"));
+    }
+
+    /// A TLS upstream on loopback for `host`, signed by a CA of its own;
+    /// answers every request with the `authorization` header it got (in
+    /// its body) and keeps what it got. Returns its port and the gateway
+    /// configuration's roots trusting it.
+    async fn tls_upstream(
+        host: &str,
+    ) -> (u16, Arc<tokio_rustls::rustls::ClientConfig>, Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio_rustls::rustls;
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf =
+            rcgen::CertificateParams::new(vec![host.to_string()]).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (acceptor, seen) = (tokio_rustls::TlsAcceptor::from(Arc::new(server)), got.clone());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (acceptor, seen) = (acceptor.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else { return };
+                    let Ok((head, _)) = read_head(&mut tls).await else { return };
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let auth = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("authorization: ").or(l.strip_prefix("Authorization: ")))
+                        .unwrap_or("")
+                        .to_string();
+                    seen.lock().unwrap().push(head);
+                    let body = format!("you sent {auth}");
+                    let answer =
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (port, Arc::new(client), got)
+    }
+
+    struct OneSecret;
+    impl crate::inspect::Vault for OneSecret {
+        fn value(&self, name: &str) -> Option<String> {
+            (name == "llm").then(|| "sk-the-real-thing".to_string())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bound_secret_reaches_only_its_host_and_never_comes_back() {
+        use tokio_rustls::rustls;
+        let (port, roots, got) = tls_upstream("api.space.test").await;
+        let resolver = Arc::new(StaticResolver::new([
+            ("api.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()]),
+            ("other.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()]),
+        ]));
+        let mut config = GatewayConfig::new(resolver);
+        config.allow_internal = vec![("127.0.0.1".parse().unwrap(), 32)];
+        config.upstream_roots = Some(roots);
+        config.dial_ports = [("api.space.test".to_string(), port), ("other.space.test".to_string(), port)].into();
+        let binding =
+            crate::policy::Binding::new("llm", "space_ph_0123456789abcdef", &["api.space.test".into()], vec![])
+                .unwrap();
+        let policy = Policy::new(Mode::Allowlist, &["other.space.test".into()], &[])
+            .unwrap()
+            .with_bindings(vec![binding])
+            .unwrap();
+        let (events, mut received) = mpsc::channel(8);
+        let egress = SandboxEgress::new("sbx_t".into(), policy, events, config);
+        let ca = Arc::new(crate::ca::SandboxCa::generate("sbx_t").unwrap());
+        egress.set_credentials(Credentials { vault: Arc::new(OneSecret), ca: ca.clone() });
+
+        // The sandbox's side: trusts only its CA, talks HTTPS through CONNECT.
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let sandbox_tls = Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        let https = |host: &'static str, auth: &'static str| {
+            let (egress, sandbox_tls) = (egress.clone(), sandbox_tls.clone());
+            async move {
+                let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+                let served = tokio::spawn(async move { egress.handle(theirs).await });
+                ours.write_all(format!("CONNECT {host}:443 HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+                let (head, _) = read_head(&mut ours).await.unwrap();
+                assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+                let name = rustls::pki_types::ServerName::try_from(host).unwrap();
+                let mut tls = tokio_rustls::TlsConnector::from(sandbox_tls).connect(name, ours).await.unwrap();
+                let request =
+                    format!("GET /v1 HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n");
+                tls.write_all(request.as_bytes()).await.unwrap();
+                let mut answer = Vec::new();
+                let _ = tls.read_to_end(&mut answer).await;
+                served.await.unwrap();
+                String::from_utf8_lossy(&answer).into_owned()
+            }
+        };
+        let answer = https("api.space.test", "Bearer space_ph_0123456789abcdef").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(got.lock().unwrap()[0].contains("Bearer sk-the-real-thing"), "the upstream got the value");
+        // The body comes chunked (its length changed): join the chunks.
+        let body = answer.split_once("\r\n\r\n").unwrap().1;
+        let body: String = body.split("\r\n").skip(1).step_by(2).collect();
+        assert_eq!(body, "you sent Bearer space_ph_0123456789abcdef", "echoed back as the placeholder");
+        assert!(!answer.contains("sk-the-real-thing"));
+        let (_, event) = received.recv().await.unwrap();
+        assert!(event.inspected && event.decision == "allowed", "{event:?}");
+        assert_eq!((event.requests, event.secrets.clone()), (1, vec!["llm".to_string()]));
+
+        // The placeholder to another host over plain HTTP: refused.
+        let answer = exchange(
+            &egress,
+            b"GET http://other.space.test/ HTTP/1.1\r\nHost: other.space.test\r\nX-Key: space_ph_0123456789abcdef\r\n\r\n",
+        )
+        .await;
+        assert!(answer.contains("secret_not_for_host"), "{answer}");
+        let (_, event) = received.recv().await.unwrap();
+        assert_eq!(event.reason.as_deref(), Some("secret_not_for_host"));
+        // Inside the inspected tunnel, a request for another host: refused.
+        let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn({
+            let egress = egress.clone();
+            async move { egress.handle(theirs).await }
+        });
+        ours.write_all(b"CONNECT api.space.test:443 HTTP/1.1\r\n\r\n").await.unwrap();
+        read_head(&mut ours).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("api.space.test").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(sandbox_tls.clone()).connect(name, ours).await.unwrap();
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: other.space.test\r\nX-Key: space_ph_0123456789abcdef\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        served.await.unwrap();
+        assert!(String::from_utf8_lossy(&answer).contains("wrong_host"));
+        let (_, event) = received.recv().await.unwrap();
+        assert_eq!((event.decision.as_str(), event.reason.as_deref()), ("denied", Some("wrong_host")));
+        assert_eq!(got.lock().unwrap().len(), 1, "nothing refused reached the upstream");
     }
 }

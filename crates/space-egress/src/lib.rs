@@ -6,6 +6,8 @@
 //! addresses they resolve to are judged again, and every connection is an
 //! audit [`gateway::Event`].
 
+pub mod ca;
 pub mod gateway;
+pub mod inspect;
 pub mod policy;
 pub mod tls;

@@ -252,6 +252,17 @@ pub enum Reason {
     SniMismatch,
     /// Nothing went either way for too long (a paused sandbox's tunnel).
     Idle,
+    /// A secret's placeholder headed to a host the secret is not bound to.
+    SecretNotForHost,
+    /// A request inside an inspected tunnel named another host.
+    WrongHost,
+    /// A bound secret no longer exists (deleted after the sandbox started).
+    SecretUnavailable,
+    /// The upstream's TLS certificate did not verify, or its handshake failed.
+    UpstreamTls,
+    /// The sandbox's program did not finish TLS with the gateway (it does
+    /// not trust the sandbox's CA).
+    ClientTls,
 }
 
 impl Reason {
@@ -270,6 +281,11 @@ impl Reason {
             Reason::NotTls => "not_tls",
             Reason::SniMismatch => "sni_mismatch",
             Reason::Idle => "idle",
+            Reason::SecretNotForHost => "secret_not_for_host",
+            Reason::WrongHost => "wrong_host",
+            Reason::SecretUnavailable => "secret_unavailable",
+            Reason::UpstreamTls => "upstream_tls",
+            Reason::ClientTls => "client_tls",
         }
     }
 
@@ -289,6 +305,13 @@ impl Reason {
             Reason::NotTls => "a tunnel to port 443 must start with a TLS ClientHello",
             Reason::SniMismatch => "the TLS server name is not the host the tunnel was opened to",
             Reason::Idle => "the connection was idle too long",
+            Reason::SecretNotForHost => {
+                "a secret's placeholder may go only to the hosts the secret is bound to, over HTTPS"
+            }
+            Reason::WrongHost => "a request in this tunnel named a host other than the one it was opened to",
+            Reason::SecretUnavailable => "a secret bound to this sandbox no longer exists",
+            Reason::UpstreamTls => "the host's TLS certificate did not verify",
+            Reason::ClientTls => "the program did not accept the gateway's certificate (trust the sandbox CA)",
         }
     }
 }
@@ -299,6 +322,54 @@ pub struct Policy {
     pub mode: Mode,
     pub allow: Vec<Rule>,
     pub deny: Vec<Rule>,
+    /// Secrets the gateway adds to HTTPS requests to their hosts.
+    pub bindings: Vec<Binding>,
+}
+
+/// Port on which bound secrets travel (HTTPS).
+pub const SECRET_PORT: u16 = 443;
+
+/// A secret bound into a sandbox: where its placeholder may be replaced.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    /// The secret's name in the tenant's store.
+    pub secret: String,
+    /// What the sandbox holds instead of the value.
+    pub placeholder: String,
+    /// Hosts (exact or `*.suffix`, on port 443) it goes to.
+    pub hosts: Vec<Rule>,
+    /// Headers set on every request to those hosts; `{secret}` in the
+    /// value stands for the secret.
+    pub set_header: Vec<(String, String)>,
+}
+
+impl Binding {
+    /// Reads a binding's hosts: names or `*.suffix` only (no IPs, no
+    /// ports: secrets go over HTTPS to a named host). Without hosts it
+    /// covers nothing.
+    pub fn new(
+        secret: &str,
+        placeholder: &str,
+        hosts: &[String],
+        set_header: Vec<(String, String)>,
+    ) -> Result<Binding, RuleError> {
+        let hosts = hosts
+            .iter()
+            .map(|host| {
+                let fail = |why: &str| RuleError { rule: host.clone(), why: why.into() };
+                if host.contains(':') || host.contains('/') || host.parse::<IpAddr>().is_ok() {
+                    return Err(fail("a secret's hosts are names or *.suffix, without ports"));
+                }
+                Rule::parse(&format!("{host}:{SECRET_PORT}"), false)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Binding { secret: secret.into(), placeholder: placeholder.into(), hosts, set_header })
+    }
+
+    /// Whether it may go to `host` (on port 443).
+    pub fn covers(&self, host: &Target) -> bool {
+        self.hosts.iter().any(|rule| rule.matches(host, SECRET_PORT))
+    }
 }
 
 impl Policy {
@@ -314,7 +385,26 @@ impl Policy {
             mode,
             allow: allow.iter().map(|r| Rule::parse(r, false)).collect::<Result<_, _>>()?,
             deny: deny.iter().map(|r| Rule::parse(r, true)).collect::<Result<_, _>>()?,
+            bindings: Vec::new(),
         })
+    }
+
+    /// Adds secret bindings; their hosts become allowed on port 443.
+    pub fn with_bindings(mut self, bindings: Vec<Binding>) -> Result<Policy, RuleError> {
+        if !bindings.is_empty() && self.mode == Mode::None {
+            return Err(RuleError {
+                rule: bindings[0].secret.clone(),
+                why: "secrets need \"egress\": \"allowlist\" or \"public\"".into(),
+            });
+        }
+        self.bindings = bindings;
+        Ok(self)
+    }
+
+    /// Whether the gateway terminates TLS to `target`:`port` (a host a
+    /// secret is bound to) rather than tunnelling it untouched.
+    pub fn inspects(&self, target: &Target, port: u16) -> bool {
+        port == SECRET_PORT && self.bindings.iter().any(|b| b.covers(target))
     }
 
     /// The verdict on `target`:`port` before any lookup: `Ok` with the rule
@@ -330,6 +420,9 @@ impl Policy {
         }
         if self.deny.iter().any(|rule| rule.matches(target, port)) {
             return Err(Reason::DeniedRule);
+        }
+        if let Some(binding) = self.bindings.iter().find(|b| port == SECRET_PORT && b.covers(target)) {
+            return Ok(binding.hosts.iter().find(|rule| rule.matches(target, port)));
         }
         match self.mode {
             Mode::Public => Ok(None),

@@ -699,6 +699,7 @@ mod tests {
             session: 1,
             clock_unix_ms: None,
             channel_key: None,
+            trust_pem: None,
         }
     }
 

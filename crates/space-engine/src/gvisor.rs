@@ -630,6 +630,7 @@ mod tests {
             workdir: None,
             user: None,
             engine: None,
+            trust_pem: None,
         };
         let config = serde_json::to_value(oci_config(&spec, Path::new("/opt/space-agent")).unwrap()).unwrap();
         assert_eq!(config["process"]["args"][0], "/.space/space-agent");

@@ -62,6 +62,8 @@ pub struct SandboxSpec {
     /// The engine that runs it (`None`: the server's default), for
     /// [`Engines`] to dispatch on.
     pub engine: Option<String>,
+    /// The sandbox's egress CA (PEM), which its programs trust.
+    pub trust_pem: Option<String>,
 }
 
 /// How long a redial waits for the agent to dial in.
@@ -116,15 +118,23 @@ pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
         session: u64::from_le_bytes(session) | 1,
         clock_unix_ms: None,
         channel_key: None,
+        trust_pem: spec.trust_pem.clone(),
     }
 }
 
 /// What a sandbox that started as a copy of another (a warm member, a
 /// clone of a template snapshot) becomes: `env`, and fresh entropy.
-pub fn fresh_identity(env: &BTreeMap<String, String>) -> Result<space_proto::Identity, EngineError> {
+pub fn fresh_identity(
+    env: &BTreeMap<String, String>,
+    trust_pem: Option<&str>,
+) -> Result<space_proto::Identity, EngineError> {
     let mut entropy = [0u8; 32];
     getrandom::getrandom(&mut entropy).map_err(|e| EngineError::Runtime(format!("no random bytes: {e}")))?;
-    Ok(space_proto::Identity { env: env.clone(), entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect() })
+    Ok(space_proto::Identity {
+        env: env.clone(),
+        entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect(),
+        trust_pem: trust_pem.map(str::to_string),
+    })
 }
 
 /// A started sandbox: its agent has said hello and answered a ping.

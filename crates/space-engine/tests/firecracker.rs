@@ -143,6 +143,7 @@ fn sandbox(data: &TestDataDir, template: &Path, id: &str, memory_mib: u32, disk_
         workdir: None,
         user: None,
         engine: None,
+        trust_pem: None,
     }
 }
 

@@ -73,6 +73,7 @@ fn spec(id: &str, env: &[(&str, &str)]) -> SandboxSpec {
         workdir: None,
         user: None,
         engine: None,
+        trust_pem: None,
     }
 }
 
@@ -202,7 +203,7 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
     assert!(rtc < 1_100_000_000, "the guest's RTC is far off: {rtc}");
     let guest_time: u64 = sh(&agent, "date +%s").await.trim().parse().unwrap();
     assert!(now().abs_diff(guest_time) < 10, "the agent set the clock from the host's: {guest_time} vs {}", now());
-    let identity = space_engine::fresh_identity(&first.env).unwrap();
+    let identity = space_engine::fresh_identity(&first.env, None).unwrap();
     agent.set_identity(&identity, PATIENCE).await.expect("fresh entropy taken");
     // Egress rides the same channel over vsock: the guest's loopback is up
     // and its proxy port reaches the host's handler (an echo here).

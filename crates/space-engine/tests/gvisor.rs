@@ -24,6 +24,7 @@ fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
         workdir: None,
         user: None,
         engine: None,
+        trust_pem: None,
     }
 }
 
@@ -93,7 +94,8 @@ async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     let seen = sh(&agent, "echo ${ROLE}/${GREETING}/${HOSTNAME}/$(pwd)").await;
     assert_eq!(seen, "clone//sbx-clone//tmp\n", "the new identity, nothing of the old");
     // Fresh entropy and env, as a clone is given after its welcome.
-    let identity = space_engine::fresh_identity(&[("ROLE".to_string(), "handed-out".to_string())].into()).unwrap();
+    let identity =
+        space_engine::fresh_identity(&[("ROLE".to_string(), "handed-out".to_string())].into(), None).unwrap();
     agent.set_identity(&identity, Duration::from_secs(10)).await.expect("identity");
     assert_eq!(sh(&agent, "echo $ROLE").await, "handed-out\n");
     engine.destroy(&spec).await.expect("destroy");

@@ -27,6 +27,9 @@ pub const BASE_PACKAGES: &[&str] = &["python3", "coreutils", "procps", "ca-certi
 pub const POLYGLOT_TEMPLATE: &str = "polyglot";
 pub const POLYGLOT_PACKAGES: &[&str] = &[
     "python3",
+    "python3-pip",
+    "python3-venv",
+    "curl",
     "coreutils",
     "procps",
     "ca-certificates",

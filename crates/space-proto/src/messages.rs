@@ -54,6 +54,10 @@ pub struct Welcome {
     /// the key a redialing agent must present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel_key: Option<String>,
+    /// The sandbox's egress CA (PEM): the agent adds it to the guest's
+    /// trusted certificates, and points every command's TLS settings there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_pem: Option<String>,
 }
 
 /// What a sandbox taken from a warm pool becomes when it is handed out.
@@ -65,6 +69,9 @@ pub struct Identity {
     /// Fresh random bytes (hex) mixed into the guest's entropy pool, so
     /// sandboxes started alike never share random state.
     pub entropy_hex: String,
+    /// The sandbox's egress CA (as in [`Welcome`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_pem: Option<String>,
 }
 
 /// Start a process in the sandbox.

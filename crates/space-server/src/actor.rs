@@ -119,7 +119,10 @@ impl Actor {
         let spec = platform.engine_spec(&record);
         if let Some(member) = warm {
             platform.progress(operation_id, "waking a warm sandbox", 1);
-            match platform.hand_out(&member, &record.env).await {
+            match platform
+                .hand_out(&member, &record.env, record.egress_ca.as_ref().map(|ca| ca.cert_pem.as_str()))
+                .await
+            {
                 Ok(()) => {
                     let welcome = member.agent.welcome().clone();
                     self.set_agent(Some(member.agent));

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use space_api::{Egress, Network};
-use space_egress::gateway::{Event, GatewayConfig, SandboxEgress};
-use space_egress::policy::{Mode, Policy, RuleError};
+use space_egress::gateway::{Credentials, Event, GatewayConfig, SandboxEgress};
+use space_egress::policy::{Binding, Mode, Policy, RuleError};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -23,7 +23,15 @@ pub fn policy_of(network: &Network) -> Result<Policy, RuleError> {
         Egress::Allowlist => Mode::Allowlist,
         Egress::Public => Mode::Public,
     };
-    Policy::new(mode, &network.allow, &network.deny)
+    let bindings = network
+        .secrets
+        .values()
+        .map(|b| {
+            let headers = b.set_header.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            Binding::new(&b.secret, b.placeholder.as_deref().unwrap_or_default(), &b.hosts, headers)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Policy::new(mode, &network.allow, &network.deny)?.with_bindings(bindings)
 }
 
 /// The egress sockets being served, by sandbox.
@@ -50,24 +58,33 @@ impl EgressHub {
 }
 
 /// The operator's egress settings (`space serve --egress-host`,
-/// `--egress-allow-internal`): fixed answers for names, and internal
-/// addresses sandboxes may reach anyway. Both are for a host's own mirror
-/// or a test's upstreams; never settable through the API.
+/// `--egress-allow-internal`, `--egress-trust`): fixed answers for names
+/// (optionally with the port to dial instead), internal addresses sandboxes
+/// may reach anyway, and extra roots for upstream certificates. For a
+/// host's own mirror or a test's upstreams; never settable through the API.
 #[derive(Debug, Clone, Default)]
 pub struct EgressSettings {
-    pub hosts: Vec<(String, std::net::IpAddr)>,
+    pub hosts: Vec<(String, std::net::IpAddr, Option<u16>)>,
     pub allow_internal: Vec<(std::net::IpAddr, u8)>,
+    pub trust: Vec<std::path::PathBuf>,
 }
 
 impl EgressSettings {
-    /// Reads `NAME=IP` and `IP/LEN` forms.
+    /// Reads `NAME=IP`, `NAME=IP:PORT` (`NAME=[V6]:PORT`) and `IP/LEN` forms.
     pub fn parse(hosts: &[String], allow_internal: &[String]) -> Result<EgressSettings, String> {
         let hosts = hosts
             .iter()
             .map(|pair| {
-                let (name, ip) = pair.split_once('=').ok_or_else(|| format!("{pair:?}: give NAME=IP"))?;
-                let ip = ip.parse().map_err(|_| format!("{pair:?}: {ip:?} is not an IP address"))?;
-                Ok((name.trim_end_matches('.').to_ascii_lowercase(), ip))
+                let (name, address) = pair.split_once('=').ok_or_else(|| format!("{pair:?}: give NAME=IP[:PORT]"))?;
+                let bad = || format!("{pair:?}: {address:?} is not an IP address (with an optional :PORT)");
+                let (ip, port) = match address.parse::<std::net::IpAddr>() {
+                    Ok(ip) => (ip, None),
+                    Err(_) => {
+                        let at: std::net::SocketAddr = address.parse().map_err(|_| bad())?;
+                        (at.ip(), Some(Some(at.port()).filter(|p| *p > 0).ok_or_else(bad)?))
+                    }
+                };
+                Ok((name.trim_end_matches('.').to_ascii_lowercase(), ip, port))
             })
             .collect::<Result<_, String>>()?;
         let allow_internal = allow_internal
@@ -84,7 +101,7 @@ impl EgressSettings {
                 Ok((ip, len))
             })
             .collect::<Result<_, String>>()?;
-        Ok(EgressSettings { hosts, allow_internal })
+        Ok(EgressSettings { hosts, allow_internal, trust: Vec::new() })
     }
 }
 
@@ -92,9 +109,16 @@ impl Platform {
     /// Serves the egress connections `agent` relays with the sandbox's
     /// policy (on every new agent connection: a create, a restore, a
     /// re-adoption after a restart).
-    pub(crate) fn start_egress(&self, id: &str, agent: &space_engine::AgentConn) {
+    pub(crate) fn start_egress(self: &Arc<Self>, id: &str, agent: &space_engine::AgentConn) {
         let Ok(record) = self.sandbox(id) else { return };
         let policy = policy_of(&record.sandbox.network).unwrap_or_default();
+        let ca = record.egress_ca.as_ref().and_then(|ca| match self.open_egress_ca(id, ca) {
+            Ok(ca) => Some(ca),
+            Err(err) => {
+                tracing::error!(sandbox = %id, "its egress CA: {err}; its secrets are not added");
+                None
+            }
+        });
         let hub = &self.egress;
         let egress = {
             let mut live = hub.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,6 +129,9 @@ impl Platform {
                 .clone()
         };
         egress.set_policy(policy);
+        if let Some(ca) = ca {
+            egress.set_credentials(Credentials { vault: self.vault(&record.tenant), ca: Arc::new(ca) });
+        }
         agent.on_egress(Arc::new(move |stream: space_engine::EgressStream| {
             let egress = egress.clone();
             let io = stream.into_io();
@@ -113,12 +140,12 @@ impl Platform {
     }
 
     /// Applies the operator's egress settings (before sandboxes start).
-    pub fn configure_egress(&self, settings: &EgressSettings) {
+    pub fn configure_egress(&self, settings: &EgressSettings) -> Result<(), String> {
         let mut config = if settings.hosts.is_empty() {
             GatewayConfig::new(Arc::new(space_egress::gateway::SystemResolver))
         } else {
             let mut answers: HashMap<String, Vec<std::net::IpAddr>> = HashMap::new();
-            for (name, ip) in &settings.hosts {
+            for (name, ip, _) in &settings.hosts {
                 answers.entry(name.clone()).or_default().push(*ip);
             }
             let resolver = Arc::new(space_egress::gateway::StaticResolver::new(answers));
@@ -132,7 +159,14 @@ impl Platform {
             tracing::warn!("egress: sandboxes may reach these internal addresses: {:?}", settings.allow_internal);
         }
         config.allow_internal = settings.allow_internal.clone();
+        config.dial_ports =
+            settings.hosts.iter().filter_map(|(name, _, port)| Some((name.clone(), (*port)?))).collect();
+        if !settings.trust.is_empty() {
+            tracing::warn!("egress: upstream certificates may also be signed by {:?}", settings.trust);
+            config.upstream_roots = Some(space_egress::ca::upstream_roots(&settings.trust).map_err(|e| e.to_string())?);
+        }
         *self.egress.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
     }
 
     /// How often the gateway looked `name` up through the operator's fixed
@@ -146,11 +180,15 @@ impl Platform {
     /// connections at once, and its open connections that the new policy
     /// no longer allows are cut. Allowed in any state but deleted.
     pub fn set_network(&self, id: &str, network: Network) -> Result<space_api::Sandbox, ApiError> {
-        let network = crate::domain::checked_network(network)?;
+        let mut network = crate::domain::checked_network(network)?;
         let record = self.sandbox(id)?;
         if record.sandbox.state == space_api::SandboxState::Deleted {
             return Err(ApiError::invalid_state("sandbox", "deleted", "change its network"));
         }
+        // A variable bound before keeps its placeholder (processes already
+        // hold it); a new one's placeholder is in the answer, for commands
+        // to be given (the sandbox's own environment is set at create).
+        self.bind_secrets(&record.tenant, &mut network, Some(&record.sandbox.network))?;
         let policy = policy_of(&network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
         self.store.set_sandbox_network(id, &network)?;
         if let Some(egress) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
@@ -158,6 +196,27 @@ impl Platform {
         }
         self.changed();
         Ok(self.sandbox(id)?.sandbox)
+    }
+
+    /// A new CA for sandbox `id`, its key sealed for keeping.
+    pub(crate) fn new_egress_ca(&self, id: &str) -> Result<crate::store::EgressCa, ApiError> {
+        use base64::Engine as _;
+        let ca = space_egress::ca::SandboxCa::generate(id).map_err(|e| ApiError::internal("making its CA", e))?;
+        let sealed = self.keyring()?.seal(&format!("ca\0{id}"), ca.key_pem().as_bytes());
+        Ok(crate::store::EgressCa {
+            cert_pem: ca.cert_pem(),
+            key_sealed: base64::engine::general_purpose::STANDARD.encode(sealed),
+        })
+    }
+
+    fn open_egress_ca(&self, id: &str, kept: &crate::store::EgressCa) -> Result<space_egress::ca::SandboxCa, String> {
+        use base64::Engine as _;
+        let sealed = base64::engine::general_purpose::STANDARD.decode(&kept.key_sealed).map_err(|e| e.to_string())?;
+        let keyring = self.keyring().map_err(|e| e.detail().message)?;
+        let key =
+            keyring.open(&format!("ca\0{id}"), &sealed).ok_or("its key does not open with this server's keyring")?;
+        let key = String::from_utf8(key).map_err(|e| e.to_string())?;
+        space_egress::ca::SandboxCa::from_key_pem(id, &key).map_err(|e| e.to_string())
     }
 
     /// Forgets a deleted sandbox's egress.

@@ -18,6 +18,7 @@ pub mod ids;
 pub mod platform;
 mod policies;
 mod recovery;
+pub mod secrets;
 pub mod store;
 mod templates;
 pub mod tenants;
@@ -212,7 +213,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     platform.max_output_bytes.store(config.max_output_mib.saturating_mul(1 << 20), Relaxed);
     platform.max_sandbox_output_bytes.store(config.max_sandbox_output_mib.saturating_mul(1 << 20), Relaxed);
     platform.disk_reserve_bytes.store(config.disk_reserve_mib.saturating_mul(1 << 20), Relaxed);
-    platform.configure_egress(&config.egress);
+    platform.configure_egress(&config.egress).map_err(|e| ServerError::Startup(format!("egress: {e}")))?;
     raise_open_files_limit();
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)

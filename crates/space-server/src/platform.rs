@@ -73,6 +73,8 @@ pub struct Platform {
     /// Disk granted to running template builds, by tenant.
     pub(crate) build_grants: Mutex<HashMap<String, u64>>,
     pub(crate) egress: crate::egress::EgressHub,
+    /// Seals tenant secrets and sandbox CA keys (loaded on first use).
+    pub(crate) keyring: std::sync::OnceLock<crate::secrets::Keyring>,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -110,6 +112,7 @@ impl Platform {
             egress: crate::egress::EgressHub::new(space_egress::gateway::GatewayConfig::new(Arc::new(
                 space_egress::gateway::SystemResolver,
             ))),
+            keyring: Default::default(),
         })
     }
 
@@ -158,12 +161,15 @@ impl Platform {
     /// the work to a new actor.
     pub fn create_sandbox(
         self: &Arc<Self>,
-        spec: CreateSpec,
+        mut spec: CreateSpec,
         template: &space_host::template::TemplateInfo,
         tenant: &str,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let now = ids::now();
+        // The sandbox holds placeholders; its secrets stay on the host.
+        let placeholders = self.bind_secrets(tenant, &mut spec.network, None)?;
+        spec.env.extend(placeholders);
         let template_version = template.meta.version;
         let engine = self.engine_for(template)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,6 +205,7 @@ impl Platform {
             agent_session: None,
             channel_key: None,
             tenant: tenant.to_string(),
+            egress_ca: Some(self.new_egress_ca(&sandbox.id)?),
         };
         self.store.put_sandbox(&record)?;
         self.store.put_operation(&operation, tenant, idempotency_key)?;
@@ -465,6 +472,7 @@ impl Platform {
             workdir: defaults.as_ref().map(|d| d.workdir.clone()),
             user: defaults.map(|d| d.user),
             engine: Some(sandbox.engine.clone()),
+            trust_pem: record.egress_ca.as_ref().map(|ca| ca.cert_pem.clone()),
             hostname: ids::hostname_for(&sandbox.id),
             vcpus: sandbox.vcpus,
             memory_mib: sandbox.memory_mib,

@@ -239,6 +239,7 @@ impl Platform {
                 workdir: None,
                 user: None,
                 engine: None,
+                trust_pem: None,
             };
             let _ = self.engine.stop(&spec);
             if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {

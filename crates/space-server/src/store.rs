@@ -37,6 +37,18 @@ pub struct SandboxRecord {
     /// The tenant that owns it; records from before tenants are the operator's.
     #[serde(default = "operator_tenant")]
     pub tenant: String,
+    /// The sandbox's egress CA: its certificate (which the sandbox
+    /// trusts) and its key, sealed; never returned by the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ca: Option<EgressCa>,
+}
+
+/// A sandbox's egress CA as kept.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct EgressCa {
+    pub cert_pem: String,
+    /// The key's PEM, sealed with the server's keyring (base64).
+    pub key_sealed: String,
 }
 
 impl SandboxRecord {
@@ -80,6 +92,7 @@ impl SandboxRecord {
             env: BTreeMap::new(),
             agent_session: None,
             channel_key: None,
+            egress_ca: None,
             tenant: "default".into(),
         }
     }
@@ -176,6 +189,16 @@ CREATE TABLE IF NOT EXISTS egress_events (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS egress_events_by_sandbox ON egress_events (sandbox_id, seq);
+-- tenant secrets, sealed with the key in secrets.key (never readable here)
+CREATE TABLE IF NOT EXISTS secrets (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    hosts TEXT NOT NULL,
+    sealed BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
 ";
 
 /// Egress events kept per sandbox (the oldest go first).
@@ -223,7 +246,7 @@ impl Store {
         Ok(Store { conn: Mutex::new(conn) })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+    pub(crate) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 

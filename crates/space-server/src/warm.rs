@@ -69,9 +69,10 @@ impl Platform {
         &self,
         member: &WarmMember,
         env: &std::collections::BTreeMap<String, String>,
+        trust_pem: Option<&str>,
     ) -> Result<(), String> {
         self.engine.resume(&member.spec).await.map_err(|e| e.to_string())?;
-        let identity = space_engine::fresh_identity(env).map_err(|e| e.to_string())?;
+        let identity = space_engine::fresh_identity(env, trust_pem).map_err(|e| e.to_string())?;
         member.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(|e| e.to_string())
     }
 
@@ -140,6 +141,7 @@ impl Platform {
             workdir: Some(defaults.workdir.clone()),
             user: Some(defaults.user.clone()),
             engine: template.meta.engine.clone(),
+            trust_pem: None,
             id,
         };
         let started = self.engine.create(&spec).await.map_err(|e| e.to_string())?;

@@ -498,7 +498,9 @@ impl Firecracker {
         // The welcome makes the clone this sandbox (id, hostname, env); the
         // entropy reseeds the random state every clone woke up with.
         let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.config.boot_patience).await?;
-        agent.set_identity(&crate::fresh_identity(&spec.env)?, self.config.boot_patience).await?;
+        agent
+            .set_identity(&crate::fresh_identity(&spec.env, spec.trust_pem.as_deref())?, self.config.boot_patience)
+            .await?;
         Ok(Started { agent, boot })
     }
 
@@ -672,6 +674,7 @@ mod tests {
             workdir: None,
             user: None,
             engine: None,
+            trust_pem: None,
         }
     }
 

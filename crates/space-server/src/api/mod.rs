@@ -10,6 +10,7 @@ mod openapi;
 mod operations;
 mod output;
 mod sandboxes;
+mod secrets;
 mod templates;
 mod usage;
 
@@ -83,6 +84,8 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
         .route("/v1/usage", get(usage::usage))
+        .route("/v1/secrets", get(secrets::list))
+        .route("/v1/secrets/{name}", axum::routing::put(secrets::put).delete(secrets::delete))
         .route("/v1/openapi.json", get(openapi::document))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()

@@ -1,0 +1,426 @@
+//! Inspected tunnels: HTTPS to a host a secret is bound to. The gateway
+//! ends the sandbox's TLS with a certificate from the sandbox's own CA,
+//! reads each HTTP/1.1 request, replaces the placeholders of the secrets
+//! bound to that host (refusing any other secret's placeholder), sets the
+//! bindings' headers, and sends the request on over its own TLS connection
+//! to the host, whose certificate it checks. Secret values in responses
+//! (headers and bodies) go back to the sandbox as placeholders.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls;
+
+use crate::ca::SandboxCa;
+use crate::policy::{Policy, Reason, Target};
+
+/// Where the gateway reads a tenant's secrets, by name, when a request
+/// needs one (so a secret written again is used from its next request).
+pub trait Vault: Send + Sync {
+    fn value(&self, name: &str) -> Option<String>;
+}
+
+/// What an inspected connection did, for its event.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub requests: u64,
+    pub secrets: BTreeSet<String>,
+    /// The first request refused, and why (the connection then closes).
+    pub refused: Option<Reason>,
+}
+
+/// What an inspected connection needs.
+pub struct Inspection {
+    pub host: String,
+    pub policy: Arc<Policy>,
+    pub vault: Arc<dyn Vault>,
+    pub ca: Arc<SandboxCa>,
+    pub roots: Arc<rustls::ClientConfig>,
+}
+
+type Reply = Response<Either<Redacting, Full<Bytes>>>;
+
+/// Serves the sandbox's side (`client`, just past `200 Connection
+/// established`) against `upstream` until either side is done.
+pub async fn serve<C>(
+    client: C,
+    upstream: TcpStream,
+    inspection: Inspection,
+    seen: Arc<Mutex<Seen>>,
+) -> Result<(), Reason>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client)
+        .await
+        .map_err(|_| Reason::NotTls)?;
+    if let Some(name) = start.client_hello().server_name() {
+        if !name.eq_ignore_ascii_case(&inspection.host) {
+            return Err(Reason::SniMismatch);
+        }
+    }
+    let config = inspection.ca.server_config(&inspection.host).map_err(|_| Reason::ClientTls)?;
+    let tls = start.into_stream(config).await.map_err(|_| Reason::ClientTls)?;
+    // The upstream's TLS; a failure is told to the sandbox's program in
+    // an HTTP answer on its own (now working) TLS.
+    let sender = match connect_upstream(&inspection, upstream).await {
+        Ok(sender) => Some(tokio::sync::Mutex::new(sender)),
+        Err(reason) => {
+            seen.lock().unwrap_or_else(|e| e.into_inner()).refused = Some(reason);
+            None
+        }
+    };
+    let (inspection, sender) = (Arc::new(inspection), Arc::new(sender));
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let (inspection, sender, seen) = (inspection.clone(), sender.clone(), seen.clone());
+        async move { Ok::<_, Infallible>(forward(request, &inspection, &sender, &seen).await) }
+    });
+    hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(tls), service)
+        .await
+        .map_err(|_| Reason::Unreachable)
+}
+
+async fn connect_upstream(
+    inspection: &Inspection,
+    upstream: TcpStream,
+) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, Reason> {
+    let name = rustls::pki_types::ServerName::try_from(inspection.host.clone()).map_err(|_| Reason::UpstreamTls)?;
+    let tls = tokio_rustls::TlsConnector::from(inspection.roots.clone())
+        .connect(name, upstream)
+        .await
+        .map_err(|_| Reason::UpstreamTls)?;
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(|_| Reason::UpstreamTls)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+async fn forward(
+    mut request: Request<Incoming>,
+    inspection: &Inspection,
+    sender: &Option<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>>,
+    seen: &Mutex<Seen>,
+) -> Reply {
+    let refuse = |reason: Reason, status: StatusCode| {
+        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.refused.get_or_insert(reason);
+        refusal(status, reason)
+    };
+    seen.lock().unwrap_or_else(|e| e.into_inner()).requests += 1;
+    let Some(sender) = sender else {
+        return refuse(Reason::UpstreamTls, StatusCode::BAD_GATEWAY);
+    };
+    if !names_host(&request, &inspection.host) {
+        return refuse(Reason::WrongHost, StatusCode::MISDIRECTED_REQUEST);
+    }
+    let target = Target::Name(inspection.host.clone());
+    let used = match add_secrets(request.headers_mut(), &target, &inspection.policy, inspection.vault.as_ref()) {
+        Ok(used) => used,
+        Err(reason) => return refuse(reason, StatusCode::FORBIDDEN),
+    };
+    // The values to hide again in what comes back.
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = inspection
+        .policy
+        .bindings
+        .iter()
+        .filter(|b| b.covers(&target))
+        .filter_map(|b| Some((inspection.vault.value(&b.secret)?.into_bytes(), b.placeholder.clone().into_bytes())))
+        .filter(|(value, _)| !value.is_empty())
+        .collect();
+    seen.lock().unwrap_or_else(|e| e.into_inner()).secrets.extend(used);
+    let head_only = request.method() == hyper::Method::HEAD;
+    let response = {
+        let mut sender = sender.lock().await;
+        if sender.ready().await.is_err() {
+            return refuse(Reason::Unreachable, StatusCode::BAD_GATEWAY);
+        }
+        match sender.send_request(request).await {
+            Ok(response) => response,
+            Err(_) => return refuse(Reason::Unreachable, StatusCode::BAD_GATEWAY),
+        }
+    };
+    let (mut parts, body) = response.into_parts();
+    for value in parts.headers.values_mut() {
+        if let Some(hidden) = replace_all(value.as_bytes(), &pairs) {
+            if let Ok(hidden) = HeaderValue::from_bytes(&hidden) {
+                *value = hidden;
+            }
+        }
+    }
+    let has_body = !head_only && parts.status != StatusCode::NO_CONTENT && parts.status != StatusCode::NOT_MODIFIED;
+    if has_body && !pairs.is_empty() {
+        // Lengths change where a value is hidden: the body goes chunked.
+        parts.headers.remove(CONTENT_LENGTH);
+    }
+    Response::from_parts(parts, Either::Left(Redacting::new(body, pairs)))
+}
+
+/// Whether the request is for the tunnel's host (its `Host`, and its
+/// authority when it gives one).
+fn names_host<B>(request: &Request<B>, host: &str) -> bool {
+    let same = |authority: &str| {
+        let name = authority.strip_suffix(":443").unwrap_or(authority);
+        name.trim_end_matches('.').eq_ignore_ascii_case(host)
+    };
+    let by_header = request.headers().get(HOST).and_then(|h| h.to_str().ok()).is_none_or(same);
+    let by_uri = request.uri().authority().is_none_or(|a| same(a.as_str()));
+    by_header && by_uri
+}
+
+/// Replaces, in every header, the placeholders of the secrets bound to
+/// `target` with their values (inside `Authorization: Basic` too, where
+/// git puts a token), and sets the bindings' headers. Any other secret's
+/// placeholder refuses the request. Returns the secrets' names used.
+pub fn add_secrets(
+    headers: &mut HeaderMap,
+    target: &Target,
+    policy: &Policy,
+    vault: &dyn Vault,
+) -> Result<BTreeSet<String>, Reason> {
+    let mut used = BTreeSet::new();
+    let substitute = |text: &[u8], used: &mut BTreeSet<String>| -> Result<Option<Vec<u8>>, Reason> {
+        let mut out: Option<Vec<u8>> = None;
+        for binding in &policy.bindings {
+            let current = out.as_deref().unwrap_or(text);
+            if find(current, binding.placeholder.as_bytes()).is_none() {
+                continue;
+            }
+            if !binding.covers(target) {
+                return Err(Reason::SecretNotForHost);
+            }
+            let value = vault.value(&binding.secret).ok_or(Reason::SecretUnavailable)?;
+            let pairs = [(binding.placeholder.clone().into_bytes(), value.into_bytes())];
+            out = replace_all(current, &pairs);
+            used.insert(binding.secret.clone());
+        }
+        Ok(out)
+    };
+    for (name, value) in headers.iter_mut() {
+        let mut replaced = substitute(value.as_bytes(), &mut used)?;
+        if name == AUTHORIZATION {
+            let text = replaced.as_deref().unwrap_or(value.as_bytes());
+            if let Some(encoded) = text.strip_prefix(b"Basic ").or_else(|| text.strip_prefix(b"basic ")) {
+                let engine = base64::engine::general_purpose::STANDARD;
+                if let Ok(decoded) = engine.decode(encoded.trim_ascii()) {
+                    if let Some(inner) = substitute(&decoded, &mut used)? {
+                        replaced = Some(format!("Basic {}", engine.encode(inner)).into_bytes());
+                    }
+                }
+            }
+        }
+        if let Some(replaced) = replaced {
+            *value = HeaderValue::from_bytes(&replaced).map_err(|_| Reason::BadRequest)?;
+        }
+    }
+    for binding in policy.bindings.iter().filter(|b| b.covers(target)) {
+        for (name, template) in &binding.set_header {
+            let value = vault.value(&binding.secret).ok_or(Reason::SecretUnavailable)?;
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Reason::BadRequest)?;
+            let value = HeaderValue::from_str(&template.replace("{secret}", &value)).map_err(|_| Reason::BadRequest)?;
+            headers.insert(name, value);
+            used.insert(binding.secret.clone());
+        }
+    }
+    Ok(used)
+}
+
+/// Whether `bytes` carry the placeholder of any secret bound to the
+/// sandbox (for a request the gateway cannot add secrets to).
+pub fn carries_placeholder(bytes: &[u8], policy: &Policy) -> bool {
+    policy.bindings.iter().any(|b| find(bytes, b.placeholder.as_bytes()).is_some())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || needle.len() > haystack.len() {
+        return None;
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `text` with every `from` replaced by its `to`; `None` if none occurs.
+fn replace_all(text: &[u8], pairs: &[(Vec<u8>, Vec<u8>)]) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    for (from, to) in pairs {
+        let current = out.as_deref().unwrap_or(text);
+        if find(current, from).is_none() {
+            continue;
+        }
+        let mut next = Vec::with_capacity(current.len());
+        let mut rest = current;
+        while let Some(at) = find(rest, from) {
+            next.extend_from_slice(&rest[..at]);
+            next.extend_from_slice(to);
+            rest = &rest[at + from.len()..];
+        }
+        next.extend_from_slice(rest);
+        out = Some(next);
+    }
+    out
+}
+
+fn refusal(status: StatusCode, reason: Reason) -> Reply {
+    let body = format!("space egress: {} ({})\n", reason.explain(), reason.as_str());
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert("x-space-egress", HeaderValue::from_static(reason.as_str()));
+    headers.insert("content-type", HeaderValue::from_static("text/plain"));
+    headers.insert("connection", HeaderValue::from_static("close"));
+    response
+}
+
+/// A response body with secret values turned back into placeholders; it
+/// holds back the few bytes that could be the start of a value cut by a
+/// chunk boundary.
+pub struct Redacting {
+    inner: Incoming,
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    keep: usize,
+    held: Vec<u8>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Redacting {
+    fn new(inner: Incoming, pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Redacting {
+        let keep = pairs.iter().map(|(value, _)| value.len().saturating_sub(1)).max().unwrap_or(0);
+        Redacting { inner, pairs, keep, held: Vec::new(), trailers: None }
+    }
+}
+
+impl Body for Redacting {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.trailers.is_some() {
+                if !this.held.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(std::mem::take(&mut this.held))))));
+                }
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if this.pairs.is_empty() => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(data) => {
+                        this.held.extend_from_slice(&data);
+                        if let Some(hidden) = replace_all(&this.held, &this.pairs) {
+                            this.held = hidden;
+                        }
+                        let cut = this.held.len().saturating_sub(this.keep);
+                        if cut > 0 {
+                            let out: Vec<u8> = this.held.drain(..cut).collect();
+                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                        }
+                    }
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => this.trailers = Some(trailers),
+                        Err(_) => continue,
+                    },
+                },
+                Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+                None if this.held.is_empty() => return Poll::Ready(None),
+                None => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(std::mem::take(&mut this.held)))))),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.held.is_empty() && self.trailers.is_none() && self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Binding, Mode};
+
+    struct Fixed;
+    impl Vault for Fixed {
+        fn value(&self, name: &str) -> Option<String> {
+            (name == "llm").then(|| "sk-real-value".to_string())
+        }
+    }
+
+    fn policy() -> Policy {
+        let llm = Binding::new("llm", "space_ph_aaaa", &["api.space.test".into()], vec![]).unwrap();
+        let git = Binding::new("git", "space_ph_bbbb", &["git.space.test".into()], vec![]).unwrap();
+        Policy::new(Mode::Allowlist, &[], &[]).unwrap().with_bindings(vec![llm, git]).unwrap()
+    }
+
+    #[test]
+    fn placeholders_become_values_only_for_their_hosts() {
+        let api = Target::Name("api.space.test".into());
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer space_ph_aaaa"));
+        let used = add_secrets(&mut headers, &api, &policy(), &Fixed).unwrap();
+        assert_eq!(headers[AUTHORIZATION], "Bearer sk-real-value");
+        assert_eq!(used.into_iter().collect::<Vec<_>>(), ["llm"]);
+
+        // Inside Basic credentials (git over HTTPS).
+        let engine = base64::engine::general_purpose::STANDARD;
+        let basic = format!("Basic {}", engine.encode("x-access-token:space_ph_aaaa"));
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, HeaderValue::from_str(&basic).unwrap());
+        add_secrets(&mut headers, &api, &policy(), &Fixed).unwrap();
+        let sent = headers[AUTHORIZATION].to_str().unwrap().strip_prefix("Basic ").unwrap().to_string();
+        assert_eq!(engine.decode(sent).unwrap(), b"x-access-token:sk-real-value");
+
+        // Another secret's placeholder to this host: refused, nothing added.
+        let mut headers = HeaderMap::new();
+        headers.insert("x-token", HeaderValue::from_static("space_ph_bbbb"));
+        assert_eq!(add_secrets(&mut headers, &api, &policy(), &Fixed), Err(Reason::SecretNotForHost));
+        // A secret that is gone.
+        let git = Target::Name("git.space.test".into());
+        let mut headers = HeaderMap::new();
+        headers.insert("x-token", HeaderValue::from_static("space_ph_bbbb"));
+        assert_eq!(add_secrets(&mut headers, &git, &policy(), &Fixed), Err(Reason::SecretUnavailable));
+        assert!(carries_placeholder(b"GET /?k=space_ph_bbbb", &policy()));
+        assert!(!carries_placeholder(b"GET /?k=space_ph_cccc", &policy()));
+    }
+
+    #[test]
+    fn set_header_writes_the_value_into_a_template() {
+        let binding = Binding::new(
+            "llm",
+            "space_ph_aaaa",
+            &["*.space.test".into()],
+            vec![("x-api-key".into(), "key {secret}".into())],
+        )
+        .unwrap();
+        let policy = Policy::new(Mode::Public, &[], &[]).unwrap().with_bindings(vec![binding]).unwrap();
+        let mut headers = HeaderMap::new();
+        add_secrets(&mut headers, &Target::Name("api.space.test".into()), &policy, &Fixed).unwrap();
+        assert_eq!(headers["x-api-key"], "key sk-real-value");
+        let mut headers = HeaderMap::new();
+        add_secrets(&mut headers, &Target::Name("space.test".into()), &policy, &Fixed).unwrap();
+        assert!(headers.is_empty(), "*.suffix does not cover the suffix itself");
+    }
+
+    #[test]
+    fn values_are_replaced_across_any_cut() {
+        let pairs = vec![(b"sk-real-value".to_vec(), b"space_ph_aaaa".to_vec())];
+        assert_eq!(
+            replace_all(b"a sk-real-value b sk-real-value", &pairs).unwrap(),
+            b"a space_ph_aaaa b space_ph_aaaa"
+        );
+        assert!(replace_all(b"nothing here", &pairs).is_none());
+    }
+}

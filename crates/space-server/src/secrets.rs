@@ -1,0 +1,315 @@
+//! Tenant secrets: written through the API, never returned, never logged.
+//! Values are sealed (AES-256-GCM) with a key kept in a file of its own
+//! (`secrets.key`, mode 0600, beside the database), bound to their tenant
+//! and name, so neither the database nor its dump holds a readable value.
+//! A sandbox holds only placeholders; the egress gateway reads a value when
+//! a request to one of the secret's hosts needs it.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+use rusqlite::{params, OptionalExtension};
+use space_api::{Network, PutSecretRequest, SecretInfo};
+
+use crate::error::ApiError;
+use crate::platform::Platform;
+use crate::store::{Store, StoreError};
+
+/// Secrets a tenant may keep.
+pub const MAX_SECRETS: usize = 256;
+/// The longest value (it travels in an HTTP header).
+pub const MAX_VALUE: usize = 16 * 1024;
+/// Hosts one secret may list.
+pub const MAX_HOSTS: usize = 32;
+/// What every placeholder starts with.
+pub const PLACEHOLDER_PREFIX: &str = "space_ph_";
+
+/// The key that seals secrets (and each sandbox's CA key).
+pub struct Keyring {
+    key: LessSafeKey,
+}
+
+impl Keyring {
+    /// Reads `path`, or makes it (32 random bytes, 0600) if it is missing.
+    pub fn load_or_create(path: &Path) -> std::io::Result<Keyring> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                let mut bytes = vec![0u8; 32];
+                SystemRandom::new().fill(&mut bytes).map_err(|_| std::io::Error::other("no random bytes"))?;
+                let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+                file.write_all(&bytes)?;
+                file.sync_all()?;
+                bytes
+            }
+            Err(err) => return Err(err),
+        };
+        let key = UnboundKey::new(&AES_256_GCM, &bytes)
+            .map_err(|_| std::io::Error::other(format!("{}: not a 32-byte key", path.display())))?;
+        Ok(Keyring { key: LessSafeKey::new(key) })
+    }
+
+    /// `plain` sealed for `context` (nonce, then ciphertext and tag).
+    pub fn seal(&self, context: &str, plain: &[u8]) -> Vec<u8> {
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce).expect("the kernel's random source");
+        let mut sealed = plain.to_vec();
+        self.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(context.as_bytes()), &mut sealed)
+            .expect("sealing");
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&sealed);
+        out
+    }
+
+    /// What [`Keyring::seal`] sealed for the same `context`.
+    pub fn open(&self, context: &str, sealed: &[u8]) -> Option<Vec<u8>> {
+        if sealed.len() < NONCE_LEN {
+            return None;
+        }
+        let (nonce, rest) = sealed.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut rest = rest.to_vec();
+        let plain = self.key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut rest).ok()?;
+        Some(plain.to_vec())
+    }
+}
+
+/// A secret as kept: its hosts, and its value sealed.
+pub type SealedSecret = (Vec<String>, Vec<u8>);
+
+fn secret_context(tenant: &str, name: &str) -> String {
+    format!("secret\0{tenant}\0{name}")
+}
+
+/// A secret's name: letters, digits, `_`, `-` and `.`, 1-64 long.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+/// Whether `host` (a name or `*.suffix`) is within `allowed` (the same
+/// forms): a name under one of them, or a `*.` pattern under another.
+fn within(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    allowed.iter().any(|pattern| {
+        let pattern = pattern.trim_end_matches('.').to_ascii_lowercase();
+        match pattern.strip_prefix("*.") {
+            None => host == pattern,
+            Some(suffix) => {
+                let bare = host.strip_prefix("*.").unwrap_or(&host);
+                bare.ends_with(&format!(".{suffix}")) || (host.starts_with("*.") && bare == suffix)
+            }
+        }
+    })
+}
+
+impl Store {
+    pub fn put_secret(
+        &self,
+        tenant: &str,
+        name: &str,
+        hosts: &[String],
+        sealed: &[u8],
+        at: &str,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+             ON CONFLICT (tenant, name) DO UPDATE SET hosts = excluded.hosts, sealed = excluded.sealed,
+             updated_at = excluded.updated_at",
+            params![tenant, name, serde_json::to_string(hosts)?, sealed, at],
+        )?;
+        Ok(())
+    }
+
+    /// A tenant's secrets, without values.
+    pub fn secrets(&self, tenant: &str) -> Result<Vec<SecretInfo>, StoreError> {
+        let conn = self.conn();
+        let mut statement =
+            conn.prepare("SELECT name, hosts, created_at, updated_at FROM secrets WHERE tenant = ?1 ORDER BY name")?;
+        let rows = statement.query_map([tenant], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+        })?;
+        rows.map(|row| {
+            let (name, hosts, created_at, updated_at) = row?;
+            Ok(SecretInfo { name, hosts: serde_json::from_str(&hosts)?, created_at, updated_at })
+        })
+        .collect()
+    }
+
+    /// A secret's hosts and sealed value.
+    pub fn secret(&self, tenant: &str, name: &str) -> Result<Option<SealedSecret>, StoreError> {
+        let row: Option<(String, Vec<u8>)> = self
+            .conn()
+            .query_row("SELECT hosts, sealed FROM secrets WHERE tenant = ?1 AND name = ?2", [tenant, name], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        row.map(|(hosts, sealed)| Ok((serde_json::from_str(&hosts)?, sealed))).transpose()
+    }
+
+    pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        Ok(self.conn().execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", [tenant, name])? > 0)
+    }
+}
+
+/// The gateway's way to a tenant's secrets.
+struct TenantVault {
+    platform: std::sync::Weak<Platform>,
+    tenant: String,
+}
+
+impl space_egress::inspect::Vault for TenantVault {
+    fn value(&self, name: &str) -> Option<String> {
+        self.platform.upgrade()?.secret_value(&self.tenant, name)
+    }
+}
+
+impl Platform {
+    pub(crate) fn keyring(&self) -> Result<&Keyring, ApiError> {
+        if let Some(keyring) = self.keyring.get() {
+            return Ok(keyring);
+        }
+        let path = self.data.root().join("secrets.key");
+        let keyring = Keyring::load_or_create(&path)
+            .map_err(|err| ApiError::internal(&format!("the secrets key ({})", path.display()), err))?;
+        Ok(self.keyring.get_or_init(|| keyring))
+    }
+
+    /// Writes (or replaces) a tenant's secret; in use from the next request.
+    pub fn put_secret(&self, tenant: &str, name: &str, request: PutSecretRequest) -> Result<SecretInfo, ApiError> {
+        if !valid_name(name) {
+            return Err(ApiError::unprocessable(format!(
+                "secret name {name:?}: 1-64 letters, digits, '_', '-' or '.'"
+            )));
+        }
+        if request.value.is_empty() || request.value.len() > MAX_VALUE {
+            return Err(ApiError::unprocessable(format!("a secret's value is 1 to {MAX_VALUE} bytes")));
+        }
+        if request.value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+            return Err(ApiError::unprocessable(
+                "a secret's value may not hold control characters (it goes in HTTP headers)",
+            ));
+        }
+        if request.hosts.is_empty() || request.hosts.len() > MAX_HOSTS {
+            return Err(ApiError::unprocessable(format!("a secret lists 1 to {MAX_HOSTS} hosts it may be sent to")));
+        }
+        space_egress::policy::Binding::new(name, "", &request.hosts, Vec::new()).map_err(|err| {
+            ApiError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "hosts"}))
+        })?;
+        let exists = self.store.secret(tenant, name)?.is_some();
+        if !exists && self.store.secrets(tenant)?.len() >= MAX_SECRETS {
+            return Err(ApiError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
+        }
+        let sealed = self.keyring()?.seal(&secret_context(tenant, name), request.value.as_bytes());
+        self.store.put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
+        let info = self.store.secrets(tenant)?.into_iter().find(|s| s.name == name);
+        info.ok_or_else(|| ApiError::internal("keeping the secret", "it was not there afterwards"))
+    }
+
+    pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+        if !valid_name(name) || !self.store.delete_secret(tenant, name)? {
+            return Err(ApiError::not_found("secret", name));
+        }
+        Ok(())
+    }
+
+    /// A secret's value (for the gateway only).
+    pub(crate) fn secret_value(&self, tenant: &str, name: &str) -> Option<String> {
+        let (_, sealed) = self.store.secret(tenant, name).ok()??;
+        let plain = self.keyring().ok()?.open(&secret_context(tenant, name), &sealed)?;
+        String::from_utf8(plain).ok()
+    }
+
+    pub(crate) fn vault(self: &Arc<Self>, tenant: &str) -> Arc<dyn space_egress::inspect::Vault> {
+        Arc::new(TenantVault { platform: Arc::downgrade(self), tenant: tenant.to_string() })
+    }
+
+    /// Checks a network's secret bindings against the tenant's secrets and
+    /// gives each a placeholder (kept from `before` for a variable already
+    /// bound); returns the environment the placeholders go in.
+    pub(crate) fn bind_secrets(
+        &self,
+        tenant: &str,
+        network: &mut Network,
+        before: Option<&Network>,
+    ) -> Result<BTreeMap<String, String>, ApiError> {
+        let fail = |env: &str, why: String| {
+            ApiError::unprocessable(format!("network.secrets.{env}: {why}"))
+                .with_details(serde_json::json!({"field": "network.secrets"}))
+        };
+        let mut env = BTreeMap::new();
+        for (var, binding) in network.secrets.iter_mut() {
+            if var.is_empty() || var.len() > 128 || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(fail(var, "the variable's name is letters, digits and '_'".into()));
+            }
+            let Some((hosts, _)) = self.store.secret(tenant, &binding.secret)? else {
+                return Err(fail(var, format!("there is no secret {:?} (PUT /v1/secrets/{{name}})", binding.secret)));
+            };
+            if binding.hosts.is_empty() {
+                binding.hosts = hosts.clone();
+            }
+            if let Some(host) = binding.hosts.iter().find(|h| !within(h, &hosts)) {
+                return Err(fail(var, format!("{host:?} is not among the secret's hosts {hosts:?}")));
+            }
+            for name in binding.set_header.keys() {
+                if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(fail(var, format!("{name:?} is not a header name")));
+                }
+            }
+            let kept = before.and_then(|b| b.secrets.get(var)).and_then(|b| b.placeholder.clone());
+            let placeholder = kept.unwrap_or_else(new_placeholder);
+            binding.placeholder = Some(placeholder.clone());
+            env.insert(var.clone(), placeholder);
+        }
+        Ok(env)
+    }
+}
+
+fn new_placeholder() -> String {
+    let mut bytes = [0u8; 16];
+    SystemRandom::new().fill(&mut bytes).expect("the kernel's random source");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{PLACEHOLDER_PREFIX}{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_values_open_only_with_their_key_and_context() {
+        let dir = std::env::temp_dir().join(format!("space-keyring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("secrets.key");
+        let _ = std::fs::remove_file(&path);
+        let keyring = Keyring::load_or_create(&path).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let sealed = keyring.seal("secret\0t\0a", b"sk-value");
+        assert!(!sealed.windows(8).any(|w| w == b"sk-value"));
+        assert_eq!(keyring.open("secret\0t\0a", &sealed).unwrap(), b"sk-value");
+        assert!(keyring.open("secret\0t\0b", &sealed).is_none(), "moved to another name: refused");
+        // The same file again gives the same key.
+        let again = Keyring::load_or_create(&path).unwrap();
+        assert_eq!(again.open("secret\0t\0a", &sealed).unwrap(), b"sk-value");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn binding_hosts_stay_within_the_secrets_hosts() {
+        let allowed = vec!["api.space.test".to_string(), "*.files.space.test".to_string()];
+        assert!(within("api.space.test", &allowed));
+        assert!(within("API.space.test.", &allowed));
+        assert!(within("a.files.space.test", &allowed));
+        assert!(within("*.b.files.space.test", &allowed));
+        assert!(within("*.files.space.test", &allowed));
+        assert!(!within("files.space.test", &allowed));
+        assert!(!within("other.space.test", &allowed));
+        assert!(!within("*.space.test", &allowed));
+    }
+}

@@ -1,0 +1,381 @@
+//! Credentials through the egress gateway, end to end on a real sandbox
+//! (the polyglot template: curl, git, pip). The "internet" is one HTTPS
+//! server of this test on 127.0.0.1 with its own CA, answering for four
+//! made-up names: a private package index and a git host that want
+//! credentials, an API that echoes what it was sent, and another host.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use common::{platform_config, TestServer};
+use serde_json::{json, Value};
+use space_host::template::{BASE_TEMPLATE, POLYGLOT_TEMPLATE};
+use space_testkit::TestDataDir;
+use tokio_rustls::rustls;
+
+const HOSTS: [&str; 4] = ["api.space.test", "git.space.test", "pypi.space.test", "other.space.test"];
+
+/// What the upstream saw: (host, path, authorization) per request.
+type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+struct Upstream {
+    port: u16,
+    ca_file: PathBuf,
+    seen: Seen,
+    /// The credentials it wants (`user:password` in Basic), by host.
+    wants: Arc<Mutex<std::collections::HashMap<String, String>>>,
+}
+
+/// An HTTPS server for [`HOSTS`], its certificate signed by a CA written to
+/// `dir`: `/echo` answers with the authorization it got; `/simple/...`,
+/// `/files/...` and `/repo.git/...` serve `dir/www` to whoever brings the
+/// host's credentials (401 with a Basic challenge otherwise).
+fn upstream(dir: &Path) -> Upstream {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "test upstream CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let names: Vec<String> = HOSTS.iter().map(|h| h.to_string()).collect();
+    let leaf = rcgen::CertificateParams::new(names).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
+    let ca_file = dir.join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: Seen = Arc::default();
+    let wants: Arc<Mutex<std::collections::HashMap<String, String>>> = Arc::default();
+    let www = dir.join("www");
+    let (log, wanted) = (seen.clone(), wants.clone());
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let (config, log, wanted, www) = (config.clone(), log.clone(), wanted.clone(), www.clone());
+            std::thread::spawn(move || {
+                let Ok(connection) = rustls::ServerConnection::new(config) else { return };
+                let mut reader = BufReader::new(rustls::StreamOwned::new(connection, tcp));
+                serve_requests(&mut reader, &log, &wanted, &www);
+            });
+        }
+    });
+    Upstream { port, ca_file, seen, wants }
+}
+
+fn serve_requests<S: Read + Write>(
+    reader: &mut BufReader<S>,
+    log: &Seen,
+    wanted: &Mutex<std::collections::HashMap<String, String>>,
+    www: &Path,
+) {
+    use base64::Engine as _;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let (mut host, mut auth) = (String::new(), String::new());
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            let (name, value) = header.split_once(':').unwrap_or(("", ""));
+            match name.to_ascii_lowercase().as_str() {
+                "host" => host = value.trim().to_string(),
+                "authorization" => auth = value.trim().to_string(),
+                _ => {}
+            }
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+        log.lock().unwrap().push((host.clone(), path.clone(), auth.clone()));
+        let mut kind = "application/octet-stream";
+        let (status, body): (&str, Vec<u8>) = if path == "/echo" {
+            ("200 OK", format!("you sent: {auth}").into_bytes())
+        } else {
+            let want = wanted.lock().unwrap().get(&host).cloned();
+            let given = auth
+                .strip_prefix("Basic ")
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                .map(|b| String::from_utf8_lossy(&b).into_owned());
+            let file = www.join(path.trim_start_matches('/').split('?').next().unwrap_or(""));
+            let file = if file.is_dir() { file.join("index.html") } else { file };
+            if file.extension().is_some_and(|e| e == "html") {
+                kind = "text/html";
+            }
+            match (want, given) {
+                (Some(want), Some(given)) if want == given => match std::fs::read(&file) {
+                    Ok(bytes) => ("200 OK", bytes),
+                    Err(_) => ("404 Not Found", b"no such file".to_vec()),
+                },
+                _ => ("401 Unauthorized", b"credentials, please".to_vec()),
+            }
+        };
+        let stream = reader.get_mut();
+        let challenge = if status.starts_with("401") { "WWW-Authenticate: Basic realm=\"test\"\r\n" } else { "" };
+        let head =
+            format!("HTTP/1.1 {status}\r\n{challenge}Content-Type: {kind}\r\nContent-Length: {}\r\n\r\n", body.len());
+        if stream
+            .write_all(head.as_bytes())
+            .and_then(|()| stream.write_all(&body))
+            .and_then(|()| stream.flush())
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A bare git repository (dumb HTTP: served as plain files) and a one-wheel
+/// package index under `www`.
+fn publish(www: &Path) {
+    let run = |args: &[&str], cwd: &Path| {
+        let out = std::process::Command::new(args[0]).args(&args[1..]).current_dir(cwd).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    std::fs::create_dir_all(www).unwrap();
+    let work = www.parent().unwrap().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("README"), "cloned through the gateway\n").unwrap();
+    run(&["git", "init", "-q", "-b", "main"], &work);
+    run(&["git", "-c", "user.name=t", "-c", "user.email=t@space.test", "add", "README"], &work);
+    run(&["git", "-c", "user.name=t", "-c", "user.email=t@space.test", "commit", "-q", "-m", "first"], &work);
+    run(&["git", "clone", "-q", "--bare", work.to_str().unwrap(), www.join("repo.git").to_str().unwrap()], www);
+    run(&["git", "update-server-info"], &www.join("repo.git"));
+    // A wheel, and the simple index (PEP 503) that links to it.
+    let wheel = www.join("files");
+    std::fs::create_dir_all(&wheel).unwrap();
+    let script = r#"
+import base64, hashlib, sys, zipfile
+files = {
+    "spacedemo/__init__.py": b"ANSWER = 42\n",
+    "spacedemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: spacedemo\nVersion: 1.0\n",
+    "spacedemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: space-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = ""
+for name, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record += f"{name},sha256={digest},{len(data)}\n"
+record += "spacedemo-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for name, data in files.items():
+        z.writestr(name, data)
+    z.writestr("spacedemo-1.0.dist-info/RECORD", record)
+"#;
+    let path = wheel.join("spacedemo-1.0-py3-none-any.whl");
+    run(&["python3", "-c", script, path.to_str().unwrap()], www);
+    let index = www.join("simple/spacedemo");
+    std::fs::create_dir_all(&index).unwrap();
+    std::fs::write(
+        index.join("index.html"),
+        "<html><body><a href=\"/files/spacedemo-1.0-py3-none-any.whl\">spacedemo-1.0-py3-none-any.whl</a></body></html>",
+    )
+    .unwrap();
+}
+
+fn sh(server: &TestServer, id: &str, script: &str) -> (i64, String) {
+    let ran = server.exec(id, json!({"argv": ["sh", "-c", script], "timeout_s": 300}));
+    let out = format!("{}{}", ran["stdout"].as_str().unwrap_or(""), ran["stderr"].as_str().unwrap_or(""));
+    (ran["result"]["exit_code"].as_i64().unwrap_or(-1), out)
+}
+
+fn events(server: &TestServer, id: &str) -> Vec<Value> {
+    server.ok("GET", &format!("/v1/sandboxes/{id}/egress"), None)["events"].as_array().unwrap().clone()
+}
+
+/// Files under `dir` (links not followed) whose bytes hold `needle`.
+fn files_holding(dir: &Path, needle: &[u8], found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
+            files_holding(&entry.path(), needle, found);
+        } else if kind.is_file() {
+            if let Ok(bytes) = std::fs::read(entry.path()) {
+                if bytes.windows(needle.len()).any(|w| w == needle) {
+                    found.push(entry.path());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, POLYGLOT_TEMPLATE]);
+    let upstream = upstream(data.root());
+    publish(&data.root().join("www"));
+    let mut config = platform_config(&data);
+    let hosts: Vec<String> = HOSTS.iter().map(|h| format!("{h}=127.0.0.1:{}", upstream.port)).collect();
+    config.egress = space_server::egress::EgressSettings::parse(&hosts, &["127.0.0.1/32".into()]).unwrap();
+    config.egress.trust = vec![upstream.ca_file.clone()];
+    let server = TestServer::start_with(config);
+
+    // Values made of parts, so no command line of this test holds one whole.
+    let unique = std::process::id();
+    let (llm, git, pypi) =
+        (format!("sk-llm-{unique}-value"), format!("ghp-git-{unique}-value"), format!("pypi-tok-{unique}-value"));
+    upstream.wants.lock().unwrap().insert("git.space.test".into(), format!("x-access-token:{git}"));
+    upstream.wants.lock().unwrap().insert("pypi.space.test".into(), format!("__token__:{pypi}"));
+
+    // Secrets are written, listed without values, and checked.
+    for (name, value, host) in
+        [("llm", &llm, "api.space.test"), ("git", &git, "git.space.test"), ("pypi", &pypi, "pypi.space.test")]
+    {
+        let info = server.ok("PUT", &format!("/v1/secrets/{name}"), Some(json!({"value": value, "hosts": [host]})));
+        server.check("PUT", &format!("/v1/secrets/{name}"), 200, "application/json", &info);
+        assert_eq!(info["hosts"], json!([host]));
+        assert!(!info.to_string().contains(value.as_str()));
+    }
+    let listed = server.ok("GET", "/v1/secrets", None);
+    server.check("GET", "/v1/secrets", 200, "application/json", &listed);
+    assert_eq!(listed["secrets"].as_array().unwrap().len(), 3);
+    assert!(!listed.to_string().contains(&llm) && !listed.to_string().contains("value\""), "{listed}");
+    let bad = json!({"value": "v", "hosts": ["10.0.0.1"]});
+    server.error("PUT", "/v1/secrets/bad", Some(bad), 422, "invalid_value");
+    server.error("PUT", "/v1/secrets/bad", Some(json!({"value": "", "hosts": ["a.space.test"]})), 422, "invalid_value");
+    server.error(
+        "PUT",
+        "/v1/secrets/a%20b",
+        Some(json!({"value": "v", "hosts": ["a.space.test"]})),
+        422,
+        "invalid_value",
+    );
+    // Bindings name existing secrets, within their hosts.
+    let missing =
+        json!({"template": "polyglot", "network": {"egress": "allowlist", "secrets": {"K": {"secret": "nope"}}}});
+    server.error("POST", "/v1/sandboxes", Some(missing), 422, "invalid_value");
+    let wider = json!({"template": "polyglot", "network": {"egress": "allowlist",
+        "secrets": {"K": {"secret": "llm", "hosts": ["other.space.test"]}}}});
+    server.error("POST", "/v1/sandboxes", Some(wider), 422, "invalid_value");
+
+    let id = server.create_sandbox(json!({"template": "polyglot", "network": {
+        "egress": "allowlist",
+        "allow": ["other.space.test"],
+        "secrets": {
+            "LLM_KEY": {"secret": "llm"},
+            "GIT_TOKEN": {"secret": "git"},
+            "PYPI_TOKEN": {"secret": "pypi"},
+        }
+    }}));
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    let placeholder = sandbox["network"]["secrets"]["LLM_KEY"]["placeholder"].as_str().unwrap().to_string();
+    assert!(placeholder.starts_with("space_ph_"), "{sandbox}");
+
+    // curl with the placeholder: the API gets the value, and what it echoes
+    // comes back as the placeholder.
+    let (code, out) =
+        sh(&server, &id, "curl -sS --fail-with-body https://api.space.test/echo -H \"Authorization: Bearer $LLM_KEY\"");
+    assert_eq!((code, out.trim()), (0, format!("you sent: Bearer {placeholder}").as_str()));
+    assert!(upstream
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(h, p, a)| h == "api.space.test" && p == "/echo" && *a == format!("Bearer {llm}")));
+
+    // git clone over HTTPS, the token in Basic credentials.
+    let (code, out) = sh(
+        &server,
+        &id,
+        "git clone -q https://x-access-token:$GIT_TOKEN@git.space.test/repo.git /tmp/repo && cat /tmp/repo/README",
+    );
+    assert_eq!((code, out.trim()), (0, "cloned through the gateway"), "{out}");
+
+    // pip install from a private index.
+    let (code, out) = sh(
+        &server,
+        &id,
+        "python3 -m venv /tmp/venv && /tmp/venv/bin/pip install -q --disable-pip-version-check \
+         --index-url https://__token__:$PYPI_TOKEN@pypi.space.test/simple spacedemo \
+         && /tmp/venv/bin/python -c 'import spacedemo; print(spacedemo.ANSWER)'",
+    );
+    assert_eq!((code, out.trim().lines().last().unwrap_or("")), (0, "42"), "{out}");
+
+    // A placeholder to a host its secret is not bound to: refused, and
+    // the upstream never hears of it.
+    let (_, out) = sh(&server, &id, "curl -sS https://git.space.test/echo -H \"Authorization: Bearer $LLM_KEY\" -D -");
+    assert!(out.contains("403") && out.contains("secret_not_for_host"), "{out}");
+    let (_, out) = sh(&server, &id, "curl -sS http://other.space.test/echo -H \"X-Key: $LLM_KEY\" -D -");
+    assert!(out.contains("403") && out.contains("secret_not_for_host"), "{out}");
+    let seen = upstream.seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|(h, _, a)| h != "api.space.test" && (a.contains(&placeholder) || a.contains(&llm))),
+        "{seen:?}"
+    );
+    let log = events(&server, &id);
+    let inspected: Vec<&Value> = log.iter().filter(|e| e["inspected"] == true && e["decision"] == "allowed").collect();
+    assert!(inspected.iter().any(|e| e["host"] == "api.space.test" && e["secrets"] == json!(["llm"])), "{log:?}");
+    assert!(inspected.iter().any(|e| e["host"] == "git.space.test" && e["secrets"] == json!(["git"])), "{log:?}");
+    assert!(log.iter().any(|e| e["reason"] == "secret_not_for_host"), "{log:?}");
+
+    // Inside: only placeholders, in the environment and in every process.
+    let scan = format!(
+        "import os\nneedles = [b'{}' + b'{}', b'{}' + b'{}', b'{}' + b'{}']\nhits = []\n\
+         for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n    for f in ('environ', 'cmdline'):\n        try:\n            data = open(f'/proc/{{pid}}/{{f}}', 'rb').read()\n        except OSError:\n            continue\n        hits += [f'/proc/{{pid}}/{{f}}' for n in needles if n in data]\n\
+         print('HITS', hits)\nprint('ENV', os.environ.get('LLM_KEY'))",
+        &llm[..6], &llm[6..], &git[..6], &git[6..], &pypi[..6], &pypi[6..]
+    );
+    let ran = server.exec(&id, json!({"argv": ["python3", "-c", scan]}));
+    let out = ran["stdout"].as_str().unwrap_or("");
+    assert!(out.contains("HITS []") && out.contains(&format!("ENV {placeholder}")), "{ran}");
+
+    // Nothing on the host's side of the sandbox holds a value either: its
+    // root (every file in it), transcripts, the database (sealed values),
+    // and, after a suspend, the snapshot of its memory.
+    let (_, suspending) = server.call("POST", &format!("/v1/sandboxes/{id}/suspend"), None);
+    assert_eq!(server.wait_operation(suspending["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    for value in [&llm, &git, &pypi] {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(data.root()).unwrap().flatten() {
+            let name = entry.file_name();
+            // Templates were built before any secret existed.
+            if name == "templates" || name == "cache" {
+                continue;
+            }
+            if entry.file_type().unwrap().is_dir() {
+                files_holding(&entry.path(), value.as_bytes(), &mut found);
+            } else if entry.file_type().unwrap().is_file() {
+                let bytes = std::fs::read(entry.path()).unwrap();
+                if bytes.windows(value.len()).any(|w| w == value.as_bytes()) {
+                    found.push(entry.path());
+                }
+            }
+        }
+        assert!(found.is_empty(), "a secret value is in {found:?}");
+    }
+    let (_, resuming) = server.call("POST", &format!("/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(server.wait_operation(resuming["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+
+    // After the resume, and after the value is rotated, the next request
+    // carries the new value; a deleted secret is refused, not leaked.
+    let rotated = format!("sk-llm-{unique}-rotated");
+    server.ok("PUT", "/v1/secrets/llm", Some(json!({"value": rotated, "hosts": ["api.space.test"]})));
+    let (code, out) =
+        sh(&server, &id, "curl -sS --fail-with-body https://api.space.test/echo -H \"Authorization: Bearer $LLM_KEY\"");
+    assert_eq!(code, 0, "{out}");
+    assert!(upstream.seen.lock().unwrap().iter().any(|(_, _, a)| *a == format!("Bearer {rotated}")));
+    let auth = format!("Bearer {}", server.key);
+    let (status, _) = server.raw("DELETE", "/v1/secrets/llm", &[("Authorization", &auth)], None);
+    assert_eq!(status, 204);
+    let (_, out) = sh(&server, &id, "curl -sS https://api.space.test/echo -H \"Authorization: Bearer $LLM_KEY\" -D -");
+    assert!(out.contains("secret_unavailable"), "{out}");
+    server.error("DELETE", "/v1/secrets/llm", None, 404, "not_found");
+}
