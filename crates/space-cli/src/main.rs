@@ -70,6 +70,34 @@ enum Top {
     /// Make, list and revoke tenants' API keys (works beside a running server).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Write, list and delete your tenant's secrets (values are never shown).
+    #[command(subcommand)]
+    Secret(SecretCommand),
+}
+
+#[derive(Subcommand)]
+enum SecretCommand {
+    /// Write a secret: its value is read from stdin (never from the command
+    /// line, where other users and shell history could see it).
+    Set {
+        name: String,
+        /// A host it may be sent to: `name` or `*.suffix` (repeatable).
+        #[arg(long = "host", value_name = "HOST", required = true)]
+        hosts: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List secrets: names and hosts.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a secret (sandboxes bound to it get `secret_unavailable`).
+    Rm {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -367,6 +395,35 @@ impl EngineArgs {
     }
 }
 
+fn secret(command: SecretCommand) -> Result<()> {
+    match command {
+        SecretCommand::Set { name, hosts, client } => {
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value).context("reading the value from stdin")?;
+            // A value piped in with `echo` ends with a newline that is not its.
+            let value = value.strip_suffix('\n').map(|v| v.strip_suffix('\r').unwrap_or(v)).unwrap_or(&value);
+            let body = serde_json::json!({"value": value, "hosts": hosts});
+            print_json(&client.client()?.put(&format!("/v1/secrets/{name}"), &body)?);
+        }
+        SecretCommand::Ls { client } => {
+            let list = client.client()?.get("/v1/secrets")?;
+            println!("{:<24} {:<24} HOSTS", "NAME", "UPDATED");
+            for secret in list["secrets"].as_array().into_iter().flatten() {
+                let hosts: Vec<&str> =
+                    secret["hosts"].as_array().into_iter().flatten().filter_map(|h| h.as_str()).collect();
+                println!(
+                    "{:<24} {:<24} {}",
+                    secret["name"].as_str().unwrap_or(""),
+                    secret["updated_at"].as_str().unwrap_or(""),
+                    hosts.join(",")
+                );
+            }
+        }
+        SecretCommand::Rm { name, client } => client.client()?.delete_empty(&format!("/v1/secrets/{name}"))?,
+    }
+    Ok(())
+}
+
 /// A sandbox's egress policy on the command line.
 #[derive(Args, Clone)]
 pub struct NetworkArgs {
@@ -381,6 +438,10 @@ pub struct NetworkArgs {
     /// A denied host, in the same forms (repeatable).
     #[arg(long = "deny-host", value_name = "RULE")]
     deny: Vec<String>,
+    /// Bind a secret: the variable ENV holds a placeholder, and the gateway
+    /// adds the secret NAME on HTTPS requests to its hosts (repeatable).
+    #[arg(long = "secret", value_name = "ENV=NAME", value_parser = parse_pair)]
+    secrets: Vec<(String, String)>,
 }
 
 impl NetworkArgs {
@@ -388,11 +449,13 @@ impl NetworkArgs {
     fn to_json(&self) -> Option<serde_json::Value> {
         let egress = match &self.egress {
             Some(mode) => mode.clone(),
-            None if !self.allow.is_empty() => "allowlist".into(),
+            None if !self.allow.is_empty() || !self.secrets.is_empty() => "allowlist".into(),
             None if !self.deny.is_empty() => "public".into(),
             None => return None,
         };
-        Some(serde_json::json!({"egress": egress, "allow": self.allow, "deny": self.deny}))
+        let secrets: serde_json::Map<String, serde_json::Value> =
+            self.secrets.iter().map(|(env, name)| (env.clone(), serde_json::json!({"secret": name}))).collect();
+        Some(serde_json::json!({"egress": egress, "allow": self.allow, "deny": self.deny, "secrets": secrets}))
     }
 }
 
@@ -619,6 +682,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(if operation["state"] == "succeeded" { 0 } else { 1 })
         }
         Top::Template(command) => template(command).map(|()| 0),
+        Top::Secret(command) => secret(command).map(|()| 0),
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
         Top::Keys(command) => keys(command).map(|()| 0),

@@ -25,7 +25,9 @@ fn tools() -> Value {
              "env": env, "vcpus": {"type": "integer", "minimum": 1},
              "memory_mib": {"type": "integer", "minimum": 64}, "disk_mib": {"type": "integer", "minimum": 256},
              "allow_hosts": {"type": "array", "items": {"type": "string"},
-                 "description": "Hosts the sandbox may reach through its egress proxy: name, *.suffix, IP or CIDR, optional :ports (default: no egress)"}},
+                 "description": "Hosts the sandbox may reach through its egress proxy: name, *.suffix, IP or CIDR, optional :ports (default: no egress)"},
+             "secrets": {"type": "object", "additionalProperties": {"type": "string"},
+                 "description": "Environment variable -> name of a stored secret: the variable holds a placeholder, and the gateway adds the secret on HTTPS requests to the secret's hosts"}},
           "additionalProperties": false}},
         {"name": "run_command",
          "description": "Run a shell command (or an argv) in a sandbox and wait for it: stdout, stderr and exit code.",
@@ -91,8 +93,15 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
                     body[key] = args[key].clone();
                 }
             }
-            if args["allow_hosts"].as_array().is_some_and(|hosts| !hosts.is_empty()) {
-                body["network"] = json!({"egress": "allowlist", "allow": args["allow_hosts"]});
+            let secrets: serde_json::Map<String, Value> = args["secrets"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(env, name)| (env.clone(), json!({"secret": name})))
+                .collect();
+            if args["allow_hosts"].as_array().is_some_and(|hosts| !hosts.is_empty()) || !secrets.is_empty() {
+                let allow = args["allow_hosts"].as_array().cloned().unwrap_or_default();
+                body["network"] = json!({"egress": "allowlist", "allow": allow, "secrets": secrets});
             }
             let accepted = client.post("/v1/sandboxes", &body).map_err(e)?;
             finish(client, &accepted)?;

@@ -130,6 +130,29 @@ fn dev_server_and_cli_run_a_sandbox() {
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("bad..name"));
     assert!(space(&data, &url, &["sandbox", "rm", &net]).status.success());
 
+    // Secrets: the value comes from stdin, is never shown, and a sandbox
+    // bound to it holds only a placeholder.
+    let value_file = data.root().join("value");
+    std::fs::write(&value_file, "cli-secret-value\n").unwrap();
+    let mut set = Command::new("sh");
+    let line = format!("{SPACE} secret set cli-token --host api.space.test < {}", value_file.display());
+    set.args(["-c", &line]).env("SPACE_URL", &url).env("SPACE_DATA_DIR", data.root()).env_remove("SPACE_API_KEY");
+    let set = Reaper::global().output(&mut set).unwrap();
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    assert!(!String::from_utf8_lossy(&set.stdout).contains("cli-secret-value"));
+    let listed = String::from_utf8(space(&data, &url, &["secret", "ls"]).stdout).unwrap();
+    assert!(listed.contains("cli-token") && listed.contains("api.space.test") && !listed.contains("value"), "{listed}");
+    let bound = space(&data, &url, &["sandbox", "create", "-q", "--secret", "API_TOKEN=cli-token"]);
+    assert!(bound.status.success(), "{}", String::from_utf8_lossy(&bound.stderr));
+    let bound = String::from_utf8(bound.stdout).unwrap().trim().to_string();
+    let env = space(&data, &url, &["exec", &bound, "--", "sh", "-c", "echo $API_TOKEN"]);
+    let env = String::from_utf8_lossy(&env.stdout).to_string();
+    assert!(env.starts_with("space_ph_") && !env.contains("cli-secret-value"), "{env}");
+    assert!(space(&data, &url, &["sandbox", "rm", &bound]).status.success());
+    assert!(space(&data, &url, &["secret", "rm", "cli-token"]).status.success());
+    let gone = space(&data, &url, &["secret", "rm", "cli-token"]);
+    assert!(!gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("not_found"), "{gone:?}");
+
     let listed = space(&data, &url, &["sandbox", "ls"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&id));
     let removed = space(&data, &url, &["sandbox", "rm", &id]);

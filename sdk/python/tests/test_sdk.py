@@ -67,6 +67,16 @@ class SyncSdk(unittest.TestCase):
             self.assertEqual(updated["network"]["allow"], ["pkgs.space.test"])
             log = sbx.egress_log()
             self.assertEqual((log[0]["host"], log[0]["reason"]), ("pkgs.space.test", "egress_disabled"))
+            # Secrets: written, listed without values, bound as a placeholder.
+            client = sbx.client
+            info = client.put_secret("sdk-token", "sdk-value-1", hosts=["api.space.test"])
+            self.assertEqual(info["hosts"], ["api.space.test"])
+            self.assertNotIn("sdk-value-1", repr(client.list_secrets()))
+            bound = sbx.set_network("allowlist", secrets={"SDK_TOKEN": "sdk-token"})
+            placeholder = bound["network"]["secrets"]["SDK_TOKEN"]["placeholder"]
+            self.assertTrue(placeholder.startswith("space_ph_"))
+            client.delete_secret("sdk-token")
+            self.assertEqual([s for s in client.list_secrets() if s["name"] == "sdk-token"], [])
             self.assertIn(sbx.id, [s.id for s in Sandbox.list()])
             self.assertEqual(Sandbox.connect(sbx.id).id, sbx.id)
         finally:

@@ -45,6 +45,18 @@ class AsyncClient:
     async def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return (await self.request(method, path, **kwargs)).json()
 
+    async def put_secret(self, name: str, value: str, hosts: Sequence[str]) -> Dict[str, Any]:
+        """Writes (or replaces) a secret of your tenant that may be sent only
+        to `hosts` (`name` or `*.suffix`); the value is never returned."""
+        return await self.json("PUT", f"/v1/secrets/{name}", json={"value": value, "hosts": list(hosts)})
+
+    async def list_secrets(self) -> List[Dict[str, Any]]:
+        """Your tenant's secrets: names and hosts, never values."""
+        return (await self.json("GET", "/v1/secrets"))["secrets"]
+
+    async def delete_secret(self, name: str) -> None:
+        await self.request("DELETE", f"/v1/secrets/{name}")
+
     async def wait_operation(self, operation_id: str, timeout: float = 300.0) -> Dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
@@ -252,9 +264,13 @@ class AsyncSandbox:
         await self.refresh()
         return operation
 
-    async def set_network(self, egress: str, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> Dict[str, Any]:
+    async def set_network(self, egress: str, allow: Sequence[str] = (), deny: Sequence[str] = (),
+                    secrets: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         """Replaces the sandbox's egress policy at once; returns the sandbox."""
-        body = {"egress": egress, "allow": list(allow), "deny": list(deny)}
+        body: Dict[str, Any] = {"egress": egress, "allow": list(allow), "deny": list(deny)}
+        if secrets:
+            # ENV -> secret name: ENV holds a placeholder the gateway replaces.
+            body["secrets"] = {env: {"secret": name} for env, name in secrets.items()}
         self.info = await self.client.json("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
         return self.info
 

@@ -46,6 +46,18 @@ class Client:
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
+    def put_secret(self, name: str, value: str, hosts: Sequence[str]) -> Dict[str, Any]:
+        """Writes (or replaces) a secret of your tenant that may be sent only
+        to `hosts` (`name` or `*.suffix`); the value is never returned."""
+        return self.json("PUT", f"/v1/secrets/{name}", json={"value": value, "hosts": list(hosts)})
+
+    def list_secrets(self) -> List[Dict[str, Any]]:
+        """Your tenant's secrets: names and hosts, never values."""
+        return (self.json("GET", "/v1/secrets"))["secrets"]
+
+    def delete_secret(self, name: str) -> None:
+        self.request("DELETE", f"/v1/secrets/{name}")
+
     def wait_operation(self, operation_id: str, timeout: float = 300.0) -> Dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
@@ -288,10 +300,14 @@ class Sandbox:
         self.refresh()
         return operation
 
-    def set_network(self, egress: str, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> Dict[str, Any]:
+    def set_network(self, egress: str, allow: Sequence[str] = (), deny: Sequence[str] = (),
+                    secrets: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         """Replaces the sandbox's egress policy at once (open connections it
         no longer allows are cut); returns the sandbox."""
-        body = {"egress": egress, "allow": list(allow), "deny": list(deny)}
+        body: Dict[str, Any] = {"egress": egress, "allow": list(allow), "deny": list(deny)}
+        if secrets:
+            # ENV -> secret name: ENV holds a placeholder the gateway replaces.
+            body["secrets"] = {env: {"secret": name} for env, name in secrets.items()}
         self.info = self.client.json("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
         return self.info
 
