@@ -577,6 +577,10 @@ pub struct TemplateDefaultsRequest {
     pub workdir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The network of sandboxes whose create names none (no secrets: those
+    /// belong to a tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -626,6 +630,8 @@ pub struct TemplateDefaults {
     pub env: BTreeMap<String, String>,
     pub workdir: String,
     pub user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -119,6 +119,14 @@ enum KeysCommand {
         /// templates and uploads together.
         #[arg(long)]
         max_disk_mib: Option<u64>,
+        /// What the tenant's sandboxes may ever reach (an egress rule; `*`
+        /// for any public host; repeatable). Without it: no ceiling.
+        #[arg(long = "egress-ceiling", value_name = "RULE")]
+        egress_ceiling: Vec<String>,
+        /// An allowed host for the tenant's sandboxes whose create and
+        /// template name no network (repeatable).
+        #[arg(long = "default-allow-host", value_name = "RULE")]
+        default_allow: Vec<String>,
     },
     /// List keys (ids, tenants, dates; never the keys).
     Ls {
@@ -186,7 +194,16 @@ fn keys(command: KeysCommand) -> Result<()> {
         Ok(Store::open(&data.db_path())?)
     };
     match command {
-        KeysCommand::Create { data_dir, tenant, max_sandboxes, max_vcpus, max_memory_mib, max_disk_mib } => {
+        KeysCommand::Create {
+            data_dir,
+            tenant,
+            max_sandboxes,
+            max_vcpus,
+            max_memory_mib,
+            max_disk_mib,
+            egress_ceiling,
+            default_allow,
+        } => {
             if !space_server::tenants::valid_tenant(&tenant) || tenant == space_server::store::OPERATOR_TENANT {
                 bail!(
                     "tenant names are 1-63 lowercase letters, digits, '-' or '_' (and not {:?})",
@@ -194,7 +211,18 @@ fn keys(command: KeysCommand) -> Result<()> {
                 );
             }
             let store = open(&data_dir)?;
-            let quotas = Quotas { max_sandboxes, max_vcpus, max_memory_mib, max_disk_mib };
+            space_egress::policy::Ceiling::parse(&egress_ceiling)
+                .map_err(|e| anyhow::anyhow!("--egress-ceiling: {e}"))?;
+            let network = (!default_allow.is_empty()).then(|| space_api::Network {
+                egress: space_api::Egress::Allowlist,
+                allow: default_allow,
+                ..Default::default()
+            });
+            if let Some(network) = &network {
+                space_server::egress::policy_of(network).map_err(|e| anyhow::anyhow!("--default-allow-host: {e}"))?;
+            }
+            let egress_ceiling = (!egress_ceiling.is_empty()).then_some(egress_ceiling);
+            let quotas = Quotas { max_sandboxes, max_vcpus, max_memory_mib, max_disk_mib, network, egress_ceiling };
             let given = (quotas != Quotas::default()).then_some(&quotas);
             let (info, key) = space_server::tenants::create_key(&store, &tenant, given)?;
             eprintln!("key {} for tenant {tenant}; it is shown once, keep it now:", info.id);

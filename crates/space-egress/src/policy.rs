@@ -435,7 +435,61 @@ impl Policy {
     }
 }
 
+/// What a tenant's sandboxes may ever be allowed: rules in the same forms
+/// (without ports a rule covers every port), `*` for any public host.
+#[derive(Debug, Clone, Default)]
+pub struct Ceiling {
+    pub public: bool,
+    pub rules: Vec<Rule>,
+}
+
+impl Ceiling {
+    pub fn parse(rules: &[String]) -> Result<Ceiling, RuleError> {
+        let mut ceiling = Ceiling::default();
+        for rule in rules {
+            if rule.trim() == "*" {
+                ceiling.public = true;
+            } else {
+                ceiling.rules.push(Rule::parse(rule, true)?);
+            }
+        }
+        Ok(ceiling)
+    }
+
+    /// The first part of `policy` beyond the ceiling, as written, if any:
+    /// `public` egress, an allow rule or a secret's host.
+    pub fn beyond(&self, policy: &Policy) -> Option<String> {
+        if self.public || policy.mode == Mode::None {
+            return None;
+        }
+        if policy.mode == Mode::Public {
+            return Some("\"egress\": \"public\"".into());
+        }
+        let covered = |rule: &Rule| self.rules.iter().any(|outer| rule.within(outer));
+        if let Some(rule) = policy.allow.iter().find(|rule| !covered(rule)) {
+            return Some(rule.text.clone());
+        }
+        policy.bindings.iter().flat_map(|b| &b.hosts).find(|rule| !covered(rule)).map(|rule| rule.text.clone())
+    }
+}
+
 impl Rule {
+    /// Whether everything this rule covers, `outer` covers too.
+    pub fn within(&self, outer: &Rule) -> bool {
+        let hosts = match (&self.pattern, &outer.pattern) {
+            (Pattern::Exact(name), Pattern::Exact(other)) => name == other,
+            (Pattern::Exact(name), Pattern::Subdomains(_)) => outer.matches_host(&Target::Name(name.clone())),
+            (Pattern::Subdomains(suffix), Pattern::Subdomains(other)) => {
+                suffix == other || outer.matches_host(&Target::Name(suffix.clone()))
+            }
+            (Pattern::Cidr(ip, len), Pattern::Cidr(net, net_len)) => len >= net_len && in_net(*ip, *net, *net_len),
+            _ => false,
+        };
+        let ports =
+            outer.ports.is_empty() || (!self.ports.is_empty() && self.ports.iter().all(|p| outer.ports.contains(p)));
+        hosts && ports
+    }
+
     fn matches_host(&self, target: &Target) -> bool {
         Rule { ports: Vec::new(), ..self.clone() }.matches(target, 0)
     }
@@ -519,5 +573,26 @@ mod tests {
         assert!(err.why.contains("allowlist"), "{err}");
         assert!(Rule::parse("[2001:db8::1]:443", false).unwrap().matches(&name("2001:db8::1"), 443));
         assert!(Rule::parse("2001:db8::/32", false).unwrap().matches(&name("[2001:db8::7]"), 80));
+    }
+
+    #[test]
+    fn a_ceiling_bounds_rules_hosts_ports_and_secrets() {
+        let ceiling =
+            Ceiling::parse(&["*.pkgs.example".into(), "git.example:443".into(), "203.0.113.0/24".into()]).unwrap();
+        let within = |allow: &[&str]| {
+            let allow: Vec<String> = allow.iter().map(|s| s.to_string()).collect();
+            ceiling.beyond(&Policy::new(Mode::Allowlist, &allow, &[]).unwrap())
+        };
+        assert_eq!(within(&["a.pkgs.example", "*.b.pkgs.example:8080", "git.example:443", "203.0.113.8/30:22"]), None);
+        assert_eq!(within(&["pkgs.example"]).as_deref(), Some("pkgs.example"), "the suffix itself is not a subdomain");
+        assert_eq!(within(&["git.example"]).as_deref(), Some("git.example"), "port 80 is beyond git.example:443");
+        assert_eq!(within(&["203.0.0.0/16"]).as_deref(), Some("203.0.0.0/16"));
+        let public = Policy::new(Mode::Public, &[], &[]).unwrap();
+        assert!(ceiling.beyond(&public).is_some());
+        assert!(Ceiling::parse(&["*".into()]).unwrap().beyond(&public).is_none());
+        assert!(ceiling.beyond(&Policy::default()).is_none(), "no egress is always within");
+        let secret = Binding::new("k", "p", &["api.example".into()], vec![]).unwrap();
+        let bound = Policy::new(Mode::Allowlist, &[], &[]).unwrap().with_bindings(vec![secret]).unwrap();
+        assert_eq!(ceiling.beyond(&bound).as_deref(), Some("api.example:443"));
     }
 }

@@ -60,6 +60,10 @@ pub struct TemplateDefaults {
     pub env: BTreeMap<String, String>,
     pub workdir: String,
     pub user: String,
+    /// The network its sandboxes get when their create names none (the
+    /// API's `Network`, checked by the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<serde_json::Value>,
 }
 
 impl Default for TemplateDefaults {
@@ -71,6 +75,7 @@ impl Default for TemplateDefaults {
             env: BTreeMap::new(),
             workdir: "/root".into(),
             user: "root".into(),
+            network: None,
         }
     }
 }
@@ -165,6 +170,7 @@ pub struct DefaultsOverride {
     pub env: BTreeMap<String, String>,
     pub workdir: Option<String>,
     pub user: Option<String>,
+    pub network: Option<serde_json::Value>,
 }
 
 impl DefaultsOverride {
@@ -179,6 +185,7 @@ impl DefaultsOverride {
             env,
             workdir: self.workdir.clone().or(under.workdir),
             user: self.user.clone().or(under.user),
+            network: self.network.clone().or(under.network),
         }
     }
 
@@ -193,6 +200,7 @@ impl DefaultsOverride {
             env: merged.env,
             workdir: merged.workdir.unwrap_or(base.workdir),
             user: merged.user.unwrap_or(base.user),
+            network: merged.network,
         }
     }
 }

@@ -31,7 +31,9 @@ pub struct CreateSpec {
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
     pub lifecycle: Lifecycle,
-    pub network: Network,
+    /// The request's network, else the template's; `None`: the tenant's
+    /// default applies.
+    pub network: Option<Network>,
 }
 
 impl CreateSpec {
@@ -71,7 +73,10 @@ impl CreateSpec {
             env,
             labels: request.labels,
             lifecycle,
-            network: checked_network(request.network.unwrap_or_default())?,
+            network: match request.network {
+                Some(network) => Some(checked_network(network)?),
+                None => defaults.network.clone().and_then(|n| serde_json::from_value(n).ok()),
+            },
         })
     }
 }

@@ -189,6 +189,7 @@ impl Platform {
         // hold it); a new one's placeholder is in the answer, for commands
         // to be given (the sandbox's own environment is set at create).
         self.bind_secrets(&record.tenant, &mut network, Some(&record.sandbox.network))?;
+        self.check_egress_ceiling(&record.tenant, &network)?;
         let policy = policy_of(&network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
         self.store.set_sandbox_network(id, &network)?;
         if let Some(egress) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
@@ -196,6 +197,26 @@ impl Platform {
         }
         self.changed();
         Ok(self.sandbox(id)?.sandbox)
+    }
+
+    /// 422 `egress_not_permitted` when `network` allows more than the
+    /// tenant's ceiling.
+    pub(crate) fn check_egress_ceiling(&self, tenant: &str, network: &Network) -> Result<(), ApiError> {
+        let Some(rules) = self.store.tenant_quotas(tenant)?.egress_ceiling else {
+            return Ok(());
+        };
+        let ceiling = space_egress::policy::Ceiling::parse(&rules)
+            .map_err(|err| ApiError::internal("the tenant's egress ceiling", err))?;
+        let policy = policy_of(network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+        match ceiling.beyond(&policy) {
+            None => Ok(()),
+            Some(beyond) => Err(ApiError::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                "egress_not_permitted",
+                format!("{beyond} is beyond what this tenant's sandboxes may reach"),
+            )
+            .with_details(serde_json::json!({"field": "network", "rule": beyond, "ceiling": rules}))),
+        }
     }
 
     /// A new CA for sandbox `id`, its key sealed for keeping.

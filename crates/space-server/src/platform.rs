@@ -167,8 +167,14 @@ impl Platform {
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let now = ids::now();
+        // The request's network, else the template's, else the tenant's.
+        let mut network = match spec.network.take() {
+            Some(network) => network,
+            None => self.store.tenant_quotas(tenant)?.network.unwrap_or_default(),
+        };
         // The sandbox holds placeholders; its secrets stay on the host.
-        let placeholders = self.bind_secrets(tenant, &mut spec.network, None)?;
+        let placeholders = self.bind_secrets(tenant, &mut network, None)?;
+        self.check_egress_ceiling(tenant, &network)?;
         spec.env.extend(placeholders);
         let template_version = template.meta.version;
         let engine = self.engine_for(template)?;
@@ -192,7 +198,7 @@ impl Platform {
             created_at: now.clone(),
             updated_at: now.clone(),
             lifecycle: spec.lifecycle,
-            network: spec.network,
+            network,
             last_activity_at: now.clone(),
             auto_paused: false,
             failure_reason: None,

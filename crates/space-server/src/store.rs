@@ -114,6 +114,14 @@ pub struct Quotas {
     /// Host disk in MiB: roots, output, snapshots, templates, uploads.
     #[serde(default)]
     pub max_disk_mib: Option<u64>,
+    /// The network of the tenant's sandboxes whose create and template
+    /// name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<space_api::Network>,
+    /// What its sandboxes may ever be allowed (egress rules; `*`: any
+    /// public host); beyond it: 422 `egress_not_permitted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ceiling: Option<Vec<String>>,
 }
 
 /// An API key as listed: never the key itself, which is stored only hashed.

@@ -93,7 +93,18 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
             return Err(ApiError::unprocessable(format!("not a user: {user:?}")));
         }
     }
+    let network = match given.network {
+        Some(network) if !network.secrets.is_empty() => {
+            return Err(ApiError::unprocessable(
+                "a template's network cannot bind secrets (they belong to a tenant: bind them at create)",
+            )
+            .with_details(serde_json::json!({"field": "defaults.network"})));
+        }
+        Some(network) => Some(serde_json::to_value(crate::domain::checked_network(network)?).unwrap_or_default()),
+        None => None,
+    };
     Ok(DefaultsOverride {
+        network,
         vcpus: given.vcpus,
         memory_mib: given.memory_mib,
         disk_mib: given.disk_mib,
@@ -125,6 +136,7 @@ fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
             env: d.env.clone(),
             workdir: d.workdir.clone(),
             user: d.user.clone(),
+            network: d.network.clone().and_then(|n| serde_json::from_value(n).ok()),
         }),
         created_at: Some(info.meta.created_at.clone()),
         building_operation: building,

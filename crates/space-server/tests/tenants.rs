@@ -190,7 +190,13 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
 fn quotas_refuse_with_429_and_name_the_limit() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    let quotas = Quotas { max_sandboxes: Some(1), max_vcpus: Some(2), max_memory_mib: Some(768), max_disk_mib: None };
+    let quotas = Quotas {
+        max_sandboxes: Some(1),
+        max_vcpus: Some(2),
+        max_memory_mib: Some(768),
+        max_disk_mib: None,
+        ..Quotas::default()
+    };
     let (_, key) = create_key(&server.platform.store, "small", Some(&quotas)).unwrap();
     let answer =
         expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 1024})), 429);
@@ -214,4 +220,88 @@ fn quotas_refuse_with_429_and_name_the_limit() {
         server.call_as(&key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
     assert_eq!(status, 202, "{again}");
     delete_as(&server, &key, again["sandbox"]["id"].as_str().unwrap());
+}
+
+#[test]
+fn networks_come_from_the_request_the_template_or_the_tenant_and_never_pass_the_ceiling() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let quotas = Quotas {
+        network: Some(space_api::Network {
+            egress: space_api::Egress::Allowlist,
+            allow: vec!["tenant.space.test".into()],
+            ..Default::default()
+        }),
+        egress_ceiling: Some(vec!["*.space.test".into(), "git.example:443".into()]),
+        ..Quotas::default()
+    };
+    let (_, key) = create_key(&server.platform.store, "netted", Some(&quotas)).unwrap();
+    let network_of =
+        |id: &str| expect(&server, &key, "GET", &format!("/v1/sandboxes/{id}"), None, 200)["network"].clone();
+    let create = |body: Value| {
+        let (status, accepted) = server.call_as(&key, "POST", "/v1/sandboxes", Some(body));
+        assert_eq!(status, 202, "{accepted}");
+        let operation = accepted["operation"]["id"].as_str().unwrap();
+        let done = expect(&server, &key, "GET", &format!("/v1/operations/{operation}?wait=60"), None, 200);
+        assert_eq!(done["state"], "succeeded", "{done}");
+        accepted["sandbox"]["id"].as_str().unwrap().to_string()
+    };
+
+    // No network in the request or the template: the tenant's default.
+    let from_tenant = create(json!({"template": "base"}));
+    assert_eq!(network_of(&from_tenant)["allow"], json!(["tenant.space.test"]));
+    // The request's own wins.
+    let from_request =
+        create(json!({"template": "base", "network": {"egress": "allowlist", "allow": ["mine.space.test:8443"]}}));
+    assert_eq!(network_of(&from_request)["allow"], json!(["mine.space.test:8443"]));
+
+    // A template's network (given at import) wins over the tenant's.
+    let archive = tiny_image(&data);
+    let network = r#"{"egress":"allowlist","allow":["tmpl.space.test"]}"#;
+    let url = format!("{}/v1/templates?name=netted-tools&network={}", server.url, urlencode(network));
+    let response = ureq::post(&url)
+        .set("Authorization", &format!("Bearer {key}"))
+        .set("Content-Type", "application/x-tar")
+        .send(std::fs::File::open(&archive).unwrap())
+        .unwrap();
+    let accepted: Value = response.into_json().unwrap();
+    let operation = accepted["operation"]["id"].as_str().unwrap();
+    let built = expect(&server, &key, "GET", &format!("/v1/operations/{operation}?wait=60"), None, 200);
+    assert_eq!(built["state"], "succeeded", "{built}");
+    let template = expect(&server, &key, "GET", "/v1/templates/netted-tools", None, 200);
+    assert_eq!(template["defaults"]["network"]["allow"], json!(["tmpl.space.test"]), "{template}");
+    let from_template = create(json!({"template": "netted-tools"}));
+    assert_eq!(network_of(&from_template)["allow"], json!(["tmpl.space.test"]));
+
+    // Beyond the ceiling: at create and live, with the rule named; what
+    // was there is untouched.
+    for network in [
+        json!({"egress": "public"}),
+        json!({"egress": "allowlist", "allow": ["pkgs.example"]}),
+        json!({"egress": "allowlist", "allow": ["git.example"]}),
+    ] {
+        let refused =
+            expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "network": network})), 422);
+        assert_eq!(refused["error"]["code"], "egress_not_permitted", "{refused}");
+        assert!(refused["error"]["details"]["rule"].is_string(), "{refused}");
+        let path = format!("/v1/sandboxes/{from_tenant}/network");
+        let refused = expect(&server, &key, "PUT", &path, Some(network.clone()), 422);
+        assert_eq!(refused["error"]["code"], "egress_not_permitted", "{refused}");
+    }
+    assert_eq!(network_of(&from_tenant)["allow"], json!(["tenant.space.test"]));
+    let within = json!({"egress": "allowlist", "allow": ["git.example:443", "a.b.space.test"]});
+    let changed = expect(&server, &key, "PUT", &format!("/v1/sandboxes/{from_tenant}/network"), Some(within), 200);
+    assert_eq!(changed["network"]["allow"], json!(["git.example:443", "a.b.space.test"]));
+    // Other tenants (here the operator) have no ceiling.
+    let free = server.create_sandbox(json!({"template": "base", "network": {"egress": "public"}}));
+    server.delete_sandbox(&free);
+    for id in [from_tenant, from_request, from_template] {
+        delete_as(&server, &key, &id);
+    }
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
 }

@@ -34,6 +34,9 @@ pub struct ImportQuery {
     user: Option<String>,
     /// `gvisor` or `firecracker`: the engine its sandboxes run on.
     engine: Option<String>,
+    /// The network of its sandboxes whose create names none, as JSON
+    /// (`{"egress": "allowlist", "allow": [...]}`).
+    network: Option<String>,
 }
 
 /// The largest image archive accepted (further limited by free disk).
@@ -99,6 +102,13 @@ async fn import(
         env: Default::default(),
         workdir: query.workdir,
         user: query.user,
+        network: match query.network.as_deref() {
+            Some(json) => Some(serde_json::from_str(json).map_err(|e| {
+                ApiError::bad_request(format!("network is a network as JSON: {e}"))
+                    .with_details(serde_json::json!({"field": "network"}))
+            })?),
+            None => None,
+        },
     })?;
     let engine = crate::templates::checked_engine(query.engine)?;
     let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}), caller)?;
