@@ -364,6 +364,16 @@ pub struct EngineArgs {
     /// through the gateway anyway; everything internal is refused otherwise.
     #[arg(long = "egress-allow-internal", value_name = "CIDR")]
     egress_allow_internal: Vec<String>,
+    /// Connections each sandbox may have open through the gateway at once.
+    #[arg(long, default_value_t = space_egress::gateway::MAX_CONNECTIONS)]
+    egress_max_connections: usize,
+    /// New connections each sandbox may open per second (429 past it).
+    #[arg(long, default_value_t = space_egress::gateway::NEW_PER_SECOND)]
+    egress_new_per_second: u32,
+    /// MiB per second each sandbox's egress may move each way, all its
+    /// connections together (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    egress_rate_mib: u64,
 }
 
 impl EngineArgs {
@@ -405,6 +415,9 @@ impl EngineArgs {
         let mut egress = space_server::egress::EgressSettings::parse(&self.egress_hosts, &self.egress_allow_internal)
             .map_err(|e| anyhow::anyhow!("egress settings: {e}"))?;
         egress.trust = self.egress_trust.clone();
+        egress.max_connections = Some(self.egress_max_connections);
+        egress.new_per_second = Some(self.egress_new_per_second);
+        egress.rate_mib = Some(self.egress_rate_mib);
         Ok(space_server::PlatformConfig {
             data_dir: data_dir.to_path_buf(),
             runsc: self.runsc.clone(),

@@ -31,6 +31,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// A connection on which nothing moves either way this long is closed
 /// (the upstream side of a paused sandbox's tunnels, above all).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// New connections a sandbox may open per second (and at once, after a
+/// quiet second).
+pub const NEW_PER_SECOND: u32 = 20;
 
 /// Looks names up. The gateway asks only for names its policy allowed.
 pub trait Resolver: Send + Sync {
@@ -81,6 +84,11 @@ pub struct GatewayConfig {
     pub allow_internal: Vec<(IpAddr, u8)>,
     pub max_connections: usize,
     pub idle_timeout: Duration,
+    /// New connections per second, per sandbox.
+    pub new_per_second: u32,
+    /// Bytes per second each way, per sandbox (all its connections
+    /// together); 0: unlimited.
+    pub bytes_per_second: u64,
     /// What upstream certificates are checked against where the gateway
     /// terminates TLS (the system's roots unless the operator adds some).
     pub upstream_roots: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
@@ -97,6 +105,8 @@ impl GatewayConfig {
             allow_internal: Vec::new(),
             max_connections: MAX_CONNECTIONS,
             idle_timeout: IDLE_TIMEOUT,
+            new_per_second: NEW_PER_SECOND,
+            bytes_per_second: 0,
             upstream_roots: None,
             dial_ports: Default::default(),
         }
@@ -132,6 +142,54 @@ pub struct SandboxEgress {
     relayed: std::sync::Mutex<std::collections::HashMap<u64, Relayed>>,
     next_relayed: std::sync::atomic::AtomicU64,
     credentials: RwLock<Option<Credentials>>,
+    /// New connections: a bucket of `new_per_second` tokens.
+    opened: std::sync::Mutex<Bucket>,
+    /// Bytes from the sandbox, and to it.
+    up_rate: Arc<std::sync::Mutex<Bucket>>,
+    down_rate: Arc<std::sync::Mutex<Bucket>>,
+}
+
+/// A token bucket that may run into debt: what was taken beyond the
+/// tokens is paid back before anything more goes.
+struct Bucket {
+    tokens: f64,
+    rate: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Bucket {
+        Bucket { tokens: rate, rate, at: Instant::now() }
+    }
+
+    fn refill(&mut self) {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.rate);
+        self.at = now;
+    }
+
+    /// Takes one token if there is one.
+    fn take_one(&mut self) -> bool {
+        self.refill();
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return true;
+        }
+        false
+    }
+
+    /// How long until the bucket is out of debt (zero: now).
+    fn wait(&mut self) -> Duration {
+        self.refill();
+        if self.tokens >= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(-self.tokens / self.rate)
+    }
+
+    fn spend(&mut self, n: usize) {
+        self.tokens -= n as f64;
+    }
 }
 
 impl SandboxEgress {
@@ -147,10 +205,13 @@ impl SandboxEgress {
             policy: RwLock::new(Arc::new(policy)),
             events,
             open: AtomicUsize::new(0),
-            config,
             relayed: Default::default(),
             next_relayed: Default::default(),
             credentials: RwLock::default(),
+            opened: std::sync::Mutex::new(Bucket::new(f64::from(config.new_per_second.max(1)))),
+            up_rate: Arc::new(std::sync::Mutex::new(Bucket::new(config.bytes_per_second as f64))),
+            down_rate: Arc::new(std::sync::Mutex::new(Bucket::new(config.bytes_per_second as f64))),
+            config,
         })
     }
 
@@ -200,6 +261,11 @@ impl SandboxEgress {
             requests: 0,
             secrets: Vec::new(),
         };
+        if !self.opened.lock().unwrap_or_else(|e| e.into_inner()).take_one() {
+            refuse(&mut client, 429, Reason::RateLimit).await;
+            event.reason = Some(Reason::RateLimit.as_str().into());
+            return self.record(event, started);
+        }
         let _slot = match Slot::take(&self.open, self.config.max_connections) {
             Some(slot) => slot,
             None => {
@@ -274,7 +340,18 @@ impl SandboxEgress {
         let entry = (request.target.clone(), request.port, inspected, cut.clone());
         self.relayed.lock().unwrap_or_else(|e| e.into_inner()).insert(key, entry);
         let moved = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let client = Watched { inner: client, moved: moved.clone(), up: 0, down: 0 };
+        let (up_rate, down_rate) = match self.config.bytes_per_second {
+            0 => (None, None),
+            _ => (Some(self.up_rate.clone()), Some(self.down_rate.clone())),
+        };
+        let client = Watched {
+            inner: client,
+            moved: moved.clone(),
+            up: 0,
+            down: 0,
+            up_rate: Throttle::new(up_rate),
+            down_rate: Throttle::new(down_rate),
+        };
         if let Some(credentials) = credentials {
             let seen = Arc::new(std::sync::Mutex::new(crate::inspect::Seen::default()));
             let inspection = crate::inspect::Inspection {
@@ -509,6 +586,42 @@ struct Watched<S> {
     /// Bytes from the sandbox, and to it.
     up: u64,
     down: u64,
+    up_rate: Throttle,
+    down_rate: Throttle,
+}
+
+/// Holds a direction back while the sandbox's byte bucket is in debt.
+struct Throttle {
+    bucket: Option<Arc<std::sync::Mutex<Bucket>>>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Throttle {
+    fn new(bucket: Option<Arc<std::sync::Mutex<Bucket>>>) -> Throttle {
+        Throttle { bucket, sleep: None }
+    }
+
+    /// Ready when bytes may go.
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let Some(bucket) = &self.bucket else { return std::task::Poll::Ready(()) };
+        loop {
+            if let Some(sleep) = &mut self.sleep {
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            let wait = bucket.lock().unwrap_or_else(|e| e.into_inner()).wait();
+            if wait.is_zero() {
+                return std::task::Poll::Ready(());
+            }
+            self.sleep = Some(Box::pin(tokio::time::sleep(wait)));
+        }
+    }
+
+    fn spend(&self, n: usize) {
+        if let Some(bucket) = &self.bucket {
+            bucket.lock().unwrap_or_else(|e| e.into_inner()).spend(n);
+        }
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
@@ -517,11 +630,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
+        std::task::ready!(self.up_rate.poll_ready(cx));
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         self.moved.fetch_add(n as u64, Ordering::Relaxed);
         self.up += n as u64;
+        self.up_rate.spend(n);
         polled
     }
 }
@@ -532,10 +647,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<io::Result<usize>> {
+        std::task::ready!(self.down_rate.poll_ready(cx));
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = polled {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
             self.down += n as u64;
+            self.down_rate.spend(n);
         }
         polled
     }
@@ -1021,5 +1138,63 @@ mod tests {
         let (_, event) = received.recv().await.unwrap();
         assert_eq!((event.decision.as_str(), event.reason.as_deref()), ("denied", Some("wrong_host")));
         assert_eq!(got.lock().unwrap().len(), 1, "nothing refused reached the upstream");
+    }
+
+    #[tokio::test]
+    async fn new_connections_per_second_and_bytes_per_second_are_capped_per_sandbox() {
+        // One new connection per second: of ten at once, the first goes
+        // through and the rest are told why.
+        let (port, _seen) = {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            tokio::spawn(async move {
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    tokio::spawn(async move {
+                        // Sends 3 MiB, then closes.
+                        let chunk = vec![b'x'; 1 << 20];
+                        for _ in 0..3 {
+                            if socket.write_all(&chunk).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+            (port, ())
+        };
+        let resolver =
+            Arc::new(StaticResolver::new([("allowed.space.test".to_string(), vec!["127.0.0.1".parse().unwrap()])]));
+        let mut config = GatewayConfig::new(resolver);
+        config.allow_internal = vec![("127.0.0.1".parse().unwrap(), 32)];
+        config.new_per_second = 1;
+        let (events, _received) = mpsc::channel(64);
+        let policy = Policy::new(Mode::Allowlist, &[format!("allowed.space.test:{port}")], &[]).unwrap();
+        let egress = SandboxEgress::new("sbx_t".into(), policy.clone(), events.clone(), config.clone());
+        let mut refused = 0;
+        for _ in 0..10 {
+            let answer = exchange(&egress, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            if answer.contains("rate_limit") {
+                assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+                refused += 1;
+            }
+        }
+        assert!(refused >= 1, "ten new connections at once, one allowed per second");
+
+        // 1 MiB/s each way: 3 MiB down take at least two seconds (a lower
+        // bound, which a loaded machine only makes longer).
+        config.new_per_second = NEW_PER_SECOND;
+        config.bytes_per_second = 1 << 20;
+        let egress = SandboxEgress::new("sbx_t".into(), policy, events, config);
+        let started = Instant::now();
+        let (mut ours, theirs) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn(async move { egress.handle(theirs).await });
+        ours.write_all(format!("CONNECT allowed.space.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let mut received = Vec::new();
+        let _ = ours.read_to_end(&mut received).await;
+        drop(ours);
+        served.await.unwrap();
+        let body = received.len() - b"HTTP/1.1 200 Connection established\r\n\r\n".len();
+        assert_eq!(body, 3 << 20);
+        assert!(started.elapsed() >= Duration::from_millis(1900), "took {:?}", started.elapsed());
     }
 }

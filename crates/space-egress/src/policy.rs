@@ -263,6 +263,8 @@ pub enum Reason {
     /// The sandbox's program did not finish TLS with the gateway (it does
     /// not trust the sandbox's CA).
     ClientTls,
+    /// Past the sandbox's new connections per second.
+    RateLimit,
 }
 
 impl Reason {
@@ -286,6 +288,7 @@ impl Reason {
             Reason::SecretUnavailable => "secret_unavailable",
             Reason::UpstreamTls => "upstream_tls",
             Reason::ClientTls => "client_tls",
+            Reason::RateLimit => "rate_limit",
         }
     }
 
@@ -312,6 +315,7 @@ impl Reason {
             Reason::SecretUnavailable => "a secret bound to this sandbox no longer exists",
             Reason::UpstreamTls => "the host's TLS certificate did not verify",
             Reason::ClientTls => "the program did not accept the gateway's certificate (trust the sandbox CA)",
+            Reason::RateLimit => "too many new connections per second from this sandbox",
         }
     }
 }

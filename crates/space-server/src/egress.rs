@@ -67,6 +67,11 @@ pub struct EgressSettings {
     pub hosts: Vec<(String, std::net::IpAddr, Option<u16>)>,
     pub allow_internal: Vec<(std::net::IpAddr, u8)>,
     pub trust: Vec<std::path::PathBuf>,
+    /// Per sandbox: connections open at once, new ones per second, and
+    /// MiB per second each way (0: unlimited). `None`: the gateway's own.
+    pub max_connections: Option<usize>,
+    pub new_per_second: Option<u32>,
+    pub rate_mib: Option<u64>,
 }
 
 impl EgressSettings {
@@ -101,7 +106,7 @@ impl EgressSettings {
                 Ok((ip, len))
             })
             .collect::<Result<_, String>>()?;
-        Ok(EgressSettings { hosts, allow_internal, trust: Vec::new() })
+        Ok(EgressSettings { hosts, allow_internal, ..Default::default() })
     }
 }
 
