@@ -69,6 +69,8 @@ pub fn trust_env() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
+/// How long a connection to a port in the sandbox may take.
+const PORT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Connections relayed at once; more are closed at once (the gateway has
 /// its own, lower, limit per sandbox).
 const MAX_RELAYED: usize = 256;
@@ -176,17 +178,45 @@ impl Relay {
     }
 
     fn accept(&self, client: TcpStream) {
+        let stream = AGENT_STREAM_BIT | (self.next.fetch_add(1, Ordering::Relaxed) & !AGENT_STREAM_BIT);
+        self.attach(stream, client, Frame::new(stream, FrameKind::EgressOpen, Vec::new()));
+    }
+
+    /// The host asks for a connection to `port` on the sandbox's loopback
+    /// (a server in the sandbox, reached through the API): connected and
+    /// answered `PortOpened`, or refused with the reason.
+    pub fn open_port(&self, stream: u32, payload: &[u8]) {
+        let port = payload.get(..2).map(|b| u16::from_le_bytes([b[0], b[1]])).unwrap_or(0);
+        let this = self.clone();
+        let _ = thread::Builder::new().name("port-open".into()).spawn(move || {
+            let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            match TcpStream::connect_timeout(&address, PORT_CONNECT_TIMEOUT) {
+                Ok(socket) if port > 0 => {
+                    this.attach(stream, socket, Frame::new(stream, FrameKind::PortOpened, Vec::new()))
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    let reason = format!("nothing answers on port {port} in the sandbox: {err}");
+                    let _ = this.outbox.send(Frame::new(stream, FrameKind::EgressClose, reason.into_bytes()));
+                }
+            }
+        });
+    }
+
+    /// Relays `client` as `stream`, announced to the host with `opened`.
+    fn attach(&self, stream: u32, client: TcpStream, opened: Frame) {
         let mut connections = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         if connections.len() >= MAX_RELAYED {
+            drop(connections);
+            let _ = self.outbox.send(Frame::new(stream, FrameKind::EgressClose, b"too many connections".to_vec()));
             return;
         }
         let Ok(socket) = client.try_clone() else { return };
-        let stream = AGENT_STREAM_BIT | (self.next.fetch_add(1, Ordering::Relaxed) & !AGENT_STREAM_BIT);
         let (to_client, from_host) = mpsc::channel();
         let credit = Arc::new(Credit::new());
         connections.insert(stream, Connection { to_client, credit: credit.clone(), socket });
         drop(connections);
-        if self.outbox.send(Frame::new(stream, FrameKind::EgressOpen, Vec::new())).is_err() {
+        if self.outbox.send(opened).is_err() {
             self.forget(stream);
             return;
         }

@@ -279,6 +279,7 @@ impl Agent {
             FrameKind::EgressData | FrameKind::EgressEof | FrameKind::EgressAck | FrameKind::EgressClose => {
                 self.relay.take_frame(frame).map_err(|e| e.to_string())?
             }
+            FrameKind::PortOpen => self.relay.open_port(frame.stream, &frame.payload),
             FrameKind::Resize => exec::resize(&self.sessions, frame.stream, frame.parse().map_err(|e| e.to_string())?),
             FrameKind::FileRead => files::read(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox),
             FrameKind::FileWrite => {

@@ -72,6 +72,21 @@ impl Client {
         }
     }
 
+    /// Any request with an optional text body; the status and the body as
+    /// text, whatever the status (a server's own answer, not the API's).
+    pub fn exchange(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+        let request = self.request(method, path);
+        let result = match body {
+            Some(body) => request.send_string(body),
+            None => request.call(),
+        };
+        let response = match result {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+            Err(err) => return Err(err.into()),
+        };
+        Ok((response.status(), response.into_string()?))
+    }
+
     /// A GET of a text body.
     pub fn get_text(&self, path: &str) -> Result<String> {
         match self.request("GET", path).call() {

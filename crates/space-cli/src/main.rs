@@ -6,6 +6,7 @@ mod attach;
 mod bench;
 mod client;
 mod density;
+mod forward;
 mod mcp;
 mod setup;
 
@@ -70,6 +71,16 @@ enum Top {
     /// Make, list and revoke tenants' API keys (works beside a running server).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Carry connections to a local port to a port inside a sandbox (a dev
+    /// server, a database): `space port-forward SBX 8080:3000`. Prints the
+    /// local address (LOCAL 0: any free port) and runs until interrupted.
+    PortForward {
+        sandbox: String,
+        /// LOCAL:REMOTE, or one port for both.
+        ports: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Write, list and delete your tenant's secrets (values are never shown).
     #[command(subcommand)]
     Secret(SecretCommand),
@@ -728,6 +739,10 @@ fn run(cli: Cli) -> Result<i32> {
         Top::Bench(args) => bench::run(args).map(|()| 0),
         Top::Keys(command) => keys(command).map(|()| 0),
         Top::Mcp { client } => mcp::serve(&client.client()?).map(|()| 0),
+        Top::PortForward { sandbox, ports, client } => {
+            let (local, remote) = forward::parse_ports(&ports)?;
+            forward::run(&client.client()?, &sandbox, local, remote).map(|()| 0)
+        }
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
 }

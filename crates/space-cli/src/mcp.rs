@@ -49,6 +49,14 @@ fn tools() -> Value {
          "inputSchema": {"type": "object", "properties": {
              "sandbox_id": id, "path": {"type": "string", "description": "Absolute path"}},
           "required": ["sandbox_id", "path"], "additionalProperties": false}},
+        {"name": "http_to_port",
+         "description": "Send an HTTP request to a server listening on a port inside a sandbox (a dev server, an app you started there); returns the status and body.",
+         "inputSchema": {"type": "object", "properties": {
+             "sandbox_id": id, "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+             "method": {"type": "string", "description": "Default GET"},
+             "path": {"type": "string", "description": "Default /"},
+             "body": {"type": "string"}},
+          "required": ["sandbox_id", "port"], "additionalProperties": false}},
         {"name": "list_sandboxes", "description": "List sandboxes with their state.",
          "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false}},
         {"name": "pause_sandbox", "description": "Freeze a sandbox in memory.", "inputSchema": only_id},
@@ -140,6 +148,16 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
             let mut bytes = Vec::new();
             client.download(id, path, &mut bytes).map_err(e)?;
             Ok(text(&String::from_utf8_lossy(&bytes)))
+        }
+        "http_to_port" => {
+            let id = string(args, "sandbox_id")?;
+            let port = args["port"].as_u64().filter(|p| (1..=65535).contains(p)).ok_or("`port` is 1 to 65535")?;
+            let method = args["method"].as_str().unwrap_or("GET").to_ascii_uppercase();
+            let path = args["path"].as_str().unwrap_or("/").trim_start_matches('/');
+            let (status, body) = client
+                .exchange(&method, &format!("/v1/sandboxes/{id}/ports/{port}/{path}"), args["body"].as_str())
+                .map_err(e)?;
+            Ok(text(&format!("HTTP {status}\n{body}")))
         }
         "list_sandboxes" => {
             let list = client.get("/v1/sandboxes").map_err(e)?;

@@ -153,6 +153,39 @@ fn dev_server_and_cli_run_a_sandbox() {
     let gone = space(&data, &url, &["secret", "rm", "cli-token"]);
     assert!(!gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("not_found"), "{gone:?}");
 
+    // A server in the sandbox, reached on a local port.
+    let started = space(
+        &data,
+        &url,
+        &["exec", &id, "--", "sh", "-c", "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"],
+    );
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let mut forward = Command::new(SPACE);
+    forward
+        .args(["port-forward", &id, "0:8000"])
+        .env("SPACE_URL", &url)
+        .env("SPACE_DATA_DIR", data.root())
+        .env_remove("SPACE_API_KEY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut forward = Reaper::global().spawn(&mut forward).unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(forward.child.stdout.take().unwrap()), &mut first)
+        .unwrap();
+    let local: std::net::SocketAddr = first.trim().parse().expect("the local address");
+    let mut page = String::new();
+    space_testkit::wait_until("the server through the forwarded port", space_testkit::PATIENCE, || {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(local) else { return false };
+        let _ = stream.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n");
+        page.clear();
+        let _ = stream.read_to_string(&mut page);
+        page.starts_with("HTTP/1.0 200")
+    });
+    assert!(page.contains("Directory listing"), "{page}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(forward.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    forward.wait_timeout(std::time::Duration::from_secs(20)).expect("port-forward stops on SIGTERM");
+
     let listed = space(&data, &url, &["sandbox", "ls"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&id));
     let removed = space(&data, &url, &["sandbox", "rm", &id]);
@@ -409,6 +442,7 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
         "write_file",
         "read_file",
         "list_sandboxes",
+        "http_to_port",
         "pause_sandbox",
         "resume_sandbox",
         "suspend_sandbox",
@@ -452,6 +486,23 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
         serde_json::json!({"name": "read_file", "arguments": {"sandbox_id": id, "path": "/root/mcp/note.txt"}}),
     );
     assert_eq!(read["result"]["content"][0]["text"], "noted");
+    // A server the agent started in the sandbox, asked over HTTP.
+    let served = ask(
+        20,
+        "tools/call",
+        serde_json::json!({"name": "run_command", "arguments": {"sandbox_id": id,
+            "command": "cd /root/mcp && python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"}}),
+    );
+    assert_eq!(served["result"]["isError"], false, "{served}");
+    let mut page = serde_json::Value::Null;
+    space_testkit::wait_until("the server in the sandbox", space_testkit::PATIENCE, || {
+        page = ask(
+            21,
+            "tools/call",
+            serde_json::json!({"name": "http_to_port", "arguments": {"sandbox_id": id, "port": 8000, "path": "/note.txt"}}),
+        );
+        page["result"]["content"][0]["text"] == "HTTP 200\nnoted"
+    });
     // Errors are tool errors, not crashes.
     let missing = ask(
         7,

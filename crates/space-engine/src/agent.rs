@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use space_proto::{
     decode_header, ExecFailed, ExecRequest, Exited, FileError, FileInfo, FileListing, FileRequest, Frame, FrameKind,
     Hello, Identity, ProtoError, ProtocolErrorMessage, SignalRequest, Started, Welcome, AGENT_STREAM_BIT,
-    CONTROL_STREAM, EGRESS_WINDOW, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
+    CONTROL_STREAM, EGRESS_WINDOW, HEADER_LEN, MAX_PAYLOAD, PORT_STREAM_BIT, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -44,6 +44,9 @@ pub enum AgentError {
     /// other process in the sandbox dialed in before its agent.
     #[error("the connection did not prove it is the sandbox's agent")]
     Impostor,
+    /// Nothing accepted the connection to a port in the sandbox.
+    #[error("{0}")]
+    PortClosed(String),
 }
 
 struct Shared {
@@ -400,6 +403,35 @@ impl AgentConn {
         Ok((stream, rx))
     }
 
+    /// A connection to `port` on the sandbox's loopback (a server running
+    /// there), carried like an egress connection; `PortClosed` when nothing
+    /// accepts it. It ends at a quiesce.
+    pub async fn open_port(&self, port: u16, patience: Duration) -> Result<EgressStream, AgentError> {
+        if self.is_closed() {
+            return Err(AgentError::Disconnected);
+        }
+        let stream = PORT_STREAM_BIT | (self.shared.next_stream.fetch_add(1, Ordering::Relaxed) & !PORT_STREAM_BIT);
+        let (tx, mut frames) = mpsc::channel(STREAM_DEPTH);
+        self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, tx);
+        self.send(Frame::new(stream, FrameKind::PortOpen, port.to_le_bytes().to_vec())).await?;
+        let answer = tokio::time::timeout(patience, frames.recv()).await;
+        match answer {
+            Ok(Some(frame)) if frame.kind == FrameKind::PortOpened => {
+                Ok(EgressStream { stream, frames, conn: self.clone() })
+            }
+            Ok(Some(frame)) => {
+                self.close_stream(stream);
+                Err(AgentError::PortClosed(String::from_utf8_lossy(&frame.payload).into_owned()))
+            }
+            Ok(None) => Err(AgentError::Disconnected),
+            Err(_) => {
+                self.close_stream(stream);
+                let _ = self.send(Frame::new(stream, FrameKind::EgressClose, Vec::new())).await;
+                Err(AgentError::Timeout(patience))
+            }
+        }
+    }
+
     /// Hands every egress connection the agent relays to `handler`.
     pub fn on_egress(&self, handler: EgressHandler) {
         *self.shared.egress.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
@@ -656,7 +688,11 @@ async fn read_loop(mut reader: OwnedReadHalf, conn: AgentConn) {
     if acknowledged {
         // The agent let go on purpose; its streams go on after reattach,
         // but not its egress connections: it cut them.
-        shared.streams.lock().unwrap_or_else(|e| e.into_inner()).retain(|stream, _| stream & AGENT_STREAM_BIT == 0);
+        shared
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|stream, _| stream & (AGENT_STREAM_BIT | PORT_STREAM_BIT) == 0);
         shared.detached.notify_waiters();
         return;
     }

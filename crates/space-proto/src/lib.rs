@@ -130,10 +130,21 @@ frame_kinds! {
     /// either way: `u32` LE, the number of `EgressData` bytes passed on,
     /// which the other side may now send again.
     EgressAck = 33,
+    /// host → agent, opens a stream (an id with [`PORT_STREAM_BIT`]): `u16`
+    /// LE, a port to connect to on the sandbox's loopback (a server in the
+    /// sandbox, reached through the API); answered with `PortOpened`, or
+    /// `EgressClose` with the reason as text. Its bytes then go as egress
+    /// frames.
+    PortOpen = 34,
+    /// agent → host: the port's connection is open.
+    PortOpened = 35,
 }
 
 /// Streams the agent opens carry this bit; the host's never do.
 pub const AGENT_STREAM_BIT: u32 = 1 << 31;
+/// The host's streams to a port in the sandbox carry this bit: like egress
+/// connections, they end at a quiesce.
+pub const PORT_STREAM_BIT: u32 = 1 << 30;
 /// Egress bytes in flight per connection and direction, at most: a slow
 /// reader holds back its own connection, never the channel.
 pub const EGRESS_WINDOW: usize = 256 * 1024;

@@ -61,6 +61,7 @@ fn exec_failure(err: AgentError) -> ApiError {
         }
         AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
         AgentError::File(err) => ApiError::internal("starting a command", err.message),
+        AgentError::PortClosed(why) => ApiError::internal("starting a command", why),
     }
 }
 

@@ -2,6 +2,7 @@
 SPACE_API_KEY point at it). Run: python -m unittest discover -s sdk/python/tests"""
 
 import asyncio
+import time
 import unittest
 
 from space_sdk import AsyncSandbox, ConflictError, NotFoundError, Sandbox, SpaceError
@@ -76,6 +77,19 @@ class SyncSdk(unittest.TestCase):
             placeholder = bound["network"]["secrets"]["SDK_TOKEN"]["placeholder"]
             self.assertTrue(placeholder.startswith("space_ph_"))
             client.delete_secret("sdk-token")
+            # A server inside the sandbox, through the API.
+            sbx.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &")
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    page = sbx.port_request(8000, "GET", "/")
+                    break
+                except SpaceError as err:
+                    if err.code != "port_closed" or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            self.assertIn("Directory listing", page.text)
+            self.assertTrue(sbx.port_url(8000, "/x").endswith(f"/v1/sandboxes/{sbx.id}/ports/8000/x"))
             self.assertEqual([s for s in client.list_secrets() if s["name"] == "sdk-token"], [])
             self.assertIn(sbx.id, [s.id for s in Sandbox.list()])
             self.assertEqual(Sandbox.connect(sbx.id).id, sbx.id)

@@ -9,6 +9,7 @@ mod health;
 mod openapi;
 mod operations;
 mod output;
+mod ports;
 mod sandboxes;
 mod secrets;
 mod templates;
@@ -71,6 +72,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
         .route("/v1/sandboxes/{id}/egress", get(egress::log))
         .route("/v1/sandboxes/{id}/network", axum::routing::put(egress::set_network))
+        .route("/v1/sandboxes/{id}/ports/{port}", axum::routing::any(ports::proxy_root))
+        .route("/v1/sandboxes/{id}/ports/{port}/", axum::routing::any(ports::proxy_root))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", axum::routing::any(ports::proxy))
         .route(
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::delete).layer(axum::extract::DefaultBodyLimit::disable()),

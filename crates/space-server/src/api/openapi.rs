@@ -5,7 +5,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{attach, commands, egress, files, health, operations, output, sandboxes, secrets, templates, usage};
+use super::{attach, commands, egress, files, health, operations, output, ports, sandboxes, secrets, templates, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,7 +20,7 @@ use super::{attach, commands, egress, files, health, operations, output, sandbox
         output::output, attach::attach,
         files::read, files::write, files::delete,
         usage::usage, egress::log, egress::set_network,
-        secrets::put, secrets::list, secrets::delete,
+        secrets::put, secrets::list, secrets::delete, ports::proxy,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth),

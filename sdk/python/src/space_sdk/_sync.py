@@ -311,6 +311,16 @@ class Sandbox:
         self.info = self.client.json("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
         return self.info
 
+    def port_url(self, port: int, path: str = "/") -> str:
+        """The API URL that reaches `path` on a server listening on `port`
+        inside the sandbox (send the API key with it)."""
+        return f"{self.client.url}/v1/sandboxes/{self.id}/ports/{port}/{path.lstrip('/')}"
+
+    def port_request(self, port: int, method: str, path: str = "/", **kwargs: Any) -> httpx.Response:
+        """An HTTP request to a server listening on `port` inside the
+        sandbox (a dev server, a notebook), through the API."""
+        return self.client.request(method, f"/v1/sandboxes/{self.id}/ports/{port}/{path.lstrip('/')}", **kwargs)
+
     def egress_log(self, limit: int = 1000) -> List[Dict[str, Any]]:
         """Every connection the sandbox made through the egress gateway."""
         return self.client.json("GET", f"/v1/sandboxes/{self.id}/egress", params={"limit": limit})["events"]
