@@ -129,7 +129,7 @@ fn measure_throughput(client: &Client, id: &str) -> Result<Throughput> {
 
 /// The fixed name the egress figures' upstream (this process) answers to.
 const EGRESS_HOST: &str = "upstream.bench.space.test";
-const EGRESS_BYTES: u64 = 256 << 20;
+const EGRESS_BYTES: u64 = 1 << 30;
 
 struct Egress {
     through: f64,
@@ -137,6 +137,7 @@ struct Egress {
     request_through_ms: f64,
     request_direct_ms: f64,
     server_growth_mib: f64,
+    server_peak_mib: f64,
 }
 
 /// An HTTP upstream on loopback: `/big` is [`EGRESS_BYTES`], anything else
@@ -190,7 +191,7 @@ fn own_rss() -> u64 {
 }
 
 /// Egress against the same upstream reached directly from the host: a
-/// 256 MiB download and a small request's round trip (connect included).
+/// 1 GiB download and a small request's round trip (connect included).
 fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
     use std::io::{Read, Write};
     let port = egress_upstream()?;
@@ -249,6 +250,7 @@ fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
         request_direct_ms: direct_requests.percentile(50.0),
         server_growth_mib: peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(baseline) as f64
             / (1u64 << 20) as f64,
+        server_peak_mib: peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / (1u64 << 20) as f64,
     })
 }
 
@@ -518,12 +520,13 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         println!("{:<44} {:>9.0} MB/s", "file download (GET 64 MiB)", t.download);
     }
     if let Some(e) = &egress {
-        println!("{:<44} {:>9.0} MB/s", "download through egress (256 MiB, urllib)", e.through);
+        println!("{:<44} {:>9.0} MB/s", "download through egress (1 GiB, urllib)", e.through);
         println!("{:<44} {:>9.0} MB/s", "the same download on the host, direct", e.direct);
         println!("{:<44} {:>9.2}", "ratio egress/direct", e.through / e.direct);
         println!("{:<44} {:>9.2} ms", "request through egress, p50 (connect+GET)", e.request_through_ms);
         println!("{:<44} {:>9.2} ms", "the same request on the host, direct, p50", e.request_direct_ms);
-        println!("{:<44} {:>9.1} MiB", "server memory growth during the download", e.server_growth_mib);
+        println!("{:<44} {:>9.1} MiB", "server (gateway) RSS growth, 1 GiB download", e.server_growth_mib);
+        println!("{:<44} {:>9.1} MiB", "server (gateway) peak RSS during it", e.server_peak_mib);
     }
     idle_pss.sort_unstable();
     if let Some(&pss) = idle_pss.get(idle_pss.len() / 2) {

@@ -81,8 +81,16 @@ const DEFENCES: &[(&str, &str)] = &[
     ("open a host socket for egress directly", "egress rides the agent's channel: no socket to hold"),
     (
         "flood the egress proxy with connections and garbage",
-        "64 connections per sandbox, 32 KiB heads, 400 for garbage",
+        "64 connections per sandbox, 20 new per second, 32 KiB heads, 400 for garbage",
     ),
+    ("send a secret's placeholder to a host it is not bound to", "placeholders refused outside their hosts' HTTPS"),
+    ("find a secret's value in the sandbox's environment or processes", "the sandbox holds only a placeholder"),
+    ("read a secret's value back through the API", "secrets are write-only"),
+    ("bind another tenant's secret", "secrets are looked up in the caller's tenant only"),
+    ("allow more than the tenant's egress ceiling", "ceiling checked at create and on every change"),
+    ("reach another tenant's sandbox port", "tenant check on the ports path (404)"),
+    ("reach the host's API through the port proxy", "ports are the sandbox's own loopback, through its agent"),
+    ("learn the API key from a server in the sandbox", "the port proxy drops Authorization"),
 ];
 
 impl Suite {
@@ -577,17 +585,116 @@ while time.time() < end:
     let out = py(
         &server,
         &lister,
-        "import socket\nheld = []\nfor _ in range(100):\n    s = socket.create_connection(('127.0.0.1', 3128))\n    held.append(s)\nanswers = []\nfor s in held[:2]:\n    s.sendall(b'\\x16\\x03\\x01garbage\\r\\n\\r\\n')\n    answers.append(s.recv(64)[:12])\nx = socket.create_connection(('127.0.0.1', 3128))\nx.settimeout(20)\nprint(answers, x.recv(64)[:12])",
+        "import select, socket, time\nheld = []\nfor _ in range(100):\n    s = socket.create_connection(('127.0.0.1', 3128))\n    held.append(s)\nanswers = []\nfor s in held[:2]:\n    s.sendall(b'\\x16\\x03\\x01garbage\\r\\n\\r\\n')\n    answers.append(s.recv(64)[:12])\nlimited = 0\nwaiting = held[2:]\ndeadline = time.time() + 30\nwhile waiting and time.time() < deadline:\n    ready, _, _ = select.select(waiting, [], [], 1)\n    for s in ready:\n        limited += s.recv(64).startswith(b'HTTP/1.1 429')\n        waiting.remove(s)\nprint(answers, 'limited', limited, 'silent', len(waiting))",
     );
     let health = server.raw("GET", "/v1/health", &[], None).0;
     let alive = proxied(&lister, "a.space.test:443");
     suite.check(
         "flood the egress proxy with connections and garbage",
-        out.contains("HTTP/1.1 400") && out.contains("HTTP/1.1 429") && health == 200 && alive.contains("refused"),
+        out.contains("[b'HTTP/1.1 400', b'HTTP/1.1 400']")
+            && !out.contains("limited 0 ")
+            && out.contains("silent 0")
+            && health == 200
+            && alive.contains("refused"),
         format!("{out} | {alive}"),
     );
     server.delete_sandbox(&public);
     server.delete_sandbox(&lister);
+
+    // --- Secrets and ports ---
+    let secret_value = format!("abuse-secret-{}", std::process::id());
+    server.ok("PUT", "/v1/secrets/abuse-token", Some(json!({"value": secret_value, "hosts": ["api.space.test"]})));
+    let binder = server.create_sandbox(json!({"template": "base", "network": {
+        "egress": "allowlist", "allow": ["*.space.test"], "secrets": {"TOKEN": {"secret": "abuse-token"}}}}));
+    let out = py(
+        &server,
+        &binder,
+        "import os, urllib.request, urllib.error\ntry:\n    r = urllib.request.Request('http://x.space.test/', headers={'X-Key': os.environ['TOKEN']})\n    urllib.request.urlopen(r, timeout=20)\n    print('THROUGH')\nexcept urllib.error.HTTPError as e:\n    print('refused', e.code, e.headers.get('X-Space-Egress'))\nexcept Exception as e:\n    print('refused', e)",
+    );
+    suite.check(
+        "send a secret's placeholder to a host it is not bound to",
+        out.contains("refused 403 secret_not_for_host"),
+        &out,
+    );
+    let (half, rest) = secret_value.split_at(6);
+    let out = py(
+        &server,
+        &binder,
+        &format!("import os\nneedle = b'{half}' + b'{rest}'\nhits = []\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        for f in ('environ', 'cmdline'):\n            try:\n                hits += [p] if needle in open(f'/proc/{{p}}/{{f}}', 'rb').read() else []\n            except OSError:\n                pass\nprint('HITS', hits, os.environ['TOKEN'][:9])"),
+    );
+    suite.check(
+        "find a secret's value in the sandbox's environment or processes",
+        out.contains("HITS [] space_ph_"),
+        &out,
+    );
+    let listed = server.ok("GET", "/v1/secrets", None).to_string();
+    let bearer = format!("Bearer {}", server.key);
+    let (single, body) = server.raw("GET", "/v1/secrets/abuse-token", &[("Authorization", &bearer)], None);
+    suite.check(
+        "read a secret's value back through the API",
+        !listed.contains(&secret_value) && !body.contains(&secret_value) && single == 405,
+        format!("{single} {body} {listed}"),
+    );
+    let (status, stolen) = server.call_as(
+        &b_key,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "network": {"egress": "allowlist", "secrets": {"T": {"secret": "abuse-token"}}}})),
+    );
+    suite.check("bind another tenant's secret", status == 422, format!("{status} {stolen}"));
+    let ceiling =
+        space_server::store::Quotas { egress_ceiling: Some(vec!["*.space.test".into()]), ..Default::default() };
+    let (_, bounded) = space_server::tenants::create_key(&server.platform.store, "bounded", Some(&ceiling)).unwrap();
+    let (status, beyond) = server.call_as(
+        &bounded,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "base", "network": {"egress": "public"}})),
+    );
+    suite.check(
+        "allow more than the tenant's egress ceiling",
+        status == 422 && beyond["error"]["code"] == "egress_not_permitted",
+        format!("{status} {beyond}"),
+    );
+    let headers_app = "import http.server\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        body = str(dict(self.headers)).encode()\n        self.send_response(200)\n        self.send_header('Content-Length', str(len(body)))\n        self.end_headers()\n        self.wfile.write(body)\nhttp.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()";
+    let (status, app) = server.call(
+        "POST",
+        &format!("/v1/sandboxes/{binder}/commands"),
+        Some(json!({"argv": ["python3", "-c", headers_app]})),
+    );
+    assert_eq!(status, 201, "{app}");
+    let auth = format!("Bearer {}", server.key);
+    let mut seen_headers = String::new();
+    space_testkit::wait_until("the app in the sandbox", space_testkit::PATIENCE, || {
+        let (status, body) =
+            server.raw("GET", &format!("/v1/sandboxes/{binder}/ports/8000/"), &[("Authorization", &auth)], None);
+        seen_headers = body;
+        status == 200
+    });
+    suite.check(
+        "learn the API key from a server in the sandbox",
+        !seen_headers.contains(&server.key) && !seen_headers.to_lowercase().contains("authorization"),
+        &seen_headers,
+    );
+    let (status, _) = server.raw(
+        "GET",
+        &format!("/v1/sandboxes/{binder}/ports/8000/"),
+        &[("Authorization", &format!("Bearer {b_key}"))],
+        None,
+    );
+    suite.check("reach another tenant's sandbox port", status == 404, status);
+    let (status, body) = server.raw(
+        "GET",
+        &format!("/v1/sandboxes/{binder}/ports/{api_port}/v1/health"),
+        &[("Authorization", &auth)],
+        None,
+    );
+    suite.check(
+        "reach the host's API through the port proxy",
+        status == 502 && body.contains("port_closed"),
+        format!("{status} {body}"),
+    );
+    server.delete_sandbox(&binder);
 
     // --- Disk a tenant causes outside its roots ---
     let limits = &server.platform;

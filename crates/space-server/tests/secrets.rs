@@ -217,8 +217,36 @@ fn files_holding(dir: &Path, needle: &[u8], found: &mut Vec<PathBuf>) {
     }
 }
 
+/// Everything the server logs during the test, at every level.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
 #[test]
 fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
+    let logs = Logs::default();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(logs.clone())
+        .try_init()
+        .expect("this test binary's only subscriber");
     let data = TestDataDir::with_templates(&[BASE_TEMPLATE, POLYGLOT_TEMPLATE]);
     let upstream = upstream(data.root());
     publish(&data.root().join("www"));
@@ -378,4 +406,11 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
     let (_, out) = sh(&server, &id, "curl -sS https://api.space.test/echo -H \"Authorization: Bearer $LLM_KEY\" -D -");
     assert!(out.contains("secret_unavailable"), "{out}");
     server.error("DELETE", "/v1/secrets/llm", None, 404, "not_found");
+
+    // The server logged at every level throughout, and never a value.
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(logged.contains("space_server") || logged.contains("space_egress"), "the capture works");
+    for value in [&llm, &git, &pypi, &rotated] {
+        assert!(!logged.contains(value.as_str()), "a secret value is in the server's log");
+    }
 }
