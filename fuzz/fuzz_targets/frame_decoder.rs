@@ -21,6 +21,8 @@ fn parse_all(frame: &Frame) {
     let _ = frame.parse::<FileInfo>();
     let _ = frame.parse::<FileListing>();
     let _ = frame.parse::<FileError>();
+    let _ = frame.parse::<PathRequest>();
+    let _ = frame.parse::<PathInfo>();
     let _ = frame.parse::<ProtocolErrorMessage>();
 }
 

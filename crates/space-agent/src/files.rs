@@ -11,7 +11,8 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 
 use space_proto::{
-    DirEntry, FileError, FileFailure, FileInfo, FileListing, FileRequest, Frame, FrameKind, MAX_OUTPUT_CHUNK,
+    DirEntry, FileError, FileFailure, FileInfo, FileListing, FileRequest, Frame, FrameKind, PathInfo, PathOpKind,
+    PathRequest, MAX_OUTPUT_CHUNK,
 };
 
 use crate::pool;
@@ -26,6 +27,7 @@ fn failure(err: std::io::Error, path: &str) -> FileError {
         ErrorKind::IsADirectory | ErrorKind::NotADirectory => FileFailure::WrongType,
         ErrorKind::DirectoryNotEmpty => FileFailure::NotEmpty,
         ErrorKind::InvalidInput => FileFailure::Invalid,
+        ErrorKind::AlreadyExists => FileFailure::Exists,
         _ => FileFailure::Io,
     };
     FileError { reason, message: format!("{path}: {err}") }
@@ -299,6 +301,76 @@ pub fn delete(stream: u32, request: FileRequest, outbox: &SyncSender<Frame>) {
         })();
         let frame = match result {
             Ok(()) => Frame::new(stream, FrameKind::FileDone, Vec::new()),
+            Err(error) => Frame::message(stream, FrameKind::FileFailed, &error),
+        };
+        let _ = outbox.send(frame);
+    });
+}
+
+/// What `ls -l` shows of `path` (a symlink itself, with its target).
+fn describe(path: &Path) -> std::io::Result<PathInfo> {
+    let meta = fs::symlink_metadata(path)?;
+    let kind = if meta.file_type().is_symlink() {
+        "symlink"
+    } else if meta.is_dir() {
+        "dir"
+    } else if meta.is_file() {
+        "file"
+    } else {
+        "other"
+    };
+    let target = meta.file_type().is_symlink().then(|| fs::read_link(path).ok()).flatten();
+    Ok(PathInfo {
+        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
+        kind: kind.into(),
+        size: meta.len(),
+        mode: meta.mode() & 0o7777,
+        mtime: meta.mtime(),
+        owner: crate::users::user_name(meta.uid()),
+        group: crate::users::group_name(meta.gid()),
+        target: target.map(|t| t.to_string_lossy().into_owned()),
+    })
+}
+
+/// Stats a path, makes a directory (with its parents) or moves a path;
+/// answers with the path's [`PathInfo`] (the destination's, for a move).
+pub fn path_op(stream: u32, request: PathRequest, outbox: &SyncSender<Frame>) {
+    let outbox = outbox.clone();
+    pool::run(move || {
+        let result = (|| {
+            let path = absolute(&request.path)?;
+            let at = |e| failure(e, &request.path);
+            match request.op {
+                PathOpKind::Stat => describe(path).map_err(at),
+                PathOpKind::Mkdir => {
+                    match fs::symlink_metadata(path) {
+                        Ok(meta) if meta.is_dir() => {
+                            return Err(FileError {
+                                reason: FileFailure::Exists,
+                                message: format!("{}: the directory exists", request.path),
+                            })
+                        }
+                        Ok(_) => {
+                            return Err(FileError {
+                                reason: FileFailure::WrongType,
+                                message: format!("{}: exists and is not a directory", request.path),
+                            })
+                        }
+                        Err(_) => {}
+                    }
+                    fs::create_dir_all(path).map_err(at)?;
+                    describe(path).map_err(at)
+                }
+                PathOpKind::Move => {
+                    let to = request.to.as_deref().unwrap_or_default();
+                    let to_path = absolute(to)?;
+                    fs::rename(path, to_path).map_err(at)?;
+                    describe(to_path).map_err(|e| failure(e, to))
+                }
+            }
+        })();
+        let frame = match result {
+            Ok(info) => Frame::message(stream, FrameKind::PathInfo, &info),
             Err(error) => Frame::message(stream, FrameKind::FileFailed, &error),
         };
         let _ = outbox.send(frame);

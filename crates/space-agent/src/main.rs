@@ -290,6 +290,7 @@ impl Agent {
             FrameKind::FileDelete => {
                 files::delete(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox)
             }
+            FrameKind::PathOp => files::path_op(frame.stream, frame.parse().map_err(|e| e.to_string())?, &self.outbox),
             FrameKind::Identity => {
                 let identity: Identity = frame.parse().map_err(|e| e.to_string())?;
                 take_identity(&self.identity, identity);

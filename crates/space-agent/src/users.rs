@@ -23,6 +23,26 @@ pub fn resolve(user: Option<&str>) -> Result<Account, String> {
     Ok(account)
 }
 
+/// The name of `uid` in `/etc/passwd`, else the number.
+pub fn user_name(uid: u32) -> String {
+    name_in(&fs::read_to_string("/etc/passwd").unwrap_or_default(), uid)
+}
+
+/// The name of `gid` in `/etc/group`, else the number.
+pub fn group_name(gid: u32) -> String {
+    name_in(&fs::read_to_string("/etc/group").unwrap_or_default(), gid)
+}
+
+/// The first name whose third field is `id`, in passwd or group text.
+fn name_in(table: &str, id: u32) -> String {
+    table
+        .lines()
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .find(|fields| fields.len() >= 3 && fields[2].parse() == Ok(id))
+        .map(|fields| fields[0].to_string())
+        .unwrap_or_else(|| id.to_string())
+}
+
 /// A group name or numeric gid from `/etc/group`'s text.
 fn group_in(groups: &str, group: &str) -> Result<u32, String> {
     if let Ok(gid) = group.parse() {
@@ -64,6 +84,13 @@ mod tests {
 
     const PASSWD: &str =
         "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nbroken\n";
+
+    #[test]
+    fn ids_are_named_from_the_tables_or_shown_as_numbers() {
+        assert_eq!(name_in(PASSWD, 65534), "nobody");
+        assert_eq!(name_in(PASSWD, 0), "root");
+        assert_eq!(name_in(PASSWD, 1234), "1234");
+    }
 
     #[test]
     fn names_and_uids_resolve() {

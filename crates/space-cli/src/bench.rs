@@ -255,6 +255,46 @@ fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
 }
 
 /// Calls a lifecycle action and waits for its operation; returns how long.
+/// `commands.run("true")` as the e2b SDK sends it (`/bin/bash -l -c true`
+/// on envd's `Start` stream, read to its end-of-stream frame), each next
+/// to SPACE's own exec of the same argv.
+fn measure_e2b(client: &Client, id: &str, runs: usize, e2b: &mut Samples, own: &mut Samples) -> Result<()> {
+    let json = [("Content-Type", "application/json"), ("X-API-KEY", client.key())];
+    let (status, body) = client.post_bytes(&format!("/e2b/v2/sandboxes/{id}/connect"), &json, b"{}")?;
+    if status / 100 != 2 {
+        bail!("E2B connect answered {status}: {}", String::from_utf8_lossy(&body));
+    }
+    let connected: serde_json::Value = serde_json::from_slice(&body)?;
+    let token = connected["envdAccessToken"].as_str().unwrap_or_default().to_string();
+    let argv = ["/bin/bash", "-l", "-c", "true"];
+    let message = serde_json::json!({"process": {"cmd": argv[0], "args": &argv[1..]}, "stdin": false}).to_string();
+    let mut envelope = vec![0u8];
+    envelope.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    envelope.extend_from_slice(message.as_bytes());
+    let headers = [
+        ("Content-Type", "application/connect+json"),
+        ("Connect-Protocol-Version", "1"),
+        ("Connect-Timeout-Ms", "60000"),
+        ("E2b-Sandbox-Id", id),
+        ("X-Access-Token", token.as_str()),
+    ];
+    for _ in 0..runs {
+        let started = Instant::now();
+        let (status, answer) = client.post_bytes("/e2b/envd/process.Process/Start", &headers, &envelope)?;
+        e2b.0.push(started.elapsed());
+        if status != 200 || !String::from_utf8_lossy(&answer).contains("exit status 0") {
+            bail!("E2B Start answered {status}: {}", String::from_utf8_lossy(&answer));
+        }
+        let started = Instant::now();
+        let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": argv}))?;
+        own.0.push(started.elapsed());
+        if answer["result"]["exit_code"] != 0 {
+            bail!("`bash -l -c true` failed: {answer}");
+        }
+    }
+    Ok(())
+}
+
 fn timed_lifecycle(client: &Client, id: &str, action: &str) -> Result<Duration> {
     let started = Instant::now();
     let accepted = client.post(&format!("/v1/sandboxes/{id}/{action}"), &serde_json::json!({}))?;
@@ -352,6 +392,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
     let mut snapshot_bytes: Vec<u64> = Vec::new();
     let mut warm_create = Samples(vec![]);
+    let (mut e2b_run, mut bash_exec) = (Samples(vec![]), Samples(vec![]));
     let mut idle_pss: Vec<u64> = Vec::new();
     let mut throughput: Option<Throughput> = None;
     let mut egress: Option<Egress> = None;
@@ -377,6 +418,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
                 bail!("`true` failed: {answer}");
             }
         }
+        measure_e2b(&client, &id, args.execs, &mut e2b_run, &mut bash_exec)?;
         // The floor inside the sandbox: how long the guest kernel itself
         // takes to start and reap `true` (needs python3 in the template).
         let probe = client
@@ -490,6 +532,14 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
     ratio(&exec, &raw_exec);
+    row("exec `bash -l -c true`, SPACE API", &bash_exec);
+    row("E2B commands.run(\"true\") (the same argv)", &e2b_run);
+    println!(
+        "{:<44} {:>9.2} {:>9.2}",
+        "ratio E2B/SPACE",
+        e2b_run.percentile(50.0) / bash_exec.percentile(50.0),
+        e2b_run.percentile(95.0) / bash_exec.percentile(95.0)
+    );
     if !in_guest.0.is_empty() {
         row("posix_spawn `true` + wait, inside the sandbox", &in_guest);
     }

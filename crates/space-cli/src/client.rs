@@ -87,6 +87,24 @@ impl Client {
         Ok((response.status(), response.into_string()?))
     }
 
+    /// A POST of raw bytes with extra headers; the status and the whole
+    /// body, whatever the status (for routes that are not SPACE's own API,
+    /// such as the E2B-compatible ones).
+    pub fn post_bytes(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<(u16, Vec<u8>)> {
+        let mut request = self.request("POST", path);
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        let response = match request.send_bytes(body) {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+            Err(err) => return Err(err.into()),
+        };
+        let status = response.status();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)?;
+        Ok((status, bytes))
+    }
+
     /// A GET of a text body.
     pub fn get_text(&self, path: &str) -> Result<String> {
         match self.request("GET", path).call() {

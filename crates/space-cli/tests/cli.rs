@@ -11,7 +11,7 @@ use space_testkit::{agent_bin, TestDataDir};
 
 mod common;
 
-use common::SPACE;
+use common::{stop, SPACE};
 
 /// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
 fn serve(data: &TestDataDir) -> (ReapedChild, String) {
@@ -31,12 +31,6 @@ fn space(data: &TestDataDir, url: &str, args: &[&str]) -> Output {
     let mut command = Command::new(SPACE);
     command.args(args).env("SPACE_URL", url).env("SPACE_DATA_DIR", data.root()).env_remove("SPACE_API_KEY");
     Reaper::global().output(&mut command).unwrap()
-}
-
-fn stop(child: ReapedChild) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = child.wait_timeout(std::time::Duration::from_secs(20)).expect("the server stops on SIGTERM");
-    assert!(status.success(), "{status:?}");
 }
 
 #[test]

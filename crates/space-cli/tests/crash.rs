@@ -288,6 +288,5 @@ fn killing_the_server_under_load_loses_nothing_it_accepted() {
         });
         assert_eq!(processes_mentioning(id), 0, "nothing of {id} is left");
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    server.wait_timeout(Duration::from_secs(20));
+    common::stop(server);
 }

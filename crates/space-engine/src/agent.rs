@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use space_proto::{
     decode_header, ExecFailed, ExecRequest, Exited, FileError, FileInfo, FileListing, FileRequest, Frame, FrameKind,
-    Hello, Identity, ProtoError, ProtocolErrorMessage, SignalRequest, Started, Welcome, AGENT_STREAM_BIT,
-    CONTROL_STREAM, EGRESS_WINDOW, HEADER_LEN, MAX_PAYLOAD, PORT_STREAM_BIT, PROTOCOL_VERSION,
+    Hello, Identity, PathInfo, PathOpKind, PathRequest, ProtoError, ProtocolErrorMessage, SignalRequest, Started,
+    Welcome, AGENT_STREAM_BIT, CONTROL_STREAM, EGRESS_WINDOW, HEADER_LEN, MAX_PAYLOAD, PORT_STREAM_BIT,
+    PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -522,6 +523,20 @@ impl AgentConn {
             FrameKind::FileDone => Ok(()),
             FrameKind::FileFailed => Err(file_failure(&frame)),
             got => Err(ProtoError::Unexpected { expected: FrameKind::FileDone, got }.into()),
+        }
+    }
+
+    /// Stats a path, makes a directory or moves a path (see [`PathOpKind`]).
+    pub async fn path_op(&self, op: PathOpKind, path: &str, to: Option<&str>) -> Result<PathInfo, AgentError> {
+        let (stream, mut frames) = self.open_stream()?;
+        let _guard = StreamGuard { stream, conn: self.clone() };
+        let request = PathRequest { op, path: path.into(), to: to.map(str::to_string) };
+        self.send(Frame::message(stream, FrameKind::PathOp, &request)).await?;
+        let frame = frames.recv().await.ok_or(AgentError::Disconnected)?;
+        match frame.kind {
+            FrameKind::PathInfo => Ok(frame.parse()?),
+            FrameKind::FileFailed => Err(file_failure(&frame)),
+            got => Err(ProtoError::Unexpected { expected: FrameKind::PathInfo, got }.into()),
         }
     }
 

@@ -342,6 +342,11 @@ impl Engine for Gvisor {
         Self::snapshot_dir(&spec.dir).join("checkpoint.img").is_file()
     }
 
+    fn resource_use(&self, spec: &SandboxSpec) -> Option<crate::ResourceUse> {
+        let cgroup = cgroup_path(&spec.id);
+        crate::cgroup_use(cgroup.strip_prefix("/").unwrap_or(&cgroup))
+    }
+
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {
         let Ok(out) = space_host::run(self.runsc().args(["state", &spec.id])) else {
             return LiveStatus::Gone;

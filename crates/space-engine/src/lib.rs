@@ -102,6 +102,31 @@ impl Drop for AgentListener {
 
 /// The identity a sandbox's agent receives when it dials in. The session
 /// is fresh for every new host-side connection.
+/// Counters of a cgroup: CPU time used so far and memory in use now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceUse {
+    pub cpu_usec: u64,
+    pub memory_bytes: u64,
+}
+
+/// Reads a cgroup's counters: `relative` under the v2 hierarchy, or under
+/// v1's `memory` and `cpuacct` controllers.
+pub fn cgroup_use(relative: &std::path::Path) -> Option<ResourceUse> {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let read = |path: std::path::PathBuf| std::fs::read_to_string(path).ok();
+    let v2 = root.join(relative);
+    if let Some(memory) = read(v2.join("memory.current")) {
+        let cpu = read(v2.join("cpu.stat")).unwrap_or_default();
+        let cpu_usec = cpu.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse().ok());
+        return Some(ResourceUse { cpu_usec: cpu_usec.unwrap_or(0), memory_bytes: memory.trim().parse().ok()? });
+    }
+    let memory = read(root.join("memory").join(relative).join("memory.usage_in_bytes"))?;
+    let cpu_ns: u64 = read(root.join("cpuacct").join(relative).join("cpuacct.usage"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some(ResourceUse { cpu_usec: cpu_ns / 1000, memory_bytes: memory.trim().parse().ok()? })
+}
+
 pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
     let mut session = [0u8; 8];
     // Any value will do if the kernel's random source fails: it only needs
@@ -197,6 +222,12 @@ pub trait Engine: Send + Sync {
         None
     }
 
+    /// What the sandbox's engine processes use now, from their cgroup;
+    /// None if the engine keeps them in no cgroup of their own.
+    fn resource_use(&self, _spec: &SandboxSpec) -> Option<ResourceUse> {
+        None
+    }
+
     /// Whether the sandbox's engine processes are alive, and how.
     /// Blocking: call it off the async threads.
     fn status(&self, spec: &SandboxSpec) -> LiveStatus;
@@ -276,6 +307,10 @@ impl Engine for Engines {
 
     fn stop_reason(&self, spec: &SandboxSpec) -> Option<&'static str> {
         self.pick(spec).stop_reason(spec)
+    }
+
+    fn resource_use(&self, spec: &SandboxSpec) -> Option<ResourceUse> {
+        self.pick(spec).resource_use(spec)
     }
 
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {

@@ -138,6 +138,11 @@ frame_kinds! {
     PortOpen = 34,
     /// agent → host: the port's connection is open.
     PortOpened = 35,
+    /// host → agent, opens a stream: [`PathRequest`] (stat, make a
+    /// directory, move); answered with `PathInfo` or `FileFailed`.
+    PathOp = 36,
+    /// agent → host: [`PathInfo`] of the path (of the destination, for a move).
+    PathInfo = 37,
 }
 
 /// Streams the agent opens carry this bit; the host's never do.

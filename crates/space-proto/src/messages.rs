@@ -204,6 +204,49 @@ pub struct FileListing {
     pub entries: Vec<DirEntry>,
 }
 
+/// What a [`PathRequest`] does.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PathOpKind {
+    /// Describe the path (a symlink itself, not its target).
+    Stat,
+    /// Make a directory and its missing parents; `Exists` if it was there.
+    Mkdir,
+    /// Rename `path` to `to`, replacing a file there.
+    Move,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PathRequest {
+    pub op: PathOpKind,
+    /// Absolute path, resolved inside the sandbox.
+    pub path: String,
+    /// For a move: where to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+/// A path as `ls -l` would show it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PathInfo {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Seconds since the epoch.
+    pub mtime: i64,
+    pub owner: String,
+    pub group: String,
+    /// For a symlink: where it points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
 /// Why a file operation failed.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -216,6 +259,8 @@ pub enum FileFailure {
     NotEmpty,
     Invalid,
     Io,
+    /// Something is already at the path.
+    Exists,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

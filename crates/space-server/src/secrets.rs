@@ -32,6 +32,8 @@ pub const PLACEHOLDER_PREFIX: &str = "space_ph_";
 /// The key that seals secrets (and each sandbox's CA key).
 pub struct Keyring {
     key: LessSafeKey,
+    /// Derives per-object tokens (never the sealing key itself).
+    tokens: ring::hmac::Key,
 }
 
 impl Keyring {
@@ -51,7 +53,16 @@ impl Keyring {
         };
         let key = UnboundKey::new(&AES_256_GCM, &bytes)
             .map_err(|_| std::io::Error::other(format!("{}: not a 32-byte key", path.display())))?;
-        Ok(Keyring { key: LessSafeKey::new(key) })
+        let derived = ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes), b"space tokens v1");
+        let tokens = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref());
+        Ok(Keyring { key: LessSafeKey::new(key), tokens })
+    }
+
+    /// A token for `purpose` and `id` that only this key can make: stable
+    /// across restarts, unguessable without the key file.
+    pub fn token(&self, purpose: &str, id: &str) -> String {
+        let tag = ring::hmac::sign(&self.tokens, format!("{purpose}\0{id}").as_bytes());
+        tag.as_ref()[..24].iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// `plain` sealed for `context` (nonce, then ciphertext and tag).

@@ -133,10 +133,13 @@ pub struct KeyInfo {
     pub revoked_at: Option<String>,
 }
 
-type SandboxRow = (String, Option<String>, Option<String>);
+type SandboxRow = (String, Option<String>, Option<String>, Option<String>);
 
-fn sandbox_from_row((body, last_activity, network): SandboxRow) -> Result<SandboxRecord, StoreError> {
+fn sandbox_from_row((body, last_activity, network, lifecycle): SandboxRow) -> Result<SandboxRecord, StoreError> {
     let mut record: SandboxRecord = serde_json::from_str(&body)?;
+    if let Some(lifecycle) = lifecycle {
+        record.sandbox.lifecycle = serde_json::from_str(&lifecycle)?;
+    }
     if let Some(at) = last_activity {
         record.sandbox.last_activity_at = at;
     }
@@ -245,6 +248,12 @@ impl Store {
         if !has_network {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT")?;
         }
+        // So is a lifecycle changed after create (an E2B `set_timeout`).
+        let has_lifecycle: bool =
+            conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'lifecycle'")?.exists([])?;
+        if !has_lifecycle {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT")?;
+        }
         conn.execute_batch(
             "DROP INDEX IF EXISTS operations_by_key;
              CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
@@ -271,8 +280,8 @@ impl Store {
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
         let row: Option<SandboxRow> = self
             .conn()
-            .query_row("SELECT body, last_activity_at, network FROM sandboxes WHERE id = ?1", [id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            .query_row("SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
             .optional()?;
         row.map(sandbox_from_row).transpose()
@@ -280,9 +289,11 @@ impl Store {
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         let conn = self.conn();
-        let mut statement = conn.prepare("SELECT body, last_activity_at, network FROM sandboxes ORDER BY seq")?;
-        let rows =
-            statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<Result<Vec<_>, _>>()?;
+        let mut statement =
+            conn.prepare("SELECT body, last_activity_at, network, lifecycle FROM sandboxes ORDER BY seq")?;
+        let rows = statement
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
         rows.into_iter().map(sandbox_from_row).collect()
     }
 
@@ -298,6 +309,13 @@ impl Store {
     pub fn set_sandbox_network(&self, id: &str, network: &space_api::Network) -> Result<bool, StoreError> {
         let json = serde_json::to_string(network)?;
         Ok(self.conn().execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", params![id, json])? > 0)
+    }
+
+    /// Replaces a sandbox's lifecycle policies without touching the record
+    /// the sandbox's actor owns (the column wins over the body's copy).
+    pub fn set_sandbox_lifecycle(&self, id: &str, lifecycle: &space_api::Lifecycle) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(lifecycle)?;
+        Ok(self.conn().execute("UPDATE sandboxes SET lifecycle = ?2 WHERE id = ?1", params![id, json])? > 0)
     }
 
     /// Records an operation; `tenant` and the key are kept from the first write.

@@ -598,6 +598,12 @@ impl Engine for Firecracker {
         snapshot.join(STATE).is_file() && snapshot.join(MEMORY).is_file()
     }
 
+    fn resource_use(&self, spec: &SandboxSpec) -> Option<crate::ResourceUse> {
+        // Only a jailed microVM has a cgroup of its own.
+        self.config.jailer.as_ref()?;
+        crate::cgroup_use(&Path::new(&super::exec_name(&self.config.firecracker)).join(jail_id(&spec.id)))
+    }
+
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {
         self.adopt(spec);
         let vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());

@@ -78,7 +78,7 @@ fn checked_path(path: &str) -> Result<&str, ApiError> {
 
 /// The running sandbox's agent (woken first if the server paused it for
 /// idleness), with the guard that keeps it awake; or why there is none.
-async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, WorkGuard), ApiError> {
+pub(crate) async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, WorkGuard), ApiError> {
     let work = state.platform.begin_work(id).await?;
     let refused = || ApiError::invalid_state("sandbox", work.state.as_str(), "use its files");
     if !domain::accepts_commands(work.state) {
@@ -88,7 +88,7 @@ async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, WorkGuard),
     Ok((agent, work))
 }
 
-fn file_error(err: AgentError) -> ApiError {
+pub(crate) fn file_error(err: AgentError) -> ApiError {
     match err {
         AgentError::File(error) => {
             let (status, code) = match error.reason {
@@ -98,6 +98,7 @@ fn file_error(err: AgentError) -> ApiError {
                 FileFailure::NotEmpty => (StatusCode::CONFLICT, "directory_not_empty"),
                 FileFailure::Invalid => (StatusCode::BAD_REQUEST, "invalid_request"),
                 FileFailure::Io => (StatusCode::UNPROCESSABLE_ENTITY, "io_error"),
+                FileFailure::Exists => (StatusCode::CONFLICT, "already_exists"),
             };
             ApiError::new(status, code, error.message)
         }

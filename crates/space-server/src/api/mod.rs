@@ -4,11 +4,11 @@
 mod attach;
 mod commands;
 mod egress;
-mod files;
+pub(crate) mod files;
 mod health;
 mod openapi;
 mod operations;
-mod output;
+pub(crate) mod output;
 mod ports;
 mod sandboxes;
 mod secrets;
@@ -95,6 +95,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health::health))
         .merge(protected)
+        .merge(crate::e2b::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
@@ -120,11 +121,7 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let caller = match presented {
-        Some(key) if space_proto::constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) => Caller::operator(),
-        Some(key) => state
-            .platform
-            .tenant_for_key(key)?
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid"))?,
+        Some(key) => caller_for_key(&state, key)?,
         None => {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -136,6 +133,17 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
     check_owner(&state, &caller, request.method(), request.uri().path())?;
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
+}
+
+/// Who a presented key belongs to: the server's own key, or a tenant's.
+pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
+    if space_proto::constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) {
+        return Ok(Caller::operator());
+    }
+    state
+        .platform
+        .tenant_for_key(key)?
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid"))
 }
 
 /// 404 for a resource of another tenant named in the path.

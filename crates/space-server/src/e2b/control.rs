@@ -1,0 +1,484 @@
+//! E2B's REST control plane over SPACE's sandboxes. Calls are synchronous
+//! where E2B's are: create, kill, pause and connect wait for the SPACE
+//! operation they start and answer with its outcome.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use space_api::{
+    CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, OperationKind, OperationState, SandboxState,
+};
+
+use super::{envd_token, header, E2bError, ENVD_VERSION};
+use crate::api::AppState;
+use crate::domain::CreateSpec;
+use crate::store::SandboxRecord;
+use crate::tenants::Caller;
+
+/// What a create starts from before E2B's timeout is applied.
+const NO_LIFECYCLE: Lifecycle =
+    Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause: None };
+
+/// E2B's default sandbox lifetime, in seconds.
+const DEFAULT_TIMEOUT_S: u64 = 300;
+/// The longest a synchronous call waits for its operation.
+const OPERATION_PATIENCE: Duration = Duration::from_secs(300);
+/// Sandboxes per page of a list, unless `limit` says otherwise.
+const PAGE: usize = 100;
+
+/// The caller of an E2B control-plane request, from `X-API-KEY` (a SPACE
+/// key: the server's own or a tenant's).
+fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
+    let key = header(headers, "x-api-key")
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
+    Ok(crate::api::caller_for_key(state, key)?)
+}
+
+/// A sandbox of the caller that E2B can see (not deleted), or 404.
+fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SandboxRecord, E2bError> {
+    let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
+    let record = state.platform.sandbox(id).map_err(|_| missing())?;
+    if record.tenant != caller.tenant || matches!(record.sandbox.state, SandboxState::Deleted | SandboxState::Deleting)
+    {
+        return Err(missing());
+    }
+    Ok(record)
+}
+
+/// `running` or `paused` as E2B lists them; a sandbox the server paused
+/// for idleness is running to its user (the next request wakes it).
+fn e2b_state(record: &SandboxRecord) -> Option<&'static str> {
+    match record.sandbox.state {
+        SandboxState::Paused if record.sandbox.auto_paused => Some("running"),
+        SandboxState::Running | SandboxState::Creating | SandboxState::Resuming => Some("running"),
+        SandboxState::Paused | SandboxState::Suspending | SandboxState::Suspended => Some("paused"),
+        SandboxState::Deleting | SandboxState::Deleted | SandboxState::Failed => None,
+    }
+}
+
+fn parse_time(text: &str) -> SystemTime {
+    humantime::parse_rfc3339_weak(text).unwrap_or_else(|_| SystemTime::now())
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+/// When the sandbox ends by its lifecycle: `max_lifetime_s` after its
+/// creation, or (for one that pauses instead) its idle timeout after its
+/// last activity; a sandbox without either runs until deleted.
+fn end_at(record: &SandboxRecord) -> SystemTime {
+    let sandbox = &record.sandbox;
+    if let Some(max) = sandbox.lifecycle.max_lifetime_s {
+        return parse_time(&sandbox.created_at) + Duration::from_secs(max);
+    }
+    if let Some(idle) = sandbox.lifecycle.idle_timeout_s {
+        return parse_time(&sandbox.last_activity_at) + Duration::from_secs(idle);
+    }
+    parse_time(&sandbox.created_at) + Duration::from_secs(100 * 365 * 86_400)
+}
+
+/// The lifecycle that ends a sandbox `timeout_s` from now: deleted then,
+/// or (with E2B's `autoPause`) suspended after that long without activity.
+fn lifecycle_for(record_created: SystemTime, timeout_s: u64, auto_pause: bool, base: &Lifecycle) -> Lifecycle {
+    let mut lifecycle = base.clone();
+    if auto_pause {
+        lifecycle.idle_timeout_s = Some(timeout_s.max(1));
+        lifecycle.on_idle = Some(OnIdle::Suspend);
+        lifecycle.max_lifetime_s = None;
+    } else {
+        let lived = SystemTime::now().duration_since(record_created).unwrap_or_default().as_secs();
+        lifecycle.max_lifetime_s = Some(lived + timeout_s.max(1));
+    }
+    lifecycle
+}
+
+fn pauses_on_timeout(lifecycle: &Lifecycle) -> bool {
+    lifecycle.max_lifetime_s.is_none() && matches!(lifecycle.on_idle, Some(OnIdle::Suspend | OnIdle::Pause))
+}
+
+/// E2B's `Sandbox` (what create and connect answer).
+fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bError> {
+    Ok(json!({
+        "templateID": record.sandbox.template,
+        "sandboxID": record.sandbox.id,
+        "clientID": "space",
+        "alias": record.sandbox.template,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": envd_token(&state.platform, &record.sandbox.id)?,
+        "trafficAccessToken": null,
+        "domain": null,
+    }))
+}
+
+/// E2B's `ListedSandbox`.
+fn listed_json(record: &SandboxRecord, state: &str) -> Value {
+    let sandbox = &record.sandbox;
+    json!({
+        "templateID": sandbox.template,
+        "alias": sandbox.template,
+        "sandboxID": sandbox.id,
+        "clientID": "space",
+        "startedAt": rfc3339(parse_time(&sandbox.created_at)),
+        "endAt": rfc3339(end_at(record)),
+        "cpuCount": sandbox.vcpus,
+        "memoryMB": sandbox.memory_mib,
+        "diskSizeMB": sandbox.disk_mib,
+        "state": state,
+        "envdVersion": ENVD_VERSION,
+        "metadata": sandbox.labels,
+    })
+}
+
+/// Waits for an operation to end; an error unless it succeeded.
+async fn settle(state: &AppState, operation_id: &str) -> Result<(), E2bError> {
+    let platform = &state.platform;
+    let deadline = Instant::now() + OPERATION_PATIENCE;
+    let operation =
+        platform.wait_for(Some(deadline), || platform.operation(operation_id), |op| op.state.is_terminal()).await?;
+    match operation.state {
+        OperationState::Succeeded => Ok(()),
+        OperationState::Pending | OperationState::Running => Err(E2bError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("operation {operation_id} is still running; try again"),
+        )),
+        OperationState::Failed | OperationState::Cancelled => {
+            let why = operation.error.map(|e| e.message).unwrap_or_else(|| "no reason recorded".into());
+            Err(E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{:?} failed: {why}", operation.kind)))
+        }
+    }
+}
+
+/// The body of a create, as the SDK sends it; unknown fields are ignored
+/// (the SDK adds fields over time).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateBody {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    auto_pause: bool,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+}
+
+fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, E2bError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("the body is not valid JSON for this call: {e}")))
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), E2bError> {
+    let caller = caller(&state, &headers)?;
+    let body: CreateBody = json_body(&body)?;
+    let platform = &state.platform;
+    let name = body.template_id.unwrap_or_else(|| "base".into());
+    let template = platform.usable_template(&name, &caller)?;
+    if !state.health.engine_available {
+        return Err(E2bError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the {} engine is not available on this host", platform.engine.name()),
+        ));
+    }
+    let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    let network = match body.allow_internet_access {
+        Some(true) => Some(Network { egress: Egress::Public, ..Default::default() }),
+        Some(false) => Some(Network::default()),
+        None => None,
+    };
+    let request = CreateSandboxRequest {
+        template: name,
+        vcpus: None,
+        memory_mib: None,
+        disk_mib: None,
+        env: body.env_vars,
+        labels: body.metadata,
+        lifecycle: Some(lifecycle_for(SystemTime::now(), timeout_s, body.auto_pause, &NO_LIFECYCLE)),
+        network,
+    };
+    let spec = CreateSpec::new(request, &template.meta.defaults)?;
+    let key = header(&headers, "idempotency-key").map(str::to_string);
+    let (sandbox, operation) = platform.create_sandbox(spec, &template, &caller.tenant, key.as_deref())?;
+    settle(&state, &operation.id).await?;
+    let record = platform.sandbox(&sandbox.id)?;
+    Ok((StatusCode::CREATED, Json(sandbox_json(&state, &record)?)))
+}
+
+/// `metadata=k1=v1&k2=v2`, each key and value percent-encoded once more
+/// inside the already decoded query value.
+fn metadata_filter(text: &str) -> Vec<(String, String)> {
+    form_pairs(text).into_iter().map(|(k, v)| (percent_decode(&k), percent_decode(&v))).collect()
+}
+
+/// `a=b&c=d` decoded as a form (`+` is a space).
+fn form_pairs(text: &str) -> Vec<(String, String)> {
+    text.split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(&k.replace('+', " ")), percent_decode(&v.replace('+', " ")))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, E2bError> {
+    let caller = caller(&state, &headers)?;
+    let query: BTreeMap<String, String> = form_pairs(query.as_deref().unwrap_or_default()).into_iter().collect();
+    let states: Vec<String> = match query.get("state") {
+        Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        None => vec!["running".into(), "paused".into()],
+    };
+    if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
+        return Err(E2bError::new(StatusCode::BAD_REQUEST, format!("unknown state {bad:?}: give running or paused")));
+    }
+    let metadata = query.get("metadata").map(|m| metadata_filter(m)).unwrap_or_default();
+    let limit = match query.get("limit") {
+        Some(text) => text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            E2bError::new(StatusCode::BAD_REQUEST, format!("limit must be a positive number, got {text:?}"))
+        })?,
+        None => PAGE,
+    };
+    let skip = match query.get("nextToken").filter(|t| !t.is_empty()) {
+        Some(token) => token
+            .parse::<usize>()
+            .map_err(|_| E2bError::new(StatusCode::BAD_REQUEST, "nextToken is not one this server gave"))?,
+        None => 0,
+    };
+    let started_after = query.get("startedAfter").map(|t| parse_time(t));
+    let mut listed: Vec<(SystemTime, Value)> = state
+        .platform
+        .store
+        .sandboxes()?
+        .into_iter()
+        .filter(|r| r.tenant == caller.tenant)
+        .filter_map(|r| e2b_state(&r).map(|s| (s, r)))
+        .filter(|(s, _)| states.iter().any(|wanted| wanted == s))
+        .filter(|(_, r)| metadata.iter().all(|(k, v)| r.sandbox.labels.get(k) == Some(v)))
+        .filter(|(_, r)| query.get("template").is_none_or(|t| &r.sandbox.template == t))
+        .map(|(s, r)| (parse_time(&r.sandbox.created_at), listed_json(&r, s)))
+        .filter(|(at, _)| started_after.is_none_or(|after| *at > after))
+        .collect();
+    listed.sort_by_key(|(at, _)| *at);
+    if query.get("order").map(String::as_str) != Some("asc") {
+        listed.reverse();
+    }
+    let total = listed.len();
+    let page: Vec<Value> = listed.into_iter().skip(skip).take(limit).map(|(_, v)| v).collect();
+    let mut response = Json(page).into_response();
+    if skip + limit < total {
+        let next = HeaderValue::from_str(&(skip + limit).to_string()).expect("digits");
+        response.headers_mut().insert("x-next-token", next);
+    }
+    Ok(response)
+}
+
+pub async fn detail(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, E2bError> {
+    let caller = caller(&state, &headers)?;
+    let record = owned(&state, &caller, &id)?;
+    let Some(e2b_state) = e2b_state(&record) else {
+        return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
+    };
+    let mut detail = listed_json(&record, e2b_state);
+    detail["envdAccessToken"] = json!(envd_token(&state.platform, &id)?);
+    detail["domain"] = Value::Null;
+    detail["allowInternetAccess"] = json!(record.sandbox.network.egress != Egress::None);
+    let on_timeout = if pauses_on_timeout(&record.sandbox.lifecycle) { "pause" } else { "kill" };
+    detail["lifecycle"] = json!({"onTimeout": on_timeout, "autoResume": false});
+    Ok(Json(detail))
+}
+
+/// `DELETE /sandboxes/{id}`: answers once the sandbox is gone.
+pub async fn kill(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let caller = caller(&state, &headers)?;
+    owned(&state, &caller, &id)?;
+    let (_, operation) = state.platform.request(&id, OperationKind::Delete, None)?;
+    settle(&state, &operation.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TimeoutBody {
+    timeout: Option<u64>,
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox now ends `timeout` seconds
+/// from now (E2B's `endAt`), kept in its lifecycle policies.
+pub async fn set_timeout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, E2bError> {
+    let caller = caller(&state, &headers)?;
+    let record = owned(&state, &caller, &id)?;
+    let body: TimeoutBody = json_body(&body)?;
+    let timeout_s = body
+        .timeout
+        .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "give the new timeout in seconds as `timeout`"))?;
+    extend(&state, &record, timeout_s, true)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets the sandbox's end `timeout_s` from now; `shorten: false` keeps a
+/// later end it already had.
+fn extend(state: &AppState, record: &SandboxRecord, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
+    let lifecycle = &record.sandbox.lifecycle;
+    let wanted = SystemTime::now() + Duration::from_secs(timeout_s);
+    if !shorten && end_at(record) >= wanted {
+        return Ok(());
+    }
+    let updated =
+        lifecycle_for(parse_time(&record.sandbox.created_at), timeout_s, pauses_on_timeout(lifecycle), lifecycle);
+    state.platform.store.set_sandbox_lifecycle(&record.sandbox.id, &updated)?;
+    state.platform.changed();
+    Ok(())
+}
+
+/// `POST /sandboxes/{id}/pause`: E2B's pause keeps the sandbox until a
+/// connect, memory included, without holding the host's memory: a SPACE
+/// suspend (a snapshot on disk).
+pub async fn pause(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let caller = caller(&state, &headers)?;
+    let record = owned(&state, &caller, &id)?;
+    if e2b_state(&record) == Some("paused") {
+        return Err(E2bError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
+    }
+    let (_, operation) = state.platform.request(&id, OperationKind::Suspend, None)?;
+    settle(&state, &operation.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v2/sandboxes/{id}/connect`: a running sandbox's end moves to at
+/// least `timeout` from now (200); a paused one is resumed first (201).
+pub async fn connect(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), E2bError> {
+    let caller = caller(&state, &headers)?;
+    let record = owned(&state, &caller, &id)?;
+    let body: TimeoutBody = json_body(&body)?;
+    let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    let resumed = e2b_state(&record) == Some("paused");
+    if resumed {
+        let (_, operation) = state.platform.request(&id, OperationKind::Resume, None)?;
+        settle(&state, &operation.id).await?;
+    } else {
+        // Running to its user; awake (and answering) before the answer.
+        let _work = state.platform.begin_work(&id).await?;
+    }
+    let record = state.platform.sandbox(&id)?;
+    extend(&state, &record, timeout_s, resumed)?;
+    let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(sandbox_json(&state, &record)?)))
+}
+
+/// The deprecated `POST /sandboxes/{id}/resume`: a connect that answers 201.
+pub async fn resume(
+    state: State<AppState>,
+    headers: HeaderMap,
+    id: Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), E2bError> {
+    let (_, json) = connect(state, headers, id, body).await?;
+    Ok((StatusCode::CREATED, json))
+}
+
+/// `GET /sandboxes/{id}/metrics`: one sample of the sandbox's CPU, memory
+/// and disk now.
+pub async fn metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, E2bError> {
+    let caller = caller(&state, &headers)?;
+    let record = owned(&state, &caller, &id)?;
+    let usage = state.platform.sandbox_usage(&id).await?;
+    let now = SystemTime::now();
+    let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    Ok(Json(json!([{
+        "timestamp": rfc3339(now),
+        "timestampUnix": unix,
+        "cpuCount": record.sandbox.vcpus,
+        "cpuUsedPct": usage.cpu_percent,
+        "memUsed": usage.memory_bytes,
+        "memTotal": u64::from(record.sandbox.memory_mib) << 20,
+        "memCache": 0,
+        "diskUsed": usage.disk_bytes,
+        "diskTotal": u64::from(record.sandbox.disk_mib) << 20,
+    }])))
+}
+
+/// Anything else E2B's SDK may call (templates, snapshots, volumes, ...).
+pub async fn unsupported() -> E2bError {
+    E2bError::new(StatusCode::NOT_IMPLEMENTED, "not supported by SPACE's E2B-compatible API")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filters_are_decoded_twice() {
+        // {"a b": "x&y=z"} as the SDK sends it, after the query's own decoding.
+        let once = percent_decode("a%252520b%3Dx%252526y%25253Dz");
+        assert_eq!(metadata_filter(&once), vec![("a b".to_string(), "x&y=z".to_string())]);
+        assert_eq!(form_pairs("state=running%2Cpaused&limit=2").len(), 2);
+    }
+}

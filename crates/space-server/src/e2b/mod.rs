@@ -1,0 +1,112 @@
+//! An E2B-compatible surface over the platform, so the unmodified `e2b`
+//! SDK drives SPACE with three environment variables:
+//! `E2B_API_URL=<server>/e2b`, `E2B_SANDBOX_URL=<server>/e2b/envd` and
+//! `E2B_API_KEY=<a SPACE key>`.
+//!
+//! It is an adapter, like a second router: an E2B sandbox *is* a SPACE
+//! sandbox (same id, same tenant, visible in both APIs), and every call
+//! goes through the same platform methods as SPACE's own handlers.
+//! - `control`: E2B's REST control plane (`/e2b/v2/sandboxes`, ...),
+//!   authenticated with `X-API-KEY`, answering synchronously where E2B
+//!   does (create, kill, pause, connect wait for their operation).
+//! - `envd`: the in-sandbox API E2B's SDK talks to (`/e2b/envd/...`,
+//!   routed by the `E2b-Sandbox-Id` header, authenticated with the
+//!   sandbox's `X-Access-Token`): Connect RPCs for processes and the
+//!   filesystem, `/files` and `/health`.
+//!
+//! The wire format is described in `docs/decisions/008-e2b-compatibility.md`.
+
+mod connect;
+mod control;
+mod envd;
+mod filesystem;
+mod process;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::Router;
+use serde_json::json;
+
+use crate::api::AppState;
+use crate::error::ApiError;
+use crate::platform::Platform;
+
+/// The envd version SPACE answers with: the SDK turns on features by it,
+/// and 0.5.7 is the highest whose features are all served here (closing
+/// stdin, raw and gzip uploads; no file metadata or watchers).
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// Both E2B surfaces, mounted under `/e2b` on the API's listener.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/e2b/sandboxes", get(control::list).post(control::create))
+        .route("/e2b/v2/sandboxes", get(control::list).post(control::create))
+        .route("/e2b/sandboxes/{id}", get(control::detail).delete(control::kill))
+        .route("/e2b/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/e2b/sandboxes/{id}/pause", post(control::pause))
+        .route("/e2b/sandboxes/{id}/connect", post(control::connect))
+        .route("/e2b/sandboxes/{id}/resume", post(control::resume))
+        .route("/e2b/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/e2b/envd/health", get(envd::health))
+        .route(
+            "/e2b/envd/files",
+            get(envd::read_file).post(envd::write_files).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/e2b/envd/{service}/{method}",
+            post(envd::rpc).layer(axum::extract::DefaultBodyLimit::max(envd::MAX_RPC_BODY)),
+        )
+        .route("/e2b/{*rest}", any(control::unsupported))
+}
+
+/// An error in E2B's REST shape: `{"code": <status>, "message": "..."}`
+/// (the SDK reads `code` as a number and raises by status).
+#[derive(Debug)]
+pub struct E2bError {
+    pub status: StatusCode,
+    pub message: String,
+    /// Named in envd's answers about a sandbox that does not run.
+    pub sandbox_id: Option<String>,
+}
+
+impl E2bError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        E2bError { status, message: message.into(), sandbox_id: None }
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(err: ApiError) -> E2bError {
+        E2bError::new(err.status, err.message)
+    }
+}
+
+impl From<crate::store::StoreError> for E2bError {
+    fn from(err: crate::store::StoreError) -> E2bError {
+        ApiError::from(err).into()
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let mut body = json!({"code": self.status.as_u16(), "message": self.message});
+        if let Some(id) = self.sandbox_id {
+            body["sandboxId"] = json!(id);
+        }
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// The envd access token of a sandbox: derived from the server's key file
+/// and the sandbox id, so it is random per sandbox, needs no storage and
+/// stays the same across restarts. Never logged.
+pub fn envd_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiError> {
+    Ok(platform.keyring()?.token("e2b-envd", sandbox_id))
+}
+
+/// A header's text, if present and readable.
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}

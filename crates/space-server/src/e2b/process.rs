@@ -1,0 +1,359 @@
+//! envd's `process.Process` service over SPACE's commands: every process
+//! the SDK starts is a SPACE command (with its transcript), and E2B's pid
+//! is the process's real pid in the sandbox.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use space_api::{Command, CommandRequest, ProcessResult};
+use space_engine::AgentConn;
+use tokio::sync::mpsc;
+
+use super::connect::{end, message, stream_response, Envelopes, RpcError};
+use super::envd::{agent, Target};
+use super::header;
+use crate::api::output::{follow, Emitted};
+use crate::api::AppState;
+use crate::domain::CommandSpec;
+use crate::transcript::Stream;
+
+/// How often an idle stream says it is alive, unless the client asks
+/// (`Keepalive-Ping-Interval`, seconds).
+const KEEPALIVE: Duration = Duration::from_secs(50);
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn text<'a>(value: &'a Value, field: &str) -> Option<&'a str> {
+    value.get(field).and_then(Value::as_str)
+}
+
+/// The command's lifetime from `Connect-Timeout-Ms` (whole seconds, up):
+/// E2B's command timeout; absent means none.
+fn timeout_s(headers: &HeaderMap) -> u64 {
+    header(headers, "connect-timeout-ms").and_then(|v| v.parse::<u64>().ok()).map_or(0, |ms| ms.div_ceil(1000))
+}
+
+/// `ProcessEvent.end` for how a command ended, as envd words it (Go's
+/// wait status: `exit status 3`, `signal: killed`).
+fn end_event(result: &ProcessResult) -> Value {
+    let mut end = match (result.exit_code, result.signal.as_deref()) {
+        (Some(code), _) => json!({"exitCode": code, "exited": true, "status": format!("exit status {code}")}),
+        (None, Some(signal)) => {
+            let word = match signal {
+                "KILL" => "killed".to_string(),
+                "TERM" => "terminated".to_string(),
+                "INT" => "interrupt".to_string(),
+                "HUP" => "hangup".to_string(),
+                "QUIT" => "quit".to_string(),
+                "SEGV" => "segmentation fault".to_string(),
+                "ABRT" => "aborted".to_string(),
+                other => other.to_ascii_lowercase(),
+            };
+            json!({"exitCode": -1, "exited": false, "status": format!("signal: {word}")})
+        }
+        (None, None) => json!({"exitCode": -1, "exited": false, "status": "unknown"}),
+    };
+    let why = match (&result.error, result.timed_out, result.oom_killed) {
+        (Some(error), _, _) => Some(error.clone()),
+        (None, true, _) => Some("the command's timeout elapsed".to_string()),
+        (None, false, true) => Some("killed: the sandbox ran out of memory".to_string()),
+        (None, false, false) => None,
+    };
+    if let Some(why) = why {
+        end["error"] = json!(why);
+    }
+    json!({"event": {"end": end}})
+}
+
+/// Streams a command's events: `start` with its pid, its output as it
+/// comes (keepalives while it is quiet), its `end`, then end-of-stream.
+fn events(state: &AppState, sandbox_id: &str, command: &Command, tty: bool, keepalive: Duration) -> Response {
+    let followed = match follow(&state.platform, sandbox_id, &command.id, 0, true) {
+        Ok(followed) => followed,
+        Err(err) => return RpcError::from(err).into_response(),
+    };
+    let (frames, out) = mpsc::channel::<Bytes>(16);
+    let pid = command.pid;
+    tokio::spawn(async move {
+        let mut followed = followed;
+        let _ = frames.send(message(&json!({"event": {"start": {"pid": pid}}}))).await;
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+        let outcome = loop {
+            let item = tokio::select! {
+                item = followed.recv() => item,
+                _ = ticker.tick() => {
+                    if frames.send(message(&json!({"event": {"keepalive": {}}}))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let frame = match item {
+                Some(Emitted::Chunk(chunk)) => {
+                    let name = match (tty, chunk.stream) {
+                        (true, _) => "pty",
+                        (false, Stream::Stdout) => "stdout",
+                        (false, Stream::Stderr) => "stderr",
+                    };
+                    json!({"event": {"data": {name: b64(&chunk.bytes)}}})
+                }
+                Some(Emitted::Exit(result)) => {
+                    let _ = frames.send(message(&end_event(&result))).await;
+                    break None;
+                }
+                None => break Some(RpcError::new("unavailable", "the process's end was not observed")),
+            };
+            if frames.send(message(&frame)).await.is_err() {
+                return; // the client went away; the process goes on
+            }
+            ticker.reset();
+        };
+        let _ = frames.send(end(outcome.as_ref())).await;
+    });
+    stream_response(out)
+}
+
+fn keepalive(headers: &HeaderMap) -> Duration {
+    header(headers, "keepalive-ping-interval")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(KEEPALIVE, Duration::from_secs)
+}
+
+/// The first (and only) message of a server-streaming call.
+async fn only_message(body: Body) -> Result<Value, RpcError> {
+    Envelopes::new(body).next().await?.ok_or_else(|| RpcError::invalid("the request holds no message"))
+}
+
+/// `Start`: runs `process.cmd` with `process.args` (the SDK sends
+/// `/bin/bash -l -c <command>`), answering with its events.
+pub async fn start(state: AppState, target: Target, headers: &HeaderMap, body: Body) -> Response {
+    let request = match only_message(body).await {
+        Ok(request) => request,
+        Err(err) => return err.into_response(),
+    };
+    let process = &request["process"];
+    let Some(cmd) = text(process, "cmd") else {
+        return RpcError::invalid("process.cmd is required").into_response();
+    };
+    let mut argv = vec![cmd.to_string()];
+    for arg in process.get("args").and_then(Value::as_array).into_iter().flatten() {
+        match arg.as_str() {
+            Some(arg) => argv.push(arg.to_string()),
+            None => return RpcError::invalid("process.args must be strings").into_response(),
+        }
+    }
+    let env = match process.get("envs") {
+        None | Some(Value::Null) => Default::default(),
+        Some(envs) => match serde_json::from_value(envs.clone()) {
+            Ok(env) => env,
+            Err(_) => return RpcError::invalid("process.envs must map names to strings").into_response(),
+        },
+    };
+    let pty = request.get("pty").filter(|p| p.is_object());
+    let spec = CommandSpec::try_from(CommandRequest {
+        argv: Some(argv),
+        cmd: None,
+        env,
+        cwd: text(process, "cwd").filter(|c| !c.is_empty()).map(|c| target.path(c)),
+        user: target.user.clone(),
+        stdin: request.get("stdin").and_then(Value::as_bool).unwrap_or(false),
+        tty: pty.is_some(),
+        timeout_s: timeout_s(headers),
+        tag: text(&request, "tag").map(str::to_string),
+    });
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(err) => return RpcError::from(err).into_response(),
+    };
+    let (agent, work) = match agent(&state, &target).await {
+        Ok(found) => found,
+        Err(refused) => return refused.into_response(),
+    };
+    let command = match state.platform.start_command(&target.id, spec).await {
+        Ok(command) => command,
+        Err(err) => return RpcError::from(err).into_response(),
+    };
+    drop(work); // a running command keeps the sandbox from being idle
+    if let Some(size) = pty.and_then(|p| terminal_size(&p["size"])) {
+        if let Some((_, stream, _)) = state.platform.live_command(&command.id) {
+            let _ = agent.resize(stream, size).await;
+        }
+    }
+    events(&state, &target.id, &command, pty.is_some(), keepalive(headers))
+}
+
+fn terminal_size(size: &Value) -> Option<space_proto::TerminalSize> {
+    let dim = |name: &str| size.get(name).and_then(Value::as_u64).and_then(|v| u16::try_from(v).ok());
+    Some(space_proto::TerminalSize { cols: dim("cols")?, rows: dim("rows")? })
+}
+
+/// A running command named by a `ProcessSelector` (`{"pid": N}` or
+/// `{"tag": "..."}`), with its agent stream.
+fn running(state: &AppState, target: &Target, selector: &Value) -> Result<(Command, u32, AgentConn), RpcError> {
+    let pid = selector.get("pid").and_then(Value::as_u64);
+    let tag = text(selector, "tag");
+    if pid.is_none() && tag.is_none() {
+        return Err(RpcError::invalid("name the process by pid or tag"));
+    }
+    let commands =
+        state.platform.store.commands(&target.id).map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
+    commands
+        .into_iter()
+        .filter(|c| c.result.is_none())
+        .filter(|c| pid.is_none_or(|pid| u64::from(c.pid) == pid) && tag.is_none_or(|t| c.tag.as_deref() == Some(t)))
+        .find_map(|c| state.platform.live_command(&c.id).map(|(_, stream, agent)| (c, stream, agent)))
+        .ok_or_else(|| match (pid, tag) {
+            (Some(pid), _) => RpcError::not_found(format!("process with pid {pid} not found")),
+            (None, tag) => RpcError::not_found(format!("process with tag {} not found", tag.unwrap_or_default())),
+        })
+}
+
+/// `Connect`: the events of a running process, its output so far first
+/// (envd sends only what comes after; replaying loses nothing).
+pub async fn connect(state: AppState, target: Target, headers: &HeaderMap, body: Body) -> Response {
+    let request = match only_message(body).await {
+        Ok(request) => request,
+        Err(err) => return err.into_response(),
+    };
+    let (command, _, _) = match running(&state, &target, &request["process"]) {
+        Ok(found) => found,
+        Err(err) => return err.into_response(),
+    };
+    events(&state, &target.id, &command, false, keepalive(headers))
+}
+
+fn decode_input(input: &Value) -> Result<Vec<u8>, RpcError> {
+    let data = text(input, "stdin").or_else(|| text(input, "pty")).unwrap_or_default();
+    base64::engine::general_purpose::STANDARD.decode(data).map_err(|_| RpcError::invalid("input must be base64"))
+}
+
+async fn send_input(agent: &AgentConn, stream: u32, bytes: &[u8]) -> Result<(), RpcError> {
+    for chunk in bytes.chunks(space_proto::MAX_OUTPUT_CHUNK) {
+        agent.send_stdin(stream, chunk.to_vec()).await.map_err(|_| RpcError::not_found("the process has exited"))?;
+    }
+    Ok(())
+}
+
+/// `StreamInput`: a client stream of stdin for one process.
+pub async fn stream_input(state: AppState, target: Target, body: Body) -> Response {
+    let mut envelopes = Envelopes::new(body);
+    let result = async {
+        let first = envelopes.next().await?.ok_or_else(|| RpcError::invalid("the stream holds no message"))?;
+        let selector = first.get("start").map(|s| &s["process"]).ok_or_else(|| RpcError::invalid("start first"))?;
+        let (_, stream, agent) = running(&state, &target, selector)?;
+        while let Some(next) = envelopes.next().await? {
+            if let Some(input) = next.get("data").map(|d| &d["input"]) {
+                send_input(&agent, stream, &decode_input(input)?).await?;
+            }
+        }
+        Ok::<(), RpcError>(())
+    }
+    .await;
+    let (frames, out) = mpsc::channel::<Bytes>(2);
+    match result {
+        Ok(()) => {
+            let _ = frames.try_send(message(&json!({})));
+            let _ = frames.try_send(end(None));
+        }
+        Err(err) => {
+            let _ = frames.try_send(end(Some(&err)));
+        }
+    }
+    drop(frames);
+    stream_response(out)
+}
+
+/// The unary methods: `List`, `SendSignal`, `SendInput`, `CloseStdin`, `Update`.
+pub async fn unary(state: &AppState, target: &Target, method: &str, request: Value) -> Result<Value, RpcError> {
+    match method {
+        "List" => {
+            let commands = state
+                .platform
+                .store
+                .commands(&target.id)
+                .map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
+            let processes: Vec<Value> = commands
+                .into_iter()
+                .filter(|c| c.result.is_none() && state.platform.live_command(&c.id).is_some())
+                .map(|c| {
+                    let mut process = json!({
+                        "pid": c.pid,
+                        "config": {"cmd": c.argv.first().cloned().unwrap_or_default(), "args": c.argv.get(1..).unwrap_or_default(), "envs": {}},
+                    });
+                    if let Some(tag) = c.tag {
+                        process["tag"] = json!(tag);
+                    }
+                    process
+                })
+                .collect();
+            Ok(json!({"processes": processes}))
+        }
+        "SendSignal" => {
+            let (_, stream, agent) = running(state, target, &request["process"])?;
+            let signal = match &request["signal"] {
+                Value::String(name) => name.trim_start_matches("SIGNAL_").parse::<nix::sys::signal::Signal>().ok(),
+                Value::Number(n) => n.as_i64().and_then(|n| nix::sys::signal::Signal::try_from(n as i32).ok()),
+                _ => None,
+            }
+            .ok_or_else(|| RpcError::invalid(format!("unknown signal {}", request["signal"])))?;
+            agent.signal(stream, signal as i32).await.map_err(|_| RpcError::not_found("the process has exited"))?;
+            Ok(json!({}))
+        }
+        "SendInput" => {
+            let (_, stream, agent) = running(state, target, &request["process"])?;
+            send_input(&agent, stream, &decode_input(&request["input"])?).await?;
+            Ok(json!({}))
+        }
+        "CloseStdin" => {
+            let (_, stream, agent) = running(state, target, &request["process"])?;
+            agent.close_stdin(stream).await.map_err(|_| RpcError::not_found("the process has exited"))?;
+            Ok(json!({}))
+        }
+        "Update" => {
+            let (_, stream, agent) = running(state, target, &request["process"])?;
+            if let Some(size) = terminal_size(&request["pty"]["size"]) {
+                agent.resize(stream, size).await.map_err(|_| RpcError::not_found("the process has exited"))?;
+            }
+            Ok(json!({}))
+        }
+        _ => Err(RpcError::new("unimplemented", format!("process.Process/{method} is not served by SPACE"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(exit_code: Option<i32>, signal: Option<&str>) -> ProcessResult {
+        ProcessResult {
+            exit_code,
+            signal: signal.map(str::to_string),
+            timed_out: false,
+            oom_killed: false,
+            duration_ms: 1,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            finished_at: String::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn ends_are_worded_as_envd_words_them() {
+        let exited = end_event(&result(Some(3), None));
+        assert_eq!(exited["event"]["end"], json!({"exitCode": 3, "exited": true, "status": "exit status 3"}));
+        let killed = end_event(&result(None, Some("KILL")));
+        assert_eq!(killed["event"]["end"]["status"], "signal: killed");
+        assert_eq!(killed["event"]["end"]["exitCode"], -1);
+        let mut timed_out = result(None, Some("KILL"));
+        timed_out.timed_out = true;
+        assert!(end_event(&timed_out)["event"]["end"]["error"].as_str().unwrap().contains("timeout"));
+    }
+}
