@@ -67,6 +67,12 @@ class Commands(unittest.TestCase):
         self.assertEqual(raised.exception.stdout, "out\n")
         self.assertEqual(raised.exception.stderr, "bad\n")
 
+    def test_another_user(self):
+        result = self.sbx.commands.run("whoami; echo $HOME", user="nobody")
+        self.assertEqual(result.stdout, "nobody\n/nonexistent\n")
+        with self.assertRaises(SandboxException):
+            self.sbx.commands.run("true", user="no-such-user")
+
     def test_a_missing_working_directory_is_an_error(self):
         with self.assertRaises(SandboxException):
             self.sbx.commands.run("true", cwd="/no/such/dir")
@@ -216,6 +222,20 @@ class ControlPlane(unittest.TestCase):
             self.assertEqual(metrics[-1].cpu_count, info.cpu_count)
         finally:
             sbx.kill()
+
+    def test_a_sandbox_ends_at_its_timeout(self):
+        sbx = Sandbox.create(timeout=3, metadata={"suite": RUN, "part": "timeout"})
+        self.assertEqual(sbx.commands.run("echo alive").stdout, "alive\n")
+
+        def gone():
+            try:
+                Sandbox.get_info(sbx.sandbox_id)
+                return False
+            except NotFoundException:
+                return True
+
+        wait_until("the sandbox to be killed at its timeout", gone, seconds=60)
+        self.assertFalse(sbx.is_running())
 
     def test_pages_of_a_list(self):
         sandboxes = [Sandbox.create(metadata={"suite": RUN, "part": "pages"}) for _ in range(3)]

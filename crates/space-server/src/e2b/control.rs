@@ -415,7 +415,10 @@ pub async fn connect(
     let record = owned(&state, &caller, &id)?;
     let body: TimeoutBody = json_body(&body)?;
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
-    let resumed = e2b_state(&record) == Some("paused");
+    let Some(e2b_state) = e2b_state(&record) else {
+        return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
+    };
+    let resumed = e2b_state == "paused";
     if resumed {
         let (_, operation) = state.platform.request(&id, OperationKind::Resume, None)?;
         settle(&state, &operation.id).await?;
