@@ -70,18 +70,9 @@ pub fn read(stream: u32, request: FileRequest, outbox: &SyncSender<Frame>) {
                 let mut entries = Vec::new();
                 for entry in fs::read_dir(path).map_err(|e| failure(e, &request.path))?.flatten() {
                     let Ok(meta) = entry.path().symlink_metadata() else { continue };
-                    let kind = if meta.file_type().is_symlink() {
-                        "symlink"
-                    } else if meta.is_dir() {
-                        "dir"
-                    } else if meta.is_file() {
-                        "file"
-                    } else {
-                        "other"
-                    };
                     entries.push(DirEntry {
                         name: entry.file_name().to_string_lossy().into_owned(),
-                        kind: kind.into(),
+                        kind: kind_of(&meta).into(),
                         size: meta.len(),
                         mode: meta.mode() & 0o7777,
                         mtime: meta.mtime(),
@@ -307,10 +298,9 @@ pub fn delete(stream: u32, request: FileRequest, outbox: &SyncSender<Frame>) {
     });
 }
 
-/// What `ls -l` shows of `path` (a symlink itself, with its target).
-fn describe(path: &Path) -> std::io::Result<PathInfo> {
-    let meta = fs::symlink_metadata(path)?;
-    let kind = if meta.file_type().is_symlink() {
+/// `file`, `dir`, `symlink` or `other`, of the path itself.
+fn kind_of(meta: &fs::Metadata) -> &'static str {
+    if meta.file_type().is_symlink() {
         "symlink"
     } else if meta.is_dir() {
         "dir"
@@ -318,11 +308,16 @@ fn describe(path: &Path) -> std::io::Result<PathInfo> {
         "file"
     } else {
         "other"
-    };
+    }
+}
+
+/// What `ls -l` shows of `path` (a symlink itself, with its target).
+fn describe(path: &Path) -> std::io::Result<PathInfo> {
+    let meta = fs::symlink_metadata(path)?;
     let target = meta.file_type().is_symlink().then(|| fs::read_link(path).ok()).flatten();
     Ok(PathInfo {
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
-        kind: kind.into(),
+        kind: kind_of(&meta).into(),
         size: meta.len(),
         mode: meta.mode() & 0o7777,
         mtime: meta.mtime(),

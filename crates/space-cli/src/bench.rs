@@ -515,31 +515,22 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let row = |name: &str, s: &Samples| {
         println!("{name:<44} {:>9.1} {:>9.1} {:>6}", s.percentile(50.0), s.percentile(95.0), s.0.len())
     };
-    let ratio = |ours: &Samples, raw: &Samples| {
-        let at = |p| ours.percentile(p) / raw.percentile(p);
-        println!("{:<44} {:>9.2} {:>9.2}", "ratio ours/raw", at(50.0), at(95.0));
+    let ratio_named = |name: &str, top: &Samples, bottom: &Samples| {
+        let at = |p| top.percentile(p) / bottom.percentile(p);
+        println!("{name:<44} {:>9.2} {:>9.2}", at(50.0), at(95.0));
     };
+    let ratio = |ours: &Samples, raw: &Samples| ratio_named("ratio ours/raw", ours, raw);
     row("create -> ready, SPACE API (cold)", &create);
     row("create -> agent hello, raw runsc run", &raw_create);
     ratio(&create, &raw_create);
     row("create -> ready, SPACE API (warm pool)", &warm_create);
-    println!(
-        "{:<44} {:>9.2} {:>9.2}",
-        "speed-up warm vs cold",
-        create.percentile(50.0) / warm_create.percentile(50.0),
-        create.percentile(95.0) / warm_create.percentile(95.0)
-    );
+    ratio_named("speed-up warm vs cold", &create, &warm_create);
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
     ratio(&exec, &raw_exec);
     row("exec `bash -l -c true`, SPACE API", &bash_exec);
     row("E2B commands.run(\"true\") (the same argv)", &e2b_run);
-    println!(
-        "{:<44} {:>9.2} {:>9.2}",
-        "ratio E2B/SPACE",
-        e2b_run.percentile(50.0) / bash_exec.percentile(50.0),
-        e2b_run.percentile(95.0) / bash_exec.percentile(95.0)
-    );
+    ratio_named("ratio E2B/SPACE", &e2b_run, &bash_exec);
     if !in_guest.0.is_empty() {
         row("posix_spawn `true` + wait, inside the sandbox", &in_guest);
     }

@@ -53,6 +53,15 @@ fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SandboxRecord, E
     Ok(record)
 }
 
+/// A sandbox of the caller as E2B sees it (running or paused), or 404.
+fn visible(state: &AppState, caller: &Caller, id: &str) -> Result<(SandboxRecord, &'static str), E2bError> {
+    let record = owned(state, caller, id)?;
+    match e2b_state(&record) {
+        Some(e2b_state) => Ok((record, e2b_state)),
+        None => Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
+    }
+}
+
 /// `running` or `paused` as E2B lists them; a sandbox the server paused
 /// for idleness is running to its user (the next request wakes it).
 fn e2b_state(record: &SandboxRecord) -> Option<&'static str> {
@@ -321,10 +330,7 @@ pub async fn detail(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let caller = caller(&state, &headers)?;
-    let record = owned(&state, &caller, &id)?;
-    let Some(e2b_state) = e2b_state(&record) else {
-        return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
-    };
+    let (record, e2b_state) = visible(&state, &caller, &id)?;
     let mut detail = listed_json(&record, e2b_state);
     detail["envdAccessToken"] = json!(envd_token(&state.platform, &id)?);
     detail["domain"] = Value::Null;
@@ -361,7 +367,7 @@ pub async fn set_timeout(
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
-    let record = owned(&state, &caller, &id)?;
+    let (record, _) = visible(&state, &caller, &id)?;
     let body: TimeoutBody = json_body(&body)?;
     let timeout_s = body
         .timeout
@@ -394,8 +400,7 @@ pub async fn pause(
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
-    let record = owned(&state, &caller, &id)?;
-    if e2b_state(&record) == Some("paused") {
+    if visible(&state, &caller, &id)?.1 == "paused" {
         return Err(E2bError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
     let (_, operation) = state.platform.request(&id, OperationKind::Suspend, None)?;
@@ -412,12 +417,9 @@ pub async fn connect(
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
     let caller = caller(&state, &headers)?;
-    let record = owned(&state, &caller, &id)?;
+    let (_, e2b_state) = visible(&state, &caller, &id)?;
     let body: TimeoutBody = json_body(&body)?;
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
-    let Some(e2b_state) = e2b_state(&record) else {
-        return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
-    };
     let resumed = e2b_state == "paused";
     if resumed {
         let (_, operation) = state.platform.request(&id, OperationKind::Resume, None)?;
@@ -451,7 +453,7 @@ pub async fn metrics(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let caller = caller(&state, &headers)?;
-    let record = owned(&state, &caller, &id)?;
+    let (record, _) = visible(&state, &caller, &id)?;
     let usage = state.platform.sandbox_usage(&id).await?;
     let now = SystemTime::now();
     let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();

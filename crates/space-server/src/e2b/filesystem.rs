@@ -42,19 +42,24 @@ fn modified(mtime: i64) -> String {
     humantime::format_rfc3339_seconds(at).to_string()
 }
 
+/// E2B's `EntryInfo`: what every entry has.
+fn entry_base(name: &str, kind: &str, path: &str, size: u64, mode: u32, mtime: i64) -> Value {
+    json!({
+        "name": name,
+        "type": file_type(kind),
+        "path": path,
+        "size": size.to_string(),
+        "mode": mode & 0o777,
+        "permissions": permissions(kind, mode),
+        "modifiedTime": modified(mtime),
+    })
+}
+
 /// E2B's `EntryInfo` of a described path.
 fn entry(info: &PathInfo, path: &str) -> Value {
-    let mut entry = json!({
-        "name": info.name,
-        "type": file_type(&info.kind),
-        "path": path,
-        "size": info.size.to_string(),
-        "mode": info.mode & 0o777,
-        "permissions": permissions(&info.kind, info.mode),
-        "owner": info.owner,
-        "group": info.group,
-        "modifiedTime": modified(info.mtime),
-    });
+    let mut entry = entry_base(&info.name, &info.kind, path, info.size, info.mode, info.mtime);
+    entry["owner"] = json!(info.owner);
+    entry["group"] = json!(info.group);
     if let Some(target) = &info.target {
         entry["symlinkTarget"] = json!(target);
         entry["isSymlink"] = json!(true);
@@ -64,15 +69,7 @@ fn entry(info: &PathInfo, path: &str) -> Value {
 
 /// E2B's `EntryInfo` of a directory listing's entry.
 fn listed(item: &DirEntry, path: &str) -> Value {
-    let mut entry = json!({
-        "name": item.name,
-        "type": file_type(&item.kind),
-        "path": path,
-        "size": item.size.to_string(),
-        "mode": item.mode & 0o777,
-        "permissions": permissions(&item.kind, item.mode),
-        "modifiedTime": modified(item.mtime),
-    });
+    let mut entry = entry_base(&item.name, &item.kind, path, item.size, item.mode, item.mtime);
     if item.kind == "symlink" {
         entry["isSymlink"] = json!(true);
     }
