@@ -25,7 +25,10 @@ pub(crate) fn due(record: &SandboxRecord, now: SystemTime, has_running_commands:
     if stable && lived_out {
         return Some(OperationKind::Delete);
     }
-    if sandbox.state != SandboxState::Running || has_running_commands {
+    // One the server paused for idleness is still idle by its own policy:
+    // past its idle timeout it is suspended or deleted as it asked.
+    let server_paused = sandbox.state == SandboxState::Paused && sandbox.auto_paused;
+    if !(sandbox.state == SandboxState::Running || server_paused) || has_running_commands {
         return None;
     }
     let timeout = lifecycle.idle_timeout_s?;
@@ -33,6 +36,7 @@ pub(crate) fn due(record: &SandboxRecord, now: SystemTime, has_running_commands:
         return None;
     }
     match lifecycle.on_idle? {
+        OnIdle::Pause if server_paused => None,
         OnIdle::Pause => Some(OperationKind::Pause),
         OnIdle::Suspend => Some(OperationKind::Suspend),
         OnIdle::Delete => Some(OperationKind::Delete),
@@ -143,6 +147,11 @@ mod tests {
             None,
             "already paused"
         );
+        let mut server_paused = record(SandboxState::Paused, idle(OnIdle::Suspend), old, old);
+        server_paused.sandbox.auto_paused = true;
+        assert_eq!(due(&server_paused, now, false), Some(OperationKind::Suspend), "paused for idleness first");
+        server_paused.sandbox.lifecycle = idle(OnIdle::Pause);
+        assert_eq!(due(&server_paused, now, false), None, "paused is what it asked for");
         let mortal = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: Some(300), auto_pause: None };
         assert_eq!(
             due(&record(SandboxState::Suspended, mortal.clone(), old, fresh), now, true),

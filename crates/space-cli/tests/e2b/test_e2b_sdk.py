@@ -237,6 +237,17 @@ class ControlPlane(unittest.TestCase):
         wait_until("the sandbox to be killed at its timeout", gone, seconds=60)
         self.assertFalse(sbx.is_running())
 
+    def test_a_sandbox_that_pauses_at_its_timeout(self):
+        sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"}, metadata={"suite": RUN, "part": "autopause"})
+        try:
+            sbx.files.write("/tmp/kept", "across the pause")
+            wait_until("the sandbox to pause at its timeout", lambda: Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED, seconds=60)
+            self.assertFalse(sbx.is_running())
+            again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+            self.assertEqual(again.files.read("/tmp/kept"), "across the pause")
+        finally:
+            Sandbox.kill(sbx.sandbox_id)
+
     def test_pages_of_a_list(self):
         sandboxes = [Sandbox.create(metadata={"suite": RUN, "part": "pages"}) for _ in range(3)]
         try:

@@ -166,6 +166,17 @@ async fn settle(state: &AppState, operation_id: &str) -> Result<(), E2bError> {
     }
 }
 
+/// The sandbox once no transition is under way (E2B has no states
+/// between running and paused: its calls wait instead).
+async fn settled(state: &AppState, id: &str) -> Result<SandboxRecord, E2bError> {
+    let platform = &state.platform;
+    let stable = |r: &SandboxRecord| {
+        !matches!(r.sandbox.state, SandboxState::Creating | SandboxState::Suspending | SandboxState::Resuming)
+    };
+    let record = platform.wait_for(Some(Instant::now() + OPERATION_PATIENCE), || platform.sandbox(id), stable).await?;
+    Ok(record)
+}
+
 /// The body of a create, as the SDK sends it; unknown fields are ignored
 /// (the SDK adds fields over time).
 #[derive(Debug, Default, Deserialize)]
@@ -400,7 +411,8 @@ pub async fn pause(
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
-    if visible(&state, &caller, &id)?.1 == "paused" {
+    visible(&state, &caller, &id)?;
+    if e2b_state(&settled(&state, &id).await?) != Some("running") {
         return Err(E2bError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
     let (_, operation) = state.platform.request(&id, OperationKind::Suspend, None)?;
@@ -417,9 +429,12 @@ pub async fn connect(
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
     let caller = caller(&state, &headers)?;
-    let (_, e2b_state) = visible(&state, &caller, &id)?;
+    visible(&state, &caller, &id)?;
     let body: TimeoutBody = json_body(&body)?;
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    let Some(e2b_state) = e2b_state(&settled(&state, &id).await?) else {
+        return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
+    };
     let resumed = e2b_state == "paused";
     if resumed {
         let (_, operation) = state.platform.request(&id, OperationKind::Resume, None)?;
