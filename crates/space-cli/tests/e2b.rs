@@ -14,12 +14,7 @@ use common::SPACE;
 #[test]
 fn the_e2b_sdk_drives_space_unchanged() {
     let data = TestDataDir::new();
-    let venv = data.root().join("e2b-venv");
-    let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();
-    assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
-    let pip =
-        Reaper::global().output(Command::new(venv.join("bin/pip")).args(["install", "-q", "e2b>=2.63,<3"])).unwrap();
-    assert!(pip.status.success(), "pip install e2b: {}", String::from_utf8_lossy(&pip.stderr));
+    let venv = common::python_venv(&data, "e2b-venv", &["e2b>=2.63,<3"]);
 
     // A second tenant, to check that its key sees none of the first's sandboxes.
     let mut keys = Command::new(SPACE);

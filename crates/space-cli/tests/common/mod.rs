@@ -54,3 +54,16 @@ pub fn stop(child: ReapedChild) {
     let status = child.wait_timeout(std::time::Duration::from_secs(20)).expect("the server stops on SIGTERM");
     assert!(status.success(), "{status:?}");
 }
+
+/// A fresh Python venv under the test's data dir with `packages` installed
+/// from PyPI; returns its directory.
+#[allow(dead_code)] // not every test binary uses it
+pub fn python_venv(data: &TestDataDir, name: &str, packages: &[&str]) -> std::path::PathBuf {
+    let venv = data.root().join(name);
+    let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();
+    assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
+    let pip =
+        Reaper::global().output(Command::new(venv.join("bin/pip")).args(["install", "-q"]).args(packages)).unwrap();
+    assert!(pip.status.success(), "pip install {packages:?}: {}", String::from_utf8_lossy(&pip.stderr));
+    venv
+}

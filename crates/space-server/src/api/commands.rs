@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::transcript::{self, Stream, TranscriptReader};
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AutoResume {
     /// Resume a paused or suspended sandbox first (default: such a sandbox
@@ -84,6 +85,7 @@ pub async fn get(
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct StdinQuery {
     /// Close stdin after writing the body.

@@ -10,6 +10,7 @@ use super::{ApiJson, ApiQuery, AppState};
 use crate::error::ApiError;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct EgressQuery {
     /// The newest this many events (default 1000, at most 10000).

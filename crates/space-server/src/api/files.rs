@@ -21,6 +21,7 @@ use crate::idle::WorkGuard;
 pub const MAX_FILE_BYTES: usize = 1 << 30;
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct FileQuery {
     /// Absolute path inside the sandbox.

@@ -235,6 +235,7 @@ fn query_rejection(rejection: QueryRejection) -> ApiError {
 
 /// `?wait=<seconds>` as a deadline (at most [`MAX_WAIT_S`]).
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WaitQuery {
     /// Seconds to wait for a terminal state (max 60).

@@ -23,7 +23,7 @@ use super::{attach, commands, egress, files, health, operations, output, ports, 
         secrets::put, secrets::list, secrets::delete, ports::proxy,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &UniqueOperationIds),
     security(("bearer" = [])),
 )]
 pub struct ApiDoc;
@@ -34,6 +34,36 @@ impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+/// utoipa names an operation after its handler, and several handlers
+/// share a name (`list`, `get`, ...): each id gets its tag in front, so
+/// every id is unique, as OpenAPI requires and client generators rely on.
+struct UniqueOperationIds;
+
+impl Modify for UniqueOperationIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.options,
+                &mut item.head,
+                &mut item.patch,
+                &mut item.trace,
+            ];
+            for operation in operations.into_iter().flatten() {
+                let tag = operation.tags.as_ref().and_then(|t| t.first()).cloned().unwrap_or_default();
+                if let Some(id) = operation.operation_id.as_mut() {
+                    if !tag.is_empty() && !id.starts_with(&format!("{tag}_")) {
+                        *id = format!("{tag}_{id}");
+                    }
+                }
+            }
+        }
     }
 }
 

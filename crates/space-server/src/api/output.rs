@@ -18,6 +18,7 @@ use crate::platform::Platform;
 use crate::transcript::{self, Chunk, Progress, Stream, TranscriptReader};
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OutputQuery {
     /// Start at this offset of the combined output (stdout and stderr bytes

@@ -18,6 +18,7 @@ use crate::tenants::Caller;
 
 /// Query of `POST /v1/templates` with an image archive as the body.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
     /// The template's name (for an image archive body).

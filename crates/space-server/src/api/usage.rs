@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::tenants::Caller;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
     /// Another tenant's usage (the server's own key only).
