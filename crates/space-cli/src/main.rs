@@ -316,6 +316,11 @@ struct ServeArgs {
     /// network in clear text; only behind a TLS-terminating proxy).
     #[arg(long)]
     insecure_http: bool,
+    /// Serve `GET /metrics` without a key (for a Prometheus scraper on a
+    /// trusted network); by default it needs the server's own key, as it
+    /// shows figures of every tenant together.
+    #[arg(long)]
+    metrics_without_key: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -776,6 +781,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         );
     }
     let platform = space_server::start_platform(&args.engine.platform_config(&args.data_dir)?)?;
+    platform.metrics_without_key.store(args.metrics_without_key, std::sync::atomic::Ordering::Relaxed);
     let key = if args.dev {
         eprintln!(
             "WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",

@@ -119,6 +119,7 @@ impl Platform {
             result: None,
         };
         self.store.put_command(&command)?;
+        self.metrics.command_starts.inc();
         self.store.put_command_stream(&id, stream.stream, spec.timeout_s)?;
         self.store.touch_sandbox(sandbox_id, &command.started_at)?;
         self.follow(command.clone(), stream, writer, started, spec.timeout_s);
@@ -201,6 +202,7 @@ impl Platform {
         };
         result.stdout_bytes = writer.stdout_bytes;
         result.stderr_bytes = writer.stderr_bytes;
+        self.metrics.command_ended(&result);
         command.state = CommandState::Exited;
         command.result = Some(result);
         if let Err(err) = self.store.put_command(&command) {

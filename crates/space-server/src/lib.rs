@@ -16,6 +16,7 @@ pub mod error;
 pub mod http;
 mod idle;
 pub mod ids;
+pub mod metrics;
 pub mod platform;
 mod policies;
 mod recovery;

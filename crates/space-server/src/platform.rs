@@ -75,6 +75,9 @@ pub struct Platform {
     pub(crate) egress: crate::egress::EgressHub,
     /// Seals tenant secrets and sandbox CA keys (loaded on first use).
     pub(crate) keyring: std::sync::OnceLock<crate::secrets::Keyring>,
+    pub metrics: crate::metrics::Metrics,
+    /// `GET /metrics` without a key (`space serve --metrics-without-key`).
+    pub metrics_without_key: std::sync::atomic::AtomicBool,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -113,6 +116,8 @@ impl Platform {
                 space_egress::gateway::SystemResolver,
             ))),
             keyring: Default::default(),
+            metrics: Default::default(),
+            metrics_without_key: Default::default(),
         })
     }
 
@@ -204,6 +209,7 @@ impl Platform {
             failure_reason: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
+        self.metrics.create_started(&operation.id, warm.is_some());
         let record = SandboxRecord {
             sandbox: sandbox.clone(),
             template_version,
@@ -439,6 +445,11 @@ impl Platform {
                 }
             }
         });
+        if let Ok(operation) = self.operation(id) {
+            let engine = operation.sandbox_id.as_deref().and_then(|s| self.store.sandbox(s).ok().flatten());
+            let engine = engine.map(|r| r.sandbox.engine).unwrap_or_else(|| self.engine.name().to_string());
+            self.metrics.operation_ended(&operation, &engine);
+        }
     }
 
     /// Stops a sandbox's engine processes (keeping its disk), off the async

@@ -94,12 +94,64 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .route("/v1/health", get(health::health))
+        .route("/metrics", get(metrics))
         .merge(protected)
         .merge(crate::e2b::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), count_request))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .with_state(state)
+}
+
+/// Counts every request by its route template (never by id) and times it.
+async fn count_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let method = request.method().as_str().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let metrics = &state.platform.metrics;
+    let status = response.status().as_u16().to_string();
+    metrics
+        .requests
+        .get_or_create(&crate::metrics::RequestLabels { method: method.clone(), route: route.clone(), status })
+        .inc();
+    metrics
+        .request_seconds
+        .get_or_create(&crate::metrics::RouteLabels { method, route })
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+/// `GET /metrics`: Prometheus's text format. Host-wide figures, so only the
+/// server's own key reads them, unless the server was started with
+/// `--metrics-without-key` (for a scraper on a trusted network).
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    if !state.platform.metrics_without_key.load(std::sync::atomic::Ordering::Relaxed) {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .unwrap_or_default();
+        if !space_proto::constant_time_eq(presented.as_bytes(), state.api_key.as_bytes()) {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "metrics need the server's own key (`Authorization: Bearer <key>`), or --metrics-without-key",
+            ));
+        }
+    }
+    let text = state.platform.metrics_text();
+    let mut response = Response::new(axum::body::Body::from(text));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, axum::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    Ok(response)
 }
 
 async fn not_found() -> ApiError {

@@ -1,0 +1,244 @@
+//! Prometheus metrics, served at `GET /metrics` in the text exposition
+//! format (the `prometheus-client` crate). Counters and histograms are
+//! updated where things happen (the API edge, operations, commands, the
+//! warm pool); gauges of current state (sandboxes by state, the pool,
+//! capacity) are read from the platform at scrape time. No label is
+//! unbounded: routes are templates, never ids.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use space_api::{Operation, OperationKind, OperationState, SandboxState};
+
+use crate::platform::Platform;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: String,
+    pub route: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub kind: String,
+    pub engine: String,
+    pub outcome: String,
+    /// For creates: `warm` (from the pool) or `cold`; else empty.
+    pub start: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SandboxLabels {
+    pub state: String,
+    pub engine: String,
+    pub template: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    pub stream: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+fn operation_histogram() -> Histogram {
+    // 5 ms .. ~160 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+/// Everything counted, and the registry that encodes it.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    pub operation_seconds: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    pub sandboxes: Family<SandboxLabels, Gauge>,
+    pub warm_members: Gauge,
+    pub warm_hits: Counter,
+    pub warm_misses: Counter,
+    pub capacity_promised: Gauge,
+    pub capacity_total: Gauge,
+    pub command_starts: Counter,
+    pub command_exits: Family<OutcomeLabels, Counter>,
+    pub output_bytes: Family<StreamLabels, Counter>,
+    /// Creates served from the warm pool, until their operation ends.
+    warm_creates: Mutex<HashSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("space");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("http_requests", "API requests by route template, method and status", requests.clone());
+        let request_seconds =
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        registry.register(
+            "http_request_duration_seconds",
+            "API request latency by route template",
+            request_seconds.clone(),
+        );
+        let operation_seconds =
+            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(operation_histogram);
+        registry.register(
+            "operation_duration_seconds",
+            "Operations from acceptance to their end, by kind, engine, outcome and (creates) warm or cold start",
+            operation_seconds.clone(),
+        );
+        let sandboxes = Family::<SandboxLabels, Gauge>::default();
+        registry.register("sandboxes", "Sandboxes by state, engine and template", sandboxes.clone());
+        let warm_members = Gauge::default();
+        registry.register(
+            "warm_pool_members",
+            "Warm (pre-started, paused) sandboxes ready to hand out",
+            warm_members.clone(),
+        );
+        let warm_hits = Counter::default();
+        registry.register("warm_pool_hits", "Creates served from the warm pool", warm_hits.clone());
+        let warm_misses = Counter::default();
+        registry.register("warm_pool_misses", "Creates that started a sandbox cold", warm_misses.clone());
+        let capacity_promised = Gauge::default();
+        registry.register(
+            "capacity_promised_mib",
+            "Memory promised to sandboxes and warm members",
+            capacity_promised.clone(),
+        );
+        let capacity_total = Gauge::default();
+        registry.register("capacity_mib", "Memory the host can promise to sandboxes", capacity_total.clone());
+        let command_starts = Counter::default();
+        registry.register("command_starts", "Commands started", command_starts.clone());
+        let command_exits = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "command_exits",
+            "Commands ended, by outcome (exit_zero, exit_nonzero, signal, timeout, oom, lost)",
+            command_exits.clone(),
+        );
+        let output_bytes = Family::<StreamLabels, Counter>::default();
+        registry.register("command_output_bytes", "Bytes commands wrote, by stream", output_bytes.clone());
+        Metrics {
+            registry,
+            requests,
+            request_seconds,
+            operation_seconds,
+            sandboxes,
+            warm_members,
+            warm_hits,
+            warm_misses,
+            capacity_promised,
+            capacity_total,
+            command_starts,
+            command_exits,
+            output_bytes,
+            warm_creates: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// A create is served from the pool (`warm`) or started cold.
+    pub(crate) fn create_started(&self, operation_id: &str, warm: bool) {
+        if warm {
+            self.warm_hits.inc();
+            self.warm_creates.lock().unwrap_or_else(|e| e.into_inner()).insert(operation_id.to_string());
+        } else {
+            self.warm_misses.inc();
+        }
+    }
+
+    /// An operation ended: its duration from acceptance.
+    pub(crate) fn operation_ended(&self, operation: &Operation, engine: &str) {
+        let warm = self.warm_creates.lock().unwrap_or_else(|e| e.into_inner()).remove(&operation.id);
+        let start = match operation.kind {
+            OperationKind::Create if warm => "warm",
+            OperationKind::Create => "cold",
+            _ => "",
+        };
+        let outcome = match operation.state {
+            OperationState::Succeeded => "succeeded",
+            OperationState::Failed => "failed",
+            OperationState::Cancelled => "cancelled",
+            OperationState::Pending | OperationState::Running => return,
+        };
+        let parse = |t: &str| humantime::parse_rfc3339_weak(t).ok();
+        let (Some(from), Some(to)) = (parse(&operation.created_at), operation.finished_at.as_deref().and_then(parse))
+        else {
+            return;
+        };
+        let seconds = to.duration_since(from).unwrap_or(Duration::ZERO).as_secs_f64();
+        let kind = serde_json::to_value(operation.kind).ok().and_then(|v| v.as_str().map(str::to_string));
+        let labels = OperationLabels {
+            kind: kind.unwrap_or_default(),
+            engine: engine.to_string(),
+            outcome: outcome.into(),
+            start: start.into(),
+        };
+        self.operation_seconds.get_or_create(&labels).observe(seconds);
+    }
+
+    /// A command ended: how, and what it wrote.
+    pub(crate) fn command_ended(&self, result: &space_api::ProcessResult) {
+        let outcome = match (result.exit_code, &result.signal) {
+            _ if result.timed_out => "timeout",
+            _ if result.oom_killed => "oom",
+            (Some(0), _) => "exit_zero",
+            (Some(_), _) => "exit_nonzero",
+            (None, Some(_)) => "signal",
+            (None, None) => "lost",
+        };
+        self.command_exits.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
+        self.output_bytes.get_or_create(&StreamLabels { stream: "stdout".into() }).inc_by(result.stdout_bytes);
+        self.output_bytes.get_or_create(&StreamLabels { stream: "stderr".into() }).inc_by(result.stderr_bytes);
+    }
+}
+
+impl Platform {
+    /// The metrics in Prometheus's text format, gauges read now.
+    pub fn metrics_text(&self) -> String {
+        let metrics = &self.metrics;
+        metrics.sandboxes.clear();
+        for record in self.store.sandboxes().unwrap_or_default() {
+            if record.sandbox.state == SandboxState::Deleted {
+                continue;
+            }
+            let labels = SandboxLabels {
+                state: record.sandbox.state.as_str().into(),
+                engine: record.sandbox.engine.clone(),
+                template: record.sandbox.template.clone(),
+            };
+            metrics.sandboxes.get_or_create(&labels).inc();
+        }
+        metrics.warm_members.set(self.warm_count() as i64);
+        metrics.capacity_promised.set(self.reserved_mib() as i64);
+        metrics.capacity_total.set(self.capacity_mib as i64);
+        let mut text = String::new();
+        if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &metrics.registry) {
+            tracing::error!("encoding the metrics: {err}");
+        }
+        text
+    }
+}
