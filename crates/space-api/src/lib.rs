@@ -442,6 +442,39 @@ pub struct CommandCreated {
     pub command: Command,
 }
 
+/// One sample of what a sandbox uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsagePoint {
+    /// RFC 3339.
+    pub at: String,
+    /// Of its vCPUs together, since the sample before (0–100).
+    pub cpu_percent: f64,
+    pub memory_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/metrics`: what a sandbox uses now, against its
+/// limits, and a short history (every 5 s over the last 10 minutes while
+/// it ran; kept in memory).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxUsage {
+    pub sandbox_id: String,
+    pub state: SandboxState,
+    pub vcpus: u32,
+    /// CPU time used by its engine's processes so far, in seconds.
+    pub cpu_seconds: f64,
+    pub cpu_percent: f64,
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+    /// Written by the sandbox into its own root.
+    pub disk_bytes: u64,
+    pub disk_quota_bytes: u64,
+    /// Commands started in it, and those running now.
+    pub commands: u64,
+    pub commands_running: u64,
+    pub history: Vec<UsagePoint>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CommandList {
     pub commands: Vec<Command>,

@@ -76,6 +76,7 @@ pub struct Platform {
     /// Seals tenant secrets and sandbox CA keys (loaded on first use).
     pub(crate) keyring: std::sync::OnceLock<crate::secrets::Keyring>,
     pub metrics: crate::metrics::Metrics,
+    pub(crate) usage: crate::sampling::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
     pub metrics_without_key: std::sync::atomic::AtomicBool,
 }
@@ -117,6 +118,7 @@ impl Platform {
             ))),
             keyring: Default::default(),
             metrics: Default::default(),
+            usage: Default::default(),
             metrics_without_key: Default::default(),
         })
     }

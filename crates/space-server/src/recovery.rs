@@ -256,6 +256,7 @@ impl Platform {
         self.recover().await?;
         self.resume_operations().await?;
         tokio::spawn(self.clone().enforce_policies());
+        tokio::spawn(self.clone().sample_usage());
         self.fill_warm_pools();
         Ok(())
     }

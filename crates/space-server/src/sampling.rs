@@ -1,47 +1,168 @@
-//! What a sandbox uses right now: CPU and memory from its engine's cgroup,
-//! disk from its root's btrfs accounting.
+//! What a sandbox uses: CPU and memory from its engine's cgroup, disk from
+//! its root's btrfs accounting. Running sandboxes are sampled every 5 s
+//! into a short history kept in memory (the last 10 minutes), which
+//! `GET /v1/sandboxes/{id}/metrics` and E2B's `get_metrics` answer from.
 
-use std::time::{Duration, Instant};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use space_api::{SandboxState, SandboxUsage, UsagePoint};
 
 use crate::error::ApiError;
 use crate::platform::Platform;
 
-/// How long CPU use is measured over for one sample.
+/// How often running sandboxes are sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// Samples kept per sandbox: 10 minutes.
+const KEPT: usize = 120;
+/// The window of a sample taken on demand (no recent one exists).
 const CPU_WINDOW: Duration = Duration::from_millis(200);
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UsageSample {
-    /// Of the sandbox's vCPUs together, over the last [`CPU_WINDOW`].
-    pub cpu_percent: f64,
-    pub memory_bytes: u64,
-    pub disk_bytes: u64,
+/// The last sample's counters, to turn the next one's into a rate.
+#[derive(Clone, Copy)]
+struct Last {
+    at: Instant,
+    cpu_usec: u64,
+}
+
+#[derive(Default)]
+struct Series {
+    points: VecDeque<UsagePoint>,
+    last: Option<Last>,
+    cpu_usec: u64,
+}
+
+/// Every sandbox's recent samples.
+#[derive(Default)]
+pub struct UsageHistory {
+    series: Mutex<HashMap<String, Series>>,
+}
+
+fn percent(used_usec: u64, over: Duration, vcpus: u32) -> f64 {
+    let window = over.as_micros().max(1) as f64;
+    (used_usec as f64 / window / f64::from(vcpus.max(1)) * 100.0).min(100.0)
 }
 
 impl Platform {
-    /// One sample of what the sandbox uses; zeros for what its engine does
-    /// not expose (a stopped sandbox uses no CPU or memory).
-    pub async fn sandbox_usage(&self, id: &str) -> Result<UsageSample, ApiError> {
-        let record = self.sandbox(id)?;
-        let vcpus = f64::from(record.sandbox.vcpus.max(1));
-        let (engine, spec) = (self.engine.clone(), self.engine_spec(&record));
-        let root = self.data.sandbox_dir(id).join("rootfs");
-        let sample = tokio::task::spawn_blocking(move || {
-            let mut sample = UsageSample {
-                disk_bytes: space_host::btrfs::exclusive_bytes(&root).unwrap_or(0),
-                ..Default::default()
-            };
-            let Some(before) = engine.resource_use(&spec) else { return sample };
+    /// One sample of `id` now, from its engine and disk (blocking).
+    fn sample_now(&self, id: &str, vcpus: u32, window: Option<Duration>) -> Option<(UsagePoint, u64)> {
+        let record = self.sandbox(id).ok()?;
+        let spec = self.engine_spec(&record);
+        let disk_bytes = space_host::btrfs::exclusive_bytes(&self.data.sandbox_dir(id).join("rootfs")).unwrap_or(0);
+        let before = self.engine.resource_use(&spec)?;
+        let mut cpu_percent = 0.0;
+        let mut after = before;
+        if let Some(window) = window {
             let started = Instant::now();
-            std::thread::sleep(CPU_WINDOW);
-            let after = engine.resource_use(&spec).unwrap_or(before);
-            sample.memory_bytes = after.memory_bytes;
-            let window = started.elapsed().as_micros() as f64;
-            let used = after.cpu_usec.saturating_sub(before.cpu_usec) as f64;
-            sample.cpu_percent = (used / window / vcpus * 100.0).min(100.0);
-            sample
+            std::thread::sleep(window);
+            after = self.engine.resource_use(&spec).unwrap_or(before);
+            cpu_percent = percent(after.cpu_usec.saturating_sub(before.cpu_usec), started.elapsed(), vcpus);
+        }
+        let point = UsagePoint {
+            at: crate::ids::format_time(SystemTime::now()),
+            cpu_percent,
+            memory_bytes: after.memory_bytes,
+            disk_bytes,
+        };
+        Some((point, after.cpu_usec))
+    }
+
+    /// Samples every running sandbox every [`SAMPLE_EVERY`], for as long
+    /// as the platform lives; forgets sandboxes that are gone.
+    pub(crate) async fn sample_usage(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(SAMPLE_EVERY);
+        loop {
+            ticker.tick().await;
+            let platform = self.clone();
+            let _ = tokio::task::spawn_blocking(move || platform.sample_all()).await;
+        }
+    }
+
+    fn sample_all(&self) {
+        let Ok(records) = self.store.sandboxes() else { return };
+        let mut alive = std::collections::HashSet::new();
+        for record in records.iter().filter(|r| r.sandbox.state != SandboxState::Deleted) {
+            alive.insert(record.sandbox.id.clone());
+            if record.sandbox.state != SandboxState::Running {
+                continue;
+            }
+            let Some((mut point, cpu_usec)) = self.sample_now(&record.sandbox.id, record.sandbox.vcpus, None) else {
+                continue;
+            };
+            let now = Instant::now();
+            let mut series = self.usage.series.lock().unwrap_or_else(|e| e.into_inner());
+            let series = series.entry(record.sandbox.id.clone()).or_default();
+            if let Some(last) = series.last {
+                point.cpu_percent =
+                    percent(cpu_usec.saturating_sub(last.cpu_usec), now.duration_since(last.at), record.sandbox.vcpus);
+            }
+            series.last = Some(Last { at: now, cpu_usec });
+            series.cpu_usec = cpu_usec;
+            series.points.push_back(point);
+            while series.points.len() > KEPT {
+                series.points.pop_front();
+            }
+        }
+        self.usage.series.lock().unwrap_or_else(|e| e.into_inner()).retain(|id, _| alive.contains(id));
+    }
+
+    /// What the sandbox uses now and its recent history; a sandbox that
+    /// does not run uses no CPU or memory.
+    pub async fn sandbox_usage(self: &Arc<Self>, id: &str) -> Result<SandboxUsage, ApiError> {
+        let record = self.sandbox(id)?;
+        let sandbox = &record.sandbox;
+        let (history, cpu_usec) = {
+            let series = self.usage.series.lock().unwrap_or_else(|e| e.into_inner());
+            series.get(id).map(|s| (s.points.iter().cloned().collect::<Vec<_>>(), s.cpu_usec)).unwrap_or_default()
+        };
+        let fresh = history
+            .last()
+            .and_then(|p| crate::idle::age(&p.at, SystemTime::now()))
+            .is_some_and(|a| a < SAMPLE_EVERY * 2);
+        let (current, cpu_usec) = match (sandbox.state, fresh) {
+            (SandboxState::Running, true) => (history.last().cloned(), cpu_usec),
+            (SandboxState::Running, false) => {
+                let (platform, id, vcpus) = (self.clone(), id.to_string(), sandbox.vcpus);
+                let sampled = tokio::task::spawn_blocking(move || platform.sample_now(&id, vcpus, Some(CPU_WINDOW)))
+                    .await
+                    .map_err(|e| ApiError::internal("sampling a sandbox's use", e))?;
+                (sampled.as_ref().map(|(p, _)| p.clone()), sampled.map_or(cpu_usec, |(_, c)| c))
+            }
+            _ => (None, cpu_usec),
+        };
+        let disk_bytes = match &current {
+            Some(point) => point.disk_bytes,
+            None => space_host::btrfs::exclusive_bytes(&self.data.sandbox_dir(id).join("rootfs")).unwrap_or(0),
+        };
+        let commands = self.store.commands(id)?;
+        let running = commands.iter().filter(|c| c.result.is_none()).count() as u64;
+        Ok(SandboxUsage {
+            sandbox_id: id.to_string(),
+            state: sandbox.state,
+            vcpus: sandbox.vcpus,
+            cpu_seconds: cpu_usec as f64 / 1e6,
+            cpu_percent: current.as_ref().map_or(0.0, |p| p.cpu_percent),
+            memory_bytes: current.as_ref().map_or(0, |p| p.memory_bytes),
+            memory_limit_bytes: u64::from(sandbox.memory_mib) << 20,
+            disk_bytes,
+            disk_quota_bytes: u64::from(sandbox.disk_mib) << 20,
+            commands: commands.len() as u64,
+            commands_running: running,
+            history,
         })
-        .await
-        .map_err(|e| ApiError::internal("sampling a sandbox's use", e))?;
-        Ok(sample)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_percent_is_of_all_vcpus_and_capped() {
+        assert_eq!(percent(500_000, Duration::from_secs(1), 1), 50.0);
+        assert_eq!(percent(500_000, Duration::from_secs(1), 2), 25.0);
+        assert_eq!(percent(5_000_000, Duration::from_secs(1), 1), 100.0);
+        assert_eq!(percent(1, Duration::ZERO, 0), 100.0);
     }
 }

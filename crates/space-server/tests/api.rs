@@ -655,3 +655,53 @@ fn many_readers_follow_the_same_command_and_get_the_same_bytes() {
     assert!(readers[0].starts_with("line-1\n") && readers[0].ends_with("\n5000\n"), "{}", &readers[0][..40]);
     assert!(readers.iter().all(|r| *r == readers[0]), "every reader saw the same bytes");
 }
+
+#[test]
+fn a_sandbox_reports_what_it_uses_with_a_short_history() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base", "memory_mib": 512, "disk_mib": 1024}));
+    // A busy loop and 64 MiB held in memory and written to disk.
+    let started = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"argv": ["python3", "-c",
+            "import time\nblob = bytearray(64 << 20)\nopen('/root/blob', 'wb').write(blob)\nend = time.time() + 60\nwhile time.time() < end:\n    pass"]})),
+    );
+    let cid = started["command"]["id"].as_str().unwrap().to_string();
+    let usage = space_testkit::wait_for("two samples while it is busy", space_testkit::PATIENCE, || {
+        // The disk figure is btrfs's, updated as it commits: commit now.
+        let dir = std::fs::File::open(data.root()).unwrap();
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).unwrap();
+        let usage = server.ok("GET", &format!("/v1/sandboxes/{id}/metrics"), None);
+        let busy = usage["history"].as_array().is_some_and(|h| h.len() >= 2)
+            && usage["cpu_percent"].as_f64().unwrap_or(0.0) > 20.0
+            && usage["disk_bytes"].as_u64().unwrap_or(0) >= 64 << 20;
+        busy.then_some(usage)
+    });
+    assert_eq!(usage["state"], "running");
+    assert!(usage["memory_bytes"].as_u64().unwrap() >= 64 << 20, "{usage}");
+    assert_eq!(usage["memory_limit_bytes"], 512u64 << 20);
+    assert_eq!(usage["disk_quota_bytes"], 1024u64 << 20);
+    assert!(usage["cpu_seconds"].as_f64().unwrap() > 0.5, "{usage}");
+    assert_eq!((usage["commands"].as_u64(), usage["commands_running"].as_u64()), (Some(1), Some(1)));
+    let auth = format!("Bearer {}", server.key);
+    let signal = format!("/v1/sandboxes/{id}/commands/{cid}/signal");
+    let (status, _) = server.raw(
+        "POST",
+        &signal,
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        Some(r#"{"signal": "KILL"}"#),
+    );
+    assert_eq!(status, 204);
+    server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{cid}?wait=30"), None);
+
+    // Paused, it uses no CPU; its history stays.
+    let paused = server.call("POST", &format!("/v1/sandboxes/{id}/pause"), None).1;
+    server.wait_operation(paused["operation"]["id"].as_str().unwrap());
+    let usage = server.ok("GET", &format!("/v1/sandboxes/{id}/metrics"), None);
+    assert_eq!((usage["state"].as_str(), usage["cpu_percent"].as_f64()), (Some("paused"), Some(0.0)));
+    assert!(!usage["history"].as_array().unwrap().is_empty());
+    assert_eq!(usage["commands_running"], 0);
+    server.error("GET", "/v1/sandboxes/sbx_00000000000000000000/metrics", None, 404, "not_found");
+}

@@ -71,6 +71,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/commands/{cid}/attach", get(attach::attach))
         .route("/v1/sandboxes/{id}/exec", axum::routing::post(commands::exec))
         .route("/v1/sandboxes/{id}/egress", get(egress::log))
+        .route("/v1/sandboxes/{id}/metrics", get(usage::sandbox))
         .route("/v1/sandboxes/{id}/network", axum::routing::put(egress::set_network))
         .route("/v1/sandboxes/{id}/ports/{port}", axum::routing::any(ports::proxy_root))
         .route("/v1/sandboxes/{id}/ports/{port}/", axum::routing::any(ports::proxy_root))

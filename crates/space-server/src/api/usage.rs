@@ -47,3 +47,13 @@ pub async fn usage(
         .map_err(|e| ApiError::internal("measuring usage", e))??;
     Ok(Json(usage))
 }
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = space_api::SandboxUsage), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn sandbox(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<space_api::SandboxUsage>, ApiError> {
+    Ok(Json(state.platform.sandbox_usage(&id).await?))
+}

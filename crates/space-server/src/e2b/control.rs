@@ -460,29 +460,45 @@ pub async fn resume(
     Ok((StatusCode::CREATED, json))
 }
 
-/// `GET /sandboxes/{id}/metrics`: one sample of the sandbox's CPU, memory
-/// and disk now.
+/// `GET /sandboxes/{id}/metrics`: the sandbox's samples between `start`
+/// and `end` (unix seconds; default: all kept), else one taken now.
 pub async fn metrics(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, E2bError> {
     let caller = caller(&state, &headers)?;
     let (record, _) = visible(&state, &caller, &id)?;
     let usage = state.platform.sandbox_usage(&id).await?;
-    let now = SystemTime::now();
-    let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
-    Ok(Json(json!([{
-        "timestamp": rfc3339(now),
-        "timestampUnix": unix,
-        "cpuCount": record.sandbox.vcpus,
-        "cpuUsedPct": usage.cpu_percent,
-        "memUsed": usage.memory_bytes,
-        "memTotal": u64::from(record.sandbox.memory_mib) << 20,
-        "memCache": 0,
-        "diskUsed": usage.disk_bytes,
-        "diskTotal": u64::from(record.sandbox.disk_mib) << 20,
-    }])))
+    let query: BTreeMap<String, String> = form_pairs(query.as_deref().unwrap_or_default()).into_iter().collect();
+    let bound = |name: &str| query.get(name).and_then(|v| v.parse::<u64>().ok());
+    let (start, end) = (bound("start").unwrap_or(0), bound("end").unwrap_or(u64::MAX));
+    let unix = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let sample = |at: SystemTime, cpu: f64, memory: u64, disk: u64| {
+        json!({
+            "timestamp": rfc3339(at),
+            "timestampUnix": unix(at),
+            "cpuCount": record.sandbox.vcpus,
+            "cpuUsedPct": cpu,
+            "memUsed": memory,
+            "memTotal": usage.memory_limit_bytes,
+            "memCache": 0,
+            "diskUsed": disk,
+            "diskTotal": usage.disk_quota_bytes,
+        })
+    };
+    let mut samples: Vec<Value> = usage
+        .history
+        .iter()
+        .map(|p| (parse_time(&p.at), p))
+        .filter(|(at, _)| (start..=end).contains(&unix(*at)))
+        .map(|(at, p)| sample(at, p.cpu_percent, p.memory_bytes, p.disk_bytes))
+        .collect();
+    if samples.is_empty() {
+        samples.push(sample(SystemTime::now(), usage.cpu_percent, usage.memory_bytes, usage.disk_bytes));
+    }
+    Ok(Json(Value::Array(samples)))
 }
 
 /// Anything else E2B's SDK may call (templates, snapshots, volumes, ...).
