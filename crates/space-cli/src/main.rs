@@ -321,6 +321,9 @@ struct ServeArgs {
     /// shows figures of every tenant together.
     #[arg(long)]
     metrics_without_key: bool,
+    /// `text` or `json` (one object per line, with request ids).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -756,16 +759,29 @@ fn print_json(value: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
 }
 
-fn init_logging() {
+/// How `space serve` writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line, with the request's span (request id,
+    /// route, tenant, sandbox or operation id) in each.
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
-    let ansi = std::io::stderr().is_terminal();
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
-    init_logging();
+    init_logging(args.log_format);
     if args.dev && !args.listen.ip().is_loopback() {
         bail!("--dev binds loopback only; {} is not a loopback address", args.listen);
     }

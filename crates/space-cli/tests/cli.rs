@@ -591,3 +591,48 @@ fn a_dynamically_linked_agent_is_refused() {
     assert!(!out.status.success(), "refused: {said}");
     assert!(said.contains("not a statically linked executable"), "{said}");
 }
+
+#[test]
+fn json_logs_carry_request_ids_and_tenants_and_never_keys() {
+    let data = TestDataDir::new();
+    let (server, url, _, lines) =
+        common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0", "--log-format", "json"]);
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = logged.clone();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push(l)));
+    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let auth = format!("Bearer {key}");
+
+    let ours = ureq::get(&format!("{url}/v1/sandboxes"))
+        .set("Authorization", &auth)
+        .set("X-Request-Id", "trace-me-1")
+        .call()
+        .unwrap();
+    assert_eq!(ours.header("x-request-id"), Some("trace-me-1"));
+    let missing = "op_00000000000000000000";
+    let given = match ureq::get(&format!("{url}/v1/operations/{missing}")).set("Authorization", &auth).call() {
+        Err(ureq::Error::Status(404, response)) => response.header("x-request-id").unwrap_or_default().to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(given.starts_with("req_"), "{given}");
+
+    let line_for = |id: &str| {
+        logged
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["span"]["request_id"] == id && v["fields"]["message"] == "request")
+    };
+    let first =
+        space_testkit::wait_for("the first request's log line", space_testkit::PATIENCE, || line_for("trace-me-1"));
+    assert_eq!(first["fields"]["status"], 200, "{first}");
+    assert_eq!(first["span"]["tenant"], "default", "{first}");
+    assert_eq!(first["span"]["route"], "/v1/sandboxes", "{first}");
+    let second = space_testkit::wait_for("the second request's log line", space_testkit::PATIENCE, || line_for(&given));
+    assert_eq!(second["fields"]["status"], 404, "{second}");
+    assert_eq!(second["span"]["operation"], missing, "{second}");
+    stop(server);
+    let all = logged.lock().unwrap().join("\n");
+    assert!(!all.contains(&key), "the key is never logged");
+}

@@ -41,7 +41,8 @@ pub fn spawn_server(
     let url = loop {
         let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
         if let Some(at) = line.find("http://").or_else(|| line.find("https://")) {
-            break line[at..].trim().to_string();
+            // A text line ends with the address; a JSON one quotes it.
+            break line[at..].split(['"', ' ']).next().unwrap_or_default().trim().to_string();
         }
         seen.push(line);
     };

@@ -100,31 +100,80 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::e2b::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), count_request))
+        .layer(middleware::from_fn_with_state(state.clone(), observe_request))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .with_state(state)
 }
 
-/// Counts every request by its route template (never by id) and times it.
-async fn count_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// A client's `X-Request-Id` when it is a sane token, else a new one.
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .filter(|v| v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)))
+        .map(str::to_string)
+        .unwrap_or_else(|| crate::ids::new_id("req"))
+}
+
+/// The sandbox or operation a path names (`.../sandboxes/{id}/...`,
+/// `.../operations/{id}`, under `/v1` or `/e2b`), for the request's log.
+fn path_ids(path: &str) -> (Option<String>, Option<String>) {
+    let parts: Vec<&str> = path.split('/').collect();
+    let after = |kind: &str, prefix: &str| {
+        parts.windows(2).find(|w| w[0] == kind && crate::ids::plausible(w[1], prefix)).map(|w| w[1].to_string())
+    };
+    (after("sandboxes", "sbx"), after("operations", "op"))
+}
+
+/// Every request: an id (echoed as `X-Request-Id`), a span that the
+/// request's own log lines carry (request id, route, tenant once known,
+/// sandbox or operation id; never keys or bodies), one log line at its
+/// end, and the metrics (by route template, never by id).
+async fn observe_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    use tracing::Instrument as _;
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".to_string());
     let method = request.method().as_str().to_string();
+    let id = request_id(request.headers());
+    let (mut sandbox, operation) = path_ids(request.uri().path());
+    // E2B's envd names its sandbox in a header.
+    if sandbox.is_none() {
+        sandbox = request
+            .headers()
+            .get("e2b-sandbox-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| crate::ids::plausible(v, "sbx"))
+            .map(str::to_string);
+    }
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %method,
+        route = %route,
+        tenant = tracing::field::Empty,
+        sandbox = sandbox.as_deref().unwrap_or_default(),
+        operation = operation.as_deref().unwrap_or_default(),
+    );
     let started = Instant::now();
-    let response = next.run(request).await;
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let elapsed = started.elapsed();
+    let status = response.status().as_u16();
+    span.in_scope(|| tracing::info!(status, latency_ms = elapsed.as_secs_f64() * 1000.0, "request"));
+    if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
     let metrics = &state.platform.metrics;
-    let status = response.status().as_u16().to_string();
-    metrics
-        .requests
-        .get_or_create(&crate::metrics::RequestLabels { method: method.clone(), route: route.clone(), status })
-        .inc();
+    let labels =
+        crate::metrics::RequestLabels { method: method.clone(), route: route.clone(), status: status.to_string() };
+    metrics.requests.get_or_create(&labels).inc();
     metrics
         .request_seconds
         .get_or_create(&crate::metrics::RouteLabels { method, route })
-        .observe(started.elapsed().as_secs_f64());
+        .observe(elapsed.as_secs_f64());
     response
 }
 
@@ -183,6 +232,7 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
             ))
         }
     };
+    tracing::Span::current().record("tenant", caller.tenant.as_str());
     check_owner(&state, &caller, request.method(), request.uri().path())?;
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)

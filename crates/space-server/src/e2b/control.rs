@@ -39,7 +39,9 @@ fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
     let key = header(headers, "x-api-key")
         .filter(|k| !k.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
-    Ok(crate::api::caller_for_key(state, key)?)
+    let caller = crate::api::caller_for_key(state, key)?;
+    tracing::Span::current().record("tenant", caller.tenant.as_str());
+    Ok(caller)
 }
 
 /// A sandbox of the caller that E2B can see (not deleted), or 404.
