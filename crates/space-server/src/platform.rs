@@ -381,16 +381,15 @@ impl Platform {
         self.store.operation(id)?.ok_or_else(|| ApiError::not_found("operation", id))
     }
 
-    fn update_operation(&self, id: &str, change: impl FnOnce(&mut Operation)) {
+    /// Changes an operation and stores it; the operation as stored.
+    fn update_operation(&self, id: &str, change: impl FnOnce(&mut Operation)) -> Option<Operation> {
         let result = self.operation(id).and_then(|mut operation| {
             change(&mut operation);
             self.store.put_operation(&operation, "", None)?;
-            Ok(())
+            Ok(operation)
         });
-        if let Err(err) = result {
-            tracing::error!(operation = id, "updating an operation: {}", err.message);
-        }
         self.changed();
+        result.map_err(|err| tracing::error!(operation = id, "updating an operation: {}", err.message)).ok()
     }
 
     pub(crate) fn progress(&self, id: &str, step: &str, done: u64) {
@@ -431,7 +430,7 @@ impl Platform {
     }
 
     pub(crate) fn finish_operation(&self, id: &str, error: Option<ApiError>) {
-        self.update_operation(id, |op| {
+        let finished = self.update_operation(id, |op| {
             op.finished_at = Some(ids::now());
             op.started_at.get_or_insert_with(ids::now);
             match error {
@@ -447,7 +446,7 @@ impl Platform {
                 }
             }
         });
-        if let Ok(operation) = self.operation(id) {
+        if let Some(operation) = finished {
             let engine = operation.sandbox_id.as_deref().and_then(|s| self.store.sandbox(s).ok().flatten());
             let engine = engine.map(|r| r.sandbox.engine).unwrap_or_else(|| self.engine.name().to_string());
             self.metrics.operation_ended(&operation, &engine);

@@ -11,6 +11,7 @@ use space_api::{SandboxState, SandboxUsage, UsagePoint};
 
 use crate::error::ApiError;
 use crate::platform::Platform;
+use crate::store::SandboxRecord;
 
 /// How often running sandboxes are sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -46,9 +47,9 @@ fn percent(used_usec: u64, over: Duration, vcpus: u32) -> f64 {
 
 impl Platform {
     /// One sample of `id` now, from its engine and disk (blocking).
-    fn sample_now(&self, id: &str, vcpus: u32, window: Option<Duration>) -> Option<(UsagePoint, u64)> {
-        let record = self.sandbox(id).ok()?;
-        let spec = self.engine_spec(&record);
+    fn sample_now(&self, record: &SandboxRecord, window: Option<Duration>) -> Option<(UsagePoint, u64)> {
+        let (id, vcpus) = (&record.sandbox.id, record.sandbox.vcpus);
+        let spec = self.engine_spec(record);
         let disk_bytes = space_host::btrfs::exclusive_bytes(&self.data.sandbox_dir(id).join("rootfs")).unwrap_or(0);
         let before = self.engine.resource_use(&spec)?;
         let mut cpu_percent = 0.0;
@@ -87,7 +88,7 @@ impl Platform {
             if record.sandbox.state != SandboxState::Running {
                 continue;
             }
-            let Some((mut point, cpu_usec)) = self.sample_now(&record.sandbox.id, record.sandbox.vcpus, None) else {
+            let Some((mut point, cpu_usec)) = self.sample_now(record, None) else {
                 continue;
             };
             let now = Instant::now();
@@ -123,8 +124,8 @@ impl Platform {
         let (current, cpu_usec) = match (sandbox.state, fresh) {
             (SandboxState::Running, true) => (history.last().cloned(), cpu_usec),
             (SandboxState::Running, false) => {
-                let (platform, id, vcpus) = (self.clone(), id.to_string(), sandbox.vcpus);
-                let sampled = tokio::task::spawn_blocking(move || platform.sample_now(&id, vcpus, Some(CPU_WINDOW)))
+                let (platform, record) = (self.clone(), record.clone());
+                let sampled = tokio::task::spawn_blocking(move || platform.sample_now(&record, Some(CPU_WINDOW)))
                     .await
                     .map_err(|e| ApiError::internal("sampling a sandbox's use", e))?;
                 (sampled.as_ref().map(|(p, _)| p.clone()), sampled.map_or(cpu_usec, |(_, c)| c))

@@ -182,12 +182,7 @@ async fn observe_request(State(state): State<AppState>, request: Request, next: 
 /// `--metrics-without-key` (for a scraper on a trusted network).
 async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     if !state.platform.metrics_without_key.load(std::sync::atomic::Ordering::Relaxed) {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .unwrap_or_default();
+        let presented = bearer(&headers).unwrap_or_default();
         if !space_proto::constant_time_eq(presented.as_bytes(), state.api_key.as_bytes()) {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -212,17 +207,16 @@ async fn method_not_allowed() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
 }
 
+/// The key in `Authorization: Bearer <key>`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
 /// Authenticates the key (the server's own, or a tenant's), then refuses a
 /// path naming another tenant's sandbox, operation or template with the
 /// same 404 an unknown one gets.
 async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let caller = match presented {
+    let caller = match bearer(request.headers()) {
         Some(key) => caller_for_key(&state, key)?,
         None => {
             return Err(ApiError::new(
