@@ -698,3 +698,71 @@ pub struct TemplateOperation {
     pub template: Template,
     pub operation: Operation,
 }
+
+/// What an event says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub enum EventType {
+    /// A sandbox was created or moved to another state (`sandbox`).
+    #[serde(rename = "sandbox.state")]
+    SandboxState,
+    /// An operation was accepted or made progress (`operation`); template
+    /// builds are operations of kind `build_template`.
+    #[serde(rename = "operation.progress")]
+    OperationProgress,
+    /// An operation ended: succeeded, failed or cancelled (`operation`).
+    #[serde(rename = "operation.finished")]
+    OperationFinished,
+    /// A command started (`command`).
+    #[serde(rename = "command.started")]
+    CommandStarted,
+    /// A command ended; `command.result` says how.
+    #[serde(rename = "command.exited")]
+    CommandExited,
+    /// Events before this one are no longer kept: a client resuming from an
+    /// older id missed some (only ever the first item of a response).
+    #[serde(rename = "gap")]
+    Gap,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 6] = [
+        EventType::SandboxState,
+        EventType::OperationProgress,
+        EventType::OperationFinished,
+        EventType::CommandStarted,
+        EventType::CommandExited,
+        EventType::Gap,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::SandboxState => "sandbox.state",
+            EventType::OperationProgress => "operation.progress",
+            EventType::OperationFinished => "operation.finished",
+            EventType::CommandStarted => "command.started",
+            EventType::CommandExited => "command.exited",
+            EventType::Gap => "gap",
+        }
+    }
+}
+
+/// One item of `GET /v1/events`: something that happened to one of the
+/// tenant's sandboxes, operations or commands, with the object as it was
+/// right after. Ids grow by one per event of the server (a tenant sees a
+/// subset, so its ids have holes).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    pub id: u64,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// RFC 3339.
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Command>,
+}

@@ -183,6 +183,57 @@ impl Client {
         }
     }
 
+    /// Reads events (`GET /v1/events?{query}`) and hands each to `each`;
+    /// with `follow`, keeps going, resuming after the last event seen when
+    /// the stream breaks (the server restarting, say).
+    pub fn events(
+        &self,
+        query: &str,
+        from: Option<u64>,
+        follow: bool,
+        mut each: impl FnMut(space_api::Event) -> Result<()>,
+    ) -> Result<()> {
+        let mut last: Option<u64> = None;
+        let mut failures = 0;
+        loop {
+            let mut path = format!("/v1/events?{query}");
+            if follow {
+                path.push_str("&follow=true");
+            }
+            if let Some(from) = from.filter(|_| last.is_none()) {
+                path.push_str(&format!("&from={from}"));
+            }
+            let mut request = self.request("GET", &path);
+            if let Some(last) = last {
+                request = request.set("Last-Event-ID", &last.to_string());
+            }
+            let response = match request.call() {
+                Ok(response) => response,
+                Err(err) if !follow || failures >= 30 || matches!(err, ureq::Error::Status(..)) => {
+                    return Self::answer(Err(err)).map(|_| ());
+                }
+                Err(_) => {
+                    failures += 1;
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            failures = 0;
+            for line in BufReader::new(response.into_reader()).lines() {
+                let Ok(line) = line else { break };
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let event: space_api::Event = serde_json::from_str(&line).context("an event")?;
+                last = Some(event.id);
+                each(event)?;
+            }
+            if !follow {
+                return Ok(());
+            }
+        }
+    }
+
     /// Follows a command's output to its exit frame, counting the bytes.
     pub fn count_output(&self, output_path: &str) -> Result<u64> {
         let response = self.request("GET", &format!("{output_path}?follow=true")).call()?;

@@ -71,6 +71,28 @@ enum Top {
     /// Make, list and revoke tenants' API keys (works beside a running server).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Show what happened to your sandboxes, operations and commands
+    /// (`--follow`: as it happens, resuming by event id if the stream breaks).
+    Events {
+        /// Keep following new events.
+        #[arg(long, short)]
+        follow: bool,
+        /// Start at this event id (0: the oldest kept).
+        #[arg(long)]
+        from: Option<u64>,
+        /// Only these types, comma-separated (`sandbox`, `operation`,
+        /// `command`, or full names such as `command.exited`).
+        #[arg(long)]
+        types: Option<String>,
+        /// Only this sandbox's events.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// Print each event as one JSON line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Carry connections to a local port to a port inside a sandbox (a dev
     /// server, a database): `space port-forward SBX 8080:3000`. Prints the
     /// local address (LOCAL 0: any free port) and runs until interrupted.
@@ -746,6 +768,23 @@ fn run(cli: Cli) -> Result<i32> {
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
         Top::Keys(command) => keys(command).map(|()| 0),
+        Top::Events { follow, from, types, sandbox, json, client } => {
+            let mut query = vec![];
+            if let Some(types) = types {
+                query.push(format!("types={}", client::encode(&types)));
+            }
+            if let Some(sandbox) = sandbox {
+                query.push(format!("sandbox_id={}", client::encode(&sandbox)));
+            }
+            client.client()?.events(&query.join("&"), from, follow, |event| {
+                match json {
+                    true => println!("{}", serde_json::to_string(&event).unwrap_or_default()),
+                    false => println!("{}", describe_event(&event)),
+                }
+                Ok(())
+            })?;
+            Ok(0)
+        }
         Top::Mcp { client } => mcp::serve(&client.client()?).map(|()| 0),
         Top::PortForward { sandbox, ports, client } => {
             let (local, remote) = forward::parse_ports(&ports)?;
@@ -753,6 +792,50 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
+}
+
+/// One line for a person: id, time, type, sandbox, and what changed.
+fn describe_event(event: &space_api::Event) -> String {
+    let what = if let Some(sandbox) = &event.sandbox {
+        let mut text = sandbox.state.as_str().to_string();
+        if let Some(reason) = &sandbox.failure_reason {
+            text.push_str(&format!(" ({reason})"));
+        }
+        text
+    } else if let Some(op) = &event.operation {
+        let subject = op.template.as_deref().map(|t| format!(" template {t}")).unwrap_or_default();
+        // The names the API uses.
+        let name = |value: serde_json::Value| value.as_str().unwrap_or_default().to_string();
+        let (kind, state) = (name(serde_json::json!(op.kind)), name(serde_json::json!(op.state)));
+        let mut text = format!(
+            "{} {kind}{subject} {state}: {}/{} {}",
+            op.id, op.progress.done, op.progress.total, op.progress.step
+        );
+        if let Some(error) = &op.error {
+            text.push_str(&format!(" ({})", error.message));
+        }
+        text
+    } else if let Some(command) = &event.command {
+        match &command.result {
+            Some(result) => match (&result.exit_code, &result.signal) {
+                (Some(code), _) => format!("{} exit {code} after {} ms", command.id, result.duration_ms),
+                (None, Some(signal)) => format!("{} killed by {signal} after {} ms", command.id, result.duration_ms),
+                (None, None) => {
+                    format!("{} ended: {}", command.id, result.error.as_deref().unwrap_or("by the platform"))
+                }
+            },
+            None => format!("{} {}", command.id, command.argv.join(" ")),
+        }
+    } else {
+        "events before this one are no longer kept".to_string()
+    };
+    format!(
+        "#{:<6} {} {:<18} {:<26} {what}",
+        event.id,
+        event.at,
+        event.kind.as_str(),
+        event.sandbox_id.as_deref().unwrap_or("-")
+    )
 }
 
 fn print_json(value: &serde_json::Value) {

@@ -79,6 +79,9 @@ pub struct Platform {
     pub(crate) usage: crate::sampling::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
     pub metrics_without_key: std::sync::atomic::AtomicBool,
+    /// Whether requests are counted and logged and events recorded (off
+    /// only for `space bench`'s baseline).
+    observing: std::sync::atomic::AtomicBool,
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -120,7 +123,18 @@ impl Platform {
             metrics: Default::default(),
             usage: Default::default(),
             metrics_without_key: Default::default(),
+            observing: true.into(),
         })
+    }
+
+    /// Turns request metrics, request logs and events on or off.
+    pub fn observe(&self, on: bool) {
+        self.observing.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.store.record_events(on);
+    }
+
+    pub(crate) fn observing(&self) -> bool {
+        self.observing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn changed(&self) {

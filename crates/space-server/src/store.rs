@@ -7,9 +7,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
+mod events;
+
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
-use space_api::{Command, Operation, Sandbox};
+use space_api::{Command, EventType, Operation, Sandbox};
+
+pub(crate) use self::events::new_event;
+pub use self::events::{EventFilter, EVENTS_KEPT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -210,6 +215,16 @@ CREATE TABLE IF NOT EXISTS secrets (
     updated_at TEXT NOT NULL,
     PRIMARY KEY (tenant, name)
 );
+-- what happened to sandboxes, operations and commands (GET /v1/events);
+-- body is the event without its id, which is seq
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    sandbox_id TEXT,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
 ";
 
 /// Egress events kept per sandbox (the oldest go first).
@@ -217,6 +232,10 @@ pub const EGRESS_EVENTS_KEPT: u32 = 10_000;
 
 pub struct Store {
     conn: Mutex<Connection>,
+    /// The newest event's id, bumped after each commit that adds one.
+    event_head: tokio::sync::watch::Sender<u64>,
+    /// Whether writes record events (on unless turned off).
+    recording: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -260,20 +279,48 @@ impl Store {
                  WHERE idempotency_key IS NOT NULL;",
         )?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-        Ok(Store { conn: Mutex::new(conn) })
+        let head: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+            event_head: tokio::sync::watch::Sender::new(head.max(0) as u64),
+            recording: true.into(),
+        })
     }
 
     pub(crate) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Records a sandbox; a new one, or one in another state than before,
+    /// is also an event (in the same transaction).
     pub fn put_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         let body = serde_json::to_string(record)?;
-        self.conn().execute(
+        let id = &record.sandbox.id;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let before: Option<String> =
+            tx.query_row("SELECT state FROM sandboxes WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+        tx.execute(
             "INSERT INTO sandboxes (id, seq, state, body) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM sandboxes), ?2, ?3)
              ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
-            params![record.sandbox.id, record.sandbox.state.as_str(), body],
+            params![id, record.sandbox.state.as_str(), body],
         )?;
+        let mut event = None;
+        if self.recording() && before.as_deref() != Some(record.sandbox.state.as_str()) {
+            // As the API shows it: the columns kept apart win over the body.
+            let row: SandboxRow = tx.query_row(
+                "SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?;
+            let sandbox = sandbox_from_row(row)?.sandbox;
+            let mut item = events::new_event(EventType::SandboxState, Some(id));
+            item.sandbox = Some(sandbox);
+            event = Some(events::insert(&tx, &record.tenant, &item)?);
+        }
+        tx.commit()?;
+        drop(conn);
+        self.announce(event);
         Ok(())
     }
 
@@ -326,12 +373,29 @@ impl Store {
         idempotency_key: Option<&str>,
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(operation)?;
-        self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
             "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body, tenant)
              VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4, ?5)
              ON CONFLICT (id) DO UPDATE SET body = excluded.body",
             params![operation.id, operation.sandbox_id, idempotency_key, body, tenant],
         )?;
+        let mut event = None;
+        if self.recording() {
+            let tenant: String =
+                tx.query_row("SELECT tenant FROM operations WHERE id = ?1", [&operation.id], |r| r.get(0))?;
+            let kind = match operation.state.is_terminal() {
+                true => EventType::OperationFinished,
+                false => EventType::OperationProgress,
+            };
+            let mut item = events::new_event(kind, operation.sandbox_id.as_deref());
+            item.operation = Some(operation.clone());
+            event = Some(events::insert(&tx, &tenant, &item)?);
+        }
+        tx.commit()?;
+        drop(conn);
+        self.announce(event);
         Ok(())
     }
 
@@ -443,14 +507,46 @@ impl Store {
         Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
     }
 
+    /// Records a command; its start and its end are also events.
     pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {
         let body = serde_json::to_string(command)?;
-        self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let ended_before: Option<bool> = tx
+            .query_row(
+                "SELECT json_extract(body, '$.result') IS NOT NULL FROM commands WHERE id = ?1",
+                [&command.id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        tx.execute(
             "INSERT INTO commands (id, seq, sandbox_id, body)
              VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM commands), ?2, ?3)
              ON CONFLICT (id) DO UPDATE SET body = excluded.body",
             params![command.id, command.sandbox_id, body],
         )?;
+        let kind = match ended_before {
+            None if command.result.is_none() => Some(EventType::CommandStarted),
+            Some(false) | None if command.result.is_some() => Some(EventType::CommandExited),
+            _ => None,
+        };
+        let mut event = None;
+        if let Some(kind) = kind.filter(|_| self.recording()) {
+            let tenant: Option<Option<String>> = tx
+                .query_row(
+                    "SELECT json_extract(body, '$.tenant') FROM sandboxes WHERE id = ?1",
+                    [&command.sandbox_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let tenant = tenant.flatten().unwrap_or_else(operator_tenant);
+            let mut item = events::new_event(kind, Some(&command.sandbox_id));
+            item.command = Some(command.clone());
+            event = Some(events::insert(&tx, &tenant, &item)?);
+        }
+        tx.commit()?;
+        drop(conn);
+        self.announce(event);
         Ok(())
     }
 

@@ -2,10 +2,11 @@
 SPACE_API_KEY point at it). Run: python -m unittest discover -s sdk/python/tests"""
 
 import asyncio
+import threading
 import time
 import unittest
 
-from space_sdk import AsyncSandbox, ConflictError, NotFoundError, Sandbox, SpaceError
+from space_sdk import AsyncSandbox, Client, ConflictError, InvalidRequestError, NotFoundError, Sandbox, SpaceError
 
 
 class SyncSdk(unittest.TestCase):
@@ -102,6 +103,47 @@ class SyncSdk(unittest.TestCase):
             self.assertEqual(sbx.commands.run(["true"]).exit_code, 0)
         self.assertEqual(Sandbox.connect(sbx.id).info["state"], "deleted")
 
+    def test_events_tell_what_happened_live_and_again_later(self):
+        client = Client()
+        newest = list(client.events(limit=1))
+        start = newest[-1]["id"] + 1 if newest else 0
+        seen, target = [], []
+
+        def follow():
+            for event in client.events(follow=True, from_id=start, types=["sandbox", "command"]):
+                seen.append(event)
+                sandbox = event.get("sandbox") or {}
+                if target and event.get("sandbox_id") == target[0] and sandbox.get("state") == "deleted":
+                    return
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        sbx = Sandbox.create()
+        target.append(sbx.id)
+        self.assertEqual(sbx.commands.run("exit 3").exit_code, 3)
+        sbx.delete()
+        follower.join(60)
+        self.assertFalse(follower.is_alive(), "the followed stream never showed the delete")
+        mine = [e for e in seen if e.get("sandbox_id") == sbx.id]
+        steps = [(e["type"], (e.get("sandbox") or {}).get("state")) for e in mine]
+        for step in [("sandbox.state", "creating"), ("sandbox.state", "running"), ("command.started", None),
+                     ("command.exited", None), ("sandbox.state", "deleted")]:
+            self.assertIn(step, steps)
+        order = [steps.index(("sandbox.state", "running")), steps.index(("command.started", None)),
+                 steps.index(("command.exited", None)), steps.index(("sandbox.state", "deleted"))]
+        self.assertEqual(order, sorted(order))
+        exited = mine[steps.index(("command.exited", None))]
+        self.assertEqual(exited["command"]["result"]["exit_code"], 3)
+        ids = [e["id"] for e in mine]
+        self.assertEqual(ids, sorted(set(ids)))
+        # Read again later, from the middle: the same events, and only this sandbox's.
+        again = list(client.events(from_id=ids[1], sandbox_id=sbx.id, types=["sandbox", "command"]))
+        self.assertEqual([e["id"] for e in again], ids[1:])
+        operations = list(client.events(from_id=start, sandbox_id=sbx.id, types=["operation.finished"]))
+        self.assertEqual(sorted(e["operation"]["kind"] for e in operations), ["create", "delete"])
+        with self.assertRaises(InvalidRequestError):
+            list(client.events(types=["sandboxes"]))
+
     def test_errors_are_typed(self):
         with self.assertRaises(NotFoundError) as raised:
             Sandbox.connect("sbx_doesnotexist")
@@ -133,6 +175,8 @@ class AsyncSdk(unittest.TestCase):
                 self.assertEqual(session.result["exit_code"], 0)
                 await sbx.pause()
                 await sbx.resume()
+                states = [e["sandbox"]["state"] async for e in sbx.client.events(sandbox_id=sbx.id, types=["sandbox"])]
+                self.assertEqual(states[-3:], ["running", "paused", "running"])
                 self.assertEqual((await sbx.commands.run("echo back")).stdout, "back\n")
             self.assertEqual(sbx.info["state"], "deleted")
             await sbx.client.aclose()

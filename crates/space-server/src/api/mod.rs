@@ -4,6 +4,7 @@
 mod attach;
 mod commands;
 mod egress;
+mod events;
 pub(crate) mod files;
 mod health;
 mod openapi;
@@ -89,6 +90,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
         .route("/v1/usage", get(usage::usage))
+        .route("/v1/events", get(events::events))
         .route("/v1/secrets", get(secrets::list))
         .route("/v1/secrets/{name}", axum::routing::put(secrets::put).delete(secrets::delete))
         .route("/v1/openapi.json", get(openapi::document))
@@ -132,6 +134,9 @@ fn path_ids(path: &str) -> (Option<String>, Option<String>) {
 /// end, and the metrics (by route template, never by id).
 async fn observe_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
     use tracing::Instrument as _;
+    if !state.platform.observing() {
+        return next.run(request).await;
+    }
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()

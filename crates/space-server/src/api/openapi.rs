@@ -5,7 +5,9 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{attach, commands, egress, files, health, operations, output, ports, sandboxes, secrets, templates, usage};
+use super::{
+    attach, commands, egress, events, files, health, operations, output, ports, sandboxes, secrets, templates, usage,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,7 +21,7 @@ use super::{attach, commands, egress, files, health, operations, output, ports, 
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,
         output::output, attach::attach,
         files::read, files::write, files::delete,
-        usage::usage, usage::sandbox, egress::log, egress::set_network,
+        usage::usage, usage::sandbox, events::events, egress::log, egress::set_network,
         secrets::put, secrets::list, secrets::delete, ports::proxy,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),

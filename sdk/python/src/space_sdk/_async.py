@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from ._common import (TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation, command_body, config,
-                      create_body, listing)
+from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation,
+                      command_body, config, create_body, events_request, listing)
 from ._errors import SpaceError, error_from_response
 
 
@@ -56,6 +56,37 @@ class AsyncClient:
 
     async def delete_secret(self, name: str) -> None:
         await self.request("DELETE", f"/v1/secrets/{name}")
+
+    async def events(self, *, follow: bool = False, from_id: Optional[int] = None,
+                     types: Optional[Sequence[str]] = None, sandbox_id: Optional[str] = None,
+                     limit: Optional[int] = None) -> AsyncIterator[Dict[str, Any]]:
+        """Your sandboxes', operations' and commands' events (`GET /v1/events`),
+        oldest first, as dicts: `{"id", "type", "at", "sandbox_id", and the
+        "sandbox", "operation" or "command" as it was}`. Without `from_id`,
+        the newest `limit` (or with `follow`, those from now on). With
+        `follow`, keeps yielding as things happen and, if the connection
+        breaks, resumes after the last event seen."""
+        last: Optional[int] = None
+        while True:
+            params, headers = events_request(follow, from_id, types, sandbox_id, limit, last)
+            try:
+                async with self._http.stream("GET", "/v1/events", params=params, headers=headers,
+                                             timeout=None) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise error_from_response(response.status_code, response.json())
+                    async for line in response.aiter_lines():
+                        if line.strip():
+                            event = json.loads(line)
+                            last = event["id"]
+                            yield event
+            except STREAM_BREAKS as err:
+                if not follow:
+                    raise SpaceError(f"the event stream broke: {err!r}", code="unreachable") from err
+                await asyncio.sleep(0.5)
+                continue
+            if not follow:
+                return
 
     async def wait_operation(self, operation_id: str, timeout: float = 300.0) -> Dict[str, Any]:
         deadline = time.monotonic() + timeout

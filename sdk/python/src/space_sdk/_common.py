@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+import httpx
+
 from ._errors import OperationFailedError, SpaceError
 
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -21,6 +23,31 @@ def config(url: Optional[str], api_key: Optional[str]) -> "tuple[str, Dict[str, 
     if not key:
         raise SpaceError("no API key: pass api_key= or set SPACE_API_KEY", code="no_api_key")
     return url, {"Authorization": f"Bearer {key}"}
+
+
+def events_request(follow: bool, from_id: Optional[int], types: Optional[Sequence[str]], sandbox_id: Optional[str],
+                   limit: Optional[int], last: Optional[int]) -> "tuple[Dict[str, Any], Dict[str, str]]":
+    """The query and headers of `GET /v1/events`: after the last event seen
+    once there is one (a resumed stream), else from `from_id`."""
+    params: Dict[str, Any] = {}
+    headers: Dict[str, str] = {}
+    if follow:
+        params["follow"] = "true"
+    if types:
+        params["types"] = ",".join(types)
+    if sandbox_id:
+        params["sandbox_id"] = sandbox_id
+    if limit is not None:
+        params["limit"] = limit
+    if last is not None:
+        headers["Last-Event-ID"] = str(last)
+    elif from_id is not None:
+        params["from"] = from_id
+    return params, headers
+
+
+# Breaks of a followed stream that are resumed rather than raised.
+STREAM_BREAKS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)
 
 
 def create_body(template: str, spec: Dict[str, Any]) -> Dict[str, Any]:

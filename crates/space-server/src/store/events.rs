@@ -1,0 +1,202 @@
+//! The event log behind `GET /v1/events`: one row per change of a
+//! sandbox's state, an operation or a command, written in the transaction
+//! of the change itself, so an event exists exactly when its change does.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use rusqlite::{params_from_iter, Transaction};
+use space_api::{Event, EventType};
+
+use super::{Store, StoreError};
+
+/// Events kept (all tenants together); older ones are dropped in batches.
+pub const EVENTS_KEPT: u64 = 100_000;
+/// How often (in events) the oldest beyond [`EVENTS_KEPT`] are dropped.
+const TRIM_EVERY: u64 = 1024;
+
+/// Which of a tenant's events to read.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    /// Only these types (none: all).
+    pub types: Vec<EventType>,
+    /// Only this sandbox's.
+    pub sandbox_id: Option<String>,
+}
+
+pub(crate) fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
+    Event {
+        id: 0,
+        kind,
+        at: crate::ids::now(),
+        sandbox_id: sandbox_id.map(str::to_string),
+        sandbox: None,
+        operation: None,
+        command: None,
+    }
+}
+
+/// Adds `event` for `tenant` inside `tx`; its id.
+pub(super) fn insert(tx: &Transaction<'_>, tenant: &str, event: &Event) -> Result<u64, StoreError> {
+    let body = serde_json::to_string(event)?;
+    tx.execute(
+        "INSERT INTO events (tenant, sandbox_id, kind, body) VALUES (?1, ?2, ?3, ?4)",
+        rusqlite::params![tenant, event.sandbox_id, event.kind.as_str(), body],
+    )?;
+    let seq = tx.last_insert_rowid().max(0) as u64;
+    if seq.is_multiple_of(TRIM_EVERY) && seq > EVENTS_KEPT {
+        tx.execute("DELETE FROM events WHERE seq <= ?1", [(seq - EVENTS_KEPT) as i64])?;
+    }
+    Ok(seq)
+}
+
+impl Store {
+    pub(super) fn recording(&self) -> bool {
+        self.recording.load(Relaxed)
+    }
+
+    /// Turns the recording of events on or off (off: `space bench`'s
+    /// baseline for what events cost).
+    pub fn record_events(&self, on: bool) {
+        self.recording.store(on, Relaxed);
+    }
+
+    /// Wakes followers once the transaction that added `event` committed.
+    pub(super) fn announce(&self, event: Option<u64>) {
+        if let Some(seq) = event {
+            self.event_head.send_if_modified(|head| {
+                let newer = seq > *head;
+                *head = (*head).max(seq);
+                newer
+            });
+        }
+    }
+
+    /// The newest event's id (0: none yet), and a way to wait for more.
+    pub fn event_head(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.event_head.subscribe()
+    }
+
+    /// The id of the oldest event still kept (the next one when none is).
+    pub fn oldest_event(&self) -> Result<u64, StoreError> {
+        let oldest: Option<i64> = self.conn().query_row("SELECT MIN(seq) FROM events", [], |r| r.get(0))?;
+        Ok(oldest.map(|s| s.max(0) as u64).unwrap_or_else(|| *self.event_head.borrow() + 1))
+    }
+
+    /// A tenant's events from id `from` on, oldest first, at most `limit`.
+    pub fn events_from(
+        &self,
+        tenant: &str,
+        from: u64,
+        filter: &EventFilter,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.select_events(tenant, filter, "seq >= ?", Some(from), "ASC", limit)
+    }
+
+    /// A tenant's newest `limit` events, oldest first.
+    pub fn latest_events(&self, tenant: &str, filter: &EventFilter, limit: u32) -> Result<Vec<Event>, StoreError> {
+        let mut events = self.select_events(tenant, filter, "1 = 1", None, "DESC", limit)?;
+        events.reverse();
+        Ok(events)
+    }
+
+    fn select_events(
+        &self,
+        tenant: &str,
+        filter: &EventFilter,
+        bound: &str,
+        bound_value: Option<u64>,
+        order: &str,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        let mut sql = format!("SELECT seq, body FROM events WHERE tenant = ? AND {bound}");
+        let mut values: Vec<rusqlite::types::Value> = vec![tenant.to_string().into()];
+        if let Some(value) = bound_value {
+            values.push((value.min(i64::MAX as u64) as i64).into());
+        }
+        if let Some(sandbox) = &filter.sandbox_id {
+            sql.push_str(" AND sandbox_id = ?");
+            values.push(sandbox.clone().into());
+        }
+        if !filter.types.is_empty() {
+            let marks = vec!["?"; filter.types.len()].join(", ");
+            sql.push_str(&format!(" AND kind IN ({marks})"));
+            values.extend(filter.types.iter().map(|t| t.as_str().to_string().into()));
+        }
+        sql.push_str(&format!(" ORDER BY seq {order} LIMIT ?"));
+        values.push(i64::from(limit).into());
+        let conn = self.conn();
+        let mut statement = conn.prepare(&sql)?;
+        let rows = statement
+            .query_map(params_from_iter(values), |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter()
+            .map(|(seq, body)| {
+                let mut event: Event = serde_json::from_str(&body)?;
+                event.id = seq.max(0) as u64;
+                Ok(event)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use space_api::{OperationKind, OperationState, SandboxState};
+
+    fn store() -> ((), Store) {
+        ((), Store::open(std::path::Path::new(":memory:")).unwrap())
+    }
+
+    #[test]
+    fn a_state_change_is_one_event_and_a_rewrite_in_the_same_state_is_none() {
+        let (_dir, store) = store();
+        let mut record = super::super::SandboxRecord::sample(
+            SandboxState::Creating,
+            space_api::Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause: None },
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00Z",
+        );
+        record.tenant = "acme".into();
+        store.put_sandbox(&record).unwrap();
+        store.put_sandbox(&record).unwrap();
+        record.sandbox.state = SandboxState::Running;
+        store.put_sandbox(&record).unwrap();
+        let events = store.events_from("acme", 0, &EventFilter::default(), 100).unwrap();
+        let states: Vec<_> = events.iter().map(|e| e.sandbox.as_ref().unwrap().state).collect();
+        assert_eq!(states, [SandboxState::Creating, SandboxState::Running]);
+        assert!(events[0].id < events[1].id);
+        assert_eq!(*store.event_head().borrow(), events[1].id);
+        // Another tenant sees none of them.
+        assert!(store.events_from("other", 0, &EventFilter::default(), 100).unwrap().is_empty());
+    }
+
+    #[test]
+    fn operations_are_progress_until_they_end_and_keep_their_first_tenant() {
+        let (_dir, store) = store();
+        let mut op = crate::platform::new_operation(OperationKind::Pause, "sbx_1", "queued", 1);
+        store.put_operation(&op, "acme", None).unwrap();
+        op.state = OperationState::Succeeded;
+        // Updates name no tenant: the event is still the first writer's.
+        store.put_operation(&op, "", None).unwrap();
+        let filter = EventFilter { types: vec![EventType::OperationFinished], sandbox_id: Some("sbx_1".into()) };
+        let finished = store.events_from("acme", 0, &filter, 100).unwrap();
+        assert_eq!(finished.len(), 1);
+        assert_eq!(finished[0].operation.as_ref().unwrap().state, OperationState::Succeeded);
+        let all = store.latest_events("acme", &EventFilter::default(), 1).unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].kind, EventType::OperationFinished);
+        assert!(store.events_from("", 0, &EventFilter::default(), 100).unwrap().is_empty());
+    }
+
+    #[test]
+    fn nothing_is_recorded_while_recording_is_off() {
+        let (_dir, store) = store();
+        store.record_events(false);
+        let op = crate::platform::new_operation(OperationKind::Pause, "sbx_1", "queued", 1);
+        store.put_operation(&op, "acme", None).unwrap();
+        assert!(store.events_from("acme", 0, &EventFilter::default(), 100).unwrap().is_empty());
+        assert_eq!(*store.event_head().borrow(), 0);
+    }
+}
