@@ -107,3 +107,54 @@ pub async fn serve_with(
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     Ok(())
 }
+
+/// A request body that notes when it has been read to its end.
+struct Watched {
+    inner: axum::body::Body,
+    read: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            self.read.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Answers a request whose body was not read to its end (an error before
+/// the body was needed, say) with `Connection: close`: the connection
+/// cannot carry another request then, and a client that is not told so
+/// may send its next request on it as it closes.
+pub(crate) async fn close_if_body_unread(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use hyper::body::Body as _;
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let read = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let request = request.map(|inner| axum::body::Body::new(Watched { inner, read: read.clone() }));
+    let mut response = next.run(request).await;
+    if !read.load(std::sync::atomic::Ordering::Relaxed) && !response.status().is_informational() {
+        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
+}

@@ -321,6 +321,27 @@ fn bad_input_gets_the_error_shape_and_changes_nothing() {
     );
     assert!(too_big.starts_with("HTTP/1.1 413"), "{}", too_big.lines().next().unwrap_or(""));
     assert!(too_big.contains("\"too_large\""), "{too_big}");
+    // An answer given without reading the body says the connection ends
+    // with it, so no client sends its next request on a closing connection;
+    // one that read the body keeps the connection.
+    let head_of = |head: &str, body: &str| {
+        let mut socket = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+        let request = format!("{head}\r\nHost: test\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        std::io::Write::write_all(&mut socket, request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        let mut byte = [0u8; 1];
+        while !answer.ends_with(b"\r\n\r\n") && std::io::Read::read(&mut socket, &mut byte).unwrap_or(0) == 1 {
+            answer.push(byte[0]);
+        }
+        String::from_utf8_lossy(&answer).to_lowercase()
+    };
+    let unread = head_of(&format!("POST /v1/sandboxes HTTP/1.1\r\nAuthorization: {auth}"), r#"{"template":"base"}"#);
+    assert!(unread.starts_with("http/1.1 415") && unread.contains("connection: close"), "{unread}");
+    let read = head_of(
+        &format!("POST /v1/sandboxes HTTP/1.1\r\nAuthorization: {auth}\r\nContent-Type: application/json"),
+        "{\"template\":",
+    );
+    assert!(read.starts_with("http/1.1 400") && !read.contains("connection: close"), "{read}");
 
     for (headers, what) in [
         (vec![], "no key"),

@@ -103,6 +103,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), observe_request))
+        .layer(middleware::from_fn(crate::http::close_if_body_unread))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .with_state(state)
 }
