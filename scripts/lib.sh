@@ -42,6 +42,19 @@ ensure_build_deps() {
     fi
 }
 
+# The console's tests drive Debian's Chromium over WebDriver (chromedriver).
+ensure_browser() {
+    local missing=()
+    for pkg in chromium chromium-driver; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        say "installing the browser for the console's tests: ${missing[*]}"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    fi
+}
+
 # The guest agent is linked statically so it runs in any root filesystem.
 # An explicit --target keeps the static flag away from build scripts and
 # proc macros.

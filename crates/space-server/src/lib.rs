@@ -8,6 +8,7 @@ mod actor;
 pub mod api;
 mod capacity;
 pub mod commands;
+mod console;
 pub mod disk;
 pub mod domain;
 pub mod e2b;

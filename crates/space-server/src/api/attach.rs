@@ -45,7 +45,8 @@ pub async fn attach(
     let upgrade = upgrade.map_err(|e| ApiError::bad_request(format!("attach needs a WebSocket upgrade: {e}")))?;
     let output = follow(&state.platform, &id, &cid, 0, true)?;
     let input = state.platform.live_command(&cid).map(|(_, stream, agent)| (stream, agent));
-    Ok(upgrade.on_upgrade(move |socket| session(socket, output, input)))
+    // A browser names `space.v1` beside its key (see `websocket_bearer`).
+    Ok(upgrade.protocols(["space.v1"]).on_upgrade(move |socket| session(socket, output, input)))
 }
 
 async fn session(

@@ -100,6 +100,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .merge(protected)
         .merge(crate::e2b::router())
+        .merge(crate::console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), observe_request))
@@ -218,11 +219,27 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
 }
 
+/// The key a browser's WebSocket offers as the subprotocol
+/// `bearer.<base64url of the key>` (browsers cannot set headers on a
+/// WebSocket); the server never selects, so never echoes, that protocol.
+fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine as _;
+    let upgrade = headers.get(header::UPGRADE)?.to_str().ok()?;
+    if !upgrade.eq_ignore_ascii_case("websocket") {
+        return None;
+    }
+    let offered = headers.get(header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;
+    let encoded = offered.split(',').map(str::trim).find_map(|p| p.strip_prefix("bearer."))?;
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded).ok()?;
+    String::from_utf8(key).ok()
+}
+
 /// Authenticates the key (the server's own, or a tenant's), then refuses a
 /// path naming another tenant's sandbox, operation or template with the
 /// same 404 an unknown one gets.
 async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
-    let caller = match bearer(request.headers()) {
+    let offered = websocket_bearer(request.headers());
+    let caller = match bearer(request.headers()).or(offered.as_deref()) {
         Some(key) => caller_for_key(&state, key)?,
         None => {
             return Err(ApiError::new(
