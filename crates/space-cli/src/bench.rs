@@ -255,6 +255,59 @@ fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
 }
 
 /// Calls a lifecycle action and waits for its operation; returns how long.
+/// A client following the event stream, as a console would, for the
+/// rest of the run; how many events it has seen.
+fn follow_events(client: &Client) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    let follower = Client::new(client.base(), client.key());
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = seen.clone();
+    std::thread::spawn(move || {
+        let _ = follower.events("", None, true, |_| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        });
+    });
+    seen
+}
+
+/// The exec round trip with request metrics, request logs and events on,
+/// and with them off, alternating in one sandbox (with an event stream
+/// followed throughout).
+fn measure_observability(
+    client: &Client,
+    platform: &space_server::Platform,
+    id: &str,
+    rounds: usize,
+    seen: &std::sync::atomic::AtomicU64,
+) -> Result<(Samples, Samples)> {
+    let (mut on, mut off) = (Samples(vec![]), Samples(vec![]));
+    let before = seen.load(std::sync::atomic::Ordering::Relaxed);
+    let exec = |samples: &mut Samples| -> Result<()> {
+        let started = Instant::now();
+        let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
+        samples.0.push(started.elapsed());
+        if answer["result"]["exit_code"] != 0 {
+            bail!("`true` failed: {answer}");
+        }
+        Ok(())
+    };
+    for round in 0..rounds * 2 {
+        let observing = round % 2 == 0;
+        platform.observe(observing);
+        exec(if observing { &mut on } else { &mut off })?;
+    }
+    platform.observe(true);
+    // The last `on` round's events may still be on their way.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.load(std::sync::atomic::Ordering::Relaxed) == before {
+        if Instant::now() > deadline {
+            bail!("the event stream carried nothing while events were on");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok((on, off))
+}
+
 /// `commands.run("true")` as the e2b SDK sends it (`/bin/bash -l -c true`
 /// on envd's `Start` stream, read to its end-of-stream frame), each next
 /// to SPACE's own exec of the same argv.
@@ -376,7 +429,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         config.auto_pause_s = 0;
         Ok(config)
     };
-    let (client, _cold_platform) = start_server(&runtime, config(scratch, 0)?)?;
+    let (client, cold_platform) = start_server(&runtime, config(scratch, 0)?)?;
     let (warm_client, warm_platform) = start_server(&runtime, config(warm_scratch, 1)?)?;
 
     let raw_engine = Gvisor::new(GvisorConfig {
@@ -394,6 +447,8 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let mut warm_create = Samples(vec![]);
     let (mut e2b_run, mut bash_exec) = (Samples(vec![]), Samples(vec![]));
     let mut idle_pss: Vec<u64> = Vec::new();
+    let (mut observed, mut unobserved) = (Samples(vec![]), Samples(vec![]));
+    let events_seen = follow_events(&client);
     let mut throughput: Option<Throughput> = None;
     let mut egress: Option<Egress> = None;
     eprintln!(
@@ -430,6 +485,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
                 }
             }
         }
+        let (on, off) = measure_observability(&client, &cold_platform, &id, args.execs, &events_seen)?;
+        observed.0.extend(on.0);
+        unobserved.0.extend(off.0);
         if i == 0 {
             throughput = Some(measure_throughput(&client, &id)?);
             egress = Some(measure_egress(&client, &id)?);
@@ -528,6 +586,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
     ratio(&exec, &raw_exec);
+    row("exec `true`, metrics+logs+events on", &observed);
+    row("exec `true`, metrics+logs+events off", &unobserved);
+    ratio_named("cost of observability (on/off)", &observed, &unobserved);
     row("exec `bash -l -c true`, SPACE API", &bash_exec);
     row("E2B commands.run(\"true\") (the same argv)", &e2b_run);
     ratio_named("ratio E2B/SPACE", &e2b_run, &bash_exec);

@@ -239,21 +239,33 @@ function actionButtons(sandbox) {
   if (sandbox.state === "running") box.append(act("Pause", `${base}/pause`), act("Suspend", `${base}/suspend`));
   if (sandbox.state === "paused" || sandbox.state === "suspended") box.append(act("Resume", `${base}/resume`));
   if (sandbox.state !== "deleted" && sandbox.state !== "deleting") {
-    // Two clicks: the first arms it.
-    const remove = el("button", { class: "danger", text: "Delete", "data-action": "delete" });
+    // Two clicks: the first arms it for a few seconds (kept across re-renders).
+    const armed = state.armed === sandbox.id;
+    const remove = el("button", { class: "danger", text: armed ? "Confirm delete" : "Delete", "data-action": "delete" });
     remove.addEventListener("click", async (event) => {
       event.stopPropagation();
-      if (!remove.dataset.armed) { remove.dataset.armed = "1"; remove.textContent = "Confirm delete"; return; }
+      if (state.armed !== sandbox.id) {
+        state.armed = sandbox.id;
+        setTimeout(() => { if (state.armed === sandbox.id) { state.armed = null; rerender(); } }, 5000);
+        rerender();
+        return;
+      }
+      state.armed = null;
       try {
         const { operation } = await api("DELETE", base);
         state.progress.set(sandbox.id, operation);
-        renderSandboxes();
+        rerender();
       } catch (error) { notice(`Delete ${sandbox.id}: ${error.message}`, true); }
     });
     box.append(remove);
   }
   for (const button of box.querySelectorAll("button")) button.disabled = busy;
   return box;
+}
+
+function rerender() {
+  renderSandboxes();
+  if (state.current) renderSandbox();
 }
 
 function progressText(op) {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use space_api::{Command, EventType, Operation, Sandbox};
 
 pub(crate) use self::events::new_event;
-pub use self::events::{EventFilter, EVENTS_KEPT};
+pub use self::events::{EventFilter, RawEvent, EVENTS_KEPT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -232,6 +232,10 @@ pub const EGRESS_EVENTS_KEPT: u32 = 10_000;
 
 pub struct Store {
     conn: Mutex<Connection>,
+    /// A second, read-only connection for followers of the event log, so
+    /// their reads never wait for (or hold up) writes (WAL); `None` for an
+    /// in-memory database, which a second connection cannot see.
+    reader: Option<Mutex<Connection>>,
     /// The newest event's id, bumped after each commit that adds one.
     event_head: tokio::sync::watch::Sender<u64>,
     /// Whether writes record events (on unless turned off).
@@ -280,8 +284,20 @@ impl Store {
         )?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         let head: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+        let reader = match path.as_os_str() == ":memory:" {
+            true => None,
+            false => {
+                let reader = Connection::open_with_flags(
+                    path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                reader.busy_timeout(std::time::Duration::from_secs(5))?;
+                Some(Mutex::new(reader))
+            }
+        };
         Ok(Store {
             conn: Mutex::new(conn),
+            reader,
             event_head: tokio::sync::watch::Sender::new(head.max(0) as u64),
             recording: true.into(),
         })

@@ -13,6 +13,7 @@ import urllib.request
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -52,8 +53,14 @@ def main():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1100"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-    wait = WebDriverWait(driver, 90, poll_frequency=0.2)
+    # The page re-renders rows as events arrive: an element found a moment
+    # ago may be gone, which only means "look again".
+    wait = WebDriverWait(driver, 90, poll_frequency=0.2,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
     by_id = lambda name: driver.find_element(By.ID, name)
+
+    def click(css):
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True)
     try:
         driver.get(URL + "/")
         wait.until(lambda d: by_id("sign-in-view").is_displayed())
@@ -93,7 +100,7 @@ def main():
         assert other not in driver.page_source, "another tenant's sandbox appeared"
 
         # Its page: usage, a terminal, a command with its transcript, files.
-        driver.find_element(By.CSS_SELECTOR, f"{row} code").click()
+        click(f"{row} code")
         wait.until(lambda d: by_id("sandbox-view").is_displayed() and by_id("sbx-state").text == "running")
         wait.until(lambda d: "CPU" in by_id("sbx-usage").text)
         by_id("term-open").click()
@@ -135,9 +142,9 @@ def main():
         by_id("nav-sandboxes").click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))
         delete = f'{row} button[data-action="delete"]'
-        driver.find_element(By.CSS_SELECTOR, delete).click()
+        click(delete)
         wait.until(lambda d: d.find_element(By.CSS_SELECTOR, delete).text == "Confirm delete")
-        driver.find_element(By.CSS_SELECTOR, delete).click()
+        click(delete)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, row))
         assert call(KEY_A, "GET", f"/v1/sandboxes/{sbx}")["state"] == "deleted"
         shot(driver, "07-deleted.png")

@@ -16,7 +16,7 @@ use space_api::{ErrorBody, Event, EventType};
 use super::{ApiQuery, AppState};
 use crate::error::ApiError;
 use crate::platform::Platform;
-use crate::store::EventFilter;
+use crate::store::{EventFilter, RawEvent};
 use crate::tenants::Caller;
 
 /// Events read from the store at a time.
@@ -99,7 +99,8 @@ pub async fn events(
         if from < oldest {
             let mut gap = crate::store::new_event(EventType::Gap, None);
             gap.id = oldest - 1;
-            first.push_back(gap);
+            let json = serde_json::to_string(&gap).map_err(|e| ApiError::internal("an event", e))?;
+            first.push_back(RawEvent { id: gap.id, kind: EventType::Gap.as_str().to_string(), json });
         }
     }
     let body = if query.follow {
@@ -158,11 +159,10 @@ fn parse_types(text: Option<&str>) -> Result<Vec<EventType>, ApiError> {
     Ok(types)
 }
 
-fn render(format: Format, event: &Event) -> Vec<u8> {
-    let json = serde_json::to_string(event).unwrap_or_default();
+fn render(format: Format, event: &RawEvent) -> Vec<u8> {
     match format {
-        Format::Ndjson => format!("{json}\n").into_bytes(),
-        Format::Sse => format!("id: {}\nevent: {}\ndata: {json}\n\n", event.id, event.kind.as_str()).into_bytes(),
+        Format::Ndjson => format!("{}\n", event.json).into_bytes(),
+        Format::Sse => format!("id: {}\nevent: {}\ndata: {}\n\n", event.id, event.kind, event.json).into_bytes(),
     }
 }
 
@@ -175,7 +175,7 @@ struct Follower {
     /// The first event id not yet looked at.
     next: u64,
     head: tokio::sync::watch::Receiver<u64>,
-    pending: VecDeque<Event>,
+    pending: VecDeque<RawEvent>,
     format: Format,
 }
 

@@ -14,6 +14,24 @@ pub const EVENTS_KEPT: u64 = 100_000;
 /// How often (in events) the oldest beyond [`EVENTS_KEPT`] are dropped.
 const TRIM_EVERY: u64 = 1024;
 
+/// An event as kept: its JSON (with its id) is sent as it is, never parsed
+/// on the way out.
+#[derive(Debug, Clone)]
+pub struct RawEvent {
+    pub id: u64,
+    pub kind: String,
+    pub json: String,
+}
+
+impl RawEvent {
+    pub fn parse(&self) -> Result<Event, StoreError> {
+        Ok(serde_json::from_str(&self.json)?)
+    }
+}
+
+/// The stored body is the event with id 0; the id is `seq`.
+const BODY_PREFIX: &str = "{\"id\":0,";
+
 /// Which of a tenant's events to read.
 #[derive(Debug, Clone, Default)]
 pub struct EventFilter {
@@ -37,6 +55,7 @@ pub(crate) fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
 
 /// Adds `event` for `tenant` inside `tx`; its id.
 pub(super) fn insert(tx: &Transaction<'_>, tenant: &str, event: &Event) -> Result<u64, StoreError> {
+    debug_assert_eq!(event.id, 0, "an event's id is its row's");
     let body = serde_json::to_string(event)?;
     tx.execute(
         "INSERT INTO events (tenant, sandbox_id, kind, body) VALUES (?1, ?2, ?3, ?4)",
@@ -89,12 +108,12 @@ impl Store {
         from: u64,
         filter: &EventFilter,
         limit: u32,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<Vec<RawEvent>, StoreError> {
         self.select_events(tenant, filter, "seq >= ?", Some(from), "ASC", limit)
     }
 
     /// A tenant's newest `limit` events, oldest first.
-    pub fn latest_events(&self, tenant: &str, filter: &EventFilter, limit: u32) -> Result<Vec<Event>, StoreError> {
+    pub fn latest_events(&self, tenant: &str, filter: &EventFilter, limit: u32) -> Result<Vec<RawEvent>, StoreError> {
         let mut events = self.select_events(tenant, filter, "1 = 1", None, "DESC", limit)?;
         events.reverse();
         Ok(events)
@@ -108,8 +127,8 @@ impl Store {
         bound_value: Option<u64>,
         order: &str,
         limit: u32,
-    ) -> Result<Vec<Event>, StoreError> {
-        let mut sql = format!("SELECT seq, body FROM events WHERE tenant = ? AND {bound}");
+    ) -> Result<Vec<RawEvent>, StoreError> {
+        let mut sql = format!("SELECT seq, kind, body FROM events WHERE tenant = ? AND {bound}");
         let mut values: Vec<rusqlite::types::Value> = vec![tenant.to_string().into()];
         if let Some(value) = bound_value {
             values.push((value.min(i64::MAX as u64) as i64).into());
@@ -125,18 +144,23 @@ impl Store {
         }
         sql.push_str(&format!(" ORDER BY seq {order} LIMIT ?"));
         values.push(i64::from(limit).into());
-        let conn = self.conn();
-        let mut statement = conn.prepare(&sql)?;
-        let rows = statement
-            .query_map(params_from_iter(values), |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.into_iter()
-            .map(|(seq, body)| {
-                let mut event: Event = serde_json::from_str(&body)?;
-                event.id = seq.max(0) as u64;
-                Ok(event)
-            })
-            .collect()
+        let conn = match &self.reader {
+            Some(reader) => reader.lock().unwrap_or_else(|e| e.into_inner()),
+            None => self.conn(),
+        };
+        let mut statement = conn.prepare_cached(&sql)?;
+        let rows = statement.query_map(params_from_iter(values), |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+        })?;
+        rows.map(|row| {
+            let (seq, kind, body) = row?;
+            let id = seq.max(0) as u64;
+            let rest = body.strip_prefix(BODY_PREFIX).ok_or_else(|| {
+                StoreError::Sqlite(rusqlite::Error::InvalidColumnType(2, "body".into(), rusqlite::types::Type::Text))
+            })?;
+            Ok(RawEvent { id, kind, json: format!("{{\"id\":{id},{rest}") })
+        })
+        .collect()
     }
 }
 
@@ -163,7 +187,12 @@ mod tests {
         store.put_sandbox(&record).unwrap();
         record.sandbox.state = SandboxState::Running;
         store.put_sandbox(&record).unwrap();
-        let events = store.events_from("acme", 0, &EventFilter::default(), 100).unwrap();
+        let events: Vec<Event> = store
+            .events_from("acme", 0, &EventFilter::default(), 100)
+            .unwrap()
+            .iter()
+            .map(|e| e.parse().unwrap())
+            .collect();
         let states: Vec<_> = events.iter().map(|e| e.sandbox.as_ref().unwrap().state).collect();
         assert_eq!(states, [SandboxState::Creating, SandboxState::Running]);
         assert!(events[0].id < events[1].id);
@@ -181,12 +210,14 @@ mod tests {
         // Updates name no tenant: the event is still the first writer's.
         store.put_operation(&op, "", None).unwrap();
         let filter = EventFilter { types: vec![EventType::OperationFinished], sandbox_id: Some("sbx_1".into()) };
-        let finished = store.events_from("acme", 0, &filter, 100).unwrap();
+        let finished: Vec<Event> =
+            store.events_from("acme", 0, &filter, 100).unwrap().iter().map(|e| e.parse().unwrap()).collect();
         assert_eq!(finished.len(), 1);
         assert_eq!(finished[0].operation.as_ref().unwrap().state, OperationState::Succeeded);
         let all = store.latest_events("acme", &EventFilter::default(), 1).unwrap();
         assert_eq!(all.len(), 1);
-        assert_eq!(all[0].kind, EventType::OperationFinished);
+        assert_eq!(all[0].kind, "operation.finished");
+        assert_eq!(all[0].parse().unwrap().id, all[0].id);
         assert!(store.events_from("", 0, &EventFilter::default(), 100).unwrap().is_empty());
     }
 
