@@ -24,6 +24,10 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// still holding them afterwards (a background job) is detached from the
 /// session, so a session ends when its own process does.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
+/// How long output may take to drain when no process of the command's
+/// group is left to hold its pipes: EOF is certain then, only a busy
+/// sandbox can delay it, and its last output must not be cut off.
+const DRAIN_WHOLE: Duration = Duration::from_secs(5);
 
 /// The host's handle on a running command.
 pub struct SessionControl {
@@ -122,9 +126,12 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
     let sessions = sessions.clone();
     pool::run(move || {
         let status = exit.recv().unwrap_or(ExitStatus::Signaled(9));
-        // Both pumps report when their pipe hits EOF; a pipe still held by a
-        // background job after the grace period is left behind.
-        let deadline = Instant::now() + DRAIN_GRACE;
+        // Both pumps report when their pipe hits EOF. A background job of
+        // the command (same process group) may hold a pipe for good: then
+        // what is there after a short grace is what is sent. With the group
+        // gone, the pumps get every byte and EOF as soon as they run.
+        let group_left = killpg(Pid::from_raw(pid as i32), None).is_ok();
+        let deadline = Instant::now() + if group_left { DRAIN_GRACE } else { DRAIN_WHOLE };
         for _ in 0..2 {
             if drained.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_err() {
                 break;
