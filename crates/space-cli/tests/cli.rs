@@ -99,6 +99,49 @@ fn dev_server_and_cli_run_a_sandbox() {
     assert_eq!(tty.status, ExitStatus::Exited(0));
     assert!(String::from_utf8_lossy(&tty.stdout).starts_with("/dev/pts/"), "{}", String::from_utf8_lossy(&tty.stdout));
 
+    // Events: what happened to this sandbox, as JSON and for a person, and
+    // a follower that sees the next change as it happens.
+    let events = space(&data, &url, &["events", "--from", "0", "--sandbox", &id, "--json"]);
+    assert!(events.status.success(), "{}", String::from_utf8_lossy(&events.stderr));
+    let events: Vec<serde_json::Value> =
+        String::from_utf8(events.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(events.iter().all(|e| e["sandbox_id"] == id.as_str()), "{events:#?}");
+    assert!(events.iter().any(|e| e["type"] == "sandbox.state" && e["sandbox"]["state"] == "running"));
+    assert!(events.iter().any(|e| e["type"] == "command.exited" && e["command"]["result"]["exit_code"] == 3));
+    let exits = space(&data, &url, &["events", "--from", "0", "--sandbox", &id, "--types", "command.exited"]);
+    let exits = String::from_utf8(exits.stdout).unwrap();
+    assert!(exits.lines().all(|l| l.contains(" command.exited ")) && exits.contains(" exit 3 after "), "{exits}");
+    // From the next id on: nothing is missed however late the follower connects.
+    let next = (events.iter().map(|e| e["id"].as_u64().unwrap()).max().unwrap() + 1).to_string();
+    let mut follow = Command::new(SPACE);
+    follow
+        .args(["events", "--follow", "--from", &next, "--types", "sandbox", "--sandbox", &id])
+        .env("SPACE_URL", &url)
+        .env("SPACE_DATA_DIR", data.root())
+        .env_remove("SPACE_API_KEY")
+        .stdout(Stdio::piped());
+    let mut follower = Reaper::global().spawn(&mut follow).unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(follower.child.stdout.take().unwrap()));
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| drop(seen_tx.send(l))));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut states = Vec::new();
+    for action in ["pause", "resume"] {
+        assert!(space(&data, &url, &["sandbox", action, &id]).status.success());
+        let want = if action == "pause" { " paused" } else { " running" };
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = seen.recv_timeout(left).unwrap_or_else(|_| panic!("no{want} event followed: {states:?}"));
+            states.push(line.clone());
+            if line.ends_with(want) {
+                break;
+            }
+        }
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(follower.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    let _ = follower.wait_timeout(std::time::Duration::from_secs(10));
+
     // Egress from the command line: a policy at create and changed live,
     // and the log of what the sandbox tried.
     let net = space(
