@@ -42,14 +42,15 @@ ensure_build_deps() {
     fi
 }
 
-# The console's tests drive Debian's Chromium over WebDriver (chromedriver).
-ensure_browser() {
+# The console's tests drive Debian's Chromium over WebDriver (chromedriver);
+# the PostgreSQL store's tests run throwaway clusters of Debian's postgresql.
+ensure_test_packages() {
     local missing=()
-    for pkg in chromium chromium-driver; do
+    for pkg in chromium chromium-driver postgresql; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
-        say "installing the browser for the console's tests: ${missing[*]}"
+        say "installing what the tests use: ${missing[*]}"
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
     fi

@@ -16,7 +16,7 @@ cargo test --workspace --locked --no-run
 say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base and polyglot templates)"
 "$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR" --with-template polyglot
 ensure_guest_test_tools
-ensure_browser
+ensure_test_packages
 
 say "checking format and lints"
 cargo fmt --all -- --check

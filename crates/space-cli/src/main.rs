@@ -139,6 +139,9 @@ enum KeysCommand {
     Create {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
+        /// The server's PostgreSQL database, if it keeps state there.
+        #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+        database: Option<String>,
         #[arg(long)]
         tenant: String,
         /// The tenant's quotas (kept for the tenant; 429 past them).
@@ -165,12 +168,18 @@ enum KeysCommand {
     Ls {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
+        /// The server's PostgreSQL database, if it keeps state there.
+        #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+        database: Option<String>,
     },
     /// Revoke a key by its id; requests with it get 401 at once.
     Revoke {
         id: String,
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
+        /// The server's PostgreSQL database, if it keeps state there.
+        #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+        database: Option<String>,
     },
 }
 
@@ -222,13 +231,17 @@ fn doctor(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
 
 fn keys(command: KeysCommand) -> Result<()> {
     use space_server::store::{Quotas, Store};
-    let open = |dir: &Path| -> Result<Store> {
+    let open = |dir: &Path, database: Option<String>| -> Result<Store> {
+        if let Some(url) = database {
+            return Ok(Store::connect(&url)?);
+        }
         let data = space_host::datadir::DataDir::open(dir)?;
         Ok(Store::open(&data.db_path())?)
     };
     match command {
         KeysCommand::Create {
             data_dir,
+            database,
             tenant,
             max_sandboxes,
             max_vcpus,
@@ -243,7 +256,7 @@ fn keys(command: KeysCommand) -> Result<()> {
                     space_server::store::OPERATOR_TENANT
                 );
             }
-            let store = open(&data_dir)?;
+            let store = open(&data_dir, database)?;
             space_egress::policy::Ceiling::parse(&egress_ceiling)
                 .map_err(|e| anyhow::anyhow!("--egress-ceiling: {e}"))?;
             let network = (!default_allow.is_empty()).then(|| space_api::Network {
@@ -261,9 +274,9 @@ fn keys(command: KeysCommand) -> Result<()> {
             eprintln!("key {} for tenant {tenant}; it is shown once, keep it now:", info.id);
             println!("{key}");
         }
-        KeysCommand::Ls { data_dir } => {
+        KeysCommand::Ls { data_dir, database } => {
             println!("{:<26} {:<20} {:<26} REVOKED", "ID", "TENANT", "CREATED");
-            for key in open(&data_dir)?.keys()? {
+            for key in open(&data_dir, database)?.keys()? {
                 println!(
                     "{:<26} {:<20} {:<26} {}",
                     key.id,
@@ -273,8 +286,8 @@ fn keys(command: KeysCommand) -> Result<()> {
                 );
             }
         }
-        KeysCommand::Revoke { id, data_dir } => {
-            if !open(&data_dir)?.revoke_key(&id, &space_server::ids::now())? {
+        KeysCommand::Revoke { id, data_dir, database } => {
+            if !open(&data_dir, database)?.revoke_key(&id, &space_server::ids::now())? {
                 bail!("no key {id:?}");
             }
             eprintln!("revoked {id}");
@@ -346,6 +359,10 @@ struct ServeArgs {
     /// `text` or `json` (one object per line, with request ids).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Keep state in this PostgreSQL database (`postgres://user@host/db`)
+    /// instead of the data dir's SQLite file (made if missing).
+    #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+    database: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -473,6 +490,7 @@ impl EngineArgs {
             max_sandbox_output_mib: self.max_sandbox_output_mib,
             disk_reserve_mib: self.disk_reserve_mib,
             egress,
+            database: None,
         })
     }
 }
@@ -879,7 +897,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             args.listen
         );
     }
-    let platform = space_server::start_platform(&args.engine.platform_config(&args.data_dir)?)?;
+    let mut config = args.engine.platform_config(&args.data_dir)?;
+    config.database = args.database.clone();
+    let platform = space_server::start_platform(&config)?;
     platform.metrics_without_key.store(args.metrics_without_key, std::sync::atomic::Ordering::Relaxed);
     let key = if args.dev {
         eprintln!(

@@ -85,6 +85,9 @@ pub struct PlatformConfig {
     pub disk_reserve_mib: u64,
     /// The operator's egress settings (static names, internal exceptions).
     pub egress: egress::EgressSettings,
+    /// A PostgreSQL URL to keep state in, instead of the data dir's SQLite
+    /// file (`None`).
+    pub database: Option<String>,
 }
 
 /// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
@@ -180,7 +183,12 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     if let Some(build) = config.ext4_images {
         data.set_ext4_images(build);
     }
-    let store = store::Store::open(&data.db_path())?;
+    let store = match &config.database {
+        Some(url) => store::Store::connect(url)?,
+        None => store::Store::open(&data.db_path())?,
+    };
+    store.claim_for_server()?;
+    tracing::info!("state: {}", if config.database.is_some() { "PostgreSQL" } else { "SQLite in the data dir" });
     if quotas != quotas_before {
         // Limits do not survive a change of quota mode: set them again.
         for record in store.sandboxes()? {

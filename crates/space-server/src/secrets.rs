@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
-use rusqlite::{params, OptionalExtension};
 use space_api::{Network, PutSecretRequest, SecretInfo};
 
 use crate::error::ApiError;
 use crate::platform::Platform;
+use crate::store::db::vals;
 use crate::store::{Store, StoreError};
 
 /// Secrets a tenant may keep.
@@ -128,43 +128,48 @@ impl Store {
         sealed: &[u8],
         at: &str,
     ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
-             ON CONFLICT (tenant, name) DO UPDATE SET hosts = excluded.hosts, sealed = excluded.sealed,
-             updated_at = excluded.updated_at",
-            params![tenant, name, serde_json::to_string(hosts)?, sealed, at],
-        )?;
+        let hosts = serde_json::to_string(hosts)?;
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+                 ON CONFLICT (tenant, name) DO UPDATE SET hosts = excluded.hosts, sealed = excluded.sealed,
+                 updated_at = excluded.updated_at",
+                vals![tenant, name, hosts, sealed, at],
+            )
+        })?;
         Ok(())
     }
 
     /// A tenant's secrets, without values.
     pub fn secrets(&self, tenant: &str) -> Result<Vec<SecretInfo>, StoreError> {
-        let conn = self.conn();
-        let mut statement =
-            conn.prepare("SELECT name, hosts, created_at, updated_at FROM secrets WHERE tenant = ?1 ORDER BY name")?;
-        let rows = statement.query_map([tenant], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+        let rows = self.tx(|c| {
+            c.query(
+                "SELECT name, hosts, created_at, updated_at FROM secrets WHERE tenant = ?1 ORDER BY name",
+                vals![tenant],
+            )
         })?;
-        rows.map(|row| {
-            let (name, hosts, created_at, updated_at) = row?;
-            Ok(SecretInfo { name, hosts: serde_json::from_str(&hosts)?, created_at, updated_at })
-        })
-        .collect()
+        rows.iter()
+            .map(|r| {
+                Ok(SecretInfo {
+                    name: r.text(0)?,
+                    hosts: serde_json::from_str(&r.text(1)?)?,
+                    created_at: r.text(2)?,
+                    updated_at: r.text(3)?,
+                })
+            })
+            .collect()
     }
 
     /// A secret's hosts and sealed value.
     pub fn secret(&self, tenant: &str, name: &str) -> Result<Option<SealedSecret>, StoreError> {
-        let row: Option<(String, Vec<u8>)> = self
-            .conn()
-            .query_row("SELECT hosts, sealed FROM secrets WHERE tenant = ?1 AND name = ?2", [tenant, name], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
-        row.map(|(hosts, sealed)| Ok((serde_json::from_str(&hosts)?, sealed))).transpose()
+        let row = self.tx(|c| {
+            c.query_one("SELECT hosts, sealed FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name])
+        })?;
+        row.map(|r| Ok((serde_json::from_str(&r.text(0)?)?, r.bytes(1)?))).transpose()
     }
 
     pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        Ok(self.conn().execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", [tenant, name])? > 0)
+        Ok(self.tx(|c| c.execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name]))? > 0)
     }
 }
 

@@ -7,9 +7,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
+pub mod db;
 mod events;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::Connection;
+
+use self::db::{vals, Conn, Db, Row, Value};
 use serde::{Deserialize, Serialize};
 use space_api::{Command, EventType, Operation, Sandbox};
 
@@ -20,6 +23,10 @@ pub use self::events::{EventFilter, RawEvent, EVENTS_KEPT};
 pub enum StoreError {
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("database: {0}")]
+    Postgres(#[from] postgres::Error),
+    #[error("database: {0}")]
+    Shape(String),
     #[error("a stored record is unreadable: {0}")]
     Corrupt(#[from] serde_json::Error),
 }
@@ -154,7 +161,7 @@ fn sandbox_from_row((body, last_activity, network, lifecycle): SandboxRow) -> Re
     Ok(record)
 }
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -227,14 +234,89 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
 ";
 
+/// The same tables for PostgreSQL (cluster mode), made under an advisory
+/// lock so replicas starting together do not race.
+const SCHEMA_PG: &str = "
+SELECT pg_advisory_lock(7270001);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    body TEXT NOT NULL,
+    last_activity_at TEXT,
+    network TEXT,
+    lifecycle TEXT,
+    tenant TEXT
+);
+CREATE TABLE IF NOT EXISTS operations (
+    id TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    sandbox_id TEXT,
+    idempotency_key TEXT,
+    body TEXT NOT NULL,
+    tenant TEXT NOT NULL DEFAULT 'default'
+);
+CREATE INDEX IF NOT EXISTS operations_by_sandbox ON operations (sandbox_id);
+CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS commands (
+    id TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS commands_by_sandbox ON commands (sandbox_id);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    quotas TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL,
+    revoked_at TEXT
+);
+CREATE TABLE IF NOT EXISTS command_streams (
+    command_id TEXT PRIMARY KEY,
+    stream BIGINT NOT NULL,
+    timeout_s BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS egress_events (
+    seq BIGSERIAL PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS egress_events_by_sandbox ON egress_events (sandbox_id, seq);
+CREATE TABLE IF NOT EXISTS secrets (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    hosts TEXT NOT NULL,
+    sealed BYTEA NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq BIGSERIAL PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    sandbox_id TEXT,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
+SELECT pg_advisory_unlock(7270001);
+";
+
 /// Egress events kept per sandbox (the oldest go first).
 pub const EGRESS_EVENTS_KEPT: u32 = 10_000;
 
 pub struct Store {
-    conn: Mutex<Connection>,
-    /// A second, read-only connection for followers of the event log, so
-    /// their reads never wait for (or hold up) writes (WAL); `None` for an
-    /// in-memory database, which a second connection cannot see.
+    db: Db,
+    /// SQLite only: a second, read-only connection for followers of the
+    /// event log, so their reads never wait for (or hold up) writes (WAL);
+    /// `None` for an in-memory database, which a second connection cannot
+    /// see, and for PostgreSQL, whose connections all read concurrently.
     reader: Option<Mutex<Connection>>,
     /// The newest event's id, bumped after each commit that adds one.
     event_head: tokio::sync::watch::Sender<u64>,
@@ -243,6 +325,7 @@ pub struct Store {
 }
 
 impl Store {
+    /// The embedded store: one SQLite file (`:memory:` for tests).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -252,38 +335,11 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError::Sqlite(rusqlite::Error::InvalidParameterName(format!(
-                "the database was written by a newer SPACE (schema {version})"
-            ))));
+            return Err(StoreError::Shape(format!("the database was written by a newer SPACE (schema {version})")));
         }
         conn.execute_batch(SCHEMA)?;
-        // Schema 1 had no tenants: its operations are the operator's, and an
-        // Idempotency-Key is now unique per tenant.
-        let has_tenant: bool =
-            conn.prepare("SELECT 1 FROM pragma_table_info('operations') WHERE name = 'tenant'")?.exists([])?;
-        if !has_tenant {
-            conn.execute_batch("ALTER TABLE operations ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'")?;
-        }
-        // A network changed after create is kept apart from the body, as
-        // last activity is.
-        let has_network: bool =
-            conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'network'")?.exists([])?;
-        if !has_network {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT")?;
-        }
-        // So is a lifecycle changed after create (an E2B `set_timeout`).
-        let has_lifecycle: bool =
-            conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'lifecycle'")?.exists([])?;
-        if !has_lifecycle {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT")?;
-        }
-        conn.execute_batch(
-            "DROP INDEX IF EXISTS operations_by_key;
-             CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
-                 WHERE idempotency_key IS NOT NULL;",
-        )?;
+        migrate_sqlite(&conn)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-        let head: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
         let reader = match path.as_os_str() == ":memory:" {
             true => None,
             false => {
@@ -295,16 +351,49 @@ impl Store {
                 Some(Mutex::new(reader))
             }
         };
+        Store::with(Db::Sqlite(Mutex::new(conn)), reader)
+    }
+
+    /// The cluster store: a PostgreSQL database at `url`
+    /// (`postgres://user@host/db`); its tables are made if missing.
+    pub fn connect(url: &str) -> Result<Store, StoreError> {
+        let pg = db::Postgres::connect(url)?;
+        pg.batch(SCHEMA_PG)?;
+        Store::with(Db::Postgres(pg), None)
+    }
+
+    /// Claims a PostgreSQL database for this server alone. Several servers
+    /// sharing one (replicas) need claims on each operation and sandbox,
+    /// which are not built yet: until then a second server is refused
+    /// rather than let two reconcile the same sandboxes.
+    pub fn claim_for_server(&self) -> Result<(), StoreError> {
+        match &self.db {
+            Db::Postgres(pg) if !pg.lock_server()? => Err(StoreError::Shape(
+                "another SPACE server already keeps its state in this database (one server per database for now)"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn with(db: Db, reader: Option<Mutex<Connection>>) -> Result<Store, StoreError> {
+        let head =
+            db.tx(|c| c.query_one("SELECT COALESCE(MAX(seq), 0) FROM events", &[])?.map(|r| r.int(0)).transpose())?;
         Ok(Store {
-            conn: Mutex::new(conn),
+            db,
             reader,
-            event_head: tokio::sync::watch::Sender::new(head.max(0) as u64),
+            event_head: tokio::sync::watch::Sender::new(head.unwrap_or(0).max(0) as u64),
             recording: true.into(),
         })
     }
 
-    pub(crate) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// Which database this is.
+    pub fn dialect(&self) -> db::Dialect {
+        self.db.dialect()
+    }
+
+    pub(crate) fn tx<T>(&self, work: impl FnOnce(&mut dyn Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.db.tx(work)
     }
 
     /// Records a sandbox; a new one, or one in another state than before,
@@ -312,58 +401,50 @@ impl Store {
     pub fn put_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         let body = serde_json::to_string(record)?;
         let id = &record.sandbox.id;
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let before: Option<String> =
-            tx.query_row("SELECT state FROM sandboxes WHERE id = ?1", [id], |r| r.get(0)).optional()?;
-        tx.execute(
-            "INSERT INTO sandboxes (id, seq, state, body) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM sandboxes), ?2, ?3)
-             ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
-            params![id, record.sandbox.state.as_str(), body],
-        )?;
-        let mut event = None;
-        if self.recording() && before.as_deref() != Some(record.sandbox.state.as_str()) {
-            // As the API shows it: the columns kept apart win over the body.
-            let row: SandboxRow = tx.query_row(
-                "SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        let state = record.sandbox.state.as_str();
+        let recording = self.recording();
+        let event = self.tx(|c| {
+            let before = c.query_one("SELECT state FROM sandboxes WHERE id = ?1", vals![id])?;
+            let before = before.map(|r| r.text(0)).transpose()?;
+            c.execute(
+                "INSERT INTO sandboxes (id, seq, state, body, tenant)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM sandboxes), ?2, ?3, ?4)
+                 ON CONFLICT (id) DO UPDATE SET state = excluded.state, body = excluded.body",
+                vals![id, state, body.as_str(), record.tenant.as_str()],
             )?;
-            let sandbox = sandbox_from_row(row)?.sandbox;
+            if !recording || before.as_deref() == Some(state) {
+                return Ok(None);
+            }
+            // As the API shows it: the columns kept apart win over the body.
+            let row = c
+                .query_one("SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1", vals![id])?
+                .ok_or_else(|| StoreError::Shape("a sandbox vanished inside its own write".into()))?;
+            let sandbox = sandbox_from_row(sandbox_row(&row)?)?.sandbox;
             let mut item = events::new_event(EventType::SandboxState, Some(id));
             item.sandbox = Some(sandbox);
-            event = Some(events::insert(&tx, &record.tenant, &item)?);
-        }
-        tx.commit()?;
-        drop(conn);
+            events::insert(c, &record.tenant, &item).map(Some)
+        })?;
         self.announce(event);
         Ok(())
     }
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
-        let row: Option<SandboxRow> = self
-            .conn()
-            .query_row("SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1", [id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
-            .optional()?;
-        row.map(sandbox_from_row).transpose()
+        let row = self.tx(|c| {
+            c.query_one("SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1", vals![id])
+        })?;
+        row.map(|r| sandbox_from_row(sandbox_row(&r)?)).transpose()
     }
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        let conn = self.conn();
-        let mut statement =
-            conn.prepare("SELECT body, last_activity_at, network, lifecycle FROM sandboxes ORDER BY seq")?;
-        let rows = statement
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.into_iter().map(sandbox_from_row).collect()
+        let rows =
+            self.tx(|c| c.query("SELECT body, last_activity_at, network, lifecycle FROM sandboxes ORDER BY seq", &[]))?;
+        rows.iter().map(|r| sandbox_from_row(sandbox_row(r)?)).collect()
     }
 
     /// Records activity (a command started or ended) without touching the
     /// record the sandbox's actor owns.
     pub fn touch_sandbox(&self, id: &str, at: &str) -> Result<(), StoreError> {
-        self.conn().execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", params![id, at])?;
+        self.tx(|c| c.execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", vals![id, at]))?;
         Ok(())
     }
 
@@ -371,14 +452,14 @@ impl Store {
     /// sandbox's actor owns (the column wins over the body's copy).
     pub fn set_sandbox_network(&self, id: &str, network: &space_api::Network) -> Result<bool, StoreError> {
         let json = serde_json::to_string(network)?;
-        Ok(self.conn().execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", params![id, json])? > 0)
+        Ok(self.tx(|c| c.execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", vals![id, json]))? > 0)
     }
 
     /// Replaces a sandbox's lifecycle policies without touching the record
     /// the sandbox's actor owns (the column wins over the body's copy).
     pub fn set_sandbox_lifecycle(&self, id: &str, lifecycle: &space_api::Lifecycle) -> Result<bool, StoreError> {
         let json = serde_json::to_string(lifecycle)?;
-        Ok(self.conn().execute("UPDATE sandboxes SET lifecycle = ?2 WHERE id = ?1", params![id, json])? > 0)
+        Ok(self.tx(|c| c.execute("UPDATE sandboxes SET lifecycle = ?2 WHERE id = ?1", vals![id, json]))? > 0)
     }
 
     /// Records an operation; `tenant` and the key are kept from the first write.
@@ -389,28 +470,30 @@ impl Store {
         idempotency_key: Option<&str>,
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(operation)?;
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body, tenant)
-             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4, ?5)
-             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
-            params![operation.id, operation.sandbox_id, idempotency_key, body, tenant],
-        )?;
-        let mut event = None;
-        if self.recording() {
-            let tenant: String =
-                tx.query_row("SELECT tenant FROM operations WHERE id = ?1", [&operation.id], |r| r.get(0))?;
+        let recording = self.recording();
+        let event = self.tx(|c| {
+            c.execute(
+                "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body, tenant)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4, ?5)
+                 ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                vals![operation.id.as_str(), operation.sandbox_id.as_deref(), idempotency_key, body.as_str(), tenant],
+            )?;
+            if !recording {
+                return Ok(None);
+            }
+            let tenant = c
+                .query_one("SELECT tenant FROM operations WHERE id = ?1", vals![operation.id.as_str()])?
+                .map(|r| r.text(0))
+                .transpose()?
+                .unwrap_or_default();
             let kind = match operation.state.is_terminal() {
                 true => EventType::OperationFinished,
                 false => EventType::OperationProgress,
             };
             let mut item = events::new_event(kind, operation.sandbox_id.as_deref());
             item.operation = Some(operation.clone());
-            event = Some(events::insert(&tx, &tenant, &item)?);
-        }
-        tx.commit()?;
-        drop(conn);
+            events::insert(c, &tenant, &item).map(Some)
+        })?;
         self.announce(event);
         Ok(())
     }
@@ -418,202 +501,225 @@ impl Store {
     /// The tenant that owns a sandbox, without reading the whole record
     /// (asked on every request naming a sandbox).
     pub fn sandbox_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
-        let tenant: Option<Option<String>> = self
-            .conn()
-            .query_row("SELECT json_extract(body, '$.tenant') FROM sandboxes WHERE id = ?1", [id], |r| r.get(0))
-            .optional()?;
-        Ok(tenant.map(|t| t.unwrap_or_else(operator_tenant)))
+        let row = self.tx(|c| c.query_one("SELECT tenant FROM sandboxes WHERE id = ?1", vals![id]))?;
+        row.map(|r| Ok(r.opt_text(0)?.unwrap_or_else(operator_tenant))).transpose()
     }
 
     /// The tenant that owns an operation.
     pub fn operation_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.conn().query_row("SELECT tenant FROM operations WHERE id = ?1", [id], |r| r.get(0)).optional()?)
+        self.text("SELECT tenant FROM operations WHERE id = ?1", vals![id])
     }
 
     pub fn put_tenant(&self, name: &str, quotas: &Quotas) -> Result<(), StoreError> {
         let quotas = serde_json::to_string(quotas)?;
-        self.conn().execute(
-            "INSERT INTO tenants (name, quotas) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET quotas = excluded.quotas",
-            params![name, quotas],
-        )?;
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO tenants (name, quotas) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET quotas = excluded.quotas",
+                vals![name, quotas],
+            )
+        })?;
         Ok(())
     }
 
     pub fn tenant_quotas(&self, name: &str) -> Result<Quotas, StoreError> {
-        Ok(self.one("SELECT quotas FROM tenants WHERE name = ?1", name)?.unwrap_or_default())
+        Ok(self.one("SELECT quotas FROM tenants WHERE name = ?1", vals![name])?.unwrap_or_default())
     }
 
     pub fn put_key(&self, id: &str, tenant: &str, hash: &str, at: &str) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO api_keys (id, tenant, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![id, tenant, hash, at],
-        )?;
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO api_keys (id, tenant, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+                vals![id, tenant, hash, at],
+            )
+        })?;
         Ok(())
     }
 
     /// The tenant of a key that is not revoked, by the key's hash.
     pub fn key_tenant(&self, hash: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row("SELECT tenant FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL", [hash], |r| r.get(0))
-            .optional()?)
+        self.text("SELECT tenant FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL", vals![hash])
     }
 
     pub fn keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
-        let conn = self.conn();
-        let mut statement =
-            conn.prepare("SELECT id, tenant, created_at, revoked_at FROM api_keys ORDER BY created_at, id")?;
-        let keys = statement
-            .query_map([], |r| {
-                Ok(KeyInfo { id: r.get(0)?, tenant: r.get(1)?, created_at: r.get(2)?, revoked_at: r.get(3)? })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(keys)
+        let rows = self
+            .tx(|c| c.query("SELECT id, tenant, created_at, revoked_at FROM api_keys ORDER BY created_at, id", &[]))?;
+        rows.iter()
+            .map(|r| {
+                Ok(KeyInfo { id: r.text(0)?, tenant: r.text(1)?, created_at: r.text(2)?, revoked_at: r.opt_text(3)? })
+            })
+            .collect()
     }
 
     /// Revokes a key; false if there is no such key.
     pub fn revoke_key(&self, id: &str, at: &str) -> Result<bool, StoreError> {
-        let changed = self
-            .conn()
-            .execute("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1", params![id, at])?;
+        let changed = self.tx(|c| {
+            c.execute("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1", vals![id, at])
+        })?;
         Ok(changed > 0)
     }
 
+    /// The text in the first column of the one row `sql` selects.
+    fn text(&self, sql: &str, values: &[Value]) -> Result<Option<String>, StoreError> {
+        self.tx(|c| c.query_one(sql, values))?.map(|r| r.text(0)).transpose()
+    }
+
     /// The JSON body of the one row `sql` selects, parsed.
-    fn one<T: serde::de::DeserializeOwned>(&self, sql: &str, param: &str) -> Result<Option<T>, StoreError> {
-        let body: Option<String> = self.conn().query_row(sql, [param], |r| r.get(0)).optional()?;
-        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    fn one<T: serde::de::DeserializeOwned>(&self, sql: &str, values: &[Value]) -> Result<Option<T>, StoreError> {
+        Ok(self.text(sql, values)?.map(|b| serde_json::from_str(&b)).transpose()?)
     }
 
     /// The JSON bodies of every row `sql` selects, parsed.
-    fn many<T: serde::de::DeserializeOwned>(&self, sql: &str, param: Option<&str>) -> Result<Vec<T>, StoreError> {
-        let conn = self.conn();
-        let mut statement = conn.prepare(sql)?;
-        let bodies = statement.query_map([param], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
+    fn many<T: serde::de::DeserializeOwned>(&self, sql: &str, values: &[Value]) -> Result<Vec<T>, StoreError> {
+        let rows = self.tx(|c| c.query(sql, values))?;
+        rows.iter().map(|r| Ok(serde_json::from_str(&r.text(0)?)?)).collect()
     }
 
     pub fn operation(&self, id: &str) -> Result<Option<Operation>, StoreError> {
-        self.one("SELECT body FROM operations WHERE id = ?1", id)
+        self.one("SELECT body FROM operations WHERE id = ?1", vals![id])
     }
 
     pub fn operation_by_key(&self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
-        let body: Option<String> = self
-            .conn()
-            .query_row("SELECT body FROM operations WHERE tenant = ?1 AND idempotency_key = ?2", [tenant, key], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+        self.one("SELECT body FROM operations WHERE tenant = ?1 AND idempotency_key = ?2", vals![tenant, key])
     }
 
     pub fn operations(&self, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
-        self.many("SELECT body FROM operations WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY seq", sandbox_id)
+        match sandbox_id {
+            Some(id) => self.many("SELECT body FROM operations WHERE sandbox_id = ?1 ORDER BY seq", vals![id]),
+            None => self.many("SELECT body FROM operations ORDER BY seq", &[]),
+        }
     }
 
     /// A tenant's operations, optionally of one sandbox.
     pub fn tenant_operations(&self, tenant: &str, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
-        let conn = self.conn();
-        let mut statement = conn.prepare(
-            "SELECT body FROM operations WHERE tenant = ?1 AND (?2 IS NULL OR sandbox_id = ?2) ORDER BY seq",
-        )?;
-        let bodies = statement
-            .query_map(params![tenant, sandbox_id], |r| r.get::<_, String>(0))?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(bodies.iter().map(|b| serde_json::from_str(b)).collect::<Result<_, _>>()?)
+        match sandbox_id {
+            Some(id) => self.many(
+                "SELECT body FROM operations WHERE tenant = ?1 AND sandbox_id = ?2 ORDER BY seq",
+                vals![tenant, id],
+            ),
+            None => self.many("SELECT body FROM operations WHERE tenant = ?1 ORDER BY seq", vals![tenant]),
+        }
     }
 
     /// Records a command; its start and its end are also events.
     pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {
         let body = serde_json::to_string(command)?;
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let ended_before: Option<bool> = tx
-            .query_row(
-                "SELECT json_extract(body, '$.result') IS NOT NULL FROM commands WHERE id = ?1",
-                [&command.id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        tx.execute(
-            "INSERT INTO commands (id, seq, sandbox_id, body)
-             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM commands), ?2, ?3)
-             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
-            params![command.id, command.sandbox_id, body],
-        )?;
-        let kind = match ended_before {
-            None if command.result.is_none() => Some(EventType::CommandStarted),
-            Some(false) | None if command.result.is_some() => Some(EventType::CommandExited),
-            _ => None,
-        };
-        let mut event = None;
-        if let Some(kind) = kind.filter(|_| self.recording()) {
-            let tenant: Option<Option<String>> = tx
-                .query_row(
-                    "SELECT json_extract(body, '$.tenant') FROM sandboxes WHERE id = ?1",
-                    [&command.sandbox_id],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            let tenant = tenant.flatten().unwrap_or_else(operator_tenant);
+        let recording = self.recording();
+        let event = self.tx(|c| {
+            let before = c.query_one("SELECT body FROM commands WHERE id = ?1", vals![command.id.as_str()])?;
+            let ended_before = match before {
+                Some(row) => Some(serde_json::from_str::<Command>(&row.text(0)?)?.result.is_some()),
+                None => None,
+            };
+            c.execute(
+                "INSERT INTO commands (id, seq, sandbox_id, body)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM commands), ?2, ?3)
+                 ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                vals![command.id.as_str(), command.sandbox_id.as_str(), body.as_str()],
+            )?;
+            let kind = match ended_before {
+                None if command.result.is_none() => EventType::CommandStarted,
+                Some(false) | None if command.result.is_some() => EventType::CommandExited,
+                _ => return Ok(None),
+            };
+            if !recording {
+                return Ok(None);
+            }
+            let tenant =
+                c.query_one("SELECT tenant FROM sandboxes WHERE id = ?1", vals![command.sandbox_id.as_str()])?;
+            let tenant = tenant.map(|r| r.opt_text(0)).transpose()?.flatten().unwrap_or_else(operator_tenant);
             let mut item = events::new_event(kind, Some(&command.sandbox_id));
             item.command = Some(command.clone());
-            event = Some(events::insert(&tx, &tenant, &item)?);
-        }
-        tx.commit()?;
-        drop(conn);
+            events::insert(c, &tenant, &item).map(Some)
+        })?;
         self.announce(event);
         Ok(())
     }
 
     pub fn put_command_stream(&self, command_id: &str, stream: u32, timeout_s: u64) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT OR REPLACE INTO command_streams (command_id, stream, timeout_s) VALUES (?1, ?2, ?3)",
-            params![command_id, stream, timeout_s as i64],
-        )?;
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO command_streams (command_id, stream, timeout_s) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (command_id) DO UPDATE SET stream = excluded.stream, timeout_s = excluded.timeout_s",
+                vals![command_id, stream, timeout_s],
+            )
+        })?;
         Ok(())
     }
 
     /// Records an egress event, keeping the newest [`EGRESS_EVENTS_KEPT`].
     pub fn put_egress_event(&self, sandbox_id: &str, event: &space_api::EgressEvent) -> Result<(), StoreError> {
         let body = serde_json::to_string(event)?;
-        let conn = self.conn();
-        conn.execute("INSERT INTO egress_events (sandbox_id, body) VALUES (?1, ?2)", params![sandbox_id, body])?;
-        conn.execute(
-            "DELETE FROM egress_events WHERE sandbox_id = ?1 AND seq <= (SELECT seq FROM egress_events \
-             WHERE sandbox_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
-            params![sandbox_id, EGRESS_EVENTS_KEPT],
-        )?;
+        self.tx(|c| {
+            c.execute("INSERT INTO egress_events (sandbox_id, body) VALUES (?1, ?2)", vals![sandbox_id, body])?;
+            c.execute(
+                "DELETE FROM egress_events WHERE sandbox_id = ?1 AND seq <= (SELECT seq FROM egress_events \
+                 WHERE sandbox_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+                vals![sandbox_id, EGRESS_EVENTS_KEPT],
+            )
+        })?;
         Ok(())
     }
 
     /// A sandbox's egress events, oldest first: the newest `limit`.
     pub fn egress_events(&self, sandbox_id: &str, limit: u32) -> Result<Vec<space_api::EgressEvent>, StoreError> {
-        let conn = self.conn();
-        let mut statement = conn.prepare(
+        self.many(
             "SELECT body FROM (SELECT seq, body FROM egress_events WHERE sandbox_id = ?1 ORDER BY seq DESC LIMIT ?2) \
-             ORDER BY seq",
-        )?;
-        let rows = statement.query_map(params![sandbox_id, limit], |r| r.get::<_, String>(0))?;
-        rows.map(|row| Ok(serde_json::from_str(&row?)?)).collect()
+             AS newest ORDER BY seq",
+            vals![sandbox_id, limit],
+        )
     }
 
     /// The agent stream and timeout of a command, if recorded.
     pub fn command_stream(&self, command_id: &str) -> Result<Option<(u32, u64)>, StoreError> {
-        let row: Option<(u32, i64)> = self
-            .conn()
-            .query_row("SELECT stream, timeout_s FROM command_streams WHERE command_id = ?1", [command_id], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
-        Ok(row.map(|(stream, timeout)| (stream, timeout.max(0) as u64)))
+        let row = self.tx(|c| {
+            c.query_one("SELECT stream, timeout_s FROM command_streams WHERE command_id = ?1", vals![command_id])
+        })?;
+        row.map(|r| Ok((r.int(0)?.clamp(0, u32::MAX.into()) as u32, r.int(1)?.max(0) as u64))).transpose()
     }
 
     pub fn command(&self, id: &str) -> Result<Option<Command>, StoreError> {
-        self.one("SELECT body FROM commands WHERE id = ?1", id)
+        self.one("SELECT body FROM commands WHERE id = ?1", vals![id])
     }
 
     pub fn commands(&self, sandbox_id: &str) -> Result<Vec<Command>, StoreError> {
-        self.many("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq", Some(sandbox_id))
+        self.many("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq", vals![sandbox_id])
     }
+}
+
+fn sandbox_row(row: &Row) -> Result<SandboxRow, StoreError> {
+    Ok((row.text(0)?, row.opt_text(1)?, row.opt_text(2)?, row.opt_text(3)?))
+}
+
+/// Brings a SQLite file of an older schema up to this one.
+fn migrate_sqlite(conn: &Connection) -> Result<(), StoreError> {
+    let has = |table: &str, column: &str| -> Result<bool, StoreError> {
+        Ok(conn.prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?.exists([column])?)
+    };
+    // Schema 1 had no tenants: its operations are the operator's, and an
+    // Idempotency-Key is now unique per tenant.
+    if !has("operations", "tenant")? {
+        conn.execute_batch("ALTER TABLE operations ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'")?;
+    }
+    // A network changed after create is kept apart from the body, as
+    // last activity is.
+    if !has("sandboxes", "network")? {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT")?;
+    }
+    // So is a lifecycle changed after create (an E2B `set_timeout`).
+    if !has("sandboxes", "lifecycle")? {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT")?;
+    }
+    // The owner is a column, as it is asked for on every request.
+    if !has("sandboxes", "tenant")? {
+        conn.execute_batch(
+            "ALTER TABLE sandboxes ADD COLUMN tenant TEXT;
+             UPDATE sandboxes SET tenant = COALESCE(json_extract(body, '$.tenant'), 'default');",
+        )?;
+    }
+    conn.execute_batch(
+        "DROP INDEX IF EXISTS operations_by_key;
+         CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
+             WHERE idempotency_key IS NOT NULL;",
+    )?;
+    Ok(())
 }

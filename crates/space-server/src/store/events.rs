@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use rusqlite::{params_from_iter, Transaction};
 use space_api::{Event, EventType};
 
+use super::db::{vals, Conn, SqliteConn, Value};
 use super::{Store, StoreError};
 
 /// Events kept (all tenants together); older ones are dropped in batches.
@@ -53,17 +53,17 @@ pub(crate) fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
     }
 }
 
-/// Adds `event` for `tenant` inside `tx`; its id.
-pub(super) fn insert(tx: &Transaction<'_>, tenant: &str, event: &Event) -> Result<u64, StoreError> {
+/// Adds `event` for `tenant` inside a write's transaction; its id.
+pub(super) fn insert(c: &mut dyn Conn, tenant: &str, event: &Event) -> Result<u64, StoreError> {
     debug_assert_eq!(event.id, 0, "an event's id is its row's");
     let body = serde_json::to_string(event)?;
-    tx.execute(
-        "INSERT INTO events (tenant, sandbox_id, kind, body) VALUES (?1, ?2, ?3, ?4)",
-        rusqlite::params![tenant, event.sandbox_id, event.kind.as_str(), body],
+    let row = c.query_one(
+        "INSERT INTO events (tenant, sandbox_id, kind, body) VALUES (?1, ?2, ?3, ?4) RETURNING seq",
+        vals![tenant, event.sandbox_id.as_deref(), event.kind.as_str(), body],
     )?;
-    let seq = tx.last_insert_rowid().max(0) as u64;
+    let seq = row.ok_or_else(|| StoreError::Shape("an insert returned no id".into()))?.int(0)?.max(0) as u64;
     if seq.is_multiple_of(TRIM_EVERY) && seq > EVENTS_KEPT {
-        tx.execute("DELETE FROM events WHERE seq <= ?1", [(seq - EVENTS_KEPT) as i64])?;
+        c.execute("DELETE FROM events WHERE seq <= ?1", vals![seq - EVENTS_KEPT])?;
     }
     Ok(seq)
 }
@@ -97,7 +97,8 @@ impl Store {
 
     /// The id of the oldest event still kept (the next one when none is).
     pub fn oldest_event(&self) -> Result<u64, StoreError> {
-        let oldest: Option<i64> = self.conn().query_row("SELECT MIN(seq) FROM events", [], |r| r.get(0))?;
+        let oldest = self.tx(|c| c.query_one("SELECT MIN(seq) FROM events", &[]))?;
+        let oldest = oldest.map(|r| r.opt_int(0)).transpose()?.flatten();
         Ok(oldest.map(|s| s.max(0) as u64).unwrap_or_else(|| *self.event_head.borrow() + 1))
     }
 
@@ -109,7 +110,7 @@ impl Store {
         filter: &EventFilter,
         limit: u32,
     ) -> Result<Vec<RawEvent>, StoreError> {
-        self.select_events(tenant, filter, "seq >= ?", Some(from), "ASC", limit)
+        self.select_events(tenant, filter, "seq >= {from}", Some(from), "ASC", limit)
     }
 
     /// A tenant's newest `limit` events, oldest first.
@@ -128,39 +129,40 @@ impl Store {
         order: &str,
         limit: u32,
     ) -> Result<Vec<RawEvent>, StoreError> {
-        let mut sql = format!("SELECT seq, kind, body FROM events WHERE tenant = ? AND {bound}");
-        let mut values: Vec<rusqlite::types::Value> = vec![tenant.to_string().into()];
+        let mut sql = format!("SELECT seq, kind, body FROM events WHERE tenant = ?1 AND {bound}");
+        let mut values: Vec<Value> = vec![tenant.into()];
+        let mark = |values: &mut Vec<Value>, value: Value| {
+            values.push(value);
+            format!("?{}", values.len())
+        };
         if let Some(value) = bound_value {
-            values.push((value.min(i64::MAX as u64) as i64).into());
+            let at = mark(&mut values, value.into());
+            sql = sql.replace("{from}", &at);
         }
         if let Some(sandbox) = &filter.sandbox_id {
-            sql.push_str(" AND sandbox_id = ?");
-            values.push(sandbox.clone().into());
+            let at = mark(&mut values, sandbox.as_str().into());
+            sql.push_str(&format!(" AND sandbox_id = {at}"));
         }
         if !filter.types.is_empty() {
-            let marks = vec!["?"; filter.types.len()].join(", ");
-            sql.push_str(&format!(" AND kind IN ({marks})"));
-            values.extend(filter.types.iter().map(|t| t.as_str().to_string().into()));
+            let marks: Vec<String> = filter.types.iter().map(|t| mark(&mut values, t.as_str().into())).collect();
+            sql.push_str(&format!(" AND kind IN ({})", marks.join(", ")));
         }
-        sql.push_str(&format!(" ORDER BY seq {order} LIMIT ?"));
-        values.push(i64::from(limit).into());
-        let conn = match &self.reader {
-            Some(reader) => reader.lock().unwrap_or_else(|e| e.into_inner()),
-            None => self.conn(),
+        let at = mark(&mut values, limit.into());
+        sql.push_str(&format!(" ORDER BY seq {order} LIMIT {at}"));
+        let rows = match &self.reader {
+            Some(reader) => SqliteConn(&reader.lock().unwrap_or_else(|e| e.into_inner())).query(&sql, &values)?,
+            None => self.tx(|c| c.query(&sql, &values))?,
         };
-        let mut statement = conn.prepare_cached(&sql)?;
-        let rows = statement.query_map(params_from_iter(values), |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
-        })?;
-        rows.map(|row| {
-            let (seq, kind, body) = row?;
-            let id = seq.max(0) as u64;
-            let rest = body.strip_prefix(BODY_PREFIX).ok_or_else(|| {
-                StoreError::Sqlite(rusqlite::Error::InvalidColumnType(2, "body".into(), rusqlite::types::Type::Text))
-            })?;
-            Ok(RawEvent { id, kind, json: format!("{{\"id\":{id},{rest}") })
-        })
-        .collect()
+        rows.iter()
+            .map(|row| {
+                let (seq, kind, body) = (row.int(0)?, row.text(1)?, row.text(2)?);
+                let id = seq.max(0) as u64;
+                let rest = body
+                    .strip_prefix(BODY_PREFIX)
+                    .ok_or_else(|| StoreError::Shape(format!("event {id} is not as the store writes them")))?;
+                Ok(RawEvent { id, kind, json: format!("{{\"id\":{id},{rest}") })
+            })
+            .collect()
     }
 }
 

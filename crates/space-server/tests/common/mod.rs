@@ -34,6 +34,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         max_sandbox_output_mib: space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES >> 20,
         disk_reserve_mib: space_server::disk::DEFAULT_DISK_RESERVE_MIB,
         egress: Default::default(),
+        database: None,
     }
 }
 
