@@ -30,8 +30,11 @@ struct Cli {
 enum Top {
     /// Prepare this host: packages, a btrfs data dir, the `base` template.
     Setup(setup::SetupArgs),
-    /// Run the API server.
+    /// Run the API server (with --cluster: a cluster's control plane).
     Serve(ServeArgs),
+    /// Run a node of a cluster: this host's sandboxes, answering only the
+    /// control plane (decision 009).
+    Node(NodeArgs),
     /// Create, list, inspect and delete sandboxes.
     #[command(subcommand)]
     Sandbox(SandboxCommand),
@@ -328,6 +331,22 @@ impl ClientArgs {
 }
 
 #[derive(Args)]
+struct NodeArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// The control plane's URL (`http://host:port`).
+    #[arg(long)]
+    control_plane: String,
+    /// This node's name in the cluster (default: the host name).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Where the control plane reaches this node (default: the address it
+    /// listens on).
+    #[arg(long)]
+    advertise: Option<String>,
+}
+
+#[derive(Args)]
 struct ServeArgs {
     #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
@@ -363,6 +382,13 @@ struct ServeArgs {
     /// instead of the data dir's SQLite file (made if missing).
     #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
     database: Option<String>,
+    /// Be a cluster's control plane (needs --database and
+    /// --node-token-file): no sandboxes here, requests go to the nodes.
+    #[arg(long, requires = "database", requires = "node_token_file")]
+    cluster: bool,
+    /// The cluster's node token (the control plane and its nodes share it).
+    #[arg(long)]
+    node_token_file: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -765,7 +791,16 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Top::Setup(args) => setup::run(args).map(|()| 0),
-        Top::Serve(args) => serve(args).map(|()| 0),
+        Top::Serve(args) if args.cluster => control_plane(args).map(|()| 0),
+        Top::Serve(args) => serve(args, None).map(|()| 0),
+        Top::Node(node) => {
+            let NodeArgs { serve: args, control_plane, node_id, advertise } = node;
+            let id = match node_id {
+                Some(id) => id,
+                None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
+            };
+            serve(args, Some(NodeRole { control_plane, id, advertise })).map(|()| 0)
+        }
         Top::Sandbox(command) => sandbox(command).map(|()| 0),
         Top::Exec(args) => exec(args),
         Top::Op(OpCommand::Get { id, wait, client }) => {
@@ -881,7 +916,60 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn serve(args: ServeArgs) -> Result<()> {
+/// What a node adds to `serve`.
+struct NodeRole {
+    control_plane: String,
+    id: String,
+    advertise: Option<String>,
+}
+
+fn read_secret_file(path: &Path, what: &str) -> Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = text.trim().to_string();
+    if text.len() < 16 {
+        bail!("the {what} in {} is shorter than 16 characters", path.display());
+    }
+    Ok(text)
+}
+
+/// `space serve --cluster`: a control plane over PostgreSQL and its nodes.
+fn control_plane(args: ServeArgs) -> Result<()> {
+    init_logging(args.log_format);
+    let url = args.database.as_deref().context("--cluster needs --database")?;
+    let token =
+        read_secret_file(args.node_token_file.as_deref().context("--cluster needs --node-token-file")?, "node token")?;
+    let key = match &args.api_key_file {
+        Some(path) => read_secret_file(path, "API key")?,
+        None => bail!("a control plane needs --api-key-file"),
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(space_server::http::tls_config(cert, key)?),
+        _ => None,
+    };
+    if tls.is_none() && !args.listen.ip().is_loopback() && !args.insecure_http {
+        bail!(
+            "{} is not a loopback address: serve it with --tls-cert and --tls-key, or say --insecure-http",
+            args.listen
+        );
+    }
+    let store = space_server::store::Store::connect(url)?;
+    let cp = std::sync::Arc::new(space_server::cluster::ControlPlane { store, api_key: key, node_token: token });
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        tracing::info!("SPACE control plane listening on http://{}", listener.local_addr()?);
+        let shutdown = async move {
+            term.recv().await;
+        };
+        space_server::http::serve_router(listener, space_server::cluster::router(cp), tls, shutdown).await?;
+        Ok(())
+    })
+}
+
+fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     init_logging(args.log_format);
     if args.dev && !args.listen.ip().is_loopback() {
         bail!("--dev binds loopback only; {} is not a loopback address", args.listen);
@@ -901,7 +989,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     config.database = args.database.clone();
     let platform = space_server::start_platform(&config)?;
     platform.metrics_without_key.store(args.metrics_without_key, std::sync::atomic::Ordering::Relaxed);
-    let key = if args.dev {
+    let node_token = match (&node, &args.node_token_file) {
+        (Some(_), Some(path)) => Some(read_secret_file(path, "node token")?),
+        (Some(_), None) => bail!("a node needs --node-token-file"),
+        (None, _) => None,
+    };
+    let key = if node.is_some() {
+        String::new() // a node takes only the node token
+    } else if args.dev {
         eprintln!(
             "WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",
             platform.data.dev_key_path().display()
@@ -926,7 +1021,24 @@ fn serve(args: ServeArgs) -> Result<()> {
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         platform.start().await.map_err(|e| anyhow::anyhow!(e.message))?;
-        let state = space_server::AppState::new(platform, key);
+        let state = match (node, node_token) {
+            (Some(node), Some(token)) => {
+                let url = node.advertise.unwrap_or_else(|| format!("http://{}", args.listen));
+                let url = match listener.local_addr() {
+                    Ok(addr) if url.ends_with(":0") => format!("http://{addr}"),
+                    _ => url,
+                };
+                tokio::spawn(space_server::cluster::heartbeats(
+                    platform.clone(),
+                    node.control_plane,
+                    token.clone(),
+                    node.id,
+                    url,
+                ));
+                space_server::AppState::node(platform, token)
+            }
+            _ => space_server::AppState::new(platform, key),
+        };
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!("SPACE listening on {scheme}://{}", listener.local_addr()?);
         let shutdown = async move {

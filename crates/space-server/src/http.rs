@@ -56,7 +56,16 @@ pub async fn serve_with(
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let router = crate::app(state);
+    serve_router(listener, crate::app(state), tls, shutdown).await
+}
+
+/// [`serve_with`] for any router (a cluster's control plane has its own).
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();

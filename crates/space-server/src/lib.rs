@@ -7,6 +7,7 @@
 mod actor;
 pub mod api;
 mod capacity;
+pub mod cluster;
 pub mod commands;
 mod console;
 pub mod disk;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
+mod cluster;
 pub mod db;
 mod events;
 
@@ -16,6 +17,7 @@ use self::db::{vals, Conn, Db, Row, Value};
 use serde::{Deserialize, Serialize};
 use space_api::{Command, EventType, Operation, Sandbox};
 
+pub use self::cluster::{NodeRow, Placement};
 pub(crate) use self::events::new_event;
 pub use self::events::{EventFilter, RawEvent, EVENTS_KEPT};
 
@@ -338,6 +340,7 @@ impl Store {
             return Err(StoreError::Shape(format!("the database was written by a newer SPACE (schema {version})")));
         }
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(cluster::SCHEMA)?;
         migrate_sqlite(&conn)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         let reader = match path.as_os_str() == ":memory:" {
@@ -358,7 +361,9 @@ impl Store {
     /// (`postgres://user@host/db`); its tables are made if missing.
     pub fn connect(url: &str) -> Result<Store, StoreError> {
         let pg = db::Postgres::connect(url)?;
-        pg.batch(SCHEMA_PG)?;
+        pg.batch(
+            &SCHEMA_PG.replace("SELECT pg_advisory_unlock", &format!("{}\nSELECT pg_advisory_unlock", cluster::SCHEMA)),
+        )?;
         Store::with(Db::Postgres(pg), None)
     }
 

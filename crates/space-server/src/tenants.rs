@@ -20,11 +20,29 @@ pub struct Caller {
     pub tenant: String,
     /// The server's own key: may manage shared templates.
     pub operator: bool,
+    /// The control plane calling a node, before it says for whom.
+    pub node: bool,
 }
 
 impl Caller {
     pub fn operator() -> Caller {
-        Caller { tenant: OPERATOR_TENANT.to_string(), operator: true }
+        Caller { tenant: OPERATOR_TENANT.to_string(), operator: true, node: false }
+    }
+
+    pub(crate) fn node() -> Caller {
+        Caller { tenant: String::new(), operator: false, node: true }
+    }
+
+    /// The caller the control plane asserts to a node (`X-Space-Tenant`,
+    /// `X-Space-Operator: true` for the cluster's own key); honoured only
+    /// with the node token.
+    pub(crate) fn asserted(headers: &axum::http::HeaderMap) -> Result<Caller, crate::error::ApiError> {
+        let tenant = headers.get("x-space-tenant").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if !valid_tenant(tenant) {
+            return Err(crate::error::ApiError::bad_request("X-Space-Tenant must name a tenant"));
+        }
+        let operator = headers.get("x-space-operator").is_some_and(|v| v == "true") && tenant == OPERATOR_TENANT;
+        Ok(Caller { tenant: tenant.to_string(), operator, node: false })
     }
 
     /// Whether a template owned by `owner` (`None`: shared) is visible.
@@ -65,7 +83,7 @@ impl Platform {
             return Ok(None);
         }
         let tenant = self.store.key_tenant(&hash_key(presented))?;
-        Ok(tenant.map(|tenant| Caller { tenant, operator: false }))
+        Ok(tenant.map(|tenant| Caller { tenant, operator: false, node: false }))
     }
 
     /// The sandboxes of `tenant` that hold memory and vCPUs.

@@ -10,13 +10,23 @@ pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
 
 /// Starts `space serve ARGS` over `data`; returns it, its URL, what it said
 /// before it did, and the rest of what it says (the caller must drain it).
+#[allow(dead_code)] // not every test binary uses it
 pub fn spawn_server(
     data: &TestDataDir,
     args: &[&str],
 ) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
+    spawn_in(data, "serve", args)
+}
+
+/// [`spawn_server`] for another subcommand that serves (`space node`).
+pub fn spawn_in(
+    data: &TestDataDir,
+    subcommand: &str,
+    args: &[&str],
+) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
     let mut command = Command::new(SPACE);
     command
-        .arg("serve")
+        .arg(subcommand)
         .args(args)
         .arg("--data-dir")
         .arg(data.root())

@@ -10,7 +10,7 @@ mod health;
 mod openapi;
 mod operations;
 pub(crate) mod output;
-mod ports;
+pub(crate) mod ports;
 mod sandboxes;
 mod secrets;
 mod templates;
@@ -46,12 +46,24 @@ pub struct AppState {
     pub platform: Arc<Platform>,
     pub api_key: Arc<String>,
     pub health: Arc<health::HostFacts>,
+    /// On a node of a cluster: the token the control plane presents, with
+    /// the caller's tenant in `X-Space-Tenant` (decision 009).
+    pub node_token: Option<Arc<String>>,
 }
 
 impl AppState {
     pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
         let health = Arc::new(health::HostFacts::probe(&platform));
-        AppState { platform, api_key: Arc::new(api_key), health }
+        AppState { platform, api_key: Arc::new(api_key), health, node_token: None }
+    }
+
+    /// A node's state: only the control plane, with `token`, calls it.
+    pub fn node(platform: Arc<Platform>, token: String) -> AppState {
+        let mut unusable = [0u8; 32];
+        let _ = getrandom::getrandom(&mut unusable);
+        let mut state = AppState::new(platform, unusable.iter().map(|b| format!("{b:02x}")).collect());
+        state.node_token = Some(Arc::new(token));
+        state
     }
 }
 
@@ -222,7 +234,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// The key a browser's WebSocket offers as the subprotocol
 /// `bearer.<base64url of the key>` (browsers cannot set headers on a
 /// WebSocket); the server never selects, so never echoes, that protocol.
-fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
     use base64::Engine as _;
     let upgrade = headers.get(header::UPGRADE)?.to_str().ok()?;
     if !upgrade.eq_ignore_ascii_case("websocket") {
@@ -249,6 +261,10 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
             ))
         }
     };
+    let caller = match caller.node {
+        true => crate::tenants::Caller::asserted(request.headers())?,
+        false => caller,
+    };
     tracing::Span::current().record("tenant", caller.tenant.as_str());
     check_owner(&state, &caller, request.method(), request.uri().path())?;
     request.extensions_mut().insert(caller);
@@ -259,6 +275,13 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
 pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
     if space_proto::constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) {
         return Ok(Caller::operator());
+    }
+    if let Some(token) = &state.node_token {
+        if space_proto::constant_time_eq(key.as_bytes(), token.as_bytes()) {
+            return Ok(Caller::node());
+        }
+        // A node knows no tenant keys: the control plane checked them.
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a node answers its control plane only"));
     }
     state
         .platform

@@ -27,7 +27,7 @@ pub const TCP_PROTOCOL: &str = "space-tcp";
 
 /// Headers that belong to one hop, never passed on (an upgrade's own are
 /// put back when there is one).
-const HOP_BY_HOP: [&str; 8] = [
+pub(crate) const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -115,14 +115,6 @@ async fn forward(
     let port = checked_port(&port)?;
     let agent = running_agent(&state, &id)?;
     let stream = open(&agent, port).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, Body>(TokioIo::new(stream.into_io()))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", format!("port {port}: {e}")))?;
-    tokio::spawn(async move {
-        let _ = connection.with_upgrades().await;
-    });
-
     // The request as the server in the sandbox sees it: its own path, no
     // API key, its own host.
     let upgrade = request.headers().get(header::UPGRADE).cloned();
@@ -154,13 +146,31 @@ async fn forward(
         headers.insert("x-forwarded-host", host.clone());
     }
 
-    let mut response = sender
-        .send_request(outgoing)
+    relay(TokioIo::new(stream.into_io()), outgoing, client_side)
         .await
-        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", format!("port {port}: {e}")))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", format!("port {port}: {e}")))
+}
+
+/// Sends `outgoing` over `io` (HTTP/1.1) and answers with what comes back,
+/// streamed; an upgrade (a WebSocket) is spliced to the client's side.
+/// Hop-by-hop headers of the answer are dropped.
+pub(crate) async fn relay<I>(
+    io: I,
+    outgoing: hyper::Request<Body>,
+    client_side: Option<hyper::upgrade::OnUpgrade>,
+) -> Result<Response, String>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+{
+    let (mut sender, connection) =
+        hyper::client::conn::http1::Builder::new().handshake::<_, Body>(io).await.map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    let mut response = sender.send_request(outgoing).await.map_err(|e| e.to_string())?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let (Some(client_side), server_side) = (client_side, hyper::upgrade::on(&mut response)) else {
-            return Err(ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", "an upgrade nobody asked for"));
+            return Err("an upgrade nobody asked for".into());
         };
         tokio::spawn(async move {
             if let (Ok(client), Ok(server)) = (client_side.await, server_side.await) {

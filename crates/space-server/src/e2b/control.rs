@@ -40,6 +40,9 @@ fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
         .filter(|k| !k.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
     let caller = crate::api::caller_for_key(state, key)?;
+    if caller.node {
+        return Err(E2bError::new(StatusCode::UNAUTHORIZED, "a node serves no E2B API of its own"));
+    }
     tracing::Span::current().record("tenant", caller.tenant.as_str());
     Ok(caller)
 }

@@ -206,6 +206,15 @@ pub struct Postgres {
     clients: Vec<Mutex<postgres::Client>>,
 }
 
+impl Drop for Postgres {
+    /// A blocking client shuts its own runtime down when dropped, which
+    /// tokio forbids inside an async context: they go on a plain thread.
+    fn drop(&mut self) {
+        let clients = std::mem::take(&mut self.clients);
+        let _ = std::thread::spawn(move || drop(clients)).join();
+    }
+}
+
 /// Connections kept to PostgreSQL per process.
 const PG_CONNECTIONS: usize = 4;
 

@@ -1,0 +1,232 @@
+//! Cluster mode (decision 009) with real processes: a throwaway PostgreSQL,
+//! two control-plane replicas (`space serve --cluster`) and two nodes
+//! (`space node`), each with its own btrfs data dir, all on loopback.
+//! Sandboxes spread over the nodes; exec, files, output streams, attach and
+//! lifecycle work through either replica; tenants stay apart; a node killed
+//! with SIGKILL leaves its sandboxes failed ("node lost") within the lease
+//! while the other node's keep answering; started again, it takes them back.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use space_process::{ReapedChild, Reaper};
+use space_testkit::{wait_for, PgCluster, TestDataDir};
+
+mod common;
+use common::SPACE;
+
+struct Api {
+    url: String,
+    key: String,
+}
+
+impl Api {
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value, Option<String>) {
+        let request = ureq::request(method, &format!("{}{path}", self.url))
+            .timeout(Duration::from_secs(120))
+            .set("Authorization", &format!("Bearer {}", self.key));
+        let result = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(err) => panic!("{method} {path}: {err}"),
+        };
+        let node = response.header("x-space-node").map(str::to_string);
+        let status = response.status();
+        (status, response.into_json().unwrap_or(Value::Null), node)
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, value, _) = self.call(method, path, body);
+        assert!((200..300).contains(&status), "{method} {path} -> {status}: {value}");
+        value
+    }
+
+    fn wait_operation(&self, id: &str) -> Value {
+        for _ in 0..5 {
+            let op = self.ok("GET", &format!("/v1/operations/{id}?wait=30"), None);
+            if matches!(op["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                return op;
+            }
+        }
+        panic!("operation {id} did not end");
+    }
+}
+
+fn write_secret(data: &TestDataDir, name: &str) -> std::path::PathBuf {
+    let mut bytes = [0u8; 24];
+    getrandom::getrandom(&mut bytes).unwrap();
+    let path = data.root().join(name);
+    std::fs::write(&path, bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()).unwrap();
+    path
+}
+
+fn node(data: &TestDataDir, id: &str, control_plane: &str, token: &std::path::Path) -> (ReapedChild, String) {
+    let args = ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control_plane];
+    let mut all: Vec<&str> = args.to_vec();
+    let token = token.to_str().unwrap();
+    all.extend(["--node-token-file", token]);
+    let (child, url, _, lines) = common::spawn_in(data, "node", &all);
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, url)
+}
+
+fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
+    let mut keys = Command::new(SPACE);
+    keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]).env("SPACE_DATA_DIR", data.root());
+    let made = Reaper::global().output(&mut keys).unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    String::from_utf8(made.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() {
+    let pg = PgCluster::start();
+    let control = TestDataDir::new();
+    let token = write_secret(&control, "node-token");
+    let operator_key = write_secret(&control, "api-key");
+    let cp_args = [
+        "--cluster",
+        "--database",
+        pg.url.as_str(),
+        "--node-token-file",
+        token.to_str().unwrap(),
+        "--api-key-file",
+        operator_key.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let replicas: Vec<(ReapedChild, String)> = (0..2)
+        .map(|_| {
+            let (child, url, _, lines) = common::spawn_in(&control, "serve", &cp_args);
+            std::thread::spawn(move || lines.for_each(drop));
+            (child, url)
+        })
+        .collect();
+    let (first, second) = (replicas[0].1.clone(), replicas[1].1.clone());
+    let (node_a_data, node_b_data) = (TestDataDir::new(), TestDataDir::new());
+    let (node_a, _) = node(&node_a_data, "node-a", &first, &token);
+    let (node_b, _) = node(&node_b_data, "node-b", &second, &token);
+
+    // Both nodes are known to both replicas (one database).
+    let health = |url: &str| -> Value { ureq::get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
+    wait_for("two live nodes", Duration::from_secs(60), || {
+        let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
+        (nodes.iter().filter(|n| n["alive"] == true).count() == 2).then_some(())
+    });
+
+    let key = tenant_key(&pg, &control, "team-c");
+    let other_key = tenant_key(&pg, &control, "team-d");
+    let (a, b) = (Api { url: first.clone(), key: key.clone() }, Api { url: second.clone(), key: key.clone() });
+
+    // Four sandboxes through the first replica land on both nodes.
+    let mut sandboxes: Vec<(String, String)> = Vec::new();
+    for _ in 0..4 {
+        let (status, accepted, node) =
+            a.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
+        assert_eq!(status, 202, "{accepted}");
+        let op = b.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+        assert_eq!(op["state"], "succeeded", "{op}");
+        sandboxes.push((accepted["sandbox"]["id"].as_str().unwrap().to_string(), node.expect("the node is named")));
+    }
+    let on = |name: &str| sandboxes.iter().filter(|(_, n)| n == name).map(|(id, _)| id.clone()).collect::<Vec<_>>();
+    assert!(!on("node-a").is_empty() && !on("node-b").is_empty(), "not spread: {sandboxes:?}");
+
+    // Everything works through either replica.
+    for (i, (id, _)) in sandboxes.iter().enumerate() {
+        let api = if i % 2 == 0 { &a } else { &b };
+        let ran = api.ok("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": format!("echo via cp {i}")})));
+        assert_eq!(ran["stdout"], format!("via cp {i}\n"), "{ran}");
+    }
+    let (id, _) = &sandboxes[0];
+    let put = ureq::put(&format!("{first}/v1/sandboxes/{id}/files?path=/root/f.txt"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .send_bytes(b"through the control plane")
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let read = ureq::get(&format!("{second}/v1/sandboxes/{id}/files?path=/root/f.txt"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert_eq!(read, "through the control plane");
+    let started = a.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "for i in 1 2 3; do echo $i; sleep 0.1; done"})),
+    );
+    let cid = started["command"]["id"].as_str().unwrap();
+    let followed = ureq::get(&format!("{second}/v1/sandboxes/{id}/commands/{cid}/output?follow=true"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(followed.contains("\"1\\n\"") && followed.contains("\"type\":\"exit\""), "{followed}");
+    // attach's WebSocket through a replica (the CLI's `exec -t`).
+    let tty = Reaper::global()
+        .output(
+            Command::new(SPACE)
+                .args(["exec", "-t", id, "--", "tty"])
+                .env("SPACE_URL", &second)
+                .env("SPACE_API_KEY", &key)
+                .stdin(Stdio::null()),
+        )
+        .unwrap();
+    assert!(String::from_utf8_lossy(&tty.stdout).starts_with("/dev/pts/"), "{}", String::from_utf8_lossy(&tty.stderr));
+    for action in ["pause", "resume"] {
+        let accepted = a.ok("POST", &format!("/v1/sandboxes/{id}/{action}"), Some(json!({})));
+        assert_eq!(b.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    }
+    let listed = b.ok("GET", "/v1/sandboxes", None);
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 4, "{listed}");
+
+    // Another tenant sees none of it, through either replica.
+    let other = Api { url: second.clone(), key: other_key };
+    assert!(other.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().is_empty());
+    assert_eq!(other.call("GET", &format!("/v1/sandboxes/{id}"), None).0, 404);
+    assert_eq!(other.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"}))).0, 404);
+    assert_eq!(Api { url: first.clone(), key: "wrong".into() }.call("GET", "/v1/sandboxes", None).0, 401);
+
+    // Node A dies: its sandboxes are failed within the lease; B's answer.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(node_a.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = node_a.wait_timeout(Duration::from_secs(10));
+    let lost = on("node-a");
+    let deadline = Instant::now() + space_server::cluster::LEASE + Duration::from_secs(20);
+    // Until the lease runs out the node is only unreachable (502).
+    wait_for("node A's sandboxes to be failed", deadline - Instant::now(), || {
+        let (status, sandbox, _) = b.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
+        assert!(status == 200 || status == 502, "{status}: {sandbox}");
+        (sandbox["state"] == "failed").then_some(sandbox)
+    });
+    let failed = b.ok("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
+    assert!(failed["failure_reason"].as_str().unwrap_or_default().contains("node lost"), "{failed}");
+    for id in on("node-b") {
+        let ran = a.ok("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "echo still here"})));
+        assert_eq!(ran["stdout"], "still here\n");
+    }
+    assert_eq!(a.call("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "true"}))).0, 409);
+
+    // Node A comes back with what still runs, and takes it back.
+    let (node_a, _) = node(&node_a_data, "node-a", &second, &token);
+    let back = wait_for("node A's sandbox back", Duration::from_secs(60), || {
+        let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
+        (sandbox["state"] == "running").then_some(sandbox)
+    });
+    assert_eq!(back["id"], lost[0].as_str());
+    let ran = b.ok("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "echo back again"})));
+    assert_eq!(ran["stdout"], "back again\n");
+
+    for (id, _) in &sandboxes {
+        let accepted = a.ok("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert_eq!(b.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    }
+    for child in [node_a, node_b].into_iter().chain(replicas.into_iter().map(|(c, _)| c)) {
+        common::stop(child);
+    }
+}

@@ -1,0 +1,463 @@
+//! Cluster mode (decision 009): a control plane in front of nodes that
+//! speak the v1 API. A node (`space node`) is a host like a single-host
+//! server; it answers only the control plane, which presents the cluster's
+//! node token and names the caller's tenant. The control plane
+//! (`space serve --cluster`) keeps tenants, keys, the nodes with their
+//! leases and where each sandbox lives in PostgreSQL, and forwards each
+//! request to the sandbox's node as a stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+use crate::platform::Platform;
+use crate::store::{NodeRow, Store};
+use crate::tenants::Caller;
+
+/// How often a node reports, and how long a report keeps it alive.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+pub const LEASE: Duration = Duration::from_secs(10);
+/// The largest answer the control plane reads whole (JSON it records from).
+const MAX_RECORDED: usize = 4 << 20;
+
+/// What a node tells the control plane with every heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub id: String,
+    /// Where the control plane reaches it (`http://host:port`).
+    pub url: String,
+    pub engine: String,
+    pub capacity_mib: u64,
+    pub promised_mib: u64,
+    pub templates: Vec<String>,
+    /// Sandboxes it holds (not deleted).
+    pub sandboxes: Vec<String>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+// ---- the node's side -------------------------------------------------------
+
+/// What this node would report now.
+pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
+    let sandboxes = platform.store.sandboxes().unwrap_or_default();
+    NodeReport {
+        id: id.to_string(),
+        url: url.to_string(),
+        engine: platform.engine.name().to_string(),
+        capacity_mib: platform.capacity_mib,
+        promised_mib: platform.reserved_mib(),
+        templates: platform.data.templates().into_iter().map(|t| t.meta.name).collect(),
+        sandboxes: sandboxes
+            .into_iter()
+            .filter(|r| r.sandbox.state != space_api::SandboxState::Deleted)
+            .map(|r| r.sandbox.id)
+            .collect(),
+    }
+}
+
+/// Reports to the control plane every [`HEARTBEAT`], for as long as the
+/// node runs; a control plane that does not answer is tried again.
+pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: String, id: String, url: String) {
+    loop {
+        let report = report(&platform, &id, &url);
+        if let Err(err) = send_report(&control_plane, &token, &report).await {
+            tracing::warn!("reporting to the control plane at {control_plane}: {err}");
+        }
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+async fn send_report(control_plane: &str, token: &str, report: &NodeReport) -> Result<(), String> {
+    let authority = authority(control_plane)?;
+    let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
+    let request = hyper::Request::post("/internal/v1/nodes/heartbeat")
+        .header(header::HOST, &authority)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())?;
+    let response = crate::api::ports::relay(TokioIo::new(tcp), request, None).await?;
+    match response.status() {
+        StatusCode::NO_CONTENT => Ok(()),
+        status => Err(format!("it answered {status}")),
+    }
+}
+
+/// `host:port` of an `http://host:port` URL.
+fn authority(url: &str) -> Result<String, String> {
+    let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url:?}: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(authority)) if authority.port().is_some() => Ok(authority.to_string()),
+        _ => Err(format!("{url:?} is not http://host:port")),
+    }
+}
+
+// ---- the control plane -------------------------------------------------------
+
+/// The control plane's state: PostgreSQL, its own key, the node token.
+pub struct ControlPlane {
+    pub store: Store,
+    pub api_key: String,
+    pub node_token: String,
+}
+
+type Shared = Arc<ControlPlane>;
+
+pub fn router(control_plane: Arc<ControlPlane>) -> Router {
+    Router::new()
+        .route("/internal/v1/nodes/heartbeat", post(heartbeat))
+        .route("/v1/health", get(health))
+        .fallback(public)
+        .layer(axum::middleware::from_fn(crate::http::close_if_body_unread))
+        .with_state(control_plane)
+}
+
+async fn heartbeat(
+    State(cp): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, ApiError> {
+    let presented = bearer(&headers).unwrap_or_default();
+    if !space_proto::constant_time_eq(presented.as_bytes(), cp.node_token.as_bytes()) {
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "heartbeats need the node token"));
+    }
+    let report: NodeReport =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("a node report: {e}")))?;
+    authority(&report.url).map_err(ApiError::bad_request)?;
+    let json = serde_json::to_string(&report).map_err(|e| ApiError::internal("a node report", e))?;
+    cp.store.heartbeat_node(&report.id, &report.url, &json, now_ms() + LEASE.as_millis() as i64)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A node with its last report, and whether its lease still holds.
+struct Node {
+    row: NodeRow,
+    report: NodeReport,
+    alive: bool,
+}
+
+fn nodes(cp: &ControlPlane) -> Result<Vec<Node>, ApiError> {
+    let now = now_ms();
+    Ok(cp
+        .store
+        .nodes()?
+        .into_iter()
+        .filter_map(|row| {
+            let report = serde_json::from_str(&row.report).ok()?;
+            let alive = row.lease_until_ms > now;
+            Some(Node { row, report, alive })
+        })
+        .collect())
+}
+
+async fn health(State(cp): State<Shared>) -> Result<Response, ApiError> {
+    let nodes: Vec<serde_json::Value> = nodes(&cp)?
+        .iter()
+        .map(|n| {
+            serde_json::json!({"id": n.row.id, "url": n.row.url, "alive": n.alive, "engine": n.report.engine,
+                "capacity_mib": n.report.capacity_mib, "promised_mib": n.report.promised_mib,
+                "sandboxes": n.report.sandboxes.len(), "templates": n.report.templates})
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({"status": "ok", "role": "control-plane", "nodes": nodes})).into_response())
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+/// The caller: the cluster's own key, or a tenant's (from PostgreSQL).
+fn authenticate(cp: &ControlPlane, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let offered = crate::api::websocket_bearer(headers);
+    let Some(key) = bearer(headers).or(offered.as_deref()) else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing API key: send `Authorization: Bearer <key>`",
+        ));
+    };
+    if space_proto::constant_time_eq(key.as_bytes(), cp.api_key.as_bytes()) {
+        return Ok(Caller::operator());
+    }
+    match cp.store.key_tenant(&crate::tenants::hash_key(key))? {
+        Some(tenant) => Ok(Caller { tenant, operator: false, node: false }),
+        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid")),
+    }
+}
+
+async fn public(State(cp): State<Shared>, request: Request) -> Response {
+    match route(cp, request).await {
+        Ok(response) => response,
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
+    let caller = authenticate(&cp, request.headers())?;
+    let path = request.uri().path().to_string();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let method = request.method().clone();
+    match (&method, parts.as_slice()) {
+        (&Method::POST, ["v1", "sandboxes"]) => create(&cp, &caller, request).await,
+        (&Method::GET, ["v1", "sandboxes"]) => list(&cp, &caller, request).await,
+        (_, ["v1", "sandboxes", id, ..]) => {
+            let id = id.to_string();
+            sandbox_request(&cp, &caller, &id, request).await
+        }
+        (&Method::GET, ["v1", "operations", id] | ["v1", "operations", id, "log"]) => {
+            let Some((node_id, tenant)) = cp.store.operation_node(id)? else {
+                return Err(ApiError::not_found("operation", id));
+            };
+            if tenant != caller.tenant {
+                return Err(ApiError::not_found("operation", id));
+            }
+            let node = live_node(&cp, &node_id)?;
+            forward(&node, &caller, &cp.node_token, request).await
+        }
+        (&Method::GET, ["v1", "templates"]) => templates(&cp, &caller, request).await,
+        _ => Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_in_cluster_mode",
+            format!("{method} {path} is not served by a cluster's control plane yet (decision 009)"),
+        )),
+    }
+}
+
+fn live_node(cp: &ControlPlane, id: &str) -> Result<NodeRow, ApiError> {
+    match cp.store.node(id)? {
+        Some(row) if row.lease_until_ms > now_ms() => Ok(row),
+        _ => Err(ApiError::unavailable(format!("node {id} is lost (no heartbeat within {}s)", LEASE.as_secs()))),
+    }
+}
+
+/// Sends a request on to a node as `caller`, streaming both ways (and
+/// splicing an upgrade, such as attach's WebSocket).
+async fn forward(node: &NodeRow, caller: &Caller, token: &str, mut request: Request) -> Result<Response, ApiError> {
+    let unreachable =
+        |e: String| ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", format!("node {}: {e}", node.id));
+    let authority = authority(&node.url).map_err(unreachable)?;
+    let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| unreachable(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let upgrade = request.headers().get(header::UPGRADE).cloned();
+    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
+    let (parts, body) = request.into_parts();
+    let target = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut outgoing = hyper::Request::builder()
+        .method(parts.method.clone())
+        .uri(target)
+        .body(body)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let headers = outgoing.headers_mut();
+    for (name, value) in &parts.headers {
+        let hop = crate::api::ports::HOP_BY_HOP.contains(&name.as_str());
+        let ours = name == header::AUTHORIZATION || name == header::HOST || name.as_str().starts_with("x-space-");
+        if hop || ours || name == header::SEC_WEBSOCKET_PROTOCOL {
+            continue;
+        }
+        headers.append(name.clone(), value.clone());
+    }
+    // The subprotocols a browser offered, less the one that carries its
+    // key: a node never sees a tenant's key.
+    let offered: Vec<&str> = parts
+        .headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.starts_with("bearer."))
+        .collect();
+    if let Ok(value) =
+        HeaderValue::from_str(&offered.join(", ")).map_err(|_| ()).and_then(|v| match offered.is_empty() {
+            true => Err(()),
+            false => Ok(v),
+        })
+    {
+        headers.insert(header::SEC_WEBSOCKET_PROTOCOL, value);
+    }
+    if let Some(upgrade) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, upgrade);
+    }
+    headers.insert(header::HOST, HeaderValue::from_str(&authority).map_err(|e| unreachable(e.to_string()))?);
+    headers.insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}")).map_err(|e| unreachable(e.to_string()))?,
+    );
+    headers.insert("x-space-tenant", HeaderValue::from_str(&caller.tenant).map_err(|e| unreachable(e.to_string()))?);
+    if caller.operator {
+        headers.insert("x-space-operator", HeaderValue::from_static("true"));
+    }
+    let mut response = crate::api::ports::relay(TokioIo::new(tcp), outgoing, client_side).await.map_err(unreachable)?;
+    if let Ok(value) = HeaderValue::from_str(&node.id) {
+        response.headers_mut().insert("x-space-node", value);
+    }
+    Ok(response)
+}
+
+/// A node's answer read whole (a small JSON body), to record from it, and
+/// the same answer to send on.
+async fn read_answer(response: Response) -> Result<(Response, Option<serde_json::Value>), ApiError> {
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_RECORDED).await.map_err(|e| {
+        ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", format!("reading a node's answer: {e}"))
+    })?;
+    let json = serde_json::from_slice(&bytes).ok();
+    Ok((Response::from_parts(parts, Body::from(bytes)), json))
+}
+
+/// Records a lifecycle answer's operation (and the sandbox as it is).
+fn record(cp: &ControlPlane, node: &str, caller: &Caller, answer: &serde_json::Value) -> Result<(), ApiError> {
+    if let Some(sandbox) = answer.get("sandbox").filter(|s| s.is_object()) {
+        let id = sandbox["id"].as_str().unwrap_or_default();
+        cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string())?;
+    }
+    if let Some(op) = answer["operation"]["id"].as_str() {
+        cp.store.put_operation_node(op, node, &caller.tenant)?;
+    }
+    Ok(())
+}
+
+/// Places a new sandbox: a live node that has the template, with the most
+/// memory left once what was placed since its last report is counted.
+async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+        .await
+        .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
+    let wanted: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
+    let template = wanted["template"].as_str().unwrap_or("base").to_string();
+    let memory = wanted["memory_mib"].as_u64().unwrap_or(512);
+    let mut best: Option<(i64, NodeRow)> = None;
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive && n.report.templates.contains(&template)) {
+        let placed_since: i64 = cp
+            .store
+            .placements_on(&node.row.id)?
+            .iter()
+            .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p.sandbox).ok())
+            .filter(|s| !node.report.sandboxes.iter().any(|id| s["id"] == id.as_str()))
+            .filter(|s| s["state"] != "deleted" && s["state"] != "failed")
+            .map(|s| s["memory_mib"].as_i64().unwrap_or(0))
+            .sum();
+        let free = node.report.capacity_mib as i64 - node.report.promised_mib as i64 - placed_since;
+        if best.as_ref().is_none_or(|(f, _)| free > *f) {
+            best = Some((free, node.row));
+        }
+    }
+    let Some((free, node)) = best else {
+        return Err(ApiError::unavailable(format!("no live node has template {template:?}")));
+    };
+    if free < memory as i64 {
+        return Err(ApiError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
+    }
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let response = forward(&node, caller, &cp.node_token, request).await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Ok(response);
+    }
+    let (response, answer) = read_answer(response).await?;
+    if let Some(answer) = answer {
+        record(cp, &node.id, caller, &answer)?;
+    }
+    Ok(response)
+}
+
+/// A request about one sandbox goes to its node; a sandbox whose node is
+/// lost answers as failed.
+async fn sandbox_request(cp: &ControlPlane, caller: &Caller, id: &str, request: Request) -> Result<Response, ApiError> {
+    let Some(placement) = cp.store.placement(id)?.filter(|p| p.tenant == caller.tenant) else {
+        return Err(ApiError::not_found("sandbox", id));
+    };
+    let node = match live_node(cp, &placement.node_id) {
+        Ok(node) => node,
+        Err(lost) => {
+            let whole = request.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
+            if request.method() == Method::GET && whole {
+                let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
+                if sandbox["state"] != "deleted" {
+                    sandbox["state"] = "failed".into();
+                    sandbox["failure_reason"] = format!("node lost: {}", lost.message).into();
+                }
+                return Ok(axum::Json(sandbox).into_response());
+            }
+            return Err(ApiError::invalid_state("sandbox", "failed", "use it (its node is lost)"));
+        }
+    };
+    let response = forward(&node, caller, &cp.node_token, request).await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Ok(response);
+    }
+    let (response, answer) = read_answer(response).await?;
+    if let Some(answer) = answer {
+        record(cp, &node.id, caller, &answer)?;
+    }
+    Ok(response)
+}
+
+/// Asks every live node (as `caller`) and reads each answer whole.
+async fn ask_all(cp: &ControlPlane, caller: &Caller, path_and_query: &str) -> Result<Vec<serde_json::Value>, ApiError> {
+    let mut answers = Vec::new();
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
+        let request =
+            Request::get(path_and_query).body(Body::empty()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let response = forward(&node.row, caller, &cp.node_token, request).await?;
+        if !response.status().is_success() {
+            let why = format!("node {} answered {}", node.row.id, response.status());
+            return Err(ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", why));
+        }
+        if let (_, Some(json)) = read_answer(response).await? {
+            answers.push(json);
+        }
+    }
+    Ok(answers)
+}
+
+async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+    let mut sandboxes: Vec<serde_json::Value> = ask_all(cp, caller, &format!("/v1/sandboxes{query}"))
+        .await?
+        .into_iter()
+        .flat_map(|answer| answer["sandboxes"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let wants_failed = !query.contains("state=") || query.contains("state=failed");
+    let lost: Vec<String> = nodes(cp)?.into_iter().filter(|n| !n.alive).map(|n| n.row.id).collect();
+    if wants_failed {
+        for placement in cp.store.placements(&caller.tenant)?.into_iter().filter(|p| lost.contains(&p.node_id)) {
+            let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
+            if sandbox["state"] == "deleted" {
+                continue;
+            }
+            sandbox["state"] = "failed".into();
+            sandbox["failure_reason"] = format!("node lost: node {} stopped answering", placement.node_id).into();
+            sandboxes.push(sandbox);
+        }
+    }
+    sandboxes.sort_by(|a, b| a["created_at"].as_str().cmp(&b["created_at"].as_str()));
+    Ok(axum::Json(serde_json::json!({"sandboxes": sandboxes})).into_response())
+}
+
+/// Every template any live node has (the first node's copy of each name).
+async fn templates(cp: &ControlPlane, caller: &Caller, _request: Request) -> Result<Response, ApiError> {
+    let mut seen = std::collections::BTreeMap::new();
+    for answer in ask_all(cp, caller, "/v1/templates").await? {
+        for template in answer["templates"].as_array().cloned().unwrap_or_default() {
+            let name = template["name"].as_str().unwrap_or_default().to_string();
+            seen.entry(name).or_insert(template);
+        }
+    }
+    Ok(axum::Json(serde_json::json!({"templates": seen.into_values().collect::<Vec<_>>()})).into_response())
+}

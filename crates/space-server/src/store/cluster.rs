@@ -1,0 +1,136 @@
+//! What the control plane of a cluster keeps (decision 009): the nodes with
+//! their leases, and where each sandbox and operation lives.
+
+use super::db::{vals, Conn};
+use super::{Store, StoreError};
+
+/// The tables, in both dialects (`BIGINT` is SQLite's INTEGER too).
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    lease_until_ms BIGINT NOT NULL,
+    report TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS placements (
+    sandbox_id TEXT PRIMARY KEY,
+    node_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    sandbox TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS placements_by_tenant ON placements (tenant);
+CREATE TABLE IF NOT EXISTS operation_nodes (
+    operation_id TEXT PRIMARY KEY,
+    node_id TEXT NOT NULL,
+    tenant TEXT NOT NULL
+);
+";
+
+/// A node as the control plane knows it.
+#[derive(Debug, Clone)]
+pub struct NodeRow {
+    pub id: String,
+    pub url: String,
+    pub lease_until_ms: i64,
+    /// Its last report (JSON).
+    pub report: String,
+}
+
+/// Where a sandbox lives, and its object as the control plane last saw it.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub node_id: String,
+    pub tenant: String,
+    pub sandbox: String,
+}
+
+fn node_row(c: &mut dyn Conn, sql: &str, values: &[super::db::Value]) -> Result<Vec<NodeRow>, StoreError> {
+    c.query(sql, values)?
+        .iter()
+        .map(|r| Ok(NodeRow { id: r.text(0)?, url: r.text(1)?, lease_until_ms: r.int(2)?, report: r.text(3)? }))
+        .collect()
+}
+
+impl Store {
+    /// A node's heartbeat: its address and report, and a lease until then.
+    pub fn heartbeat_node(&self, id: &str, url: &str, report: &str, lease_until_ms: i64) -> Result<(), StoreError> {
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO nodes (id, url, lease_until_ms, report) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (id) DO UPDATE SET url = excluded.url, lease_until_ms = excluded.lease_until_ms,
+                 report = excluded.report",
+                vals![id, url, lease_until_ms, report],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        self.tx(|c| node_row(c, "SELECT id, url, lease_until_ms, report FROM nodes ORDER BY id", &[]))
+    }
+
+    pub fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
+        Ok(self
+            .tx(|c| node_row(c, "SELECT id, url, lease_until_ms, report FROM nodes WHERE id = ?1", vals![id]))?
+            .into_iter()
+            .next())
+    }
+
+    /// Records (or refreshes) where a sandbox lives.
+    pub fn put_placement(
+        &self,
+        sandbox_id: &str,
+        node_id: &str,
+        tenant: &str,
+        sandbox: &str,
+    ) -> Result<(), StoreError> {
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO placements (sandbox_id, node_id, tenant, sandbox) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (sandbox_id) DO UPDATE SET sandbox = excluded.sandbox",
+                vals![sandbox_id, node_id, tenant, sandbox],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn placement(&self, sandbox_id: &str) -> Result<Option<Placement>, StoreError> {
+        let row = self.tx(|c| {
+            c.query_one("SELECT node_id, tenant, sandbox FROM placements WHERE sandbox_id = ?1", vals![sandbox_id])
+        })?;
+        row.map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).transpose()
+    }
+
+    /// A tenant's placements (for sandboxes of nodes that are gone).
+    pub fn placements(&self, tenant: &str) -> Result<Vec<Placement>, StoreError> {
+        let rows =
+            self.tx(|c| c.query("SELECT node_id, tenant, sandbox FROM placements WHERE tenant = ?1", vals![tenant]))?;
+        rows.iter().map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).collect()
+    }
+
+    /// Every placement on a node.
+    pub fn placements_on(&self, node_id: &str) -> Result<Vec<Placement>, StoreError> {
+        let rows =
+            self.tx(|c| c.query("SELECT node_id, tenant, sandbox FROM placements WHERE node_id = ?1", vals![node_id]))?;
+        rows.iter().map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).collect()
+    }
+
+    pub fn put_operation_node(&self, operation_id: &str, node_id: &str, tenant: &str) -> Result<(), StoreError> {
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO operation_nodes (operation_id, node_id, tenant) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (operation_id) DO NOTHING",
+                vals![operation_id, node_id, tenant],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The node and tenant of an operation.
+    pub fn operation_node(&self, operation_id: &str) -> Result<Option<(String, String)>, StoreError> {
+        let row = self.tx(|c| {
+            c.query_one("SELECT node_id, tenant FROM operation_nodes WHERE operation_id = ?1", vals![operation_id])
+        })?;
+        row.map(|r| Ok((r.text(0)?, r.text(1)?))).transpose()
+    }
+}
