@@ -60,6 +60,7 @@ pub fn spawn_in(
 }
 
 /// Stops a server with SIGTERM; it must exit cleanly within 20 s.
+#[allow(dead_code)] // not every test binary uses it
 pub fn stop(child: ReapedChild) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait_timeout(std::time::Duration::from_secs(20)).expect("the server stops on SIGTERM");
