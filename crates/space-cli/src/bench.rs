@@ -28,10 +28,10 @@ pub struct BenchArgs {
     data_dir: PathBuf,
     /// Sandboxes to create (each side).
     #[arg(short = 'n', long, default_value_t = 10)]
-    runs: usize,
+    pub(crate) runs: usize,
     /// `true` round trips per sandbox through the API.
     #[arg(long, default_value_t = 20)]
-    execs: usize,
+    pub(crate) execs: usize,
     /// `runsc exec true` runs per raw sandbox (slow: a process per call).
     #[arg(long, default_value_t = 3)]
     raw_execs: usize,
@@ -47,6 +47,11 @@ pub struct BenchArgs {
     /// and report what they cost (see `density.rs`).
     #[arg(long)]
     density: Option<usize>,
+    /// Instead of the figures above: create and exec through a cluster's
+    /// control plane to a node (a throwaway PostgreSQL from Debian's
+    /// `postgresql`) next to a single-host server (see `cluster_bench.rs`).
+    #[arg(long)]
+    cluster: bool,
     /// With --density: seconds of idleness before the server pauses a sandbox.
     #[arg(long, default_value_t = 2)]
     pub(crate) idle_pause_s: u64,
@@ -383,6 +388,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let scratch = shared.scratch(&format!("density-{}", std::process::id()), &[&args.template])?;
         let result = crate::density::run(&args, &scratch, n);
         space_host::btrfs::remove_tree(scratch.root())?;
+        return result;
+    }
+    if args.cluster {
+        let node = shared.scratch(&format!("bench-node-{}", std::process::id()), &[&args.template])?;
+        let single = shared.scratch(&format!("bench-single-{}", std::process::id()), &[&args.template])?;
+        let result = crate::cluster_bench::run(&args, &node, &single);
+        space_host::btrfs::remove_tree(node.root())?;
+        space_host::btrfs::remove_tree(single.root())?;
         return result;
     }
     let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &[&args.template])?;

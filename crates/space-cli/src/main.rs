@@ -5,6 +5,7 @@
 mod attach;
 mod bench;
 mod client;
+mod cluster_bench;
 mod density;
 mod forward;
 mod mcp;

@@ -11,6 +11,7 @@ pub mod download;
 pub mod guest;
 pub mod oci;
 pub mod packages;
+pub mod postgres;
 pub mod template;
 
 use std::process::Command;

@@ -201,87 +201,18 @@ pub fn wait_until(what: &str, patience: std::time::Duration, mut check: impl FnM
     wait_for(what, patience, || check().then_some(()))
 }
 
-/// A throwaway PostgreSQL cluster from Debian's `postgresql` package (the
-/// test command installs it): made with `initdb` in a temp dir, listening
-/// on a free loopback port, trusting its one user, stopped and removed
-/// when dropped.
+/// A throwaway PostgreSQL cluster (see `space_host::postgres`); the test
+/// command installs Debian's `postgresql`, so a missing one is a failure.
 pub struct PgCluster {
-    dir: PathBuf,
-    bin: PathBuf,
+    _cluster: space_host::postgres::Throwaway,
     /// `postgres://space@127.0.0.1:PORT/postgres`
     pub url: String,
 }
 
 impl PgCluster {
     pub fn start() -> PgCluster {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("bin"))
-            .filter(|b| b.join("initdb").exists())
-            .max()
-            .expect("PostgreSQL is missing: scripts/test.sh installs Debian's postgresql package");
-        let mut suffix = [0u8; 6];
-        getrandom::getrandom(&mut suffix).unwrap();
-        let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("space-pg-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        // initdb refuses to run as root: the package's own user runs it.
-        let as_root = nix::unistd::Uid::effective().is_root();
-        if as_root {
-            let user = nix::unistd::User::from_name("postgres").unwrap().expect("the postgres user (from the package)");
-            nix::unistd::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
-        }
-        let run = |program: &str, args: &[&str]| {
-            let mut command = match as_root {
-                true => {
-                    let mut c = std::process::Command::new("runuser");
-                    c.args(["-u", "postgres", "--"]).arg(bin.join(program));
-                    c
-                }
-                false => std::process::Command::new(bin.join(program)),
-            };
-            // Through the reaper: a test process may reap every child itself.
-            let output = space_process::Reaper::global()
-                .output(command.args(args))
-                .unwrap_or_else(|e| panic!("running {program}: {e}"));
-            assert!(
-                output.status.success(),
-                "{program} {args:?}: {}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
-        let data = dir.join("data");
-        let data = data.to_str().unwrap();
-        run("initdb", &["-D", data, "--auth=trust", "-U", "space", "-E", "UTF8", "--no-sync"]);
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let options =
-            format!("-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=off -c max_connections=200", dir.display());
-        let log = dir.join("log");
-        run("pg_ctl", &["-D", data, "-o", &options, "-l", log.to_str().unwrap(), "-w", "-t", "60", "start"]);
-        PgCluster { dir, bin, url: format!("postgres://space@127.0.0.1:{port}/postgres") }
-    }
-}
-
-impl Drop for PgCluster {
-    fn drop(&mut self) {
-        let data = self.dir.join("data");
-        let mut command = match nix::unistd::Uid::effective().is_root() {
-            true => {
-                let mut c = std::process::Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(self.bin.join("pg_ctl"));
-                c
-            }
-            false => std::process::Command::new(self.bin.join("pg_ctl")),
-        };
-        let _ = space_process::Reaper::global().output(command.arg("-D").arg(&data).args([
-            "-m",
-            "immediate",
-            "-w",
-            "stop",
-        ]));
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let cluster =
+            space_host::postgres::Throwaway::start().unwrap_or_else(|e| panic!("a throwaway PostgreSQL: {e}"));
+        PgCluster { url: cluster.url.clone(), _cluster: cluster }
     }
 }
