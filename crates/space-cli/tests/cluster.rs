@@ -193,6 +193,37 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     assert_eq!(other.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"}))).0, 404);
     assert_eq!(Api { url: first.clone(), key: "wrong".into() }.call("GET", "/v1/sandboxes", None).0, 401);
 
+    // A replica killed mid-create: the client sends it again, with its
+    // Idempotency-Key, through the other replica; one sandbox comes of it.
+    let before = b.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().len();
+    let auth = format!("Bearer {key}");
+    let send = move |url: &str| {
+        ureq::post(&format!("{url}/v1/sandboxes"))
+            .timeout(Duration::from_secs(60))
+            .set("Authorization", &auth)
+            .set("Idempotency-Key", "mid-create-1")
+            .send_json(json!({"template": "base", "memory_mib": 256}))
+            .ok()
+            .and_then(|r| r.into_json::<Value>().ok())
+    };
+    let doomed = first.clone();
+    let first_send = send.clone();
+    let attempt = std::thread::spawn(move || first_send(&doomed).is_some());
+    let mut replicas = replicas;
+    let (victim, _) = replicas.remove(0);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = victim.wait_timeout(Duration::from_secs(10));
+    let _ = attempt.join();
+    let retried = send(&second).expect("the retry through the other replica");
+    let op = b.wait_operation(retried["operation"]["id"].as_str().unwrap());
+    assert_eq!(op["state"], "succeeded", "{op}");
+    let again = send(&second).unwrap();
+    assert_eq!(again["operation"]["id"], retried["operation"]["id"], "the key replays");
+    let after = b.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().len();
+    assert_eq!(after, before + 1, "exactly one sandbox for one key");
+    let extra = retried["sandbox"]["id"].as_str().unwrap().to_string();
+    let a = Api { url: second.clone(), key: key.clone() };
+
     // Node A dies: its sandboxes are failed within the lease; B's answer.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(node_a.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     let _ = node_a.wait_timeout(Duration::from_secs(10));
@@ -222,7 +253,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let ran = b.ok("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "echo back again"})));
     assert_eq!(ran["stdout"], "back again\n");
 
-    for (id, _) in &sandboxes {
+    for id in sandboxes.iter().map(|(id, _)| id).chain([&extra]) {
         let accepted = a.ok("DELETE", &format!("/v1/sandboxes/{id}"), None);
         assert_eq!(b.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     }

@@ -358,13 +358,33 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
             best = Some((free, node.row));
         }
     }
+    // A create repeated with its Idempotency-Key, through any replica, goes
+    // to the node the first one went to, which replays its operation.
+    let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let chosen = match (&key, &best) {
+        (Some(key), Some((_, node))) => Some(cp.store.create_key_node(&caller.tenant, key, &node.id)?),
+        (Some(key), None) => cp.store.create_key_node(&caller.tenant, key, "").ok().filter(|n| !n.is_empty()),
+        _ => None,
+    };
+    if let Some(chosen) = chosen.filter(|c| best.as_ref().is_none_or(|(_, b)| b.id != *c)) {
+        let node = live_node(cp, &chosen)?;
+        return send_create(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await;
+    }
     let Some((free, node)) = best else {
         return Err(ApiError::unavailable(format!("no live node has template {template:?}")));
     };
     if free < memory as i64 {
         return Err(ApiError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
     }
-    let request = Request::from_parts(parts, Body::from(bytes));
+    send_create(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
+}
+
+async fn send_create(
+    cp: &ControlPlane,
+    caller: &Caller,
+    node: NodeRow,
+    request: Request,
+) -> Result<Response, ApiError> {
     let response = forward(&node, caller, &cp.node_token, request).await?;
     if response.status() != StatusCode::ACCEPTED {
         return Ok(response);

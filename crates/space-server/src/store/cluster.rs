@@ -19,6 +19,12 @@ CREATE TABLE IF NOT EXISTS placements (
     sandbox TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS placements_by_tenant ON placements (tenant);
+CREATE TABLE IF NOT EXISTS create_keys (
+    tenant TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, idempotency_key)
+);
 CREATE TABLE IF NOT EXISTS operation_nodes (
     operation_id TEXT PRIMARY KEY,
     node_id TEXT NOT NULL,
@@ -113,6 +119,23 @@ impl Store {
         let rows =
             self.tx(|c| c.query("SELECT node_id, tenant, sandbox FROM placements WHERE node_id = ?1", vals![node_id]))?;
         rows.iter().map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).collect()
+    }
+
+    /// The node a create with this Idempotency-Key goes to: the one
+    /// recorded first, by whichever replica, else `node_id` (now recorded).
+    pub fn create_key_node(&self, tenant: &str, key: &str, node_id: &str) -> Result<String, StoreError> {
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO create_keys (tenant, idempotency_key, node_id) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (tenant, idempotency_key) DO NOTHING",
+                vals![tenant, key, node_id],
+            )?;
+            let row = c.query_one(
+                "SELECT node_id FROM create_keys WHERE tenant = ?1 AND idempotency_key = ?2",
+                vals![tenant, key],
+            )?;
+            row.map(|r| r.text(0)).transpose()?.ok_or_else(|| StoreError::Shape("a create key vanished".into()))
+        })
     }
 
     pub fn put_operation_node(&self, operation_id: &str, node_id: &str, tenant: &str) -> Result<(), StoreError> {
