@@ -335,7 +335,8 @@ impl ClientArgs {
 struct NodeArgs {
     #[command(flatten)]
     serve: ServeArgs,
-    /// The control plane's URL (`http://host:port`).
+    /// The control plane's URL (`http://host:port`), or several replicas'
+    /// (comma-separated; one that does not answer is passed over).
     #[arg(long)]
     control_plane: String,
     /// This node's name in the cluster (default: the host name).
@@ -956,6 +957,7 @@ fn control_plane(args: ServeArgs) -> Result<()> {
     let store = space_server::store::Store::connect(url)?;
     let cp = std::sync::Arc::new(space_server::cluster::ControlPlane { store, api_key: key, node_token: token });
     let runtime = tokio::runtime::Runtime::new()?;
+    runtime.spawn(space_server::cluster::replicate_templates(cp.clone()));
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

@@ -236,41 +236,11 @@ fn dev_server_and_cli_run_a_sandbox() {
     stop(server);
 }
 
-/// A one-layer image: busybox as /bin/sh, a file, and a working directory.
-fn busybox_image(dir: &std::path::Path) -> std::path::PathBuf {
-    let layer_path = dir.join("layer.tar");
-    let mut layer = tar::Builder::new(std::fs::File::create(&layer_path).unwrap());
-    let mut add = |path: &str, kind: tar::EntryType, mode: u32, content: &[u8], link: Option<&str>| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(kind);
-        header.set_mode(mode);
-        header.set_size(content.len() as u64);
-        match link {
-            Some(target) => layer.append_link(&mut header, path, target).unwrap(),
-            None => layer.append_data(&mut header, path, content).unwrap(),
-        }
-    };
-    add("bin", tar::EntryType::Directory, 0o755, b"", None);
-    add("bin/busybox", tar::EntryType::Regular, 0o755, &std::fs::read(space_testkit::busybox_static()).unwrap(), None);
-    for tool in ["sh", "cat", "pwd"] {
-        add(&format!("bin/{tool}"), tar::EntryType::Symlink, 0o777, b"", Some("busybox"));
-    }
-    add("srv", tar::EntryType::Directory, 0o755, b"", None);
-    add("srv/hello.txt", tar::EntryType::Regular, 0o644, b"from the image\n", None);
-    layer.into_inner().unwrap();
-    let archive = dir.join("image.tar");
-    let settings =
-        space_host::oci::ImageSettings { env: vec!["PATH=/bin".into()], working_dir: Some("/srv".into()), user: None };
-    space_host::oci::write_archive(&archive, space_host::oci::ArchiveFormat::DockerSave, &[layer_path], &settings)
-        .unwrap();
-    archive
-}
-
 #[test]
 fn an_image_archive_imports_from_the_cli_and_a_bad_one_shows_its_log() {
     let data = TestDataDir::new();
     let (server, url) = serve(&data);
-    let archive = busybox_image(data.root());
+    let archive = common::busybox_image(data.root());
 
     let imported = space(&data, &url, &["template", "import-oci", archive.to_str().unwrap(), "--name", "cliimage"]);
     assert!(imported.status.success(), "{}", String::from_utf8_lossy(&imported.stderr));

@@ -108,9 +108,13 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         })
         .collect();
     let (first, second) = (replicas[0].1.clone(), replicas[1].1.clone());
-    let (node_a_data, node_b_data) = (TestDataDir::new(), TestDataDir::new());
-    let (node_a, _) = node(&node_a_data, "node-a", &first, &token);
-    let (node_b, _) = node(&node_b_data, "node-b", &second, &token);
+    let datas: std::collections::BTreeMap<&str, TestDataDir> =
+        [("node-a", TestDataDir::new()), ("node-b", TestDataDir::new())].into_iter().collect();
+    let mut children: std::collections::BTreeMap<&str, ReapedChild> = std::collections::BTreeMap::new();
+    // Each node knows both replicas, and reports to whichever answers.
+    let both = format!("{first},{second}");
+    children.insert("node-a", node(&datas["node-a"], "node-a", &both, &token).0);
+    children.insert("node-b", node(&datas["node-b"], "node-b", &format!("{second},{first}"), &token).0);
 
     // Both nodes are known to both replicas (one database).
     let health = |url: &str| -> Value { ureq::get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
@@ -123,18 +127,38 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let other_key = tenant_key(&pg, &control, "team-d");
     let (a, b) = (Api { url: first.clone(), key: key.clone() }, Api { url: second.clone(), key: key.clone() });
 
-    // Four sandboxes through the first replica land on both nodes.
+    // A template built (an image imported) through the control plane lands
+    // on one node and is pulled by the other, checked by its SHA-256.
+    let image = common::busybox_image(control.root());
+    let built = ureq::post(&format!("{first}/v1/templates?name=tiny"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .set("Content-Type", "application/x-tar")
+        .send(std::fs::File::open(&image).unwrap())
+        .unwrap();
+    assert_eq!(built.status(), 202);
+    let builder = built.header("x-space-node").expect("the building node").to_string();
+    let built: Value = built.into_json().unwrap();
+    assert_eq!(b.wait_operation(built["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    wait_for("both nodes to have the template", Duration::from_secs(120), || {
+        let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
+        let have = nodes.iter().filter(|n| n["templates"].as_array().is_some_and(|t| t.contains(&json!("tiny"))));
+        (have.count() == 2).then_some(())
+    });
+    let other_node = if builder == "node-a" { "node-b" } else { "node-a" };
+
+    // Four sandboxes through the first replica land on both nodes (big
+    // enough, as limits, that each outweighs what warm members hold).
     let mut sandboxes: Vec<(String, String)> = Vec::new();
     for _ in 0..4 {
         let (status, accepted, node) =
-            a.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
+            a.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 2048})));
         assert_eq!(status, 202, "{accepted}");
         let op = b.wait_operation(accepted["operation"]["id"].as_str().unwrap());
         assert_eq!(op["state"], "succeeded", "{op}");
         sandboxes.push((accepted["sandbox"]["id"].as_str().unwrap().to_string(), node.expect("the node is named")));
     }
     let on = |name: &str| sandboxes.iter().filter(|(_, n)| n == name).map(|(id, _)| id.clone()).collect::<Vec<_>>();
-    assert!(!on("node-a").is_empty() && !on("node-b").is_empty(), "not spread: {sandboxes:?}");
+    assert!(!on("node-a").is_empty() && !on("node-b").is_empty(), "not spread: {sandboxes:?} {}", health(&first));
 
     // Everything works through either replica.
     for (i, (id, _)) in sandboxes.iter().enumerate() {
@@ -224,28 +248,38 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let extra = retried["sandbox"]["id"].as_str().unwrap().to_string();
     let a = Api { url: second.clone(), key: key.clone() };
 
-    // Node A dies: its sandboxes are failed within the lease; B's answer.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(node_a.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let _ = node_a.wait_timeout(Duration::from_secs(10));
-    let lost = on("node-a");
+    // The node that built the template dies: its sandboxes are failed
+    // within the lease; the other's answer.
+    let victim = children.remove(builder.as_str()).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = victim.wait_timeout(Duration::from_secs(10));
+    let lost = on(&builder);
     let deadline = Instant::now() + space_server::cluster::LEASE + Duration::from_secs(20);
     // Until the lease runs out the node is only unreachable (502).
-    wait_for("node A's sandboxes to be failed", deadline - Instant::now(), || {
+    wait_for("the lost node's sandboxes to be failed", deadline - Instant::now(), || {
         let (status, sandbox, _) = b.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
         assert!(status == 200 || status == 502, "{status}: {sandbox}");
         (sandbox["state"] == "failed").then_some(sandbox)
     });
     let failed = b.ok("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
     assert!(failed["failure_reason"].as_str().unwrap_or_default().contains("node lost"), "{failed}");
-    for id in on("node-b") {
+    for id in on(other_node) {
         let ran = a.ok("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "echo still here"})));
         assert_eq!(ran["stdout"], "still here\n");
     }
     assert_eq!(a.call("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "true"}))).0, 409);
+    // The template starts sandboxes on the node that pulled it.
+    let (status, pulled, placed) =
+        a.call("POST", "/v1/sandboxes", Some(json!({"template": "tiny", "memory_mib": 256})));
+    assert_eq!((status, placed.as_deref()), (202, Some(other_node)), "{pulled}");
+    assert_eq!(b.wait_operation(pulled["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    let pulled = pulled["sandbox"]["id"].as_str().unwrap().to_string();
+    let ran = b.ok("POST", &format!("/v1/sandboxes/{pulled}/exec"), Some(json!({"argv": ["cat", "/srv/hello.txt"]})));
+    assert_eq!(ran["stdout"], "from the image\n", "{ran}");
 
-    // Node A comes back with what still runs, and takes it back.
-    let (node_a, _) = node(&node_a_data, "node-a", &second, &token);
-    let back = wait_for("node A's sandbox back", Duration::from_secs(60), || {
+    // The lost node comes back with what still runs, and takes it back.
+    children.insert(builder.as_str(), node(&datas[builder.as_str()], &builder, &both, &token).0);
+    let back = wait_for("the lost node's sandbox back", Duration::from_secs(60), || {
         let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
         (sandbox["state"] == "running").then_some(sandbox)
     });
@@ -253,11 +287,11 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let ran = b.ok("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "echo back again"})));
     assert_eq!(ran["stdout"], "back again\n");
 
-    for id in sandboxes.iter().map(|(id, _)| id).chain([&extra]) {
+    for id in sandboxes.iter().map(|(id, _)| id).chain([&extra, &pulled]) {
         let accepted = a.ok("DELETE", &format!("/v1/sandboxes/{id}"), None);
         assert_eq!(b.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     }
-    for child in [node_a, node_b].into_iter().chain(replicas.into_iter().map(|(c, _)| c)) {
+    for child in children.into_values().chain(replicas.into_iter().map(|(c, _)| c)) {
         common::stop(child);
     }
 }

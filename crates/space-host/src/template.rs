@@ -502,6 +502,67 @@ pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
     Ok(())
 }
 
+/// A template version written out for another host (cluster mode): a tar
+/// of its root, and its `template.json`.
+pub struct Export {
+    pub meta: TemplateMeta,
+    pub tar: PathBuf,
+    /// SHA-256 of the tar, hex: its address, which the puller checks.
+    pub sha256: String,
+}
+
+/// Writes the newest version of template `name` as a tar of its root under
+/// the data dir's `run/exports/` (made once per version, then reused).
+pub fn export(data: &DataDir, name: &str) -> Result<Export, HostError> {
+    use sha2::Digest;
+    let template = data.template(name).ok_or_else(|| HostError::Invalid(format!("no template {name:?}")))?;
+    let dir = data.run_dir().join("exports");
+    fs::create_dir_all(&dir).map_err(HostError::io("creating the exports dir"))?;
+    let stem = format!("{name}-{}", template.meta.version);
+    let tar = dir.join(format!("{stem}.tar"));
+    let sum = dir.join(format!("{stem}.sha256"));
+    if let (true, Ok(sha256)) = (tar.exists(), fs::read_to_string(&sum)) {
+        return Ok(Export { meta: template.meta, tar, sha256 });
+    }
+    let partial = dir.join(format!(".{stem}.partial"));
+    {
+        let file = fs::File::create(&partial).map_err(HostError::io("creating an export"))?;
+        let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
+        builder.follow_symlinks(false);
+        builder.append_dir_all(".", template.rootfs()).map_err(HostError::io("writing an export"))?;
+        builder
+            .into_inner()
+            .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+            .map_err(HostError::io("writing an export"))?;
+    }
+    let mut hasher = sha2::Sha256::new();
+    let mut file = fs::File::open(&partial).map_err(HostError::io("reading an export"))?;
+    std::io::copy(&mut file, &mut hasher).map_err(HostError::io("hashing an export"))?;
+    let sha256: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    fs::rename(&partial, &tar).map_err(HostError::io("publishing an export"))?;
+    fs::write(&sum, &sha256).map_err(HostError::io("writing an export's sum"))?;
+    Ok(Export { meta: template.meta, tar, sha256 })
+}
+
+/// Makes the next version of `meta.name` here from another host's export
+/// (already checked against its SHA-256 by the caller): its root from the
+/// tar, its settings, owner and engine from `meta`.
+pub fn import_export(data: &DataDir, meta: &TemplateMeta, tar: &Path) -> Result<TemplateInfo, HostError> {
+    let mut progress = |_: BuildProgress| {};
+    publish(data, &meta.name, (meta.owner.clone(), meta.engine.clone()), None, &mut progress, |partial, _| {
+        let rootfs = partial.join("rootfs");
+        let file = fs::File::open(tar).map_err(HostError::io("opening a pulled template"))?;
+        crate::oci::apply_tar(
+            &rootfs,
+            std::io::BufReader::with_capacity(1 << 20, file),
+            &mut std::io::sink(),
+            &mut || {},
+        )?;
+        btrfs::set_read_only(&rootfs)?;
+        Ok((meta.source.clone(), meta.defaults.clone()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

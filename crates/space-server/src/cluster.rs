@@ -68,12 +68,23 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
 }
 
 /// Reports to the control plane every [`HEARTBEAT`], for as long as the
-/// node runs; a control plane that does not answer is tried again.
+/// node runs. `control_plane` may name several replicas (comma-separated):
+/// one that does not answer is passed over for the next.
 pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: String, id: String, url: String) {
+    let replicas: Vec<String> =
+        control_plane.split(',').map(str::trim).filter(|r| !r.is_empty()).map(str::to_string).collect();
+    let mut current = 0;
     loop {
         let report = report(&platform, &id, &url);
-        if let Err(err) = send_report(&control_plane, &token, &report).await {
-            tracing::warn!("reporting to the control plane at {control_plane}: {err}");
+        for attempt in 0..replicas.len() {
+            let replica = &replicas[(current + attempt) % replicas.len()];
+            match send_report(replica, &token, &report).await {
+                Ok(()) => {
+                    current = (current + attempt) % replicas.len();
+                    break;
+                }
+                Err(err) => tracing::warn!("reporting to the control plane at {replica}: {err}"),
+            }
         }
         tokio::time::sleep(HEARTBEAT).await;
     }
@@ -228,6 +239,7 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
             forward(&node, &caller, &cp.node_token, request).await
         }
         (&Method::GET, ["v1", "templates"]) => templates(&cp, &caller, request).await,
+        (&Method::POST, ["v1", "templates"]) => build(&cp, &caller, request).await,
         _ => Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "not_in_cluster_mode",
@@ -470,6 +482,25 @@ async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Re
     Ok(axum::Json(serde_json::json!({"sandboxes": sandboxes})).into_response())
 }
 
+/// A template build (or image import) goes to the live node with the most
+/// memory left; the others pull it once it is there.
+async fn build(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    let node = nodes(cp)?
+        .into_iter()
+        .filter(|n| n.alive)
+        .max_by_key(|n| n.report.capacity_mib as i64 - n.report.promised_mib as i64)
+        .ok_or_else(|| ApiError::unavailable("no live node to build on"))?;
+    let response = forward(&node.row, caller, &cp.node_token, request).await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Ok(response);
+    }
+    let (response, answer) = read_answer(response).await?;
+    if let Some(answer) = answer {
+        record(cp, &node.row.id, caller, &answer)?;
+    }
+    Ok(response)
+}
+
 /// Every template any live node has (the first node's copy of each name).
 async fn templates(cp: &ControlPlane, caller: &Caller, _request: Request) -> Result<Response, ApiError> {
     let mut seen = std::collections::BTreeMap::new();
@@ -480,4 +511,180 @@ async fn templates(cp: &ControlPlane, caller: &Caller, _request: Request) -> Res
         }
     }
     Ok(axum::Json(serde_json::json!({"templates": seen.into_values().collect::<Vec<_>>()})).into_response())
+}
+
+// ---- templates between nodes -------------------------------------------------
+
+/// Only the control plane (or another node of the cluster) with the node
+/// token reaches a node's internal routes; a single host has none.
+fn node_only(state: &crate::AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    let missing = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route");
+    let token = state.node_token.as_deref().ok_or_else(missing)?;
+    let presented = bearer(headers).unwrap_or_default();
+    if !space_proto::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "internal routes need the node token"));
+    }
+    Ok(token.to_string())
+}
+
+/// `GET /internal/v1/templates/{name}` on a node: the newest version of a
+/// template as a tar of its root, with its SHA-256 and `template.json`.
+pub(crate) async fn export_template(
+    State(state): State<crate::AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    use base64::Engine as _;
+    node_only(&state, &headers)?;
+    let platform = state.platform.clone();
+    let export = tokio::task::spawn_blocking(move || space_host::template::export(&platform.data, &name))
+        .await
+        .map_err(|e| ApiError::internal("exporting a template", e))?
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "template_not_found", e.to_string()))?;
+    let meta = serde_json::to_vec(&export.meta).map_err(|e| ApiError::internal("a template", e))?;
+    let file = tokio::fs::File::open(&export.tar).await.map_err(|e| ApiError::internal("opening an export", e))?;
+    let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 1 << 20];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(buf)), file))
+            }
+            Err(err) => Some((Err(err), file)),
+        }
+    });
+    let mut response = Response::new(Body::from_stream(chunks));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-tar"));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    let sum = HeaderValue::from_str(&export.sha256).map_err(|e| ApiError::internal("an export's sum", e))?;
+    headers.insert("x-space-sha256", sum);
+    let meta = base64::engine::general_purpose::STANDARD.encode(meta);
+    headers.insert("x-space-template", HeaderValue::from_str(&meta).map_err(|e| ApiError::internal("a template", e))?);
+    Ok(response)
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PullRequest {
+    /// The node that has it (`http://host:port`).
+    pub from: String,
+    pub name: String,
+}
+
+/// `POST /internal/v1/templates/pull` on a node: fetch a template from
+/// another node, check it against its SHA-256 and make it a template here
+/// (in the background; the node's next reports name it once it is there).
+pub(crate) async fn pull_template(
+    State(state): State<crate::AppState>,
+    headers: HeaderMap,
+    axum::Json(request): axum::Json<PullRequest>,
+) -> Result<StatusCode, ApiError> {
+    let token = node_only(&state, &headers)?;
+    if state.platform.data.template(&request.name).is_some() {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let platform = state.platform.clone();
+    tokio::spawn(async move {
+        let name = request.name.clone();
+        match pull(platform, &token, request).await {
+            Ok(()) => tracing::info!(template = %name, "pulled a template from another node"),
+            Err(err) => tracing::warn!(template = %name, "pulling a template: {err}"),
+        }
+    });
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn pull(platform: Arc<Platform>, token: &str, request: PullRequest) -> Result<(), String> {
+    use base64::Engine as _;
+    use futures_util::StreamExt as _;
+    use sha2::Digest as _;
+    use tokio::io::AsyncWriteExt as _;
+    let authority = authority(&request.from)?;
+    let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| e.to_string())?;
+    let outgoing = hyper::Request::get(format!("/internal/v1/templates/{}", request.name))
+        .header(header::HOST, &authority)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Body::empty())
+        .map_err(|e| e.to_string())?;
+    let response = crate::api::ports::relay(TokioIo::new(tcp), outgoing, None).await?;
+    if response.status() != StatusCode::OK {
+        return Err(format!("the other node answered {}", response.status()));
+    }
+    let (expected, meta) = {
+        let text = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        (text("x-space-sha256").ok_or("no x-space-sha256")?, text("x-space-template").ok_or("no x-space-template")?)
+    };
+    let meta = base64::engine::general_purpose::STANDARD.decode(meta).map_err(|e| e.to_string())?;
+    let meta: space_host::template::TemplateMeta = serde_json::from_slice(&meta).map_err(|e| e.to_string())?;
+    if meta.name != request.name {
+        return Err(format!("asked for {}, got {}", request.name, meta.name));
+    }
+    let dir = platform.data.run_dir().join("pulls");
+    tokio::fs::create_dir_all(&dir).await.map_err(|e| e.to_string())?;
+    let path = dir.join(format!("{}-{}.tar", request.name, std::process::id()));
+    let mut file = tokio::fs::File::create(&path).await.map_err(|e| e.to_string())?;
+    let mut hasher = sha2::Sha256::new();
+    let mut body = response.into_body().into_data_stream();
+    while let Some(bytes) = body.next().await {
+        let bytes = bytes.map_err(|e| e.to_string())?;
+        hasher.update(&bytes);
+        file.write_all(&bytes).await.map_err(|e| e.to_string())?;
+    }
+    file.flush().await.map_err(|e| e.to_string())?;
+    drop(file);
+    let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let result = match got == expected {
+        true => {
+            let (platform, tar) = (platform.clone(), path.clone());
+            tokio::task::spawn_blocking(move || space_host::template::import_export(&platform.data, &meta, &tar))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map(drop).map_err(|e| e.to_string()))
+        }
+        false => Err(format!("the content's SHA-256 is {got}, not the {expected} it was sent as")),
+    };
+    let _ = tokio::fs::remove_file(&path).await;
+    result
+}
+
+/// What each replica does every few seconds: a live node that lacks a
+/// template another live node has is told to pull it (claimed in the
+/// database, so one replica asks, and asks again only if it never came).
+pub async fn replicate_templates(cp: Arc<ControlPlane>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if let Err(err) = replicate_once(&cp).await {
+            tracing::warn!("spreading templates: {}", err.message);
+        }
+    }
+}
+
+/// How long a node is given to pull a template before another try.
+const PULL_PATIENCE: Duration = Duration::from_secs(600);
+
+async fn replicate_once(cp: &ControlPlane) -> Result<(), ApiError> {
+    let live: Vec<Node> = nodes(cp)?.into_iter().filter(|n| n.alive).collect();
+    for node in &live {
+        for source in &live {
+            for name in source.report.templates.iter().filter(|t| !node.report.templates.contains(t)) {
+                if !cp.store.claim_template_pull(&node.row.id, name, now_ms(), PULL_PATIENCE.as_millis() as i64)? {
+                    continue;
+                }
+                let body = serde_json::to_vec(&PullRequest { from: source.row.url.clone(), name: name.clone() })
+                    .map_err(|e| ApiError::internal("a pull", e))?;
+                let request = Request::post("/internal/v1/templates/pull")
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body))
+                    .map_err(|e| ApiError::internal("a pull", e))?;
+                let answer = forward(&node.row, &Caller::operator(), &cp.node_token, request).await?;
+                if !answer.status().is_success() {
+                    tracing::warn!(node = %node.row.id, template = %name, "asking for a pull: {}", answer.status());
+                }
+            }
+        }
+    }
+    Ok(())
 }

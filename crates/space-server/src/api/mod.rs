@@ -110,6 +110,8 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health::health))
         .route("/metrics", get(metrics))
+        .route("/internal/v1/templates/{name}", get(crate::cluster::export_template))
+        .route("/internal/v1/templates/pull", axum::routing::post(crate::cluster::pull_template))
         .merge(protected)
         .merge(crate::e2b::router())
         .merge(crate::console::router())

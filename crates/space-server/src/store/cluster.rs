@@ -25,6 +25,12 @@ CREATE TABLE IF NOT EXISTS create_keys (
     node_id TEXT NOT NULL,
     PRIMARY KEY (tenant, idempotency_key)
 );
+CREATE TABLE IF NOT EXISTS template_pulls (
+    node_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    until_ms BIGINT NOT NULL,
+    PRIMARY KEY (node_id, name)
+);
 CREATE TABLE IF NOT EXISTS operation_nodes (
     operation_id TEXT PRIMARY KEY,
     node_id TEXT NOT NULL,
@@ -136,6 +142,20 @@ impl Store {
             )?;
             row.map(|r| r.text(0)).transpose()?.ok_or_else(|| StoreError::Shape("a create key vanished".into()))
         })
+    }
+
+    /// Claims asking `node_id` to pull template `name` until `now_ms + for_ms`;
+    /// false if another replica's claim still holds.
+    pub fn claim_template_pull(&self, node_id: &str, name: &str, now_ms: i64, for_ms: i64) -> Result<bool, StoreError> {
+        let claimed = self.tx(|c| {
+            c.query(
+                "INSERT INTO template_pulls (node_id, name, until_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (node_id, name) DO UPDATE SET until_ms = excluded.until_ms
+                 WHERE template_pulls.until_ms < ?4 RETURNING node_id",
+                vals![node_id, name, now_ms + for_ms, now_ms],
+            )
+        })?;
+        Ok(!claimed.is_empty())
     }
 
     pub fn put_operation_node(&self, operation_id: &str, node_id: &str, tenant: &str) -> Result<(), StoreError> {
