@@ -43,10 +43,11 @@ ensure_build_deps() {
 }
 
 # The console's tests drive Debian's Chromium over WebDriver (chromedriver);
-# the PostgreSQL store's tests run throwaway clusters of Debian's postgresql.
+# the PostgreSQL store's tests run throwaway clusters of Debian's postgresql;
+# the cluster test puts each node in a network namespace of its own (ip).
 ensure_test_packages() {
     local missing=()
-    for pkg in chromium chromium-driver postgresql; do
+    for pkg in chromium chromium-driver postgresql iproute2; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

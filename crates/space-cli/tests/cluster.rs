@@ -1,6 +1,9 @@
-//! Cluster mode (decision 009) with real processes: a throwaway PostgreSQL,
-//! two control-plane replicas (`space serve --cluster`) and two nodes
-//! (`space node`), each with its own btrfs data dir, all on loopback.
+//! Cluster mode (decision 009) with real processes: a throwaway PostgreSQL
+//! and two control-plane replicas (`space serve --cluster`) in one network
+//! namespace, and three nodes (`space node`), each in a network namespace
+//! of its own with its own btrfs data dir; every namespace and link is
+//! made by the test. A template built through the control plane reaches
+//! every node.
 //! Sandboxes spread over the nodes; exec, files, output streams, attach and
 //! lifecycle work through either replica; tenants stay apart; a node killed
 //! with SIGKILL leaves its sandboxes failed ("node lost") within the lease
@@ -11,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use space_process::{ReapedChild, Reaper};
-use space_testkit::{wait_for, PgCluster, TestDataDir};
+use space_testkit::{wait_for, NetNs, PgCluster, TestDataDir};
 
 mod common;
 use common::SPACE;
@@ -65,15 +68,28 @@ fn write_secret(data: &TestDataDir, name: &str) -> std::path::PathBuf {
     path
 }
 
-fn node(data: &TestDataDir, id: &str, control_plane: &str, token: &std::path::Path) -> (ReapedChild, String) {
-    let args = ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control_plane];
+/// Node `k` (1, 2, 3): in its own namespace at 10.231.k.2, reporting to
+/// both replicas (whichever answers) through its link to the lan.
+fn node(net: &NetNs, k: u8, data: &TestDataDir, id: &str, ports: &[u16], token: &std::path::Path) -> ReapedChild {
+    let listen = format!("10.231.{k}.2:0");
+    let replicas: Vec<String> = ports.iter().map(|p| format!("http://10.231.{k}.1:{p}")).collect();
+    let replicas = replicas.join(",");
+    let args = ["--listen", &listen, "--insecure-http", "--node-id", id, "--control-plane", &replicas];
     let mut all: Vec<&str> = args.to_vec();
     let token = token.to_str().unwrap();
     all.extend(["--node-token-file", token]);
-    let (child, url, _, lines) = common::spawn_in(data, "node", &all);
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, url)
+    let (child, _, _, lines) = common::spawn_command(net.command(SPACE), data, "node", &all);
+    // What goes wrong on a node shows in the test's output.
+    let name = id.to_string();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+            eprintln!("[{name}] {line}");
+        }
+    });
+    child
 }
+
+const NODES: [(&str, u8); 3] = [("node-a", 1), ("node-b", 2), ("node-c", 3)];
 
 fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
     let mut keys = Command::new(SPACE);
@@ -85,7 +101,23 @@ fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
 
 #[test]
 fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() {
-    let pg = PgCluster::start();
+    // The network, all of it made here: the test's namespace is linked to
+    // a "lan" namespace (PostgreSQL and both control-plane replicas), and
+    // each node has a namespace of its own, linked to the lan.
+    let lan = NetNs::new("lan");
+    NetNs::link(None, "10.231.0.1/24", &lan, "10.231.0.2/24");
+    lan.forward();
+    let nets: std::collections::BTreeMap<&str, NetNs> = NODES
+        .iter()
+        .map(|(name, k)| {
+            let net = NetNs::new(&format!("n{k}"));
+            NetNs::link(Some(&lan), &format!("10.231.{k}.1/24"), &net, &format!("10.231.{k}.2/24"));
+            // Nodes reach each other (templates travel between them) through the lan.
+            net.route_via(&format!("10.231.{k}.1"));
+            (*name, net)
+        })
+        .collect();
+    let pg = PgCluster::start_in(&lan, "10.231.0.2", "10.231.0.0/16");
     let control = TestDataDir::new();
     let token = write_secret(&control, "node-token");
     let operator_key = write_secret(&control, "api-key");
@@ -98,29 +130,30 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         "--api-key-file",
         operator_key.to_str().unwrap(),
         "--listen",
-        "127.0.0.1:0",
+        "0.0.0.0:0",
+        "--insecure-http",
     ];
-    let replicas: Vec<(ReapedChild, String)> = (0..2)
+    let replicas: Vec<(ReapedChild, u16)> = (0..2)
         .map(|_| {
-            let (child, url, _, lines) = common::spawn_in(&control, "serve", &cp_args);
+            let (child, url, _, lines) = common::spawn_command(lan.command(SPACE), &control, "serve", &cp_args);
             std::thread::spawn(move || lines.for_each(drop));
-            (child, url)
+            (child, url.rsplit(':').next().unwrap().parse().unwrap())
         })
         .collect();
-    let (first, second) = (replicas[0].1.clone(), replicas[1].1.clone());
+    let ports: Vec<u16> = replicas.iter().map(|(_, port)| *port).collect();
+    let (first, second) = (format!("http://10.231.0.2:{}", ports[0]), format!("http://10.231.0.2:{}", ports[1]));
     let datas: std::collections::BTreeMap<&str, TestDataDir> =
-        [("node-a", TestDataDir::new()), ("node-b", TestDataDir::new())].into_iter().collect();
+        NODES.iter().map(|(name, _)| (*name, TestDataDir::new())).collect();
     let mut children: std::collections::BTreeMap<&str, ReapedChild> = std::collections::BTreeMap::new();
-    // Each node knows both replicas, and reports to whichever answers.
-    let both = format!("{first},{second}");
-    children.insert("node-a", node(&datas["node-a"], "node-a", &both, &token).0);
-    children.insert("node-b", node(&datas["node-b"], "node-b", &format!("{second},{first}"), &token).0);
+    for (name, k) in NODES {
+        children.insert(name, node(&nets[name], k, &datas[name], name, &ports, &token));
+    }
 
-    // Both nodes are known to both replicas (one database).
+    // Every node is known to both replicas (one database).
     let health = |url: &str| -> Value { ureq::get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
-    wait_for("two live nodes", Duration::from_secs(60), || {
+    wait_for("three live nodes", Duration::from_secs(60), || {
         let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
-        (nodes.iter().filter(|n| n["alive"] == true).count() == 2).then_some(())
+        (nodes.iter().filter(|n| n["alive"] == true).count() == 3).then_some(())
     });
 
     let key = tenant_key(&pg, &control, "team-c");
@@ -139,14 +172,14 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let builder = built.header("x-space-node").expect("the building node").to_string();
     let built: Value = built.into_json().unwrap();
     assert_eq!(b.wait_operation(built["operation"]["id"].as_str().unwrap())["state"], "succeeded");
-    wait_for("both nodes to have the template", Duration::from_secs(120), || {
+    wait_for("every node to have the template", Duration::from_secs(120), || {
         let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
         let have = nodes.iter().filter(|n| n["templates"].as_array().is_some_and(|t| t.contains(&json!("tiny"))));
-        (have.count() == 2).then_some(())
+        (have.count() == 3).then_some(())
     });
-    let other_node = if builder == "node-a" { "node-b" } else { "node-a" };
+    let others: Vec<&str> = NODES.iter().map(|(n, _)| *n).filter(|n| *n != builder).collect();
 
-    // Four sandboxes through the first replica land on both nodes (big
+    // Four sandboxes through the first replica land on every node (big
     // enough, as limits, that each outweighs what warm members hold).
     let mut sandboxes: Vec<(String, String)> = Vec::new();
     for _ in 0..4 {
@@ -158,7 +191,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         sandboxes.push((accepted["sandbox"]["id"].as_str().unwrap().to_string(), node.expect("the node is named")));
     }
     let on = |name: &str| sandboxes.iter().filter(|(_, n)| n == name).map(|(id, _)| id.clone()).collect::<Vec<_>>();
-    assert!(!on("node-a").is_empty() && !on("node-b").is_empty(), "not spread: {sandboxes:?} {}", health(&first));
+    assert!(NODES.iter().all(|(n, _)| !on(n).is_empty()), "not spread: {sandboxes:?} {}", health(&first));
 
     // Everything works through either replica.
     for (i, (id, _)) in sandboxes.iter().enumerate() {
@@ -263,7 +296,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     });
     let failed = b.ok("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
     assert!(failed["failure_reason"].as_str().unwrap_or_default().contains("node lost"), "{failed}");
-    for id in on(other_node) {
+    for id in others.iter().flat_map(|n| on(n)) {
         let ran = a.ok("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "echo still here"})));
         assert_eq!(ran["stdout"], "still here\n");
     }
@@ -271,14 +304,17 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // The template starts sandboxes on the node that pulled it.
     let (status, pulled, placed) =
         a.call("POST", "/v1/sandboxes", Some(json!({"template": "tiny", "memory_mib": 256})));
-    assert_eq!((status, placed.as_deref()), (202, Some(other_node)), "{pulled}");
+    assert_eq!(status, 202, "{pulled}");
+    assert!(placed.as_deref().is_some_and(|p| others.contains(&p)), "placed on {placed:?}");
     assert_eq!(b.wait_operation(pulled["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     let pulled = pulled["sandbox"]["id"].as_str().unwrap().to_string();
     let ran = b.ok("POST", &format!("/v1/sandboxes/{pulled}/exec"), Some(json!({"argv": ["cat", "/srv/hello.txt"]})));
     assert_eq!(ran["stdout"], "from the image\n", "{ran}");
 
     // The lost node comes back with what still runs, and takes it back.
-    children.insert(builder.as_str(), node(&datas[builder.as_str()], &builder, &both, &token).0);
+    let k = NODES.iter().find(|(n, _)| *n == builder).unwrap().1;
+    children
+        .insert(builder.as_str(), node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &ports, &token));
     let back = wait_for("the lost node's sandbox back", Duration::from_secs(60), || {
         let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
         (sandbox["state"] == "running").then_some(sandbox)

@@ -519,6 +519,10 @@ pub fn export(data: &DataDir, name: &str) -> Result<Export, HostError> {
     let dir = data.run_dir().join("exports");
     fs::create_dir_all(&dir).map_err(HostError::io("creating the exports dir"))?;
     let stem = format!("{name}-{}", template.meta.version);
+    // One export at a time: several nodes pulling at once wait for the
+    // first, then share its file.
+    static EXPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = EXPORTING.lock().unwrap_or_else(|e| e.into_inner());
     let tar = dir.join(format!("{stem}.tar"));
     let sum = dir.join(format!("{stem}.sha256"));
     if let (true, Ok(sha256)) = (tar.exists(), fs::read_to_string(&sum)) {
@@ -539,8 +543,8 @@ pub fn export(data: &DataDir, name: &str) -> Result<Export, HostError> {
     let mut file = fs::File::open(&partial).map_err(HostError::io("reading an export"))?;
     std::io::copy(&mut file, &mut hasher).map_err(HostError::io("hashing an export"))?;
     let sha256: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    fs::rename(&partial, &tar).map_err(HostError::io("publishing an export"))?;
     fs::write(&sum, &sha256).map_err(HostError::io("writing an export's sum"))?;
+    fs::rename(&partial, &tar).map_err(HostError::io("publishing an export"))?;
     Ok(Export { meta: template.meta, tar, sha256 })
 }
 

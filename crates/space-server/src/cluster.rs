@@ -611,7 +611,9 @@ async fn pull(platform: Arc<Platform>, token: &str, request: PullRequest) -> Res
         .map_err(|e| e.to_string())?;
     let response = crate::api::ports::relay(TokioIo::new(tcp), outgoing, None).await?;
     if response.status() != StatusCode::OK {
-        return Err(format!("the other node answered {}", response.status()));
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 64 << 10).await.unwrap_or_default();
+        return Err(format!("the other node answered {status}: {}", String::from_utf8_lossy(&body)));
     }
     let (expected, meta) = {
         let text = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);

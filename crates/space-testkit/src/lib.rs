@@ -216,3 +216,82 @@ impl PgCluster {
         PgCluster { url: cluster.url.clone(), _cluster: cluster }
     }
 }
+
+impl PgCluster {
+    /// In `netns`, on `address`, also taking clients from `clients` (CIDR).
+    pub fn start_in(netns: &NetNs, address: &str, clients: &str) -> PgCluster {
+        let cluster = space_host::postgres::Throwaway::start_in(Some(&netns.name), address, Some(clients))
+            .unwrap_or_else(|e| panic!("a throwaway PostgreSQL: {e}"));
+        PgCluster { url: cluster.url.clone(), _cluster: cluster }
+    }
+}
+
+/// A network namespace a test makes (`ip netns add`), with its loopback up;
+/// deleted (with its links) when dropped. Its processes are started through
+/// `nsenter --net=…` ([`NetNs::command`]).
+pub struct NetNs {
+    pub name: String,
+}
+
+fn ip(args: &[&str]) {
+    space_host::run(std::process::Command::new("ip").args(args)).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+}
+
+impl NetNs {
+    pub fn new(role: &str) -> NetNs {
+        let mut suffix = [0u8; 3];
+        getrandom::getrandom(&mut suffix).unwrap();
+        let name = format!("sp-{role}-{}", suffix.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        NetNs { name }
+    }
+
+    /// Joins `here` (or the test's own namespace, `None`) to `other` with a
+    /// veth pair: `address` on this side, `other_address` there (CIDR each).
+    pub fn link(here: Option<&NetNs>, address: &str, other: &NetNs, other_address: &str) {
+        let mut tag = [0u8; 3];
+        getrandom::getrandom(&mut tag).unwrap();
+        let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+        let (a, b) = (format!("va{tag}"), format!("vb{tag}"));
+        ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+        ip(&["link", "set", &b, "netns", &other.name]);
+        ip(&["-n", &other.name, "addr", "add", other_address, "dev", &b]);
+        ip(&["-n", &other.name, "link", "set", &b, "up"]);
+        match here {
+            Some(here) => {
+                ip(&["link", "set", &a, "netns", &here.name]);
+                ip(&["-n", &here.name, "addr", "add", address, "dev", &a]);
+                ip(&["-n", &here.name, "link", "set", &a, "up"]);
+            }
+            None => {
+                ip(&["addr", "add", address, "dev", &a]);
+                ip(&["link", "set", &a, "up"]);
+            }
+        }
+    }
+
+    /// Sends what has no nearer route through `gateway`.
+    pub fn route_via(&self, gateway: &str) {
+        ip(&["-n", &self.name, "route", "add", "default", "via", gateway]);
+    }
+
+    /// Forwards packets between its links (a router between namespaces).
+    pub fn forward(&self) {
+        let mut command = self.command("sysctl");
+        space_host::run(command.args(["-q", "-w", "net.ipv4.ip_forward=1"])).expect("turning forwarding on");
+    }
+
+    /// `program` run in this namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        let mut command = std::process::Command::new("nsenter");
+        command.arg(format!("--net=/run/netns/{}", self.name)).arg(program);
+        command
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = space_host::run(std::process::Command::new("ip").args(["netns", "del", &self.name]));
+    }
+}

@@ -24,7 +24,16 @@ pub fn spawn_in(
     subcommand: &str,
     args: &[&str],
 ) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
-    let mut command = Command::new(SPACE);
+    spawn_command(Command::new(SPACE), data, subcommand, args)
+}
+
+/// [`spawn_in`] through `command` (`SPACE` itself, or `nsenter … SPACE`).
+pub fn spawn_command(
+    mut command: Command,
+    data: &TestDataDir,
+    subcommand: &str,
+    args: &[&str],
+) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
     command
         .arg(subcommand)
         .args(args)
