@@ -25,17 +25,24 @@ need_root() {
         bash "$0" "$@"
 }
 
-# Build tools from Debian, installed only when missing.
-ensure_build_deps() {
-    local missing=()
-    for pkg in gcc libc6-dev curl openssl e2fsprogs python3 python3-venv git; do
+# Installs the Debian packages named after WHAT that are missing, saying
+# "installing WHAT: ...".
+install_missing() {
+    local what="$1" missing=()
+    shift
+    for pkg in "$@"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
-        say "installing build tools: ${missing[*]}"
+        say "installing $what: ${missing[*]}"
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
     fi
+}
+
+# Build tools from Debian, installed only when missing.
+ensure_build_deps() {
+    install_missing "build tools" gcc libc6-dev curl openssl e2fsprogs python3 python3-venv git
     if ! command -v cargo >/dev/null; then
         echo "cargo is missing: install a Rust toolchain (1.85 or newer) first" >&2
         exit 1
@@ -46,15 +53,7 @@ ensure_build_deps() {
 # the PostgreSQL store's tests run throwaway clusters of Debian's postgresql;
 # the cluster test puts each node in a network namespace of its own (ip).
 ensure_test_packages() {
-    local missing=()
-    for pkg in chromium chromium-driver postgresql iproute2; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        say "installing what the tests use: ${missing[*]}"
-        apt-get update -q
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-    fi
+    install_missing "what the tests use" chromium chromium-driver postgresql iproute2
 }
 
 # The guest agent is linked statically so it runs in any root filesystem.

@@ -260,6 +260,30 @@ fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
 }
 
 /// Calls a lifecycle action and waits for its operation; returns how long.
+/// Create -> ready through the API (accepted -> operation succeeded),
+/// timed into `samples`; the new sandbox's id.
+pub(crate) fn timed_create(client: &Client, template: &str, samples: &mut Samples) -> Result<String> {
+    let started = Instant::now();
+    let accepted = client.post("/v1/sandboxes", &serde_json::json!({"template": template}))?;
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("create failed: {}", operation["error"]);
+    }
+    samples.0.push(started.elapsed());
+    Ok(accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string())
+}
+
+/// One `exec true` round trip through the API, timed into `samples`.
+pub(crate) fn timed_true(client: &Client, id: &str, samples: &mut Samples) -> Result<()> {
+    let started = Instant::now();
+    let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
+    samples.0.push(started.elapsed());
+    if answer["result"]["exit_code"] != 0 {
+        bail!("`true` failed: {answer}");
+    }
+    Ok(())
+}
+
 /// A client following the event stream, as a console would, for the
 /// rest of the run; how many events it has seen.
 fn follow_events(client: &Client) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
@@ -287,19 +311,10 @@ fn measure_observability(
 ) -> Result<(Samples, Samples)> {
     let (mut on, mut off) = (Samples(vec![]), Samples(vec![]));
     let before = seen.load(std::sync::atomic::Ordering::Relaxed);
-    let exec = |samples: &mut Samples| -> Result<()> {
-        let started = Instant::now();
-        let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
-        samples.0.push(started.elapsed());
-        if answer["result"]["exit_code"] != 0 {
-            bail!("`true` failed: {answer}");
-        }
-        Ok(())
-    };
     for round in 0..rounds * 2 {
         let observing = round % 2 == 0;
         platform.observe(observing);
-        exec(if observing { &mut on } else { &mut off })?;
+        timed_true(client, id, if observing { &mut on } else { &mut off })?;
     }
     platform.observe(true);
     // The last `on` round's events may still be on their way.
@@ -470,21 +485,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     );
     for i in 0..args.runs {
         // Ours: the whole API path, create accepted -> operation succeeded.
-        let started = Instant::now();
-        let accepted = client.post("/v1/sandboxes", &serde_json::json!({"template": args.template}))?;
-        let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
-        if operation["state"] != "succeeded" {
-            bail!("create failed: {}", operation["error"]);
-        }
-        create.0.push(started.elapsed());
-        let id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
+        let id = timed_create(&client, &args.template, &mut create)?;
         for _ in 0..args.execs {
-            let started = Instant::now();
-            let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
-            exec.0.push(started.elapsed());
-            if answer["result"]["exit_code"] != 0 {
-                bail!("`true` failed: {answer}");
-            }
+            timed_true(&client, &id, &mut exec)?;
         }
         measure_e2b(&client, &id, args.execs, &mut e2b_run, &mut bash_exec)?;
         // The floor inside the sandbox: how long the guest kernel itself
@@ -522,14 +525,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         while warm_platform.warm_count() == 0 && Instant::now() < refill_deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let started = Instant::now();
-        let accepted = warm_client.post("/v1/sandboxes", &serde_json::json!({"template": args.template}))?;
-        let operation = warm_client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
-        if operation["state"] != "succeeded" {
-            bail!("warm create failed: {}", operation["error"]);
-        }
-        warm_create.0.push(started.elapsed());
-        let warm_id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
+        let warm_id = timed_create(&warm_client, &args.template, &mut warm_create)?;
         let deleted = warm_client.delete(&format!("/v1/sandboxes/{warm_id}"))?;
         warm_client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
 

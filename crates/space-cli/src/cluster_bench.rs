@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use space_host::datadir::DataDir;
 
-use crate::bench::{start_server, BenchArgs, Samples};
+use crate::bench::{start_server, timed_create, timed_true, BenchArgs, Samples};
 use crate::client::Client;
 
 fn random_hex() -> Result<String> {
@@ -43,21 +43,9 @@ fn start_node(
 
 /// Create → ready, and `execs` exec round trips, through `client`.
 fn one_sandbox(client: &Client, args: &BenchArgs, create: &mut Samples, exec: &mut Samples) -> Result<()> {
-    let started = Instant::now();
-    let accepted = client.post("/v1/sandboxes", &serde_json::json!({"template": args.template}))?;
-    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
-    if operation["state"] != "succeeded" {
-        bail!("create failed: {}", operation["error"]);
-    }
-    create.0.push(started.elapsed());
-    let id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
+    let id = timed_create(client, &args.template, create)?;
     for _ in 0..args.execs {
-        let started = Instant::now();
-        let answer = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
-        exec.0.push(started.elapsed());
-        if answer["result"]["exit_code"] != 0 {
-            bail!("`true` failed: {answer}");
-        }
+        timed_true(client, &id, exec)?;
     }
     let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
     client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;

@@ -380,7 +380,7 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     };
     if let Some(chosen) = chosen.filter(|c| best.as_ref().is_none_or(|(_, b)| b.id != *c)) {
         let node = live_node(cp, &chosen)?;
-        return send_create(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await;
+        return forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await;
     }
     let Some((free, node)) = best else {
         return Err(ApiError::unavailable(format!("no live node has template {template:?}")));
@@ -388,10 +388,12 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     if free < memory as i64 {
         return Err(ApiError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
     }
-    send_create(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
+    forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
 }
 
-async fn send_create(
+/// Forwards a request and records what its 202 answer says (the operation,
+/// and the sandbox as it is).
+async fn forward_recording(
     cp: &ControlPlane,
     caller: &Caller,
     node: NodeRow,
@@ -429,15 +431,7 @@ async fn sandbox_request(cp: &ControlPlane, caller: &Caller, id: &str, request: 
             return Err(ApiError::invalid_state("sandbox", "failed", "use it (its node is lost)"));
         }
     };
-    let response = forward(&node, caller, &cp.node_token, request).await?;
-    if response.status() != StatusCode::ACCEPTED {
-        return Ok(response);
-    }
-    let (response, answer) = read_answer(response).await?;
-    if let Some(answer) = answer {
-        record(cp, &node.id, caller, &answer)?;
-    }
-    Ok(response)
+    forward_recording(cp, caller, node, request).await
 }
 
 /// Asks every live node (as `caller`) and reads each answer whole.
@@ -490,15 +484,7 @@ async fn build(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<R
         .filter(|n| n.alive)
         .max_by_key(|n| n.report.capacity_mib as i64 - n.report.promised_mib as i64)
         .ok_or_else(|| ApiError::unavailable("no live node to build on"))?;
-    let response = forward(&node.row, caller, &cp.node_token, request).await?;
-    if response.status() != StatusCode::ACCEPTED {
-        return Ok(response);
-    }
-    let (response, answer) = read_answer(response).await?;
-    if let Some(answer) = answer {
-        record(cp, &node.row.id, caller, &answer)?;
-    }
-    Ok(response)
+    forward_recording(cp, caller, node.row, request).await
 }
 
 /// Every template any live node has (the first node's copy of each name).

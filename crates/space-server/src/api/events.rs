@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap};
 use axum::response::Response;
 use axum::Extension;
 use space_api::{ErrorBody, Event, EventType};
@@ -125,14 +125,7 @@ pub async fn events(
         let text: Vec<u8> = first.iter().chain(events.iter()).flat_map(|e| render(format, e)).collect();
         Body::from(text)
     };
-    let content_type = match format {
-        Format::Ndjson => "application/x-ndjson",
-        Format::Sse => "text/event-stream",
-    };
-    let mut response = Response::new(body);
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(response)
+    Ok(super::output::stream_response(body, format == Format::Sse))
 }
 
 /// `types=`: full names or their first part; unknown ones are an error.

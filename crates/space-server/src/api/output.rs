@@ -58,14 +58,16 @@ pub async fn output(
         let item = emitted.recv().await?;
         Some((Ok::<_, Infallible>(render(format, &item.into_frame())), emitted))
     }));
-    let content_type = match format {
-        Format::Ndjson => "application/x-ndjson",
-        Format::Sse => "text/event-stream",
-    };
+    Ok(stream_response(body, matches!(format, Format::Sse)))
+}
+
+/// A stream's answer: NDJSON, or SSE; never cached.
+pub(crate) fn stream_response(body: Body, sse: bool) -> Response {
+    let content_type = if sse { "text/event-stream" } else { "application/x-ndjson" };
     let mut response = Response::new(body);
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(response)
+    response
 }
 
 /// What a follower hands on: output as it was written, then the end.
