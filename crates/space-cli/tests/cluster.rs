@@ -104,8 +104,13 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // The network, all of it made here: the test's namespace is linked to
     // a "lan" namespace (PostgreSQL and both control-plane replicas), and
     // each node has a namespace of its own, linked to the lan.
+    // The one subnet the test's own namespace sees is picked at random, so
+    // two runs at once (or the host's own networks) do not collide.
+    let mut pick = [0u8; 1];
+    getrandom::getrandom(&mut pick).unwrap();
+    let outer = format!("10.232.{}", pick[0]);
     let lan = NetNs::new("lan");
-    NetNs::link(None, "10.231.0.1/24", &lan, "10.231.0.2/24");
+    NetNs::link(None, &format!("{outer}.1/24"), &lan, &format!("{outer}.2/24"));
     lan.forward();
     let nets: std::collections::BTreeMap<&str, NetNs> = NODES
         .iter()
@@ -117,7 +122,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
             (*name, net)
         })
         .collect();
-    let pg = PgCluster::start_in(&lan, "10.231.0.2", "10.231.0.0/16");
+    let pg = PgCluster::start_in(&lan, &format!("{outer}.2"), &format!("{outer}.0/24"));
     let control = TestDataDir::new();
     let token = write_secret(&control, "node-token");
     let operator_key = write_secret(&control, "api-key");
@@ -141,7 +146,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         })
         .collect();
     let ports: Vec<u16> = replicas.iter().map(|(_, port)| *port).collect();
-    let (first, second) = (format!("http://10.231.0.2:{}", ports[0]), format!("http://10.231.0.2:{}", ports[1]));
+    let (first, second) = (format!("http://{outer}.2:{}", ports[0]), format!("http://{outer}.2:{}", ports[1]));
     let datas: std::collections::BTreeMap<&str, TestDataDir> =
         NODES.iter().map(|(name, _)| (*name, TestDataDir::new())).collect();
     let mut children: std::collections::BTreeMap<&str, ReapedChild> = std::collections::BTreeMap::new();
