@@ -247,6 +247,11 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     }
     let listed = b.ok("GET", "/v1/sandboxes", None);
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 4, "{listed}");
+    // Usage adds up what the tenant holds on every node.
+    let usage = a.ok("GET", "/v1/usage", None);
+    assert_eq!((usage["tenant"].as_str(), usage["sandboxes"].as_u64()), (Some("team-c"), Some(4)), "{usage}");
+    assert_eq!(usage["memory_mib"], 4 * 2048, "{usage}");
+    assert!(usage["disk"]["roots_reserved_bytes"].as_u64().unwrap_or(0) > 0, "{usage}");
 
     // Another tenant sees none of it, through either replica.
     let other = Api { url: second.clone(), key: other_key };

@@ -240,6 +240,7 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
         }
         (&Method::GET, ["v1", "templates"]) => templates(&cp, &caller, request).await,
         (&Method::POST, ["v1", "templates"]) => build(&cp, &caller, request).await,
+        (&Method::GET, ["v1", "usage"]) => usage(&cp, &caller).await,
         _ => Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "not_in_cluster_mode",
@@ -474,6 +475,27 @@ async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Re
     }
     sandboxes.sort_by(|a, b| a["created_at"].as_str().cmp(&b["created_at"].as_str()));
     Ok(axum::Json(serde_json::json!({"sandboxes": sandboxes})).into_response())
+}
+
+/// `GET /v1/usage`: what the tenant holds on every live node, added up,
+/// against its quotas (kept in PostgreSQL).
+async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response, ApiError> {
+    let quotas = crate::disk::quota_limits(&cp.store.tenant_quotas(&caller.tenant)?);
+    let mut total =
+        serde_json::json!({"tenant": caller.tenant, "sandboxes": 0, "vcpus": 0, "memory_mib": 0, "disk": {}});
+    for answer in ask_all(cp, caller, "/v1/usage").await? {
+        for field in ["sandboxes", "vcpus", "memory_mib"] {
+            total[field] = (total[field].as_u64().unwrap_or(0) + answer[field].as_u64().unwrap_or(0)).into();
+        }
+        for (field, value) in answer["disk"].as_object().cloned().unwrap_or_default() {
+            let sum = total["disk"][&field].as_u64().unwrap_or(0) + value.as_u64().unwrap_or(0);
+            total["disk"][&field] = sum.into();
+        }
+    }
+    total["quotas"] = serde_json::to_value(quotas).map_err(|e| ApiError::internal("quotas", e))?;
+    let usage: space_api::Usage =
+        serde_json::from_value(total).map_err(|e| ApiError::internal("adding up usage", e))?;
+    Ok(axum::Json(usage).into_response())
 }
 
 /// A template build (or image import) goes to the live node with the most
