@@ -72,8 +72,10 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
         &id,
         "head -c 3000000 /dev/zero; dd if=/dev/urandom of=/root/blob bs=1M count=100 2>/dev/null",
     );
-    sync_data_dir(&data);
     let seen = wait_for("the root's writes and the output in the usage", PATIENCE, || {
+        // btrfs counts a root's writes at a commit; the sandbox's writes may
+        // reach the host after any one sync, so each look forces one.
+        sync_data_dir(&data);
         let now = usage(&server, &key);
         let grown = now["disk"]["roots_used_bytes"].as_u64().unwrap() >= 100 * MIB
             && now["disk"]["transcripts_bytes"].as_u64().unwrap() >= 3_000_000;
