@@ -649,3 +649,19 @@ fn json_logs_carry_request_ids_and_tenants_and_never_keys() {
     let all = logged.lock().unwrap().join("\n");
     assert!(!all.contains(&key), "the key is never logged");
 }
+
+/// A test that panics with a server running leaves it to its data dir's
+/// drop: the server goes first (alive, it would start sandboxes after the
+/// sweep), then every sandbox over the dir; nothing outlives the dir.
+#[test]
+fn dropping_a_test_data_dir_stops_the_server_over_it_and_its_sandboxes() {
+    let data = TestDataDir::new();
+    let root = data.root().to_string_lossy().into_owned();
+    let (server, url, _) = serve_with(&data, &["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "1"]);
+    let created = space(&data, &url, &["sandbox", "create", "--quiet"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    assert!(space_testkit::processes_mentioning(&format!("--root={root}/")) > 0, "a sandbox runs");
+    drop(data);
+    assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some(), "the server still runs");
+    assert_eq!(space_testkit::processes_mentioning(&format!("--root={root}/")), 0, "a sandbox outlived its dir");
+}

@@ -124,6 +124,21 @@ impl Drop for TestDataDir {
         // Killed rather than deleted by runsc, they leave their cgroups:
         // removed here once empty.
         let root = self.data.root().to_string_lossy().into_owned();
+        // First the servers over this dir (`space serve` or `space node`
+        // spawned by a test that then panicked): alive, they would start
+        // sandboxes (warm members, a create in flight) after the sweep
+        // below, which outlive them once the dir is gone.
+        let servers: Vec<i32> = [format!("--data-dir\0{root}\0"), format!("--data-dir={root}\0")]
+            .iter()
+            .flat_map(|arg| processes_matching(arg))
+            .collect();
+        for pid in &servers {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while servers.iter().any(|pid| running(*pid)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let mut cgroups = Vec::new();
         for pid in processes_matching(&format!("--root={root}/")) {
             cgroups.extend(cgroup_dirs(pid));
@@ -142,6 +157,13 @@ impl Drop for TestDataDir {
             eprintln!("removing a test data dir: {err}");
         }
     }
+}
+
+/// Whether a process still runs (a zombie waiting to be reaped does not).
+fn running(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    !stat.is_empty() && !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z')
 }
 
 /// The cgroups (v1 controllers' and v2) a process is in, other than the
