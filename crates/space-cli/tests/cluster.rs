@@ -91,9 +91,10 @@ fn node(net: &NetNs, k: u8, data: &TestDataDir, id: &str, ports: &[u16], token: 
 
 const NODES: [(&str, u8); 3] = [("node-a", 1), ("node-b", 2), ("node-c", 3)];
 
-fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
+fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str, quotas: &[&str]) -> String {
     let mut keys = Command::new(SPACE);
-    keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]).env("SPACE_DATA_DIR", data.root());
+    keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]).args(quotas);
+    keys.env("SPACE_DATA_DIR", data.root());
     let made = Reaper::global().output(&mut keys).unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     String::from_utf8(made.stdout).unwrap().trim().to_string()
@@ -161,8 +162,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         (nodes.iter().filter(|n| n["alive"] == true).count() == 3).then_some(())
     });
 
-    let key = tenant_key(&pg, &control, "team-c");
-    let other_key = tenant_key(&pg, &control, "team-d");
+    let key = tenant_key(&pg, &control, "team-c", &[]);
+    let other_key = tenant_key(&pg, &control, "team-d", &["--max-sandboxes", "1"]);
     let (a, b) = (Api { url: first.clone(), key: key.clone() }, Api { url: second.clone(), key: key.clone() });
 
     // A template built (an image imported) through the control plane lands
@@ -259,6 +260,25 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     assert_eq!(other.call("GET", &format!("/v1/sandboxes/{id}"), None).0, 404);
     assert_eq!(other.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"}))).0, 404);
     assert_eq!(Api { url: first.clone(), key: "wrong".into() }.call("GET", "/v1/sandboxes", None).0, 401);
+    // Quotas hold across nodes and replicas, and a deleted sandbox gives
+    // its room back.
+    let through_first = Api { url: first.clone(), key: other.key.clone() };
+    for round in 0..2 {
+        let (status, mine, _) =
+            other.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
+        assert_eq!(status, 202, "round {round}: {mine}");
+        let (status, refused, _) = through_first.call("POST", "/v1/sandboxes", Some(json!({"template": "base"})));
+        assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
+        other.wait_operation(mine["operation"]["id"].as_str().unwrap());
+        let gone = other.ok("DELETE", &format!("/v1/sandboxes/{}", mine["sandbox"]["id"].as_str().unwrap()), None);
+        assert_eq!(other.wait_operation(gone["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+        // The node's next report no longer names it.
+        wait_for("the node to report the delete", Duration::from_secs(30), || {
+            let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
+            let total: u64 = nodes.iter().map(|n| n["sandboxes"].as_u64().unwrap_or(0)).sum();
+            (total as usize == sandboxes.len()).then_some(())
+        });
+    }
 
     // A replica killed mid-create: the client sends it again, with its
     // Idempotency-Key, through the other replica; one sandbox comes of it.

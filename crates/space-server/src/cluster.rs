@@ -39,7 +39,7 @@ pub struct NodeReport {
     pub capacity_mib: u64,
     pub promised_mib: u64,
     pub templates: Vec<String>,
-    /// Sandboxes it holds (not deleted).
+    /// Sandboxes that hold its resources (not deleted or failed).
     pub sandboxes: Vec<String>,
 }
 
@@ -61,7 +61,7 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
         templates: platform.data.templates().into_iter().map(|t| t.meta.name).collect(),
         sandboxes: sandboxes
             .into_iter()
-            .filter(|r| r.sandbox.state != space_api::SandboxState::Deleted)
+            .filter(|r| !matches!(r.sandbox.state, space_api::SandboxState::Deleted | space_api::SandboxState::Failed))
             .map(|r| r.sandbox.id)
             .collect(),
     }
@@ -141,7 +141,7 @@ async fn heartbeat(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let presented = bearer(&headers).unwrap_or_default();
+    let presented = crate::api::bearer(&headers).unwrap_or_default();
     if !space_proto::constant_time_eq(presented.as_bytes(), cp.node_token.as_bytes()) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "heartbeats need the node token"));
     }
@@ -158,6 +158,19 @@ struct Node {
     row: NodeRow,
     report: NodeReport,
     alive: bool,
+}
+
+impl Node {
+    /// When its last report came (its lease runs [`LEASE`] from then).
+    fn reported_ms(&self) -> i64 {
+        self.row.lease_until_ms - LEASE.as_millis() as i64
+    }
+
+    /// Whether `placement` holds resources on it: reported so, or placed
+    /// after its last report.
+    fn holds(&self, placement: &crate::store::Placement, id: &str) -> bool {
+        self.alive && (self.report.sandboxes.iter().any(|s| s == id) || placement.placed_at_ms > self.reported_ms())
+    }
 }
 
 fn nodes(cp: &ControlPlane) -> Result<Vec<Node>, ApiError> {
@@ -186,14 +199,10 @@ async fn health(State(cp): State<Shared>) -> Result<Response, ApiError> {
     Ok(axum::Json(serde_json::json!({"status": "ok", "role": "control-plane", "nodes": nodes})).into_response())
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
-}
-
 /// The caller: the cluster's own key, or a tenant's (from PostgreSQL).
 fn authenticate(cp: &ControlPlane, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let offered = crate::api::websocket_bearer(headers);
-    let Some(key) = bearer(headers).or(offered.as_deref()) else {
+    let Some(key) = crate::api::bearer(headers).or(offered.as_deref()) else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -293,12 +302,7 @@ async fn forward(node: &NodeRow, caller: &Caller, token: &str, mut request: Requ
         .map(str::trim)
         .filter(|p| !p.is_empty() && !p.starts_with("bearer."))
         .collect();
-    if let Ok(value) =
-        HeaderValue::from_str(&offered.join(", ")).map_err(|_| ()).and_then(|v| match offered.is_empty() {
-            true => Err(()),
-            false => Ok(v),
-        })
-    {
+    if let Some(value) = (!offered.is_empty()).then(|| HeaderValue::from_str(&offered.join(", ")).ok()).flatten() {
         headers.insert(header::SEC_WEBSOCKET_PROTOCOL, value);
     }
     if let Some(upgrade) = upgrade {
@@ -336,12 +340,66 @@ async fn read_answer(response: Response) -> Result<(Response, Option<serde_json:
 fn record(cp: &ControlPlane, node: &str, caller: &Caller, answer: &serde_json::Value) -> Result<(), ApiError> {
     if let Some(sandbox) = answer.get("sandbox").filter(|s| s.is_object()) {
         let id = sandbox["id"].as_str().unwrap_or_default();
-        cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string())?;
+        cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
     }
     if let Some(op) = answer["operation"]["id"].as_str() {
         cp.store.put_operation_node(op, node, &caller.tenant)?;
     }
     Ok(())
+}
+
+/// A tenant's quotas, cluster-wide: the sandboxes its placements hold on
+/// live nodes (by their size as created; a create naming none counts as
+/// 1 vCPU and 512 MiB) and the new one. Nodes keep no quotas of their own.
+fn check_quotas(
+    cp: &ControlPlane,
+    caller: &Caller,
+    nodes: &[Node],
+    wanted: &serde_json::Value,
+) -> Result<(), ApiError> {
+    let quotas = cp.store.tenant_quotas(&caller.tenant)?;
+    let held: Vec<serde_json::Value> = cp
+        .store
+        .placements(&caller.tenant)?
+        .iter()
+        .filter_map(|p| Some((p, serde_json::from_str::<serde_json::Value>(&p.sandbox).ok()?)))
+        .filter(|(p, s)| {
+            let id = s["id"].as_str().unwrap_or_default();
+            nodes.iter().any(|n| n.row.id == p.node_id && n.holds(p, id))
+        })
+        .map(|(_, s)| s)
+        .collect();
+    let tenant = &caller.tenant;
+    let sum = |field: &str| held.iter().map(|s| s[field].as_u64().unwrap_or(0)).sum::<u64>();
+    if let Some(max) = quotas.max_sandboxes.filter(|max| held.len() as u64 >= u64::from(*max)) {
+        let why = format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first");
+        return Err(crate::disk::quota_exceeded(tenant, "sandboxes", why));
+    }
+    if let Some(max) =
+        quotas.max_vcpus.filter(|max| sum("vcpus") + wanted["vcpus"].as_u64().unwrap_or(1) > u64::from(*max))
+    {
+        let why = format!("tenant {tenant:?} may use at most {max} vCPUs ({} in use)", sum("vcpus"));
+        return Err(crate::disk::quota_exceeded(tenant, "vcpus", why));
+    }
+    if let Some(max) =
+        quotas.max_memory_mib.filter(|max| sum("memory_mib") + wanted["memory_mib"].as_u64().unwrap_or(512) > *max)
+    {
+        let why = format!("tenant {tenant:?} may use at most {max} MiB of memory ({} in use)", sum("memory_mib"));
+        return Err(crate::disk::quota_exceeded(tenant, "memory_mib", why));
+    }
+    Ok(())
+}
+
+/// The sandbox of a placement on a lost node, as the control plane shows
+/// it: failed, saying so (`None` if it was deleted).
+fn lost_sandbox(placement: &crate::store::Placement, why: &str) -> Option<serde_json::Value> {
+    let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).ok()?;
+    if sandbox["state"] == "deleted" {
+        return None;
+    }
+    sandbox["state"] = "failed".into();
+    sandbox["failure_reason"] = format!("node lost: {why}").into();
+    Some(sandbox)
 }
 
 /// Places a new sandbox: a live node that has the template, with the most
@@ -355,15 +413,17 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
     let template = wanted["template"].as_str().unwrap_or("base").to_string();
     let memory = wanted["memory_mib"].as_u64().unwrap_or(512);
+    let nodes = nodes(cp)?;
+    check_quotas(cp, caller, &nodes, &wanted)?;
     let mut best: Option<(i64, NodeRow)> = None;
-    for node in nodes(cp)?.into_iter().filter(|n| n.alive && n.report.templates.contains(&template)) {
+    for node in nodes.into_iter().filter(|n| n.alive && n.report.templates.contains(&template)) {
+        // What was placed since its last report, which could not count it.
         let placed_since: i64 = cp
             .store
-            .placements_on(&node.row.id)?
+            .placements_since(&node.row.id, node.reported_ms())?
             .iter()
             .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p.sandbox).ok())
             .filter(|s| !node.report.sandboxes.iter().any(|id| s["id"] == id.as_str()))
-            .filter(|s| s["state"] != "deleted" && s["state"] != "failed")
             .map(|s| s["memory_mib"].as_i64().unwrap_or(0))
             .sum();
         let free = node.report.capacity_mib as i64 - node.report.promised_mib as i64 - placed_since;
@@ -422,12 +482,9 @@ async fn sandbox_request(cp: &ControlPlane, caller: &Caller, id: &str, request: 
         Err(lost) => {
             let whole = request.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
             if request.method() == Method::GET && whole {
-                let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-                if sandbox["state"] != "deleted" {
-                    sandbox["state"] = "failed".into();
-                    sandbox["failure_reason"] = format!("node lost: {}", lost.message).into();
-                }
-                return Ok(axum::Json(sandbox).into_response());
+                let shown = lost_sandbox(&placement, &lost.message)
+                    .unwrap_or_else(|| serde_json::from_str(&placement.sandbox).unwrap_or_default());
+                return Ok(axum::Json(shown).into_response());
             }
             return Err(ApiError::invalid_state("sandbox", "failed", "use it (its node is lost)"));
         }
@@ -464,13 +521,8 @@ async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Re
     let lost: Vec<String> = nodes(cp)?.into_iter().filter(|n| !n.alive).map(|n| n.row.id).collect();
     if wants_failed {
         for placement in cp.store.placements(&caller.tenant)?.into_iter().filter(|p| lost.contains(&p.node_id)) {
-            let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-            if sandbox["state"] == "deleted" {
-                continue;
-            }
-            sandbox["state"] = "failed".into();
-            sandbox["failure_reason"] = format!("node lost: node {} stopped answering", placement.node_id).into();
-            sandboxes.push(sandbox);
+            let why = format!("node {} stopped answering", placement.node_id);
+            sandboxes.extend(lost_sandbox(&placement, &why));
         }
     }
     sandboxes.sort_by(|a, b| a["created_at"].as_str().cmp(&b["created_at"].as_str()));
@@ -528,7 +580,7 @@ async fn templates(cp: &ControlPlane, caller: &Caller, _request: Request) -> Res
 fn node_only(state: &crate::AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let missing = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route");
     let token = state.node_token.as_deref().ok_or_else(missing)?;
-    let presented = bearer(headers).unwrap_or_default();
+    let presented = crate::api::bearer(headers).unwrap_or_default();
     if !space_proto::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "internal routes need the node token"));
     }

@@ -392,11 +392,6 @@ impl Store {
         })
     }
 
-    /// Which database this is.
-    pub fn dialect(&self) -> db::Dialect {
-        self.db.dialect()
-    }
-
     pub(crate) fn tx<T>(&self, work: impl FnOnce(&mut dyn Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.db.tx(work)
     }

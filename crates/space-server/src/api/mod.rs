@@ -229,7 +229,7 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// The key in `Authorization: Bearer <key>`, if any.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
 }
 

@@ -16,8 +16,10 @@ CREATE TABLE IF NOT EXISTS placements (
     sandbox_id TEXT PRIMARY KEY,
     node_id TEXT NOT NULL,
     tenant TEXT NOT NULL,
-    sandbox TEXT NOT NULL
+    sandbox TEXT NOT NULL,
+    placed_at_ms BIGINT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS placements_by_node ON placements (node_id, placed_at_ms);
 CREATE INDEX IF NOT EXISTS placements_by_tenant ON placements (tenant);
 CREATE TABLE IF NOT EXISTS create_keys (
     tenant TEXT NOT NULL,
@@ -54,6 +56,19 @@ pub struct Placement {
     pub node_id: String,
     pub tenant: String,
     pub sandbox: String,
+    /// When the control plane placed it (ms since the epoch).
+    pub placed_at_ms: i64,
+}
+
+const PLACEMENT: &str = "SELECT node_id, tenant, sandbox, placed_at_ms FROM placements";
+
+fn placements_of(c: &mut dyn Conn, filter: &str, values: &[super::db::Value]) -> Result<Vec<Placement>, StoreError> {
+    c.query(&format!("{PLACEMENT} {filter}"), values)?
+        .iter()
+        .map(|r| {
+            Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)?, placed_at_ms: r.int(3)? })
+        })
+        .collect()
 }
 
 fn node_row(c: &mut dyn Conn, sql: &str, values: &[super::db::Value]) -> Result<Vec<NodeRow>, StoreError> {
@@ -88,43 +103,39 @@ impl Store {
             .next())
     }
 
-    /// Records (or refreshes) where a sandbox lives.
+    /// Records (or refreshes) where a sandbox lives; placed at `now_ms`
+    /// if new.
     pub fn put_placement(
         &self,
         sandbox_id: &str,
         node_id: &str,
         tenant: &str,
         sandbox: &str,
+        now_ms: i64,
     ) -> Result<(), StoreError> {
         self.tx(|c| {
             c.execute(
-                "INSERT INTO placements (sandbox_id, node_id, tenant, sandbox) VALUES (?1, ?2, ?3, ?4)
+                "INSERT INTO placements (sandbox_id, node_id, tenant, sandbox, placed_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (sandbox_id) DO UPDATE SET sandbox = excluded.sandbox",
-                vals![sandbox_id, node_id, tenant, sandbox],
+                vals![sandbox_id, node_id, tenant, sandbox, now_ms],
             )
         })?;
         Ok(())
     }
 
     pub fn placement(&self, sandbox_id: &str) -> Result<Option<Placement>, StoreError> {
-        let row = self.tx(|c| {
-            c.query_one("SELECT node_id, tenant, sandbox FROM placements WHERE sandbox_id = ?1", vals![sandbox_id])
-        })?;
-        row.map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).transpose()
+        Ok(self.tx(|c| placements_of(c, "WHERE sandbox_id = ?1", vals![sandbox_id]))?.into_iter().next())
     }
 
-    /// A tenant's placements (for sandboxes of nodes that are gone).
+    /// A tenant's placements.
     pub fn placements(&self, tenant: &str) -> Result<Vec<Placement>, StoreError> {
-        let rows =
-            self.tx(|c| c.query("SELECT node_id, tenant, sandbox FROM placements WHERE tenant = ?1", vals![tenant]))?;
-        rows.iter().map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).collect()
+        self.tx(|c| placements_of(c, "WHERE tenant = ?1", vals![tenant]))
     }
 
-    /// Every placement on a node.
-    pub fn placements_on(&self, node_id: &str) -> Result<Vec<Placement>, StoreError> {
-        let rows =
-            self.tx(|c| c.query("SELECT node_id, tenant, sandbox FROM placements WHERE node_id = ?1", vals![node_id]))?;
-        rows.iter().map(|r| Ok(Placement { node_id: r.text(0)?, tenant: r.text(1)?, sandbox: r.text(2)? })).collect()
+    /// The placements on a node made after `since_ms` (what its last
+    /// report cannot have counted yet).
+    pub fn placements_since(&self, node_id: &str, since_ms: i64) -> Result<Vec<Placement>, StoreError> {
+        self.tx(|c| placements_of(c, "WHERE node_id = ?1 AND placed_at_ms > ?2", vals![node_id, since_ms]))
     }
 
     /// The node a create with this Idempotency-Key goes to: the one

@@ -147,19 +147,6 @@ impl Db {
             Db::Postgres(pg) => pg.tx(work),
         }
     }
-
-    pub fn dialect(&self) -> Dialect {
-        match self {
-            Db::Sqlite(_) => Dialect::Sqlite,
-            Db::Postgres(_) => Dialect::Postgres,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    Sqlite,
-    Postgres,
 }
 
 /// A SQLite connection, or a transaction of one.
