@@ -57,7 +57,12 @@ pub fn run(args: &BenchArgs, node_data: &DataDir, single_data: &DataDir) -> Resu
     let runtime = tokio::runtime::Runtime::new()?;
     let (key, token) = (random_hex()?, random_hex()?);
     let store = space_server::store::Store::connect(&pg.url)?;
-    let cp = Arc::new(space_server::cluster::ControlPlane { store, api_key: key.clone(), node_token: token.clone() });
+    let cp = Arc::new(space_server::cluster::ControlPlane {
+        store,
+        api_key: key.clone(),
+        node_token: token.clone(),
+        keyring: None,
+    });
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let cp_url = format!("http://{}", listener.local_addr()?);
     runtime.spawn(space_server::http::serve_router(

@@ -391,6 +391,11 @@ struct ServeArgs {
     /// The cluster's node token (the control plane and its nodes share it).
     #[arg(long)]
     node_token_file: Option<PathBuf>,
+    /// A control plane's key that seals tenants' secrets in PostgreSQL: 32
+    /// bytes, or 64 hex digits (`openssl rand -hex 32`), the same file on
+    /// every replica. Without it the control plane keeps no secrets.
+    #[arg(long, requires = "cluster")]
+    secrets_key_file: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -954,10 +959,24 @@ fn control_plane(args: ServeArgs) -> Result<()> {
             args.listen
         );
     }
+    let keyring = match &args.secrets_key_file {
+        // Made here, each replica would seal with a key of its own.
+        Some(path) if !path.exists() => {
+            bail!("{} does not exist: make it once (openssl rand -hex 32) and give every replica it", path.display())
+        }
+        Some(path) => Some(
+            space_server::secrets::Keyring::load_or_create(path)
+                .with_context(|| format!("reading the secrets key {}", path.display()))?,
+        ),
+        None => None,
+    };
     let store = space_server::store::Store::connect(url)?;
-    let cp = std::sync::Arc::new(space_server::cluster::ControlPlane { store, api_key: key, node_token: token });
+    let cp =
+        std::sync::Arc::new(space_server::cluster::ControlPlane { store, api_key: key, node_token: token, keyring });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.spawn(space_server::cluster::replicate_templates(cp.clone()));
+    runtime.spawn(space_server::cluster::follow_feeds(cp.clone()));
+    runtime.spawn(space_server::cluster::watch_event_head(cp.clone()));
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

@@ -8,8 +8,13 @@
 //! lifecycle work through either replica; tenants stay apart; a node killed
 //! with SIGKILL leaves its sandboxes failed ("node lost") within the lease
 //! while the other node's keep answering; started again, it takes them back.
+//! Events from every node reach a follower of either replica; a secret put
+//! through the control plane reaches the node whose gateway needs it.
 
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -49,6 +54,16 @@ impl Api {
         value
     }
 
+    /// A GET's body as text (NDJSON).
+    fn call_text(&self, path: &str) -> String {
+        let response = ureq::get(&format!("{}{path}", self.url))
+            .timeout(Duration::from_secs(60))
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        response.into_string().unwrap()
+    }
+
     fn wait_operation(&self, id: &str) -> Value {
         for _ in 0..5 {
             let op = self.ok("GET", &format!("/v1/operations/{id}?wait=30"), None);
@@ -60,17 +75,129 @@ impl Api {
     }
 }
 
+/// What a follower of `GET /v1/events?follow=true` has seen so far.
+#[derive(Clone)]
+struct Events(Arc<Mutex<Vec<Value>>>);
+
+impl Events {
+    fn all(&self) -> Vec<Value> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn wait(&self, what: &str, done: impl Fn(&[Value]) -> bool) {
+        wait_for(what, Duration::from_secs(60), || done(&self.all()).then_some(()));
+    }
+}
+
+fn follow_events(url: &str, key: &str) -> Events {
+    let response = ureq::get(&format!("{url}/v1/events?follow=true"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .call()
+        .unwrap();
+    let events = Events(Arc::default());
+    let seen = events.0.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(response.into_reader()).lines().map_while(Result::ok) {
+            if !line.is_empty() {
+                seen.lock().unwrap().push(serde_json::from_str(&line).unwrap());
+            }
+        }
+    });
+    events
+}
+
 fn write_secret(data: &TestDataDir, name: &str) -> std::path::PathBuf {
-    let mut bytes = [0u8; 24];
+    // 64 hexadecimal digits: a secrets key as well as a token.
+    let mut bytes = [0u8; 32];
     getrandom::getrandom(&mut bytes).unwrap();
     let path = data.root().join(name);
     std::fs::write(&path, bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()).unwrap();
     path
 }
 
+/// The made-up host of the upstream API that wants a secret.
+const API_HOST: &str = "api.space.test";
+/// Where it listens, inside the lan namespace.
+const API_ADDRESS: &str = "10.231.200.1";
+
+/// An HTTPS server in `net` at [`API_ADDRESS`] for [`API_HOST`], its
+/// certificate signed by a CA written to `dir`: it answers each request
+/// with the authorization it was sent, and keeps what it was sent.
+fn upstream(net: &NetNs, dir: &Path) -> (u16, PathBuf, Arc<Mutex<Vec<String>>>) {
+    use tokio_rustls::rustls;
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "cluster test upstream CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(vec![API_HOST.to_string()]).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
+    let ca_file = dir.join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap(),
+    );
+    net.add_address(&format!("{API_ADDRESS}/32"));
+    let listener = net.bind(&format!("{API_ADDRESS}:0"));
+    let port = listener.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let (config, log) = (config.clone(), log.clone());
+            std::thread::spawn(move || {
+                let Ok(connection) = rustls::ServerConnection::new(config) else { return };
+                let mut stream = BufReader::new(rustls::StreamOwned::new(connection, tcp));
+                let mut auth = String::new();
+                loop {
+                    let mut line = String::new();
+                    if stream.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':') {
+                        if name.eq_ignore_ascii_case("authorization") {
+                            auth = value.trim().to_string();
+                        }
+                    }
+                }
+                log.lock().unwrap().push(auth.clone());
+                let body = format!("you sent: {auth}");
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                let stream = stream.get_mut();
+                let _ = stream.write_all(format!("{head}{body}").as_bytes());
+                let _ = stream.flush();
+                stream.conn.send_close_notify();
+                let _ = stream.flush();
+            });
+        }
+    });
+    (port, ca_file, seen)
+}
+
 /// Node `k` (1, 2, 3): in its own namespace at 10.231.k.2, reporting to
-/// both replicas (whichever answers) through its link to the lan.
-fn node(net: &NetNs, k: u8, data: &TestDataDir, id: &str, ports: &[u16], token: &std::path::Path) -> ReapedChild {
+/// both replicas (whichever answers) through its link to the lan, its
+/// sandboxes' egress reaching the upstream API in the lan.
+fn node(
+    net: &NetNs,
+    k: u8,
+    data: &TestDataDir,
+    id: &str,
+    ports: &[u16],
+    token: &std::path::Path,
+    egress: &[String],
+) -> ReapedChild {
     let listen = format!("10.231.{k}.2:0");
     let replicas: Vec<String> = ports.iter().map(|p| format!("http://10.231.{k}.1:{p}")).collect();
     let replicas = replicas.join(",");
@@ -78,6 +205,7 @@ fn node(net: &NetNs, k: u8, data: &TestDataDir, id: &str, ports: &[u16], token: 
     let mut all: Vec<&str> = args.to_vec();
     let token = token.to_str().unwrap();
     all.extend(["--node-token-file", token]);
+    all.extend(egress.iter().map(String::as_str));
     let (child, _, _, lines) = common::spawn_command(net.command(SPACE), data, "node", &all);
     // What goes wrong on a node shows in the test's output.
     let name = id.to_string();
@@ -127,12 +255,24 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let control = TestDataDir::new();
     let token = write_secret(&control, "node-token");
     let operator_key = write_secret(&control, "api-key");
+    let secrets_key = write_secret(&control, "secrets-key");
+    let (api_port, api_ca, api_seen) = upstream(&lan, control.root());
+    let egress = vec![
+        "--egress-host".to_string(),
+        format!("{API_HOST}={API_ADDRESS}:{api_port}"),
+        "--egress-allow-internal".to_string(),
+        format!("{API_ADDRESS}/32"),
+        "--egress-trust".to_string(),
+        api_ca.to_str().unwrap().to_string(),
+    ];
     let cp_args = [
         "--cluster",
         "--database",
         pg.url.as_str(),
         "--node-token-file",
         token.to_str().unwrap(),
+        "--secrets-key-file",
+        secrets_key.to_str().unwrap(),
         "--api-key-file",
         operator_key.to_str().unwrap(),
         "--listen",
@@ -152,7 +292,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         NODES.iter().map(|(name, _)| (*name, TestDataDir::new())).collect();
     let mut children: std::collections::BTreeMap<&str, ReapedChild> = std::collections::BTreeMap::new();
     for (name, k) in NODES {
-        children.insert(name, node(&nets[name], k, &datas[name], name, &ports, &token));
+        children.insert(name, node(&nets[name], k, &datas[name], name, &ports, &token, &egress));
     }
 
     // Every node is known to both replicas (one database).
@@ -165,6 +305,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let key = tenant_key(&pg, &control, "team-c", &[]);
     let other_key = tenant_key(&pg, &control, "team-d", &["--max-sandboxes", "1"]);
     let (a, b) = (Api { url: first.clone(), key: key.clone() }, Api { url: second.clone(), key: key.clone() });
+    // A follower of the tenant's events, on the replica that stays.
+    let events = follow_events(&second, &key);
 
     // A template built (an image imported) through the control plane lands
     // on one node and is pulled by the other, checked by its SHA-256.
@@ -248,6 +390,20 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     }
     let listed = b.ok("GET", "/v1/sandboxes", None);
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 4, "{listed}");
+    // The follower saw every node's sandboxes start and commands end, in
+    // one order; a replica's log answers by sandbox too.
+    events.wait("every sandbox running, every exec exited", |seen| {
+        let running = |id: &str| seen.iter().any(|e| e["sandbox_id"] == id && e["sandbox"]["state"] == "running");
+        let exited = seen.iter().filter(|e| e["type"] == "command.exited").count();
+        sandboxes.iter().all(|(id, _)| running(id)) && exited >= 4
+    });
+    let ids: Vec<u64> = events.all().iter().map(|e| e["id"].as_u64().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in order: {ids:?}");
+    let one = a.call_text(&format!("/v1/events?sandbox_id={id}"));
+    let one: Vec<Value> = one.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(one.iter().all(|e| e["sandbox_id"] == id.as_str()), "{one:?}");
+    assert!(one.iter().any(|e| e["type"] == "command.exited" && e["command"]["result"]["exit_code"] == 0), "{one:?}");
+    assert!(one.iter().any(|e| e["sandbox"]["state"] == "paused"), "{one:?}");
     // Usage adds up what the tenant holds on every node.
     let usage = a.ok("GET", "/v1/usage", None);
     assert_eq!((usage["tenant"].as_str(), usage["sandboxes"].as_u64()), (Some("team-c"), Some(4)), "{usage}");
@@ -257,6 +413,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // Another tenant sees none of it, through either replica.
     let other = Api { url: second.clone(), key: other_key };
     assert!(other.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().is_empty());
+    assert_eq!(other.call_text("/v1/events"), "", "another tenant's events");
     assert_eq!(other.call("GET", &format!("/v1/sandboxes/{id}"), None).0, 404);
     assert_eq!(other.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"}))).0, 404);
     assert_eq!(Api { url: first.clone(), key: "wrong".into() }.call("GET", "/v1/sandboxes", None).0, 401);
@@ -311,6 +468,46 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let extra = retried["sandbox"]["id"].as_str().unwrap().to_string();
     let a = Api { url: second.clone(), key: key.clone() };
 
+    // A secret put through one replica is listed by the other without its
+    // value, and a sandbox on whichever node binds it: the upstream gets
+    // the value, the sandbox only a placeholder; a new value is used from
+    // the next request; a deleted secret is gone.
+    let value = |n: u32| format!("sk-cluster-{}-{n}", std::process::id());
+    let put = a.ok("PUT", "/v1/secrets/llm", Some(json!({"value": value(1), "hosts": [API_HOST]})));
+    assert_eq!(put["name"], "llm", "{put}");
+    let listed = b.ok("GET", "/v1/secrets", None);
+    assert_eq!(listed["secrets"][0]["hosts"], json!([API_HOST]), "{listed}");
+    assert!(!listed.to_string().contains(&value(1)), "{listed}");
+    let bound = json!({"template": "base", "memory_mib": 256,
+        "network": {"egress": "allowlist", "secrets": {"LLM_KEY": {"secret": "llm"}}}});
+    let (status, accepted, _) = b.call("POST", "/v1/sandboxes", Some(bound));
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(a.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    let keyed = accepted["sandbox"]["id"].as_str().unwrap().to_string();
+    let placeholder = b.ok("GET", &format!("/v1/sandboxes/{keyed}"), None)["network"]["secrets"]["LLM_KEY"]
+        ["placeholder"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fetch = format!(
+        "import os, urllib.request as u; print(u.urlopen(u.Request('https://{API_HOST}/echo', \
+         headers={{'Authorization': 'Bearer ' + os.environ['LLM_KEY']}})).read().decode())"
+    );
+    for n in [1, 2] {
+        if n == 2 {
+            b.ok("PUT", "/v1/secrets/llm", Some(json!({"value": value(2), "hosts": [API_HOST]})));
+        }
+        let ran = a.ok("POST", &format!("/v1/sandboxes/{keyed}/exec"), Some(json!({"argv": ["python3", "-c", fetch]})));
+        assert_eq!(ran["stdout"], format!("you sent: Bearer {placeholder}\n"), "{ran}");
+        assert_eq!(api_seen.lock().unwrap().last(), Some(&format!("Bearer {}", value(n))));
+    }
+    let env = a.ok("POST", &format!("/v1/sandboxes/{keyed}/exec"), Some(json!({"cmd": "env"})));
+    assert!(!env["stdout"].as_str().unwrap().contains("sk-cluster-"), "a value in the sandbox: {env}");
+    assert_eq!(a.call("DELETE", "/v1/secrets/llm", None).0, 204);
+    assert!(b.ok("GET", "/v1/secrets", None)["secrets"].as_array().unwrap().is_empty());
+    let gone = a.ok("DELETE", &format!("/v1/sandboxes/{keyed}"), None);
+    assert_eq!(b.wait_operation(gone["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+
     // The node that built the template dies: its sandboxes are failed
     // within the lease; the other's answer.
     let victim = children.remove(builder.as_str()).unwrap();
@@ -331,6 +528,13 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert_eq!(ran["stdout"], "still here\n");
     }
     assert_eq!(a.call("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "true"}))).0, 409);
+    // Followers are told (once).
+    let failed_event = |e: &Value| {
+        e["sandbox_id"] == lost[0].as_str()
+            && e["sandbox"]["state"] == "failed"
+            && e["sandbox"]["failure_reason"].as_str().unwrap_or_default().contains("node lost")
+    };
+    events.wait("the lost node's sandboxes failed", |seen| seen.iter().any(failed_event));
     // The template starts sandboxes on the node that pulled it.
     let (status, pulled, placed) =
         a.call("POST", "/v1/sandboxes", Some(json!({"template": "tiny", "memory_mib": 256})));
@@ -343,8 +547,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
 
     // The lost node comes back with what still runs, and takes it back.
     let k = NODES.iter().find(|(n, _)| *n == builder).unwrap().1;
-    children
-        .insert(builder.as_str(), node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &ports, &token));
+    let restarted = node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &ports, &token, &egress);
+    children.insert(builder.as_str(), restarted);
     let back = wait_for("the lost node's sandbox back", Duration::from_secs(60), || {
         let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
         (sandbox["state"] == "running").then_some(sandbox)
@@ -352,6 +556,11 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     assert_eq!(back["id"], lost[0].as_str());
     let ran = b.ok("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "echo back again"})));
     assert_eq!(ran["stdout"], "back again\n");
+    events.wait("the lost node's sandbox running again", |seen| {
+        let failed_at = seen.iter().position(failed_event).unwrap();
+        seen[failed_at..].iter().any(|e| e["sandbox_id"] == lost[0].as_str() && e["sandbox"]["state"] == "running")
+    });
+    assert_eq!(events.all().iter().filter(|e| failed_event(e)).count(), 1, "told once");
 
     for id in sandboxes.iter().map(|(id, _)| id).chain([&extra, &pulled]) {
         let accepted = a.ok("DELETE", &format!("/v1/sandboxes/{id}"), None);

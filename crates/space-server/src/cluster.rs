@@ -41,6 +41,9 @@ pub struct NodeReport {
     pub templates: Vec<String>,
     /// Sandboxes that hold its resources (not deleted or failed).
     pub sandboxes: Vec<String>,
+    /// The change of the cluster's secrets it holds (0: none).
+    #[serde(default)]
+    pub secrets_epoch: u64,
 }
 
 fn now_ms() -> i64 {
@@ -64,6 +67,7 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
             .filter(|r| !matches!(r.sandbox.state, space_api::SandboxState::Deleted | space_api::SandboxState::Failed))
             .map(|r| r.sandbox.id)
             .collect(),
+        secrets_epoch: platform.secrets_epoch.load(std::sync::atomic::Ordering::SeqCst),
     }
 }
 
@@ -79,7 +83,12 @@ pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: S
         for attempt in 0..replicas.len() {
             let replica = &replicas[(current + attempt) % replicas.len()];
             match send_report(replica, &token, &report).await {
-                Ok(()) => {
+                Ok(secrets) => {
+                    // The control plane answers with the cluster's secrets
+                    // when this node's are older.
+                    if let Some(Err(err)) = secrets.map(|set| platform.take_secrets(set)) {
+                        tracing::error!("taking the cluster's secrets: {}", err.message);
+                    }
                     current = (current + attempt) % replicas.len();
                     break;
                 }
@@ -90,7 +99,11 @@ pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: S
     }
 }
 
-async fn send_report(control_plane: &str, token: &str, report: &NodeReport) -> Result<(), String> {
+async fn send_report(
+    control_plane: &str,
+    token: &str,
+    report: &NodeReport,
+) -> Result<Option<crate::secrets::SecretSet>, String> {
     let authority = authority(control_plane)?;
     let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| e.to_string())?;
     let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
@@ -102,7 +115,11 @@ async fn send_report(control_plane: &str, token: &str, report: &NodeReport) -> R
         .map_err(|e| e.to_string())?;
     let response = crate::api::ports::relay(TokioIo::new(tcp), request, None).await?;
     match response.status() {
-        StatusCode::NO_CONTENT => Ok(()),
+        StatusCode::NO_CONTENT => Ok(None),
+        StatusCode::OK => {
+            let body = axum::body::to_bytes(response.into_body(), MAX_RECORDED).await.map_err(|e| e.to_string())?;
+            serde_json::from_slice(&body).map(Some).map_err(|e| format!("its answer: {e}"))
+        }
         status => Err(format!("it answered {status}")),
     }
 }
@@ -123,6 +140,9 @@ pub struct ControlPlane {
     pub store: Store,
     pub api_key: String,
     pub node_token: String,
+    /// Seals tenants' secrets in PostgreSQL (the same key on every
+    /// replica: `--secrets-key-file`); without it, no secrets.
+    pub keyring: Option<crate::secrets::Keyring>,
 }
 
 type Shared = Arc<ControlPlane>;
@@ -140,7 +160,7 @@ async fn heartbeat(
     State(cp): State<Shared>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Response, ApiError> {
     let presented = crate::api::bearer(&headers).unwrap_or_default();
     if !space_proto::constant_time_eq(presented.as_bytes(), cp.node_token.as_bytes()) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "heartbeats need the node token"));
@@ -150,7 +170,14 @@ async fn heartbeat(
     authority(&report.url).map_err(ApiError::bad_request)?;
     let json = serde_json::to_string(&report).map_err(|e| ApiError::internal("a node report", e))?;
     cp.store.heartbeat_node(&report.id, &report.url, &json, now_ms() + LEASE.as_millis() as i64)?;
-    Ok(StatusCode::NO_CONTENT)
+    // A node whose secrets are older (restarted, or away when one changed)
+    // gets the whole set back.
+    if let Some(keyring) = &cp.keyring {
+        if report.secrets_epoch < cp.store.secrets_epoch()? {
+            return Ok(axum::Json(crate::secrets::secret_set(&cp.store, keyring)?).into_response());
+        }
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// A node with its last report, and whether its lease still holds.
@@ -250,6 +277,21 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
         (&Method::GET, ["v1", "templates"]) => templates(&cp, &caller, request).await,
         (&Method::POST, ["v1", "templates"]) => build(&cp, &caller, request).await,
         (&Method::GET, ["v1", "usage"]) => usage(&cp, &caller).await,
+        (&Method::GET, ["v1", "secrets"]) => {
+            Ok(axum::Json(space_api::SecretList { secrets: cp.store.secrets(&caller.tenant)? }).into_response())
+        }
+        (&Method::PUT | &Method::DELETE, ["v1", "secrets", name]) => {
+            let name = name.to_string();
+            secret(&cp, &caller, &name, request).await
+        }
+        (&Method::GET, ["v1", "events"]) => {
+            use axum::extract::FromRequestParts as _;
+            let (mut parts, _) = request.into_parts();
+            let crate::api::ApiQuery(query) = crate::api::ApiQuery::from_request_parts(&mut parts, &()).await?;
+            // Another replica may have taken events in since this one looked.
+            cp.store.refresh_event_head()?;
+            crate::api::events::serve(cp.clone(), caller, query, &parts.headers)
+        }
         _ => Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "not_in_cluster_mode",
@@ -571,6 +613,264 @@ async fn templates(cp: &ControlPlane, caller: &Caller, _request: Request) -> Res
         }
     }
     Ok(axum::Json(serde_json::json!({"templates": seen.into_values().collect::<Vec<_>>()})).into_response())
+}
+
+// ---- secrets ---------------------------------------------------------------------
+
+/// `PUT` or `DELETE /v1/secrets/{name}`: kept in PostgreSQL, then sent to
+/// every live node at once (a node missed, or started later, gets the set
+/// with its next heartbeat), so a sandbox created next can bind it.
+async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request) -> Result<Response, ApiError> {
+    let Some(keyring) = &cp.keyring else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_in_cluster_mode",
+            "this control plane keeps no secrets: start it with --secrets-key-file",
+        ));
+    };
+    let answer = if request.method() == Method::PUT {
+        use axum::extract::FromRequest as _;
+        let crate::api::ApiJson(put) =
+            crate::api::ApiJson::<space_api::PutSecretRequest>::from_request(request, &()).await?;
+        axum::Json(crate::secrets::put_secret(&cp.store, keyring, &caller.tenant, name, put)?).into_response()
+    } else {
+        crate::secrets::delete_secret(&cp.store, &caller.tenant, name)?;
+        StatusCode::NO_CONTENT.into_response()
+    };
+    let set = serde_json::to_vec(&crate::secrets::secret_set(&cp.store, keyring)?)
+        .map_err(|e| ApiError::internal("the secrets", e))?;
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
+        let request = Request::post("/internal/v1/secrets")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(set.clone()))
+            .map_err(|e| ApiError::internal("a request", e))?;
+        match forward(&node.row, &Caller::operator(), &cp.node_token, request).await {
+            Ok(response) if response.status().is_success() => {}
+            Ok(response) => tracing::warn!(node = %node.row.id, "sending the secrets: {}", response.status()),
+            Err(err) => tracing::warn!(node = %node.row.id, "sending the secrets: {}", err.message),
+        }
+    }
+    Ok(answer)
+}
+
+/// `POST /internal/v1/secrets` on a node: the cluster's secrets, as of a
+/// change (an older set than the node holds is ignored).
+pub(crate) async fn take_secrets(
+    State(state): State<crate::AppState>,
+    headers: HeaderMap,
+    axum::Json(set): axum::Json<crate::secrets::SecretSet>,
+) -> Result<StatusCode, ApiError> {
+    node_only(&state, &headers)?;
+    state.platform.take_secrets(set)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- events from the nodes ---------------------------------------------------
+
+impl crate::api::events::EventLog for ControlPlane {
+    fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FeedQuery {
+    #[serde(default)]
+    after: u64,
+}
+
+/// An idle feed sends an empty line this often, so a dead control plane
+/// (or node) is noticed.
+const FEED_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// `GET /internal/v1/events?after=N` on a node: every tenant's events
+/// after id N, then each one as it commits, as NDJSON lines of
+/// [`crate::store::FeedEvent`], for the control plane to take in.
+pub(crate) async fn feed(
+    State(state): State<crate::AppState>,
+    crate::api::ApiQuery(query): crate::api::ApiQuery<FeedQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    node_only(&state, &headers)?;
+    struct Feed {
+        platform: Arc<Platform>,
+        after: u64,
+        head: tokio::sync::watch::Receiver<u64>,
+    }
+    let feed = Feed { platform: state.platform.clone(), after: query.after, head: state.platform.store.event_head() };
+    let lines = futures_util::stream::unfold(feed, |mut feed| async move {
+        loop {
+            feed.head.borrow_and_update();
+            let batch = match feed.platform.store.feed(feed.after, 500) {
+                Ok(batch) => batch,
+                Err(err) => {
+                    tracing::error!("reading events for the control plane: {err}");
+                    return None;
+                }
+            };
+            if let Some(last) = batch.last() {
+                feed.after = last.seq;
+                let mut text = Vec::new();
+                for event in &batch {
+                    serde_json::to_writer(&mut text, event).ok()?;
+                    text.push(b'\n');
+                }
+                return Some((Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(text)), feed));
+            }
+            match tokio::time::timeout(FEED_KEEPALIVE, feed.head.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return None,
+                Err(_) => return Some((Ok(axum::body::Bytes::from_static(b"\n")), feed)),
+            }
+        }
+    });
+    Ok(crate::api::output::stream_response(Body::from_stream(lines), false))
+}
+
+/// What each replica does for as long as it runs: claims the feeds of the
+/// live nodes nobody else follows (in PostgreSQL, renewed every
+/// [`HEARTBEAT`], lapsing after [`LEASE`]) and takes their events in, so
+/// `GET /v1/events` on any replica shows the whole cluster's; announces a
+/// lost node's sandboxes as failed, and as they are when it comes back.
+pub async fn follow_feeds(cp: Arc<ControlPlane>) {
+    let owner = crate::ids::new_id("replica");
+    let mut following: std::collections::HashMap<String, tokio::task::JoinHandle<()>> = Default::default();
+    loop {
+        following.retain(|_, task| !task.is_finished());
+        if let Err(err) = feeds_once(&cp, &owner, &mut following).await {
+            tracing::warn!("following the nodes' events: {}", err.message);
+        }
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+async fn feeds_once(
+    cp: &Arc<ControlPlane>,
+    owner: &str,
+    following: &mut std::collections::HashMap<String, tokio::task::JoinHandle<()>>,
+) -> Result<(), ApiError> {
+    for node in nodes(cp)? {
+        let id = node.row.id.clone();
+        if !node.alive {
+            if let Some(task) = following.remove(&id) {
+                task.abort();
+            }
+            if cp.store.mark_feed_lost(&id, true)? {
+                announce_lost(cp, &node)?;
+            }
+            continue;
+        }
+        let now = now_ms();
+        let Some(last) = cp.store.claim_feed(&id, owner, now, now + LEASE.as_millis() as i64)? else {
+            if let Some(task) = following.remove(&id) {
+                task.abort();
+            }
+            continue;
+        };
+        if cp.store.mark_feed_lost(&id, false)? {
+            announce_back(cp, &node).await?;
+        }
+        if let std::collections::hash_map::Entry::Vacant(entry) = following.entry(id) {
+            let (cp, owner, row) = (cp.clone(), owner.to_string(), node.row.clone());
+            entry.insert(tokio::spawn(async move {
+                if let Err(err) = take_feed(&cp, &owner, &row, last).await {
+                    tracing::warn!(node = %row.id, "its events: {err}");
+                }
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Follows one node's feed from after `last`, taking each batch in while
+/// this replica's claim holds.
+async fn take_feed(cp: &ControlPlane, owner: &str, node: &NodeRow, mut last: u64) -> Result<(), String> {
+    use futures_util::StreamExt as _;
+    let request =
+        Request::get(format!("/internal/v1/events?after={last}")).body(Body::empty()).map_err(|e| e.to_string())?;
+    let response = forward(node, &Caller::operator(), &cp.node_token, request).await.map_err(|e| e.message)?;
+    if response.status() != StatusCode::OK {
+        return Err(format!("the node answered {}", response.status()));
+    }
+    let mut body = response.into_body().into_data_stream();
+    let mut pending: Vec<u8> = Vec::new();
+    while let Some(chunk) = body.next().await {
+        pending.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+        let Some(end) = pending.iter().rposition(|b| *b == b'\n') else {
+            continue;
+        };
+        let complete: Vec<u8> = pending.drain(..=end).collect();
+        let events = complete
+            .split(|b| *b == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(serde_json::from_slice::<crate::store::FeedEvent>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("a line of its feed: {e}"))?;
+        let Some(newest) = events.last().map(|e| e.seq) else {
+            continue;
+        };
+        if !cp.store.ingest(&node.id, owner, last, &events).map_err(|e| e.to_string())? {
+            return Err("another replica follows it now".into());
+        }
+        last = newest;
+    }
+    Err("its feed ended".into())
+}
+
+/// A `sandbox.state` event of a sandbox as the control plane shows it.
+fn state_event(sandbox: serde_json::Value) -> Option<space_api::Event> {
+    let sandbox: space_api::Sandbox = serde_json::from_value(sandbox).ok()?;
+    let mut event = crate::store::new_event(space_api::EventType::SandboxState, Some(&sandbox.id));
+    event.sandbox = Some(sandbox);
+    Some(event)
+}
+
+fn announce_lost(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
+    let why = format!("node {} stopped answering", node.row.id);
+    let events: Vec<(String, space_api::Event)> = cp
+        .store
+        .placements_on(&node.row.id)?
+        .iter()
+        .filter_map(|p| Some((p.tenant.clone(), state_event(lost_sandbox(p, &why)?)?)))
+        .collect();
+    tracing::warn!(node = %node.row.id, sandboxes = events.len(), "a node is lost: its sandboxes are failed");
+    Ok(cp.store.add_events(&events)?)
+}
+
+async fn announce_back(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
+    let mut events = Vec::new();
+    for placement in cp.store.placements_on(&node.row.id)? {
+        let id = serde_json::from_str::<serde_json::Value>(&placement.sandbox).unwrap_or_default()["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let caller = Caller { tenant: placement.tenant.clone(), operator: false, node: false };
+        let request = Request::get(format!("/v1/sandboxes/{id}"))
+            .body(Body::empty())
+            .map_err(|e| ApiError::internal("a request", e))?;
+        let response = forward(&node.row, &caller, &cp.node_token, request).await?;
+        if response.status() != StatusCode::OK {
+            continue;
+        }
+        if let (_, Some(sandbox)) = read_answer(response).await? {
+            events.extend(state_event(sandbox).map(|e| (placement.tenant.clone(), e)));
+        }
+    }
+    tracing::info!(node = %node.row.id, sandboxes = events.len(), "a lost node is back");
+    Ok(cp.store.add_events(&events)?)
+}
+
+/// Wakes this replica's event followers when another replica took events in.
+pub async fn watch_event_head(cp: Arc<ControlPlane>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if cp.store.followed() {
+            if let Err(err) = cp.store.refresh_event_head() {
+                tracing::warn!("reading the newest event's id: {err}");
+            }
+        }
+    }
 }
 
 // ---- templates between nodes -------------------------------------------------

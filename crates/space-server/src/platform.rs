@@ -75,6 +75,10 @@ pub struct Platform {
     pub(crate) egress: crate::egress::EgressHub,
     /// Seals tenant secrets and sandbox CA keys (loaded on first use).
     pub(crate) keyring: std::sync::OnceLock<crate::secrets::Keyring>,
+    /// A node: the change of its cluster's secrets it holds (0: none yet),
+    /// and the lock that takes a set at a time.
+    pub(crate) secrets_epoch: std::sync::atomic::AtomicU64,
+    pub(crate) secrets_taken: Mutex<()>,
     pub metrics: crate::metrics::Metrics,
     pub(crate) usage: crate::sampling::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
@@ -120,6 +124,8 @@ impl Platform {
                 space_egress::gateway::SystemResolver,
             ))),
             keyring: Default::default(),
+            secrets_epoch: Default::default(),
+            secrets_taken: Default::default(),
             metrics: Default::default(),
             usage: Default::default(),
             metrics_without_key: Default::default(),

@@ -39,7 +39,7 @@ pub struct Keyring {
 impl Keyring {
     /// Reads `path`, or makes it (32 random bytes, 0600) if it is missing.
     pub fn load_or_create(path: &Path) -> std::io::Result<Keyring> {
-        let bytes = match std::fs::read(path) {
+        let mut bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                 let mut bytes = vec![0u8; 32];
@@ -51,8 +51,13 @@ impl Keyring {
             }
             Err(err) => return Err(err),
         };
+        // Also 64 hexadecimal digits (a key an operator made as text).
+        let text = String::from_utf8_lossy(&bytes).trim().to_string();
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bytes = (0..32).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap_or(0)).collect();
+        }
         let key = UnboundKey::new(&AES_256_GCM, &bytes)
-            .map_err(|_| std::io::Error::other(format!("{}: not a 32-byte key", path.display())))?;
+            .map_err(|_| std::io::Error::other(format!("{}: not a 32-byte key (nor 64 hex digits)", path.display())))?;
         let derived = ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes), b"space tokens v1");
         let tokens = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref());
         Ok(Keyring { key: LessSafeKey::new(key), tokens })
@@ -93,6 +98,8 @@ impl Keyring {
 
 /// A secret as kept: its hosts, and its value sealed.
 pub type SealedSecret = (Vec<String>, Vec<u8>);
+/// A sealed secret with its tenant and name.
+pub type TenantSecret = (String, String, SealedSecret);
 
 fn secret_context(tenant: &str, name: &str) -> String {
     format!("secret\0{tenant}\0{name}")
@@ -135,9 +142,56 @@ impl Store {
                  ON CONFLICT (tenant, name) DO UPDATE SET hosts = excluded.hosts, sealed = excluded.sealed,
                  updated_at = excluded.updated_at",
                 vals![tenant, name, hosts, sealed, at],
-            )
+            )?;
+            bump_epoch(c)
         })?;
         Ok(())
+    }
+
+    /// How many times a cluster's secrets changed (0 outside PostgreSQL).
+    pub fn secrets_epoch(&self) -> Result<u64, StoreError> {
+        self.tx(|c| match c.postgres() {
+            true => {
+                Ok(c.query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?.map(|r| r.int(0)).transpose()?)
+            }
+            false => Ok(None),
+        })
+        .map(|epoch| epoch.unwrap_or(0).max(0) as u64)
+    }
+
+    /// Every tenant's secrets (sealed), and the count of changes they are
+    /// as of: what a cluster's nodes are sent.
+    pub fn all_secrets(&self) -> Result<(u64, Vec<TenantSecret>), StoreError> {
+        self.tx(|c| {
+            let epoch = match c.postgres() {
+                true => {
+                    c.query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?.map(|r| r.int(0)).transpose()?
+                }
+                false => None,
+            };
+            let rows = c.query("SELECT tenant, name, hosts, sealed FROM secrets ORDER BY tenant, name", &[])?;
+            let secrets = rows
+                .iter()
+                .map(|r| Ok((r.text(0)?, r.text(1)?, (serde_json::from_str(&r.text(2)?)?, r.bytes(3)?))))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok((epoch.unwrap_or(0).max(0) as u64, secrets))
+        })
+    }
+
+    /// Replaces every secret with `secrets` (a node, sent its cluster's).
+    pub fn replace_secrets(&self, secrets: &[TenantSecret], at: &str) -> Result<(), StoreError> {
+        self.tx(|c| {
+            c.execute("DELETE FROM secrets", &[])?;
+            for (tenant, name, (hosts, sealed)) in secrets {
+                let hosts = serde_json::to_string(hosts)?;
+                c.execute(
+                    "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                    vals![tenant.as_str(), name.as_str(), hosts, sealed.as_slice(), at],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// A tenant's secrets, without values.
@@ -169,8 +223,102 @@ impl Store {
     }
 
     pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        Ok(self.tx(|c| c.execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name]))? > 0)
+        self.tx(|c| {
+            let gone = c.execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name])? > 0;
+            if gone {
+                bump_epoch(c)?;
+            }
+            Ok(gone)
+        })
     }
+}
+
+/// On PostgreSQL (a cluster's store), counts a change of the secrets, so
+/// nodes that have an older set are sent the new one.
+fn bump_epoch(c: &mut dyn crate::store::db::Conn) -> Result<(), StoreError> {
+    if c.postgres() {
+        c.execute(
+            "INSERT INTO secrets_epoch (id, epoch) VALUES (1, 1)
+             ON CONFLICT (id) DO UPDATE SET epoch = secrets_epoch.epoch + 1",
+            &[],
+        )?;
+    }
+    Ok(())
+}
+
+/// A secret with its value, as a control plane sends it to its nodes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PlainSecret {
+    pub tenant: String,
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub value: String,
+}
+
+/// Every secret of a cluster as of its `epoch`-th change.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SecretSet {
+    pub epoch: u64,
+    pub secrets: Vec<PlainSecret>,
+}
+
+/// The store's secrets, opened with `keyring` (those that do not open are
+/// left out, and logged).
+pub fn secret_set(store: &Store, keyring: &Keyring) -> Result<SecretSet, ApiError> {
+    let (epoch, sealed) = store.all_secrets()?;
+    let secrets = sealed
+        .into_iter()
+        .filter_map(|(tenant, name, (hosts, sealed))| {
+            let plain = keyring.open(&secret_context(&tenant, &name), &sealed);
+            let value = plain.and_then(|p| String::from_utf8(p).ok());
+            if value.is_none() {
+                tracing::error!(%tenant, secret = %name, "a secret does not open with this key");
+            }
+            Some(PlainSecret { tenant, name, hosts, value: value? })
+        })
+        .collect();
+    Ok(SecretSet { epoch, secrets })
+}
+
+/// Checks, seals and keeps a tenant's secret in `store`.
+pub fn put_secret(
+    store: &Store,
+    keyring: &Keyring,
+    tenant: &str,
+    name: &str,
+    request: PutSecretRequest,
+) -> Result<SecretInfo, ApiError> {
+    if !valid_name(name) {
+        return Err(ApiError::unprocessable(format!("secret name {name:?}: 1-64 letters, digits, '_', '-' or '.'")));
+    }
+    if request.value.is_empty() || request.value.len() > MAX_VALUE {
+        return Err(ApiError::unprocessable(format!("a secret's value is 1 to {MAX_VALUE} bytes")));
+    }
+    if request.value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+        return Err(ApiError::unprocessable(
+            "a secret's value may not hold control characters (it goes in HTTP headers)",
+        ));
+    }
+    if request.hosts.is_empty() || request.hosts.len() > MAX_HOSTS {
+        return Err(ApiError::unprocessable(format!("a secret lists 1 to {MAX_HOSTS} hosts it may be sent to")));
+    }
+    space_egress::policy::Binding::new(name, "", &request.hosts, Vec::new())
+        .map_err(|err| ApiError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "hosts"})))?;
+    let exists = store.secret(tenant, name)?.is_some();
+    if !exists && store.secrets(tenant)?.len() >= MAX_SECRETS {
+        return Err(ApiError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
+    }
+    let sealed = keyring.seal(&secret_context(tenant, name), request.value.as_bytes());
+    store.put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
+    let info = store.secrets(tenant)?.into_iter().find(|s| s.name == name);
+    info.ok_or_else(|| ApiError::internal("keeping the secret", "it was not there afterwards"))
+}
+
+pub fn delete_secret(store: &Store, tenant: &str, name: &str) -> Result<(), ApiError> {
+    if !valid_name(name) || !store.delete_secret(tenant, name)? {
+        return Err(ApiError::not_found("secret", name));
+    }
+    Ok(())
 }
 
 /// The gateway's way to a tenant's secrets.
@@ -198,39 +346,32 @@ impl Platform {
 
     /// Writes (or replaces) a tenant's secret; in use from the next request.
     pub fn put_secret(&self, tenant: &str, name: &str, request: PutSecretRequest) -> Result<SecretInfo, ApiError> {
-        if !valid_name(name) {
-            return Err(ApiError::unprocessable(format!(
-                "secret name {name:?}: 1-64 letters, digits, '_', '-' or '.'"
-            )));
-        }
-        if request.value.is_empty() || request.value.len() > MAX_VALUE {
-            return Err(ApiError::unprocessable(format!("a secret's value is 1 to {MAX_VALUE} bytes")));
-        }
-        if request.value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
-            return Err(ApiError::unprocessable(
-                "a secret's value may not hold control characters (it goes in HTTP headers)",
-            ));
-        }
-        if request.hosts.is_empty() || request.hosts.len() > MAX_HOSTS {
-            return Err(ApiError::unprocessable(format!("a secret lists 1 to {MAX_HOSTS} hosts it may be sent to")));
-        }
-        space_egress::policy::Binding::new(name, "", &request.hosts, Vec::new()).map_err(|err| {
-            ApiError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "hosts"}))
-        })?;
-        let exists = self.store.secret(tenant, name)?.is_some();
-        if !exists && self.store.secrets(tenant)?.len() >= MAX_SECRETS {
-            return Err(ApiError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
-        }
-        let sealed = self.keyring()?.seal(&secret_context(tenant, name), request.value.as_bytes());
-        self.store.put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
-        let info = self.store.secrets(tenant)?.into_iter().find(|s| s.name == name);
-        info.ok_or_else(|| ApiError::internal("keeping the secret", "it was not there afterwards"))
+        put_secret(&self.store, self.keyring()?, tenant, name, request)
     }
 
     pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
-        if !valid_name(name) || !self.store.delete_secret(tenant, name)? {
-            return Err(ApiError::not_found("secret", name));
+        delete_secret(&self.store, tenant, name)
+    }
+
+    /// Takes a cluster's secrets as this node's own (sealed with this
+    /// node's key), unless it has a newer set already.
+    pub fn take_secrets(&self, set: SecretSet) -> Result<(), ApiError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _one_at_a_time = self.secrets_taken.lock().unwrap_or_else(|e| e.into_inner());
+        if set.epoch <= self.secrets_epoch.load(SeqCst) {
+            return Ok(());
         }
+        let keyring = self.keyring()?;
+        let sealed: Vec<TenantSecret> = set
+            .secrets
+            .into_iter()
+            .map(|s| {
+                let sealed = keyring.seal(&secret_context(&s.tenant, &s.name), s.value.as_bytes());
+                (s.tenant, s.name, (s.hosts, sealed))
+            })
+            .collect();
+        self.store.replace_secrets(&sealed, &crate::ids::now())?;
+        self.secrets_epoch.store(set.epoch, SeqCst);
         Ok(())
     }
 

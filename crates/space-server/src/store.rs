@@ -19,7 +19,7 @@ use space_api::{Command, EventType, Operation, Sandbox};
 
 pub use self::cluster::{NodeRow, Placement};
 pub(crate) use self::events::new_event;
-pub use self::events::{EventFilter, RawEvent, EVENTS_KEPT};
+pub use self::events::{EventFilter, FeedEvent, RawEvent, EVENTS_KEPT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

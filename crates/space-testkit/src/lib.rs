@@ -304,6 +304,24 @@ impl NetNs {
         space_host::run(command.args(["-q", "-w", "net.ipv4.ip_forward=1"])).expect("turning forwarding on");
     }
 
+    /// Gives the namespace one more address (CIDR) on its loopback device.
+    pub fn add_address(&self, address: &str) {
+        ip(&["-n", &self.name, "addr", "add", address, "dev", "lo"]);
+    }
+
+    /// A TCP listener in this namespace, bound to `address` (a thread
+    /// enters the namespace to make it; the socket stays there).
+    pub fn bind(&self, address: &str) -> std::net::TcpListener {
+        let (path, address) = (format!("/run/netns/{}", self.name), address.to_string());
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("entering the namespace");
+            std::net::TcpListener::bind(&address).unwrap_or_else(|e| panic!("binding {address}: {e}"))
+        })
+        .join()
+        .expect("the thread that binds")
+    }
+
     /// `program` run in this namespace.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
         let mut command = std::process::Command::new("nsenter");

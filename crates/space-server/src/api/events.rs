@@ -16,7 +16,7 @@ use space_api::{ErrorBody, Event, EventType};
 use super::{ApiQuery, AppState};
 use crate::error::ApiError;
 use crate::platform::Platform;
-use crate::store::{EventFilter, RawEvent};
+use crate::store::{EventFilter, RawEvent, Store};
 use crate::tenants::Caller;
 
 /// Events read from the store at a time.
@@ -67,6 +67,28 @@ pub async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    serve(state.platform.clone(), caller, query, &headers)
+}
+
+/// Who keeps the event log: a host's platform, or a cluster's control
+/// plane (whose log holds what it took in from every node).
+pub trait EventLog: Send + Sync + 'static {
+    fn store(&self) -> &Store;
+}
+
+impl EventLog for Platform {
+    fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// `GET /v1/events` over `log`'s store for `caller`.
+pub(crate) fn serve(
+    log: Arc<dyn EventLog>,
+    caller: Caller,
+    query: EventsQuery,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
     let filter = EventFilter { types: parse_types(query.types.as_deref())?, sandbox_id: query.sandbox_id };
     let last_seen = match headers.get("last-event-id") {
         Some(value) => Some(
@@ -90,7 +112,7 @@ pub async fn events(
         Some(accept) if accept.contains("text/event-stream") => Format::Sse,
         _ => Format::Ndjson,
     };
-    let store = &state.platform.store;
+    let store = log.store();
     let mut head = store.event_head();
     let now = *head.borrow_and_update();
     let mut first = VecDeque::new();
@@ -105,7 +127,7 @@ pub async fn events(
     }
     let body = if query.follow {
         let follower = Follower {
-            platform: state.platform.clone(),
+            log: log.clone(),
             tenant: caller.tenant,
             filter,
             next: start.unwrap_or(now + 1),
@@ -162,7 +184,7 @@ fn render(format: Format, event: &RawEvent) -> Vec<u8> {
 /// A `follow=true` stream: what is kept from `next` on, then each new
 /// event of the tenant as its change commits.
 struct Follower {
-    platform: Arc<Platform>,
+    log: Arc<dyn EventLog>,
     tenant: String,
     filter: EventFilter,
     /// The first event id not yet looked at.
@@ -181,7 +203,7 @@ impl Follower {
             }
             // Every event up to `seen` has committed (one writer at a time).
             let seen = *self.head.borrow_and_update();
-            let store = &self.platform.store;
+            let store = self.log.store();
             let batch = match store.events_from(&self.tenant, self.next, &self.filter, BATCH) {
                 Ok(batch) => batch,
                 Err(err) => {

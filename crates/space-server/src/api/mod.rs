@@ -4,7 +4,7 @@
 mod attach;
 mod commands;
 mod egress;
-mod events;
+pub(crate) mod events;
 pub(crate) mod files;
 mod health;
 mod openapi;
@@ -112,6 +112,8 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/internal/v1/templates/{name}", get(crate::cluster::export_template))
         .route("/internal/v1/templates/pull", axum::routing::post(crate::cluster::pull_template))
+        .route("/internal/v1/events", get(crate::cluster::feed))
+        .route("/internal/v1/secrets", axum::routing::post(crate::cluster::take_secrets))
         .merge(protected)
         .merge(crate::e2b::router())
         .merge(crate::console::router())

@@ -33,6 +33,17 @@ CREATE TABLE IF NOT EXISTS template_pulls (
     until_ms BIGINT NOT NULL,
     PRIMARY KEY (node_id, name)
 );
+CREATE TABLE IF NOT EXISTS node_feeds (
+    node_id TEXT PRIMARY KEY,
+    last_seq BIGINT NOT NULL,
+    owner TEXT NOT NULL,
+    until_ms BIGINT NOT NULL,
+    lost BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS secrets_epoch (
+    id BIGINT PRIMARY KEY,
+    epoch BIGINT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS operation_nodes (
     operation_id TEXT PRIMARY KEY,
     node_id TEXT NOT NULL,
@@ -167,6 +178,41 @@ impl Store {
             )
         })?;
         Ok(!claimed.is_empty())
+    }
+
+    /// Claims following node `node_id`'s events for `owner` (a replica)
+    /// until `until_ms`, if nobody else's claim holds at `now_ms`; the id of
+    /// the node's last event already taken in.
+    pub fn claim_feed(
+        &self,
+        node_id: &str,
+        owner: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> Result<Option<u64>, StoreError> {
+        let row = self.tx(|c| {
+            c.query_one(
+                "INSERT INTO node_feeds (node_id, last_seq, owner, until_ms) VALUES (?1, 0, ?2, ?3)
+                 ON CONFLICT (node_id) DO UPDATE SET owner = excluded.owner, until_ms = excluded.until_ms
+                 WHERE node_feeds.owner = ?2 OR node_feeds.until_ms < ?4 RETURNING last_seq",
+                vals![node_id, owner, until_ms, now_ms],
+            )
+        })?;
+        row.map(|r| Ok(r.int(0)?.max(0) as u64)).transpose()
+    }
+
+    /// Marks a node's sandboxes as announced lost (`lost`) or back; true
+    /// for the one caller that changed it, which announces it.
+    pub fn mark_feed_lost(&self, node_id: &str, lost: bool) -> Result<bool, StoreError> {
+        let (to, from): (i64, i64) = if lost { (1, 0) } else { (0, 1) };
+        Ok(self.tx(|c| {
+            c.execute("UPDATE node_feeds SET lost = ?1 WHERE node_id = ?2 AND lost = ?3", vals![to, node_id, from])
+        })? > 0)
+    }
+
+    /// The placements on a node.
+    pub fn placements_on(&self, node_id: &str) -> Result<Vec<Placement>, StoreError> {
+        self.tx(|c| placements_of(c, "WHERE node_id = ?1", vals![node_id]))
     }
 
     pub fn put_operation_node(&self, operation_id: &str, node_id: &str, tenant: &str) -> Result<(), StoreError> {

@@ -119,6 +119,10 @@ pub trait Conn {
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, StoreError>;
     /// Runs a query; every row.
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Row>, StoreError>;
+    /// Whether this is PostgreSQL (some statements exist in one dialect only).
+    fn postgres(&self) -> bool {
+        false
+    }
 
     /// The first row of a query, if any.
     fn query_one(&mut self, sql: &str, values: &[Value]) -> Result<Option<Row>, StoreError> {
@@ -320,6 +324,10 @@ fn from_pg(row: &postgres::Row, i: usize) -> Result<Value, StoreError> {
 }
 
 impl Conn for PgConn<'_, '_> {
+    fn postgres(&self) -> bool {
+        true
+    }
+
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, StoreError> {
         let params: Vec<&(dyn postgres::types::ToSql + Sync)> = values.iter().map(|v| v as _).collect();
         Ok(self.0.execute(pg_sql(sql).as_str(), &params)?)

@@ -57,9 +57,26 @@ pub(crate) fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
 pub(super) fn insert(c: &mut dyn Conn, tenant: &str, event: &Event) -> Result<u64, StoreError> {
     debug_assert_eq!(event.id, 0, "an event's id is its row's");
     let body = serde_json::to_string(event)?;
+    insert_body(c, tenant, event.sandbox_id.as_deref(), event.kind.as_str(), &body)
+}
+
+/// Adds an event as stored (`body` with id 0), taking the next id.
+fn insert_body(
+    c: &mut dyn Conn,
+    tenant: &str,
+    sandbox_id: Option<&str>,
+    kind: &str,
+    body: &str,
+) -> Result<u64, StoreError> {
+    // Followers read up to the newest id and go on after it, so ids must
+    // commit in order: on PostgreSQL, whose writers run concurrently, the
+    // transactions that add events take turns (until they commit).
+    if c.postgres() {
+        c.execute("SELECT pg_advisory_xact_lock(7270003)", &[])?;
+    }
     let row = c.query_one(
         "INSERT INTO events (tenant, sandbox_id, kind, body) VALUES (?1, ?2, ?3, ?4) RETURNING seq",
-        vals![tenant, event.sandbox_id.as_deref(), event.kind.as_str(), body],
+        vals![tenant, sandbox_id, kind, body],
     )?;
     let seq = row.ok_or_else(|| StoreError::Shape("an insert returned no id".into()))?.int(0)?.max(0) as u64;
     if seq.is_multiple_of(TRIM_EVERY) && seq > EVENTS_KEPT {
@@ -68,7 +85,101 @@ pub(super) fn insert(c: &mut dyn Conn, tenant: &str, event: &Event) -> Result<u6
     Ok(seq)
 }
 
+/// An event as a node passes it to the control plane: every tenant's, in
+/// its stored form (the body with id 0), under the node's own id.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct FeedEvent {
+    pub seq: u64,
+    pub tenant: String,
+    pub sandbox_id: Option<String>,
+    pub kind: String,
+    pub body: String,
+}
+
 impl Store {
+    /// Every tenant's events after id `after`, oldest first, at most `limit`
+    /// (a node's feed to the control plane).
+    pub fn feed(&self, after: u64, limit: u32) -> Result<Vec<FeedEvent>, StoreError> {
+        let sql = "SELECT seq, tenant, sandbox_id, kind, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2";
+        let values = vals![after, limit];
+        let rows = match &self.reader {
+            Some(reader) => SqliteConn(&reader.lock().unwrap_or_else(|e| e.into_inner())).query(sql, values)?,
+            None => self.tx(|c| c.query(sql, values))?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(FeedEvent {
+                    seq: r.int(0)?.max(0) as u64,
+                    tenant: r.text(1)?,
+                    sandbox_id: r.opt_text(2)?,
+                    kind: r.text(3)?,
+                    body: r.text(4)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds what a node's feed passed on, after `from` (the last of its
+    /// events already here), as long as `owner` still holds the node's feed
+    /// and nobody else moved it on: false (and nothing added) otherwise.
+    /// Exactly once: the feed's position moves in the same transaction.
+    pub fn ingest(&self, node: &str, owner: &str, from: u64, events: &[FeedEvent]) -> Result<bool, StoreError> {
+        let Some(last) = events.last() else {
+            return Ok(true);
+        };
+        let mut newest = None;
+        let moved = self.tx(|c| {
+            let moved = c.execute(
+                "UPDATE node_feeds SET last_seq = ?1 WHERE node_id = ?2 AND owner = ?3 AND last_seq = ?4",
+                vals![last.seq, node, owner, from],
+            )?;
+            if moved == 0 {
+                return Ok(false);
+            }
+            for event in events {
+                let body = event.body.as_str();
+                if !body.starts_with(BODY_PREFIX) {
+                    return Err(StoreError::Shape(format!(
+                        "node {node}'s event {} is not as stores write them",
+                        event.seq
+                    )));
+                }
+                newest = Some(insert_body(c, &event.tenant, event.sandbox_id.as_deref(), &event.kind, body)?);
+            }
+            Ok(true)
+        })?;
+        self.announce(newest);
+        Ok(moved)
+    }
+
+    /// Adds events made here (by the control plane itself, such as a lost
+    /// node's sandboxes failing).
+    pub fn add_events(&self, events: &[(String, Event)]) -> Result<(), StoreError> {
+        let newest = self.tx(|c| {
+            let mut newest = None;
+            for (tenant, event) in events {
+                newest = Some(insert(c, tenant, event)?);
+            }
+            Ok(newest)
+        })?;
+        self.announce(newest);
+        Ok(())
+    }
+
+    /// Reads the newest event's id from the database, for events another
+    /// process added (a replica's ingest), and wakes followers if it moved.
+    pub fn refresh_event_head(&self) -> Result<u64, StoreError> {
+        let head = self.tx(|c| c.query_one("SELECT COALESCE(MAX(seq), 0) FROM events", &[]))?;
+        let head = head.map(|r| r.int(0)).transpose()?.unwrap_or(0).max(0) as u64;
+        self.announce(Some(head));
+        Ok(head)
+    }
+
+    /// Whether anyone follows the event log in this process.
+    pub fn followed(&self) -> bool {
+        self.event_head.receiver_count() > 0
+    }
+
     pub(super) fn recording(&self) -> bool {
         self.recording.load(Relaxed)
     }
