@@ -29,10 +29,11 @@ fn start_node(
     runtime.block_on(platform.start()).map_err(|e| anyhow::anyhow!(e.message))?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let url = format!("http://{}", listener.local_addr()?);
-    let state = space_server::AppState::node(platform.clone(), token.to_string());
+    let state = space_server::AppState::node(platform.clone(), token.to_string(), Default::default());
     runtime.spawn(space_server::serve(listener, state, std::future::pending()));
     runtime.spawn(space_server::cluster::heartbeats(
         platform,
+        Default::default(),
         control_plane.to_string(),
         token.to_string(),
         "bench-node".into(),
@@ -62,6 +63,7 @@ pub fn run(args: &BenchArgs, node_data: &DataDir, single_data: &DataDir) -> Resu
         api_key: key.clone(),
         node_token: token.clone(),
         keyring: None,
+        links: Default::default(),
     });
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let cp_url = format!("http://{}", listener.local_addr()?);

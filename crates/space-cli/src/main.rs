@@ -396,8 +396,35 @@ struct ServeArgs {
     /// every replica. Without it the control plane keeps no secrets.
     #[arg(long, requires = "cluster")]
     secrets_key_file: Option<PathBuf>,
+    /// The CA (PEM) of a cluster's own links: with --cluster-cert and
+    /// --cluster-key, control plane and nodes speak mutual TLS to each
+    /// other, each side asking the other for a certificate of this CA.
+    #[arg(long, requires_all = ["cluster_cert", "cluster_key"])]
+    cluster_ca: Option<PathBuf>,
+    /// This member's certificate on the cluster's links (PEM, signed by
+    /// --cluster-ca); a node serves its API with it.
+    #[arg(long, requires = "cluster_ca")]
+    cluster_cert: Option<PathBuf>,
+    /// The key of --cluster-cert (PEM).
+    #[arg(long, requires = "cluster_ca")]
+    cluster_key: Option<PathBuf>,
+    /// A control plane: also take nodes' heartbeats here, over the
+    /// cluster's mutual TLS (give nodes this address as --control-plane
+    /// https://…).
+    #[arg(long, requires = "cluster_ca", requires = "cluster")]
+    cluster_listen: Option<SocketAddr>,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+impl ServeArgs {
+    /// The cluster's TLS, if asked for.
+    fn cluster_tls(&self) -> Result<Option<space_server::http::ClusterTls>> {
+        match (&self.cluster_ca, &self.cluster_cert, &self.cluster_key) {
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(space_server::http::cluster_tls(ca, cert, key)?)),
+            _ => Ok(None),
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -970,9 +997,16 @@ fn control_plane(args: ServeArgs) -> Result<()> {
         ),
         None => None,
     };
+    let cluster_tls = args.cluster_tls()?;
+    let links = space_server::cluster::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
     let store = space_server::store::Store::connect(url)?;
-    let cp =
-        std::sync::Arc::new(space_server::cluster::ControlPlane { store, api_key: key, node_token: token, keyring });
+    let cp = std::sync::Arc::new(space_server::cluster::ControlPlane {
+        store,
+        api_key: key,
+        node_token: token,
+        keyring,
+        links,
+    });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.spawn(space_server::cluster::replicate_templates(cp.clone()));
     runtime.spawn(space_server::cluster::follow_feeds(cp.clone()));
@@ -982,7 +1016,20 @@ fn control_plane(args: ServeArgs) -> Result<()> {
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!("SPACE control plane listening on http://{}", listener.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!("SPACE control plane listening on {scheme}://{}", listener.local_addr()?);
+        if let (Some(address), Some(cluster_tls)) = (args.cluster_listen, &cluster_tls) {
+            let internal =
+                tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+            tracing::info!("taking nodes' heartbeats on https://{}", internal.local_addr()?);
+            let router = space_server::cluster::internal_router(cp.clone());
+            tokio::spawn(space_server::http::serve_router(
+                internal,
+                router,
+                Some(cluster_tls.server.clone()),
+                std::future::pending(),
+            ));
+        }
         let shutdown = async move {
             term.recv().await;
         };
@@ -996,8 +1043,13 @@ fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     if args.dev && !args.listen.ip().is_loopback() {
         bail!("--dev binds loopback only; {} is not a loopback address", args.listen);
     }
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(space_server::http::tls_config(cert, key)?),
+    // A node of a cluster with TLS serves the cluster's mutual TLS.
+    let cluster_tls = args.cluster_tls()?;
+    let tls = match (&args.tls_cert, &args.tls_key, &cluster_tls) {
+        (Some(_), _, Some(_)) => bail!("a node serves with --cluster-cert; --tls-cert is for a server's clients"),
+        (_, _, Some(cluster)) if node.is_some() => Some(cluster.server.clone()),
+        (_, _, Some(_)) => bail!("--cluster-ca is for a cluster's members (space node, space serve --cluster)"),
+        (Some(cert), Some(key), None) => Some(space_server::http::tls_config(cert, key)?),
         _ => None,
     };
     if tls.is_none() && !args.listen.ip().is_loopback() && !args.insecure_http {
@@ -1045,19 +1097,22 @@ fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
         platform.start().await.map_err(|e| anyhow::anyhow!(e.message))?;
         let state = match (node, node_token) {
             (Some(node), Some(token)) => {
-                let url = node.advertise.unwrap_or_else(|| format!("http://{}", args.listen));
+                let scheme = if cluster_tls.is_some() { "https" } else { "http" };
+                let url = node.advertise.unwrap_or_else(|| format!("{scheme}://{}", args.listen));
                 let url = match listener.local_addr() {
-                    Ok(addr) if url.ends_with(":0") => format!("http://{addr}"),
+                    Ok(addr) if url.ends_with(":0") => format!("{scheme}://{addr}"),
                     _ => url,
                 };
+                let links = space_server::cluster::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
                 tokio::spawn(space_server::cluster::heartbeats(
                     platform.clone(),
+                    links.clone(),
                     node.control_plane,
                     token.clone(),
                     node.id,
                     url,
                 ));
-                space_server::AppState::node(platform, token)
+                space_server::AppState::node(platform, token, links)
             }
             _ => space_server::AppState::new(platform, key),
         };

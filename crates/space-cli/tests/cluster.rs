@@ -10,6 +10,7 @@
 //! while the other node's keep answering; started again, it takes them back.
 //! Events from every node reach a follower of either replica; a secret put
 //! through the control plane reaches the node whose gateway needs it.
+//! Control plane and nodes speak mutual TLS with the cluster's own CA.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -186,26 +187,62 @@ fn upstream(net: &NetNs, dir: &Path) -> (u16, PathBuf, Arc<Mutex<Vec<String>>>) 
     (port, ca_file, seen)
 }
 
-/// Node `k` (1, 2, 3): in its own namespace at 10.231.k.2, reporting to
-/// both replicas (whichever answers) through its link to the lan, its
-/// sandboxes' egress reaching the upstream API in the lan.
-fn node(
-    net: &NetNs,
-    k: u8,
-    data: &TestDataDir,
-    id: &str,
-    ports: &[u16],
-    token: &std::path::Path,
-    egress: &[String],
-) -> ReapedChild {
+/// The cluster's own CA, and certificates it signs.
+struct ClusterCa {
+    dir: PathBuf,
+    key: rcgen::KeyPair,
+    ca: rcgen::Certificate,
+}
+
+impl ClusterCa {
+    fn new(dir: &Path) -> ClusterCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, "cluster test CA");
+        let ca = params.self_signed(&key).unwrap();
+        std::fs::write(dir.join("cluster-ca.pem"), ca.pem()).unwrap();
+        ClusterCa { dir: dir.to_path_buf(), key, ca }
+    }
+
+    /// `--cluster-ca/-cert/-key` for a member reached at `addresses`.
+    fn member(&self, name: &str, addresses: &[String]) -> Vec<String> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert =
+            rcgen::CertificateParams::new(addresses.to_vec()).unwrap().signed_by(&key, &self.ca, &self.key).unwrap();
+        let (cert_file, key_file) = (self.dir.join(format!("{name}.pem")), self.dir.join(format!("{name}.key")));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let path = |p: &Path| p.to_str().unwrap().to_string();
+        vec![
+            "--cluster-ca".into(),
+            path(&self.dir.join("cluster-ca.pem")),
+            "--cluster-cert".into(),
+            path(&cert_file),
+            "--cluster-key".into(),
+            path(&key_file),
+        ]
+    }
+}
+
+/// Where replica `i` takes nodes' heartbeats (mutual TLS), in the lan.
+fn heartbeat_port(i: usize) -> u16 {
+    7443 + i as u16
+}
+
+/// Node `k` (1, 2, 3): in its own namespace at 10.231.k.2, serving the
+/// cluster's mutual TLS, reporting to both replicas (whichever answers)
+/// through its link to the lan; its sandboxes' egress reaches the
+/// upstream API in the lan.
+fn node(net: &NetNs, k: u8, data: &TestDataDir, id: &str, token: &Path, extra: &[String]) -> ReapedChild {
     let listen = format!("10.231.{k}.2:0");
-    let replicas: Vec<String> = ports.iter().map(|p| format!("http://10.231.{k}.1:{p}")).collect();
+    let replicas: Vec<String> = (0..2).map(|i| format!("https://10.231.{k}.1:{}", heartbeat_port(i))).collect();
     let replicas = replicas.join(",");
-    let args = ["--listen", &listen, "--insecure-http", "--node-id", id, "--control-plane", &replicas];
+    let args = ["--listen", &listen, "--node-id", id, "--control-plane", &replicas];
     let mut all: Vec<&str> = args.to_vec();
     let token = token.to_str().unwrap();
     all.extend(["--node-token-file", token]);
-    all.extend(egress.iter().map(String::as_str));
+    all.extend(extra.iter().map(String::as_str));
     let (child, _, _, lines) = common::spawn_command(net.command(SPACE), data, "node", &all);
     // What goes wrong on a node shows in the test's output.
     let name = id.to_string();
@@ -265,6 +302,9 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         "--egress-trust".to_string(),
         api_ca.to_str().unwrap().to_string(),
     ];
+    let cluster_ca = ClusterCa::new(control.root());
+    let lan_side: Vec<String> = NODES.iter().map(|(_, k)| format!("10.231.{k}.1")).collect();
+    let cp_tls = cluster_ca.member("control-plane", &lan_side);
     let cp_args = [
         "--cluster",
         "--database",
@@ -280,8 +320,12 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         "--insecure-http",
     ];
     let replicas: Vec<(ReapedChild, u16)> = (0..2)
-        .map(|_| {
-            let (child, url, _, lines) = common::spawn_command(lan.command(SPACE), &control, "serve", &cp_args);
+        .map(|i| {
+            let mut args: Vec<String> = cp_args.iter().map(|a| a.to_string()).collect();
+            args.extend(cp_tls.iter().cloned());
+            args.extend(["--cluster-listen".into(), format!("0.0.0.0:{}", heartbeat_port(i))]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (child, url, _, lines) = common::spawn_command(lan.command(SPACE), &control, "serve", &args);
             std::thread::spawn(move || lines.for_each(drop));
             (child, url.rsplit(':').next().unwrap().parse().unwrap())
         })
@@ -291,16 +335,38 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let datas: std::collections::BTreeMap<&str, TestDataDir> =
         NODES.iter().map(|(name, _)| (*name, TestDataDir::new())).collect();
     let mut children: std::collections::BTreeMap<&str, ReapedChild> = std::collections::BTreeMap::new();
+    let node_args: std::collections::BTreeMap<&str, Vec<String>> = NODES
+        .iter()
+        .map(|(name, k)| (*name, [egress.clone(), cluster_ca.member(name, &[format!("10.231.{k}.2")])].concat()))
+        .collect();
     for (name, k) in NODES {
-        children.insert(name, node(&nets[name], k, &datas[name], name, &ports, &token, &egress));
+        children.insert(name, node(&nets[name], k, &datas[name], name, &token, &node_args[name]));
     }
 
     // Every node is known to both replicas (one database).
     let health = |url: &str| -> Value { ureq::get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
-    wait_for("three live nodes", Duration::from_secs(60), || {
+    let nodes = wait_for("three live nodes", Duration::from_secs(60), || {
         let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
-        (nodes.iter().filter(|n| n["alive"] == true).count() == 3).then_some(())
+        (nodes.iter().filter(|n| n["alive"] == true).count() == 3).then_some(nodes)
     });
+    // A node answers only a peer with a certificate of the cluster's CA.
+    let url = nodes[0]["url"].as_str().unwrap();
+    let (host, port) = url.trim_start_matches("https://").split_once(':').expect("an https:// node");
+    let stranger = Reaper::global()
+        .output(lan.command("python3").args([
+            "-c",
+            "import socket, ssl, sys\n\
+             c = ssl.create_default_context(cafile=sys.argv[1])\n\
+             s = c.wrap_socket(socket.create_connection((sys.argv[2], int(sys.argv[3]))), server_hostname=sys.argv[2])\n\
+             s.sendall(b'GET /v1/health HTTP/1.1\\r\\nHost: n\\r\\n\\r\\n')\n\
+             print(s.recv(100))",
+            control.root().join("cluster-ca.pem").to_str().unwrap(),
+            host,
+            port,
+        ]))
+        .unwrap();
+    let refused = String::from_utf8_lossy(&stranger.stderr);
+    assert!(!stranger.status.success() && refused.contains("CERTIFICATE_REQUIRED"), "{refused}");
 
     let key = tenant_key(&pg, &control, "team-c", &[]);
     let other_key = tenant_key(&pg, &control, "team-d", &["--max-sandboxes", "1"]);
@@ -547,7 +613,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
 
     // The lost node comes back with what still runs, and takes it back.
     let k = NODES.iter().find(|(n, _)| *n == builder).unwrap().1;
-    let restarted = node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &ports, &token, &egress);
+    let restarted =
+        node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &token, &node_args[builder.as_str()]);
     children.insert(builder.as_str(), restarted);
     let back = wait_for("the lost node's sandbox back", Duration::from_secs(60), || {
         let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);

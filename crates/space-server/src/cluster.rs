@@ -74,7 +74,14 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
 /// Reports to the control plane every [`HEARTBEAT`], for as long as the
 /// node runs. `control_plane` may name several replicas (comma-separated):
 /// one that does not answer is passed over for the next.
-pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: String, id: String, url: String) {
+pub async fn heartbeats(
+    platform: Arc<Platform>,
+    links: Links,
+    control_plane: String,
+    token: String,
+    id: String,
+    url: String,
+) {
     let replicas: Vec<String> =
         control_plane.split(',').map(str::trim).filter(|r| !r.is_empty()).map(str::to_string).collect();
     let mut current = 0;
@@ -82,7 +89,7 @@ pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: S
         let report = report(&platform, &id, &url);
         for attempt in 0..replicas.len() {
             let replica = &replicas[(current + attempt) % replicas.len()];
-            match send_report(replica, &token, &report).await {
+            match send_report(&links, replica, &token, &report).await {
                 Ok(secrets) => {
                     // The control plane answers with the cluster's secrets
                     // when this node's are older.
@@ -100,20 +107,18 @@ pub async fn heartbeats(platform: Arc<Platform>, control_plane: String, token: S
 }
 
 async fn send_report(
+    links: &Links,
     control_plane: &str,
     token: &str,
     report: &NodeReport,
 ) -> Result<Option<crate::secrets::SecretSet>, String> {
-    let authority = authority(control_plane)?;
-    let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| e.to_string())?;
     let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
     let request = hyper::Request::post("/internal/v1/nodes/heartbeat")
-        .header(header::HOST, &authority)
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .map_err(|e| e.to_string())?;
-    let response = crate::api::ports::relay(TokioIo::new(tcp), request, None).await?;
+    let response = links.send(control_plane, request, None).await?;
     match response.status() {
         StatusCode::NO_CONTENT => Ok(None),
         StatusCode::OK => {
@@ -124,12 +129,62 @@ async fn send_report(
     }
 }
 
-/// `host:port` of an `http://host:port` URL.
-fn authority(url: &str) -> Result<String, String> {
+/// How the members of a cluster reach each other: plain HTTP, or (given
+/// the cluster's TLS) HTTPS with this member's certificate.
+#[derive(Clone, Default)]
+pub struct Links {
+    tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+}
+
+/// Whether `url` is `http://host:port` or `https://host:port`, and its
+/// `host:port`.
+fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), String> {
     let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url:?}: {e}"))?;
     match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(authority)) if authority.port().is_some() => Ok(authority.to_string()),
-        _ => Err(format!("{url:?} is not http://host:port")),
+        (Some(scheme @ ("http" | "https")), Some(authority)) if authority.port().is_some() => {
+            Ok((scheme == "https", authority.clone()))
+        }
+        _ => Err(format!("{url:?} is not http://host:port or https://host:port")),
+    }
+}
+
+impl Links {
+    pub fn new(tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>) -> Links {
+        Links { tls }
+    }
+
+    /// Sends `request` (its target a path) to the member at `url`, over a
+    /// new connection, and its answer back as a stream (an upgrade spliced
+    /// to `upgrade`).
+    pub(crate) async fn send(
+        &self,
+        url: &str,
+        mut request: hyper::Request<Body>,
+        upgrade: Option<hyper::upgrade::OnUpgrade>,
+    ) -> Result<Response, String> {
+        let (https, authority) = member_url(url)?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        request.headers_mut().insert(header::HOST, host);
+        let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        if !https {
+            return crate::api::ports::relay(TokioIo::new(tcp), request, upgrade).await;
+        }
+        let Some(config) = &self.tls else {
+            return Err(format!("{url} is HTTPS: this member needs the cluster's TLS (--cluster-ca)"));
+        };
+        let name = tokio_rustls::rustls::pki_types::ServerName::try_from(
+            authority.host().trim_start_matches('[').trim_end_matches(']').to_string(),
+        )
+        .map_err(|e| e.to_string())?;
+        let tls = tokio::time::timeout(
+            crate::http::HANDSHAKE_TIMEOUT,
+            tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
+        )
+        .await
+        .map_err(|_| "the TLS handshake took too long".to_string())?
+        .map_err(|e| format!("TLS: {e}"))?;
+        crate::api::ports::relay(TokioIo::new(tls), request, upgrade).await
     }
 }
 
@@ -143,6 +198,8 @@ pub struct ControlPlane {
     /// Seals tenants' secrets in PostgreSQL (the same key on every
     /// replica: `--secrets-key-file`); without it, no secrets.
     pub keyring: Option<crate::secrets::Keyring>,
+    /// How it reaches the nodes.
+    pub links: Links,
 }
 
 type Shared = Arc<ControlPlane>;
@@ -152,6 +209,15 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .route("/internal/v1/nodes/heartbeat", post(heartbeat))
         .route("/v1/health", get(health))
         .fallback(public)
+        .layer(axum::middleware::from_fn(crate::http::close_if_body_unread))
+        .with_state(control_plane)
+}
+
+/// The control plane's listener for nodes alone (`--cluster-listen`, over
+/// the cluster's mutual TLS): heartbeats.
+pub fn internal_router(control_plane: Arc<ControlPlane>) -> Router {
+    Router::new()
+        .route("/internal/v1/nodes/heartbeat", post(heartbeat))
         .layer(axum::middleware::from_fn(crate::http::close_if_body_unread))
         .with_state(control_plane)
 }
@@ -167,7 +233,7 @@ async fn heartbeat(
     }
     let report: NodeReport =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("a node report: {e}")))?;
-    authority(&report.url).map_err(ApiError::bad_request)?;
+    member_url(&report.url).map_err(ApiError::bad_request)?;
     let json = serde_json::to_string(&report).map_err(|e| ApiError::internal("a node report", e))?;
     cp.store.heartbeat_node(&report.id, &report.url, &json, now_ms() + LEASE.as_millis() as i64)?;
     // A node whose secrets are older (restarted, or away when one changed)
@@ -272,7 +338,7 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
                 return Err(ApiError::not_found("operation", id));
             }
             let node = live_node(&cp, &node_id)?;
-            forward(&node, &caller, &cp.node_token, request).await
+            forward(&cp, &node, &caller, request).await
         }
         (&Method::GET, ["v1", "templates"]) => templates(&cp, &caller, request).await,
         (&Method::POST, ["v1", "templates"]) => build(&cp, &caller, request).await,
@@ -309,12 +375,14 @@ fn live_node(cp: &ControlPlane, id: &str) -> Result<NodeRow, ApiError> {
 
 /// Sends a request on to a node as `caller`, streaming both ways (and
 /// splicing an upgrade, such as attach's WebSocket).
-async fn forward(node: &NodeRow, caller: &Caller, token: &str, mut request: Request) -> Result<Response, ApiError> {
+async fn forward(
+    cp: &ControlPlane,
+    node: &NodeRow,
+    caller: &Caller,
+    mut request: Request,
+) -> Result<Response, ApiError> {
     let unreachable =
         |e: String| ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", format!("node {}: {e}", node.id));
-    let authority = authority(&node.url).map_err(unreachable)?;
-    let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| unreachable(e.to_string()))?;
-    let _ = tcp.set_nodelay(true);
     let upgrade = request.headers().get(header::UPGRADE).cloned();
     let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
@@ -351,16 +419,15 @@ async fn forward(node: &NodeRow, caller: &Caller, token: &str, mut request: Requ
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, upgrade);
     }
-    headers.insert(header::HOST, HeaderValue::from_str(&authority).map_err(|e| unreachable(e.to_string()))?);
     headers.insert(
         header::AUTHORIZATION,
-        HeaderValue::from_str(&format!("Bearer {token}")).map_err(|e| unreachable(e.to_string()))?,
+        HeaderValue::from_str(&format!("Bearer {}", cp.node_token)).map_err(|e| unreachable(e.to_string()))?,
     );
     headers.insert("x-space-tenant", HeaderValue::from_str(&caller.tenant).map_err(|e| unreachable(e.to_string()))?);
     if caller.operator {
         headers.insert("x-space-operator", HeaderValue::from_static("true"));
     }
-    let mut response = crate::api::ports::relay(TokioIo::new(tcp), outgoing, client_side).await.map_err(unreachable)?;
+    let mut response = cp.links.send(&node.url, outgoing, client_side).await.map_err(unreachable)?;
     if let Ok(value) = HeaderValue::from_str(&node.id) {
         response.headers_mut().insert("x-space-node", value);
     }
@@ -502,7 +569,7 @@ async fn forward_recording(
     node: NodeRow,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let response = forward(&node, caller, &cp.node_token, request).await?;
+    let response = forward(cp, &node, caller, request).await?;
     if response.status() != StatusCode::ACCEPTED {
         return Ok(response);
     }
@@ -540,7 +607,7 @@ async fn ask_all(cp: &ControlPlane, caller: &Caller, path_and_query: &str) -> Re
     for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
         let request =
             Request::get(path_and_query).body(Body::empty()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let response = forward(&node.row, caller, &cp.node_token, request).await?;
+        let response = forward(cp, &node.row, caller, request).await?;
         if !response.status().is_success() {
             let why = format!("node {} answered {}", node.row.id, response.status());
             return Err(ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", why));
@@ -644,7 +711,7 @@ async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(set.clone()))
             .map_err(|e| ApiError::internal("a request", e))?;
-        match forward(&node.row, &Caller::operator(), &cp.node_token, request).await {
+        match forward(cp, &node.row, &Caller::operator(), request).await {
             Ok(response) if response.status().is_success() => {}
             Ok(response) => tracing::warn!(node = %node.row.id, "sending the secrets: {}", response.status()),
             Err(err) => tracing::warn!(node = %node.row.id, "sending the secrets: {}", err.message),
@@ -789,7 +856,7 @@ async fn take_feed(cp: &ControlPlane, owner: &str, node: &NodeRow, mut last: u64
     use futures_util::StreamExt as _;
     let request =
         Request::get(format!("/internal/v1/events?after={last}")).body(Body::empty()).map_err(|e| e.to_string())?;
-    let response = forward(node, &Caller::operator(), &cp.node_token, request).await.map_err(|e| e.message)?;
+    let response = forward(cp, node, &Caller::operator(), request).await.map_err(|e| e.message)?;
     if response.status() != StatusCode::OK {
         return Err(format!("the node answered {}", response.status()));
     }
@@ -849,7 +916,7 @@ async fn announce_back(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
         let request = Request::get(format!("/v1/sandboxes/{id}"))
             .body(Body::empty())
             .map_err(|e| ApiError::internal("a request", e))?;
-        let response = forward(&node.row, &caller, &cp.node_token, request).await?;
+        let response = forward(cp, &node.row, &caller, request).await?;
         if response.status() != StatusCode::OK {
             continue;
         }
@@ -946,10 +1013,10 @@ pub(crate) async fn pull_template(
     if state.platform.data.template(&request.name).is_some() {
         return Ok(StatusCode::NO_CONTENT);
     }
-    let platform = state.platform.clone();
+    let (platform, links) = (state.platform.clone(), state.links.clone());
     tokio::spawn(async move {
         let name = request.name.clone();
-        match pull(platform, &token, request).await {
+        match pull(platform, &links, &token, request).await {
             Ok(()) => tracing::info!(template = %name, "pulled a template from another node"),
             Err(err) => tracing::warn!(template = %name, "pulling a template: {err}"),
         }
@@ -957,19 +1024,16 @@ pub(crate) async fn pull_template(
     Ok(StatusCode::ACCEPTED)
 }
 
-async fn pull(platform: Arc<Platform>, token: &str, request: PullRequest) -> Result<(), String> {
+async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: PullRequest) -> Result<(), String> {
     use base64::Engine as _;
     use futures_util::StreamExt as _;
     use sha2::Digest as _;
     use tokio::io::AsyncWriteExt as _;
-    let authority = authority(&request.from)?;
-    let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| e.to_string())?;
     let outgoing = hyper::Request::get(format!("/internal/v1/templates/{}", request.name))
-        .header(header::HOST, &authority)
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .body(Body::empty())
         .map_err(|e| e.to_string())?;
-    let response = crate::api::ports::relay(TokioIo::new(tcp), outgoing, None).await?;
+    let response = links.send(&request.from, outgoing, None).await?;
     if response.status() != StatusCode::OK {
         let status = response.status();
         let body = axum::body::to_bytes(response.into_body(), 64 << 10).await.unwrap_or_default();
@@ -1041,7 +1105,7 @@ async fn replicate_once(cp: &ControlPlane) -> Result<(), ApiError> {
                     .header(header::CONTENT_TYPE, "application/json")
                     .body(Body::from(body))
                     .map_err(|e| ApiError::internal("a pull", e))?;
-                let answer = forward(&node.row, &Caller::operator(), &cp.node_token, request).await?;
+                let answer = forward(cp, &node.row, &Caller::operator(), request).await?;
                 if !answer.status().is_success() {
                     tracing::warn!(node = %node.row.id, template = %name, "asking for a pull: {}", answer.status());
                 }

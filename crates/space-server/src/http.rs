@@ -26,17 +26,11 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// A TLS configuration from PEM files: a certificate chain and its key.
 pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use rustls::pki_types::PrivateKeyDer;
     let bad = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
         ServerError::Startup(format!("{what} {}: {e}", path.display()))
     };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad("reading the certificate", cert, &e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad("reading the certificate", cert, &e))?;
-    if chain.is_empty() {
-        return Err(ServerError::Startup(format!("no certificate in {}", cert.display())));
-    }
+    let chain = certificates(cert)?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("reading the private key", key, &e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -46,6 +40,58 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
         .with_single_cert(chain, key_der)
         .map_err(|e| ServerError::Startup(format!("TLS: the key does not fit the certificate: {e}")))?;
     Ok(Arc::new(config))
+}
+
+/// The certificates of a PEM file (at least one).
+fn certificates(path: &Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, ServerError> {
+    use rustls::pki_types::pem::PemObject;
+    let bad = |e: &dyn std::fmt::Display| ServerError::Startup(format!("reading {}: {e}", path.display()));
+    let chain = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(&e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    if chain.is_empty() {
+        return Err(ServerError::Startup(format!("no certificate in {}", path.display())));
+    }
+    Ok(chain)
+}
+
+/// TLS between the members of a cluster: each has a certificate signed by
+/// the cluster's CA, serves with it while asking the other side for one
+/// of the same CA (mutual TLS), and presents it when it connects.
+pub struct ClusterTls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+pub fn cluster_tls(ca: &Path, cert: &Path, key: &Path) -> Result<ClusterTls, ServerError> {
+    use rustls::pki_types::pem::PemObject;
+    let startup = |what: &str, e: &dyn std::fmt::Display| ServerError::Startup(format!("cluster TLS: {what}: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in certificates(ca)? {
+        roots.add(certificate).map_err(|e| startup(&format!("{} holds no CA certificate", ca.display()), &e))?;
+    }
+    let roots = Arc::new(roots);
+    let chain = certificates(cert)?;
+    let key_der = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| startup(&format!("reading {}", key.display()), &e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .map_err(|e| startup("the client verifier", &e))?;
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| startup("versions", &e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key_der.clone_key())
+        .map_err(|e| startup("the key does not fit the certificate", &e))?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| startup("versions", &e))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key_der)
+        .map_err(|e| startup("the key does not fit the certificate", &e))?;
+    Ok(ClusterTls { server: Arc::new(server), client: Arc::new(client) })
 }
 
 /// Serves the API on `listener` (over TLS when `tls` is given) until

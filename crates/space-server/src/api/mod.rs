@@ -49,20 +49,23 @@ pub struct AppState {
     /// On a node of a cluster: the token the control plane presents, with
     /// the caller's tenant in `X-Space-Tenant` (decision 009).
     pub node_token: Option<Arc<String>>,
+    /// On a node: how it reaches other members (template pulls).
+    pub links: crate::cluster::Links,
 }
 
 impl AppState {
     pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
         let health = Arc::new(health::HostFacts::probe(&platform));
-        AppState { platform, api_key: Arc::new(api_key), health, node_token: None }
+        AppState { platform, api_key: Arc::new(api_key), health, node_token: None, links: Default::default() }
     }
 
     /// A node's state: only the control plane, with `token`, calls it.
-    pub fn node(platform: Arc<Platform>, token: String) -> AppState {
+    pub fn node(platform: Arc<Platform>, token: String, links: crate::cluster::Links) -> AppState {
         let mut unusable = [0u8; 32];
         let _ = getrandom::getrandom(&mut unusable);
         let mut state = AppState::new(platform, unusable.iter().map(|b| format!("{b:02x}")).collect());
         state.node_token = Some(Arc::new(token));
+        state.links = links;
         state
     }
 }
