@@ -392,6 +392,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         (have.count() == 3).then_some(())
     });
     let others: Vec<&str> = NODES.iter().map(|(n, _)| *n).filter(|n| *n != builder).collect();
+    assert_eq!(a.ok("GET", "/v1/templates/tiny", None)["name"], "tiny");
+    assert_eq!(a.call("GET", "/v1/templates/none-such", None).0, 404);
 
     // Four sandboxes through the first replica land on every node (big
     // enough, as limits, that each outweighs what warm members hold).
@@ -456,6 +458,14 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     }
     let listed = b.ok("GET", "/v1/sandboxes", None);
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 4, "{listed}");
+    // Operations from every node; the API's own description; the console.
+    let operations = a.ok("GET", "/v1/operations", None)["operations"].as_array().unwrap().clone();
+    for (id, _) in &sandboxes {
+        assert!(operations.iter().any(|o| o["sandbox_id"] == id.as_str() && o["kind"] == "create"), "{id}");
+    }
+    assert!(a.ok("GET", "/v1/openapi.json", None)["paths"]["/v1/events"].is_object());
+    let console = ureq::get(&format!("{first}/")).call().unwrap();
+    assert!(console.content_type().starts_with("text/html"), "{}", console.content_type());
     // The follower saw every node's sandboxes start and commands end, in
     // one order; a replica's log answers by sandbox too.
     events.wait("every sandbox running, every exec exited", |seen| {
@@ -487,20 +497,41 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // its room back.
     let through_first = Api { url: first.clone(), key: other.key.clone() };
     for round in 0..2 {
-        let (status, mine, _) =
-            other.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
-        assert_eq!(status, 202, "round {round}: {mine}");
+        // A deleted sandbox is held until its node's next report (every
+        // 2 s) leaves it out: the room comes back within one.
+        let mine = wait_for("room for the tenant's one sandbox", Duration::from_secs(30), || {
+            let (status, mine, _) =
+                other.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})));
+            assert!(status == 202 || (round > 0 && status == 429), "round {round}: {status} {mine}");
+            (status == 202).then_some(mine)
+        });
         let (status, refused, _) = through_first.call("POST", "/v1/sandboxes", Some(json!({"template": "base"})));
         assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
         other.wait_operation(mine["operation"]["id"].as_str().unwrap());
         let gone = other.ok("DELETE", &format!("/v1/sandboxes/{}", mine["sandbox"]["id"].as_str().unwrap()), None);
         assert_eq!(other.wait_operation(gone["operation"]["id"].as_str().unwrap())["state"], "succeeded");
-        // The node's next report no longer names it.
-        wait_for("the node to report the delete", Duration::from_secs(30), || {
-            let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
-            let total: u64 = nodes.iter().map(|n| n["sandboxes"].as_u64().unwrap_or(0)).sum();
-            (total as usize == sandboxes.len()).then_some(())
-        });
+    }
+
+    // A disk quota holds across nodes: with 2 GiB held on one node, a
+    // create that would pass the quota elsewhere is refused there, and
+    // one that fits in what is left is not.
+    let disk = Api { url: first.clone(), key: tenant_key(&pg, &control, "team-e", &["--max-disk-mib", "3000"]) };
+    let (status, big, big_node) =
+        disk.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 6144, "disk_mib": 2048})));
+    assert_eq!(status, 202, "{big}");
+    assert_eq!(disk.wait_operation(big["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    let wanted = json!({"template": "base", "memory_mib": 256, "disk_mib": 2048});
+    let (status, refused, refused_on) = disk.call("POST", "/v1/sandboxes", Some(wanted));
+    assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("disk"), "{refused}");
+    assert_ne!(refused_on, big_node, "refused by another node, counting what the first holds");
+    let (status, small, _) =
+        disk.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256, "disk_mib": 512})));
+    assert_eq!(status, 202, "{small}");
+    assert_eq!(disk.wait_operation(small["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    for made in [&big, &small] {
+        let gone = disk.ok("DELETE", &format!("/v1/sandboxes/{}", made["sandbox"]["id"].as_str().unwrap()), None);
+        assert_eq!(disk.wait_operation(gone["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     }
 
     // A replica killed mid-create: the client sends it again, with its
@@ -633,6 +664,14 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         let accepted = a.ok("DELETE", &format!("/v1/sandboxes/{id}"), None);
         assert_eq!(b.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     }
+    // A template is deleted on every node that has it, and none pulls it back.
+    assert_eq!(a.call("DELETE", "/v1/templates/tiny", None).0, 204);
+    wait_for("no node to report the template", Duration::from_secs(30), || {
+        let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
+        let have = nodes.iter().filter(|n| n["templates"].as_array().is_some_and(|t| t.contains(&json!("tiny"))));
+        (have.count() == 0).then_some(())
+    });
+    assert_eq!(b.call("GET", "/v1/templates/tiny", None).0, 404);
     for child in children.into_values().chain(replicas.into_iter().map(|(c, _)| c)) {
         common::stop(child);
     }

@@ -208,6 +208,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
     Router::new()
         .route("/internal/v1/nodes/heartbeat", post(heartbeat))
         .route("/v1/health", get(health))
+        .merge(crate::console::router())
         .fallback(public)
         .layer(axum::middleware::from_fn(crate::http::close_if_body_unread))
         .with_state(control_plane)
@@ -341,6 +342,12 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
             forward(&cp, &node, &caller, request).await
         }
         (&Method::GET, ["v1", "templates"]) => templates(&cp, &caller, request).await,
+        (&Method::GET | &Method::DELETE, ["v1", "templates", name]) => {
+            let name = name.to_string();
+            template(&cp, &caller, &name, request).await
+        }
+        (&Method::GET, ["v1", "operations"]) => operations(&cp, &caller, request).await,
+        (&Method::GET, ["v1", "openapi.json"]) => Ok(crate::api::openapi::document().await.into_response()),
         (&Method::POST, ["v1", "templates"]) => build(&cp, &caller, request).await,
         (&Method::GET, ["v1", "usage"]) => usage(&cp, &caller).await,
         (&Method::GET, ["v1", "secrets"]) => {
@@ -427,6 +434,9 @@ async fn forward(
     if caller.operator {
         headers.insert("x-space-operator", HeaderValue::from_static("true"));
     }
+    if let Some(DiskAllowance(value)) = parts.extensions.get::<DiskAllowance>() {
+        headers.insert(DISK_QUOTA_HEADER, value.clone());
+    }
     let mut response = cp.links.send(&node.url, outgoing, client_side).await.map_err(unreachable)?;
     if let Ok(value) = HeaderValue::from_str(&node.id) {
         response.headers_mut().insert("x-space-node", value);
@@ -467,7 +477,7 @@ fn check_quotas(
     wanted: &serde_json::Value,
 ) -> Result<(), ApiError> {
     let quotas = cp.store.tenant_quotas(&caller.tenant)?;
-    let held: Vec<serde_json::Value> = cp
+    let held: Vec<(u64, u64)> = cp
         .store
         .placements(&caller.tenant)?
         .iter()
@@ -476,26 +486,53 @@ fn check_quotas(
             let id = s["id"].as_str().unwrap_or_default();
             nodes.iter().any(|n| n.row.id == p.node_id && n.holds(p, id))
         })
-        .map(|(_, s)| s)
+        .map(|(_, s)| (s["vcpus"].as_u64().unwrap_or(0), s["memory_mib"].as_u64().unwrap_or(0)))
         .collect();
-    let tenant = &caller.tenant;
-    let sum = |field: &str| held.iter().map(|s| s[field].as_u64().unwrap_or(0)).sum::<u64>();
-    if let Some(max) = quotas.max_sandboxes.filter(|max| held.len() as u64 >= u64::from(*max)) {
-        let why = format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first");
-        return Err(crate::disk::quota_exceeded(tenant, "sandboxes", why));
-    }
-    if let Some(max) =
-        quotas.max_vcpus.filter(|max| sum("vcpus") + wanted["vcpus"].as_u64().unwrap_or(1) > u64::from(*max))
-    {
-        let why = format!("tenant {tenant:?} may use at most {max} vCPUs ({} in use)", sum("vcpus"));
-        return Err(crate::disk::quota_exceeded(tenant, "vcpus", why));
-    }
-    if let Some(max) =
-        quotas.max_memory_mib.filter(|max| sum("memory_mib") + wanted["memory_mib"].as_u64().unwrap_or(512) > *max)
-    {
-        let why = format!("tenant {tenant:?} may use at most {max} MiB of memory ({} in use)", sum("memory_mib"));
-        return Err(crate::disk::quota_exceeded(tenant, "memory_mib", why));
-    }
+    let wanted = (wanted["vcpus"].as_u64().unwrap_or(1), wanted["memory_mib"].as_u64().unwrap_or(512));
+    crate::tenants::check_held(&caller.tenant, &quotas, &held, wanted)
+}
+
+/// For a request that may make a tenant hold more disk on a node (a
+/// create, a suspend, a template build): the tenant's disk quota and what
+/// it holds on the other live nodes, as `MAX_MIB/ELSEWHERE_BYTES` (`none`:
+/// no quota). The node counts both with what the tenant holds there.
+#[derive(Clone)]
+struct DiskAllowance(HeaderValue);
+
+const DISK_QUOTA_HEADER: &str = "x-space-disk-quota";
+
+async fn disk_allowance(cp: &ControlPlane, caller: &Caller, node: &str) -> Result<DiskAllowance, ApiError> {
+    let Some(max_mib) = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib else {
+        return Ok(DiskAllowance(HeaderValue::from_static("none")));
+    };
+    let elsewhere: u64 = ask_all_but(cp, caller, "/v1/usage", Some(node))
+        .await?
+        .iter()
+        .map(|usage| usage["disk"]["total_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    let value =
+        HeaderValue::from_str(&format!("{max_mib}/{elsewhere}")).map_err(|e| ApiError::internal("a quota", e))?;
+    Ok(DiskAllowance(value))
+}
+
+/// On a node: the tenant's disk quota, when the control plane sends it
+/// (only the control plane, with the node token, reaches this).
+pub(crate) fn take_disk_quota(platform: &Platform, caller: &Caller, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(DISK_QUOTA_HEADER) else {
+        return Ok(());
+    };
+    let told = match value.to_str().unwrap_or_default() {
+        "none" => None,
+        text => {
+            let parsed =
+                text.split_once('/').and_then(|(max, elsewhere)| Some((max.parse().ok()?, elsewhere.parse().ok()?)));
+            let (max_mib, elsewhere_bytes) = parsed.ok_or_else(|| {
+                ApiError::bad_request(format!("{DISK_QUOTA_HEADER} is MAX_MIB/ELSEWHERE_BYTES or `none`"))
+            })?;
+            Some(crate::disk::ToldQuota { max_mib, elsewhere_bytes })
+        }
+    };
+    platform.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).insert(caller.tenant.clone(), told);
     Ok(())
 }
 
@@ -548,8 +585,10 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
         (Some(key), None) => cp.store.create_key_node(&caller.tenant, key, "").ok().filter(|n| !n.is_empty()),
         _ => None,
     };
+    let mut parts = parts;
     if let Some(chosen) = chosen.filter(|c| best.as_ref().is_none_or(|(_, b)| b.id != *c)) {
         let node = live_node(cp, &chosen)?;
+        parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
         return forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await;
     }
     let Some((free, node)) = best else {
@@ -558,6 +597,7 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     if free < memory as i64 {
         return Err(ApiError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
     }
+    parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
     forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
 }
 
@@ -582,7 +622,12 @@ async fn forward_recording(
 
 /// A request about one sandbox goes to its node; a sandbox whose node is
 /// lost answers as failed.
-async fn sandbox_request(cp: &ControlPlane, caller: &Caller, id: &str, request: Request) -> Result<Response, ApiError> {
+async fn sandbox_request(
+    cp: &ControlPlane,
+    caller: &Caller,
+    id: &str,
+    mut request: Request,
+) -> Result<Response, ApiError> {
     let Some(placement) = cp.store.placement(id)?.filter(|p| p.tenant == caller.tenant) else {
         return Err(ApiError::not_found("sandbox", id));
     };
@@ -598,13 +643,27 @@ async fn sandbox_request(cp: &ControlPlane, caller: &Caller, id: &str, request: 
             return Err(ApiError::invalid_state("sandbox", "failed", "use it (its node is lost)"));
         }
     };
+    // A suspend writes a snapshot the tenant's disk quota counts.
+    if request.method() == Method::POST && request.uri().path().ends_with("/suspend") {
+        request.extensions_mut().insert(disk_allowance(cp, caller, &node.id).await?);
+    }
     forward_recording(cp, caller, node, request).await
 }
 
 /// Asks every live node (as `caller`) and reads each answer whole.
 async fn ask_all(cp: &ControlPlane, caller: &Caller, path_and_query: &str) -> Result<Vec<serde_json::Value>, ApiError> {
+    ask_all_but(cp, caller, path_and_query, None).await
+}
+
+/// [`ask_all`] but the node `except`.
+async fn ask_all_but(
+    cp: &ControlPlane,
+    caller: &Caller,
+    path_and_query: &str,
+    except: Option<&str>,
+) -> Result<Vec<serde_json::Value>, ApiError> {
     let mut answers = Vec::new();
-    for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive && Some(n.row.id.as_str()) != except) {
         let request =
             Request::get(path_and_query).body(Body::empty()).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let response = forward(cp, &node.row, caller, request).await?;
@@ -661,13 +720,63 @@ async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response, ApiError>
 
 /// A template build (or image import) goes to the live node with the most
 /// memory left; the others pull it once it is there.
-async fn build(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+async fn build(cp: &ControlPlane, caller: &Caller, mut request: Request) -> Result<Response, ApiError> {
     let node = nodes(cp)?
         .into_iter()
         .filter(|n| n.alive)
         .max_by_key(|n| n.report.capacity_mib as i64 - n.report.promised_mib as i64)
         .ok_or_else(|| ApiError::unavailable("no live node to build on"))?;
+    request.extensions_mut().insert(disk_allowance(cp, caller, &node.row.id).await?);
     forward_recording(cp, caller, node.row, request).await
+}
+
+/// `GET /v1/templates/{name}` answers from a live node that has it;
+/// `DELETE` deletes it on every live node that has it (a node that refuses,
+/// say because a sandbox there uses it, keeps it, and the others pull it
+/// back once [`DELETE_HOLD`] has passed: the answer is that node's
+/// refusal). A node away at the time keeps its copy, and spreads it again
+/// when it is back.
+async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Request) -> Result<Response, ApiError> {
+    let holders: Vec<Node> =
+        nodes(cp)?.into_iter().filter(|n| n.alive && n.report.templates.iter().any(|t| t == name)).collect();
+    if holders.is_empty() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "template_not_found", format!("no template {name:?}")));
+    }
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    if method == Method::DELETE {
+        // No replica asks a node it was deleted on to pull it back from
+        // one it is not deleted on yet.
+        let every: Vec<String> = nodes(cp)?.into_iter().map(|n| n.row.id).collect();
+        cp.store.hold_template_pulls(&every, name, now_ms() + DELETE_HOLD.as_millis() as i64)?;
+    }
+    let mut last = None;
+    for node in &holders {
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(&path)
+            .body(Body::empty())
+            .map_err(|e| ApiError::internal("a request", e))?;
+        let response = forward(cp, &node.row, caller, request).await?;
+        if method == Method::GET || !response.status().is_success() {
+            return Ok(response);
+        }
+        last = Some(response);
+    }
+    last.ok_or_else(|| ApiError::internal("deleting a template", "no node answered"))
+}
+
+/// `GET /v1/operations`: the tenant's operations on every live node, oldest
+/// first.
+async fn operations(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+    let mut operations: Vec<serde_json::Value> = ask_all(cp, caller, &format!("/v1/operations{query}"))
+        .await?
+        .into_iter()
+        .flat_map(|answer| answer["operations"].as_array().cloned().unwrap_or_default())
+        .collect();
+    operations.sort_by(|a, b| a["created_at"].as_str().cmp(&b["created_at"].as_str()));
+    Ok(axum::Json(serde_json::json!({"operations": operations})).into_response())
 }
 
 /// Every template any live node has (the first node's copy of each name).
@@ -1087,6 +1196,10 @@ pub async fn replicate_templates(cp: Arc<ControlPlane>) {
         }
     }
 }
+
+/// How long a deleted template is not spread again (while the nodes that
+/// have it delete it, one after another).
+const DELETE_HOLD: Duration = Duration::from_secs(60);
 
 /// How long a node is given to pull a template before another try.
 const PULL_PATIENCE: Duration = Duration::from_secs(600);

@@ -9,7 +9,6 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 
-use crate::api::AppState;
 use crate::error::ApiError;
 
 const INDEX: &[u8] = include_bytes!("../console/index.html");
@@ -32,7 +31,7 @@ const POLICY: &str = "default-src 'self'; script-src 'self'; connect-src 'self';
                       style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; \
                       form-action 'self'";
 
-pub(crate) fn router() -> Router<AppState> {
+pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new().route("/", get(index)).route("/console/{*file}", get(asset))
 }
 

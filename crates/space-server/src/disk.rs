@@ -30,6 +30,26 @@ use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::store::{Quotas, SandboxRecord};
 
+/// What a tenant's disk quota leaves it.
+pub(crate) struct QuotaLeft {
+    /// Bytes it may still add.
+    pub left: u64,
+    /// What it holds here.
+    pub usage: DiskUsage,
+    /// Its quota, in bytes.
+    pub max: u64,
+    /// What it holds on a cluster's other nodes (0 on a single host).
+    pub elsewhere: u64,
+}
+
+/// A tenant's disk quota as a cluster's control plane tells a node: the
+/// quota, and what the tenant holds on the other nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ToldQuota {
+    pub max_mib: u64,
+    pub elsewhere_bytes: u64,
+}
+
 /// Free space the host keeps by default, in MiB.
 pub const DEFAULT_DISK_RESERVE_MIB: u64 = 2048;
 /// Output kept per sandbox by default (all its commands' transcripts).
@@ -156,33 +176,43 @@ impl Platform {
     }
 
     /// Bytes `tenant` may still add under its disk quota (`None`: no quota).
-    pub(crate) fn disk_quota_left(&self, tenant: &str) -> Result<Option<(u64, DiskUsage, u64)>, ApiError> {
-        let Some(max_mib) = self.store.tenant_quotas(tenant)?.max_disk_mib else {
+    pub(crate) fn disk_quota_left(&self, tenant: &str) -> Result<Option<QuotaLeft>, ApiError> {
+        let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
+        let (max_mib, elsewhere) = match told {
+            Some(told) => (told.map(|t| t.max_mib), told.map(|t| t.elsewhere_bytes).unwrap_or(0)),
+            None => (self.store.tenant_quotas(tenant)?.max_disk_mib, 0),
+        };
+        let Some(max_mib) = max_mib else {
             return Ok(None);
         };
         let usage = self.disk_usage(tenant)?;
         let max = max_mib.saturating_mul(MIB);
-        Ok(Some((max.saturating_sub(usage.total_bytes), usage, max)))
+        let left = max.saturating_sub(usage.total_bytes).saturating_sub(elsewhere);
+        Ok(Some(QuotaLeft { left, usage, max, elsewhere }))
     }
 
     /// 429 `quota_exceeded` (resource `disk`) when `tenant` cannot add
     /// `adding` bytes to what it holds; `what` says what was refused.
     pub(crate) fn check_disk_quota(&self, tenant: &str, adding: u64, what: &str) -> Result<(), ApiError> {
-        let Some((left, usage, max)) = self.disk_quota_left(tenant)? else {
+        let Some(QuotaLeft { left, usage, max, elsewhere }) = self.disk_quota_left(tenant)? else {
             return Ok(());
         };
         if adding <= left && (adding > 0 || left > 0) {
             return Ok(());
         }
+        let other_nodes = match elsewhere {
+            0 => String::new(),
+            bytes => format!(", and {} MiB on the cluster's other nodes", bytes.div_ceil(MIB)),
+        };
         Err(quota_exceeded(
             tenant,
             "disk",
             format!(
                 "tenant {tenant:?} may use at most {} MiB of disk and holds {} MiB (roots {} MiB reserved, \
-                 output {} MiB, snapshots {} MiB, templates {} MiB, uploads {} MiB): cannot {what}; \
+                 output {} MiB, snapshots {} MiB, templates {} MiB, uploads {} MiB{other_nodes}): cannot {what}; \
                  delete sandboxes or templates first",
                 max / MIB,
-                usage.total_bytes.div_ceil(MIB),
+                (usage.total_bytes + elsewhere).div_ceil(MIB),
                 usage.roots_reserved_bytes / MIB,
                 usage.transcripts_bytes.div_ceil(MIB),
                 usage.snapshots_bytes.div_ceil(MIB),
@@ -205,7 +235,7 @@ impl Platform {
     fn room(&self, tenant: &str) -> Result<u64, ApiError> {
         let host = self.free_above_reserve();
         Ok(match self.disk_quota_left(tenant)? {
-            Some((left, _, _)) => left.min(host),
+            Some(quota) => quota.left.min(host),
             None => host,
         })
     }

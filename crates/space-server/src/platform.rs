@@ -79,6 +79,9 @@ pub struct Platform {
     /// and the lock that takes a set at a time.
     pub(crate) secrets_epoch: std::sync::atomic::AtomicU64,
     pub(crate) secrets_taken: Mutex<()>,
+    /// A node: each tenant's disk quota here as its control plane last
+    /// told it (`None`: no quota), which wins over the node's own records.
+    pub(crate) told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
     pub metrics: crate::metrics::Metrics,
     pub(crate) usage: crate::sampling::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
@@ -126,6 +129,7 @@ impl Platform {
             keyring: Default::default(),
             secrets_epoch: Default::default(),
             secrets_taken: Default::default(),
+            told_disk_quotas: Default::default(),
             metrics: Default::default(),
             usage: Default::default(),
             metrics_without_key: Default::default(),

@@ -51,6 +51,32 @@ impl Caller {
     }
 }
 
+/// 429 when one more sandbox of `wanted` (vCPUs, MiB of memory) would take
+/// `tenant` past its sandbox, vCPU or memory quota, given the sandboxes it
+/// holds (`held`, the same pairs): a single host's check and a cluster's.
+pub(crate) fn check_held(
+    tenant: &str,
+    quotas: &Quotas,
+    held: &[(u64, u64)],
+    wanted: (u64, u64),
+) -> Result<(), ApiError> {
+    let vcpus: u64 = held.iter().map(|(v, _)| v).sum();
+    let memory: u64 = held.iter().map(|(_, m)| m).sum();
+    if let Some(max) = quotas.max_sandboxes.filter(|max| held.len() as u64 >= u64::from(*max)) {
+        let why = format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first");
+        return Err(quota_exceeded(tenant, "sandboxes", why));
+    }
+    if let Some(max) = quotas.max_vcpus.filter(|max| vcpus + wanted.0 > u64::from(*max)) {
+        let why = format!("tenant {tenant:?} may use at most {max} vCPUs ({vcpus} in use)");
+        return Err(quota_exceeded(tenant, "vcpus", why));
+    }
+    if let Some(max) = quotas.max_memory_mib.filter(|max| memory + wanted.1 > *max) {
+        let why = format!("tenant {tenant:?} may use at most {max} MiB of memory ({memory} in use)");
+        return Err(quota_exceeded(tenant, "memory_mib", why));
+    }
+    Ok(())
+}
+
 /// Tenant names: short, lowercase, safe in logs and paths.
 pub fn valid_tenant(name: &str) -> bool {
     space_host::template::valid_name(name)
@@ -99,30 +125,15 @@ impl Platform {
     /// 429 when `spec` would take `tenant` past its quotas.
     pub(crate) fn check_quotas(&self, tenant: &str, spec: &CreateSpec) -> Result<(), ApiError> {
         let quotas = self.store.tenant_quotas(tenant)?;
-        if quotas == Quotas::default() {
-            return Ok(());
+        if quotas != Quotas::default() {
+            let held: Vec<(u64, u64)> = self
+                .held(tenant)?
+                .iter()
+                .map(|r| (u64::from(r.sandbox.vcpus), u64::from(r.sandbox.memory_mib)))
+                .collect();
+            check_held(tenant, &quotas, &held, (u64::from(spec.vcpus), u64::from(spec.memory_mib)))?;
         }
-        let held = self.held(tenant)?;
-        let vcpus: u32 = held.iter().map(|r| r.sandbox.vcpus).sum();
-        let memory: u64 = held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum();
-        if let Some(max) = quotas.max_sandboxes {
-            if held.len() as u64 >= u64::from(max) {
-                let why = format!("tenant {tenant:?} may have at most {max} sandboxes; delete one first");
-                return Err(quota_exceeded(tenant, "sandboxes", why));
-            }
-        }
-        if let Some(max) = quotas.max_vcpus {
-            if vcpus + spec.vcpus > max {
-                let why = format!("tenant {tenant:?} may use at most {max} vCPUs ({vcpus} in use)");
-                return Err(quota_exceeded(tenant, "vcpus", why));
-            }
-        }
-        if let Some(max) = quotas.max_memory_mib {
-            if memory + u64::from(spec.memory_mib) > max {
-                let why = format!("tenant {tenant:?} may use at most {max} MiB of memory ({memory} in use)");
-                return Err(quota_exceeded(tenant, "memory_mib", why));
-            }
-        }
+        // On a node, the disk quota may be the control plane's (told).
         let disk = u64::from(spec.disk_mib) << 20;
         self.check_disk_quota(tenant, disk, &format!("create a sandbox with {} MiB of disk", spec.disk_mib))
     }

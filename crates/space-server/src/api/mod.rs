@@ -7,7 +7,7 @@ mod egress;
 pub(crate) mod events;
 pub(crate) mod files;
 mod health;
-mod openapi;
+pub(crate) mod openapi;
 mod operations;
 pub(crate) mod output;
 pub(crate) mod ports;
@@ -269,7 +269,11 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
         }
     };
     let caller = match caller.node {
-        true => crate::tenants::Caller::asserted(request.headers())?,
+        true => {
+            let caller = crate::tenants::Caller::asserted(request.headers())?;
+            crate::cluster::take_disk_quota(&state.platform, &caller, request.headers())?;
+            caller
+        }
         false => caller,
     };
     tracing::Span::current().record("tenant", caller.tenant.as_str());

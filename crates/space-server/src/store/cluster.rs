@@ -215,6 +215,22 @@ impl Store {
         self.tx(|c| placements_of(c, "WHERE node_id = ?1", vals![node_id]))
     }
 
+    /// Keeps every replica from asking `node_ids` to pull template `name`
+    /// until `until_ms` (it is being deleted).
+    pub fn hold_template_pulls(&self, node_ids: &[String], name: &str, until_ms: i64) -> Result<(), StoreError> {
+        self.tx(|c| {
+            for node in node_ids {
+                c.execute(
+                    "INSERT INTO template_pulls (node_id, name, until_ms) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (node_id, name) DO UPDATE SET until_ms = excluded.until_ms
+                     WHERE template_pulls.until_ms < excluded.until_ms",
+                    vals![node.as_str(), name, until_ms],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
     pub fn put_operation_node(&self, operation_id: &str, node_id: &str, tenant: &str) -> Result<(), StoreError> {
         self.tx(|c| {
             c.execute(
