@@ -10,7 +10,8 @@
 //! while the other node's keep answering; started again, it takes them back.
 //! Events from every node reach a follower of either replica; a secret put
 //! through the control plane reaches the node whose gateway needs it.
-//! Control plane and nodes speak mutual TLS with the cluster's own CA.
+//! Control plane and nodes speak mutual TLS with the cluster's own CA. The
+//! unmodified e2b SDK's suite runs through the control plane.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -605,6 +606,24 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let gone = a.ok("DELETE", &format!("/v1/sandboxes/{keyed}"), None);
     assert_eq!(b.wait_operation(gone["operation"]["id"].as_str().unwrap())["state"], "succeeded");
 
+    // The unmodified e2b SDK's suite, through the control plane (the
+    // replica left standing).
+    let venv = common::python_venv(&control, "e2b-venv", &["e2b>=2.63,<3"]);
+    let suite = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b");
+    let mut run = Command::new(venv.join("bin/python"));
+    run.args(["-m", "unittest", "-v", "test_e2b_sdk"])
+        .current_dir(&suite)
+        .env("E2B_API_URL", format!("{second}/e2b"))
+        .env("E2B_SANDBOX_URL", format!("{second}/e2b/envd"))
+        .env("E2B_API_KEY", &key)
+        .env("SPACE_OTHER_KEY", &other.key)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let ran = Reaper::global().output(&mut run).unwrap();
+    let report = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success() && report.contains("\nOK"), "the e2b SDK's tests through the control plane: {report}");
+
     // The node that built the template dies: its sandboxes are failed
     // within the lease; the other's answer.
     let victim = children.remove(builder.as_str()).unwrap();
@@ -647,16 +666,21 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let restarted =
         node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &token, &node_args[builder.as_str()]);
     children.insert(builder.as_str(), restarted);
+    // Back as it is there: running, or paused by the node for being idle
+    // (30 s by default), which the next command resumes.
+    let usable = |sandbox: &Value| {
+        sandbox["state"] == "running" || (sandbox["state"] == "paused" && sandbox["auto_paused"] == true)
+    };
     let back = wait_for("the lost node's sandbox back", Duration::from_secs(60), || {
         let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
-        (sandbox["state"] == "running").then_some(sandbox)
+        usable(&sandbox).then_some(sandbox)
     });
     assert_eq!(back["id"], lost[0].as_str());
     let ran = b.ok("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "echo back again"})));
     assert_eq!(ran["stdout"], "back again\n");
-    events.wait("the lost node's sandbox running again", |seen| {
+    events.wait("the lost node's sandbox usable again", |seen| {
         let failed_at = seen.iter().position(failed_event).unwrap();
-        seen[failed_at..].iter().any(|e| e["sandbox_id"] == lost[0].as_str() && e["sandbox"]["state"] == "running")
+        seen[failed_at..].iter().any(|e| e["sandbox_id"] == lost[0].as_str() && usable(&e["sandbox"]))
     });
     assert_eq!(events.all().iter().filter(|e| failed_event(e)).count(), 1, "told once");
 

@@ -303,6 +303,10 @@ fn authenticate(cp: &ControlPlane, headers: &HeaderMap) -> Result<Caller, ApiErr
             "missing API key: send `Authorization: Bearer <key>`",
         ));
     };
+    caller_for_key(cp, key)
+}
+
+fn caller_for_key(cp: &ControlPlane, key: &str) -> Result<Caller, ApiError> {
     if space_proto::constant_time_eq(key.as_bytes(), cp.api_key.as_bytes()) {
         return Ok(Caller::operator());
     }
@@ -320,6 +324,9 @@ async fn public(State(cp): State<Shared>, request: Request) -> Response {
 }
 
 async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
+    if request.uri().path().starts_with("/e2b/") {
+        return Ok(e2b(&cp, request).await.unwrap_or_else(IntoResponse::into_response));
+    }
     let caller = authenticate(&cp, request.headers())?;
     let path = request.uri().path().to_string();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -382,10 +389,17 @@ fn live_node(cp: &ControlPlane, id: &str) -> Result<NodeRow, ApiError> {
 
 /// Sends a request on to a node as `caller`, streaming both ways (and
 /// splicing an upgrade, such as attach's WebSocket).
-async fn forward(
+async fn forward(cp: &ControlPlane, node: &NodeRow, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    relay_to(cp, node, Some(caller), request).await
+}
+
+/// [`forward`]; with no `caller`, the request keeps the credentials it
+/// came with (E2B's envd: the sandbox's access token) and gets neither the
+/// node token nor a tenant.
+async fn relay_to(
     cp: &ControlPlane,
     node: &NodeRow,
-    caller: &Caller,
+    caller: Option<&Caller>,
     mut request: Request,
 ) -> Result<Response, ApiError> {
     let unreachable =
@@ -402,7 +416,9 @@ async fn forward(
     let headers = outgoing.headers_mut();
     for (name, value) in &parts.headers {
         let hop = crate::api::ports::HOP_BY_HOP.contains(&name.as_str());
-        let ours = name == header::AUTHORIZATION || name == header::HOST || name.as_str().starts_with("x-space-");
+        // A tenant's key (in either header) never reaches a node.
+        let key = (name == header::AUTHORIZATION && caller.is_some()) || name == "x-api-key";
+        let ours = key || name == header::HOST || name.as_str().starts_with("x-space-");
         if hop || ours || name == header::SEC_WEBSOCKET_PROTOCOL {
             continue;
         }
@@ -426,13 +442,16 @@ async fn forward(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, upgrade);
     }
-    headers.insert(
-        header::AUTHORIZATION,
-        HeaderValue::from_str(&format!("Bearer {}", cp.node_token)).map_err(|e| unreachable(e.to_string()))?,
-    );
-    headers.insert("x-space-tenant", HeaderValue::from_str(&caller.tenant).map_err(|e| unreachable(e.to_string()))?);
-    if caller.operator {
-        headers.insert("x-space-operator", HeaderValue::from_static("true"));
+    if let Some(caller) = caller {
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {}", cp.node_token)).map_err(|e| unreachable(e.to_string()))?,
+        );
+        let tenant = HeaderValue::from_str(&caller.tenant).map_err(|e| unreachable(e.to_string()))?;
+        headers.insert("x-space-tenant", tenant);
+        if caller.operator {
+            headers.insert("x-space-operator", HeaderValue::from_static("true"));
+        }
     }
     if let Some(DiskAllowance(value)) = parts.extensions.get::<DiskAllowance>() {
         headers.insert(DISK_QUOTA_HEADER, value.clone());
@@ -551,16 +570,31 @@ fn lost_sandbox(placement: &crate::store::Placement, why: &str) -> Option<serde_
 /// Places a new sandbox: a live node that has the template, with the most
 /// memory left once what was placed since its last report is counted.
 async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
         .await
         .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
     let wanted: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
+    let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let node = place(cp, caller, &wanted, key.as_deref()).await?;
+    parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
+    forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// The node a new sandbox (`wanted`: its template, vCPUs and memory, as a
+/// create names them) goes to, once the tenant's quotas allow it.
+async fn place(
+    cp: &ControlPlane,
+    caller: &Caller,
+    wanted: &serde_json::Value,
+    key: Option<&str>,
+) -> Result<NodeRow, ApiError> {
     let template = wanted["template"].as_str().unwrap_or("base").to_string();
     let memory = wanted["memory_mib"].as_u64().unwrap_or(512);
     let nodes = nodes(cp)?;
-    check_quotas(cp, caller, &nodes, &wanted)?;
+    check_quotas(cp, caller, &nodes, wanted)?;
+    let anywhere = nodes.iter().any(|n| n.report.templates.contains(&template));
     let mut best: Option<(i64, NodeRow)> = None;
     for node in nodes.into_iter().filter(|n| n.alive && n.report.templates.contains(&template)) {
         // What was placed since its last report, which could not count it.
@@ -579,26 +613,24 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     }
     // A create repeated with its Idempotency-Key, through any replica, goes
     // to the node the first one went to, which replays its operation.
-    let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let chosen = match (&key, &best) {
+    let chosen = match (key, &best) {
         (Some(key), Some((_, node))) => Some(cp.store.create_key_node(&caller.tenant, key, &node.id)?),
         (Some(key), None) => cp.store.create_key_node(&caller.tenant, key, "").ok().filter(|n| !n.is_empty()),
         _ => None,
     };
-    let mut parts = parts;
     if let Some(chosen) = chosen.filter(|c| best.as_ref().is_none_or(|(_, b)| b.id != *c)) {
-        let node = live_node(cp, &chosen)?;
-        parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
-        return forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await;
+        return live_node(cp, &chosen);
     }
     let Some((free, node)) = best else {
-        return Err(ApiError::unavailable(format!("no live node has template {template:?}")));
+        return Err(match anywhere {
+            true => ApiError::unavailable(format!("no live node has template {template:?}")),
+            false => crate::templates::template_not_found(&template),
+        });
     };
     if free < memory as i64 {
         return Err(ApiError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
     }
-    parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
-    forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
+    Ok(node)
 }
 
 /// Forwards a request and records what its 202 answer says (the operation,
@@ -740,7 +772,7 @@ async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Reque
     let holders: Vec<Node> =
         nodes(cp)?.into_iter().filter(|n| n.alive && n.report.templates.iter().any(|t| t == name)).collect();
     if holders.is_empty() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "template_not_found", format!("no template {name:?}")));
+        return Err(crate::templates::template_not_found(name));
     }
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -789,6 +821,134 @@ async fn templates(cp: &ControlPlane, caller: &Caller, _request: Request) -> Res
         }
     }
     Ok(axum::Json(serde_json::json!({"templates": seen.into_values().collect::<Vec<_>>()})).into_response())
+}
+
+// ---- the E2B-compatible API ------------------------------------------------------
+
+/// `/e2b/...` through the control plane, answering in E2B's error shape:
+/// envd requests go to the node of the sandbox their `E2b-Sandbox-Id`
+/// names, with the sandbox's own access token (checked by the node);
+/// control requests are authenticated here by `X-API-KEY` and placed,
+/// gathered or forwarded like their `/v1` kin.
+async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response, crate::e2b::E2bError> {
+    use crate::e2b::E2bError;
+    let path = request.uri().path().to_string();
+    if path.starts_with("/e2b/envd/") {
+        let id = request.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let missing = || E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running"));
+        let placement = cp.store.placement(id)?.ok_or_else(missing)?;
+        let node = live_node(cp, &placement.node_id).map_err(|_| missing())?;
+        return Ok(relay_to(cp, &node, None, request).await?);
+    }
+    let key = request.headers().get("x-api-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
+    let key = key.ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
+    let caller = caller_for_key(cp, key)?;
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let method = request.method().clone();
+    match (&method, parts.as_slice()) {
+        (&Method::POST, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => e2b_create(cp, &caller, request).await,
+        (&Method::GET, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => e2b_list(cp, &caller, request).await,
+        (_, ["e2b", "sandboxes", id, ..] | ["e2b", "v2", "sandboxes", id, ..]) => {
+            let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
+            let placement = cp.store.placement(id)?.filter(|p| p.tenant == caller.tenant).ok_or_else(missing)?;
+            let node = live_node(cp, &placement.node_id)?;
+            let killed = method == Method::DELETE && parts.len() == 3;
+            let response = forward(cp, &node, &caller, request).await?;
+            if killed && response.status().is_success() {
+                // Gone: a later loss of its node does not bring it back as failed.
+                let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
+                sandbox["state"] = "deleted".into();
+                cp.store.put_placement(id, &node.id, &caller.tenant, &sandbox.to_string(), now_ms())?;
+            }
+            Ok(response)
+        }
+        // What E2B has and SPACE does not: any node says so.
+        _ => {
+            let node = nodes(cp)?.into_iter().find(|n| n.alive).ok_or_else(|| ApiError::unavailable("no live node"))?;
+            Ok(forward(cp, &node.row, &caller, request).await?)
+        }
+    }
+}
+
+/// E2B's create: placed like `/v1`'s (its `templateID`, default `base`),
+/// and recorded with the sandbox as `/v1` shows it.
+async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, crate::e2b::E2bError> {
+    use crate::e2b::E2bError;
+    let (mut parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+        .await
+        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request body is too large"))?;
+    let body: serde_json::Value = match bytes.is_empty() {
+        true => serde_json::json!({}),
+        false => serde_json::from_slice(&bytes).map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()))?,
+    };
+    let wanted = serde_json::json!({"template": body["templateID"].as_str().unwrap_or("base")});
+    let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let node = place(cp, caller, &wanted, key.as_deref()).await?;
+    parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
+    let response = forward(cp, &node, caller, Request::from_parts(parts, Body::from(bytes))).await?;
+    if !response.status().is_success() {
+        return Ok(response);
+    }
+    let (response, answer) = read_answer(response).await?;
+    let id = answer.as_ref().and_then(|a| a["sandboxID"].as_str()).unwrap_or_default().to_string();
+    let request = Request::get(format!("/v1/sandboxes/{id}"))
+        .body(Body::empty())
+        .map_err(|e| ApiError::internal("a request", e))?;
+    if let (_, Some(sandbox)) = read_answer(forward(cp, &node, caller, request).await?).await? {
+        cp.store.put_placement(&id, &node.id, &caller.tenant, &sandbox.to_string(), now_ms())?;
+    }
+    Ok(response)
+}
+
+/// E2B's list: every live node's, in E2B's order and pages.
+async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, crate::e2b::E2bError> {
+    use crate::e2b::E2bError;
+    // Kept as sent (E2B encodes metadata filters its own way); the paging
+    // parameters are plain numbers and words.
+    let raw = request.uri().query().unwrap_or_default().to_string();
+    let pairs: Vec<(&str, &str)> =
+        raw.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, ""))).collect();
+    let get = |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+    let limit = match get("limit") {
+        Some(text) => text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            E2bError::new(StatusCode::BAD_REQUEST, format!("limit must be a positive number, got {text:?}"))
+        })?,
+        None => crate::e2b::PAGE,
+    };
+    let skip = match get("nextToken").filter(|t| !t.is_empty()) {
+        Some(token) => token
+            .parse::<usize>()
+            .map_err(|_| E2bError::new(StatusCode::BAD_REQUEST, "nextToken is not one this server gave"))?,
+        None => 0,
+    };
+    // Each node's whole list (the same filters), then one page of them all.
+    let mut asked: Vec<String> =
+        pairs.iter().filter(|(k, _)| *k != "limit" && *k != "nextToken").map(|(k, v)| format!("{k}={v}")).collect();
+    asked.push(format!("limit={}", usize::MAX));
+    let path = format!("{}?{}", request.uri().path(), asked.join("&"));
+    let mut listed: Vec<serde_json::Value> = Vec::new();
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
+        let asking = Request::get(&path).body(Body::empty()).map_err(|e| ApiError::internal("a request", e))?;
+        let response = forward(cp, &node.row, caller, asking).await?;
+        if !response.status().is_success() {
+            return Ok(response);
+        }
+        if let (_, Some(serde_json::Value::Array(some))) = read_answer(response).await? {
+            listed.extend(some);
+        }
+    }
+    listed.sort_by(|a, b| a["startedAt"].as_str().cmp(&b["startedAt"].as_str()));
+    if get("order").as_deref() != Some("asc") {
+        listed.reverse();
+    }
+    let total = listed.len();
+    let page: Vec<serde_json::Value> = listed.into_iter().skip(skip).take(limit).collect();
+    let mut response = axum::Json(page).into_response();
+    if skip + limit < total {
+        response.headers_mut().insert("x-next-token", HeaderValue::from(skip + limit));
+    }
+    Ok(response)
 }
 
 // ---- secrets ---------------------------------------------------------------------

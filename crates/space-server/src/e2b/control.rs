@@ -31,18 +31,27 @@ const DEFAULT_TIMEOUT_S: u64 = 300;
 /// The longest a synchronous call waits for its operation.
 const OPERATION_PATIENCE: Duration = Duration::from_secs(300);
 /// Sandboxes per page of a list, unless `limit` says otherwise.
-const PAGE: usize = 100;
+pub(crate) const PAGE: usize = 100;
 
 /// The caller of an E2B control-plane request, from `X-API-KEY` (a SPACE
 /// key: the server's own or a tenant's).
 fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
+    // A node of a cluster answers its control plane only: the node token,
+    // and the tenant it names (the control plane checked the tenant's key).
+    if state.node_token.is_some() {
+        let token = crate::api::bearer(headers).unwrap_or_default();
+        if !crate::api::caller_for_key(state, token)?.node {
+            return Err(E2bError::new(StatusCode::UNAUTHORIZED, "a node answers its control plane only"));
+        }
+        let caller = Caller::asserted(headers)?;
+        crate::cluster::take_disk_quota(&state.platform, &caller, headers)?;
+        tracing::Span::current().record("tenant", caller.tenant.as_str());
+        return Ok(caller);
+    }
     let key = header(headers, "x-api-key")
         .filter(|k| !k.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
     let caller = crate::api::caller_for_key(state, key)?;
-    if caller.node {
-        return Err(E2bError::new(StatusCode::UNAUTHORIZED, "a node serves no E2B API of its own"));
-    }
     tracing::Span::current().record("tenant", caller.tenant.as_str());
     Ok(caller)
 }

@@ -22,6 +22,8 @@ mod envd;
 mod filesystem;
 mod process;
 
+pub(crate) use control::PAGE;
+
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
