@@ -407,10 +407,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.cluster {
         let node = shared.scratch(&format!("bench-node-{}", std::process::id()), &[&args.template])?;
+        let tls_node = shared.scratch(&format!("bench-tls-node-{}", std::process::id()), &[&args.template])?;
         let single = shared.scratch(&format!("bench-single-{}", std::process::id()), &[&args.template])?;
-        let result = crate::cluster_bench::run(&args, &node, &single);
-        space_host::btrfs::remove_tree(node.root())?;
-        space_host::btrfs::remove_tree(single.root())?;
+        let result = crate::cluster_bench::run(&args, &node, &tls_node, &single);
+        for data in [&node, &tls_node, &single] {
+            space_host::btrfs::remove_tree(data.root())?;
+        }
         return result;
     }
     let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &[&args.template])?;

@@ -134,7 +134,20 @@ async fn send_report(
 #[derive(Clone, Default)]
 pub struct Links {
     tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+    /// Connections to other members that are free again, by URL.
+    idle: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<IdleConnection>>>>,
 }
+
+struct IdleConnection {
+    since: std::time::Instant,
+    sender: hyper::client::conn::http1::SendRequest<Body>,
+}
+
+/// How long a free connection is kept for the next request (less than the
+/// [`crate::http::HEADER_TIMEOUT`] after which a member closes it).
+const IDLE_FOR: Duration = Duration::from_secs(4);
+/// Free connections kept per member.
+const IDLE_PER_MEMBER: usize = 32;
 
 /// Whether `url` is `http://host:port` or `https://host:port`, and its
 /// `host:port`.
@@ -150,12 +163,13 @@ fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), String> {
 
 impl Links {
     pub fn new(tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>) -> Links {
-        Links { tls }
+        Links { tls, idle: Default::default() }
     }
 
-    /// Sends `request` (its target a path) to the member at `url`, over a
-    /// new connection, and its answer back as a stream (an upgrade spliced
-    /// to `upgrade`).
+    /// Sends `request` (its target a path) to the member at `url`, and its
+    /// answer back as a stream (an upgrade spliced to `upgrade`): over a
+    /// connection left free by an earlier request, or a new one (always
+    /// for an upgrade, which takes the connection over).
     pub(crate) async fn send(
         &self,
         url: &str,
@@ -165,10 +179,69 @@ impl Links {
         let (https, authority) = member_url(url)?;
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
         request.headers_mut().insert(header::HOST, host);
+        if upgrade.is_none() {
+            while let Some(mut sender) = self.free_connection(url) {
+                match sender.try_send_request(request).await {
+                    Ok(response) => {
+                        self.keep(url, sender);
+                        return crate::api::ports::answer(response, None);
+                    }
+                    // Closed before it took the request: another one.
+                    Err(mut failed) => match failed.take_message() {
+                        Some(unsent) => request = unsent,
+                        None => return Err(failed.into_error().to_string()),
+                    },
+                }
+            }
+        }
+        let mut sender = self.connect(https, &authority, url).await?;
+        let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+        if upgrade.is_none() {
+            self.keep(url, sender);
+        }
+        crate::api::ports::answer(response, upgrade)
+    }
+
+    /// A free connection to `url` that is neither stale nor closed.
+    fn free_connection(&self, url: &str) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let free = idle.get_mut(url)?;
+        while let Some(connection) = free.pop() {
+            if connection.since.elapsed() < IDLE_FOR && !connection.sender.is_closed() {
+                return Some(connection.sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection for the next request once it is free again (its
+    /// answer read to the end); a long stream's connection is let go.
+    fn keep(&self, url: &str, mut sender: hyper::client::conn::http1::SendRequest<Body>) {
+        let (idle, url) = (self.idle.clone(), url.to_string());
+        tokio::spawn(async move {
+            if !matches!(tokio::time::timeout(IDLE_FOR, sender.ready()).await, Ok(Ok(()))) {
+                return;
+            }
+            let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
+            let free = idle.entry(url).or_default();
+            free.retain(|c| c.since.elapsed() < IDLE_FOR && !c.sender.is_closed());
+            if free.len() < IDLE_PER_MEMBER {
+                free.push(IdleConnection { since: std::time::Instant::now(), sender });
+            }
+        });
+    }
+
+    /// A new connection to the member at `authority` (TLS when `https`).
+    async fn connect(
+        &self,
+        https: bool,
+        authority: &axum::http::uri::Authority,
+        url: &str,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, String> {
         let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| e.to_string())?;
         let _ = tcp.set_nodelay(true);
         if !https {
-            return crate::api::ports::relay(TokioIo::new(tcp), request, upgrade).await;
+            return crate::api::ports::http1(TokioIo::new(tcp)).await;
         }
         let Some(config) = &self.tls else {
             return Err(format!("{url} is HTTPS: this member needs the cluster's TLS (--cluster-ca)"));
@@ -184,7 +257,7 @@ impl Links {
         .await
         .map_err(|_| "the TLS handshake took too long".to_string())?
         .map_err(|e| format!("TLS: {e}"))?;
-        crate::api::ports::relay(TokioIo::new(tls), request, upgrade).await
+        crate::api::ports::http1(TokioIo::new(tls)).await
     }
 }
 

@@ -162,12 +162,30 @@ pub(crate) async fn relay<I>(
 where
     I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
 {
-    let (mut sender, connection) =
+    let mut sender = http1(io).await?;
+    let response = sender.send_request(outgoing).await.map_err(|e| e.to_string())?;
+    answer(response, client_side)
+}
+
+/// An HTTP/1.1 connection over `io`, driven by a task of its own (which
+/// lets it be upgraded).
+pub(crate) async fn http1<I>(io: I) -> Result<hyper::client::conn::http1::SendRequest<Body>, String>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+{
+    let (sender, connection) =
         hyper::client::conn::http1::Builder::new().handshake::<_, Body>(io).await.map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         let _ = connection.with_upgrades().await;
     });
-    let mut response = sender.send_request(outgoing).await.map_err(|e| e.to_string())?;
+    Ok(sender)
+}
+
+/// What [`relay`] answers with `response`.
+pub(crate) fn answer(
+    mut response: hyper::Response<hyper::body::Incoming>,
+    client_side: Option<hyper::upgrade::OnUpgrade>,
+) -> Result<Response, String> {
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let (Some(client_side), server_side) = (client_side, hyper::upgrade::on(&mut response)) else {
             return Err("an upgrade nobody asked for".into());
