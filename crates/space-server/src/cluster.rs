@@ -44,6 +44,21 @@ pub struct NodeReport {
     /// The change of the cluster's secrets it holds (0: none).
     #[serde(default)]
     pub secrets_epoch: u64,
+    /// The engines it can run (its default is `engine`).
+    #[serde(default)]
+    pub engines: Vec<String>,
+    /// Templates whose sandboxes must run on one engine, and that engine.
+    #[serde(default)]
+    pub pinned: std::collections::BTreeMap<String, String>,
+}
+
+impl NodeReport {
+    /// Whether a sandbox of `template` (that must run on `engine`, if
+    /// named) can start here.
+    fn can_run(&self, template: &str, engine: Option<&str>) -> bool {
+        self.templates.iter().any(|t| t == template)
+            && engine.is_none_or(|e| e == self.engine || self.engines.iter().any(|have| have == e))
+    }
 }
 
 fn now_ms() -> i64 {
@@ -55,19 +70,26 @@ fn now_ms() -> i64 {
 /// What this node would report now.
 pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
     let sandboxes = platform.store.sandboxes().unwrap_or_default();
+    let templates = platform.data.templates();
     NodeReport {
         id: id.to_string(),
         url: url.to_string(),
         engine: platform.engine.name().to_string(),
         capacity_mib: platform.capacity_mib,
         promised_mib: platform.reserved_mib(),
-        templates: platform.data.templates().into_iter().map(|t| t.meta.name).collect(),
+        templates: templates.iter().map(|t| t.meta.name.clone()).collect(),
         sandboxes: sandboxes
             .into_iter()
             .filter(|r| !matches!(r.sandbox.state, space_api::SandboxState::Deleted | space_api::SandboxState::Failed))
             .map(|r| r.sandbox.id)
             .collect(),
         secrets_epoch: platform.secrets_epoch.load(std::sync::atomic::Ordering::SeqCst),
+        engines: platform
+            .engine_report
+            .get()
+            .map(|engines| engines.iter().filter(|e| e.available).map(|e| e.name.to_string()).collect())
+            .unwrap_or_default(),
+        pinned: templates.iter().filter_map(|t| Some((t.meta.name.clone(), t.meta.engine.clone()?))).collect(),
     }
 }
 
@@ -359,6 +381,7 @@ async fn health(State(cp): State<Shared>) -> Result<Response, ApiError> {
         .iter()
         .map(|n| {
             serde_json::json!({"id": n.row.id, "url": n.row.url, "alive": n.alive, "engine": n.report.engine,
+                "engines": n.report.engines,
                 "capacity_mib": n.report.capacity_mib, "promised_mib": n.report.promised_mib,
                 "sandboxes": n.report.sandboxes.len(), "templates": n.report.templates})
         })
@@ -668,8 +691,10 @@ async fn place(
     let nodes = nodes(cp)?;
     check_quotas(cp, caller, &nodes, wanted)?;
     let anywhere = nodes.iter().any(|n| n.report.templates.contains(&template));
+    // A template built to run on one engine goes to a node that has it.
+    let engine = nodes.iter().find_map(|n| n.report.pinned.get(&template)).cloned();
     let mut best: Option<(i64, NodeRow)> = None;
-    for node in nodes.into_iter().filter(|n| n.alive && n.report.templates.contains(&template)) {
+    for node in nodes.into_iter().filter(|n| n.alive && n.report.can_run(&template, engine.as_deref())) {
         // What was placed since its last report, which could not count it.
         let placed_since: i64 = cp
             .store
@@ -695,9 +720,12 @@ async fn place(
         return live_node(cp, &chosen);
     }
     let Some((free, node)) = best else {
-        return Err(match anywhere {
-            true => ApiError::unavailable(format!("no live node has template {template:?}")),
-            false => crate::templates::template_not_found(&template),
+        return Err(match (anywhere, &engine) {
+            (true, Some(engine)) => {
+                ApiError::unavailable(format!("no live node that runs {engine} has template {template:?}"))
+            }
+            (true, None) => ApiError::unavailable(format!("no live node has template {template:?}")),
+            (false, _) => crate::templates::template_not_found(&template),
         });
     };
     if free < memory as i64 {
@@ -1459,4 +1487,45 @@ async fn replicate_once(cp: &ControlPlane) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(engine: &str, engines: &[&str], templates: &[&str]) -> NodeReport {
+        NodeReport {
+            id: "n".into(),
+            url: "http://n.test:1".into(),
+            engine: engine.into(),
+            capacity_mib: 1024,
+            promised_mib: 0,
+            templates: templates.iter().map(|t| t.to_string()).collect(),
+            sandboxes: vec![],
+            secrets_epoch: 0,
+            engines: engines.iter().map(|e| e.to_string()).collect(),
+            pinned: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_node_runs_a_template_it_has_on_an_engine_it_can_run() {
+        let gvisor = report("gvisor", &["gvisor"], &["base", "vm"]);
+        let both = report("firecracker", &["firecracker", "gvisor"], &["base", "vm"]);
+        assert!(gvisor.can_run("base", None) && both.can_run("base", None));
+        assert!(!gvisor.can_run("other", None), "a template it lacks");
+        assert!(!gvisor.can_run("vm", Some("firecracker")), "an engine it cannot run");
+        assert!(both.can_run("vm", Some("firecracker")) && both.can_run("vm", Some("gvisor")));
+        // A report from before engines were reported: its default engine.
+        let old = report("gvisor", &[], &["base"]);
+        assert!(old.can_run("base", Some("gvisor")) && !old.can_run("base", Some("firecracker")));
+    }
+
+    #[test]
+    fn a_report_without_the_newer_fields_still_reads() {
+        let old = r#"{"id":"n","url":"http://n.test:1","engine":"gvisor","capacity_mib":1,"promised_mib":0,
+            "templates":["base"],"sandboxes":[]}"#;
+        let report: NodeReport = serde_json::from_str(old).unwrap();
+        assert!(report.engines.is_empty() && report.pinned.is_empty() && report.secrets_epoch == 0);
+    }
 }
