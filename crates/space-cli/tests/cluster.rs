@@ -624,6 +624,12 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let report = String::from_utf8_lossy(&ran.stderr);
     assert!(ran.status.success() && report.contains("\nOK"), "the e2b SDK's tests through the control plane: {report}");
 
+    // Running, or paused by its node for being idle (30 s by default),
+    // which the next command resumes.
+    let usable = |sandbox: &Value| {
+        sandbox["state"] == "running" || (sandbox["state"] == "paused" && sandbox["auto_paused"] == true)
+    };
+
     // The node that built the template dies: its sandboxes are failed
     // within the lease; the other's answer.
     let victim = children.remove(builder.as_str()).unwrap();
@@ -660,17 +666,18 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let pulled = pulled["sandbox"]["id"].as_str().unwrap().to_string();
     let ran = b.ok("POST", &format!("/v1/sandboxes/{pulled}/exec"), Some(json!({"argv": ["cat", "/srv/hello.txt"]})));
     assert_eq!(ran["stdout"], "from the image\n", "{ran}");
+    // Events of sandboxes made after the first replica died still arrive:
+    // the feeds it followed were taken over once its claims lapsed.
+    events.wait("events from after the replica's death", |seen| {
+        [&extra, &pulled].iter().all(|id| seen.iter().any(|e| e["sandbox_id"] == id.as_str() && usable(&e["sandbox"])))
+    });
 
     // The lost node comes back with what still runs, and takes it back.
     let k = NODES.iter().find(|(n, _)| *n == builder).unwrap().1;
     let restarted =
         node(&nets[builder.as_str()], k, &datas[builder.as_str()], &builder, &token, &node_args[builder.as_str()]);
     children.insert(builder.as_str(), restarted);
-    // Back as it is there: running, or paused by the node for being idle
-    // (30 s by default), which the next command resumes.
-    let usable = |sandbox: &Value| {
-        sandbox["state"] == "running" || (sandbox["state"] == "paused" && sandbox["auto_paused"] == true)
-    };
+    // Back as it is there (running, or paused for being idle).
     let back = wait_for("the lost node's sandbox back", Duration::from_secs(60), || {
         let (_, sandbox, _) = a.call("GET", &format!("/v1/sandboxes/{}", lost[0]), None);
         usable(&sandbox).then_some(sandbox)
