@@ -650,6 +650,14 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert_eq!(ran["stdout"], "still here\n");
     }
     assert_eq!(a.call("POST", &format!("/v1/sandboxes/{}/exec", lost[0]), Some(json!({"cmd": "true"}))).0, 409);
+    // Sandboxes deleted before (other tenants', on whichever nodes) do not
+    // come back as lost ones.
+    let disk = Api { url: second.clone(), key: disk.key.clone() };
+    for tenant in [&other, &disk] {
+        let listed = tenant.ok("GET", "/v1/sandboxes", None);
+        let states: Vec<&Value> = listed["sandboxes"].as_array().unwrap().iter().map(|s| &s["state"]).collect();
+        assert!(states.iter().all(|s| *s == "deleted"), "{listed}");
+    }
     // Followers are told (once).
     let failed_event = |e: &Value| {
         e["sandbox_id"] == lost[0].as_str()

@@ -655,7 +655,8 @@ pub(crate) fn take_disk_quota(platform: &Platform, caller: &Caller, headers: &He
 /// it: failed, saying so (`None` if it was deleted).
 fn lost_sandbox(placement: &crate::store::Placement, why: &str) -> Option<serde_json::Value> {
     let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).ok()?;
-    if sandbox["state"] == "deleted" {
+    // A delete the node accepted is done or will be: not a lost sandbox.
+    if sandbox["state"] == "deleted" || sandbox["state"] == "deleting" {
         return None;
     }
     sandbox["state"] = "failed".into();
@@ -780,7 +781,25 @@ async fn sandbox_request(
     if request.method() == Method::POST && request.uri().path().ends_with("/suspend") {
         request.extensions_mut().insert(disk_allowance(cp, caller, &node.id).await?);
     }
-    forward_recording(cp, caller, node, request).await
+    let deleting = request.method() == Method::DELETE && request.uri().path().trim_end_matches('/').ends_with(id);
+    let node_id = node.id.clone();
+    let response = forward_recording(cp, caller, node, request).await?;
+    if deleting && response.status() == StatusCode::ACCEPTED {
+        mark_gone(cp, id, &node_id, caller, "deleting")?;
+    }
+    Ok(response)
+}
+
+/// Records that a sandbox's node accepted its delete (`deleting`) or did it
+/// (`deleted`): a later loss of that node does not show it as failed.
+fn mark_gone(cp: &ControlPlane, id: &str, node: &str, caller: &Caller, state: &str) -> Result<(), ApiError> {
+    let Some(placement) = cp.store.placement(id)? else {
+        return Ok(());
+    };
+    let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
+    sandbox["state"] = state.into();
+    cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
+    Ok(())
 }
 
 /// Asks every live node (as `caller`) and reads each answer whole.
@@ -956,10 +975,7 @@ async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response, crate::e2b
             let killed = method == Method::DELETE && parts.len() == 3;
             let response = forward(cp, &node, &caller, request).await?;
             if killed && response.status().is_success() {
-                // Gone: a later loss of its node does not bring it back as failed.
-                let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-                sandbox["state"] = "deleted".into();
-                cp.store.put_placement(id, &node.id, &caller.tenant, &sandbox.to_string(), now_ms())?;
+                mark_gone(cp, id, &node.id, &caller, "deleted")?;
             }
             Ok(response)
         }
@@ -1206,7 +1222,13 @@ async fn feeds_once(
             continue;
         };
         if cp.store.mark_feed_lost(&id, false)? {
-            announce_back(cp, &node).await?;
+            // One request per sandbox it has: not in the way of the claims.
+            let (cp, row) = (cp.clone(), node.row.clone());
+            tokio::spawn(async move {
+                if let Err(err) = announce_back(&cp, &row).await {
+                    tracing::warn!(node = %row.id, "announcing its sandboxes back: {}", err.message);
+                }
+            });
         }
         if let std::collections::hash_map::Entry::Vacant(entry) = following.entry(id) {
             let (cp, owner, row) = (cp.clone(), owner.to_string(), node.row.clone());
@@ -1275,9 +1297,10 @@ fn announce_lost(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
     Ok(cp.store.add_events(&events)?)
 }
 
-async fn announce_back(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
+async fn announce_back(cp: &ControlPlane, node: &NodeRow) -> Result<(), ApiError> {
     let mut events = Vec::new();
-    for placement in cp.store.placements_on(&node.row.id)? {
+    // Those that were announced lost (not those deleted before).
+    for placement in cp.store.placements_on(&node.id)?.into_iter().filter(|p| lost_sandbox(p, "").is_some()) {
         let id = serde_json::from_str::<serde_json::Value>(&placement.sandbox).unwrap_or_default()["id"]
             .as_str()
             .unwrap_or_default()
@@ -1286,7 +1309,7 @@ async fn announce_back(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
         let request = Request::get(format!("/v1/sandboxes/{id}"))
             .body(Body::empty())
             .map_err(|e| ApiError::internal("a request", e))?;
-        let response = forward(cp, &node.row, &caller, request).await?;
+        let response = forward(cp, node, &caller, request).await?;
         if response.status() != StatusCode::OK {
             continue;
         }
@@ -1294,7 +1317,7 @@ async fn announce_back(cp: &ControlPlane, node: &Node) -> Result<(), ApiError> {
             events.extend(state_event(sandbox).map(|e| (placement.tenant.clone(), e)));
         }
     }
-    tracing::info!(node = %node.row.id, sandboxes = events.len(), "a lost node is back");
+    tracing::info!(node = %node.id, sandboxes = events.len(), "a lost node is back");
     Ok(cp.store.add_events(&events)?)
 }
 
