@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use space_process::{ReapedChild, Reaper};
-use space_testkit::{wait_for, NetNs, PgCluster, TestDataDir};
+use space_testkit::{wait_for, NetNs, PgCluster, TestCa, TestDataDir};
 
 mod common;
 use common::SPACE;
@@ -127,27 +127,8 @@ const API_ADDRESS: &str = "10.231.200.1";
 /// with the authorization it was sent, and keeps what it was sent.
 fn upstream(net: &NetNs, dir: &Path) -> (u16, PathBuf, Arc<Mutex<Vec<String>>>) {
     use tokio_rustls::rustls;
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "cluster test upstream CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(vec![API_HOST.to_string()]).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
-    let ca_file = dir.join("upstream-ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let config = Arc::new(
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![leaf.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .unwrap(),
-    );
+    let ca = space_testkit::TestCa::new(dir, "upstream-ca");
+    let (config, ca_file) = (ca.server(&[API_HOST.to_string()]), ca.file.clone());
     net.add_address(&format!("{API_ADDRESS}/32"));
     let listener = net.bind(&format!("{API_ADDRESS}:0"));
     let port = listener.local_addr().unwrap().port();
@@ -188,42 +169,17 @@ fn upstream(net: &NetNs, dir: &Path) -> (u16, PathBuf, Arc<Mutex<Vec<String>>>) 
     (port, ca_file, seen)
 }
 
-/// The cluster's own CA, and certificates it signs.
-struct ClusterCa {
-    dir: PathBuf,
-    key: rcgen::KeyPair,
-    ca: rcgen::Certificate,
-}
-
-impl ClusterCa {
-    fn new(dir: &Path) -> ClusterCa {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, "cluster test CA");
-        let ca = params.self_signed(&key).unwrap();
-        std::fs::write(dir.join("cluster-ca.pem"), ca.pem()).unwrap();
-        ClusterCa { dir: dir.to_path_buf(), key, ca }
-    }
-
-    /// `--cluster-ca/-cert/-key` for a member reached at `addresses`.
-    fn member(&self, name: &str, addresses: &[String]) -> Vec<String> {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert =
-            rcgen::CertificateParams::new(addresses.to_vec()).unwrap().signed_by(&key, &self.ca, &self.key).unwrap();
-        let (cert_file, key_file) = (self.dir.join(format!("{name}.pem")), self.dir.join(format!("{name}.key")));
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        let path = |p: &Path| p.to_str().unwrap().to_string();
-        vec![
-            "--cluster-ca".into(),
-            path(&self.dir.join("cluster-ca.pem")),
-            "--cluster-cert".into(),
-            path(&cert_file),
-            "--cluster-key".into(),
-            path(&key_file),
-        ]
-    }
+/// `--cluster-ca/-cert/-key` for a member of a cluster whose CA is `ca`,
+/// reached at `addresses` (its files in `dir`).
+fn member(ca: &TestCa, dir: &Path, name: &str, addresses: &[String]) -> Vec<String> {
+    let (cert, key) = ca.issue(addresses);
+    let (cert_file, key_file) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    ["--cluster-ca", &path(&ca.file), "--cluster-cert", &path(&cert_file), "--cluster-key", &path(&key_file)]
+        .map(str::to_string)
+        .to_vec()
 }
 
 /// Where replica `i` takes nodes' heartbeats (mutual TLS), in the lan.
@@ -303,9 +259,9 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         "--egress-trust".to_string(),
         api_ca.to_str().unwrap().to_string(),
     ];
-    let cluster_ca = ClusterCa::new(control.root());
+    let cluster_ca = TestCa::new(control.root(), "cluster-ca");
     let lan_side: Vec<String> = NODES.iter().map(|(_, k)| format!("10.231.{k}.1")).collect();
-    let cp_tls = cluster_ca.member("control-plane", &lan_side);
+    let cp_tls = member(&cluster_ca, control.root(), "control-plane", &lan_side);
     let cp_args = [
         "--cluster",
         "--database",
@@ -338,7 +294,9 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     let mut children: std::collections::BTreeMap<&str, ReapedChild> = std::collections::BTreeMap::new();
     let node_args: std::collections::BTreeMap<&str, Vec<String>> = NODES
         .iter()
-        .map(|(name, k)| (*name, [egress.clone(), cluster_ca.member(name, &[format!("10.231.{k}.2")])].concat()))
+        .map(|(name, k)| {
+            (*name, [egress.clone(), member(&cluster_ca, control.root(), name, &[format!("10.231.{k}.2")])].concat())
+        })
         .collect();
     for (name, k) in NODES {
         children.insert(name, node(&nets[name], k, &datas[name], name, &token, &node_args[name]));
@@ -608,21 +566,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
 
     // The unmodified e2b SDK's suite, through the control plane (the
     // replica left standing).
-    let venv = common::python_venv(&control, "e2b-venv", &["e2b>=2.63,<3"]);
-    let suite = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b");
-    let mut run = Command::new(venv.join("bin/python"));
-    run.args(["-m", "unittest", "-v", "test_e2b_sdk"])
-        .current_dir(&suite)
-        .env("E2B_API_URL", format!("{second}/e2b"))
-        .env("E2B_SANDBOX_URL", format!("{second}/e2b/envd"))
-        .env("E2B_API_KEY", &key)
-        .env("SPACE_OTHER_KEY", &other.key)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let ran = Reaper::global().output(&mut run).unwrap();
-    let report = String::from_utf8_lossy(&ran.stderr);
-    assert!(ran.status.success() && report.contains("\nOK"), "the e2b SDK's tests through the control plane: {report}");
+    common::run_e2b_suite(&control, &second, &key, &other.key);
 
     // Running, or paused by its node for being idle (30 s by default),
     // which the next command resumes.

@@ -14,7 +14,6 @@ use common::SPACE;
 #[test]
 fn the_e2b_sdk_drives_space_unchanged() {
     let data = TestDataDir::new();
-    let venv = common::python_venv(&data, "e2b-venv", &["e2b>=2.63,<3"]);
 
     // A second tenant, to check that its key sees none of the first's sandboxes.
     let mut keys = Command::new(SPACE);
@@ -26,20 +25,6 @@ fn the_e2b_sdk_drives_space_unchanged() {
     let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
     std::thread::spawn(move || lines.for_each(drop));
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
-    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b");
-    let mut run = Command::new(venv.join("bin/python"));
-    run.args(["-m", "unittest", "-v", "test_e2b_sdk"])
-        .current_dir(&tests)
-        .env("E2B_API_URL", format!("{url}/e2b"))
-        .env("E2B_SANDBOX_URL", format!("{url}/e2b/envd"))
-        .env("E2B_API_KEY", &key)
-        .env("SPACE_OTHER_KEY", &other_key)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let ran = Reaper::global().output(&mut run).unwrap();
-    let report = String::from_utf8_lossy(&ran.stderr);
-    eprintln!("{report}");
-    assert!(ran.status.success() && report.contains("\nOK"), "the e2b SDK's tests failed: {report}");
+    common::run_e2b_suite(&data, &url, &key, &other_key);
     common::stop(server);
 }

@@ -830,13 +830,25 @@ async fn ask_all_but(
     Ok(answers)
 }
 
-async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
-    let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
-    let mut sandboxes: Vec<serde_json::Value> = ask_all(cp, caller, &format!("/v1/sandboxes{query}"))
+/// `field` of every live node's answer to the list `request` asks for (with
+/// its query), all in one list.
+async fn gather(
+    cp: &ControlPlane,
+    caller: &Caller,
+    request: Request,
+    field: &str,
+) -> Result<Vec<serde_json::Value>, ApiError> {
+    let path_and_query = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    Ok(ask_all(cp, caller, &path_and_query)
         .await?
         .into_iter()
-        .flat_map(|answer| answer["sandboxes"].as_array().cloned().unwrap_or_default())
-        .collect();
+        .flat_map(|answer| answer[field].as_array().cloned().unwrap_or_default())
+        .collect())
+}
+
+async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let mut sandboxes = gather(cp, caller, request, "sandboxes").await?;
     let wants_failed = !query.contains("state=") || query.contains("state=failed");
     let lost: Vec<String> = nodes(cp)?.into_iter().filter(|n| !n.alive).map(|n| n.row.id).collect();
     if wants_failed {
@@ -921,12 +933,7 @@ async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Reque
 /// `GET /v1/operations`: the tenant's operations on every live node, oldest
 /// first.
 async fn operations(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
-    let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
-    let mut operations: Vec<serde_json::Value> = ask_all(cp, caller, &format!("/v1/operations{query}"))
-        .await?
-        .into_iter()
-        .flat_map(|answer| answer["operations"].as_array().cloned().unwrap_or_default())
-        .collect();
+    let mut operations = gather(cp, caller, request, "operations").await?;
     operations.sort_by(|a, b| a["created_at"].as_str().cmp(&b["created_at"].as_str()));
     Ok(axum::Json(serde_json::json!({"operations": operations})).into_response())
 }

@@ -35,28 +35,9 @@ struct Upstream {
 /// `/files/...` and `/repo.git/...` serve `dir/www` to whoever brings the
 /// host's credentials (401 with a Basic challenge otherwise).
 fn upstream(dir: &Path) -> Upstream {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "test upstream CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let names: Vec<String> = HOSTS.iter().map(|h| h.to_string()).collect();
-    let leaf = rcgen::CertificateParams::new(names).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
-    let ca_file = dir.join("upstream-ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = Arc::new(
-        rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![leaf.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .unwrap(),
-    );
+    let ca = space_testkit::TestCa::new(dir, "upstream-ca");
+    let config = ca.server(&HOSTS.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+    let ca_file = ca.file.clone();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen: Seen = Arc::default();

@@ -335,3 +335,50 @@ impl Drop for NetNs {
         let _ = space_host::run(std::process::Command::new("ip").args(["netns", "del", &self.name]));
     }
 }
+
+/// A certificate authority of a test's own (its certificate written to
+/// `file`), and certificates it signs: for the "internet" a test stands up,
+/// or a cluster's members.
+pub struct TestCa {
+    key: rcgen::KeyPair,
+    ca: rcgen::Certificate,
+    pub file: std::path::PathBuf,
+}
+
+impl TestCa {
+    pub fn new(dir: &std::path::Path, name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let ca = params.self_signed(&key).unwrap();
+        let file = dir.join(format!("{name}.pem"));
+        std::fs::write(&file, ca.pem()).unwrap();
+        TestCa { key, ca, file }
+    }
+
+    /// A certificate for `names` (host names or IP addresses) and its key,
+    /// both PEM.
+    pub fn issue(&self, names: &[String]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(names.to_vec()).unwrap().signed_by(&key, &self.ca, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A TLS server's configuration with a certificate for `names`.
+    pub fn server(&self, names: &[String]) -> std::sync::Arc<tokio_rustls::rustls::ServerConfig> {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        let (cert, key) = self.issue(names);
+        let chain = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![chain], key)
+                .unwrap(),
+        )
+    }
+}

@@ -90,6 +90,29 @@ pub fn python_venv(data: &TestDataDir, name: &str, packages: &[&str]) -> std::pa
 }
 
 #[allow(dead_code)] // not every test binary uses it
+/// Runs the unmodified `e2b` SDK's suite (`tests/e2b/test_e2b_sdk.py`, the
+/// SDK from PyPI in a venv under `data`) against the server at `url`, with
+/// E2B's own environment variables only; `other_key` is another tenant's.
+pub fn run_e2b_suite(data: &TestDataDir, url: &str, key: &str, other_key: &str) {
+    let venv = python_venv(data, "e2b-venv", &["e2b>=2.63,<3"]);
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b");
+    let mut run = Command::new(venv.join("bin/python"));
+    run.args(["-m", "unittest", "-v", "test_e2b_sdk"])
+        .current_dir(&tests)
+        .env("E2B_API_URL", format!("{url}/e2b"))
+        .env("E2B_SANDBOX_URL", format!("{url}/e2b/envd"))
+        .env("E2B_API_KEY", key)
+        .env("SPACE_OTHER_KEY", other_key)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let ran = Reaper::global().output(&mut run).unwrap();
+    let report = String::from_utf8_lossy(&ran.stderr);
+    eprintln!("{report}");
+    assert!(ran.status.success() && report.contains("\nOK"), "the e2b SDK's tests failed: {report}");
+}
+
+#[allow(dead_code)] // not every test binary uses it
 /// A one-layer image: busybox as /bin/sh, a file, and a working directory.
 pub fn busybox_image(dir: &std::path::Path) -> std::path::PathBuf {
     let layer_path = dir.join("layer.tar");
