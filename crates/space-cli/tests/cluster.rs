@@ -529,6 +529,12 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // the value, the sandbox only a placeholder; a new value is used from
     // the next request; a deleted secret is gone.
     let value = |n: u32| format!("sk-cluster-{}-{n}", std::process::id());
+    // Other secrets first, so the set sent to the nodes with the one that
+    // matters is larger than a JSON request's bound (1 MiB).
+    let fillers: Vec<String> = (0..70).map(|i| format!("zz-fill-{i}")).collect();
+    for name in &fillers {
+        a.ok("PUT", &format!("/v1/secrets/{name}"), Some(json!({"value": "f".repeat(16 << 10), "hosts": [API_HOST]})));
+    }
     let put = a.ok("PUT", "/v1/secrets/llm", Some(json!({"value": value(1), "hosts": [API_HOST]})));
     assert_eq!(put["name"], "llm", "{put}");
     let listed = b.ok("GET", "/v1/secrets", None);
@@ -559,6 +565,9 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     }
     let env = a.ok("POST", &format!("/v1/sandboxes/{keyed}/exec"), Some(json!({"cmd": "env"})));
     assert!(!env["stdout"].as_str().unwrap().contains("sk-cluster-"), "a value in the sandbox: {env}");
+    for name in &fillers {
+        assert_eq!(a.call("DELETE", &format!("/v1/secrets/{name}"), None).0, 204);
+    }
     assert_eq!(a.call("DELETE", "/v1/secrets/llm", None).0, 204);
     assert!(b.ok("GET", "/v1/secrets", None)["secrets"].as_array().unwrap().is_empty());
     let gone = a.ok("DELETE", &format!("/v1/sandboxes/{keyed}"), None);

@@ -144,7 +144,9 @@ async fn send_report(
     match response.status() {
         StatusCode::NO_CONTENT => Ok(None),
         StatusCode::OK => {
-            let body = axum::body::to_bytes(response.into_body(), MAX_RECORDED).await.map_err(|e| e.to_string())?;
+            let body = axum::body::to_bytes(response.into_body(), crate::secrets::MAX_SECRET_SET)
+                .await
+                .map_err(|e| e.to_string())?;
             serde_json::from_slice(&body).map(Some).map_err(|e| format!("its answer: {e}"))
         }
         status => Err(format!("it answered {status}")),
@@ -588,10 +590,13 @@ fn record(cp: &ControlPlane, node: &str, caller: &Caller, answer: &serde_json::V
 fn check_quotas(
     cp: &ControlPlane,
     caller: &Caller,
+    quotas: &crate::store::Quotas,
     nodes: &[Node],
     wanted: &serde_json::Value,
 ) -> Result<(), ApiError> {
-    let quotas = cp.store.tenant_quotas(&caller.tenant)?;
+    if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
+        return Ok(());
+    }
     let held: Vec<(u64, u64)> = cp
         .store
         .placements(&caller.tenant)?
@@ -604,7 +609,7 @@ fn check_quotas(
         .map(|(_, s)| (s["vcpus"].as_u64().unwrap_or(0), s["memory_mib"].as_u64().unwrap_or(0)))
         .collect();
     let wanted = (wanted["vcpus"].as_u64().unwrap_or(1), wanted["memory_mib"].as_u64().unwrap_or(512));
-    crate::tenants::check_held(&caller.tenant, &quotas, &held, wanted)
+    crate::tenants::check_held(&caller.tenant, quotas, &held, wanted)
 }
 
 /// For a request that may make a tenant hold more disk on a node (a
@@ -616,8 +621,13 @@ struct DiskAllowance(HeaderValue);
 
 const DISK_QUOTA_HEADER: &str = "x-space-disk-quota";
 
-async fn disk_allowance(cp: &ControlPlane, caller: &Caller, node: &str) -> Result<DiskAllowance, ApiError> {
-    let Some(max_mib) = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib else {
+async fn disk_allowance(
+    cp: &ControlPlane,
+    caller: &Caller,
+    max_disk_mib: Option<u64>,
+    node: &str,
+) -> Result<DiskAllowance, ApiError> {
+    let Some(max_mib) = max_disk_mib else {
         return Ok(DiskAllowance(HeaderValue::from_static("none")));
     };
     let elsewhere: u64 = ask_all_but(cp, caller, "/v1/usage", Some(node))
@@ -674,23 +684,25 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     let wanted: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let node = place(cp, caller, &wanted, key.as_deref()).await?;
-    parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
+    let (node, allowance) = place(cp, caller, &wanted, key.as_deref()).await?;
+    parts.extensions.insert(allowance);
     forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
 }
 
 /// The node a new sandbox (`wanted`: its template, vCPUs and memory, as a
-/// create names them) goes to, once the tenant's quotas allow it.
+/// create names them) goes to, once the tenant's quotas allow it, and the
+/// tenant's disk allowance there.
 async fn place(
     cp: &ControlPlane,
     caller: &Caller,
     wanted: &serde_json::Value,
     key: Option<&str>,
-) -> Result<NodeRow, ApiError> {
+) -> Result<(NodeRow, DiskAllowance), ApiError> {
     let template = wanted["template"].as_str().unwrap_or("base").to_string();
     let memory = wanted["memory_mib"].as_u64().unwrap_or(512);
+    let quotas = cp.store.tenant_quotas(&caller.tenant)?;
     let nodes = nodes(cp)?;
-    check_quotas(cp, caller, &nodes, wanted)?;
+    check_quotas(cp, caller, &quotas, &nodes, wanted)?;
     let anywhere = nodes.iter().any(|n| n.report.templates.contains(&template));
     // A template built to run on one engine goes to a node that has it.
     let engine = nodes.iter().find_map(|n| n.report.pinned.get(&template)).cloned();
@@ -718,7 +730,9 @@ async fn place(
         _ => None,
     };
     if let Some(chosen) = chosen.filter(|c| best.as_ref().is_none_or(|(_, b)| b.id != *c)) {
-        return live_node(cp, &chosen);
+        let node = live_node(cp, &chosen)?;
+        let allowance = disk_allowance(cp, caller, quotas.max_disk_mib, &node.id).await?;
+        return Ok((node, allowance));
     }
     let Some((free, node)) = best else {
         return Err(match (anywhere, &engine) {
@@ -732,7 +746,8 @@ async fn place(
     if free < memory as i64 {
         return Err(ApiError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
     }
-    Ok(node)
+    let allowance = disk_allowance(cp, caller, quotas.max_disk_mib, &node.id).await?;
+    Ok((node, allowance))
 }
 
 /// Forwards a request and records what its 202 answer says (the operation,
@@ -779,7 +794,8 @@ async fn sandbox_request(
     };
     // A suspend writes a snapshot the tenant's disk quota counts.
     if request.method() == Method::POST && request.uri().path().ends_with("/suspend") {
-        request.extensions_mut().insert(disk_allowance(cp, caller, &node.id).await?);
+        let max_disk_mib = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib;
+        request.extensions_mut().insert(disk_allowance(cp, caller, max_disk_mib, &node.id).await?);
     }
     let deleting = request.method() == Method::DELETE && request.uri().path().trim_end_matches('/').ends_with(id);
     let node_id = node.id.clone();
@@ -890,7 +906,8 @@ async fn build(cp: &ControlPlane, caller: &Caller, mut request: Request) -> Resu
         .filter(|n| n.alive)
         .max_by_key(|n| n.report.capacity_mib as i64 - n.report.promised_mib as i64)
         .ok_or_else(|| ApiError::unavailable("no live node to build on"))?;
-    request.extensions_mut().insert(disk_allowance(cp, caller, &node.row.id).await?);
+    let max_disk_mib = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib;
+    request.extensions_mut().insert(disk_allowance(cp, caller, max_disk_mib, &node.row.id).await?);
     forward_recording(cp, caller, node.row, request).await
 }
 
@@ -1008,8 +1025,8 @@ async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Res
     };
     let wanted = serde_json::json!({"template": body["templateID"].as_str().unwrap_or("base")});
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let node = place(cp, caller, &wanted, key.as_deref()).await?;
-    parts.extensions.insert(disk_allowance(cp, caller, &node.id).await?);
+    let (node, allowance) = place(cp, caller, &wanted, key.as_deref()).await?;
+    parts.extensions.insert(allowance);
     let response = forward(cp, &node, caller, Request::from_parts(parts, Body::from(bytes))).await?;
     if !response.status().is_success() {
         return Ok(response);
@@ -1027,31 +1044,16 @@ async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Res
 
 /// E2B's list: every live node's, in E2B's order and pages.
 async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, crate::e2b::E2bError> {
-    use crate::e2b::E2bError;
-    // Kept as sent (E2B encodes metadata filters its own way); the paging
-    // parameters are plain numbers and words.
+    // Each node's whole list, its filters passed on as sent (E2B encodes
+    // metadata its own way), then one page of them all, as a node pages.
     let raw = request.uri().query().unwrap_or_default().to_string();
-    let pairs: Vec<(&str, &str)> =
-        raw.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, ""))).collect();
-    let get = |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
-    let limit = match get("limit") {
-        Some(text) => text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            E2bError::new(StatusCode::BAD_REQUEST, format!("limit must be a positive number, got {text:?}"))
-        })?,
-        None => crate::e2b::PAGE,
-    };
-    let skip = match get("nextToken").filter(|t| !t.is_empty()) {
-        Some(token) => token
-            .parse::<usize>()
-            .map_err(|_| E2bError::new(StatusCode::BAD_REQUEST, "nextToken is not one this server gave"))?,
-        None => 0,
-    };
-    // Each node's whole list (the same filters), then one page of them all.
-    let mut asked: Vec<String> =
-        pairs.iter().filter(|(k, _)| *k != "limit" && *k != "nextToken").map(|(k, v)| format!("{k}={v}")).collect();
-    asked.push(format!("limit={}", usize::MAX));
+    let query: std::collections::BTreeMap<String, String> = crate::e2b::form_pairs(&raw).into_iter().collect();
+    let mut asked: Vec<&str> =
+        raw.split('&').filter(|p| !p.is_empty() && !p.starts_with("limit=") && !p.starts_with("nextToken=")).collect();
+    let whole = format!("limit={}", usize::MAX);
+    asked.push(&whole);
     let path = format!("{}?{}", request.uri().path(), asked.join("&"));
-    let mut listed: Vec<serde_json::Value> = Vec::new();
+    let mut listed = Vec::new();
     for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
         let asking = Request::get(&path).body(Body::empty()).map_err(|e| ApiError::internal("a request", e))?;
         let response = forward(cp, &node.row, caller, asking).await?;
@@ -1059,20 +1061,10 @@ async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Resul
             return Ok(response);
         }
         if let (_, Some(serde_json::Value::Array(some))) = read_answer(response).await? {
-            listed.extend(some);
+            listed.extend(some.into_iter().map(|s| (crate::e2b::parse_time(s["startedAt"].as_str().unwrap_or("")), s)));
         }
     }
-    listed.sort_by(|a, b| a["startedAt"].as_str().cmp(&b["startedAt"].as_str()));
-    if get("order").as_deref() != Some("asc") {
-        listed.reverse();
-    }
-    let total = listed.len();
-    let page: Vec<serde_json::Value> = listed.into_iter().skip(skip).take(limit).collect();
-    let mut response = axum::Json(page).into_response();
-    if skip + limit < total {
-        response.headers_mut().insert("x-next-token", HeaderValue::from(skip + limit));
-    }
-    Ok(response)
+    crate::e2b::page(listed, &query)
 }
 
 // ---- secrets ---------------------------------------------------------------------

@@ -26,6 +26,9 @@ pub const MAX_SECRETS: usize = 256;
 pub const MAX_VALUE: usize = 16 * 1024;
 /// Hosts one secret may list.
 pub const MAX_HOSTS: usize = 32;
+/// The largest set of a cluster's secrets a node takes at once (every
+/// tenant's, values included: far more than one JSON request's bound).
+pub const MAX_SECRET_SET: usize = 64 << 20;
 /// What every placeholder starts with.
 pub const PLACEHOLDER_PREFIX: &str = "space_ph_";
 

@@ -116,7 +116,11 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/templates/{name}", get(crate::cluster::export_template))
         .route("/internal/v1/templates/pull", axum::routing::post(crate::cluster::pull_template))
         .route("/internal/v1/events", get(crate::cluster::feed))
-        .route("/internal/v1/secrets", axum::routing::post(crate::cluster::take_secrets))
+        .route(
+            "/internal/v1/secrets",
+            axum::routing::post(crate::cluster::take_secrets)
+                .layer(axum::extract::DefaultBodyLimit::max(crate::secrets::MAX_SECRET_SET)),
+        )
         .merge(protected)
         .merge(crate::e2b::router())
         .merge(crate::console::router())

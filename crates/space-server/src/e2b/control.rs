@@ -31,7 +31,7 @@ const DEFAULT_TIMEOUT_S: u64 = 300;
 /// The longest a synchronous call waits for its operation.
 const OPERATION_PATIENCE: Duration = Duration::from_secs(300);
 /// Sandboxes per page of a list, unless `limit` says otherwise.
-pub(crate) const PAGE: usize = 100;
+const PAGE: usize = 100;
 
 /// The caller of an E2B control-plane request, from `X-API-KEY` (a SPACE
 /// key: the server's own or a tenant's).
@@ -87,7 +87,7 @@ fn e2b_state(record: &SandboxRecord) -> Option<&'static str> {
     }
 }
 
-fn parse_time(text: &str) -> SystemTime {
+pub(crate) fn parse_time(text: &str) -> SystemTime {
     humantime::parse_rfc3339_weak(text).unwrap_or_else(|_| SystemTime::now())
 }
 
@@ -264,7 +264,7 @@ fn metadata_filter(text: &str) -> Vec<(String, String)> {
 }
 
 /// `a=b&c=d` decoded as a form (`+` is a space).
-fn form_pairs(text: &str) -> Vec<(String, String)> {
+pub(crate) fn form_pairs(text: &str) -> Vec<(String, String)> {
     text.split('&')
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
@@ -309,20 +309,8 @@ pub async fn list(
         return Err(E2bError::new(StatusCode::BAD_REQUEST, format!("unknown state {bad:?}: give running or paused")));
     }
     let metadata = query.get("metadata").map(|m| metadata_filter(m)).unwrap_or_default();
-    let limit = match query.get("limit") {
-        Some(text) => text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            E2bError::new(StatusCode::BAD_REQUEST, format!("limit must be a positive number, got {text:?}"))
-        })?,
-        None => PAGE,
-    };
-    let skip = match query.get("nextToken").filter(|t| !t.is_empty()) {
-        Some(token) => token
-            .parse::<usize>()
-            .map_err(|_| E2bError::new(StatusCode::BAD_REQUEST, "nextToken is not one this server gave"))?,
-        None => 0,
-    };
     let started_after = query.get("startedAfter").map(|t| parse_time(t));
-    let mut listed: Vec<(SystemTime, Value)> = state
+    let listed: Vec<(SystemTime, Value)> = state
         .platform
         .store
         .sandboxes()?
@@ -335,6 +323,28 @@ pub async fn list(
         .map(|(s, r)| (parse_time(&r.sandbox.created_at), listed_json(&r, s)))
         .filter(|(at, _)| started_after.is_none_or(|after| *at > after))
         .collect();
+    page(listed, &query)
+}
+
+/// One page of `listed` (each with its start) as E2B answers a list:
+/// newest first unless `order=asc`, `limit` a page, the next page's
+/// `nextToken` in `X-Next-Token`. `query` is the list's decoded query.
+pub(crate) fn page(
+    mut listed: Vec<(SystemTime, Value)>,
+    query: &BTreeMap<String, String>,
+) -> Result<Response, E2bError> {
+    let limit = match query.get("limit") {
+        Some(text) => text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            E2bError::new(StatusCode::BAD_REQUEST, format!("limit must be a positive number, got {text:?}"))
+        })?,
+        None => PAGE,
+    };
+    let skip = match query.get("nextToken").filter(|t| !t.is_empty()) {
+        Some(token) => token
+            .parse::<usize>()
+            .map_err(|_| E2bError::new(StatusCode::BAD_REQUEST, "nextToken is not one this server gave"))?,
+        None => 0,
+    };
     listed.sort_by_key(|(at, _)| *at);
     if query.get("order").map(String::as_str) != Some("asc") {
         listed.reverse();
@@ -342,9 +352,8 @@ pub async fn list(
     let total = listed.len();
     let page: Vec<Value> = listed.into_iter().skip(skip).take(limit).map(|(_, v)| v).collect();
     let mut response = Json(page).into_response();
-    if skip + limit < total {
-        let next = HeaderValue::from_str(&(skip + limit).to_string()).expect("digits");
-        response.headers_mut().insert("x-next-token", next);
+    if skip.saturating_add(limit) < total {
+        response.headers_mut().insert("x-next-token", HeaderValue::from(skip + limit));
     }
     Ok(response)
 }

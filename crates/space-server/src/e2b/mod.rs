@@ -22,7 +22,7 @@ mod envd;
 mod filesystem;
 mod process;
 
-pub(crate) use control::PAGE;
+pub(crate) use control::{form_pairs, page, parse_time};
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
