@@ -524,7 +524,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
 
         // Warm: wait until the pool has refilled, then time a create.
         let refill_deadline = Instant::now() + Duration::from_secs(60);
-        while warm_platform.warm_count() == 0 && Instant::now() < refill_deadline {
+        while warm_platform.warm.count() == 0 && Instant::now() < refill_deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let warm_id = timed_create(&warm_client, &args.template, &mut warm_create)?;
@@ -658,7 +658,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         Some(binary) => runtime.block_on(bench_firecracker(&binary, scratch, args.runs))?,
         None => println!("{:<44} skipped: no firecracker binary (FIRECRACKER_BIN)", "firecracker figures"),
     }
-    runtime.block_on(warm_platform.drain_warm());
+    runtime.block_on(warm_platform.warm.drain());
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }

@@ -1128,7 +1128,7 @@ fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
         let platform = state.platform.clone();
         space_server::http::serve_with(listener, state, tls, shutdown).await?;
         // Warm sandboxes belong to no one; the others keep running.
-        platform.drain_warm().await;
+        platform.warm.drain().await;
         Ok(())
     })
 }

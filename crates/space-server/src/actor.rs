@@ -8,14 +8,34 @@ use std::time::Duration;
 
 use space_api::{OperationKind, OperationOrigin, SandboxState};
 use space_engine::{AgentConn, EngineError, SandboxSpec};
+use std::sync::Mutex;
 use tokio::sync::mpsc;
 
 use crate::domain::{self, Event};
 use crate::error::ApiError;
-use crate::platform::{Job, LiveSandbox, Platform};
+use crate::platform::{LiveSandbox, Platform};
 
 /// How long an agent may take to let go of its channel or to come back.
 const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
+
+impl Platform {
+    /// Starts the actor of sandbox `id` with its first job, or (re-adopted
+    /// after a restart) with its agent.
+    pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>) {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        if let Some(first) = first {
+            let _ = jobs.send(first);
+        }
+        if let Some(agent) = &agent {
+            // Re-adopted after a restart: its egress is served again.
+            self.start_egress(id, agent);
+        }
+        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default() });
+        self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
+        let actor = Actor { platform: self.clone(), id: id.to_string(), live };
+        tokio::spawn(actor.run(queue));
+    }
+}
 
 /// An engine failure as the client sees it.
 fn engine_failed(message: impl Into<String>) -> ApiError {
@@ -30,6 +50,16 @@ fn engine_failure(err: &EngineError) -> ApiError {
         EngineError::Agent(_) => "the sandbox started but its agent did not become healthy",
     };
     engine_failed(message)
+}
+
+/// A job for a sandbox's actor: carry out this operation.
+pub(crate) struct Job {
+    pub(crate) kind: OperationKind,
+    pub(crate) operation_id: String,
+    /// For a create: the warm sandbox to hand out instead of a cold start.
+    pub(crate) warm: Option<crate::warm::WarmMember>,
+    /// Who asked: an `Idle` pause is the server's (see `idle.rs`).
+    pub(crate) origin: OperationOrigin,
 }
 
 pub(crate) struct Actor {
@@ -119,10 +149,8 @@ impl Actor {
         let spec = platform.engine_spec(&record);
         if let Some(member) = warm {
             platform.progress(operation_id, "waking a warm sandbox", 1);
-            match platform
-                .hand_out(&member, &record.env, record.egress_ca.as_ref().map(|ca| ca.cert_pem.as_str()))
-                .await
-            {
+            let trust_pem = record.egress_ca.as_ref().map(|ca| ca.cert_pem.as_str());
+            match member.hand_out(platform.engine.as_ref(), &record.env, trust_pem).await {
                 Ok(()) => {
                     let welcome = member.agent.welcome().clone();
                     self.set_agent(Some(member.agent));

@@ -45,7 +45,7 @@ impl Platform {
             .filter(|r| holds_memory(r.sandbox.state))
             .map(|r| u64::from(r.sandbox.memory_mib))
             .sum();
-        sandboxes + self.warm_reserved_mib()
+        sandboxes + self.warm.reserved_mib()
     }
 
     /// Refuses `memory_mib` more if it would not fit.

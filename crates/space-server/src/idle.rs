@@ -5,29 +5,19 @@
 //! command running and no request for `auto_pause_s` seconds is paused by
 //! the server (`auto_paused` in its record, unless its lifecycle says
 //! `auto_pause: false`), and the next command or file request resumes it
-//! before it is served. Requests that use a sandbox hold its work gate
+//! before it is served (`begin_work`, in `lifecycle.rs`). Requests that use a sandbox hold its work gate
 //! shared while they do; the pause takes it exclusively and re-checks that
 //! the sandbox is idle, so a sandbox is never frozen under a request.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use space_api::{CommandState, SandboxState};
-use tokio::sync::OwnedRwLockReadGuard;
 
-use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
 
 /// Seconds of idleness before the server pauses a sandbox, by default.
 pub const DEFAULT_AUTO_PAUSE_S: u64 = 30;
-
-/// Held by a request while it uses a sandbox: no idle pause meanwhile.
-pub struct WorkGuard {
-    _gate: Option<OwnedRwLockReadGuard<()>>,
-    /// The sandbox's state, read under the gate.
-    pub state: SandboxState,
-}
 
 /// How long ago an RFC 3339 time was.
 pub(crate) fn age(at: &str, now: SystemTime) -> Option<Duration> {
@@ -59,27 +49,6 @@ impl Platform {
     pub(crate) fn idle_now(&self, record: &SandboxRecord) -> bool {
         let threshold = self.auto_pause_s.load(std::sync::atomic::Ordering::Relaxed);
         may_auto_pause(record, SystemTime::now(), threshold, self.has_running_commands(&record.sandbox.id))
-    }
-
-    /// Before a request uses a sandbox (a command, a file): holds its work
-    /// gate, and resumes it first if the server paused it for idleness.
-    pub async fn begin_work(self: &Arc<Self>, id: &str) -> Result<WorkGuard, ApiError> {
-        for _ in 0..3 {
-            let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
-            let guard = match live {
-                Some(live) => Some(live.work.clone().read_owned().await),
-                None => None,
-            };
-            // Read under the gate: an idle pause cannot be half done now.
-            let record = self.sandbox(id)?;
-            if !(record.sandbox.state == SandboxState::Paused && record.sandbox.auto_paused) {
-                return Ok(WorkGuard { _gate: guard, state: record.sandbox.state });
-            }
-            drop(guard);
-            self.resume_for_work(id).await?;
-        }
-        let state = self.sandbox(id)?.sandbox.state;
-        Err(ApiError::invalid_state("sandbox", state.as_str(), "wake it for this request"))
     }
 }
 

@@ -18,6 +18,7 @@ pub mod error;
 pub mod http;
 mod idle;
 pub mod ids;
+mod lifecycle;
 pub mod metrics;
 pub mod platform;
 mod policies;
@@ -28,7 +29,7 @@ pub mod store;
 mod templates;
 pub mod tenants;
 pub mod transcript;
-mod warm;
+pub mod warm;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -232,7 +232,7 @@ impl Platform {
             };
             metrics.sandboxes.get_or_create(&labels).inc();
         }
-        metrics.warm_members.set(self.warm_count() as i64);
+        metrics.warm_members.set(self.warm.count() as i64);
         metrics.capacity_promised.set(self.reserved_mib() as i64);
         metrics.capacity_total.set(self.capacity_mib as i64);
         let mut text = String::new();

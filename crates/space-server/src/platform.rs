@@ -1,9 +1,13 @@
-//! The control plane's core: sandbox records, their actors, operations.
+//! The core of a node (or single host): sandbox records, live sandboxes,
+//! operations and their waiters.
 //!
-//! One actor task per sandbox owns its lifecycle: it alone moves the
-//! sandbox from state to state (through [`crate::domain::transition`]) and
-//! persists each move before anyone can observe it. Handlers create records
-//! and send the actor jobs; they never change a sandbox's state themselves.
+//! One actor task per sandbox owns its lifecycle (`actor.rs`): it alone
+//! moves the sandbox from state to state (through
+//! [`crate::domain::transition`]) and persists each move before anyone can
+//! observe it. Handlers go through `lifecycle.rs`, which records requests
+//! and sends the actor jobs; they never change a sandbox's state
+//! themselves. This file calls none of the modules built on it (see
+//! `docs/ARCHITECTURE.md`, "Inside a node", and the test at its end).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,25 +19,15 @@ use space_host::datadir::DataDir;
 use tokio::sync::{mpsc, watch};
 
 use crate::commands::LiveCommand;
-use crate::domain::{self, CreateSpec, Event};
+use crate::domain::{self, Event};
 use crate::error::ApiError;
 use crate::ids;
 use crate::store::{SandboxRecord, Store};
 
-/// A job for a sandbox's actor: carry out this operation.
-pub(crate) struct Job {
-    pub(crate) kind: OperationKind,
-    pub(crate) operation_id: String,
-    /// For a create: the warm sandbox to hand out instead of a cold start.
-    pub(crate) warm: Option<crate::warm::WarmMember>,
-    /// Who asked: an `Idle` pause is the server's (see `idle.rs`).
-    pub(crate) origin: OperationOrigin,
-}
-
 /// What exists of a sandbox in memory while its actor lives.
 pub(crate) struct LiveSandbox {
     pub(crate) agent: Mutex<Option<AgentConn>>,
-    jobs: mpsc::UnboundedSender<Job>,
+    pub(crate) jobs: mpsc::UnboundedSender<crate::actor::Job>,
     /// Requests that use the sandbox (commands, files) hold it shared while
     /// they do; pausing an idle sandbox takes it exclusively, so it never
     /// freezes a sandbox under a request.
@@ -48,14 +42,12 @@ pub struct Platform {
     changes: watch::Sender<u64>,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
-    pub(crate) warm: crate::warm::WarmPools,
-    /// Warm sandboxes kept per template (0: always cold start).
-    pub(crate) warm_size: u32,
+    pub warm: crate::warm::WarmPools,
     /// Memory the host can promise to sandboxes, in MiB.
     pub(crate) capacity_mib: u64,
     /// Held from the capacity check until the new record is written, so
     /// concurrent creates cannot both take the last room.
-    admission: Mutex<()>,
+    pub(crate) admission: Mutex<()>,
     pub(crate) builds: crate::templates::Builds,
     /// The guest agent put into templates this server builds.
     pub(crate) agent_bin: std::path::PathBuf,
@@ -106,12 +98,10 @@ impl Platform {
         Arc::new(Platform {
             data,
             store,
-            engine,
             changes: watch::Sender::new(0),
             sandboxes: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
-            warm: Default::default(),
-            warm_size,
+            warm: crate::warm::WarmPools::new(engine.clone(), warm_size),
             capacity_mib,
             admission: Mutex::new(()),
             builds: Default::default(),
@@ -130,6 +120,7 @@ impl Platform {
             secrets_epoch: Default::default(),
             secrets_taken: Default::default(),
             told_disk_quotas: Default::default(),
+            engine,
             metrics: Default::default(),
             usage: Default::default(),
             metrics_without_key: Default::default(),
@@ -181,171 +172,20 @@ impl Platform {
         self.store.sandbox(id)?.ok_or_else(|| ApiError::not_found("sandbox", id))
     }
 
+    /// Who owns template `name` (`Some(None)`: shared), if it exists or is
+    /// being built.
+    pub fn template_owner(&self, name: &str) -> Option<Option<String>> {
+        if let Some(building) = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Some(building.owner.clone());
+        }
+        self.data.template(name).map(|t| t.meta.owner)
+    }
+
     /// The agent of a running sandbox.
     pub fn agent(&self, id: &str) -> Option<AgentConn> {
         let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()?;
         let agent = live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         agent
-    }
-
-    /// Accepts a create: records the sandbox and its operation, then hands
-    /// the work to a new actor.
-    pub fn create_sandbox(
-        self: &Arc<Self>,
-        mut spec: CreateSpec,
-        template: &space_host::template::TemplateInfo,
-        tenant: &str,
-        idempotency_key: Option<&str>,
-    ) -> Result<(Sandbox, Operation), ApiError> {
-        let now = ids::now();
-        // The request's network, else the template's, else the tenant's.
-        let mut network = match spec.network.take() {
-            Some(network) => network,
-            None => self.store.tenant_quotas(tenant)?.network.unwrap_or_default(),
-        };
-        // The sandbox holds placeholders; its secrets stay on the host.
-        let placeholders = self.bind_secrets(tenant, &mut network, None)?;
-        self.check_egress_ceiling(tenant, &network)?;
-        spec.env.extend(placeholders);
-        let template_version = template.meta.version;
-        let engine = self.engine_for(template)?;
-        let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
-        self.check_quotas(tenant, &spec)?;
-        self.check_reserve("create a sandbox", 0)?;
-        let warm = self.take_warm(&spec, template);
-        if warm.is_none() {
-            // A warm member's memory is already counted.
-            self.admit(spec.memory_mib)?;
-        }
-        let sandbox = Sandbox {
-            id: warm.as_ref().map(|m| m.spec.id.clone()).unwrap_or_else(|| ids::new_id("sbx")),
-            template: spec.template,
-            state: SandboxState::Creating,
-            vcpus: spec.vcpus,
-            memory_mib: spec.memory_mib,
-            disk_mib: spec.disk_mib,
-            labels: spec.labels,
-            engine,
-            created_at: now.clone(),
-            updated_at: now.clone(),
-            lifecycle: spec.lifecycle,
-            network,
-            last_activity_at: now.clone(),
-            auto_paused: false,
-            failure_reason: None,
-        };
-        let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
-        self.metrics.create_started(&operation.id, warm.is_some());
-        let record = SandboxRecord {
-            sandbox: sandbox.clone(),
-            template_version,
-            env: spec.env,
-            agent_session: None,
-            channel_key: None,
-            tenant: tenant.to_string(),
-            egress_ca: Some(self.new_egress_ca(&sandbox.id)?),
-        };
-        self.store.put_sandbox(&record)?;
-        self.store.put_operation(&operation, tenant, idempotency_key)?;
-        self.changed();
-        self.spawn_actor(
-            &sandbox.id,
-            Some(Job {
-                kind: OperationKind::Create,
-                operation_id: operation.id.clone(),
-                warm,
-                origin: operation.origin,
-            }),
-            None,
-        );
-        Ok((sandbox, operation))
-    }
-
-    /// Accepts a lifecycle request (pause, resume, delete) after checking it
-    /// is valid in the sandbox's current state (409 otherwise), and hands it
-    /// to the sandbox's actor. Deleting a deleted sandbox succeeds at once.
-    pub fn request(
-        self: &Arc<Self>,
-        id: &str,
-        kind: OperationKind,
-        idempotency_key: Option<&str>,
-    ) -> Result<(Sandbox, Operation), ApiError> {
-        self.request_job(id, kind, idempotency_key, OperationOrigin::Client)
-    }
-
-    /// [`Platform::request`] for whoever asks: a client, a lifecycle policy,
-    /// or the server pausing an idle sandbox (`OperationOrigin::Idle`).
-    pub(crate) fn request_job(
-        self: &Arc<Self>,
-        id: &str,
-        kind: OperationKind,
-        idempotency_key: Option<&str>,
-        origin: OperationOrigin,
-    ) -> Result<(Sandbox, Operation), ApiError> {
-        let record = self.sandbox(id)?;
-        let (event, total) = match kind {
-            OperationKind::Delete => (Event::DeleteRequested, 2),
-            OperationKind::Pause => (Event::Froze, 1),
-            OperationKind::Resume if record.sandbox.state == SandboxState::Suspended => (Event::RestoreRequested, 2),
-            OperationKind::Resume => (Event::Thawed, 1),
-            OperationKind::Suspend => (Event::SuspendRequested, 3),
-            OperationKind::Create | OperationKind::BuildTemplate => {
-                return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
-            }
-        };
-        let mut operation = new_operation(kind, id, "queued", total);
-        operation.origin = origin;
-        if kind == OperationKind::Delete && record.sandbox.state == SandboxState::Deleted {
-            let now = ids::now();
-            operation.state = OperationState::Succeeded;
-            operation.progress = Progress { step: "already deleted".into(), done: total, total, amount: None };
-            operation.started_at = Some(now.clone());
-            operation.finished_at = Some(now);
-            self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
-            self.changed();
-            return Ok((record.sandbox, operation));
-        }
-        domain::transition(record.sandbox.state, event)?;
-        if event == Event::SuspendRequested {
-            // The snapshot holds the sandbox's memory: room for all of it.
-            let snapshot = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
-            self.check_reserve("suspend a sandbox", snapshot)?;
-            self.check_disk_quota(&record.tenant, snapshot, "suspend a sandbox (its snapshot holds its memory)")?;
-        }
-        if event == Event::RestoreRequested {
-            self.admit(record.sandbox.memory_mib)?;
-        }
-        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
-        self.changed();
-        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, origin });
-        Ok((record.sandbox, operation))
-    }
-
-    /// Hands `job` to the sandbox's actor, starting one if none lives.
-    pub(crate) fn queue_job(self: &Arc<Self>, id: &str, job: Job) {
-        let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
-        let unsent = match live {
-            Some(live) => live.jobs.send(job).err().map(|e| e.0),
-            None => Some(job),
-        };
-        if let Some(job) = unsent {
-            self.spawn_actor(id, Some(job), None);
-        }
-    }
-
-    pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>) {
-        let (jobs, queue) = mpsc::unbounded_channel();
-        if let Some(first) = first {
-            let _ = jobs.send(first);
-        }
-        if let Some(agent) = &agent {
-            // Re-adopted after a restart: its egress is served again.
-            self.start_egress(id, agent);
-        }
-        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default() });
-        self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
-        let actor = crate::actor::Actor { platform: self.clone(), id: id.to_string(), live };
-        tokio::spawn(actor.run(queue));
     }
 
     /// Applies `event` to a sandbox and persists it. Only actors (and
@@ -375,27 +215,6 @@ impl Platform {
         self.store.put_sandbox(&record)?;
         self.changed();
         Ok(record.sandbox)
-    }
-
-    /// For `?auto_resume=true`: resumes a paused or suspended sandbox and
-    /// waits until it runs (anything else is left to the usual checks).
-    pub async fn resume_for_work(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
-        let state = self.sandbox(id)?.sandbox.state;
-        if !matches!(state, SandboxState::Paused | SandboxState::Suspended) {
-            return Ok(());
-        }
-        let (_, operation) = self.request(id, OperationKind::Resume, None)?;
-        let deadline = Some(Instant::now() + Duration::from_secs(60));
-        let operation = self.wait_for(deadline, || self.operation(&operation.id), |op| op.state.is_terminal()).await?;
-        match (operation.state, operation.error) {
-            (OperationState::Succeeded, _) => Ok(()),
-            (_, Some(error)) => Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "invalid_state",
-                format!("resuming the sandbox failed: {}", error.message),
-            )),
-            (_, None) => Err(ApiError::invalid_state("sandbox", state.as_str(), "resume it in time")),
-        }
     }
 
     pub fn operation(&self, id: &str) -> Result<Operation, ApiError> {
@@ -537,5 +356,101 @@ pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, t
         created_at: ids::now(),
         started_at: None,
         finished_at: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every module that adds methods to `Platform`: the features built on
+    /// the core (lifecycle, actors, commands, templates, policies, …).
+    const FEATURES: &[(&str, &str)] = &[
+        ("actor.rs", include_str!("actor.rs")),
+        ("capacity.rs", include_str!("capacity.rs")),
+        ("commands.rs", include_str!("commands.rs")),
+        ("disk.rs", include_str!("disk.rs")),
+        ("egress.rs", include_str!("egress.rs")),
+        ("idle.rs", include_str!("idle.rs")),
+        ("lifecycle.rs", include_str!("lifecycle.rs")),
+        ("metrics.rs", include_str!("metrics.rs")),
+        ("policies.rs", include_str!("policies.rs")),
+        ("recovery.rs", include_str!("recovery.rs")),
+        ("sampling.rs", include_str!("sampling.rs")),
+        ("secrets.rs", include_str!("secrets.rs")),
+        ("templates.rs", include_str!("templates.rs")),
+    ];
+
+    /// The methods a file's `impl Platform` blocks define.
+    fn methods(source: &str) -> Vec<String> {
+        let mut inside = false;
+        let mut names = Vec::new();
+        for line in source.lines() {
+            match line {
+                "impl Platform {" => inside = true,
+                "}" => inside = false,
+                _ if inside => {
+                    let rest = line.strip_prefix("    ").unwrap_or_default();
+                    let rest = rest.strip_prefix("pub(crate) ").or_else(|| rest.strip_prefix("pub ")).unwrap_or(rest);
+                    let rest = rest.strip_prefix("async ").unwrap_or(rest);
+                    if let Some(rest) = rest.strip_prefix("fn ") {
+                        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                        names.push(name);
+                    }
+                }
+                _ => {}
+            }
+        }
+        names
+    }
+
+    /// Which files `file`'s code calls into (a method of theirs called on
+    /// `self` or on a `platform`).
+    fn calls(file: &str, source: &str, files: &[(&str, &str)]) -> Vec<String> {
+        let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+        let mut called = Vec::new();
+        for (other, other_source) in files.iter().filter(|(other, _)| *other != file) {
+            let call =
+                |name: &String| code.contains(&format!("self.{name}(")) || code.contains(&format!("platform.{name}("));
+            if methods(other_source).iter().any(call) {
+                called.push(other.to_string());
+            }
+        }
+        called
+    }
+
+    /// The core (this file) calls none of the code built on it, the code
+    /// built on it calls in one direction only (no circle), and the warm
+    /// pools and tenancy do not know `Platform` at all.
+    #[test]
+    fn the_modules_form_layers_not_a_circle() {
+        let mut files = FEATURES.to_vec();
+        files.push(("platform.rs", include_str!("platform.rs")));
+        for (file, source) in &files {
+            assert!(!methods(source).is_empty(), "{file} adds no method to Platform: drop it from FEATURES");
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for entry in std::fs::read_dir(&src).expect("the sources").flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let source = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            if source.contains("\nimpl Platform {") {
+                assert!(
+                    files.iter().any(|(file, _)| *file == name),
+                    "{name} adds methods to Platform: list it in FEATURES"
+                );
+            }
+        }
+        let graph: Vec<(String, Vec<String>)> =
+            files.iter().map(|(file, source)| (file.to_string(), calls(file, source, &files))).collect();
+        let core = &graph.iter().find(|(file, _)| file == "platform.rs").expect("the core").1;
+        assert!(core.is_empty(), "platform.rs calls into {core:?}, which are built on it");
+        // Peel off files that call nothing left; a circle is what remains.
+        let mut left = graph.clone();
+        while let Some(at) = left.iter().position(|(_, calls)| calls.iter().all(|c| !left.iter().any(|(f, _)| f == c)))
+        {
+            left.remove(at);
+        }
+        assert!(left.is_empty(), "these call each other in a circle: {left:?}");
+        for (file, source) in [("warm.rs", include_str!("warm.rs")), ("tenants.rs", include_str!("tenants.rs"))] {
+            assert!(!source.contains("impl Platform") && !source.contains("platform::"), "{file} knows Platform");
+        }
     }
 }

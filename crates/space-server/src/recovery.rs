@@ -7,10 +7,11 @@ use std::time::{Duration, Instant, SystemTime};
 use space_api::{Command, Operation, OperationKind, OperationState, SandboxState};
 use space_engine::{AgentConn, LiveStatus};
 
+use crate::actor::Job;
 use crate::domain::{self, Event};
 use crate::error::ApiError;
 use crate::ids;
-use crate::platform::{Job, Platform};
+use crate::platform::Platform;
 use crate::store::SandboxRecord;
 use crate::transcript::{self, TranscriptWriter};
 

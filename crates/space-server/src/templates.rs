@@ -20,16 +20,16 @@ use crate::platform::{new_operation, Platform};
 
 /// A build in progress: its operation once accepted, source and owner.
 #[derive(Clone)]
-struct Building {
+pub(crate) struct Building {
     operation: Option<String>,
     source: serde_json::Value,
-    owner: Option<String>,
+    pub(crate) owner: Option<String>,
 }
 
 /// Builds in progress, by template name.
 #[derive(Default)]
 pub(crate) struct Builds {
-    in_progress: Mutex<HashMap<String, Building>>,
+    pub(crate) in_progress: Mutex<HashMap<String, Building>>,
 }
 
 pub(crate) fn template_not_found(name: &str) -> ApiError {
@@ -150,15 +150,6 @@ type BuildJob =
     Box<dyn FnOnce(&Platform, &str, &mut dyn FnMut(BuildProgress)) -> Result<TemplateInfo, HostError> + Send>;
 
 impl Platform {
-    /// Who owns template `name` (`Some(None)`: shared), if it exists or is
-    /// being built.
-    pub fn template_owner(&self, name: &str) -> Option<Option<String>> {
-        if let Some(building) = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            return Some(building.owner.clone());
-        }
-        self.data.template(name).map(|t| t.meta.owner)
-    }
-
     /// Reserves `name` for a build by `caller`: 400 for a bad name, 409
     /// while another build of it runs or when the name is someone else's
     /// (a tenant's builds are its own; the operator's are shared).
@@ -296,7 +287,7 @@ impl Platform {
             .await;
             let error = match built {
                 Ok(Ok(template)) => {
-                    platform.refill_warm(template);
+                    crate::warm::refill(&platform, template);
                     None
                 }
                 Ok(Err(err)) => {
@@ -390,7 +381,7 @@ impl Platform {
                 if version >= newest || in_use.contains(&(name.clone(), version)) {
                     continue;
                 }
-                self.drain_warm_version(&name, version).await;
+                self.warm.drain_version(&name, version).await;
                 let dir = entry.path();
                 tracing::info!(template = %name, version, "reclaiming an unused old version");
                 let removed = tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir)).await;
@@ -428,7 +419,7 @@ impl Platform {
             )
             .with_details(serde_json::json!({"sandboxes": own})));
         }
-        self.drain_warm_template(name).await;
+        self.warm.drain_template(name).await;
         let dir = self.data.templates_dir().join(name);
         tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir))
             .await

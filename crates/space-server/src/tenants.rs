@@ -11,7 +11,6 @@ use crate::disk::{quota_exceeded, quota_limits};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
 use crate::ids;
-use crate::platform::Platform;
 use crate::store::{KeyInfo, Quotas, SandboxRecord, Store, StoreError, OPERATOR_TENANT};
 
 /// Who is calling, as the API key says.
@@ -101,59 +100,47 @@ pub fn create_key(store: &Store, tenant: &str, quotas: Option<&Quotas>) -> Resul
     Ok((KeyInfo { id, tenant: tenant.to_string(), created_at: now, revoked_at: None }, key))
 }
 
-impl Platform {
-    /// The caller a presented key stands for: a tenant's key, if one matches
-    /// and is not revoked.
-    pub fn tenant_for_key(&self, presented: &str) -> Result<Option<Caller>, ApiError> {
-        if !presented.starts_with("space_") || presented.len() > 128 {
-            return Ok(None);
-        }
-        let tenant = self.store.key_tenant(&hash_key(presented))?;
-        Ok(tenant.map(|tenant| Caller { tenant, operator: false, node: false }))
+/// The caller a presented key stands for: a tenant's key, if one matches
+/// and is not revoked.
+pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, ApiError> {
+    if !presented.starts_with("space_") || presented.len() > 128 {
+        return Ok(None);
     }
+    let tenant = store.key_tenant(&hash_key(presented))?;
+    Ok(tenant.map(|tenant| Caller { tenant, operator: false, node: false }))
+}
 
-    /// The sandboxes of `tenant` that hold memory and vCPUs.
-    fn held(&self, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
-        Ok(self
-            .store
-            .sandboxes()?
-            .into_iter()
-            .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
-            .collect())
-    }
+/// The sandboxes of `tenant` that hold memory and vCPUs.
+fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
+    Ok(store
+        .sandboxes()?
+        .into_iter()
+        .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
+        .collect())
+}
 
-    /// 429 when `spec` would take `tenant` past its quotas.
-    pub(crate) fn check_quotas(&self, tenant: &str, spec: &CreateSpec) -> Result<(), ApiError> {
-        let quotas = self.store.tenant_quotas(tenant)?;
-        // On a node, the control plane may have told a disk quota.
-        let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).contains_key(tenant);
-        if quotas == Quotas::default() && !told {
-            return Ok(());
-        }
-        if quotas != Quotas::default() {
-            let held: Vec<(u64, u64)> = self
-                .held(tenant)?
-                .iter()
-                .map(|r| (u64::from(r.sandbox.vcpus), u64::from(r.sandbox.memory_mib)))
-                .collect();
-            check_held(tenant, &quotas, &held, (u64::from(spec.vcpus), u64::from(spec.memory_mib)))?;
-        }
-        let disk = u64::from(spec.disk_mib) << 20;
-        self.check_disk_quota(tenant, disk, &format!("create a sandbox with {} MiB of disk", spec.disk_mib))
+/// 429 when `spec` would take `tenant` past its sandbox, vCPU or memory
+/// quota on this host (disk is counted by `disk.rs`).
+pub(crate) fn check_quotas(store: &Store, tenant: &str, quotas: &Quotas, spec: &CreateSpec) -> Result<(), ApiError> {
+    if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
+        return Ok(());
     }
+    let held: Vec<(u64, u64)> =
+        held(store, tenant)?.iter().map(|r| (u64::from(r.sandbox.vcpus), u64::from(r.sandbox.memory_mib))).collect();
+    check_held(tenant, quotas, &held, (u64::from(spec.vcpus), u64::from(spec.memory_mib)))
+}
 
-    /// What `tenant` uses of each quota.
-    pub fn usage(&self, tenant: &str) -> Result<Usage, ApiError> {
-        let held = self.held(tenant)?;
-        Ok(Usage {
-            tenant: tenant.to_string(),
-            quotas: quota_limits(&self.store.tenant_quotas(tenant)?),
-            sandboxes: held.len() as u32,
-            vcpus: held.iter().map(|r| r.sandbox.vcpus).sum(),
-            memory_mib: held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum(),
-            disk: self.disk_usage(tenant)?,
-        })
-    }
+/// What `tenant` uses of each quota, given what it holds on disk.
+pub fn usage(store: &Store, tenant: &str, disk: space_api::DiskUsage) -> Result<Usage, ApiError> {
+    let held = held(store, tenant)?;
+    Ok(Usage {
+        tenant: tenant.to_string(),
+        quotas: quota_limits(&store.tenant_quotas(tenant)?),
+        sandboxes: held.len() as u32,
+        vcpus: held.iter().map(|r| r.sandbox.vcpus).sum(),
+        memory_mib: held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum(),
+        disk,
+    })
 }
 
 #[cfg(test)]

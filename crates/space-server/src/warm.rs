@@ -9,18 +9,21 @@
 //! members are clones sharing the snapshot's memory pages. Pool members are
 //! not in the database: a restarted server sweeps them away. The pool
 //! refills in the background.
+//!
+//! The pools know nothing of `Platform`: a refill asks its host
+//! ([`WarmHost`]) only for room and a directory.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_engine::{AgentConn, SandboxSpec};
+use space_engine::{AgentConn, Engine, SandboxSpec};
 use space_host::template::TemplateInfo;
 
 use crate::domain::CreateSpec;
 use crate::ids;
-use crate::platform::Platform;
 
 /// How long a woken member's agent has to take its identity.
 const IDENTITY_PATIENCE: Duration = Duration::from_secs(10);
@@ -35,8 +38,36 @@ pub(crate) struct WarmMember {
     version: u32,
 }
 
-#[derive(Default)]
-pub(crate) struct WarmPools {
+impl WarmMember {
+    /// Wakes the member and gives it its identity.
+    pub(crate) async fn hand_out(
+        &self,
+        engine: &dyn Engine,
+        env: &std::collections::BTreeMap<String, String>,
+        trust_pem: Option<&str>,
+    ) -> Result<(), String> {
+        engine.resume(&self.spec).await.map_err(|e| e.to_string())?;
+        let identity = space_engine::fresh_identity(env, trust_pem).map_err(|e| e.to_string())?;
+        self.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(|e| e.to_string())
+    }
+}
+
+/// What the pools need of the host they run on; all a refill may ask.
+pub(crate) trait WarmHost: Send + Sync + 'static {
+    fn warm(&self) -> &WarmPools;
+    /// Where a sandbox with this id keeps its state.
+    fn sandbox_dir(&self, id: &str) -> PathBuf;
+    /// Whether this host can run the template's engine at all.
+    fn runs(&self, template: &TemplateInfo) -> bool;
+    /// Why one more member of `template` may not start now (memory, disk).
+    fn no_room_for(&self, template: &TemplateInfo) -> Option<String>;
+}
+
+/// The warm pools of every template on this host.
+pub struct WarmPools {
+    engine: Arc<dyn Engine>,
+    /// Members kept per template unless it says otherwise (0: cold starts).
+    size: u32,
     members: Mutex<Vec<WarmMember>>,
     /// Templates being refilled right now.
     filling: Mutex<HashSet<(String, u32)>>,
@@ -44,94 +75,20 @@ pub(crate) struct WarmPools {
     closed: std::sync::atomic::AtomicBool,
 }
 
-impl Platform {
-    /// Takes a warm member for a create that asks for nothing the member
-    /// was not started with (the template's default sizes).
-    pub(crate) fn take_warm(self: &Arc<Self>, spec: &CreateSpec, template: &TemplateInfo) -> Option<WarmMember> {
-        let defaults = &template.meta.defaults;
-        if (spec.vcpus, spec.memory_mib, spec.disk_mib) != (defaults.vcpus, defaults.memory_mib, defaults.disk_mib) {
-            return None;
-        }
-        let version = template.meta.version;
-        let taken = {
-            let mut members = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
-            let at = members
-                .iter()
-                .position(|m| m.template == spec.template && m.version == version && !m.agent.is_closed());
-            at.map(|at| members.remove(at))
-        };
-        self.refill_warm(template.clone());
-        taken
+impl WarmPools {
+    pub(crate) fn new(engine: Arc<dyn Engine>, size: u32) -> WarmPools {
+        WarmPools { engine, size, members: Mutex::default(), filling: Mutex::default(), closed: Default::default() }
     }
 
-    /// Wakes a member and gives it its identity.
-    pub(crate) async fn hand_out(
-        &self,
-        member: &WarmMember,
-        env: &std::collections::BTreeMap<String, String>,
-        trust_pem: Option<&str>,
-    ) -> Result<(), String> {
-        self.engine.resume(&member.spec).await.map_err(|e| e.to_string())?;
-        let identity = space_engine::fresh_identity(env, trust_pem).map_err(|e| e.to_string())?;
-        member.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(|e| e.to_string())
+    fn held(&self, key: &(String, u32)) -> usize {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        members.iter().filter(|m| (m.template.as_str(), m.version) == (key.0.as_str(), key.1)).count()
     }
 
-    /// Tops the pool of `template` up to its size, in the background.
-    pub(crate) fn refill_warm(self: &Arc<Self>, template: TemplateInfo) {
-        let size = template.meta.warm_pool.unwrap_or(self.warm_size) as usize;
-        // A template whose engine cannot run here gets no warm members.
-        if size == 0 || self.engine_for(&template).is_err() || self.warm.closed.load(Ordering::Relaxed) {
-            return;
-        }
-        let key = (template.meta.name.clone(), template.meta.version);
-        if !self.warm.filling.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
-            return; // already being refilled
-        }
-        let platform = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let have = platform
-                    .warm
-                    .members
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .filter(|m| (m.template.as_str(), m.version) == (key.0.as_str(), key.1))
-                    .count();
-                if have >= size {
-                    break;
-                }
-                if platform.free_above_reserve() == 0 {
-                    tracing::warn!(template = %key.0, "the warm pool stops: the host is low on disk");
-                    break;
-                }
-                if platform.admit(template.meta.defaults.memory_mib).is_err() {
-                    tracing::info!(template = %key.0, "the warm pool stops at the host's capacity");
-                    break;
-                }
-                match platform.start_warm(&template).await {
-                    // Drained meanwhile (shutdown, or the version was
-                    // deleted): nobody would ever destroy this member.
-                    Ok(member) if platform.warm.closed.load(Ordering::Relaxed) || !template.dir.exists() => {
-                        let _ = platform.engine.destroy(&member.spec).await;
-                        break;
-                    }
-                    Ok(member) => platform.warm.members.lock().unwrap_or_else(|e| e.into_inner()).push(member),
-                    Err(err) => {
-                        tracing::warn!(template = %key.0, "could not start a warm sandbox: {err}");
-                        break;
-                    }
-                }
-            }
-            platform.warm.filling.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-        });
-    }
-
-    async fn start_warm(&self, template: &TemplateInfo) -> Result<WarmMember, String> {
-        let id = ids::new_id("sbx");
+    async fn start(&self, dir: PathBuf, id: String, template: &TemplateInfo) -> Result<WarmMember, String> {
         let defaults = &template.meta.defaults;
         let spec = SandboxSpec {
-            dir: self.data.sandbox_dir(&id),
+            dir,
             template_rootfs: template.rootfs(),
             hostname: ids::hostname_for(&id),
             vcpus: defaults.vcpus,
@@ -157,46 +114,39 @@ impl Platform {
         })
     }
 
-    /// Fills every template's pool (at start).
-    pub(crate) fn fill_warm_pools(self: &Arc<Self>) {
-        for template in self.data.templates() {
-            self.refill_warm(template);
-        }
-    }
-
-    /// Destroys every warm member and starts no more (on shutdown; a
-    /// restart would sweep them). Members still starting are waited for:
-    /// left behind, their runsc processes would outlive the server.
-    pub async fn drain_warm(&self) {
-        self.warm.closed.store(true, Ordering::Relaxed);
+    /// Destroys every member and starts no more (on shutdown; a restart
+    /// would sweep them). Members still starting are waited for: left
+    /// behind, their runsc processes would outlive the server.
+    pub async fn drain(&self) {
+        self.closed.store(true, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + DRAIN_PATIENCE;
-        while !self.warm.filling.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+        while !self.filling.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.drain_warm_where(|_| true).await;
+        self.drain_where(|_| true).await;
     }
 
-    /// Memory promised to warm members, in MiB.
-    pub(crate) fn warm_reserved_mib(&self) -> u64 {
-        let members = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
+    /// Memory promised to members, in MiB.
+    pub(crate) fn reserved_mib(&self) -> u64 {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         members.iter().map(|m| u64::from(m.spec.memory_mib)).sum()
     }
 
-    /// Destroys the warm members of one template (it is being deleted).
-    pub(crate) async fn drain_warm_template(&self, name: &str) {
-        self.drain_warm_where(|m| m.template == name).await;
+    /// Destroys the members of one template (it is being deleted).
+    pub(crate) async fn drain_template(&self, name: &str) {
+        self.drain_where(|m| m.template == name).await;
     }
 
-    /// Destroys the warm members of one version of a template.
-    pub(crate) async fn drain_warm_version(&self, name: &str, version: u32) {
-        self.drain_warm_where(|m| m.template == name && m.version == version).await;
+    /// Destroys the members of one version of a template.
+    pub(crate) async fn drain_version(&self, name: &str, version: u32) {
+        self.drain_where(|m| m.template == name && m.version == version).await;
     }
 
-    async fn drain_warm_where(&self, doomed: impl Fn(&WarmMember) -> bool) {
+    async fn drain_where(&self, doomed: impl Fn(&WarmMember) -> bool) {
         let members: Vec<WarmMember> = {
-            let mut all = self.warm.members.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all = self.members.lock().unwrap_or_else(|e| e.into_inner());
             let (theirs, others): (Vec<_>, Vec<_>) = std::mem::take(&mut *all).into_iter().partition(|m| doomed(m));
             *all = others;
             theirs
@@ -206,8 +156,65 @@ impl Platform {
         }
     }
 
-    /// How many warm sandboxes wait now.
-    pub fn warm_count(&self) -> usize {
-        self.warm.members.lock().unwrap_or_else(|e| e.into_inner()).len()
+    /// How many members wait now.
+    pub fn count(&self) -> usize {
+        self.members.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+}
+
+/// Takes a member for a create that asks for nothing the member was not
+/// started with (the template's default sizes), and refills behind it.
+pub(crate) fn take<H: WarmHost>(host: &Arc<H>, spec: &CreateSpec, template: &TemplateInfo) -> Option<WarmMember> {
+    let defaults = &template.meta.defaults;
+    if (spec.vcpus, spec.memory_mib, spec.disk_mib) != (defaults.vcpus, defaults.memory_mib, defaults.disk_mib) {
+        return None;
+    }
+    let version = template.meta.version;
+    let taken = {
+        let mut members = host.warm().members.lock().unwrap_or_else(|e| e.into_inner());
+        let at =
+            members.iter().position(|m| m.template == spec.template && m.version == version && !m.agent.is_closed());
+        at.map(|at| members.remove(at))
+    };
+    refill(host, template.clone());
+    taken
+}
+
+/// Tops the pool of `template` up to its size, in the background.
+pub(crate) fn refill<H: WarmHost>(host: &Arc<H>, template: TemplateInfo) {
+    let pools = host.warm();
+    let size = template.meta.warm_pool.unwrap_or(pools.size) as usize;
+    // A template whose engine cannot run here gets no warm members.
+    if size == 0 || !host.runs(&template) || pools.closed.load(Ordering::Relaxed) {
+        return;
+    }
+    let key = (template.meta.name.clone(), template.meta.version);
+    if !pools.filling.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+        return; // already being refilled
+    }
+    let host = host.clone();
+    tokio::spawn(async move {
+        let pools = host.warm();
+        while pools.held(&key) < size {
+            if let Some(why) = host.no_room_for(&template) {
+                tracing::info!(template = %key.0, "the warm pool stops: {why}");
+                break;
+            }
+            let id = ids::new_id("sbx");
+            match pools.start(host.sandbox_dir(&id), id, &template).await {
+                // Drained meanwhile (shutdown, or the version was deleted):
+                // nobody would ever destroy this member.
+                Ok(member) if pools.closed.load(Ordering::Relaxed) || !template.dir.exists() => {
+                    let _ = pools.engine.destroy(&member.spec).await;
+                    break;
+                }
+                Ok(member) => pools.members.lock().unwrap_or_else(|e| e.into_inner()).push(member),
+                Err(err) => {
+                    tracing::warn!(template = %key.0, "could not start a warm sandbox: {err}");
+                    break;
+                }
+            }
+        }
+        pools.filling.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+    });
 }

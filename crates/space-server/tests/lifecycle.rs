@@ -292,7 +292,7 @@ fn warm_pool_sandboxes_get_their_own_identity() {
     let mut config = common::platform_config(&data);
     config.warm_pool = 2;
     let server = TestServer::start_with(config);
-    wait_until("the pool to fill in the background", PATIENCE, || server.platform.warm_count() == 2);
+    wait_until("the pool to fill in the background", PATIENCE, || server.platform.warm.count() == 2);
 
     let identity = |id: &str| {
         let out = server.exec(
@@ -353,11 +353,11 @@ fn a_template_can_set_its_own_warm_pool_size() {
     meta["warm_pool"] = json!(1);
     std::fs::write(&path, meta.to_string()).unwrap();
     let server = TestServer::start(&data); // the server's own setting is 0 here
-    wait_until("one warm member", PATIENCE, || server.platform.warm_count() == 1);
+    wait_until("one warm member", PATIENCE, || server.platform.warm.count() == 1);
     // The pool settles at the template's size, not above it.
     let settled = Instant::now();
     while settled.elapsed() < Duration::from_millis(500) {
-        assert_eq!(server.platform.warm_count(), 1, "the template's size wins");
+        assert_eq!(server.platform.warm.count(), 1, "the template's size wins");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -369,7 +369,7 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
     config.capacity_mib = Some(1200);
     config.warm_pool = 2;
     let server = TestServer::start_with(config);
-    wait_until("two 512 MiB members in 1200 MiB", PATIENCE, || server.platform.warm_count() == 2);
+    wait_until("two 512 MiB members in 1200 MiB", PATIENCE, || server.platform.warm.count() == 2);
     // A cold create (other size) of 256 MiB does not fit beside them.
     let refused =
         server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})), 503, "capacity");
@@ -377,15 +377,15 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
     // Taking a warm member moves its memory from the pool to the sandbox;
     // the pool may not refill beyond the capacity.
     let id = server.create_sandbox(json!({"template": "base"}));
-    wait_until("the pool to give up its member", PATIENCE, || server.platform.warm_count() == 1);
+    wait_until("the pool to give up its member", PATIENCE, || server.platform.warm.count() == 1);
     // A refill would have had time to start; none does, for want of room.
     let settled = Instant::now();
     while settled.elapsed() < Duration::from_secs(1) {
-        assert_eq!(server.platform.warm_count(), 1, "no room to refill");
+        assert_eq!(server.platform.warm.count(), 1, "no room to refill");
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded", "suspended sandboxes hold no memory");
-    wait_until("the pool to refill into the freed memory", PATIENCE, || server.platform.warm_count() == 2);
+    wait_until("the pool to refill into the freed memory", PATIENCE, || server.platform.warm.count() == 2);
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/resume"), None, 503, "capacity");
     assert!(refused["error"]["message"].as_str().unwrap().contains("MiB"));
     assert_eq!(

@@ -15,7 +15,7 @@ use space_proto::FileFailure;
 use super::{ApiQuery, AppState};
 use crate::domain;
 use crate::error::ApiError;
-use crate::idle::WorkGuard;
+use crate::lifecycle::WorkGuard;
 
 /// The largest file one PUT may write.
 pub const MAX_FILE_BYTES: usize = 1 << 30;

@@ -298,9 +298,7 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
         // A node knows no tenant keys: the control plane checked them.
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a node answers its control plane only"));
     }
-    state
-        .platform
-        .tenant_for_key(key)?
+    crate::tenants::tenant_for_key(&state.platform.store, key)?
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid"))
 }
 

@@ -19,7 +19,7 @@ use super::connect::{RpcError, MAX_MESSAGE};
 use super::{envd_token, filesystem, header, process, E2bError};
 use crate::api::files::{file_error, MAX_FILE_BYTES};
 use crate::api::AppState;
-use crate::idle::WorkGuard;
+use crate::lifecycle::WorkGuard;
 
 /// The largest body of an RPC (a stdin message, base64).
 pub const MAX_RPC_BODY: usize = MAX_MESSAGE + 1024;

@@ -234,7 +234,7 @@ impl Drop for TestServer {
         };
         let platform = self.platform.clone();
         runtime.block_on(async move {
-            platform.drain_warm().await;
+            platform.warm.drain().await;
             for record in platform.store.sandboxes().unwrap_or_default() {
                 if record.sandbox.state == space_api::SandboxState::Deleted {
                     continue;

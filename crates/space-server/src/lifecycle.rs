@@ -1,0 +1,253 @@
+//! Accepting lifecycle requests: a create, pause, resume, suspend or
+//! delete is checked (state, quotas, capacity, disk), recorded with its
+//! operation, and handed to the sandbox's actor (`actor.rs`), which alone
+//! carries it out. This is the node side of the seam the control plane
+//! calls (see `docs/ARCHITECTURE.md`): the `/v1` handlers, idle pauses,
+//! lifecycle policies and recovery all come through here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use space_api::{Operation, OperationKind, OperationOrigin, OperationState, Progress, Sandbox, SandboxState};
+use space_host::template::TemplateInfo;
+use tokio::sync::OwnedRwLockReadGuard;
+
+use crate::actor::Job;
+use crate::domain::{self, CreateSpec, Event};
+use crate::error::ApiError;
+use crate::ids;
+use crate::platform::{new_operation, Platform};
+use crate::store::{Quotas, SandboxRecord};
+use crate::tenants;
+use crate::warm::{self, WarmHost, WarmPools};
+
+/// Held by a request while it uses a sandbox: no idle pause meanwhile.
+pub struct WorkGuard {
+    _gate: Option<OwnedRwLockReadGuard<()>>,
+    /// The sandbox's state, read under the gate.
+    pub state: SandboxState,
+}
+
+impl Platform {
+    /// Accepts a create: records the sandbox and its operation, then hands
+    /// the work to a new actor.
+    pub fn create_sandbox(
+        self: &Arc<Self>,
+        mut spec: CreateSpec,
+        template: &space_host::template::TemplateInfo,
+        tenant: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        let now = ids::now();
+        // The request's network, else the template's, else the tenant's.
+        let mut network = match spec.network.take() {
+            Some(network) => network,
+            None => self.store.tenant_quotas(tenant)?.network.unwrap_or_default(),
+        };
+        // The sandbox holds placeholders; its secrets stay on the host.
+        let placeholders = self.bind_secrets(tenant, &mut network, None)?;
+        self.check_egress_ceiling(tenant, &network)?;
+        spec.env.extend(placeholders);
+        let template_version = template.meta.version;
+        let engine = self.engine_for(template)?;
+        let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        let quotas = self.store.tenant_quotas(tenant)?;
+        tenants::check_quotas(&self.store, tenant, &quotas, &spec)?;
+        // On a node, the control plane may have told a disk quota.
+        let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).contains_key(tenant);
+        if quotas != Quotas::default() || told {
+            let disk = u64::from(spec.disk_mib) << 20;
+            self.check_disk_quota(tenant, disk, &format!("create a sandbox with {} MiB of disk", spec.disk_mib))?;
+        }
+        self.check_reserve("create a sandbox", 0)?;
+        let warm = warm::take(self, &spec, template);
+        if warm.is_none() {
+            // A warm member's memory is already counted.
+            self.admit(spec.memory_mib)?;
+        }
+        let sandbox = Sandbox {
+            id: warm.as_ref().map(|m| m.spec.id.clone()).unwrap_or_else(|| ids::new_id("sbx")),
+            template: spec.template,
+            state: SandboxState::Creating,
+            vcpus: spec.vcpus,
+            memory_mib: spec.memory_mib,
+            disk_mib: spec.disk_mib,
+            labels: spec.labels,
+            engine,
+            created_at: now.clone(),
+            updated_at: now.clone(),
+            lifecycle: spec.lifecycle,
+            network,
+            last_activity_at: now.clone(),
+            auto_paused: false,
+            failure_reason: None,
+        };
+        let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
+        self.metrics.create_started(&operation.id, warm.is_some());
+        let record = SandboxRecord {
+            sandbox: sandbox.clone(),
+            template_version,
+            env: spec.env,
+            agent_session: None,
+            channel_key: None,
+            tenant: tenant.to_string(),
+            egress_ca: Some(self.new_egress_ca(&sandbox.id)?),
+        };
+        self.store.put_sandbox(&record)?;
+        self.store.put_operation(&operation, tenant, idempotency_key)?;
+        self.changed();
+        self.spawn_actor(
+            &sandbox.id,
+            Some(Job {
+                kind: OperationKind::Create,
+                operation_id: operation.id.clone(),
+                warm,
+                origin: operation.origin,
+            }),
+            None,
+        );
+        Ok((sandbox, operation))
+    }
+
+    /// Accepts a lifecycle request (pause, resume, delete) after checking it
+    /// is valid in the sandbox's current state (409 otherwise), and hands it
+    /// to the sandbox's actor. Deleting a deleted sandbox succeeds at once.
+    pub fn request(
+        self: &Arc<Self>,
+        id: &str,
+        kind: OperationKind,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        self.request_job(id, kind, idempotency_key, OperationOrigin::Client)
+    }
+
+    /// [`Platform::request`] for whoever asks: a client, a lifecycle policy,
+    /// or the server pausing an idle sandbox (`OperationOrigin::Idle`).
+    pub(crate) fn request_job(
+        self: &Arc<Self>,
+        id: &str,
+        kind: OperationKind,
+        idempotency_key: Option<&str>,
+        origin: OperationOrigin,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        let record = self.sandbox(id)?;
+        let (event, total) = match kind {
+            OperationKind::Delete => (Event::DeleteRequested, 2),
+            OperationKind::Pause => (Event::Froze, 1),
+            OperationKind::Resume if record.sandbox.state == SandboxState::Suspended => (Event::RestoreRequested, 2),
+            OperationKind::Resume => (Event::Thawed, 1),
+            OperationKind::Suspend => (Event::SuspendRequested, 3),
+            OperationKind::Create | OperationKind::BuildTemplate => {
+                return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
+            }
+        };
+        let mut operation = new_operation(kind, id, "queued", total);
+        operation.origin = origin;
+        if kind == OperationKind::Delete && record.sandbox.state == SandboxState::Deleted {
+            let now = ids::now();
+            operation.state = OperationState::Succeeded;
+            operation.progress = Progress { step: "already deleted".into(), done: total, total, amount: None };
+            operation.started_at = Some(now.clone());
+            operation.finished_at = Some(now);
+            self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+            self.changed();
+            return Ok((record.sandbox, operation));
+        }
+        domain::transition(record.sandbox.state, event)?;
+        if event == Event::SuspendRequested {
+            // The snapshot holds the sandbox's memory: room for all of it.
+            let snapshot = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+            self.check_reserve("suspend a sandbox", snapshot)?;
+            self.check_disk_quota(&record.tenant, snapshot, "suspend a sandbox (its snapshot holds its memory)")?;
+        }
+        if event == Event::RestoreRequested {
+            self.admit(record.sandbox.memory_mib)?;
+        }
+        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+        self.changed();
+        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, origin });
+        Ok((record.sandbox, operation))
+    }
+
+    /// Hands `job` to the sandbox's actor, starting one if none lives.
+    pub(crate) fn queue_job(self: &Arc<Self>, id: &str, job: Job) {
+        let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
+        let unsent = match live {
+            Some(live) => live.jobs.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            self.spawn_actor(id, Some(job), None);
+        }
+    }
+
+    /// For `?auto_resume=true`: resumes a paused or suspended sandbox and
+    /// waits until it runs (anything else is left to the usual checks).
+    pub async fn resume_for_work(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let state = self.sandbox(id)?.sandbox.state;
+        if !matches!(state, SandboxState::Paused | SandboxState::Suspended) {
+            return Ok(());
+        }
+        let (_, operation) = self.request(id, OperationKind::Resume, None)?;
+        let deadline = Some(Instant::now() + Duration::from_secs(60));
+        let operation = self.wait_for(deadline, || self.operation(&operation.id), |op| op.state.is_terminal()).await?;
+        match (operation.state, operation.error) {
+            (OperationState::Succeeded, _) => Ok(()),
+            (_, Some(error)) => Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "invalid_state",
+                format!("resuming the sandbox failed: {}", error.message),
+            )),
+            (_, None) => Err(ApiError::invalid_state("sandbox", state.as_str(), "resume it in time")),
+        }
+    }
+
+    /// Before a request uses a sandbox (a command, a file): holds its work
+    /// gate, and resumes it first if the server paused it for idleness.
+    pub async fn begin_work(self: &Arc<Self>, id: &str) -> Result<WorkGuard, ApiError> {
+        for _ in 0..3 {
+            let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
+            let guard = match live {
+                Some(live) => Some(live.work.clone().read_owned().await),
+                None => None,
+            };
+            // Read under the gate: an idle pause cannot be half done now.
+            let record = self.sandbox(id)?;
+            if !(record.sandbox.state == SandboxState::Paused && record.sandbox.auto_paused) {
+                return Ok(WorkGuard { _gate: guard, state: record.sandbox.state });
+            }
+            drop(guard);
+            self.resume_for_work(id).await?;
+        }
+        let state = self.sandbox(id)?.sandbox.state;
+        Err(ApiError::invalid_state("sandbox", state.as_str(), "wake it for this request"))
+    }
+
+    /// Fills every template's warm pool (at start, and as room frees).
+    pub(crate) fn fill_warm_pools(self: &Arc<Self>) {
+        for template in self.data.templates() {
+            warm::refill(self, template);
+        }
+    }
+}
+
+impl WarmHost for Platform {
+    fn warm(&self) -> &WarmPools {
+        &self.warm
+    }
+
+    fn sandbox_dir(&self, id: &str) -> std::path::PathBuf {
+        self.data.sandbox_dir(id)
+    }
+
+    fn runs(&self, template: &TemplateInfo) -> bool {
+        self.engine_for(template).is_ok()
+    }
+
+    fn no_room_for(&self, template: &TemplateInfo) -> Option<String> {
+        if self.free_above_reserve() == 0 {
+            return Some("the host is low on disk".into());
+        }
+        self.admit(template.meta.defaults.memory_mib).err().map(|_| "the host is at its capacity".into())
+    }
+}
