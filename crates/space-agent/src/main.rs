@@ -33,6 +33,8 @@ use space_proto::{
 const DEFAULT_SOCKET: &str = "/.space/host/agent.sock";
 /// The host over vsock (CID 2), instead of a socket path.
 const VSOCK: &str = "vsock:2:1024";
+/// `CAP_SYS_ADMIN` (linux/capability.h).
+const CAP_SYS_ADMIN: libc::c_ulong = 21;
 /// Frames queued for the socket before senders block (backpressure).
 const OUTBOX_DEPTH: usize = 256;
 
@@ -58,8 +60,18 @@ fn run() -> Result<(), String> {
     if let Err(err) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("space-agent: PR_SET_DUMPABLE: {err}");
     }
+    if !init::in_initramfs() {
+        // Under gVisor the agent may hold CAP_SYS_ADMIN (for a fork's new
+        // hostname); nothing it runs may: out of the bounding set, no
+        // program it starts gets it. Without that, it does not serve.
+        // SAFETY: prctl with integer arguments only.
+        let dropped = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) };
+        if dropped != 0 {
+            return Err(format!("dropping CAP_SYS_ADMIN from the bounding set: {}", io::Error::last_os_error()));
+        }
+    }
     let mut key = None;
-    let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false, &mut key)?;
+    let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false, &mut key, None)?;
     take_welcome(&welcome);
     memory::start();
 
@@ -89,7 +101,8 @@ fn run() -> Result<(), String> {
         // A refused handshake (another process in the sandbox took the
         // host's socket first, and the host turned it away) is retried.
         let (new_reader, new_writer, welcome) = loop {
-            match connect(&socket_path, None, true, &mut key) {
+            let streams = agent.sessions.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+            match connect(&socket_path, None, true, &mut key, Some(streams)) {
                 Ok(connected) => break connected,
                 Err(err) => {
                     eprintln!("space-agent: redialing: {err}");
@@ -143,6 +156,7 @@ fn connect(
     patience: Option<Duration>,
     reconnect: bool,
     key: &mut Option<String>,
+    streams: Option<Vec<u32>>,
 ) -> Result<(UnixStream, UnixStream, Welcome), String> {
     let stream = dial(path, patience).map_err(|e| format!("dialing {path}: {e}"))?;
     let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
@@ -153,6 +167,7 @@ fn connect(
         pid: process::id(),
         reconnect,
         channel_key: key.clone(),
+        streams,
     };
     write_frame(&mut writer, &Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello)).map_err(|e| e.to_string())?;
     let welcome: Welcome = read_frame(&mut reader)

@@ -257,6 +257,33 @@ pub struct Sandbox {
     pub auto_paused: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
+    /// The sandbox this one is a fork of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+}
+
+/// Forks made at once, at most.
+pub const MAX_FORKS: u32 = 16;
+
+/// `POST /v1/sandboxes/{id}/fork`: copies of a running sandbox (memory,
+/// processes, disk) at one instant.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many forks (1 to 16; default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    /// Labels of the forks, over the source's.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The answer to a fork: the new sandboxes (`creating`) and the one
+/// operation that makes them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ForkAccepted {
+    pub sandboxes: Vec<Sandbox>,
+    pub operation: Operation,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -281,6 +308,8 @@ pub enum OperationKind {
     Delete,
     /// Building a template.
     BuildTemplate,
+    /// Forking a sandbox (the operation's `sandbox_id` is the source).
+    Fork,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -332,6 +361,13 @@ pub struct Operation {
     pub progress: Progress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorDetail>,
+    /// A fork: the sandboxes it makes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forks: Vec<String>,
+    /// A fork: how long the source was frozen while its memory and disk
+    /// were saved (milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_ms: Option<u64>,
     /// Who asked for it.
     #[serde(default)]
     pub origin: OperationOrigin,

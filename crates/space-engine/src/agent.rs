@@ -295,8 +295,10 @@ impl AgentConn {
 
     /// A handshake that also takes over streams the agent still has from an
     /// earlier connection of the same session (`(stream, pid)` pairs): a
-    /// restarted server picking up running commands. Their streams are
-    /// registered before anything is read, so no frame of theirs is lost.
+    /// restarted server picking up running commands, or a fork its
+    /// source's. Of these, only those the agent says it still serves are
+    /// taken (all, if it does not say). Their streams are registered before
+    /// anything is read, so no frame of theirs is lost.
     pub async fn handshake_adopting(
         socket: UnixStream,
         welcome: Welcome,
@@ -304,13 +306,17 @@ impl AgentConn {
         adopt: &[(u32, u32)],
     ) -> Result<(AgentConn, Vec<ExecStream>), AgentError> {
         let (read_half, write_half, hello, key) = greet(socket, &welcome, patience).await?;
+        let adopt: Vec<(u32, u32)> = match &hello.streams {
+            Some(served) => adopt.iter().filter(|(stream, _)| served.contains(stream)).copied().collect(),
+            None => adopt.to_vec(),
+        };
         // What later redials must present.
         let welcome = Welcome { channel_key: Some(key), ..welcome };
         let (writers, new_writers) = mpsc::unbounded_channel();
         let _ = writers.send(write_half);
         let mut streams = HashMap::new();
         let mut receivers = Vec::new();
-        for &(stream, pid) in adopt {
+        for &(stream, pid) in &adopt {
             let (tx, rx) = mpsc::channel(STREAM_DEPTH);
             streams.insert(stream, tx);
             receivers.push((stream, pid, rx));
@@ -777,6 +783,7 @@ mod tests {
             pid: 1,
             reconnect: false,
             channel_key: None,
+            streams: None,
         };
         Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()
     }
@@ -868,6 +875,7 @@ mod tests {
                 pid: 1,
                 reconnect: true,
                 channel_key: presented,
+                streams: None,
             };
             write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
             let refused = conn.reattach(host, Duration::from_secs(2)).await;
@@ -884,6 +892,7 @@ mod tests {
                 pid: 1,
                 reconnect: true,
                 channel_key: key,
+                streams: None,
             };
             write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
             let welcome: Welcome = read_frame(&mut read).await.unwrap().expect(FrameKind::Welcome).unwrap();

@@ -40,13 +40,18 @@ pub struct Gvisor {
 }
 
 /// How `runsc` starts a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Launch {
     /// A fresh container from the template root.
     Run,
-    /// The container from its checkpoint (root, bundle and sockets exist).
-    Restore,
+    /// The container from the checkpoint in this directory (its root,
+    /// bundle and socket directory exist).
+    Restore(PathBuf),
 }
+
+/// In an image: the copy of the sandbox's root, and its memory.
+const IMAGE_ROOT: &str = "rootfs";
+const IMAGE_MEMORY: &str = "memory";
 
 impl Gvisor {
     pub fn new(config: GvisorConfig) -> Gvisor {
@@ -92,9 +97,9 @@ impl Gvisor {
 
     /// Everything before `runsc run`: the root snapshot, the socket directory
     /// and the bundle. Returns the listener the agent will dial.
-    fn prepare(&self, spec: &SandboxSpec, launch: Launch) -> Result<std::os::unix::net::UnixListener, EngineError> {
+    fn prepare(&self, spec: &SandboxSpec, launch: &Launch) -> Result<std::os::unix::net::UnixListener, EngineError> {
         let socket_dir = Self::socket_dir(&spec.dir);
-        if launch == Launch::Run {
+        if *launch == Launch::Run {
             fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
             btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
             if spec.disk_mib > 0 {
@@ -130,6 +135,22 @@ impl Gvisor {
         self.launch(spec, Launch::Run).await
     }
 
+    /// Gives `spec` its own writable copy of an image's root (in place of
+    /// any root it had), its socket directory and its bundle.
+    fn prepare_from_image(&self, spec: &SandboxSpec, image: &Path) -> Result<(), EngineError> {
+        fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
+        let root = spec.dir.join("rootfs");
+        btrfs::delete_subvolume(&root)?;
+        btrfs::snapshot(&image.join(IMAGE_ROOT), &root)?;
+        if spec.disk_mib > 0 {
+            btrfs::limit_exclusive(&root, spec.disk_mib)?;
+        }
+        let socket_dir = Self::socket_dir(&spec.dir);
+        fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
+        fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
+        self.write_bundle(spec).map(drop)
+    }
+
     async fn launch(
         &self,
         spec: &SandboxSpec,
@@ -137,7 +158,8 @@ impl Gvisor {
     ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
-        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, launch))
+        let how = launch.clone();
+        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, &how))
             .await
             .map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
@@ -150,9 +172,9 @@ impl Gvisor {
             .map_err(EngineError::io("opening runsc.log"))?;
         let log_err = log.try_clone().map_err(EngineError::io("runsc.log"))?;
         let mut run = self.runsc();
-        match launch {
+        match &launch {
             Launch::Run => run.args(["run", "--detach"]),
-            Launch::Restore => run.args(["restore", "--detach", "--image-path"]).arg(Self::snapshot_dir(&spec.dir)),
+            Launch::Restore(memory) => run.args(["restore", "--detach", "--image-path"]).arg(memory),
         };
         run.arg("--bundle")
             .arg(Self::bundle_dir(&spec.dir))
@@ -230,6 +252,8 @@ impl Gvisor {
         let _ = set_frozen(&spec.id, false);
         let _ = space_host::run(self.runsc().args(["delete", "--force", &spec.id]));
         btrfs::delete_subvolume(&spec.dir.join("rootfs"))?;
+        // Images (a fork's, checkpoints) hold subvolumes of their own.
+        btrfs::remove_tree(&spec.dir)?;
         if spec.dir.exists() {
             fs::remove_dir_all(&spec.dir).map_err(EngineError::io("removing the sandbox dir"))?;
         }
@@ -333,13 +357,55 @@ impl Engine for Gvisor {
         if !Self::snapshot_dir(&spec.dir).join("checkpoint.img").is_file() {
             return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
         }
-        let (socket, _) = self.launch(spec, Launch::Restore).await?;
+        let (socket, _) = self.launch(spec, Launch::Restore(Self::snapshot_dir(&spec.dir))).await?;
         let _ = fs::remove_dir_all(Self::snapshot_dir(&spec.dir));
         Ok(socket)
     }
 
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
         Self::snapshot_dir(&spec.dir).join("checkpoint.img").is_file()
+    }
+
+    fn saves_images(&self, _spec: &SandboxSpec) -> bool {
+        true
+    }
+
+    /// Frozen (`runsc pause`) for the instant: the root is snapshotted
+    /// (btrfs, atomic) and the memory checkpointed with `--leave-running`
+    /// (which keeps a paused sandbox paused), then thawed, so disk and
+    /// memory are of the same instant.
+    async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
+        let memory = image.join(IMAGE_MEMORY);
+        fs::create_dir_all(&memory).map_err(EngineError::io("creating the image dir"))?;
+        self.runsc_blocking(["pause", &spec.id]).await?;
+        let frozen = Instant::now();
+        let saved = async {
+            let (root, copy) = (spec.dir.join("rootfs"), image.join(IMAGE_ROOT));
+            tokio::task::spawn_blocking(move || btrfs::snapshot(&root, &copy))
+                .await
+                .map_err(|e| EngineError::Runtime(e.to_string()))??;
+            let memory = memory.to_string_lossy().into_owned();
+            self.runsc_blocking(["checkpoint", "--leave-running", "--image-path", &memory, &spec.id]).await
+        }
+        .await;
+        let thawed = self.runsc_blocking(["resume", &spec.id]).await;
+        let frozen = frozen.elapsed();
+        saved?;
+        thawed?;
+        Ok(frozen)
+    }
+
+    async fn start_from_image(&self, spec: &SandboxSpec, image: &Path) -> Result<tokio::net::UnixStream, EngineError> {
+        if !image.join(IMAGE_MEMORY).join("checkpoint.img").is_file() {
+            return Err(EngineError::Runtime("the image is not whole".into()));
+        }
+        let this = self.clone_config();
+        let (spec_clone, image_clone) = (spec.clone(), image.to_path_buf());
+        tokio::task::spawn_blocking(move || this.prepare_from_image(&spec_clone, &image_clone))
+            .await
+            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let (socket, _) = self.launch(spec, Launch::Restore(image.join(IMAGE_MEMORY))).await?;
+        Ok(socket)
     }
 
     fn resource_use(&self, spec: &SandboxSpec) -> Option<crate::ResourceUse> {
@@ -362,7 +428,8 @@ impl Engine for Gvisor {
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
-        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, Launch::Restore))
+        let restore = Launch::Restore(Self::snapshot_dir(&spec.dir));
+        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, &restore))
             .await
             .map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
@@ -516,10 +583,15 @@ fn cgroup_dir(controller: Option<&str>, id: &str) -> PathBuf {
 fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError> {
     let invalid = |e: oci_spec::OciSpecError| EngineError::Runtime(format!("building the OCI spec: {e}"));
     let caps: std::collections::HashSet<Capability> = CAPABILITIES.iter().copied().collect();
+    // The agent alone also holds CAP_SYS_ADMIN, to take a new hostname when
+    // a fork wakes as another sandbox; it drops it from its bounding set at
+    // start, so nothing it runs can hold it (see the agent's `main.rs`).
+    let mut agents = caps.clone();
+    agents.insert(Capability::SysAdmin);
     let capabilities = LinuxCapabilitiesBuilder::default()
-        .bounding(caps.clone())
-        .effective(caps.clone())
-        .permitted(caps.clone())
+        .bounding(agents.clone())
+        .effective(agents.clone())
+        .permitted(agents)
         .inheritable(caps.clone())
         .ambient(caps)
         .build()

@@ -14,6 +14,7 @@ pub mod gvisor;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub use agent::{
     AgentConn, AgentError, EgressHandler, EgressStream, ExecEvent, ExecStream, FileRead, FileStream, FileUpload,
@@ -186,6 +187,10 @@ pub struct Availability {
     pub detail: String,
 }
 
+fn spec_engine(spec: &SandboxSpec) -> &str {
+    spec.engine.as_deref().unwrap_or("default")
+}
+
 #[async_trait::async_trait]
 pub trait Engine: Send + Sync {
     /// `gvisor` or `firecracker`.
@@ -215,6 +220,31 @@ pub trait Engine: Send + Sync {
 
     /// Whether a whole snapshot of the sandbox exists.
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool;
+
+    /// Whether this engine can save a live sandbox as an image (forks).
+    fn saves_images(&self, _spec: &SandboxSpec) -> bool {
+        false
+    }
+
+    /// Saves the sandbox's memory, processes and disk at one instant into
+    /// `image` (a directory it creates) and leaves the sandbox running as
+    /// it was. Its agent must have been quiesced. Returns how long the
+    /// sandbox was frozen.
+    async fn save_image(&self, spec: &SandboxSpec, _image: &std::path::Path) -> Result<Duration, EngineError> {
+        Err(EngineError::Runtime(format!("the {} engine cannot save a sandbox as an image", spec_engine(spec))))
+    }
+
+    /// Starts sandbox `spec` from an image [`Engine::save_image`] wrote:
+    /// its own writable copy of the image's disk and the image's memory.
+    /// Returns the socket its agent dialed (before any handshake); the
+    /// agent greets as the image's sandbox until a welcome names this one.
+    async fn start_from_image(
+        &self,
+        spec: &SandboxSpec,
+        _image: &std::path::Path,
+    ) -> Result<tokio::net::UnixStream, EngineError> {
+        Err(EngineError::Runtime(format!("the {} engine cannot start a sandbox from an image", spec_engine(spec))))
+    }
 
     /// Why the sandbox's engine stopped, when the host's limits tell (asked
     /// after it stopped unexpectedly): over its memory, or its task limit.
@@ -303,6 +333,22 @@ impl Engine for Engines {
 
     fn has_snapshot(&self, spec: &SandboxSpec) -> bool {
         self.pick(spec).has_snapshot(spec)
+    }
+
+    fn saves_images(&self, spec: &SandboxSpec) -> bool {
+        self.pick(spec).saves_images(spec)
+    }
+
+    async fn save_image(&self, spec: &SandboxSpec, image: &std::path::Path) -> Result<Duration, EngineError> {
+        self.pick(spec).save_image(spec, image).await
+    }
+
+    async fn start_from_image(
+        &self,
+        spec: &SandboxSpec,
+        image: &std::path::Path,
+    ) -> Result<tokio::net::UnixStream, EngineError> {
+        self.pick(spec).start_from_image(spec, image).await
     }
 
     fn stop_reason(&self, spec: &SandboxSpec) -> Option<&'static str> {

@@ -89,10 +89,8 @@ async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     clone.workdir = Some("/tmp".into());
     let welcome = space_engine::welcome_for(&clone);
     let agent = space_engine::AgentConn::handshake(socket, welcome, Duration::from_secs(10)).await.expect("handshake");
-    // (The kernel's hostname changes where the agent holds CAP_SYS_ADMIN:
-    // in a microVM, not under gVisor's default capabilities.)
-    let seen = sh(&agent, "echo ${ROLE}/${GREETING}/${HOSTNAME}/$(pwd)").await;
-    assert_eq!(seen, "clone//sbx-clone//tmp\n", "the new identity, nothing of the old");
+    let seen = sh(&agent, "echo ${ROLE}/${GREETING}/${HOSTNAME}/$(hostname)/$(pwd)").await;
+    assert_eq!(seen, "clone//sbx-clone/sbx-clone//tmp\n", "the new identity, nothing of the old");
     // Fresh entropy and env, as a clone is given after its welcome.
     let identity =
         space_engine::fresh_identity(&[("ROLE".to_string(), "handed-out".to_string())].into(), None).unwrap();

@@ -19,6 +19,11 @@ pub struct Hello {
     /// connection is the sandbox's agent, not another process inside it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel_key: Option<String>,
+    /// On a redial: the command streams the agent still serves (their
+    /// process runs, or its end is yet to be sent). A host takes over only
+    /// these; a command that ended meanwhile has no stream to follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<Vec<u32>>,
 }
 
 /// The sandbox's identity, sent by the host in answer to [`Hello`].

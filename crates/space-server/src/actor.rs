@@ -3,17 +3,17 @@
 //! drives the engine and the agent, and persists every transition through
 //! the exhaustive state machine before the operation reports it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_api::{OperationKind, OperationOrigin, SandboxState};
+use space_api::{Command, OperationKind, OperationOrigin, SandboxState};
 use space_engine::{AgentConn, EngineError, SandboxSpec};
-use std::sync::Mutex;
 use tokio::sync::mpsc;
 
 use crate::domain::{self, Event};
 use crate::error::ApiError;
 use crate::platform::{LiveSandbox, Platform};
+use crate::store::SandboxRecord;
 
 /// How long an agent may take to let go of its channel or to come back.
 const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
@@ -121,6 +121,10 @@ impl Actor {
                 }
                 OperationKind::Suspend => {
                     self.suspend(id).await;
+                    false
+                }
+                OperationKind::Fork => {
+                    self.fork(id).await;
                     false
                 }
                 OperationKind::BuildTemplate => false, // never queued to a sandbox
@@ -293,6 +297,161 @@ impl Actor {
         }
     }
 
+    /// A fork: saves the sandbox's memory and disk at one instant (frozen
+    /// only for that), then starts every fork from that image at once.
+    /// Forks a restart left half made start over; made ones stay.
+    async fn fork(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let (operation, record) = match (platform.operation(operation_id), platform.sandbox(&self.id)) {
+            (Ok(operation), Ok(record)) => (operation, record),
+            (Err(err), _) | (_, Err(err)) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        let mut forks = Vec::new();
+        for id in &operation.forks {
+            if let Some(fork) = platform.sandbox(id).ok().filter(|f| f.sandbox.state == SandboxState::Creating) {
+                // Whatever an interrupted start left goes first.
+                let _ = platform.engine.destroy(&platform.engine_spec(&fork)).await;
+                forks.push(fork);
+            }
+        }
+        if forks.is_empty() {
+            return platform.finish_operation(operation_id, None);
+        }
+        let fail = |fork: &SandboxRecord, why: &str| {
+            let _ = platform.apply(&fork.sandbox.id, Event::Failure, Some(why.to_string()));
+        };
+        let state = record.sandbox.state;
+        if !matches!(state, SandboxState::Running | SandboxState::Paused) {
+            forks.iter().for_each(|fork| fail(fork, "its source was no longer running"));
+            let refused = ApiError::invalid_state("sandbox", state.as_str(), "fork it");
+            return platform.finish_operation(operation_id, Some(refused));
+        }
+        let spec = platform.engine_spec(&record);
+        let image = spec.dir.join("images").join(operation_id);
+        // The commands running now: each fork takes over those its agent
+        // still serves when it wakes.
+        let running: Vec<(Command, u32, u64)> = platform
+            .store
+            .commands(&self.id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.result.is_none())
+            .filter_map(|c| Some((c.clone(), platform.store.command_stream(&c.id).ok()??)))
+            .map(|(c, (stream, timeout_s))| (c, stream, timeout_s))
+            .collect();
+        match self.save_image(operation_id, &spec, state == SandboxState::Paused, &image).await {
+            Ok(frozen) => platform.record_frozen(operation_id, frozen),
+            Err((step, err)) => {
+                tracing::error!(sandbox = %self.id, "fork failed while {step}: {err}");
+                remove_image(image).await;
+                let why = format!("forking failed while {step}");
+                forks.iter().for_each(|fork| fail(fork, &why));
+                return platform.finish_operation(operation_id, Some(engine_failed(why)));
+            }
+        }
+        platform.progress(operation_id, "starting the forks", 3);
+        let started =
+            futures_util::future::join_all(forks.iter().map(|fork| self.start_fork(fork, &record, &image, &running)))
+                .await;
+        remove_image(image).await;
+        let mut failed = 0;
+        for (fork, started) in forks.iter().zip(started) {
+            if let Err(err) = started {
+                tracing::error!(sandbox = %fork.sandbox.id, "a fork did not start: {err}");
+                platform.stop_engine(&platform.engine_spec(fork)).await;
+                fail(fork, "the fork did not start from its source's image");
+                failed += 1;
+            }
+        }
+        let error = (failed > 0).then(|| engine_failed(format!("{failed} of {} forks did not start", forks.len())));
+        platform.finish_operation(operation_id, error);
+    }
+
+    /// Saves the sandbox as an image at one instant: its agent lets go of
+    /// its channel (no request uses the sandbox meanwhile), the engine
+    /// saves memory and disk, and the agent dials back in. A paused
+    /// sandbox is thawed for it and paused again. Returns how long the
+    /// engine froze it.
+    async fn save_image(
+        &self,
+        operation_id: &str,
+        spec: &SandboxSpec,
+        was_paused: bool,
+        image: &std::path::Path,
+    ) -> Result<Duration, (&'static str, String)> {
+        let platform = &self.platform;
+        let _gate = self.live.work.clone().write_owned().await;
+        let agent = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let agent = agent.ok_or(("quiescing the agent", "the agent is not connected".to_string()))?;
+        if was_paused {
+            platform.engine.resume(spec).await.map_err(|e| ("thawing", e.to_string()))?;
+        }
+        platform.progress(operation_id, "quiescing the agent", 0);
+        let quiesced = agent.quiesce(QUIESCE_PATIENCE).await.map_err(|e| ("quiescing the agent", e.to_string()));
+        let saved = match quiesced {
+            Ok(()) => {
+                platform.progress(operation_id, "saving memory and disk", 1);
+                let saved = platform.engine.save_image(spec, image).await;
+                platform.progress(operation_id, "reconnecting the agent", 2);
+                let back = platform
+                    .take_agent(spec, None, |socket| {
+                        let agent = agent.clone();
+                        async move { agent.reattach(socket, QUIESCE_PATIENCE).await }
+                    })
+                    .await;
+                match (saved, back) {
+                    (Ok(frozen), Ok(())) => Ok(frozen),
+                    (Err(err), _) => Err(("saving memory and disk", err.to_string())),
+                    (_, Err(err)) => Err(("reconnecting the agent", err)),
+                }
+            }
+            Err(err) => Err(err),
+        };
+        if was_paused {
+            if let Err(err) = platform.engine.pause(spec).await {
+                tracing::warn!(sandbox = %self.id, "pausing again after a fork: {err}");
+            }
+        }
+        saved
+    }
+
+    /// Starts one fork from the image: its agent wakes as the source's,
+    /// is welcomed as the fork (id, hostname), takes fresh entropy, and
+    /// the commands it still serves go on with transcripts of their own.
+    async fn start_fork(
+        &self,
+        fork: &SandboxRecord,
+        source: &SandboxRecord,
+        image: &std::path::Path,
+        running: &[(Command, u32, u64)],
+    ) -> Result<(), String> {
+        let platform = &self.platform;
+        let id = &fork.sandbox.id;
+        let spec = platform.engine_spec(fork);
+        let socket = platform.engine.start_from_image(&spec, image).await.map_err(|e| e.to_string())?;
+        let adopt: Vec<(u32, u32)> = running.iter().map(|(command, stream, _)| (*stream, command.pid)).collect();
+        let mut welcome = space_engine::welcome_for(&spec);
+        welcome.session = source.agent_session.ok_or("the source's agent session is not known")?;
+        welcome.channel_key = source.channel_key.clone();
+        let (agent, streams) = platform
+            .take_agent(&spec, Some(socket), |socket| {
+                AgentConn::handshake_adopting(socket, welcome.clone(), QUIESCE_PATIENCE, &adopt)
+            })
+            .await?;
+        let identity = space_engine::fresh_identity(&fork.env, spec.trust_pem.as_deref()).map_err(|e| e.to_string())?;
+        agent.set_identity(&identity, QUIESCE_PATIENCE).await.map_err(|e| e.to_string())?;
+        let welcome = agent.welcome().clone();
+        platform.apply_with(id, Event::Started, None, |r| r.remember_agent(&welcome)).map_err(|e| e.message)?;
+        platform.spawn_actor(id, None, Some(agent));
+        let mut streams: std::collections::HashMap<u32, _> = streams.into_iter().map(|s| (s.stream, s)).collect();
+        for (command, stream, timeout_s) in running {
+            let Some(stream) = streams.remove(stream) else { continue };
+            platform.follow_copy(command, id, stream, *timeout_s).map_err(|e| e.message)?;
+        }
+        platform.changed();
+        Ok(())
+    }
+
     /// Resume from a snapshot: restore, then re-attach the agent (or greet
     /// it afresh if this server never knew it).
     async fn restore(&self, operation_id: &str) {
@@ -385,5 +544,13 @@ impl Actor {
             tracing::warn!(sandbox = %self.id, "{reason}");
             let _ = self.platform.apply(&self.id, Event::Failure, Some(reason.into()));
         }
+    }
+}
+
+/// Removes a fork's image (its forks have their own copies).
+async fn remove_image(image: std::path::PathBuf) {
+    let removed = tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&image)).await;
+    if let Ok(Err(err)) = removed {
+        tracing::warn!("removing a fork's image: {err}");
     }
 }

@@ -65,6 +65,12 @@ fn exec_failure(err: AgentError) -> ApiError {
     }
 }
 
+/// Where a command's output, stdin and attach are served.
+fn attach_for(sandbox_id: &str, command_id: &str) -> Attach {
+    let base = format!("/v1/sandboxes/{sandbox_id}/commands/{command_id}");
+    Attach { output: format!("{base}/output"), stdin: format!("{base}/stdin"), ws: format!("{base}/attach") }
+}
+
 impl Platform {
     /// Starts a command; returns once the process runs.
     pub async fn start_command(
@@ -102,7 +108,6 @@ impl Platform {
                 return Err(exec_failure(err));
             }
         };
-        let base = format!("/v1/sandboxes/{sandbox_id}/commands/{id}");
         let command = Command {
             id: id.clone(),
             sandbox_id: sandbox_id.to_string(),
@@ -111,11 +116,7 @@ impl Platform {
             pid: stream.pid,
             tag: spec.tag,
             started_at: ids::now(),
-            attach: Attach {
-                output: format!("{base}/output"),
-                stdin: format!("{base}/stdin"),
-                ws: format!("{base}/attach"),
-            },
+            attach: attach_for(sandbox_id, &id),
             result: None,
         };
         self.store.put_command(&command)?;
@@ -125,6 +126,33 @@ impl Platform {
         self.follow(command.clone(), stream, writer, started, spec.timeout_s);
         self.changed();
         Ok(command)
+    }
+
+    /// A fork's copy of a command that was running in its source when the
+    /// fork was made: a command of its own (new id, empty transcript) that
+    /// follows the process the fork's agent still serves on `stream`.
+    pub(crate) fn follow_copy(
+        self: &std::sync::Arc<Self>,
+        original: &Command,
+        sandbox_id: &str,
+        stream: ExecStream,
+        timeout_s: u64,
+    ) -> Result<(), ApiError> {
+        let id = ids::new_id("cmd");
+        let path = transcript::path_for(&self.data.sandbox_dir(sandbox_id), &id);
+        let writer = TranscriptWriter::create(&path).map_err(|e| ApiError::internal("creating the transcript", e))?;
+        let command = Command {
+            id: id.clone(),
+            sandbox_id: sandbox_id.to_string(),
+            attach: attach_for(sandbox_id, &id),
+            ..original.clone()
+        };
+        self.store.put_command(&command)?;
+        self.store.put_command_stream(&id, stream.stream, timeout_s)?;
+        let started = crate::recovery::started_instant(&command.started_at);
+        let writer = writer.with_limits(self.output_limits(sandbox_id));
+        self.follow(command, stream, writer, started, timeout_s);
+        Ok(())
     }
 
     /// Registers a running command and moves its output into its transcript

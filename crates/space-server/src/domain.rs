@@ -36,6 +36,23 @@ pub struct CreateSpec {
     pub network: Option<Network>,
 }
 
+/// 422 unless labels are few and short (keys 1-63 characters without
+/// `=`, values at most 255).
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > MAX_LABELS {
+        return Err(ApiError::unprocessable(format!("at most {MAX_LABELS} labels")));
+    }
+    for (key, value) in labels {
+        if key.is_empty() || key.len() > 63 || value.len() > 255 || key.contains('=') {
+            return Err(ApiError::unprocessable(format!(
+                "label {key:?}: keys are 1-63 characters without '=', values at most 255"
+            ))
+            .with_details(serde_json::json!({"field": "labels"})));
+        }
+    }
+    Ok(())
+}
+
 impl CreateSpec {
     /// Validates `request`, filling gaps from the template's defaults.
     pub fn new(request: CreateSandboxRequest, defaults: &TemplateDefaults) -> Result<CreateSpec, ApiError> {
@@ -48,17 +65,7 @@ impl CreateSpec {
         validate_env(&request.env)?;
         let mut env = defaults.env.clone();
         env.extend(request.env);
-        if request.labels.len() > MAX_LABELS {
-            return Err(ApiError::unprocessable(format!("at most {MAX_LABELS} labels")));
-        }
-        for (key, value) in &request.labels {
-            if key.is_empty() || key.len() > 63 || value.len() > 255 || key.contains('=') {
-                return Err(ApiError::unprocessable(format!(
-                    "label {key:?}: keys are 1-63 characters without '=', values at most 255"
-                ))
-                .with_details(serde_json::json!({"field": "labels"})));
-            }
-        }
+        check_labels(&request.labels)?;
         let lifecycle = request.lifecycle.unwrap_or(Lifecycle {
             idle_timeout_s: None,
             on_idle: Some(OnIdle::None),
@@ -259,7 +266,8 @@ pub fn settles(kind: OperationKind, state: SandboxState) -> bool {
         OperationKind::Pause => state == Paused,
         OperationKind::Resume => state == Running,
         OperationKind::Suspend => state == Suspended,
-        OperationKind::BuildTemplate => false,
+        // Its forks say how far it came; the job looks at each.
+        OperationKind::BuildTemplate | OperationKind::Fork => false,
     }
 }
 

@@ -52,7 +52,7 @@ impl Platform {
         let engine = self.engine_for(template)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         let quotas = self.store.tenant_quotas(tenant)?;
-        tenants::check_quotas(&self.store, tenant, &quotas, &spec)?;
+        tenants::check_quotas(&self.store, tenant, &quotas, (spec.vcpus, spec.memory_mib), 1)?;
         // On a node, the control plane may have told a disk quota.
         let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).contains_key(tenant);
         if quotas != Quotas::default() || told {
@@ -81,6 +81,7 @@ impl Platform {
             last_activity_at: now.clone(),
             auto_paused: false,
             failure_reason: None,
+            forked_from: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
         self.metrics.create_started(&operation.id, warm.is_some());
@@ -107,6 +108,79 @@ impl Platform {
             None,
         );
         Ok((sandbox, operation))
+    }
+
+    /// Accepts a fork of a running (or paused) sandbox: records `count`
+    /// new sandboxes, each with the source's shape, template, env, network
+    /// and lifecycle (labels over the source's), and one operation, then
+    /// hands the work to the source's actor. Quotas, capacity and disk
+    /// apply to every fork; the image the forks start from counts too.
+    pub fn fork_sandbox(
+        self: &Arc<Self>,
+        id: &str,
+        count: u32,
+        labels: std::collections::BTreeMap<String, String>,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Vec<Sandbox>, Operation), ApiError> {
+        if count == 0 || count > space_api::MAX_FORKS {
+            return Err(ApiError::unprocessable(format!("count must be 1 to {}", space_api::MAX_FORKS)));
+        }
+        let source = self.sandbox(id)?;
+        let state = source.sandbox.state;
+        if !matches!(state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::invalid_state("sandbox", state.as_str(), "fork it (resume it first)"));
+        }
+        if !self.engine.saves_images(&self.engine_spec(&source)) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "not_supported",
+                format!("sandboxes on {} cannot be forked yet", source.sandbox.engine),
+            ));
+        }
+        let mut labels_all = source.sandbox.labels.clone();
+        labels_all.extend(labels);
+        crate::domain::check_labels(&labels_all)?;
+        let tenant = source.tenant.clone();
+        let (vcpus, memory_mib, disk_mib) = (source.sandbox.vcpus, source.sandbox.memory_mib, source.sandbox.disk_mib);
+        let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        let quotas = self.store.tenant_quotas(&tenant)?;
+        tenants::check_quotas(&self.store, &tenant, &quotas, (vcpus, memory_mib), count)?;
+        // Each fork's root, and the image of the source's memory.
+        let disk = ((u64::from(count) * u64::from(disk_mib)) << 20)
+            + (u64::from(memory_mib) << 20)
+            + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+        self.check_reserve("fork a sandbox", disk)?;
+        self.check_disk_quota(&tenant, disk, &format!("fork a sandbox {count} time(s)"))?;
+        self.admit(memory_mib.saturating_mul(count))?;
+        let now = ids::now();
+        let mut forks = Vec::new();
+        for _ in 0..count {
+            let fork_id = ids::new_id("sbx");
+            let sandbox = Sandbox {
+                id: fork_id.clone(),
+                state: SandboxState::Creating,
+                labels: labels_all.clone(),
+                created_at: now.clone(),
+                updated_at: now.clone(),
+                last_activity_at: now.clone(),
+                auto_paused: false,
+                failure_reason: None,
+                forked_from: Some(id.to_string()),
+                ..source.sandbox.clone()
+            };
+            forks.push(SandboxRecord { sandbox, egress_ca: Some(self.new_egress_ca(&fork_id)?), ..source.clone() });
+        }
+        let mut operation = new_operation(OperationKind::Fork, id, "queued", 3 + u64::from(count));
+        operation.forks = forks.iter().map(|f| f.sandbox.id.clone()).collect();
+        for fork in &forks {
+            self.store.put_sandbox(fork)?;
+        }
+        self.store.put_operation(&operation, &tenant, idempotency_key)?;
+        self.changed();
+        let job =
+            Job { kind: OperationKind::Fork, operation_id: operation.id.clone(), warm: None, origin: operation.origin };
+        self.queue_job(id, job);
+        Ok((forks.into_iter().map(|f| f.sandbox).collect(), operation))
     }
 
     /// Accepts a lifecycle request (pause, resume, delete) after checking it
@@ -137,7 +211,7 @@ impl Platform {
             OperationKind::Resume if record.sandbox.state == SandboxState::Suspended => (Event::RestoreRequested, 2),
             OperationKind::Resume => (Event::Thawed, 1),
             OperationKind::Suspend => (Event::SuspendRequested, 3),
-            OperationKind::Create | OperationKind::BuildTemplate => {
+            OperationKind::Create | OperationKind::BuildTemplate | OperationKind::Fork => {
                 return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
             }
         };

@@ -235,6 +235,11 @@ impl Platform {
         result.map_err(|err| tracing::error!(operation = id, "updating an operation: {}", err.message)).ok()
     }
 
+    /// Records how long a fork froze its source.
+    pub(crate) fn record_frozen(&self, id: &str, frozen: Duration) {
+        self.update_operation(id, |op| op.frozen_ms = Some(frozen.as_millis() as u64));
+    }
+
     pub(crate) fn progress(&self, id: &str, step: &str, done: u64) {
         self.progress_with(id, step, done, None);
     }
@@ -352,6 +357,8 @@ pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, t
         state: OperationState::Pending,
         progress: Progress { step: step.into(), done: 0, total, amount: None },
         error: None,
+        forks: Vec::new(),
+        frozen_ms: None,
         origin: OperationOrigin::Client,
         created_at: ids::now(),
         started_at: None,

@@ -1,11 +1,12 @@
 //! What a server does when it starts over a data dir another server used:
 //! settle what was in flight, and re-adopt the sandboxes that still run.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use space_api::{Command, Operation, OperationKind, OperationState, SandboxState};
-use space_engine::{AgentConn, LiveStatus};
+use space_engine::{AgentConn, ExecStream, LiveStatus};
 
 use crate::actor::Job;
 use crate::domain::{self, Event};
@@ -181,9 +182,12 @@ impl Platform {
         for record in self.store.sandboxes()? {
             let creating = record.sandbox.state == SandboxState::Creating;
             let id = &record.sandbox.id;
-            if creating
-                && !pending.iter().any(|op| op.kind == OperationKind::Create && op.sandbox_id.as_ref() == Some(id))
-            {
+            let made_by = |op: &&Operation| match op.kind {
+                OperationKind::Create => op.sandbox_id.as_ref() == Some(id),
+                OperationKind::Fork => op.forks.contains(id),
+                _ => false,
+            };
+            if creating && !pending.iter().any(|op| made_by(&op)) {
                 self.engine.destroy(&self.engine_spec(&record)).await.ok();
                 self.fail(id, "its create was never accepted")?;
             }
@@ -356,7 +360,15 @@ impl Platform {
         }
         self.spawn_actor(&record.sandbox.id, None, Some(agent));
         let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
-        for (stream, (command, _, timeout_s)) in streams.into_iter().zip(resumable) {
+        let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
+        for (mut command, stream, timeout_s) in resumable {
+            let Some(stream) = streams.remove(&stream) else {
+                // It ended while nobody listened: its end is not known.
+                command.state = space_api::CommandState::Exited;
+                command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
+                let _ = self.store.put_command(&command);
+                continue;
+            };
             let path = transcript::path_for(&sandbox_dir, &command.id);
             let writer = TranscriptWriter::reopen(&path)
                 .map_err(|e| e.to_string())?
@@ -371,7 +383,7 @@ impl Platform {
 
 /// The monotonic instant matching a recorded start time (for durations and
 /// timeouts of re-adopted commands).
-fn started_instant(started_at: &str) -> Instant {
+pub(crate) fn started_instant(started_at: &str) -> Instant {
     let elapsed = humantime::parse_rfc3339(started_at)
         .ok()
         .and_then(|at| SystemTime::now().duration_since(at).ok())

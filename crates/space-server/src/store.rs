@@ -101,6 +101,7 @@ impl SandboxRecord {
                 last_activity_at: active.into(),
                 auto_paused: false,
                 failure_reason: None,
+                forked_from: None,
             },
             template_version: 1,
             env: BTreeMap::new(),

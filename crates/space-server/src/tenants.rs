@@ -8,7 +8,6 @@ use sha2::{Digest, Sha256};
 use space_api::{SandboxState, Usage};
 
 use crate::disk::{quota_exceeded, quota_limits};
-use crate::domain::CreateSpec;
 use crate::error::ApiError;
 use crate::ids;
 use crate::store::{KeyInfo, Quotas, SandboxRecord, Store, StoreError, OPERATOR_TENANT};
@@ -119,15 +118,25 @@ fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
         .collect())
 }
 
-/// 429 when `spec` would take `tenant` past its sandbox, vCPU or memory
-/// quota on this host (disk is counted by `disk.rs`).
-pub(crate) fn check_quotas(store: &Store, tenant: &str, quotas: &Quotas, spec: &CreateSpec) -> Result<(), ApiError> {
+/// 429 when `count` more sandboxes of `wanted` (vCPUs, MiB of memory)
+/// would take `tenant` past its sandbox, vCPU or memory quota on this host
+/// (disk is counted by `disk.rs`).
+pub(crate) fn check_quotas(
+    store: &Store,
+    tenant: &str,
+    quotas: &Quotas,
+    wanted: (u32, u32),
+    count: u32,
+) -> Result<(), ApiError> {
     if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
         return Ok(());
     }
-    let held: Vec<(u64, u64)> =
+    let wanted = (u64::from(wanted.0), u64::from(wanted.1));
+    let mut held: Vec<(u64, u64)> =
         held(store, tenant)?.iter().map(|r| (u64::from(r.sandbox.vcpus), u64::from(r.sandbox.memory_mib))).collect();
-    check_held(tenant, quotas, &held, (u64::from(spec.vcpus), u64::from(spec.memory_mib)))
+    // All but the last of several count as held when the last is checked.
+    held.extend(std::iter::repeat_n(wanted, count.saturating_sub(1) as usize));
+    check_held(tenant, quotas, &held, wanted)
 }
 
 /// What `tenant` uses of each quota, given what it holds on disk.

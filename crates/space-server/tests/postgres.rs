@@ -95,6 +95,8 @@ fn operation(n: usize) -> Operation {
         state: OperationState::Succeeded,
         progress: Progress { step: "done".into(), done: 1, total: 1, amount: None },
         error: None,
+        forks: Vec::new(),
+        frozen_ms: None,
         origin: OperationOrigin::Client,
         created_at: "2026-01-01T00:00:00Z".into(),
         started_at: None,

@@ -78,6 +78,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pause", axum::routing::post(sandboxes::pause))
         .route("/v1/sandboxes/{id}/resume", axum::routing::post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/suspend", axum::routing::post(sandboxes::suspend))
+        .route("/v1/sandboxes/{id}/fork", axum::routing::post(sandboxes::fork))
         .route("/v1/sandboxes/{id}/commands", get(commands::list).post(commands::create))
         .route("/v1/sandboxes/{id}/commands/{cid}", get(commands::get))
         .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output::output))

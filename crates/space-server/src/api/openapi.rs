@@ -16,6 +16,7 @@ use super::{
         health::health,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete, sandboxes::pause, sandboxes::resume,
         sandboxes::suspend,
+        sandboxes::fork,
         operations::get, operations::list, templates::log,
         templates::create, templates::list, templates::get, templates::delete,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,

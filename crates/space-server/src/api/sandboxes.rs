@@ -4,7 +4,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
-use space_api::{CreateSandboxRequest, ErrorBody, OperationKind, Sandbox, SandboxList, SandboxOperation, SandboxState};
+use space_api::{
+    CreateSandboxRequest, ErrorBody, ForkAccepted, ForkRequest, OperationKind, Sandbox, SandboxList, SandboxOperation,
+    SandboxState,
+};
 
 use super::{idempotency_key, ApiJson, ApiQuery, AppState};
 use crate::domain::CreateSpec;
@@ -170,6 +173,38 @@ pub async fn suspend(
     id: Path<String>,
 ) -> LifecycleAnswer {
     lifecycle(state, caller, headers, id, OperationKind::Suspend).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes",
+    request_body = ForkRequest,
+    params(("id" = String, Path, description = "Sandbox id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
+    responses((status = 202, description = "Accepted: the forks (`creating`) and the operation that makes them; the source runs on, frozen only while its memory and disk are saved (`frozen_ms`)", body = ForkAccepted),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "Neither running nor paused, or its engine cannot fork", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+        (status = 429, description = "The forks would take the tenant past a quota", body = ErrorBody),
+        (status = 503, description = "The host cannot hold the forks' memory", body = ErrorBody),
+        (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
+pub async fn fork(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<ForkRequest>,
+) -> Result<(StatusCode, Json<ForkAccepted>), ApiError> {
+    let key = idempotency_key(&headers)?;
+    if let Some(SandboxOperation { operation, .. }) = replay(&state, &caller, key.as_deref(), OperationKind::Fork)? {
+        if operation.sandbox_id.as_deref() != Some(id.as_str()) {
+            return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
+        }
+        let sandboxes: Result<Vec<_>, _> =
+            operation.forks.iter().map(|f| state.platform.sandbox(f).map(|r| r.sandbox)).collect();
+        return Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes: sandboxes?, operation })));
+    }
+    let count = request.count.unwrap_or(1);
+    let (sandboxes, operation) = state.platform.fork_sandbox(&id, count, request.labels, key.as_deref())?;
+    Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes, operation })))
 }
 
 type LifecycleAnswer = Result<(StatusCode, Json<SandboxOperation>), ApiError>;

@@ -1,0 +1,219 @@
+//! Forks of running sandboxes on real runsc: memory, processes, running
+//! commands and disk copied at one instant, each fork its own sandbox.
+
+mod common;
+
+use common::TestServer;
+use serde_json::{json, Value};
+use space_testkit::{wait_until, TestDataDir, PATIENCE};
+
+/// A background process holding a random token and a counter in memory:
+/// each time `/root/bump` appears it removes it, counts one more and
+/// writes `token counter` to `/root/counter`.
+const COUNTER: &str = "nohup python3 -c '
+import os, time
+token = os.urandom(8).hex()
+n = 0
+def show():
+    with open(\"/root/counter.new\", \"w\") as f:
+        f.write(f\"{token} {n}\")
+    os.replace(\"/root/counter.new\", \"/root/counter\")
+show()
+while True:
+    if os.path.exists(\"/root/bump\"):
+        os.remove(\"/root/bump\")
+        n += 1
+        show()
+    time.sleep(0.02)
+' >/dev/null 2>&1 &";
+
+/// Bumps the counter once and returns `(token, counter)` once it counted.
+fn bump(server: &TestServer, id: &str) -> (String, u64) {
+    let before = counter(server, id).1;
+    server.exec(id, json!({"cmd": "touch /root/bump"}));
+    wait_until("the counter to count", PATIENCE, || counter(server, id).1 == before + 1);
+    counter(server, id)
+}
+
+fn counter(server: &TestServer, id: &str) -> (String, u64) {
+    let read = server.exec(
+        id,
+        json!({"cmd": "for i in $(seq 50); do [ -s /root/counter ] && break; sleep 0.1; done; cat /root/counter"}),
+    );
+    let text = read["stdout"].as_str().unwrap().to_string();
+    let (token, n) = text.split_once(' ').unwrap_or_else(|| panic!("no counter: {read}"));
+    (token.to_string(), n.trim().parse().unwrap())
+}
+
+fn fork(server: &TestServer, id: &str, body: Value) -> (Vec<String>, Value) {
+    let (status, accepted) = server.call("POST", &format!("/v1/sandboxes/{id}/fork"), Some(body));
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(accepted["operation"]["kind"], "fork");
+    let forks: Vec<String> =
+        accepted["sandboxes"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
+    for sandbox in accepted["sandboxes"].as_array().unwrap() {
+        assert_eq!(sandbox["state"], "creating");
+        assert_eq!(sandbox["forked_from"], id);
+    }
+    assert_eq!(accepted["operation"]["forks"], json!(forks));
+    let operation = server.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+    (forks, operation)
+}
+
+fn stdout(server: &TestServer, id: &str, cmd: &str) -> String {
+    let ran = server.exec(id, json!({"cmd": cmd}));
+    assert_eq!(ran["result"]["exit_code"], 0, "{cmd}: {ran}");
+    ran["stdout"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn forks_copy_memory_processes_commands_and_disk_and_go_their_own_ways() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let source = server.create_sandbox(json!({"template": "base", "labels": {"role": "source", "team": "a"}}));
+    server.exec(&source, json!({"cmd": COUNTER}));
+    bump(&server, &source);
+    let (token, at_fork) = bump(&server, &source);
+    assert_eq!(at_fork, 2);
+    server.exec(&source, json!({"cmd": "echo before > /root/shared.txt"}));
+    // A command that runs across the fork, started through the API.
+    let ticking = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{source}/commands"),
+        Some(json!({"cmd": "for i in $(seq 1 40); do echo tick$i; sleep 0.1; done", "tag": "ticker"})),
+    );
+    let ticker = ticking["command"]["id"].as_str().unwrap().to_string();
+    wait_until("the ticker to tick", PATIENCE, || {
+        common::text_of(&server.output(&source, &ticker, ""), "stdout").contains("tick3")
+    });
+
+    let (forks, operation) = fork(&server, &source, json!({"count": 3, "labels": {"role": "fork"}}));
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    assert_eq!(forks.len(), 3);
+    let frozen = operation["frozen_ms"].as_u64().expect("the operation says how long the source was frozen");
+    assert!(frozen < 10_000, "{operation}");
+
+    for (n, fork) in forks.iter().enumerate() {
+        let shown = server.ok("GET", &format!("/v1/sandboxes/{fork}"), None);
+        assert_eq!(shown["state"], "running", "{shown}");
+        assert_eq!(shown["labels"], json!({"role": "fork", "team": "a"}));
+        assert_eq!(shown["forked_from"], source.as_str());
+        // The same process, with the memory it had at the fork.
+        assert_eq!(counter(&server, fork), (token.clone(), 2), "fork {n}");
+        for _ in 0..=n {
+            bump(&server, fork);
+        }
+        assert_eq!(stdout(&server, fork, "cat /root/shared.txt"), "before\n");
+        server.exec(fork, json!({"cmd": format!("echo fork{n} > /root/own.txt")}));
+    }
+    // Each counted on its own; the source did not count theirs.
+    for (n, fork) in forks.iter().enumerate() {
+        assert_eq!(counter(&server, fork), (token.clone(), 3 + n as u64), "fork {n}");
+        assert_eq!(stdout(&server, fork, "cat /root/own.txt"), format!("fork{n}\n"));
+    }
+    assert_eq!(counter(&server, &source), (token.clone(), 2));
+    let missing = server.exec(&source, json!({"argv": ["cat", "/root/own.txt"]}));
+    assert_ne!(missing["result"]["exit_code"], 0, "a fork's file is not the source's: {missing}");
+
+    // Own identities: id, hostname, and randomness that is not shared.
+    let mut seen = std::collections::HashSet::new();
+    for id in forks.iter().chain([&source]) {
+        let who = stdout(&server, id, "hostname; echo $HOSTNAME; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'");
+        let lines: Vec<&str> = who.lines().collect();
+        assert_eq!(lines[0], lines[1], "{who}");
+        assert!(seen.insert(lines[0].to_string()), "hostnames differ: {who}");
+        assert!(seen.insert(lines[2].to_string()), "entropy differs: {who}");
+    }
+
+    // The running command goes on in the source and, as a command of its
+    // own with a transcript from the fork on, in every fork.
+    let frames = server.output(&source, &ticker, "?follow=true");
+    assert!(common::text_of(&frames, "stdout").ends_with("tick40\n"));
+    assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0, "{frames:?}");
+    for fork in &forks {
+        let commands = server.ok("GET", &format!("/v1/sandboxes/{fork}/commands"), None);
+        let copies: Vec<&Value> =
+            commands["commands"].as_array().unwrap().iter().filter(|c| c["tag"] == "ticker").collect();
+        assert_eq!(copies.len(), 1, "{commands}");
+        let copy = copies[0]["id"].as_str().unwrap();
+        assert_ne!(copy, ticker);
+        let frames = server.output(fork, copy, "?follow=true");
+        let text = common::text_of(&frames, "stdout");
+        assert!(text.ends_with("tick40\n"), "{text}");
+        assert!(!text.starts_with("tick1\n"), "only what came after the fork: {text}");
+        assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0, "{frames:?}");
+    }
+
+    // Forks are sandboxes like any other: pause, suspend, resume, delete;
+    // deleting the source breaks none of them.
+    assert_eq!(server.delete_sandbox(&source)["state"], "succeeded");
+    let lifecycle = |id: &str, action: &str| {
+        let (status, accepted) = server.call("POST", &format!("/v1/sandboxes/{id}/{action}"), None);
+        assert_eq!(status, 202, "{action}: {accepted}");
+        server.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"].clone()
+    };
+    assert_eq!(lifecycle(&forks[0], "pause"), "succeeded");
+    assert_eq!(lifecycle(&forks[0], "resume"), "succeeded");
+    assert_eq!(lifecycle(&forks[1], "suspend"), "succeeded");
+    assert_eq!(lifecycle(&forks[1], "resume"), "succeeded");
+    assert_eq!(counter(&server, &forks[0]), (token.clone(), 3));
+    assert_eq!(counter(&server, &forks[1]), (token.clone(), 4));
+    assert_eq!(bump(&server, &forks[1]), (token.clone(), 5));
+
+    // A fork of a fork.
+    let (grandchildren, operation) = fork(&server, &forks[2], json!({}));
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    assert_eq!(counter(&server, &grandchildren[0]), (token.clone(), 5));
+
+    // A restarted server re-adopts forks like any sandbox.
+    server.stop();
+    let server = TestServer::start(&data);
+    assert_eq!(counter(&server, &forks[2]), (token.clone(), 5));
+    assert_eq!(bump(&server, &grandchildren[0]), (token.clone(), 6));
+    for id in forks.iter().chain(&grandchildren) {
+        assert_eq!(server.delete_sandbox(id)["state"], "succeeded");
+        assert!(!data.data.sandbox_dir(id).exists());
+    }
+}
+
+#[test]
+fn bad_forks_are_refused_and_change_nothing() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let path = format!("/v1/sandboxes/{id}/fork");
+    server.error("POST", &path, Some(json!({"count": 0})), 422, "invalid_value");
+    server.error("POST", &path, Some(json!({"count": 17})), 422, "invalid_value");
+    server.error("POST", &path, Some(json!({"count": 1, "colour": "red"})), 400, "invalid_request");
+    server.error("POST", &path, Some(json!({"labels": {"a=b": "c"}})), 422, "invalid_value");
+    server.error("POST", "/v1/sandboxes/sbx_00000000000000000000/fork", Some(json!({})), 404, "not_found");
+    let (status, _) = server.call("POST", &format!("/v1/sandboxes/{id}/suspend"), None);
+    assert_eq!(status, 202);
+    wait_until("the sandbox to be suspended", PATIENCE, || {
+        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"] == "suspended"
+    });
+    server.error("POST", &path, Some(json!({})), 409, "invalid_state");
+    let listed = server.ok("GET", "/v1/sandboxes", None);
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 1, "nothing was made: {listed}");
+
+    // The same Idempotency-Key gives the same forks.
+    let (status, _) = server.call("POST", &format!("/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(status, 202);
+    wait_until("the sandbox to run", PATIENCE, || {
+        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"] == "running"
+    });
+    let auth = format!("Bearer {}", server.key);
+    let headers =
+        [("Authorization", auth.as_str()), ("Idempotency-Key", "fork-once"), ("Content-Type", "application/json")];
+    let first = server.raw("POST", &path, &headers, Some(r#"{"count": 2}"#));
+    let second = server.raw("POST", &path, &headers, Some(r#"{"count": 2}"#));
+    assert_eq!((first.0, second.0), (202, 202), "{second:?}");
+    let (first, second): (Value, Value) =
+        (serde_json::from_str(&first.1).unwrap(), serde_json::from_str(&second.1).unwrap());
+    assert_eq!(first["operation"]["id"], second["operation"]["id"]);
+    assert_eq!(first["operation"]["forks"], second["operation"]["forks"]);
+    let operation = server.wait_operation(first["operation"]["id"].as_str().unwrap());
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    let listed = server.ok("GET", "/v1/sandboxes", None);
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 3, "{listed}");
+}
