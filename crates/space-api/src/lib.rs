@@ -262,6 +262,37 @@ pub struct Sandbox {
     pub forked_from: Option<String>,
 }
 
+/// `POST /v1/sandboxes/{id}/checkpoints`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCheckpointRequest {
+    /// 1-63 of `a-z`, `0-9`, `-`, `_`; unique within the sandbox.
+    pub name: String,
+}
+
+/// A sandbox's memory, processes and disk saved at one instant, without
+/// stopping it; restoring it rolls the sandbox back.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Checkpoint {
+    pub name: String,
+    pub sandbox_id: String,
+    pub created_at: String,
+    /// What it holds on the host: its memory image and the disk only it
+    /// still keeps (counted against the tenant's disk quota).
+    pub size_bytes: u64,
+    /// The commands that were running when it was saved: after a restore
+    /// their processes run again, as new commands.
+    pub commands: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointList {
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// Checkpoints a sandbox may keep at once.
+pub const MAX_CHECKPOINTS: usize = 32;
+
 /// Forks made at once, at most.
 pub const MAX_FORKS: u32 = 16;
 
@@ -310,6 +341,10 @@ pub enum OperationKind {
     BuildTemplate,
     /// Forking a sandbox (the operation's `sandbox_id` is the source).
     Fork,
+    /// Saving a checkpoint of a sandbox (named in `checkpoint`).
+    Checkpoint,
+    /// Rolling a sandbox back to its checkpoint (named in `checkpoint`).
+    RestoreCheckpoint,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -364,8 +399,11 @@ pub struct Operation {
     /// A fork: the sandboxes it makes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forks: Vec<String>,
-    /// A fork: how long the source was frozen while its memory and disk
-    /// were saved (milliseconds).
+    /// A checkpoint's save or restore: the checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    /// A fork or checkpoint: how long the sandbox was frozen while its
+    /// memory and disk were saved (milliseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_ms: Option<u64>,
     /// Who asked for it.
@@ -610,7 +648,8 @@ pub struct DiskUsage {
     pub roots_used_bytes: u64,
     /// Command output kept on the host.
     pub transcripts_bytes: u64,
-    /// Suspended sandboxes' snapshots.
+    /// Suspended sandboxes' snapshots, checkpoints (their memory and the
+    /// disk only they still hold) and images forks are being made from.
     pub snapshots_bytes: u64,
     /// The tenant's own templates (every version, and builds in progress).
     pub templates_bytes: u64,

@@ -141,6 +141,8 @@ impl Gvisor {
         fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
         let root = spec.dir.join("rootfs");
         btrfs::delete_subvolume(&root)?;
+        // A suspend's snapshot no longer applies to what runs from here.
+        let _ = fs::remove_dir_all(Self::snapshot_dir(&spec.dir));
         btrfs::snapshot(&image.join(IMAGE_ROOT), &root)?;
         if spec.disk_mib > 0 {
             btrfs::limit_exclusive(&root, spec.disk_mib)?;

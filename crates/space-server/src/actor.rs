@@ -6,10 +6,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_api::{Command, OperationKind, OperationOrigin, SandboxState};
+use space_api::{OperationKind, OperationOrigin, SandboxState};
 use space_engine::{AgentConn, EngineError, SandboxSpec};
 use tokio::sync::mpsc;
 
+use crate::checkpoints::{self, RunningCommand};
 use crate::domain::{self, Event};
 use crate::error::ApiError;
 use crate::platform::{LiveSandbox, Platform};
@@ -125,6 +126,14 @@ impl Actor {
                 }
                 OperationKind::Fork => {
                     self.fork(id).await;
+                    false
+                }
+                OperationKind::Checkpoint => {
+                    self.checkpoint(id).await;
+                    false
+                }
+                OperationKind::RestoreCheckpoint => {
+                    self.rewind(id).await;
                     false
                 }
                 OperationKind::BuildTemplate => false, // never queued to a sandbox
@@ -328,17 +337,8 @@ impl Actor {
         }
         let spec = platform.engine_spec(&record);
         let image = spec.dir.join("images").join(operation_id);
-        // The commands running now: each fork takes over those its agent
-        // still serves when it wakes.
-        let running: Vec<(Command, u32, u64)> = platform
-            .store
-            .commands(&self.id)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.result.is_none())
-            .filter_map(|c| Some((c.clone(), platform.store.command_stream(&c.id).ok()??)))
-            .map(|(c, (stream, timeout_s))| (c, stream, timeout_s))
-            .collect();
+        // Each fork takes over those its agent still serves when it wakes.
+        let running = self.running_commands();
         match self.save_image(operation_id, &spec, state == SandboxState::Paused, &image).await {
             Ok(frozen) => platform.record_frozen(operation_id, frozen),
             Err((step, err)) => {
@@ -423,33 +423,173 @@ impl Actor {
         fork: &SandboxRecord,
         source: &SandboxRecord,
         image: &std::path::Path,
-        running: &[(Command, u32, u64)],
+        running: &[RunningCommand],
     ) -> Result<(), String> {
         let platform = &self.platform;
         let id = &fork.sandbox.id;
         let spec = platform.engine_spec(fork);
         let socket = platform.engine.start_from_image(&spec, image).await.map_err(|e| e.to_string())?;
-        let adopt: Vec<(u32, u32)> = running.iter().map(|(command, stream, _)| (*stream, command.pid)).collect();
-        let mut welcome = space_engine::welcome_for(&spec);
-        welcome.session = source.agent_session.ok_or("the source's agent session is not known")?;
-        welcome.channel_key = source.channel_key.clone();
-        let (agent, streams) = platform
-            .take_agent(&spec, Some(socket), |socket| {
-                AgentConn::handshake_adopting(socket, welcome.clone(), QUIESCE_PATIENCE, &adopt)
-            })
-            .await?;
-        let identity = space_engine::fresh_identity(&fork.env, spec.trust_pem.as_deref()).map_err(|e| e.to_string())?;
-        agent.set_identity(&identity, QUIESCE_PATIENCE).await.map_err(|e| e.to_string())?;
+        let session = source.agent_session.ok_or("the source's agent session is not known")?;
+        let (agent, streams) =
+            self.wake_from_image(&spec, fork, socket, session, source.channel_key.clone(), running).await?;
         let welcome = agent.welcome().clone();
         platform.apply_with(id, Event::Started, None, |r| r.remember_agent(&welcome)).map_err(|e| e.message)?;
         platform.spawn_actor(id, None, Some(agent));
+        self.follow_copies(id, streams, running).map_err(|e| e.message)
+    }
+
+    /// Greets the agent of a sandbox started from an image as sandbox
+    /// `spec` (whichever it was), taking over the streams of the `running`
+    /// commands it still serves, and gives it fresh entropy.
+    async fn wake_from_image(
+        &self,
+        spec: &SandboxSpec,
+        record: &SandboxRecord,
+        socket: tokio::net::UnixStream,
+        session: u64,
+        channel_key: Option<String>,
+        running: &[RunningCommand],
+    ) -> Result<(AgentConn, Vec<space_engine::ExecStream>), String> {
+        let adopt: Vec<(u32, u32)> = running.iter().map(|r| (r.stream, r.command.pid)).collect();
+        let mut welcome = space_engine::welcome_for(spec);
+        welcome.session = session;
+        welcome.channel_key = channel_key;
+        let (agent, streams) = self
+            .platform
+            .take_agent(spec, Some(socket), |socket| {
+                AgentConn::handshake_adopting(socket, welcome.clone(), QUIESCE_PATIENCE, &adopt)
+            })
+            .await?;
+        let identity =
+            space_engine::fresh_identity(&record.env, spec.trust_pem.as_deref()).map_err(|e| e.to_string())?;
+        agent.set_identity(&identity, QUIESCE_PATIENCE).await.map_err(|e| e.to_string())?;
+        Ok((agent, streams))
+    }
+
+    /// Follows, as new commands of sandbox `id`, the `running` commands
+    /// whose streams were taken over.
+    fn follow_copies(
+        &self,
+        id: &str,
+        streams: Vec<space_engine::ExecStream>,
+        running: &[RunningCommand],
+    ) -> Result<(), ApiError> {
         let mut streams: std::collections::HashMap<u32, _> = streams.into_iter().map(|s| (s.stream, s)).collect();
-        for (command, stream, timeout_s) in running {
-            let Some(stream) = streams.remove(stream) else { continue };
-            platform.follow_copy(command, id, stream, *timeout_s).map_err(|e| e.message)?;
+        for run in running {
+            let Some(stream) = streams.remove(&run.stream) else { continue };
+            self.platform.follow_copy(&run.command, id, stream, run.timeout_s)?;
         }
-        platform.changed();
+        self.platform.changed();
         Ok(())
+    }
+
+    /// The sandbox's commands running now, with their streams.
+    fn running_commands(&self) -> Vec<RunningCommand> {
+        let store = &self.platform.store;
+        store
+            .commands(&self.id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.result.is_none())
+            .filter_map(|command| {
+                let (stream, timeout_s) = store.command_stream(&command.id).ok()??;
+                Some(RunningCommand { command, stream, timeout_s })
+            })
+            .collect()
+    }
+
+    /// Saves checkpoint `operation.checkpoint` of the running sandbox: its
+    /// image, then its record (the commands running, the agent's session).
+    /// One a restart left half written starts over; a whole one stays.
+    async fn checkpoint(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let (operation, record) = match (platform.operation(operation_id), platform.sandbox(&self.id)) {
+            (Ok(operation), Ok(record)) => (operation, record),
+            (Err(err), _) | (_, Err(err)) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        let name = operation.checkpoint.unwrap_or_default();
+        let spec = platform.engine_spec(&record);
+        let dir = checkpoints::checkpoint_dir(&spec.dir, &name);
+        if checkpoints::read_meta(&dir).is_some() {
+            return platform.finish_operation(operation_id, None);
+        }
+        remove_image(dir.clone()).await;
+        let state = record.sandbox.state;
+        if !matches!(state, SandboxState::Running | SandboxState::Paused) {
+            let refused = ApiError::invalid_state("sandbox", state.as_str(), "save a checkpoint");
+            return platform.finish_operation(operation_id, Some(refused));
+        }
+        let running = self.running_commands();
+        let saved = match self.save_image(operation_id, &spec, state == SandboxState::Paused, &dir).await {
+            Ok(frozen) => {
+                platform.record_frozen(operation_id, frozen);
+                let meta = checkpoints::CheckpointMeta {
+                    name,
+                    created_at: crate::ids::now(),
+                    agent_session: record.agent_session,
+                    running,
+                };
+                checkpoints::write_meta(&dir, &meta).map_err(|e| ("recording it", e.to_string()))
+            }
+            Err(err) => Err(err),
+        };
+        if let Err((step, err)) = saved {
+            tracing::error!(sandbox = %self.id, "a checkpoint failed while {step}: {err}");
+            remove_image(dir).await;
+            return platform
+                .finish_operation(operation_id, Some(engine_failed(format!("the checkpoint failed while {step}"))));
+        }
+        platform.finish_operation(operation_id, None);
+    }
+
+    /// Rolls the sandbox back to checkpoint `operation.checkpoint`: stops
+    /// it, gives it a copy of the checkpoint's disk and starts it from the
+    /// checkpoint's memory. It keeps its id; the commands running at the
+    /// checkpoint run again as new commands, those running until now end.
+    async fn rewind(&self, operation_id: &str) {
+        let platform = &self.platform;
+        let (operation, record) = match (platform.operation(operation_id), platform.sandbox(&self.id)) {
+            (Ok(operation), Ok(record)) => (operation, record),
+            (Err(err), _) | (_, Err(err)) => return platform.finish_operation(operation_id, Some(err)),
+        };
+        let name = operation.checkpoint.unwrap_or_default();
+        let spec = platform.engine_spec(&record);
+        let image = checkpoints::checkpoint_dir(&spec.dir, &name);
+        let Some(meta) = checkpoints::read_meta(&image) else {
+            let missing = ApiError::invalid_state("checkpoint", "missing", "restore it");
+            return platform.finish_operation(operation_id, Some(missing));
+        };
+        if record.sandbox.state != SandboxState::Resuming {
+            if let Err(err) = platform.apply(&self.id, Event::RewindRequested, None) {
+                return platform.finish_operation(operation_id, Some(err));
+            }
+        }
+        platform.progress(operation_id, "stopping the sandbox", 0);
+        platform.stop_egress(&self.id);
+        *self.live.agent.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        platform.stop_engine(&spec).await;
+        platform.progress(operation_id, "starting from the checkpoint", 1);
+        let woken = async {
+            let socket = platform.engine.start_from_image(&spec, &image).await.map_err(|e| e.to_string())?;
+            platform.progress(operation_id, "reconnecting the agent", 2);
+            let session = meta.agent_session.ok_or("the checkpoint's agent session is not known")?;
+            self.wake_from_image(&spec, &record, socket, session, record.channel_key.clone(), &meta.running).await
+        }
+        .await;
+        match woken {
+            Ok((agent, streams)) => {
+                let welcome = agent.welcome().clone();
+                let applied = platform.apply_with(&self.id, Event::Restored, None, |r| r.remember_agent(&welcome));
+                self.set_agent(Some(agent));
+                let followed = applied.and_then(|_| self.follow_copies(&self.id, streams, &meta.running));
+                platform.finish_operation(operation_id, followed.err());
+            }
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "restoring checkpoint {name:?} failed: {err}");
+                let failure = engine_failed(format!("restoring checkpoint {name:?} failed"));
+                self.give_up(&spec, operation_id, failure).await;
+            }
+        }
     }
 
     /// Resume from a snapshot: restore, then re-attach the agent (or greet

@@ -147,6 +147,12 @@ impl Platform {
             };
             usage.transcripts_bytes += self.output_use(&record.sandbox.id).load(Ordering::Relaxed);
             usage.snapshots_bytes += tree_bytes(&dir.join("snapshot"));
+            // Checkpoints, and the image a fork is being made from.
+            for kind in ["checkpoints", "images"] {
+                for image in std::fs::read_dir(dir.join(kind)).into_iter().flatten().flatten() {
+                    usage.snapshots_bytes += crate::checkpoints::image_bytes(&image.path());
+                }
+            }
         }
         for name_dir in std::fs::read_dir(self.data.templates_dir()).into_iter().flatten().flatten() {
             let name = name_dir.file_name().to_string_lossy().into_owned();

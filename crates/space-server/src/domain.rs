@@ -198,8 +198,10 @@ pub enum Event {
     Checkpointed,
     /// A resume of a suspended sandbox was accepted.
     RestoreRequested,
-    /// The sandbox runs again from its snapshot.
+    /// The sandbox runs again from its snapshot (or checkpoint).
     Restored,
+    /// A roll back to one of its checkpoints was accepted.
+    RewindRequested,
     /// A transition a server restart interrupted was undone (the engine
     /// shows the sandbox as it was before it): the request is carried out
     /// again.
@@ -232,6 +234,8 @@ pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiE
         (Creating | Running | Paused | Suspended | Resuming | Deleting | Deleted | Failed, Checkpointed) => None,
         (Suspended, RestoreRequested) => Some(Resuming),
         (Creating | Running | Paused | Suspending | Resuming | Deleting | Deleted | Failed, RestoreRequested) => None,
+        (Running | Paused | Suspended, RewindRequested) => Some(Resuming),
+        (Creating | Suspending | Resuming | Deleting | Deleted | Failed, RewindRequested) => None,
         (Resuming, Restored) => Some(Running),
         (Creating | Running | Paused | Suspending | Suspended | Deleting | Deleted | Failed, Restored) => None,
         (Suspending, RolledBack) => Some(Running),
@@ -252,6 +256,7 @@ pub fn action_name(event: Event) -> &'static str {
         Event::Thawed | Event::RestoreRequested | Event::Restored => "resume",
         Event::SuspendRequested | Event::Checkpointed => "suspend",
         Event::RolledBack => "roll back",
+        Event::RewindRequested => "restore a checkpoint",
     }
 }
 
@@ -267,7 +272,10 @@ pub fn settles(kind: OperationKind, state: SandboxState) -> bool {
         OperationKind::Resume => state == Running,
         OperationKind::Suspend => state == Suspended,
         // Its forks say how far it came; the job looks at each.
-        OperationKind::BuildTemplate | OperationKind::Fork => false,
+        OperationKind::BuildTemplate
+        | OperationKind::Fork
+        | OperationKind::Checkpoint
+        | OperationKind::RestoreCheckpoint => false,
     }
 }
 

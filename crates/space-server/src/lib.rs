@@ -7,6 +7,7 @@
 mod actor;
 pub mod api;
 mod capacity;
+mod checkpoints;
 pub mod cluster;
 pub mod commands;
 mod console;

@@ -130,13 +130,7 @@ impl Platform {
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
             return Err(ApiError::invalid_state("sandbox", state.as_str(), "fork it (resume it first)"));
         }
-        if !self.engine.saves_images(&self.engine_spec(&source)) {
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "not_supported",
-                format!("sandboxes on {} cannot be forked yet", source.sandbox.engine),
-            ));
-        }
+        self.can_save_images(&source)?;
         let mut labels_all = source.sandbox.labels.clone();
         labels_all.extend(labels);
         crate::domain::check_labels(&labels_all)?;
@@ -211,7 +205,11 @@ impl Platform {
             OperationKind::Resume if record.sandbox.state == SandboxState::Suspended => (Event::RestoreRequested, 2),
             OperationKind::Resume => (Event::Thawed, 1),
             OperationKind::Suspend => (Event::SuspendRequested, 3),
-            OperationKind::Create | OperationKind::BuildTemplate | OperationKind::Fork => {
+            OperationKind::Create
+            | OperationKind::BuildTemplate
+            | OperationKind::Fork
+            | OperationKind::Checkpoint
+            | OperationKind::RestoreCheckpoint => {
                 return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
             }
         };
@@ -295,6 +293,18 @@ impl Platform {
         }
         let state = self.sandbox(id)?.sandbox.state;
         Err(ApiError::invalid_state("sandbox", state.as_str(), "wake it for this request"))
+    }
+
+    /// 409 `not_supported` unless the sandbox's engine saves images.
+    pub(crate) fn can_save_images(&self, record: &crate::store::SandboxRecord) -> Result<(), ApiError> {
+        if self.engine.saves_images(&self.engine_spec(record)) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "not_supported",
+            format!("sandboxes on {} cannot be forked or checkpointed yet", record.sandbox.engine),
+        ))
     }
 
     /// Fills every template's warm pool (at start, and as room frees).

@@ -358,6 +358,7 @@ pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, t
         progress: Progress { step: step.into(), done: 0, total, amount: None },
         error: None,
         forks: Vec::new(),
+        checkpoint: None,
         frozen_ms: None,
         origin: OperationOrigin::Client,
         created_at: ids::now(),
@@ -373,6 +374,7 @@ mod tests {
     const FEATURES: &[(&str, &str)] = &[
         ("actor.rs", include_str!("actor.rs")),
         ("capacity.rs", include_str!("capacity.rs")),
+        ("checkpoints.rs", include_str!("checkpoints.rs")),
         ("commands.rs", include_str!("commands.rs")),
         ("disk.rs", include_str!("disk.rs")),
         ("egress.rs", include_str!("egress.rs")),

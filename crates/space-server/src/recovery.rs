@@ -87,6 +87,16 @@ impl Platform {
     /// were cut short fail.
     pub fn reconcile(&self) -> Result<(), ApiError> {
         self.sweep();
+        let pending = self.store.operations(None)?;
+        // A roll back to a checkpoint the restart cut short is carried out
+        // again from wherever it stopped.
+        let rewinding = |id: &str| {
+            pending.iter().any(|op| {
+                op.kind == OperationKind::RestoreCheckpoint
+                    && !op.state.is_terminal()
+                    && op.sandbox_id.as_deref() == Some(id)
+            })
+        };
         for record in self.store.sandboxes()? {
             let id = record.sandbox.id.clone();
             let state = record.sandbox.state;
@@ -108,6 +118,7 @@ impl Platform {
                         (SandboxState::Suspending, false, true) => Some(Event::Checkpointed),
                         (SandboxState::Resuming, true, _) => Some(Event::Restored),
                         (SandboxState::Resuming, false, true) => Some(Event::RolledBack),
+                        (SandboxState::Resuming, false, false) if rewinding(&id) => Some(Event::RolledBack),
                         _ => None,
                     };
                     if event == Some(Event::Checkpointed) {

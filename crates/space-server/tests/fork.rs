@@ -217,3 +217,94 @@ fn bad_forks_are_refused_and_change_nothing() {
     let listed = server.ok("GET", "/v1/sandboxes", None);
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 3, "{listed}");
 }
+
+fn operation_of(server: &TestServer, method: &str, path: &str, body: Option<Value>) -> Value {
+    let (status, accepted) = server.call(method, path, body);
+    assert_eq!(status, 202, "{path}: {accepted}");
+    server.wait_operation(accepted["operation"]["id"].as_str().unwrap())
+}
+
+#[test]
+fn a_checkpoint_brings_back_memory_files_and_running_commands() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let base = format!("/v1/sandboxes/{id}/checkpoints");
+    server.exec(&id, json!({"cmd": COUNTER}));
+    let (token, _) = bump(&server, &id);
+    server.exec(&id, json!({"cmd": "echo kept > /root/keep.txt"}));
+    let ticking = server.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"cmd": "for i in $(seq 1 30); do echo tick$i; sleep 0.1; done", "tag": "ticker"})),
+    );
+    let ticker = ticking["command"]["id"].as_str().unwrap().to_string();
+
+    let saved = operation_of(&server, "POST", &base, Some(json!({"name": "one"})));
+    assert_eq!(saved["state"], "succeeded", "{saved}");
+    assert_eq!(saved["kind"], "checkpoint");
+    assert_eq!(saved["checkpoint"], "one");
+    assert!(saved["frozen_ms"].is_u64(), "{saved}");
+    let listed = server.ok("GET", &base, None);
+    let checkpoints = listed["checkpoints"].as_array().unwrap();
+    assert_eq!(checkpoints.len(), 1, "{listed}");
+    assert_eq!(checkpoints[0]["name"], "one");
+    assert_eq!(checkpoints[0]["commands"], json!([ticker]), "{listed}");
+    assert!(checkpoints[0]["size_bytes"].as_u64().unwrap() > 1 << 20, "it holds the memory: {listed}");
+    let usage = server.ok("GET", "/v1/usage", None);
+    assert!(usage["disk"]["snapshots_bytes"].as_u64().unwrap() > 1 << 20, "it counts as disk: {usage}");
+
+    // Bad requests change nothing.
+    server.error("POST", &base, Some(json!({"name": "one"})), 409, "checkpoint_exists");
+    server.error("POST", &base, Some(json!({"name": "Not A Name"})), 422, "invalid_value");
+    server.error("POST", &base, Some(json!({"name": "x", "extra": 1})), 400, "invalid_request");
+    server.error("POST", &format!("{base}/nope/restore"), None, 404, "checkpoint_not_found");
+    server.error("DELETE", &format!("{base}/nope"), None, 404, "checkpoint_not_found");
+
+    // The sandbox goes on: more counts, a file deleted, another written.
+    bump(&server, &id);
+    assert_eq!(bump(&server, &id), (token.clone(), 3));
+    server.exec(&id, json!({"cmd": "rm /root/keep.txt; echo later > /root/later.txt"}));
+
+    let restored = operation_of(&server, "POST", &format!("{base}/one/restore"), None);
+    assert_eq!(restored["state"], "succeeded", "{restored}");
+    assert_eq!(restored["kind"], "restore_checkpoint");
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sandbox["state"], "running", "{sandbox}");
+    assert_eq!(counter(&server, &id), (token.clone(), 1), "the memory of the checkpoint");
+    assert_eq!(stdout(&server, &id, "cat /root/keep.txt"), "kept\n", "the deleted file is back");
+    let later = server.exec(&id, json!({"argv": ["cat", "/root/later.txt"]}));
+    assert_ne!(later["result"]["exit_code"], 0, "what came after is gone: {later}");
+    assert_eq!(bump(&server, &id), (token.clone(), 2), "and it counts on from there");
+
+    // The command running at the checkpoint runs again as a new command;
+    // the original ended when the sandbox was rolled back.
+    let commands = server.ok("GET", &format!("/v1/sandboxes/{id}/commands"), None);
+    let tickers: Vec<&Value> =
+        commands["commands"].as_array().unwrap().iter().filter(|c| c["tag"] == "ticker").collect();
+    assert_eq!(tickers.len(), 2, "{commands}");
+    let again = tickers.iter().find(|c| c["id"] != ticker.as_str()).unwrap()["id"].as_str().unwrap().to_string();
+    let frames = server.output(&id, &again, "?follow=true");
+    assert!(common::text_of(&frames, "stdout").ends_with("tick30\n"), "{frames:?}");
+    assert_eq!(frames.last().unwrap()["result"]["exit_code"], 0, "{frames:?}");
+    let first = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{ticker}?wait=30"), None);
+    assert!(first["result"].is_object(), "{first}");
+
+    // From suspended, and after a restart, too.
+    assert_eq!(operation_of(&server, "POST", &format!("/v1/sandboxes/{id}/suspend"), None)["state"], "succeeded");
+    server.stop();
+    let server = TestServer::start(&data);
+    let listed = server.ok("GET", &base, None);
+    assert_eq!(listed["checkpoints"].as_array().unwrap().len(), 1, "{listed}");
+    let restored = operation_of(&server, "POST", &format!("{base}/one/restore"), None);
+    assert_eq!(restored["state"], "succeeded", "{restored}");
+    assert_eq!(counter(&server, &id), (token.clone(), 1));
+
+    let auth = format!("Bearer {}", server.key);
+    let (status, _) = server.raw("DELETE", &format!("{base}/one"), &[("Authorization", &auth)], None);
+    assert_eq!(status, 204);
+    assert_eq!(server.ok("GET", &base, None)["checkpoints"], json!([]));
+    assert_eq!(operation_of(&server, "POST", &base, Some(json!({"name": "two"})))["state"], "succeeded");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+    assert!(!data.data.sandbox_dir(&id).exists(), "checkpoints go with their sandbox");
+}

@@ -96,6 +96,7 @@ fn operation(n: usize) -> Operation {
         progress: Progress { step: "done".into(), done: 1, total: 1, amount: None },
         error: None,
         forks: Vec::new(),
+        checkpoint: None,
         frozen_ms: None,
         origin: OperationOrigin::Client,
         created_at: "2026-01-01T00:00:00Z".into(),

@@ -2,6 +2,7 @@
 //! Handlers are thin: parse, call the platform, shape the response.
 
 mod attach;
+mod checkpoints;
 mod commands;
 mod egress;
 pub(crate) mod events;
@@ -79,6 +80,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/resume", axum::routing::post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/suspend", axum::routing::post(sandboxes::suspend))
         .route("/v1/sandboxes/{id}/fork", axum::routing::post(sandboxes::fork))
+        .route("/v1/sandboxes/{id}/checkpoints", get(checkpoints::list).post(checkpoints::create))
+        .route("/v1/sandboxes/{id}/checkpoints/{name}", axum::routing::delete(checkpoints::delete))
+        .route("/v1/sandboxes/{id}/checkpoints/{name}/restore", axum::routing::post(checkpoints::restore))
         .route("/v1/sandboxes/{id}/commands", get(commands::list).post(commands::create))
         .route("/v1/sandboxes/{id}/commands/{cid}", get(commands::get))
         .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output::output))

@@ -6,7 +6,8 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    attach, commands, egress, events, files, health, operations, output, ports, sandboxes, secrets, templates, usage,
+    attach, checkpoints, commands, egress, events, files, health, operations, output, ports, sandboxes, secrets,
+    templates, usage,
 };
 
 #[derive(OpenApi)]
@@ -17,6 +18,10 @@ use super::{
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::delete, sandboxes::pause, sandboxes::resume,
         sandboxes::suspend,
         sandboxes::fork,
+        checkpoints::create,
+        checkpoints::list,
+        checkpoints::restore,
+        checkpoints::delete,
         operations::get, operations::list, templates::log,
         templates::create, templates::list, templates::get, templates::delete,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,

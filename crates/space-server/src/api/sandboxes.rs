@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::tenants::Caller;
 
 /// Replays the operation an `Idempotency-Key` already started, if any.
-fn replay(
+pub(super) fn replay(
     state: &AppState,
     caller: &Caller,
     key: Option<&str>,

@@ -1,0 +1,205 @@
+//! Checkpoints: a sandbox's memory, processes and disk saved at one
+//! instant without stopping it (the engine's image, as for a fork), kept in
+//! `sandboxes/<id>/checkpoints/<name>/` until deleted with their sandbox;
+//! restoring one rolls the sandbox back. Saving and restoring are
+//! operations its actor carries out (`actor.rs`); a checkpoint is listed
+//! once its `meta.json` is written, after its image is whole.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use space_api::{Checkpoint, Command, Operation, OperationKind, Sandbox, SandboxState, MAX_CHECKPOINTS};
+
+use crate::actor::Job;
+use crate::domain::{self, Event};
+use crate::error::ApiError;
+use crate::platform::{new_operation, Platform};
+
+/// What a checkpoint keeps besides its image.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct CheckpointMeta {
+    pub name: String,
+    pub created_at: String,
+    /// The host session its agent knew (it carries on with it).
+    pub agent_session: Option<u64>,
+    /// The commands running when it was saved: their streams, to take
+    /// over after a restore.
+    pub running: Vec<RunningCommand>,
+}
+
+/// A command running at an instant, with what following it again needs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RunningCommand {
+    pub command: Command,
+    pub stream: u32,
+    pub timeout_s: u64,
+}
+
+const META: &str = "meta.json";
+
+/// Where a sandbox keeps checkpoint `name`.
+pub(crate) fn checkpoint_dir(sandbox_dir: &Path, name: &str) -> PathBuf {
+    sandbox_dir.join("checkpoints").join(name)
+}
+
+/// The checkpoint's record, if it is whole.
+pub(crate) fn read_meta(dir: &Path) -> Option<CheckpointMeta> {
+    let text = std::fs::read_to_string(dir.join(META)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Records a whole checkpoint (written last, atomically).
+pub(crate) fn write_meta(dir: &Path, meta: &CheckpointMeta) -> std::io::Result<()> {
+    let partial = dir.join(".meta.json.new");
+    std::fs::write(&partial, serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?)?;
+    std::fs::rename(partial, dir.join(META))
+}
+
+/// Bytes an image holds on the host: its memory files and what of its disk
+/// no one else shares.
+pub(crate) fn image_bytes(dir: &Path) -> u64 {
+    let disk = space_host::btrfs::exclusive_bytes(&dir.join("rootfs")).unwrap_or(0);
+    let memory = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name() != "rootfs")
+        .map(|e| crate::disk::tree_bytes(&e.path()))
+        .sum::<u64>();
+    disk + memory
+}
+
+/// 404 for a checkpoint that is not there (or not whole).
+fn checkpoint_not_found(id: &str, name: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+        format!("sandbox {id} has no checkpoint {name:?}"),
+    )
+    .with_details(serde_json::json!({"kind": "checkpoint", "id": name}))
+}
+
+impl Platform {
+    /// A sandbox's whole checkpoints, oldest first.
+    pub fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, ApiError> {
+        self.sandbox(id)?;
+        let dir = self.data.sandbox_dir(id).join("checkpoints");
+        let mut found: Vec<Checkpoint> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let meta = read_meta(&entry.path())?;
+                Some(Checkpoint {
+                    sandbox_id: id.to_string(),
+                    size_bytes: image_bytes(&entry.path()),
+                    commands: meta.running.iter().map(|r| r.command.id.clone()).collect(),
+                    created_at: meta.created_at,
+                    name: meta.name,
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        Ok(found)
+    }
+
+    /// A checkpoint save or restore of `name` not yet finished.
+    fn checkpoint_busy(&self, id: &str, name: &str) -> Result<bool, ApiError> {
+        Ok(self.store.operations(Some(id))?.iter().any(|op| {
+            matches!(op.kind, OperationKind::Checkpoint | OperationKind::RestoreCheckpoint)
+                && op.checkpoint.as_deref() == Some(name)
+                && !op.state.is_terminal()
+        }))
+    }
+
+    /// Accepts saving checkpoint `name` of a running (or paused) sandbox.
+    pub fn checkpoint_sandbox(
+        self: &Arc<Self>,
+        id: &str,
+        name: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        if !space_host::template::valid_name(name) {
+            return Err(ApiError::unprocessable("a checkpoint name is 1-63 of a-z, 0-9, '-' and '_'")
+                .with_details(serde_json::json!({"field": "name"})));
+        }
+        let record = self.sandbox(id)?;
+        let state = record.sandbox.state;
+        if !matches!(state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::invalid_state("sandbox", state.as_str(), "save a checkpoint"));
+        }
+        self.can_save_images(&record)?;
+        let held = self.checkpoints(id)?;
+        if held.iter().any(|c| c.name == name) || self.checkpoint_busy(id, name)? {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "checkpoint_exists",
+                format!("sandbox {id} already has a checkpoint {name:?}; delete it first"),
+            ));
+        }
+        if held.len() >= MAX_CHECKPOINTS {
+            return Err(ApiError::unprocessable(format!(
+                "a sandbox keeps at most {MAX_CHECKPOINTS} checkpoints; delete one first"
+            )));
+        }
+        let image = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+        self.check_reserve("save a checkpoint", image)?;
+        self.check_disk_quota(&record.tenant, image, "save a checkpoint (it holds the sandbox's memory)")?;
+        let mut operation = new_operation(OperationKind::Checkpoint, id, "queued", 3);
+        operation.checkpoint = Some(name.to_string());
+        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+        self.changed();
+        let job =
+            Job { kind: operation.kind, operation_id: operation.id.clone(), warm: None, origin: operation.origin };
+        self.queue_job(id, job);
+        Ok((record.sandbox, operation))
+    }
+
+    /// Accepts rolling a sandbox (running, paused or suspended) back to
+    /// checkpoint `name`: it keeps its id and runs from the checkpoint.
+    pub fn restore_checkpoint(
+        self: &Arc<Self>,
+        id: &str,
+        name: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Sandbox, Operation), ApiError> {
+        let record = self.sandbox(id)?;
+        if read_meta(&checkpoint_dir(&self.data.sandbox_dir(id), name)).is_none() {
+            return Err(checkpoint_not_found(id, name));
+        }
+        domain::transition(record.sandbox.state, Event::RewindRequested)?;
+        if record.sandbox.state == SandboxState::Suspended {
+            self.admit(record.sandbox.memory_mib)?;
+        }
+        let mut operation = new_operation(OperationKind::RestoreCheckpoint, id, "queued", 3);
+        operation.checkpoint = Some(name.to_string());
+        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+        self.changed();
+        let job =
+            Job { kind: operation.kind, operation_id: operation.id.clone(), warm: None, origin: operation.origin };
+        self.queue_job(id, job);
+        Ok((record.sandbox, operation))
+    }
+
+    /// Deletes checkpoint `name` (409 while it is being saved or restored).
+    pub async fn delete_checkpoint(&self, id: &str, name: &str) -> Result<(), ApiError> {
+        self.sandbox(id)?;
+        let dir = checkpoint_dir(&self.data.sandbox_dir(id), name);
+        if !space_host::template::valid_name(name) || read_meta(&dir).is_none() {
+            return Err(checkpoint_not_found(id, name));
+        }
+        if self.checkpoint_busy(id, name)? {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "checkpoint_in_use",
+                format!("checkpoint {name:?} is being saved or restored"),
+            ));
+        }
+        tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir))
+            .await
+            .map_err(|e| ApiError::internal("deleting a checkpoint", e))?
+            .map_err(|e| ApiError::internal("deleting a checkpoint", e))?;
+        self.changed();
+        Ok(())
+    }
+}
