@@ -703,10 +703,28 @@ fn default_suite() -> String {
     "bookworm".into()
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// What a template is made from: exactly one of these.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateSource {
-    pub debian: DebianSource,
+    /// Debian packages, installed into a fresh root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debian: Option<DebianSource>,
+    /// A running (or paused) sandbox's id: a snapshot template, whose
+    /// sandboxes start from its memory and disk as they are now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// One of a sandbox's checkpoints: a snapshot template of that state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSource>,
+}
+
+/// A checkpoint, named by its sandbox and its name.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSource {
+    pub sandbox: String,
+    pub name: String,
 }
 
 /// `POST /v1/templates`.

@@ -98,6 +98,19 @@ pub struct TemplateMeta {
     /// The engine its sandboxes run on; `None`: the server's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// A snapshot template: its sandboxes wake from this saved state (the
+    /// root beside it and the memory in `memory/`) instead of booting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<TemplateImage>,
+}
+
+/// How the agent saved in a snapshot template greets its host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TemplateImage {
+    /// The host session it knows (it keeps its streams under it).
+    pub agent_session: u64,
+    /// The key it presents when it dials (kept only on the host).
+    pub channel_key: String,
 }
 
 #[derive(Debug, Clone)]
@@ -312,17 +325,57 @@ pub(crate) fn publish(
                 warm_pool: None,
                 owner,
                 engine,
+                image: None,
             };
-            let json = serde_json::to_vec_pretty(&meta).map_err(|e| HostError::Invalid(e.to_string()))?;
-            fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;
-            let final_dir = template_dir.join(version.to_string());
-            fs::rename(&partial, &final_dir).map_err(HostError::io("publishing the template"))?;
-            progress(BuildProgress::step("done", BUILD_STEPS));
-            TemplateInfo::load(&final_dir)
+            seal(&partial, &meta, progress)
         });
     if finish.is_err() {
         let _ = remove_partial(&partial);
         // A first version that failed leaves no empty template directory.
+        let _ = fs::remove_dir(&template_dir);
+    }
+    finish
+}
+
+/// Writes `template.json` into a finished build and publishes it under
+/// its version.
+fn seal(
+    partial: &Path,
+    meta: &TemplateMeta,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<TemplateInfo, HostError> {
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| HostError::Invalid(e.to_string()))?;
+    fs::write(partial.join("template.json"), json).map_err(HostError::io("writing template.json"))?;
+    let final_dir = partial.with_file_name(meta.version.to_string());
+    fs::rename(partial, &final_dir).map_err(HostError::io("publishing the template"))?;
+    progress(BuildProgress::step("done", BUILD_STEPS));
+    TemplateInfo::load(&final_dir)
+}
+
+/// Publishes the next version of template `meta.name` as a snapshot
+/// template: `fill` saves the image into the hidden build directory (the
+/// root at `rootfs/`, the memory beside it); the root is sealed read-only.
+/// `meta`'s version and time are set here. On failure nothing is left.
+pub fn publish_image(
+    data: &DataDir,
+    mut meta: TemplateMeta,
+    fill: impl FnOnce(&Path) -> Result<(), HostError>,
+) -> Result<TemplateInfo, HostError> {
+    if !valid_name(&meta.name) || meta.image.is_none() {
+        return Err(HostError::Invalid(format!("not a snapshot template: {:?}", meta.name)));
+    }
+    let template_dir = data.templates_dir().join(&meta.name);
+    fs::create_dir_all(&template_dir).map_err(HostError::io("creating the template dir"))?;
+    meta.version = data.template(&meta.name).map(|t| t.meta.version + 1).unwrap_or(1);
+    meta.created_at = crate::now_rfc3339();
+    let partial = template_dir.join(format!(".{}.partial", meta.version));
+    remove_partial(&partial)?;
+    fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
+    let finish = fill(&partial)
+        .and_then(|()| btrfs::set_read_only(&partial.join("rootfs")))
+        .and_then(|()| seal(&partial, &meta, &mut |_| {}));
+    if finish.is_err() {
+        let _ = remove_partial(&partial);
         let _ = fs::remove_dir(&template_dir);
     }
     finish
@@ -516,6 +569,11 @@ pub struct Export {
 pub fn export(data: &DataDir, name: &str) -> Result<Export, HostError> {
     use sha2::Digest;
     let template = data.template(name).ok_or_else(|| HostError::Invalid(format!("no template {name:?}")))?;
+    if template.meta.image.is_some() {
+        return Err(HostError::Invalid(format!(
+            "{name:?} is a snapshot template: it stays on the host it was made on"
+        )));
+    }
     let dir = data.run_dir().join("exports");
     fs::create_dir_all(&dir).map_err(HostError::io("creating the exports dir"))?;
     let stem = format!("{name}-{}", template.meta.version);

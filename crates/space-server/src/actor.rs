@@ -20,6 +20,35 @@ use crate::store::SandboxRecord;
 const QUIESCE_PATIENCE: Duration = Duration::from_secs(20);
 
 impl Platform {
+    /// Starts sandbox `spec` and returns its healthy agent: booted from its
+    /// template version's root, or, from a snapshot template, woken from
+    /// its image as this sandbox with fresh entropy. On error nothing of it
+    /// is left running.
+    pub(crate) async fn boot(&self, spec: &SandboxSpec) -> Result<AgentConn, EngineError> {
+        let version = spec.template_rootfs.parent().unwrap_or(&spec.template_rootfs).to_path_buf();
+        let image = space_host::template::TemplateInfo::load(&version).ok().and_then(|t| t.meta.image);
+        let Some(image) = image else {
+            let started = self.engine.create(spec).await?;
+            tracing::info!(sandbox = %spec.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
+            return Ok(started.agent);
+        };
+        let woken = async {
+            let socket = self.engine.start_from_image(spec, &version).await?;
+            let mut welcome = space_engine::welcome_for(spec);
+            welcome.session = image.agent_session;
+            welcome.channel_key = Some(image.channel_key.clone());
+            let agent = AgentConn::handshake(socket, welcome, QUIESCE_PATIENCE).await?;
+            let identity = space_engine::fresh_identity(&spec.env, spec.trust_pem.as_deref())?;
+            agent.set_identity(&identity, QUIESCE_PATIENCE).await?;
+            Ok(agent)
+        }
+        .await;
+        if woken.is_err() {
+            let _ = self.engine.destroy(spec).await;
+        }
+        woken
+    }
+
     /// Starts the actor of sandbox `id` with its first job, or (re-adopted
     /// after a restart) with its agent.
     pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>) {
@@ -61,6 +90,21 @@ pub(crate) struct Job {
     pub(crate) warm: Option<crate::warm::WarmMember>,
     /// Who asked: an `Idle` pause is the server's (see `idle.rs`).
     pub(crate) origin: OperationOrigin,
+    /// A snapshot template's build: save the sandbox's image here, and
+    /// say how that went.
+    pub(crate) save_to: Option<(std::path::PathBuf, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+}
+
+impl Job {
+    pub(crate) fn new(operation: &space_api::Operation) -> Job {
+        Job {
+            kind: operation.kind,
+            operation_id: operation.id.clone(),
+            warm: None,
+            origin: operation.origin,
+            save_to: None,
+        }
+    }
 }
 
 pub(crate) struct Actor {
@@ -136,7 +180,13 @@ impl Actor {
                     self.rewind(id).await;
                     false
                 }
-                OperationKind::BuildTemplate => false, // never queued to a sandbox
+                OperationKind::BuildTemplate => {
+                    // Only a snapshot template's image is saved here.
+                    if let Some((dir, reply)) = job.save_to {
+                        let _ = reply.send(self.save_for_template(id, &dir).await);
+                    }
+                    false
+                }
             };
             if finished {
                 break;
@@ -178,12 +228,11 @@ impl Actor {
             }
         }
         platform.progress(operation_id, "starting the sandbox", 1);
-        match platform.engine.create(&spec).await {
-            Ok(started) => {
-                tracing::info!(sandbox = %self.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
+        match platform.boot(&spec).await {
+            Ok(agent) => {
                 platform.progress(operation_id, "agent healthy", 2);
-                let welcome = started.agent.welcome().clone();
-                self.set_agent(Some(started.agent));
+                let welcome = agent.welcome().clone();
+                self.set_agent(Some(agent));
                 match platform.apply_with(&self.id, Event::Started, None, |r| r.remember_agent(&welcome)) {
                     Ok(_) => platform.finish_operation(operation_id, None),
                     Err(err) => platform.finish_operation(operation_id, Some(err)),
@@ -496,6 +545,21 @@ impl Actor {
                 Some(RunningCommand { command, stream, timeout_s })
             })
             .collect()
+    }
+
+    /// Saves the running (or paused) sandbox's image for a snapshot
+    /// template being built (operation `operation_id`).
+    async fn save_for_template(&self, operation_id: &str, dir: &std::path::Path) -> Result<(), String> {
+        let record = self.platform.sandbox(&self.id).map_err(|e| e.message)?;
+        let state = record.sandbox.state;
+        if !matches!(state, SandboxState::Running | SandboxState::Paused) {
+            return Err(format!("the sandbox is {}, not running", state.as_str()));
+        }
+        let spec = self.platform.engine_spec(&record);
+        self.save_image(operation_id, &spec, state == SandboxState::Paused, dir)
+            .await
+            .map(drop)
+            .map_err(|(step, err)| format!("saving the sandbox failed while {step}: {err}"))
     }
 
     /// Saves checkpoint `operation.checkpoint` of the running sandbox: its

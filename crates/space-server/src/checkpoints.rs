@@ -69,8 +69,24 @@ pub(crate) fn image_bytes(dir: &Path) -> u64 {
     disk + memory
 }
 
+/// Copies an image (a checkpoint's) into `to`: a snapshot of its root and
+/// a copy of the rest (its memory; shared blocks where btrfs can).
+pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), space_host::HostError> {
+    space_host::btrfs::snapshot(&from.join("rootfs"), &to.join("rootfs"))?;
+    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if name == "rootfs" || name == META {
+            continue;
+        }
+        let mut copy = std::process::Command::new("cp");
+        copy.args(["-a", "--reflink=auto"]).arg(entry.path()).arg(to.join(&name));
+        space_host::run(&mut copy)?;
+    }
+    Ok(())
+}
+
 /// 404 for a checkpoint that is not there (or not whole).
-fn checkpoint_not_found(id: &str, name: &str) -> ApiError {
+pub(crate) fn checkpoint_not_found(id: &str, name: &str) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::NOT_FOUND,
         "checkpoint_not_found",
@@ -149,9 +165,7 @@ impl Platform {
         operation.checkpoint = Some(name.to_string());
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
-        let job =
-            Job { kind: operation.kind, operation_id: operation.id.clone(), warm: None, origin: operation.origin };
-        self.queue_job(id, job);
+        self.queue_job(id, Job::new(&operation));
         Ok((record.sandbox, operation))
     }
 
@@ -175,9 +189,7 @@ impl Platform {
         operation.checkpoint = Some(name.to_string());
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
-        let job =
-            Job { kind: operation.kind, operation_id: operation.id.clone(), warm: None, origin: operation.origin };
-        self.queue_job(id, job);
+        self.queue_job(id, Job::new(&operation));
         Ok((record.sandbox, operation))
     }
 

@@ -50,6 +50,13 @@ impl Platform {
         spec.env.extend(placeholders);
         let template_version = template.meta.version;
         let engine = self.engine_for(template)?;
+        let defaults = &template.meta.defaults;
+        if template.meta.image.is_some() && (spec.vcpus, spec.memory_mib) != (defaults.vcpus, defaults.memory_mib) {
+            return Err(ApiError::unprocessable(format!(
+                "template {:?} is a snapshot: its sandboxes have {} vCPUs and {} MiB of memory",
+                template.meta.name, defaults.vcpus, defaults.memory_mib
+            )));
+        }
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         let quotas = self.store.tenant_quotas(tenant)?;
         tenants::check_quotas(&self.store, tenant, &quotas, (spec.vcpus, spec.memory_mib), 1)?;
@@ -97,16 +104,7 @@ impl Platform {
         self.store.put_sandbox(&record)?;
         self.store.put_operation(&operation, tenant, idempotency_key)?;
         self.changed();
-        self.spawn_actor(
-            &sandbox.id,
-            Some(Job {
-                kind: OperationKind::Create,
-                operation_id: operation.id.clone(),
-                warm,
-                origin: operation.origin,
-            }),
-            None,
-        );
+        self.spawn_actor(&sandbox.id, Some(Job { warm, ..Job::new(&operation) }), None);
         Ok((sandbox, operation))
     }
 
@@ -171,9 +169,7 @@ impl Platform {
         }
         self.store.put_operation(&operation, &tenant, idempotency_key)?;
         self.changed();
-        let job =
-            Job { kind: OperationKind::Fork, operation_id: operation.id.clone(), warm: None, origin: operation.origin };
-        self.queue_job(id, job);
+        self.queue_job(id, Job::new(&operation));
         Ok((forks.into_iter().map(|f| f.sandbox).collect(), operation))
     }
 
@@ -237,7 +233,7 @@ impl Platform {
         }
         self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
-        self.queue_job(id, Job { kind, operation_id: operation.id.clone(), warm: None, origin });
+        self.queue_job(id, Job::new(&operation));
         Ok((record.sandbox, operation))
     }
 
@@ -307,6 +303,20 @@ impl Platform {
         ))
     }
 
+    /// Has the sandbox's actor save its image into `dir` for a snapshot
+    /// template's build (operation `operation_id`), and waits until it has.
+    pub(crate) async fn save_image_of(
+        self: &Arc<Self>,
+        id: &str,
+        operation_id: &str,
+        dir: &std::path::Path,
+    ) -> Result<(), String> {
+        let operation = self.operation(operation_id).map_err(|e| e.message)?;
+        let (reply, done) = tokio::sync::oneshot::channel();
+        self.queue_job(id, Job { save_to: Some((dir.to_path_buf(), reply)), ..Job::new(&operation) });
+        done.await.map_err(|_| "the sandbox went away".to_string())?
+    }
+
     /// Fills every template's warm pool (at start, and as room frees).
     pub(crate) fn fill_warm_pools(self: &Arc<Self>) {
         for template in self.data.templates() {
@@ -316,6 +326,10 @@ impl Platform {
 }
 
 impl WarmHost for Platform {
+    async fn boot(&self, spec: &space_engine::SandboxSpec) -> Result<space_engine::AgentConn, String> {
+        Platform::boot(self, spec).await.map_err(|e| e.to_string())
+    }
+
     fn warm(&self) -> &WarmPools {
         &self.warm
     }

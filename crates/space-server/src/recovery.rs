@@ -223,8 +223,7 @@ impl Platform {
                 }
             }
             tracing::info!(sandbox = %id, operation = %operation.id, kind = ?operation.kind, "carrying out an operation accepted before the restart");
-            let job = Job { kind: operation.kind, operation_id: operation.id, warm: None, origin: operation.origin };
-            self.queue_job(&id, job);
+            self.queue_job(&id, Job::new(&operation));
         }
         self.changed();
         Ok(())

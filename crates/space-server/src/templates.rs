@@ -188,13 +188,26 @@ impl Platform {
         Ok(BuildSlot { platform: self.clone(), name: name.to_string(), owner, tenant: caller.tenant.clone() })
     }
 
-    /// Accepts a Debian template build and runs it in the background.
+    /// Accepts a template build (from Debian packages, or a snapshot
+    /// template from a sandbox or a checkpoint) and runs it in the
+    /// background.
     pub fn build_template(
         self: &Arc<Self>,
         request: CreateTemplateRequest,
         caller: &Caller,
     ) -> Result<(Template, Operation), ApiError> {
-        let debian = &request.from.debian;
+        let from = &request.from;
+        let debian = match (&from.debian, &from.sandbox, &from.checkpoint) {
+            (Some(debian), None, None) => debian,
+            (None, Some(sandbox), None) => return self.snapshot_template(&request, caller, sandbox, None),
+            (None, None, Some(checkpoint)) => {
+                return self.snapshot_template(&request, caller, &checkpoint.sandbox, Some(&checkpoint.name))
+            }
+            _ => {
+                return Err(ApiError::unprocessable("`from` names exactly one of debian, sandbox or checkpoint")
+                    .with_details(serde_json::json!({"field": "from"})))
+            }
+        };
         if debian.packages.is_empty() || debian.packages.len() > 500 {
             return Err(ApiError::unprocessable("give between 1 and 500 packages"));
         }
@@ -226,6 +239,97 @@ impl Platform {
                     apt_cache: Some(platform.data.apt_cache_dir()),
                 };
                 space_host::template::build_debian(&platform.data, &build, &platform.agent_bin, progress)
+            }),
+        )
+    }
+
+    /// Accepts a snapshot template of a running (or paused) sandbox or of
+    /// one of its checkpoints: its sandboxes start from that memory and
+    /// disk, with the source's vCPUs and memory (other defaults may be
+    /// given). From a sandbox, its actor saves the image (the sandbox runs
+    /// on, frozen only for that); from a checkpoint, the image is copied.
+    fn snapshot_template(
+        self: &Arc<Self>,
+        request: &CreateTemplateRequest,
+        caller: &Caller,
+        sandbox_id: &str,
+        checkpoint: Option<&str>,
+    ) -> Result<(Template, Operation), ApiError> {
+        let record = self.sandbox(sandbox_id)?;
+        if record.tenant != caller.tenant && !caller.operator {
+            return Err(ApiError::not_found("sandbox", sandbox_id));
+        }
+        self.can_save_images(&record)?;
+        let given = checked_overrides(request.defaults.clone())?;
+        if given.vcpus.is_some() || given.memory_mib.is_some() {
+            return Err(ApiError::unprocessable("a snapshot template keeps its sandbox's vcpus and memory_mib"));
+        }
+        if request.engine.as_ref().is_some_and(|engine| *engine != record.sandbox.engine) {
+            return Err(ApiError::unprocessable(format!("a snapshot template runs on {}", record.sandbox.engine)));
+        }
+        let image_dir =
+            checkpoint.map(|name| crate::checkpoints::checkpoint_dir(&self.data.sandbox_dir(sandbox_id), name));
+        let session = match (&image_dir, checkpoint) {
+            (Some(dir), Some(name)) => {
+                let meta = crate::checkpoints::read_meta(dir)
+                    .ok_or_else(|| crate::checkpoints::checkpoint_not_found(sandbox_id, name))?;
+                meta.agent_session
+            }
+            _ => {
+                let state = record.sandbox.state;
+                if !matches!(state, space_api::SandboxState::Running | space_api::SandboxState::Paused) {
+                    return Err(ApiError::invalid_state("sandbox", state.as_str(), "make a template of it"));
+                }
+                record.agent_session
+            }
+        };
+        let (Some(agent_session), Some(channel_key)) = (session, record.channel_key.clone()) else {
+            return Err(ApiError::invalid_state("sandbox", record.sandbox.state.as_str(), "make a template of it"));
+        };
+        let version =
+            self.data.templates_dir().join(&record.sandbox.template).join(record.template_version.to_string());
+        let base = TemplateInfo::load(&version).map(|t| t.meta.defaults).unwrap_or_default();
+        // The request's defaults over the source's (its sizes, its
+        // template's env, workdir, user and network).
+        let defaults = given.apply(DefaultsOverride {
+            vcpus: Some(record.sandbox.vcpus),
+            memory_mib: Some(record.sandbox.memory_mib),
+            disk_mib: Some(record.sandbox.disk_mib),
+            env: base.env,
+            workdir: Some(base.workdir),
+            user: Some(base.user),
+            network: base.network,
+        });
+        let source = match checkpoint {
+            Some(name) => serde_json::json!({"checkpoint": {"sandbox": sandbox_id, "name": name}}),
+            None => serde_json::json!({"sandbox": sandbox_id}),
+        };
+        let image = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+        self.check_disk_quota(&caller.tenant, image, "make a snapshot template (it holds the sandbox's memory)")?;
+        let slot = self.reserve_build(&request.name, source.clone(), caller)?;
+        let meta = space_host::template::TemplateMeta {
+            name: request.name.clone(),
+            version: 0,
+            created_at: String::new(),
+            source,
+            defaults,
+            warm_pool: None,
+            owner: slot.owner.clone(),
+            engine: Some(record.sandbox.engine.clone()),
+            image: Some(space_host::template::TemplateImage { agent_session, channel_key }),
+        };
+        let (platform, sandbox_id) = (self.clone(), sandbox_id.to_string());
+        let runtime = tokio::runtime::Handle::current();
+        self.start_build(
+            slot,
+            Box::new(move |_, operation_id, progress| {
+                progress(BuildProgress::step("saving the sandbox's memory and disk", 1));
+                space_host::template::publish_image(&platform.data, meta, |partial| match image_dir {
+                    Some(dir) => crate::checkpoints::copy_image(&dir, partial),
+                    None => runtime
+                        .block_on(platform.save_image_of(&sandbox_id, operation_id, partial))
+                        .map_err(HostError::Invalid),
+                })
             }),
         )
     }

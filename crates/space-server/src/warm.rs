@@ -61,6 +61,9 @@ pub(crate) trait WarmHost: Send + Sync + 'static {
     fn runs(&self, template: &TemplateInfo) -> bool;
     /// Why one more member of `template` may not start now (memory, disk).
     fn no_room_for(&self, template: &TemplateInfo) -> Option<String>;
+    /// Starts a member (booted, or woken from a snapshot template's image)
+    /// and returns its healthy agent; on error nothing of it is left.
+    fn boot(&self, spec: &SandboxSpec) -> impl std::future::Future<Output = Result<AgentConn, String>> + Send;
 }
 
 /// The warm pools of every template on this host.
@@ -85,7 +88,13 @@ impl WarmPools {
         members.iter().filter(|m| (m.template.as_str(), m.version) == (key.0.as_str(), key.1)).count()
     }
 
-    async fn start(&self, dir: PathBuf, id: String, template: &TemplateInfo) -> Result<WarmMember, String> {
+    async fn start<H: WarmHost>(
+        &self,
+        host: &H,
+        dir: PathBuf,
+        id: String,
+        template: &TemplateInfo,
+    ) -> Result<WarmMember, String> {
         let defaults = &template.meta.defaults;
         let spec = SandboxSpec {
             dir,
@@ -101,17 +110,12 @@ impl WarmPools {
             trust_pem: None,
             id,
         };
-        let started = self.engine.create(&spec).await.map_err(|e| e.to_string())?;
+        let agent = host.boot(&spec).await?;
         if let Err(err) = self.engine.pause(&spec).await {
             let _ = self.engine.destroy(&spec).await;
             return Err(err.to_string());
         }
-        Ok(WarmMember {
-            spec,
-            agent: started.agent,
-            template: template.meta.name.clone(),
-            version: template.meta.version,
-        })
+        Ok(WarmMember { spec, agent, template: template.meta.name.clone(), version: template.meta.version })
     }
 
     /// Destroys every member and starts no more (on shutdown; a restart
@@ -201,7 +205,7 @@ pub(crate) fn refill<H: WarmHost>(host: &Arc<H>, template: TemplateInfo) {
                 break;
             }
             let id = ids::new_id("sbx");
-            match pools.start(host.sandbox_dir(&id), id, &template).await {
+            match pools.start(host.as_ref(), host.sandbox_dir(&id), id, &template).await {
                 // Drained meanwhile (shutdown, or the version was deleted):
                 // nobody would ever destroy this member.
                 Ok(member) if pools.closed.load(Ordering::Relaxed) || !template.dir.exists() => {

@@ -308,3 +308,112 @@ fn a_checkpoint_brings_back_memory_files_and_running_commands() {
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
     assert!(!data.data.sandbox_dir(&id).exists(), "checkpoints go with their sandbox");
 }
+
+/// A server in the sandbox that imported modules once: it answers a
+/// module's name with its random token and whether the module is loaded.
+const IMPORTER: &str = "nohup python3 -c '
+import os, socket, sys
+import decimal, sqlite3, xml.dom.minidom, email.mime.multipart
+token = os.urandom(8).hex()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((\"127.0.0.1\", 7000))
+s.listen()
+while True:
+    c, _ = s.accept()
+    name = c.recv(100).decode().strip()
+    c.sendall(f\"{token} {name in sys.modules}\\n\".encode())
+    c.close()
+' >/dev/null 2>&1 &";
+
+/// Asks the importer whether `module` is loaded: `(token, loaded)`.
+fn loaded(server: &TestServer, id: &str, module: &str) -> (String, bool) {
+    let ask = format!(
+        "import socket, time\nfor i in range(100):\n    try:\n        c = socket.create_connection(('127.0.0.1', 7000))\n        break\n    except OSError:\n        time.sleep(0.1)\nc.sendall(b'{module}')\nprint(c.recv(100).decode().strip())"
+    );
+    let answer = server.exec(id, json!({"argv": ["python3", "-c", ask]}));
+    let text = answer["stdout"].as_str().unwrap_or_default().to_string();
+    let (token, loaded) = text.split_once(' ').unwrap_or_else(|| panic!("no answer: {answer}"));
+    (token.to_string(), loaded.trim() == "True")
+}
+
+fn template_from(server: &TestServer, name: &str, from: Value) -> Value {
+    let (status, accepted) = server.call("POST", "/v1/templates", Some(json!({"name": name, "from": from})));
+    assert_eq!(status, 202, "{accepted}");
+    server.wait_operation(accepted["operation"]["id"].as_str().unwrap())
+}
+
+#[test]
+fn a_snapshot_template_starts_sandboxes_from_a_running_state() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let source = server.create_sandbox(json!({"template": "base", "memory_mib": 512, "env": {"WHO": "source"}}));
+    server.exec(&source, json!({"cmd": IMPORTER}));
+    let (token, decimal) = loaded(&server, &source, "decimal");
+    assert!(decimal);
+    assert!(!loaded(&server, &source, "tkinter").1, "the check can tell");
+    server.exec(&source, json!({"cmd": "echo prepared > /root/prepared.txt"}));
+
+    // Bad requests change nothing.
+    let bad = |body: Value, status: u16, code: &str| server.error("POST", "/v1/templates", Some(body), status, code);
+    bad(json!({"name": "x", "from": {"sandbox": source, "debian": {"packages": ["jq"]}}}), 422, "invalid_value");
+    bad(json!({"name": "x", "from": {}}), 422, "invalid_value");
+    bad(json!({"name": "x", "from": {"sandbox": source}, "defaults": {"memory_mib": 1024}}), 422, "invalid_value");
+    bad(json!({"name": "x", "from": {"sandbox": "sbx_00000000000000000000"}}), 404, "not_found");
+    bad(json!({"name": "x", "from": {"checkpoint": {"sandbox": source, "name": "nope"}}}), 404, "checkpoint_not_found");
+
+    let built = template_from(&server, "warmed", json!({"sandbox": source}));
+    assert_eq!(built["state"], "succeeded", "{built}");
+    let template = server.ok("GET", "/v1/templates/warmed", None);
+    assert_eq!(template["source"], json!({"sandbox": source}), "{template}");
+    assert_eq!(template["defaults"]["memory_mib"], 512, "{template}");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{source}"), None)["state"], "running");
+    assert_eq!(loaded(&server, &source, "decimal"), (token.clone(), true), "the source runs on");
+
+    // Sandboxes of it wake with the module already imported, each itself.
+    let first = server.create_sandbox(json!({"template": "warmed", "env": {"WHO": "first"}}));
+    let second = server.create_sandbox(json!({"template": "warmed"}));
+    for id in [&first, &second] {
+        assert_eq!(loaded(&server, id, "decimal"), (token.clone(), true), "{id}");
+        assert_eq!(loaded(&server, id, "sqlite3"), (token.clone(), true), "{id}");
+        assert_eq!(stdout(&server, id, "cat /root/prepared.txt"), "prepared\n");
+        assert_eq!(stdout(&server, id, "hostname"), format!("sbx-{}\n", &id[4..]));
+    }
+    assert_eq!(stdout(&server, &first, "echo $WHO"), "first\n");
+    server.exec(&first, json!({"cmd": "echo mine > /root/mine.txt"}));
+    assert_ne!(server.exec(&second, json!({"argv": ["cat", "/root/mine.txt"]}))["result"]["exit_code"], 0);
+    let entropy = |server: &TestServer, id: &str| stdout(server, id, "head -c 16 /dev/urandom | od -An -tx1");
+    assert_ne!(entropy(&server, &first), entropy(&server, &second));
+    server.error(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "warmed", "memory_mib": 1024})),
+        422,
+        "invalid_value",
+    );
+
+    // From a checkpoint, too; and through the warm pool.
+    let (status, accepted) =
+        server.call("POST", &format!("/v1/sandboxes/{source}/checkpoints"), Some(json!({"name": "ready"})));
+    assert_eq!(status, 202, "{accepted}");
+    server.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+    let built = template_from(&server, "fromcheckpoint", json!({"checkpoint": {"sandbox": source, "name": "ready"}}));
+    assert_eq!(built["state"], "succeeded", "{built}");
+    let third = server.create_sandbox(json!({"template": "fromcheckpoint"}));
+    assert_eq!(loaded(&server, &third, "xml.dom.minidom"), (token.clone(), true));
+    server.stop();
+    let mut config = common::platform_config(&data);
+    config.warm_pool = 1;
+    let server = TestServer::start_with(config);
+    // Each template's pool: base, warmed and fromcheckpoint.
+    wait_until("the warm pools to fill", PATIENCE, || server.platform.warm.count() == 3);
+    let hits = server.platform.metrics.warm_hits.get();
+    let warm = server.create_sandbox(json!({"template": "warmed"}));
+    assert_eq!(server.platform.metrics.warm_hits.get(), hits + 1, "served from the warm pool");
+    assert_eq!(loaded(&server, &warm, "email.mime.multipart"), (token.clone(), true));
+    assert_eq!(stdout(&server, &warm, "hostname"), format!("sbx-{}\n", &warm[4..]));
+    assert_ne!(entropy(&server, &warm), entropy(&server, &first));
+    for id in [&warm, &first, &second, &third, &source] {
+        assert_eq!(server.delete_sandbox(id)["state"], "succeeded");
+    }
+}

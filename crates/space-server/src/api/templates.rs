@@ -44,11 +44,14 @@ pub struct ImportQuery {
 pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
 
 #[utoipa::path(post, path = "/v1/templates", tag = "templates", params(ImportQuery),
-    request_body(description = "JSON to build from Debian packages, or an OCI image archive (`docker save` \
-        output or an OCI image layout in a tar, optionally gzip-compressed) with `?name=`",
+    request_body(description = "JSON to build from Debian packages or to make a snapshot template of a sandbox \
+        or a checkpoint, or an OCI image archive (`docker save` output or an OCI image layout in a tar, \
+        optionally gzip-compressed) with `?name=`",
         content((CreateTemplateRequest = "application/json"), (Vec<u8> = "application/x-tar"))),
     responses((status = 202, description = "Accepted; follow the build operation", body = TemplateOperation),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, description = "A snapshot template's sandbox or checkpoint is not there", body = ErrorBody),
+        (status = 409, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, description = "The tenant's disk quota is used up", body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
