@@ -452,6 +452,42 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     assert_eq!(other.call("GET", &format!("/v1/sandboxes/{id}"), None).0, 404);
     assert_eq!(other.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"}))).0, 404);
     assert_eq!(Api { url: first.clone(), key: "wrong".into() }.call("GET", "/v1/sandboxes", None).0, 401);
+    // A fork through one replica is a sandbox of the cluster's, on its
+    // source's node and reachable through the other; a checkpoint, and a
+    // snapshot template (made and kept on that node), work through the
+    // control plane too.
+    let (id, _) = &sandboxes[1];
+    a.ok("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "echo forked > /root/fork.txt"})));
+    let forked = a.ok("POST", &format!("/v1/sandboxes/{id}/fork"), Some(json!({"count": 2})));
+    assert_eq!(a.wait_operation(forked["operation"]["id"].as_str().unwrap())["state"], "succeeded", "{forked}");
+    let mut extras: Vec<String> =
+        forked["sandboxes"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
+    for fork in &extras {
+        let ran = b.ok("POST", &format!("/v1/sandboxes/{fork}/exec"), Some(json!({"cmd": "cat /root/fork.txt"})));
+        assert_eq!(ran["stdout"], "forked\n", "{ran}");
+    }
+    let saved = b.ok("POST", &format!("/v1/sandboxes/{id}/checkpoints"), Some(json!({"name": "c1"})));
+    assert_eq!(b.wait_operation(saved["operation"]["id"].as_str().unwrap())["state"], "succeeded", "{saved}");
+    let listed = a.ok("GET", &format!("/v1/sandboxes/{id}/checkpoints"), None);
+    assert_eq!(listed["checkpoints"][0]["name"], "c1", "{listed}");
+    let built = a.ok("POST", "/v1/templates", Some(json!({"name": "snap", "from": {"sandbox": id}})));
+    assert_eq!(a.wait_operation(built["operation"]["id"].as_str().unwrap())["state"], "succeeded", "{built}");
+    // Placed once its node has reported it (every 2 s).
+    let made = wait_for("a sandbox of the snapshot template", Duration::from_secs(30), || {
+        let (status, made, _) = b.call("POST", "/v1/sandboxes", Some(json!({"template": "snap"})));
+        (status == 202).then_some(made)
+    });
+    assert_eq!(b.wait_operation(made["operation"]["id"].as_str().unwrap())["state"], "succeeded", "{made}");
+    extras.push(made["sandbox"]["id"].as_str().unwrap().to_string());
+    let ran = a.ok("POST", &format!("/v1/sandboxes/{}/exec", extras[2]), Some(json!({"cmd": "cat /root/fork.txt"})));
+    assert_eq!(ran["stdout"], "forked\n", "{ran}");
+    for extra in &extras {
+        let gone = a.ok("DELETE", &format!("/v1/sandboxes/{extra}"), None);
+        assert_eq!(a.wait_operation(gone["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    }
+    let (status, deleted, _) = a.call("DELETE", "/v1/templates/snap", None);
+    assert_eq!(status, 204, "{deleted}");
+
     // Quotas hold across nodes and replicas, and a deleted sandbox gives
     // its room back.
     let through_first = Api { url: first.clone(), key: other.key.clone() };

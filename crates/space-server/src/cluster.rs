@@ -50,6 +50,9 @@ pub struct NodeReport {
     /// Templates whose sandboxes must run on one engine, and that engine.
     #[serde(default)]
     pub pinned: std::collections::BTreeMap<String, String>,
+    /// Snapshot templates it holds: they stay here (never spread).
+    #[serde(default)]
+    pub local: Vec<String>,
 }
 
 impl NodeReport {
@@ -90,6 +93,7 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
             .map(|engines| engines.iter().filter(|e| e.available).map(|e| e.name.to_string()).collect())
             .unwrap_or_default(),
         pinned: templates.iter().filter_map(|t| Some((t.meta.name.clone(), t.meta.engine.clone()?))).collect(),
+        local: templates.iter().filter(|t| t.meta.image.is_some()).map(|t| t.meta.name.clone()).collect(),
     }
 }
 
@@ -574,7 +578,10 @@ async fn read_answer(response: Response) -> Result<(Response, Option<serde_json:
 
 /// Records a lifecycle answer's operation (and the sandbox as it is).
 fn record(cp: &ControlPlane, node: &str, caller: &Caller, answer: &serde_json::Value) -> Result<(), ApiError> {
-    if let Some(sandbox) = answer.get("sandbox").filter(|s| s.is_object()) {
+    // A lifecycle answer's sandbox, or a fork's new sandboxes (on the
+    // source's node).
+    let forks = answer.get("sandboxes").and_then(|s| s.as_array()).cloned().unwrap_or_default();
+    for sandbox in answer.get("sandbox").filter(|s| s.is_object()).into_iter().chain(&forks) {
         let id = sandbox["id"].as_str().unwrap_or_default();
         cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
     }
@@ -593,11 +600,12 @@ fn check_quotas(
     quotas: &crate::store::Quotas,
     nodes: &[Node],
     wanted: &serde_json::Value,
+    count: u32,
 ) -> Result<(), ApiError> {
     if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
         return Ok(());
     }
-    let held: Vec<(u64, u64)> = cp
+    let mut held: Vec<(u64, u64)> = cp
         .store
         .placements(&caller.tenant)?
         .iter()
@@ -609,6 +617,8 @@ fn check_quotas(
         .map(|(_, s)| (s["vcpus"].as_u64().unwrap_or(0), s["memory_mib"].as_u64().unwrap_or(0)))
         .collect();
     let wanted = (wanted["vcpus"].as_u64().unwrap_or(1), wanted["memory_mib"].as_u64().unwrap_or(512));
+    // All but the last of several count as held when the last is checked.
+    held.extend(std::iter::repeat_n(wanted, count.saturating_sub(1) as usize));
     crate::tenants::check_held(&caller.tenant, quotas, &held, wanted)
 }
 
@@ -702,7 +712,7 @@ async fn place(
     let memory = wanted["memory_mib"].as_u64().unwrap_or(512);
     let quotas = cp.store.tenant_quotas(&caller.tenant)?;
     let nodes = nodes(cp)?;
-    check_quotas(cp, caller, &quotas, &nodes, wanted)?;
+    check_quotas(cp, caller, &quotas, &nodes, wanted, 1)?;
     let anywhere = nodes.iter().any(|n| n.report.templates.contains(&template));
     // A template built to run on one engine goes to a node that has it.
     let engine = nodes.iter().find_map(|n| n.report.pinned.get(&template)).cloned();
@@ -792,8 +802,23 @@ async fn sandbox_request(
             return Err(ApiError::invalid_state("sandbox", "failed", "use it (its node is lost)"));
         }
     };
-    // A suspend writes a snapshot the tenant's disk quota counts.
-    if request.method() == Method::POST && request.uri().path().ends_with("/suspend") {
+    // A suspend, a checkpoint or a fork writes what the tenant's disk quota
+    // counts; forks count against its other quotas too, cluster-wide.
+    let path = request.uri().path().trim_end_matches('/').to_string();
+    if request.method() == Method::POST && path.ends_with("/fork") {
+        let (parts, body) = request.into_parts();
+        let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+            .await
+            .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
+        let count = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|body| body["count"].as_u64())
+            .map_or(1, |count| count.clamp(1, u64::from(space_api::MAX_FORKS)) as u32);
+        let source: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
+        check_quotas(cp, caller, &cp.store.tenant_quotas(&caller.tenant)?, &nodes(cp)?, &source, count)?;
+        request = Request::from_parts(parts, Body::from(bytes));
+    }
+    if request.method() == Method::POST && ["/suspend", "/fork", "/checkpoints"].iter().any(|end| path.ends_with(end)) {
         let max_disk_mib = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib;
         request.extensions_mut().insert(disk_allowance(cp, caller, max_disk_mib, &node.id).await?);
     }
@@ -900,15 +925,37 @@ async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response, ApiError>
 
 /// A template build (or image import) goes to the live node with the most
 /// memory left; the others pull it once it is there.
-async fn build(cp: &ControlPlane, caller: &Caller, mut request: Request) -> Result<Response, ApiError> {
-    let node = nodes(cp)?
-        .into_iter()
-        .filter(|n| n.alive)
-        .max_by_key(|n| n.report.capacity_mib as i64 - n.report.promised_mib as i64)
-        .ok_or_else(|| ApiError::unavailable("no live node to build on"))?;
+async fn build(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
+    let (mut parts, body) = request.into_parts();
+    // A JSON body is read to find a snapshot template's sandbox; an image
+    // archive streams on untouched.
+    let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let (body, source) = if json {
+        let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+            .await
+            .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
+        let from = serde_json::from_slice::<serde_json::Value>(&bytes).ok().map(|b| b["from"].clone());
+        let source = from.and_then(|f| f["sandbox"].as_str().or(f["checkpoint"]["sandbox"].as_str()).map(String::from));
+        (Body::from(bytes), source)
+    } else {
+        (body, None)
+    };
+    // A snapshot template is made on its sandbox's node (and stays there).
+    let node = match source {
+        Some(id) => {
+            let placement = cp.store.placement(&id)?.filter(|p| p.tenant == caller.tenant);
+            live_node(cp, &placement.ok_or_else(|| ApiError::not_found("sandbox", &id))?.node_id)?
+        }
+        None => nodes(cp)?
+            .into_iter()
+            .filter(|n| n.alive)
+            .max_by_key(|n| n.report.capacity_mib as i64 - n.report.promised_mib as i64)
+            .map(|n| n.row)
+            .ok_or_else(|| ApiError::unavailable("no live node to build on"))?,
+    };
     let max_disk_mib = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib;
-    request.extensions_mut().insert(disk_allowance(cp, caller, max_disk_mib, &node.row.id).await?);
-    forward_recording(cp, caller, node.row, request).await
+    parts.extensions.insert(disk_allowance(cp, caller, max_disk_mib, &node.id).await?);
+    forward_recording(cp, caller, node, Request::from_parts(parts, body)).await
 }
 
 /// `GET /v1/templates/{name}` answers from a live node that has it;
@@ -1491,7 +1538,8 @@ async fn replicate_once(cp: &ControlPlane) -> Result<(), ApiError> {
     let live: Vec<Node> = nodes(cp)?.into_iter().filter(|n| n.alive).collect();
     for node in &live {
         for source in &live {
-            for name in source.report.templates.iter().filter(|t| !node.report.templates.contains(t)) {
+            let spread = source.report.templates.iter().filter(|t| !source.report.local.contains(t));
+            for name in spread.filter(|t| !node.report.templates.contains(t)) {
                 if !cp.store.claim_template_pull(&node.row.id, name, now_ms(), PULL_PATIENCE.as_millis() as i64)? {
                     continue;
                 }
@@ -1527,6 +1575,7 @@ mod tests {
             secrets_epoch: 0,
             engines: engines.iter().map(|e| e.to_string()).collect(),
             pinned: Default::default(),
+            local: vec![],
         }
     }
 
