@@ -700,6 +700,46 @@ enum SandboxCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Fork a running sandbox (memory, processes, disk at one instant) and
+    /// wait until the forks run; prints their ids.
+    Fork {
+        id: String,
+        /// How many forks (1 to 16).
+        #[arg(short = 'n', long, default_value_t = 1)]
+        count: u32,
+        /// Label of the forks, key=value (repeatable; over the source's).
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Save a checkpoint of a running sandbox (it runs on) and wait.
+    Checkpoint {
+        id: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List a sandbox's checkpoints.
+    Checkpoints {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Roll a sandbox back to one of its checkpoints and wait until it runs.
+    Restore {
+        id: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete one of a sandbox's checkpoints.
+    RmCheckpoint {
+        id: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]
@@ -765,6 +805,19 @@ enum TemplateCommand {
         data_dir: PathBuf,
         #[command(flatten)]
         engine: EngineArgs,
+    },
+    /// Make a snapshot template of a running sandbox (or of one of its
+    /// checkpoints): its sandboxes start from that state instead of booting.
+    FromSandbox {
+        /// The new template's name.
+        name: String,
+        /// The sandbox.
+        sandbox: String,
+        /// One of the sandbox's checkpoints, instead of its state now.
+        #[arg(long)]
+        checkpoint: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// List templates.
     Ls {
@@ -1259,17 +1312,59 @@ fn sandbox(command: SandboxCommand) -> Result<()> {
             finish_lifecycle(&client, &accepted, "resume")?;
             eprintln!("resumed {id}");
         }
+        SandboxCommand::Fork { id, count, labels, client } => {
+            let client = client.client()?;
+            let labels: std::collections::BTreeMap<_, _> = labels.into_iter().collect();
+            let body = serde_json::json!({"count": count, "labels": labels});
+            let accepted = client.post(&format!("/v1/sandboxes/{id}/fork"), &body)?;
+            let operation = finish_lifecycle(&client, &accepted, "fork")?;
+            eprintln!("forked {id} (frozen {} ms)", operation["frozen_ms"]);
+            for fork in accepted["sandboxes"].as_array().into_iter().flatten() {
+                println!("{}", fork["id"].as_str().unwrap_or_default());
+            }
+        }
+        SandboxCommand::Checkpoint { id, name, client } => {
+            let client = client.client()?;
+            let body = serde_json::json!({"name": name});
+            let accepted = client.post(&format!("/v1/sandboxes/{id}/checkpoints"), &body)?;
+            let operation = finish_lifecycle(&client, &accepted, "checkpoint")?;
+            eprintln!("checkpoint {name} of {id} saved (frozen {} ms)", operation["frozen_ms"]);
+        }
+        SandboxCommand::Checkpoints { id, client } => {
+            let list = client.client()?.get(&format!("/v1/sandboxes/{id}/checkpoints"))?;
+            println!("{:<24} {:>10} {:<9} CREATED", "NAME", "SIZE_MIB", "COMMANDS");
+            for c in list["checkpoints"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:>10} {:<9} {}",
+                    c["name"].as_str().unwrap_or(""),
+                    c["size_bytes"].as_u64().unwrap_or(0).div_ceil(1 << 20),
+                    c["commands"].as_array().map_or(0, Vec::len),
+                    c["created_at"].as_str().unwrap_or("")
+                );
+            }
+        }
+        SandboxCommand::Restore { id, name, client } => {
+            let client = client.client()?;
+            let accepted =
+                client.post(&format!("/v1/sandboxes/{id}/checkpoints/{name}/restore"), &serde_json::json!({}))?;
+            finish_lifecycle(&client, &accepted, "restore")?;
+            eprintln!("{id} rolled back to checkpoint {name}");
+        }
+        SandboxCommand::RmCheckpoint { id, name, client } => {
+            client.client()?.delete_empty(&format!("/v1/sandboxes/{id}/checkpoints/{name}"))?;
+            eprintln!("deleted checkpoint {name} of {id}");
+        }
     }
     Ok(())
 }
 
 /// Waits for the operation a lifecycle call started; its failure is ours.
-fn finish_lifecycle(client: &client::Client, accepted: &serde_json::Value, what: &str) -> Result<()> {
+fn finish_lifecycle(client: &client::Client, accepted: &serde_json::Value, what: &str) -> Result<serde_json::Value> {
     let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
     if operation["state"] != "succeeded" {
         bail!("{what} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
     }
-    Ok(())
+    Ok(operation)
 }
 
 fn exec(args: ExecArgs) -> Result<i32> {
@@ -1382,6 +1477,16 @@ fn template(command: TemplateCommand) -> Result<()> {
                     eprintln!("import: {}", p.step)
                 })?;
             eprintln!("template {name}: version {}", template.meta.version);
+        }
+        TemplateCommand::FromSandbox { name, sandbox, checkpoint, client } => {
+            let client = client.client()?;
+            let from = match checkpoint {
+                Some(checkpoint) => serde_json::json!({"checkpoint": {"sandbox": sandbox, "name": checkpoint}}),
+                None => serde_json::json!({"sandbox": sandbox}),
+            };
+            let accepted = client.post("/v1/templates", &serde_json::json!({"name": name, "from": from}))?;
+            finish_lifecycle(&client, &accepted, "the snapshot template")?;
+            eprintln!("template {name}: ready");
         }
         TemplateCommand::Ls { client } => {
             let list = client.client()?.get("/v1/templates")?;

@@ -17,6 +17,9 @@ fn tools() -> Value {
     let id = json!({"type": "string", "description": "The sandbox id (sbx_…)"});
     let env = json!({"type": "object", "additionalProperties": {"type": "string"}});
     let only_id = json!({"type": "object", "properties": {"sandbox_id": id}, "required": ["sandbox_id"], "additionalProperties": false});
+    let checkpoint = json!({"type": "object", "properties": {
+            "sandbox_id": id, "name": {"type": "string", "description": "Checkpoint name: a-z, 0-9, - and _"}},
+        "required": ["sandbox_id", "name"], "additionalProperties": false});
     json!([
         {"name": "create_sandbox",
          "description": "Create an isolated Linux sandbox and wait until it runs. Returns the sandbox.",
@@ -63,6 +66,17 @@ fn tools() -> Value {
         {"name": "resume_sandbox", "description": "Resume a paused or suspended sandbox.", "inputSchema": only_id},
         {"name": "suspend_sandbox", "description": "Snapshot a sandbox to disk and stop it.", "inputSchema": only_id},
         {"name": "delete_sandbox", "description": "Delete a sandbox and everything it holds.", "inputSchema": only_id},
+        {"name": "fork_sandbox",
+         "description": "Copy a running sandbox (memory, running processes, files) at one instant into new sandboxes, to try several things from the same state. Returns the forks' ids.",
+         "inputSchema": {"type": "object", "properties": {
+             "sandbox_id": id, "count": {"type": "integer", "minimum": 1, "maximum": 16, "description": "Default 1"}},
+          "required": ["sandbox_id"], "additionalProperties": false}},
+        {"name": "checkpoint_sandbox",
+         "description": "Save a named checkpoint of a running sandbox (memory, processes, files) without stopping it, to roll back to later.",
+         "inputSchema": checkpoint},
+        {"name": "restore_checkpoint",
+         "description": "Roll a sandbox back to one of its checkpoints: memory, processes and files as they were then.",
+         "inputSchema": checkpoint},
     ])
 }
 
@@ -185,6 +199,25 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
                 _ => "deleted",
             };
             Ok(text(&format!("{id} {past}")))
+        }
+        "fork_sandbox" => {
+            let id = string(args, "sandbox_id")?;
+            let body = json!({"count": args["count"].as_u64().unwrap_or(1)});
+            let accepted = client.post(&format!("/v1/sandboxes/{}/fork", encode(id)), &body).map_err(e)?;
+            finish(client, &accepted)?;
+            let forks: Vec<Value> =
+                accepted["sandboxes"].as_array().into_iter().flatten().map(|s| s["id"].clone()).collect();
+            Ok(text(&serde_json::to_string_pretty(&json!({"forks": forks})).unwrap_or_default()))
+        }
+        "checkpoint_sandbox" | "restore_checkpoint" => {
+            let (id, checkpoint) = (encode(string(args, "sandbox_id")?), string(args, "name")?);
+            let (path, body) = match name {
+                "checkpoint_sandbox" => (format!("/v1/sandboxes/{id}/checkpoints"), json!({"name": checkpoint})),
+                _ => (format!("/v1/sandboxes/{id}/checkpoints/{}/restore", encode(checkpoint)), json!({})),
+            };
+            finish(client, &client.post(&path, &body).map_err(e)?)?;
+            let done = if name == "checkpoint_sandbox" { "saved" } else { "restored" };
+            Ok(text(&format!("checkpoint {checkpoint} {done}")))
         }
         other => Err(format!("no tool {other:?}")),
     }

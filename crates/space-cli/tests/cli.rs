@@ -314,6 +314,64 @@ fn sigkill_of_the_server_loses_nothing() {
     stop(server);
 }
 
+/// The text a successful `space` call printed.
+fn printed(out: Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cut_short() {
+    let data = TestDataDir::new();
+    let (server, url) = serve(&data);
+    let id = printed(space(&data, &url, &["sandbox", "create", "--quiet"])).trim().to_string();
+    printed(space(&data, &url, &["exec", &id, "--", "sh", "-c", "echo one > /root/n"]));
+    let forks = printed(space(&data, &url, &["sandbox", "fork", &id, "-n", "2", "--label", "kind=fork"]));
+    let forks: Vec<&str> = forks.lines().collect();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    for fork in &forks {
+        assert_eq!(printed(space(&data, &url, &["exec", fork, "--", "cat", "/root/n"])), "one\n");
+        assert!(printed(space(&data, &url, &["sandbox", "get", fork])).contains(&format!("\"forked_from\": \"{id}\"")));
+    }
+    printed(space(&data, &url, &["sandbox", "checkpoint", &id, "first"]));
+    assert!(printed(space(&data, &url, &["sandbox", "checkpoints", &id])).contains("first"));
+    printed(space(&data, &url, &["exec", &id, "--", "sh", "-c", "echo two > /root/n"]));
+    printed(space(&data, &url, &["sandbox", "restore", &id, "first"]));
+    assert_eq!(printed(space(&data, &url, &["exec", &id, "--", "cat", "/root/n"])), "one\n");
+    printed(space(&data, &url, &["template", "from-sandbox", "snap", &id, "--checkpoint", "first"]));
+    let child = printed(space(&data, &url, &["sandbox", "create", "--template", "snap", "--quiet"])).trim().to_string();
+    assert_eq!(printed(space(&data, &url, &["exec", &child, "--", "cat", "/root/n"])), "one\n");
+    printed(space(&data, &url, &["sandbox", "rm-checkpoint", &id, "first"]));
+    let refused = space(&data, &url, &["sandbox", "restore", &id, "first"]);
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("checkpoint_not_found"));
+
+    // A fork accepted (202) and then the server SIGKILLed: the restarted
+    // server makes it, whatever it had done.
+    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let accepted: serde_json::Value = ureq::post(&format!("{url}/v1/sandboxes/{id}/fork"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .send_json(serde_json::json!({"count": 3}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some());
+    let (server, url) = serve(&data);
+    let operation = accepted["operation"]["id"].as_str().unwrap();
+    let waited = printed(space(&data, &url, &["op", "wait", operation]));
+    assert!(waited.contains("\"succeeded\""), "{waited}");
+    for fork in accepted["sandboxes"].as_array().unwrap() {
+        let fork = fork["id"].as_str().unwrap();
+        assert_eq!(printed(space(&data, &url, &["exec", fork, "--", "cat", "/root/n"])), "one\n");
+        printed(space(&data, &url, &["sandbox", "rm", fork]));
+    }
+    for sandbox in forks.iter().copied().chain([child.as_str(), id.as_str()]) {
+        printed(space(&data, &url, &["sandbox", "rm", sandbox]));
+    }
+    printed(space(&data, &url, &["template", "rm", "snap"]));
+    stop(server);
+}
+
 fn run(program: &str, args: &[&str]) -> Output {
     Reaper::global().output(Command::new(program).args(args)).unwrap()
 }
@@ -454,6 +512,9 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
         "resume_sandbox",
         "suspend_sandbox",
         "delete_sandbox",
+        "fork_sandbox",
+        "checkpoint_sandbox",
+        "restore_checkpoint",
     ] {
         assert!(names.contains(&expected), "{expected} in {names:?}");
     }
@@ -510,6 +571,30 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
         );
         page["result"]["content"][0]["text"] == "HTTP 200\nnoted"
     });
+    // A checkpoint to roll back to, and forks to try things in.
+    let call = |ask: &mut dyn FnMut(u64, &str, serde_json::Value) -> serde_json::Value, n: u64, tool: &str, args| {
+        let answer = ask(n, "tools/call", serde_json::json!({"name": tool, "arguments": args}));
+        assert_eq!(answer["result"]["isError"], false, "{answer}");
+        answer["result"]["content"][0]["text"].as_str().unwrap().to_string()
+    };
+    call(&mut ask, 30, "checkpoint_sandbox", serde_json::json!({"sandbox_id": id, "name": "noted"}));
+    call(&mut ask, 31, "run_command", serde_json::json!({"sandbox_id": id, "command": "rm /root/mcp/note.txt"}));
+    call(&mut ask, 32, "restore_checkpoint", serde_json::json!({"sandbox_id": id, "name": "noted"}));
+    let read = call(&mut ask, 33, "read_file", serde_json::json!({"sandbox_id": id, "path": "/root/mcp/note.txt"}));
+    assert_eq!(read, "noted");
+    let forked = call(&mut ask, 34, "fork_sandbox", serde_json::json!({"sandbox_id": id, "count": 2}));
+    let forks: serde_json::Value = serde_json::from_str(&forked).unwrap();
+    assert_eq!(forks["forks"].as_array().map(Vec::len), Some(2), "{forks}");
+    for (n, fork) in forks["forks"].as_array().unwrap().iter().enumerate() {
+        let read = call(
+            &mut ask,
+            40 + n as u64,
+            "read_file",
+            serde_json::json!({"sandbox_id": fork, "path": "/root/mcp/note.txt"}),
+        );
+        assert_eq!(read, "noted");
+        call(&mut ask, 50 + n as u64, "delete_sandbox", serde_json::json!({"sandbox_id": fork}));
+    }
     // Errors are tool errors, not crashes.
     let missing = ask(
         7,

@@ -6,7 +6,8 @@ import threading
 import time
 import unittest
 
-from space_sdk import AsyncSandbox, Client, ConflictError, InvalidRequestError, NotFoundError, Sandbox, SpaceError
+from space_sdk import (AsyncSandbox, AsyncTemplate, Client, ConflictError, InvalidRequestError, NotFoundError, Sandbox,
+                       SpaceError, Template)
 
 
 class SyncSdk(unittest.TestCase):
@@ -153,6 +154,66 @@ class SyncSdk(unittest.TestCase):
         self.assertEqual(raised.exception.code, "template_not_found")
         with self.assertRaises(SpaceError):
             Sandbox.create(memory_mib=1)
+
+
+class SnapshotsSdk(unittest.TestCase):
+    def test_forks_checkpoints_and_snapshot_templates(self):
+        sbx = Sandbox.create(template="base")
+        forks = []
+        try:
+            sbx.commands.run("echo 1 > /root/n")
+            forks = sbx.fork(2, labels={"kind": "fork"})
+            self.assertEqual(len(forks), 2)
+            for i, fork in enumerate(forks):
+                self.assertEqual(fork.info["state"], "running")
+                self.assertEqual(fork.info["forked_from"], sbx.id)
+                self.assertEqual(fork.info["labels"]["kind"], "fork")
+                fork.commands.run(f"echo fork{i} > /root/n")
+            self.assertEqual(sbx.commands.run("cat /root/n").stdout, "1\n")
+            self.assertEqual([f.commands.run("cat /root/n").stdout for f in forks], ["fork0\n", "fork1\n"])
+
+            self.assertEqual(sbx.checkpoint("start")["kind"], "checkpoint")
+            self.assertEqual([c["name"] for c in sbx.checkpoints()], ["start"])
+            with self.assertRaises(ConflictError):
+                sbx.checkpoint("start")
+            sbx.commands.run("echo 2 > /root/n")
+            self.assertEqual(sbx.restore("start")["kind"], "restore_checkpoint")
+            self.assertEqual(sbx.commands.run("cat /root/n").stdout, "1\n")
+            with self.assertRaises(NotFoundError):
+                sbx.restore("nope")
+
+            template = Template.from_sandbox("sdk-snapshot", sbx, checkpoint="start")
+            self.assertEqual(template["source"], {"checkpoint": {"sandbox": sbx.id, "name": "start"}})
+            with Sandbox.create(template="sdk-snapshot") as child:
+                self.assertEqual(child.commands.run("cat /root/n").stdout, "1\n")
+            Template.delete("sdk-snapshot")
+            sbx.delete_checkpoint("start")
+            self.assertEqual(sbx.checkpoints(), [])
+        finally:
+            for fork in forks:
+                fork.delete()
+            sbx.delete()
+
+    def test_the_same_with_await(self):
+        async def scenario():
+            async with await AsyncSandbox.create() as sbx:
+                await sbx.commands.run("echo async > /root/n")
+                [fork] = await sbx.fork()
+                self.assertEqual((await fork.commands.run("cat /root/n")).stdout, "async\n")
+                await fork.delete()
+                await sbx.checkpoint("a")
+                self.assertEqual([c["name"] for c in await sbx.checkpoints()], ["a"])
+                await sbx.commands.run("rm /root/n")
+                await sbx.restore("a")
+                self.assertEqual((await sbx.commands.run("cat /root/n")).stdout, "async\n")
+                template = await AsyncTemplate.from_sandbox("sdk-async-snapshot", sbx)
+                self.assertEqual(template["source"], {"sandbox": sbx.id})
+                async with await AsyncSandbox.create(template="sdk-async-snapshot") as child:
+                    self.assertEqual((await child.commands.run("cat /root/n")).stdout, "async\n")
+                await sbx.client.request("DELETE", "/v1/templates/sdk-async-snapshot")
+            await sbx.client.aclose()
+
+        asyncio.run(scenario())
 
 
 class AsyncSdk(unittest.TestCase):

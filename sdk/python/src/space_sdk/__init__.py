@@ -3,15 +3,15 @@
 `SPACE_URL` and `SPACE_API_KEY` say where the server is and who calls.
 """
 
-from ._async import AsyncAttachment, AsyncClient, AsyncCommandHandle, AsyncSandbox
+from ._async import AsyncAttachment, AsyncClient, AsyncCommandHandle, AsyncSandbox, AsyncTemplate
 from ._common import CommandResult, OutputEvent
 from ._errors import (AuthenticationError, CapacityError, ConflictError, ForbiddenError, InvalidRequestError,
                       NotFoundError, OperationFailedError, QuotaExceededError, SpaceError, TooLargeError)
-from ._sync import Attachment, Client, CommandHandle, Sandbox
+from ._sync import Attachment, Client, CommandHandle, Sandbox, Template
 
 __all__ = [
-    "AsyncAttachment", "AsyncClient", "AsyncCommandHandle", "AsyncSandbox", "Attachment", "AuthenticationError", "CapacityError", "Client",
+    "AsyncAttachment", "AsyncClient", "AsyncCommandHandle", "AsyncSandbox", "AsyncTemplate", "Attachment", "AuthenticationError", "CapacityError", "Client",
     "CommandHandle", "CommandResult", "ConflictError", "ForbiddenError", "InvalidRequestError", "NotFoundError",
-    "OperationFailedError", "OutputEvent", "QuotaExceededError", "Sandbox", "SpaceError", "TooLargeError",
+    "OperationFailedError", "OutputEvent", "QuotaExceededError", "Sandbox", "SpaceError", "Template", "TooLargeError",
 ]
 __version__ = "0.1.0"

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 import httpx
 
 from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, events_request, listing)
+                      command_body, config, create_body, events_request, listing, template_from)
 from ._errors import SpaceError, error_from_response
 
 
@@ -289,8 +289,8 @@ class AsyncSandbox:
         self.info = await self.client.json("GET", f"/v1/sandboxes/{self.id}")
         return self.info
 
-    async def _lifecycle(self, method: str, path: str) -> Dict[str, Any]:
-        accepted = await self.client.json(method, path, json={} if method == "POST" else None)
+    async def _lifecycle(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        accepted = await self.client.json(method, path, json=(body or {}) if method == "POST" else None)
         operation = check_operation(await self.client.wait_operation(accepted["operation"]["id"]))
         await self.refresh()
         return operation
@@ -331,6 +331,27 @@ class AsyncSandbox:
     async def delete(self) -> Dict[str, Any]:
         return await self._lifecycle("DELETE", f"/v1/sandboxes/{self.id}")
 
+    async def fork(self, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
+                   timeout: float = 300.0) -> List["AsyncSandbox"]:
+        """`count` copies of this running sandbox at one instant; returns once they run."""
+        body = {"count": count, "labels": labels or {}}
+        accepted = await self.client.json("POST", f"/v1/sandboxes/{self.id}/fork", json=body)
+        check_operation(await self.client.wait_operation(accepted["operation"]["id"], timeout))
+        return [AsyncSandbox(await self.client.json("GET", f"/v1/sandboxes/{s['id']}"), self.client, keep=self.keep)
+                for s in accepted["sandboxes"]]
+
+    async def checkpoint(self, name: str) -> Dict[str, Any]:
+        return await self._lifecycle("POST", f"/v1/sandboxes/{self.id}/checkpoints", {"name": name})
+
+    async def checkpoints(self) -> List[Dict[str, Any]]:
+        return (await self.client.json("GET", f"/v1/sandboxes/{self.id}/checkpoints"))["checkpoints"]
+
+    async def restore(self, name: str) -> Dict[str, Any]:
+        return await self._lifecycle("POST", f"/v1/sandboxes/{self.id}/checkpoints/{name}/restore")
+
+    async def delete_checkpoint(self, name: str) -> None:
+        await self.client.request("DELETE", f"/v1/sandboxes/{self.id}/checkpoints/{name}")
+
     async def __aenter__(self) -> "AsyncSandbox":
         return self
 
@@ -340,3 +361,18 @@ class AsyncSandbox:
 
 
 
+
+
+class AsyncTemplate:
+    """Templates sandboxes start from."""
+
+    @staticmethod
+    async def from_sandbox(name: str, sandbox: Union["AsyncSandbox", str], *, checkpoint: Optional[str] = None,
+                           client: Optional[AsyncClient] = None, timeout: float = 300.0,
+                           **defaults: Any) -> Dict[str, Any]:
+        """A snapshot template of a running sandbox (or of one of its
+        checkpoints); returns the template once it is ready."""
+        client = sandbox.client if isinstance(sandbox, AsyncSandbox) else (client or AsyncClient())
+        accepted = await client.json("POST", "/v1/templates", json=template_from(name, sandbox, checkpoint, defaults))
+        check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
+        return await client.json("GET", f"/v1/templates/{name}")

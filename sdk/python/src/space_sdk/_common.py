@@ -61,6 +61,18 @@ def create_body(template: str, spec: Dict[str, Any]) -> Dict[str, Any]:
     return body
 
 
+def template_from(name: str, sandbox: Any, checkpoint: Optional[str], defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """The body that makes a snapshot template of a sandbox (or its checkpoint)."""
+    sandbox_id = sandbox if isinstance(sandbox, str) else sandbox.id
+    source: Dict[str, Any] = {"sandbox": sandbox_id}
+    if checkpoint is not None:
+        source = {"checkpoint": {"sandbox": sandbox_id, "name": checkpoint}}
+    unknown = set(defaults) - {"disk_mib", "env", "workdir", "user", "network"}
+    if unknown:
+        raise TypeError(f"unknown template defaults: {sorted(unknown)}")
+    return {"name": name, "from": source, "defaults": defaults}
+
+
 def command_body(cmd: Union[str, Sequence[str]], env: Optional[Dict[str, str]], cwd: Optional[str],
                  timeout: Optional[float], user: Optional[str], stdin: bool = False,
                  tag: Optional[str] = None) -> Dict[str, Any]:

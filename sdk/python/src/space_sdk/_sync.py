@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 import httpx
 
 from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, events_request, listing)
+                      command_body, config, create_body, events_request, listing, template_from)
 from ._errors import SpaceError, error_from_response
 
 
@@ -323,8 +323,8 @@ class Sandbox:
     def state(self) -> str:
         return self.refresh()["state"]
 
-    def _lifecycle(self, method: str, path: str) -> Dict[str, Any]:
-        accepted = self.client.json(method, path, json={} if method == "POST" else None)
+    def _lifecycle(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        accepted = self.client.json(method, path, json=(body or {}) if method == "POST" else None)
         operation = check_operation(self.client.wait_operation(accepted["operation"]["id"]))
         self.refresh()
         return operation
@@ -366,9 +366,57 @@ class Sandbox:
     def delete(self) -> Dict[str, Any]:
         return self._lifecycle("DELETE", f"/v1/sandboxes/{self.id}")
 
+    def fork(self, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
+             timeout: float = 300.0) -> List["Sandbox"]:
+        """`count` copies of this running sandbox at one instant (memory,
+        processes, disk), each a sandbox of its own; returns once they run."""
+        body = {"count": count, "labels": labels or {}}
+        accepted = self.client.json("POST", f"/v1/sandboxes/{self.id}/fork", json=body)
+        check_operation(self.client.wait_operation(accepted["operation"]["id"], timeout))
+        return [Sandbox(self.client.json("GET", f"/v1/sandboxes/{s['id']}"), self.client, keep=self.keep)
+                for s in accepted["sandboxes"]]
+
+    def checkpoint(self, name: str) -> Dict[str, Any]:
+        """Saves checkpoint `name` (memory, processes, disk) without
+        stopping the sandbox; returns the finished operation."""
+        return self._lifecycle("POST", f"/v1/sandboxes/{self.id}/checkpoints", {"name": name})
+
+    def checkpoints(self) -> List[Dict[str, Any]]:
+        return self.client.json("GET", f"/v1/sandboxes/{self.id}/checkpoints")["checkpoints"]
+
+    def restore(self, name: str) -> Dict[str, Any]:
+        """Rolls the sandbox back to checkpoint `name` (it keeps its id)."""
+        return self._lifecycle("POST", f"/v1/sandboxes/{self.id}/checkpoints/{name}/restore")
+
+    def delete_checkpoint(self, name: str) -> None:
+        self.client.request("DELETE", f"/v1/sandboxes/{self.id}/checkpoints/{name}")
+
     def __enter__(self) -> "Sandbox":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if not self.keep:
             self.delete()
+
+
+class Template:
+    """Templates sandboxes start from."""
+
+    @staticmethod
+    def from_sandbox(name: str, sandbox: Union["Sandbox", str], *, checkpoint: Optional[str] = None,
+                     client: Optional[Client] = None, timeout: float = 300.0, **defaults: Any) -> Dict[str, Any]:
+        """A snapshot template of a running sandbox (or of one of its
+        checkpoints): its sandboxes start from that memory and disk instead
+        of booting. Returns the template once it is ready."""
+        client = sandbox.client if isinstance(sandbox, Sandbox) else _client(client)
+        accepted = client.json("POST", "/v1/templates", json=template_from(name, sandbox, checkpoint, defaults))
+        check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
+        return client.json("GET", f"/v1/templates/{name}")
+
+    @staticmethod
+    def get(name: str, *, client: Optional[Client] = None) -> Dict[str, Any]:
+        return _client(client).json("GET", f"/v1/templates/{name}")
+
+    @staticmethod
+    def delete(name: str, *, client: Optional[Client] = None) -> None:
+        _client(client).request("DELETE", f"/v1/templates/{name}")
