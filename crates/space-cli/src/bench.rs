@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use space_engine::gvisor::{Gvisor, GvisorConfig};
@@ -651,6 +653,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
             idle_pss.len()
         );
     }
+    bench_snapshots(args, &client, &warm_client, &warm_platform, scratch, &create)?;
     if !args.skip_templates {
         bench_templates(args, &client, scratch)?;
     }
@@ -660,6 +663,131 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     }
     runtime.block_on(warm_platform.warm.drain());
     runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// A source for forks and snapshot templates: python3 holding 64 MiB it
+/// touched and a module it imported.
+const SOURCE: &str = "nohup python3 -c 'import decimal, time\nx = bytearray(64 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nopen(\"/tmp/ready\", \"w\").close()\ntime.sleep(1e9)' >/dev/null 2>&1 & for i in $(seq 100); do [ -e /tmp/ready ] && break; sleep 0.1; done";
+
+/// Starts a source sandbox on `client`.
+fn snapshot_source(client: &Client, template: &str) -> Result<String> {
+    let id = timed_create(client, template, &mut Samples(vec![]))?;
+    let ready = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"cmd": SOURCE}))?;
+    if ready["result"]["exit_code"] != 0 {
+        bail!("the fork source did not start: {ready}");
+    }
+    Ok(id)
+}
+
+/// Makes snapshot template `name` of sandbox `id`.
+fn snapshot_template(client: &Client, name: &str, id: &str) -> Result<()> {
+    let accepted = client.post("/v1/templates", &serde_json::json!({"name": name, "from": {"sandbox": id}}))?;
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("the snapshot template failed: {}", operation["error"]);
+    }
+    Ok(())
+}
+
+/// Forks, and snapshot templates, in the same run: how long a fork freezes
+/// its source, until one fork answers (`true` through the API) and until
+/// four do; creates from a snapshot template (cold, and from the warm
+/// pool) beside a plain cold create; and what a fork costs in disk (what
+/// its root holds alone) and memory (PSS of its processes).
+fn bench_snapshots(
+    args: &BenchArgs,
+    client: &Client,
+    warm_client: &Client,
+    warm_platform: &space_server::Platform,
+    scratch: &DataDir,
+    plain_cold: &Samples,
+) -> Result<()> {
+    let source = snapshot_source(client, &args.template)?;
+    let (mut frozen, mut first, mut four, mut cold, mut warm) =
+        (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
+    let (mut disk, mut memory) = (Vec::new(), Vec::new());
+    let answer = |id: &str| -> Result<()> {
+        let ran = client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
+        if ran["result"]["exit_code"] != 0 {
+            bail!("a fork did not answer: {ran}");
+        }
+        Ok(())
+    };
+    let fork = |count: u32| -> Result<(Vec<String>, Value)> {
+        let accepted = client.post(&format!("/v1/sandboxes/{source}/fork"), &serde_json::json!({"count": count}))?;
+        let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        if operation["state"] != "succeeded" {
+            bail!("a fork failed: {}", operation["error"]);
+        }
+        let ids = accepted["sandboxes"].as_array().into_iter().flatten();
+        Ok((ids.map(|s| s["id"].as_str().unwrap_or_default().to_string()).collect(), operation))
+    };
+    let delete = |client: &Client, ids: &[String]| -> Result<()> {
+        for id in ids {
+            let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
+            client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
+        }
+        Ok(())
+    };
+    for i in 0..args.runs {
+        let started = Instant::now();
+        let (one, operation) = fork(1)?;
+        answer(&one[0])?;
+        first.0.push(started.elapsed());
+        frozen.0.push(Duration::from_millis(operation["frozen_ms"].as_u64().unwrap_or(0)));
+        if let Some(&pss) = crate::density::pss_by_sandbox(&one).get(&one[0]) {
+            memory.push(pss);
+        }
+        disk.push(space_host::btrfs::exclusive_bytes(&scratch.sandbox_dir(&one[0]).join("rootfs")).unwrap_or(0));
+        delete(client, &one)?;
+        let started = Instant::now();
+        let (many, _) = fork(4)?;
+        for id in &many {
+            answer(id)?;
+        }
+        four.0.push(started.elapsed());
+        delete(client, &many)?;
+        eprint!("\rbench: forks {}/{} ", i + 1, args.runs);
+    }
+    eprintln!();
+    // Snapshot templates: the cold server makes one of the source; the warm
+    // one makes its own (its pool keeps a member of it).
+    snapshot_template(client, "bench-snapshot", &source)?;
+    let warm_source = snapshot_source(warm_client, &args.template)?;
+    snapshot_template(warm_client, "bench-snapshot", &warm_source)?;
+    for _ in 0..args.runs {
+        let id = timed_create(client, "bench-snapshot", &mut cold)?;
+        delete(client, &[id])?;
+        let refill_deadline = Instant::now() + Duration::from_secs(60);
+        while warm_platform.warm.count() < 2 && Instant::now() < refill_deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let id = timed_create(warm_client, "bench-snapshot", &mut warm)?;
+        delete(warm_client, &[id])?;
+    }
+    delete(client, &[source])?;
+    delete(warm_client, &[warm_source])?;
+    for client in [client, warm_client] {
+        client.delete_empty("/v1/templates/bench-snapshot")?;
+    }
+
+    let row = |name: &str, s: &Samples| {
+        println!("{name:<44} {:>9.1} {:>9.1} {:>6}", s.percentile(50.0), s.percentile(95.0), s.0.len())
+    };
+    row("fork: source frozen (pause+snapshot+thaw)", &frozen);
+    row("fork x1: accepted -> the fork answers", &first);
+    row("fork x4: accepted -> all four answer", &four);
+    row("create -> ready, snapshot template (cold)", &cold);
+    row("create -> ready, snapshot template (warm)", &warm);
+    row("create -> ready, plain template (cold)", plain_cold);
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).map(|b| *b as f64 / (1u64 << 20) as f64).unwrap_or(f64::NAN)
+    };
+    let runs = disk.len();
+    println!("{:<44} {:>9.1} MiB (median of {runs})", "fork: disk its root holds alone", median(disk));
+    println!("{:<44} {:>9.1} MiB (median of {})", "fork: memory (PSS, source touched 64 MiB)", median(memory), runs);
     Ok(())
 }
 
