@@ -5,6 +5,8 @@ mod common;
 
 use common::TestServer;
 use serde_json::{json, Value};
+use space_server::store::Quotas;
+use space_server::tenants::create_key;
 use space_testkit::{wait_until, TestDataDir, PATIENCE};
 
 /// A background process holding a random token and a counter in memory:
@@ -216,6 +218,31 @@ fn bad_forks_are_refused_and_change_nothing() {
     assert_eq!(operation["state"], "succeeded", "{operation}");
     let listed = server.ok("GET", "/v1/sandboxes", None);
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 3, "{listed}");
+
+    // Quotas count every fork: a tenant that may hold 3 sandboxes and 1536
+    // MiB, holding one of 512 MiB, may fork it twice but not three times.
+    let quotas = Quotas { max_sandboxes: Some(3), max_memory_mib: Some(1536), ..Quotas::default() };
+    let (_, key) = create_key(&server.platform.store, "forker", Some(&quotas)).unwrap();
+    let (status, mine) =
+        server.call_as(&key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 512})));
+    assert_eq!(status, 202, "{mine}");
+    let wait_as = |operation: &Value| {
+        let path = format!("/v1/operations/{}?wait=60", operation["id"].as_str().unwrap());
+        server.call_as(&key, "GET", &path, None).1["state"].clone()
+    };
+    assert_eq!(wait_as(&mine["operation"]), "succeeded");
+    let mine = mine["sandbox"]["id"].as_str().unwrap();
+    let path = format!("/v1/sandboxes/{mine}/fork");
+    let (status, refused) = server.call_as(&key, "POST", &path, Some(json!({"count": 3})));
+    assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
+    let (status, accepted) = server.call_as(&key, "POST", &path, Some(json!({"count": 2})));
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(wait_as(&accepted["operation"]), "succeeded");
+    let (status, refused) = server.call_as(&key, "POST", &path, Some(json!({})));
+    assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
+    // Another tenant's sandbox cannot be forked (nor seen).
+    let (status, hidden) = server.call_as(&key, "POST", &format!("/v1/sandboxes/{id}/fork"), Some(json!({})));
+    assert_eq!((status, hidden["error"]["code"].as_str()), (404, Some("not_found")), "{hidden}");
 }
 
 fn operation_of(server: &TestServer, method: &str, path: &str, body: Option<Value>) -> Value {
