@@ -29,7 +29,7 @@ fn replayed(
     Ok(Some(replayed))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "sandboxes",
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints",
     request_body = CreateCheckpointRequest,
     params(("id" = String, Path, description = "Sandbox id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
@@ -54,7 +54,7 @@ pub async fn create(
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "sandboxes",
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, description = "Its whole checkpoints, oldest first", body = CheckpointList),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -67,7 +67,7 @@ pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Resu
     Ok(Json(CheckpointList { checkpoints }))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints/{name}/restore", tag = "sandboxes",
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints/{name}/restore", tag = "checkpoints",
     params(("id" = String, Path, description = "Sandbox id"), ("name" = String, Path, description = "Checkpoint name"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, description = "Accepted: the sandbox (keeping its id) is stopped and started again from the checkpoint's memory and disk", body = SandboxOperation),
@@ -88,7 +88,7 @@ pub async fn restore(
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}/checkpoints/{name}", tag = "sandboxes",
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/checkpoints/{name}", tag = "checkpoints",
     params(("id" = String, Path, description = "Sandbox id"), ("name" = String, Path, description = "Checkpoint name")),
     responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
         (status = 404, description = "No such sandbox or checkpoint", body = ErrorBody),
