@@ -372,7 +372,10 @@ pub fn publish_image(
     remove_partial(&partial)?;
     fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
     let finish = fill(&partial)
-        .and_then(|()| btrfs::set_read_only(&partial.join("rootfs")))
+        .and_then(|()| match partial.join("rootfs").is_dir() {
+            true => btrfs::set_read_only(&partial.join("rootfs")),
+            false => Ok(()), // a microVM's image keeps its root as a drive file
+        })
         .and_then(|()| seal(&partial, &meta, &mut |_| {}));
     if finish.is_err() {
         let _ = remove_partial(&partial);

@@ -69,13 +69,17 @@ pub(crate) fn image_bytes(dir: &Path) -> u64 {
     disk + memory
 }
 
-/// Copies an image (a checkpoint's) into `to`: a snapshot of its root and
-/// a copy of the rest (its memory; shared blocks where btrfs can).
+/// Copies an image (a checkpoint's) into `to`: a snapshot of its root
+/// (gVisor's is a subvolume) and a copy of the rest (memory, a microVM's
+/// state and drive; shared blocks where btrfs can).
 pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), space_host::HostError> {
-    space_host::btrfs::snapshot(&from.join("rootfs"), &to.join("rootfs"))?;
     for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
         let name = entry.file_name();
-        if name == "rootfs" || name == META {
+        if name == META {
+            continue;
+        }
+        if space_host::btrfs::is_subvolume(&entry.path()) {
+            space_host::btrfs::snapshot(&entry.path(), &to.join(&name))?;
             continue;
         }
         let mut copy = std::process::Command::new("cp");

@@ -162,9 +162,8 @@ impl Platform {
             // Every version, and a build in progress (`.N.partial`).
             for version in std::fs::read_dir(name_dir.path()).into_iter().flatten().flatten() {
                 let dir = version.path();
-                usage.templates_bytes += space_host::btrfs::exclusive_bytes(&dir.join("rootfs")).unwrap_or(0);
-                usage.templates_bytes +=
-                    std::fs::symlink_metadata(dir.join(space_host::template::EXT4_IMAGE)).map(|m| m.len()).unwrap_or(0);
+                // Its root, and its ext4 drive and saved memory if it has them.
+                usage.templates_bytes += crate::checkpoints::image_bytes(&dir);
             }
         }
         let prefix = upload_prefix(tenant);

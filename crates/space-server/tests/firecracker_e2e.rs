@@ -65,6 +65,26 @@ fn firecracker_sandbox_end_to_end_through_the_api() {
         seen.push(lines[1].to_string());
     }
     assert_ne!(seen[0], seen[1], "clones never share random state");
+
+    // Forks of a running microVM, and a checkpoint rolled back to.
+    let (status, forked) = server.call("POST", &format!("/v1/sandboxes/{id}/fork"), Some(json!({"count": 2})));
+    assert_eq!(status, 202, "{forked}");
+    let done = server.wait_operation(forked["operation"]["id"].as_str().unwrap());
+    assert_eq!(done["state"], "succeeded", "{done}");
+    for fork in forked["sandboxes"].as_array().unwrap() {
+        let fork = fork["id"].as_str().unwrap();
+        let ran = server.exec(fork, json!({"cmd": "hostname; cat /root/note"}));
+        assert_eq!(ran["stdout"], format!("{}\nhello from a microVM\n", fork.replace('_', "-")), "{ran}");
+        assert_eq!(server.delete_sandbox(fork)["state"], "succeeded");
+    }
+    let (status, saved) = server.call("POST", &format!("/v1/sandboxes/{id}/checkpoints"), Some(json!({"name": "c"})));
+    assert_eq!(status, 202, "{saved}");
+    assert_eq!(server.wait_operation(saved["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    server.exec(&id, json!({"cmd": "rm /root/note"}));
+    let (status, back) = server.call("POST", &format!("/v1/sandboxes/{id}/checkpoints/c/restore"), Some(json!({})));
+    assert_eq!(status, 202, "{back}");
+    assert_eq!(server.wait_operation(back["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    assert_eq!(server.exec(&id, json!({"cmd": "cat /root/note"}))["stdout"], "hello from a microVM\n");
     for sandbox in clones.iter().chain([&id]) {
         assert_eq!(server.delete_sandbox(sandbox)["state"], "succeeded");
     }

@@ -598,6 +598,48 @@ impl Engine for Firecracker {
         snapshot.join(STATE).is_file() && snapshot.join(MEMORY).is_file()
     }
 
+    fn saves_images(&self, _spec: &SandboxSpec) -> bool {
+        true
+    }
+
+    /// The microVM paused for the instant: a full snapshot (state and
+    /// memory, whose page cache holds what the guest has not yet written
+    /// back) and a reflink copy of its root drive, then resumed.
+    async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
+        self.adopt(spec);
+        let was_paused = self.with_vmm(&spec.id, |running| running.paused)?;
+        let started = Instant::now();
+        let saved = async {
+            self.save(spec, image).await?;
+            let (root, copy) = (spec.dir.join(ROOT_DRIVE), image.join(ROOT_DRIVE));
+            space_host::run(Command::new("cp").arg("--reflink=auto").arg(&root).arg(&copy)).map(drop)?;
+            Ok::<(), EngineError>(())
+        }
+        .await;
+        let thawed = match was_paused {
+            true => Ok(()),
+            false => self.resume(spec).await,
+        };
+        let frozen = started.elapsed();
+        saved?;
+        thawed?;
+        Ok(frozen)
+    }
+
+    /// A new microVM loads the image's snapshot (its memory mapped
+    /// privately, as clones of a template's are) on its own reflink copy
+    /// of the image's root drive.
+    async fn start_from_image(&self, spec: &SandboxSpec, image: &Path) -> Result<tokio::net::UnixStream, EngineError> {
+        if !(image.join(STATE).is_file() && image.join(MEMORY).is_file()) {
+            return Err(EngineError::Runtime("the image is not whole".into()));
+        }
+        self.kill(&spec.id);
+        let root = Self::copy_root_drive(spec, &image.join(ROOT_DRIVE), 0)?;
+        let _ = fs::remove_dir_all(Self::snapshot_dir(&spec.dir));
+        let loaded = self.load(spec, &root, (&image.join(STATE), &image.join(MEMORY)), true).await;
+        loaded.map(|(socket, _)| socket)
+    }
+
     fn resource_use(&self, spec: &SandboxSpec) -> Option<crate::ResourceUse> {
         // Only a jailed microVM has a cgroup of its own.
         self.config.jailer.as_ref()?;
