@@ -355,15 +355,24 @@ impl Actor {
         }
     }
 
+    /// The operation and the sandbox as they are now; `None` once the
+    /// operation is finished with the error if either is not there.
+    fn operation_and_record(&self, operation_id: &str) -> Option<(space_api::Operation, SandboxRecord)> {
+        match (self.platform.operation(operation_id), self.platform.sandbox(&self.id)) {
+            (Ok(operation), Ok(record)) => Some((operation, record)),
+            (Err(err), _) | (_, Err(err)) => {
+                self.platform.finish_operation(operation_id, Some(err));
+                None
+            }
+        }
+    }
+
     /// A fork: saves the sandbox's memory and disk at one instant (frozen
     /// only for that), then starts every fork from that image at once.
     /// Forks a restart left half made start over; made ones stay.
     async fn fork(&self, operation_id: &str) {
         let platform = &self.platform;
-        let (operation, record) = match (platform.operation(operation_id), platform.sandbox(&self.id)) {
-            (Ok(operation), Ok(record)) => (operation, record),
-            (Err(err), _) | (_, Err(err)) => return platform.finish_operation(operation_id, Some(err)),
-        };
+        let Some((operation, record)) = self.operation_and_record(operation_id) else { return };
         let mut forks = Vec::new();
         for id in &operation.forks {
             if let Some(fork) = platform.sandbox(id).ok().filter(|f| f.sandbox.state == SandboxState::Creating) {
@@ -567,10 +576,7 @@ impl Actor {
     /// One a restart left half written starts over; a whole one stays.
     async fn checkpoint(&self, operation_id: &str) {
         let platform = &self.platform;
-        let (operation, record) = match (platform.operation(operation_id), platform.sandbox(&self.id)) {
-            (Ok(operation), Ok(record)) => (operation, record),
-            (Err(err), _) | (_, Err(err)) => return platform.finish_operation(operation_id, Some(err)),
-        };
+        let Some((operation, record)) = self.operation_and_record(operation_id) else { return };
         let name = operation.checkpoint.unwrap_or_default();
         let spec = platform.engine_spec(&record);
         let dir = checkpoints::checkpoint_dir(&spec.dir, &name);
@@ -612,10 +618,7 @@ impl Actor {
     /// checkpoint run again as new commands, those running until now end.
     async fn rewind(&self, operation_id: &str) {
         let platform = &self.platform;
-        let (operation, record) = match (platform.operation(operation_id), platform.sandbox(&self.id)) {
-            (Ok(operation), Ok(record)) => (operation, record),
-            (Err(err), _) | (_, Err(err)) => return platform.finish_operation(operation_id, Some(err)),
-        };
+        let Some((operation, record)) = self.operation_and_record(operation_id) else { return };
         let name = operation.checkpoint.unwrap_or_default();
         let spec = platform.engine_spec(&record);
         let image = checkpoints::checkpoint_dir(&spec.dir, &name);
