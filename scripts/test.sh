@@ -14,7 +14,7 @@ cargo build --locked -p space-cli
 cargo test --workspace --locked --no-run
 
 say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base and polyglot templates)"
-"$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR" --with-template polyglot
+"$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR" --with-template polyglot --with-template code-interpreter
 ensure_guest_test_tools
 ensure_test_packages
 

@@ -293,6 +293,51 @@ pub struct CheckpointList {
 /// Checkpoints a sandbox may keep at once.
 pub const MAX_CHECKPOINTS: usize = 32;
 
+/// `POST /v1/sandboxes/{id}/contexts`: an interpreter kept alive in the
+/// sandbox, whose state (variables, imports) carries from run to run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateContextRequest {
+    /// `python` (a Jupyter kernel; the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// Its working directory (the template's by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Environment of the interpreter, over the sandbox's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A code context: an interpreter kept alive in a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CodeContext {
+    pub id: String,
+    pub sandbox_id: String,
+    pub language: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// `starting`, `ready`, `busy` (a run is going on), or `dead` (the
+    /// interpreter exited: restart it).
+    pub state: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CodeContextList {
+    pub contexts: Vec<CodeContext>,
+}
+
+/// `POST /v1/sandboxes/{id}/contexts/{cid}/run`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCodeRequest {
+    pub code: String,
+    /// Interrupt the run after this many seconds (the context stays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+}
+
 /// Forks made at once, at most.
 pub const MAX_FORKS: u32 = 16;
 

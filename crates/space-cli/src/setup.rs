@@ -7,7 +7,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use space_host::datadir::{ensure_btrfs, DataDir};
-use space_host::template::{build_debian, known_packages, DebianBuild, BASE_TEMPLATE, POLYGLOT_TEMPLATE};
+use space_host::template::{
+    build_debian, known_packages, DebianBuild, BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE, POLYGLOT_TEMPLATE,
+};
 
 use crate::EngineArgs;
 
@@ -26,7 +28,7 @@ pub struct SetupArgs {
     skip_packages: bool,
     /// Also build this template when missing (`polyglot`: a JDK, Go, Node,
     /// gcc/make, git and Python). Repeatable.
-    #[arg(long = "with-template", value_parser = [POLYGLOT_TEMPLATE])]
+    #[arg(long = "with-template", value_parser = [POLYGLOT_TEMPLATE, CODE_INTERPRETER_TEMPLATE])]
     with_templates: Vec<String>,
     #[command(flatten)]
     engine: EngineArgs,

@@ -42,11 +42,28 @@ pub const POLYGLOT_PACKAGES: &[&str] = &[
     "git",
 ];
 
+/// Code contexts' template: Python with a Jupyter kernel and the usual
+/// data stack (charts come back as images), and Node.js.
+pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter";
+pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
+    "python3",
+    "python3-ipykernel",
+    "python3-jupyter-client",
+    "python3-numpy",
+    "python3-pandas",
+    "python3-matplotlib",
+    "nodejs",
+    "coreutils",
+    "procps",
+    "ca-certificates",
+];
+
 /// The Debian packages of a template `space setup` knows how to build.
 pub fn known_packages(name: &str) -> Option<&'static [&'static str]> {
     match name {
         BASE_TEMPLATE => Some(BASE_PACKAGES),
         POLYGLOT_TEMPLATE => Some(POLYGLOT_PACKAGES),
+        CODE_INTERPRETER_TEMPLATE => Some(CODE_INTERPRETER_PACKAGES),
         _ => None,
     }
 }

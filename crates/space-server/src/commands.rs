@@ -42,7 +42,7 @@ pub fn lost_result(command: &Command, why: &str) -> ProcessResult {
     }
 }
 
-fn exec_failure(err: AgentError) -> ApiError {
+pub(crate) fn exec_failure(err: AgentError) -> ApiError {
     use axum::http::StatusCode;
     match err {
         AgentError::ExecFailed(failed) => {

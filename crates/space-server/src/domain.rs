@@ -104,7 +104,7 @@ fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), ApiError>
     Ok(())
 }
 
-fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
     if env.len() > MAX_ENV_ENTRIES {
         return Err(ApiError::unprocessable(format!("at most {MAX_ENV_ENTRIES} environment variables")));
     }

@@ -11,6 +11,7 @@ mod checkpoints;
 pub mod cluster;
 pub mod commands;
 mod console;
+mod contexts;
 pub mod disk;
 pub mod domain;
 pub mod e2b;

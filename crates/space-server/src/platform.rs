@@ -42,6 +42,8 @@ pub struct Platform {
     changes: watch::Sender<u64>,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
+    /// Code contexts whose drivers run, by id.
+    pub(crate) contexts: Mutex<HashMap<String, Arc<crate::contexts::LiveContext>>>,
     pub warm: crate::warm::WarmPools,
     /// Memory the host can promise to sandboxes, in MiB.
     pub(crate) capacity_mib: u64,
@@ -101,6 +103,7 @@ impl Platform {
             changes: watch::Sender::new(0),
             sandboxes: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
+            contexts: Mutex::default(),
             warm: crate::warm::WarmPools::new(engine.clone(), warm_size),
             capacity_mib,
             admission: Mutex::new(()),
@@ -376,6 +379,7 @@ mod tests {
         ("capacity.rs", include_str!("capacity.rs")),
         ("checkpoints.rs", include_str!("checkpoints.rs")),
         ("commands.rs", include_str!("commands.rs")),
+        ("contexts.rs", include_str!("contexts.rs")),
         ("disk.rs", include_str!("disk.rs")),
         ("egress.rs", include_str!("egress.rs")),
         ("idle.rs", include_str!("idle.rs")),

@@ -4,6 +4,7 @@
 mod attach;
 mod checkpoints;
 mod commands;
+mod contexts;
 mod egress;
 pub(crate) mod events;
 pub(crate) mod files;
@@ -81,6 +82,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/suspend", axum::routing::post(sandboxes::suspend))
         .route("/v1/sandboxes/{id}/fork", axum::routing::post(sandboxes::fork))
         .route("/v1/sandboxes/{id}/checkpoints", get(checkpoints::list).post(checkpoints::create))
+        .route("/v1/sandboxes/{id}/contexts", get(contexts::list).post(contexts::create))
+        .route("/v1/sandboxes/{id}/contexts/{cid}", get(contexts::get).delete(contexts::delete))
+        .route("/v1/sandboxes/{id}/contexts/{cid}/run", axum::routing::post(contexts::run))
+        .route("/v1/sandboxes/{id}/contexts/{cid}/interrupt", axum::routing::post(contexts::interrupt))
+        .route("/v1/sandboxes/{id}/contexts/{cid}/restart", axum::routing::post(contexts::restart))
         .route("/v1/sandboxes/{id}/checkpoints/{name}", axum::routing::delete(checkpoints::delete))
         .route("/v1/sandboxes/{id}/checkpoints/{name}/restore", axum::routing::post(checkpoints::restore))
         .route("/v1/sandboxes/{id}/commands", get(commands::list).post(commands::create))

@@ -6,8 +6,8 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    attach, checkpoints, commands, egress, events, files, health, operations, output, ports, sandboxes, secrets,
-    templates, usage,
+    attach, checkpoints, commands, contexts, egress, events, files, health, operations, output, ports, sandboxes,
+    secrets, templates, usage,
 };
 
 #[derive(OpenApi)]
@@ -22,6 +22,13 @@ use super::{
         checkpoints::list,
         checkpoints::restore,
         checkpoints::delete,
+        contexts::create,
+        contexts::list,
+        contexts::get,
+        contexts::delete,
+        contexts::interrupt,
+        contexts::restart,
+        contexts::run,
         operations::get, operations::list, templates::log,
         templates::create, templates::list, templates::get, templates::delete,
         commands::create, commands::list, commands::get, commands::stdin, commands::signal, commands::resize, commands::exec,

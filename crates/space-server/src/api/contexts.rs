@@ -1,0 +1,106 @@
+//! `/v1/sandboxes/{id}/contexts`: code contexts (see `contexts.rs`).
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use space_api::{CodeContext, CodeContextList, CreateContextRequest, ErrorBody, RunCodeRequest};
+
+use super::{ApiJson, AppState};
+use crate::error::ApiError;
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
+    request_body = CreateContextRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, description = "The interpreter runs and answers", body = CodeContext),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not running", body = ErrorBody),
+        (status = 422, description = "An unknown language, or the template has no interpreter for it", body = ErrorBody),
+        (status = 503, description = "The interpreter did not answer in time", body = ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<CreateContextRequest>,
+) -> Result<(StatusCode, Json<CodeContext>), ApiError> {
+    let _work = state.platform.begin_work(&id).await?;
+    Ok((StatusCode::CREATED, Json(state.platform.create_context(&id, request).await?)))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = CodeContextList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<CodeContextList>, ApiError> {
+    Ok(Json(CodeContextList { contexts: state.platform.contexts(&id)? }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
+    responses((status = 200, body = CodeContext), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+) -> Result<Json<CodeContext>, ApiError> {
+    Ok(Json(state.platform.get_context(&id, &cid)?))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
+    responses((status = 204, description = "Its interpreter is stopped"), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    state.platform.delete_context(&id, &cid).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/interrupt", tag = "contexts",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
+    responses((status = 200, description = "The run going on is interrupted; the context stays", body = CodeContext),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn interrupt(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+) -> Result<Json<CodeContext>, ApiError> {
+    Ok(Json(state.platform.interrupt_context(&id, &cid).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/restart", tag = "contexts",
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
+    responses((status = 200, description = "A fresh interpreter answers (its state is gone)", body = CodeContext),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub async fn restart(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+) -> Result<Json<CodeContext>, ApiError> {
+    Ok(Json(state.platform.restart_context(&id, &cid).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/run", tag = "contexts",
+    request_body = RunCodeRequest,
+    params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
+    responses((status = 200, description = "NDJSON as it happens: `stdout`/`stderr` (`text`), `result` (`data`: a MIME bundle, `is_main_result`), `error` (`name`, `value`, `traceback`), and last `end` (`status`: ok, error, timeout or died; `execution_count`)", content_type = "application/x-ndjson"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "Another run is going on, or the interpreter died", body = ErrorBody)))]
+pub async fn run(
+    State(state): State<AppState>,
+    Path((id, cid)): Path<(String, String)>,
+    ApiJson(request): ApiJson<RunCodeRequest>,
+) -> Result<Response, ApiError> {
+    // Held while the run goes on: the sandbox is not paused for idleness.
+    let work = state.platform.begin_work(&id).await?;
+    let run = state.platform.run_code(&id, &cid, request).await?;
+    let lines = futures_util::stream::unfold(Some((run, work)), |held| async move {
+        let (mut run, work) = held?;
+        let event = run.events.recv().await?;
+        let end = event["type"] == "end";
+        let line = Ok::<_, std::convert::Infallible>(format!("{event}\n"));
+        Some((line, (!end).then_some((run, work))))
+    });
+    let mut response = Body::from_stream(lines).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/x-ndjson"));
+    Ok(response)
+}

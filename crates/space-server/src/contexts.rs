@@ -1,0 +1,294 @@
+//! Code contexts: an interpreter kept alive in a sandbox, so state carries
+//! from run to run and a run needs no process of its own. A context is a
+//! driver the agent runs like any command (`contexts/python_driver.py`:
+//! a Jupyter kernel, ipykernel, and `jupyter_client`), speaking JSON lines
+//! on its stdin and stdout; this module keeps it, sends it runs one at a
+//! time and hands each run's events (output, rich results, the error, the
+//! end) to whoever asked. The driver runs through pause, suspend and resume
+//! like any command. Contexts are not kept across a server restart yet.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use space_api::{CodeContext, CreateContextRequest, RunCodeRequest};
+use space_engine::{AgentConn, ExecEvent, ExecStream};
+use space_proto::ExecRequest;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::ApiError;
+use crate::ids;
+use crate::platform::Platform;
+
+/// The Python driver, run as `python3 -c`.
+const PYTHON_DRIVER: &str = include_str!("contexts/python_driver.py");
+/// How long an interpreter may take to answer first (imports on gVisor).
+const READY_PATIENCE: Duration = Duration::from_secs(120);
+/// What of the driver's stderr is kept to say why it did not start.
+const STDERR_KEPT: usize = 4096;
+
+/// A context while its driver runs.
+pub(crate) struct LiveContext {
+    info: Mutex<CodeContext>,
+    agent: AgentConn,
+    stream: u32,
+    /// Where the events of the run going on go.
+    run: Mutex<Option<mpsc::UnboundedSender<Value>>>,
+    /// Held by the run going on: one at a time.
+    running: Arc<tokio::sync::Mutex<()>>,
+    /// Told when the interpreter is ready (again, after a restart).
+    ready: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
+}
+
+impl LiveContext {
+    fn set_state(&self, state: &str) {
+        self.info.lock().unwrap_or_else(|e| e.into_inner()).state = state.to_string();
+    }
+
+    fn info(&self) -> CodeContext {
+        self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    async fn send(&self, request: Value) -> Result<(), ApiError> {
+        let line = format!("{request}\n").into_bytes();
+        self.agent.send_stdin(self.stream, line).await.map_err(crate::commands::exec_failure)
+    }
+
+    /// Ends the run going on (if any) with `event`.
+    fn end_run(&self, event: Value) {
+        if let Some(run) = self.run.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = run.send(event);
+        }
+    }
+}
+
+fn context_not_found(id: &str) -> ApiError {
+    ApiError::not_found("context", id)
+}
+
+/// A run's events and what keeps the context its own while they last.
+pub struct Run {
+    pub events: mpsc::UnboundedReceiver<Value>,
+    pub held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Platform {
+    /// Starts a context in a running sandbox and returns once its
+    /// interpreter answers.
+    pub async fn create_context(
+        self: &Arc<Self>,
+        sandbox_id: &str,
+        request: CreateContextRequest,
+    ) -> Result<CodeContext, ApiError> {
+        let language = request.language.unwrap_or_else(|| "python".into());
+        if language != "python" {
+            return Err(ApiError::unprocessable(format!(
+                "language must be python (javascript and bash contexts are not built yet), got {language:?}"
+            )));
+        }
+        crate::domain::validate_env(&request.env)?;
+        let record = self.sandbox(sandbox_id)?;
+        let state = record.sandbox.state;
+        let agent = self
+            .agent(sandbox_id)
+            .filter(|_| crate::domain::accepts_commands(state))
+            .ok_or_else(|| ApiError::invalid_state("sandbox", state.as_str(), "start a code context"))?;
+        let id = ids::new_id("ctx");
+        let info = CodeContext {
+            id: id.clone(),
+            sandbox_id: sandbox_id.to_string(),
+            language,
+            cwd: request.cwd.clone(),
+            state: "starting".into(),
+            created_at: ids::now(),
+        };
+        let live = self.start_driver(info, &agent, &request.env).await?;
+        self.contexts.lock().unwrap_or_else(|e| e.into_inner()).insert(id, live.clone());
+        Ok(live.info())
+    }
+
+    /// Runs the driver for `info` and waits until its interpreter answers.
+    async fn start_driver(
+        self: &Arc<Self>,
+        info: CodeContext,
+        agent: &AgentConn,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Arc<LiveContext>, ApiError> {
+        let mut env = env.clone();
+        // The kernel's debugger warns about frozen modules on every start.
+        env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
+        let exec = ExecRequest {
+            argv: vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()],
+            env,
+            cwd: info.cwd.clone(),
+            user: None,
+            stdin: true,
+            tty: false,
+        };
+        let stream = agent.exec(&exec).await.map_err(crate::commands::exec_failure)?;
+        let (ready, started) = oneshot::channel();
+        let live = Arc::new(LiveContext {
+            info: Mutex::new(info),
+            agent: agent.clone(),
+            stream: stream.stream,
+            run: Mutex::default(),
+            running: Arc::default(),
+            ready: Mutex::new(Some(ready)),
+        });
+        tokio::spawn(pump(self.clone(), live.clone(), stream));
+        match tokio::time::timeout(READY_PATIENCE, started).await {
+            Ok(Ok(Ok(()))) => Ok(live),
+            Ok(Ok(Err(why))) => Err(ApiError::unprocessable(format!("the interpreter did not start: {why}"))),
+            _ => {
+                let _ = live.agent.signal(live.stream, nix::sys::signal::Signal::SIGKILL as i32).await;
+                Err(ApiError::unavailable(format!("the interpreter did not answer within {READY_PATIENCE:?}")))
+            }
+        }
+    }
+
+    fn context(&self, sandbox_id: &str, id: &str) -> Result<Arc<LiveContext>, ApiError> {
+        self.sandbox(sandbox_id)?;
+        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        contexts.get(id).filter(|c| c.info().sandbox_id == sandbox_id).cloned().ok_or_else(|| context_not_found(id))
+    }
+
+    /// A sandbox's contexts, oldest first.
+    pub fn contexts(&self, sandbox_id: &str) -> Result<Vec<CodeContext>, ApiError> {
+        self.sandbox(sandbox_id)?;
+        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut found: Vec<CodeContext> =
+            contexts.values().map(|c| c.info()).filter(|c| c.sandbox_id == sandbox_id).collect();
+        found.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        Ok(found)
+    }
+
+    pub fn get_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
+        Ok(self.context(sandbox_id, id)?.info())
+    }
+
+    /// Starts a run: 409 `context_busy` while another runs, 409
+    /// `context_dead` once the interpreter exited (restart it).
+    pub async fn run_code(&self, sandbox_id: &str, id: &str, request: RunCodeRequest) -> Result<Run, ApiError> {
+        let live = self.context(sandbox_id, id)?;
+        let held = live.running.clone().try_lock_owned().map_err(|_| {
+            ApiError::new(StatusCode::CONFLICT, "context_busy", "a run is going on in this context; wait for its end")
+        })?;
+        if live.info().state == "dead" {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "context_dead",
+                "the interpreter of this context exited; restart the context",
+            ));
+        }
+        let (events, receiver) = mpsc::unbounded_channel();
+        *live.run.lock().unwrap_or_else(|e| e.into_inner()) = Some(events);
+        live.set_state("busy");
+        let request =
+            json!({"op": "run", "id": ids::new_id("run"), "code": request.code, "timeout_s": request.timeout_s});
+        if let Err(err) = live.send(request).await {
+            live.run.lock().unwrap_or_else(|e| e.into_inner()).take();
+            return Err(err);
+        }
+        self.store.touch_sandbox(sandbox_id, &ids::now())?;
+        Ok(Run { events: receiver, held })
+    }
+
+    /// Interrupts the run going on (a `KeyboardInterrupt` in Python).
+    pub async fn interrupt_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
+        let live = self.context(sandbox_id, id)?;
+        live.send(json!({"op": "interrupt"})).await?;
+        Ok(live.info())
+    }
+
+    /// Starts the interpreter afresh (its state is gone), also after it died.
+    pub async fn restart_context(self: &Arc<Self>, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
+        let live = self.context(sandbox_id, id)?;
+        let (ready, restarted) = oneshot::channel();
+        *live.ready.lock().unwrap_or_else(|e| e.into_inner()) = Some(ready);
+        live.set_state("starting");
+        live.send(json!({"op": "restart"})).await?;
+        match tokio::time::timeout(READY_PATIENCE, restarted).await {
+            Ok(Ok(Ok(()))) => Ok(live.info()),
+            Ok(Ok(Err(why))) => Err(ApiError::unprocessable(format!("the interpreter did not restart: {why}"))),
+            _ => Err(ApiError::unavailable("the interpreter did not answer after its restart")),
+        }
+    }
+
+    /// Stops a context's interpreter and forgets it.
+    pub async fn delete_context(&self, sandbox_id: &str, id: &str) -> Result<(), ApiError> {
+        let live = self.context(sandbox_id, id)?;
+        self.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let _ = live.agent.signal(live.stream, nix::sys::signal::Signal::SIGKILL as i32).await;
+        Ok(())
+    }
+}
+
+/// Reads the driver's events until it exits: readiness, each run's events
+/// (to whoever asked for the run), the interpreter's death.
+async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecStream) {
+    let mut line = Vec::new();
+    let mut stderr: VecDeque<u8> = VecDeque::new();
+    let ready = |result: Result<(), String>| {
+        if let Some(ready) = live.ready.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = ready.send(result);
+        }
+    };
+    while let Some(event) = stream.next().await {
+        match event {
+            ExecEvent::Stdout(bytes) => {
+                for byte in bytes {
+                    if byte != b'\n' {
+                        line.push(byte);
+                        continue;
+                    }
+                    let Ok(mut event) = serde_json::from_slice::<Value>(&std::mem::take(&mut line)) else { continue };
+                    match event["type"].as_str() {
+                        Some("ready") => {
+                            live.set_state("ready");
+                            ready(Ok(()));
+                        }
+                        Some("died") => {
+                            live.set_state("dead");
+                            ready(Err(event["why"].as_str().unwrap_or("the interpreter exited").to_string()));
+                        }
+                        Some(kind) if event.get("run").is_some() => {
+                            let end = kind == "end";
+                            if let Some(fields) = event.as_object_mut() {
+                                fields.remove("run");
+                            }
+                            if end {
+                                if live.info().state == "busy" {
+                                    live.set_state("ready");
+                                }
+                                live.end_run(event);
+                            } else if let Some(run) = live.run.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                                let _ = run.send(event);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            ExecEvent::Stderr(bytes) => {
+                stderr.extend(bytes);
+                while stderr.len() > STDERR_KEPT {
+                    stderr.pop_front();
+                }
+            }
+            ExecEvent::Exit(_) => break,
+        }
+    }
+    // The driver is gone (it exited, or the sandbox stopped).
+    live.set_state("dead");
+    let why = String::from_utf8_lossy(&stderr.make_contiguous()[..]).trim().to_string();
+    let last = why.lines().last().unwrap_or("it exited").to_string();
+    ready(Err(last.clone()));
+    live.end_run(json!({"type": "end", "status": "died", "execution_count": null, "error": last}));
+    let id = live.info().id;
+    let gone = platform.sandbox(&live.info().sandbox_id).map_or(true, |r| r.sandbox.state.as_str() == "deleted");
+    if gone {
+        platform.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+}

@@ -1,0 +1,166 @@
+//! Code contexts on real runsc: a Jupyter kernel kept alive in the
+//! `code-interpreter` template, runs streamed back as NDJSON.
+
+mod common;
+
+use base64::Engine as _;
+use common::TestServer;
+use serde_json::{json, Value};
+use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
+use space_testkit::TestDataDir;
+
+fn data() -> TestDataDir {
+    TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE])
+}
+
+/// Runs `code` and returns every event, the `end` last.
+fn run(server: &TestServer, sandbox: &str, context: &str, body: Value) -> Vec<Value> {
+    let auth = format!("Bearer {}", server.key);
+    let (status, text) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{sandbox}/contexts/{context}/run"),
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "{text}");
+    let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.last().map(|e| e["type"].clone()), Some(json!("end")), "{text}");
+    events
+}
+
+fn code(server: &TestServer, sandbox: &str, context: &str, code: &str) -> Vec<Value> {
+    run(server, sandbox, context, json!({"code": code}))
+}
+
+fn main_text(events: &[Value]) -> Option<String> {
+    events
+        .iter()
+        .find(|e| e["type"] == "result" && e["is_main_result"] == true)
+        .and_then(|e| e["data"]["text/plain"].as_str().map(str::to_string))
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+#[test]
+fn a_python_context_keeps_state_and_returns_rich_results() {
+    let data = data();
+    let server = TestServer::start(&data);
+    // Two kernels, one with pandas and matplotlib loaded: more than 512 MiB.
+    let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE, "memory_mib": 1024}));
+    let base = format!("/v1/sandboxes/{id}/contexts");
+    let (status, context) = server.call("POST", &base, Some(json!({"language": "python", "env": {"WHO": "ctx"}})));
+    assert_eq!(status, 201, "{context}");
+    assert_eq!(context["state"], "ready");
+    let cid = context["id"].as_str().unwrap().to_string();
+
+    // State carries over; the last expression is the result.
+    let first = code(&server, &id, &cid, "x = 41\nimport os\nprint('hello', os.environ['WHO'])");
+    assert_eq!(of_type(&first, "stdout")[0]["text"], "hello ctx\n");
+    assert_eq!(first.last().unwrap()["status"], "ok");
+    let second = code(&server, &id, &cid, "x + 1");
+    assert_eq!(main_text(&second).as_deref(), Some("42"));
+    let count = |events: &[Value]| events.last().unwrap()["execution_count"].as_u64().unwrap();
+    assert_eq!(count(&second), count(&first) + 1);
+    let err = code(&server, &id, &cid, "import sys\nprint('to stderr', file=sys.stderr)");
+    assert_eq!(of_type(&err, "stderr")[0]["text"], "to stderr\n");
+
+    // A chart shown without savefig comes back as a PNG.
+    let chart = code(&server, &id, &cid, "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()");
+    let png = of_type(&chart, "result")
+        .iter()
+        .find_map(|e| e["data"]["image/png"].as_str())
+        .map(|b64| base64::engine::general_purpose::STANDARD.decode(b64.trim()).unwrap())
+        .expect("an image/png result");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let (width, height) =
+        (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+    assert!(width > 200 && height > 200, "{width}x{height}");
+    // A DataFrame as an HTML table.
+    let frame = code(&server, &id, &cid, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})");
+    let html = of_type(&frame, "result")[0]["data"]["text/html"].as_str().unwrap().to_string();
+    assert!(html.contains("<table") && html.contains("<th>b</th>"), "{html}");
+
+    // An exception: its name, value and a plain traceback.
+    let failed = code(&server, &id, &cid, "def f():\n    return 1 / 0\nf()");
+    let error = of_type(&failed, "error")[0];
+    assert_eq!(
+        (error["name"].as_str(), error["value"].as_str()),
+        (Some("ZeroDivisionError"), Some("division by zero"))
+    );
+    let traceback =
+        error["traceback"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(traceback.contains("return 1 / 0") && !traceback.contains('\u{1b}'), "{traceback}");
+    assert_eq!(failed.last().unwrap()["status"], "error");
+
+    // A run that never ends is stopped at its timeout; the context stays.
+    let endless = run(&server, &id, &cid, json!({"code": "while True:\n    pass", "timeout_s": 2}));
+    assert_eq!(endless.last().unwrap()["status"], "timeout", "{endless:?}");
+    assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("41"));
+
+    // One run at a time; an interrupt ends the one going on.
+    let (url, auth) = (server.url.clone(), format!("Bearer {}", server.key));
+    let path = format!("{base}/{cid}/run");
+    let long = std::thread::spawn(move || {
+        ureq::post(&format!("{url}{path}"))
+            .set("Authorization", &auth)
+            .send_json(json!({"code": "import time\ntime.sleep(60)"}))
+            .unwrap()
+            .into_string()
+            .unwrap()
+    });
+    space_testkit::wait_until("the run to start", space_testkit::PATIENCE, || {
+        server.ok("GET", &format!("{base}/{cid}"), None)["state"] == "busy"
+    });
+    server.error("POST", &format!("{base}/{cid}/run"), Some(json!({"code": "1"})), 409, "context_busy");
+    server.ok("POST", &format!("{base}/{cid}/interrupt"), None);
+    let interrupted = long.join().unwrap();
+    assert!(interrupted.contains("KeyboardInterrupt"), "{interrupted}");
+    assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("41"));
+
+    // Two contexts do not see each other's variables.
+    let (_, other) = server.call("POST", &base, Some(json!({})));
+    let other = other["id"].as_str().unwrap().to_string();
+    let missing = code(&server, &id, &other, "x");
+    assert_eq!(of_type(&missing, "error")[0]["name"], "NameError");
+    let listed = server.ok("GET", &base, None);
+    assert_eq!(listed["contexts"].as_array().unwrap().len(), 2, "{listed}");
+
+    // Through a pause and a suspend, the interpreter keeps its state.
+    for action in ["pause", "resume", "suspend", "resume"] {
+        let (status, accepted) = server.call("POST", &format!("/v1/sandboxes/{id}/{action}"), None);
+        assert_eq!(status, 202, "{accepted}");
+        assert_eq!(server.wait_operation(accepted["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    }
+    assert_eq!(main_text(&code(&server, &id, &cid, "x + 1")).as_deref(), Some("42"));
+
+    // An interpreter that dies says so, and comes back after a restart.
+    let died = code(&server, &id, &cid, "import os\nos._exit(3)");
+    assert_eq!(died.last().unwrap()["status"], "died", "{died:?}");
+    assert_eq!(server.ok("GET", &format!("{base}/{cid}"), None)["state"], "dead");
+    server.error("POST", &format!("{base}/{cid}/run"), Some(json!({"code": "1"})), 409, "context_dead");
+    let restarted = server.ok("POST", &format!("{base}/{cid}/restart"), None);
+    assert_eq!(restarted["state"], "ready");
+    assert_eq!(of_type(&code(&server, &id, &cid, "x"), "error")[0]["name"], "NameError");
+    assert_eq!(main_text(&code(&server, &id, &cid, "2 ** 10")).as_deref(), Some("1024"));
+
+    // Bad input.
+    server.error("POST", &base, Some(json!({"language": "cobol"})), 422, "invalid_value");
+    server.error("POST", &base, Some(json!({"colour": "red"})), 400, "invalid_request");
+    server.error("GET", &format!("{base}/ctx_00000000000000000000"), None, 404, "not_found");
+    let (status, _) =
+        server.raw("DELETE", &format!("{base}/{other}"), &[("Authorization", &format!("Bearer {}", server.key))], None);
+    assert_eq!(status, 204);
+    server.error("GET", &format!("{base}/{other}"), None, 404, "not_found");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
+
+#[test]
+fn a_template_without_a_kernel_says_so() {
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": BASE_TEMPLATE}));
+    let refused = server.error("POST", &format!("/v1/sandboxes/{id}/contexts"), Some(json!({})), 422, "invalid_value");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("jupyter_client"), "{refused}");
+}
