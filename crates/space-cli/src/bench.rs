@@ -417,7 +417,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return result;
     }
-    let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &[&args.template])?;
+    // Code contexts need the code-interpreter template, when it was built.
+    let interpreter = space_host::template::CODE_INTERPRETER_TEMPLATE;
+    let mut templates = vec![args.template.as_str()];
+    if shared.template(interpreter).is_some() && args.template != interpreter {
+        templates.push(interpreter);
+    }
+    let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &templates)?;
     let warm_scratch = shared.scratch(&format!("bench-warm-{}", std::process::id()), &[&args.template])?;
     let result = bench(&args, &scratch, &warm_scratch);
     let cleanup =
@@ -654,6 +660,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         );
     }
     bench_snapshots(args, &client, &warm_client, &warm_platform, scratch, &create)?;
+    bench_contexts(args, &client, scratch, &exec)?;
     if !args.skip_templates {
         bench_templates(args, &client, scratch)?;
     }
@@ -788,6 +795,44 @@ fn bench_snapshots(
     let runs = disk.len();
     println!("{:<44} {:>9.1} MiB (median of {runs})", "fork: disk its root holds alone", median(disk));
     println!("{:<44} {:>9.1} MiB (median of {})", "fork: memory (PSS, source touched 64 MiB)", median(memory), runs);
+    Ok(())
+}
+
+/// A code context's round trip, `run("1+1")` through the API until its
+/// `end`, beside `exec true` of the same run.
+fn bench_contexts(args: &BenchArgs, client: &Client, scratch: &DataDir, exec: &Samples) -> Result<()> {
+    let interpreter = space_host::template::CODE_INTERPRETER_TEMPLATE;
+    if scratch.template(interpreter).is_none() {
+        println!(
+            "{:<44} skipped: no {interpreter} template (space setup --with-template {interpreter})",
+            "code context figures"
+        );
+        return Ok(());
+    }
+    let id = timed_create(client, interpreter, &mut Samples(vec![]))?;
+    let started = Instant::now();
+    let context = client.post(&format!("/v1/sandboxes/{id}/contexts"), &serde_json::json!({}))?;
+    let ready = started.elapsed();
+    let path = format!("/v1/sandboxes/{id}/contexts/{}/run", context["id"].as_str().unwrap_or_default());
+    let mut runs = Samples(vec![]);
+    for _ in 0..args.runs * args.execs {
+        let started = Instant::now();
+        let (status, body) =
+            client.post_bytes(&path, &[("Content-Type", "application/json")], br#"{"code": "1+1"}"#)?;
+        runs.0.push(started.elapsed());
+        let body = String::from_utf8_lossy(&body);
+        if status != 200 || !body.contains(r#""text/plain":"2""#) {
+            bail!("a context run failed: {status} {body}");
+        }
+    }
+    let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
+    client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
+    let row = |name: &str, s: &Samples| {
+        println!("{name:<44} {:>9.1} {:>9.1} {:>6}", s.percentile(50.0), s.percentile(95.0), s.0.len())
+    };
+    row("code context: run(\"1+1\") until its end", &runs);
+    row("exec `true` round trip (same run)", exec);
+    println!("{:<44} {:>9.1} ms", "code context: create until the kernel answers", ready.as_secs_f64() * 1000.0);
     Ok(())
 }
 
