@@ -64,6 +64,14 @@ impl Client {
         Self::answer(self.request("POST", path).set("Content-Type", content_type).send(body))
     }
 
+    /// A JSON POST whose answer is read as it streams (NDJSON).
+    pub fn post_reader(&self, path: &str, body: &serde_json::Value) -> Result<Box<dyn std::io::Read + Send>> {
+        match self.request("POST", path).send_json(body) {
+            Ok(response) => Ok(Box::new(response.into_reader())),
+            Err(err) => Self::answer(Err(err)).map(|_| Box::new(std::io::empty()) as Box<dyn std::io::Read + Send>),
+        }
+    }
+
     /// A DELETE answered with no body (204).
     pub fn delete_empty(&self, path: &str) -> Result<()> {
         match self.request("DELETE", path).call() {

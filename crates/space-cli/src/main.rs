@@ -41,6 +41,9 @@ enum Top {
     Sandbox(SandboxCommand),
     /// Run a command in a sandbox, streaming its output; exits with its code.
     Exec(ExecArgs),
+    /// Run code in an interpreter kept alive in a sandbox (a code context):
+    /// its output as it comes, then its value; exits 1 if it raised.
+    Run(RunArgs),
     /// Inspect operations.
     #[command(subcommand)]
     Op(OpCommand),
@@ -743,6 +746,26 @@ enum SandboxCommand {
 }
 
 #[derive(Args)]
+struct RunArgs {
+    sandbox: String,
+    /// Python (a Jupyter kernel; needs the code-interpreter template).
+    #[arg(long)]
+    python: bool,
+    /// The code (`-` reads it from stdin).
+    #[arg(short = 'c', long = "code")]
+    code: String,
+    /// A context to run in (its state carries over); without it a new one
+    /// is made for this run and stopped after.
+    #[arg(long)]
+    context: Option<String>,
+    /// Interrupt the run after this many seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args)]
 struct ExecArgs {
     sandbox: String,
     /// Working directory inside the sandbox.
@@ -890,6 +913,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Top::Sandbox(command) => sandbox(command).map(|()| 0),
         Top::Exec(args) => exec(args),
+        Top::Run(args) => run_code(args),
         Top::Op(OpCommand::Get { id, wait, client }) => {
             let path = match wait {
                 Some(s) => format!("/v1/operations/{id}?wait={s}"),
@@ -1365,6 +1389,65 @@ fn finish_lifecycle(client: &client::Client, accepted: &serde_json::Value, what:
         bail!("{what} failed: {}", operation["error"]["message"].as_str().unwrap_or("unknown error"));
     }
     Ok(operation)
+}
+
+fn run_code(args: RunArgs) -> Result<i32> {
+    use std::io::{Read, Write};
+    let client = args.client.client()?;
+    let base = format!("/v1/sandboxes/{}/contexts", args.sandbox);
+    let code = match args.code.as_str() {
+        "-" => {
+            let mut code = String::new();
+            std::io::stdin().read_to_string(&mut code)?;
+            code
+        }
+        code => code.to_string(),
+    };
+    let _ = args.python; // Python is the one language so far.
+    let (context, made) = match args.context {
+        Some(context) => (context, false),
+        None => {
+            let made = client.post(&base, &serde_json::json!({"language": "python"}))?;
+            (made["id"].as_str().unwrap_or_default().to_string(), true)
+        }
+    };
+    let body = serde_json::json!({"code": code, "timeout_s": args.timeout});
+    let mut code = 0;
+    let reader = client.post_reader(&format!("{base}/{context}/run"), &body)?;
+    for line in std::io::BufRead::lines(std::io::BufReader::new(reader)) {
+        let event: serde_json::Value = serde_json::from_str(&line?)?;
+        match event["type"].as_str() {
+            Some("stdout") => print!("{}", event["text"].as_str().unwrap_or_default()),
+            Some("stderr") => eprint!("{}", event["text"].as_str().unwrap_or_default()),
+            Some("result") => {
+                let data = &event["data"];
+                if let Some(text) = data["text/plain"].as_str().filter(|_| event["is_main_result"] == true) {
+                    println!("{text}");
+                }
+                for (mime, value) in data.as_object().into_iter().flatten() {
+                    if mime.starts_with("image/") {
+                        eprintln!("[{mime}, {} bytes base64]", value.as_str().map_or(0, str::len));
+                    }
+                }
+            }
+            Some("error") => {
+                for line in event["traceback"].as_array().into_iter().flatten() {
+                    eprintln!("{}", line.as_str().unwrap_or_default());
+                }
+                code = 1;
+            }
+            Some("end") if event["status"] != "ok" && code == 0 => {
+                eprintln!("the run ended: {}", event["status"].as_str().unwrap_or("unknown"));
+                code = 1;
+            }
+            _ => {}
+        }
+        std::io::stdout().flush()?;
+    }
+    if made {
+        let _ = client.delete_empty(&format!("{base}/{context}"));
+    }
+    Ok(code)
 }
 
 fn exec(args: ExecArgs) -> Result<i32> {

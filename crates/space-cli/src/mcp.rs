@@ -74,6 +74,12 @@ fn tools() -> Value {
         {"name": "checkpoint_sandbox",
          "description": "Save a named checkpoint of a running sandbox (memory, processes, files) without stopping it, to roll back to later.",
          "inputSchema": checkpoint},
+        {"name": "run_code",
+         "description": "Run Python in an interpreter kept alive in the sandbox (variables and imports persist between calls; the sandbox needs the code-interpreter template). Returns the output, the last expression's value, charts as images, or the error with its traceback.",
+         "inputSchema": {"type": "object", "properties": {
+             "sandbox_id": id, "code": {"type": "string"},
+             "timeout_s": {"type": "integer", "minimum": 1, "description": "Interrupt the run after this long"}},
+          "required": ["sandbox_id", "code"], "additionalProperties": false}},
         {"name": "restore_checkpoint",
          "description": "Roll a sandbox back to one of its checkpoints: memory, processes and files as they were then.",
          "inputSchema": checkpoint},
@@ -218,6 +224,51 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
             finish(client, &client.post(&path, &body).map_err(e)?)?;
             let done = if name == "checkpoint_sandbox" { "saved" } else { "restored" };
             Ok(text(&format!("checkpoint {checkpoint} {done}")))
+        }
+        "run_code" => {
+            let id = encode(string(args, "sandbox_id")?);
+            let code = string(args, "code")?;
+            let base = format!("/v1/sandboxes/{id}/contexts");
+            // The sandbox's live context, so state carries from call to call.
+            let listed = client.get(&base).map_err(e)?;
+            let live = listed["contexts"].as_array().into_iter().flatten().find(|c| c["state"] != "dead").cloned();
+            let context = match live {
+                Some(context) => context,
+                None => client.post(&base, &json!({"language": "python"})).map_err(e)?,
+            };
+            let path = format!("{base}/{}/run", context["id"].as_str().unwrap_or_default());
+            let body = json!({"code": code, "timeout_s": args["timeout_s"]});
+            let reader = client.post_reader(&path, &body).map_err(e)?;
+            let (mut text, mut content) = (String::new(), Vec::new());
+            let mut failed = false;
+            for line in std::io::BufReader::new(reader).lines() {
+                let event: Value =
+                    serde_json::from_str(&line.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+                match event["type"].as_str() {
+                    Some("stdout" | "stderr") => text.push_str(event["text"].as_str().unwrap_or_default()),
+                    Some("result") => {
+                        let data = &event["data"];
+                        if let Some(png) = data["image/png"].as_str() {
+                            content.push(json!({"type": "image", "data": png.trim(), "mimeType": "image/png"}));
+                        } else if let Some(value) = data["text/plain"].as_str() {
+                            text.push_str(&format!("{value}\n"));
+                        }
+                    }
+                    Some("error") => {
+                        failed = true;
+                        let lines: Vec<&str> =
+                            event["traceback"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                        text.push_str(&lines.join("\n"));
+                    }
+                    Some("end") if event["status"] != "ok" && event["status"] != "error" => {
+                        failed = true;
+                        text.push_str(&format!("\n(the run ended: {})", event["status"].as_str().unwrap_or("?")));
+                    }
+                    _ => {}
+                }
+            }
+            content.insert(0, json!({"type": "text", "text": text}));
+            Ok(json!({"content": content, "isError": failed}))
         }
         other => Err(format!("no tool {other:?}")),
     }

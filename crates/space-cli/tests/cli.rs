@@ -372,6 +372,61 @@ fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cu
     stop(server);
 }
 
+#[test]
+fn code_contexts_from_the_cli_and_mcp() {
+    use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
+    use std::io::Write;
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);
+    let (server, url) = serve(&data);
+    let id = printed(space(
+        &data,
+        &url,
+        &["sandbox", "create", "--template", "code-interpreter", "--memory-mib", "1024", "--quiet"],
+    ));
+    let id = id.trim();
+    assert_eq!(printed(space(&data, &url, &["run", id, "--python", "-c", "print('out')\n6 * 7"])), "out\n42\n");
+    let failed = space(&data, &url, &["run", id, "--python", "-c", "1 / 0"]);
+    assert_eq!(failed.status, ExitStatus::Exited(1));
+    assert!(
+        String::from_utf8_lossy(&failed.stderr).contains("ZeroDivisionError"),
+        "{}",
+        String::from_utf8_lossy(&failed.stderr)
+    );
+
+    // The MCP tool keeps one context per sandbox: state carries over.
+    let mut command = Command::new(SPACE);
+    command
+        .arg("mcp")
+        .env("SPACE_URL", &url)
+        .env("SPACE_API_KEY", std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    let mut stdin = child.child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.child.stdout.take().unwrap()).lines();
+    let mut call = |n: u64, code: &str| -> serde_json::Value {
+        let request = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+            "params": {"name": "run_code", "arguments": {"sandbox_id": id, "code": code}}});
+        writeln!(stdin, "{request}").unwrap();
+        stdin.flush().unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        answer["result"].clone()
+    };
+    assert_eq!(call(1, "z = 5")["isError"], false);
+    let doubled = call(2, "z * 2");
+    assert_eq!(doubled["content"][0]["text"], "10\n", "{doubled}");
+    let chart = call(3, "import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()");
+    assert_eq!(chart["content"][1]["mimeType"], "image/png", "{chart}");
+    let raised = call(4, "undefined_name");
+    assert_eq!(raised["isError"], true);
+    assert!(raised["content"][0]["text"].as_str().unwrap().contains("NameError"), "{raised}");
+    drop(stdin);
+    assert!(child.wait_timeout(std::time::Duration::from_secs(10)).is_some());
+    printed(space(&data, &url, &["sandbox", "rm", id]));
+    stop(server);
+}
+
 fn run(program: &str, args: &[&str]) -> Output {
     Reaper::global().output(Command::new(program).args(args)).unwrap()
 }
@@ -616,7 +671,8 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
 
 #[test]
 fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
-    let data = TestDataDir::new();
+    use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let venv = data.root().join("venv");
     let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();

@@ -216,6 +216,37 @@ class SnapshotsSdk(unittest.TestCase):
         asyncio.run(scenario())
 
 
+class ContextsSdk(unittest.TestCase):
+    def test_a_context_keeps_state_and_gives_rich_results(self):
+        with Sandbox.create(template="code-interpreter", memory_mib=1024) as sbx:
+            ctx = sbx.contexts.create("python")
+            self.assertEqual(ctx.run("x = 1").status, "ok")
+            self.assertEqual(ctx.run("x + 1").text, "2")
+            seen = []
+            printed = ctx.run("print('live')", on_event=seen.append)
+            self.assertEqual(printed.stdout, "live\n")
+            self.assertEqual([e["type"] for e in seen], ["stdout", "end"])
+            chart = ctx.run("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+            self.assertTrue(chart.png.startswith(b"\x89PNG"))
+            failed = ctx.run("1 / 0")
+            self.assertEqual((failed.status, failed.error["name"]), ("error", "ZeroDivisionError"))
+            self.assertEqual([c.id for c in sbx.contexts.list()], [ctx.id])
+            ctx.restart()
+            self.assertEqual(ctx.run("x").error["name"], "NameError")
+            ctx.delete()
+            self.assertEqual(sbx.contexts.list(), [])
+
+    def test_the_same_with_await(self):
+        async def scenario():
+            async with await AsyncSandbox.create(template="code-interpreter", memory_mib=1024) as sbx:
+                ctx = await sbx.contexts.create()
+                await ctx.run("y = 20")
+                self.assertEqual((await ctx.run("y * 2")).text, "40")
+            await sbx.client.aclose()
+
+        asyncio.run(scenario())
+
+
 class AsyncSdk(unittest.TestCase):
     def test_the_same_surface_with_await(self):
         async def scenario():

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation,
+from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
                       command_body, config, create_body, events_request, listing, template_from)
 from ._errors import SpaceError, error_from_response
 
@@ -253,6 +253,61 @@ class AsyncFiles:
         await self.sandbox.client.request("DELETE", self._path(), params=params)
 
 
+class AsyncContext:
+    """An interpreter kept alive in a sandbox (see `Context`)."""
+
+    def __init__(self, sandbox: "AsyncSandbox", info: Dict[str, Any]) -> None:
+        self.sandbox = sandbox
+        self.info = info
+        self.id: str = info["id"]
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/contexts/{self.id}{suffix}"
+
+    async def run(self, code: str, *, timeout: Optional[float] = None, on_event: Optional[Any] = None) -> Execution:
+        body: Dict[str, Any] = {"code": code}
+        if timeout is not None:
+            body["timeout_s"] = int(timeout)
+        execution = Execution()
+        async with self.sandbox.client._http.stream("POST", self._path("/run"), json=body, timeout=None) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise error_from_response(response.status_code, response.json())
+            async for line in response.aiter_lines():
+                if line.strip():
+                    event = json.loads(line)
+                    if on_event:
+                        on_event(event)
+                    execution.add(event)
+        return execution
+
+    async def interrupt(self) -> None:
+        await self.sandbox.client.json("POST", self._path("/interrupt"))
+
+    async def restart(self) -> None:
+        self.info = await self.sandbox.client.json("POST", self._path("/restart"))
+
+    async def delete(self) -> None:
+        await self.sandbox.client.request("DELETE", self._path())
+
+
+class AsyncContexts:
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self.sandbox = sandbox
+
+    async def create(self, language: str = "python", *, cwd: Optional[str] = None,
+                     env: Optional[Dict[str, str]] = None) -> AsyncContext:
+        body: Dict[str, Any] = {"language": language, "env": env or {}}
+        if cwd:
+            body["cwd"] = cwd
+        info = await self.sandbox.client.json("POST", f"/v1/sandboxes/{self.sandbox.id}/contexts", json=body)
+        return AsyncContext(self.sandbox, info)
+
+    async def list(self) -> List[AsyncContext]:
+        listed = (await self.sandbox.client.json("GET", f"/v1/sandboxes/{self.sandbox.id}/contexts"))["contexts"]
+        return [AsyncContext(self.sandbox, info) for info in listed]
+
+
 class AsyncSandbox:
     def __init__(self, info: Dict[str, Any], client: AsyncClient, keep: bool = True) -> None:
         self.info = info
@@ -261,6 +316,7 @@ class AsyncSandbox:
         self.keep = keep
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        self.contexts = AsyncContexts(self)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.id!r}, state={self.info.get('state')!r})"

@@ -154,6 +154,54 @@ class OutputEvent:
         return cls(type=frame.get("type", "stdout"), offset=int(frame.get("offset", 0)), data=data)
 
 
+@dataclass
+class Execution:
+    """What a code context's run gave: its output, its results (MIME
+    bundles), its error if it raised, and how it ended."""
+    stdout: str = ""
+    stderr: str = ""
+    results: List[Dict[str, Any]] = field(default_factory=list)
+    error: Optional[Dict[str, Any]] = None
+    status: str = ""
+    execution_count: Optional[int] = None
+
+    def add(self, event: Dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "stdout":
+            self.stdout += event.get("text", "")
+        elif kind == "stderr":
+            self.stderr += event.get("text", "")
+        elif kind == "result":
+            self.results.append(event)
+        elif kind == "error":
+            self.error = event
+        elif kind == "end":
+            self.status = event.get("status", "")
+            self.execution_count = event.get("execution_count")
+
+    def _first(self, mime: str) -> Optional[str]:
+        main = [r for r in self.results if r.get("is_main_result")]
+        for result in main + [r for r in self.results if not r.get("is_main_result")]:
+            if mime in result.get("data", {}):
+                return result["data"][mime]
+        return None
+
+    @property
+    def text(self) -> Optional[str]:
+        """The main result as text (the last expression's value)."""
+        return self._first("text/plain")
+
+    @property
+    def html(self) -> Optional[str]:
+        return self._first("text/html")
+
+    @property
+    def png(self) -> Optional[bytes]:
+        """The first image (a chart), decoded."""
+        data = self._first("image/png")
+        return base64.b64decode(data) if data else None
+
+
 class OutputCollector:
     """Gathers a command's streamed output into its result."""
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import httpx
 
-from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, OutputCollector, OutputEvent, as_bytes, check_operation,
+from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
                       command_body, config, create_body, events_request, listing, template_from)
 from ._errors import SpaceError, error_from_response
 
@@ -280,6 +280,67 @@ class Files:
         self.sandbox.client.request("DELETE", self._path(), params=params)
 
 
+class Context:
+    """An interpreter kept alive in a sandbox: state carries from run to run."""
+
+    def __init__(self, sandbox: "Sandbox", info: Dict[str, Any]) -> None:
+        self.sandbox = sandbox
+        self.info = info
+        self.id: str = info["id"]
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/contexts/{self.id}{suffix}"
+
+    def run(self, code: str, *, timeout: Optional[float] = None,
+            on_event: Optional[Any] = None) -> Execution:
+        """Runs `code` and returns what it gave; `on_event` sees each event
+        (output as it happens) first."""
+        body: Dict[str, Any] = {"code": code}
+        if timeout is not None:
+            body["timeout_s"] = int(timeout)
+        execution = Execution()
+        client = self.sandbox.client
+        with client._http.stream("POST", self._path("/run"), json=body, timeout=None) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise error_from_response(response.status_code, response.json())
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if on_event:
+                    on_event(event)
+                execution.add(event)
+        return execution
+
+    def interrupt(self) -> None:
+        self.sandbox.client.json("POST", self._path("/interrupt"))
+
+    def restart(self) -> None:
+        self.info = self.sandbox.client.json("POST", self._path("/restart"))
+
+    def delete(self) -> None:
+        self.sandbox.client.request("DELETE", self._path())
+
+
+class Contexts:
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self.sandbox = sandbox
+
+    def create(self, language: str = "python", *, cwd: Optional[str] = None,
+               env: Optional[Dict[str, str]] = None) -> Context:
+        """Starts an interpreter and returns once it answers."""
+        body: Dict[str, Any] = {"language": language, "env": env or {}}
+        if cwd:
+            body["cwd"] = cwd
+        return Context(self.sandbox, self.sandbox.client.json("POST", f"/v1/sandboxes/{self.sandbox.id}/contexts",
+                                                              json=body))
+
+    def list(self) -> List[Context]:
+        listed = self.sandbox.client.json("GET", f"/v1/sandboxes/{self.sandbox.id}/contexts")["contexts"]
+        return [Context(self.sandbox, info) for info in listed]
+
+
 class Sandbox:
     """A sandbox on the SPACE server."""
 
@@ -290,6 +351,7 @@ class Sandbox:
         self.keep = keep
         self.commands = Commands(self)
         self.files = Files(self)
+        self.contexts = Contexts(self)
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id!r}, state={self.info.get('state')!r})"
