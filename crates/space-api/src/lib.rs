@@ -298,7 +298,7 @@ pub const MAX_CHECKPOINTS: usize = 32;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateContextRequest {
-    /// `python` (a Jupyter kernel; the default).
+    /// `python` (a Jupyter kernel; the default) or `javascript` (Node.js).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// Its working directory (the template's by default).

@@ -24,6 +24,8 @@ use crate::platform::Platform;
 
 /// The Python driver, run as `python3 -c`.
 const PYTHON_DRIVER: &str = include_str!("contexts/python_driver.py");
+/// The JavaScript driver, run as `node -e`.
+const JS_DRIVER: &str = include_str!("contexts/js_driver.js");
 /// How long an interpreter may take to answer first (imports on gVisor).
 const READY_PATIENCE: Duration = Duration::from_secs(120);
 /// What of the driver's stderr is kept to say why it did not start.
@@ -34,6 +36,10 @@ pub(crate) struct LiveContext {
     info: Mutex<CodeContext>,
     agent: AgentConn,
     stream: u32,
+    /// The interpreter's own environment (to start it again).
+    env: std::collections::BTreeMap<String, String>,
+    /// Set once the driver process is gone (its restart runs it anew).
+    exited: std::sync::atomic::AtomicBool,
     /// Where the events of the run going on go.
     run: Mutex<Option<mpsc::UnboundedSender<Value>>>,
     /// Held by the run going on: one at a time.
@@ -83,9 +89,9 @@ impl Platform {
         request: CreateContextRequest,
     ) -> Result<CodeContext, ApiError> {
         let language = request.language.unwrap_or_else(|| "python".into());
-        if language != "python" {
+        if language != "python" && language != "javascript" {
             return Err(ApiError::unprocessable(format!(
-                "language must be python (javascript and bash contexts are not built yet), got {language:?}"
+                "language must be python or javascript (bash contexts are not built yet), got {language:?}"
             )));
         }
         crate::domain::validate_env(&request.env)?;
@@ -116,23 +122,24 @@ impl Platform {
         agent: &AgentConn,
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Arc<LiveContext>, ApiError> {
-        let mut env = env.clone();
-        // The kernel's debugger warns about frozen modules on every start.
-        env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
-        let exec = ExecRequest {
-            argv: vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()],
-            env,
-            cwd: info.cwd.clone(),
-            user: None,
-            stdin: true,
-            tty: false,
+        let mut driver_env = env.clone();
+        let argv = match info.language.as_str() {
+            "javascript" => vec!["node".into(), "-e".into(), JS_DRIVER.into()],
+            _ => {
+                // The kernel's debugger warns about frozen modules on every start.
+                driver_env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
+                vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()]
+            }
         };
+        let exec = ExecRequest { argv, env: driver_env, cwd: info.cwd.clone(), user: None, stdin: true, tty: false };
         let stream = agent.exec(&exec).await.map_err(crate::commands::exec_failure)?;
         let (ready, started) = oneshot::channel();
         let live = Arc::new(LiveContext {
             info: Mutex::new(info),
             agent: agent.clone(),
             stream: stream.stream,
+            env: env.clone(),
+            exited: Default::default(),
             run: Mutex::default(),
             running: Arc::default(),
             ready: Mutex::new(Some(ready)),
@@ -198,13 +205,29 @@ impl Platform {
     /// Interrupts the run going on (a `KeyboardInterrupt` in Python).
     pub async fn interrupt_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
         let live = self.context(sandbox_id, id)?;
-        live.send(json!({"op": "interrupt"})).await?;
+        match live.info().language.as_str() {
+            // A JavaScript run blocks its driver's thread: only a signal reaches it.
+            "javascript" => live
+                .agent
+                .signal(live.stream, nix::sys::signal::Signal::SIGINT as i32)
+                .await
+                .map_err(crate::commands::exec_failure)?,
+            _ => live.send(json!({"op": "interrupt"})).await?,
+        }
         Ok(live.info())
     }
 
     /// Starts the interpreter afresh (its state is gone), also after it died.
     pub async fn restart_context(self: &Arc<Self>, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
         let live = self.context(sandbox_id, id)?;
+        if live.exited.load(std::sync::atomic::Ordering::SeqCst) {
+            // The driver itself is gone (`process.exit`): run it anew.
+            let mut info = live.info();
+            info.state = "starting".into();
+            let again = self.start_driver(info, &live.agent, &live.env).await?;
+            self.contexts.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), again.clone());
+            return Ok(again.info());
+        }
         let (ready, restarted) = oneshot::channel();
         *live.ready.lock().unwrap_or_else(|e| e.into_inner()) = Some(ready);
         live.set_state("starting");
@@ -281,6 +304,7 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
         }
     }
     // The driver is gone (it exited, or the sandbox stopped).
+    live.exited.store(true, std::sync::atomic::Ordering::SeqCst);
     live.set_state("dead");
     let why = String::from_utf8_lossy(&stderr.make_contiguous()[..]).trim().to_string();
     let last = why.lines().last().unwrap_or("it exited").to_string();

@@ -157,6 +157,52 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
 }
 
 #[test]
+fn a_javascript_context_keeps_state() {
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
+    let base = format!("/v1/sandboxes/{id}/contexts");
+    let (status, context) = server.call("POST", &base, Some(json!({"language": "javascript"})));
+    assert_eq!(status, 201, "{context}");
+    assert_eq!(context["language"], "javascript");
+    let cid = context["id"].as_str().unwrap().to_string();
+    let first = code(&server, &id, &cid, "let x = 40; const add = (a, b) => a + b; console.log('set', x)");
+    assert_eq!(of_type(&first, "stdout")[0]["text"], "set 40\n");
+    assert_eq!(main_text(&code(&server, &id, &cid, "add(x, 2)")).as_deref(), Some("42"));
+    let object = code(&server, &id, &cid, "({a: [1, 2]})");
+    assert_eq!(of_type(&object, "result")[0]["data"]["application/json"], json!({"a": [1, 2]}));
+    let thrown = code(&server, &id, &cid, "throw new TypeError('nope')");
+    let error = of_type(&thrown, "error")[0];
+    assert_eq!((error["name"].as_str(), error["value"].as_str()), (Some("TypeError"), Some("nope")));
+    let endless = run(&server, &id, &cid, json!({"code": "while (true) {}", "timeout_s": 1}));
+    assert_eq!(endless.last().unwrap()["status"], "timeout");
+    assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("40"), "the context stays");
+    // Interrupted by a signal, since a run blocks the driver's thread.
+    let (url, auth) = (server.url.clone(), format!("Bearer {}", server.key));
+    let path = format!("{base}/{cid}/run");
+    let long = std::thread::spawn(move || {
+        ureq::post(&format!("{url}{path}"))
+            .set("Authorization", &auth)
+            .send_json(json!({"code": "for (;;) {}"}))
+            .unwrap()
+            .into_string()
+            .unwrap()
+    });
+    space_testkit::wait_until("the run to start", space_testkit::PATIENCE, || {
+        server.ok("GET", &format!("{base}/{cid}"), None)["state"] == "busy"
+    });
+    server.ok("POST", &format!("{base}/{cid}/interrupt"), None);
+    assert!(long.join().unwrap().contains("KeyboardInterrupt"));
+    // Its process exits: dead until restarted, then fresh.
+    let died = code(&server, &id, &cid, "process.exit(1)");
+    assert_eq!(died.last().unwrap()["status"], "died", "{died:?}");
+    server.error("POST", &format!("{base}/{cid}/run"), Some(json!({"code": "1"})), 409, "context_dead");
+    assert_eq!(server.ok("POST", &format!("{base}/{cid}/restart"), None)["state"], "ready");
+    assert_eq!(of_type(&code(&server, &id, &cid, "x"), "error")[0]["name"], "ReferenceError");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
+
+#[test]
 fn a_template_without_a_kernel_says_so() {
     let data = data();
     let server = TestServer::start(&data);
