@@ -314,6 +314,26 @@ fn sigkill_of_the_server_loses_nothing() {
     stop(server);
 }
 
+/// `space mcp` against `url`: the process, its stdin, its lines out.
+fn mcp(
+    data: &TestDataDir,
+    url: &str,
+) -> (ReapedChild, std::process::ChildStdin, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+    let mut command = Command::new(SPACE);
+    command
+        .arg("mcp")
+        .env("SPACE_URL", url)
+        .env("SPACE_DATA_DIR", data.root())
+        .env("SPACE_API_KEY", std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Reaper::global().spawn(&mut command).unwrap();
+    let stdin = child.child.stdin.take().unwrap();
+    let lines = BufReader::new(child.child.stdout.take().unwrap()).lines();
+    (child, stdin, lines)
+}
+
 /// The text a successful `space` call printed.
 fn printed(out: Output) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -394,17 +414,7 @@ fn code_contexts_from_the_cli_and_mcp() {
     );
 
     // The MCP tool keeps one context per sandbox: state carries over.
-    let mut command = Command::new(SPACE);
-    command
-        .arg("mcp")
-        .env("SPACE_URL", &url)
-        .env("SPACE_API_KEY", std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = Reaper::global().spawn(&mut command).unwrap();
-    let mut stdin = child.child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.child.stdout.take().unwrap()).lines();
+    let (child, mut stdin, mut lines) = mcp(&data, &url);
     let mut call = |n: u64, code: &str| -> serde_json::Value {
         let request = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
             "params": {"name": "run_code", "arguments": {"sandbox_id": id, "code": code}}});
@@ -527,18 +537,7 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
     use std::io::Write;
     let data = TestDataDir::new();
     let (server, url) = serve(&data);
-    let mut command = Command::new(SPACE);
-    command
-        .arg("mcp")
-        .env("SPACE_URL", &url)
-        .env("SPACE_DATA_DIR", data.root())
-        .env("SPACE_API_KEY", std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = Reaper::global().spawn(&mut command).unwrap();
-    let mut stdin = child.child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.child.stdout.take().unwrap()).lines();
+    let (child, mut stdin, mut lines) = mcp(&data, &url);
     let mut ask = |id: u64, method: &str, params: serde_json::Value| -> serde_json::Value {
         let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         writeln!(stdin, "{request}").unwrap();

@@ -311,7 +311,12 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
     ready(Err(last.clone()));
     live.end_run(json!({"type": "end", "status": "died", "execution_count": null, "error": last}));
     let id = live.info().id;
-    let gone = platform.sandbox(&live.info().sandbox_id).map_or(true, |r| r.sandbox.state.as_str() == "deleted");
+    let gone = platform.sandbox(&live.info().sandbox_id).map_or(true, |r| {
+        matches!(
+            r.sandbox.state,
+            space_api::SandboxState::Deleting | space_api::SandboxState::Deleted | space_api::SandboxState::Failed
+        )
+    });
     if gone {
         platform.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
