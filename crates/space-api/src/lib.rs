@@ -298,7 +298,8 @@ pub const MAX_CHECKPOINTS: usize = 32;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateContextRequest {
-    /// `python` (a Jupyter kernel; the default) or `javascript` (Node.js).
+    /// `python` (a Jupyter kernel; the default), `javascript` (Node.js) or
+    /// `bash`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// Its working directory (the template's by default).

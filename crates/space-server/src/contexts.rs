@@ -24,6 +24,8 @@ use crate::platform::Platform;
 
 /// The Python driver, run as `python3 -c`.
 const PYTHON_DRIVER: &str = include_str!("contexts/python_driver.py");
+/// The bash driver (a Python script keeping one bash), run as `python3 -c`.
+const BASH_DRIVER: &str = include_str!("contexts/bash_driver.py");
 /// The JavaScript driver, run as `node -e`.
 const JS_DRIVER: &str = include_str!("contexts/js_driver.js");
 /// How long an interpreter may take to answer first (imports on gVisor).
@@ -89,9 +91,9 @@ impl Platform {
         request: CreateContextRequest,
     ) -> Result<CodeContext, ApiError> {
         let language = request.language.unwrap_or_else(|| "python".into());
-        if language != "python" && language != "javascript" {
+        if !["python", "javascript", "bash"].contains(&language.as_str()) {
             return Err(ApiError::unprocessable(format!(
-                "language must be python or javascript (bash contexts are not built yet), got {language:?}"
+                "language must be python, javascript or bash, got {language:?}"
             )));
         }
         crate::domain::validate_env(&request.env)?;
@@ -125,6 +127,7 @@ impl Platform {
         let mut driver_env = env.clone();
         let argv = match info.language.as_str() {
             "javascript" => vec!["node".into(), "-e".into(), JS_DRIVER.into()],
+            "bash" => vec!["python3".into(), "-c".into(), BASH_DRIVER.into()],
             _ => {
                 // The kernel's debugger warns about frozen modules on every start.
                 driver_env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());

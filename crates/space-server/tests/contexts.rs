@@ -203,6 +203,38 @@ fn a_javascript_context_keeps_state() {
 }
 
 #[test]
+fn a_bash_context_keeps_its_shell() {
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": BASE_TEMPLATE}));
+    let base = format!("/v1/sandboxes/{id}/contexts");
+    let (status, context) = server.call("POST", &base, Some(json!({"language": "bash"})));
+    assert_eq!(status, 201, "{context}");
+    let cid = context["id"].as_str().unwrap().to_string();
+    let first = code(&server, &id, &cid, "export GREETING=hi; cd /tmp; count() { echo $(( $1 + 1 )); }; echo set");
+    assert_eq!(of_type(&first, "stdout")[0]["text"], "set\n");
+    let second = code(&server, &id, &cid, "echo $GREETING $(pwd) $(count 41); echo oops >&2");
+    let out: String = of_type(&second, "stdout").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(out, "hi /tmp 42\n");
+    let err: String = of_type(&second, "stderr").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(err, "oops\n");
+    let failed = code(&server, &id, &cid, "printf 'no newline'; false");
+    assert_eq!(of_type(&failed, "stdout")[0]["text"], "no newline");
+    assert_eq!(
+        (failed.last().unwrap()["status"].as_str(), failed.last().unwrap()["exit_code"].as_i64()),
+        (Some("error"), Some(1))
+    );
+    let slept = run(&server, &id, &cid, json!({"code": "sleep 60", "timeout_s": 1}));
+    assert_eq!(slept.last().unwrap()["status"], "timeout", "{slept:?}");
+    let after: String = of_type(&code(&server, &id, &cid, "echo $GREETING"), "stdout")
+        .iter()
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(after, "hi\n", "the shell stays");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
+
+#[test]
 fn a_template_without_a_kernel_says_so() {
     let data = data();
     let server = TestServer::start(&data);
