@@ -119,6 +119,17 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
     assert!(interrupted.contains("KeyboardInterrupt"), "{interrupted}");
     assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("41"));
 
+    // The same run as server-sent events.
+    let auth = format!("Bearer {}", server.key);
+    let (status, events) = server.raw(
+        "POST",
+        &format!("{base}/{cid}/run"),
+        &[("Authorization", &auth), ("Content-Type", "application/json"), ("Accept", "text/event-stream")],
+        Some(r#"{"code": "print('sse')\nx"}"#),
+    );
+    assert_eq!(status, 200);
+    assert!(events.starts_with("event: stdout\ndata: {") && events.contains("event: end\ndata: "), "{events}");
+
     // Two contexts do not see each other's variables.
     let (_, other) = server.call("POST", &base, Some(json!({})));
     let other = other["id"].as_str().unwrap().to_string();

@@ -2,8 +2,8 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::Json;
 use space_api::{CodeContext, CodeContextList, CreateContextRequest, ErrorBody, RunCodeRequest};
 
@@ -82,25 +82,29 @@ pub async fn restart(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/run", tag = "contexts",
     request_body = RunCodeRequest,
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
-    responses((status = 200, description = "NDJSON as it happens: `stdout`/`stderr` (`text`), `result` (`data`: a MIME bundle, `is_main_result`), `error` (`name`, `value`, `traceback`), and last `end` (`status`: ok, error, timeout or died; `execution_count`)", content_type = "application/x-ndjson"),
+    responses((status = 200, description = "NDJSON as it happens (SSE with `Accept: text/event-stream`, the type as the event's name): `stdout`/`stderr` (`text`), `result` (`data`: a MIME bundle, `is_main_result`), `error` (`name`, `value`, `traceback`), and last `end` (`status`: ok, error, timeout or died; `execution_count`)", content_type = "application/x-ndjson"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Another run is going on, or the interpreter died", body = ErrorBody)))]
 pub async fn run(
     State(state): State<AppState>,
     Path((id, cid)): Path<(String, String)>,
+    headers: HeaderMap,
     ApiJson(request): ApiJson<RunCodeRequest>,
 ) -> Result<Response, ApiError> {
+    let sse =
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     // Held while the run goes on: the sandbox is not paused for idleness.
     let work = state.platform.begin_work(&id).await?;
     let run = state.platform.run_code(&id, &cid, request).await?;
-    let lines = futures_util::stream::unfold(Some((run, work)), |held| async move {
+    let lines = futures_util::stream::unfold(Some((run, work)), move |held| async move {
         let (mut run, work) = held?;
         let event = run.events.recv().await?;
         let end = event["type"] == "end";
-        let line = Ok::<_, std::convert::Infallible>(format!("{event}\n"));
-        Some((line, (!end).then_some((run, work))))
+        let text = match sse {
+            true => format!("event: {}\ndata: {event}\n\n", event["type"].as_str().unwrap_or("message")),
+            false => format!("{event}\n"),
+        };
+        Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some((run, work))))
     });
-    let mut response = Body::from_stream(lines).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/x-ndjson"));
-    Ok(response)
+    Ok(super::output::stream_response(Body::from_stream(lines), sse))
 }
