@@ -174,6 +174,13 @@ impl Platform {
         Ok(found)
     }
 
+    /// Whether a run goes on in one of the sandbox's contexts (it is not
+    /// idle then).
+    pub(crate) fn has_busy_context(&self, sandbox_id: &str) -> bool {
+        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        contexts.values().map(|c| c.info()).any(|c| c.sandbox_id == sandbox_id && c.state == "busy")
+    }
+
     pub fn get_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
         Ok(self.context(sandbox_id, id)?.info())
     }

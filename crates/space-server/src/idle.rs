@@ -39,10 +39,12 @@ pub(crate) fn may_auto_pause(record: &SandboxRecord, now: SystemTime, threshold_
 impl Platform {
     /// Whether a command of the sandbox is running.
     pub(crate) fn has_running_commands(&self, id: &str) -> bool {
-        self.store
-            .commands(id)
-            .map(|commands| commands.iter().any(|c| c.state == CommandState::Running))
-            .unwrap_or(true)
+        self.has_busy_context(id)
+            || self
+                .store
+                .commands(id)
+                .map(|commands| commands.iter().any(|c| c.state == CommandState::Running))
+                .unwrap_or(true)
     }
 
     /// Whether the sandbox may be paused for idleness now.

@@ -114,6 +114,13 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
         server.ok("GET", &format!("{base}/{cid}"), None)["state"] == "busy"
     });
     server.error("POST", &format!("{base}/{cid}/run"), Some(json!({"code": "1"})), 409, "context_busy");
+    // A checkpoint does not wait for the run (it is saved with it going on).
+    let (status, saved) =
+        server.call("POST", &format!("/v1/sandboxes/{id}/checkpoints"), Some(json!({"name": "mid-run"})));
+    assert_eq!(status, 202, "{saved}");
+    let saved = server.wait_operation(saved["operation"]["id"].as_str().unwrap());
+    assert_eq!(saved["state"], "succeeded", "{saved}");
+    assert_eq!(server.ok("GET", &format!("{base}/{cid}"), None)["state"], "busy");
     server.ok("POST", &format!("{base}/{cid}/interrupt"), None);
     let interrupted = long.join().unwrap();
     assert!(interrupted.contains("KeyboardInterrupt"), "{interrupted}");

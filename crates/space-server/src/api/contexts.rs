@@ -93,18 +93,20 @@ pub async fn run(
 ) -> Result<Response, ApiError> {
     let sse =
         headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
-    // Held while the run goes on: the sandbox is not paused for idleness.
+    // A busy context keeps the sandbox from being idle; the work gate is
+    // held only to start the run (a fork or checkpoint does not wait for it).
     let work = state.platform.begin_work(&id).await?;
     let run = state.platform.run_code(&id, &cid, request).await?;
-    let lines = futures_util::stream::unfold(Some((run, work)), move |held| async move {
-        let (mut run, work) = held?;
+    drop(work);
+    let lines = futures_util::stream::unfold(Some(run), move |held| async move {
+        let mut run = held?;
         let event = run.events.recv().await?;
         let end = event["type"] == "end";
         let text = match sse {
             true => format!("event: {}\ndata: {event}\n\n", event["type"].as_str().unwrap_or("message")),
             false => format!("{event}\n"),
         };
-        Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some((run, work))))
+        Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some(run)))
     });
     Ok(super::output::stream_response(Body::from_stream(lines), sse))
 }
