@@ -1,7 +1,8 @@
 //! Code contexts: an interpreter kept alive in a sandbox, so state carries
 //! from run to run and a run needs no process of its own. A context is a
 //! driver the agent runs like any command (`contexts/python_driver.py`:
-//! a Jupyter kernel, ipykernel, and `jupyter_client`), speaking JSON lines
+//! IPython's shell in its own process; `bash_driver.py`: one bash kept by a
+//! small Python loop; `js_driver.js`: a V8 context in Node.js), speaking JSON lines
 //! on its stdin and stdout; this module keeps it, sends it runs one at a
 //! time and hands each run's events (output, rich results, the error, the
 //! end) to whoever asked. The driver runs through pause, suspend and resume
@@ -22,7 +23,7 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::platform::Platform;
 
-/// The Python driver, run as `python3 -c`.
+/// The Python driver (IPython's shell in the driver's process), run as `python3 -c`.
 const PYTHON_DRIVER: &str = include_str!("contexts/python_driver.py");
 /// The bash driver (a Python script keeping one bash), run as `python3 -c`.
 const BASH_DRIVER: &str = include_str!("contexts/bash_driver.py");
@@ -124,17 +125,12 @@ impl Platform {
         agent: &AgentConn,
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Arc<LiveContext>, ApiError> {
-        let mut driver_env = env.clone();
-        let argv = match info.language.as_str() {
+        let argv: Vec<String> = match info.language.as_str() {
             "javascript" => vec!["node".into(), "-e".into(), JS_DRIVER.into()],
             "bash" => vec!["python3".into(), "-c".into(), BASH_DRIVER.into()],
-            _ => {
-                // The kernel's debugger warns about frozen modules on every start.
-                driver_env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
-                vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()]
-            }
+            _ => vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()],
         };
-        let exec = ExecRequest { argv, env: driver_env, cwd: info.cwd.clone(), user: None, stdin: true, tty: false };
+        let exec = ExecRequest { argv, env: env.clone(), cwd: info.cwd.clone(), user: None, stdin: true, tty: false };
         let stream = agent.exec(&exec).await.map_err(crate::commands::exec_failure)?;
         let (ready, started) = oneshot::channel();
         let live = Arc::new(LiveContext {

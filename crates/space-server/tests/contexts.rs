@@ -1,4 +1,4 @@
-//! Code contexts on real runsc: a Jupyter kernel kept alive in the
+//! Code contexts on real runsc: an interpreter kept alive in the
 //! `code-interpreter` template, runs streamed back as NDJSON.
 
 mod common;
@@ -258,5 +258,5 @@ fn a_template_without_a_kernel_says_so() {
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": BASE_TEMPLATE}));
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/contexts"), Some(json!({})), 422, "invalid_value");
-    assert!(refused["error"]["message"].as_str().unwrap().contains("jupyter_client"), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("IPython"), "{refused}");
 }

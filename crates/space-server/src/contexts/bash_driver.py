@@ -1,134 +1,274 @@
-# SPACE's code-context driver for bash: keeps one bash process alive (its
+# SPACE's code-context driver for bash, run in the sandbox as `python3 -c
+# DRIVER`: keeps one bash process alive in a session of its own (its
 # variables, functions, cwd and exports carry from run to run) and speaks
-# the same JSON lines as the Python driver. A run's end is found by a
-# marker the driver prints after the code, on stdout and stderr; a run that
-# exits non-zero ends with status "error" and an `ExitStatus` error.
+# the same JSON lines with the host on stdin/stdout as the Python driver:
+# requests {"op": "run", "id", "code", "timeout_s"}, {"op": "interrupt"},
+# {"op": "restart"}; events {"type": "ready"} ("restarted": true after a
+# restart), per run {"run", "type": "stdout"|"stderr", "text"}, {"run",
+# "type": "error", ...} and last {"run", "type": "end", "status":
+# "ok"|"error"|"timeout"|"died", "execution_count", "exit_code"};
+# {"type": "died", "why"} when the shell exits. A run ends at a marker
+# printed after the code on stdout and stderr; a non-zero exit is an
+# `ExitStatus` error.
 import json
 import os
-import queue
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
-LOCK = threading.Lock()
+# How long an interrupted run has to end before its worker is replaced.
+PATIENCE = 5.0
+
+
+OUT = []
 
 
 def emit(event):
-    with LOCK:
-        sys.stdout.write(json.dumps(event) + "\n")
-        sys.stdout.flush()
+    """Queues an event for the host; `send` writes what is queued at once
+    (a run's last output and its end in one write)."""
+    OUT.append(json.dumps(event) + "\n")
+
+
+def send():
+    write_all(1, "".join(OUT).encode())
+    OUT.clear()
+
+
+def write_all(fd, data):
+    data = memoryview(data)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def drain(fd):
+    """What can be read from a non-blocking pipe now; None at its end."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks) if chunks else None
+        chunks.append(chunk)
+
+
+class Worker:
+    """The shell's process; `feed` turns what it writes into events and
+    says when a run ended."""
+
+    def __init__(self, argv):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        self.files = {self.proc.stdout.fileno(): self.proc.stdout, self.proc.stderr.fileno(): self.proc.stderr}
+        self.open = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        for fd in self.open:
+            os.set_blocking(fd, False)
+        self.stderr_tail = b""
+        self.ready = False
+
+    def close(self, fd):
+        del self.open[fd]
+        if fd in self.files:
+            self.files.pop(fd).close()
+        else:
+            os.close(fd)
+
+    def signal(self, signum):
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def kill(self):
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+        for fd in list(self.open):
+            self.close(fd)
+        if self.proc.stdin:
+            self.proc.stdin.close()
+
+    def why(self):
+        last = self.stderr_tail.decode(errors="replace").strip().splitlines()
+        return last[-1] if last else f"the interpreter exited ({self.proc.poll()})"
+
+
+class BashWorker(Worker):
+    def __init__(self):
+        super().__init__(["bash", "--norc", "--noprofile"])
+        # SIGINT stops what runs, not the shell itself.
+        self.proc.stdin.write(b"trap : INT\n")
+        self.proc.stdin.flush()
+        self.ready, self.count = True, 0
+        self.held = None
+
+    def begin(self, request):
+        self.marker = ("__space_end_" + uuid.uuid4().hex).encode()
+        self.held = {"stdout": b"", "stderr": b""}
+        self.exit_code = None
+        script = request["code"].encode() + b"\n__space_status=$?; printf '%s %d\\n' " + self.marker + \
+            b" $__space_status; printf '%s\\n' " + self.marker + b" >&2\n"
+        try:
+            self.proc.stdin.write(script)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+
+    def feed(self, kind, data, out):
+        held = self.held
+        if held is None or kind not in held:
+            return None
+        data = held[kind] + data
+        at = data.find(self.marker)
+        if at >= 0:
+            if data[:at]:
+                out({"type": kind, "text": data[:at].decode(errors="replace")})
+            if kind == "stdout":
+                self.exit_code = int(data[at + len(self.marker):].split(b"\n", 1)[0].strip() or b"0")
+            del held[kind]
+        else:
+            # Hold back what could be the start of the marker.
+            keep = len(self.marker)
+            if len(data) > keep:
+                out({"type": kind, "text": data[:-keep].decode(errors="replace")})
+                data = data[-keep:]
+            held[kind] = data
+        if held:
+            return None
+        self.held = None
+        self.count += 1
+        if self.exit_code:
+            out({"type": "error", "name": "ExitStatus", "value": f"exited with {self.exit_code}", "traceback": []})
+        return {"type": "end", "status": "error" if self.exit_code else "ok", "execution_count": self.count,
+                "exit_code": self.exit_code}
 
 
 def spawn():
-    shell = subprocess.Popen(["bash", "--norc", "--noprofile"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
-    # SIGINT stops what runs, not the shell itself.
-    shell.stdin.write(b"trap : INT\n")
-    shell.stdin.flush()
-    return shell
+    return BashWorker()
 
 
-STATE = {"shell": spawn(), "count": 0}
+class Driver:
+    def __init__(self):
+        self.worker = spawn()
+        self.restarted = False
+        self.announced = False
+        self.run = None
+        self.waiting = []
 
+    def out(self, event):
+        if self.run is not None:
+            event["run"] = self.run["id"]
+            emit(event)
 
-def interrupt():
-    try:
-        os.killpg(STATE["shell"].pid, signal.SIGINT)
-    except ProcessLookupError:
-        pass
+    def end(self, status=None, end=None):
+        """Ends the run going on: with the worker's end event, or `status`
+        (which also overrides the worker's: a timed-out run is "timeout")."""
+        event = dict(end or {"execution_count": None})
+        if status:
+            event["status"] = status
+        event.update(type="end", run=self.run["id"])
+        self.run = None
+        emit(event)
 
+    def replace_worker(self):
+        if self.worker is not None:
+            self.worker.kill()
+        self.worker, self.restarted, self.announced = spawn(), True, False
 
-def run(request):
-    shell, run_id = STATE["shell"], request["id"]
-    marker = ("__space_end_" + uuid.uuid4().hex).encode()
-    script = request["code"].encode() + b"\n__space_status=$?; printf '%s %d\\n' " + marker + \
-        b" $__space_status; printf '%s\\n' " + marker + b" >&2\n"
-    try:
-        shell.stdin.write(script)
-        shell.stdin.flush()
-    except BrokenPipeError:
-        pass
-    pending = {shell.stdout.fileno(): [b"", "stdout"], shell.stderr.fileno(): [b"", "stderr"]}
-    timeout = request.get("timeout_s")
-    deadline = time.monotonic() + timeout if timeout else None
-    status, interrupted_at, exit_code = "ok", None, None
-    while pending:
-        ready, _, _ = select.select(list(pending), [], [], 0.25)
-        for fd in ready:
-            chunk = os.read(fd, 65536)
-            held, kind = pending[fd]
-            held += chunk
-            at = held.find(marker)
-            if at >= 0:
-                if held[:at]:
-                    emit({"run": run_id, "type": kind, "text": held[:at].decode(errors="replace")})
-                if kind == "stdout":
-                    tail = held[at + len(marker):].split(b"\n", 1)[0].strip()
-                    exit_code = int(tail or b"0")
-                del pending[fd]
-                continue
-            if not chunk:
-                del pending[fd]
-                continue
-            # Hold back what could be the start of the marker.
-            keep = len(marker)
-            if len(held) > keep:
-                emit({"run": run_id, "type": kind, "text": held[:-keep].decode(errors="replace")})
-                held = held[-keep:]
-            pending[fd][0] = held
-        if shell.poll() is not None:
-            emit({"type": "died", "why": f"the shell exited ({shell.returncode})"})
-            return {"run": run_id, "type": "end", "status": "died", "execution_count": None}
+    def request(self, request):
+        op = request.get("op")
+        if op == "interrupt":
+            if self.run is not None and self.worker is not None:
+                self.worker.signal(signal.SIGINT)
+        elif op == "restart":
+            if self.run is not None:
+                self.end("died")
+            self.replace_worker()
+        elif op == "run":
+            self.waiting.append(request)
+
+    def start_next(self):
+        if self.run is not None or not self.waiting or self.worker is None or not self.worker.ready:
+            return
+        request = self.waiting.pop(0)
+        timeout = request.get("timeout_s")
+        self.run = {"id": request["id"], "deadline": time.monotonic() + timeout if timeout else None,
+                    "interrupted_at": None, "timed_out": False}
+        self.worker.begin(request)
+
+    def worker_output(self, fd):
+        worker = self.worker
+        kind = worker.open[fd]
+        data = drain(fd)
+        if data is None:
+            worker.close(fd)
+            return
+        if kind == "stderr" and self.run is None:
+            # Kept to say why the shell did not start.
+            worker.stderr_tail = (worker.stderr_tail + data)[-4096:]
+        end = worker.feed(kind, data, self.out)
+        if end is not None and self.run is not None:
+            self.end("timeout" if self.run["timed_out"] else None, end)
+
+    def check(self):
+        worker = self.worker
+        if worker is not None and (worker.proc.poll() is not None or not worker.open):
+            # What it wrote before it went.
+            for fd in list(worker.open):
+                self.worker_output(fd)
+            worker.proc.wait()
+            why = worker.why()
+            worker.kill()
+            self.worker = None
+            emit({"type": "died", "why": why})
+            if self.run is not None:
+                self.end("died")
+            return
+        run = self.run
+        if run is None:
+            return
         now = time.monotonic()
-        if deadline and now > deadline and interrupted_at is None:
-            status, interrupted_at = "timeout", now
-            interrupt()
-        elif interrupted_at is not None and now - interrupted_at > 5:
-            shell.kill()
-            STATE["shell"] = spawn()
-            emit({"type": "ready", "restarted": True})
-            return {"run": run_id, "type": "end", "status": "timeout", "execution_count": None}
-    STATE["count"] += 1
-    if exit_code and status == "ok":
-        status = "error"
-        emit({"run": run_id, "type": "error", "name": "ExitStatus", "value": f"exited with {exit_code}",
-              "traceback": []})
-    return {"run": run_id, "type": "end", "status": status, "execution_count": STATE["count"],
-            "exit_code": exit_code}
+        if run["deadline"] and now > run["deadline"] and run["interrupted_at"] is None:
+            run["timed_out"], run["interrupted_at"] = True, now
+            worker.signal(signal.SIGINT)
+        elif run["interrupted_at"] is not None and now - run["interrupted_at"] > PATIENCE:
+            # It does not answer an interrupt: a fresh interpreter.
+            self.end("timeout")
+            self.replace_worker()
+
+    def serve(self):
+        pending = b""
+        stdin_open = True
+        while stdin_open or self.run is not None:
+            send()
+            fds = ([0] if stdin_open else []) + (list(self.worker.open) if self.worker else [])
+            readable, _, _ = select.select(fds, [], [], 0.25)
+            for fd in readable:
+                if fd == 0:
+                    data = os.read(0, 65536)
+                    if not data:
+                        stdin_open = False
+                        continue
+                    pending += data
+                    while b"\n" in pending:
+                        line, pending = pending.split(b"\n", 1)
+                        try:
+                            self.request(json.loads(line))
+                        except ValueError:
+                            continue
+                elif self.worker is not None and fd in self.worker.open:
+                    self.worker_output(fd)
+            if self.worker is not None and self.worker.ready and not self.announced:
+                self.announced = True
+                emit({"type": "ready", "restarted": True} if self.restarted else {"type": "ready"})
+            self.check()
+            self.start_next()
+        send()
+        if self.worker is not None:
+            self.worker.kill()
 
 
-def main():
-    requests = queue.Queue()
-
-    def read():
-        for line in sys.stdin:
-            try:
-                request = json.loads(line)
-            except ValueError:
-                continue
-            if request.get("op") == "interrupt":
-                interrupt()
-            else:
-                requests.put(request)
-        requests.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    emit({"type": "ready"})
-    while True:
-        request = requests.get()
-        if request is None:
-            break
-        if request.get("op") == "restart":
-            STATE["shell"].kill()
-            STATE["shell"], STATE["count"] = spawn(), 0
-            emit({"type": "ready", "restarted": True})
-        elif request.get("op") == "run":
-            emit(run(request))
-    STATE["shell"].kill()
-
-
-main()
+Driver().serve()

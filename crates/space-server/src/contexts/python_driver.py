@@ -1,162 +1,322 @@
-# SPACE's code-context driver for Python: runs in the sandbox, keeps one
-# Jupyter kernel (ipykernel) alive, and speaks JSON lines with the host on
-# stdin/stdout. Requests: {"op": "run", "id", "code", "timeout_s"},
-# {"op": "interrupt"}, {"op": "restart"}. Events: {"type": "ready"} when the
-# kernel answers; per run {"run", "type": "stdout"|"stderr", "text"},
-# {"run", "type": "result", "data": {mime: value}, "is_main_result"},
-# {"run", "type": "error", "name", "value", "traceback"}, and last
-# {"run", "type": "end", "status": "ok"|"error"|"timeout"|"died",
-#  "execution_count"}; {"type": "died", "why"} when the kernel dies.
+# SPACE's code-context driver for Python, run by the agent in the sandbox as
+# `python3 -c DRIVER`: IPython's shell (the execution and display machinery
+# ipykernel wraps, without its messaging transport) in this very process,
+# speaking JSON lines with the host on stdin/stdout.
+# Requests: {"op": "run", "id", "code", "timeout_s"}, {"op": "interrupt"},
+# {"op": "restart"}. Events: {"type": "ready"} once it can run; per run
+# {"run", "type": "stdout"|"stderr", "text"}, {"run", "type": "result",
+# "data": {mime: value}, "is_main_result"}, {"run", "type": "error", "name",
+# "value", "traceback"}, and last {"run", "type": "end", "status":
+# "ok"|"error"|"timeout"|"died", "execution_count"}.
+# What is written straight to file descriptors 1 and 2 (programs a cell
+# starts, C code) is captured and passed on as output. A restart, and a run
+# that ignores its interrupt for 5 s, execs this process afresh (same pid,
+# same pipes): the new interpreter ends the cut run, then says it is ready.
+import base64
+import io
 import json
 import os
 import queue
 import re
+import select
+import signal
 import sys
 import threading
 import time
 
-from jupyter_client.manager import KernelManager
+# Charts shown by matplotlib come back as images, without `savefig`.
+os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+# A run cut by the exec that made this process: {"run", "status"}.
+CUT = os.environ.pop("SPACE_CONTEXT_CUT", None)
+ENVIRON = dict(os.environ)
 
-OUT = sys.stdout
-LOCK = threading.Lock()
-COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+# Missing IPython fails here, with the host still reading our stderr.
+from IPython.core.displayhook import DisplayHook  # noqa: E402
+from IPython.core.displaypub import DisplayPublisher  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from traitlets import Type  # noqa: E402
+from traitlets.config import Config  # noqa: E402
+
+COLOUR = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# How long an interrupted run has to end before the interpreter is replaced.
+PATIENCE = 5.0
+# The host's pipes move to descriptors of their own: a cell reads nothing
+# on 0, and what it writes on 1 and 2 is captured.
+REQUESTS, EVENTS, HOST_STDERR = os.dup(0), os.dup(1), os.dup(2)
+CAPTURED = {}
+for fd, kind in ((1, "stdout"), (2, "stderr")):
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, fd)
+    os.close(write_end)
+    os.set_blocking(read_end, False)
+    CAPTURED[read_end] = kind
+NULL = os.open(os.devnull, os.O_RDONLY)
+os.dup2(NULL, 0)
+os.close(NULL)
+
+LOCK = threading.Lock()  # the queued events
+PENDING = []
+PENDING_SIZE = [0]
+CAPTURE = threading.Lock()  # reading the captured pipes
+RUN_LOCK = threading.Lock()
+RUN = {"id": None}
 
 
-def emit(event):
+def encode(value):
+    """JSON for what a display formatter returns: bytes (PNG, JPEG) as base64."""
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    return repr(value)
+
+
+def emit(event, now=False):
+    """Queues an event of the run going on (dropped between runs); they go
+    out together (a quick cell's result and end in one write) at the end of
+    a cell, within 50 ms, or past 64 KiB."""
+    run = RUN["id"]
+    if run is None and event.get("type") != "ready":
+        return
+    if run is not None:
+        event["run"] = run
+    line = json.dumps(event, default=encode) + "\n"
     with LOCK:
-        OUT.write(json.dumps(event) + "\n")
-        OUT.flush()
+        PENDING.append(line)
+        PENDING_SIZE[0] += len(line)
+        full = PENDING_SIZE[0] > 65536
+    if now or full:
+        send_events()
 
 
-def ready(manager, client, patience=120):
-    """Waits until the kernel answers; fails at once if it exits meanwhile
-    (out of memory, a broken install)."""
-    deadline = time.monotonic() + patience
+def send_events():
+    with LOCK:
+        data = memoryview("".join(PENDING).encode())
+        PENDING.clear()
+        PENDING_SIZE[0] = 0
+        while data:
+            data = data[os.write(EVENTS, data):]
+
+
+class Stream(io.TextIOBase):
+    """sys.stdout/sys.stderr: text goes out as events, in order with results,
+    at most 50 ms late and at once before a result or the end."""
+
+    def __init__(self, kind, fd):
+        super().__init__()
+        self.kind, self.fd, self.parts, self.size = kind, fd, [], 0
+        self.lock = threading.Lock()
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self.fd
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self.lock:
+            self.parts.append(text)
+            self.size += len(text)
+            full = self.size > 65536
+        if full:
+            self.flush()
+        return len(text)
+
+    def flush(self):
+        with self.lock:
+            text, self.parts, self.size = "".join(self.parts), [], 0
+        if text:
+            emit({"type": self.kind, "text": text})
+
+
+def flush_streams():
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def read_captured(fds):
+    """Passes on what programs wrote to descriptors 1 and 2."""
+    with CAPTURE:
+        for fd in fds:
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                emit({"type": CAPTURED[fd], "text": chunk.decode(errors="replace")})
+
+
+def capture():
     while True:
-        try:
-            client.wait_for_ready(timeout=1)
-            return
-        except RuntimeError:
-            if not manager.is_alive():
-                raise RuntimeError("the interpreter exited while starting (out of memory?)")
-            if time.monotonic() > deadline:
-                raise
+        readable, _, _ = select.select(list(CAPTURED), [], [])
+        read_captured(readable)
 
 
-def start():
-    manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=os.getcwd(), env=dict(os.environ))
-    client = manager.client()
-    client.start_channels()
-    ready(manager, client)
-    return manager, client
+class Hook(DisplayHook):
+    """The value of a cell's last expression: its main result."""
 
+    def start_displayhook(self):
+        self.data = None
 
-def restart(manager, client):
-    """A fresh interpreter: restarted if it still runs, started anew if it
-    died (its channels are new then)."""
-    if manager.is_alive():
-        manager.restart_kernel(now=True)
-        ready(manager, client)
-        return manager, client
-    client.stop_channels()
-    try:
-        manager.cleanup_resources()
-    except Exception:
+    def write_output_prompt(self):
         pass
-    return start()
+
+    def write_format_data(self, format_dict, md_dict=None):
+        self.data = format_dict
+
+    def finish_displayhook(self):
+        flush_streams()
+        if self.data:
+            emit({"type": "result", "data": self.data, "is_main_result": True})
+        self.data = None
 
 
-def run(manager, client, request):
-    run_id = request["id"]
-    timeout = request.get("timeout_s") or None
-    msg_id = client.execute(request["code"], store_history=True, allow_stdin=False)
-    deadline = time.monotonic() + timeout if timeout else None
-    interrupted_at = None
-    status = "ok"
+class Publisher(DisplayPublisher):
+    """`display(...)` and charts: results that are not the main one."""
+
+    def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+        flush_streams()
+        emit({"type": "result", "data": data, "is_main_result": False})
+
+    def clear_output(self, wait=False):
+        pass
+
+
+class Shell(InteractiveShell):
+    displayhook_class = Type(Hook)
+    display_pub_class = Type(Publisher)
+
+    def _showtraceback(self, etype, evalue, stb):
+        flush_streams()
+        name = getattr(etype, "__name__", str(etype))
+        emit({"type": "error", "name": name, "value": str(evalue),
+              "traceback": [COLOUR.sub("", line) for line in stb]})
+
+    def enable_gui(self, gui=None):
+        pass
+
+
+def interrupt():
+    with RUN_LOCK:
+        if RUN["id"] is not None:
+            os.killpg(os.getpgrp(), signal.SIGINT)
+
+
+def start_afresh(cut_status=None):
+    """Execs a fresh interpreter in this process; it ends the run going on
+    with `cut_status`. Called with RUN_LOCK held."""
+    flush_streams()
+    send_events()
+    env = dict(ENVIRON)
+    if RUN["id"] is not None and cut_status:
+        env["SPACE_CONTEXT_CUT"] = json.dumps({"run": RUN["id"], "status": cut_status})
+    os.dup2(REQUESTS, 0)
+    os.dup2(EVENTS, 1)
+    os.dup2(HOST_STDERR, 2)
+    os.execve(sys.executable, sys.orig_argv, env)
+
+
+def read_requests(runs):
+    pending = b""
     while True:
-        try:
-            message = client.get_iopub_msg(timeout=0.25)
-        except queue.Empty:
-            if not manager.is_alive():
-                emit({"type": "died", "why": "the interpreter exited"})
-                return {"run": run_id, "type": "end", "status": "died", "execution_count": None}
-            now = time.monotonic()
-            if deadline and now > deadline and interrupted_at is None:
-                status, interrupted_at = "timeout", now
-                manager.interrupt_kernel()
-            elif interrupted_at is not None and now - interrupted_at > 5:
-                # It does not answer an interrupt: start it afresh.
-                STATE["manager"], STATE["client"] = restart(manager, client)
-                emit({"type": "ready", "restarted": True})
-                return {"run": run_id, "type": "end", "status": "timeout", "execution_count": None}
-            continue
-        if message.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
-        kind, content = message["msg_type"], message["content"]
-        if kind == "stream":
-            emit({"run": run_id, "type": content["name"], "text": content["text"]})
-        elif kind in ("execute_result", "display_data"):
-            emit({"run": run_id, "type": "result", "data": content.get("data", {}),
-                  "is_main_result": kind == "execute_result"})
-        elif kind == "error":
-            if status == "ok":
-                status = "error"
-            traceback = [COLOUR.sub("", line) for line in content["traceback"]]
-            emit({"run": run_id, "type": "error", "name": content["ename"], "value": content["evalue"],
-                  "traceback": traceback})
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    count = None
-    waited = time.monotonic() + 5
-    while time.monotonic() < waited:
-        try:
-            reply = client.get_shell_msg(timeout=max(0.0, waited - time.monotonic()))
-        except queue.Empty:
-            break
-        if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            count = reply["content"].get("execution_count")
-            break
-    return {"run": run_id, "type": "end", "status": status, "execution_count": count}
-
-
-STATE = {}
-
-
-def main():
-    STATE["manager"], STATE["client"] = start()
-    requests = queue.Queue()
-
-    def read():
-        for line in sys.stdin:
+        data = os.read(REQUESTS, 65536)
+        if not data:
+            runs.put(None)
+            return
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
             try:
                 request = json.loads(line)
             except ValueError:
                 continue
-            if request.get("op") == "interrupt":
-                if STATE["manager"].is_alive():
-                    STATE["manager"].interrupt_kernel()
-            else:
-                requests.put(request)
-        requests.put(None)
+            op = request.get("op")
+            if op == "interrupt":
+                interrupt()
+            elif op == "restart":
+                with RUN_LOCK:
+                    start_afresh("died")
+            elif op == "run":
+                runs.put(request)
 
-    threading.Thread(target=read, daemon=True).start()
-    emit({"type": "ready"})
+
+def watch():
+    """Flushes output every 50 ms; interrupts a run past its deadline, and
+    replaces the interpreter if it does not answer the interrupt."""
     while True:
-        request = requests.get()
+        time.sleep(0.05)
+        flush_streams()
+        send_events()
+        with RUN_LOCK:
+            if RUN["id"] is None:
+                continue
+            now = time.monotonic()
+            if RUN["deadline"] and now > RUN["deadline"] and RUN["interrupted_at"] is None:
+                RUN["timed_out"], RUN["interrupted_at"] = True, now
+                os.killpg(os.getpgrp(), signal.SIGINT)
+            elif RUN["interrupted_at"] is not None and now - RUN["interrupted_at"] > PATIENCE:
+                start_afresh("timeout")
+
+
+def between_cells(signum, frame):
+    """SIGINT between cells: dropped (a cell gets Python's own handler, so
+    its KeyboardInterrupt shows no frame of this driver)."""
+
+
+def run(shell, request):
+    timeout = request.get("timeout_s")
+    with RUN_LOCK:
+        RUN.update(id=request["id"], deadline=time.monotonic() + timeout if timeout else None,
+                   interrupted_at=None, timed_out=False)
+    status = "error"
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            result = shell.run_cell(request["code"], store_history=True)
+        finally:
+            signal.signal(signal.SIGINT, between_cells)
+        status = "ok" if result.success else "error"
+    except KeyboardInterrupt:
+        # It came after the cell's own handling: the cell is over.
+        pass
+    flush_streams()
+    read_captured(list(CAPTURED))
+    with RUN_LOCK:
+        if RUN["timed_out"]:
+            status = "timeout"
+        emit({"type": "end", "status": status, "execution_count": shell.execution_count - 1}, now=True)
+        RUN["id"] = None
+
+
+def main():
+    sys.stdout, sys.stderr = Stream("stdout", 1), Stream("stderr", 2)
+    config = Config()
+    config.HistoryManager.enabled = False
+    config.InteractiveShell.colors = "NoColor"
+    shell = Shell.instance(config=config)
+    signal.signal(signal.SIGINT, between_cells)
+    if CUT:
+        cut = json.loads(CUT)
+        RUN["id"] = cut["run"]
+        emit({"type": "end", "status": cut["status"], "execution_count": None})
+        RUN["id"] = None
+    runs = queue.Queue()
+    for target, args in ((read_requests, (runs,)), (watch, ()), (capture, ())):
+        threading.Thread(target=target, args=args, daemon=True).start()
+    emit({"type": "ready"}, now=True)
+    while True:
+        request = runs.get()
         if request is None:
             break
-        if request.get("op") == "restart":
-            try:
-                STATE["manager"], STATE["client"] = restart(STATE["manager"], STATE["client"])
-            except Exception as e:
-                emit({"type": "died", "why": f"the interpreter did not start again: {e}"})
-                continue
-            emit({"type": "ready", "restarted": True})
-        elif request.get("op") == "run":
-            emit(run(STATE["manager"], STATE["client"], request))
-    STATE["client"].stop_channels()
-    STATE["manager"].shutdown_kernel(now=True)
+        run(shell, request)
 
 
 main()
