@@ -298,7 +298,7 @@ pub const MAX_CHECKPOINTS: usize = 32;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateContextRequest {
-    /// `python` (a Jupyter kernel; the default), `javascript` (Node.js) or
+    /// `python` (IPython's shell; the default), `javascript` (Node.js) or
     /// `bash`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
@@ -316,6 +316,7 @@ pub struct CodeContext {
     pub id: String,
     pub sandbox_id: String,
     pub language: String,
+    /// Its working directory when it started (as given, else the template's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     /// `starting`, `ready`, `busy` (a run is going on), or `dead` (the
@@ -337,6 +338,10 @@ pub struct RunCodeRequest {
     /// Interrupt the run after this many seconds (the context stays).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
+    /// Environment for this run only, over the context's (Python and
+    /// JavaScript contexts; restored when the run ends).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// Forks made at once, at most.

@@ -1,9 +1,11 @@
 //! The unmodified `e2b` SDK (from PyPI, pinned `>=2.63,<3`) drives a real
 //! `space serve` and real sandboxes through the E2B-compatible API, set up
-//! with E2B's three environment variables only (`tests/e2b/test_e2b_sdk.py`).
+//! with E2B's three environment variables only (`tests/e2b/test_e2b_sdk.py`),
+//! and so does E2B's code interpreter SDK (`test_e2b_code_interpreter.py`).
 
 use std::process::Command;
 
+use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
 use space_process::Reaper;
 use space_testkit::TestDataDir;
 
@@ -13,7 +15,7 @@ use common::SPACE;
 
 #[test]
 fn the_e2b_sdk_drives_space_unchanged() {
-    let data = TestDataDir::new();
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);
 
     // A second tenant, to check that its key sees none of the first's sandboxes.
     let mut keys = Command::new(SPACE);
@@ -26,5 +28,8 @@ fn the_e2b_sdk_drives_space_unchanged() {
     std::thread::spawn(move || lines.for_each(drop));
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
     common::run_e2b_suite(&data, &url, &key, &other_key);
+    // E2B's code interpreter SDK (`tests/e2b/test_e2b_code_interpreter.py`).
+    let packages = ["e2b-code-interpreter>=2.11,<3"];
+    common::run_e2b_tests(&data, "e2b-ci-venv", &packages, "test_e2b_code_interpreter", &url, &key, &other_key);
     common::stop(server);
 }

@@ -49,6 +49,8 @@ pub(crate) struct LiveContext {
     running: Arc<tokio::sync::Mutex<()>>,
     /// Told when the interpreter is ready (again, after a restart).
     ready: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
+    /// Where runs that name no context go (E2B's code interpreter).
+    default: std::sync::atomic::AtomicBool,
 }
 
 impl LiveContext {
@@ -142,6 +144,7 @@ impl Platform {
             run: Mutex::default(),
             running: Arc::default(),
             ready: Mutex::new(Some(ready)),
+            default: Default::default(),
         });
         tokio::spawn(pump(self.clone(), live.clone(), stream));
         match tokio::time::timeout(READY_PATIENCE, started).await {
@@ -152,6 +155,33 @@ impl Platform {
                 Err(ApiError::unavailable(format!("the interpreter did not answer within {READY_PATIENCE:?}")))
             }
         }
+    }
+
+    /// The context runs that name none go to, for `language` (E2B's code
+    /// interpreter): the sandbox's default context of that language,
+    /// started on first use.
+    pub async fn default_context(self: &Arc<Self>, sandbox_id: &str, language: &str) -> Result<CodeContext, ApiError> {
+        // One default is started at a time, so two first runs make one.
+        static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one = STARTING.lock().await;
+        let found = {
+            let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            contexts
+                .values()
+                .filter(|c| c.default.load(std::sync::atomic::Ordering::SeqCst))
+                .map(|c| c.info())
+                .filter(|c| c.sandbox_id == sandbox_id && c.language == language)
+                .min_by(|a, b| a.created_at.cmp(&b.created_at))
+        };
+        if let Some(found) = found {
+            return Ok(found);
+        }
+        let request = CreateContextRequest { language: Some(language.into()), cwd: None, env: Default::default() };
+        let created = self.create_context(sandbox_id, request).await?;
+        if let Some(live) = self.contexts.lock().unwrap_or_else(|e| e.into_inner()).get(&created.id) {
+            live.default.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(created)
     }
 
     fn context(&self, sandbox_id: &str, id: &str) -> Result<Arc<LiveContext>, ApiError> {
@@ -185,6 +215,12 @@ impl Platform {
     /// `context_dead` once the interpreter exited (restart it).
     pub async fn run_code(&self, sandbox_id: &str, id: &str, request: RunCodeRequest) -> Result<Run, ApiError> {
         let live = self.context(sandbox_id, id)?;
+        crate::domain::validate_env(&request.env)?;
+        if !request.env.is_empty() && live.info().language == "bash" {
+            return Err(ApiError::unprocessable(
+                "env for one run is for python and javascript contexts; give a bash context its env when creating it",
+            ));
+        }
         let held = live.running.clone().try_lock_owned().map_err(|_| {
             ApiError::new(StatusCode::CONFLICT, "context_busy", "a run is going on in this context; wait for its end")
         })?;
@@ -198,8 +234,8 @@ impl Platform {
         let (events, receiver) = mpsc::unbounded_channel();
         *live.run.lock().unwrap_or_else(|e| e.into_inner()) = Some(events);
         live.set_state("busy");
-        let request =
-            json!({"op": "run", "id": ids::new_id("run"), "code": request.code, "timeout_s": request.timeout_s});
+        let request = json!({"op": "run", "id": ids::new_id("run"), "code": request.code,
+            "timeout_s": request.timeout_s, "env": request.env});
         if let Err(err) = live.send(request).await {
             live.run.lock().unwrap_or_else(|e| e.into_inner()).take();
             return Err(err);
@@ -231,6 +267,9 @@ impl Platform {
             let mut info = live.info();
             info.state = "starting".into();
             let again = self.start_driver(info, &live.agent, &live.env).await?;
+            again
+                .default
+                .store(live.default.load(std::sync::atomic::Ordering::SeqCst), std::sync::atomic::Ordering::SeqCst);
             self.contexts.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), again.clone());
             return Ok(again.info());
         }
@@ -275,6 +314,10 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
                     let Ok(mut event) = serde_json::from_slice::<Value>(&std::mem::take(&mut line)) else { continue };
                     match event["type"].as_str() {
                         Some("ready") => {
+                            if let Some(cwd) = event["cwd"].as_str() {
+                                let mut info = live.info.lock().unwrap_or_else(|e| e.into_inner());
+                                info.cwd.get_or_insert_with(|| cwd.to_string());
+                            }
                             live.set_state("ready");
                             ready(Ok(()));
                         }

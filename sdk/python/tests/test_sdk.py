@@ -222,6 +222,8 @@ class ContextsSdk(unittest.TestCase):
             ctx = sbx.contexts.create("python")
             self.assertEqual(ctx.run("x = 1").status, "ok")
             self.assertEqual(ctx.run("x + 1").text, "2")
+            self.assertEqual(ctx.run("import os; os.environ['ONE_RUN']", env={"ONE_RUN": "yes"}).text, "'yes'")
+            self.assertEqual(ctx.run("'ONE_RUN' in os.environ").text, "False")
             seen = []
             printed = ctx.run("print('live')", on_event=seen.append)
             self.assertEqual(printed.stdout, "live\n")
@@ -242,6 +244,7 @@ class ContextsSdk(unittest.TestCase):
                 ctx = await sbx.contexts.create()
                 await ctx.run("y = 20")
                 self.assertEqual((await ctx.run("y * 2")).text, "40")
+                self.assertEqual((await ctx.run("import os; os.environ['W']", env={"W": "a"})).text, "'a'")
             await sbx.client.aclose()
 
         asyncio.run(scenario())

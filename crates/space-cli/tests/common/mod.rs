@@ -94,10 +94,26 @@ pub fn python_venv(data: &TestDataDir, name: &str, packages: &[&str]) -> std::pa
 /// SDK from PyPI in a venv under `data`) against the server at `url`, with
 /// E2B's own environment variables only; `other_key` is another tenant's.
 pub fn run_e2b_suite(data: &TestDataDir, url: &str, key: &str, other_key: &str) {
-    let venv = python_venv(data, "e2b-venv", &["e2b>=2.63,<3"]);
+    run_e2b_tests(data, "e2b-venv", &["e2b>=2.63,<3"], "test_e2b_sdk", url, key, other_key);
+}
+
+#[allow(dead_code)] // not every test binary uses it
+/// Runs `tests/e2b/<module>.py` with `packages` (E2B's SDKs, from PyPI) in a
+/// venv under `data`, against the server at `url`, configured with E2B's
+/// own environment variables only.
+pub fn run_e2b_tests(
+    data: &TestDataDir,
+    venv: &str,
+    packages: &[&str],
+    module: &str,
+    url: &str,
+    key: &str,
+    other_key: &str,
+) {
+    let venv = python_venv(data, venv, packages);
     let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b");
     let mut run = Command::new(venv.join("bin/python"));
-    run.args(["-m", "unittest", "-v", "test_e2b_sdk"])
+    run.args(["-m", "unittest", "-v", module])
         .current_dir(&tests)
         .env("E2B_API_URL", format!("{url}/e2b"))
         .env("E2B_SANDBOX_URL", format!("{url}/e2b/envd"))

@@ -263,7 +263,7 @@ class Driver:
                     self.worker_output(fd)
             if self.worker is not None and self.worker.ready and not self.announced:
                 self.announced = True
-                emit({"type": "ready", "restarted": True} if self.restarted else {"type": "ready"})
+                emit({"type": "ready", "restarted": True} if self.restarted else {"type": "ready", "cwd": os.getcwd()})
             self.check()
             self.start_next()
         send()

@@ -1,7 +1,7 @@
 // SPACE's code-context driver for JavaScript: runs in the sandbox under
 // Node.js, keeps one V8 context alive (top-level declarations persist from
 // run to run), and speaks the same JSON lines as the Python driver.
-// Requests: {"op": "run", "id", "code", "timeout_s"}, {"op": "restart"}; an
+// Requests: {"op": "run", "id", "code", "timeout_s", "env"}, {"op": "restart"}; an
 // interrupt is SIGINT (a run in progress blocks this thread).
 "use strict";
 const vm = require("vm");
@@ -34,6 +34,9 @@ let context = fresh();
 function run(request) {
   current = request.id;
   let status = "ok";
+  const env = request.env || {};
+  const saved = Object.fromEntries(Object.keys(env).map((name) => [name, process.env[name]]));
+  Object.assign(process.env, env);
   try {
     const script = new vm.Script(request.code, { filename: "cell.js" });
     const options = { breakOnSigint: true };
@@ -56,6 +59,10 @@ function run(request) {
     const traceback = String((e && e.stack) || value).split("\n");
     emit({ run: current, type: "error", name, value, traceback });
   }
+  for (const [name, value] of Object.entries(saved)) {
+    if (value === undefined) delete process.env[name];
+    else process.env[name] = value;
+  }
   count += 1;
   emit({ run: current, type: "end", status, execution_count: count });
   current = null;
@@ -77,4 +84,4 @@ lines.on("line", (line) => {
 });
 lines.on("close", () => process.exit(0));
 process.on("SIGINT", () => {}); // only a run in progress is interrupted
-emit({ type: "ready" });
+emit({ type: "ready", cwd: process.cwd() });

@@ -2,8 +2,8 @@
 # `python3 -c DRIVER`: IPython's shell (the execution and display machinery
 # ipykernel wraps, without its messaging transport) in this very process,
 # speaking JSON lines with the host on stdin/stdout.
-# Requests: {"op": "run", "id", "code", "timeout_s"}, {"op": "interrupt"},
-# {"op": "restart"}. Events: {"type": "ready"} once it can run; per run
+# Requests: {"op": "run", "id", "code", "timeout_s", "env"}, {"op": "interrupt"},
+# {"op": "restart"}. Events: {"type": "ready", "cwd"} once it can run; per run
 # {"run", "type": "stdout"|"stderr", "text"}, {"run", "type": "result",
 # "data": {mime: value}, "is_main_result"}, {"run", "type": "error", "name",
 # "value", "traceback"}, and last {"run", "type": "end", "status":
@@ -276,6 +276,9 @@ def run(shell, request):
     with RUN_LOCK:
         RUN.update(id=request["id"], deadline=time.monotonic() + timeout if timeout else None,
                    interrupted_at=None, timed_out=False)
+    env = request.get("env") or {}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     status = "error"
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -287,6 +290,11 @@ def run(shell, request):
     except KeyboardInterrupt:
         # It came after the cell's own handling: the cell is over.
         pass
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     flush_streams()
     read_captured(list(CAPTURED))
     with RUN_LOCK:
@@ -311,7 +319,7 @@ def main():
     runs = queue.Queue()
     for target, args in ((read_requests, (runs,)), (watch, ()), (capture, ())):
         threading.Thread(target=target, args=args, daemon=True).start()
-    emit({"type": "ready"}, now=True)
+    emit({"type": "ready", "cwd": os.getcwd()}, now=True)
     while True:
         request = runs.get()
         if request is None:

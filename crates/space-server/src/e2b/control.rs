@@ -128,6 +128,10 @@ fn pauses_on_timeout(lifecycle: &Lifecycle) -> bool {
     lifecycle.max_lifetime_s.is_none() && matches!(lifecycle.on_idle, Some(OnIdle::Suspend | OnIdle::Pause))
 }
 
+/// The template E2B's code interpreter creates its sandboxes from; SPACE's
+/// `code-interpreter` serves it unless a template of this name exists.
+const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
+
 /// E2B's `Sandbox` (what create and connect answer).
 fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bError> {
     Ok(json!({
@@ -137,7 +141,7 @@ fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bEr
         "alias": record.sandbox.template,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": envd_token(&state.platform, &record.sandbox.id)?,
-        "trafficAccessToken": null,
+        "trafficAccessToken": super::traffic_token(&state.platform, &record.sandbox.id)?,
         "domain": null,
     }))
 }
@@ -225,7 +229,11 @@ pub async fn create(
     let caller = caller(&state, &headers)?;
     let body: CreateBody = json_body(&body)?;
     let platform = &state.platform;
-    let name = body.template_id.unwrap_or_else(|| "base".into());
+    let mut name = body.template_id.unwrap_or_else(|| "base".into());
+    // E2B's code interpreter asks for its own template by this name.
+    if name == E2B_CODE_INTERPRETER && platform.usable_template(&name, &caller).is_err() {
+        name = space_host::template::CODE_INTERPRETER_TEMPLATE.into();
+    }
     let template = platform.usable_template(&name, &caller)?;
     if !state.health.engine_available {
         return Err(E2bError::new(

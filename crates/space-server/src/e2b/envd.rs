@@ -56,21 +56,34 @@ fn not_running(id: &str) -> E2bError {
     E2bError { sandbox_id: Some(id.to_string()), ..E2bError::new(StatusCode::BAD_GATEWAY, "The sandbox was not found") }
 }
 
-/// Finds and authenticates the request's sandbox.
+/// Finds and authenticates the request's sandbox (envd's port).
 fn target(state: &AppState, headers: &HeaderMap) -> Result<Target, E2bError> {
+    target_on(state, headers, ENVD_PORT)
+}
+
+/// Finds the request's sandbox, checks the port it names (`E2b-Sandbox-Port`)
+/// is `port`, and authenticates it: the sandbox's `X-Access-Token`, or on the
+/// code interpreter's port its `E2B-Traffic-Access-Token` (its context routes
+/// carry no other).
+pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Target, E2bError> {
     let id = header(headers, "e2b-sandbox-id")
         .filter(|id| !id.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "missing E2b-Sandbox-Id"))?
         .to_string();
-    if let Some(port) = header(headers, "e2b-sandbox-port").filter(|p| *p != ENVD_PORT) {
-        let message = format!("The sandbox port {port} is not open");
+    if let Some(named) = header(headers, "e2b-sandbox-port").filter(|p| *p != port) {
+        let message = format!("The sandbox port {named} is not open");
         return Err(E2bError { sandbox_id: Some(id), ..E2bError::new(StatusCode::BAD_GATEWAY, message) });
     }
     let Ok(record) = state.platform.sandbox(&id) else { return Err(not_running(&id)) };
-    let expected = envd_token(&state.platform, &id)?;
-    let presented = header(headers, "x-access-token").unwrap_or_default();
-    if !space_proto::constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
-        return Err(E2bError::new(StatusCode::UNAUTHORIZED, "missing or wrong X-Access-Token for this sandbox"));
+    let presented = |name: &str| header(headers, name).unwrap_or_default().as_bytes().to_vec();
+    let envd = envd_token(&state.platform, &id)?;
+    let mut authentic = space_proto::constant_time_eq(&presented("x-access-token"), envd.as_bytes());
+    if port == super::interpreter::PORT {
+        let traffic = super::traffic_token(&state.platform, &id)?;
+        authentic |= space_proto::constant_time_eq(&presented("e2b-traffic-access-token"), traffic.as_bytes());
+    }
+    if !authentic {
+        return Err(E2bError::new(StatusCode::UNAUTHORIZED, "missing or wrong access token for this sandbox"));
     }
     let sandbox = &record.sandbox;
     let awake = match sandbox.state {

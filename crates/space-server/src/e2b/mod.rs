@@ -13,6 +13,8 @@
 //!   routed by the `E2b-Sandbox-Id` header, authenticated with the
 //!   sandbox's `X-Access-Token`): Connect RPCs for processes and the
 //!   filesystem, `/files` and `/health`.
+//! - `interpreter`: what E2B's code interpreter adds on port 49999 of the
+//!   same URL (`/execute`, `/contexts`), over SPACE's code contexts.
 //!
 //! The wire format is described in `docs/decisions/008-e2b-compatibility.md`.
 
@@ -20,6 +22,7 @@ mod connect;
 mod control;
 mod envd;
 mod filesystem;
+mod interpreter;
 mod process;
 
 pub(crate) use control::{form_pairs, page, parse_time};
@@ -52,6 +55,10 @@ pub fn router() -> Router<AppState> {
         .route("/e2b/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
         .route("/e2b/envd/health", get(envd::health))
+        .route("/e2b/envd/execute", post(interpreter::execute))
+        .route("/e2b/envd/contexts", get(interpreter::list).post(interpreter::create))
+        .route("/e2b/envd/contexts/{id}", axum::routing::delete(interpreter::delete))
+        .route("/e2b/envd/contexts/{id}/restart", post(interpreter::restart))
         .route(
             "/e2b/envd/files",
             get(envd::read_file).post(envd::write_files).layer(axum::extract::DefaultBodyLimit::disable()),
@@ -99,6 +106,13 @@ impl IntoResponse for E2bError {
         }
         (self.status, axum::Json(body)).into_response()
     }
+}
+
+/// The token E2B's code interpreter presents on the context routes
+/// (`E2B-Traffic-Access-Token`), which carry no envd token: derived like it,
+/// for another purpose. Never logged.
+pub fn traffic_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiError> {
+    Ok(platform.keyring()?.token("e2b-traffic", sandbox_id))
 }
 
 /// The envd access token of a sandbox: derived from the server's key file

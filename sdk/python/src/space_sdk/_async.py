@@ -264,8 +264,11 @@ class AsyncContext:
     def _path(self, suffix: str = "") -> str:
         return f"/v1/sandboxes/{self.sandbox.id}/contexts/{self.id}{suffix}"
 
-    async def run(self, code: str, *, timeout: Optional[float] = None, on_event: Optional[Any] = None) -> Execution:
+    async def run(self, code: str, *, timeout: Optional[float] = None, on_event: Optional[Any] = None,
+                  env: Optional[Dict[str, str]] = None) -> Execution:
         body: Dict[str, Any] = {"code": code}
+        if env:
+            body["env"] = dict(env)
         if timeout is not None:
             body["timeout_s"] = int(timeout)
         execution = Execution()

@@ -292,10 +292,12 @@ class Context:
         return f"/v1/sandboxes/{self.sandbox.id}/contexts/{self.id}{suffix}"
 
     def run(self, code: str, *, timeout: Optional[float] = None,
-            on_event: Optional[Any] = None) -> Execution:
+            on_event: Optional[Any] = None, env: Optional[Dict[str, str]] = None) -> Execution:
         """Runs `code` and returns what it gave; `on_event` sees each event
-        (output as it happens) first."""
+        (output as it happens) first; `env` holds for this run only."""
         body: Dict[str, Any] = {"code": code}
+        if env:
+            body["env"] = dict(env)
         if timeout is not None:
             body["timeout_s"] = int(timeout)
         execution = Execution()

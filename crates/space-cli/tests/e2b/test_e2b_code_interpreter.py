@@ -1,0 +1,150 @@
+"""The unmodified `e2b-code-interpreter` SDK against SPACE, configured with
+E2B's environment variables only (E2B_API_URL, E2B_SANDBOX_URL,
+E2B_API_KEY): its default template, runs with rich results, contexts,
+per-run env, a client-side timeout that interrupts the run, and the
+tokens the context routes need."""
+
+import base64
+import json
+import os
+import struct
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+from e2b import TimeoutException
+from e2b_code_interpreter import Sandbox
+
+
+def png_size(data):
+    """Width and height of a PNG from its IHDR chunk."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    return struct.unpack(">II", data[16:24])
+
+
+class CodeInterpreter(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # E2B's default template for it (`code-interpreter-v1`) is served by
+        # SPACE's `code-interpreter`.
+        cls.sbx = Sandbox.create(metadata={"suite": "code-interpreter"})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sbx.kill()
+
+    def test_state_and_the_last_value(self):
+        first = self.sbx.run_code("x = 41")
+        self.assertIsNone(first.error)
+        self.assertEqual(first.results, [])
+        second = self.sbx.run_code("x + 1")
+        self.assertEqual(second.text, "42")
+        self.assertTrue(second.results[0].is_main_result)
+        self.assertGreater(second.execution_count, first.execution_count)
+
+    def test_output_as_it_comes_and_errors(self):
+        seen = []
+        execution = self.sbx.run_code(
+            "import sys, subprocess\nprint('hello')\nprint('oops', file=sys.stderr)\n"
+            "subprocess.run(['echo', 'from a program'])",
+            on_stdout=lambda message: seen.append(message.line),
+        )
+        self.assertIsNone(execution.error)
+        self.assertIn("hello\n", "".join(execution.logs.stdout))
+        self.assertIn("from a program\n", "".join(execution.logs.stdout))
+        self.assertEqual("".join(execution.logs.stderr), "oops\n")
+        self.assertEqual("".join(seen), "".join(execution.logs.stdout))
+        failed = self.sbx.run_code("def f():\n    return 1 / 0\nf()")
+        self.assertEqual(failed.error.name, "ZeroDivisionError")
+        self.assertEqual(failed.error.value, "division by zero")
+        self.assertIsInstance(failed.error.traceback, str)
+        self.assertIn("return 1 / 0", failed.error.traceback)
+        self.assertNotIn("\x1b[", failed.error.traceback)
+
+    def test_a_chart_and_a_dataframe(self):
+        chart = self.sbx.run_code(
+            "import matplotlib.pyplot as plt\nplt.figure(figsize=(4, 3))\nplt.plot([1, 4, 9])\nplt.show()"
+        )
+        self.assertIsNone(chart.error)
+        pngs = [base64.b64decode(r.png) for r in chart.results if r.png]
+        self.assertEqual(len(pngs), 1, chart.results)
+        width, height = png_size(pngs[0])
+        self.assertGreater(width, 100)
+        self.assertGreater(height, 100)
+        frame = self.sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+        self.assertIn("<table", frame.results[0].html)
+        self.assertIn("a", frame.results[0].text)
+
+    def test_contexts(self):
+        ctx = self.sbx.create_code_context(cwd="/tmp")
+        self.assertEqual(ctx.cwd, "/tmp")
+        self.assertEqual(ctx.language, "python")
+        self.assertEqual(self.sbx.run_code("import os; os.getcwd()", context=ctx).text, "'/tmp'")
+        self.sbx.run_code("only_here = 'ctx'", context=ctx)
+        self.assertEqual(self.sbx.run_code("only_here", context=ctx).text, "'ctx'")
+        # The default context does not see it.
+        self.assertEqual(self.sbx.run_code("only_here").error.name, "NameError")
+        self.assertIn(ctx.id, [c.id for c in self.sbx.list_code_contexts()])
+        self.sbx.restart_code_context(ctx)
+        self.assertEqual(self.sbx.run_code("only_here", context=ctx).error.name, "NameError")
+        self.sbx.remove_code_context(ctx)
+        self.assertNotIn(ctx.id, [c.id for c in self.sbx.list_code_contexts()])
+        with self.assertRaises(Exception):
+            self.sbx.run_code("1", context=ctx)
+
+        js = self.sbx.create_code_context(language="javascript")
+        self.sbx.run_code("let answer = 21", context=js)
+        self.assertEqual(self.sbx.run_code("answer * 2", context=js).text, "42")
+        shell = self.sbx.run_code("cd /tmp && echo \"in $(pwd)\"", language="bash")
+        self.assertEqual("".join(shell.logs.stdout), "in /tmp\n")
+
+    def test_env_for_one_run(self):
+        execution = self.sbx.run_code("import os; os.environ.get('WHO')", envs={"WHO": "e2b"})
+        self.assertEqual(execution.text, "'e2b'")
+        self.assertEqual(self.sbx.run_code("repr(os.environ.get('WHO'))").text, "'None'")
+
+    def test_a_timeout_interrupts_the_run(self):
+        with self.assertRaises(TimeoutException):
+            self.sbx.run_code("import time\nfor _ in range(120): time.sleep(0.5)", timeout=2)
+        # The server interrupted the run when the client went away: the
+        # context answers again long before the loop's 60 s.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.assertEqual(self.sbx.run_code("1 + 1").text, "2")
+                break
+            except Exception as busy:  # 409 while the interrupt lands
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the context stayed busy: {busy}")
+                time.sleep(0.2)
+
+    def test_the_context_routes_need_the_sandbox_tokens(self):
+        base = os.environ["E2B_SANDBOX_URL"]
+        for headers, status in [
+            ({}, 401),
+            ({"E2B-Traffic-Access-Token": "wrong"}, 401),
+            ({"E2B-Traffic-Access-Token": self.sbx.traffic_access_token, "E2b-Sandbox-Port": "8080"}, 502),
+        ]:
+            request = urllib.request.Request(
+                f"{base}/contexts",
+                headers={"E2b-Sandbox-Id": self.sbx.sandbox_id, "E2b-Sandbox-Port": "49999", **headers},
+            )
+            with self.assertRaises(urllib.error.HTTPError) as raised:
+                urllib.request.urlopen(request, timeout=30)
+            self.assertEqual(raised.exception.code, status)
+            self.assertEqual(json.loads(raised.exception.read())["code"], status)
+        request = urllib.request.Request(
+            f"{base}/execute",
+            data=json.dumps({"code": "1", "language": "cobol"}).encode(),
+            headers={"E2b-Sandbox-Id": self.sbx.sandbox_id, "E2b-Sandbox-Port": "49999",
+                     "Content-Type": "application/json", "X-Access-Token": self.sbx._envd_access_token},
+        )
+        with self.assertRaises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=30)
+        self.assertEqual(raised.exception.code, 400)
+        self.assertIn("cobol", json.loads(raised.exception.read())["message"])
+
+
+if __name__ == "__main__":
+    unittest.main()

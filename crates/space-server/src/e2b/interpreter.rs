@@ -1,0 +1,247 @@
+//! What E2B's code interpreter (`e2b-code-interpreter`) adds: its SDK sends
+//! `/execute` and `/contexts` to the envd URL, naming port 49999 in
+//! `E2b-Sandbox-Port`. They are SPACE's code contexts (`contexts.rs`) in
+//! E2B's shapes: a run without a context goes to the sandbox's default
+//! context of its language; results are flattened (`text`, `html`, `png`,
+//! ...); the traceback is one string; the end is `number_of_executions`.
+//! The context routes carry no envd token, only the sandbox's
+//! `E2B-Traffic-Access-Token` (create and connect answer it). A client that
+//! goes away before a run ends interrupts it, as E2B's server does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use space_api::{CodeContext, CreateContextRequest, RunCodeRequest};
+
+use super::envd::{agent, target_on, Target};
+use super::E2bError;
+use crate::api::AppState;
+use crate::platform::Platform;
+
+/// The port E2B's SDK names for its code interpreter.
+pub const PORT: &str = "49999";
+
+/// E2B's result fields for the MIME types it names; others go to `extra`.
+const FIELDS: &[(&str, &str)] = &[
+    ("text/plain", "text"),
+    ("text/html", "html"),
+    ("text/markdown", "markdown"),
+    ("image/svg+xml", "svg"),
+    ("image/png", "png"),
+    ("image/jpeg", "jpeg"),
+    ("application/pdf", "pdf"),
+    ("text/latex", "latex"),
+    ("application/json", "json"),
+    ("application/javascript", "javascript"),
+];
+
+#[derive(Deserialize)]
+struct ExecuteBody {
+    code: String,
+    #[serde(default)]
+    context_id: Option<String>,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, Default)]
+struct ContextBody {
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, E2bError> {
+    serde_json::from_slice(body).map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("invalid body: {e}")))
+}
+
+/// SPACE's language for E2B's name of it.
+fn language(given: Option<&str>) -> Result<String, E2bError> {
+    match given.unwrap_or("python") {
+        "python" | "python3" => Ok("python".into()),
+        "javascript" | "js" => Ok("javascript".into()),
+        "bash" | "sh" => Ok("bash".into()),
+        other => Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("language {other:?} is not served here: python, javascript or bash"),
+        )),
+    }
+}
+
+/// The sandbox, awake (an idle-paused one is woken), for a context route.
+async fn awake(state: &AppState, headers: &HeaderMap) -> Result<(Target, crate::lifecycle::WorkGuard), E2bError> {
+    let target = target_on(state, headers, PORT)?;
+    let (_, work) = agent(state, &target).await?;
+    Ok((target, work))
+}
+
+fn context_json(context: &CodeContext) -> Value {
+    json!({"id": context.id, "language": context.language, "cwd": context.cwd})
+}
+
+fn answer<T: IntoResponse>(result: Result<T, E2bError>) -> Response {
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `POST /contexts` `{"language", "cwd"}` → `{"id", "language", "cwd"}`.
+pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(
+        async {
+            let body: ContextBody = if body.is_empty() { ContextBody::default() } else { parse(&body)? };
+            let (target, _work) = awake(&state, &headers).await?;
+            let request = CreateContextRequest {
+                language: Some(language(body.language.as_deref())?),
+                cwd: body.cwd,
+                env: Default::default(),
+            };
+            let context = state.platform.create_context(&target.id, request).await?;
+            Ok(Json(context_json(&context)))
+        }
+        .await,
+    )
+}
+
+/// `GET /contexts`: the sandbox's contexts, oldest first.
+pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    answer(
+        async {
+            let target = target_on(&state, &headers, PORT)?;
+            let contexts = state.platform.contexts(&target.id)?;
+            Ok(Json(Value::Array(contexts.iter().map(context_json).collect())))
+        }
+        .await,
+    )
+}
+
+/// `DELETE /contexts/{id}`.
+pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    answer(
+        async {
+            let target = target_on(&state, &headers, PORT)?;
+            state.platform.delete_context(&target.id, &id).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+        .await,
+    )
+}
+
+/// `POST /contexts/{id}/restart`: a fresh interpreter.
+pub async fn restart(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    answer(
+        async {
+            let (target, _work) = awake(&state, &headers).await?;
+            state.platform.restart_context(&target.id, &id).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+        .await,
+    )
+}
+
+/// Interrupts the run if its client goes away before the end.
+struct Unfinished {
+    platform: Arc<Platform>,
+    sandbox: String,
+    context: String,
+    ended: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.ended {
+            let (platform, sandbox, context) = (self.platform.clone(), self.sandbox.clone(), self.context.clone());
+            tokio::spawn(async move {
+                let _ = platform.interrupt_context(&sandbox, &context).await;
+            });
+        }
+    }
+}
+
+/// One of SPACE's run events as E2B's lines (none for what E2B has no
+/// line for).
+fn e2b_lines(event: &Value, errored: &mut bool) -> Vec<Value> {
+    let timestamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    match event["type"].as_str().unwrap_or_default() {
+        kind @ ("stdout" | "stderr") => {
+            vec![json!({"type": kind, "text": event["text"], "timestamp": timestamp as u64})]
+        }
+        "result" => {
+            let mut result = Map::new();
+            result.insert("type".into(), json!("result"));
+            let mut extra = Map::new();
+            for (mime, value) in event["data"].as_object().into_iter().flatten() {
+                match FIELDS.iter().find(|(known, _)| known == mime) {
+                    Some((_, field)) => result.insert((*field).into(), value.clone()),
+                    None => extra.insert(mime.clone(), value.clone()),
+                };
+            }
+            if !extra.is_empty() {
+                result.insert("extra".into(), Value::Object(extra));
+            }
+            result.insert("is_main_result".into(), json!(event["is_main_result"].as_bool().unwrap_or(false)));
+            vec![Value::Object(result)]
+        }
+        "error" => {
+            *errored = true;
+            let traceback: Vec<&str> =
+                event["traceback"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            vec![
+                json!({"type": "error", "name": event["name"], "value": event["value"], "traceback": traceback.join("\n")}),
+            ]
+        }
+        "end" => {
+            let mut lines = Vec::new();
+            if event["status"] == "died" && !*errored {
+                let why = event["error"].as_str().unwrap_or("the interpreter exited");
+                lines.push(json!({"type": "error", "name": "InterpreterDied", "value": why, "traceback": why}));
+            }
+            if let Some(count) = event["execution_count"].as_u64() {
+                lines.push(json!({"type": "number_of_executions", "execution_count": count}));
+            }
+            lines
+        }
+        _ => vec![],
+    }
+}
+
+/// `POST /execute` `{"code", "context_id", "language", "env_vars"}`: the run's
+/// output as NDJSON lines in E2B's shapes, as it happens.
+pub async fn execute(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(
+        async {
+            let body: ExecuteBody = parse(&body)?;
+            let (target, work) = awake(&state, &headers).await?;
+            let context = match body.context_id {
+                Some(id) => id,
+                None => state.platform.default_context(&target.id, &language(body.language.as_deref())?).await?.id,
+            };
+            let request = RunCodeRequest { code: body.code, timeout_s: None, env: body.env_vars.unwrap_or_default() };
+            let run = state.platform.run_code(&target.id, &context, request).await?;
+            drop(work);
+            let unfinished = Unfinished { platform: state.platform.clone(), sandbox: target.id, context, ended: false };
+            let lines = futures_util::stream::unfold(Some((run, unfinished, false)), |held| async move {
+                let (mut run, mut unfinished, mut errored) = held?;
+                let event = run.events.recv().await?;
+                let end = event["type"] == "end";
+                let text: String = e2b_lines(&event, &mut errored).iter().map(|line| format!("{line}\n")).collect();
+                unfinished.ended = end;
+                Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some((run, unfinished, errored))))
+            });
+            let mut response = Response::new(Body::from_stream(lines));
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/x-ndjson"));
+            Ok(response)
+        }
+        .await,
+    )
+}
