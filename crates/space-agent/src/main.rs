@@ -146,6 +146,9 @@ fn take_welcome(welcome: &Welcome) {
     }
 }
 
+/// The highest stream number the host has opened (told on a redial).
+static LAST_STREAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Dials the host and does the handshake; returns the reading half, the
 /// writing half and the host's welcome. `patience` None: dial forever.
 /// `key` is the channel key the host gave (presented on every dial, and
@@ -167,6 +170,7 @@ fn connect(
         pid: process::id(),
         reconnect,
         channel_key: key.clone(),
+        last_stream: streams.as_ref().map(|_| LAST_STREAM.load(std::sync::atomic::Ordering::Relaxed)),
         streams,
     };
     write_frame(&mut writer, &Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello)).map_err(|e| e.to_string())?;
@@ -269,6 +273,10 @@ impl Agent {
                     return;
                 }
             };
+            if frame.stream & space_proto::AGENT_STREAM_BIT == 0 {
+                LAST_STREAM
+                    .fetch_max(frame.stream & !space_proto::PORT_STREAM_BIT, std::sync::atomic::Ordering::Relaxed);
+            }
             match self.handle(frame) {
                 Ok(Served::Continue) => {}
                 Ok(Served::Quiesced) => return,

@@ -321,7 +321,11 @@ impl AgentConn {
             streams.insert(stream, tx);
             receivers.push((stream, pid, rx));
         }
-        let next_stream = adopt.iter().map(|(stream, _)| stream + 1).max().unwrap_or(1);
+        // New streams start past every stream the previous host opened,
+        // taken over or not: a frame the agent still owes one of those (an
+        // exit) must not reach a request that happens to get its number.
+        let served = hello.streams.iter().flatten().chain(hello.last_stream.as_ref());
+        let next_stream = adopt.iter().map(|(stream, _)| stream).chain(served).map(|s| s + 1).max().unwrap_or(1);
         let shared = Arc::new(Shared {
             streams: Mutex::new(streams),
             next_stream: AtomicU32::new(next_stream),
@@ -784,6 +788,7 @@ mod tests {
             reconnect: false,
             channel_key: None,
             streams: None,
+            last_stream: None,
         };
         Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()
     }
@@ -876,6 +881,7 @@ mod tests {
                 reconnect: true,
                 channel_key: presented,
                 streams: None,
+                last_stream: None,
             };
             write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
             let refused = conn.reattach(host, Duration::from_secs(2)).await;
@@ -893,6 +899,7 @@ mod tests {
                 reconnect: true,
                 channel_key: key,
                 streams: None,
+                last_stream: None,
             };
             write.write_all(&Frame::message(CONTROL_STREAM, FrameKind::Hello, &hello).encode().unwrap()).await.unwrap();
             let welcome: Welcome = read_frame(&mut read).await.unwrap().expect(FrameKind::Welcome).unwrap();

@@ -24,6 +24,12 @@ pub struct Hello {
     /// these; a command that ended meanwhile has no stream to follow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streams: Option<Vec<u32>>,
+    /// On a redial: the highest stream number the host side opened so far.
+    /// A host picks new numbers past it: a frame still owed to a stream that
+    /// ended (an exit sent while no host listened) follows the handshake,
+    /// and must not reach a new request that got the same number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stream: Option<u32>,
 }
 
 /// The sandbox's identity, sent by the host in answer to [`Hello`].

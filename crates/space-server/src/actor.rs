@@ -397,6 +397,7 @@ impl Actor {
         let image = spec.dir.join("images").join(operation_id);
         // Each fork takes over those its agent still serves when it wakes.
         let running = self.running_commands();
+        let contexts = platform.saved_contexts(&self.id);
         match self.save_image(operation_id, &spec, state == SandboxState::Paused, &image).await {
             Ok(frozen) => platform.record_frozen(operation_id, frozen),
             Err((step, err)) => {
@@ -408,9 +409,10 @@ impl Actor {
             }
         }
         platform.progress(operation_id, "starting the forks", 3);
-        let started =
-            futures_util::future::join_all(forks.iter().map(|fork| self.start_fork(fork, &record, &image, &running)))
-                .await;
+        let started = futures_util::future::join_all(
+            forks.iter().map(|fork| self.start_fork(fork, &record, &image, &running, &contexts)),
+        )
+        .await;
         remove_image(image).await;
         let mut failed = 0;
         for (fork, started) in forks.iter().zip(started) {
@@ -482,18 +484,23 @@ impl Actor {
         source: &SandboxRecord,
         image: &std::path::Path,
         running: &[RunningCommand],
+        contexts: &[crate::contexts::SavedContext],
     ) -> Result<(), String> {
         let platform = &self.platform;
         let id = &fork.sandbox.id;
         let spec = platform.engine_spec(fork);
         let socket = platform.engine.start_from_image(&spec, image).await.map_err(|e| e.to_string())?;
         let session = source.agent_session.ok_or("the source's agent session is not known")?;
+        let adopt = streams_to_take(running, contexts);
         let (agent, streams) =
-            self.wake_from_image(&spec, fork, socket, session, source.channel_key.clone(), running).await?;
+            self.wake_from_image(&spec, fork, socket, session, source.channel_key.clone(), &adopt).await?;
         let welcome = agent.welcome().clone();
         platform.apply_with(id, Event::Started, None, |r| r.remember_agent(&welcome)).map_err(|e| e.message)?;
+        // The source's code contexts go on in the fork as contexts of its own.
+        let mut streams: std::collections::HashMap<u32, _> = streams.into_iter().map(|s| (s.stream, s)).collect();
+        platform.adopt_contexts(id, &agent, contexts.to_vec(), &mut streams, true);
         platform.spawn_actor(id, None, Some(agent));
-        self.follow_copies(id, streams, running).map_err(|e| e.message)
+        self.follow_copies(id, streams.into_values().collect(), running).map_err(|e| e.message)
     }
 
     /// Greets the agent of a sandbox started from an image as sandbox
@@ -506,16 +513,15 @@ impl Actor {
         socket: tokio::net::UnixStream,
         session: u64,
         channel_key: Option<String>,
-        running: &[RunningCommand],
+        adopt: &[(u32, u32)],
     ) -> Result<(AgentConn, Vec<space_engine::ExecStream>), String> {
-        let adopt: Vec<(u32, u32)> = running.iter().map(|r| (r.stream, r.command.pid)).collect();
         let mut welcome = space_engine::welcome_for(spec);
         welcome.session = session;
         welcome.channel_key = channel_key;
         let (agent, streams) = self
             .platform
             .take_agent(spec, Some(socket), |socket| {
-                AgentConn::handshake_adopting(socket, welcome.clone(), QUIESCE_PATIENCE, &adopt)
+                AgentConn::handshake_adopting(socket, welcome.clone(), QUIESCE_PATIENCE, adopt)
             })
             .await?;
         let identity =
@@ -640,7 +646,15 @@ impl Actor {
             let socket = platform.engine.start_from_image(&spec, &image).await.map_err(|e| e.to_string())?;
             platform.progress(operation_id, "reconnecting the agent", 2);
             let session = meta.agent_session.ok_or("the checkpoint's agent session is not known")?;
-            self.wake_from_image(&spec, &record, socket, session, record.channel_key.clone(), &meta.running).await
+            self.wake_from_image(
+                &spec,
+                &record,
+                socket,
+                session,
+                record.channel_key.clone(),
+                &streams_to_take(&meta.running, &[]),
+            )
+            .await
         }
         .await;
         match woken {
@@ -760,4 +774,10 @@ async fn remove_image(image: std::path::PathBuf) {
     if let Ok(Err(err)) = removed {
         tracing::warn!("removing a fork's image: {err}");
     }
+}
+
+/// The streams (and their processes) an agent waking from an image is
+/// asked to hand over: running commands' and code contexts' drivers.
+fn streams_to_take(running: &[RunningCommand], contexts: &[crate::contexts::SavedContext]) -> Vec<(u32, u32)> {
+    running.iter().map(|r| (r.stream, r.command.pid)).chain(contexts.iter().map(|c| (c.stream, c.pid))).collect()
 }

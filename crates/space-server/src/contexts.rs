@@ -6,7 +6,9 @@
 //! on its stdin and stdout; this module keeps it, sends it runs one at a
 //! time and hands each run's events (output, rich results, the error, the
 //! end) to whoever asked. The driver runs through pause, suspend and resume
-//! like any command. Contexts are not kept across a server restart yet.
+//! like any command. Each context is recorded (`contexts` table: its
+//! stream and the driver's pid), so a restarted server picks its driver up
+//! again with the sandbox's commands, and a fork gets copies of them.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -39,6 +41,8 @@ pub(crate) struct LiveContext {
     info: Mutex<CodeContext>,
     agent: AgentConn,
     stream: u32,
+    /// The driver's process id in the sandbox (to take its stream over).
+    pid: u32,
     /// The interpreter's own environment (to start it again).
     env: std::collections::BTreeMap<String, String>,
     /// Set once the driver process is gone (its restart runs it anew).
@@ -53,7 +57,29 @@ pub(crate) struct LiveContext {
     default: std::sync::atomic::AtomicBool,
 }
 
+/// What a context's record keeps: enough to pick its driver up again on a
+/// connection that still serves its stream (after a restart, in a fork).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SavedContext {
+    info: CodeContext,
+    pub(crate) stream: u32,
+    pub(crate) pid: u32,
+    env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    default: bool,
+}
+
 impl LiveContext {
+    fn saved(&self) -> SavedContext {
+        SavedContext {
+            info: self.info(),
+            stream: self.stream,
+            pid: self.pid,
+            env: self.env.clone(),
+            default: self.default.load(std::sync::atomic::Ordering::SeqCst),
+        }
+    }
+
     fn set_state(&self, state: &str) {
         self.info.lock().unwrap_or_else(|e| e.into_inner()).state = state.to_string();
     }
@@ -116,7 +142,7 @@ impl Platform {
             created_at: ids::now(),
         };
         let live = self.start_driver(info, &agent, &request.env).await?;
-        self.contexts.lock().unwrap_or_else(|e| e.into_inner()).insert(id, live.clone());
+        self.keep_context(live.clone());
         Ok(live.info())
     }
 
@@ -139,6 +165,7 @@ impl Platform {
             info: Mutex::new(info),
             agent: agent.clone(),
             stream: stream.stream,
+            pid: stream.pid,
             env: env.clone(),
             exited: Default::default(),
             run: Mutex::default(),
@@ -178,10 +205,75 @@ impl Platform {
         }
         let request = CreateContextRequest { language: Some(language.into()), cwd: None, env: Default::default() };
         let created = self.create_context(sandbox_id, request).await?;
-        if let Some(live) = self.contexts.lock().unwrap_or_else(|e| e.into_inner()).get(&created.id) {
+        let live = self.contexts.lock().unwrap_or_else(|e| e.into_inner()).get(&created.id).cloned();
+        if let Some(live) = live {
             live.default.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.keep_context(live);
         }
         Ok(created)
+    }
+
+    /// Keeps a context, in memory and in its record.
+    fn keep_context(&self, live: Arc<LiveContext>) {
+        let saved = live.saved();
+        if let Err(err) = serde_json::to_value(&saved)
+            .map_err(crate::store::StoreError::from)
+            .and_then(|body| self.store.put_context(&saved.info.id, &saved.info.sandbox_id, &body))
+        {
+            tracing::warn!(context = %saved.info.id, "could not record the code context: {err}");
+        }
+        self.contexts.lock().unwrap_or_else(|e| e.into_inner()).insert(saved.info.id, live);
+    }
+
+    fn forget_context(&self, id: &str) {
+        self.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let _ = self.store.delete_context(id);
+    }
+
+    /// The recorded contexts of a sandbox (their drivers may still run).
+    pub(crate) fn saved_contexts(&self, sandbox_id: &str) -> Vec<SavedContext> {
+        let bodies = self.store.contexts(sandbox_id).unwrap_or_default();
+        bodies.into_iter().filter_map(|body| serde_json::from_value(body).ok()).collect()
+    }
+
+    /// Picks contexts up again on `agent`, each from its stream in
+    /// `streams` (taken out): after a restart, as themselves; in a fork
+    /// (`copies`), as new contexts of `sandbox_id`. One whose stream is not
+    /// served any more is shown `dead` (a restart runs its driver anew).
+    pub(crate) fn adopt_contexts(
+        self: &Arc<Self>,
+        sandbox_id: &str,
+        agent: &AgentConn,
+        saved: Vec<SavedContext>,
+        streams: &mut std::collections::HashMap<u32, ExecStream>,
+        copies: bool,
+    ) {
+        for saved in saved {
+            let mut info = saved.info;
+            if copies {
+                info.id = ids::new_id("ctx");
+                info.sandbox_id = sandbox_id.to_string();
+                info.created_at = ids::now();
+            }
+            let stream = streams.remove(&saved.stream);
+            info.state = if stream.is_some() { "ready" } else { "dead" }.into();
+            let live = Arc::new(LiveContext {
+                info: Mutex::new(info),
+                agent: agent.clone(),
+                stream: saved.stream,
+                pid: saved.pid,
+                env: saved.env,
+                exited: std::sync::atomic::AtomicBool::new(stream.is_none()),
+                run: Mutex::default(),
+                running: Arc::default(),
+                ready: Mutex::default(),
+                default: std::sync::atomic::AtomicBool::new(saved.default),
+            });
+            if let Some(stream) = stream {
+                tokio::spawn(pump(self.clone(), live.clone(), stream));
+            }
+            self.keep_context(live);
+        }
     }
 
     fn context(&self, sandbox_id: &str, id: &str) -> Result<Arc<LiveContext>, ApiError> {
@@ -270,7 +362,7 @@ impl Platform {
             again
                 .default
                 .store(live.default.load(std::sync::atomic::Ordering::SeqCst), std::sync::atomic::Ordering::SeqCst);
-            self.contexts.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), again.clone());
+            self.keep_context(again.clone());
             return Ok(again.info());
         }
         let (ready, restarted) = oneshot::channel();
@@ -287,7 +379,7 @@ impl Platform {
     /// Stops a context's interpreter and forgets it.
     pub async fn delete_context(&self, sandbox_id: &str, id: &str) -> Result<(), ApiError> {
         let live = self.context(sandbox_id, id)?;
-        self.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.forget_context(id);
         let _ = live.agent.signal(live.stream, nix::sys::signal::Signal::SIGKILL as i32).await;
         Ok(())
     }
@@ -360,13 +452,16 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
     ready(Err(last.clone()));
     live.end_run(json!({"type": "end", "status": "died", "execution_count": null, "error": last}));
     let id = live.info().id;
-    let gone = platform.sandbox(&live.info().sandbox_id).map_or(true, |r| {
-        matches!(
+    // Forgotten only with its sandbox: a server shutting down loses its
+    // streams too, and its successor picks the context up again.
+    let gone = match platform.sandbox(&live.info().sandbox_id) {
+        Ok(r) => matches!(
             r.sandbox.state,
             space_api::SandboxState::Deleting | space_api::SandboxState::Deleted | space_api::SandboxState::Failed
-        )
-    });
+        ),
+        Err(err) => err.status == StatusCode::NOT_FOUND,
+    };
     if gone {
-        platform.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        platform.forget_context(&id);
     }
 }

@@ -346,7 +346,12 @@ impl Platform {
                 }
             }
         }
-        let adopt: Vec<(u32, u32)> = resumable.iter().map(|(command, stream, _)| (*stream, command.pid)).collect();
+        let contexts = self.saved_contexts(&record.sandbox.id);
+        let adopt: Vec<(u32, u32)> = resumable
+            .iter()
+            .map(|(command, stream, _)| (*stream, command.pid))
+            .chain(contexts.iter().map(|c| (c.stream, c.pid)))
+            .collect();
         let mut welcome = space_engine::welcome_for(&spec);
         welcome.session = session;
         welcome.channel_key = record.channel_key.clone();
@@ -368,9 +373,11 @@ impl Platform {
         if let Some(event) = shown {
             self.apply(&record.sandbox.id, event, None).map_err(|e| e.message)?;
         }
+        // The code contexts whose drivers still run, as they were.
+        let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
+        self.adopt_contexts(&record.sandbox.id, &agent, contexts, &mut streams, false);
         self.spawn_actor(&record.sandbox.id, None, Some(agent));
         let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
-        let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
         for (mut command, stream, timeout_s) in resumable {
             let Some(stream) = streams.remove(&stream) else {
                 // It ended while nobody listened: its end is not known.

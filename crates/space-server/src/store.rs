@@ -208,6 +208,13 @@ CREATE TABLE IF NOT EXISTS command_streams (
     stream INTEGER NOT NULL,
     timeout_s INTEGER NOT NULL
 );
+-- code contexts: what a restarted server needs to pick each up again
+CREATE TABLE IF NOT EXISTS contexts (
+    id TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS contexts_by_sandbox ON contexts (sandbox_id);
 -- every connection a sandbox made through the egress gateway
 CREATE TABLE IF NOT EXISTS egress_events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -285,6 +292,12 @@ CREATE TABLE IF NOT EXISTS command_streams (
     stream BIGINT NOT NULL,
     timeout_s BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS contexts (
+    id TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS contexts_by_sandbox ON contexts (sandbox_id);
 CREATE TABLE IF NOT EXISTS egress_events (
     seq BIGSERIAL PRIMARY KEY,
     sandbox_id TEXT NOT NULL,
@@ -645,6 +658,30 @@ impl Store {
             )
         })?;
         Ok(())
+    }
+
+    /// Records a code context of `sandbox_id` (`body`: what picking it up
+    /// again needs).
+    pub fn put_context(&self, id: &str, sandbox_id: &str, body: &serde_json::Value) -> Result<(), StoreError> {
+        let body = body.to_string();
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO contexts (id, sandbox_id, body) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                vals![id, sandbox_id, body],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn delete_context(&self, id: &str) -> Result<(), StoreError> {
+        self.tx(|c| c.execute("DELETE FROM contexts WHERE id = ?1", vals![id]))?;
+        Ok(())
+    }
+
+    /// A sandbox's recorded code contexts.
+    pub fn contexts(&self, sandbox_id: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        self.many("SELECT body FROM contexts WHERE sandbox_id = ?1 ORDER BY id", vals![sandbox_id])
     }
 
     /// Records an egress event, keeping the newest [`EGRESS_EVENTS_KEPT`].

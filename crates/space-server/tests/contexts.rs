@@ -260,3 +260,71 @@ fn a_template_without_a_kernel_says_so() {
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/contexts"), Some(json!({})), 422, "invalid_value");
     assert!(refused["error"]["message"].as_str().unwrap().contains("IPython"), "{refused}");
 }
+
+#[test]
+fn contexts_survive_a_server_restart_and_go_on_in_forks() {
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
+    let base = format!("/v1/sandboxes/{id}/contexts");
+    let (status, python) = server.call("POST", &base, Some(json!({"language": "python"})));
+    assert_eq!(status, 201, "{python}");
+    let python = python["id"].as_str().unwrap().to_string();
+    let (status, shell) = server.call("POST", &base, Some(json!({"language": "bash"})));
+    assert_eq!(status, 201, "{shell}");
+    let shell = shell["id"].as_str().unwrap().to_string();
+    code(&server, &id, &python, "counter = 41");
+    code(&server, &id, &shell, "kept=yes; cd /tmp");
+
+    // A server killed and started again picks the same interpreters up.
+    server.stop();
+    let server = TestServer::start(&data);
+    let listed = server.ok("GET", &base, None);
+    let states: Vec<(&str, &str)> = listed["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap(), c["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, vec![(python.as_str(), "ready"), (shell.as_str(), "ready")], "{listed}");
+    assert_eq!(main_text(&code(&server, &id, &python, "counter += 1; counter")).as_deref(), Some("42"));
+    let out = code(&server, &id, &shell, "echo \"$kept in $(pwd)\"");
+    assert_eq!(of_type(&out, "stdout")[0]["text"], "yes in /tmp\n", "{out:?}");
+
+    // A fork carries the interpreters on as contexts of its own.
+    let (status, accepted) = server.call("POST", &format!("/v1/sandboxes/{id}/fork"), Some(json!({})));
+    assert_eq!(status, 202, "{accepted}");
+    let fork = accepted["sandboxes"][0]["id"].as_str().unwrap().to_string();
+    server.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+    let copies = server.ok("GET", &format!("/v1/sandboxes/{fork}/contexts"), None);
+    let copies: Vec<Value> = copies["contexts"].as_array().unwrap().clone();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    let copy = copies.iter().find(|c| c["language"] == "python").unwrap();
+    let copy = copy["id"].as_str().unwrap();
+    assert_ne!(copy, python, "a fork's context is its own");
+    assert_eq!(main_text(&code(&server, &fork, copy, "counter += 100; counter")).as_deref(), Some("142"));
+    assert_eq!(main_text(&code(&server, &id, &python, "counter")).as_deref(), Some("42"), "the source's is untouched");
+    server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/contexts/{copy}/run"),
+        Some(json!({"code": "1"})),
+        404,
+        "not_found",
+    );
+
+    // A context deleted before a restart stays deleted.
+    assert_eq!(server.delete_sandbox(&fork)["state"], "succeeded");
+    let auth = format!("Bearer {}", server.key);
+    assert_eq!(server.raw("DELETE", &format!("{base}/{shell}"), &[("Authorization", &auth)], None).0, 204);
+    server.stop();
+    let server = TestServer::start(&data);
+    let left = server.ok("GET", &base, None);
+    assert_eq!(
+        left["contexts"].as_array().unwrap().len(),
+        1,
+        "{left} {}",
+        server.ok("GET", &format!("/v1/sandboxes/{id}"), None)
+    );
+    assert_eq!(main_text(&code(&server, &id, &python, "counter")).as_deref(), Some("42"));
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
