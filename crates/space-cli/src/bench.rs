@@ -832,7 +832,7 @@ fn bench_contexts(args: &BenchArgs, client: &Client, scratch: &DataDir, exec: &S
     };
     row("code context: run(\"1+1\") until its end", &runs);
     row("exec `true` round trip (same run)", exec);
-    println!("{:<44} {:>9.1} ms", "code context: create until the kernel answers", ready.as_secs_f64() * 1000.0);
+    println!("{:<44} {:>9.1} ms", "code context: create until the interpreter answers", ready.as_secs_f64() * 1000.0);
     Ok(())
 }
 
