@@ -1070,9 +1070,17 @@ async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Res
         true => serde_json::json!({}),
         false => serde_json::from_slice(&bytes).map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()))?,
     };
-    let wanted = serde_json::json!({"template": body["templateID"].as_str().unwrap_or("base")});
+    let name = body["templateID"].as_str().unwrap_or("base");
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let (node, allowance) = place(cp, caller, &wanted, key.as_deref()).await?;
+    let placed = place(cp, caller, &serde_json::json!({"template": name}), key.as_deref()).await;
+    let (node, allowance) = match placed {
+        // E2B's code interpreter template, served by SPACE's (as on a node).
+        Err(err) if err.status == StatusCode::NOT_FOUND && name == crate::e2b::E2B_CODE_INTERPRETER => {
+            let served = serde_json::json!({"template": space_host::template::CODE_INTERPRETER_TEMPLATE});
+            place(cp, caller, &served, key.as_deref()).await?
+        }
+        placed => placed?,
+    };
     parts.extensions.insert(allowance);
     let response = forward(cp, &node, caller, Request::from_parts(parts, Body::from(bytes))).await?;
     if !response.status().is_success() {

@@ -130,7 +130,7 @@ fn pauses_on_timeout(lifecycle: &Lifecycle) -> bool {
 
 /// The template E2B's code interpreter creates its sandboxes from; SPACE's
 /// `code-interpreter` serves it unless a template of this name exists.
-const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
+pub(crate) const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
 
 /// E2B's `Sandbox` (what create and connect answer).
 fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bError> {

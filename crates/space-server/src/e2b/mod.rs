@@ -25,7 +25,7 @@ mod filesystem;
 mod interpreter;
 mod process;
 
-pub(crate) use control::{form_pairs, page, parse_time};
+pub(crate) use control::{form_pairs, page, parse_time, E2B_CODE_INTERPRETER};
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
