@@ -82,6 +82,26 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
     let html = of_type(&frame, "result")[0]["data"]["text/html"].as_str().unwrap().to_string();
     assert!(html.contains("<table") && html.contains("<th>b</th>"), "{html}");
 
+    // Markdown, SVG and JSON as their MIME types; what a program the cell
+    // starts writes is output too.
+    let shown = code(
+        &server,
+        &id,
+        &cid,
+        "from IPython.display import Markdown, SVG, JSON, display\nimport subprocess\n\
+         display(Markdown('**bold**'))\n\
+         display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"4\" height=\"4\"></svg>'))\n\
+         subprocess.run(['echo', 'from a program'])\nJSON({'a': [1, 2]})",
+    );
+    let results = of_type(&shown, "result");
+    assert_eq!(results.len(), 3, "{shown:?}");
+    assert_eq!(results[0]["data"]["text/markdown"], "**bold**", "{shown:?}");
+    assert!(results[1]["data"]["image/svg+xml"].as_str().unwrap().starts_with("<svg"), "{shown:?}");
+    assert_eq!(results[2]["data"]["application/json"], json!({"a": [1, 2]}), "{shown:?}");
+    assert_eq!(results[2]["is_main_result"], true);
+    let printed: String = of_type(&shown, "stdout").iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(printed, "from a program\n", "{shown:?}");
+
     // An exception: its name, value and a plain traceback.
     let failed = code(&server, &id, &cid, "def f():\n    return 1 / 0\nf()");
     let error = of_type(&failed, "error")[0];
