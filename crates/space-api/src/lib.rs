@@ -659,6 +659,10 @@ pub struct Health {
     pub engines: Vec<EngineStatus>,
     pub kvm: KvmStatus,
     pub disk: DiskStatus,
+    /// Live sandboxes a restarted server is still re-adopting (requests for
+    /// them wait until it has).
+    #[serde(default)]
+    pub reconciling: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -44,6 +44,9 @@ pub struct Platform {
     pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
     /// Code contexts whose drivers run, by id.
     pub(crate) contexts: Mutex<HashMap<String, Arc<crate::contexts::LiveContext>>>,
+    /// Live sandboxes a restarted server has not re-adopted yet (requests
+    /// for them wait, see [`Platform::until_reconciled`]).
+    pub(crate) reconciling: Mutex<std::collections::HashSet<String>>,
     pub warm: crate::warm::WarmPools,
     /// Memory the host can promise to sandboxes, in MiB.
     pub(crate) capacity_mib: u64,
@@ -104,6 +107,7 @@ impl Platform {
             sandboxes: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
             contexts: Mutex::default(),
+            reconciling: Mutex::default(),
             warm: crate::warm::WarmPools::new(engine.clone(), warm_size),
             capacity_mib,
             admission: Mutex::new(()),

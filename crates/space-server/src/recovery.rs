@@ -86,7 +86,6 @@ impl Platform {
     /// that no longer runs get a result saying so; template builds that
     /// were cut short fail.
     pub fn reconcile(&self) -> Result<(), ApiError> {
-        self.sweep();
         let pending = self.store.operations(None)?;
         // A roll back to a checkpoint the restart cut short is carried out
         // again from wherever it stopped.
@@ -229,76 +228,138 @@ impl Platform {
         Ok(())
     }
 
-    /// Removes what sandboxes the database does not know (or knows as
-    /// deleted) left in the data dir: their engine processes, subvolumes
-    /// and files.
-    fn sweep(&self) {
-        let Ok(entries) = std::fs::read_dir(self.data.sandboxes_dir()) else { return };
-        for entry in entries.flatten() {
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
-            let known =
-                self.store.sandbox(&name).ok().flatten().is_some_and(|r| r.sandbox.state != SandboxState::Deleted);
-            if known {
-                continue;
-            }
-            tracing::info!(sandbox = %name, "sweeping leftovers of an unknown sandbox");
-            let spec = space_engine::SandboxSpec {
-                id: name,
-                dir: entry.path(),
-                template_rootfs: Default::default(),
-                hostname: String::new(),
-                vcpus: 0,
-                memory_mib: 0,
-                disk_mib: 0,
-                env: Default::default(),
-                workdir: None,
-                user: None,
-                engine: None,
-                trust_pem: None,
-            };
-            let _ = self.engine.stop(&spec);
-            if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {
-                tracing::warn!("sweeping {}: {err}", spec.dir.display());
-            }
-        }
+    /// What sandboxes the database does not know (or knows as deleted)
+    /// left in the data dir, listed before this process makes any sandbox
+    /// (a warm member made later is unknown to the database too).
+    fn leftovers(&self) -> Vec<(String, std::path::PathBuf)> {
+        let Ok(entries) = std::fs::read_dir(self.data.sandboxes_dir()) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|entry| Some((entry.file_name().to_str()?.to_string(), entry.path())))
+            .filter(|(name, _)| {
+                !self.store.sandbox(name).ok().flatten().is_some_and(|r| r.sandbox.state != SandboxState::Deleted)
+            })
+            .collect()
     }
 
-    /// Takes up the platform's duties in this process: re-adopts live
-    /// sandboxes (see [`Platform::recover`]) and starts enforcing lifecycle
-    /// policies. Call once, inside the runtime, before serving.
+    /// Removes `leftovers`: their engine processes, subvolumes and files,
+    /// all at once.
+    async fn sweep(&self, leftovers: Vec<(String, std::path::PathBuf)>) {
+        let sweeps = leftovers.into_iter().map(|(name, dir)| {
+            let engine = self.engine.clone();
+            tokio::task::spawn_blocking(move || sweep_one(engine.as_ref(), name, dir))
+        });
+        futures_util::future::join_all(sweeps).await;
+    }
+
+    /// Takes up the platform's duties in this process. It answers at once:
+    /// the live sandboxes are marked as being reconciled (requests for one
+    /// wait until it is, [`Platform::until_reconciled`]), and in the
+    /// background leftovers are swept and live sandboxes re-adopted, all in
+    /// parallel (see [`Platform::recover`]); then the operations a previous
+    /// process accepted are carried out, lifecycle policies enforced and
+    /// the warm pools filled. Call once, inside the runtime, before serving.
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
         self.store_egress_events();
-        self.recover().await?;
-        self.resume_operations().await?;
-        tokio::spawn(self.clone().enforce_policies());
-        tokio::spawn(self.clone().sample_usage());
-        self.fill_warm_pools();
+        let leftovers = self.leftovers();
+        let live = self.live_records()?;
+        // Sandboxes with an operation a previous process accepted wait for
+        // it to be taken up again (requests queue behind it, as before).
+        let operations = self.store.operations(None)?;
+        let pending: Vec<String> =
+            operations.iter().filter(|op| !op.state.is_terminal()).filter_map(|op| op.sandbox_id.clone()).collect();
+        let ids = live.iter().map(|r| r.sandbox.id.clone()).chain(pending.iter().cloned());
+        self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).extend(ids);
+        let platform = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let count = live.len();
+            tokio::join!(platform.sweep(leftovers), platform.adopt_all(live));
+            tracing::info!(sandboxes = count, ms = started.elapsed().as_millis() as u64, "re-adopted after a restart");
+            if let Err(err) = platform.resume_operations().await {
+                tracing::error!("carrying out operations accepted before the restart: {}", err.message);
+            }
+            pending.iter().for_each(|id| platform.reconciled(id));
+            tokio::spawn(platform.clone().enforce_policies());
+            tokio::spawn(platform.clone().sample_usage());
+            platform.fill_warm_pools();
+        });
         Ok(())
     }
 
+    /// Waits (up to `patience`) until a restarted server has re-adopted
+    /// sandbox `id`; false if it has not by then.
+    pub async fn until_reconciled(&self, id: &str, patience: Duration) -> bool {
+        let reconciling = || self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).contains(id);
+        if !reconciling() {
+            return true;
+        }
+        let deadline = Instant::now() + patience;
+        matches!(self.wait_for(Some(deadline), || Ok(reconciling()), |still| !still).await, Ok(false))
+    }
+
+    fn reconciled(&self, id: &str) {
+        self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.changed();
+    }
+}
+
+/// Stops what an unknown sandbox left and removes its directory.
+fn sweep_one(engine: &dyn space_engine::Engine, name: String, dir: std::path::PathBuf) {
+    tracing::info!(sandbox = %name, "sweeping leftovers of an unknown sandbox");
+    let spec = space_engine::SandboxSpec {
+        id: name,
+        dir,
+        template_rootfs: Default::default(),
+        hostname: String::new(),
+        vcpus: 0,
+        memory_mib: 0,
+        disk_mib: 0,
+        env: Default::default(),
+        workdir: None,
+        user: None,
+        engine: None,
+        trust_pem: None,
+    };
+    let _ = engine.stop(&spec);
+    if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {
+        tracing::warn!("sweeping {}: {err}", spec.dir.display());
+    }
+}
+
+impl Platform {
     /// Re-adopts every sandbox recorded as running or paused whose engine
     /// processes still live: its agent redials, the handshake reuses its
     /// session so the agent keeps its command streams, and the commands'
     /// output keeps flowing into their transcripts. What cannot be re-adopted
     /// is stopped and recorded as failed.
     pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
-        let live: Vec<SandboxRecord> = self
-            .store
-            .sandboxes()?
+        let live = self.live_records()?;
+        self.adopt_all(live).await;
+        Ok(())
+    }
+
+    fn live_records(&self) -> Result<Vec<SandboxRecord>, ApiError> {
+        let records = self.store.sandboxes()?;
+        Ok(records
             .into_iter()
             .filter(|r| matches!(r.sandbox.state, SandboxState::Running | SandboxState::Paused))
-            .collect();
+            .collect())
+    }
+
+    async fn adopt_all(self: &Arc<Self>, live: Vec<SandboxRecord>) {
         let adoptions: Vec<_> = live.into_iter().map(|record| tokio::spawn(self.clone().adopt(record))).collect();
         for adoption in adoptions {
             let _ = adoption.await;
         }
-        Ok(())
     }
 
     async fn adopt(self: Arc<Self>, record: SandboxRecord) {
         let id = record.sandbox.id.clone();
         let running: Vec<Command> =
             self.store.commands(&id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect();
+        // Settled either way (also if this panics): requests waiting for it go on.
+        let _reconciled = Reconciled(&self, &id);
         match self.try_adopt(&record, &running).await {
             Ok(()) => tracing::info!(sandbox = %id, commands = running.len(), "re-adopted after a restart"),
             Err(why) => {
@@ -406,4 +467,13 @@ pub(crate) fn started_instant(started_at: &str) -> Instant {
         .and_then(|at| SystemTime::now().duration_since(at).ok())
         .unwrap_or_default();
     Instant::now().checked_sub(elapsed).unwrap_or_else(Instant::now)
+}
+
+/// Marks its sandbox reconciled when dropped (also if adopting it panicked).
+struct Reconciled<'a>(&'a Platform, &'a str);
+
+impl Drop for Reconciled<'_> {
+    fn drop(&mut self) {
+        self.0.reconciled(self.1);
+    }
 }

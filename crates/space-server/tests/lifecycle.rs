@@ -204,10 +204,15 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     assert!(processes_mentioning(&running) > 0, "engine processes do not die with the server");
 
     let server = TestServer::start(&data);
-    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{running}"), None)["state"], "running");
-    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{paused}"), None)["state"], "paused");
+    // It answers at once, re-adopting in the background (the paused one
+    // must be thawed first); a request for a sandbox waits until it is.
+    let health = server.ok("GET", "/v1/health", None);
+    assert!(health["reconciling"].as_u64().unwrap() >= 1, "{health}");
     let (pid_after, token_after, _) = keeper_state(&server, &running);
     assert_eq!((pid_after, token_after), (pid, token), "the background process kept running");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{running}"), None)["state"], "running");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{paused}"), None)["state"], "paused");
+    wait_until("the re-adoption to end", PATIENCE, || server.ok("GET", "/v1/health", None)["reconciling"] == 0);
 
     // The command that ran through the restart is picked up and ends with its real result.
     let finished = server.ok("GET", &format!("/v1/sandboxes/{running}/commands/{cid}?wait=20"), None);
@@ -279,10 +284,14 @@ fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
     space_host::btrfs::create_subvolume(&stray.join("rootfs")).unwrap();
     std::fs::write(stray.join("rootfs/junk"), "left behind").unwrap();
     let server = TestServer::start(&data);
-    assert!(!stray.exists(), "the leftover directory and its subvolume are gone");
+    // Swept in the background: the server answers meanwhile.
+    assert_eq!(server.ok("GET", "/v1/health", None)["status"], "ok");
+    wait_until("the leftover directory and its subvolume to go", PATIENCE, || !stray.exists());
     let kept = server.create_sandbox(json!({"template": "base"}));
     server.stop();
-    let _server = TestServer::start(&data);
+    let server = TestServer::start(&data);
+    wait_until("the re-adoption to end", PATIENCE, || server.ok("GET", "/v1/health", None)["reconciling"] == 0);
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{kept}"), None)["state"], "running");
     assert!(data.data.sandbox_dir(&kept).join("rootfs").exists(), "a known sandbox is kept");
 }
 
@@ -467,4 +476,38 @@ fn engine_cpu_ns(id: &str) -> u64 {
     let stat = std::fs::read_to_string(format!("/sys/fs/cgroup/space/{id}/cpu.stat")).expect("the sandbox's cgroup");
     let usec: u64 = stat.lines().find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok()).unwrap();
     usec * 1000
+}
+
+#[test]
+fn requests_for_a_sandbox_wait_until_a_restarted_server_has_readopted_it() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    server.stop();
+    // Frozen, its agent cannot dial the new server: re-adopting it waits.
+    let frozen = space_testkit::processes_matching(&id);
+    assert!(!frozen.is_empty());
+    let signal_all = |signal| {
+        frozen.iter().for_each(|pid| {
+            let _ = kill(Pid::from_raw(*pid), signal);
+        })
+    };
+    signal_all(Signal::SIGSTOP);
+    let server = std::sync::Arc::new(TestServer::start(&data));
+    assert_eq!(server.ok("GET", "/v1/health", None)["reconciling"], 1, "the server answers at once");
+    let exec = {
+        let server = server.clone();
+        let id = id.clone();
+        std::thread::spawn(move || server.exec(&id, json!({"cmd": "echo adopted"})))
+    };
+    // Not refused for want of an agent: it waits for the re-adoption.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!exec.is_finished(), "the request waits while the sandbox is being re-adopted");
+    signal_all(Signal::SIGCONT);
+    let ran = exec.join().unwrap();
+    assert_eq!(ran["stdout"], "adopted\n", "{ran}");
+    assert_eq!(server.ok("GET", "/v1/health", None)["reconciling"], 0);
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
 }

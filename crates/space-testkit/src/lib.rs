@@ -65,7 +65,7 @@ pub fn processes_mentioning(text: &str) -> usize {
 }
 
 /// The pids of processes with `text` in their command line.
-fn processes_matching(text: &str) -> Vec<i32> {
+pub fn processes_matching(text: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .expect("reading /proc")
         .filter_map(|e| {

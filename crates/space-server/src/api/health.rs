@@ -66,5 +66,6 @@ pub async fn health(State(state): State<AppState>) -> Json<Health> {
             total_bytes,
             reserve_bytes: platform.disk_reserve_bytes.load(std::sync::atomic::Ordering::Relaxed),
         },
+        reconciling: platform.reconciling.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
     })
 }

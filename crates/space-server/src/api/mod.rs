@@ -137,6 +137,7 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), reconciled_first))
         .layer(middleware::from_fn_with_state(state.clone(), observe_request))
         .layer(middleware::from_fn(crate::http::close_if_body_unread))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
@@ -162,6 +163,29 @@ fn path_ids(path: &str) -> (Option<String>, Option<String>) {
         parts.windows(2).find(|w| w[0] == kind && crate::ids::plausible(w[1], prefix)).map(|w| w[1].to_string())
     };
     (after("sandboxes", "sbx"), after("operations", "op"))
+}
+
+/// How long a request for a sandbox a restarted server has not re-adopted
+/// yet waits for it before a 503.
+const RECONCILE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A request for a sandbox that a restarted server is still re-adopting
+/// (by path, or E2B's `E2b-Sandbox-Id`) waits until it is, then goes on;
+/// past [`RECONCILE_PATIENCE`] it gets a 503 with `Retry-After`.
+async fn reconciled_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let named = path_ids(request.uri().path())
+        .0
+        .or_else(|| request.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string));
+    if let Some(id) = named {
+        if !state.platform.until_reconciled(&id, RECONCILE_PATIENCE).await {
+            let mut refused = axum::response::IntoResponse::into_response(ApiError::unavailable(format!(
+                "sandbox {id} is being re-adopted after a restart; try again"
+            )));
+            refused.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            return refused;
+        }
+    }
+    next.run(request).await
 }
 
 /// Every request: an id (echoed as `X-Request-Id`), a span that the
