@@ -45,6 +45,9 @@ pub struct BenchArgs {
     /// Size of the generated image for the import figure, in MiB.
     #[arg(long, default_value_t = 512)]
     image_mib: u64,
+    /// Live sandboxes a killed server leaves for the restart figures (0: skip them).
+    #[arg(long, default_value_t = 100)]
+    restart_sandboxes: usize,
     /// Instead of the figures above: keep this many sandboxes alive at once
     /// and report what they cost (see `density.rs`).
     #[arg(long)]
@@ -430,6 +433,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         space_host::btrfs::remove_tree(scratch.root()).and(space_host::btrfs::remove_tree(warm_scratch.root()));
     result?;
     cleanup?;
+    if args.restart_sandboxes > 0 {
+        let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
+        let result = crate::restart_bench::run(&args, &restart, args.restart_sandboxes);
+        space_host::btrfs::remove_tree(restart.root())?;
+        result?;
+    }
     Ok(())
 }
 

@@ -9,6 +9,7 @@ mod cluster_bench;
 mod density;
 mod forward;
 mod mcp;
+mod restart_bench;
 mod setup;
 
 use std::net::SocketAddr;

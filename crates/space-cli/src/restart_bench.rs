@@ -1,0 +1,148 @@
+//! `space bench`'s restart figures: a `space serve` process killed (SIGKILL)
+//! over N live sandboxes, and a new one on the same data dir: how soon it
+//! answers `GET /v1/health` after it was started, how soon every sandbox is
+//! re-adopted (`reconciling` 0), and how soon every one has answered an
+//! exec (all asked at once, as soon as the server answers).
+
+use std::io::BufRead as _;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use space_host::datadir::DataDir;
+use space_process::{ReapedChild, Reaper};
+
+use crate::bench::BenchArgs;
+use crate::client::Client;
+
+/// Clients creating (and later exec'ing) at once.
+const CLIENTS: usize = 4;
+/// How long the figures may take before the bench gives up.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A `space serve` child on a loopback port, and its client.
+struct Served {
+    child: ReapedChild,
+    client: Client,
+    spawned: Instant,
+}
+
+fn serve(args: &BenchArgs, data: &DataDir) -> Result<Served> {
+    let exe = std::env::current_exe().context("locating the space binary")?;
+    let mut command = Command::new(exe);
+    command
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--auto-pause-s", "0"])
+        // What N idle sandboxes cost is not what their promises add up to.
+        .args(["--capacity-mib", &u32::MAX.to_string()])
+        .arg("--data-dir")
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(args.engine.agent_bin()?)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let spawned = Instant::now();
+    let mut child = Reaper::global().spawn(&mut command).context("starting `space serve`")?;
+    let stderr = child.child.stderr.take().context("the server's stderr")?;
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines.next().context("the server exited before it listened")??;
+        if let Some(at) = line.find("listening on ") {
+            break line[at + "listening on ".len()..].trim().to_string();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    let key = std::fs::read_to_string(data.dev_key_path()).context("the server's dev key")?;
+    Ok(Served { child, client: Client::new(&url, key.trim()), spawned })
+}
+
+/// Runs `work` for every item on [`CLIENTS`] threads at once.
+fn on_clients<T: Sync>(items: &[T], work: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    while let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        work(item)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| w.join().map_err(|_| anyhow::anyhow!("a client panicked"))?)
+    })
+}
+
+pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
+    let first = serve(args, scratch)?;
+    let ids = Mutex::new(Vec::with_capacity(n));
+    on_clients(&vec![(); n], |()| {
+        let accepted =
+            first.client.post("/v1/sandboxes", &serde_json::json!({"template": args.template, "memory_mib": 256}))?;
+        let operation = first.client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        if operation["state"] != "succeeded" {
+            bail!("a create failed: {}", operation["error"]);
+        }
+        ids.lock().unwrap().push(accepted["sandbox"]["id"].as_str().context("no sandbox id")?.to_string());
+        Ok(())
+    })?;
+    let ids = ids.into_inner().unwrap();
+    // Killed: its sandboxes live on, as after a crash.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.child.id() as i32), nix::sys::signal::Signal::SIGKILL)?;
+    first.child.wait();
+
+    let second = serve(args, scratch)?;
+    let client = &second.client;
+    let deadline = second.spawned + PATIENCE;
+    let listening = loop {
+        if client.get("/v1/health").is_ok() {
+            break second.spawned.elapsed();
+        }
+        if Instant::now() > deadline {
+            bail!("the restarted server did not answer within {PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let usable = Mutex::new(Duration::ZERO);
+    let exec_all = std::thread::scope(|scope| {
+        let execs = scope.spawn(|| {
+            on_clients(&ids, |id| {
+                let answer =
+                    client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["true"]}))?;
+                if answer["result"]["exit_code"] != 0 {
+                    bail!("{id} did not answer `true` after the restart: {answer}");
+                }
+                let mut usable = usable.lock().unwrap();
+                *usable = (*usable).max(second.spawned.elapsed());
+                Ok(())
+            })
+        });
+        let readopted = loop {
+            let health = client.get("/v1/health")?;
+            if health["reconciling"] == 0 {
+                break second.spawned.elapsed();
+            }
+            if Instant::now() > deadline {
+                bail!("{} sandboxes were still being re-adopted after {PATIENCE:?}", health["reconciling"]);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        execs.join().map_err(|_| anyhow::anyhow!("the exec clients panicked"))??;
+        Ok(readopted)
+    });
+    let readopted = exec_all?;
+    on_clients(&ids, |id| {
+        let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
+        client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
+        Ok(())
+    })?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(second.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+    second.child.wait();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!("{:<44} {:>9.1} ms", format!("restart over {n} live sandboxes: answers"), ms(listening));
+    println!("{:<44} {:>9.1} ms", format!("restart over {n}: all re-adopted"), ms(readopted));
+    println!("{:<44} {:>9.1} ms", format!("restart over {n}: all answered an exec"), ms(*usable.lock().unwrap()));
+    Ok(())
+}
