@@ -253,16 +253,18 @@ impl Platform {
         futures_util::future::join_all(sweeps).await;
     }
 
-    /// Takes up the platform's duties in this process. It answers at once:
-    /// the live sandboxes are marked as being reconciled (requests for one
-    /// wait until it is, [`Platform::until_reconciled`]), and in the
-    /// background leftovers are swept and live sandboxes re-adopted, all in
-    /// parallel (see [`Platform::recover`]); then the operations a previous
+    /// Takes up the platform's duties in this process. Leftovers are swept
+    /// (all at once); the live sandboxes are marked as being reconciled
+    /// (requests for one wait until it is, [`Platform::until_reconciled`])
+    /// and re-adopted in the background, in parallel (see
+    /// [`Platform::recover`]); then the operations a previous
     /// process accepted are carried out, lifecycle policies enforced and
     /// the warm pools filled. Call once, inside the runtime, before serving.
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
         self.store_egress_events();
-        let leftovers = self.leftovers();
+        // Leftovers go before anything new is made (all at once): no runsc
+        // of theirs runs beside a new sandbox's.
+        self.sweep(self.leftovers()).await;
         let live = self.live_records()?;
         // Sandboxes with an operation a previous process accepted wait for
         // it to be taken up again (requests queue behind it, as before).
@@ -275,7 +277,7 @@ impl Platform {
         tokio::spawn(async move {
             let started = Instant::now();
             let count = live.len();
-            tokio::join!(platform.sweep(leftovers), platform.adopt_all(live));
+            platform.adopt_all(live).await;
             tracing::info!(sandboxes = count, ms = started.elapsed().as_millis() as u64, "re-adopted after a restart");
             if let Err(err) = platform.resume_operations().await {
                 tracing::error!("carrying out operations accepted before the restart: {}", err.message);
