@@ -420,14 +420,11 @@ impl Engine for Gvisor {
             return LiveStatus::Gone;
         };
         let state: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
-        live_status(state["status"].as_str())
-    }
-
-    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
-        // Read from the state files runsc keeps, with the sandbox process
-        // checked alive: a `runsc state` (or `list`) each costs a process
-        // and a call into every sandbox, seconds for a hundred on two cores.
-        specs.iter().map(|spec| self.recorded_status(spec).unwrap_or_else(|| self.status(spec))).collect()
+        match state["status"].as_str() {
+            Some("running") => LiveStatus::Running,
+            Some("paused") => LiveStatus::Paused,
+            _ => LiveStatus::Gone,
+        }
     }
 
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
@@ -692,32 +689,6 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
     config.set_hostname(Some(spec.hostname.clone()));
     config.set_mounts(Some(mounts));
     Ok(config)
-}
-
-impl Gvisor {
-    /// The status runsc recorded for the sandbox, if its state file reads
-    /// and names a sandbox process; Gone when that process is not runsc's.
-    fn recorded_status(&self, spec: &SandboxSpec) -> Option<LiveStatus> {
-        let file = self.config.state_dir.join(format!("{0}_sandbox:{0}.state", spec.id));
-        let state: serde_json::Value = match std::fs::read(&file) {
-            Ok(bytes) => serde_json::from_slice(&bytes).ok()?,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Some(LiveStatus::Gone),
-            Err(_) => return None,
-        };
-        let pid = state["sandbox"]["pid"].as_u64()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let alive = String::from_utf8_lossy(&cmdline).contains(spec.id.as_str());
-        Some(if alive { live_status(state["status"].as_str()) } else { LiveStatus::Gone })
-    }
-}
-
-/// What runsc's status of a container says of its sandbox.
-fn live_status(status: Option<&str>) -> LiveStatus {
-    match status {
-        Some("running") => LiveStatus::Running,
-        Some("paused") => LiveStatus::Paused,
-        _ => LiveStatus::Gone,
-    }
 }
 
 #[cfg(test)]

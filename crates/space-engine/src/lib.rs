@@ -262,13 +262,6 @@ pub trait Engine: Send + Sync {
     /// Blocking: call it off the async threads.
     fn status(&self, spec: &SandboxSpec) -> LiveStatus;
 
-    /// [`Engine::status`] of each of `specs`, in their order: engines that
-    /// can tell them all at once (one process instead of one each: a
-    /// restarted server asks for every live sandbox) do so.
-    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
-        specs.iter().map(|spec| self.status(spec)).collect()
-    }
-
     /// Listens on the sandbox's agent socket again (its agent redials when
     /// its channel drops): how a restarted server re-adopts a live sandbox,
     /// and where a restore listens again when someone other than the agent
@@ -368,22 +361,6 @@ impl Engine for Engines {
 
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {
         self.pick(spec).status(spec)
-    }
-
-    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
-        let mut found = vec![LiveStatus::Gone; specs.len()];
-        for engine in std::iter::once(&self.default).chain(&self.others) {
-            let mine: Vec<usize> =
-                (0..specs.len()).filter(|&i| std::sync::Arc::ptr_eq(self.pick(&specs[i]), engine)).collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let asked: Vec<SandboxSpec> = mine.iter().map(|&i| specs[i].clone()).collect();
-            for (i, status) in mine.into_iter().zip(engine.statuses(&asked)) {
-                found[i] = status;
-            }
-        }
-        found
     }
 
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {

@@ -351,27 +351,19 @@ impl Platform {
     }
 
     async fn adopt_all(self: &Arc<Self>, live: Vec<SandboxRecord>) {
-        // What the engine shows of each, asked of all at once.
-        let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
-        let engine = self.engine.clone();
-        let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
-        let adoptions: Vec<_> = live
-            .into_iter()
-            .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
-            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status)))
-            .collect();
+        let adoptions: Vec<_> = live.into_iter().map(|record| tokio::spawn(self.clone().adopt(record))).collect();
         for adoption in adoptions {
             let _ = adoption.await;
         }
     }
 
-    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>) {
+    async fn adopt(self: Arc<Self>, record: SandboxRecord) {
         let id = record.sandbox.id.clone();
         let running: Vec<Command> =
             self.store.commands(&id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect();
         // Settled either way (also if this panics): requests waiting for it go on.
         let _reconciled = Reconciled(&self, &id);
-        match self.try_adopt(&record, &running, status).await {
+        match self.try_adopt(&record, &running).await {
             Ok(()) => tracing::info!(sandbox = %id, commands = running.len(), "re-adopted after a restart"),
             Err(why) => {
                 tracing::warn!(sandbox = %id, "could not re-adopt: {why}");
@@ -390,23 +382,14 @@ impl Platform {
         }
     }
 
-    /// `status`: what the engine showed of it (asked here if None).
-    async fn try_adopt(
-        self: &Arc<Self>,
-        record: &SandboxRecord,
-        running: &[Command],
-        status: Option<LiveStatus>,
-    ) -> Result<(), String> {
+    async fn try_adopt(self: &Arc<Self>, record: &SandboxRecord, running: &[Command]) -> Result<(), String> {
         let session = record.agent_session.ok_or("no agent session was recorded")?;
         let spec = self.engine_spec(record);
         let engine = self.engine.clone();
         let began = Instant::now();
-        let status = match status {
-            Some(status) => status,
-            None => {
-                let spec = spec.clone();
-                tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
-            }
+        let status = {
+            let spec = spec.clone();
+            tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
         };
         match status {
             LiveStatus::Gone => return Err("its engine processes are gone".into()),
