@@ -56,26 +56,27 @@ def drain(fd):
         chunks.append(chunk)
 
 
-class Worker:
-    """The shell's process; `feed` turns what it writes into events and
-    says when a run ended."""
+class Shell:
+    """The bash process; `feed` turns what it writes into events and says
+    when a run ended."""
 
-    def __init__(self, argv):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+    def __init__(self):
+        self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.files = {self.proc.stdout.fileno(): self.proc.stdout, self.proc.stderr.fileno(): self.proc.stderr}
         self.open = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
         for fd in self.open:
             os.set_blocking(fd, False)
         self.stderr_tail = b""
-        self.ready = False
+        # SIGINT stops what runs, not the shell itself.
+        self.proc.stdin.write(b"trap : INT\n")
+        self.proc.stdin.flush()
+        self.ready, self.count = True, 0
+        self.held = None
 
     def close(self, fd):
         del self.open[fd]
-        if fd in self.files:
-            self.files.pop(fd).close()
-        else:
-            os.close(fd)
+        self.files.pop(fd).close()
 
     def signal(self, signum):
         try:
@@ -93,17 +94,7 @@ class Worker:
 
     def why(self):
         last = self.stderr_tail.decode(errors="replace").strip().splitlines()
-        return last[-1] if last else f"the interpreter exited ({self.proc.poll()})"
-
-
-class BashWorker(Worker):
-    def __init__(self):
-        super().__init__(["bash", "--norc", "--noprofile"])
-        # SIGINT stops what runs, not the shell itself.
-        self.proc.stdin.write(b"trap : INT\n")
-        self.proc.stdin.flush()
-        self.ready, self.count = True, 0
-        self.held = None
+        return last[-1] if last else f"the shell exited ({self.proc.poll()})"
 
     def begin(self, request):
         self.marker = ("__space_end_" + uuid.uuid4().hex).encode()
@@ -147,7 +138,7 @@ class BashWorker(Worker):
 
 
 def spawn():
-    return BashWorker()
+    return Shell()
 
 
 class Driver:
