@@ -414,7 +414,7 @@ impl OperationState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Progress {
     pub step: String,
     /// Steps done of `total`.
@@ -424,6 +424,24 @@ pub struct Progress {
     /// (bytes of an image's layers, packages of a Debian build).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amount: Option<ProgressAmount>,
+    /// The steps ended so far and how long each took, in order (a create's
+    /// engine start in its parts: root snapshot, runsc, handshake, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timings: Vec<StepTiming>,
+}
+
+impl Progress {
+    pub fn new(step: impl Into<String>, done: u64, total: u64) -> Progress {
+        Progress { step: step.into(), done, total, amount: None, timings: Vec::new() }
+    }
+}
+
+/// One ended step of an operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StepTiming {
+    pub step: String,
+    /// Milliseconds it took (to a tenth).
+    pub ms: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

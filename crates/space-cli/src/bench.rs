@@ -268,6 +268,11 @@ fn measure_egress(client: &Client, id: &str) -> Result<Egress> {
 /// Create -> ready through the API (accepted -> operation succeeded),
 /// timed into `samples`; the new sandbox's id.
 pub(crate) fn timed_create(client: &Client, template: &str, samples: &mut Samples) -> Result<String> {
+    timed_create_op(client, template, samples).map(|(id, _)| id)
+}
+
+/// [`timed_create`], with the create's operation as it ended.
+fn timed_create_op(client: &Client, template: &str, samples: &mut Samples) -> Result<(String, serde_json::Value)> {
     let started = Instant::now();
     let accepted = client.post("/v1/sandboxes", &serde_json::json!({"template": template}))?;
     let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
@@ -275,7 +280,49 @@ pub(crate) fn timed_create(client: &Client, template: &str, samples: &mut Sample
         bail!("create failed: {}", operation["error"]);
     }
     samples.0.push(started.elapsed());
-    Ok(accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string())
+    Ok((accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string(), operation))
+}
+
+/// Each step's durations over many operations, in the order first seen.
+#[derive(Default)]
+struct StepSamples(Vec<(String, Samples)>);
+
+impl StepSamples {
+    /// Adds the steps an operation timed (`progress.timings`).
+    fn add(&mut self, operation: &serde_json::Value) {
+        for timing in operation["progress"]["timings"].as_array().into_iter().flatten() {
+            let (Some(step), Some(ms)) = (timing["step"].as_str(), timing["ms"].as_f64()) else { continue };
+            let at = match self.0.iter().position(|(name, _)| name == step) {
+                Some(at) => at,
+                None => {
+                    self.0.push((step.to_string(), Samples(vec![])));
+                    self.0.len() - 1
+                }
+            };
+            self.0[at].1 .0.push(Duration::from_secs_f64(ms / 1000.0));
+        }
+    }
+}
+
+/// Waits until `platform`'s pools hold `members`, `hot` of them running.
+fn pools_settled(platform: &space_server::Platform, members: usize, hot: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (platform.warm.count(), platform.warm.hot_count()) != (members, hot) {
+        if Instant::now() > deadline {
+            bail!("the pools did not refill within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// What the hot members cost while they wait: % of one core each.
+fn hot_idle_cpu(platform: &space_server::Platform) -> f64 {
+    const OVER: Duration = Duration::from_secs(5);
+    let (members, before) = platform.warm.hot_cpu();
+    std::thread::sleep(OVER);
+    let (_, after) = platform.warm.hot_cpu();
+    after.saturating_sub(before).as_secs_f64() / OVER.as_secs_f64() / members.max(1) as f64 * 100.0
 }
 
 /// One `exec true` round trip through the API, timed into `samples`.
@@ -428,9 +475,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let scratch = shared.scratch(&format!("bench-{}", std::process::id()), &templates)?;
     let warm_scratch = shared.scratch(&format!("bench-warm-{}", std::process::id()), &[&args.template])?;
-    let result = bench(&args, &scratch, &warm_scratch);
-    let cleanup =
-        space_host::btrfs::remove_tree(scratch.root()).and(space_host::btrfs::remove_tree(warm_scratch.root()));
+    let hot_scratch = shared.scratch(&format!("bench-hot-{}", std::process::id()), &[&args.template])?;
+    let result = bench(&args, &scratch, &warm_scratch, &hot_scratch);
+    let cleanup = [&scratch, &warm_scratch, &hot_scratch]
+        .into_iter()
+        .try_for_each(|data| space_host::btrfs::remove_tree(data.root()));
     result?;
     cleanup?;
     if args.restart_sandboxes > 0 {
@@ -459,13 +508,14 @@ pub(crate) fn start_server(
     Ok((Client::new(&url, &key), platform))
 }
 
-fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<()> {
+fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratch: &DataDir) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
-    // Two servers side by side: every create on the first is a cold start,
-    // the second hands out members of a one-sandbox warm pool.
-    let config = |data: &DataDir, warm_pool| -> Result<space_server::PlatformConfig> {
+    // Three servers side by side: every create on the first is a cold
+    // start, the second hands out members of a one-sandbox warm pool, the
+    // third a hot member (running) with one warm member behind it.
+    let config = |data: &DataDir, warm_pool, hot_pool| -> Result<space_server::PlatformConfig> {
         let mut config = args.engine.platform_config(data.root())?;
-        config.warm_pool = warm_pool;
+        (config.warm_pool, config.hot_pool) = (warm_pool, hot_pool);
         // The egress figures' upstream is this process, on loopback.
         config.egress = space_server::egress::EgressSettings::parse(
             &[format!("{EGRESS_HOST}=127.0.0.1")],
@@ -476,8 +526,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         config.auto_pause_s = 0;
         Ok(config)
     };
-    let (client, cold_platform) = start_server(&runtime, config(scratch, 0)?)?;
-    let (warm_client, warm_platform) = start_server(&runtime, config(warm_scratch, 1)?)?;
+    let (client, cold_platform) = start_server(&runtime, config(scratch, 0, 0)?)?;
+    let (warm_client, warm_platform) = start_server(&runtime, config(warm_scratch, 1, 0)?)?;
+    let (hot_client, hot_platform) = start_server(&runtime, config(hot_scratch, 1, 1)?)?;
 
     let raw_engine = Gvisor::new(GvisorConfig {
         runsc: args.engine.runsc.clone(),
@@ -491,7 +542,8 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     let (mut pause, mut resume, mut raw_pause, mut raw_resume, mut suspend, mut restore) =
         (Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]), Samples(vec![]));
     let mut snapshot_bytes: Vec<u64> = Vec::new();
-    let mut warm_create = Samples(vec![]);
+    let (mut warm_create, mut hot_create) = (Samples(vec![]), Samples(vec![]));
+    let mut cold_steps = StepSamples::default();
     let (mut e2b_run, mut bash_exec) = (Samples(vec![]), Samples(vec![]));
     let mut idle_pss: Vec<u64> = Vec::new();
     let (mut observed, mut unobserved) = (Samples(vec![]), Samples(vec![]));
@@ -504,7 +556,8 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     );
     for i in 0..args.runs {
         // Ours: the whole API path, create accepted -> operation succeeded.
-        let id = timed_create(&client, &args.template, &mut create)?;
+        let (id, operation) = timed_create_op(&client, &args.template, &mut create)?;
+        cold_steps.add(&operation);
         for _ in 0..args.execs {
             timed_true(&client, &id, &mut exec)?;
         }
@@ -539,14 +592,15 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         let deleted = client.delete(&format!("/v1/sandboxes/{id}"))?;
         client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
 
-        // Warm: wait until the pool has refilled, then time a create.
-        let refill_deadline = Instant::now() + Duration::from_secs(60);
-        while warm_platform.warm.count() == 0 && Instant::now() < refill_deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Warm and hot: wait until the pools have refilled, then time a create.
+        pools_settled(&warm_platform, 1, 0)?;
         let warm_id = timed_create(&warm_client, &args.template, &mut warm_create)?;
         let deleted = warm_client.delete(&format!("/v1/sandboxes/{warm_id}"))?;
         warm_client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
+        pools_settled(&hot_platform, 2, 1)?;
+        let hot_id = timed_create(&hot_client, &args.template, &mut hot_create)?;
+        let deleted = hot_client.delete(&format!("/v1/sandboxes/{hot_id}"))?;
+        hot_client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
 
         // The floor: runsc alone, from spawn to the agent's first frame.
         let spec = SandboxSpec {
@@ -611,6 +665,14 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
     ratio(&create, &raw_create);
     row("create -> ready, SPACE API (warm pool)", &warm_create);
     ratio_named("speed-up warm vs cold", &create, &warm_create);
+    row("create -> ready, SPACE API (hot pool)", &hot_create);
+    ratio_named("speed-up hot vs cold", &create, &hot_create);
+    println!("{:<44} {:>9.2}", "cold create tail: p95/p50", create.percentile(95.0) / create.percentile(50.0));
+    for (step, samples) in &cold_steps.0 {
+        row(&format!("  cold create step: {step}"), samples);
+    }
+    pools_settled(&hot_platform, 2, 1)?;
+    println!("{:<44} {:>9.1} % of a core each", "hot members' CPU while they wait", hot_idle_cpu(&hot_platform));
     row("exec `true` round trip, SPACE API", &exec);
     row("exec `true`, raw runsc exec", &raw_exec);
     ratio(&exec, &raw_exec);
@@ -678,6 +740,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir) -> Result<
         None => println!("{:<44} skipped: no firecracker binary (FIRECRACKER_BIN)", "firecracker figures"),
     }
     runtime.block_on(warm_platform.warm.drain());
+    runtime.block_on(hot_platform.warm.drain());
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }

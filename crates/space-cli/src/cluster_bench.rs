@@ -108,6 +108,7 @@ pub fn run(args: &BenchArgs, node_data: &DataDir, tls_node_data: &DataDir, singl
     let config = |data: &DataDir| -> Result<space_server::PlatformConfig> {
         let mut config = args.engine.platform_config(data.root())?;
         config.warm_pool = 0;
+        config.hot_pool = 0;
         config.auto_pause_s = 0;
         Ok(config)
     };

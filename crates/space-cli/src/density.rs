@@ -25,6 +25,7 @@ pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let mut config = args.engine.platform_config(scratch.root())?;
     config.warm_pool = 0;
+    config.hot_pool = 0;
     config.auto_pause_s = args.idle_pause_s;
     // Memory promised per sandbox is its memory_mib; what an idle one costs
     // is measured here, so the promise is not what limits this run.

@@ -33,7 +33,18 @@ fn serve(args: &BenchArgs, data: &DataDir) -> Result<Served> {
     let exe = std::env::current_exe().context("locating the space binary")?;
     let mut command = Command::new(exe);
     command
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--auto-pause-s", "0"])
+        .args([
+            "serve",
+            "--dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--warm-pool",
+            "0",
+            "--hot-pool",
+            "0",
+            "--auto-pause-s",
+            "0",
+        ])
         // What N idle sandboxes cost is not what their promises add up to.
         .args(["--capacity-mib", &u32::MAX.to_string()])
         .arg("--data-dir")

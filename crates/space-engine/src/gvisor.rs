@@ -18,12 +18,14 @@ use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
 use space_process::Reaper;
 use tokio::net::UnixListener;
 
-use crate::{AgentConn, AgentListener, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
+use crate::{AgentConn, AgentListener, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started, Steps};
 
 /// How long a sandbox may take from `runsc run` to the agent's hello.
 const BOOT_PATIENCE: Duration = Duration::from_secs(20);
 /// The socket the agent dials, as seen from the host.
 const SOCKET_NAME: &str = "agent.sock";
+/// The step of a start from spawning runsc to the agent dialing home.
+const UNTIL_DIAL: &str = "runsc until the agent dials";
 
 #[derive(Debug, Clone)]
 pub struct GvisorConfig {
@@ -97,13 +99,25 @@ impl Gvisor {
 
     /// Everything before `runsc run`: the root snapshot, the socket directory
     /// and the bundle. Returns the listener the agent will dial.
-    fn prepare(&self, spec: &SandboxSpec, launch: &Launch) -> Result<std::os::unix::net::UnixListener, EngineError> {
+    fn prepare(
+        &self,
+        spec: &SandboxSpec,
+        launch: &Launch,
+        steps: &mut Steps,
+    ) -> Result<std::os::unix::net::UnixListener, EngineError> {
         let socket_dir = Self::socket_dir(&spec.dir);
+        let mut lap = Instant::now();
+        let mut step = |name: &'static str| {
+            steps.push((name, lap.elapsed()));
+            lap = Instant::now();
+        };
         if *launch == Launch::Run {
             fs::create_dir_all(&spec.dir).map_err(EngineError::io("creating the sandbox dir"))?;
             btrfs::snapshot(&spec.template_rootfs, &spec.dir.join("rootfs"))?;
+            step("root snapshot (btrfs)");
             if spec.disk_mib > 0 {
                 btrfs::limit_exclusive(&spec.dir.join("rootfs"), spec.disk_mib)?;
+                step("disk limit (btrfs qgroup)");
             }
             fs::create_dir_all(&socket_dir).map_err(EngineError::io("creating the socket dir"))?;
             fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700)).map_err(EngineError::io("chmod"))?;
@@ -120,6 +134,7 @@ impl Gvisor {
         let listener = std::os::unix::net::UnixListener::bind(&socket_path)
             .map_err(EngineError::io("binding the agent socket"))?;
         listener.set_nonblocking(true).map_err(EngineError::io("socket mode"))?;
+        step("bundle and agent socket");
         Ok(listener)
     }
 
@@ -132,7 +147,9 @@ impl Gvisor {
     /// the agent's socket (before any handshake) and the time from spawning
     /// `runsc` to the connection, the engine's own floor.
     pub async fn boot(&self, spec: &SandboxSpec) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
-        self.launch(spec, Launch::Run).await
+        let (socket, steps) = self.launch(spec, Launch::Run).await?;
+        let dialed = steps.iter().find(|(name, _)| *name == UNTIL_DIAL).map(|(_, took)| *took);
+        Ok((socket, dialed.unwrap_or_default()))
     }
 
     /// Gives `spec` its own writable copy of an image's root (in place of
@@ -153,17 +170,16 @@ impl Gvisor {
         self.write_bundle(spec).map(drop)
     }
 
-    async fn launch(
-        &self,
-        spec: &SandboxSpec,
-        launch: Launch,
-    ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
+    async fn launch(&self, spec: &SandboxSpec, launch: Launch) -> Result<(tokio::net::UnixStream, Steps), EngineError> {
         let this = self.clone_config();
         let spec_clone = spec.clone();
         let how = launch.clone();
-        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, &how))
-            .await
-            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let (listener, mut steps) = tokio::task::spawn_blocking(move || {
+            let mut steps = Steps::new();
+            this.prepare(&spec_clone, &how, &mut steps).map(|listener| (listener, steps))
+        })
+        .await
+        .map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
 
         let log_path = spec.dir.join("runsc.log");
@@ -212,7 +228,8 @@ impl Gvisor {
                 }
             }
         };
-        let elapsed = started.elapsed();
+        steps.push((UNTIL_DIAL, started.elapsed()));
+        let returned = Instant::now();
         // Nobody else may connect: the socket file goes away once the agent is in.
         let _ = fs::remove_file(Self::socket_dir(&spec.dir).join(SOCKET_NAME));
         if !runsc_finished {
@@ -223,13 +240,17 @@ impl Gvisor {
                 return Err(EngineError::Runtime(format!("runsc run failed: {}", log_tail(&log_path))));
             }
         }
-        Ok((socket, elapsed))
+        steps.push(("runsc returns", returned.elapsed()));
+        Ok((socket, steps))
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
-        let (socket, boot) = self.boot(spec).await?;
+        let (socket, mut steps) = self.launch(spec, Launch::Run).await?;
+        let boot = steps.iter().find(|(name, _)| *name == UNTIL_DIAL).map(|(_, took)| *took).unwrap_or_default();
+        let shaking = Instant::now();
         let agent = AgentConn::handshake(socket, crate::welcome_for(spec), BOOT_PATIENCE).await?;
-        Ok(Started { agent, boot })
+        steps.push(("agent handshake", shaking.elapsed()));
+        Ok(Started { agent, boot, steps })
     }
 
     /// Runs one runsc subcommand off the async threads.
@@ -431,7 +452,7 @@ impl Engine for Gvisor {
         let this = self.clone_config();
         let spec_clone = spec.clone();
         let restore = Launch::Restore(Self::snapshot_dir(&spec.dir));
-        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, &restore))
+        let listener = tokio::task::spawn_blocking(move || this.prepare(&spec_clone, &restore, &mut Steps::new()))
             .await
             .map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;

@@ -101,8 +101,6 @@ impl Drop for AgentListener {
     }
 }
 
-/// The identity a sandbox's agent receives when it dials in. The session
-/// is fresh for every new host-side connection.
 /// Counters of a cgroup: CPU time used so far and memory in use now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResourceUse {
@@ -128,6 +126,8 @@ pub fn cgroup_use(relative: &std::path::Path) -> Option<ResourceUse> {
     Some(ResourceUse { cpu_usec: cpu_ns / 1000, memory_bytes: memory.trim().parse().ok()? })
 }
 
+/// The identity a sandbox's agent receives when it dials in. The session
+/// is fresh for every new host-side connection.
 pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
     let mut session = [0u8; 8];
     // Any value will do if the kernel's random source fails: it only needs
@@ -168,7 +168,13 @@ pub struct Started {
     pub agent: AgentConn,
     /// Time from starting the engine's process to the agent dialing home.
     pub boot: std::time::Duration,
+    /// How long each step of the start took, in order (empty when the
+    /// engine does not tell).
+    pub steps: Steps,
 }
+
+/// Steps of an engine's work and how long each took, in order.
+pub type Steps = Vec<(&'static str, std::time::Duration)>;
 
 /// What the engine knows of a sandbox's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -109,6 +109,9 @@ pub struct TemplateMeta {
     /// Warm sandboxes to keep for this template; the server's setting when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<u32>,
+    /// Running (hot) sandboxes to keep for it; the server's setting when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_pool: Option<u32>,
     /// The tenant it belongs to; `None`: shared by every tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
@@ -340,6 +343,7 @@ pub(crate) fn publish(
                 source,
                 defaults,
                 warm_pool: None,
+                hot_pool: None,
                 owner,
                 engine,
                 image: None,

@@ -24,23 +24,34 @@ impl Platform {
     /// template version's root, or, from a snapshot template, woken from
     /// its image as this sandbox with fresh entropy. On error nothing of it
     /// is left running.
-    pub(crate) async fn boot(&self, spec: &SandboxSpec) -> Result<AgentConn, EngineError> {
+    /// Starts a sandbox (booted, or woken from its snapshot template's
+    /// image) until its agent is healthy; how long each step took.
+    pub(crate) async fn boot(&self, spec: &SandboxSpec) -> Result<(AgentConn, space_engine::Steps), EngineError> {
         let version = spec.template_rootfs.parent().unwrap_or(&spec.template_rootfs).to_path_buf();
         let image = space_host::template::TemplateInfo::load(&version).ok().and_then(|t| t.meta.image);
         let Some(image) = image else {
             let started = self.engine.create(spec).await?;
             tracing::info!(sandbox = %spec.id, boot_ms = started.boot.as_millis() as u64, "sandbox running");
-            return Ok(started.agent);
+            return Ok((started.agent, started.steps));
         };
         let woken = async {
+            let mut steps = space_engine::Steps::new();
+            let mut lap = std::time::Instant::now();
+            let mut step = |name: &'static str| {
+                steps.push((name, lap.elapsed()));
+                lap = std::time::Instant::now();
+            };
             let socket = self.engine.start_from_image(spec, &version).await?;
+            step("restore from the template's image");
             let mut welcome = space_engine::welcome_for(spec);
             welcome.session = image.agent_session;
             welcome.channel_key = Some(image.channel_key.clone());
             let agent = AgentConn::handshake(socket, welcome, QUIESCE_PATIENCE).await?;
+            step("agent handshake");
             let identity = space_engine::fresh_identity(&spec.env, spec.trust_pem.as_deref())?;
             agent.set_identity(&identity, QUIESCE_PATIENCE).await?;
-            Ok(agent)
+            step("identity");
+            Ok((agent, steps))
         }
         .await;
         if woken.is_err() {
@@ -211,7 +222,8 @@ impl Actor {
         };
         let spec = platform.engine_spec(&record);
         if let Some(member) = warm {
-            platform.progress(operation_id, "waking a warm sandbox", 1);
+            let step = if member.is_hot() { "handing out a hot sandbox" } else { "waking a warm sandbox" };
+            platform.progress(operation_id, step, 1);
             let trust_pem = record.egress_ca.as_ref().map(|ca| ca.cert_pem.as_str());
             match member.hand_out(platform.engine.as_ref(), &record.env, trust_pem).await {
                 Ok(()) => {
@@ -229,7 +241,8 @@ impl Actor {
         }
         platform.progress(operation_id, "starting the sandbox", 1);
         match platform.boot(&spec).await {
-            Ok(agent) => {
+            Ok((agent, steps)) => {
+                platform.parts_took(operation_id, &steps);
                 platform.progress(operation_id, "agent healthy", 2);
                 let welcome = agent.welcome().clone();
                 self.set_agent(Some(agent));

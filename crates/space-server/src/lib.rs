@@ -67,8 +67,11 @@ pub struct PlatformConfig {
     pub data_dir: PathBuf,
     pub runsc: PathBuf,
     pub agent_bin: PathBuf,
-    /// Warm sandboxes kept per template (0: every create is a cold start).
+    /// Warm (paused) sandboxes kept per template (0 and no hot ones: every
+    /// create is a cold start).
     pub warm_pool: u32,
+    /// Hot (running, handed out without a thaw) sandboxes kept per template.
+    pub hot_pool: u32,
     /// Memory the host may promise to sandboxes, in MiB (default: the
     /// host's memory less 1 GiB).
     pub capacity_mib: Option<u64>,
@@ -222,7 +225,8 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
     tracing::info!("engine: {}", engine.name());
-    let platform = Platform::new(data, store, engine, config.warm_pool, capacity, config.agent_bin.clone());
+    let pools = warm::PoolSizes { warm: config.warm_pool, hot: config.hot_pool };
+    let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
     use std::sync::atomic::Ordering::Relaxed;
     platform.auto_pause_s.store(config.auto_pause_s, Relaxed);

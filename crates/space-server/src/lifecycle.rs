@@ -67,7 +67,7 @@ impl Platform {
             self.check_disk_quota(tenant, disk, &format!("create a sandbox with {} MiB of disk", spec.disk_mib))?;
         }
         self.check_reserve("create a sandbox", 0)?;
-        let warm = warm::take(self, &spec, template);
+        let mut warm = warm::take(self, &spec, template);
         if warm.is_none() {
             // A warm member's memory is already counted.
             self.admit(spec.memory_mib)?;
@@ -91,18 +91,32 @@ impl Platform {
             forked_from: None,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
-        self.metrics.create_started(&operation.id, warm.is_some());
-        let record = SandboxRecord {
-            sandbox: sandbox.clone(),
-            template_version,
-            env: spec.env,
-            agent_session: None,
-            channel_key: None,
-            tenant: tenant.to_string(),
-            egress_ca: Some(self.new_egress_ca(&sandbox.id)?),
-        };
-        self.store.put_sandbox(&record)?;
-        self.store.put_operation(&operation, tenant, idempotency_key)?;
+        self.metrics.create_started(&operation.id, warm.as_ref().map(|m| if m.is_hot() { "hot" } else { "warm" }));
+        let recorded = (|| {
+            let egress_ca = match warm.as_mut().and_then(|m| m.egress_ca.take()) {
+                Some(made) => made,
+                None => self.new_egress_ca(&sandbox.id)?,
+            };
+            let record = SandboxRecord {
+                sandbox: sandbox.clone(),
+                template_version,
+                env: spec.env,
+                agent_session: None,
+                channel_key: None,
+                tenant: tenant.to_string(),
+                egress_ca: Some(egress_ca),
+            };
+            self.store.put_sandbox(&record)?;
+            self.store.put_operation(&operation, tenant, idempotency_key)?;
+            Ok::<_, ApiError>(())
+        })();
+        if let Err(err) = recorded {
+            // Nobody would ever destroy a member taken for nothing.
+            if let Some(member) = warm {
+                self.warm.discard(member);
+            }
+            return Err(err);
+        }
         self.changed();
         self.spawn_actor(&sandbox.id, Some(Job { warm, ..Job::new(&operation) }), None);
         Ok((sandbox, operation))
@@ -214,7 +228,7 @@ impl Platform {
         if kind == OperationKind::Delete && record.sandbox.state == SandboxState::Deleted {
             let now = ids::now();
             operation.state = OperationState::Succeeded;
-            operation.progress = Progress { step: "already deleted".into(), done: total, total, amount: None };
+            operation.progress = Progress::new("already deleted", total, total);
             operation.started_at = Some(now.clone());
             operation.finished_at = Some(now);
             self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
@@ -327,7 +341,7 @@ impl Platform {
 
 impl WarmHost for Platform {
     async fn boot(&self, spec: &space_engine::SandboxSpec) -> Result<space_engine::AgentConn, String> {
-        Platform::boot(self, spec).await.map_err(|e| e.to_string())
+        Platform::boot(self, spec).await.map(|(agent, _)| agent).map_err(|e| e.to_string())
     }
 
     fn warm(&self) -> &WarmPools {
@@ -336,6 +350,10 @@ impl WarmHost for Platform {
 
     fn sandbox_dir(&self, id: &str) -> std::path::PathBuf {
         self.data.sandbox_dir(id)
+    }
+
+    fn new_egress_ca(&self, id: &str) -> Result<crate::store::EgressCa, String> {
+        Platform::new_egress_ca(self, id).map_err(|e| e.message)
     }
 
     fn runs(&self, template: &TemplateInfo) -> bool {

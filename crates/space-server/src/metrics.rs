@@ -5,7 +5,7 @@
 //! capacity) are read from the platform at scrape time. No label is
 //! unbounded: routes are templates, never ids.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ pub struct OperationLabels {
     pub kind: String,
     pub engine: String,
     pub outcome: String,
-    /// For creates: `warm` (from the pool) or `cold`; else empty.
+    /// For creates: `hot` or `warm` (from the pools) or `cold`; else empty.
     pub start: String,
 }
 
@@ -76,6 +76,7 @@ pub struct Metrics {
     pub operation_seconds: Family<OperationLabels, Histogram, fn() -> Histogram>,
     pub sandboxes: Family<SandboxLabels, Gauge>,
     pub warm_members: Gauge,
+    pub hot_members: Gauge,
     pub warm_hits: Counter,
     pub warm_misses: Counter,
     pub capacity_promised: Gauge,
@@ -83,8 +84,8 @@ pub struct Metrics {
     pub command_starts: Counter,
     pub command_exits: Family<OutcomeLabels, Counter>,
     pub output_bytes: Family<StreamLabels, Counter>,
-    /// Creates served from the warm pool, until their operation ends.
-    warm_creates: Mutex<HashSet<String>>,
+    /// Creates served by a pool member, and which kind, until their operation ends.
+    pool_creates: Mutex<HashMap<String, &'static str>>,
 }
 
 impl Default for Metrics {
@@ -120,6 +121,12 @@ impl Metrics {
             "Warm (pre-started, paused) sandboxes ready to hand out",
             warm_members.clone(),
         );
+        let hot_members = Gauge::default();
+        registry.register(
+            "hot_pool_members",
+            "Of the pools' members, those waiting running (handed out without a thaw)",
+            hot_members.clone(),
+        );
         let warm_hits = Counter::default();
         registry.register("warm_pool_hits", "Creates served from the warm pool", warm_hits.clone());
         let warm_misses = Counter::default();
@@ -149,6 +156,7 @@ impl Metrics {
             operation_seconds,
             sandboxes,
             warm_members,
+            hot_members,
             warm_hits,
             warm_misses,
             capacity_promised,
@@ -156,26 +164,29 @@ impl Metrics {
             command_starts,
             command_exits,
             output_bytes,
-            warm_creates: Mutex::new(HashSet::new()),
+            pool_creates: Mutex::default(),
         }
     }
 
-    /// A create is served from the pool (`warm`) or started cold.
-    pub(crate) fn create_started(&self, operation_id: &str, warm: bool) {
-        if warm {
-            self.warm_hits.inc();
-            self.warm_creates.lock().unwrap_or_else(|e| e.into_inner()).insert(operation_id.to_string());
-        } else {
-            self.warm_misses.inc();
+    /// A create is served from the pool (a `hot` or `warm` member) or
+    /// started cold (`None`).
+    pub(crate) fn create_started(&self, operation_id: &str, member: Option<&'static str>) {
+        match member {
+            Some(start) => {
+                self.warm_hits.inc();
+                self.pool_creates.lock().unwrap_or_else(|e| e.into_inner()).insert(operation_id.to_string(), start);
+            }
+            None => {
+                self.warm_misses.inc();
+            }
         }
     }
 
     /// An operation ended: its duration from acceptance.
     pub(crate) fn operation_ended(&self, operation: &Operation, engine: &str) {
-        let warm = self.warm_creates.lock().unwrap_or_else(|e| e.into_inner()).remove(&operation.id);
+        let member = self.pool_creates.lock().unwrap_or_else(|e| e.into_inner()).remove(&operation.id);
         let start = match operation.kind {
-            OperationKind::Create if warm => "warm",
-            OperationKind::Create => "cold",
+            OperationKind::Create => member.unwrap_or("cold"),
             _ => "",
         };
         let outcome = match operation.state {
@@ -233,6 +244,7 @@ impl Platform {
             metrics.sandboxes.get_or_create(&labels).inc();
         }
         metrics.warm_members.set(self.warm.count() as i64);
+        metrics.hot_members.set(self.warm.hot_count() as i64);
         metrics.capacity_promised.set(self.reserved_mib() as i64);
         metrics.capacity_total.set(self.capacity_mib as i64);
         let mut text = String::new();

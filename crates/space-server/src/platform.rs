@@ -80,6 +80,9 @@ pub struct Platform {
     /// told it (`None`: no quota), which wins over the node's own records.
     pub(crate) told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
     pub metrics: crate::metrics::Metrics,
+    /// When the current step of each operation under way began, and
+    /// whether its parts were timed already (see [`Platform::parts_took`]).
+    step_clocks: Mutex<HashMap<String, (std::time::Instant, bool)>>,
     pub(crate) usage: crate::sampling::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
     pub metrics_without_key: std::sync::atomic::AtomicBool,
@@ -96,7 +99,7 @@ impl Platform {
         data: DataDir,
         store: Store,
         engine: Arc<dyn Engine>,
-        warm_size: u32,
+        pools: crate::warm::PoolSizes,
         capacity_mib: u64,
         agent_bin: std::path::PathBuf,
     ) -> Arc<Platform> {
@@ -108,7 +111,7 @@ impl Platform {
             commands: Mutex::new(HashMap::new()),
             contexts: Mutex::default(),
             reconciling: Mutex::default(),
-            warm: crate::warm::WarmPools::new(engine.clone(), warm_size),
+            warm: crate::warm::WarmPools::new(engine.clone(), pools),
             capacity_mib,
             admission: Mutex::new(()),
             builds: Default::default(),
@@ -129,6 +132,7 @@ impl Platform {
             told_disk_quotas: Default::default(),
             engine,
             metrics: Default::default(),
+            step_clocks: Default::default(),
             usage: Default::default(),
             metrics_without_key: Default::default(),
             observing: true.into(),
@@ -267,6 +271,9 @@ impl Platform {
                 op.state = OperationState::Running;
                 op.started_at = Some(ids::now());
             }
+            if op.progress.step != step {
+                self.lap(op, true);
+            }
             op.progress.step = step.to_string();
             op.progress.done = done;
             op.progress.amount = amount;
@@ -277,6 +284,7 @@ impl Platform {
     /// longer applies, saying why.
     pub(crate) fn cancel_operation(&self, id: &str, why: &str) {
         self.update_operation(id, |op| {
+            self.lap(op, false);
             op.state = OperationState::Cancelled;
             op.started_at.get_or_insert_with(ids::now);
             op.finished_at = Some(ids::now());
@@ -284,8 +292,49 @@ impl Platform {
         });
     }
 
+    /// Ends the current step of `op` in its timings; the next one starts
+    /// now (`go_on`) or none does (the operation ends).
+    fn lap(&self, op: &mut Operation, go_on: bool) {
+        let now = std::time::Instant::now();
+        let mut clocks = self.step_clocks.lock().unwrap_or_else(|e| e.into_inner());
+        let began = if go_on { clocks.insert(op.id.clone(), (now, false)) } else { clocks.remove(&op.id) };
+        let took = match began {
+            Some((_, true)) => return, // its parts are in already
+            Some((at, false)) => now - at,
+            // The first step (`queued`) began when the operation was made.
+            None => match humantime::parse_rfc3339_weak(&op.created_at) {
+                Ok(made) => std::time::SystemTime::now().duration_since(made).unwrap_or_default(),
+                Err(_) => return,
+            },
+        };
+        push_timing(&mut op.progress.timings, &op.progress.step, took);
+    }
+
+    /// Records the parts of the current step of operation `id` (an
+    /// engine's start, timed by the engine) in place of the whole step.
+    pub(crate) fn parts_took(&self, id: &str, parts: &space_engine::Steps) {
+        if parts.is_empty() {
+            return;
+        }
+        self.update_operation(id, |op| {
+            let step = op.progress.step.clone();
+            for (part, took) in parts {
+                push_timing(&mut op.progress.timings, &format!("{step}: {part}"), *took);
+            }
+            let now = std::time::Instant::now();
+            let mut clocks = self.step_clocks.lock().unwrap_or_else(|e| e.into_inner());
+            // What went between and around the parts, so the steps still
+            // add up to the whole operation.
+            if let Some((began, false)) = clocks.insert(op.id.clone(), (now, true)) {
+                let rest = (now - began).saturating_sub(parts.iter().map(|(_, took)| *took).sum());
+                push_timing(&mut op.progress.timings, &format!("{step}: between the parts"), rest);
+            }
+        });
+    }
+
     pub(crate) fn finish_operation(&self, id: &str, error: Option<ApiError>) {
         let finished = self.update_operation(id, |op| {
+            self.lap(op, false);
             op.finished_at = Some(ids::now());
             op.started_at.get_or_insert_with(ids::now);
             match error {
@@ -355,6 +404,16 @@ impl Platform {
     }
 }
 
+/// Timings kept per operation, at most (a long build's steps).
+const MAX_TIMINGS: usize = 64;
+
+fn push_timing(timings: &mut Vec<space_api::StepTiming>, step: &str, took: Duration) {
+    if timings.len() < MAX_TIMINGS {
+        let ms = (took.as_secs_f64() * 10_000.0).round() / 10.0;
+        timings.push(space_api::StepTiming { step: step.to_string(), ms });
+    }
+}
+
 pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, total: u64) -> Operation {
     Operation {
         id: ids::new_id("op"),
@@ -362,7 +421,7 @@ pub(crate) fn new_operation(kind: OperationKind, sandbox_id: &str, step: &str, t
         sandbox_id: Some(sandbox_id.to_string()),
         template: None,
         state: OperationState::Pending,
-        progress: Progress { step: step.into(), done: 0, total, amount: None },
+        progress: Progress::new(step, 0, total),
         error: None,
         forks: Vec::new(),
         checkpoint: None,

@@ -314,6 +314,7 @@ impl Platform {
             source,
             defaults,
             warm_pool: None,
+            hot_pool: None,
             owner: slot.owner.clone(),
             engine: Some(record.sandbox.engine.clone()),
             image: Some(space_host::template::TemplateImage { agent_session, channel_key }),

@@ -431,12 +431,14 @@ fn a_snapshot_template_starts_sandboxes_from_a_running_state() {
     server.stop();
     let mut config = common::platform_config(&data);
     config.warm_pool = 1;
+    config.hot_pool = 1;
     let server = TestServer::start_with(config);
-    // Each template's pool: base, warmed and fromcheckpoint.
-    wait_until("the warm pools to fill", PATIENCE, || server.platform.warm.count() == 3);
+    // Each template's pools (a hot and a warm member): base, warmed and fromcheckpoint.
+    wait_until("the pools to fill", PATIENCE, || server.platform.warm.count() == 6);
+    assert_eq!(server.platform.warm.hot_count(), 3);
     let hits = server.platform.metrics.warm_hits.get();
     let warm = server.create_sandbox(json!({"template": "warmed"}));
-    assert_eq!(server.platform.metrics.warm_hits.get(), hits + 1, "served from the warm pool");
+    assert_eq!(server.platform.metrics.warm_hits.get(), hits + 1, "served from the pool");
     assert_eq!(loaded(&server, &warm, "email.mime.multipart"), (token.clone(), true));
     assert_eq!(stdout(&server, &warm, "hostname"), format!("sbx-{}\n", &warm[4..]));
     assert_ne!(entropy(&server, &warm), entropy(&server, &first));

@@ -297,11 +297,24 @@ fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
 
 #[test]
 fn warm_pool_sandboxes_get_their_own_identity() {
+    pool_sandboxes_get_their_own_identity(2, 0, "waking a warm sandbox");
+}
+
+#[test]
+fn hot_pool_sandboxes_get_their_own_identity() {
+    pool_sandboxes_get_their_own_identity(0, 2, "handing out a hot sandbox");
+}
+
+/// Two creates of the default shape are served by the pool (`warm` paused
+/// members or `hot` running ones, whose create operation says `step`),
+/// two others start cold; each has its own hostname, env, entropy, clock.
+fn pool_sandboxes_get_their_own_identity(warm: u32, hot: u32, step: &str) {
     let data = TestDataDir::new();
     let mut config = common::platform_config(&data);
-    config.warm_pool = 2;
+    (config.warm_pool, config.hot_pool) = (warm, hot);
     let server = TestServer::start_with(config);
     wait_until("the pool to fill in the background", PATIENCE, || server.platform.warm.count() == 2);
+    assert_eq!(server.platform.warm.hot_count(), hot as usize);
 
     let identity = |id: &str| {
         let out = server.exec(
@@ -341,8 +354,31 @@ fn warm_pool_sandboxes_get_their_own_identity() {
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), 4, "no two sandboxes read the same random bytes");
-    let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={}", warm[0]), None);
-    assert_eq!(operations["operations"][0]["state"], "succeeded");
+    // Each create's operation tells its steps and how long each took: a
+    // pool member's was the hand-out alone; a cold one's, the engine's
+    // start in its parts. Together they make the whole operation.
+    let create_of = |id: &str| {
+        let operations = server.ok("GET", &format!("/v1/operations?sandbox_id={id}"), None);
+        let operation = operations["operations"][0].clone();
+        assert_eq!(operation["state"], "succeeded");
+        let timings = operation["progress"]["timings"].as_array().unwrap().clone();
+        let steps: Vec<String> = timings.iter().map(|t| t["step"].as_str().unwrap().to_string()).collect();
+        let sum: f64 = timings.iter().map(|t| t["ms"].as_f64().unwrap()).sum();
+        let at = |field: &str| humantime::parse_rfc3339_weak(operation[field].as_str().unwrap()).unwrap();
+        let whole = at("finished_at").duration_since(at("created_at")).unwrap().as_secs_f64() * 1000.0;
+        assert!((sum - whole).abs() <= 5.0, "steps {timings:?} make {sum} ms of {whole} ms");
+        steps
+    };
+    for id in &warm {
+        assert_eq!(create_of(id), ["queued", step], "served by the pool");
+    }
+    for id in &cold {
+        let steps = create_of(id);
+        for part in ["root snapshot (btrfs)", "runsc until the agent dials", "agent handshake"] {
+            assert!(steps.contains(&format!("starting the sandbox: {part}")), "{part} in {steps:?}");
+        }
+        assert!(!steps.contains(&"starting the sandbox".to_string()), "the parts stand for the whole: {steps:?}");
+    }
 
     // Shut down while the pool refills (two members were just taken): the
     // members still starting are waited for and destroyed, none outlives it.
@@ -354,21 +390,35 @@ fn warm_pool_sandboxes_get_their_own_identity() {
 }
 
 #[test]
-fn a_template_can_set_its_own_warm_pool_size() {
+fn a_template_can_set_its_own_pool_sizes_and_a_taken_hot_member_is_replaced_by_a_warm_one() {
     let data = TestDataDir::new();
     let template = data.data.template("base").unwrap();
     let path = template.dir.join("template.json");
     let mut meta: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    meta["warm_pool"] = json!(1);
+    (meta["warm_pool"], meta["hot_pool"]) = (json!(1), json!(1));
     std::fs::write(&path, meta.to_string()).unwrap();
-    let server = TestServer::start(&data); // the server's own setting is 0 here
-    wait_until("one warm member", PATIENCE, || server.platform.warm.count() == 1);
-    // The pool settles at the template's size, not above it.
-    let settled = Instant::now();
-    while settled.elapsed() < Duration::from_millis(500) {
-        assert_eq!(server.platform.warm.count(), 1, "the template's size wins");
+    let server = TestServer::start(&data); // the server's own settings are 0 here
+    let pools = &server.platform.warm;
+    let settled = |pools: &space_server::warm::WarmPools| pools.count() == 2 && pools.hot_count() == 1;
+    wait_until("one hot and one warm member", PATIENCE, || settled(pools));
+    // The pools settle at the template's sizes, not above them.
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_millis(500) {
+        assert!(settled(pools), "the template's sizes win: {:?}", pools.members());
         std::thread::sleep(Duration::from_millis(50));
     }
+    let members = pools.members();
+    let hot = members.iter().find(|(_, hot)| *hot).unwrap().0.clone();
+    let warm = members.iter().find(|(_, hot)| !*hot).unwrap().0.clone();
+    // A create takes the hot member; the warm one is thawed in its place
+    // and a new warm one started behind it. The taken one never comes back.
+    let id = server.create_sandbox(json!({"template": "base"}));
+    assert_eq!(id, hot);
+    wait_until("the pools to refill", PATIENCE, || settled(pools) && !pools.members().contains(&(warm.clone(), false)));
+    let members = pools.members();
+    assert!(members.contains(&(warm, true)), "the warm member became the hot one: {members:?}");
+    assert!(members.iter().all(|(member, _)| *member != hot), "a member is handed out once");
+    assert_eq!(server.exec(&id, json!({"cmd": "hostname"}))["stdout"], format!("{}\n", hot.replace('_', "-")));
 }
 
 #[test]

@@ -93,7 +93,7 @@ fn operation(n: usize) -> Operation {
         sandbox_id: Some("sbx_00000000000000000001".into()),
         template: None,
         state: OperationState::Succeeded,
-        progress: Progress { step: "done".into(), done: 1, total: 1, amount: None },
+        progress: Progress::new("done", 1, 1),
         error: None,
         forks: Vec::new(),
         checkpoint: None,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use common::{platform_config, TestServer};
 use serde_json::{json, Value};
 use space_host::template::{BASE_TEMPLATE, POLYGLOT_TEMPLATE};
-use space_testkit::TestDataDir;
+use space_testkit::{wait_until, TestDataDir, PATIENCE};
 use tokio_rustls::rustls;
 
 const HOSTS: [&str; 4] = ["api.space.test", "git.space.test", "pypi.space.test", "other.space.test"];
@@ -235,7 +235,11 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
     let hosts: Vec<String> = HOSTS.iter().map(|h| format!("{h}=127.0.0.1:{}", upstream.port)).collect();
     config.egress = space_server::egress::EgressSettings::parse(&hosts, &["127.0.0.1/32".into()]).unwrap();
     config.egress.trust = vec![upstream.ca_file.clone()];
+    // The sandbox comes from the hot pool: it trusts the CA it was started
+    // with, which must be the one its egress signs with.
+    config.hot_pool = 1;
     let server = TestServer::start_with(config);
+    wait_until("a hot member of each template", PATIENCE, || server.platform.warm.hot_count() == 2);
 
     // Values made of parts, so no command line of this test holds one whole.
     let unique = std::process::id();
@@ -275,6 +279,7 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
         "secrets": {"K": {"secret": "llm", "hosts": ["other.space.test"]}}}});
     server.error("POST", "/v1/sandboxes", Some(wider), 422, "invalid_value");
 
+    let hits = server.platform.metrics.warm_hits.get();
     let id = server.create_sandbox(json!({"template": "polyglot", "network": {
         "egress": "allowlist",
         "allow": ["other.space.test"],
@@ -284,6 +289,7 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
             "PYPI_TOKEN": {"secret": "pypi"},
         }
     }}));
+    assert_eq!(server.platform.metrics.warm_hits.get(), hits + 1, "served by the hot pool");
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
     let placeholder = sandbox["network"]["secrets"]["LLM_KEY"]["placeholder"].as_str().unwrap().to_string();
     assert!(placeholder.starts_with("space_ph_"), "{sandbox}");

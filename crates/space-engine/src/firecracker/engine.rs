@@ -340,7 +340,7 @@ impl Firecracker {
         let socket = self.accept(listener, &layout).await?;
         let boot = started.elapsed();
         let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.config.boot_patience).await?;
-        Ok(Started { agent, boot })
+        Ok(Started { agent, boot, steps: Vec::new() })
     }
 
     /// Pauses the VMM (if it is not) and saves a full snapshot of it into
@@ -501,7 +501,7 @@ impl Firecracker {
         agent
             .set_identity(&crate::fresh_identity(&spec.env, spec.trust_pem.as_deref())?, self.config.boot_patience)
             .await?;
-        Ok(Started { agent, boot })
+        Ok(Started { agent, boot, steps: Vec::new() })
     }
 
     fn kill(&self, id: &str) {

@@ -25,6 +25,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         runsc: PathBuf::from("runsc"),
         agent_bin: agent_bin(),
         warm_pool: 0,
+        hot_pool: 0,
         capacity_mib: None,
         ext4_images: None,
         engine: space_server::EngineChoice::Gvisor,
