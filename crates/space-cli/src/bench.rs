@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// Live sandboxes a killed server leaves for the restart figures (0: skip them).
     #[arg(long, default_value_t = 100)]
     restart_sandboxes: usize,
+    /// Instead of the figures above: only the restart figures.
+    #[arg(long)]
+    only_restart: bool,
     /// Instead of the figures above: keep this many sandboxes alive at once
     /// and report what they cost (see `density.rs`).
     #[arg(long)]
@@ -465,6 +468,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for data in [&node, &tls_node, &single] {
             space_host::btrfs::remove_tree(data.root())?;
         }
+        return result;
+    }
+    if args.only_restart {
+        let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
+        let result = crate::restart_bench::run(&args, &restart, args.restart_sandboxes);
+        space_host::btrfs::remove_tree(restart.root())?;
         return result;
     }
     // Code contexts need the code-interpreter template, when it was built.

@@ -4,7 +4,7 @@
 //! re-adopted (`reconciling` 0), and how soon every one has answered an
 //! exec (all asked at once, as soon as the server answers).
 
-use std::io::BufRead as _;
+use std::io::{BufRead as _, Write as _};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -27,24 +27,36 @@ struct Served {
     child: ReapedChild,
     client: Client,
     spawned: Instant,
+    stopped: bool,
 }
 
-fn serve(args: &BenchArgs, data: &DataDir) -> Result<Served> {
+impl Served {
+    /// Sends `signal` and waits for the server to end.
+    fn stop(&mut self, signal: nix::sys::signal::Signal) -> Result<()> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)?;
+        self.child.wait();
+        self.stopped = true;
+        Ok(())
+    }
+}
+
+impl Drop for Served {
+    /// A figure failed: the server goes (its sandboxes, see [`run`]).
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = self.stop(nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// `space serve` on `data`, with `pools` hot and warm members.
+fn serve(args: &BenchArgs, data: &DataDir, pools: u32) -> Result<Served> {
     let exe = std::env::current_exe().context("locating the space binary")?;
     let mut command = Command::new(exe);
+    let pools = pools.to_string();
     command
-        .args([
-            "serve",
-            "--dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--warm-pool",
-            "0",
-            "--hot-pool",
-            "0",
-            "--auto-pause-s",
-            "0",
-        ])
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", &pools, "--hot-pool", &pools])
+        .args(["--auto-pause-s", "0"])
         // What N idle sandboxes cost is not what their promises add up to.
         .args(["--capacity-mib", &u32::MAX.to_string()])
         .arg("--data-dir")
@@ -63,9 +75,16 @@ fn serve(args: &BenchArgs, data: &DataDir) -> Result<Served> {
             break line[at + "listening on ".len()..].trim().to_string();
         }
     };
-    std::thread::spawn(move || lines.for_each(drop));
+    // Its log, for when a figure fails.
+    let log_path = std::env::temp_dir().join(format!("space-bench-restart-{}-{pools}.log", std::process::id()));
+    let mut log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = writeln!(log, "{line}");
+        }
+    });
     let key = std::fs::read_to_string(data.dev_key_path()).context("the server's dev key")?;
-    Ok(Served { child, client: Client::new(&url, key.trim()), spawned })
+    Ok(Served { child, client: Client::new(&url, key.trim()), spawned, stopped: false })
 }
 
 /// Runs `work` for every item on [`CLIENTS`] threads at once.
@@ -87,7 +106,50 @@ fn on_clients<T: Sync>(items: &[T], work: impl Fn(&T) -> Result<()> + Sync) -> R
 }
 
 pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
-    let first = serve(args, scratch)?;
+    let result = measure(args, scratch, n);
+    if result.is_err() {
+        // The servers are gone; what they started would outlive the bench.
+        destroy_all(args, scratch)?;
+    }
+    result
+}
+
+/// Stops every sandbox started over `scratch` and removes its files.
+fn destroy_all(args: &BenchArgs, scratch: &DataDir) -> Result<()> {
+    use space_engine::Engine as _;
+    let engine = space_engine::gvisor::Gvisor::new(space_engine::gvisor::GvisorConfig {
+        runsc: args.engine.runsc.clone(),
+        agent_bin: args.engine.agent_bin()?,
+        state_dir: scratch.run_dir().join("runsc"),
+    });
+    let engine = std::sync::Arc::new(engine);
+    let runtime = tokio::runtime::Runtime::new()?;
+    let destroys: Vec<_> = std::fs::read_dir(scratch.sandboxes_dir())?
+        .flatten()
+        .map(|entry| {
+            let spec = space_engine::SandboxSpec {
+                id: entry.file_name().to_string_lossy().into_owned(),
+                dir: entry.path(),
+                ..space_engine::SandboxSpec::default()
+            };
+            let engine = engine.clone();
+            runtime.spawn(async move {
+                if let Err(err) = engine.destroy(&spec).await {
+                    eprintln!("bench: destroying {}: {err}", spec.id);
+                }
+            })
+        })
+        .collect();
+    for destroy in destroys {
+        runtime.block_on(destroy)?;
+    }
+    Ok(())
+}
+
+fn measure(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
+    // Its pool members are left on disk by the kill, for the new server
+    // to sweep beside the re-adoption.
+    let first = serve(args, scratch, 1)?;
     let ids = Mutex::new(Vec::with_capacity(n));
     on_clients(&vec![(); n], |()| {
         let accepted =
@@ -101,10 +163,10 @@ pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
     })?;
     let ids = ids.into_inner().unwrap();
     // Killed: its sandboxes live on, as after a crash.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.child.id() as i32), nix::sys::signal::Signal::SIGKILL)?;
-    first.child.wait();
+    let mut first = first;
+    first.stop(nix::sys::signal::Signal::SIGKILL)?;
 
-    let second = serve(args, scratch)?;
+    let mut second = serve(args, scratch, 0)?;
     let client = &second.client;
     let deadline = second.spawned + PATIENCE;
     let listening = loop {
@@ -149,8 +211,7 @@ pub fn run(args: &BenchArgs, scratch: &DataDir, n: usize) -> Result<()> {
         client.wait_operation(deleted["operation"]["id"].as_str().unwrap_or_default())?;
         Ok(())
     })?;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(second.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
-    second.child.wait();
+    second.stop(nix::sys::signal::Signal::SIGTERM)?;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!("{:<44} {:>9.1} ms", format!("restart over {n} live sandboxes: answers"), ms(listening));
     println!("{:<44} {:>9.1} ms", format!("restart over {n}: all re-adopted"), ms(readopted));

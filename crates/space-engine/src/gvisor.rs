@@ -274,6 +274,7 @@ impl Gvisor {
         // makes it fail, which is fine here.
         let _ = set_frozen(&spec.id, false);
         let _ = space_host::run(self.runsc().args(["delete", "--force", &spec.id]));
+        remove_cgroups(&spec.id);
         btrfs::delete_subvolume(&spec.dir.join("rootfs"))?;
         // Images (a fork's, checkpoints) hold subvolumes of their own.
         btrfs::remove_tree(&spec.dir)?;
@@ -441,11 +442,14 @@ impl Engine for Gvisor {
             return LiveStatus::Gone;
         };
         let state: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
-        match state["status"].as_str() {
-            Some("running") => LiveStatus::Running,
-            Some("paused") => LiveStatus::Paused,
-            _ => LiveStatus::Gone,
-        }
+        live_status(state["status"].as_str())
+    }
+
+    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
+        // Read from the state files runsc keeps, with the sandbox process
+        // checked alive: a `runsc state` (or `list`) each costs a process
+        // and a call into every sandbox, seconds for a hundred on two cores.
+        specs.iter().map(|spec| self.recorded_status(spec).unwrap_or_else(|| self.status(spec))).collect()
     }
 
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
@@ -465,6 +469,55 @@ impl Engine for Gvisor {
         space_host::run(self.runsc().args(["delete", "--force", &spec.id]))
             .map(drop)
             .map_err(|e| EngineError::Runtime(e.to_string()))
+    }
+
+    /// Every process started with this engine's `--root` that names the
+    /// sandbox (its id as an argument, or a path in its directory) is
+    /// killed — thawed first — and waited for.
+    fn stop_strays(&self, spec: &SandboxSpec) {
+        let root = format!("--root={}", self.config.state_dir.display());
+        let dir = format!("{}/", spec.dir.display());
+        let strays = processes_where(|args| {
+            args.iter().any(|a| *a == root) && args.iter().any(|a| *a == spec.id || a.contains(&dir))
+        });
+        if strays.is_empty() {
+            return;
+        }
+        tracing::info!(sandbox = %spec.id, count = strays.len(), "killing engine processes a previous server left");
+        let _ = set_frozen(&spec.id, false);
+        for pid in &strays {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let deadline = Instant::now() + FREEZE_PATIENCE;
+        while strays.iter().any(|pid| alive(*pid)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The commands are `runsc` processes with this engine's `--root`
+    /// (not the sandboxes' own `runsc-sandbox` and `runsc-gofer`).
+    fn settle_orphans(&self, patience: Duration) {
+        let root = format!("--root={}", self.config.state_dir.display());
+        let orphans = || {
+            processes_where(|args| {
+                Path::new(args[0]).file_name().is_some_and(|name| name == "runsc") && args.contains(&root.as_str())
+            })
+        };
+        let deadline = Instant::now() + patience;
+        let mut found = orphans();
+        if !found.is_empty() {
+            tracing::info!(count = found.len(), "waiting for engine commands a previous server left running");
+        }
+        while !found.is_empty() {
+            if Instant::now() > deadline {
+                tracing::warn!(count = found.len(), "killing engine commands a previous server left running");
+                for pid in &found {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            found = orphans().into_iter().filter(|pid| alive(*pid)).collect();
+        }
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
@@ -710,6 +763,76 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
     config.set_hostname(Some(spec.hostname.clone()));
     config.set_mounts(Some(mounts));
     Ok(config)
+}
+
+impl Gvisor {
+    /// The status runsc recorded for the sandbox, if its state file reads
+    /// and names a sandbox process; Gone when that process is not runsc's.
+    fn recorded_status(&self, spec: &SandboxSpec) -> Option<LiveStatus> {
+        let file = self.config.state_dir.join(format!("{0}_sandbox:{0}.state", spec.id));
+        let state: serde_json::Value = match std::fs::read(&file) {
+            Ok(bytes) => serde_json::from_slice(&bytes).ok()?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Some(LiveStatus::Gone),
+            Err(_) => return None,
+        };
+        let pid = state["sandbox"]["pid"].as_u64()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let alive = String::from_utf8_lossy(&cmdline).contains(spec.id.as_str());
+        Some(if alive { live_status(state["status"].as_str()) } else { LiveStatus::Gone })
+    }
+}
+
+/// Removes the sandbox's cgroups that runsc left: it removes only those it
+/// made, and one made by a killed server's `runsc run` would otherwise be
+/// joined, and then kept, by the next start under the same id.
+fn remove_cgroups(id: &str) {
+    let relative = cgroup_path(id);
+    let relative = relative.strip_prefix("/").unwrap_or(&relative);
+    let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") else { return };
+    let dirs =
+        controllers.flatten().map(|c| c.path().join(relative)).chain([Path::new("/sys/fs/cgroup").join(relative)]);
+    for dir in dirs.filter(|dir| dir.is_dir()) {
+        // Its last processes may still be leaving: a few tries.
+        for _ in 0..50 {
+            match fs::remove_dir(&dir) {
+                Err(err) if err.raw_os_error() == Some(nix::libc::EBUSY) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+/// The processes whose arguments satisfy `matches`.
+fn processes_where(matches: impl Fn(&[&str]) -> bool) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&cmdline);
+            let args: Vec<&str> = text.split('\0').filter(|a| !a.is_empty()).collect();
+            !args.is_empty() && matches(&args)
+        })
+        .collect()
+}
+
+/// Whether `pid` still runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
+/// What runsc's status of a container says of its sandbox.
+fn live_status(status: Option<&str>) -> LiveStatus {
+    match status {
+        Some("running") => LiveStatus::Running,
+        Some("paused") => LiveStatus::Paused,
+        _ => LiveStatus::Gone,
+    }
 }
 
 #[cfg(test)]

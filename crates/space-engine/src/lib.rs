@@ -44,7 +44,7 @@ impl EngineError {
 }
 
 /// Everything an engine needs to start one sandbox.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
     pub id: String,
     /// The sandbox's own directory (created by the engine, removed on destroy).
@@ -268,6 +268,13 @@ pub trait Engine: Send + Sync {
     /// Blocking: call it off the async threads.
     fn status(&self, spec: &SandboxSpec) -> LiveStatus;
 
+    /// [`Engine::status`] of each of `specs`, in their order: engines that
+    /// can tell them all at once (one process instead of one each: a
+    /// restarted server asks for every live sandbox) do so.
+    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
+        specs.iter().map(|spec| self.status(spec)).collect()
+    }
+
     /// Listens on the sandbox's agent socket again (its agent redials when
     /// its channel drops): how a restarted server re-adopts a live sandbox,
     /// and where a restore listens again when someone other than the agent
@@ -277,6 +284,18 @@ pub trait Engine: Send + Sync {
     /// Stops the sandbox's processes, keeping its disk and snapshot.
     /// Blocking: call it off the async threads.
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError>;
+
+    /// Kills whatever engine process still works on the sandbox without an
+    /// owner: a killed server's `runsc run` of a create it had begun goes
+    /// on and would make the container after a new server cleared it.
+    /// Call before clearing what a previous server process left. Blocking.
+    fn stop_strays(&self, _spec: &SandboxSpec) {}
+
+    /// Waits (up to `patience`, then kills them) for the engine commands a
+    /// killed server left running — a `runsc checkpoint`, `run` or
+    /// `restore` goes on without it — so that what a restarted server
+    /// reads of its sandboxes no longer moves. Blocking.
+    fn settle_orphans(&self, _patience: std::time::Duration) {}
 
     /// Stops the sandbox and frees all it held (processes, mounts, disk).
     /// Idempotent: destroying what is already gone succeeds.
@@ -369,12 +388,36 @@ impl Engine for Engines {
         self.pick(spec).status(spec)
     }
 
+    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
+        let mut found = vec![LiveStatus::Gone; specs.len()];
+        for engine in std::iter::once(&self.default).chain(&self.others) {
+            let mine: Vec<usize> =
+                (0..specs.len()).filter(|&i| std::sync::Arc::ptr_eq(self.pick(&specs[i]), engine)).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let asked: Vec<SandboxSpec> = mine.iter().map(|&i| specs[i].clone()).collect();
+            for (i, status) in mine.into_iter().zip(engine.statuses(&asked)) {
+                found[i] = status;
+            }
+        }
+        found
+    }
+
     async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
         self.pick(spec).redial(spec).await
     }
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.pick(spec).stop(spec)
+    }
+
+    fn stop_strays(&self, spec: &SandboxSpec) {
+        self.pick(spec).stop_strays(spec)
+    }
+
+    fn settle_orphans(&self, patience: std::time::Duration) {
+        std::iter::once(&self.default).chain(&self.others).for_each(|engine| engine.settle_orphans(patience));
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

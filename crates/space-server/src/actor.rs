@@ -27,6 +27,7 @@ impl Platform {
     /// Starts a sandbox (booted, or woken from its snapshot template's
     /// image) until its agent is healthy; how long each step took.
     pub(crate) async fn boot(&self, spec: &SandboxSpec) -> Result<(AgentConn, space_engine::Steps), EngineError> {
+        self.until_swept().await;
         let version = spec.template_rootfs.parent().unwrap_or(&spec.template_rootfs).to_path_buf();
         let image = space_host::template::TemplateInfo::load(&version).ok().and_then(|t| t.meta.image);
         let Some(image) = image else {

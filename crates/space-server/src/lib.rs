@@ -235,9 +235,15 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     platform.disk_reserve_bytes.store(config.disk_reserve_mib.saturating_mul(1 << 20), Relaxed);
     platform.configure_egress(&config.egress).map_err(|e| ServerError::Startup(format!("egress: {e}")))?;
     raise_open_files_limit();
+    // A killed server's engine commands still under way would change what
+    // the reconciliation reads.
+    platform.engine.settle_orphans(ORPHAN_PATIENCE);
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }
+
+/// How long a starting server waits for a killed one's engine commands.
+const ORPHAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Lifts the soft limit on open files to the hard one: the server holds a
 /// socket per live sandbox (and transcripts), hundreds at a time.

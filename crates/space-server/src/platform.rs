@@ -47,6 +47,11 @@ pub struct Platform {
     /// Live sandboxes a restarted server has not re-adopted yet (requests
     /// for them wait, see [`Platform::until_reconciled`]).
     pub(crate) reconciling: Mutex<std::collections::HashSet<String>>,
+    /// How long a request for a sandbox a restarted server has not
+    /// re-adopted yet waits for it before a 503, in ms.
+    pub reconcile_patience_ms: std::sync::atomic::AtomicU64,
+    /// Leftovers of unknown sandboxes are being swept (at start).
+    pub(crate) sweeping: std::sync::atomic::AtomicBool,
     pub warm: crate::warm::WarmPools,
     /// Memory the host can promise to sandboxes, in MiB.
     pub(crate) capacity_mib: u64,
@@ -111,6 +116,8 @@ impl Platform {
             commands: Mutex::new(HashMap::new()),
             contexts: Mutex::default(),
             reconciling: Mutex::default(),
+            sweeping: Default::default(),
+            reconcile_patience_ms: 30_000.into(),
             warm: crate::warm::WarmPools::new(engine.clone(), pools),
             capacity_mib,
             admission: Mutex::new(()),

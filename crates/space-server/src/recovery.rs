@@ -186,11 +186,18 @@ impl Platform {
     /// starts over from a clean slate. A sandbox left `creating` without
     /// its create operation (the restart fell between the two writes, so
     /// no client was told it was accepted) fails.
-    async fn resume_operations(self: &Arc<Self>) -> Result<(), ApiError> {
-        let mut pending: Vec<Operation> =
-            self.store.operations(None)?.into_iter().filter(|op| !op.state.is_terminal()).collect();
+    ///
+    /// `pending` and `creating` are what the store held when this process
+    /// started: the server already serves meanwhile, and what it accepted
+    /// itself is its own actors' work, not to be carried out twice.
+    async fn resume_operations(
+        self: &Arc<Self>,
+        mut pending: Vec<Operation>,
+        creating: Vec<SandboxRecord>,
+    ) -> Result<(), ApiError> {
         pending.sort_by(|a, b| a.created_at.cmp(&b.created_at));
-        for record in self.store.sandboxes()? {
+        for record in creating {
+            let Ok(record) = self.sandbox(&record.sandbox.id) else { continue };
             let creating = record.sandbox.state == SandboxState::Creating;
             let id = &record.sandbox.id;
             let made_by = |op: &&Operation| match op.kind {
@@ -198,6 +205,11 @@ impl Platform {
                 OperationKind::Fork => op.forks.contains(id),
                 _ => false,
             };
+            if creating {
+                // A create or fork the killed process had begun may still
+                // be under way in a `runsc` of its own.
+                self.stop_strays(&self.engine_spec(&record)).await;
+            }
             if creating && !pending.iter().any(|op| made_by(&op)) {
                 self.engine.destroy(&self.engine_spec(&record)).await.ok();
                 self.fail(id, "its create was never accepted")?;
@@ -253,24 +265,40 @@ impl Platform {
         futures_util::future::join_all(sweeps).await;
     }
 
-    /// Takes up the platform's duties in this process. Leftovers are swept
-    /// (all at once); the live sandboxes are marked as being reconciled
-    /// (requests for one wait until it is, [`Platform::until_reconciled`])
-    /// and re-adopted in the background, in parallel (see
-    /// [`Platform::recover`]); then the operations a previous
-    /// process accepted are carried out, lifecycle policies enforced and
-    /// the warm pools filled. Call once, inside the runtime, before serving.
+    /// Takes up the platform's duties in this process, at once: the live
+    /// sandboxes are marked as being reconciled (requests for one wait
+    /// until it is, [`Platform::until_reconciled`]) and re-adopted in the
+    /// background, in parallel (see [`Platform::recover`]), while the
+    /// leftovers of unknown sandboxes are swept (all at once; no new
+    /// sandbox starts before they are gone, [`Platform::until_swept`]);
+    /// then the operations a previous process accepted are carried out,
+    /// lifecycle policies enforced and the pools filled. Call once, inside
+    /// the runtime, before serving.
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
         self.store_egress_events();
-        // Leftovers go before anything new is made (all at once): no runsc
-        // of theirs runs beside a new sandbox's.
-        self.sweep(self.leftovers()).await;
+        let leftovers = self.leftovers();
+        if !leftovers.is_empty() {
+            self.sweeping.store(true, std::sync::atomic::Ordering::SeqCst);
+            let platform = self.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let count = leftovers.len();
+                platform.sweep(leftovers).await;
+                tracing::info!(count, ms = started.elapsed().as_millis() as u64, "swept leftovers");
+                platform.sweeping.store(false, std::sync::atomic::Ordering::SeqCst);
+                platform.changed();
+            });
+        }
         let live = self.live_records()?;
-        // Sandboxes with an operation a previous process accepted wait for
-        // it to be taken up again (requests queue behind it, as before).
-        let operations = self.store.operations(None)?;
-        let pending: Vec<String> =
-            operations.iter().filter(|op| !op.state.is_terminal()).filter_map(|op| op.sandbox_id.clone()).collect();
+        // What a previous process accepted and left under way, taken now:
+        // what this one accepts from here on is its own actors' work.
+        let operations: Vec<Operation> =
+            self.store.operations(None)?.into_iter().filter(|op| !op.state.is_terminal()).collect();
+        let creating: Vec<SandboxRecord> =
+            self.store.sandboxes()?.into_iter().filter(|r| r.sandbox.state == SandboxState::Creating).collect();
+        // Sandboxes with such an operation wait for it to be taken up again
+        // (requests queue behind it, as before).
+        let pending: Vec<String> = operations.iter().filter_map(|op| op.sandbox_id.clone()).collect();
         let ids = live.iter().map(|r| r.sandbox.id.clone()).chain(pending.iter().cloned());
         self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).extend(ids);
         let platform = self.clone();
@@ -279,7 +307,7 @@ impl Platform {
             let count = live.len();
             platform.adopt_all(live).await;
             tracing::info!(sandboxes = count, ms = started.elapsed().as_millis() as u64, "re-adopted after a restart");
-            if let Err(err) = platform.resume_operations().await {
+            if let Err(err) = platform.resume_operations(operations, creating).await {
                 tracing::error!("carrying out operations accepted before the restart: {}", err.message);
             }
             pending.iter().for_each(|id| platform.reconciled(id));
@@ -299,6 +327,19 @@ impl Platform {
         }
         let deadline = Instant::now() + patience;
         matches!(self.wait_for(Some(deadline), || Ok(reconciling()), |still| !still).await, Ok(false))
+    }
+
+    /// [`space_engine::Engine::stop_strays`], off the async threads.
+    async fn stop_strays(&self, spec: &space_engine::SandboxSpec) {
+        let (engine, spec) = (self.engine.clone(), spec.clone());
+        let _ = tokio::task::spawn_blocking(move || engine.stop_strays(&spec)).await;
+    }
+
+    /// Waits until the leftovers found at start are swept: their runsc
+    /// processes never run beside a new sandbox's.
+    pub(crate) async fn until_swept(&self) {
+        let sweeping = || Ok(self.sweeping.load(std::sync::atomic::Ordering::SeqCst));
+        let _ = self.wait_for(None, sweeping, |still| !still).await;
     }
 
     fn reconciled(&self, id: &str) {
@@ -324,6 +365,7 @@ fn sweep_one(engine: &dyn space_engine::Engine, name: String, dir: std::path::Pa
         engine: None,
         trust_pem: None,
     };
+    engine.stop_strays(&spec);
     let _ = engine.stop(&spec);
     if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {
         tracing::warn!("sweeping {}: {err}", spec.dir.display());
@@ -351,19 +393,27 @@ impl Platform {
     }
 
     async fn adopt_all(self: &Arc<Self>, live: Vec<SandboxRecord>) {
-        let adoptions: Vec<_> = live.into_iter().map(|record| tokio::spawn(self.clone().adopt(record))).collect();
+        // What the engine shows of each, asked of all at once.
+        let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
+        let engine = self.engine.clone();
+        let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
+        let adoptions: Vec<_> = live
+            .into_iter()
+            .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
+            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status)))
+            .collect();
         for adoption in adoptions {
             let _ = adoption.await;
         }
     }
 
-    async fn adopt(self: Arc<Self>, record: SandboxRecord) {
+    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>) {
         let id = record.sandbox.id.clone();
         let running: Vec<Command> =
             self.store.commands(&id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect();
         // Settled either way (also if this panics): requests waiting for it go on.
         let _reconciled = Reconciled(&self, &id);
-        match self.try_adopt(&record, &running).await {
+        match self.try_adopt(&record, &running, status).await {
             Ok(()) => tracing::info!(sandbox = %id, commands = running.len(), "re-adopted after a restart"),
             Err(why) => {
                 tracing::warn!(sandbox = %id, "could not re-adopt: {why}");
@@ -382,14 +432,23 @@ impl Platform {
         }
     }
 
-    async fn try_adopt(self: &Arc<Self>, record: &SandboxRecord, running: &[Command]) -> Result<(), String> {
+    /// `status`: what the engine showed of it (asked here if None).
+    async fn try_adopt(
+        self: &Arc<Self>,
+        record: &SandboxRecord,
+        running: &[Command],
+        status: Option<LiveStatus>,
+    ) -> Result<(), String> {
         let session = record.agent_session.ok_or("no agent session was recorded")?;
         let spec = self.engine_spec(record);
         let engine = self.engine.clone();
         let began = Instant::now();
-        let status = {
-            let spec = spec.clone();
-            tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
+        let status = match status {
+            Some(status) => status,
+            None => {
+                let spec = spec.clone();
+                tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
+            }
         };
         match status {
             LiveStatus::Gone => return Err("its engine processes are gone".into()),

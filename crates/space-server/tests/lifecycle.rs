@@ -555,6 +555,15 @@ fn requests_for_a_sandbox_wait_until_a_restarted_server_has_readopted_it() {
     // Not refused for want of an agent: it waits for the re-adoption.
     std::thread::sleep(Duration::from_secs(1));
     assert!(!exec.is_finished(), "the request waits while the sandbox is being re-adopted");
+    // A request that waited past the server's patience is told to come back.
+    let patience = server.platform.reconcile_patience_ms.swap(300, std::sync::atomic::Ordering::Relaxed);
+    let head = format!("GET /v1/sandboxes/{id} HTTP/1.1\r\nAuthorization: Bearer {}", server.key);
+    let answer = server.early_answer(&head, b"");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"), "{answer}");
+    assert!(answer.contains("being re-adopted after a restart"), "{answer}");
+    server.platform.reconcile_patience_ms.store(patience, std::sync::atomic::Ordering::Relaxed);
+    assert!(!exec.is_finished(), "the first request still waits");
     signal_all(Signal::SIGCONT);
     let ran = exec.join().unwrap();
     assert_eq!(ran["stdout"], "adopted\n", "{ran}");

@@ -165,19 +165,17 @@ fn path_ids(path: &str) -> (Option<String>, Option<String>) {
     (after("sandboxes", "sbx"), after("operations", "op"))
 }
 
-/// How long a request for a sandbox a restarted server has not re-adopted
-/// yet waits for it before a 503.
-const RECONCILE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// A request for a sandbox that a restarted server is still re-adopting
 /// (by path, or E2B's `E2b-Sandbox-Id`) waits until it is, then goes on;
-/// past [`RECONCILE_PATIENCE`] it gets a 503 with `Retry-After`.
+/// past [`crate::Platform::reconcile_patience_ms`] it gets a 503 with
+/// `Retry-After`.
 async fn reconciled_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let named = path_ids(request.uri().path())
         .0
         .or_else(|| request.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string));
     if let Some(id) = named {
-        if !state.platform.until_reconciled(&id, RECONCILE_PATIENCE).await {
+        let patience = state.platform.reconcile_patience_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if !state.platform.until_reconciled(&id, std::time::Duration::from_millis(patience)).await {
             let mut refused = axum::response::IntoResponse::into_response(ApiError::unavailable(format!(
                 "sandbox {id} is being re-adopted after a restart; try again"
             )));
