@@ -678,7 +678,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
     ratio_named("speed-up hot vs cold", &create, &hot_create);
     println!("{:<44} {:>9.2}", "cold create tail: p95/p50", create.percentile(95.0) / create.percentile(50.0));
     for (step, samples) in &cold_steps.0 {
-        row(&format!("  cold create step: {step}"), samples);
+        row(&format!("  cold step: {}", step.trim_start_matches("starting the sandbox: ")), samples);
     }
     pools_settled(&hot_platform, 2, 1)?;
     println!("{:<44} {:>9.1} % of a core each", "hot members' CPU while they wait", hot_idle_cpu(&hot_platform));

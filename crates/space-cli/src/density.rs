@@ -179,7 +179,7 @@ fn create_one(client: &Client, template: &str) -> Result<String> {
     Ok(accepted["sandbox"]["id"].as_str().context("no sandbox id")?.to_string())
 }
 
-fn count_auto_paused(client: &Client) -> Result<usize> {
+pub(crate) fn count_auto_paused(client: &Client) -> Result<usize> {
     let list = client.get("/v1/sandboxes?state=paused")?;
     let sandboxes = list["sandboxes"].as_array().context("no sandbox list")?;
     Ok(sandboxes.iter().filter(|s| s["auto_paused"] == true).count())

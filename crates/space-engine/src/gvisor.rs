@@ -496,11 +496,16 @@ impl Engine for Gvisor {
 
     /// The commands are `runsc` processes with this engine's `--root`
     /// (not the sandboxes' own `runsc-sandbox` and `runsc-gofer`).
-    fn settle_orphans(&self, patience: Duration) {
+    fn settle_orphans(&self, ids: &[String], patience: Duration) {
+        if ids.is_empty() {
+            return;
+        }
         let root = format!("--root={}", self.config.state_dir.display());
         let orphans = || {
             processes_where(|args| {
-                Path::new(args[0]).file_name().is_some_and(|name| name == "runsc") && args.contains(&root.as_str())
+                Path::new(args[0]).file_name().is_some_and(|name| name == "runsc")
+                    && args.contains(&root.as_str())
+                    && args.iter().any(|arg| ids.iter().any(|id| id == arg))
             })
         };
         let deadline = Instant::now() + patience;

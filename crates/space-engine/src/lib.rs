@@ -292,10 +292,10 @@ pub trait Engine: Send + Sync {
     fn stop_strays(&self, _spec: &SandboxSpec) {}
 
     /// Waits (up to `patience`, then kills them) for the engine commands a
-    /// killed server left running — a `runsc checkpoint`, `run` or
-    /// `restore` goes on without it — so that what a restarted server
-    /// reads of its sandboxes no longer moves. Blocking.
-    fn settle_orphans(&self, _patience: std::time::Duration) {}
+    /// killed server left running on sandboxes `ids` — a `runsc
+    /// checkpoint`, `run` or `restore` goes on without it — so that what a
+    /// restarted server reads of them no longer moves. Blocking.
+    fn settle_orphans(&self, _ids: &[String], _patience: std::time::Duration) {}
 
     /// Stops the sandbox and frees all it held (processes, mounts, disk).
     /// Idempotent: destroying what is already gone succeeds.
@@ -416,8 +416,8 @@ impl Engine for Engines {
         self.pick(spec).stop_strays(spec)
     }
 
-    fn settle_orphans(&self, patience: std::time::Duration) {
-        std::iter::once(&self.default).chain(&self.others).for_each(|engine| engine.settle_orphans(patience));
+    fn settle_orphans(&self, ids: &[String], patience: std::time::Duration) {
+        std::iter::once(&self.default).chain(&self.others).for_each(|engine| engine.settle_orphans(ids, patience));
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {

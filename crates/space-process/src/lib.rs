@@ -15,7 +15,7 @@ use std::process::{Child, Command};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitStatus};
@@ -39,9 +39,20 @@ impl ExitStatus {
 #[derive(Default)]
 struct Registry {
     waiters: HashMap<i32, Sender<ExitStatus>>,
+    /// Statuses reaped before anyone registered their pid, and when: a
+    /// child spawned without the lock held (a fork and exec can take long
+    /// on a loaded host, and every other spawn would queue behind it) may
+    /// end before its spawner registers it. Orphans' statuses land here
+    /// too and are dropped after [`UNCLAIMED_KEPT`].
+    unclaimed: HashMap<i32, (ExitStatus, Instant)>,
     /// Bumped on every spawn, so the reaper never sleeps through a new child.
     generation: u64,
 }
+
+/// How long a status nobody registered is kept for its spawner.
+const UNCLAIMED_KEPT: Duration = Duration::from_secs(10);
+/// Unclaimed statuses kept at the most (many orphans end in a sandbox).
+const UNCLAIMED_MAX: usize = 4096;
 
 /// The process-wide reaper. Obtain it with [`Reaper::global`].
 pub struct Reaper {
@@ -95,30 +106,39 @@ impl Reaper {
     /// Spawns `command`; its exit status is delivered to the returned child.
     /// Never call `Child::wait` on it: the reaper owns the status.
     pub fn spawn(&self, command: &mut Command) -> io::Result<ReapedChild> {
-        let (tx, rx) = mpsc::channel();
-        // The lock is held across fork so the reaper cannot reap this pid
-        // before it is registered.
-        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let began = Instant::now();
         let child = command.spawn()?;
-        registry.waiters.insert(child.id() as i32, tx);
-        registry.generation += 1;
-        drop(registry);
-        self.spawned.notify_all();
-        Ok(ReapedChild { child, exit: rx })
+        let exit = self.register(child.id() as i32, began);
+        Ok(ReapedChild { child, exit })
     }
 
     /// Registers a child started by `spawn` (which returns its pid), for
     /// callers that spawn without `std::process` (for example with
-    /// `posix_spawn`). The registry lock is held while `spawn` runs.
+    /// `posix_spawn`).
     pub fn spawn_with(&self, spawn: impl FnOnce() -> io::Result<u32>) -> io::Result<(u32, Receiver<ExitStatus>)> {
+        let began = Instant::now();
+        let pid = spawn()?;
+        Ok((pid, self.register(pid as i32, began)))
+    }
+
+    /// Registers `pid`, spawned after `began`: its status arrives on the
+    /// receiver, also if the reaper already took it (a status reaped
+    /// before `began` is another, older process's with a reused pid).
+    fn register(&self, pid: i32, began: Instant) -> Receiver<ExitStatus> {
         let (tx, rx) = mpsc::channel();
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let pid = spawn()?;
-        registry.waiters.insert(pid as i32, tx);
+        match registry.unclaimed.remove(&pid) {
+            Some((exit, reaped)) if reaped >= began => {
+                let _ = tx.send(exit);
+            }
+            _ => {
+                registry.waiters.insert(pid, tx);
+            }
+        }
         registry.generation += 1;
         drop(registry);
         self.spawned.notify_all();
-        Ok((pid, rx))
+        rx
     }
 
     /// Runs `command` to completion, capturing stdout and stderr.
@@ -154,9 +174,21 @@ impl Reaper {
                         WaitStatus::Signaled(pid, sig, _) => (pid, ExitStatus::Signaled(sig as i32)),
                         _ => continue,
                     };
-                    let waiter = self.registry.lock().unwrap_or_else(|e| e.into_inner()).waiters.remove(&pid.as_raw());
-                    if let Some(waiter) = waiter {
-                        let _ = waiter.send(exit);
+                    let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+                    match registry.waiters.remove(&pid.as_raw()) {
+                        Some(waiter) => {
+                            let _ = waiter.send(exit);
+                        }
+                        None => {
+                            let now = Instant::now();
+                            let keep = if registry.unclaimed.len() < UNCLAIMED_MAX {
+                                UNCLAIMED_KEPT
+                            } else {
+                                Duration::from_secs(1)
+                            };
+                            registry.unclaimed.retain(|_, (_, at)| now.duration_since(*at) < keep);
+                            registry.unclaimed.insert(pid.as_raw(), (exit, now));
+                        }
                     }
                 }
                 Err(Errno::ECHILD) => {
@@ -191,6 +223,25 @@ pub fn become_subreaper() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_reaped_before_it_is_registered_still_gets_its_status() {
+        let reaper = Reaper::global();
+        let (_, exit) = reaper
+            .spawn_with(|| {
+                let child = Command::new("sh").args(["-c", "exit 5"]).spawn()?;
+                // The reaper takes its status before the pid is registered.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let gone = || !std::path::Path::new(&format!("/proc/{}", child.id())).exists();
+                while !gone() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                assert!(gone(), "the reaper did not reap it");
+                Ok(child.id())
+            })
+            .unwrap();
+        assert_eq!(exit.recv_timeout(Duration::from_secs(10)), Ok(ExitStatus::Exited(5)));
+    }
 
     #[test]
     fn statuses_reach_their_own_waiters() {

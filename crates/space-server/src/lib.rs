@@ -237,7 +237,8 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     raise_open_files_limit();
     // A killed server's engine commands still under way would change what
     // the reconciliation reads.
-    platform.engine.settle_orphans(ORPHAN_PATIENCE);
+    let unsettled = platform.unsettled().map_err(|e| ServerError::Startup(e.message))?;
+    platform.engine.settle_orphans(&unsettled, ORPHAN_PATIENCE);
     platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
     Ok(platform)
 }

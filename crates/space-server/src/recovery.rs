@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use space_api::{Command, Operation, OperationKind, OperationState, SandboxState};
 use space_engine::{AgentConn, ExecStream, LiveStatus};
+use tokio::sync::Semaphore;
 
 use crate::actor::Job;
 use crate::domain::{self, Event};
@@ -21,6 +22,14 @@ const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Handshakes a redial runs at once: connections past them wait.
 const MAX_PENDING_HANDSHAKES: usize = 32;
+
+/// How long a redial waits in all for an agent whose sandbox still lives
+/// (a loaded host can take far longer than [`space_engine::REDIAL_PATIENCE`]).
+const REDIAL_CAP: Duration = Duration::from_secs(120);
+
+/// Paused sandboxes thawed at once to be re-adopted: thawing a hundred
+/// at once wakes them all on a couple of cores, and each then waits.
+const THAWS_AT_ONCE: usize = 4;
 
 impl Platform {
     /// Takes the sandbox's agent back: runs `handshake` on `first` (a
@@ -48,7 +57,8 @@ impl Platform {
         }
         let listener = self.engine.redial(spec).await.map_err(|e| e.to_string())?;
         tracing::debug!(sandbox = %spec.id, "listening for its agent");
-        let deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
+        let began = tokio::time::Instant::now();
+        let mut deadline = began + space_engine::REDIAL_PATIENCE;
         let mut pending = futures_util::stream::FuturesUnordered::new();
         let mut last_error = None;
         loop {
@@ -62,12 +72,25 @@ impl Platform {
                     Err(err) => last_error = Some(err.to_string()),
                 },
                 () = tokio::time::sleep_until(deadline), if pending.is_empty() => {
+                    // Slow, not gone: wait on while its engine still runs it.
+                    if began.elapsed() < REDIAL_CAP && self.still_runs(spec).await {
+                        tracing::info!(sandbox = %spec.id, "its agent is slow to dial in; waiting on");
+                        deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
+                        continue;
+                    }
                     return Err(last_error.unwrap_or_else(|| {
                         format!("the agent did not dial in within {:?}", space_engine::REDIAL_PATIENCE)
                     }));
                 }
             }
         }
+    }
+
+    /// Whether the engine still runs the sandbox (off the async threads).
+    async fn still_runs(&self, spec: &space_engine::SandboxSpec) -> bool {
+        let (engine, spec) = (self.engine.clone(), spec.clone());
+        let status = tokio::task::spawn_blocking(move || engine.status(&spec)).await;
+        status.is_ok_and(|status| status != LiveStatus::Gone)
     }
 
     fn impostor(&self, spec: &space_engine::SandboxSpec) {
@@ -159,6 +182,25 @@ impl Platform {
             }
         }
         Ok(())
+    }
+
+    /// The sandboxes a previous process left between two states, or with
+    /// an operation under way: where its engine commands may still run.
+    pub(crate) fn unsettled(&self) -> Result<Vec<String>, ApiError> {
+        let settled = [
+            SandboxState::Running,
+            SandboxState::Paused,
+            SandboxState::Suspended,
+            SandboxState::Deleted,
+            SandboxState::Failed,
+        ];
+        let records = self.store.sandboxes()?;
+        let moving = records.iter().filter(|r| !settled.contains(&r.sandbox.state));
+        let operations = self.store.operations(None)?;
+        let working = operations.iter().filter(|op| !op.state.is_terminal());
+        let mut ids: Vec<String> = moving.map(|r| r.sandbox.id.clone()).collect();
+        ids.extend(working.flat_map(|op| op.sandbox_id.iter().chain(&op.forks).cloned()));
+        Ok(ids)
     }
 
     /// Records `id` as failed because of a restart, with `why`.
@@ -397,23 +439,24 @@ impl Platform {
         let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
         let engine = self.engine.clone();
         let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
+        let thaws = Arc::new(tokio::sync::Semaphore::new(THAWS_AT_ONCE));
         let adoptions: Vec<_> = live
             .into_iter()
             .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
-            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status)))
+            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status, thaws.clone())))
             .collect();
         for adoption in adoptions {
             let _ = adoption.await;
         }
     }
 
-    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>) {
+    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>, thaws: Arc<Semaphore>) {
         let id = record.sandbox.id.clone();
         let running: Vec<Command> =
             self.store.commands(&id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect();
         // Settled either way (also if this panics): requests waiting for it go on.
         let _reconciled = Reconciled(&self, &id);
-        match self.try_adopt(&record, &running, status).await {
+        match self.try_adopt(&record, &running, status, &thaws).await {
             Ok(()) => tracing::info!(sandbox = %id, commands = running.len(), "re-adopted after a restart"),
             Err(why) => {
                 tracing::warn!(sandbox = %id, "could not re-adopt: {why}");
@@ -438,6 +481,7 @@ impl Platform {
         record: &SandboxRecord,
         running: &[Command],
         status: Option<LiveStatus>,
+        thaws: &Semaphore,
     ) -> Result<(), String> {
         let session = record.agent_session.ok_or("no agent session was recorded")?;
         let spec = self.engine_spec(record);
@@ -450,12 +494,17 @@ impl Platform {
                 tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
             }
         };
-        match status {
+        // A frozen agent cannot redial: thaw it for the handshake (a few
+        // at a time, each frozen again once re-adopted).
+        let _thawing = match status {
             LiveStatus::Gone => return Err("its engine processes are gone".into()),
-            // A frozen agent cannot redial: thaw it for the handshake.
-            LiveStatus::Paused => self.engine.resume(&spec).await.map_err(|e| e.to_string())?,
-            LiveStatus::Running => {}
-        }
+            LiveStatus::Paused => {
+                let permit = thaws.acquire().await.map_err(|e| e.to_string())?;
+                self.engine.resume(&spec).await.map_err(|e| e.to_string())?;
+                Some(permit)
+            }
+            LiveStatus::Running => None,
+        };
         // Each running command with the agent stream and timeout it had.
         let mut resumable = Vec::new();
         for command in running {
