@@ -183,6 +183,13 @@ impl Platform {
         }
     }
 
+    /// Waits until the leftovers found at start are swept (`recovery.rs`):
+    /// their runsc processes never run beside a new sandbox's.
+    pub(crate) async fn until_swept(&self) {
+        let sweeping = || Ok(self.sweeping.load(std::sync::atomic::Ordering::SeqCst));
+        let _ = self.wait_for(None, sweeping, |still| !still).await;
+    }
+
     pub fn sandbox(&self, id: &str) -> Result<SandboxRecord, ApiError> {
         if !ids::plausible(id, "sbx") {
             return Err(ApiError::not_found("sandbox", id));

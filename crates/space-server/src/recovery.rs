@@ -377,13 +377,6 @@ impl Platform {
         let _ = tokio::task::spawn_blocking(move || engine.stop_strays(&spec)).await;
     }
 
-    /// Waits until the leftovers found at start are swept: their runsc
-    /// processes never run beside a new sandbox's.
-    pub(crate) async fn until_swept(&self) {
-        let sweeping = || Ok(self.sweeping.load(std::sync::atomic::Ordering::SeqCst));
-        let _ = self.wait_for(None, sweeping, |still| !still).await;
-    }
-
     fn reconciled(&self, id: &str) {
         self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         self.changed();
