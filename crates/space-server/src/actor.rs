@@ -243,8 +243,7 @@ impl Actor {
         platform.progress(operation_id, "starting the sandbox", 1);
         match platform.boot(&spec).await {
             Ok((agent, steps)) => {
-                platform.parts_took(operation_id, &steps);
-                platform.progress(operation_id, "agent healthy", 2);
+                platform.progress_after(operation_id, &steps, "agent healthy", 2);
                 let welcome = agent.welcome().clone();
                 self.set_agent(Some(agent));
                 match platform.apply_with(&self.id, Event::Started, None, |r| r.remember_agent(&welcome)) {

@@ -85,9 +85,8 @@ pub struct Platform {
     /// told it (`None`: no quota), which wins over the node's own records.
     pub(crate) told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
     pub metrics: crate::metrics::Metrics,
-    /// When the current step of each operation under way began, and
-    /// whether its parts were timed already (see [`Platform::parts_took`]).
-    step_clocks: Mutex<HashMap<String, (std::time::Instant, bool)>>,
+    /// When the current step of each operation under way began.
+    step_clocks: Mutex<HashMap<String, std::time::Instant>>,
     pub(crate) usage: crate::sampling::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
     pub metrics_without_key: std::sync::atomic::AtomicBool,
@@ -266,7 +265,13 @@ impl Platform {
     }
 
     pub(crate) fn progress(&self, id: &str, step: &str, done: u64) {
-        self.progress_with(id, step, done, None);
+        self.progress_with(id, step, done, None, &[]);
+    }
+
+    /// [`Platform::progress`] after a step the engine timed in `parts`,
+    /// which the timings list in place of the whole step.
+    pub(crate) fn progress_after(&self, id: &str, parts: &space_engine::Steps, step: &str, done: u64) {
+        self.progress_with(id, step, done, None, parts);
     }
 
     /// A build's progress, with its measured amount when there is one.
@@ -276,17 +281,24 @@ impl Platform {
             done: a.done,
             total: a.total,
         });
-        self.progress_with(id, &progress.step, progress.done, amount);
+        self.progress_with(id, &progress.step, progress.done, amount, &[]);
     }
 
-    fn progress_with(&self, id: &str, step: &str, done: u64, amount: Option<space_api::ProgressAmount>) {
+    fn progress_with(
+        &self,
+        id: &str,
+        step: &str,
+        done: u64,
+        amount: Option<space_api::ProgressAmount>,
+        parts: &[(&'static str, Duration)],
+    ) {
         self.update_operation(id, |op| {
             if op.state == OperationState::Pending {
                 op.state = OperationState::Running;
                 op.started_at = Some(ids::now());
             }
             if op.progress.step != step {
-                self.lap(op, true);
+                self.lap(op, true, parts);
             }
             op.progress.step = step.to_string();
             op.progress.done = done;
@@ -298,7 +310,7 @@ impl Platform {
     /// longer applies, saying why.
     pub(crate) fn cancel_operation(&self, id: &str, why: &str) {
         self.update_operation(id, |op| {
-            self.lap(op, false);
+            self.lap(op, false, &[]);
             op.state = OperationState::Cancelled;
             op.started_at.get_or_insert_with(ids::now);
             op.finished_at = Some(ids::now());
@@ -306,49 +318,35 @@ impl Platform {
         });
     }
 
-    /// Ends the current step of `op` in its timings; the next one starts
-    /// now (`go_on`) or none does (the operation ends).
-    fn lap(&self, op: &mut Operation, go_on: bool) {
+    /// Ends the current step of `op` in its timings — in its `parts` and
+    /// what went between them, when it was timed so — and the next one
+    /// starts now (`go_on`) or none does (the operation ends).
+    fn lap(&self, op: &mut Operation, go_on: bool, parts: &[(&'static str, Duration)]) {
         let now = std::time::Instant::now();
         let mut clocks = self.step_clocks.lock().unwrap_or_else(|e| e.into_inner());
-        let began = if go_on { clocks.insert(op.id.clone(), (now, false)) } else { clocks.remove(&op.id) };
+        let began = if go_on { clocks.insert(op.id.clone(), now) } else { clocks.remove(&op.id) };
         let took = match began {
-            Some((_, true)) => return, // its parts are in already
-            Some((at, false)) => now - at,
+            Some(at) => now - at,
             // The first step (`queued`) began when the operation was made.
             None => match humantime::parse_rfc3339_weak(&op.created_at) {
                 Ok(made) => std::time::SystemTime::now().duration_since(made).unwrap_or_default(),
                 Err(_) => return,
             },
         };
-        push_timing(&mut op.progress.timings, &op.progress.step, took);
-    }
-
-    /// Records the parts of the current step of operation `id` (an
-    /// engine's start, timed by the engine) in place of the whole step.
-    pub(crate) fn parts_took(&self, id: &str, parts: &space_engine::Steps) {
+        let step = op.progress.step.clone();
         if parts.is_empty() {
-            return;
+            return push_timing(&mut op.progress.timings, &step, took);
         }
-        self.update_operation(id, |op| {
-            let step = op.progress.step.clone();
-            for (part, took) in parts {
-                push_timing(&mut op.progress.timings, &format!("{step}: {part}"), *took);
-            }
-            let now = std::time::Instant::now();
-            let mut clocks = self.step_clocks.lock().unwrap_or_else(|e| e.into_inner());
-            // What went between and around the parts, so the steps still
-            // add up to the whole operation.
-            if let Some((began, false)) = clocks.insert(op.id.clone(), (now, true)) {
-                let rest = (now - began).saturating_sub(parts.iter().map(|(_, took)| *took).sum());
-                push_timing(&mut op.progress.timings, &format!("{step}: between the parts"), rest);
-            }
-        });
+        for (part, took) in parts {
+            push_timing(&mut op.progress.timings, &format!("{step}: {part}"), *took);
+        }
+        let rest = took.saturating_sub(parts.iter().map(|(_, took)| *took).sum());
+        push_timing(&mut op.progress.timings, &format!("{step}: between the parts"), rest);
     }
 
     pub(crate) fn finish_operation(&self, id: &str, error: Option<ApiError>) {
         let finished = self.update_operation(id, |op| {
-            self.lap(op, false);
+            self.lap(op, false, &[]);
             op.finished_at = Some(ids::now());
             op.started_at.get_or_insert_with(ids::now);
             match error {
