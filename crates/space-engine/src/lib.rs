@@ -264,6 +264,13 @@ pub trait Engine: Send + Sync {
         None
     }
 
+    /// Tells the engine whether the sandbox is idle (no command, no
+    /// request): an engine whose idle sandboxes still cost CPU may make
+    /// them cheaper while they are (gVisor: coarse timers, see
+    /// `gvisor::set_timer_slack`), and must undo it when told they are
+    /// not. Cheap; errors are the engine's to log.
+    fn set_idle(&self, _spec: &SandboxSpec, _idle: bool) {}
+
     /// Whether the sandbox's engine processes are alive, and how.
     /// Blocking: call it off the async threads.
     fn status(&self, spec: &SandboxSpec) -> LiveStatus;
@@ -414,6 +421,10 @@ impl Engine for Engines {
 
     fn stop_strays(&self, spec: &SandboxSpec) {
         self.pick(spec).stop_strays(spec)
+    }
+
+    fn set_idle(&self, spec: &SandboxSpec, idle: bool) {
+        self.pick(spec).set_idle(spec, idle)
     }
 
     fn settle_orphans(&self, ids: &[String], patience: std::time::Duration) {

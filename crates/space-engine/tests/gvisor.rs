@@ -98,3 +98,33 @@ async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     assert_eq!(sh(&agent, "echo $ROLE").await, "handed-out\n");
     engine.destroy(&spec).await.expect("destroy");
 }
+
+/// An idle sandbox's tasks get coarse timers (systrap's poller wakes the
+/// sentry ≈ 1000 times a second otherwise) and get their own back when it
+/// is used again; commands run as usual either way.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_sandbox_gets_coarse_timers_and_its_own_back() {
+    use space_engine::gvisor::{timer_slacks, IDLE_TIMER_SLACK_NS};
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let engine = engine(&data);
+    let spec = spec(&data, "sbx_dozer");
+    let agent = engine.create(&spec).await.expect("create").agent;
+    let default = std::fs::read_to_string("/proc/self/timerslack_ns").unwrap().trim().parse::<u64>().unwrap();
+    let before = timer_slacks(&spec.id).expect("its tasks");
+    // The sentry's threads, a stub, the gofer: more than a handful.
+    assert!(before.len() >= 5, "the sandbox's tasks: {before:?}");
+    assert!(before.iter().all(|ns| *ns == default), "a new sandbox's timers are as usual: {before:?}");
+
+    engine.set_idle(&spec, true);
+    let idle = timer_slacks(&spec.id).unwrap();
+    assert!(idle.len() >= before.len() && idle.iter().all(|ns| *ns == IDLE_TIMER_SLACK_NS), "idle: {idle:?}");
+    assert_eq!(sh(&agent, "echo still answers").await, "still answers\n");
+
+    engine.set_idle(&spec, false);
+    // Tasks the command made were made by idle ones, which gave them
+    // their slack as their default too: they are set, not reset.
+    let woken = timer_slacks(&spec.id).unwrap();
+    assert!(woken.iter().all(|ns| *ns == default), "woken: {woken:?}");
+    engine.destroy(&spec).await.expect("destroy");
+}

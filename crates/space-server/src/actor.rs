@@ -144,6 +144,10 @@ impl Actor {
             let Some(job) = job else { break };
             let engine = self.platform.engine.clone();
             let id = job.operation_id.as_str();
+            // What saves or copies it wants its timers as usual.
+            if !matches!(job.kind, OperationKind::Create | OperationKind::Pause | OperationKind::Delete) {
+                self.platform.wake_up(&self.id);
+            }
             let finished = match job.kind {
                 OperationKind::Create => {
                     self.create(id, job.warm).await;

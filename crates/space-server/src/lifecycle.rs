@@ -296,6 +296,7 @@ impl Platform {
             // Read under the gate: an idle pause cannot be half done now.
             let record = self.sandbox(id)?;
             if !(record.sandbox.state == SandboxState::Paused && record.sandbox.auto_paused) {
+                self.wake_up(id);
                 return Ok(WorkGuard { _gate: guard, state: record.sandbox.state });
             }
             drop(guard);

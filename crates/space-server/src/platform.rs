@@ -85,6 +85,9 @@ pub struct Platform {
     /// told it (`None`: no quota), which wins over the node's own records.
     pub(crate) told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
     pub metrics: crate::metrics::Metrics,
+    /// Running sandboxes whose engine was told they are idle (see
+    /// `idle.rs`), or may have been by a server before a restart.
+    pub(crate) dozing: Mutex<HashMap<String, Doze>>,
     /// When the current step of each operation under way began.
     step_clocks: Mutex<HashMap<String, std::time::Instant>>,
     pub(crate) usage: crate::sampling::UsageHistory,
@@ -97,6 +100,15 @@ pub struct Platform {
 
 /// Output kept per command by default (stdout and stderr together).
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 256 << 20;
+
+/// What the server knows of a sandbox it may have told its engine is idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Doze {
+    /// Told it is idle.
+    Dozing,
+    /// Re-adopted after a restart: the server before may have told it.
+    Unknown,
+}
 
 impl Platform {
     pub fn new(
@@ -138,6 +150,7 @@ impl Platform {
             told_disk_quotas: Default::default(),
             engine,
             metrics: Default::default(),
+            dozing: Default::default(),
             step_clocks: Default::default(),
             usage: Default::default(),
             metrics_without_key: Default::default(),
@@ -203,6 +216,17 @@ impl Platform {
             return Some(building.owner.clone());
         }
         self.data.template(name).map(|t| t.meta.owner)
+    }
+
+    /// Before a sandbox is used: if its engine was told it is idle (or a
+    /// server before a restart may have told it), tells it it is not.
+    pub(crate) fn wake_up(&self, id: &str) {
+        let was = self.dozing.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        if was.is_some() {
+            if let Ok(record) = self.sandbox(id) {
+                self.engine.set_idle(&self.engine_spec(&record), false);
+            }
+        }
     }
 
     /// The agent of a running sandbox.

@@ -3,6 +3,7 @@
 //! `lifecycle.max_lifetime_s` are deleted. The loop only files requests;
 //! each sandbox's actor carries them out like any client's.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -68,12 +69,18 @@ impl Platform {
             let stable = |r: &SandboxRecord| {
                 matches!(r.sandbox.state, SandboxState::Running | SandboxState::Paused | SandboxState::Suspended)
             };
-            for record in records.into_iter().filter(stable) {
+            // Sandboxes gone (or stopped) need not be woken.
+            let alive: HashSet<&str> = records.iter().filter(|r| stable(r)).map(|r| r.sandbox.id.as_str()).collect();
+            self.dozing.lock().unwrap_or_else(|e| e.into_inner()).retain(|id, _| alive.contains(id.as_str()));
+            for record in records.iter().filter(|r| stable(r)) {
                 let id = &record.sandbox.id;
                 let busy = record.sandbox.state == SandboxState::Running && self.has_running_commands(id);
-                let (kind, origin) = match due(&record, now, busy) {
+                if record.sandbox.state == SandboxState::Running {
+                    self.doze_if_idle(record, now, busy);
+                }
+                let (kind, origin) = match due(record, now, busy) {
                     Some(kind) => (kind, OperationOrigin::Policy),
-                    None if may_auto_pause(&record, now, auto_pause_s, busy) => {
+                    None if may_auto_pause(record, now, auto_pause_s, busy) => {
                         (OperationKind::Pause, OperationOrigin::Idle)
                     }
                     None => continue,

@@ -343,6 +343,9 @@ impl Platform {
         let pending: Vec<String> = operations.iter().filter_map(|op| op.sandbox_id.clone()).collect();
         let ids = live.iter().map(|r| r.sandbox.id.clone()).chain(pending.iter().cloned());
         self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).extend(ids);
+        // A killed server may have left them told they are idle.
+        let unknown = live.iter().map(|r| (r.sandbox.id.clone(), crate::platform::Doze::Unknown));
+        self.dozing.lock().unwrap_or_else(|e| e.into_inner()).extend(unknown);
         let platform = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();

@@ -4,9 +4,10 @@
 //! paused (*warm*: costing memory, not CPU) and a create takes one, thaws
 //! it and gives it its identity — its env and fresh entropy; its id and
 //! hostname were chosen when it was started. In front of them a few
-//! members wait running (*hot*: ≈ 3% of a core each under gVisor) with
-//! their agent connected, so a create is only that identity hand-off over
-//! the open channel. A hot member taken is replaced by thawing a warm one,
+//! members wait running (*hot*) with their agent connected, so a create is
+//! only that identity hand-off over the open channel. They wait dozing
+//! (their engine told they are idle: under gVisor ≈ 0.5 % of a core each
+//! instead of ≈ 3 %) and are woken as they are handed out. A hot member taken is replaced by thawing a warm one,
 //! and the warm one by a new start. A member is handed out once, never
 //! back. On gVisor a member is booted (a restore is slower
 //! than a cold start there); on Firecracker the engine starts every sandbox
@@ -82,7 +83,9 @@ impl WarmMember {
         env: &std::collections::BTreeMap<String, String>,
         trust_pem: Option<&str>,
     ) -> Result<(), String> {
-        if !self.is_hot() {
+        if self.is_hot() {
+            engine.set_idle(&self.spec, false);
+        } else {
             engine.resume(&self.spec).await.map_err(|e| e.to_string())?;
         }
         let trust_pem = trust_pem.filter(|pem| self.spec.trust_pem.as_deref() != Some(*pem));
@@ -157,6 +160,7 @@ impl WarmPools {
             match at {
                 Some(at) if thawed => {
                     members[at].standing = Standing::Hot;
+                    self.engine.set_idle(&members[at].spec, true);
                     None
                 }
                 Some(at) => Some(members.remove(at)),
@@ -199,7 +203,9 @@ impl WarmPools {
             id,
         };
         let agent = host.boot(&spec).await?;
-        if !hot {
+        if hot {
+            self.engine.set_idle(&spec, true);
+        } else {
             if let Err(err) = self.engine.pause(&spec).await {
                 let _ = self.engine.destroy(&spec).await;
                 return Err(err.to_string());

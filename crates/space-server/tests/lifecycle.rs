@@ -570,3 +570,55 @@ fn requests_for_a_sandbox_wait_until_a_restarted_server_has_readopted_it() {
     assert_eq!(server.ok("GET", "/v1/health", None)["reconciling"], 0);
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
 }
+
+/// Running sandboxes that are idle doze (their engine's timers coarsened:
+/// under gVisor ≈ 3 % of a core down to ≈ 0.5 %), hot pool members while
+/// they wait too; anything that uses one wakes it first.
+#[test]
+fn idle_running_sandboxes_and_hot_members_doze_and_wake_to_be_used() {
+    use space_engine::gvisor::{timer_slacks, IDLE_TIMER_SLACK_NS};
+    let data = TestDataDir::new();
+    let mut config = common::platform_config(&data);
+    (config.warm_pool, config.hot_pool) = (0, 1);
+    let server = TestServer::start_with(config);
+    let usual = std::fs::read_to_string("/proc/self/timerslack_ns").unwrap().trim().parse::<u64>().unwrap();
+    let all =
+        |id: &str, ns: u64| timer_slacks(id).is_ok_and(|slacks| !slacks.is_empty() && slacks.iter().all(|s| *s == ns));
+    let hot_member = || server.platform.warm.members().into_iter().find(|(_, hot)| *hot).map(|(id, _)| id);
+    wait_until("a hot member", PATIENCE, || hot_member().is_some());
+    let member = hot_member().unwrap();
+    wait_until("the hot member to doze", PATIENCE, || all(&member, IDLE_TIMER_SLACK_NS));
+
+    // Handed out, it is woken: a command that runs keeps it awake.
+    let id = server.create_sandbox(json!({"template": "base", "lifecycle": {"auto_pause": false}}));
+    assert_eq!(id, member, "the create took the hot member");
+    let sleeper = |id: &str| {
+        let started = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"cmd": "sleep 3"})));
+        started["command"]["id"].as_str().unwrap().to_string()
+    };
+    let command = sleeper(&id);
+    assert!(all(&id, usual), "woken as it was handed out: {:?}", timer_slacks(&id));
+    server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{command}?wait=30"), None);
+
+    // Idle again, it dozes (auto_pause is off: it stays running), and
+    // the next request wakes it before it is served.
+    wait_until("the idle sandbox to doze", PATIENCE, || all(&id, IDLE_TIMER_SLACK_NS));
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "running");
+    sleeper(&id);
+    assert!(all(&id, usual), "woken for the command: {:?}", timer_slacks(&id));
+
+    // The member that replaced the taken one dozes as it waits.
+    wait_until("a new hot member", PATIENCE, || hot_member().is_some_and(|m| m != member));
+    let next = hot_member().unwrap();
+    wait_until("the new hot member to doze", PATIENCE, || all(&next, IDLE_TIMER_SLACK_NS));
+
+    // A server killed while the sandbox dozes: the next one knows nothing
+    // of it, and wakes it all the same before it serves it.
+    wait_until("the sandbox to doze again", PATIENCE, || all(&id, IDLE_TIMER_SLACK_NS));
+    server.stop();
+    let server = TestServer::start(&data);
+    wait_until("the re-adoption to end", PATIENCE, || server.ok("GET", "/v1/health", None)["reconciling"] == 0);
+    let started = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"cmd": "sleep 3"})));
+    assert!(started["command"]["id"].is_string());
+    assert!(all(&id, usual), "woken after the restart: {:?}", timer_slacks(&id));
+}

@@ -92,7 +92,9 @@ fn running_agent(state: &AppState, id: &str) -> Result<space_engine::AgentConn, 
     if record.sandbox.state != SandboxState::Running {
         return Err(ApiError::invalid_state("sandbox", record.sandbox.state.as_str(), "reach a port in it"));
     }
-    state.platform.agent(id).ok_or_else(|| ApiError::invalid_state("sandbox", "starting", "reach a port in it"))
+    let agent = state.platform.agent(id);
+    state.platform.wake_up(id);
+    agent.ok_or_else(|| ApiError::invalid_state("sandbox", "starting", "reach a port in it"))
 }
 
 async fn open(agent: &space_engine::AgentConn, port: u16) -> Result<space_engine::EgressStream, ApiError> {
