@@ -261,6 +261,7 @@ fn set_limit(pid: u32, resource: libc::__rlimit_resource_t, value: u64) {
 }
 
 fn launch(plan: &Plan) -> Result<Spawned, ExecFailed> {
+    crate::memory::process_starting();
     let reaper = Reaper::global();
     if plan.tty {
         return launch_on_tty(plan);

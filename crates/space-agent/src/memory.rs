@@ -11,11 +11,14 @@
 //! while it is low, so an idle sandbox costs next to nothing. Past the
 //! sandbox's `memory_mib` it kills the process with the largest resident
 //! set (never the agent) and remembers its process group, so the command
-//! that owned it reports it was killed for memory.
+//! that owned it reports it was killed for memory. While nothing but the
+//! agent runs, nothing can allocate: the watcher then looks once a second
+//! (each look wakes the sandbox's kernel, which an idle sandbox should not
+//! pay ten times a second), and at once when a command starts.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The sandbox's memory in bytes (0: not told yet, nothing is enforced).
@@ -38,6 +41,43 @@ const BUSY_SHARE: u64 = 16;
 /// The share of the limit (in 1/64ths) above which it is read very often.
 const CLOSE_SHARE: u64 = 48;
 
+/// How often usage is read while no process but the agent runs.
+const ALONE_INTERVAL: Duration = Duration::from_secs(1);
+/// A process started this recently may not show in `/proc` yet.
+const SPAWN_GRACE: Duration = Duration::from_secs(1);
+/// When a process was last started, and the watcher's bell for it.
+static STARTED: Mutex<Option<Instant>> = Mutex::new(None);
+static STARTING: Condvar = Condvar::new();
+
+/// Called before the agent starts a process: the watcher looks often again.
+pub fn process_starting() {
+    *STARTED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    STARTING.notify_all();
+}
+
+/// Waits `interval`, or (nothing but the agent runs) up to
+/// [`ALONE_INTERVAL`] unless a process starts meanwhile.
+fn pause(interval: Duration) {
+    if interval != CALM_INTERVAL || !alone() {
+        return std::thread::sleep(interval);
+    }
+    let started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    if started.is_some_and(|at| at.elapsed() < SPAWN_GRACE) {
+        drop(started);
+        return std::thread::sleep(interval);
+    }
+    let last = *started;
+    let _ = STARTING.wait_timeout_while(started, ALONE_INTERVAL, |now| *now == last);
+}
+
+/// Whether the agent is the only process in the sandbox.
+fn alone() -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    let me = std::process::id();
+    let pid = |entry: std::fs::DirEntry| entry.file_name().to_str()?.parse::<u32>().ok();
+    entries.flatten().filter_map(pid).all(|p| p == me)
+}
+
 /// Sets the sandbox's memory (from the host's welcome; a clone may get
 /// another size).
 pub fn set_limit(memory_mib: Option<u32>) {
@@ -58,7 +98,7 @@ pub fn start() {
             Some(used) if used * 64 >= limit * BUSY_SHARE => BUSY_INTERVAL,
             _ => CALM_INTERVAL,
         };
-        std::thread::sleep(interval);
+        pause(interval);
     });
     if let Err(err) = spawned {
         eprintln!("space-agent: starting the memory watcher: {err}");
