@@ -444,7 +444,7 @@ pub struct EngineArgs {
     warm_pool: u32,
     /// Hot (running, agent connected) sandboxes kept per template in front
     /// of the warm ones: a create of the default shape is then an identity
-    /// hand-off (each dozes while it waits: ≈ 0.5 % of a core under gVisor).
+    /// hand-off (each dozes while it waits: ≈ 0.3 % of a core under gVisor).
     #[arg(long, env = "SPACE_HOT_POOL", default_value_t = 1)]
     hot_pool: u32,
     /// Memory (MiB) the host may promise to sandboxes; default: host memory less 1 GiB.

@@ -176,6 +176,7 @@ fn measure(args: &BenchArgs, scratch: &DataDir, n: usize, idle_pause_s: u64) -> 
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    let idle_cost = if idle_pause_s == 0 { Some(idle_cpu(&ids)?) } else { None };
     // Killed: its sandboxes live on, as after a crash.
     let mut first = first;
     first.stop(nix::sys::signal::Signal::SIGKILL)?;
@@ -228,8 +229,37 @@ fn measure(args: &BenchArgs, scratch: &DataDir, n: usize, idle_pause_s: u64) -> 
     second.stop(nix::sys::signal::Signal::SIGTERM)?;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let how = if idle_pause_s > 0 { "idle-paused" } else { "running" };
+    if let Some((awake, dozing)) = idle_cost {
+        println!("{:<44} {:>9.1} % of a core", format!("{n} idle running sandboxes, awake"), awake);
+        println!("{:<44} {:>9.1} % of a core", format!("{n} idle running sandboxes, dozing"), dozing);
+    }
     println!("{:<44} {:>9.1} ms", format!("restart over {n} {how} sandboxes: answers"), ms(listening));
     println!("{:<44} {:>9.1} ms", format!("restart over {n} {how}: all re-adopted"), ms(readopted));
     println!("{:<44} {:>9.1} ms", format!("restart over {n} {how}: all answered exec"), ms(*usable.lock().unwrap()));
     Ok(())
+}
+
+/// How long idle sandboxes' CPU is counted for.
+const CPU_WINDOW: Duration = Duration::from_secs(10);
+
+/// The CPU `ids` (idle, running) use together, in % of a core: woken by
+/// hand (timers as usual) and then dozing, as the server keeps them.
+fn idle_cpu(ids: &[String]) -> Result<(f64, f64)> {
+    use space_engine::gvisor::{cgroup_path, set_timer_slack, IDLE_TIMER_SLACK_NS};
+    let used = || -> u64 {
+        let cpu = |id: &String| space_engine::cgroup_use(cgroup_path(id).strip_prefix("/").ok()?).map(|u| u.cpu_usec);
+        ids.iter().filter_map(cpu).sum()
+    };
+    let share = || {
+        let (before, since) = (used(), Instant::now());
+        std::thread::sleep(CPU_WINDOW);
+        used().saturating_sub(before) as f64 / since.elapsed().as_micros() as f64 * 100.0
+    };
+    // The server dozes them 2 s after their last request.
+    std::thread::sleep(Duration::from_secs(3));
+    let slack_all = |ns: Option<u64>| ids.iter().try_for_each(|id| set_timer_slack(id, ns).map(|_| ()));
+    slack_all(None)?;
+    let awake = share();
+    slack_all(Some(IDLE_TIMER_SLACK_NS))?;
+    Ok((awake, share()))
 }

@@ -1,7 +1,7 @@
 //! Idle sandboxes are paused by the server and resumed on demand.
 //!
-//! An idle running gVisor sandbox still costs ≈ 3% of a core (its sentry
-//! keeps time); a paused one costs none. So a running sandbox with no
+//! An idle running gVisor sandbox still costs CPU (≈ 3.5 % of a core
+//! awake, ≈ 0.3 % dozing, see below); a paused one costs none. So a running sandbox with no
 //! command running and no request for `auto_pause_s` seconds is paused by
 //! the server (`auto_paused` in its record, unless its lifecycle says
 //! `auto_pause: false`), and the next command or file request resumes it
@@ -12,7 +12,7 @@
 //! Before that, and for sandboxes that are never paused (`auto_pause:
 //! false`, or the idle pause turned off), a running sandbox idle for
 //! [`DOZE_AFTER`] *dozes*: the server tells its engine it is idle (gVisor
-//! coarsens its tasks' timers, ≈ 3 % of a core down to ≈ 0.5 %), under the
+//! coarsens its tasks' timers, ≈ 3.5 % of a core down to ≈ 0.3 %), under the
 //! same gate, and tells it it is not before anything uses it again (a
 //! request, a port, an operation that saves or copies it: `wake_up`).
 

@@ -77,6 +77,7 @@ pub struct Metrics {
     pub sandboxes: Family<SandboxLabels, Gauge>,
     pub warm_members: Gauge,
     pub hot_members: Gauge,
+    pub dozing: Gauge,
     pub warm_hits: Counter,
     pub warm_misses: Counter,
     pub capacity_promised: Gauge,
@@ -127,6 +128,12 @@ impl Metrics {
             "Of the pools' members, those waiting running (handed out without a thaw)",
             hot_members.clone(),
         );
+        let dozing = Gauge::default();
+        registry.register(
+            "sandboxes_dozing",
+            "Running sandboxes told idle (their engine's timers coarsened); hot pool members not counted",
+            dozing.clone(),
+        );
         let warm_hits = Counter::default();
         registry.register("warm_pool_hits", "Creates served from the warm pool", warm_hits.clone());
         let warm_misses = Counter::default();
@@ -157,6 +164,7 @@ impl Metrics {
             sandboxes,
             warm_members,
             hot_members,
+            dozing,
             warm_hits,
             warm_misses,
             capacity_promised,
@@ -245,6 +253,9 @@ impl Platform {
         }
         metrics.warm_members.set(self.warm.count() as i64);
         metrics.hot_members.set(self.warm.hot_count() as i64);
+        let dozing = self.dozing.lock().unwrap_or_else(|e| e.into_inner());
+        metrics.dozing.set(dozing.values().filter(|d| **d == crate::platform::Doze::Dozing).count() as i64);
+        drop(dozing);
         metrics.capacity_promised.set(self.reserved_mib() as i64);
         metrics.capacity_total.set(self.capacity_mib as i64);
         let mut text = String::new();

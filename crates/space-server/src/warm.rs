@@ -6,8 +6,8 @@
 //! hostname were chosen when it was started. In front of them a few
 //! members wait running (*hot*) with their agent connected, so a create is
 //! only that identity hand-off over the open channel. They wait dozing
-//! (their engine told they are idle: under gVisor ≈ 0.5 % of a core each
-//! instead of ≈ 3 %) and are woken as they are handed out. A hot member taken is replaced by thawing a warm one,
+//! (their engine told they are idle: under gVisor ≈ 0.3 % of a core each
+//! instead of ≈ 3.5 %) and are woken as they are handed out. A hot member taken is replaced by thawing a warm one,
 //! and the warm one by a new start. A member is handed out once, never
 //! back. On gVisor a member is booted (a restore is slower
 //! than a cold start there); on Firecracker the engine starts every sandbox
