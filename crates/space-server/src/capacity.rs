@@ -39,7 +39,7 @@ impl Platform {
     pub fn reserved_mib(&self) -> u64 {
         let sandboxes: u64 = self
             .store
-            .sandboxes()
+            .live_sandboxes()
             .unwrap_or_default()
             .iter()
             .filter(|r| holds_memory(r.sandbox.state))

@@ -72,7 +72,7 @@ fn now_ms() -> i64 {
 
 /// What this node would report now.
 pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
-    let sandboxes = platform.store.sandboxes().unwrap_or_default();
+    let sandboxes = platform.store.live_sandboxes().unwrap_or_default();
     let templates = platform.data.templates();
     NodeReport {
         id: id.to_string(),

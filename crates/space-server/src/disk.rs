@@ -131,7 +131,7 @@ impl Platform {
     pub fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, ApiError> {
         let records: Vec<SandboxRecord> = self
             .store
-            .sandboxes()?
+            .live_sandboxes()?
             .into_iter()
             .filter(|r| r.tenant == tenant && r.sandbox.state != SandboxState::Deleted)
             .collect();

@@ -120,7 +120,7 @@ impl Platform {
                     && op.sandbox_id.as_deref() == Some(id)
             })
         };
-        for record in self.store.sandboxes()? {
+        for record in self.store.live_sandboxes()? {
             let id = record.sandbox.id.clone();
             let state = record.sandbox.state;
             let spec = self.engine_spec(&record);
@@ -194,7 +194,7 @@ impl Platform {
             SandboxState::Deleted,
             SandboxState::Failed,
         ];
-        let records = self.store.sandboxes()?;
+        let records = self.store.live_sandboxes()?;
         let moving = records.iter().filter(|r| !settled.contains(&r.sandbox.state));
         let operations = self.store.operations(None)?;
         let working = operations.iter().filter(|op| !op.state.is_terminal());
@@ -337,7 +337,7 @@ impl Platform {
         let operations: Vec<Operation> =
             self.store.operations(None)?.into_iter().filter(|op| !op.state.is_terminal()).collect();
         let creating: Vec<SandboxRecord> =
-            self.store.sandboxes()?.into_iter().filter(|r| r.sandbox.state == SandboxState::Creating).collect();
+            self.store.live_sandboxes()?.into_iter().filter(|r| r.sandbox.state == SandboxState::Creating).collect();
         // Sandboxes with such an operation wait for it to be taken up again
         // (requests queue behind it, as before).
         let pending: Vec<String> = operations.iter().filter_map(|op| op.sandbox_id.clone()).collect();
@@ -423,7 +423,7 @@ impl Platform {
     }
 
     fn live_records(&self) -> Result<Vec<SandboxRecord>, ApiError> {
-        let records = self.store.sandboxes()?;
+        let records = self.store.live_sandboxes()?;
         Ok(records
             .into_iter()
             .filter(|r| matches!(r.sandbox.state, SandboxState::Running | SandboxState::Paused))

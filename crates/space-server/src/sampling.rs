@@ -81,7 +81,7 @@ impl Platform {
     }
 
     fn sample_all(&self) {
-        let Ok(records) = self.store.sandboxes() else { return };
+        let Ok(records) = self.store.live_sandboxes() else { return };
         let mut alive = std::collections::HashSet::new();
         for record in records.iter().filter(|r| r.sandbox.state != SandboxState::Deleted) {
             alive.insert(record.sandbox.id.clone());

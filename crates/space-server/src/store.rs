@@ -165,6 +165,16 @@ fn sandbox_from_row((body, last_activity, network, lifecycle): SandboxRow) -> Re
 }
 
 const SCHEMA_VERSION: i64 = 3;
+const LIVE_SANDBOXES: &str =
+    "SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE state <> 'deleted' ORDER BY seq";
+/// Indexes of both stores: the rows [`Store::live_sandboxes`] reads, in its
+/// order; and `seq`, whose `MAX` every insert asks for (without an index,
+/// each create read every sandbox and operation ever recorded).
+const SEQ_INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (seq) WHERE state <> 'deleted';
+CREATE INDEX IF NOT EXISTS sandboxes_by_seq ON sandboxes (seq);
+CREATE INDEX IF NOT EXISTS operations_by_seq ON operations (seq);
+CREATE INDEX IF NOT EXISTS commands_by_seq ON commands (seq);";
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -375,9 +385,10 @@ impl Store {
     /// (`postgres://user@host/db`); its tables are made if missing.
     pub fn connect(url: &str) -> Result<Store, StoreError> {
         let pg = db::Postgres::connect(url)?;
-        pg.batch(
-            &SCHEMA_PG.replace("SELECT pg_advisory_unlock", &format!("{}\nSELECT pg_advisory_unlock", cluster::SCHEMA)),
-        )?;
+        pg.batch(&SCHEMA_PG.replace(
+            "SELECT pg_advisory_unlock",
+            &format!("{}\n{SEQ_INDEXES}\nSELECT pg_advisory_unlock", cluster::SCHEMA),
+        ))?;
         Store::with(Db::Postgres(pg), None)
     }
 
@@ -452,6 +463,15 @@ impl Store {
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         let rows =
             self.tx(|c| c.query("SELECT body, last_activity_at, network, lifecycle FROM sandboxes ORDER BY seq", &[]))?;
+        rows.iter().map(|r| sandbox_from_row(sandbox_row(r)?)).collect()
+    }
+
+    /// Every sandbox but the deleted ones, oldest first: what capacity,
+    /// quotas and the once-a-second policies look at. Deleted records stay
+    /// for their history and would otherwise be read (and parsed) on every
+    /// create; a partial index keeps this to the live rows.
+    pub fn live_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        let rows = self.tx(|c| c.query(LIVE_SANDBOXES, &[]))?;
         rows.iter().map(|r| sandbox_from_row(sandbox_row(r)?)).collect()
     }
 
@@ -754,10 +774,47 @@ fn migrate_sqlite(conn: &Connection) -> Result<(), StoreError> {
              UPDATE sandboxes SET tenant = COALESCE(json_extract(body, '$.tenant'), 'default');",
         )?;
     }
+    conn.execute_batch(SEQ_INDEXES)?;
     conn.execute_batch(
         "DROP INDEX IF EXISTS operations_by_key;
          CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
              WHERE idempotency_key IS NOT NULL;",
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use space_api::{Lifecycle, SandboxState};
+
+    use super::*;
+
+    #[test]
+    fn live_sandboxes_and_inserts_read_indexes_not_every_record_ever_kept() {
+        let store = Store::open(Path::new(":memory:")).unwrap();
+        let states = [SandboxState::Running, SandboxState::Deleted, SandboxState::Paused, SandboxState::Failed];
+        for (n, state) in states.into_iter().enumerate() {
+            let lifecycle = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause: None };
+            let mut record = SandboxRecord::sample(state, lifecycle, "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z");
+            record.sandbox.id = format!("sbx_{n}");
+            store.put_sandbox(&record).unwrap();
+        }
+        let ids = |records: Vec<SandboxRecord>| records.into_iter().map(|r| r.sandbox.id).collect::<Vec<_>>();
+        assert_eq!(ids(store.live_sandboxes().unwrap()), ["sbx_0", "sbx_2", "sbx_3"]);
+        assert_eq!(store.sandboxes().unwrap().len(), 4, "deleted records stay for their history");
+        let Db::Sqlite(conn) = &store.db else { unreachable!("an in-memory store is SQLite") };
+        let conn = conn.lock().unwrap();
+        let plan = |sql: &str| -> String {
+            let mut query = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let steps = query.query_map([], |row| row.get::<_, String>(3)).unwrap();
+            steps.collect::<Result<Vec<_>, _>>().unwrap().join("; ")
+        };
+        let live = plan(LIVE_SANDBOXES);
+        assert!(live.contains("sandboxes_live"), "a scan of every record: {live}");
+        // Each insert takes the next seq: from an index, not a scan.
+        for table in ["sandboxes", "operations", "commands"] {
+            let next = plan(&format!("SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}"));
+            assert!(next.contains("INDEX"), "{table}: {next}");
+        }
+    }
 }

@@ -471,7 +471,7 @@ impl Platform {
     /// sandbox that still exists (rebuilds leave the old one behind until
     /// its last sandbox is gone), with their warm members.
     pub(crate) async fn reclaim_old_versions(&self) {
-        let Ok(records) = self.store.sandboxes() else { return };
+        let Ok(records) = self.store.live_sandboxes() else { return };
         let in_use: std::collections::HashSet<(String, u32)> = records
             .iter()
             .filter(|r| r.sandbox.state != space_api::SandboxState::Deleted)
@@ -509,7 +509,7 @@ impl Platform {
         }
         let users: Vec<_> = self
             .store
-            .sandboxes()?
+            .live_sandboxes()?
             .into_iter()
             .filter(|r| r.sandbox.template == name && r.sandbox.state != space_api::SandboxState::Deleted)
             .collect();

@@ -112,7 +112,7 @@ pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, 
 /// The sandboxes of `tenant` that hold memory and vCPUs.
 fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
     Ok(store
-        .sandboxes()?
+        .live_sandboxes()?
         .into_iter()
         .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
         .collect())

@@ -321,7 +321,7 @@ pub async fn list(
     let listed: Vec<(SystemTime, Value)> = state
         .platform
         .store
-        .sandboxes()?
+        .live_sandboxes()?
         .into_iter()
         .filter(|r| r.tenant == caller.tenant)
         .filter_map(|r| e2b_state(&r).map(|s| (s, r)))
