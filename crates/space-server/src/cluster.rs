@@ -83,7 +83,7 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
         templates: templates.iter().map(|t| t.meta.name.clone()).collect(),
         sandboxes: sandboxes
             .into_iter()
-            .filter(|r| !matches!(r.sandbox.state, space_api::SandboxState::Deleted | space_api::SandboxState::Failed))
+            .filter(|r| r.sandbox.state != space_api::SandboxState::Failed)
             .map(|r| r.sandbox.id)
             .collect(),
         secrets_epoch: platform.secrets_epoch.load(std::sync::atomic::Ordering::SeqCst),

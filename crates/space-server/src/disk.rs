@@ -129,12 +129,8 @@ impl Platform {
 
     /// What `tenant` holds on the host's disk now.
     pub fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, ApiError> {
-        let records: Vec<SandboxRecord> = self
-            .store
-            .live_sandboxes()?
-            .into_iter()
-            .filter(|r| r.tenant == tenant && r.sandbox.state != SandboxState::Deleted)
-            .collect();
+        let records: Vec<SandboxRecord> =
+            self.store.live_sandboxes()?.into_iter().filter(|r| r.tenant == tenant).collect();
         let mut usage = DiskUsage::default();
         for record in &records {
             let dir = self.data.sandbox_dir(&record.sandbox.id);

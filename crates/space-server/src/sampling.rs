@@ -83,7 +83,7 @@ impl Platform {
     fn sample_all(&self) {
         let Ok(records) = self.store.live_sandboxes() else { return };
         let mut alive = std::collections::HashSet::new();
-        for record in records.iter().filter(|r| r.sandbox.state != SandboxState::Deleted) {
+        for record in &records {
             alive.insert(record.sandbox.id.clone());
             if record.sandbox.state != SandboxState::Running {
                 continue;

@@ -472,11 +472,8 @@ impl Platform {
     /// its last sandbox is gone), with their warm members.
     pub(crate) async fn reclaim_old_versions(&self) {
         let Ok(records) = self.store.live_sandboxes() else { return };
-        let in_use: std::collections::HashSet<(String, u32)> = records
-            .iter()
-            .filter(|r| r.sandbox.state != space_api::SandboxState::Deleted)
-            .map(|r| (r.sandbox.template.clone(), r.template_version))
-            .collect();
+        let in_use: std::collections::HashSet<(String, u32)> =
+            records.iter().map(|r| (r.sandbox.template.clone(), r.template_version)).collect();
         for template in self.data.templates() {
             let name = template.meta.name.clone();
             let newest = template.meta.version;
@@ -507,12 +504,7 @@ impl Platform {
                 format!("template {name:?} is being built"),
             ));
         }
-        let users: Vec<_> = self
-            .store
-            .live_sandboxes()?
-            .into_iter()
-            .filter(|r| r.sandbox.template == name && r.sandbox.state != space_api::SandboxState::Deleted)
-            .collect();
+        let users: Vec<_> = self.store.live_sandboxes()?.into_iter().filter(|r| r.sandbox.template == name).collect();
         if !users.is_empty() {
             // Only the caller's own sandboxes are named.
             let own: Vec<&str> =

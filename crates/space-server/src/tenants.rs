@@ -114,7 +114,7 @@ fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
     Ok(store
         .live_sandboxes()?
         .into_iter()
-        .filter(|r| r.tenant == tenant && !matches!(r.sandbox.state, SandboxState::Deleted | SandboxState::Failed))
+        .filter(|r| r.tenant == tenant && r.sandbox.state != SandboxState::Failed)
         .collect())
 }
 

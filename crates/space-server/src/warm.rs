@@ -153,14 +153,18 @@ impl WarmPools {
     }
 
     /// A waking member is hot now, or (it failed to thaw) gone.
-    async fn woken(&self, id: &str, thawed: bool) {
+    async fn woken(&self, spec: &SandboxSpec, thawed: bool) {
+        if thawed {
+            // Before it can be taken (and woken by its hand-out), and off
+            // the lock every create takes.
+            self.engine.set_idle(spec, true);
+        }
         let failed = {
             let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
-            let at = members.iter().position(|m| m.spec.id == id);
+            let at = members.iter().position(|m| m.spec.id == spec.id);
             match at {
                 Some(at) if thawed => {
                     members[at].standing = Standing::Hot;
-                    self.engine.set_idle(&members[at].spec, true);
                     None
                 }
                 Some(at) => Some(members.remove(at)),
@@ -350,7 +354,7 @@ pub(crate) fn refill<H: WarmHost>(host: &Arc<H>, template: TemplateInfo) {
                     if let Err(err) = &thawed {
                         tracing::warn!(template = %key.0, "could not thaw a warm sandbox: {err}");
                     }
-                    pools.woken(&spec.id, thawed.is_ok()).await;
+                    pools.woken(&spec, thawed.is_ok()).await;
                     continue;
                 }
             }
