@@ -76,7 +76,16 @@ impl Platform {
         }
         let Some(live) = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned() else { return };
         let Ok(_gate) = live.work.clone().try_write_owned() else { return };
-        self.engine.set_idle(&self.engine_spec(record), true);
+        // What the tick read may be stale: a request may have started a
+        // command and let go of the gate since. Under the gate none is half
+        // started, so the store is true now.
+        let Ok(record) = self.sandbox(id) else { return };
+        let still_idle =
+            age(&record.sandbox.last_activity_at, SystemTime::now()).is_some_and(|idle| idle >= DOZE_AFTER);
+        if record.sandbox.state != SandboxState::Running || !still_idle || self.has_running_commands(id) {
+            return;
+        }
+        self.engine.set_idle(&self.engine_spec(&record), true);
         self.dozing.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), Doze::Dozing);
     }
 

@@ -99,9 +99,9 @@ impl Suite {
         let defence = DEFENCES.iter().find(|(n, _)| *n == name).map(|(_, d)| *d);
         let defence = defence.unwrap_or_else(|| panic!("attempt {name:?} names no defence in DEFENCES"));
         let outcome = if held { Ok(()) } else { Err(evidence.to_string()) };
-        if held {
-            eprintln!("held ({defence}): {name}");
-        } else {
+        // Only what got through is printed as it happens: a failure's
+        // output must not be buried under fifty lines of defences that held.
+        if !held {
             eprintln!("GOT THROUGH ({defence} failed): {name}: {evidence}");
         }
         self.attempts.push((name.to_string(), outcome));
@@ -880,6 +880,12 @@ while time.time() < end:
 
     // The tally.
     let got_through: Vec<&(String, Result<(), String>)> = suite.attempts.iter().filter(|(_, r)| r.is_err()).collect();
+    if got_through.is_empty() {
+        for (name, _) in &suite.attempts {
+            let defence = DEFENCES.iter().find(|(n, _)| n == name).map_or("", |(_, d)| *d);
+            eprintln!("held ({defence}): {name}");
+        }
+    }
     println!("abuse attempts: {}, got through: {}", suite.attempts.len(), got_through.len());
     eprintln!("abuse attempts: {}, got through: {}", suite.attempts.len(), got_through.len());
     drop(listener);
