@@ -692,8 +692,7 @@ fn a_sandbox_reports_what_it_uses_with_a_short_history() {
     let cid = started["command"]["id"].as_str().unwrap().to_string();
     let usage = space_testkit::wait_for("two samples while it is busy", space_testkit::PATIENCE, || {
         // The disk figure is btrfs's, updated as it commits: commit now.
-        let dir = std::fs::File::open(data.root()).unwrap();
-        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).unwrap();
+        data.sync();
         let usage = server.ok("GET", &format!("/v1/sandboxes/{id}/metrics"), None);
         let busy = usage["history"].as_array().is_some_and(|h| h.len() >= 2)
             && usage["cpu_percent"].as_f64().unwrap_or(0.0) > 20.0

@@ -21,12 +21,6 @@ fn usage(server: &TestServer, key: &str) -> Value {
     usage
 }
 
-/// Commits the filesystem's transaction, so quota counts are current.
-fn sync_data_dir(data: &TestDataDir) {
-    let dir = std::fs::File::open(data.root()).unwrap();
-    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).unwrap();
-}
-
 fn create_as(server: &TestServer, key: &str, body: Value) -> (u16, Value) {
     server.call_as(key, "POST", "/v1/sandboxes", Some(body))
 }
@@ -75,7 +69,7 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     let seen = wait_for("the root's writes and the output in the usage", PATIENCE, || {
         // btrfs counts a root's writes at a commit; the sandbox's writes may
         // reach the host after any one sync, so each look forces one.
-        sync_data_dir(&data);
+        data.sync();
         let now = usage(&server, &key);
         let grown = now["disk"]["roots_used_bytes"].as_u64().unwrap() >= 100 * MIB
             && now["disk"]["transcripts_bytes"].as_u64().unwrap() >= 3_000_000;

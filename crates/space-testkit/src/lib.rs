@@ -106,6 +106,17 @@ impl TestDataDir {
     pub fn root(&self) -> &Path {
         self.data.root()
     }
+
+    /// Commits the filesystem's transaction, so btrfs's quota counts are
+    /// current. `syncfs` also reports writeback errors of anyone on the
+    /// shared test filesystem (another test's sandbox writing past its
+    /// quota gets ENOSPC): those are not this test's, and the commit is
+    /// made either way.
+    pub fn sync(&self) {
+        if let Ok(dir) = std::fs::File::open(self.root()) {
+            let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir));
+        }
+    }
 }
 
 impl Default for TestDataDir {
@@ -145,6 +156,10 @@ impl Drop for TestDataDir {
             thaw(pid);
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
+        // A server killed while its `runsc` made a sandbox (a warm member
+        // being filled) can leave that sandbox's cgroup with no process in
+        // it to find it by: the engine's, `space/<id>`, by each sandbox here.
+        cgroups.extend(sandbox_cgroups(&self.data.sandboxes_dir()));
         cgroups.sort();
         cgroups.dedup();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -184,6 +199,21 @@ fn cgroups_of(pid: i32) -> Vec<(String, PathBuf)> {
             Some((controllers.to_string(), dir))
         })
         .collect()
+}
+
+/// The cgroup directories (v1 controllers' and v2) of the sandboxes whose
+/// dirs are in `sandboxes` that exist.
+fn sandbox_cgroups(sandboxes: &Path) -> Vec<PathBuf> {
+    let ids: Vec<String> = std::fs::read_dir(sandboxes)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect();
+    let mut roots: Vec<PathBuf> =
+        std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten().map(|c| c.path()).collect();
+    roots.push(PathBuf::from("/sys/fs/cgroup"));
+    roots.iter().flat_map(|root| ids.iter().map(move |id| root.join("space").join(id))).filter(|d| d.is_dir()).collect()
 }
 
 fn cgroup_dirs(pid: i32) -> Vec<PathBuf> {
