@@ -64,6 +64,16 @@ impl Platform {
     /// Starts the actor of sandbox `id` with its first job, or (re-adopted
     /// after a restart) with its agent.
     pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>) {
+        self.spawn_actor_with(id, first, agent, false);
+    }
+
+    /// Starts the actor of a frozen sandbox a restarted server found, whose
+    /// agent it takes back before the first job that needs it.
+    pub(crate) fn spawn_unadopted_actor(self: &Arc<Self>, id: &str) {
+        self.spawn_actor_with(id, None, None, true);
+    }
+
+    fn spawn_actor_with(self: &Arc<Self>, id: &str, first: Option<Job>, agent: Option<AgentConn>, unadopted: bool) {
         let (jobs, queue) = mpsc::unbounded_channel();
         if let Some(first) = first {
             let _ = jobs.send(first);
@@ -72,7 +82,8 @@ impl Platform {
             // Re-adopted after a restart: its egress is served again.
             self.start_egress(id, agent);
         }
-        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default() });
+        let unadopted = std::sync::atomic::AtomicBool::new(unadopted);
+        let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default(), unadopted });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
         let actor = Actor { platform: self.clone(), id: id.to_string(), live };
         tokio::spawn(actor.run(queue));
@@ -145,8 +156,13 @@ impl Actor {
             let engine = self.platform.engine.clone();
             let id = job.operation_id.as_str();
             // What saves or copies it wants its timers as usual.
+            let mut thawed = false;
             if !matches!(job.kind, OperationKind::Create | OperationKind::Pause | OperationKind::Delete) {
                 self.platform.wake_up(&self.id);
+                match self.take_back_agent(id, job.kind == OperationKind::Resume).await {
+                    Some(taken_thawed) => thawed = taken_thawed,
+                    None => continue,
+                }
             }
             let finished = match job.kind {
                 OperationKind::Create => {
@@ -174,6 +190,10 @@ impl Actor {
                         self.platform.sandbox(&self.id).is_ok_and(|r| r.sandbox.state == SandboxState::Suspended);
                     if suspended {
                         self.restore(id).await;
+                    } else if thawed {
+                        // Taken back after a restart, thawed for it already.
+                        let nothing = |_| async { Ok(()) };
+                        self.change(id, job.kind, Event::Thawed, "thawing", nothing).await;
                     } else {
                         let thaw = |spec| async move { engine.resume(&spec).await };
                         self.change(id, job.kind, Event::Thawed, "thawing", thaw).await;
@@ -210,6 +230,32 @@ impl Actor {
         }
         self.platform.stop_egress(&self.id);
         self.platform.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
+
+    /// Takes back the agent of a sandbox left frozen by a restart, if it
+    /// was (see `adoption.rs`), leaving it thawed if `resuming`. Whether it
+    /// was thawed for good; None when it could not be taken back (the
+    /// sandbox is then failed, and so is operation `operation_id`).
+    async fn take_back_agent(&self, operation_id: &str, resuming: bool) -> Option<bool> {
+        if !self.live.unadopted.load(std::sync::atomic::Ordering::SeqCst) {
+            return Some(false);
+        }
+        let platform = &self.platform;
+        platform.progress(operation_id, "reconnecting the agent", 0);
+        let taken = platform.adopt_frozen(&self.id, resuming).await;
+        self.live.unadopted.store(false, std::sync::atomic::Ordering::SeqCst);
+        match taken {
+            Ok(agent) => {
+                self.set_agent(Some(agent));
+                Some(resuming)
+            }
+            Err(why) => {
+                platform.abandon(&self.id, &why).await;
+                let failure = engine_failed(format!("the sandbox could not be taken back after a restart: {why}"));
+                platform.finish_operation(operation_id, Some(failure));
+                None
+            }
+        }
     }
 
     fn set_agent(&self, agent: Option<AgentConn>) {
@@ -752,6 +798,10 @@ impl Actor {
             }
         };
         self.set_agent(None);
+        if self.live.unadopted.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            // Nothing follows the commands a frozen, never taken back sandbox ran.
+            let _ = platform.end_lost_commands(&self.id, "the sandbox was deleted before the command ended");
+        }
         match platform.engine.destroy(&platform.engine_spec(&record)).await {
             Ok(()) => {
                 platform.forget_output_use(&self.id);

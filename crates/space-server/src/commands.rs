@@ -149,7 +149,7 @@ impl Platform {
         };
         self.store.put_command(&command)?;
         self.store.put_command_stream(&id, stream.stream, timeout_s)?;
-        let started = crate::recovery::started_instant(&command.started_at);
+        let started = crate::adoption::started_instant(&command.started_at);
         let writer = writer.with_limits(self.output_limits(sandbox_id));
         self.follow(command, stream, writer, started, timeout_s);
         Ok(())

@@ -5,6 +5,7 @@
 //! API over a real socket against real sandboxes.
 
 mod actor;
+mod adoption;
 pub mod api;
 mod capacity;
 mod checkpoints;

@@ -32,6 +32,10 @@ pub(crate) struct LiveSandbox {
     /// they do; pausing an idle sandbox takes it exclusively, so it never
     /// freezes a sandbox under a request.
     pub(crate) work: Arc<tokio::sync::RwLock<()>>,
+    /// Frozen when a restarted server found it: its agent (and the commands
+    /// and code contexts it serves) is taken back before the first job that
+    /// needs it, not at the restart (see `recovery.rs`).
+    pub(crate) unadopted: std::sync::atomic::AtomicBool,
 }
 
 pub struct Platform {
@@ -475,6 +479,7 @@ mod tests {
     /// the core (lifecycle, actors, commands, templates, policies, …).
     const FEATURES: &[(&str, &str)] = &[
         ("actor.rs", include_str!("actor.rs")),
+        ("adoption.rs", include_str!("adoption.rs")),
         ("capacity.rs", include_str!("capacity.rs")),
         ("checkpoints.rs", include_str!("checkpoints.rs")),
         ("commands.rs", include_str!("commands.rs")),

@@ -1,13 +1,11 @@
 //! What a server does when it starts over a data dir another server used:
 //! settle what was in flight, and re-adopt the sandboxes that still run.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use space_api::{Command, Operation, OperationKind, OperationState, SandboxState};
-use space_engine::{AgentConn, ExecStream, LiveStatus};
-use tokio::sync::Semaphore;
+use space_api::{Operation, OperationKind, OperationState, SandboxState};
+use space_engine::LiveStatus;
 
 use crate::actor::Job;
 use crate::domain::{self, Event};
@@ -15,88 +13,8 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
-use crate::transcript::{self, TranscriptWriter};
-
-/// How long a re-adopted agent has to answer its handshake.
-const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
-
-/// Handshakes a redial runs at once: connections past them wait.
-const MAX_PENDING_HANDSHAKES: usize = 32;
-
-/// How long a redial waits in all for an agent whose sandbox still lives
-/// (a loaded host can take far longer than [`space_engine::REDIAL_PATIENCE`]).
-const REDIAL_CAP: Duration = Duration::from_secs(120);
-
-/// Paused sandboxes thawed at once to be re-adopted: thawing a hundred
-/// at once wakes them all on a couple of cores, and each then waits.
-const THAWS_AT_ONCE: usize = 4;
 
 impl Platform {
-    /// Takes the sandbox's agent back: runs `handshake` on `first` (a
-    /// restore's first connection) if given, then on every connection to
-    /// the listening socket, several at once, until one is the sandbox's
-    /// agent. Another process in the sandbox may dial in too (it does not
-    /// hold the channel key, so its handshake fails), but it cannot keep the
-    /// agent out: every connection is heard, the agent's among them.
-    pub(crate) async fn take_agent<T, F, Fut>(
-        &self,
-        spec: &space_engine::SandboxSpec,
-        first: Option<tokio::net::UnixStream>,
-        mut handshake: F,
-    ) -> Result<T, String>
-    where
-        F: FnMut(tokio::net::UnixStream) -> Fut,
-        Fut: std::future::Future<Output = Result<T, space_engine::AgentError>>,
-    {
-        use futures_util::StreamExt;
-        if let Some(socket) = first {
-            match handshake(socket).await {
-                Err(space_engine::AgentError::Impostor) => self.impostor(spec),
-                other => return other.map_err(|e| e.to_string()),
-            }
-        }
-        let listener = self.engine.redial(spec).await.map_err(|e| e.to_string())?;
-        tracing::debug!(sandbox = %spec.id, "listening for its agent");
-        let began = tokio::time::Instant::now();
-        let mut deadline = began + space_engine::REDIAL_PATIENCE;
-        let mut pending = futures_util::stream::FuturesUnordered::new();
-        let mut last_error = None;
-        loop {
-            tokio::select! {
-                accepted = listener.accept(), if pending.len() < MAX_PENDING_HANDSHAKES => {
-                    pending.push(handshake(accepted.map_err(|e| e.to_string())?));
-                }
-                Some(result) = pending.next(), if !pending.is_empty() => match result {
-                    Ok(taken) => return Ok(taken),
-                    Err(space_engine::AgentError::Impostor) => self.impostor(spec),
-                    Err(err) => last_error = Some(err.to_string()),
-                },
-                () = tokio::time::sleep_until(deadline), if pending.is_empty() => {
-                    // Slow, not gone: wait on while its engine still runs it.
-                    if began.elapsed() < REDIAL_CAP && self.still_runs(spec).await {
-                        tracing::info!(sandbox = %spec.id, "its agent is slow to dial in; waiting on");
-                        deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
-                        continue;
-                    }
-                    return Err(last_error.unwrap_or_else(|| {
-                        format!("the agent did not dial in within {:?}", space_engine::REDIAL_PATIENCE)
-                    }));
-                }
-            }
-        }
-    }
-
-    /// Whether the engine still runs the sandbox (off the async threads).
-    async fn still_runs(&self, spec: &space_engine::SandboxSpec) -> bool {
-        let (engine, spec) = (self.engine.clone(), spec.clone());
-        let status = tokio::task::spawn_blocking(move || engine.status(&spec)).await;
-        status.is_ok_and(|status| status != LiveStatus::Gone)
-    }
-
-    fn impostor(&self, spec: &space_engine::SandboxSpec) {
-        tracing::warn!(sandbox = %spec.id, "turned away a connection to the agent socket that did not hold the agent's key");
-    }
-
     /// Settles what a previous server process left in flight, so that every
     /// request it accepted is carried out rather than dropped. A sandbox
     /// caught between two states is put in the one its engine shows:
@@ -162,7 +80,7 @@ impl Platform {
                 }
             };
             if !matches!(settled, SandboxState::Running | SandboxState::Paused) {
-                self.end_lost_commands(&id)?;
+                self.end_lost_commands(&id, "the server restarted")?;
             }
         }
         let now = ids::now();
@@ -207,18 +125,6 @@ impl Platform {
     fn fail(&self, id: &str, why: &str) -> Result<SandboxState, ApiError> {
         let reason = format!("the server restarted and {why}; delete it to free its disk");
         Ok(self.apply(id, Event::Failure, Some(reason))?.state)
-    }
-
-    /// Gives every command of `id` whose end was not seen a result saying so.
-    fn end_lost_commands(&self, id: &str) -> Result<(), ApiError> {
-        for mut command in self.store.commands(id)? {
-            if command.result.is_none() {
-                command.state = space_api::CommandState::Exited;
-                command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                self.store.put_command(&command)?;
-            }
-        }
-        Ok(())
     }
 
     /// Carries out the operations a previous server accepted but did not
@@ -435,147 +341,64 @@ impl Platform {
         let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
         let engine = self.engine.clone();
         let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
-        let thaws = Arc::new(tokio::sync::Semaphore::new(THAWS_AT_ONCE));
         let adoptions: Vec<_> = live
             .into_iter()
             .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
-            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status, thaws.clone())))
+            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status)))
             .collect();
         for adoption in adoptions {
             let _ = adoption.await;
         }
     }
 
-    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>, thaws: Arc<Semaphore>) {
+    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>) {
         let id = record.sandbox.id.clone();
-        let running: Vec<Command> =
-            self.store.commands(&id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect();
         // Settled either way (also if this panics): requests waiting for it go on.
         let _reconciled = Reconciled(&self, &id);
-        match self.try_adopt(&record, &running, status, &thaws).await {
-            Ok(()) => tracing::info!(sandbox = %id, commands = running.len(), "re-adopted after a restart"),
-            Err(why) => {
-                tracing::warn!(sandbox = %id, "could not re-adopt: {why}");
-                self.stop_engine(&self.engine_spec(&record)).await;
-                let reason = format!(
-                    "the server restarted and could not re-adopt the sandbox ({why}); delete it to free its disk"
-                );
-                let _ = self.apply(&id, Event::Failure, Some(reason));
-                for mut command in running {
-                    command.state = space_api::CommandState::Exited;
-                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                    let _ = self.store.put_command(&command);
-                }
-                self.changed();
-            }
+        match self.try_adopt(&record, status).await {
+            Ok(true) => tracing::info!(sandbox = %id, "re-adopted after a restart"),
+            Ok(false) => tracing::info!(sandbox = %id, "found frozen after a restart; taken back when next used"),
+            Err(why) => self.abandon(&id, &why).await,
         }
     }
 
-    /// `status`: what the engine showed of it (asked here if None).
-    async fn try_adopt(
-        self: &Arc<Self>,
-        record: &SandboxRecord,
-        running: &[Command],
-        status: Option<LiveStatus>,
-        thaws: &Semaphore,
-    ) -> Result<(), String> {
-        let session = record.agent_session.ok_or("no agent session was recorded")?;
-        let spec = self.engine_spec(record);
-        let engine = self.engine.clone();
-        let began = Instant::now();
+    /// `status`: what the engine showed of it (asked here if None). True
+    /// when its agent was taken back; false when it was left frozen to be
+    /// taken back when next used: thawing every paused sandbox at a
+    /// restart would take seconds each on a loaded host, for sandboxes
+    /// nobody may use again.
+    async fn try_adopt(self: &Arc<Self>, record: &SandboxRecord, status: Option<LiveStatus>) -> Result<bool, String> {
+        record.agent_session.ok_or("no agent session was recorded")?;
+        let id = &record.sandbox.id;
         let status = match status {
             Some(status) => status,
             None => {
-                let spec = spec.clone();
+                let (engine, spec) = (self.engine.clone(), self.engine_spec(record));
                 tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
             }
         };
-        // A frozen agent cannot redial: thaw it for the handshake (a few
-        // at a time, each frozen again once re-adopted).
-        let _thawing = match status {
-            LiveStatus::Gone => return Err("its engine processes are gone".into()),
-            LiveStatus::Paused => {
-                let permit = thaws.acquire().await.map_err(|e| e.to_string())?;
-                self.engine.resume(&spec).await.map_err(|e| e.to_string())?;
-                Some(permit)
-            }
-            LiveStatus::Running => None,
-        };
-        // Each running command with the agent stream and timeout it had.
-        let mut resumable = Vec::new();
-        for command in running {
-            match self.store.command_stream(&command.id).map_err(|e| e.to_string())? {
-                Some((stream, timeout_s)) => resumable.push((command.clone(), stream, timeout_s)),
-                None => {
-                    // Nothing says which stream it was: it cannot be finished.
-                    let mut command = command.clone();
-                    command.state = space_api::CommandState::Exited;
-                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                    let _ = self.store.put_command(&command);
-                }
-            }
-        }
-        let contexts = self.saved_contexts(&record.sandbox.id);
-        let adopt: Vec<(u32, u32)> = resumable
-            .iter()
-            .map(|(command, stream, _)| (*stream, command.pid))
-            .chain(contexts.iter().map(|c| (c.stream, c.pid)))
-            .collect();
-        let mut welcome = space_engine::welcome_for(&spec);
-        welcome.session = session;
-        welcome.channel_key = record.channel_key.clone();
-        let (agent, streams) = self
-            .take_agent(&spec, None, |socket| {
-                AgentConn::handshake_adopting(socket, welcome.clone(), ADOPT_PATIENCE, &adopt)
-            })
-            .await?;
-        tracing::debug!(sandbox = %spec.id, ms = began.elapsed().as_millis() as u64, "re-adoption: agent taken");
-        if status == LiveStatus::Paused {
-            self.engine.pause(&spec).await.map_err(|e| e.to_string())?;
-        }
         // A pause or resume the engine carried out before the restart but
         // the record did not yet show: the record follows the engine.
         let shown = match (record.sandbox.state, status) {
+            (_, LiveStatus::Gone) => return Err("its engine processes are gone".into()),
             (SandboxState::Running, LiveStatus::Paused) => Some(Event::Froze),
             (SandboxState::Paused, LiveStatus::Running) => Some(Event::Thawed),
             _ => None,
         };
+        if status == LiveStatus::Paused {
+            if let Some(event) = shown {
+                self.apply(id, event, None).map_err(|e| e.message)?;
+            }
+            self.spawn_unadopted_actor(id);
+            return Ok(false);
+        }
+        let agent = self.take_back(record, crate::adoption::Thaw::No).await?;
         if let Some(event) = shown {
-            self.apply(&record.sandbox.id, event, None).map_err(|e| e.message)?;
+            self.apply(id, event, None).map_err(|e| e.message)?;
         }
-        // The code contexts whose drivers still run, as they were.
-        let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
-        self.adopt_contexts(&record.sandbox.id, &agent, contexts, &mut streams, false);
-        self.spawn_actor(&record.sandbox.id, None, Some(agent));
-        let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
-        for (mut command, stream, timeout_s) in resumable {
-            let Some(stream) = streams.remove(&stream) else {
-                // It ended while nobody listened: its end is not known.
-                command.state = space_api::CommandState::Exited;
-                command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                let _ = self.store.put_command(&command);
-                continue;
-            };
-            let path = transcript::path_for(&sandbox_dir, &command.id);
-            let writer = TranscriptWriter::reopen(&path)
-                .map_err(|e| e.to_string())?
-                .with_limits(self.output_limits(&command.sandbox_id));
-            let started = started_instant(&command.started_at);
-            self.follow(command, stream, writer, started, timeout_s);
-        }
-        self.changed();
-        Ok(())
+        self.spawn_actor(id, None, Some(agent));
+        Ok(true)
     }
-}
-
-/// The monotonic instant matching a recorded start time (for durations and
-/// timeouts of re-adopted commands).
-pub(crate) fn started_instant(started_at: &str) -> Instant {
-    let elapsed = humantime::parse_rfc3339(started_at)
-        .ok()
-        .and_then(|at| SystemTime::now().duration_since(at).ok())
-        .unwrap_or_default();
-    Instant::now().checked_sub(elapsed).unwrap_or_else(Instant::now)
 }
 
 /// Marks its sandbox reconciled when dropped (also if adopting it panicked).

@@ -191,7 +191,20 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     }
     let (pid, token, _) = keeper_state(&server, &running);
     let (paused_pid, paused_token, _) = keeper_state(&server, &paused);
+    // Commands that run in paused sandboxes through the restart: one is
+    // resumed and ends with its real result, the other's sandbox is deleted.
+    let start = |id: &str, cmd: &str| {
+        let started = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"cmd": cmd})));
+        started["command"]["id"].as_str().unwrap().to_string()
+    };
+    let counter = start(&paused, "for i in 1 2 3 4 5 6; do echo count$i; sleep 0.5; done; exit 4");
+    let doomed = server.create_sandbox(json!({"template": "base"}));
+    let sleeper = start(&doomed, "sleep 600");
     assert_eq!(lifecycle(&server, &paused, "pause")["state"], "succeeded");
+    assert_eq!(lifecycle(&server, &doomed, "pause")["state"], "succeeded");
+    let saved = server.create_sandbox(json!({"template": "base"}));
+    server.exec(&saved, json!({"cmd": "echo kept > /root/note"}));
+    assert_eq!(lifecycle(&server, &saved, "pause")["state"], "succeeded");
     let ticker = server.ok(
         "POST",
         &format!("/v1/sandboxes/{running}/commands"),
@@ -204,10 +217,10 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     assert!(processes_mentioning(&running) > 0, "engine processes do not die with the server");
 
     let server = TestServer::start(&data);
-    // It answers at once, re-adopting in the background (the paused one
-    // must be thawed first); a request for a sandbox waits until it is.
+    // It answers at once, re-adopting in the background; a request for a
+    // sandbox waits until it is.
     let health = server.ok("GET", "/v1/health", None);
-    assert!(health["reconciling"].as_u64().unwrap() >= 1, "{health}");
+    assert!(health["reconciling"].as_u64().is_some_and(|n| n <= 3), "{health}");
     let (pid_after, token_after, _) = keeper_state(&server, &running);
     assert_eq!((pid_after, token_after), (pid, token), "the background process kept running");
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{running}"), None)["state"], "running");
@@ -221,9 +234,25 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     let stdout = common::text_of(&frames, "stdout");
     assert!(stdout.starts_with("tick1\n") && stdout.ends_with("tick8\n"), "{stdout:?}");
 
+    // The paused ones were left frozen: their agents are taken back when
+    // they are next used, not at the restart.
+    assert!(server.platform.agent(&paused).is_none() && server.platform.agent(&doomed).is_none());
     assert_eq!(lifecycle(&server, &paused, "resume")["state"], "succeeded");
     let (pid_after, token_after, _) = keeper_state(&server, &paused);
     assert_eq!((pid_after, token_after), (paused_pid, paused_token));
+    let counted = server.ok("GET", &format!("/v1/sandboxes/{paused}/commands/{counter}?wait=30"), None);
+    assert_eq!(counted["result"]["exit_code"], 4, "{counted}");
+    let stdout = common::text_of(&server.output(&paused, &counter, ""), "stdout");
+    assert!(stdout.starts_with("count1\n") && stdout.ends_with("count6\n"), "{stdout:?}");
+    assert_eq!(server.delete_sandbox(&doomed)["state"], "succeeded");
+    // Suspended (its agent taken back for the snapshot, frozen again in
+    // between), then resumed.
+    assert!(server.platform.agent(&saved).is_none());
+    assert_eq!(lifecycle(&server, &saved, "suspend")["state"], "succeeded");
+    assert_eq!(lifecycle(&server, &saved, "resume")["state"], "succeeded");
+    assert_eq!(server.exec(&saved, json!({"cmd": "cat /root/note"}))["stdout"], "kept\n");
+    let slept = server.platform.store.command(&sleeper).unwrap().unwrap();
+    assert!(slept.result.is_some(), "a deleted sandbox's command has ended: {slept:?}");
 }
 
 fn wait_for_state(server: &TestServer, id: &str, state: &str) -> Value {
