@@ -473,9 +473,11 @@ impl Engine for Gvisor {
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         // A frozen sandbox takes no signal, not even SIGKILL, until thawed.
         let _ = set_frozen(&spec.id, false);
-        space_host::run(self.runsc().args(["delete", "--force", &spec.id]))
-            .map(drop)
-            .map_err(|e| EngineError::Runtime(e.to_string()))
+        let deleted = space_host::run(self.runsc().args(["delete", "--force", &spec.id]));
+        // runsc removes only cgroups it made: not those of a sandbox whose
+        // processes a restarted server killed (a warm member it swept).
+        remove_cgroups(&spec.id);
+        deleted.map(drop).map_err(|e| EngineError::Runtime(e.to_string()))
     }
 
     /// Every process started with this engine's `--root` that names the

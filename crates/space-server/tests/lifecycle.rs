@@ -312,16 +312,40 @@ fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
     std::fs::create_dir_all(&stray).unwrap();
     space_host::btrfs::create_subvolume(&stray.join("rootfs")).unwrap();
     std::fs::write(stray.join("rootfs/junk"), "left behind").unwrap();
-    let server = TestServer::start(&data);
+    let mut config = common::platform_config(&data);
+    config.warm_pool = 1;
+    let server = TestServer::start_with(config);
     // Swept in the background: the server answers meanwhile.
     assert_eq!(server.ok("GET", "/v1/health", None)["status"], "ok");
     wait_until("the leftover directory and its subvolume to go", PATIENCE, || !stray.exists());
     let kept = server.create_sandbox(json!({"template": "base"}));
+    wait_until("the pool to fill again", PATIENCE, || server.platform.warm.count() == 1);
     server.stop();
+    // What the killed server left running that no record names: its pool member.
+    let members: Vec<String> = std::fs::read_dir(data.data.sandboxes_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|id| *id != kept)
+        .collect();
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert!(processes_mentioning(&members[0]) > 0, "the member runs on after its server");
     let server = TestServer::start(&data);
     wait_until("the re-adoption to end", PATIENCE, || server.ok("GET", "/v1/health", None)["reconciling"] == 0);
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{kept}"), None)["state"], "running");
     assert!(data.data.sandbox_dir(&kept).join("rootfs").exists(), "a known sandbox is kept");
+    wait_until("the member to be swept", PATIENCE, || !data.data.sandbox_dir(&members[0]).exists());
+    assert_eq!(processes_mentioning(&members[0]), 0);
+    // Its cgroups too: runsc removes only those it made, not a killed one's.
+    let cgroups: Vec<std::path::PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|c| c.path())
+        .chain([std::path::PathBuf::from("/sys/fs/cgroup")])
+        .map(|root| root.join("space").join(&members[0]))
+        .filter(|dir| dir.exists())
+        .collect();
+    assert!(cgroups.is_empty(), "left behind: {cgroups:?}");
 }
 
 #[test]
