@@ -237,6 +237,15 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     // The paused ones were left frozen: their agents are taken back when
     // they are next used, not at the restart.
     assert!(server.platform.agent(&paused).is_none() && server.platform.agent(&doomed).is_none());
+    // Its command cannot take a signal until then, and says why.
+    let refused = server.error(
+        "POST",
+        &format!("/v1/sandboxes/{paused}/commands/{counter}/signal"),
+        Some(json!({"signal": "TERM"})),
+        409,
+        "invalid_state",
+    );
+    assert_eq!(refused["error"]["details"]["state"], "paused", "{refused}");
     assert_eq!(lifecycle(&server, &paused, "resume")["state"], "succeeded");
     let (pid_after, token_after, _) = keeper_state(&server, &paused);
     assert_eq!((pid_after, token_after), (paused_pid, paused_token));

@@ -30,8 +30,15 @@ fn running(state: &AppState, id: &str, cid: &str, action: &str) -> Result<(u32, 
     if command.result.is_some() {
         return Err(ApiError::invalid_state("command", "exited", action));
     }
-    let (_, stream, agent) =
-        state.platform.live_command(cid).ok_or_else(|| ApiError::invalid_state("command", "exited", action))?;
+    let Some((_, stream, agent)) = state.platform.live_command(cid) else {
+        // Nobody holds it: its sandbox is frozen and was not taken back since
+        // a restart (see `adoption.rs`), or it has just exited.
+        let sandbox = state.platform.sandbox(id)?.sandbox.state;
+        if sandbox != space_api::SandboxState::Running {
+            return Err(ApiError::invalid_state("sandbox", sandbox.as_str(), action));
+        }
+        return Err(ApiError::invalid_state("command", "exited", action));
+    };
     Ok((stream, agent))
 }
 
