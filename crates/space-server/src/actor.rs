@@ -159,10 +159,10 @@ impl Actor {
             let mut thawed = false;
             if !matches!(job.kind, OperationKind::Create | OperationKind::Pause | OperationKind::Delete) {
                 self.platform.wake_up(&self.id);
-                match self.take_back_agent(id, job.kind == OperationKind::Resume).await {
-                    Some(taken_thawed) => thawed = taken_thawed,
-                    None => continue,
-                }
+                let Some(taken_thawed) = self.take_back_agent(id, job.kind == OperationKind::Resume).await else {
+                    continue;
+                };
+                thawed = taken_thawed;
             }
             let finished = match job.kind {
                 OperationKind::Create => {

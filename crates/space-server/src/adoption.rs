@@ -110,13 +110,18 @@ impl Platform {
     /// Gives every command of the sandbox without a result one saying it
     /// was lost (`why`): nothing follows them any more.
     pub(crate) fn end_lost_commands(&self, id: &str, why: &str) -> Result<(), ApiError> {
-        for mut command in self.unfinished_commands(id) {
-            command.state = space_api::CommandState::Exited;
-            command.result = Some(crate::commands::lost_result(&command, why));
-            self.store.put_command(&command)?;
+        for command in self.unfinished_commands(id) {
+            self.lose_command(command, why)?;
         }
         self.changed();
         Ok(())
+    }
+
+    /// Records that a command's end will never be known, and why.
+    fn lose_command(&self, mut command: Command, why: &str) -> Result<(), ApiError> {
+        command.state = space_api::CommandState::Exited;
+        command.result = Some(crate::commands::lost_result(&command, why));
+        Ok(self.store.put_command(&command)?)
     }
 
     fn unfinished_commands(&self, id: &str) -> Vec<Command> {
@@ -128,7 +133,6 @@ impl Platform {
     /// `stay_thawed`: for a resume, which would thaw it right after.
     pub(crate) async fn adopt_frozen(self: &Arc<Self>, id: &str, stay_thawed: bool) -> Result<AgentConn, String> {
         let record = self.sandbox(id).map_err(|e| e.message)?;
-        record.agent_session.ok_or("no agent session was recorded")?;
         self.take_back(&record, if stay_thawed { Thaw::ForGood } else { Thaw::ForHandshake }).await
     }
 
@@ -136,6 +140,7 @@ impl Platform {
     /// the commands and code contexts it still serves; a frozen one is
     /// thawed (a frozen agent cannot redial), see [`Thaw`].
     pub(crate) async fn take_back(self: &Arc<Self>, record: &SandboxRecord, thaw: Thaw) -> Result<AgentConn, String> {
+        let session = record.agent_session.ok_or("no agent session was recorded")?;
         let spec = self.engine_spec(record);
         let began = Instant::now();
         if thaw != Thaw::No {
@@ -146,12 +151,9 @@ impl Platform {
         for command in self.unfinished_commands(&record.sandbox.id) {
             match self.store.command_stream(&command.id).map_err(|e| e.to_string())? {
                 Some((stream, timeout_s)) => resumable.push((command, stream, timeout_s)),
+                // Nothing says which stream it was: it cannot be finished.
                 None => {
-                    // Nothing says which stream it was: it cannot be finished.
-                    let mut command = command;
-                    command.state = space_api::CommandState::Exited;
-                    command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                    let _ = self.store.put_command(&command);
+                    let _ = self.lose_command(command, "the server restarted");
                 }
             }
         }
@@ -162,7 +164,7 @@ impl Platform {
             .chain(contexts.iter().map(|c| (c.stream, c.pid)))
             .collect();
         let mut welcome = space_engine::welcome_for(&spec);
-        welcome.session = record.agent_session.ok_or("no agent session was recorded")?;
+        welcome.session = session;
         welcome.channel_key = record.channel_key.clone();
         let (agent, streams) = self
             .take_agent(&spec, None, |socket| {
@@ -177,12 +179,10 @@ impl Platform {
         let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
         self.adopt_contexts(&record.sandbox.id, &agent, contexts, &mut streams, false);
         let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
-        for (mut command, stream, timeout_s) in resumable {
+        for (command, stream, timeout_s) in resumable {
             let Some(stream) = streams.remove(&stream) else {
                 // It ended while nobody listened: its end is not known.
-                command.state = space_api::CommandState::Exited;
-                command.result = Some(crate::commands::lost_result(&command, "the server restarted"));
-                let _ = self.store.put_command(&command);
+                let _ = self.lose_command(command, "the server restarted");
                 continue;
             };
             let path = transcript::path_for(&sandbox_dir, &command.id);
