@@ -220,7 +220,8 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     // It answers at once, re-adopting in the background; a request for a
     // sandbox waits until it is.
     let health = server.ok("GET", "/v1/health", None);
-    assert!(health["reconciling"].as_u64().is_some_and(|n| n <= 3), "{health}");
+    // (Paused ones are settled at once, so how many are left varies.)
+    assert!(health["reconciling"].as_u64().is_some_and(|n| n <= 4), "of the four it found: {health}");
     let (pid_after, token_after, _) = keeper_state(&server, &running);
     assert_eq!((pid_after, token_after), (pid, token), "the background process kept running");
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{running}"), None)["state"], "running");
@@ -346,14 +347,7 @@ fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
     wait_until("the member to be swept", PATIENCE, || !data.data.sandbox_dir(&members[0]).exists());
     assert_eq!(processes_mentioning(&members[0]), 0);
     // Its cgroups too: runsc removes only those it made, not a killed one's.
-    let cgroups: Vec<std::path::PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .unwrap()
-        .flatten()
-        .map(|c| c.path())
-        .chain([std::path::PathBuf::from("/sys/fs/cgroup")])
-        .map(|root| root.join("space").join(&members[0]))
-        .filter(|dir| dir.exists())
-        .collect();
+    let cgroups = space_testkit::sandbox_cgroups(&members[0]);
     assert!(cgroups.is_empty(), "left behind: {cgroups:?}");
 }
 

@@ -156,10 +156,6 @@ impl Drop for TestDataDir {
             thaw(pid);
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
-        // A server killed while its `runsc` made a sandbox (a warm member
-        // being filled) can leave that sandbox's cgroup with no process in
-        // it to find it by: the engine's, `space/<id>`, by each sandbox here.
-        cgroups.extend(sandbox_cgroups(&self.data.sandboxes_dir()));
         cgroups.sort();
         cgroups.dedup();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -201,19 +197,13 @@ fn cgroups_of(pid: i32) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-/// The cgroup directories (v1 controllers' and v2) of the sandboxes whose
-/// dirs are in `sandboxes` that exist.
-fn sandbox_cgroups(sandboxes: &Path) -> Vec<PathBuf> {
-    let ids: Vec<String> = std::fs::read_dir(sandboxes)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| entry.file_name().into_string().ok())
-        .collect();
+/// The cgroup directories (v1 controllers' and v2) of sandbox `id` that
+/// exist: the engine's `space/<id>`.
+pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> =
         std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten().map(|c| c.path()).collect();
     roots.push(PathBuf::from("/sys/fs/cgroup"));
-    roots.iter().flat_map(|root| ids.iter().map(move |id| root.join("space").join(id))).filter(|d| d.is_dir()).collect()
+    roots.into_iter().map(|root| root.join("space").join(id)).filter(|dir| dir.is_dir()).collect()
 }
 
 fn cgroup_dirs(pid: i32) -> Vec<PathBuf> {
