@@ -40,6 +40,18 @@ install_missing() {
     fi
 }
 
+# Says how much disk is free where the build goes, and warns loudly when
+# it is less than a whole test run takes (builds, templates, sandboxes):
+# a full disk fails a run far from its cause.
+say_free_disk() {
+    local need_gib=25 free_gib
+    free_gib=$(df --output=avail -BG "$ROOT" | tail -n 1 | tr -dc '0-9')
+    say "free disk for the build: ${free_gib} GiB"
+    if [ "$free_gib" -lt "$need_gib" ]; then
+        echo "WARNING: only ${free_gib} GiB free on $(df --output=target "$ROOT" | tail -n 1); a whole test run takes about ${need_gib} GiB" >&2
+    fi
+}
+
 # Build tools from Debian, installed only when missing.
 ensure_build_deps() {
     install_missing "build tools" gcc libc6-dev curl openssl e2fsprogs python3 python3-venv git

@@ -8,6 +8,9 @@ export SPACE_TEST_DATA_DIR="${SPACE_TEST_DATA_DIR:-/var/lib/space-test}"
 
 ensure_build_deps
 cd "$ROOT"
+# A CI run builds once: incremental caches would only take disk.
+[ -n "${CI:-}" ] && export CARGO_INCREMENTAL=0
+say_free_disk
 build_agent
 say "building the test suite"
 cargo build --locked -p space-cli
