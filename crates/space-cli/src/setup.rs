@@ -43,6 +43,15 @@ pub fn run(args: SetupArgs) -> Result<()> {
     let what = ensure_btrfs(&args.data_dir, args.btrfs_image_gib).context("preparing the data dir")?;
     say(&format!("data dir: {what}"));
     let data = DataDir::open(&args.data_dir)?;
+    if let Some(host) = data.space().image_host() {
+        let (free, total) = data.disk_space();
+        say(&format!(
+            "data dir: a {} GiB sparse image on {}: {} GiB can still be written (the disk under it counts)",
+            total >> 30,
+            host.display(),
+            free >> 30
+        ));
+    }
     let quotas = space_host::btrfs::enable_quotas(data.root()).context("turning btrfs quotas on")?;
     say(&format!("disk limits: btrfs {quotas:?} quotas"));
     let names = std::iter::once(BASE_TEMPLATE.to_string()).chain(args.with_templates.iter().cloned());

@@ -27,6 +27,43 @@ pub const LOOP_IMAGE: &str = ".space-btrfs.img";
 pub struct DataDir {
     root: PathBuf,
     ext4_images: bool,
+    space: DiskSpace,
+}
+
+/// Where the free space of a directory is read: its own filesystem and,
+/// when that is a btrfs on a loop-mounted file, the filesystem holding the
+/// file. The image is sparse, so what the btrfs may still write is bounded
+/// by that filesystem's free space too.
+#[derive(Debug, Clone)]
+pub struct DiskSpace {
+    dir: PathBuf,
+    image_host: Option<PathBuf>,
+}
+
+impl DiskSpace {
+    /// The space of `dir` (found out once: which loop image it is on).
+    pub fn of(dir: &Path) -> DiskSpace {
+        DiskSpace { dir: dir.to_path_buf(), image_host: image_host(dir) }
+    }
+
+    /// Free and total bytes of the directory's filesystem. On a loop-mounted
+    /// image, free is also bounded by what the filesystem under the image has
+    /// left: the image grows as it is written, and a btrfs whose image cannot
+    /// grow fails its writes instead of reporting a full disk.
+    pub fn free_and_total(&self) -> (u64, u64) {
+        let Some((free, total)) = statvfs_bytes(&self.dir) else {
+            return (0, 0);
+        };
+        match self.image_host.as_deref().and_then(statvfs_bytes) {
+            Some((host_free, _)) => (free.min(host_free), total),
+            None => (free, total),
+        }
+    }
+
+    /// Where the directory's btrfs image lives, when it is a loop-mounted file.
+    pub fn image_host(&self) -> Option<&Path> {
+        self.image_host.as_deref()
+    }
 }
 
 impl DataDir {
@@ -40,7 +77,8 @@ impl DataDir {
                 root.display()
             )));
         }
-        let dir = DataDir { root, ext4_images: crate::hardware_virtualization() };
+        let space = DiskSpace::of(&root);
+        let dir = DataDir { root, ext4_images: crate::hardware_virtualization(), space };
         for sub in [dir.templates_dir(), dir.sandboxes_dir(), dir.run_dir()] {
             fs::create_dir_all(&sub).map_err(HostError::io(format!("creating {}", sub.display())))?;
         }
@@ -132,13 +170,92 @@ impl DataDir {
         DataDir::open(&root)
     }
 
-    /// Free and total bytes of the filesystem holding the data dir.
+    /// Free and total bytes of the filesystem holding the data dir (see
+    /// [`DiskSpace::free_and_total`]).
     pub fn disk_space(&self) -> (u64, u64) {
-        match nix::sys::statvfs::statvfs(&self.root) {
-            Ok(s) => (s.blocks_available() * s.fragment_size(), s.blocks() * s.fragment_size()),
-            Err(_) => (0, 0),
+        self.space.free_and_total()
+    }
+
+    /// Where the data dir's free space is read.
+    pub fn space(&self) -> &DiskSpace {
+        &self.space
+    }
+}
+
+/// Free (to unprivileged writers) and total bytes of the filesystem at `path`.
+fn statvfs_bytes(path: &Path) -> Option<(u64, u64)> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some((s.blocks_available() * s.fragment_size(), s.blocks() * s.fragment_size()))
+}
+
+/// A directory on the filesystem holding the image file of the loop device
+/// `root`'s filesystem is mounted from, or None when it is not a loop device
+/// over a file. The image may sit under the mount point itself (as
+/// [`ensure_btrfs`] puts it), hidden by the mount: then the mount point's
+/// parent, which is on the same filesystem as the hidden directory.
+fn image_host(root: &Path) -> Option<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let root = fs::canonicalize(root).ok()?;
+    let (mount_point, source) = mount_of(&mountinfo, &root)?;
+    let device = source.strip_prefix("/dev/")?;
+    if !device.starts_with("loop") {
+        return None;
+    }
+    let backing = fs::read_to_string(format!("/sys/block/{device}/loop/backing_file")).ok()?;
+    let backing = PathBuf::from(backing.trim_end().trim_end_matches(" (deleted)"));
+    let dir = backing.parent()?;
+    if dir.starts_with(&mount_point) {
+        return mount_point.parent().map(Path::to_path_buf);
+    }
+    Some(dir.to_path_buf())
+}
+
+/// The mount point and source of the mount `path` is on, from the text of
+/// `/proc/self/mountinfo`: the last-mounted of those with the longest mount
+/// point that holds `path`.
+fn mount_of(mountinfo: &str, path: &Path) -> Option<(PathBuf, String)> {
+    let mut best: Option<(PathBuf, String)> = None;
+    for line in mountinfo.lines() {
+        let Some((mount, rest)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(point) = mount.split(' ').nth(4).map(unescape_mount_field) else {
+            continue;
+        };
+        let Some(source) = rest.split(' ').nth(1).map(unescape_mount_field) else {
+            continue;
+        };
+        let point = PathBuf::from(point);
+        let longer = best.as_ref().is_none_or(|(b, _)| point.as_os_str().len() >= b.as_os_str().len());
+        if path.starts_with(&point) && longer {
+            best = Some((point, source));
         }
     }
+    best
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
+fn unescape_mount_field(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| d.bytes().all(|c| matches!(c, b'0'..=b'7')))
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Makes sure `dir` is on btrfs: it already is, or a loop image inside it is
@@ -180,4 +297,38 @@ pub fn ensure_btrfs(dir: &Path, size_gib: u64) -> Result<String, HostError> {
     }
     said.push_str(&format!("mounted it on {}", dir.display()));
     Ok(said)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 0:26 / /var/lib rw shared:9 - tmpfs tmpfs rw
+41 30 7:0 / /var/lib/space rw,relatime shared:20 - btrfs /dev/loop0 rw,discard=async
+42 30 7:1 / /var/lib/space\\040two rw,relatime shared:21 - btrfs /dev/loop1 rw
+43 41 0:27 / /var/lib/space/sandboxes/a/rootfs/proc rw - proc proc rw
+";
+
+    #[test]
+    fn the_mount_of_a_path_is_the_longest_mount_point_holding_it() {
+        let of =
+            |p: &str| mount_of(MOUNTINFO, Path::new(p)).map(|(point, source)| (point.display().to_string(), source));
+        assert_eq!(of("/var/lib/space/templates"), Some(("/var/lib/space".into(), "/dev/loop0".into())));
+        assert_eq!(of("/var/lib/space"), Some(("/var/lib/space".into(), "/dev/loop0".into())));
+        assert_eq!(of("/var/lib/space two/x"), Some(("/var/lib/space two".into(), "/dev/loop1".into())));
+        // A path component that merely starts like a mount point is not under it.
+        assert_eq!(of("/var/lib/spacex"), Some(("/var/lib".into(), "tmpfs".into())));
+        assert_eq!(of("/home"), Some(("/".into(), "/dev/vda".into())));
+        assert_eq!(mount_of("garbage\n", Path::new("/")), None);
+    }
+
+    #[test]
+    fn mount_fields_lose_their_octal_escapes_only() {
+        assert_eq!(unescape_mount_field("a\\040b\\011c\\134d"), "a b\tc\\d");
+        assert_eq!(unescape_mount_field("end\\04"), "end\\04");
+        assert_eq!(unescape_mount_field("\\999"), "\\999");
+        assert_eq!(unescape_mount_field("\\777x"), "\\777x");
+    }
 }

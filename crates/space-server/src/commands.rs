@@ -248,7 +248,7 @@ impl Platform {
         OutputLimits {
             per_command: self.max_output_bytes.load(Relaxed),
             sandbox: Some((self.output_use(sandbox_id), self.max_sandbox_output_bytes.load(Relaxed))),
-            host: Some((self.data.root().to_path_buf(), self.disk_reserve_bytes.load(Relaxed))),
+            host: Some((self.data.space().clone(), self.disk_reserve_bytes.load(Relaxed))),
         }
     }
 

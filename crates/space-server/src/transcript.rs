@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use space_host::datadir::DiskSpace;
 use tokio::sync::watch;
 
 const RECORD_HEADER: usize = 5;
@@ -40,9 +41,9 @@ pub struct OutputLimits {
     /// File bytes of all the sandbox's transcripts (shared by its writers)
     /// and their bound.
     pub sandbox: Option<(Arc<AtomicU64>, u64)>,
-    /// The data dir and the free space it keeps: under it, nothing more is
-    /// kept (checked every [`HOST_CHECK_BYTES`]).
-    pub host: Option<(PathBuf, u64)>,
+    /// The data dir's space and the free space it keeps: under it, nothing
+    /// more is kept (checked every [`HOST_CHECK_BYTES`]).
+    pub host: Option<(DiskSpace, u64)>,
 }
 
 /// How often (in output bytes) a writer looks at the host's free space.
@@ -160,12 +161,13 @@ impl TranscriptWriter {
     /// does, the sandbox's count already includes them.
     fn over_a_bound(&mut self, len: u64) -> Option<Dropped> {
         let offered = self.stdout_bytes + self.stderr_bytes + self.dropped_bytes;
-        if let Some((dir, reserve)) = &self.limits.host {
+        if let Some((space, reserve)) = &self.limits.host {
             if offered >= self.next_host_check {
                 self.next_host_check = offered + HOST_CHECK_BYTES;
-                self.host_low = nix::sys::statvfs::statvfs(dir)
-                    .map(|s| s.blocks_available() * s.fragment_size() < *reserve)
-                    .unwrap_or(false);
+                self.host_low = match space.free_and_total() {
+                    (0, 0) => false,
+                    (free, _) => free < *reserve,
+                };
             }
         }
         if self.stdout_bytes + self.stderr_bytes + len > self.limits.per_command {
@@ -343,12 +345,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("space-host-limit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let limits = OutputLimits { host: Some((dir.clone(), u64::MAX)), ..OutputLimits::unlimited() };
+        let limits = OutputLimits { host: Some((DiskSpace::of(&dir), u64::MAX)), ..OutputLimits::unlimited() };
         let mut writer = TranscriptWriter::create(&dir.join("t")).unwrap().with_limits(limits);
         writer.append(Stream::Stdout, b"hello").unwrap();
         assert_eq!((writer.dropped, writer.dropped_bytes), (Some(Dropped::Host), 5));
         assert_eq!(std::fs::metadata(dir.join("t")).unwrap().len(), 0);
-        let limits = OutputLimits { host: Some((dir.clone(), 0)), ..OutputLimits::unlimited() };
+        let limits = OutputLimits { host: Some((DiskSpace::of(&dir), 0)), ..OutputLimits::unlimited() };
         let mut writer = TranscriptWriter::create(&dir.join("u")).unwrap().with_limits(limits);
         writer.append(Stream::Stdout, b"hello").unwrap();
         assert_eq!(writer.dropped, None);
