@@ -138,31 +138,48 @@ fn in_use() -> Option<u64> {
     Some(total.saturating_sub(available))
 }
 
-/// The last kill: its victim, when, and the memory in use then. Until the
-/// victim's memory is freed, usage stays high and nobody else is killed
-/// for it.
-static LAST_KILL: Mutex<Option<(i32, Instant, u64)>> = Mutex::new(None);
+/// The kills the watcher made that may not show in usage yet: victims
+/// that still hold memory (a process dies a little after SIGKILL, the more
+/// so on a loaded host), and when the last kill was and usage then.
+struct Kills {
+    dying: Vec<i32>,
+    last: Option<(Instant, u64)>,
+}
+static KILLS: Mutex<Kills> = Mutex::new(Kills { dying: Vec::new(), last: None });
 /// How long after a kill usage may stay high before another process is
 /// killed: the kernel under the sandbox (gVisor's sentry, a guest kernel)
 /// frees a dead process's memory a little after the process is gone.
 const AFTER_KILL: Duration = Duration::from_millis(1000);
 /// Growth in use since the last kill that shows another process is still
-/// allocating: then it is not worth waiting for the victim's memory.
+/// allocating: then it is not worth waiting for the victims' memory.
 const STILL_GROWING: u64 = 16 << 20;
 
+/// Whether to wait for earlier kills to free memory rather than kill
+/// again: a victim still holds memory, or the last kill was less than
+/// [`AFTER_KILL`] ago — unless usage has grown by [`STILL_GROWING`] since
+/// it. Then other processes are still allocating, and waiting for a slow
+/// death would let them carry the sandbox past the engine's limit (which
+/// stops the whole sandbox, or under gVisor kills the host process behind
+/// one of its processes and leaves that process hung).
+fn wait_for_earlier_kills(victims_dying: bool, last: Option<(Duration, u64)>, used: u64) -> bool {
+    let Some((since, used_then)) = last else { return false };
+    (victims_dying || since < AFTER_KILL) && used < used_then.saturating_add(STILL_GROWING)
+}
+
 /// Kills the process with the largest resident set, as the kernel's OOM
-/// killer would pick it, and records its process group.
+/// killer would pick it (never one already killed), and records its
+/// process group.
 fn kill_largest(used: u64, limit: u64) {
-    let mut last = LAST_KILL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((victim, at, used_then)) = *last {
-        let victim_alive = resident(victim).is_some_and(|rss| rss > 0);
-        let settling = at.elapsed() < AFTER_KILL && used < used_then + STILL_GROWING;
-        if victim_alive || settling {
-            return;
-        }
+    let mut kills = KILLS.lock().unwrap_or_else(|e| e.into_inner());
+    kills.dying.retain(|victim| resident(*victim).is_some_and(|rss| rss > 0));
+    let last = kills.last.map(|(at, used_then)| (at.elapsed(), used_then));
+    if wait_for_earlier_kills(!kills.dying.is_empty(), last, used) {
+        return;
     }
     let me = std::process::id() as i32;
-    let Some((pid, rss)) = processes().filter(|&(pid, _)| pid != me && pid > 1).max_by_key(|&(_, rss)| rss) else {
+    let Some((pid, rss)) =
+        processes().filter(|&(pid, _)| pid != me && pid > 1 && !kills.dying.contains(&pid)).max_by_key(|&(_, rss)| rss)
+    else {
         return;
     };
     // SAFETY: getpgid and kill take plain integers and touch no memory of ours.
@@ -172,7 +189,8 @@ fn kill_largest(used: u64, limit: u64) {
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    *last = Some((pid, Instant::now(), used));
+    kills.dying.push(pid);
+    kills.last = Some((Instant::now(), used));
     eprintln!(
         "space-agent: out of memory ({} of {} MiB in use): killed process {pid} ({} MiB resident)",
         used >> 20,
@@ -204,6 +222,23 @@ mod tests {
     fn usage_is_read_from_this_kernel() {
         let used = in_use().expect("/proc/meminfo has MemTotal and MemAvailable");
         assert!(used > 0);
+    }
+
+    #[test]
+    fn a_slow_death_is_waited_for_only_while_usage_holds_still() {
+        const MIB: u64 = 1 << 20;
+        let ms = Duration::from_millis;
+        assert!(!wait_for_earlier_kills(false, None, 300 * MIB), "no kill yet");
+        // The victim still holds memory: wait, however long ago it was
+        // killed, while usage stays where it was...
+        assert!(wait_for_earlier_kills(true, Some((ms(5000), 300 * MIB)), 310 * MIB));
+        // ...but not while others carry on allocating.
+        assert!(!wait_for_earlier_kills(true, Some((ms(20), 300 * MIB)), 316 * MIB));
+        // Gone a moment ago: its memory may not be free yet.
+        assert!(wait_for_earlier_kills(false, Some((ms(200), 300 * MIB)), 300 * MIB));
+        assert!(!wait_for_earlier_kills(false, Some((ms(200), 300 * MIB)), 320 * MIB));
+        // Gone long ago and usage still over: the next one goes.
+        assert!(!wait_for_earlier_kills(false, Some((ms(1500), 300 * MIB)), 290 * MIB));
     }
 
     #[test]

@@ -57,6 +57,7 @@ const IMAGE_MEMORY: &str = "memory";
 
 impl Gvisor {
     pub fn new(config: GvisorConfig) -> Gvisor {
+        crate::oom_relief::watch(&config.state_dir);
         Gvisor { config }
     }
 
@@ -229,6 +230,8 @@ impl Gvisor {
             }
         };
         steps.push((UNTIL_DIAL, started.elapsed()));
+        // Before anything runs in it: its memory cgroup is looked after.
+        crate::oom_relief::started();
         let returned = Instant::now();
         // Nobody else may connect: the socket file goes away once the agent is in.
         let _ = fs::remove_file(Self::socket_dir(&spec.dir).join(SOCKET_NAME));

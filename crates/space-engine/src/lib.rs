@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod firecracker;
 pub mod gvisor;
+pub mod oom_relief;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
