@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -81,6 +82,9 @@ pub fn started() {
 /// A sandbox's memory cgroup being looked after.
 struct Watched {
     dir: PathBuf,
+    /// The cgroup's inode: a suspended and restored sandbox gets a new
+    /// cgroup at the same path, which is looked after anew.
+    ino: u64,
     /// runsc's state file of the sandbox (it names the sentry's pid).
     state: PathBuf,
     /// Signalled by the kernel on each OOM of the cgroup (and its removal).
@@ -129,7 +133,7 @@ fn run() {
                 relieve(id, w);
             }
         }
-        watched.retain(|_, w| w.dir.is_dir());
+        watched.retain(|_, w| w.current());
     }
 }
 
@@ -140,7 +144,7 @@ fn rescan(watched: &mut HashMap<String, Watched>) {
     let roots = ROOTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for entry in entries.flatten() {
         let Some(id) = entry.file_name().to_str().map(str::to_string) else { continue };
-        if watched.contains_key(&id) {
+        if watched.get(&id).is_some_and(Watched::current) {
             continue;
         }
         let Some(state) = roots.iter().map(|root| root.join(format!("{id}_sandbox:{id}.state"))).find(|s| s.exists())
@@ -165,7 +169,15 @@ fn watch_cgroup(dir: &Path, state: PathBuf) -> std::io::Result<Watched> {
     let event = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
     fs::write(dir.join("cgroup.event_control"), format!("{} {}", event.as_fd().as_raw_fd(), control.as_raw_fd()))?;
     fs::write(dir.join("memory.oom_control"), "1")?;
-    Ok(Watched { dir: dir.to_path_buf(), state, event, _control: control, lent: None })
+    let ino = fs::metadata(dir)?.ino();
+    Ok(Watched { dir: dir.to_path_buf(), ino, state, event, _control: control, lent: None })
+}
+
+impl Watched {
+    /// Whether its cgroup is still there (and not another at its path).
+    fn current(&self) -> bool {
+        fs::metadata(&self.dir).is_ok_and(|m| m.ino() == self.ino)
+    }
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

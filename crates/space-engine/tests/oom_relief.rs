@@ -125,5 +125,17 @@ fn a_cgroup_at_its_limit_is_lent_memory_given_it_back_and_stopped_past_the_loan(
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?}");
     let control = read(&dir, "memory.oom_control");
     assert!(!control.contains("oom_kill 0"), "the kernel's OOM killer did it, and counted it: {control}");
+
+    // A sandbox suspended and restored gets a new cgroup at the same path:
+    // it is looked after anew.
+    wait_for("the old cgroup to go", || fs::remove_dir(&dir).is_ok());
+    fs::create_dir(&dir).unwrap();
+    let again = Command::new("sleep").arg("600").spawn().unwrap();
+    fs::write(dir.join("cgroup.procs"), again.id().to_string()).unwrap();
+    cgroup.child = Some(again);
+    oom_relief::started();
+    wait_for("the new cgroup's OOM killer to be turned off", || {
+        read(&dir, "memory.oom_control").contains("oom_kill_disable 1")
+    });
     let _ = fs::remove_dir_all(&root);
 }
