@@ -96,9 +96,9 @@ moved("space_operation_duration_seconds_count", 1, kind="delete", outcome="succe
 started = sum(
     total(snapshot, "space_operation_duration_seconds_count", kind="create", start=start) * sign
     for snapshot, sign in ((after, 1), (before, -1))
-    for start in ("warm", "cold")
+    for start in ("hot", "warm", "cold")
 )
-assert started == 1, f"the create is counted as warm or cold once, not {started}"
+assert started == 1, f"the create is counted as hot, warm or cold once, not {started}"
 assert (total(after, "space_warm_pool_hits_total") + total(after, "space_warm_pool_misses_total")) - (
     total(before, "space_warm_pool_hits_total") + total(before, "space_warm_pool_misses_total")
 ) == 1, "one create, one hit or miss"
