@@ -101,7 +101,7 @@ impl LiveContext {
     }
 }
 
-fn context_not_found(id: &str) -> ApiError {
+pub(crate) fn context_not_found(id: &str) -> ApiError {
     ApiError::not_found("context", id)
 }
 

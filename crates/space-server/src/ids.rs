@@ -15,13 +15,64 @@ pub fn new_id(prefix: &str) -> String {
     id
 }
 
-/// Whether `id` looks like one of ours, so absurd ids are refused early.
+/// Whether `id` is one of ours in its one canonical form (the prefix, `_`,
+/// 20 lowercase hex digits, as [`new_id`] writes them), so absurd or
+/// re-spelled ids are refused before any lookup.
 pub fn plausible(id: &str, prefix: &str) -> bool {
     id.len() == prefix.len() + 21
         && id.starts_with(prefix)
         && id.as_bytes()[prefix.len()] == b'_'
-        && id[prefix.len() + 1..].bytes().all(|b| b.is_ascii_hexdigit())
+        && id[prefix.len() + 1..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
+
+macro_rules! typed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+
+            /// The id in `text` if it is in canonical form (already
+            /// percent-decoded: the router decodes paths once).
+            pub fn parse(text: &str) -> Option<$name> {
+                plausible(text, $prefix).then(|| $name(text.to_string()))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+typed_id!(
+    /// A sandbox's id, `sbx_…`.
+    SandboxId,
+    "sbx"
+);
+typed_id!(
+    /// An operation's id, `op_…`.
+    OperationId,
+    "op"
+);
+typed_id!(
+    /// A command's id, `cmd_…`.
+    CommandId,
+    "cmd"
+);
+typed_id!(
+    /// A code context's id, `ctx_…`.
+    ContextId,
+    "ctx"
+);
 
 pub fn now() -> String {
     format_time(SystemTime::now())
@@ -47,5 +98,18 @@ mod tests {
         assert_ne!(a, new_id("sbx"));
         assert!(!plausible(&a, "cmd"));
         assert!(!plausible("sbx_../../etc", "sbx"));
+    }
+
+    #[test]
+    fn only_the_canonical_spelling_parses() {
+        let id = new_id("sbx");
+        assert_eq!(SandboxId::parse(&id).map(|s| s.to_string()), Some(id.clone()));
+        assert!(SandboxId::parse(&id.to_uppercase()).is_none());
+        assert!(SandboxId::parse(&format!("sbx_{}", id[4..].to_uppercase())).is_none());
+        assert!(SandboxId::parse(&format!("%73{}", &id[1..])).is_none());
+        assert!(SandboxId::parse(&format!("{id}/")).is_none());
+        assert!(SandboxId::parse(&format!(" {id}")).is_none());
+        assert!(OperationId::parse(&id).is_none());
+        assert!(CommandId::parse(&new_id("cmd")).is_some());
     }
 }

@@ -4,17 +4,25 @@
 //! `app` builds the router, separate from `serve`, so tests drive the real
 //! API over a real socket against real sandboxes.
 
+mod access;
 mod actor;
 mod adoption;
 pub mod api;
 mod capacity;
 mod checkpoints;
+// Internal routes with the node token; a node's template by name.
+#[allow(clippy::disallowed_types)]
 pub mod cluster;
 pub mod commands;
+// Static files by name, no resource of a tenant.
+#[allow(clippy::disallowed_types)]
 mod console;
 mod contexts;
 pub mod disk;
 pub mod domain;
+// E2B's routes load each sandbox for the caller themselves (`owned` in
+// e2b/control.rs, envd's token per sandbox).
+#[allow(clippy::disallowed_types)]
 pub mod e2b;
 pub mod egress;
 pub mod error;

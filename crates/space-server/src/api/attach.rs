@@ -7,11 +7,12 @@
 //! and closes.
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use space_api::ErrorBody;
 
+use super::access::CommandPath;
 use super::output::{follow, Emitted};
 use super::AppState;
 use crate::error::ApiError;
@@ -38,13 +39,13 @@ struct Size {
         (status = 400, description = "Not a WebSocket upgrade", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn attach(
+    path: CommandPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|e| ApiError::bad_request(format!("attach needs a WebSocket upgrade: {e}")))?;
-    let output = follow(&state.platform, &id, &cid, 0, true)?;
-    let input = state.platform.live_command(&cid).map(|(_, stream, agent)| (stream, agent));
+    let output = follow(&state.platform, path.sandbox.id(), path.id(), 0, true)?;
+    let input = state.platform.live_command(path.id()).map(|(_, stream, agent)| (stream, agent));
     // A browser names `space.v1` beside its key (see `websocket_bearer`).
     Ok(upgrade.protocols(["space.v1"]).on_upgrade(move |socket| session(socket, output, input)))
 }

@@ -1,12 +1,12 @@
 //! `/v1/sandboxes/{id}/checkpoints`: save, list, restore and delete a
 //! sandbox's checkpoints (see `checkpoints.rs`).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::Extension;
 use axum::Json;
 use space_api::{CheckpointList, CreateCheckpointRequest, ErrorBody, OperationKind, SandboxOperation};
 
+use super::access::{CheckpointPath, SandboxPath};
 use super::sandboxes::replay;
 use super::{idempotency_key, ApiJson, AppState};
 use crate::error::ApiError;
@@ -40,17 +40,17 @@ fn replayed(
         (status = 429, description = "The checkpoint would take the tenant past its disk quota", body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn create(
+    SandboxPath { sandbox, caller }: SandboxPath,
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    Path(id): Path<String>,
     ApiJson(request): ApiJson<CreateCheckpointRequest>,
 ) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
+    let id = sandbox.id();
     let key = idempotency_key(&headers)?;
-    if let Some(first) = replayed(&state, &caller, key.as_deref(), OperationKind::Checkpoint, &id, &request.name)? {
+    if let Some(first) = replayed(&state, &caller, key.as_deref(), OperationKind::Checkpoint, id, &request.name)? {
         return Ok((StatusCode::ACCEPTED, Json(first)));
     }
-    let (sandbox, operation) = state.platform.checkpoint_sandbox(&id, &request.name, key.as_deref())?;
+    let (sandbox, operation) = state.platform.checkpoint_sandbox(id, &request.name, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
@@ -58,8 +58,9 @@ pub async fn create(
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, description = "Its whole checkpoints, oldest first", body = CheckpointList),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<CheckpointList>, ApiError> {
+pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Json<CheckpointList>, ApiError> {
     let platform = state.platform.clone();
+    let id = path.sandbox.id().to_string();
     // Sizes are read from the disk: off the async threads.
     let checkpoints = tokio::task::spawn_blocking(move || platform.checkpoints(&id))
         .await
@@ -75,16 +76,16 @@ pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Resu
         (status = 409, description = "Neither running, paused nor suspended", body = ErrorBody),
         (status = 503, description = "The host cannot hold a suspended sandbox's memory", body = ErrorBody)))]
 pub async fn restore(
+    CheckpointPath { sandbox, caller, name }: CheckpointPath,
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    Path((id, name)): Path<(String, String)>,
 ) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
+    let id = sandbox.id();
     let key = idempotency_key(&headers)?;
-    if let Some(first) = replayed(&state, &caller, key.as_deref(), OperationKind::RestoreCheckpoint, &id, &name)? {
+    if let Some(first) = replayed(&state, &caller, key.as_deref(), OperationKind::RestoreCheckpoint, id, &name)? {
         return Ok((StatusCode::ACCEPTED, Json(first)));
     }
-    let (sandbox, operation) = state.platform.restore_checkpoint(&id, &name, key.as_deref())?;
+    let (sandbox, operation) = state.platform.restore_checkpoint(id, &name, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
@@ -93,10 +94,7 @@ pub async fn restore(
     responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
         (status = 404, description = "No such sandbox or checkpoint", body = ErrorBody),
         (status = 409, description = "Being saved or restored", body = ErrorBody)))]
-pub async fn delete(
-    State(state): State<AppState>,
-    Path((id, name)): Path<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    state.platform.delete_checkpoint(&id, &name).await?;
+pub async fn delete(path: CheckpointPath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+    state.platform.delete_checkpoint(path.sandbox.id(), &path.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

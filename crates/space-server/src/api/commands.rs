@@ -3,11 +3,12 @@
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use space_api::{Command, CommandCreated, CommandList, CommandRequest, CommandState, ErrorBody, ExecResponse};
 
+use super::access::{CommandPath, SandboxPath};
 use super::{ApiJson, ApiQuery, AppState, WaitQuery};
 use crate::domain::CommandSpec;
 use crate::error::ApiError;
@@ -24,7 +25,8 @@ pub struct AutoResume {
 }
 
 /// A running command's agent stream, or 404 / 409 (it has exited).
-fn running(state: &AppState, id: &str, cid: &str, action: &str) -> Result<(u32, space_engine::AgentConn), ApiError> {
+fn running(state: &AppState, path: &CommandPath, action: &str) -> Result<(u32, space_engine::AgentConn), ApiError> {
+    let (id, cid) = (path.sandbox.id(), path.id());
     let command = state.platform.command(id, cid)?;
     // Its recorded result wins: the live entry may outlast the exit briefly.
     if command.result.is_some() {
@@ -52,18 +54,18 @@ pub const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, description = "No such binary, bad cwd or user", body = ErrorBody)))]
 pub async fn create(
+    SandboxPath { sandbox, .. }: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(resume): ApiQuery<AutoResume>,
     ApiJson(request): ApiJson<CommandRequest>,
 ) -> Result<(StatusCode, Json<CommandCreated>), ApiError> {
-    state.platform.sandbox(&id)?;
+    let id = sandbox.id();
     let spec = CommandSpec::try_from(request)?;
     if resume.auto_resume {
-        state.platform.resume_for_work(&id).await?;
+        state.platform.resume_for_work(id).await?;
     }
-    let work = state.platform.begin_work(&id).await?;
-    let command = state.platform.start_command(&id, spec).await?;
+    let work = state.platform.begin_work(id).await?;
+    let command = state.platform.start_command(id, spec).await?;
     drop(work); // a running command keeps the sandbox from being idle
     Ok((StatusCode::CREATED, Json(CommandCreated { command })))
 }
@@ -71,23 +73,23 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<CommandList>, ApiError> {
-    state.platform.sandbox(&id)?;
-    Ok(Json(CommandList { commands: state.platform.store.commands(&id)? }))
+pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Json<CommandList>, ApiError> {
+    Ok(Json(CommandList { commands: state.platform.store.commands(path.sandbox.id())? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id"), WaitQuery),
     responses((status = 200, body = Command), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get(
+    path: CommandPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     ApiQuery(wait): ApiQuery<WaitQuery>,
 ) -> Result<Json<Command>, ApiError> {
     let deadline = wait.deadline()?;
     let platform = &state.platform;
+    let (id, cid) = (path.sandbox.id(), path.id());
     let command =
-        platform.wait_for(Some(deadline), || platform.command(&id, &cid), |c| c.state == CommandState::Exited).await?;
+        platform.wait_for(Some(deadline), || platform.command(id, cid), |c| c.state == CommandState::Exited).await?;
     Ok(Json(command))
 }
 
@@ -106,12 +108,12 @@ pub struct StdinQuery {
     responses((status = 204, description = "Delivered to the agent"), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "The command has exited", body = ErrorBody)))]
 pub async fn stdin(
+    path: CommandPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let (stream, agent) = running(&state, &id, &cid, "write to stdin")?;
+    let (stream, agent) = running(&state, &path, "write to stdin")?;
     let gone = |_| ApiError::invalid_state("command", "exited", "write to stdin");
     for chunk in body.chunks(space_proto::MAX_OUTPUT_CHUNK) {
         agent.send_stdin(stream, chunk.to_vec()).await.map_err(gone)?;
@@ -135,8 +137,8 @@ pub struct SignalRequest {
     responses((status = 204, description = "Sent to the process group"), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn signal(
+    path: CommandPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> Result<StatusCode, ApiError> {
     use nix::sys::signal::Signal;
@@ -153,7 +155,7 @@ pub async fn signal(
         "CONT" => Signal::SIGCONT,
         other => return Err(ApiError::bad_request(format!("unknown signal {other:?}"))),
     };
-    let (stream, agent) = running(&state, &id, &cid, "signal it")?;
+    let (stream, agent) = running(&state, &path, "signal it")?;
     agent.signal(stream, signal as i32).await.map_err(|_| ApiError::invalid_state("command", "exited", "signal it"))?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -171,14 +173,14 @@ pub struct ResizeRequest {
     responses((status = 204, description = "The terminal has the new size"), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn resize(
+    path: CommandPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     ApiJson(request): ApiJson<ResizeRequest>,
 ) -> Result<StatusCode, ApiError> {
     if request.cols == 0 || request.rows == 0 {
         return Err(ApiError::bad_request("cols and rows must be at least 1"));
     }
-    let (stream, agent) = running(&state, &id, &cid, "resize it")?;
+    let (stream, agent) = running(&state, &path, "resize it")?;
     let size = space_proto::TerminalSize { cols: request.cols, rows: request.rows };
     agent.resize(stream, size).await.map_err(|_| ApiError::invalid_state("command", "exited", "resize it"))?;
     Ok(StatusCode::NO_CONTENT)
@@ -191,27 +193,27 @@ pub async fn resize(
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn exec(
+    SandboxPath { sandbox, .. }: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(resume): ApiQuery<AutoResume>,
     ApiJson(request): ApiJson<CommandRequest>,
 ) -> Result<Json<ExecResponse>, ApiError> {
-    state.platform.sandbox(&id)?;
+    let id = sandbox.id();
     if request.stdin {
         return Err(ApiError::bad_request("exec cannot take stdin; start a command instead"));
     }
     let spec = CommandSpec::try_from(request)?;
     if resume.auto_resume {
-        state.platform.resume_for_work(&id).await?;
+        state.platform.resume_for_work(id).await?;
     }
     let platform = &state.platform;
-    let work = platform.begin_work(&id).await?;
-    let started = platform.start_command(&id, spec).await?;
+    let work = platform.begin_work(id).await?;
+    let started = platform.start_command(id, spec).await?;
     drop(work); // a running command keeps the sandbox from being idle
     let command = platform
-        .wait_for(None::<Instant>, || platform.command(&id, &started.id), |c| c.state == CommandState::Exited)
+        .wait_for(None::<Instant>, || platform.command(id, &started.id), |c| c.state == CommandState::Exited)
         .await?;
-    let path = transcript::path_for(&platform.data.sandbox_dir(&id), &command.id);
+    let path = transcript::path_for(&platform.data.sandbox_dir(id), &command.id);
     let (stdout, stderr, truncated) =
         collect_output(&path).map_err(|e| ApiError::internal("reading the transcript", e))?;
     let result = command.result.clone().ok_or_else(|| ApiError::internal("finishing exec", "no result recorded"))?;

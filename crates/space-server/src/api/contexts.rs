@@ -1,12 +1,13 @@
 //! `/v1/sandboxes/{id}/contexts`: code contexts (see `contexts.rs`).
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use space_api::{CodeContext, CodeContextList, CreateContextRequest, ErrorBody, RunCodeRequest};
 
+use super::access::{ContextPath, SandboxPath};
 use super::{ApiJson, AppState};
 use crate::error::ApiError;
 
@@ -19,29 +20,30 @@ use crate::error::ApiError;
         (status = 422, description = "An unknown language, or the template has no interpreter for it", body = ErrorBody),
         (status = 503, description = "The interpreter did not answer in time", body = ErrorBody)))]
 pub async fn create(
+    path: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiJson(request): ApiJson<CreateContextRequest>,
 ) -> Result<(StatusCode, Json<CodeContext>), ApiError> {
-    let _work = state.platform.begin_work(&id).await?;
-    Ok((StatusCode::CREATED, Json(state.platform.create_context(&id, request).await?)))
+    let id = path.sandbox.id();
+    let _work = state.platform.begin_work(id).await?;
+    Ok((StatusCode::CREATED, Json(state.platform.create_context(id, request).await?)))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CodeContextList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<CodeContextList>, ApiError> {
-    Ok(Json(CodeContextList { contexts: state.platform.contexts(&id)? }))
+pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Json<CodeContextList>, ApiError> {
+    Ok(Json(CodeContextList { contexts: state.platform.contexts(path.sandbox.id())? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, body = CodeContext), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get(
+    path: ContextPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
 ) -> Result<Json<CodeContext>, ApiError> {
-    Ok(Json(state.platform.get_context(&id, &cid)?))
+    Ok(Json(state.platform.get_context(path.sandbox.id(), path.context.as_str())?))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
@@ -49,10 +51,10 @@ pub async fn get(
     responses((status = 204, description = "Its interpreter is stopped"), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody)))]
 pub async fn delete(
+    path: ContextPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    state.platform.delete_context(&id, &cid).await?;
+    state.platform.delete_context(path.sandbox.id(), path.context.as_str()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -61,10 +63,10 @@ pub async fn delete(
     responses((status = 200, description = "The run going on is interrupted; the context stays", body = CodeContext),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn interrupt(
+    path: ContextPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
 ) -> Result<Json<CodeContext>, ApiError> {
-    Ok(Json(state.platform.interrupt_context(&id, &cid).await?))
+    Ok(Json(state.platform.interrupt_context(path.sandbox.id(), path.context.as_str()).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/restart", tag = "contexts",
@@ -73,10 +75,10 @@ pub async fn interrupt(
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn restart(
+    path: ContextPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
 ) -> Result<Json<CodeContext>, ApiError> {
-    Ok(Json(state.platform.restart_context(&id, &cid).await?))
+    Ok(Json(state.platform.restart_context(path.sandbox.id(), path.context.as_str()).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/run", tag = "contexts",
@@ -86,8 +88,8 @@ pub async fn restart(
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Another run is going on, or the interpreter died", body = ErrorBody)))]
 pub async fn run(
+    path: ContextPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<RunCodeRequest>,
 ) -> Result<Response, ApiError> {
@@ -95,8 +97,9 @@ pub async fn run(
         headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     // A busy context keeps the sandbox from being idle; the work gate is
     // held only to start the run (a fork or checkpoint does not wait for it).
-    let work = state.platform.begin_work(&id).await?;
-    let run = state.platform.run_code(&id, &cid, request).await?;
+    let (id, cid) = (path.sandbox.id(), path.context.as_str());
+    let work = state.platform.begin_work(id).await?;
+    let run = state.platform.run_code(id, cid, request).await?;
     drop(work);
     let lines = futures_util::stream::unfold(Some(run), move |held| async move {
         let mut run = held?;

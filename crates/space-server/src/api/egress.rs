@@ -2,10 +2,11 @@
 //! through the egress gateway, allowed or not; `PUT .../network` changes
 //! its policy while it runs.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use space_api::{EgressLog, ErrorBody, Network, Sandbox};
 
+use super::access::SandboxPath;
 use super::{ApiJson, ApiQuery, AppState};
 use crate::error::ApiError;
 
@@ -22,17 +23,16 @@ pub struct EgressQuery {
     responses((status = 200, body = EgressLog), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody)))]
 pub async fn log(
+    path: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(query): ApiQuery<EgressQuery>,
 ) -> Result<Json<EgressLog>, ApiError> {
-    state.platform.sandbox(&id)?;
     let limit = query.limit.unwrap_or(1000);
     let most = crate::store::EGRESS_EVENTS_KEPT;
     if limit == 0 || limit > most {
         return Err(ApiError::bad_request(format!("limit is between 1 and {most}")));
     }
-    Ok(Json(EgressLog { events: state.platform.store.egress_events(&id, limit)? }))
+    Ok(Json(EgressLog { events: state.platform.store.egress_events(path.sandbox.id(), limit)? }))
 }
 
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
@@ -42,9 +42,9 @@ pub async fn log(
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The sandbox is deleted", body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn set_network(
+    path: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiJson(network): ApiJson<Network>,
 ) -> Result<Json<Sandbox>, ApiError> {
-    Ok(Json(state.platform.set_network(&id, network)?))
+    Ok(Json(state.platform.set_network(path.sandbox.id(), network)?))
 }

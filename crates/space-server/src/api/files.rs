@@ -3,7 +3,7 @@
 //! sandbox; nothing here touches a host path.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,6 +12,7 @@ use space_api::ErrorBody;
 use space_engine::{AgentConn, AgentError, FileRead};
 use space_proto::FileFailure;
 
+use super::access::SandboxPath;
 use super::{ApiQuery, AppState};
 use crate::domain;
 use crate::error::ApiError;
@@ -117,14 +118,14 @@ pub(crate) fn file_error(err: AgentError) -> ApiError {
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn read(
+    SandboxPath { sandbox, .. }: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     let path = checked_path(&query.path)?;
     let tar = query.tar()?;
-    let (agent, work) = agent_for(&state, &id).await?;
-    let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
+    let (agent, work) = agent_for(&state, sandbox.id()).await?;
+    let _ = state.platform.store.touch_sandbox(sandbox.id(), &crate::ids::now());
     match agent.read_file(path, tar).await.map_err(file_error)? {
         FileRead::Dir(listing) => {
             let entries = listing
@@ -177,8 +178,8 @@ pub async fn read(
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn write(
+    SandboxPath { sandbox, .. }: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(query): ApiQuery<FileQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
@@ -190,7 +191,7 @@ pub async fn write(
         })?,
     };
     let tar = query.tar()?;
-    let (agent, _work) = agent_for(&state, &id).await?;
+    let (agent, _work) = agent_for(&state, sandbox.id()).await?;
     // The file lands in the sandbox's root, under its own quota; the host's
     // reserve still comes first.
     state.platform.check_reserve("upload a file", 0)?;
@@ -212,7 +213,7 @@ pub async fn write(
         }
     }
     upload.finish().await.map_err(file_error)?;
-    let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
+    let _ = state.platform.store.touch_sandbox(sandbox.id(), &crate::ids::now());
     Ok((StatusCode::CREATED, Json(FileWritten { path, size: size as u64 })))
 }
 
@@ -221,13 +222,13 @@ pub async fn write(
     responses((status = 204, description = "Deleted"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn delete(
+    SandboxPath { sandbox, .. }: SandboxPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<StatusCode, ApiError> {
     let path = checked_path(&query.path)?;
-    let (agent, _work) = agent_for(&state, &id).await?;
+    let (agent, _work) = agent_for(&state, sandbox.id()).await?;
     agent.delete_path(path, query.recursive).await.map_err(file_error)?;
-    let _ = state.platform.store.touch_sandbox(&id, &crate::ids::now());
+    let _ = state.platform.store.touch_sandbox(sandbox.id(), &crate::ids::now());
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,6 +1,7 @@
 //! The HTTP edge: routing, auth, request parsing, the OpenAPI document.
 //! Handlers are thin: parse, call the platform, shape the response.
 
+pub(crate) mod access;
 mod attach;
 mod checkpoints;
 mod commands;
@@ -290,9 +291,8 @@ pub(crate) fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
     String::from_utf8(key).ok()
 }
 
-/// Authenticates the key (the server's own, or a tenant's), then refuses a
-/// path naming another tenant's sandbox, operation or template with the
-/// same 404 an unknown one gets.
+/// Authenticates the key (the server's own, or a tenant's) and hands the
+/// caller on to the handler.
 async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
     let offered = websocket_bearer(request.headers());
     let caller = match bearer(request.headers()).or(offered.as_deref()) {
@@ -314,7 +314,8 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
         false => caller,
     };
     tracing::Span::current().record("tenant", caller.tenant.as_str());
-    check_owner(&state, &caller, request.method(), request.uri().path())?;
+    // Which resources the caller may reach is decided where each handler
+    // loads one (`access.rs`), never here from the path's text.
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
 }
@@ -333,36 +334,6 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
     }
     crate::tenants::tenant_for_key(&state.platform.store, key)?
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid"))
-}
-
-/// 404 for a resource of another tenant named in the path.
-fn check_owner(state: &AppState, caller: &Caller, method: &axum::http::Method, path: &str) -> Result<(), ApiError> {
-    let mut parts = path.trim_start_matches("/v1/").split('/');
-    let (Some(kind), Some(id)) = (parts.next(), parts.next()) else { return Ok(()) };
-    let platform = &state.platform;
-    match kind {
-        "sandboxes" if platform.store.sandbox_tenant(id)?.is_some_and(|t| t != caller.tenant) => {
-            return Err(ApiError::not_found("sandbox", id));
-        }
-        "operations" if platform.store.operation_tenant(id)?.is_some_and(|t| t != caller.tenant) => {
-            return Err(ApiError::not_found("operation", id));
-        }
-        "templates" => {
-            let Some(owner) = platform.template_owner(id) else { return Ok(()) };
-            if !caller.sees_template(owner.as_deref()) {
-                return Err(crate::templates::template_not_found(id));
-            }
-            if owner.is_none() && !caller.operator && method == axum::http::Method::DELETE {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    "shared templates are managed with the server's own key",
-                ));
-            }
-        }
-        _ => {}
-    }
-    Ok(())
 }
 
 /// A JSON body whose every parse failure is a 4xx in our error shape.

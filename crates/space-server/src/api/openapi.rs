@@ -35,7 +35,7 @@ use super::{
         output::output, attach::attach,
         files::read, files::write, files::delete,
         usage::usage, usage::sandbox, events::events, egress::log, egress::set_network,
-        secrets::put, secrets::list, secrets::delete, ports::proxy,
+        secrets::put, secrets::list, secrets::delete, ports::proxy, ports::proxy_root,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth, &UniqueOperationIds),

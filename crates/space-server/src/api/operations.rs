@@ -1,9 +1,10 @@
 //! `/v1/operations`: follow asynchronous lifecycle work.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::{Extension, Json};
 use space_api::{ErrorBody, Operation, OperationList};
 
+use super::access::OperationPath;
 use super::{ApiQuery, AppState, WaitQuery};
 use crate::error::ApiError;
 use crate::tenants::Caller;
@@ -12,13 +13,17 @@ use crate::tenants::Caller;
     params(("id" = String, Path, description = "Operation id"), WaitQuery),
     responses((status = 200, body = Operation), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get(
+    path: OperationPath,
     State(state): State<AppState>,
-    Path(id): Path<String>,
     ApiQuery(wait): ApiQuery<WaitQuery>,
 ) -> Result<Json<Operation>, ApiError> {
     let deadline = wait.deadline()?;
+    if path.operation.state.is_terminal() {
+        return Ok(Json(path.operation));
+    }
     let platform = &state.platform;
-    let operation = platform.wait_for(Some(deadline), || platform.operation(&id), |op| op.state.is_terminal()).await?;
+    let id = path.id.as_str();
+    let operation = platform.wait_for(Some(deadline), || platform.operation(id), |op| op.state.is_terminal()).await?;
     Ok(Json(operation))
 }
 

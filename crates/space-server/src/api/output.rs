@@ -5,13 +5,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use base64::Engine as _;
 use space_api::{ErrorBody, OutputFrame, ProcessResult};
 use tokio::sync::{mpsc, watch};
 
+use super::access::CommandPath;
 use super::{ApiQuery, AppState};
 use crate::error::ApiError;
 use crate::platform::Platform;
@@ -44,12 +45,12 @@ enum Format {
          body = OutputFrame, content_type = "application/x-ndjson"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn output(
+    path: CommandPath,
     State(state): State<AppState>,
-    Path((id, cid)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<OutputQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let emitted = follow(&state.platform, &id, &cid, query.from, query.follow)?;
+    let emitted = follow(&state.platform, path.sandbox.id(), path.id(), query.from, query.follow)?;
     let format = match headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) {
         Some(accept) if accept.contains("text/event-stream") => Format::Sse,
         _ => Format::Ndjson,

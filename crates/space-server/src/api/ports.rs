@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
@@ -17,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use space_api::{ErrorBody, SandboxState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::access::PortPath;
 use super::AppState;
 use crate::error::ApiError;
 
@@ -46,20 +47,27 @@ pub(crate) const HOP_BY_HOP: [&str; 8] = [
         (status = 409, description = "The sandbox is not running", body = ErrorBody),
         (status = 502, description = "Nothing listens on that port in the sandbox (`port_closed`)", body = ErrorBody)))]
 pub async fn proxy(
+    PortPath { sandbox, port, path }: PortPath,
     State(state): State<AppState>,
-    Path((id, port, path)): Path<(String, String, String)>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    forward(state, id, port, path, request).await
+    forward(state, sandbox.id().to_string(), port, path, request).await
 }
 
 /// The server's root (`.../ports/{port}` and `.../ports/{port}/`), and the
 /// TCP tunnel.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports/{port}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), ("port" = u16, Path, description = "A port a server listens on inside the sandbox")),
+    responses((status = 200, description = "The server's root (any method; WebSocket upgrades too); a WebSocket offering the `space-tcp` subprotocol is a raw TCP tunnel to the port"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not running", body = ErrorBody),
+        (status = 502, description = "Nothing listens on that port in the sandbox (`port_closed`)", body = ErrorBody)))]
 pub async fn proxy_root(
+    PortPath { sandbox, port, .. }: PortPath,
     State(state): State<AppState>,
-    Path((id, port)): Path<(String, String)>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    let id = sandbox.id().to_string();
     let tunnel = request
         .headers()
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)

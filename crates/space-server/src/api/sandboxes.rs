@@ -1,6 +1,6 @@
 //! `/v1/sandboxes`: create, list, get, delete.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
@@ -9,6 +9,7 @@ use space_api::{
     SandboxState,
 };
 
+use super::access::SandboxPath;
 use super::{idempotency_key, ApiJson, ApiQuery, AppState};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
@@ -110,21 +111,16 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Sandbox>, ApiError> {
-    Ok(Json(state.platform.sandbox(&id)?.sandbox))
+pub async fn get(path: SandboxPath) -> Json<Sandbox> {
+    Json(path.sandbox.into_record().sandbox)
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, body = SandboxOperation), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn delete(
-    state: State<AppState>,
-    caller: Extension<Caller>,
-    headers: HeaderMap,
-    id: Path<String>,
-) -> LifecycleAnswer {
-    lifecycle(state, caller, headers, id, OperationKind::Delete).await
+pub async fn delete(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+    lifecycle(path, state, headers, OperationKind::Delete).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
@@ -133,13 +129,8 @@ pub async fn delete(
     responses((status = 202, description = "Accepted: every process is frozen in memory once it succeeds", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Not running", body = ErrorBody)))]
-pub async fn pause(
-    state: State<AppState>,
-    caller: Extension<Caller>,
-    headers: HeaderMap,
-    id: Path<String>,
-) -> LifecycleAnswer {
-    lifecycle(state, caller, headers, id, OperationKind::Pause).await
+pub async fn pause(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+    lifecycle(path, state, headers, OperationKind::Pause).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
@@ -149,13 +140,8 @@ pub async fn pause(
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Neither paused nor suspended", body = ErrorBody),
         (status = 503, description = "No room on this host to bring a suspended sandbox back", body = ErrorBody)))]
-pub async fn resume(
-    state: State<AppState>,
-    caller: Extension<Caller>,
-    headers: HeaderMap,
-    id: Path<String>,
-) -> LifecycleAnswer {
-    lifecycle(state, caller, headers, id, OperationKind::Resume).await
+pub async fn resume(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+    lifecycle(path, state, headers, OperationKind::Resume).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/suspend", tag = "sandboxes",
@@ -166,13 +152,8 @@ pub async fn resume(
         (status = 409, description = "Neither running nor paused", body = ErrorBody),
         (status = 429, description = "The snapshot would take the tenant past its disk quota", body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
-pub async fn suspend(
-    state: State<AppState>,
-    caller: Extension<Caller>,
-    headers: HeaderMap,
-    id: Path<String>,
-) -> LifecycleAnswer {
-    lifecycle(state, caller, headers, id, OperationKind::Suspend).await
+pub async fn suspend(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+    lifecycle(path, state, headers, OperationKind::Suspend).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes",
@@ -187,15 +168,15 @@ pub async fn suspend(
         (status = 503, description = "The host cannot hold the forks' memory", body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
 pub async fn fork(
+    SandboxPath { sandbox, caller }: SandboxPath,
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    Path(id): Path<String>,
     ApiJson(request): ApiJson<ForkRequest>,
 ) -> Result<(StatusCode, Json<ForkAccepted>), ApiError> {
+    let id = sandbox.id();
     let key = idempotency_key(&headers)?;
     if let Some(SandboxOperation { operation, .. }) = replay(&state, &caller, key.as_deref(), OperationKind::Fork)? {
-        if operation.sandbox_id.as_deref() != Some(id.as_str()) {
+        if operation.sandbox_id.as_deref() != Some(id) {
             return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
         }
         let sandboxes: Result<Vec<_>, _> =
@@ -203,7 +184,7 @@ pub async fn fork(
         return Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes: sandboxes?, operation })));
     }
     let count = request.count.unwrap_or(1);
-    let (sandboxes, operation) = state.platform.fork_sandbox(&id, count, request.labels, key.as_deref())?;
+    let (sandboxes, operation) = state.platform.fork_sandbox(id, count, request.labels, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes, operation })))
 }
 
@@ -212,12 +193,12 @@ type LifecycleAnswer = Result<(StatusCode, Json<SandboxOperation>), ApiError>;
 /// Every lifecycle call: replay an `Idempotency-Key`, or hand the request
 /// to the sandbox's actor and answer 202 with the operation.
 async fn lifecycle(
+    SandboxPath { sandbox, caller }: SandboxPath,
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    Path(id): Path<String>,
     kind: OperationKind,
 ) -> LifecycleAnswer {
+    let id = sandbox.id();
     let key = idempotency_key(&headers)?;
     if let Some(replayed) = replay(&state, &caller, key.as_deref(), kind)? {
         if replayed.sandbox.id == id {
@@ -225,6 +206,6 @@ async fn lifecycle(
         }
         return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
     }
-    let (sandbox, operation) = state.platform.request(&id, kind, key.as_deref())?;
+    let (sandbox, operation) = state.platform.request(id, kind, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }

@@ -1,11 +1,12 @@
 //! `/v1/secrets`: the caller's tenant's secrets. Write-only: a value goes
 //! in with `PUT` and never comes out (listing gives names and hosts).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use space_api::{ErrorBody, PutSecretRequest, SecretInfo, SecretList};
 
+use super::access::NamePath;
 use super::{ApiJson, AppState};
 use crate::error::ApiError;
 use crate::tenants::Caller;
@@ -16,9 +17,8 @@ use crate::tenants::Caller;
     responses((status = 200, description = "Kept (sealed); used from the next request that needs it", body = SecretInfo),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn put(
+    NamePath { name, caller }: NamePath,
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
     ApiJson(request): ApiJson<PutSecretRequest>,
 ) -> Result<Json<SecretInfo>, ApiError> {
     Ok(Json(state.platform.put_secret(&caller.tenant, &name, request)?))
@@ -38,11 +38,7 @@ pub async fn list(
     params(("name" = String, Path, description = "Secret name")),
     responses((status = 204, description = "Gone; sandboxes bound to it get `secret_unavailable`"),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn delete(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<StatusCode, ApiError> {
+pub async fn delete(NamePath { name, caller }: NamePath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.platform.delete_secret(&caller.tenant, &name)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,7 +1,7 @@
 //! `/v1/templates`: build from Debian packages (an operation), list,
 //! inspect, delete; and `/v1/operations/{id}/log` for build logs.
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -11,6 +11,7 @@ use space_api::{
 };
 use tokio::io::AsyncWriteExt;
 
+use super::access::{NamePath, OperationPath};
 use super::{ApiQuery, AppState};
 use crate::error::ApiError;
 use crate::templates::{checked_overrides, Upload};
@@ -175,11 +176,7 @@ pub async fn list(State(state): State<AppState>, Extension(caller): Extension<Ca
 #[utoipa::path(get, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 200, body = Template), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<Json<Template>, ApiError> {
+pub async fn get(NamePath { name, caller }: NamePath, State(state): State<AppState>) -> Result<Json<Template>, ApiError> {
     Ok(Json(state.platform.template(&name, &caller)?))
 }
 
@@ -188,11 +185,7 @@ pub async fn get(
     responses((status = 204, description = "Every version is gone"), (status = 401, body = ErrorBody),
         (status = 403, description = "A shared template, and not the server's own key", body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "In use or being built", body = ErrorBody)))]
-pub async fn delete(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<StatusCode, ApiError> {
+pub async fn delete(NamePath { name, caller }: NamePath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.platform.delete_template(&name, &caller).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -201,9 +194,8 @@ pub async fn delete(
     params(("id" = String, Path, description = "Operation id")),
     responses((status = 200, description = "The operation's log as text", content_type = "text/plain"),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn log(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    state.platform.operation(&id)?;
-    let text = tokio::fs::read(state.platform.data.log_path(&id))
+pub async fn log(path: OperationPath, State(state): State<AppState>) -> Result<Response, ApiError> {
+    let text = tokio::fs::read(state.platform.data.log_path(path.id.as_str()))
         .await
         .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "not_found", "this operation has no log"))?;
     let mut response = text.into_response();

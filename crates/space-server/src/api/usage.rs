@@ -54,8 +54,8 @@ pub async fn usage(
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = space_api::SandboxUsage), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn sandbox(
+    path: super::access::SandboxPath,
     State(state): State<AppState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Json<space_api::SandboxUsage>, ApiError> {
-    Ok(Json(state.platform.sandbox_usage(&id).await?))
+    Ok(Json(state.platform.sandbox_usage(path.sandbox.id()).await?))
 }

@@ -1,0 +1,181 @@
+//! Path parameters, parsed and authorized on entry. A handler of a route
+//! that names a resource takes one of these extractors and gets the
+//! resource as [`Platform::sandbox_for`](crate::Platform::sandbox_for) or
+//! [`Platform::operation_for`](crate::Platform::operation_for) loaded it
+//! for the caller — never the raw path text. The router has decoded the
+//! path once; an id not in its canonical form after that (re-encoded,
+//! upper-case hex, dot segments, a trailing slash) is a 404, the same
+//! answer as another tenant's id or one that never existed.
+//!
+//! This module is the only one in the API that may read path parameters
+//! (clippy's `disallowed_types` refuses `axum::extract::Path` elsewhere).
+
+#![allow(clippy::disallowed_types)]
+
+use std::collections::HashMap;
+
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use space_api::{Command, Operation};
+
+use super::AppState;
+use crate::access::OwnedSandbox;
+use crate::error::ApiError;
+use crate::ids::{CommandId, ContextId, OperationId, SandboxId};
+use crate::tenants::Caller;
+
+/// The path's parameters (percent-decoded by the router) and the caller
+/// `require_key` authenticated.
+async fn params(parts: &mut Parts, state: &AppState) -> Result<(HashMap<String, String>, Caller), ApiError> {
+    let caller = parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing API key: send `Authorization: Bearer <key>`")
+    })?;
+    // A path that is not valid UTF-8 once decoded names nothing of ours.
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+        .await
+        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource"))?;
+    Ok((params, caller))
+}
+
+fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> &'a str {
+    params.get(name).map(String::as_str).unwrap_or_default()
+}
+
+fn owned_sandbox(state: &AppState, caller: &Caller, text: &str) -> Result<OwnedSandbox, ApiError> {
+    let id = SandboxId::parse(text).ok_or_else(|| ApiError::not_found("sandbox", text))?;
+    state.platform.sandbox_for(caller, &id)
+}
+
+/// `{id}`: a sandbox of the caller's tenant.
+pub struct SandboxPath {
+    pub sandbox: OwnedSandbox,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for SandboxPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        Ok(SandboxPath { sandbox, caller })
+    }
+}
+
+/// `{id}/commands/{cid}`: a command of a sandbox of the caller's tenant.
+pub struct CommandPath {
+    pub sandbox: OwnedSandbox,
+    pub command: Command,
+}
+
+impl CommandPath {
+    pub fn id(&self) -> &str {
+        &self.command.id
+    }
+}
+
+impl FromRequestParts<AppState> for CommandPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let text = param(&params, "cid");
+        let id = CommandId::parse(text).ok_or_else(|| ApiError::not_found("command", text))?;
+        let command = state.platform.command(sandbox.id(), id.as_str())?;
+        Ok(CommandPath { sandbox, command })
+    }
+}
+
+/// `{id}/contexts/{cid}`: a code context's id under a sandbox of the
+/// caller's tenant (the context is looked up within that sandbox).
+pub struct ContextPath {
+    pub sandbox: OwnedSandbox,
+    pub context: ContextId,
+}
+
+impl FromRequestParts<AppState> for ContextPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let text = param(&params, "cid");
+        let context = ContextId::parse(text).ok_or_else(|| crate::contexts::context_not_found(text))?;
+        Ok(ContextPath { sandbox, context })
+    }
+}
+
+/// `{id}/checkpoints/{name}`: a checkpoint's name under a sandbox of the
+/// caller's tenant (the checkpoint is looked up within that sandbox).
+pub struct CheckpointPath {
+    pub sandbox: OwnedSandbox,
+    pub caller: Caller,
+    pub name: String,
+}
+
+impl FromRequestParts<AppState> for CheckpointPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        Ok(CheckpointPath { sandbox, caller, name: param(&params, "name").to_string() })
+    }
+}
+
+/// `{id}/ports/{port}[/{path}]`: a port of a sandbox of the caller's
+/// tenant, and the path on the server there.
+pub struct PortPath {
+    pub sandbox: OwnedSandbox,
+    pub port: String,
+    pub path: String,
+}
+
+impl FromRequestParts<AppState> for PortPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let port = param(&params, "port").to_string();
+        Ok(PortPath { sandbox, port, path: param(&params, "path").to_string() })
+    }
+}
+
+/// `/v1/operations/{id}`: an operation of the caller's tenant.
+pub struct OperationPath {
+    pub id: OperationId,
+    /// As it was when the request loaded it.
+    pub operation: Operation,
+}
+
+impl FromRequestParts<AppState> for OperationPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let text = param(&params, "id");
+        let id = OperationId::parse(text).ok_or_else(|| ApiError::not_found("operation", text))?;
+        let operation = state.platform.operation_for(&caller, &id)?;
+        Ok(OperationPath { id, operation })
+    }
+}
+
+/// `{name}` of a template or a secret, with the caller: both are looked
+/// up in what the caller may see (`Platform::template`, the tenant's own
+/// secrets), never by name alone.
+pub struct NamePath {
+    pub name: String,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for NamePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        Ok(NamePath { name: param(&params, "name").to_string(), caller })
+    }
+}
