@@ -1,8 +1,9 @@
 //! The gateway: serves one sandbox's egress connections (relayed by its
 //! agent over the channel, whatever stream they arrive as). A connection opens
 //! with `CONNECT host:port` (a tunnel, whatever runs inside it) or an
-//! absolute-form `http://` request (forwarded with `Connection: close`);
-//! anything else is refused. The target is judged by the sandbox's policy
+//! absolute-form `http://` request (forwarded alone, its body measured, with
+//! `Connection: close` and the `Host` of its target); anything else, or
+//! anything [`crate::framing`] finds ambiguous, is refused. The target is judged by the sandbox's policy
 //! before any lookup, its addresses after, and the gateway dials the
 //! address it checked (a name is never handed to anyone else to resolve).
 
@@ -284,9 +285,9 @@ impl SandboxEgress {
         };
         let request = match Request::parse(&head) {
             Ok(request) => request,
-            Err(()) => {
-                refuse(&mut client, 400, Reason::BadRequest).await;
-                event.reason = Some(Reason::BadRequest.as_str().into());
+            Err(reason) => {
+                refuse(&mut client, 400, reason).await;
+                event.reason = Some(reason.as_str().into());
                 return self.record(event, started);
             }
         };
@@ -470,36 +471,44 @@ struct Request {
     port: u16,
     /// For a forwarded request: its head in origin form, `Connection: close`.
     forward_head: Vec<u8>,
+    /// For a forwarded request: how its body ends (nothing after it goes).
+    body: crate::framing::BodyLength,
 }
 
 impl Request {
-    fn parse(head: &[u8]) -> Result<Request, ()> {
-        let mut headers = [httparse::EMPTY_HEADER; 64];
+    fn parse(head: &[u8]) -> Result<Request, Reason> {
+        let mut headers = [httparse::EMPTY_HEADER; crate::framing::MAX_HEADERS];
         let mut parsed = httparse::Request::new(&mut headers);
         match parsed.parse(head) {
             Ok(httparse::Status::Complete(_)) => {}
-            _ => return Err(()),
+            _ => return Err(Reason::BadRequest),
         }
-        let (method, uri) = (parsed.method.ok_or(())?, parsed.path.ok_or(())?);
+        let bad = |()| Reason::BadRequest;
+        let (method, uri) = (parsed.method.ok_or(Reason::BadRequest)?, parsed.path.ok_or(Reason::BadRequest)?);
         if method.eq_ignore_ascii_case("CONNECT") {
-            let (target, port) = split_authority(uri, None)?;
-            return Ok(Request { connect: true, target, port, forward_head: Vec::new() });
+            let (target, port) = split_authority(uri, None).map_err(bad)?;
+            let body = crate::framing::BodyLength::None;
+            return Ok(Request { connect: true, target, port, forward_head: Vec::new(), body });
         }
         // Absolute form, plain HTTP only: HTTPS goes through CONNECT.
-        let rest = uri.strip_prefix("http://").ok_or(())?;
+        let rest = uri.strip_prefix("http://").ok_or(Reason::BadRequest)?;
         let (authority, path) = match rest.find(['/', '?']) {
             Some(cut) => (&rest[..cut], &rest[cut..]),
             None => (rest, "/"),
         };
         if authority.contains('@') {
-            return Err(());
+            return Err(Reason::BadRequest);
         }
-        let (target, port) = split_authority(authority, Some(80))?;
+        let (target, port) = split_authority(authority, Some(80)).map_err(bad)?;
+        let body = crate::framing::check_head(&parsed, None)?;
         let path = if path.starts_with('?') { format!("/{path}") } else { path.to_string() };
-        let mut out = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+        // The Host is the target's, whatever the sandbox wrote (RFC 9112
+        // §3.2.2): the address dialled is the target's, and another Host
+        // would reach another site behind it.
+        let mut out = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
         for header in parsed.headers.iter() {
             let name = header.name.to_ascii_lowercase();
-            if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
+            if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" || name == "host" {
                 continue;
             }
             out.extend_from_slice(header.name.as_bytes());
@@ -508,7 +517,7 @@ impl Request {
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"Connection: close\r\n\r\n");
-        Ok(Request { connect: false, target, port, forward_head: out })
+        Ok(Request { connect: false, target, port, forward_head: out, body })
     }
 }
 
@@ -547,7 +556,7 @@ async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> io::Result<(Vec<u8>,
     }
 }
 
-async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reason) {
+pub(crate) async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reason) {
     let phrase = match status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -748,10 +757,7 @@ async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> (u64, u64) {
     let mut up = 0;
     if !request.connect {
-        if upstream.write_all(&request.forward_head).await.is_err() {
-            return (0, 0);
-        }
-        up += request.forward_head.len() as u64;
+        return forward_one(client, upstream, request, rest).await;
     }
     if !rest.is_empty() {
         if upstream.write_all(rest).await.is_err() {
@@ -762,6 +768,56 @@ async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
     match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         Ok((more_up, down)) => (up + more_up, down),
         Err(_) => (up, 0),
+    }
+}
+
+/// Sends a forwarded request upstream, its head and exactly its body
+/// (whatever the sandbox sends after it stays unread: with `Connection:
+/// close`, no second request rides on this one), and its answer back,
+/// until the upstream is done. The upstream's side is never half-closed:
+/// some servers take that for a client gone. Returns (up, down).
+async fn forward_one<S: AsyncRead + AsyncWrite + Unpin>(
+    client: S,
+    mut upstream: TcpStream,
+    request: &Request,
+    rest: &[u8],
+) -> (u64, u64) {
+    let (mut from_client, mut to_client) = tokio::io::split(client);
+    let (mut from_upstream, mut to_upstream) = upstream.split();
+    let send = async {
+        to_upstream.write_all(&request.forward_head).await?;
+        let mut up = request.forward_head.len() as u64;
+        let mut framer = crate::framing::Framer::new(request.body);
+        let mut pending = rest.to_vec();
+        let mut chunk = vec![0u8; 16 * 1024];
+        while !framer.done() {
+            if pending.is_empty() {
+                let n = from_client.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                pending.extend_from_slice(&chunk[..n]);
+            }
+            let n = framer.feed(&pending).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+            to_upstream.write_all(&pending[..n]).await?;
+            up += n as u64;
+            pending.drain(..n);
+        }
+        io::Result::Ok(up)
+    };
+    let receive = async {
+        let down = tokio::io::copy(&mut from_upstream, &mut to_client).await.unwrap_or(0);
+        let _ = to_client.shutdown().await;
+        down
+    };
+    tokio::pin!(send, receive);
+    tokio::select! {
+        down = &mut receive => (0, down),
+        sent = &mut send => match sent {
+            // A malformed chunk: the upstream has part of a body, and no more.
+            Err(_) => (0, 0),
+            Ok(up) => (up, receive.await),
+        },
     }
 }
 

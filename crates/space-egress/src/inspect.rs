@@ -3,8 +3,12 @@
 //! reads each HTTP/1.1 request, replaces the placeholders of the secrets
 //! bound to that host (refusing any other secret's placeholder), sets the
 //! bindings' headers, and sends the request on over its own TLS connection
-//! to the host, whose certificate it checks. Secret values in responses
-//! (headers and bodies) go back to the sandbox as placeholders.
+//! to the host, whose certificate it checks. Every form of a secret value
+//! the gateway wrote (the value, and the `Basic` credentials it encoded
+//! again) goes back to the sandbox in responses (headers, bodies and
+//! trailers) as the placeholder form the sandbox sent. Each request head
+//! is judged before any of this ([`crate::framing`]): one `Host`, the
+//! tunnel's, and a body of one length.
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
@@ -16,7 +20,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HOST};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -82,16 +86,32 @@ where
             None
         }
     };
-    let (inspection, sender) = (Arc::new(inspection), Arc::new(sender));
+    // The server reads only requests whose heads passed; at the first that
+    // does not, it sees the stream end, and the refusal is written after
+    // what it had to answer.
+    let mut guarded = crate::framing::Guarded::new(tls, &inspection.host);
+    let (inspection, sender, served_seen) = (Arc::new(inspection), Arc::new(sender), seen.clone());
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let (inspection, sender, seen) = (inspection.clone(), sender.clone(), seen.clone());
+        let (inspection, sender, seen) = (inspection.clone(), sender.clone(), served_seen.clone());
         async move { Ok::<_, Infallible>(forward(request, &inspection, &sender, &seen).await) }
     });
-    hyper::server::conn::http1::Builder::new()
+    // Half-close: the answers to requests before a refused one are still
+    // written after the server sees the end.
+    let served = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
-        .serve_connection(TokioIo::new(tls), service)
-        .await
-        .map_err(|_| Reason::Unreachable)
+        .half_close(true)
+        .serve_connection(TokioIo::new(&mut guarded), service)
+        .await;
+    if let Some(reason) = guarded.refused() {
+        {
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            seen.requests += 1;
+            seen.refused.get_or_insert(reason);
+        }
+        crate::gateway::refuse(guarded.inner_mut(), 400, reason).await;
+        return Ok(());
+    }
+    served.map_err(|_| Reason::Unreachable)
 }
 
 async fn connect_upstream(
@@ -126,16 +146,26 @@ async fn forward(
     let Some(sender) = sender else {
         return refuse(Reason::UpstreamTls, StatusCode::BAD_GATEWAY);
     };
-    if !names_host(&request, &inspection.host) {
-        return refuse(Reason::WrongHost, StatusCode::MISDIRECTED_REQUEST);
+    // The head passed `framing::check_head`: its one Host (if any) names
+    // the tunnel's host; HTTP/1.0 without one gets it.
+    if !request.headers().contains_key(HOST) {
+        match HeaderValue::from_str(&inspection.host) {
+            Ok(host) => request.headers_mut().insert(HOST, host),
+            Err(_) => return refuse(Reason::BadRequest, StatusCode::BAD_REQUEST),
+        };
     }
     let target = Target::Name(inspection.host.clone());
-    let used = match add_secrets(request.headers_mut(), &target, &inspection.policy, inspection.vault.as_ref()) {
-        Ok(used) => used,
+    let injected = match add_secrets(request.headers_mut(), &target, &inspection.policy, inspection.vault.as_ref()) {
+        Ok(injected) => injected,
         Err(reason) => return refuse(reason, StatusCode::FORBIDDEN),
     };
+    if !injected.used.is_empty() {
+        // A compressed answer could carry a value past the redaction, which
+        // reads plain bytes only.
+        request.headers_mut().insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
     // The values to hide again in what comes back.
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> = inspection
+    let values: Vec<(Vec<u8>, Vec<u8>)> = inspection
         .policy
         .bindings
         .iter()
@@ -143,7 +173,8 @@ async fn forward(
         .filter_map(|b| Some((inspection.vault.value(&b.secret)?.into_bytes(), b.placeholder.clone().into_bytes())))
         .filter(|(value, _)| !value.is_empty())
         .collect();
-    seen.lock().unwrap_or_else(|e| e.into_inner()).secrets.extend(used);
+    let pairs = redactions(injected.written, &values);
+    seen.lock().unwrap_or_else(|e| e.into_inner()).secrets.extend(injected.used);
     let head_only = request.method() == hyper::Method::HEAD;
     let response = {
         let mut sender = sender.lock().await;
@@ -156,13 +187,7 @@ async fn forward(
         }
     };
     let (mut parts, body) = response.into_parts();
-    for value in parts.headers.values_mut() {
-        if let Some(hidden) = replace_all(value.as_bytes(), &pairs) {
-            if let Ok(hidden) = HeaderValue::from_bytes(&hidden) {
-                *value = hidden;
-            }
-        }
-    }
+    redact_headers(&mut parts.headers, &pairs);
     let has_body = !head_only && parts.status != StatusCode::NO_CONTENT && parts.status != StatusCode::NOT_MODIFIED;
     if has_body && !pairs.is_empty() {
         // Lengths change where a value is hidden: the body goes chunked.
@@ -171,29 +196,28 @@ async fn forward(
     Response::from_parts(parts, Either::Left(Redacting::new(body, pairs)))
 }
 
-/// Whether the request is for the tunnel's host (its `Host`, and its
-/// authority when it gives one).
-fn names_host<B>(request: &Request<B>, host: &str) -> bool {
-    let same = |authority: &str| {
-        let name = authority.strip_suffix(":443").unwrap_or(authority);
-        name.trim_end_matches('.').eq_ignore_ascii_case(host)
-    };
-    let by_header = request.headers().get(HOST).and_then(|h| h.to_str().ok()).is_none_or(same);
-    let by_uri = request.uri().authority().is_none_or(|a| same(a.as_str()));
-    by_header && by_uri
+/// What [`add_secrets`] did to a request.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Injected {
+    /// The secrets' names used.
+    pub used: BTreeSet<String>,
+    /// The `Basic` credentials the gateway encoded again, each with what
+    /// the sandbox had sent in its place: (written, sent).
+    pub written: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Replaces, in every header, the placeholders of the secrets bound to
 /// `target` with their values (inside `Authorization: Basic` too, where
 /// git puts a token), and sets the bindings' headers. Any other secret's
-/// placeholder refuses the request. Returns the secrets' names used.
+/// placeholder refuses the request.
 pub fn add_secrets(
     headers: &mut HeaderMap,
     target: &Target,
     policy: &Policy,
     vault: &dyn Vault,
-) -> Result<BTreeSet<String>, Reason> {
+) -> Result<Injected, Reason> {
     let mut used = BTreeSet::new();
+    let mut written = Vec::new();
     let substitute = |text: &[u8], used: &mut BTreeSet<String>| -> Result<Option<Vec<u8>>, Reason> {
         let mut out: Option<Vec<u8>> = None;
         for binding in &policy.bindings {
@@ -219,7 +243,9 @@ pub fn add_secrets(
                 let engine = base64::engine::general_purpose::STANDARD;
                 if let Ok(decoded) = engine.decode(encoded.trim_ascii()) {
                     if let Some(inner) = substitute(&decoded, &mut used)? {
-                        replaced = Some(format!("Basic {}", engine.encode(inner)).into_bytes());
+                        let encoded = engine.encode(inner);
+                        written.push((encoded.clone().into_bytes(), engine.encode(&decoded).into_bytes()));
+                        replaced = Some(format!("Basic {encoded}").into_bytes());
                     }
                 }
             }
@@ -237,7 +263,51 @@ pub fn add_secrets(
             used.insert(binding.secret.clone());
         }
     }
-    Ok(used)
+    Ok(Injected { used, written })
+}
+
+/// What to hide in a response, and what goes in its place, longest-lived
+/// forms first: the `Basic` credentials the gateway wrote go back as the
+/// sandbox sent them; each value as its placeholder; and the base64 of
+/// each value at each of the three offsets a value can have in base64
+/// input (the part no neighbouring byte changes), as the placeholder's at
+/// the same offset. The last catch the value inside any `Basic`
+/// credentials the gateway wrote, whichever request wrote them and
+/// whatever the user name, when a host answers them later (an echo of the
+/// previous request).
+fn redactions(written: Vec<(Vec<u8>, Vec<u8>)>, values: &[(Vec<u8>, Vec<u8>)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut pairs = written;
+    for (value, placeholder) in values {
+        pairs.push((value.clone(), placeholder.clone()));
+    }
+    for (value, placeholder) in values {
+        for offset in 0..3 {
+            if let (Some(from), Some(to)) = (base64_core(value, offset), base64_core(placeholder, offset)) {
+                pairs.push((from, to));
+            }
+        }
+    }
+    pairs
+}
+
+/// The base64 found in the encoding of any input holding `bytes` where its
+/// three-byte groups start `offset` bytes into them: the encoding of the
+/// whole groups inside `bytes`. `None` when that is too short (under 8
+/// characters) to stand for the value alone.
+fn base64_core(bytes: &[u8], offset: usize) -> Option<Vec<u8>> {
+    let whole = bytes.len().checked_sub(offset)? / 3 * 3;
+    let engine = base64::engine::general_purpose::STANDARD_NO_PAD;
+    (whole >= 6).then(|| engine.encode(&bytes[offset..offset + whole]).into_bytes())
+}
+
+/// Hides `pairs` in every header value; a value that cannot be written
+/// back is emptied rather than left as it came.
+fn redact_headers(headers: &mut HeaderMap, pairs: &[(Vec<u8>, Vec<u8>)]) {
+    for value in headers.values_mut() {
+        if let Some(hidden) = replace_all(value.as_bytes(), pairs) {
+            *value = HeaderValue::from_bytes(&hidden).unwrap_or_else(|_| HeaderValue::from_static(""));
+        }
+    }
 }
 
 /// Whether `bytes` carry the placeholder of any secret bound to the
@@ -331,7 +401,10 @@ impl Body for Redacting {
                         }
                     }
                     Err(frame) => match frame.into_trailers() {
-                        Ok(trailers) => this.trailers = Some(trailers),
+                        Ok(mut trailers) => {
+                            redact_headers(&mut trailers, &this.pairs);
+                            this.trailers = Some(trailers);
+                        }
                         Err(_) => continue,
                     },
                 },
@@ -370,18 +443,21 @@ mod tests {
         let api = Target::Name("api.space.test".into());
         let mut headers = HeaderMap::new();
         headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer space_ph_aaaa"));
-        let used = add_secrets(&mut headers, &api, &policy(), &Fixed).unwrap();
+        let injected = add_secrets(&mut headers, &api, &policy(), &Fixed).unwrap();
         assert_eq!(headers[AUTHORIZATION], "Bearer sk-real-value");
-        assert_eq!(used.into_iter().collect::<Vec<_>>(), ["llm"]);
+        assert_eq!(injected.used.into_iter().collect::<Vec<_>>(), ["llm"]);
+        assert!(injected.written.is_empty());
 
         // Inside Basic credentials (git over HTTPS).
         let engine = base64::engine::general_purpose::STANDARD;
         let basic = format!("Basic {}", engine.encode("x-access-token:space_ph_aaaa"));
         let mut headers = HeaderMap::new();
         headers.insert(AUTHORIZATION, HeaderValue::from_str(&basic).unwrap());
-        add_secrets(&mut headers, &api, &policy(), &Fixed).unwrap();
+        let injected = add_secrets(&mut headers, &api, &policy(), &Fixed).unwrap();
         let sent = headers[AUTHORIZATION].to_str().unwrap().strip_prefix("Basic ").unwrap().to_string();
-        assert_eq!(engine.decode(sent).unwrap(), b"x-access-token:sk-real-value");
+        assert_eq!(engine.decode(&sent).unwrap(), b"x-access-token:sk-real-value");
+        let asked = engine.encode("x-access-token:space_ph_aaaa").into_bytes();
+        assert_eq!(injected.written, vec![(sent.into_bytes(), asked)], "what it wrote, and what it goes back as");
 
         // Another secret's placeholder to this host: refused, nothing added.
         let mut headers = HeaderMap::new();

@@ -7,6 +7,7 @@
 //! audit [`gateway::Event`].
 
 pub mod ca;
+pub mod framing;
 pub mod gateway;
 pub mod inspect;
 pub mod policy;

@@ -265,6 +265,10 @@ pub enum Reason {
     ClientTls,
     /// Past the sandbox's new connections per second.
     RateLimit,
+    /// A request the gateway and the host behind it could read two ways:
+    /// more than one `Host` or `Content-Length`, or a body with both a
+    /// length and a transfer coding (RFC 9112 §3.2, §6.3).
+    Ambiguous,
 }
 
 impl Reason {
@@ -289,6 +293,7 @@ impl Reason {
             Reason::UpstreamTls => "upstream_tls",
             Reason::ClientTls => "client_tls",
             Reason::RateLimit => "rate_limit",
+            Reason::Ambiguous => "ambiguous_request",
         }
     }
 
@@ -316,6 +321,9 @@ impl Reason {
             Reason::UpstreamTls => "the host's TLS certificate did not verify",
             Reason::ClientTls => "the program did not accept the gateway's certificate (trust the sandbox CA)",
             Reason::RateLimit => "too many new connections per second from this sandbox",
+            Reason::Ambiguous => {
+                "the request is ambiguous: one Host, and one of Content-Length or Transfer-Encoding: chunked"
+            }
         }
     }
 }
