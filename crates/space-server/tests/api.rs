@@ -296,7 +296,10 @@ fn bad_input_gets_the_error_shape_and_changes_nothing() {
     server.error("GET", "/v1/sandboxes/sbx_00000000000000000000", None, 404, "not_found");
     server.error("GET", &format!("/v1/sandboxes/{}", "x".repeat(5000)), None, 404, "not_found");
     server.error("GET", "/v1/operations/op_00000000000000000000?wait=1", None, 404, "not_found");
-    server.error("GET", "/v1/operations/op_00000000000000000000?wait=999", None, 400, "invalid_request");
+    // What the path names is found (or not) before the query is read: an
+    // unknown operation is 404 whatever the query (a bad wait on a real one
+    // is 400: below).
+    server.error("GET", "/v1/operations/op_00000000000000000000?wait=999", None, 404, "not_found");
     server.error("GET", "/v1/sandboxes?state=sleepy", None, 400, "invalid_request");
 
     let auth = format!("Bearer {}", server.key);
@@ -369,6 +372,10 @@ fn bad_input_gets_the_error_shape_and_changes_nothing() {
         let (status, _) = server.call("POST", "/v1/sandboxes/sbx_00000000000000000000/commands", Some(body));
         assert_eq!(status, 404);
     }
+    let (_, accepted) = server.call("POST", "/v1/sandboxes", Some(serde_json::json!({"template": "base"})));
+    let operation = accepted["operation"]["id"].as_str().unwrap().to_string();
+    server.error("GET", &format!("/v1/operations/{operation}?wait=999"), None, 400, "invalid_request");
+    server.error("GET", &format!("/v1/operations/{}?wait=1", operation.to_uppercase()), None, 404, "not_found");
 }
 
 #[test]
