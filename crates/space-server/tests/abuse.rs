@@ -10,6 +10,7 @@ mod common;
 #[path = "abuse/ports.rs"] mod ports;
 #[path = "abuse/tenancy.rs"]
 mod tenancy;
+#[path = "abuse/edges.rs"] mod edges;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
