@@ -86,6 +86,8 @@ impl Platform {
         let agent = self.agent(sandbox_id).ok_or_else(|| {
             ApiError::invalid_state("sandbox", state.as_str(), "run a command (its agent is not connected)")
         })?;
+        // After a `PUT .../network`, the placeholders of its bindings now.
+        self.give_current_env(sandbox_id, &agent).await?;
         let id = ids::new_id("cmd");
         let sandbox_dir = self.data.sandbox_dir(sandbox_id);
         let transcript_path = transcript::path_for(&sandbox_dir, &id);

@@ -15,6 +15,8 @@ use crate::platform::Platform;
 
 /// Events waiting to be stored, at most.
 const EVENT_QUEUE: usize = 4096;
+/// How long an agent may take to take a new environment.
+const ENV_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The gateway's policy for a sandbox's network.
 pub fn policy_of(network: &Network) -> Result<Policy, RuleError> {
@@ -42,6 +44,13 @@ pub(crate) struct EgressHub {
     live: Mutex<HashMap<String, Arc<SandboxEgress>>>,
     events: mpsc::Sender<(String, Event)>,
     queued: Mutex<Option<mpsc::Receiver<(String, Event)>>>,
+    /// Sandboxes whose agent may hold another environment than
+    /// [`crate::secrets::sandbox_env`] (its network changed, or it is an
+    /// agent that kept its memory: re-adopted, resumed, woken from an
+    /// image), each with the count of the change: given before its next
+    /// command, and forgotten only if nothing changed meanwhile.
+    env_due: Mutex<HashMap<String, u64>>,
+    env_changes: std::sync::atomic::AtomicU64,
 }
 
 impl EgressHub {
@@ -53,6 +62,8 @@ impl EgressHub {
             live: Mutex::default(),
             events,
             queued: Mutex::new(Some(queued)),
+            env_due: Mutex::default(),
+            env_changes: Default::default(),
         }
     }
 }
@@ -116,6 +127,10 @@ impl Platform {
     /// re-adoption after a restart).
     pub(crate) fn start_egress(self: &Arc<Self>, id: &str, agent: &space_engine::AgentConn) {
         let Ok(record) = self.sandbox(id) else { return };
+        // Only a new agent took its environment from this handshake.
+        if agent.hello().reconnect || agent.welcome().env != crate::secrets::sandbox_env(&record) {
+            self.env_changed(id);
+        }
         let policy = policy_of(&record.sandbox.network).unwrap_or_default();
         let ca = record.egress_ca.as_ref().and_then(|ca| match self.open_egress_ca(id, ca) {
             Ok(ca) => Some(ca),
@@ -191,12 +206,13 @@ impl Platform {
             return Err(ApiError::invalid_state("sandbox", "deleted", "change its network"));
         }
         // A variable bound before keeps its placeholder (processes already
-        // hold it); a new one's placeholder is in the answer, for commands
-        // to be given (the sandbox's own environment is set at create).
+        // hold it); a new one's placeholder is in the answer and in the
+        // environment of every command started from now on.
         self.bind_secrets(&record.tenant, &mut network, Some(&record.sandbox.network))?;
         self.check_egress_ceiling(&record.tenant, &network)?;
         let policy = policy_of(&network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
         self.store.set_sandbox_network(id, &network)?;
+        self.env_changed(id);
         if let Some(egress) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             egress.set_policy(policy);
         }
@@ -248,6 +264,33 @@ impl Platform {
     /// Forgets a deleted sandbox's egress.
     pub(crate) fn stop_egress(&self, id: &str) {
         self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    /// Notes that the agent of `id` is to be given its environment again.
+    fn env_changed(&self, id: &str) {
+        let change = self.egress.env_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), change);
+    }
+
+    /// Gives `agent` the sandbox's current environment if it may hold
+    /// another (before a command starts): the placeholders of its network
+    /// as it is now, none of a variable no longer bound.
+    pub(crate) async fn give_current_env(&self, id: &str, agent: &space_engine::AgentConn) -> Result<(), ApiError> {
+        let Some(change) = self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner()).get(id).copied() else {
+            return Ok(());
+        };
+        // Read after the change was taken: a later change is due again.
+        let env = crate::secrets::sandbox_env(&self.sandbox(id)?);
+        // The CA is the welcome's business; only the environment changes.
+        let identity =
+            space_engine::fresh_identity(&env, None).map_err(|e| ApiError::internal("the sandbox's environment", e))?;
+        agent.set_identity(&identity, ENV_PATIENCE).await.map_err(crate::commands::exec_failure)?;
+        let mut due = self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner());
+        if due.get(id) == Some(&change) {
+            due.remove(id);
+        }
+        Ok(())
     }
 
     /// Stores egress events as they come, until the server stops.

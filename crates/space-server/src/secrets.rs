@@ -430,6 +430,24 @@ impl Platform {
     }
 }
 
+/// The environment a sandbox's commands get: its own (`record.env`, set at
+/// create), with the placeholders of its network as it is now. A binding
+/// made later (`PUT .../network`) adds its placeholder; a variable no
+/// longer bound loses the one it had, which nothing would inject any more.
+/// Derived from the network kept in the store, so a restart changes
+/// nothing of it.
+pub(crate) fn sandbox_env(record: &crate::store::SandboxRecord) -> BTreeMap<String, String> {
+    let bound = &record.sandbox.network.secrets;
+    let mut env = record.env.clone();
+    env.retain(|var, value| !value.starts_with(PLACEHOLDER_PREFIX) || bound.contains_key(var));
+    for (var, binding) in bound {
+        if let Some(placeholder) = &binding.placeholder {
+            env.insert(var.clone(), placeholder.clone());
+        }
+    }
+    env
+}
+
 fn new_placeholder() -> String {
     let mut bytes = [0u8; 16];
     SystemRandom::new().fill(&mut bytes).expect("the kernel's random source");

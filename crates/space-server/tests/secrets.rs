@@ -397,3 +397,75 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
         assert!(!logged.contains(value.as_str()), "a secret value is in the server's log");
     }
 }
+
+/// A binding added with `PUT .../network` reaches every command started
+/// later, and one removed leaves them, also after a restart: the
+/// sandbox's environment follows its network (before, new commands kept
+/// the create's placeholders, so a new binding's never reached them).
+#[test]
+fn commands_started_after_a_network_change_get_its_placeholders() {
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, POLYGLOT_TEMPLATE]);
+    let upstream = upstream(data.root());
+    let mut config = platform_config(&data);
+    let hosts: Vec<String> = HOSTS.iter().map(|h| format!("{h}=127.0.0.1:{}", upstream.port)).collect();
+    config.egress = space_server::egress::EgressSettings::parse(&hosts, &["127.0.0.1/32".into()]).unwrap();
+    config.egress.trust = vec![upstream.ca_file.clone()];
+    let server = TestServer::start_with(config.clone());
+    let value = format!("sk-later-{}-value", std::process::id());
+    server.ok("PUT", "/v1/secrets/early", Some(json!({"value": "early-value", "hosts": ["other.space.test"]})));
+    server.ok("PUT", "/v1/secrets/later", Some(json!({"value": value, "hosts": ["api.space.test"]})));
+    let id = server.create_sandbox(json!({"template": "polyglot", "network": {"egress": "allowlist",
+        "secrets": {"KEPT": {"secret": "early"}, "DROPPED": {"secret": "early"}}}}));
+    let created = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    let kept = created["network"]["secrets"]["KEPT"]["placeholder"].as_str().unwrap().to_string();
+    let env = |server: &TestServer| sh(server, &id, "echo \"$KEPT|${ADDED-unset}|${DROPPED-unset}\"").1;
+    assert_eq!(
+        env(&server).trim(),
+        format!("{kept}|unset|{}", created["network"]["secrets"]["DROPPED"]["placeholder"].as_str().unwrap())
+    );
+
+    let put = server.ok(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"egress": "allowlist", "secrets": {"KEPT": {"secret": "early"}, "ADDED": {"secret": "later"}}})),
+    );
+    assert_eq!(
+        put["network"]["secrets"]["KEPT"]["placeholder"],
+        kept.as_str(),
+        "a variable bound before keeps its placeholder"
+    );
+    let added = put["network"]["secrets"]["ADDED"]["placeholder"].as_str().unwrap().to_string();
+    assert!(added.starts_with("space_ph_") && added != kept, "{put}");
+    assert_eq!(env(&server).trim(), format!("{kept}|{added}|unset"));
+    // The new placeholder is injected like any other.
+    let (code, out) =
+        sh(&server, &id, "curl -sS --fail-with-body https://api.space.test/echo -H \"Authorization: Bearer $ADDED\"");
+    assert_eq!((code, out.trim()), (0, format!("you sent: Bearer {added}").as_str()));
+    assert!(upstream
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(h, _, a)| h == "api.space.test" && *a == format!("Bearer {value}")));
+
+    // A restarted server re-adopts the sandbox: still the network's placeholders.
+    server.stop();
+    let server = TestServer::start_with(config.clone());
+    assert_eq!(env(&server).trim(), format!("{kept}|{added}|unset"));
+
+    // Changed while suspended, then the server restarts: the resumed agent
+    // kept its memory, and with it the old environment, until it is given
+    // the new one.
+    let lifecycle = |server: &TestServer, action: &str| {
+        let (_, answer) = server.call("POST", &format!("/v1/sandboxes/{id}/{action}"), None);
+        assert_eq!(server.wait_operation(answer["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    };
+    lifecycle(&server, "suspend");
+    let network = json!({"egress": "allowlist", "secrets": {"KEPT": {"secret": "early"}}});
+    server.ok("PUT", &format!("/v1/sandboxes/{id}/network"), Some(network));
+    server.stop();
+    let server = TestServer::start_with(config);
+    lifecycle(&server, "resume");
+    assert_eq!(env(&server).trim(), format!("{kept}|unset|unset"));
+    server.delete_sandbox(&id);
+}
