@@ -324,15 +324,7 @@ pub fn internal_router(control_plane: Arc<ControlPlane>) -> Router {
         .with_state(control_plane)
 }
 
-async fn heartbeat(
-    State(cp): State<Shared>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let presented = crate::api::bearer(&headers).unwrap_or_default();
-    if !space_proto::constant_time_eq(presented.as_bytes(), cp.node_token.as_bytes()) {
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "heartbeats need the node token"));
-    }
+async fn heartbeat(State(cp): State<Shared>, _token: NodeToken, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let report: NodeReport =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("a node report: {e}")))?;
     member_url(&report.url).map_err(ApiError::bad_request)?;
@@ -1164,10 +1156,9 @@ async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request
 /// change (an older set than the node holds is ignored).
 pub(crate) async fn take_secrets(
     State(state): State<crate::AppState>,
-    headers: HeaderMap,
-    axum::Json(set): axum::Json<crate::secrets::SecretSet>,
+    _token: NodeToken,
+    crate::api::ApiJson(set): crate::api::ApiJson<crate::secrets::SecretSet>,
 ) -> Result<StatusCode, ApiError> {
-    node_only(&state, &headers)?;
     state.platform.take_secrets(set)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -1196,10 +1187,9 @@ const FEED_KEEPALIVE: Duration = Duration::from_secs(15);
 /// [`crate::store::FeedEvent`], for the control plane to take in.
 pub(crate) async fn feed(
     State(state): State<crate::AppState>,
+    _token: NodeToken,
     crate::api::ApiQuery(query): crate::api::ApiQuery<FeedQuery>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    node_only(&state, &headers)?;
     struct Feed {
         platform: Arc<Platform>,
         after: u64,
@@ -1389,27 +1379,52 @@ pub async fn watch_event_head(cp: Arc<ControlPlane>) {
 
 // ---- templates between nodes -------------------------------------------------
 
+/// The node token of an `/internal/v1` request, checked. Its handlers take
+/// it as their first argument, so it is checked before their other
+/// extractors read the path, the query or the body: a caller without it
+/// learns nothing from how a malformed request would have been refused.
+pub(crate) struct NodeToken(String);
+
 /// Only the control plane (or another node of the cluster) with the node
 /// token reaches a node's internal routes; a single host has none.
-fn node_only(state: &crate::AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+fn node_only(expected: Option<&str>, headers: &HeaderMap) -> Result<NodeToken, ApiError> {
     let missing = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route");
-    let token = state.node_token.as_deref().ok_or_else(missing)?;
+    let token = expected.ok_or_else(missing)?;
     let presented = crate::api::bearer(headers).unwrap_or_default();
     if !space_proto::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "internal routes need the node token"));
     }
-    Ok(token.to_string())
+    Ok(NodeToken(token.to_string()))
+}
+
+impl axum::extract::FromRequestParts<crate::AppState> for NodeToken {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &crate::AppState,
+    ) -> Result<NodeToken, ApiError> {
+        node_only(state.node_token.as_deref().map(String::as_str), &parts.headers)
+    }
+}
+
+/// On the control plane: a node's heartbeat.
+impl axum::extract::FromRequestParts<Shared> for NodeToken {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, cp: &Shared) -> Result<NodeToken, ApiError> {
+        node_only(Some(&cp.node_token), &parts.headers)
+    }
 }
 
 /// `GET /internal/v1/templates/{name}` on a node: the newest version of a
 /// template as a tar of its root, with its SHA-256 and `template.json`.
 pub(crate) async fn export_template(
     State(state): State<crate::AppState>,
+    _token: NodeToken,
     axum::extract::Path(name): axum::extract::Path<String>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     use base64::Engine as _;
-    node_only(&state, &headers)?;
     let platform = state.platform.clone();
     let export = tokio::task::spawn_blocking(move || space_host::template::export(&platform.data, &name))
         .await
@@ -1453,10 +1468,9 @@ pub struct PullRequest {
 /// (in the background; the node's next reports name it once it is there).
 pub(crate) async fn pull_template(
     State(state): State<crate::AppState>,
-    headers: HeaderMap,
-    axum::Json(request): axum::Json<PullRequest>,
+    NodeToken(token): NodeToken,
+    crate::api::ApiJson(request): crate::api::ApiJson<PullRequest>,
 ) -> Result<StatusCode, ApiError> {
-    let token = node_only(&state, &headers)?;
     if state.platform.data.template(&request.name).is_some() {
         return Ok(StatusCode::NO_CONTENT);
     }

@@ -70,11 +70,9 @@ pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Ta
         .filter(|id| !id.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "missing E2b-Sandbox-Id"))?
         .to_string();
-    if let Some(named) = header(headers, "e2b-sandbox-port").filter(|p| *p != port) {
-        let message = format!("The sandbox port {named} is not open");
-        return Err(E2bError { sandbox_id: Some(id), ..E2bError::new(StatusCode::BAD_GATEWAY, message) });
-    }
-    let Ok(record) = state.platform.sandbox(&id) else { return Err(not_running(&id)) };
+    // The token first, before anything about the sandbox is looked up: it
+    // is derived from the id alone, so an unknown id and an existing one
+    // answer the same 401 to a caller without it (no existence oracle).
     let presented = |name: &str| header(headers, name).unwrap_or_default().as_bytes().to_vec();
     let envd = envd_token(&state.platform, &id)?;
     let mut authentic = space_proto::constant_time_eq(&presented("x-access-token"), envd.as_bytes());
@@ -85,6 +83,11 @@ pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Ta
     if !authentic {
         return Err(E2bError::new(StatusCode::UNAUTHORIZED, "missing or wrong access token for this sandbox"));
     }
+    if let Some(named) = header(headers, "e2b-sandbox-port").filter(|p| *p != port) {
+        let message = format!("The sandbox port {named} is not open");
+        return Err(E2bError { sandbox_id: Some(id), ..E2bError::new(StatusCode::BAD_GATEWAY, message) });
+    }
+    let Ok(record) = state.platform.sandbox(&id) else { return Err(not_running(&id)) };
     let sandbox = &record.sandbox;
     let awake = match sandbox.state {
         space_api::SandboxState::Running => true,
