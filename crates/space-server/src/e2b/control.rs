@@ -195,10 +195,13 @@ async fn settled(state: &AppState, id: &str) -> Result<SandboxRecord, E2bError> 
     Ok(record)
 }
 
-/// The body of a create, as the SDK sends it; unknown fields are ignored
-/// (the SDK adds fields over time).
+/// The body of a create, as E2B's SDK sends it. A field SPACE would not
+/// honour is refused, never dropped: a caller who asked for network rules
+/// (or anything else it would not get) must not be handed a sandbox that
+/// lacks them. So unknown fields are refused too; the fields E2B's own
+/// sandboxes have that SPACE lacks are named, to say so.
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CreateBody {
     #[serde(rename = "templateID")]
     template_id: Option<String>,
@@ -211,14 +214,78 @@ struct CreateBody {
     auto_pause: bool,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
+    /// Deprecated and ignored by E2B itself: envd access is always secured
+    /// (here by the sandbox's access token), whatever it says.
+    #[allow(dead_code)]
+    secure: Option<bool>,
+    /// True (a pause keeps memory) is what a SPACE suspend does.
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<Value>,
+    network: Option<Value>,
+    mcp: Option<Value>,
+    iam: Option<Value>,
+    volume_mounts: Option<Value>,
+}
+
+impl CreateBody {
+    /// A 400 for the first field asking for what SPACE does not do.
+    fn refuse_unsupported(&self) -> Result<(), E2bError> {
+        let unsupported = |what: &str| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!("{what} is not supported by SPACE; the sandbox was not created"),
+            )
+        };
+        let given = |value: &Option<Value>| match value {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(map)) => map.values().any(|v| !v.is_null()),
+            Some(Value::Array(items)) => !items.is_empty(),
+            Some(_) => true,
+        };
+        if given(&self.network) {
+            let rules: Vec<&str> = match &self.network {
+                Some(Value::Object(map)) => map.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k.as_str()).collect(),
+                _ => vec!["network"],
+            };
+            // Egress here is all or nothing: `allow_internet_access`.
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "network rules are not supported by SPACE's E2B API yet (given: {}); the sandbox was not \
+                     created. Give allow_internet_access alone (false: no egress at all), or use SPACE's own \
+                     API for an allow list",
+                    rules.join(", ")
+                ),
+            ));
+        }
+        if self.auto_pause_memory == Some(false) {
+            return Err(unsupported("a pause without memory (autoPauseMemory: false)"));
+        }
+        let resumes = |value: &Value| value.get("enabled").and_then(Value::as_bool).unwrap_or(true);
+        if self.auto_resume.as_ref().is_some_and(|v| !v.is_null() && resumes(v)) {
+            return Err(unsupported("resuming a paused sandbox on traffic (autoResume)"));
+        }
+        for (field, value) in [("mcp", &self.mcp), ("iam", &self.iam), ("volumeMounts", &self.volume_mounts)] {
+            if given(value) {
+                return Err(unsupported(field));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, E2bError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body)
-        .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("the body is not valid JSON for this call: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        let why = e.to_string();
+        let message = match why.starts_with("unknown field") {
+            true => format!("{why}: SPACE refuses what it would not honour"),
+            false => format!("the body is not valid JSON for this call: {why}"),
+        };
+        E2bError::new(StatusCode::BAD_REQUEST, message)
+    })
 }
 
 pub async fn create(
@@ -228,6 +295,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
     let caller = caller(&state, &headers)?;
     let body: CreateBody = json_body(&body)?;
+    body.refuse_unsupported()?;
     let platform = &state.platform;
     let mut name = body.template_id.unwrap_or_else(|| "base".into());
     // E2B's code interpreter asks for its own template by this name.
@@ -396,8 +464,20 @@ pub async fn kill(
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TimeoutBody {
     timeout: Option<u64>,
+}
+
+/// A connect's (or the deprecated resume's) body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ConnectBody {
+    timeout: Option<u64>,
+    /// False asks for a cold boot from the disk alone; SPACE resumes memory.
+    memory: Option<bool>,
+    /// Only in the deprecated resume: what the sandbox does at its timeout.
+    auto_pause: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/timeout`: the sandbox now ends `timeout` seconds
@@ -460,8 +540,20 @@ pub async fn connect(
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
     let caller = caller(&state, &headers)?;
-    visible(&state, &caller, &id)?;
-    let body: TimeoutBody = json_body(&body)?;
+    let (record, _) = visible(&state, &caller, &id)?;
+    let body: ConnectBody = json_body(&body)?;
+    if body.memory == Some(false) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "resuming from the disk alone (memory: false) is not supported by SPACE",
+        ));
+    }
+    if body.auto_pause.is_some_and(|pauses| pauses != pauses_on_timeout(&record.sandbox.lifecycle)) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "a resume cannot change what the sandbox does at its timeout (autoPause) in SPACE",
+        ));
+    }
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
     let Some(e2b_state) = e2b_state(&settled(&state, &id).await?) else {
         return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
