@@ -155,24 +155,141 @@ impl Read for ChunkReader {
     }
 }
 
-/// Unpacks an archive into `dir`, refusing (not skipping) any entry whose
-/// path would lead outside it.
-fn unpack(mut archive: tar::Archive<ChunkReader>, dir: &Path, shown: &str) -> Result<(), FileError> {
+/// Unpacks an archive into `dir` whole or not at all, refusing (not
+/// skipping) any entry whose path would lead outside it. The entries land
+/// first in a staging directory inside `dir` (the same filesystem, so
+/// moving them is a rename); only once the whole archive is in and none was
+/// refused are they moved into place, merged with what `dir` holds (the
+/// archive's files replace those of the same name, the rest stay, as
+/// unpacking in place did). A refused archive leaves nothing behind.
+fn unpack(archive: tar::Archive<ChunkReader>, dir: &Path, shown: &str) -> Result<(), FileError> {
+    let staging = staging_dir(dir).map_err(|e| failure(e, shown))?;
+    let result = unpack_into(archive, &staging, shown).and_then(|explicit| {
+        check_merge(&staging, dir, Path::new(""), shown)?;
+        merge(&staging, dir, Path::new(""), &explicit).map_err(|e| failure(e, shown))
+    });
+    let _ = fs::remove_dir_all(&staging);
+    result
+}
+
+/// A new, empty directory inside `dir` for an archive's entries.
+fn staging_dir(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    for attempt in 0u32.. {
+        let staging = dir.join(format!(".space-upload-{}-{nanos:x}-{attempt}", std::process::id()));
+        match fs::create_dir(&staging) {
+            Err(err) if err.kind() == ErrorKind::AlreadyExists && attempt < 64 => continue,
+            made => return made.map(|()| staging),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// Unpacks every entry into `staging`; returns the directories the archive
+/// names itself (their modes are the archive's; the others' stay).
+fn unpack_into(
+    mut archive: tar::Archive<ChunkReader>,
+    staging: &Path,
+    shown: &str,
+) -> Result<std::collections::HashSet<std::path::PathBuf>, FileError> {
     use std::path::Component;
     let invalid = |message: String| FileError { reason: FileFailure::Invalid, message };
     archive.set_preserve_permissions(true);
+    let mut explicit = std::collections::HashSet::new();
     for entry in archive.entries().map_err(|e| invalid(format!("{shown}: not a tar archive: {e}")))? {
         let mut entry = entry.map_err(|e| invalid(format!("{shown}: a broken archive: {e}")))?;
         let name = entry.path().map_err(|e| invalid(format!("{shown}: {e}")))?.into_owned();
         if name.components().any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_))) {
             return Err(invalid(format!("{shown}: entry {} would land outside the directory", name.display())));
         }
-        let inside = entry.unpack_in(dir).map_err(|e| failure(e, shown))?;
+        let outside = || invalid(format!("{shown}: entry {} would land outside the directory", name.display()));
+        // Through a link the archive made (or one that points out of it).
+        let inside = entry.unpack_in(staging).map_err(|e| match e.to_string().contains("outside of destination") {
+            true => outside(),
+            false => failure(e, shown),
+        })?;
         if !inside {
-            return Err(invalid(format!("{shown}: entry {} would land outside the directory", name.display())));
+            return Err(outside());
+        }
+        if entry.header().entry_type().is_dir() {
+            explicit.insert(name.components().filter(|c| matches!(c, Component::Normal(_))).collect());
+        }
+    }
+    Ok(explicit)
+}
+
+/// Refuses, before anything moves, an archive that would put a directory
+/// where `dir` has something else (a file, a link), or the reverse.
+fn check_merge(staged: &Path, dir: &Path, relative: &Path, shown: &str) -> Result<(), FileError> {
+    let wrong = |message: String| FileError { reason: FileFailure::WrongType, message };
+    for entry in fs::read_dir(staged.join(relative)).map_err(|e| failure(e, shown))? {
+        let entry = entry.map_err(|e| failure(e, shown))?;
+        let name = relative.join(entry.file_name());
+        let is_dir = entry.file_type().map_err(|e| failure(e, shown))?.is_dir();
+        let Ok(there) = fs::symlink_metadata(dir.join(&name)) else { continue };
+        match (is_dir, there.is_dir()) {
+            (true, true) => check_merge(staged, dir, &name, shown)?,
+            (true, false) => {
+                return Err(wrong(format!("{shown}: {} exists and is not a directory", name.display())));
+            }
+            (false, true) => return Err(wrong(format!("{shown}: {} is a directory", name.display()))),
+            (false, false) => {}
         }
     }
     Ok(())
+}
+
+/// Moves what `staged` holds at `relative` into `dir`: a directory `dir`
+/// already has is merged into (given the archive's mode if the archive
+/// named it), anything else is renamed over what was there.
+fn merge(
+    staged: &Path,
+    dir: &Path,
+    relative: &Path,
+    explicit: &std::collections::HashSet<std::path::PathBuf>,
+) -> std::io::Result<()> {
+    for entry in fs::read_dir(staged.join(relative))? {
+        let entry = entry?;
+        let name = relative.join(entry.file_name());
+        let (from, to) = (staged.join(&name), dir.join(&name));
+        let is_dir = entry.file_type()?.is_dir();
+        if is_dir && fs::symlink_metadata(&to).is_ok_and(|m| m.is_dir()) {
+            if explicit.contains(&name) {
+                fs::set_permissions(&to, entry.metadata()?.permissions())?;
+            }
+            merge(staged, dir, &name, explicit)?;
+            continue;
+        }
+        match fs::rename(&from, &to) {
+            // A mount point inside `dir` (`/tmp` under `/`): copied instead.
+            Err(err) if err.raw_os_error() == Some(nix::libc::EXDEV) => copy_across(&from, &to, is_dir)?,
+            moved => moved?,
+        }
+    }
+    Ok(())
+}
+
+/// What a rename cannot move across mounts, copied: a directory (made,
+/// then filled), a symlink (made again) or a file (its bytes and mode).
+fn copy_across(from: &Path, to: &Path, is_dir: bool) -> std::io::Result<()> {
+    let meta = fs::symlink_metadata(from)?;
+    if is_dir {
+        fs::create_dir(to)?;
+        fs::set_permissions(to, meta.permissions())?;
+        for entry in fs::read_dir(from)? {
+            let entry = entry?;
+            copy_across(&entry.path(), &to.join(entry.file_name()), entry.file_type()?.is_dir())?;
+        }
+        return Ok(());
+    }
+    if fs::symlink_metadata(to).is_ok() {
+        fs::remove_file(to)?;
+    }
+    if meta.file_type().is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(from)?, to)
+    } else {
+        fs::copy(from, to).map(drop)
+    }
 }
 
 /// Where an upload's bytes go.
@@ -190,6 +307,8 @@ pub enum Sink {
 pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
     if request.tar {
         let opened = absolute(&request.path).and_then(|dir| {
+            // The directories this upload makes, removed again if it is refused.
+            let made = dir.ancestors().take_while(|a| fs::symlink_metadata(a).is_err()).last().map(Path::to_path_buf);
             fs::create_dir_all(dir).map_err(|e| failure(e, &request.path))?;
             let (chunks, incoming) = std::sync::mpsc::channel();
             let (report, done) = std::sync::mpsc::channel();
@@ -197,7 +316,14 @@ pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
             let shown = request.path.clone();
             pool::run(move || {
                 let archive = tar::Archive::new(ChunkReader { chunks: incoming, current: Default::default() });
-                let _ = report.send(unpack(archive, &dir, &shown));
+                let unpacked = unpack(archive, &dir, &shown);
+                if let (Err(_), Some(made)) = (&unpacked, made) {
+                    // Only what is still empty: nothing else wrote there meanwhile.
+                    for made in dir.ancestors().take_while(|a| a.starts_with(&made)) {
+                        let _ = fs::remove_dir(made);
+                    }
+                }
+                let _ = report.send(unpacked);
             });
             Ok(Sink::Unpack { chunks, done })
         });

@@ -172,3 +172,90 @@ fn directories_travel_as_tar_archives_both_ways() {
     let outside = server.exec(&id, json!({"cmd": "ls /escaped.txt /root/escaped.txt 2>&1 | grep -c 'No such'"}));
     assert_eq!(outside["stdout"], "2\n", "nothing landed outside the target");
 }
+
+/// A tar entry written by hand, so that names tar's builder refuses (`..`)
+/// can be in it.
+fn tar_entry(archive: &mut tar::Builder<Vec<u8>>, name: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>) {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(if kind == tar::EntryType::Directory { 0o755 } else { 0o644 });
+    header.set_entry_type(kind);
+    header.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
+    if let Some(link) = link {
+        header.set_link_name(link).unwrap();
+    }
+    header.set_cksum();
+    archive.append(&header, data).unwrap();
+}
+
+#[test]
+fn a_tar_upload_lands_whole_or_not_at_all() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let auth = format!("Bearer {}", server.key);
+    let put = |dir: &str, archive: Vec<u8>| {
+        let url = format!("{}/v1/sandboxes/{id}/files?path={dir}&format=tar", server.url);
+        match ureq::put(&url).set("Authorization", &auth).send_bytes(&archive) {
+            Ok(response) => (response.status(), response.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(status, response)) => (status, response.into_string().unwrap_or_default()),
+            Err(err) => panic!("PUT {url}: {err}"),
+        }
+    };
+    let sh = |cmd: &str| server.exec(&id, json!({"cmd": cmd}))["stdout"].as_str().unwrap_or_default().to_string();
+
+    // A good archive merges into a directory that has files: those it names
+    // are replaced, the others stay, modes of directories it does not name too.
+    sh("mkdir -p /root/merge/sub && chmod 0700 /root/merge/sub && echo keep > /root/merge/keep.txt \
+        && echo old > /root/merge/over.txt && echo inner > /root/merge/sub/inner.txt");
+    let mut good = tar::Builder::new(Vec::new());
+    tar_entry(&mut good, "over.txt", tar::EntryType::Regular, b"new\n", None);
+    tar_entry(&mut good, "sub/added.txt", tar::EntryType::Regular, b"added\n", None);
+    tar_entry(&mut good, "fresh/", tar::EntryType::Directory, b"", None);
+    tar_entry(&mut good, "fresh/x.txt", tar::EntryType::Regular, b"x\n", None);
+    assert_eq!(put("/root/merge", good.into_inner().unwrap()).0, 201);
+    let merged =
+        sh("cd /root/merge && ls -A . sub fresh && cat keep.txt over.txt sub/inner.txt sub/added.txt fresh/x.txt \
+        && stat -c %a sub");
+    assert_eq!(
+        merged,
+        ".:\nfresh\nkeep.txt\nover.txt\nsub\n\nfresh:\nx.txt\n\nsub:\nadded.txt\ninner.txt\nkeep\nnew\ninner\nadded\nx\n700\n"
+    );
+
+    // Refused at its last entry, into a new directory: not even the
+    // directory is left.
+    let mut climbing = tar::Builder::new(Vec::new());
+    tar_entry(&mut climbing, "first.txt", tar::EntryType::Regular, b"one", None);
+    tar_entry(&mut climbing, "sub/", tar::EntryType::Directory, b"", None);
+    tar_entry(&mut climbing, "sub/second.txt", tar::EntryType::Regular, b"two", None);
+    tar_entry(&mut climbing, "../climbed.txt", tar::EntryType::Regular, b"out", None);
+    let (status, body) = put("/root/new/deeper", climbing.into_inner().unwrap());
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("outside the directory"), "{body}");
+    assert_eq!(sh("ls -A /root/new /root/climbed.txt 2>&1 | grep -c 'No such'"), "2\n", "nothing is left");
+
+    // Refused at an entry through a link out of the directory, into one
+    // that has a file of the same name: the file is as it was.
+    let mut through = tar::Builder::new(Vec::new());
+    tar_entry(&mut through, "keep.txt", tar::EntryType::Regular, b"replaced\n", None);
+    tar_entry(&mut through, "planted.txt", tar::EntryType::Regular, b"planted", None);
+    tar_entry(&mut through, "out", tar::EntryType::Symlink, b"", Some("/etc"));
+    tar_entry(&mut through, "out/planted", tar::EntryType::Regular, b"x", None);
+    let (status, body) = put("/root/merge", through.into_inner().unwrap());
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("outside the directory"), "{body}");
+    assert_eq!(
+        sh("ls -A /root/merge; cat /root/merge/keep.txt; ls /etc/planted 2>&1 | grep -c 'No such'"),
+        "fresh\nkeep.txt\nover.txt\nsub\nkeep\n1\n"
+    );
+
+    // A directory where the target has a file is refused before anything moves.
+    let mut clash = tar::Builder::new(Vec::new());
+    tar_entry(&mut clash, "over.txt/", tar::EntryType::Directory, b"", None);
+    tar_entry(&mut clash, "over.txt/x", tar::EntryType::Regular, b"x", None);
+    tar_entry(&mut clash, "zzz.txt", tar::EntryType::Regular, b"z", None);
+    let (status, body) = put("/root/merge", clash.into_inner().unwrap());
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("wrong_file_type") && body.contains("not a directory"), "{body}");
+    assert_eq!(sh("ls -A /root/merge; cat /root/merge/over.txt"), "fresh\nkeep.txt\nover.txt\nsub\nnew\n");
+}
