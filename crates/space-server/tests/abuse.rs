@@ -7,6 +7,7 @@
 
 mod common;
 // One module an area, each with its own #[test] and DEFENCES.
+#[path = "abuse/gateway.rs"] mod gateway;
 #[path = "abuse/ports.rs"] mod ports;
 #[path = "abuse/tenancy.rs"]
 mod tenancy;
