@@ -157,11 +157,14 @@ fn request_id(headers: &HeaderMap) -> String {
 }
 
 /// The sandbox or operation a path names (`.../sandboxes/{id}/...`,
-/// `.../operations/{id}`, under `/v1` or `/e2b`), for the request's log.
+/// `.../operations/{id}`, under `/v1` or `/e2b`), for the request's log
+/// and for waiting on re-adoption; decoded as the router decodes it (this
+/// authorizes nothing: handlers load what they name for the caller).
 fn path_ids(path: &str) -> (Option<String>, Option<String>) {
-    let parts: Vec<&str> = path.split('/').collect();
+    let parts: Vec<String> =
+        path.split('/').map(|p| percent_encoding::percent_decode_str(p).decode_utf8_lossy().into_owned()).collect();
     let after = |kind: &str, prefix: &str| {
-        parts.windows(2).find(|w| w[0] == kind && crate::ids::plausible(w[1], prefix)).map(|w| w[1].to_string())
+        parts.windows(2).find(|w| w[0] == kind && crate::ids::plausible(&w[1], prefix)).map(|w| w[1].clone())
     };
     (after("sandboxes", "sbx"), after("operations", "op"))
 }
@@ -423,4 +426,17 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
         return Err(ApiError::bad_request("Idempotency-Key must be 1-255 characters"));
     }
     Ok(Some(key.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_ids_a_path_names_are_read_as_the_router_decodes_them() {
+        let id = crate::ids::new_id("sbx");
+        let encoded = format!("/v1/sandboxes/%73{}/exec", &id[1..]);
+        assert_eq!(super::path_ids(&encoded).0.as_deref(), Some(id.as_str()));
+        assert_eq!(super::path_ids(&format!("/v1/sandboxes/{}/exec", id.to_uppercase())).0, None);
+        let op = crate::ids::new_id("op");
+        assert_eq!(super::path_ids(&format!("/v1/operations/%6F{}", &op[1..])).1.as_deref(), Some(op.as_str()));
+    }
 }
