@@ -329,7 +329,33 @@ class Errors(unittest.TestCase):
                 with self.assertRaises(urllib.error.HTTPError) as raised:
                     urllib.request.urlopen(request, timeout=30)
                 self.assertEqual(raised.exception.code, 401)
+            # Without the token, an unknown sandbox answers the same: no
+            # telling which ids exist.
+            answers = []
+            for sandbox_id in [sbx.sandbox_id, sbx.sandbox_id[:-1] + ("0" if sbx.sandbox_id[-1] != "0" else "1")]:
+                request = urllib.request.Request(f"{base}/health", headers={"E2b-Sandbox-Id": sandbox_id})
+                with self.assertRaises(urllib.error.HTTPError) as raised:
+                    urllib.request.urlopen(request, timeout=30)
+                answers.append((raised.exception.code, raised.exception.read()))
+            self.assertEqual(answers[0], answers[1])
+            self.assertEqual(answers[0][0], 401)
             self.assertTrue(sbx.files.exists("/etc/hostname"))
+        finally:
+            sbx.kill()
+
+    def test_network_rules_are_refused_not_dropped(self):
+        # SPACE does not enforce E2B's network rules (yet): a sandbox made
+        # without them would be more open than asked for.
+        part = {"suite": RUN, "part": "locked-down"}
+        for network in [{"deny_out": ["0.0.0.0/0"]}, {"allow_out": ["10.0.0.1"], "deny_out": ["0.0.0.0/0"]}]:
+            with self.assertRaises(SandboxException) as raised:
+                Sandbox.create(allow_internet_access=True, network=network, metadata=part)
+            self.assertIn("network rules", str(raised.exception))
+        self.assertEqual(Sandbox.list(query=SandboxQuery(metadata=part)).next_items(), [])
+        # allow_internet_access alone is served.
+        sbx = Sandbox.create(allow_internet_access=False, metadata=part)
+        try:
+            self.assertFalse(sbx.get_info().allow_internet_access)
         finally:
             sbx.kill()
 
