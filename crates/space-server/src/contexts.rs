@@ -159,6 +159,9 @@ impl Platform {
             _ => vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()],
         };
         let exec = ExecRequest { argv, env: env.clone(), cwd: info.cwd.clone(), user: None, stdin: true, tty: false };
+        // A driver is a command like any other: it gets the placeholders of
+        // the sandbox's network as it is now, not as it was at create.
+        self.give_current_env(&info.sandbox_id, agent).await?;
         let stream = agent.exec(&exec).await.map_err(crate::commands::exec_failure)?;
         let (ready, started) = oneshot::channel();
         let live = Arc::new(LiveContext {

@@ -436,6 +436,26 @@ fn commands_started_after_a_network_change_get_its_placeholders() {
     );
     let added = put["network"]["secrets"]["ADDED"]["placeholder"].as_str().unwrap().to_string();
     assert!(added.starts_with("space_ph_") && added != kept, "{put}");
+    // The first thing started after the change is a code context's
+    // interpreter: it too gets the network's placeholders.
+    let (status, context) =
+        server.call("POST", &format!("/v1/sandboxes/{id}/contexts"), Some(json!({"language": "bash"})));
+    assert_eq!(status, 201, "{context}");
+    let auth = format!("Bearer {}", server.key);
+    let (status, ran) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/contexts/{}/run", context["id"].as_str().unwrap()),
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        Some(&json!({"code": "echo \"$KEPT|${ADDED-unset}|${DROPPED-unset}\""}).to_string()),
+    );
+    assert_eq!(status, 200, "{ran}");
+    let printed: String = ran
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["type"] == "stdout")
+        .map(|event| event["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(printed.trim(), format!("{kept}|{added}|unset"), "the context's environment: {ran}");
     assert_eq!(env(&server).trim(), format!("{kept}|{added}|unset"));
     // The new placeholder is injected like any other.
     let (code, out) =
