@@ -181,20 +181,12 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
         server.call_as(&alice, "POST", &format!("/v1/sandboxes/{sandbox}/exec"), Some(json!({"cmd": "echo hi"})));
     assert_eq!(status, 200, "{ran}");
     let command = ran["command"]["id"].as_str().unwrap().to_string();
-    let (status, context) = server.call_as(
-        &alice,
-        "POST",
-        &format!("/v1/sandboxes/{sandbox}/contexts"),
-        Some(json!({"language": "bash"})),
-    );
+    let (status, context) =
+        server.call_as(&alice, "POST", &format!("/v1/sandboxes/{sandbox}/contexts"), Some(json!({"language": "bash"})));
     assert_eq!(status, 201, "{context}");
     let context = context["id"].as_str().unwrap().to_string();
-    let (status, saving) = server.call_as(
-        &alice,
-        "POST",
-        &format!("/v1/sandboxes/{sandbox}/checkpoints"),
-        Some(json!({"name": "first"})),
-    );
+    let (status, saving) =
+        server.call_as(&alice, "POST", &format!("/v1/sandboxes/{sandbox}/checkpoints"), Some(json!({"name": "first"})));
     assert_eq!(status, 202, "{saving}");
     assert_eq!(wait_as(&server, &alice, saving["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     let work = data.root().join("matrix-image");
@@ -293,7 +285,11 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     // Alice's secret is as she left it; alice's sandbox still runs.
     let (_, listed) = server.call_as(&alice, "GET", "/v1/secrets", None);
     assert!(
-        listed["secrets"].as_array().unwrap().iter().any(|s| s["name"] == "alice-token" && s["hosts"] == json!(["api.test"])),
+        listed["secrets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == "alice-token" && s["hosts"] == json!(["api.test"])),
         "{listed}"
     );
     let (_, after) = server.call_as(&alice, "GET", &format!("/v1/sandboxes/{sandbox}"), None);
@@ -314,8 +310,17 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     }
     println!("route matrix: {} routes, {requests} requests", routes.len());
     eprintln!("route matrix: {} routes, {requests} requests", routes.len());
-    assert!(wrong.is_empty(), "tenant B reached tenant A's resources ({} of {requests}):\n{}", wrong.len(), wrong.join("\n"));
-    assert!(missed.is_empty(), "tenant A's own requests missed (the matrix would prove nothing):\n{}", missed.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "tenant B reached tenant A's resources ({} of {requests}):\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert!(
+        missed.is_empty(),
+        "tenant A's own requests missed (the matrix would prove nothing):\n{}",
+        missed.join("\n")
+    );
 }
 
 fn percent_decode(text: &str) -> String {

@@ -39,10 +39,7 @@ pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Js
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, body = CodeContext), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(
-    path: ContextPath,
-    State(state): State<AppState>,
-) -> Result<Json<CodeContext>, ApiError> {
+pub async fn get(path: ContextPath, State(state): State<AppState>) -> Result<Json<CodeContext>, ApiError> {
     Ok(Json(state.platform.get_context(path.sandbox.id(), path.context.as_str())?))
 }
 
@@ -50,10 +47,7 @@ pub async fn get(
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 204, description = "Its interpreter is stopped"), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody)))]
-pub async fn delete(
-    path: ContextPath,
-    State(state): State<AppState>,
-) -> Result<StatusCode, ApiError> {
+pub async fn delete(path: ContextPath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.platform.delete_context(path.sandbox.id(), path.context.as_str()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -62,10 +56,7 @@ pub async fn delete(
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, description = "The run going on is interrupted; the context stays", body = CodeContext),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn interrupt(
-    path: ContextPath,
-    State(state): State<AppState>,
-) -> Result<Json<CodeContext>, ApiError> {
+pub async fn interrupt(path: ContextPath, State(state): State<AppState>) -> Result<Json<CodeContext>, ApiError> {
     Ok(Json(state.platform.interrupt_context(path.sandbox.id(), path.context.as_str()).await?))
 }
 
@@ -74,10 +65,7 @@ pub async fn interrupt(
     responses((status = 200, description = "A fresh interpreter answers (its state is gone)", body = CodeContext),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn restart(
-    path: ContextPath,
-    State(state): State<AppState>,
-) -> Result<Json<CodeContext>, ApiError> {
+pub async fn restart(path: ContextPath, State(state): State<AppState>) -> Result<Json<CodeContext>, ApiError> {
     Ok(Json(state.platform.restart_context(path.sandbox.id(), path.context.as_str()).await?))
 }
 

@@ -38,7 +38,10 @@ pub async fn list(
     params(("name" = String, Path, description = "Secret name")),
     responses((status = 204, description = "Gone; sandboxes bound to it get `secret_unavailable`"),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn delete(NamePath { name, caller }: NamePath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    NamePath { name, caller }: NamePath,
+    State(state): State<AppState>,
+) -> Result<StatusCode, ApiError> {
     state.platform.delete_secret(&caller.tenant, &name)?;
     Ok(StatusCode::NO_CONTENT)
 }

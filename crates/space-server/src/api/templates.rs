@@ -176,7 +176,10 @@ pub async fn list(State(state): State<AppState>, Extension(caller): Extension<Ca
 #[utoipa::path(get, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 200, body = Template), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(NamePath { name, caller }: NamePath, State(state): State<AppState>) -> Result<Json<Template>, ApiError> {
+pub async fn get(
+    NamePath { name, caller }: NamePath,
+    State(state): State<AppState>,
+) -> Result<Json<Template>, ApiError> {
     Ok(Json(state.platform.template(&name, &caller)?))
 }
 
@@ -185,7 +188,10 @@ pub async fn get(NamePath { name, caller }: NamePath, State(state): State<AppSta
     responses((status = 204, description = "Every version is gone"), (status = 401, body = ErrorBody),
         (status = 403, description = "A shared template, and not the server's own key", body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "In use or being built", body = ErrorBody)))]
-pub async fn delete(NamePath { name, caller }: NamePath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    NamePath { name, caller }: NamePath,
+    State(state): State<AppState>,
+) -> Result<StatusCode, ApiError> {
     state.platform.delete_template(&name, &caller).await?;
     Ok(StatusCode::NO_CONTENT)
 }
