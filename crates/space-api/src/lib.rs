@@ -184,7 +184,8 @@ pub struct EgressEvent {
     /// `port_not_allowed`, `denied_rule`, `internal_address`,
     /// `not_resolved`, `bad_request`, `limit`, `unreachable`, `not_tls`,
     /// `sni_mismatch`, `idle`, `policy_changed`, `secret_not_for_host`,
-    /// `wrong_host`, `secret_unavailable`, `upstream_tls`.
+    /// `wrong_host`, `ambiguous_request` (two `Host`s or two framings of
+    /// one request), `secret_unavailable`, `upstream_tls`.
     pub reason: Option<String>,
     /// The allow rule that let it through (none under `public`).
     pub rule: Option<String>,
