@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 use space_process::{ExitStatus, Reaper};
 use space_proto::{ExecFailed, ExecFailure, ExecRequest, Exited, Frame, FrameKind, Started, Welcome, MAX_OUTPUT_CHUNK};
 
+use crate::cgroup::{self, CommandGroup, MAX_PROCESSES};
 use crate::users::{self, Account};
 use crate::{pool, spawn, Sessions};
 
@@ -28,10 +29,16 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// group is left to hold its pipes: EOF is certain then, only a busy
 /// sandbox can delay it, and its last output must not be cut off.
 const DRAIN_WHOLE: Duration = Duration::from_secs(5);
+/// How long a command's processes have to end after a TERM before every
+/// one of them left is killed.
+const TERM_GRACE: Duration = Duration::from_secs(10);
 
 /// The host's handle on a running command.
 pub struct SessionControl {
     pgid: i32,
+    /// Every process the command started, wherever it went (None: the
+    /// sandbox gives commands no cgroup; the process group is all there is).
+    group: Option<Arc<CommandGroup>>,
     gate: Arc<StreamGate>,
     /// Feeds a writer thread, so a process that does not read its stdin
     /// never stalls the agent's connection. Dropping it closes stdin.
@@ -100,7 +107,11 @@ struct Spawned {
 }
 
 pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &SyncSender<Frame>, sessions: &Sessions) {
-    let spawned = plan(&request, identity).and_then(|plan| launch(&plan)).inspect(|spawned| {
+    let (spawned, group) = match plan(&request, identity) {
+        Ok(plan) => cgroup::spawn_in_new_group(|| launch(&plan)),
+        Err(failure) => (Err(failure), None),
+    };
+    let spawned = spawned.inspect(|spawned| {
         set_limit(spawned.pid, libc::RLIMIT_NPROC, MAX_PROCESSES);
         if crate::init::booted_vm() {
             crate::memory::reset_kernel_oom_score(spawned.pid);
@@ -115,7 +126,13 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
     };
     let gate = Arc::new(StreamGate { open: Mutex::new(true), outbox: outbox.clone(), stream });
     let terminal = if request.tty { pipes.stdout.try_clone().ok() } else { None };
-    let control = SessionControl { pgid: pid as i32, gate: gate.clone(), stdin: pipes.stdin.map(feed_stdin), terminal };
+    let control = SessionControl {
+        pgid: pid as i32,
+        group: group.map(Arc::new),
+        gate: gate.clone(),
+        stdin: pipes.stdin.map(feed_stdin),
+        terminal,
+    };
     sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, control);
     let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
@@ -241,12 +258,9 @@ fn spawn_failure(err: std::io::Error) -> ExecFailed {
     }
 }
 
-/// Processes a command and what it starts may have at once (per user), so
-/// a fork bomb gets EAGAIN inside instead of exhausting the engine.
-const MAX_PROCESSES: u64 = 512;
-
 /// Caps a new command (and what it starts): its processes at
-/// [`MAX_PROCESSES`]. The agent itself stays unlimited, so it can always
+/// [`MAX_PROCESSES`] per user, as its cgroup does for the command as a
+/// whole (when it has one). The agent itself stays unlimited, so it can always
 /// start the command that cleans up. Set right after the spawn returns
 /// (the child has exec'd by then). Memory is not capped per process
 /// (runtimes reserve far more address space than they use): the memory
@@ -381,9 +395,30 @@ pub fn close_stdin(sessions: &Sessions, stream: u32) {
     }
 }
 
+/// Signals a command's process group. KILL (which a timeout sends) and
+/// TERM end the whole command: KILL every process of its cgroup until none
+/// is left, TERM every one of them, then KILL what is left after
+/// [`TERM_GRACE`]. Other commands' processes, background jobs included,
+/// are in cgroups of their own and untouched.
 pub fn signal(sessions: &Sessions, stream: u32, signal: i32) {
-    let pgid = sessions.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).map(|s| s.pgid);
-    if let (Some(pgid), Ok(signal)) = (pgid, Signal::try_from(signal)) {
-        let _ = killpg(Pid::from_raw(pgid), signal);
+    let target = sessions.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).map(|s| (s.pgid, s.group.clone()));
+    let (Some((pgid, group)), Ok(signal)) = (target, Signal::try_from(signal)) else { return };
+    let _ = killpg(Pid::from_raw(pgid), signal);
+    let Some(group) = group else { return };
+    match signal {
+        Signal::SIGKILL => pool::run(move || {
+            group.kill_all();
+        }),
+        Signal::SIGTERM => {
+            group.signal_all(Signal::SIGTERM);
+            pool::run(move || {
+                let deadline = Instant::now() + TERM_GRACE;
+                while !group.members().is_empty() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                group.kill_all();
+            });
+        }
+        _ => {}
     }
 }

@@ -163,3 +163,130 @@ pub fn booted_vm() -> bool {
 }
 
 static BOOTED_VM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What `/dev` may hold under gVisor: device nodes, links and the odd
+/// small file need no more.
+const DEV_SIZE: &str = "size=4m";
+
+/// Puts a tmpfs of [`DEV_SIZE`] over gVisor's `/dev`, with the same nodes,
+/// links and submounts (`/dev/pts`, `/dev/shm`). runsc mounts a `/dev` of
+/// its own whatever the OCI spec says, without a size limit, so a command
+/// could fill it with the sandbox's memory; now a write past the cap fails
+/// with ENOSPC. Called once, before any command runs; on failure the
+/// runtime's `/dev` is left as it was.
+pub fn cap_dev() -> Result<(), String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use nix::fcntl::OFlag;
+    use nix::mount::{umount2, MntFlags};
+    use nix::sys::stat::Mode;
+
+    let submounts = dev_submounts(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
+    let old = nix::fcntl::open("/dev", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| format!("opening /dev: {e}"))?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    let old = unsafe { OwnedFd::from_raw_fd(old) };
+    // The runtime's /dev stays reachable through the descriptor once the
+    // new one covers it.
+    let from = format!("/proc/self/fd/{}", old.as_raw_fd());
+    let none: Option<&str> = None;
+    mount(Some("tmpfs"), "/dev", Some("tmpfs"), MsFlags::MS_NOSUID, Some(format!("{DEV_SIZE},mode=755").as_str()))
+        .map_err(|e| format!("mounting a tmpfs on /dev: {e}"))?;
+    let filled = copy_dev(Path::new(&from), Path::new("/dev"), &submounts).and_then(|()| {
+        for name in &submounts {
+            let (source, target) = (format!("{from}/{name}"), format!("/dev/{name}"));
+            mount(Some(source.as_str()), target.as_str(), none, MsFlags::MS_BIND, none)
+                .map_err(|e| format!("binding {target}: {e}"))?;
+        }
+        Ok(())
+    });
+    if filled.is_err() {
+        let _ = umount2("/dev", MntFlags::MNT_DETACH);
+    }
+    filled
+}
+
+/// The mounts directly under `/dev` in a mountinfo listing, by name.
+fn dev_submounts(mountinfo: &str) -> Vec<String> {
+    let mut names: Vec<String> = mountinfo
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4)?.strip_prefix("/dev/"))
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Recreates the tree at `from` under `to`: directories, links, device
+/// nodes and small files, with their modes and owners. Of a submount only
+/// its mount point is made.
+fn copy_dev(from: &Path, to: &Path, submounts: &[String]) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+    use nix::sys::stat::{mknod, Mode, SFlag};
+
+    let entries = fs::read_dir(from).map_err(|e| format!("reading {}: {e}", from.display()))?;
+    for entry in entries.flatten() {
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let meta = fs::symlink_metadata(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+        let kind = meta.file_type();
+        let made = if kind.is_symlink() {
+            fs::read_link(&source).and_then(|link| std::os::unix::fs::symlink(link, &target))
+        } else if kind.is_dir() {
+            fs::create_dir(&target)
+        } else if kind.is_char_device() || kind.is_block_device() {
+            let node = if kind.is_char_device() { SFlag::S_IFCHR } else { SFlag::S_IFBLK };
+            mknod(&target, node, Mode::from_bits_truncate(meta.mode()), meta.rdev()).map_err(std::io::Error::from)
+        } else if kind.is_file() {
+            fs::copy(&source, &target).map(drop)
+        } else {
+            continue; // sockets and FIFOs belong to whoever made them
+        };
+        made.map_err(|e| format!("making {}: {e}", target.display()))?;
+        if !kind.is_symlink() {
+            let _ = fs::set_permissions(&target, fs::Permissions::from_mode(meta.mode() & 0o7777));
+        }
+        let _ = std::os::unix::fs::lchown(&target, Some(meta.uid()), Some(meta.gid()));
+        let is_submount = submounts.iter().any(|name| entry.file_name() == name.as_str());
+        if kind.is_dir() && !is_submount {
+            copy_dev(&source, &target, &[])?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mounts_under_dev_are_found_by_name() {
+        let mountinfo = "18 16 0:18 / /dev rw - tmpfs none rw\n\
+                         23 18 0:23 / /dev/pts rw - devpts none rw\n\
+                         24 18 0:24 / /dev/shm rw,noexec - tmpfs none rw,size=65536k\n\
+                         30 24 0:30 / /dev/shm/deep rw - tmpfs none rw\n\
+                         31 16 0:31 / /devices rw - tmpfs none rw\n";
+        assert_eq!(dev_submounts(mountinfo), ["pts", "shm"]);
+    }
+
+    #[test]
+    fn a_dev_tree_is_copied_without_its_submounts_content() {
+        let scratch = std::env::temp_dir().join(format!("space-dev-copy-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&scratch);
+        let (from, to) = (scratch.join("from"), scratch.join("to"));
+        fs::create_dir_all(from.join("net")).unwrap();
+        fs::create_dir_all(from.join("pts")).unwrap();
+        fs::write(from.join("pts/ptmx-content"), "devpts's").unwrap();
+        fs::write(from.join("net/note"), "small").unwrap();
+        std::os::unix::fs::symlink("/proc/self/fd", from.join("fd")).unwrap();
+        fs::create_dir_all(&to).unwrap();
+        copy_dev(&from, &to, &["pts".to_string()]).unwrap();
+        assert_eq!(fs::read_link(to.join("fd")).unwrap(), Path::new("/proc/self/fd"));
+        assert_eq!(fs::read_to_string(to.join("net/note")).unwrap(), "small");
+        assert!(to.join("pts").is_dir());
+        assert!(!to.join("pts/ptmx-content").exists(), "a submount's content is its own");
+        fs::remove_dir_all(&scratch).unwrap();
+    }
+}

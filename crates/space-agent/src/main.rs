@@ -8,6 +8,7 @@
 //! The agent trusts the host and nothing else; it must stay statically
 //! linked and small, because it runs in roots it did not build.
 
+mod cgroup;
 mod egress;
 mod exec;
 mod files;
@@ -68,6 +69,14 @@ fn run() -> Result<(), String> {
         let dropped = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) };
         if dropped != 0 {
             return Err(format!("dropping CAP_SYS_ADMIN from the bounding set: {}", io::Error::last_os_error()));
+        }
+    }
+    // Before any command runs, so every command gets a cgroup of its own
+    // and finds /dev capped.
+    cgroup::init();
+    if !init::booted_vm() {
+        if let Err(err) = init::cap_dev() {
+            eprintln!("space-agent: /dev keeps no size limit: {err}");
         }
     }
     let mut key = None;
@@ -141,8 +150,35 @@ fn take_welcome(welcome: &Welcome) {
             eprintln!("space-agent: setting hostname: {err}");
         }
     }
+    write_hostname_file(&welcome.hostname);
     if let (true, Some(host_ms)) = (init::booted_vm(), welcome.clock_unix_ms) {
         init::set_clock(host_ms);
+    }
+}
+
+/// Makes `/etc/hostname` name the sandbox, as on a machine of its own. A
+/// template's root holds whatever its build left there: a neutral name, or
+/// in templates built before that was written, the build host's.
+fn write_hostname_file(hostname: &str) {
+    const FILE: &str = "/etc/hostname";
+    let wanted = format!("{hostname}\n");
+    if std::fs::read_to_string(FILE).is_ok_and(|now| now == wanted) || !std::path::Path::new("/etc").is_dir() {
+        return;
+    }
+    // Written beside it and renamed over it: whatever stands there (a link
+    // included) is replaced, never written through.
+    let beside = "/etc/.hostname.space-agent";
+    let _ = std::fs::remove_file(beside);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(beside)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, wanted.as_bytes()))
+        .and_then(|()| std::fs::set_permissions(beside, std::os::unix::fs::PermissionsExt::from_mode(0o644)))
+        .and_then(|()| std::fs::rename(beside, FILE));
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(beside);
+        eprintln!("space-agent: writing {FILE}: {err}");
     }
 }
 

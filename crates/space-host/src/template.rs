@@ -550,9 +550,42 @@ fn newly_installed(line: &str) -> Option<u64> {
     rest.split_once(" newly installed")?.0.trim().parse().ok()
 }
 
-/// Puts the agent and its mount points into a template root. Whatever the
-/// root had at `/.space` (an image may put a symlink there) is replaced
-/// first, so nothing here ever follows a link out of the root.
+/// What a template's root calls itself in `/etc/hostname`: a neutral name,
+/// never the build host's (mmdebstrap copies the host's file in; an image
+/// may carry its builder's). A sandbox's agent writes the sandbox's own
+/// name over it when it starts.
+const TEMPLATE_HOSTNAME: &str = "localhost\n";
+
+/// Writes [`TEMPLATE_HOSTNAME`] to the root's `/etc/hostname`, replacing
+/// whatever stood there (a link is removed, never followed). A root whose
+/// `/etc` is not a real directory (an image may make it a link) is left
+/// alone.
+fn write_neutral_hostname(rootfs: &Path) -> Result<(), HostError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let etc = rootfs.join("etc");
+    if !fs::symlink_metadata(&etc).is_ok_and(|meta| meta.is_dir()) {
+        return Ok(());
+    }
+    let file = etc.join("hostname");
+    match fs::symlink_metadata(&file) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(&file),
+        Ok(_) => fs::remove_file(&file),
+        Err(_) => Ok(()),
+    }
+    .map_err(HostError::io("clearing /etc/hostname in the root"))?;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&file)
+        .and_then(|mut out| out.write_all(TEMPLATE_HOSTNAME.as_bytes()))
+        .map_err(HostError::io("writing /etc/hostname in the root"))
+}
+
+/// Puts the agent and its mount points into a template root, and a neutral
+/// `/etc/hostname`. Whatever the root had at `/.space` (an image may put a
+/// symlink there) is replaced first, so nothing here ever follows a link
+/// out of the root.
 pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
     use std::os::unix::fs::PermissionsExt;
     let space_dir = rootfs.join(".space");
@@ -576,7 +609,7 @@ pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
     fs::create_dir_all(rootfs.join(HOST_DIR_IN_ROOT)).map_err(HostError::io("creating /.space in the root"))?;
     fs::copy(agent_bin, &target).map_err(HostError::io(format!("copying the agent from {}", agent_bin.display())))?;
     fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).map_err(HostError::io("chmod of the agent"))?;
-    Ok(())
+    write_neutral_hostname(rootfs)
 }
 
 /// A template version written out for another host (cluster mode): a tar
@@ -678,6 +711,32 @@ mod tests {
         assert_eq!(merged.env["A"], "request");
         assert_eq!((merged.workdir.as_str(), merged.user.as_str(), merged.memory_mib), ("/srv", "root", 1024));
         assert_eq!(merged.vcpus, TemplateDefaults::default().vcpus);
+    }
+
+    #[test]
+    fn a_root_names_itself_neutrally_and_no_link_is_followed() {
+        let scratch = std::env::temp_dir().join(format!("space-hostname-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&scratch);
+        let (root, outside) = (scratch.join("root"), scratch.join("outside"));
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        // The build host's name, as mmdebstrap leaves it.
+        fs::write(root.join("etc/hostname"), "build-host\n").unwrap();
+        write_neutral_hostname(&root).unwrap();
+        assert_eq!(fs::read_to_string(root.join("etc/hostname")).unwrap(), TEMPLATE_HOSTNAME);
+        // A link to a host file: replaced, its target untouched.
+        fs::write(outside.join("hostname"), "host file").unwrap();
+        fs::remove_file(root.join("etc/hostname")).unwrap();
+        std::os::unix::fs::symlink(outside.join("hostname"), root.join("etc/hostname")).unwrap();
+        write_neutral_hostname(&root).unwrap();
+        assert!(!fs::symlink_metadata(root.join("etc/hostname")).unwrap().file_type().is_symlink());
+        assert_eq!(fs::read_to_string(outside.join("hostname")).unwrap(), "host file");
+        // An /etc that is a link to a host directory: left alone.
+        fs::remove_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("etc")).unwrap();
+        write_neutral_hostname(&root).unwrap();
+        assert_eq!(fs::read_to_string(outside.join("hostname")).unwrap(), "host file");
+        fs::remove_dir_all(&scratch).unwrap();
     }
 
     #[test]

@@ -1,0 +1,154 @@
+//! Processes a command leaves behind, and memory-backed files a command
+//! can fill, in a sandbox that must stay usable.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use space_testkit::TestDataDir;
+
+use super::common::TestServer;
+use super::{sh, Suite};
+
+const DEFENCES: &[(&str, &str)] = &[
+    (
+        "outlive a command's timeout with a fork bomb",
+        "each command in a cgroup of its own, killed whole until none is left",
+    ),
+    ("kill a command and keep its children", "KILL sweeps the command's cgroup, setsid and orphans included"),
+    ("pin memory by filling /dev", "/dev is a tmpfs of 4 MiB"),
+    ("learn the build host's name from /etc/hostname", "neutral at build, the sandbox's own name at start"),
+];
+
+/// A fork bomb whose children leave the process group (setsid) and, half
+/// of them, their parent (re-parented to PID 1), and keep forking. The
+/// command's own process stays until it is killed.
+const BOMB: &str = r#"#!/bin/bash
+setsid bash /root/bomb.sh child </dev/null >/dev/null 2>&1 &
+bash /root/bomb.sh child </dev/null >/dev/null 2>&1 &
+[ "$1" = child ] && [ $((RANDOM % 2)) = 0 ] && exit 0
+sleep 1000
+"#;
+
+/// Counts the bomb's processes (the pattern does not match itself).
+const COUNT_BOMB: &str = "grep -l 'bom[b].sh' /proc/[0-9]*/cmdline 2>/dev/null | wc -l";
+
+/// A sandbox with the bomb written, and a background process of another
+/// command (its pid) that must outlive the bomb's kill.
+fn armed_sandbox(server: &TestServer) -> (String, String) {
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let upload = server.raw(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files?path=/root/bomb.sh"),
+        &[("Authorization", &format!("Bearer {}", server.key))],
+        Some(BOMB),
+    );
+    assert_eq!(upload.0 / 100, 2, "{}", upload.1);
+    let (pid, _, _) = sh(server, &id, "nohup sleep 1000 >/dev/null 2>&1 </dev/null & echo $!");
+    (id, pid.trim().to_string())
+}
+
+fn start_bomb(server: &TestServer, id: &str, timeout_s: u64) -> String {
+    let (status, started) = server.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands"),
+        Some(json!({"argv": ["bash", "/root/bomb.sh"], "timeout_s": timeout_s})),
+    );
+    assert_eq!(status, 201, "{started}");
+    started["command"]["id"].as_str().unwrap().to_string()
+}
+
+fn ended(server: &TestServer, id: &str, command: &str) -> Value {
+    space_testkit::wait_for("the bomb's command to end", Duration::from_secs(120), || {
+        let command = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{command}?wait=30"), None);
+        command["result"].is_object().then_some(command)
+    })
+}
+
+/// 10 s after `killed_at`: how long `echo` took, how many bomb processes
+/// are left, and whether the other command's background process lives.
+fn aftermath(server: &TestServer, id: &str, killed_at: Instant, background: &str) -> (Duration, String, String) {
+    std::thread::sleep((killed_at + Duration::from_secs(10)).saturating_duration_since(Instant::now()));
+    let started = Instant::now();
+    let echo = server.exec(id, json!({"argv": ["echo", "ok"], "timeout_s": 60}));
+    let took = started.elapsed();
+    assert_eq!(echo["stdout"], "ok\n", "{echo}");
+    let left = sh(server, id, COUNT_BOMB).0.trim().to_string();
+    let alive = sh(server, id, &format!("tr '\\0' ' ' < /proc/{background}/cmdline")).0;
+    (took, left, alive)
+}
+
+#[test]
+fn processes_attempts_all_fail() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let mut suite = Suite::new(DEFENCES);
+
+    // A bomb under a 3 s timeout: the timeout's KILL must take all of it.
+    let (id, background) = armed_sandbox(&server);
+    let bomb = start_bomb(&server, &id, 3);
+    let result = ended(&server, &id, &bomb);
+    let killed_at = Instant::now();
+    let (took, left, alive) = aftermath(&server, &id, killed_at, &background);
+    suite.check(
+        "outlive a command's timeout with a fork bomb",
+        result["result"]["timed_out"] == true
+            && took < Duration::from_secs(2)
+            && left == "0"
+            && alive.contains("sleep 1000"),
+        format!("echo took {took:?}, {left} bomb processes left, background: {alive:?}, {}", result["result"]),
+    );
+
+    // A bomb killed through the API once it has spread.
+    let (id, background) = armed_sandbox(&server);
+    let bomb = start_bomb(&server, &id, 600);
+    space_testkit::wait_for("the bomb to spread", Duration::from_secs(60), || {
+        // A shell that cannot fork any more: the bomb is at its limit.
+        let (count, err, _) = sh(&server, &id, COUNT_BOMB);
+        (count.trim().parse::<u32>().unwrap_or(0) >= 100 || err.contains("Cannot fork")).then_some(())
+    });
+    let kill = json!({"signal": "KILL"}).to_string();
+    let auth = format!("Bearer {}", server.key);
+    let (status, body) = server.raw(
+        "POST",
+        &format!("/v1/sandboxes/{id}/commands/{bomb}/signal"),
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        Some(&kill),
+    );
+    assert_eq!(status / 100, 2, "{body}");
+    let killed_at = Instant::now();
+    let result = ended(&server, &id, &bomb);
+    let (took, left, alive) = aftermath(&server, &id, killed_at, &background);
+    suite.check(
+        "kill a command and keep its children",
+        took < Duration::from_secs(2) && left == "0" && alive.contains("sleep 1000"),
+        format!("echo took {took:?}, {left} bomb processes left, background: {alive:?}, {}", result["result"]),
+    );
+
+    // Memory-backed /dev.
+    let probe = server.create_sandbox(json!({"template": "base", "memory_mib": 512}));
+    let (out, _, _) = sh(
+        &server,
+        &probe,
+        "{ head -c 64000000 /dev/zero > /dev/fill; } 2>&1; echo rc=$?; du -k /dev/fill | cut -f1; rm -f /dev/fill; echo x > /dev/null && echo null-ok",
+    );
+    let kept_kib: u64 = out.lines().find_map(|l| l.trim().parse().ok()).unwrap_or(u64::MAX);
+    suite.check(
+        "pin memory by filling /dev",
+        out.contains("No space left on device") && kept_kib <= 8 << 10 && out.contains("null-ok"),
+        &out,
+    );
+
+    // The build host's name.
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let (out, _, _) = sh(&server, &probe, "cat /etc/hostname; hostname");
+    let mut lines = out.lines();
+    let (file, own) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    suite.check(
+        "learn the build host's name from /etc/hostname",
+        file != host && file == own,
+        format!("/etc/hostname {file:?}, the sandbox's hostname {own:?}, the host's {host:?}"),
+    );
+
+    suite.tally();
+    suite.assert_all_held();
+}
