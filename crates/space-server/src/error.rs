@@ -12,15 +12,23 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub details: serde_json::Value,
+    /// Sent as `Retry-After` (seconds): the request may work if repeated.
+    pub retry_after_s: Option<u32>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), details: serde_json::json!({}) }
+        ApiError { status, code, message: message.into(), details: serde_json::json!({}), retry_after_s: None }
     }
 
     pub fn with_details(mut self, details: serde_json::Value) -> ApiError {
         self.details = details;
+        self
+    }
+
+    /// Tells the client to try again after `seconds`.
+    pub fn retry_after(mut self, seconds: u32) -> ApiError {
+        self.retry_after_s = Some(seconds);
         self
     }
 
@@ -61,7 +69,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody { error: self.detail() };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 

@@ -269,10 +269,15 @@ impl Platform {
         Ok(())
     }
 
+    /// Whether a restarted server is still re-adopting sandbox `id`.
+    pub(crate) fn reconciling(&self, id: &str) -> bool {
+        self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).contains(id)
+    }
+
     /// Waits (up to `patience`) until a restarted server has re-adopted
     /// sandbox `id`; false if it has not by then.
     pub async fn until_reconciled(&self, id: &str, patience: Duration) -> bool {
-        let reconciling = || self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).contains(id);
+        let reconciling = || self.reconciling(id);
         if !reconciling() {
             return true;
         }

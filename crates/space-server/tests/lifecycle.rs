@@ -619,6 +619,15 @@ fn requests_for_a_sandbox_wait_until_a_restarted_server_has_readopted_it() {
     assert!(answer.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"), "{answer}");
     assert!(answer.contains("being re-adopted after a restart"), "{answer}");
     server.platform.reconcile_patience_ms.store(patience, std::sync::atomic::Ordering::Relaxed);
+    // A stranger is not made to wait (which would tell it the sandbox
+    // exists): it is answered before the re-adoption can end, as for any
+    // id (a wait would end in the 503 above, after the patience).
+    let (_, stranger) = space_server::tenants::create_key(&server.platform.store, "stranger", None).unwrap();
+    for key in [stranger.as_str(), "space_not-a-key"] {
+        let head = format!("GET /v1/sandboxes/{id} HTTP/1.1\r\nAuthorization: Bearer {key}");
+        let answer = server.early_answer(&head, b"");
+        assert!(answer.starts_with("HTTP/1.1 404") || answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
     assert!(!exec.is_finished(), "the first request still waits");
     signal_all(Signal::SIGCONT);
     let ran = exec.join().unwrap();

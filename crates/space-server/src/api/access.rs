@@ -42,8 +42,16 @@ fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> &'a str {
     params.get(name).map(String::as_str).unwrap_or_default()
 }
 
-fn owned_sandbox(state: &AppState, caller: &Caller, text: &str) -> Result<OwnedSandbox, ApiError> {
+/// The caller's sandbox named `text`; one a restarted server is still
+/// re-adopting is waited for (then loaded again), only once the caller is
+/// known to own it.
+async fn owned_sandbox(state: &AppState, caller: &Caller, text: &str) -> Result<OwnedSandbox, ApiError> {
     let id = SandboxId::parse(text).ok_or_else(|| ApiError::not_found("sandbox", text))?;
+    let owned = state.platform.sandbox_for(caller, &id)?;
+    if !state.platform.reconciling(id.as_str()) {
+        return Ok(owned);
+    }
+    super::until_reconciled(state, id.as_str()).await?;
     state.platform.sandbox_for(caller, &id)
 }
 
@@ -58,7 +66,7 @@ impl FromRequestParts<AppState> for SandboxPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let (params, caller) = params(parts, state).await?;
-        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         Ok(SandboxPath { sandbox, caller })
     }
 }
@@ -80,7 +88,7 @@ impl FromRequestParts<AppState> for CommandPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let (params, caller) = params(parts, state).await?;
-        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         let text = param(&params, "cid");
         let id = CommandId::parse(text).ok_or_else(|| ApiError::not_found("command", text))?;
         let command = state.platform.command(sandbox.id(), id.as_str())?;
@@ -100,7 +108,7 @@ impl FromRequestParts<AppState> for ContextPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let (params, caller) = params(parts, state).await?;
-        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         let text = param(&params, "cid");
         let context = ContextId::parse(text).ok_or_else(|| crate::contexts::context_not_found(text))?;
         Ok(ContextPath { sandbox, context })
@@ -120,7 +128,7 @@ impl FromRequestParts<AppState> for CheckpointPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let (params, caller) = params(parts, state).await?;
-        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         Ok(CheckpointPath { sandbox, caller, name: param(&params, "name").to_string() })
     }
 }
@@ -138,7 +146,7 @@ impl FromRequestParts<AppState> for PortPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let (params, caller) = params(parts, state).await?;
-        let sandbox = owned_sandbox(state, &caller, param(&params, "id"))?;
+        let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         let port = param(&params, "port").to_string();
         Ok(PortPath { sandbox, port, path: param(&params, "path").to_string() })
     }

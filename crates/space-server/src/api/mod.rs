@@ -169,25 +169,36 @@ fn path_ids(path: &str) -> (Option<String>, Option<String>) {
     (after("sandboxes", "sbx"), after("operations", "op"))
 }
 
-/// A request for a sandbox that a restarted server is still re-adopting
-/// (by path, or E2B's `E2b-Sandbox-Id`) waits until it is, then goes on;
-/// past [`crate::Platform::reconcile_patience_ms`] it gets a 503 with
-/// `Retry-After`.
+/// An E2B request for a sandbox that a restarted server is still
+/// re-adopting (by path, or `E2b-Sandbox-Id`) waits until it is, then goes
+/// on; past [`crate::Platform::reconcile_patience_ms`] it gets a 503 with
+/// `Retry-After`. `/v1` requests wait in `access.rs`, after their owner
+/// check, so the wait tells a stranger nothing; E2B's handlers load their
+/// sandbox synchronously, so theirs is still here, before authentication.
 async fn reconciled_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if !request.uri().path().starts_with("/e2b/") {
+        return next.run(request).await;
+    }
     let named = path_ids(request.uri().path())
         .0
         .or_else(|| request.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string));
     if let Some(id) = named {
-        let patience = state.platform.reconcile_patience_ms.load(std::sync::atomic::Ordering::Relaxed);
-        if !state.platform.until_reconciled(&id, std::time::Duration::from_millis(patience)).await {
-            let mut refused = axum::response::IntoResponse::into_response(ApiError::unavailable(format!(
-                "sandbox {id} is being re-adopted after a restart; try again"
-            )));
-            refused.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
-            return refused;
+        if let Err(refused) = until_reconciled(&state, &id).await {
+            return axum::response::IntoResponse::into_response(refused);
         }
     }
     next.run(request).await
+}
+
+/// Waits for sandbox `id`'s re-adoption after a restart, up to the
+/// platform's patience; then a 503 with `Retry-After`.
+pub(crate) async fn until_reconciled(state: &AppState, id: &str) -> Result<(), ApiError> {
+    let patience = state.platform.reconcile_patience_ms.load(std::sync::atomic::Ordering::Relaxed);
+    match state.platform.until_reconciled(id, Duration::from_millis(patience)).await {
+        true => Ok(()),
+        false => Err(ApiError::unavailable(format!("sandbox {id} is being re-adopted after a restart; try again"))
+            .retry_after(1)),
+    }
 }
 
 /// Every request: an id (echoed as `X-Request-Id`), a span that the
