@@ -135,7 +135,8 @@ pub struct SecretBinding {
     /// replacing the placeholder wherever a header carries it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub set_header: BTreeMap<String, String>,
-    /// The placeholder in the sandbox's environment (set by the server).
+    /// The placeholder in the sandbox's environment (set by the server; a
+    /// request may only send back the one it was given, else 422).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placeholder: Option<String>,
 }

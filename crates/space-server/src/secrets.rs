@@ -422,6 +422,14 @@ impl Platform {
                 }
             }
             let kept = before.and_then(|b| b.secrets.get(var)).and_then(|b| b.placeholder.clone());
+            // The server chooses placeholders: one sent back as a sandbox
+            // showed it is fine, any other would be silently replaced.
+            if binding.placeholder.is_some() && binding.placeholder != kept {
+                return Err(fail(
+                    var,
+                    "placeholder is set by the server; leave it out (or send the one it gave)".into(),
+                ));
+            }
             let placeholder = kept.unwrap_or_else(new_placeholder);
             binding.placeholder = Some(placeholder.clone());
             env.insert(var.clone(), placeholder);

@@ -436,6 +436,19 @@ fn commands_started_after_a_network_change_get_its_placeholders() {
     );
     let added = put["network"]["secrets"]["ADDED"]["placeholder"].as_str().unwrap().to_string();
     assert!(added.starts_with("space_ph_") && added != kept, "{put}");
+    // Placeholders are the server's to choose: one of the client's own is
+    // refused, not silently replaced; the ones it was given may come back.
+    let forged =
+        json!({"egress": "allowlist", "secrets": {"KEPT": {"secret": "early", "placeholder": "space_ph_mine"}}});
+    server.error("PUT", &format!("/v1/sandboxes/{id}/network"), Some(forged), 422, "invalid_value");
+    let echoed = server.ok(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"egress": "allowlist", "secrets": put["network"]["secrets"].clone()})),
+    );
+    assert_eq!(echoed["network"]["secrets"], put["network"]["secrets"]);
+    let forged = json!({"template": "base", "network": {"egress": "allowlist", "secrets": {"X": {"secret": "early", "placeholder": "space_ph_x"}}}});
+    server.error("POST", "/v1/sandboxes", Some(forged), 422, "invalid_value");
     // The first thing started after the change is a code context's
     // interpreter: it too gets the network's placeholders.
     let (status, context) =
