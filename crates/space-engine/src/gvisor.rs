@@ -765,7 +765,9 @@ fn oci_config(spec: &SandboxSpec, agent_bin: &Path) -> Result<Spec, EngineError>
 
     let mut mounts = Spec::default().mounts().clone().unwrap_or_default();
     // `/dev/shm` is memory: a quarter of the sandbox's, so filling it can
-    // never take the sandbox's memory alone.
+    // never take the sandbox's memory alone. (`/dev` itself takes no size
+    // from here: runsc mounts a `/dev` of its own whatever the spec says,
+    // and the agent puts a capped tmpfs over it, `init::cap_dev`.)
     for mount in mounts.iter_mut().filter(|m| m.destination() == Path::new("/dev/shm")) {
         let mut options = mount.options().clone().unwrap_or_default();
         options.retain(|o| !o.starts_with("size="));
