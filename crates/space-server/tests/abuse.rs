@@ -7,11 +7,16 @@
 
 mod common;
 // One module an area, each with its own #[test] and DEFENCES.
-#[path = "abuse/gateway.rs"] mod gateway;
-#[path = "abuse/ports.rs"] mod ports;
+#[path = "abuse/edges.rs"]
+mod edges;
+#[path = "abuse/gateway.rs"]
+mod gateway;
+#[path = "abuse/ports.rs"]
+mod ports;
+#[path = "abuse/processes.rs"]
+mod processes;
 #[path = "abuse/tenancy.rs"]
 mod tenancy;
-#[path = "abuse/edges.rs"] mod edges;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -136,7 +141,8 @@ impl Suite {
 
     /// Fails unless every defence was tried and held.
     pub(crate) fn assert_all_held(&self) {
-        let got_through: Vec<&(String, Result<(), String>)> = self.attempts.iter().filter(|(_, r)| r.is_err()).collect();
+        let got_through: Vec<&(String, Result<(), String>)> =
+            self.attempts.iter().filter(|(_, r)| r.is_err()).collect();
         let mut tried: Vec<&str> = self.attempts.iter().map(|(n, _)| n.as_str()).collect();
         tried.sort_unstable();
         tried.dedup();
