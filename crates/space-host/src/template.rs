@@ -512,6 +512,7 @@ fn build_into(
     }
 
     progress(step("installing the agent", 2));
+    write_etc_file(&rootfs, "resolv.conf", TEMPLATE_RESOLV_CONF)?;
     install_agent(&rootfs, agent_bin)?;
 
     progress(step("sealing the root (read-only)", 3));
@@ -556,30 +557,39 @@ fn newly_installed(line: &str) -> Option<u64> {
 /// name over it when it starts.
 const TEMPLATE_HOSTNAME: &str = "localhost\n";
 
-/// Writes [`TEMPLATE_HOSTNAME`] to the root's `/etc/hostname`, replacing
-/// whatever stood there (a link is removed, never followed). A root whose
-/// `/etc` is not a real directory (an image may make it a link) is left
-/// alone.
+/// What a Debian template's `/etc/resolv.conf` holds instead of the build
+/// host's resolvers (mmdebstrap copies the host's file in): a sandbox has
+/// no network device, and names travel in the egress proxy's requests.
+const TEMPLATE_RESOLV_CONF: &str = "# No resolver: names travel in the egress proxy's requests (HTTP_PROXY).\n";
+
+/// Writes [`TEMPLATE_HOSTNAME`] to the root's `/etc/hostname`.
 fn write_neutral_hostname(rootfs: &Path) -> Result<(), HostError> {
+    write_etc_file(rootfs, "hostname", TEMPLATE_HOSTNAME)
+}
+
+/// Writes `content` to the root's `/etc/NAME`, replacing whatever stood
+/// there (a link is removed, never followed). A root whose `/etc` is not a
+/// real directory (an image may make it a link) is left alone.
+fn write_etc_file(rootfs: &Path, name: &str, content: &str) -> Result<(), HostError> {
     use std::os::unix::fs::OpenOptionsExt;
     let etc = rootfs.join("etc");
     if !fs::symlink_metadata(&etc).is_ok_and(|meta| meta.is_dir()) {
         return Ok(());
     }
-    let file = etc.join("hostname");
+    let file = etc.join(name);
     match fs::symlink_metadata(&file) {
         Ok(meta) if meta.is_dir() => fs::remove_dir_all(&file),
         Ok(_) => fs::remove_file(&file),
         Err(_) => Ok(()),
     }
-    .map_err(HostError::io("clearing /etc/hostname in the root"))?;
+    .map_err(HostError::io(format!("clearing /etc/{name} in the root")))?;
     fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(&file)
-        .and_then(|mut out| out.write_all(TEMPLATE_HOSTNAME.as_bytes()))
-        .map_err(HostError::io("writing /etc/hostname in the root"))
+        .and_then(|mut out| out.write_all(content.as_bytes()))
+        .map_err(HostError::io(format!("writing /etc/{name} in the root")))
 }
 
 /// Puts the agent and its mount points into a template root, and a neutral
@@ -736,6 +746,12 @@ mod tests {
         std::os::unix::fs::symlink(&outside, root.join("etc")).unwrap();
         write_neutral_hostname(&root).unwrap();
         assert_eq!(fs::read_to_string(outside.join("hostname")).unwrap(), "host file");
+        // The build host's resolvers, as mmdebstrap leaves them.
+        fs::remove_file(root.join("etc")).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(root.join("etc/resolv.conf"), "nameserver 192.0.2.53\n").unwrap();
+        write_etc_file(&root, "resolv.conf", TEMPLATE_RESOLV_CONF).unwrap();
+        assert!(!fs::read_to_string(root.join("etc/resolv.conf")).unwrap().contains("nameserver"));
         fs::remove_dir_all(&scratch).unwrap();
     }
 
