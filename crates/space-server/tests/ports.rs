@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::time::Duration;
-
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use base64::Engine as _;
 use common::TestServer;
@@ -142,79 +139,8 @@ fn http_websocket_and_tcp_reach_a_server_inside_the_sandbox_and_only_its_tenant(
 /// A server on 127.0.0.1:8001 inside the sandbox that writes every request
 /// it gets (request line, every header as received, the body) to
 /// /tmp/seen.log; a WebSocket gets the first subprotocol offered and its
-/// text frames echoed.
-const RECORDER: &str = r#"
-import base64, hashlib, http.server
-class App(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def record(self, extra=b""):
-        with open("/tmp/seen.log", "ab") as log:
-            log.write(self.raw_requestline + str(self.headers).encode() + extra + b"\n----\n")
-    def body(self):
-        if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
-            return self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        data = b""
-        while True:
-            size = int(self.rfile.readline().split(b";")[0], 16)
-            data += self.rfile.read(size)
-            self.rfile.readline()
-            if size == 0:
-                return data
-    def reply(self, body):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_POST(self):
-        data = self.body()
-        self.record(b"body: " + data)
-        self.reply(b"got " + data)
-    def do_GET(self):
-        self.record()
-        if self.headers.get("Upgrade", "").lower() != "websocket":
-            return self.reply(b"seen")
-        key = self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
-        self.send_response(101)
-        self.send_header("Upgrade", "websocket")
-        self.send_header("Connection", "Upgrade")
-        self.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
-        if offered:
-            self.send_header("Sec-WebSocket-Protocol", offered[0])
-        self.end_headers()
-        self.wfile.flush()
-        while True:
-            head = self.rfile.read(2)
-            if len(head) < 2 or head[0] & 0x0f == 8:
-                return
-            mask = self.rfile.read(4)
-            data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(head[1] & 0x7f)))
-            reply = b"echo: " + data
-            self.wfile.write(bytes([0x81, len(reply)]) + reply)
-            self.wfile.flush()
-http.server.ThreadingHTTPServer(("127.0.0.1", 8001), App).serve_forever()
-"#;
-
-/// Writes `request` on a connection of its own and reads the answer: to
-/// the end, or for an upgrade only its head. Nothing waits past a minute.
-fn by_hand(server: &TestServer, request: &[u8]) -> String {
-    let mut socket = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
-    socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    socket.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-    socket.write_all(request).unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match socket.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => answer.extend_from_slice(&buf[..n]),
-        }
-        if answer.starts_with(b"HTTP/1.1 101") && answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&answer).into_owned()
-}
+/// The recording server (`common/recorder.py`), run with its port.
+const RECORDER: &str = include_str!("common/recorder.py");
 
 #[test]
 fn the_port_proxy_forwards_no_credential_of_the_caller() {
@@ -226,7 +152,7 @@ fn the_port_proxy_forwards_no_credential_of_the_caller() {
     let (status, app) = server.call(
         "POST",
         &format!("/v1/sandboxes/{id}/commands"),
-        Some(json!({"argv": ["python3", "-c", RECORDER]})),
+        Some(json!({"argv": ["python3", "-c", RECORDER, "8001"]})),
     );
     assert_eq!(status, 201, "{app}");
     space_testkit::wait_until("the recorder to listen", space_testkit::PATIENCE, || {
@@ -238,8 +164,7 @@ fn the_port_proxy_forwards_no_credential_of_the_caller() {
 
     // HTTP with every credential header SPACE and E2B know, a cookie that
     // holds the key beside the app's own, and a header Connection names.
-    let answer = by_hand(
-        &server,
+    let answer = server.by_hand(
         format!(
             "GET {base}/http/a%20b%2Fc?q=%41 HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\n\
              Proxy-Authorization: Basic {basic}\r\nX-API-KEY: {key}\r\nx-api-key: {key}\r\n\
@@ -266,8 +191,7 @@ fn the_port_proxy_forwards_no_credential_of_the_caller() {
     }
     drop(socket);
     // The key's subprotocol the only one offered: the app is offered none.
-    let answer = by_hand(
-        &server,
+    let answer = server.by_hand(
         format!(
             "GET {base}/ws-bearer-only HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
@@ -281,14 +205,14 @@ fn the_port_proxy_forwards_no_credential_of_the_caller() {
     // Framing: two Hosts are refused; Content-Length beside
     // Transfer-Encoding never reaches the app as both, and what follows
     // the chunked body is no request of its own.
-    let answer = by_hand(
-        &server,
+    let answer = server.by_hand(
+        
         format!("GET {base}/two-hosts HTTP/1.1\r\nHost: api.test\r\nHost: other.test\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n")
             .as_bytes(),
     );
     assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("invalid_request"), "{answer}");
-    let answer = by_hand(
-        &server,
+    let answer = server.by_hand(
+        
         format!(
             "POST {base}/framed HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nContent-Length: 40\r\n\
              Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET {base}/smuggled HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\n\r\n"

@@ -2,9 +2,6 @@
 //! sandbox (code the caller does not trust) records everything a request
 //! through `/v1/sandboxes/{id}/ports/{port}/...` brings it.
 
-use std::io::{Read, Write};
-use std::time::Duration;
-
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use base64::Engine as _;
 use serde_json::json;
@@ -32,68 +29,8 @@ const DEFENCES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Records every request's line, headers and body in /tmp/seen.log; a
-/// WebSocket gets its first offered subprotocol and is held open.
-const RECORDER: &str = r#"
-import base64, hashlib, http.server
-class App(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def record(self, extra=b""):
-        with open("/tmp/seen.log", "ab") as log:
-            log.write(self.raw_requestline + str(self.headers).encode() + extra + b"\n----\n")
-    def reply(self, body):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_POST(self):
-        data = b""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            while True:
-                size = int(self.rfile.readline().split(b";")[0], 16)
-                data += self.rfile.read(size)
-                self.rfile.readline()
-                if size == 0:
-                    break
-        else:
-            data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.record(b"body: " + data)
-        self.reply(b"got " + data)
-    def do_GET(self):
-        self.record()
-        if self.headers.get("Upgrade", "").lower() != "websocket":
-            return self.reply(b"seen")
-        key = self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
-        self.send_response(101)
-        self.send_header("Upgrade", "websocket")
-        self.send_header("Connection", "Upgrade")
-        self.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
-        if offered:
-            self.send_header("Sec-WebSocket-Protocol", offered[0])
-        self.end_headers()
-        self.wfile.flush()
-        self.rfile.read(1)
-http.server.ThreadingHTTPServer(("127.0.0.1", 8002), App).serve_forever()
-"#;
-
-/// Writes `request` on a connection of its own; the answer to its end, or
-/// an upgrade's head. Nothing waits past 60 s.
-fn by_hand(server: &TestServer, request: &str) -> String {
-    let mut socket = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
-    socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    socket.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-    socket.write_all(request.as_bytes()).unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n @ 1..) = socket.read(&mut buf) {
-        answer.extend_from_slice(&buf[..n]);
-        if answer.starts_with(b"HTTP/1.1 101") && answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&answer).into_owned()
-}
+/// The recording server of the port proxy's tests, run with its port.
+const RECORDER: &str = include_str!("../common/recorder.py");
 
 /// What the recorder got since the last call (the log is emptied).
 fn seen(server: &TestServer, id: &str) -> String {
@@ -117,7 +54,7 @@ fn ports_attempts_all_fail() {
     let (status, app) = server.call(
         "POST",
         &format!("/v1/sandboxes/{id}/commands"),
-        Some(json!({"argv": ["python3", "-c", RECORDER]})),
+        Some(json!({"argv": ["python3", "-c", RECORDER, "8002"]})),
     );
     assert_eq!(status, 201, "{app}");
     let base = format!("/v1/sandboxes/{id}/ports/8002");
@@ -128,14 +65,11 @@ fn ports_attempts_all_fail() {
 
     // A browser's WebSocket: the key is only in the subprotocol.
     let bearer = format!("bearer.{}", URL_SAFE_NO_PAD.encode(&key));
-    let answer = by_hand(
-        &server,
-        &format!(
-            "GET {base}/ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+    let answer = server.by_hand(format!(
+        "GET {base}/ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
              Sec-WebSocket-Protocol: chat, {bearer}\r\n\r\n"
-        ),
-    );
+    ));
     let got = seen(&server, &id);
     suite.check(
         "learn the API key from a WebSocket's subprotocol through the port proxy",
@@ -148,14 +82,11 @@ fn ports_attempts_all_fail() {
 
     // The key in X-API-KEY (two spellings), Basic and a cookie.
     let basic = STANDARD.encode(format!("u:{key}"));
-    let answer = by_hand(
-        &server,
-        &format!(
-            "GET {base}/page HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nX-API-KEY: {key}\r\n\
+    let answer = server.by_hand(format!(
+        "GET {base}/page HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nX-API-KEY: {key}\r\n\
              x-api-key: {key}\r\nProxy-Authorization: Basic {basic}\r\nCookie: app=1; space_key={key}\r\n\
              Connection: close\r\n\r\n"
-        ),
-    );
+    ));
     let got = seen(&server, &id);
     let lower = got.to_lowercase();
     suite.check(
@@ -170,14 +101,11 @@ fn ports_attempts_all_fail() {
     );
 
     // Both lengths, and a request after the chunked body's end.
-    let answer = by_hand(
-        &server,
-        &format!(
-            "POST {base}/front HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nContent-Length: 40\r\n\
+    let answer = server.by_hand(format!(
+        "POST {base}/front HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nContent-Length: 40\r\n\
              Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n\
              GET {base}/smuggled HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\n\r\n"
-        ),
-    );
+    ));
     let got = seen(&server, &id).to_lowercase();
     let one_framing = got.split("\n----\n").all(|record| {
         record.matches("\ncontent-length:").count() + record.matches("\ntransfer-encoding:").count() <= 1

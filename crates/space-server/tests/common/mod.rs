@@ -102,6 +102,26 @@ impl TestServer {
         answer
     }
 
+    /// Writes `request` as given on a connection of its own and reads the
+    /// answer: to its end, or for an upgrade only its head. Nothing waits
+    /// past a minute.
+    pub fn by_hand(&self, request: impl AsRef<[u8]>) -> String {
+        use std::io::{Read, Write};
+        let mut socket = std::net::TcpStream::connect(self.url.trim_start_matches("http://")).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        socket.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+        socket.write_all(request.as_ref()).unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = socket.read(&mut buf) {
+            answer.extend_from_slice(&buf[..n]);
+            if answer.starts_with(b"HTTP/1.1 101") && answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
     /// An authenticated JSON call whose answer is checked against the contract.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         self.call_as(&self.key.clone(), method, path, body)
