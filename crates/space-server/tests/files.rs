@@ -173,21 +173,6 @@ fn directories_travel_as_tar_archives_both_ways() {
     assert_eq!(outside["stdout"], "2\n", "nothing landed outside the target");
 }
 
-/// A tar entry written by hand, so that names tar's builder refuses (`..`)
-/// can be in it.
-fn tar_entry(archive: &mut tar::Builder<Vec<u8>>, name: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>) {
-    let mut header = tar::Header::new_gnu();
-    header.set_size(data.len() as u64);
-    header.set_mode(if kind == tar::EntryType::Directory { 0o755 } else { 0o644 });
-    header.set_entry_type(kind);
-    header.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
-    if let Some(link) = link {
-        header.set_link_name(link).unwrap();
-    }
-    header.set_cksum();
-    archive.append(&header, data).unwrap();
-}
-
 #[test]
 fn a_tar_upload_lands_whole_or_not_at_all() {
     let data = TestDataDir::new();
@@ -209,10 +194,10 @@ fn a_tar_upload_lands_whole_or_not_at_all() {
     sh("mkdir -p /root/merge/sub && chmod 0700 /root/merge/sub && echo keep > /root/merge/keep.txt \
         && echo old > /root/merge/over.txt && echo inner > /root/merge/sub/inner.txt");
     let mut good = tar::Builder::new(Vec::new());
-    tar_entry(&mut good, "over.txt", tar::EntryType::Regular, b"new\n", None);
-    tar_entry(&mut good, "sub/added.txt", tar::EntryType::Regular, b"added\n", None);
-    tar_entry(&mut good, "fresh/", tar::EntryType::Directory, b"", None);
-    tar_entry(&mut good, "fresh/x.txt", tar::EntryType::Regular, b"x\n", None);
+    common::tar_entry(&mut good, "over.txt", tar::EntryType::Regular, b"new\n", None);
+    common::tar_entry(&mut good, "sub/added.txt", tar::EntryType::Regular, b"added\n", None);
+    common::tar_entry(&mut good, "fresh/", tar::EntryType::Directory, b"", None);
+    common::tar_entry(&mut good, "fresh/x.txt", tar::EntryType::Regular, b"x\n", None);
     assert_eq!(put("/root/merge", good.into_inner().unwrap()).0, 201);
     let merged =
         sh("cd /root/merge && ls -A . sub fresh && cat keep.txt over.txt sub/inner.txt sub/added.txt fresh/x.txt \
@@ -225,10 +210,10 @@ fn a_tar_upload_lands_whole_or_not_at_all() {
     // Refused at its last entry, into a new directory: not even the
     // directory is left.
     let mut climbing = tar::Builder::new(Vec::new());
-    tar_entry(&mut climbing, "first.txt", tar::EntryType::Regular, b"one", None);
-    tar_entry(&mut climbing, "sub/", tar::EntryType::Directory, b"", None);
-    tar_entry(&mut climbing, "sub/second.txt", tar::EntryType::Regular, b"two", None);
-    tar_entry(&mut climbing, "../climbed.txt", tar::EntryType::Regular, b"out", None);
+    common::tar_entry(&mut climbing, "first.txt", tar::EntryType::Regular, b"one", None);
+    common::tar_entry(&mut climbing, "sub/", tar::EntryType::Directory, b"", None);
+    common::tar_entry(&mut climbing, "sub/second.txt", tar::EntryType::Regular, b"two", None);
+    common::tar_entry(&mut climbing, "../climbed.txt", tar::EntryType::Regular, b"out", None);
     let (status, body) = put("/root/new/deeper", climbing.into_inner().unwrap());
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("outside the directory"), "{body}");
@@ -237,10 +222,10 @@ fn a_tar_upload_lands_whole_or_not_at_all() {
     // Refused at an entry through a link out of the directory, into one
     // that has a file of the same name: the file is as it was.
     let mut through = tar::Builder::new(Vec::new());
-    tar_entry(&mut through, "keep.txt", tar::EntryType::Regular, b"replaced\n", None);
-    tar_entry(&mut through, "planted.txt", tar::EntryType::Regular, b"planted", None);
-    tar_entry(&mut through, "out", tar::EntryType::Symlink, b"", Some("/etc"));
-    tar_entry(&mut through, "out/planted", tar::EntryType::Regular, b"x", None);
+    common::tar_entry(&mut through, "keep.txt", tar::EntryType::Regular, b"replaced\n", None);
+    common::tar_entry(&mut through, "planted.txt", tar::EntryType::Regular, b"planted", None);
+    common::tar_entry(&mut through, "out", tar::EntryType::Symlink, b"", Some("/etc"));
+    common::tar_entry(&mut through, "out/planted", tar::EntryType::Regular, b"x", None);
     let (status, body) = put("/root/merge", through.into_inner().unwrap());
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("outside the directory"), "{body}");
@@ -251,9 +236,9 @@ fn a_tar_upload_lands_whole_or_not_at_all() {
 
     // A directory where the target has a file is refused before anything moves.
     let mut clash = tar::Builder::new(Vec::new());
-    tar_entry(&mut clash, "over.txt/", tar::EntryType::Directory, b"", None);
-    tar_entry(&mut clash, "over.txt/x", tar::EntryType::Regular, b"x", None);
-    tar_entry(&mut clash, "zzz.txt", tar::EntryType::Regular, b"z", None);
+    common::tar_entry(&mut clash, "over.txt/", tar::EntryType::Directory, b"", None);
+    common::tar_entry(&mut clash, "over.txt/x", tar::EntryType::Regular, b"x", None);
+    common::tar_entry(&mut clash, "zzz.txt", tar::EntryType::Regular, b"z", None);
     let (status, body) = put("/root/merge", clash.into_inner().unwrap());
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("wrong_file_type") && body.contains("not a directory"), "{body}");

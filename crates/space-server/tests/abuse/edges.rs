@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use space_testkit::TestDataDir;
 
-use super::common::TestServer;
+use super::common::{tar_entry, TestServer};
 use super::{sh, Suite};
 
 const DEFENCES: &[(&str, &str)] = &[
@@ -56,21 +56,6 @@ fn request(url: &str, method: &str, headers: &[(&str, &str)], body: Option<&[u8]
         }
         Err(err) => (0, err.to_string()),
     }
-}
-
-/// A tar entry written by hand, so that names tar's builder refuses (`..`)
-/// can be in it.
-fn entry(archive: &mut tar::Builder<Vec<u8>>, name: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>) {
-    let mut header = tar::Header::new_gnu();
-    header.set_size(data.len() as u64);
-    header.set_mode(if kind == tar::EntryType::Directory { 0o755 } else { 0o644 });
-    header.set_entry_type(kind);
-    header.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
-    if let Some(link) = link {
-        header.set_link_name(link).unwrap();
-    }
-    header.set_cksum();
-    archive.append(&header, data).unwrap();
 }
 
 #[test]
@@ -236,19 +221,19 @@ fn tar_upload(server: &TestServer, suite: &mut Suite) {
     };
     // Into a new directory: good entries, then one that climbs out.
     let mut climbing = tar::Builder::new(Vec::new());
-    entry(&mut climbing, "first.txt", tar::EntryType::Regular, b"one", None);
-    entry(&mut climbing, "sub/", tar::EntryType::Directory, b"", None);
-    entry(&mut climbing, "sub/second.txt", tar::EntryType::Regular, b"two", None);
-    entry(&mut climbing, "../climbed.txt", tar::EntryType::Regular, b"out", None);
+    tar_entry(&mut climbing, "first.txt", tar::EntryType::Regular, b"one", None);
+    tar_entry(&mut climbing, "sub/", tar::EntryType::Directory, b"", None);
+    tar_entry(&mut climbing, "sub/second.txt", tar::EntryType::Regular, b"two", None);
+    tar_entry(&mut climbing, "../climbed.txt", tar::EntryType::Regular, b"out", None);
     let climbing = climbing.into_inner().unwrap();
     let (status_new, _) = put("/root/edge-new", &climbing);
     // Into a directory with a file: its new content, then a link out and an entry through it.
     sh(server, &id, "mkdir /root/edge-kept && echo old > /root/edge-kept/kept.txt");
     let mut through = tar::Builder::new(Vec::new());
-    entry(&mut through, "kept.txt", tar::EntryType::Regular, b"new\n", None);
-    entry(&mut through, "fresh.txt", tar::EntryType::Regular, b"fresh", None);
-    entry(&mut through, "out", tar::EntryType::Symlink, b"", Some("/etc"));
-    entry(&mut through, "out/planted", tar::EntryType::Regular, b"x", None);
+    tar_entry(&mut through, "kept.txt", tar::EntryType::Regular, b"new\n", None);
+    tar_entry(&mut through, "fresh.txt", tar::EntryType::Regular, b"fresh", None);
+    tar_entry(&mut through, "out", tar::EntryType::Symlink, b"", Some("/etc"));
+    tar_entry(&mut through, "out/planted", tar::EntryType::Regular, b"x", None);
     let through = through.into_inner().unwrap();
     let (status_kept, _) = put("/root/edge-kept", &through);
     let (left, _, _) = sh(

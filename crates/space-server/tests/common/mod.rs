@@ -283,3 +283,24 @@ fn matches_template(template: &str, concrete: &str) -> bool {
 pub fn text_of(frames: &[Value], kind: &str) -> String {
     frames.iter().filter(|f| f["type"] == kind).map(|f| f["data"].as_str().unwrap_or("")).collect()
 }
+
+/// A tar entry written by hand, so that names tar's builder refuses (`..`)
+/// can be in it.
+pub fn tar_entry(
+    archive: &mut tar::Builder<Vec<u8>>,
+    name: &str,
+    kind: tar::EntryType,
+    data: &[u8],
+    link: Option<&str>,
+) {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(if kind == tar::EntryType::Directory { 0o755 } else { 0o644 });
+    header.set_entry_type(kind);
+    header.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
+    if let Some(link) = link {
+        header.set_link_name(link).unwrap();
+    }
+    header.set_cksum();
+    archive.append(&header, data).unwrap();
+}
