@@ -60,7 +60,7 @@ const DEFENCES: &[(&str, &str)] = &[
     ("follow a symlink out through the files API", "paths resolved inside the sandbox by the agent"),
     ("unpack a tar with ../ entries through the files API", "tar entries checked against the target"),
     ("call the API with a guessed key", "256-bit keys, compared as hashes"),
-    ("reach another tenant's sandbox", "tenant check after authentication (404)"),
+    ("reach another tenant's sandbox", "owner checked where the sandbox is loaded (404)"),
     ("send a 100 KiB header", "hyper's header limits (431)"),
     ("send a 2 MiB JSON body", "1 MiB JSON body limit (413)"),
     ("ask for a huge id", "ids are checked before any lookup"),
@@ -103,9 +103,9 @@ const DEFENCES: &[(&str, &str)] = &[
     ("read a secret's value back through the API", "secrets are write-only"),
     ("bind another tenant's secret", "secrets are looked up in the caller's tenant only"),
     ("allow more than the tenant's egress ceiling", "ceiling checked at create and on every change"),
-    ("reach another tenant's sandbox port", "tenant check on the ports path (404)"),
+    ("reach another tenant's sandbox port", "owner checked where the sandbox is loaded, ports too (404)"),
     ("reach the host's API through the port proxy", "ports are the sandbox's own loopback, through its agent"),
-    ("learn the API key from a server in the sandbox", "the port proxy drops Authorization"),
+    ("learn the API key from a server in the sandbox", "the port proxy forwards no credential of the caller"),
 ];
 
 impl Suite {
