@@ -507,8 +507,15 @@ async fn relay_to(
         .uri(target)
         .body(body)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // As the caller's: nothing that holds its key in any encoding (a cookie,
+    // a Basic header, a subprotocol) goes on; with no caller (envd) the
+    // request keeps the sandbox token it needs.
+    let incoming = match caller {
+        Some(_) => crate::api::ports::without_presented_credentials(&parts.headers),
+        None => parts.headers.clone(),
+    };
     let headers = outgoing.headers_mut();
-    for (name, value) in &parts.headers {
+    for (name, value) in &incoming {
         let hop = crate::api::ports::HOP_BY_HOP.contains(&name.as_str());
         // A tenant's key (in either header) never reaches a node.
         let key = (name == header::AUTHORIZATION && caller.is_some()) || name == "x-api-key";
@@ -520,8 +527,7 @@ async fn relay_to(
     }
     // The subprotocols a browser offered, less the one that carries its
     // key: a node never sees a tenant's key.
-    let offered: Vec<&str> = parts
-        .headers
+    let offered: Vec<&str> = incoming
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -1018,7 +1024,10 @@ async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response, crate::e2b
     let path = request.uri().path().to_string();
     if path.starts_with("/e2b/envd/") {
         let id = request.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let missing = || E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running"));
+        // Only the sandbox's node can check its token: an id that names no
+        // sandbox here (or one whose node is lost) answers what a node says
+        // to a wrong token, so no caller learns which ids exist.
+        let missing = crate::e2b::envd::wrong_token;
         let placement = cp.store.placement(id)?.ok_or_else(missing)?;
         let node = live_node(cp, &placement.node_id).map_err(|_| missing())?;
         return Ok(relay_to(cp, &node, None, request).await?);

@@ -194,23 +194,39 @@ pub(crate) fn inward_headers(incoming: &HeaderMap) -> Result<HeaderMap, ApiError
         .flat_map(|v| v.split(','))
         .map(|token| token.trim().to_ascii_lowercase())
         .collect();
-    let secrets = presented_credentials(incoming);
-    let holds_secret = |text: &[u8]| secrets.iter().any(|s| text.windows(s.len()).any(|w| w == s.as_slice()));
+    let scrubbed = without_presented_credentials(incoming);
     let mut outgoing = HeaderMap::new();
-    for (name, value) in incoming {
+    for (name, value) in &scrubbed {
         let named = name.as_str();
         let dropped = name == header::HOST
             || HOP_BY_HOP.contains(&named)
             || per_hop.iter().any(|listed| listed == named)
             || CREDENTIAL_HEADERS.contains(&named)
             || CREDENTIAL_PREFIXES.iter().any(|prefix| named.starts_with(prefix))
-            || (name == header::CONTENT_LENGTH && outgoing.contains_key(header::CONTENT_LENGTH))
-            || name == header::COOKIE
-            || name == header::SEC_WEBSOCKET_PROTOCOL
-            || holds_secret(value.as_bytes());
+            || (name == header::CONTENT_LENGTH && outgoing.contains_key(header::CONTENT_LENGTH));
         if !dropped {
             outgoing.append(name.clone(), value.clone());
         }
+    }
+    Ok(outgoing)
+}
+
+/// `incoming` less every header, cookie and WebSocket subprotocol that holds
+/// a credential the request presents (plain or base64-encoded, see
+/// [`presented_credentials`]), and less the `bearer.*` subprotocol: the
+/// port proxy's rule, and the control plane's before a request goes on to
+/// a node (which never sees the tenant's key, so could not look for it).
+/// The remaining cookies are one `Cookie` line, the remaining subprotocols
+/// one line, in their order.
+pub(crate) fn without_presented_credentials(incoming: &HeaderMap) -> HeaderMap {
+    let secrets = presented_credentials(incoming);
+    let holds_secret = |text: &[u8]| secrets.iter().any(|s| text.windows(s.len()).any(|w| w == s.as_slice()));
+    let mut outgoing = HeaderMap::new();
+    for (name, value) in incoming {
+        if name == header::COOKIE || name == header::SEC_WEBSOCKET_PROTOCOL || holds_secret(value.as_bytes()) {
+            continue;
+        }
+        outgoing.append(name.clone(), value.clone());
     }
     // One Cookie line (HTTP/1.1 allows no more), less any pair holding a
     // credential.
@@ -239,7 +255,7 @@ pub(crate) fn inward_headers(incoming: &HeaderMap) -> Result<HeaderMap, ApiError
             outgoing.insert(header::SEC_WEBSOCKET_PROTOCOL, value);
         }
     }
-    Ok(outgoing)
+    outgoing
 }
 
 fn is_bearer_protocol(protocol: &str) -> bool {
@@ -448,6 +464,20 @@ mod tests {
             ("accept", "text/html"),
         ]);
         assert_eq!(text(&got), "accept: text/html\n");
+    }
+
+    #[test]
+    fn what_goes_on_to_a_node_holds_the_key_nowhere() {
+        // The control plane's rule: any header, only less the key.
+        let basic = STANDARD.encode(format!("me:{KEY}"));
+        let got = without_presented_credentials(&headers(&[
+            ("authorization", &format!("Bearer {KEY}")),
+            ("cookie", &format!("app=1; k={KEY}")),
+            ("x-forwarded-auth", &format!("Basic {basic}")),
+            ("sec-websocket-protocol", &format!("bearer.{}, chat", URL_SAFE_NO_PAD.encode(KEY))),
+            ("accept", "text/html"),
+        ]));
+        assert_eq!(text(&got), "accept: text/html\ncookie: app=1\nsec-websocket-protocol: chat\n");
     }
 
     #[test]

@@ -52,6 +52,13 @@ impl Target {
 
 /// E2B's proxy answer for a sandbox that does not run: the SDK looks for
 /// "was not found" to raise its not-running error.
+/// What a request without its sandbox's token gets, whether the sandbox
+/// exists or not (a cluster's control plane answers the same for an id it
+/// cannot place).
+pub(crate) fn wrong_token() -> E2bError {
+    E2bError::new(StatusCode::UNAUTHORIZED, "missing or wrong access token for this sandbox")
+}
+
 fn not_running(id: &str) -> E2bError {
     E2bError { sandbox_id: Some(id.to_string()), ..E2bError::new(StatusCode::BAD_GATEWAY, "The sandbox was not found") }
 }
@@ -81,7 +88,7 @@ pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Ta
         authentic |= space_proto::constant_time_eq(&presented("e2b-traffic-access-token"), traffic.as_bytes());
     }
     if !authentic {
-        return Err(E2bError::new(StatusCode::UNAUTHORIZED, "missing or wrong access token for this sandbox"));
+        return Err(wrong_token());
     }
     if let Some(named) = header(headers, "e2b-sandbox-port").filter(|p| *p != port) {
         let message = format!("The sandbox port {named} is not open");

@@ -20,7 +20,7 @@
 
 mod connect;
 mod control;
-mod envd;
+pub(crate) mod envd;
 mod filesystem;
 mod interpreter;
 mod process;
