@@ -206,13 +206,11 @@ fn the_port_proxy_forwards_no_credential_of_the_caller() {
     // Transfer-Encoding never reaches the app as both, and what follows
     // the chunked body is no request of its own.
     let answer = server.by_hand(
-        
         format!("GET {base}/two-hosts HTTP/1.1\r\nHost: api.test\r\nHost: other.test\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n")
             .as_bytes(),
     );
     assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("invalid_request"), "{answer}");
     let answer = server.by_hand(
-        
         format!(
             "POST {base}/framed HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nContent-Length: 40\r\n\
              Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET {base}/smuggled HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\n\r\n"
