@@ -1091,8 +1091,9 @@ mod tests {
 
     struct OneSecret;
     impl crate::inspect::Vault for OneSecret {
-        fn value(&self, name: &str) -> Option<String> {
-            (name == "llm").then(|| "sk-the-real-thing".to_string())
+        fn secret(&self, name: &str) -> Option<crate::inspect::Secret> {
+            let hosts = vec!["api.space.test".into()];
+            (name == "llm").then(|| crate::inspect::Secret { value: "sk-the-real-thing".into(), hosts })
         }
     }
 

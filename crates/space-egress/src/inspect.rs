@@ -1,8 +1,9 @@
 //! Inspected tunnels: HTTPS to a host a secret is bound to. The gateway
 //! ends the sandbox's TLS with a certificate from the sandbox's own CA,
 //! reads each HTTP/1.1 request, replaces the placeholders of the secrets
-//! bound to that host (refusing any other secret's placeholder), sets the
-//! bindings' headers, and sends the request on over its own TLS connection
+//! bound to that host whose own hosts, read at that request, still include
+//! it (refusing any other secret's placeholder), sets the bindings'
+//! headers, and sends the request on over its own TLS connection
 //! to the host, whose certificate it checks. Every form of a secret value
 //! the gateway wrote (the value, and the `Basic` credentials it encoded
 //! again) goes back to the sandbox in responses (headers, bodies and
@@ -28,12 +29,40 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 
 use crate::ca::SandboxCa;
-use crate::policy::{Policy, Reason, Target};
+use crate::policy::{Binding, Policy, Reason, Target};
 
 /// Where the gateway reads a tenant's secrets, by name, when a request
 /// needs one (so a secret written again is used from its next request).
 pub trait Vault: Send + Sync {
-    fn value(&self, name: &str) -> Option<String>;
+    fn secret(&self, name: &str) -> Option<Secret>;
+}
+
+/// A secret as it is when a request needs it.
+pub struct Secret {
+    pub value: String,
+    /// The hosts its owner lets it go to now (names or `*.suffix`). A
+    /// binding copied the hosts it was given when it was made; these may
+    /// since have narrowed, so a value goes only where both allow.
+    pub hosts: Vec<String>,
+}
+
+impl Secret {
+    /// Whether its hosts cover `target`, with a binding's own matching;
+    /// hosts that do not read cover nothing.
+    pub fn covers(&self, target: &Target) -> bool {
+        Binding::new("", "", &self.hosts, Vec::new()).is_ok_and(|hosts| hosts.covers(target))
+    }
+}
+
+/// The value of `binding`'s secret for a request to `target`, which the
+/// binding covers: refused as for a host it was never bound to when the
+/// secret no longer lists that host (its hosts narrowed after the bind).
+fn value_for(binding: &Binding, target: &Target, vault: &dyn Vault) -> Result<String, Reason> {
+    let secret = vault.secret(&binding.secret).ok_or(Reason::SecretUnavailable)?;
+    if !secret.covers(target) {
+        return Err(Reason::SecretNotForHost);
+    }
+    Ok(secret.value)
 }
 
 /// What an inspected connection did, for its event.
@@ -170,7 +199,9 @@ async fn forward(
         .bindings
         .iter()
         .filter(|b| b.covers(&target))
-        .filter_map(|b| Some((inspection.vault.value(&b.secret)?.into_bytes(), b.placeholder.clone().into_bytes())))
+        .filter_map(|b| {
+            Some((inspection.vault.secret(&b.secret)?.value.into_bytes(), b.placeholder.clone().into_bytes()))
+        })
         .filter(|(value, _)| !value.is_empty())
         .collect();
     let pairs = redactions(injected.written, &values);
@@ -209,7 +240,8 @@ pub struct Injected {
 /// Replaces, in every header, the placeholders of the secrets bound to
 /// `target` with their values (inside `Authorization: Basic` too, where
 /// git puts a token), and sets the bindings' headers. Any other secret's
-/// placeholder refuses the request.
+/// placeholder refuses the request, as does a bound one whose secret no
+/// longer lists `target` among its hosts (read now, not at the bind).
 pub fn add_secrets(
     headers: &mut HeaderMap,
     target: &Target,
@@ -228,7 +260,7 @@ pub fn add_secrets(
             if !binding.covers(target) {
                 return Err(Reason::SecretNotForHost);
             }
-            let value = vault.value(&binding.secret).ok_or(Reason::SecretUnavailable)?;
+            let value = value_for(binding, target, vault)?;
             let pairs = [(binding.placeholder.clone().into_bytes(), value.into_bytes())];
             out = replace_all(current, &pairs);
             used.insert(binding.secret.clone());
@@ -256,7 +288,7 @@ pub fn add_secrets(
     }
     for binding in policy.bindings.iter().filter(|b| b.covers(target)) {
         for (name, template) in &binding.set_header {
-            let value = vault.value(&binding.secret).ok_or(Reason::SecretUnavailable)?;
+            let value = value_for(binding, target, vault)?;
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Reason::BadRequest)?;
             let value = HeaderValue::from_str(&template.replace("{secret}", &value)).map_err(|_| Reason::BadRequest)?;
             headers.insert(name, value);
@@ -427,8 +459,17 @@ mod tests {
 
     struct Fixed;
     impl Vault for Fixed {
-        fn value(&self, name: &str) -> Option<String> {
-            (name == "llm").then(|| "sk-real-value".to_string())
+        fn secret(&self, name: &str) -> Option<Secret> {
+            (name == "llm").then(|| Secret { value: "sk-real-value".into(), hosts: vec!["*.space.test".into()] })
+        }
+    }
+
+    /// The secret `llm` with hosts its owner changes between requests.
+    struct Changing(Mutex<Vec<String>>);
+    impl Vault for Changing {
+        fn secret(&self, name: &str) -> Option<Secret> {
+            let hosts = self.0.lock().unwrap().clone();
+            (name == "llm").then(|| Secret { value: "sk-real-value".into(), hosts })
         }
     }
 
@@ -488,6 +529,43 @@ mod tests {
         let mut headers = HeaderMap::new();
         add_secrets(&mut headers, &Target::Name("space.test".into()), &policy, &Fixed).unwrap();
         assert!(headers.is_empty(), "*.suffix does not cover the suffix itself");
+    }
+
+    #[test]
+    fn a_value_goes_only_where_the_binding_and_the_secret_as_it_is_now_both_allow() {
+        let binding = Binding::new(
+            "llm",
+            "space_ph_aaaa",
+            &["api.space.test".into(), "git.space.test".into()],
+            vec![("x-api-key".into(), "{secret}".into())],
+        )
+        .unwrap();
+        let policy = Policy::new(Mode::Allowlist, &[], &[]).unwrap().with_bindings(vec![binding]).unwrap();
+        let vault = Changing(Mutex::new(vec!["api.space.test".into(), "git.space.test".into()]));
+        let send = |host: &str, vault: &Changing| {
+            let mut headers = HeaderMap::new();
+            headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer space_ph_aaaa"));
+            add_secrets(&mut headers, &Target::Name(host.into()), &policy, vault).map(|_| headers)
+        };
+        assert_eq!(send("git.space.test", &vault).unwrap()[AUTHORIZATION], "Bearer sk-real-value");
+        // Narrowed after the bind: refused as a host never bound, the
+        // set_header binding too; the host still listed keeps it.
+        *vault.0.lock().unwrap() = vec!["api.space.test".into()];
+        assert_eq!(send("git.space.test", &vault).unwrap_err(), Reason::SecretNotForHost);
+        let mut bare = HeaderMap::new();
+        let git = Target::Name("git.space.test".into());
+        assert_eq!(add_secrets(&mut bare, &git, &policy, &vault), Err(Reason::SecretNotForHost));
+        assert!(bare.is_empty());
+        let sent = send("api.space.test", &vault).unwrap();
+        assert_eq!(sent[AUTHORIZATION], "Bearer sk-real-value");
+        assert_eq!(sent["x-api-key"], "sk-real-value");
+        // Widened: the binding stays as it was made.
+        *vault.0.lock().unwrap() = vec!["*.space.test".into()];
+        assert!(send("git.space.test", &vault).is_ok());
+        assert_eq!(send("other.space.test", &vault).unwrap_err(), Reason::SecretNotForHost);
+        // Hosts that do not read cover nothing.
+        *vault.0.lock().unwrap() = vec!["10.0.0.1".into()];
+        assert_eq!(send("api.space.test", &vault).unwrap_err(), Reason::SecretNotForHost);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The gateway against a sandbox that tries to get a secret back or past
 //! it: echoes of what the gateway wrote (the value, the `Basic`
 //! credentials it encoded again), requests with two `Host`s or another
-//! one, and bodies with two lengths. The upstreams are servers of this
+//! one, bodies with two lengths, and a secret used on after its owner
+//! narrowed its hosts or deleted it. The upstreams are servers of this
 //! test on loopback, reached through made-up names.
 
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use space_egress::ca::SandboxCa;
 use space_egress::gateway::{Credentials, GatewayConfig, SandboxEgress, StaticResolver};
-use space_egress::inspect::Vault;
+use space_egress::inspect::{Secret, Vault};
 use space_egress::policy::{Binding, Mode, Policy};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::rustls;
@@ -20,10 +21,12 @@ const VALUE: &str = "sk-live-0123456789abcdefghij";
 const PLACEHOLDER: &str = "space_ph_00112233445566778899aabbccddeeff";
 const DEADLINE: Duration = Duration::from_secs(10);
 
-struct OneSecret;
+/// The secret `llm`, whose hosts its owner may change (`None`: deleted).
+struct OneSecret(Mutex<Option<Vec<String>>>);
 impl Vault for OneSecret {
-    fn value(&self, name: &str) -> Option<String> {
-        (name == "llm").then(|| VALUE.to_string())
+    fn secret(&self, name: &str) -> Option<Secret> {
+        let hosts = self.0.lock().unwrap().clone()?;
+        (name == "llm").then(|| Secret { value: VALUE.to_string(), hosts })
     }
 }
 
@@ -176,9 +179,16 @@ struct Sandbox {
     egress: Arc<SandboxEgress>,
     /// What the sandbox trusts: its own CA.
     tls: Arc<rustls::ClientConfig>,
+    vault: Arc<OneSecret>,
 }
 
+/// A sandbox with `llm` bound to api.space.test.
 async fn sandbox(tls_port: u16, roots: Arc<rustls::ClientConfig>, plain_port: u16) -> Sandbox {
+    sandbox_bound(tls_port, roots, plain_port, &["api.space.test"]).await
+}
+
+/// A sandbox with `llm` bound to `bound`, which the secret lists too.
+async fn sandbox_bound(tls_port: u16, roots: Arc<rustls::ClientConfig>, plain_port: u16, bound: &[&str]) -> Sandbox {
     let loopback = vec!["127.0.0.1".parse().unwrap()];
     let names = ["api.space.test", "open.space.test", "allowed.space.test", "other.space.test"];
     let resolver = Arc::new(StaticResolver::new(names.map(|n| (n.to_string(), loopback.clone()))));
@@ -192,14 +202,16 @@ async fn sandbox(tls_port: u16, roots: Arc<rustls::ClientConfig>, plain_port: u1
         ("other.space.test".to_string(), plain_port),
     ]
     .into();
-    let binding = Binding::new("llm", PLACEHOLDER, &["api.space.test".into()], vec![]).unwrap();
+    let bound: Vec<String> = bound.iter().map(|h| h.to_string()).collect();
+    let binding = Binding::new("llm", PLACEHOLDER, &bound, vec![]).unwrap();
     let allow = ["open.space.test".to_string(), "allowed.space.test".to_string()];
     let policy = Policy::new(Mode::Allowlist, &allow, &[]).unwrap().with_bindings(vec![binding]).unwrap();
     let (events, mut received) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move { while received.recv().await.is_some() {} });
     let egress = SandboxEgress::new("sbx_t".into(), policy, events, config);
     let ca = Arc::new(SandboxCa::generate("sbx_t").unwrap());
-    egress.set_credentials(Credentials { vault: Arc::new(OneSecret), ca: ca.clone() });
+    let vault = Arc::new(OneSecret(Mutex::new(Some(bound))));
+    egress.set_credentials(Credentials { vault: vault.clone(), ca: ca.clone() });
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
@@ -211,7 +223,7 @@ async fn sandbox(tls_port: u16, roots: Arc<rustls::ClientConfig>, plain_port: u1
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    Sandbox { egress, tls: Arc::new(tls) }
+    Sandbox { egress, tls: Arc::new(tls), vault }
 }
 
 impl Sandbox {
@@ -244,24 +256,42 @@ impl Sandbox {
     }
 }
 
-/// Requests on one connection in a tunnel to api.space.test, each with
-/// `headers`; what came back of each (head and body).
-async fn exchange(sandbox: &Sandbox, requests: &[(&str, Vec<(&str, String)>)]) -> Vec<String> {
-    let tls = sandbox.tunnel("api.space.test").await;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await.unwrap();
-    tokio::spawn(connection);
-    let mut answers = Vec::new();
-    for (path, headers) in requests {
-        let mut request = hyper::Request::get(*path).header("host", "api.space.test");
+/// An HTTP/1.1 connection in a tunnel to `host`.
+struct Connection {
+    host: &'static str,
+    sender: hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+}
+
+impl Connection {
+    async fn open(sandbox: &Sandbox, host: &'static str) -> Connection {
+        let tls = sandbox.tunnel(host).await;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await.unwrap();
+        tokio::spawn(connection);
+        Connection { host, sender }
+    }
+
+    /// A GET of `path` with `headers`: what came back (head and body).
+    async fn send(&mut self, path: &str, headers: &[(&str, String)]) -> String {
+        let mut request = hyper::Request::get(path).header("host", self.host);
         for (name, value) in headers {
             request = request.header(*name, value);
         }
         let request = request.body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
-        let response = tokio::time::timeout(DEADLINE, sender.send_request(request)).await.unwrap().unwrap();
+        let response = tokio::time::timeout(DEADLINE, self.sender.send_request(request)).await.unwrap().unwrap();
         let head = format!("{:?} {:?}", response.status(), response.headers());
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        answers.push(format!("{head}\n{}", String::from_utf8_lossy(&body)));
+        let body = tokio::time::timeout(DEADLINE, response.into_body().collect()).await.unwrap().unwrap().to_bytes();
+        format!("{head}\n{}", String::from_utf8_lossy(&body))
+    }
+}
+
+/// Requests on one connection in a tunnel to api.space.test, each with
+/// `headers`; what came back of each (head and body).
+async fn exchange(sandbox: &Sandbox, requests: &[(&str, Vec<(&str, String)>)]) -> Vec<String> {
+    let mut connection = Connection::open(sandbox, "api.space.test").await;
+    let mut answers = Vec::new();
+    for (path, headers) in requests {
+        answers.push(connection.send(path, headers).await);
     }
     answers
 }
@@ -380,4 +410,39 @@ async fn plain_http_goes_with_its_targets_host_and_exactly_its_body() {
         let got = received.lock().unwrap().pop().unwrap();
         assert!(got.ends_with(body) && !got.contains("smuggled"), "{got:?}");
     }
+}
+
+#[tokio::test]
+async fn a_secret_narrowed_or_deleted_after_the_bind_is_judged_again_at_each_request() {
+    let (tls_port, roots, heads) = echoing_upstream().await;
+    let (plain_port, _) = plain_upstream().await;
+    let sandbox = sandbox_bound(tls_port, roots, plain_port, &["api.space.test", "open.space.test"]).await;
+    let key = [("authorization", format!("Bearer {PLACEHOLDER}"))];
+    let reached = |host: &str| {
+        let heads = heads.lock().unwrap();
+        heads.iter().filter(|h| h.contains(&format!("host: {host}")) && h.contains(VALUE)).count()
+    };
+
+    // One connection: the value goes with the first request; the owner
+    // then takes api.space.test off the secret's hosts, and the second is
+    // refused as for a host never bound, nothing of it sent on.
+    let mut api = Connection::open(&sandbox, "api.space.test").await;
+    let first = api.send("/echo", &key).await;
+    assert!(first.starts_with("200") && !leaks(&first), "{first}");
+    assert_eq!(reached("api.space.test"), 1);
+    *sandbox.vault.0.lock().unwrap() = Some(vec!["open.space.test".into()]);
+    let second = api.send("/echo", &key).await;
+    assert!(second.starts_with("403") && second.contains("secret_not_for_host"), "{second}");
+    assert_eq!(heads.lock().unwrap().len(), 1, "{:?}", heads.lock().unwrap());
+
+    // The host it still lists keeps getting it, until the secret is
+    // deleted between two requests of one connection.
+    let mut open = Connection::open(&sandbox, "open.space.test").await;
+    let third = open.send("/echo", &key).await;
+    assert!(third.starts_with("200") && !leaks(&third), "{third}");
+    assert_eq!(reached("open.space.test"), 1);
+    *sandbox.vault.0.lock().unwrap() = None;
+    let fourth = open.send("/echo", &key).await;
+    assert!(fourth.starts_with("403") && fourth.contains("secret_unavailable"), "{fourth}");
+    assert_eq!(heads.lock().unwrap().len(), 2, "{:?}", heads.lock().unwrap());
 }

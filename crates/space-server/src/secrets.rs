@@ -331,8 +331,8 @@ struct TenantVault {
 }
 
 impl space_egress::inspect::Vault for TenantVault {
-    fn value(&self, name: &str) -> Option<String> {
-        self.platform.upgrade()?.secret_value(&self.tenant, name)
+    fn secret(&self, name: &str) -> Option<space_egress::inspect::Secret> {
+        self.platform.upgrade()?.secret_for_gateway(&self.tenant, name)
     }
 }
 
@@ -378,11 +378,13 @@ impl Platform {
         Ok(())
     }
 
-    /// A secret's value (for the gateway only).
-    pub(crate) fn secret_value(&self, tenant: &str, name: &str) -> Option<String> {
-        let (_, sealed) = self.store.secret(tenant, name).ok()??;
+    /// A secret's value and its hosts as they are now, read together
+    /// (for the gateway only): a sandbox's binding keeps the hosts of its
+    /// bind, which a later `PUT /v1/secrets/{name}` may have narrowed.
+    pub(crate) fn secret_for_gateway(&self, tenant: &str, name: &str) -> Option<space_egress::inspect::Secret> {
+        let (hosts, sealed) = self.store.secret(tenant, name).ok()??;
         let plain = self.keyring().ok()?.open(&secret_context(tenant, name), &sealed)?;
-        String::from_utf8(plain).ok()
+        Some(space_egress::inspect::Secret { value: String::from_utf8(plain).ok()?, hosts })
     }
 
     pub(crate) fn vault(self: &Arc<Self>, tenant: &str) -> Arc<dyn space_egress::inspect::Vault> {

@@ -502,3 +502,67 @@ fn commands_started_after_a_network_change_get_its_placeholders() {
     assert_eq!(env(&server).trim(), format!("{kept}|unset|unset"));
     server.delete_sandbox(&id);
 }
+
+/// Narrowing a secret's hosts (`PUT /v1/secrets/{name}`) holds for a
+/// sandbox bound before it: the binding copied the hosts of the bind, and
+/// the gateway reads the secret's hosts as they are at each request. A
+/// host taken off is refused as one never bound, and the (rotated) value
+/// never reaches it; a host still listed keeps getting it. Widening the
+/// secret again widens no binding past its own hosts.
+#[test]
+fn narrowing_a_secrets_hosts_holds_for_sandboxes_bound_before() {
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, POLYGLOT_TEMPLATE]);
+    let upstream = upstream(data.root());
+    let mut config = platform_config(&data);
+    let hosts: Vec<String> = HOSTS.iter().map(|h| format!("{h}=127.0.0.1:{}", upstream.port)).collect();
+    config.egress = space_server::egress::EgressSettings::parse(&hosts, &["127.0.0.1/32".into()]).unwrap();
+    config.egress.trust = vec![upstream.ca_file.clone()];
+    let server = TestServer::start_with(config);
+    let unique = std::process::id();
+    let (first, rotated) = (format!("sk-wide-{unique}-value"), format!("sk-narrow-{unique}-value"));
+    let both = json!(["api.space.test", "git.space.test"]);
+    server.ok("PUT", "/v1/secrets/wide", Some(json!({"value": first, "hosts": both})));
+    let id = server.create_sandbox(json!({"template": "polyglot", "network": {"egress": "allowlist",
+        "allow": ["other.space.test"], "secrets": {"KEY": {"secret": "wide"}}}}));
+    let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sandbox["network"]["secrets"]["KEY"]["hosts"], both, "the binding copied the secret's hosts");
+    let placeholder = sandbox["network"]["secrets"]["KEY"]["placeholder"].as_str().unwrap().to_string();
+    let echo = |host: &str| {
+        sh(&server, &id, &format!("curl -sS -k https://{host}/echo -H \"Authorization: Bearer $KEY\" -D -")).1
+    };
+    let sent = |host: &str, auth: &str| {
+        upstream.seen.lock().unwrap().iter().filter(|(h, p, a)| h == host && p == "/echo" && a == auth).count()
+    };
+    for host in ["api.space.test", "git.space.test"] {
+        let out = echo(host);
+        assert!(out.contains("200") && out.contains(&placeholder), "{host}: {out}");
+        assert_eq!(sent(host, &format!("Bearer {first}")), 1, "{host}");
+    }
+
+    // Narrowed (and rotated): git.space.test is refused like a host the
+    // secret was never bound to; api.space.test gets the new value.
+    server.ok("PUT", "/v1/secrets/wide", Some(json!({"value": rotated, "hosts": ["api.space.test"]})));
+    let before = upstream.seen.lock().unwrap().len();
+    let out = echo("git.space.test");
+    assert!(out.contains("403") && out.contains("secret_not_for_host"), "{out}");
+    assert_eq!(upstream.seen.lock().unwrap().len(), before, "the refused request never reached the host");
+    let out = echo("api.space.test");
+    assert!(out.contains("200") && out.contains(&placeholder), "{out}");
+    assert_eq!(sent("api.space.test", &format!("Bearer {rotated}")), 1);
+    wait_until("the refusal's event", PATIENCE, || {
+        events(&server, &id).iter().any(|e| e["host"] == "git.space.test" && e["reason"] == "secret_not_for_host")
+    });
+
+    // Widened past the binding: the binding's hosts still bound it. A host
+    // it never covered gets a tunnel the gateway does not open, so only
+    // the placeholder goes there (the sandbox skips the certificate check
+    // to see what arrived).
+    let wider = json!({"value": rotated, "hosts": ["api.space.test", "git.space.test", "other.space.test"]});
+    server.ok("PUT", "/v1/secrets/wide", Some(wider));
+    echo("other.space.test");
+    assert_eq!(sent("other.space.test", &format!("Bearer {placeholder}")), 1, "{:?}", upstream.seen.lock().unwrap());
+    let seen = upstream.seen.lock().unwrap().clone();
+    assert!(!seen.iter().any(|(h, _, a)| h == "other.space.test" && a.contains(&rotated)), "{seen:?}");
+    assert!(!seen.iter().any(|(h, _, a)| h == "git.space.test" && a.contains(&rotated)), "{seen:?}");
+    server.delete_sandbox(&id);
+}

@@ -1,7 +1,8 @@
 //! The egress gateway, from inside a sandbox that holds a secret's
 //! placeholder: getting the value echoed back in a form the gateway wrote,
-//! and requests the gateway and the host behind it could read two ways
-//! (two Hosts, an absolute URI with another Host, two body lengths). The
+//! requests the gateway and the host behind it could read two ways (two
+//! Hosts, an absolute URI with another Host, two body lengths), and a
+//! secret sent on to a host its owner has since taken off its hosts. The
 //! "internet" is two servers of this test on loopback: an HTTPS one for
 //! `api.space.test` (the secret's host) and `open.space.test`, echoing
 //! every request header, and a plain HTTP one for `allowed.space.test`
@@ -43,6 +44,13 @@ const DEFENCES: &[(&str, &str)] = &[
         "smuggle a body with Content-Length and Transfer-Encoding",
         "Content-Length beside Transfer-Encoding, Content-Length twice, or a coding other than chunked answers 400 \
          (RFC 9112 §6.3); a forwarded body is measured and nothing the sandbox sends after it goes on",
+    ),
+    (
+        "narrow a secret's hosts and still send it to the old ones",
+        "at each request the gateway reads the secret's hosts as they are now with its value, and adds it only \
+         where both the binding (the hosts copied at the bind) and the secret allow; a host taken off is refused \
+         like one never bound (403 secret_not_for_host), and the value never leaves (crates/space-egress/src/\
+         inspect.rs value_for)",
     ),
 ];
 
@@ -219,10 +227,12 @@ fn gateway_attempts_all_fail() {
     // Made of parts, so no command line of this test holds it whole.
     let value = format!("sk-abuse-{}-gateway-value", std::process::id());
     server.ok("PUT", "/v1/secrets/abuse-gateway", Some(json!({"value": value, "hosts": ["api.space.test"]})));
+    let both = json!(["api.space.test", "open.space.test"]);
+    server.ok("PUT", "/v1/secrets/abuse-narrow", Some(json!({"value": "sk-abuse-wide", "hosts": both})));
     let id = server.create_sandbox(json!({"template": "base", "network": {
         "egress": "allowlist",
         "allow": ["open.space.test", "allowed.space.test"],
-        "secrets": {"KEY": {"secret": "abuse-gateway"}},
+        "secrets": {"KEY": {"secret": "abuse-gateway"}, "NARROW": {"secret": "abuse-narrow"}},
     }}));
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
     let placeholder = sandbox["network"]["secrets"]["KEY"]["placeholder"].as_str().unwrap().to_string();
@@ -303,6 +313,38 @@ fn gateway_attempts_all_fail() {
         format!(
             "plain: {plain}; in a tunnel ({reached} reached the host): {tunnelled}; the upstream read: {:?}",
             plain_seen.lock().unwrap()
+        ),
+    );
+
+    // --- A secret narrowed after the bind, sent on to the host taken off ---
+    let narrowed = format!("sk-abuse-{}-narrowed", std::process::id());
+    server.ok("PUT", "/v1/secrets/abuse-narrow", Some(json!({"value": narrowed, "hosts": ["api.space.test"]})));
+    let to = |host: &str| {
+        format!(
+            "b'GET /echo HTTP/1.1\\r\\nHost: {host}\\r\\nAuthorization: Bearer ' + os.environ['NARROW'].encode() \
+             + b'\\r\\nConnection: close\\r\\n\\r\\n'"
+        )
+    };
+    let removed = py(&server, &id, &raw(Some("open.space.test"), &to("open.space.test")));
+    let kept = py(&server, &id, &raw(Some("api.space.test"), &to("api.space.test")));
+    let reached = |host: &str| {
+        let host = format!("host: {host}");
+        let seen = tls_seen.lock().unwrap();
+        seen.iter().filter(|h| h.to_ascii_lowercase().contains(&host) && h.contains(&narrowed)).count()
+    };
+    let (to_removed, to_kept) = (reached("open.space.test"), reached("api.space.test"));
+    suite.check(
+        "narrow a secret's hosts and still send it to the old ones",
+        sandbox["network"]["secrets"]["NARROW"]["hosts"] == both
+            && removed.starts_with("HTTP/1.1 403")
+            && removed.contains("secret_not_for_host")
+            && to_removed == 0
+            && kept.starts_with("HTTP/1.1 200")
+            && to_kept == 1,
+        format!(
+            "bound to {}; the host taken off got the value {to_removed} time(s) ({}); the one kept {to_kept} time(s)",
+            sandbox["network"]["secrets"]["NARROW"]["hosts"],
+            removed.lines().next().unwrap_or("")
         ),
     );
 
