@@ -478,6 +478,7 @@ mod tests {
     /// Every module that adds methods to `Platform`: the features built on
     /// the core (lifecycle, actors, commands, templates, policies, …).
     const FEATURES: &[(&str, &str)] = &[
+        ("access.rs", include_str!("access.rs")),
         ("actor.rs", include_str!("actor.rs")),
         ("adoption.rs", include_str!("adoption.rs")),
         ("capacity.rs", include_str!("capacity.rs")),

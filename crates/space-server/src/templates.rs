@@ -494,11 +494,9 @@ impl Platform {
         }
     }
 
-    /// Deletes every version of a template no sandbox uses.
-    pub async fn delete_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
-        self.template(name, caller)?;
-        // Before anything else: whether sandboxes use it is not a tenant's
-        // business for a template it may not manage.
+    /// 403 unless `caller` may change or delete template `name`: shared
+    /// templates are the operator's.
+    pub fn may_manage_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
         if self.template_owner(name).is_some_and(|owner| owner.is_none()) && !caller.operator {
             return Err(ApiError::new(
                 axum::http::StatusCode::FORBIDDEN,
@@ -506,6 +504,15 @@ impl Platform {
                 "shared templates are managed with the server's own key",
             ));
         }
+        Ok(())
+    }
+
+    /// Deletes every version of a template no sandbox uses.
+    pub async fn delete_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
+        self.template(name, caller)?;
+        // Before anything else: whether sandboxes use it is not a tenant's
+        // business for a template it may not manage.
+        self.may_manage_template(name, caller)?;
         if self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name) {
             return Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,

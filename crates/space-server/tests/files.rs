@@ -15,6 +15,21 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     let url = |query: &str| format!("{}/v1/sandboxes/{id}/files?{query}", server.url);
     let auth = format!("Bearer {}", server.key);
 
+    // A parameter the action would not honour is refused, not ignored.
+    for (method, query) in [
+        ("GET", "path=/root&mode=0600"),
+        ("GET", "path=/root&recursive=true"),
+        ("PUT", "path=/root/t&recursive=false"),
+        ("PUT", "path=/root/t&format=tar&mode=0600"),
+        ("DELETE", "path=/root/none&format=tar"),
+        ("DELETE", "path=/root/none&mode=0600"),
+    ] {
+        let path = format!("/v1/sandboxes/{id}/files?{query}");
+        let (status, body) = server.raw(method, &path, &[("Authorization", &auth)], Some(""));
+        assert_eq!(status, 400, "{method} {query}: {body}");
+        assert!(body.contains("applies to"), "{body}");
+    }
+
     // Write with parents created and a mode; read it back, also from a command.
     let written = ureq::put(&url("path=/root/dir/sub/hello.txt&mode=0600"))
         .set("Authorization", &auth)

@@ -108,6 +108,18 @@ fn bad_template_requests_are_refused_and_a_failed_build_leaves_nothing() {
         "invalid_value",
     );
     server.error("POST", "/v1/templates", Some(json!({"name": "x", "from": {"oci": {}}})), 400, "invalid_request");
+    // The query is for image archives: a JSON build would drop it (a
+    // network among them), so it is refused, not ignored.
+    for query in ["network=%7B%22egress%22%3A%22none%22%7D", "vcpus=2", "memory_mib=1024", "disk_mib=4096"] {
+        let refused = server.error(
+            "POST",
+            &format!("/v1/templates?{query}"),
+            Some(json!({"name": "x", "from": {"debian": {"packages": ["jq"]}}})),
+            400,
+            "invalid_request",
+        );
+        assert!(refused["error"]["message"].as_str().unwrap().contains("none in the query"), "{refused}");
+    }
 
     let (status, accepted) = server.call(
         "POST",

@@ -171,9 +171,30 @@ impl FromRequestParts<AppState> for OperationPath {
     }
 }
 
-/// `{name}` of a template or a secret, with the caller: both are looked
-/// up in what the caller may see (`Platform::template`, the tenant's own
-/// secrets), never by name alone.
+/// `/v1/templates/{name}`: a template the caller may see (its tenant's, or
+/// shared), as `Platform::template` finds it for the caller.
+pub struct TemplatePath {
+    pub template: space_api::Template,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for TemplatePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let template = state.platform.template(param(&params, "name"), &caller)?;
+        // Managing a shared template is the operator's: refused before the
+        // request is read any further.
+        if parts.method != axum::http::Method::GET {
+            state.platform.may_manage_template(&template.name, &caller)?;
+        }
+        Ok(TemplatePath { template, caller })
+    }
+}
+
+/// `/v1/secrets/{name}`, with the caller: secrets are named in each
+/// tenant's own space, so the name is looked up in the caller's only.
 pub struct NamePath {
     pub name: String,
     pub caller: Caller,

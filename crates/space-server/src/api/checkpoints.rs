@@ -8,7 +8,7 @@ use space_api::{CheckpointList, CreateCheckpointRequest, ErrorBody, OperationKin
 
 use super::access::{CheckpointPath, SandboxPath};
 use super::sandboxes::replay;
-use super::{idempotency_key, ApiJson, AppState};
+use super::{idempotency_key, ApiJson, AppState, NoBody, NoQuery};
 use crate::error::ApiError;
 use crate::tenants::Caller;
 
@@ -43,6 +43,7 @@ pub async fn create(
     SandboxPath { sandbox, caller }: SandboxPath,
     State(state): State<AppState>,
     headers: HeaderMap,
+    _: NoQuery,
     ApiJson(request): ApiJson<CreateCheckpointRequest>,
 ) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
     let id = sandbox.id();
@@ -58,7 +59,11 @@ pub async fn create(
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, description = "Its whole checkpoints, oldest first", body = CheckpointList),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Json<CheckpointList>, ApiError> {
+pub async fn list(
+    path: SandboxPath,
+    State(state): State<AppState>,
+    _: NoQuery,
+) -> Result<Json<CheckpointList>, ApiError> {
     let platform = state.platform.clone();
     let id = path.sandbox.id().to_string();
     // Sizes are read from the disk: off the async threads.
@@ -79,6 +84,8 @@ pub async fn restore(
     CheckpointPath { sandbox, caller, name }: CheckpointPath,
     State(state): State<AppState>,
     headers: HeaderMap,
+    _: NoQuery,
+    _: NoBody,
 ) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
     let id = sandbox.id();
     let key = idempotency_key(&headers)?;
@@ -94,7 +101,12 @@ pub async fn restore(
     responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
         (status = 404, description = "No such sandbox or checkpoint", body = ErrorBody),
         (status = 409, description = "Being saved or restored", body = ErrorBody)))]
-pub async fn delete(path: CheckpointPath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    path: CheckpointPath,
+    State(state): State<AppState>,
+    _: NoQuery,
+    _: NoBody,
+) -> Result<StatusCode, ApiError> {
     state.platform.delete_checkpoint(path.sandbox.id(), &path.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -8,7 +8,7 @@ use axum::Json;
 use space_api::{CodeContext, CodeContextList, CreateContextRequest, ErrorBody, RunCodeRequest};
 
 use super::access::{ContextPath, SandboxPath};
-use super::{ApiJson, AppState};
+use super::{ApiJson, AppState, NoBody, NoQuery};
 use crate::error::ApiError;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
@@ -22,6 +22,7 @@ use crate::error::ApiError;
 pub async fn create(
     path: SandboxPath,
     State(state): State<AppState>,
+    _: NoQuery,
     ApiJson(request): ApiJson<CreateContextRequest>,
 ) -> Result<(StatusCode, Json<CodeContext>), ApiError> {
     let id = path.sandbox.id();
@@ -32,14 +33,18 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CodeContextList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Json<CodeContextList>, ApiError> {
+pub async fn list(
+    path: SandboxPath,
+    State(state): State<AppState>,
+    _: NoQuery,
+) -> Result<Json<CodeContextList>, ApiError> {
     Ok(Json(CodeContextList { contexts: state.platform.contexts(path.sandbox.id())? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, body = CodeContext), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(path: ContextPath, State(state): State<AppState>) -> Result<Json<CodeContext>, ApiError> {
+pub async fn get(path: ContextPath, State(state): State<AppState>, _: NoQuery) -> Result<Json<CodeContext>, ApiError> {
     Ok(Json(state.platform.get_context(path.sandbox.id(), path.context.as_str())?))
 }
 
@@ -47,7 +52,12 @@ pub async fn get(path: ContextPath, State(state): State<AppState>) -> Result<Jso
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 204, description = "Its interpreter is stopped"), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody)))]
-pub async fn delete(path: ContextPath, State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    path: ContextPath,
+    State(state): State<AppState>,
+    _: NoQuery,
+    _: NoBody,
+) -> Result<StatusCode, ApiError> {
     state.platform.delete_context(path.sandbox.id(), path.context.as_str()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -56,7 +66,12 @@ pub async fn delete(path: ContextPath, State(state): State<AppState>) -> Result<
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, description = "The run going on is interrupted; the context stays", body = CodeContext),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn interrupt(path: ContextPath, State(state): State<AppState>) -> Result<Json<CodeContext>, ApiError> {
+pub async fn interrupt(
+    path: ContextPath,
+    State(state): State<AppState>,
+    _: NoQuery,
+    _: NoBody,
+) -> Result<Json<CodeContext>, ApiError> {
     Ok(Json(state.platform.interrupt_context(path.sandbox.id(), path.context.as_str()).await?))
 }
 
@@ -65,7 +80,12 @@ pub async fn interrupt(path: ContextPath, State(state): State<AppState>) -> Resu
     responses((status = 200, description = "A fresh interpreter answers (its state is gone)", body = CodeContext),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn restart(path: ContextPath, State(state): State<AppState>) -> Result<Json<CodeContext>, ApiError> {
+pub async fn restart(
+    path: ContextPath,
+    State(state): State<AppState>,
+    _: NoQuery,
+    _: NoBody,
+) -> Result<Json<CodeContext>, ApiError> {
     Ok(Json(state.platform.restart_context(path.sandbox.id(), path.context.as_str()).await?))
 }
 
@@ -79,6 +99,7 @@ pub async fn run(
     path: ContextPath,
     State(state): State<AppState>,
     headers: HeaderMap,
+    _: NoQuery,
     ApiJson(request): ApiJson<RunCodeRequest>,
 ) -> Result<Response, ApiError> {
     let sse =

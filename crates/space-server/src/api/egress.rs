@@ -7,7 +7,7 @@ use axum::Json;
 use space_api::{EgressLog, ErrorBody, Network, Sandbox};
 
 use super::access::SandboxPath;
-use super::{ApiJson, ApiQuery, AppState};
+use super::{ApiJson, ApiQuery, AppState, NoQuery};
 use crate::error::ApiError;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
@@ -44,6 +44,7 @@ pub async fn log(
 pub async fn set_network(
     path: SandboxPath,
     State(state): State<AppState>,
+    _: NoQuery,
     ApiJson(network): ApiJson<Network>,
 ) -> Result<Json<Sandbox>, ApiError> {
     Ok(Json(state.platform.set_network(path.sandbox.id(), network)?))

@@ -30,14 +30,37 @@ pub struct FileQuery {
     /// For PUT: permission bits in octal (default 0644).
     mode: Option<String>,
     /// For DELETE: remove a directory with everything in it.
-    #[serde(default)]
-    recursive: bool,
+    recursive: Option<bool>,
     /// `tar`: GET a directory as a tar archive, or PUT one to unpack into
     /// the directory `path`.
     format: Option<String>,
 }
 
+/// What a files request does, for the parameters that apply to it.
+#[derive(Clone, Copy, PartialEq)]
+enum FileAction {
+    Read,
+    Write,
+    Delete,
+}
+
 impl FileQuery {
+    /// The query, refused (400) where it names a parameter the action
+    /// would not honour.
+    fn checked(self, action: FileAction) -> Result<FileQuery, ApiError> {
+        let refuse = |why: &str| Err(ApiError::bad_request(why.to_string()));
+        if self.mode.is_some() && (action != FileAction::Write || self.format.is_some()) {
+            return refuse("mode applies to writing a single file (a tar's entries carry their own)");
+        }
+        if self.recursive.is_some() && action != FileAction::Delete {
+            return refuse("recursive applies to DELETE");
+        }
+        if self.format.is_some() && action == FileAction::Delete {
+            return refuse("format applies to GET and PUT");
+        }
+        Ok(self)
+    }
+
     fn tar(&self) -> Result<bool, ApiError> {
         match self.format.as_deref() {
             None => Ok(false),
@@ -122,6 +145,7 @@ pub async fn read(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
+    let query = query.checked(FileAction::Read)?;
     let path = checked_path(&query.path)?;
     let tar = query.tar()?;
     let (agent, work) = agent_for(&state, sandbox.id()).await?;
@@ -183,6 +207,7 @@ pub async fn write(
     ApiQuery(query): ApiQuery<FileQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
+    let query = query.checked(FileAction::Write)?;
     let path = checked_path(&query.path)?.to_string();
     let mode = match &query.mode {
         None => 0o644,
@@ -226,9 +251,10 @@ pub async fn delete(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<StatusCode, ApiError> {
+    let query = query.checked(FileAction::Delete)?;
     let path = checked_path(&query.path)?;
     let (agent, _work) = agent_for(&state, sandbox.id()).await?;
-    agent.delete_path(path, query.recursive).await.map_err(file_error)?;
+    agent.delete_path(path, query.recursive.unwrap_or(false)).await.map_err(file_error)?;
     let _ = state.platform.store.touch_sandbox(sandbox.id(), &crate::ids::now());
     Ok(StatusCode::NO_CONTENT)
 }

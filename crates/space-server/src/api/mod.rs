@@ -407,6 +407,39 @@ fn query_rejection(rejection: QueryRejection) -> ApiError {
     ApiError::bad_request(format!("invalid query string: {}", rejection.body_text()))
 }
 
+/// A route that takes no query: any parameter would be ignored, so it is
+/// refused (400).
+pub struct NoQuery;
+
+impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match parts.uri.query() {
+            None | Some("") => Ok(NoQuery),
+            Some(_) => Err(ApiError::bad_request("this route takes no query parameters")),
+        }
+    }
+}
+
+/// A route that takes no body: one would be ignored, so it is refused
+/// (400). Empty, or an empty JSON object (what clients send a POST without
+/// arguments), is none. Take it last: it reads the body.
+pub struct NoBody;
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _: &S) -> Result<Self, ApiError> {
+        let refused = || ApiError::bad_request("this route takes no body");
+        let bytes = axum::body::to_bytes(request.into_body(), 1024).await.map_err(|_| refused())?;
+        match bytes.trim_ascii() {
+            b"" | b"{}" => Ok(NoBody),
+            _ => Err(refused()),
+        }
+    }
+}
+
 /// `?wait=<seconds>` as a deadline (at most [`MAX_WAIT_S`]).
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -10,7 +10,7 @@ use space_api::{
 };
 
 use super::access::SandboxPath;
-use super::{idempotency_key, ApiJson, ApiQuery, AppState};
+use super::{idempotency_key, ApiJson, ApiQuery, AppState, NoBody, NoQuery};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
 use crate::tenants::Caller;
@@ -111,7 +111,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(path: SandboxPath) -> Json<Sandbox> {
+pub async fn get(path: SandboxPath, _: NoQuery) -> Json<Sandbox> {
     Json(path.sandbox.into_record().sandbox)
 }
 
@@ -119,7 +119,13 @@ pub async fn get(path: SandboxPath) -> Json<Sandbox> {
     params(("id" = String, Path, description = "Sandbox id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses((status = 202, body = SandboxOperation), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn delete(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+pub async fn delete(
+    path: SandboxPath,
+    state: State<AppState>,
+    headers: HeaderMap,
+    _: NoQuery,
+    _: NoBody,
+) -> LifecycleAnswer {
     lifecycle(path, state, headers, OperationKind::Delete).await
 }
 
@@ -129,7 +135,13 @@ pub async fn delete(path: SandboxPath, state: State<AppState>, headers: HeaderMa
     responses((status = 202, description = "Accepted: every process is frozen in memory once it succeeds", body = SandboxOperation),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Not running", body = ErrorBody)))]
-pub async fn pause(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+pub async fn pause(
+    path: SandboxPath,
+    state: State<AppState>,
+    headers: HeaderMap,
+    _: NoQuery,
+    _: NoBody,
+) -> LifecycleAnswer {
     lifecycle(path, state, headers, OperationKind::Pause).await
 }
 
@@ -140,7 +152,13 @@ pub async fn pause(path: SandboxPath, state: State<AppState>, headers: HeaderMap
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Neither paused nor suspended", body = ErrorBody),
         (status = 503, description = "No room on this host to bring a suspended sandbox back", body = ErrorBody)))]
-pub async fn resume(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+pub async fn resume(
+    path: SandboxPath,
+    state: State<AppState>,
+    headers: HeaderMap,
+    _: NoQuery,
+    _: NoBody,
+) -> LifecycleAnswer {
     lifecycle(path, state, headers, OperationKind::Resume).await
 }
 
@@ -152,7 +170,13 @@ pub async fn resume(path: SandboxPath, state: State<AppState>, headers: HeaderMa
         (status = 409, description = "Neither running nor paused", body = ErrorBody),
         (status = 429, description = "The snapshot would take the tenant past its disk quota", body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
-pub async fn suspend(path: SandboxPath, state: State<AppState>, headers: HeaderMap) -> LifecycleAnswer {
+pub async fn suspend(
+    path: SandboxPath,
+    state: State<AppState>,
+    headers: HeaderMap,
+    _: NoQuery,
+    _: NoBody,
+) -> LifecycleAnswer {
     lifecycle(path, state, headers, OperationKind::Suspend).await
 }
 
@@ -171,6 +195,7 @@ pub async fn fork(
     SandboxPath { sandbox, caller }: SandboxPath,
     State(state): State<AppState>,
     headers: HeaderMap,
+    _: NoQuery,
     ApiJson(request): ApiJson<ForkRequest>,
 ) -> Result<(StatusCode, Json<ForkAccepted>), ApiError> {
     let id = sandbox.id();

@@ -7,7 +7,7 @@ use axum::{Extension, Json};
 use space_api::{ErrorBody, PutSecretRequest, SecretInfo, SecretList};
 
 use super::access::NamePath;
-use super::{ApiJson, AppState};
+use super::{ApiJson, AppState, NoBody, NoQuery};
 use crate::error::ApiError;
 use crate::tenants::Caller;
 
@@ -19,6 +19,7 @@ use crate::tenants::Caller;
 pub async fn put(
     NamePath { name, caller }: NamePath,
     State(state): State<AppState>,
+    _: NoQuery,
     ApiJson(request): ApiJson<PutSecretRequest>,
 ) -> Result<Json<SecretInfo>, ApiError> {
     Ok(Json(state.platform.put_secret(&caller.tenant, &name, request)?))
@@ -30,6 +31,7 @@ pub async fn put(
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    _: NoQuery,
 ) -> Result<Json<SecretList>, ApiError> {
     Ok(Json(SecretList { secrets: state.platform.store.secrets(&caller.tenant)? }))
 }
@@ -41,6 +43,8 @@ pub async fn list(
 pub async fn delete(
     NamePath { name, caller }: NamePath,
     State(state): State<AppState>,
+    _: NoQuery,
+    _: NoBody,
 ) -> Result<StatusCode, ApiError> {
     state.platform.delete_secret(&caller.tenant, &name)?;
     Ok(StatusCode::NO_CONTENT)

@@ -11,14 +11,14 @@ use space_api::{
 };
 use tokio::io::AsyncWriteExt;
 
-use super::access::{NamePath, OperationPath};
-use super::{ApiQuery, AppState};
+use super::access::{OperationPath, TemplatePath};
+use super::{ApiQuery, AppState, NoBody, NoQuery};
 use crate::error::ApiError;
 use crate::templates::{checked_overrides, Upload};
 use crate::tenants::Caller;
 
 /// Query of `POST /v1/templates` with an image archive as the body.
-#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[derive(Debug, Default, PartialEq, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
@@ -66,8 +66,12 @@ pub async fn create(
     let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let (template, operation) = match mime.as_str() {
         "application/json" => {
-            if query.name.is_some() || query.workdir.is_some() || query.user.is_some() || query.engine.is_some() {
-                return Err(ApiError::bad_request("a JSON build takes its name and defaults in the body"));
+            // Every parameter is for an image archive: a JSON build would
+            // drop it (a `?network=` among them), so none is taken.
+            if query != ImportQuery::default() {
+                return Err(ApiError::bad_request(
+                    "a JSON build takes its name and defaults in the body, none in the query",
+                ));
             }
             let body = axum::body::to_bytes(request.into_body(), super::MAX_JSON_BODY).await.map_err(|_| {
                 ApiError::new(
@@ -169,18 +173,19 @@ async fn import(
 
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
     responses((status = 200, body = TemplateList), (status = 401, body = ErrorBody)))]
-pub async fn list(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> Json<TemplateList> {
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    _: NoQuery,
+) -> Json<TemplateList> {
     Json(TemplateList { templates: state.platform.templates(&caller) })
 }
 
 #[utoipa::path(get, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 200, body = Template), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn get(
-    NamePath { name, caller }: NamePath,
-    State(state): State<AppState>,
-) -> Result<Json<Template>, ApiError> {
-    Ok(Json(state.platform.template(&name, &caller)?))
+pub async fn get(TemplatePath { template, .. }: TemplatePath, _: NoQuery) -> Json<Template> {
+    Json(template)
 }
 
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates",
@@ -189,10 +194,12 @@ pub async fn get(
         (status = 403, description = "A shared template, and not the server's own key", body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "In use or being built", body = ErrorBody)))]
 pub async fn delete(
-    NamePath { name, caller }: NamePath,
+    TemplatePath { template, caller }: TemplatePath,
     State(state): State<AppState>,
+    _: NoQuery,
+    _: NoBody,
 ) -> Result<StatusCode, ApiError> {
-    state.platform.delete_template(&name, &caller).await?;
+    state.platform.delete_template(&template.name, &caller).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -200,7 +207,7 @@ pub async fn delete(
     params(("id" = String, Path, description = "Operation id")),
     responses((status = 200, description = "The operation's log as text", content_type = "text/plain"),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn log(path: OperationPath, State(state): State<AppState>) -> Result<Response, ApiError> {
+pub async fn log(path: OperationPath, State(state): State<AppState>, _: NoQuery) -> Result<Response, ApiError> {
     let text = tokio::fs::read(state.platform.data.log_path(path.id.as_str()))
         .await
         .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "not_found", "this operation has no log"))?;

@@ -56,6 +56,7 @@ pub async fn usage(
 pub async fn sandbox(
     path: super::access::SandboxPath,
     State(state): State<AppState>,
+    _: super::NoQuery,
 ) -> Result<Json<space_api::SandboxUsage>, ApiError> {
     Ok(Json(state.platform.sandbox_usage(path.sandbox.id()).await?))
 }
