@@ -520,8 +520,14 @@ pub struct CommandRequest {
     pub cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    #[serde(default)]
-    pub stdin: bool,
+    /// Keep the command's stdin open for `.../stdin` and the attach
+    /// WebSocket. Absent: `false`, or `true` with `tty` (a terminal is the
+    /// command's stdin, so `false` with `"tty": true` is refused with 422).
+    /// `/exec` refuses `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<bool>,
+    /// Run on a pseudo-terminal (its stdin, merged stdout and stderr);
+    /// resizable. `/exec` refuses it: nothing could type into it.
     #[serde(default)]
     pub tty: bool,
     /// 0 or absent: no timeout.
@@ -578,6 +584,14 @@ pub struct Command {
     pub tag: Option<String>,
     pub started_at: String,
     pub attach: Attach,
+    /// Whether its stdin is open (a terminal counts): writing to one that
+    /// is not answers 409. Absent for a command recorded by an older server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<bool>,
+    /// Whether it runs on a terminal: resizing one that does not answers
+    /// 409. Absent for a command recorded by an older server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<ProcessResult>,
 }

@@ -53,7 +53,8 @@ fn window_size() -> Option<(u16, u16)> {
     // SAFETY: TIOCGWINSZ writes one winsize into the valid, initialised
     // struct we pass; the fd is our stdout.
     let ok = unsafe { libc::ioctl(std::io::stdout().as_raw_fd(), libc::TIOCGWINSZ, &mut size) } == 0;
-    (ok && size.ws_col > 0).then_some((size.ws_col, size.ws_row))
+    // The server refuses a size of 0.
+    (ok && size.ws_col > 0 && size.ws_row > 0).then_some((size.ws_col, size.ws_row))
 }
 
 fn resize_message((cols, rows): (u16, u16)) -> Message {
@@ -144,6 +145,10 @@ pub fn interactive(client: &Client, attach_path: &str, command_path: &str, tty: 
                     let end: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
                     if !end["exit"].is_null() {
                         return Ok(exit_code(&end["exit"]));
+                    }
+                    // A frame of ours the server refused; the session goes on.
+                    if let Some(message) = end["error"]["message"].as_str() {
+                        eprint!("space: {message}{}", if tty { "\r\n" } else { "\n" });
                     }
                 }
                 Ok(_) => {}

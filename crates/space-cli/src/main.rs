@@ -1464,7 +1464,8 @@ fn exec(args: ExecArgs) -> Result<i32> {
         env: args.env.into_iter().collect(),
         cwd: args.cwd,
         timeout_s: args.timeout.unwrap_or(0),
-        stdin: args.interactive,
+        // Left out with `-t` alone: the terminal is the command's stdin.
+        stdin: args.interactive.then_some(true),
         tty: args.tty,
         ..Default::default()
     };

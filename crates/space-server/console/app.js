@@ -568,6 +568,7 @@ $("term-open").addEventListener("click", async () => {
     if (typeof message.data === "string") {
       const text = JSON.parse(message.data);
       if (text.exit) $("term-status").textContent = `ended: ${resultText(text.exit)}`;
+      if (text.error) notice(`Terminal: ${text.error.message}`, true);
       return;
     }
     term.write(new Uint8Array(message.data));

@@ -65,6 +65,35 @@ pub(crate) fn exec_failure(err: AgentError) -> ApiError {
     }
 }
 
+/// What a client sends a running command, beyond signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    /// Bytes for its stdin, or the end of them.
+    Stdin,
+    /// A new terminal size.
+    Resize,
+}
+
+/// Refuses input the command was not started to take (the agent would drop
+/// it and the caller would never know). A command recorded by an older
+/// server carries no flags and takes everything, as it did then.
+pub fn check_input(command: &Command, input: Input) -> Result<(), ApiError> {
+    use axum::http::StatusCode;
+    let (started_with, without, field) = match input {
+        Input::Stdin => (command.stdin, "stdin", "stdin"),
+        Input::Resize => (command.tty, "a terminal", "tty"),
+    };
+    if started_with == Some(false) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_state",
+            format!("this command was started without {without}; start one with \"{field}\": true"),
+        )
+        .with_details(serde_json::json!({ "field": field })));
+    }
+    Ok(())
+}
+
 /// Where a command's output, stdin and attach are served.
 fn attach_for(sandbox_id: &str, command_id: &str) -> Attach {
     let base = format!("/v1/sandboxes/{sandbox_id}/commands/{command_id}");
@@ -99,7 +128,7 @@ impl Platform {
             env: spec.env,
             cwd: spec.cwd,
             user: spec.user,
-            stdin: spec.stdin || spec.tty,
+            stdin: spec.stdin,
             tty: spec.tty,
         };
         let started = Instant::now();
@@ -119,6 +148,8 @@ impl Platform {
             tag: spec.tag,
             started_at: ids::now(),
             attach: attach_for(sandbox_id, &id),
+            stdin: Some(spec.stdin),
+            tty: Some(spec.tty),
             result: None,
         };
         self.store.put_command(&command)?;
@@ -267,5 +298,46 @@ impl Platform {
     pub fn live_command(&self, command_id: &str) -> Option<(watch::Receiver<Progress>, u32, AgentConn)> {
         let commands = self.commands.lock().unwrap_or_else(|e| e.into_inner());
         commands.get(command_id).map(|c| (c.progress.clone(), c.stream, c.agent.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(stdin: Option<bool>, tty: Option<bool>) -> Command {
+        Command {
+            id: "cmd_1".into(),
+            sandbox_id: "sbx_1".into(),
+            state: CommandState::Running,
+            argv: vec!["sh".into()],
+            pid: 1,
+            tag: None,
+            started_at: ids::now(),
+            attach: attach_for("sbx_1", "cmd_1"),
+            stdin,
+            tty,
+            result: None,
+        }
+    }
+
+    #[test]
+    fn input_is_refused_only_when_the_command_was_started_without_it() {
+        let plain = command(Some(false), Some(false));
+        assert_eq!(check_input(&plain, Input::Stdin).unwrap_err().status, 409);
+        assert_eq!(check_input(&plain, Input::Resize).unwrap_err().status, 409);
+        let piped = command(Some(true), Some(false));
+        assert!(check_input(&piped, Input::Stdin).is_ok());
+        assert_eq!(check_input(&piped, Input::Resize).unwrap_err().code, "invalid_state");
+        assert!(check_input(&command(Some(true), Some(true)), Input::Resize).is_ok());
+        // Recorded before the flags were: everything goes through, as then.
+        let older: Command = serde_json::from_value(serde_json::json!({
+            "id": "cmd_1", "sandbox_id": "sbx_1", "state": "running", "argv": ["sh"], "pid": 1,
+            "started_at": "2024-01-01T00:00:00Z",
+            "attach": {"output": "o", "stdin": "s", "ws": "w"}
+        }))
+        .unwrap();
+        assert!(check_input(&older, Input::Stdin).is_ok());
+        assert!(check_input(&older, Input::Resize).is_ok());
     }
 }

@@ -130,6 +130,7 @@ pub struct CommandSpec {
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
     pub user: Option<String>,
+    /// Its stdin stays open: asked for, or it runs on a terminal.
     pub stdin: bool,
     pub tty: bool,
     pub timeout_s: u64,
@@ -166,12 +167,23 @@ impl TryFrom<CommandRequest> for CommandSpec {
         if request.tag.as_ref().is_some_and(|t| t.len() > 128) {
             return Err(ApiError::unprocessable("tag may be at most 128 bytes"));
         }
+        // The agent makes the terminal the process's stdin: a closed stdin
+        // on a terminal cannot be had, so asking for one is refused.
+        let stdin = match (request.stdin, request.tty) {
+            (Some(false), true) => {
+                return Err(ApiError::unprocessable(
+                    "a terminal is the command's stdin: leave stdin out (or true) with \"tty\": true",
+                )
+                .with_details(serde_json::json!({"field": "stdin"})))
+            }
+            (stdin, tty) => stdin.unwrap_or(false) || tty,
+        };
         Ok(CommandSpec {
             argv,
             env: request.env,
             cwd: request.cwd,
             user: request.user,
-            stdin: request.stdin,
+            stdin,
             tty: request.tty,
             timeout_s: request.timeout_s,
             tag: request.tag,
@@ -357,5 +369,9 @@ mod tests {
         assert_eq!(shell.argv, ["/bin/sh", "-c", "echo hi"]);
         let relative = CommandRequest { argv: Some(vec!["ls".into()]), cwd: Some("tmp".into()), ..Default::default() };
         assert_eq!(CommandSpec::try_from(relative).unwrap_err().status, 400);
+        let tty = |stdin| CommandRequest { cmd: Some("sh".into()), tty: true, stdin, ..Default::default() };
+        assert!(CommandSpec::try_from(tty(None)).unwrap().stdin, "a terminal is stdin");
+        assert!(CommandSpec::try_from(tty(Some(true))).unwrap().stdin);
+        assert_eq!(CommandSpec::try_from(tty(Some(false))).unwrap_err().status, 422);
     }
 }

@@ -579,8 +579,11 @@ fn tty_commands_run_on_a_pseudo_terminal_that_can_be_resized() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
-    let tty = server.exec(&id, json!({"argv": ["tty"], "tty": true}));
-    assert!(tty["stdout"].as_str().unwrap().starts_with("/dev/pts/"), "{tty}");
+    // A terminal is the command's stdin, so `tty` alone opens stdin too.
+    let tty = server.ok("POST", &format!("/v1/sandboxes/{id}/commands"), Some(json!({"argv": ["tty"], "tty": true})));
+    assert_eq!((&tty["command"]["stdin"], &tty["command"]["tty"]), (&json!(true), &json!(true)), "{tty}");
+    let frames = server.output(&id, tty["command"]["id"].as_str().unwrap(), "?follow=true");
+    assert!(text_of(&frames, "stdout").starts_with("/dev/pts/"), "{frames:?}");
     let plain = server.exec(&id, json!({"argv": ["tty"]}));
     assert_eq!(plain["stdout"], "not a tty\n");
 
@@ -647,6 +650,129 @@ fn a_websocket_attach_drives_an_interactive_shell() {
 
     // Without a WebSocket upgrade the route says so in the error shape.
     server.error("GET", &format!("/v1/sandboxes/{id}/commands/{cid}/attach"), None, 400, "invalid_request");
+}
+
+/// An attach session with a deadline on every read.
+fn attach_socket(
+    server: &TestServer,
+    sandbox: &str,
+    command: &str,
+) -> tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>> {
+    use tungstenite::client::IntoClientRequest;
+    let url = format!("{}/v1/sandboxes/{sandbox}/commands/{command}/attach", server.url.replace("http://", "ws://"));
+    let mut request = url.as_str().into_client_request().unwrap();
+    request.headers_mut().insert("Authorization", format!("Bearer {}", server.key).parse().unwrap());
+    let (mut socket, _) = tungstenite::connect(request).expect("the WebSocket upgrade");
+    if let tungstenite::stream::MaybeTlsStream::Plain(tcp) = socket.get_mut() {
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    }
+    socket
+}
+
+/// Reads an attach session to its exit frame: (output, error frames, exit).
+fn read_to_exit(
+    socket: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+) -> (String, Vec<serde_json::Value>, serde_json::Value) {
+    use tungstenite::Message;
+    let (mut output, mut errors) = (Vec::new(), Vec::new());
+    loop {
+        match socket.read().expect("the attach stays open until the exit") {
+            Message::Binary(bytes) => output.extend_from_slice(&bytes),
+            Message::Text(text) => {
+                let frame: serde_json::Value = serde_json::from_str(&text).unwrap();
+                if frame.get("exit").is_some() {
+                    return (String::from_utf8_lossy(&output).into_owned(), errors, frame["exit"].clone());
+                }
+                errors.push(frame["error"].clone());
+            }
+            Message::Close(_) => panic!("closed before the exit frame"),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn input_a_command_was_not_started_for_is_refused_never_dropped() {
+    use tungstenite::Message;
+
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": "base"}));
+    let commands = format!("/v1/sandboxes/{id}/commands");
+    let auth = format!("Bearer {}", server.key);
+
+    // Exec waits for the exit with nobody to type into its terminal (the
+    // timeout only bounds this test if the request were accepted).
+    let refused = server.error(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": "read x", "tty": true, "timeout_s": 5})),
+        400,
+        "invalid_request",
+    );
+    assert!(refused["error"]["message"].as_str().unwrap().contains("terminal"), "{refused}");
+    // A terminal is stdin: it cannot be had closed.
+    server.error("POST", &commands, Some(json!({"argv": ["sh"], "tty": true, "stdin": false})), 422, "invalid_value");
+
+    let sleeper = server.ok("POST", &commands, Some(json!({"argv": ["sleep", "60"]})));
+    assert_eq!((&sleeper["command"]["stdin"], &sleeper["command"]["tty"]), (&json!(false), &json!(false)));
+    let sleeper = sleeper["command"]["id"].as_str().unwrap().to_string();
+    let cat = server.ok("POST", &commands, Some(json!({"argv": ["cat"], "stdin": true})));
+    let cat = cat["command"]["id"].as_str().unwrap().to_string();
+
+    let refusal = |path: String, headers: &[(&str, &str)], body: &str, why: &str| {
+        let (status, answer) = server.raw("POST", &path, headers, Some(body));
+        assert_eq!(status, 409, "{path}: {answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["error"]["code"], "invalid_state", "{answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(why), "{answer}");
+    };
+    let json_headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+    refusal(format!("{commands}/{sleeper}/stdin"), &[("Authorization", &auth)], "lost?\n", "without stdin");
+    refusal(format!("{commands}/{sleeper}/stdin?eof=true"), &[("Authorization", &auth)], "", "without stdin");
+    refusal(format!("{commands}/{sleeper}/resize"), &json_headers, r#"{"cols": 90, "rows": 20}"#, "without a terminal");
+    refusal(format!("{commands}/{cat}/resize"), &json_headers, r#"{"cols": 90, "rows": 20}"#, "without a terminal");
+
+    // Over the WebSocket, each such frame gets an error frame back and the
+    // session goes on.
+    let mut socket = attach_socket(&server, &id, &sleeper);
+    socket.send(Message::Binary(b"lost?\n".to_vec().into())).unwrap();
+    socket.send(Message::Text(r#"{"resize": {"cols": 90, "rows": 20}}"#.into())).unwrap();
+    socket.send(Message::Text(r#"{"eof": true}"#.into())).unwrap();
+    socket.send(Message::Text(r#"{"resise": {"cols": 90, "rows": 20}}"#.into())).unwrap();
+    socket.send(Message::Text("eof".into())).unwrap();
+    let mut read = 0;
+    let mut codes = Vec::new();
+    while read < 5 {
+        match socket.read().expect("an answer to each refused frame") {
+            Message::Text(text) => {
+                let frame: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert!(frame["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{frame}");
+                codes.push(frame["error"]["code"].as_str().unwrap().to_string());
+                read += 1;
+            }
+            Message::Close(_) => panic!("closed instead of answering"),
+            _ => {}
+        }
+    }
+    assert_eq!(codes, ["invalid_state", "invalid_state", "invalid_state", "invalid_request", "invalid_request"]);
+    // Killed only now, so the refusals cannot race the exit frame.
+    let (status, _) =
+        server.raw("POST", &format!("{commands}/{sleeper}/signal"), &json_headers, Some(r#"{"signal": "KILL"}"#));
+    assert_eq!(status, 204);
+    let (_, errors, exit) = read_to_exit(&mut socket);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(exit["signal"], "KILL", "{exit}");
+
+    let mut socket = attach_socket(&server, &id, &cat);
+    socket.send(Message::Text(r#"{"resize": {"cols": 90, "rows": 20}}"#.into())).unwrap();
+    socket.send(Message::Binary(b"still here\n".to_vec().into())).unwrap();
+    socket.send(Message::Text(r#"{"eof": true}"#.into())).unwrap();
+    let (output, errors, exit) = read_to_exit(&mut socket);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["code"], "invalid_state");
+    assert_eq!(output, "still here\n");
+    assert_eq!(exit["exit_code"], 0, "{exit}");
 }
 
 #[test]

@@ -10,6 +10,7 @@ use space_api::{Command, CommandCreated, CommandList, CommandRequest, CommandSta
 
 use super::access::{CommandPath, SandboxPath};
 use super::{ApiJson, ApiQuery, AppState, WaitQuery};
+use crate::commands::{check_input, Input};
 use crate::domain::CommandSpec;
 use crate::error::ApiError;
 use crate::transcript::{self, Stream, TranscriptReader};
@@ -24,10 +25,19 @@ pub struct AutoResume {
     auto_resume: bool,
 }
 
-/// A running command's agent stream, or 404 / 409 (it has exited).
-fn running(state: &AppState, path: &CommandPath, action: &str) -> Result<(u32, space_engine::AgentConn), ApiError> {
+/// A running command's agent stream, or 404 / 409 (it has exited, or was
+/// not started to take `input`).
+pub(super) fn running(
+    state: &AppState,
+    path: &CommandPath,
+    input: Option<Input>,
+    action: &str,
+) -> Result<(u32, space_engine::AgentConn), ApiError> {
     let (id, cid) = (path.sandbox.id(), path.id());
     let command = state.platform.command(id, cid)?;
+    if let Some(input) = input {
+        check_input(&command, input)?;
+    }
     // Its recorded result wins: the live entry may outlast the exit briefly.
     if command.result.is_some() {
         return Err(ApiError::invalid_state("command", "exited", action));
@@ -52,7 +62,8 @@ pub const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
     request_body = CommandRequest,
     responses((status = 201, description = "The process is running", body = CommandCreated),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 422, description = "No such binary, bad cwd or user", body = ErrorBody)))]
+        (status = 409, body = ErrorBody),
+        (status = 422, description = "No such binary, bad cwd or user; `\"stdin\": false` with `\"tty\": true`", body = ErrorBody)))]
 pub async fn create(
     SandboxPath { sandbox, .. }: SandboxPath,
     State(state): State<AppState>,
@@ -106,14 +117,15 @@ pub struct StdinQuery {
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id"), StdinQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 204, description = "Delivered to the agent"), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, description = "The command has exited", body = ErrorBody)))]
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The command has exited, or was started without stdin", body = ErrorBody)))]
 pub async fn stdin(
     path: CommandPath,
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let (stream, agent) = running(&state, &path, "write to stdin")?;
+    let (stream, agent) = running(&state, &path, Some(Input::Stdin), "write to stdin")?;
     let gone = |_| ApiError::invalid_state("command", "exited", "write to stdin");
     for chunk in body.chunks(space_proto::MAX_OUTPUT_CHUNK) {
         agent.send_stdin(stream, chunk.to_vec()).await.map_err(gone)?;
@@ -155,7 +167,7 @@ pub async fn signal(
         "CONT" => Signal::SIGCONT,
         other => return Err(ApiError::bad_request(format!("unknown signal {other:?}"))),
     };
-    let (stream, agent) = running(&state, &path, "signal it")?;
+    let (stream, agent) = running(&state, &path, None, "signal it")?;
     agent.signal(stream, signal as i32).await.map_err(|_| ApiError::invalid_state("command", "exited", "signal it"))?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -171,7 +183,8 @@ pub struct ResizeRequest {
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Command id")),
     request_body = ResizeRequest,
     responses((status = 204, description = "The terminal has the new size"), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The command has exited, or was started without a terminal", body = ErrorBody)))]
 pub async fn resize(
     path: CommandPath,
     State(state): State<AppState>,
@@ -180,7 +193,7 @@ pub async fn resize(
     if request.cols == 0 || request.rows == 0 {
         return Err(ApiError::bad_request("cols and rows must be at least 1"));
     }
-    let (stream, agent) = running(&state, &path, "resize it")?;
+    let (stream, agent) = running(&state, &path, Some(Input::Resize), "resize it")?;
     let size = space_proto::TerminalSize { cols: request.cols, rows: request.rows };
     agent.resize(stream, size).await.map_err(|_| ApiError::invalid_state("command", "exited", "resize it"))?;
     Ok(StatusCode::NO_CONTENT)
@@ -190,7 +203,7 @@ pub async fn resize(
     params(("id" = String, Path, description = "Sandbox id"), AutoResume),
     request_body = CommandRequest,
     responses((status = 200, description = "The command ran to its end", body = ExecResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 400, description = "Bad input, or `stdin` or `tty` (nothing could type into it)", body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn exec(
     SandboxPath { sandbox, .. }: SandboxPath,
@@ -199,8 +212,15 @@ pub async fn exec(
     ApiJson(request): ApiJson<CommandRequest>,
 ) -> Result<Json<ExecResponse>, ApiError> {
     let id = sandbox.id();
-    if request.stdin {
-        return Err(ApiError::bad_request("exec cannot take stdin; start a command instead"));
+    // Exec waits for the exit with nobody left to type: a command that read
+    // its stdin would wait forever.
+    if request.tty {
+        return Err(ApiError::bad_request("exec cannot take a terminal; start a command instead")
+            .with_details(serde_json::json!({"field": "tty"})));
+    }
+    if request.stdin == Some(true) {
+        return Err(ApiError::bad_request("exec cannot take stdin; start a command instead")
+            .with_details(serde_json::json!({"field": "stdin"})));
     }
     let spec = CommandSpec::try_from(request)?;
     if resume.auto_resume {

@@ -163,7 +163,8 @@ pub async fn start(state: AppState, target: Target, headers: &HeaderMap, body: B
         env,
         cwd: text(process, "cwd").filter(|c| !c.is_empty()).map(|c| target.path(c)),
         user: target.user.clone(),
-        stdin: request.get("stdin").and_then(Value::as_bool).unwrap_or(false),
+        // A pty is the process's input whatever `stdin` says, as in E2B's envd.
+        stdin: Some(request.get("stdin").and_then(Value::as_bool).unwrap_or(false) || pty.is_some()),
         tty: pty.is_some(),
         timeout_s: timeout_s(headers),
         tag: text(&request, "tag").map(str::to_string),
