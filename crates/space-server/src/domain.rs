@@ -63,6 +63,15 @@ impl CreateSpec {
         in_range("memory_mib", memory_mib, MIN_MEMORY_MIB, MAX_MEMORY_MIB)?;
         in_range("disk_mib", disk_mib, MIN_DISK_MIB, MAX_DISK_MIB)?;
         validate_env(&request.env)?;
+        // A variable is either the request's or a secret's placeholder: one
+        // would silently replace the other.
+        let bound = request.network.iter().flat_map(|network| network.secrets.keys());
+        if let Some(var) = bound.into_iter().find(|var| request.env.contains_key(*var)) {
+            return Err(ApiError::unprocessable(format!(
+                "env.{var} is also the variable of a secret binding (network.secrets.{var}); give it one of the two"
+            ))
+            .with_details(serde_json::json!({"field": "env"})));
+        }
         let mut env = defaults.env.clone();
         env.extend(request.env);
         check_labels(&request.labels)?;
@@ -72,6 +81,18 @@ impl CreateSpec {
             max_lifetime_s: None,
             auto_pause: None,
         });
+        // Each of the two means nothing without the other.
+        match (lifecycle.idle_timeout_s, lifecycle.on_idle) {
+            (Some(_), None) => {
+                return Err(ApiError::unprocessable("lifecycle.idle_timeout_s needs lifecycle.on_idle")
+                    .with_details(serde_json::json!({"field": "lifecycle.on_idle"})))
+            }
+            (None, Some(on_idle)) if on_idle != OnIdle::None => {
+                return Err(ApiError::unprocessable("lifecycle.on_idle needs lifecycle.idle_timeout_s")
+                    .with_details(serde_json::json!({"field": "lifecycle.idle_timeout_s"})))
+            }
+            _ => {}
+        }
         Ok(CreateSpec {
             template: request.template,
             vcpus,
@@ -309,6 +330,32 @@ pub fn accepts_commands(state: SandboxState) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(request: serde_json::Value) -> Result<CreateSpec, ApiError> {
+        let defaults: TemplateDefaults =
+            serde_json::from_value(serde_json::json!({"vcpus": 1, "memory_mib": 512, "disk_mib": 2048, "env": {}, "workdir": "/root", "user": "root"})).unwrap();
+        CreateSpec::new(serde_json::from_value(request).unwrap(), &defaults)
+    }
+
+    #[test]
+    fn what_a_create_would_drop_is_refused() {
+        let clash = serde_json::json!({"template": "base", "env": {"TOKEN": "mine"},
+            "network": {"egress": "allowlist", "secrets": {"TOKEN": {"secret": "s"}}}});
+        let err = spec(clash).unwrap_err();
+        assert_eq!((err.status.as_u16(), err.details["field"].as_str()), (422, Some("env")), "{}", err.message);
+        let alone = serde_json::json!({"template": "base", "lifecycle": {"idle_timeout_s": 60}});
+        assert!(spec(alone).unwrap_err().message.contains("needs lifecycle.on_idle"));
+        let alone = serde_json::json!({"template": "base", "lifecycle": {"on_idle": "pause"}});
+        assert!(spec(alone).unwrap_err().message.contains("needs lifecycle.idle_timeout_s"));
+        for fine in [
+            serde_json::json!({"template": "base", "lifecycle": {"on_idle": "none"}}),
+            serde_json::json!({"template": "base", "lifecycle": {"idle_timeout_s": 60, "on_idle": "suspend"}}),
+            serde_json::json!({"template": "base", "env": {"A": "1"},
+                "network": {"egress": "allowlist", "secrets": {"B": {"secret": "s"}}}}),
+        ] {
+            assert!(spec(fine.clone()).is_ok(), "{fine}");
+        }
+    }
 
     #[test]
     fn the_state_machine_allows_only_listed_moves() {

@@ -398,6 +398,34 @@ fn idempotency_keys_replay_the_original_operation() {
     let operations =
         server.ok("GET", &format!("/v1/operations?sandbox_id={}", first["sandbox"]["id"].as_str().unwrap()), None);
     assert_eq!(operations["operations"].as_array().unwrap().len(), 1);
+    // The key is for that request only: another body under it is refused,
+    // not answered with the first sandbox.
+    for other in [
+        r#"{"template":"base","memory_mib":1024}"#,
+        r#"{"template":"base","labels":{"team":"b"}}"#,
+        r#"{"template":"base","env":{"A":"1"}}"#,
+        r#"{"template":"base","network":{"egress":"public"}}"#,
+    ] {
+        let (status, body) = server.raw("POST", "/v1/sandboxes", &headers, Some(other));
+        assert_eq!(status, 422, "{other}: {body}");
+        assert!(body.contains("already used for a different request"), "{body}");
+    }
+    // A fork's key likewise: another count or labels is refused.
+    let source = first["sandbox"]["id"].as_str().unwrap();
+    let fork_headers =
+        [("Authorization", auth.as_str()), ("Content-Type", "application/json"), ("Idempotency-Key", "fork-once")];
+    let (status, forked) =
+        server.raw("POST", &format!("/v1/sandboxes/{source}/fork"), &fork_headers, Some(r#"{"labels":{"n":"1"}}"#));
+    assert_eq!(status, 202, "{forked}");
+    let (status, again) =
+        server.raw("POST", &format!("/v1/sandboxes/{source}/fork"), &fork_headers, Some(r#"{"labels":{"n":"1"}}"#));
+    assert_eq!(status, 202, "{again}");
+    for other in [r#"{"count":2,"labels":{"n":"1"}}"#, r#"{"labels":{"n":"2"}}"#] {
+        let (status, body) = server.raw("POST", &format!("/v1/sandboxes/{source}/fork"), &fork_headers, Some(other));
+        assert_eq!(status, 422, "{other}: {body}");
+    }
+    let forked: serde_json::Value = serde_json::from_str(&forked).unwrap();
+    server.wait_operation(forked["operation"]["id"].as_str().unwrap());
 }
 
 #[test]

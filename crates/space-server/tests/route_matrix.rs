@@ -5,7 +5,8 @@
 //! 5xx; A's shared template is 403 to B's DELETE. With A's key the plain
 //! request is not a 404 (the positive control). A route added to the
 //! document is covered without touching this test; a new kind of path
-//! parameter makes it fail until it says what to put there.
+//! parameter makes it fail until it says what to put there. A query
+//! parameter or a body a route does not take (by the document) is 400.
 
 mod common;
 
@@ -231,13 +232,19 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     assert_eq!(status, 200);
     let document: Value = serde_json::from_str(&document).unwrap();
     let mut routes: Vec<(String, String)> = Vec::new();
+    // What each route takes, as the document says: (query, body).
+    let mut takes: BTreeMap<(String, String), (bool, bool)> = BTreeMap::new();
     for (path, item) in document["paths"].as_object().unwrap() {
         if parameters(path) == 0 {
             continue;
         }
-        for method in item.as_object().unwrap().keys() {
+        for (method, operation) in item.as_object().unwrap() {
             if ["get", "put", "post", "delete", "patch"].contains(&method.as_str()) {
                 routes.push((method.to_uppercase(), path.clone()));
+                let parameters = operation["parameters"].as_array().cloned().unwrap_or_default();
+                let query = parameters.iter().any(|p| p["in"] == "query");
+                let body = !operation["requestBody"].is_null();
+                takes.insert((method.to_uppercase(), path.clone()), (query, body));
             }
         }
     }
@@ -294,6 +301,34 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     );
     let (_, after) = server.call_as(&alice, "GET", &format!("/v1/sandboxes/{sandbox}"), None);
     assert_eq!(after["state"], "running", "{after}");
+
+    // What a route does not take is refused, never ignored: a query
+    // parameter of a route that takes none, a body on one that takes none
+    // (the port proxy passes both on to the server in the sandbox). Alice's
+    // own requests, refused before anything acts.
+    let mut ignored = Vec::new();
+    for (method, path) in &routes {
+        let (query, body) = takes[&(method.clone(), path.clone())];
+        if path.contains("/ports/") {
+            continue;
+        }
+        let target = fill(path, &resources, None);
+        if !query {
+            requests += 1;
+            let status = status_of(&server, method, &format!("{target}?matrix_probe=1"), &alice, None);
+            if status != 400 {
+                ignored.push(format!("alice {method} {target}?matrix_probe=1 -> {status}"));
+            }
+        }
+        if !body && method != "GET" {
+            requests += 1;
+            let status = status_of(&server, method, &target, &alice, Some(probe));
+            if status != 400 {
+                ignored.push(format!("alice {method} {target} with a body -> {status}"));
+            }
+        }
+    }
+    assert!(ignored.is_empty(), "accepted and ignored:\n{}", ignored.join("\n"));
 
     // The positive control: alice's own plain requests find what they name
     // (deletes last, the sandbox's own delete refused by its long key).

@@ -56,6 +56,7 @@ struct Size {
 pub async fn attach(
     path: CommandPath,
     State(state): State<AppState>,
+    _: super::NoQuery,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|e| ApiError::bad_request(format!("attach needs a WebSocket upgrade: {e}")))?;

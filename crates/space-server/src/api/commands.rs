@@ -84,7 +84,11 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(path: SandboxPath, State(state): State<AppState>) -> Result<Json<CommandList>, ApiError> {
+pub async fn list(
+    path: SandboxPath,
+    State(state): State<AppState>,
+    _: super::NoQuery,
+) -> Result<Json<CommandList>, ApiError> {
     Ok(Json(CommandList { commands: state.platform.store.commands(path.sandbox.id())? }))
 }
 
@@ -151,6 +155,7 @@ pub struct SignalRequest {
 pub async fn signal(
     path: CommandPath,
     State(state): State<AppState>,
+    _: super::NoQuery,
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> Result<StatusCode, ApiError> {
     use nix::sys::signal::Signal;
@@ -188,6 +193,7 @@ pub struct ResizeRequest {
 pub async fn resize(
     path: CommandPath,
     State(state): State<AppState>,
+    _: super::NoQuery,
     ApiJson(request): ApiJson<ResizeRequest>,
 ) -> Result<StatusCode, ApiError> {
     if request.cols == 0 || request.rows == 0 {

@@ -51,6 +51,11 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<SandboxOperation>), ApiError> {
     let key = idempotency_key(&headers)?;
     if let Some(replayed) = replay(&state, &caller, key.as_deref(), OperationKind::Create)? {
+        // The first request's answer is for that request only.
+        let record = state.platform.sandbox(&replayed.sandbox.id)?;
+        if !same_create(&request, &record) {
+            return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different request"));
+        }
         return Ok((StatusCode::ACCEPTED, Json(replayed)));
     }
     let platform = &state.platform;
@@ -64,6 +69,35 @@ pub async fn create(
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
     let (sandbox, operation) = platform.create_sandbox(spec, &template, &caller.tenant, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
+}
+
+/// Whether the sandbox `record` could have come from `request`: what the
+/// request names is what the sandbox has (what it leaves out came from
+/// defaults, which a repeat may leave out too).
+fn same_create(request: &CreateSandboxRequest, record: &crate::store::SandboxRecord) -> bool {
+    let sandbox = &record.sandbox;
+    let same_network = |asked: &space_api::Network| {
+        let had = &sandbox.network;
+        asked.egress == had.egress
+            && asked.allow == had.allow
+            && asked.deny == had.deny
+            && asked.secrets.len() == had.secrets.len()
+            && asked.secrets.iter().all(|(var, binding)| {
+                had.secrets.get(var).is_some_and(|bound| {
+                    bound.secret == binding.secret
+                        && bound.set_header == binding.set_header
+                        && (binding.hosts.is_empty() || bound.hosts == binding.hosts)
+                })
+            })
+    };
+    request.template == sandbox.template
+        && request.vcpus.is_none_or(|v| v == sandbox.vcpus)
+        && request.memory_mib.is_none_or(|m| m == sandbox.memory_mib)
+        && request.disk_mib.is_none_or(|d| d == sandbox.disk_mib)
+        && request.labels == sandbox.labels
+        && request.env.iter().all(|(k, v)| record.env.get(k) == Some(v))
+        && request.lifecycle.as_ref().is_none_or(|l| *l == sandbox.lifecycle)
+        && request.network.as_ref().is_none_or(same_network)
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
@@ -204,9 +238,15 @@ pub async fn fork(
         if operation.sandbox_id.as_deref() != Some(id) {
             return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
         }
-        let sandboxes: Result<Vec<_>, _> =
-            operation.forks.iter().map(|f| state.platform.sandbox(f).map(|r| r.sandbox)).collect();
-        return Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes: sandboxes?, operation })));
+        let sandboxes: Vec<_> =
+            operation.forks.iter().map(|f| state.platform.sandbox(f).map(|r| r.sandbox)).collect::<Result<_, _>>()?;
+        // The first fork's answer is for that fork only: as many, labelled
+        // as asked.
+        let labelled = |s: &Sandbox| request.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v));
+        if sandboxes.len() != request.count.unwrap_or(1) as usize || !sandboxes.iter().all(labelled) {
+            return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different request"));
+        }
+        return Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes, operation })));
     }
     let count = request.count.unwrap_or(1);
     let (sandboxes, operation) = state.platform.fork_sandbox(id, count, request.labels, key.as_deref())?;
