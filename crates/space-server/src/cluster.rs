@@ -1466,6 +1466,7 @@ pub(crate) async fn export_template(
 }
 
 #[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PullRequest {
     /// The node that has it (`http://host:port`).
     pub from: String,

@@ -126,6 +126,9 @@ impl Platform {
             )));
         }
         crate::domain::validate_env(&request.env)?;
+        if request.cwd.as_deref().is_some_and(|cwd| !cwd.starts_with('/') || cwd.contains('\0')) {
+            return Err(ApiError::bad_request(format!("cwd must be an absolute path, got {:?}", request.cwd)));
+        }
         let record = self.sandbox(sandbox_id)?;
         let state = record.sandbox.state;
         let agent = self

@@ -72,6 +72,16 @@ impl CreateSpec {
             ))
             .with_details(serde_json::json!({"field": "env"})));
         }
+        // A value that looks like a placeholder would be taken for one (and
+        // dropped once no binding names its variable).
+        if let Some(var) = request.env.iter().find(|(_, v)| v.starts_with(crate::secrets::PLACEHOLDER_PREFIX)) {
+            return Err(ApiError::unprocessable(format!(
+                "env.{}: values starting with {:?} are the server's placeholders",
+                var.0,
+                crate::secrets::PLACEHOLDER_PREFIX
+            ))
+            .with_details(serde_json::json!({"field": "env"})));
+        }
         let mut env = defaults.env.clone();
         env.extend(request.env);
         check_labels(&request.labels)?;
@@ -103,7 +113,15 @@ impl CreateSpec {
             lifecycle,
             network: match request.network {
                 Some(network) => Some(checked_network(network)?),
-                None => defaults.network.clone().and_then(|n| serde_json::from_value(n).ok()),
+                // A template's network that does not read is a bug to see,
+                // never a reason to fall back to a more open one.
+                None => match defaults.network.clone() {
+                    Some(network) => Some(
+                        serde_json::from_value(network)
+                            .map_err(|e| ApiError::internal("reading the template's network", e))?,
+                    ),
+                    None => None,
+                },
             },
         })
     }
@@ -347,6 +365,8 @@ mod tests {
         assert!(spec(alone).unwrap_err().message.contains("needs lifecycle.on_idle"));
         let alone = serde_json::json!({"template": "base", "lifecycle": {"on_idle": "pause"}});
         assert!(spec(alone).unwrap_err().message.contains("needs lifecycle.idle_timeout_s"));
+        let looks_placeholder = serde_json::json!({"template": "base", "env": {"A": "space_ph_0123"}});
+        assert!(spec(looks_placeholder).unwrap_err().message.contains("placeholders"));
         for fine in [
             serde_json::json!({"template": "base", "lifecycle": {"on_idle": "none"}}),
             serde_json::json!({"template": "base", "lifecycle": {"idle_timeout_s": 60, "on_idle": "suspend"}}),

@@ -251,6 +251,7 @@ fn bump_epoch(c: &mut dyn crate::store::db::Conn) -> Result<(), StoreError> {
 
 /// A secret with its value, as a control plane sends it to its nodes.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlainSecret {
     pub tenant: String,
     pub name: String,
@@ -260,6 +261,7 @@ pub struct PlainSecret {
 
 /// Every secret of a cluster as of its `epoch`-th change.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SecretSet {
     pub epoch: u64,
     pub secrets: Vec<PlainSecret>,

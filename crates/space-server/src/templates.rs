@@ -88,6 +88,7 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
             "defaults out of range (vcpus, memory_mib, disk_mib) or a relative workdir",
         ));
     }
+    crate::domain::validate_env(&given.env)?;
     if let Some(user) = &given.user {
         if user.is_empty() || user.len() > 64 || user.contains(['\0', '\n']) {
             return Err(ApiError::unprocessable(format!("not a user: {user:?}")));

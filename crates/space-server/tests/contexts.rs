@@ -246,6 +246,8 @@ fn a_bash_context_keeps_its_shell() {
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": BASE_TEMPLATE}));
     let base = format!("/v1/sandboxes/{id}/contexts");
+    // A relative cwd is refused, as for a command (it was taken as given).
+    server.error("POST", &base, Some(json!({"language": "bash", "cwd": "tmp"})), 400, "invalid_request");
     let (status, context) = server.call("POST", &base, Some(json!({"language": "bash"})));
     assert_eq!(status, 201, "{context}");
     let cid = context["id"].as_str().unwrap().to_string();

@@ -108,6 +108,14 @@ fn bad_template_requests_are_refused_and_a_failed_build_leaves_nothing() {
         "invalid_value",
     );
     server.error("POST", "/v1/templates", Some(json!({"name": "x", "from": {"oci": {}}})), 400, "invalid_request");
+    // A default environment is checked as a create's is.
+    server.error(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "x", "from": {"debian": {"packages": ["jq"]}}, "defaults": {"env": {"A=B": "1"}}})),
+        422,
+        "invalid_value",
+    );
     // The query is for image archives: a JSON build would drop it (a
     // network among them), so it is refused, not ignored.
     for query in ["network=%7B%22egress%22%3A%22none%22%7D", "vcpus=2", "memory_mib=1024", "disk_mib=4096"] {
