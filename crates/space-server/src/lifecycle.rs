@@ -28,6 +28,22 @@ pub struct WorkGuard {
     pub state: SandboxState,
 }
 
+/// 422 unless `engine` gives a sandbox the disk asked for: a microVM's disk
+/// is its template's image, which it can grow but not shrink, and one woken
+/// from a snapshot keeps the image's size (gVisor's is a quota: any size).
+/// Without this the API, and the tenant's disk quota, would count a size
+/// the sandbox does not have.
+fn disk_the_engine_gives(engine: &str, snapshot: bool, asked_mib: u32, template_mib: u32) -> Result<(), ApiError> {
+    if engine != "firecracker" || asked_mib == template_mib || (!snapshot && asked_mib > template_mib) {
+        return Ok(());
+    }
+    let why = match snapshot {
+        true => format!("on firecracker a snapshot template's sandboxes have its disk of {template_mib} MiB"),
+        false => format!("on firecracker a sandbox's disk can only grow over its template's {template_mib} MiB"),
+    };
+    Err(ApiError::unprocessable(why).with_details(serde_json::json!({"field": "disk_mib"})))
+}
+
 impl Platform {
     /// Accepts a create: records the sandbox and its operation, then hands
     /// the work to a new actor.
@@ -57,6 +73,7 @@ impl Platform {
                 template.meta.name, defaults.vcpus, defaults.memory_mib
             )));
         }
+        disk_the_engine_gives(&engine, template.meta.image.is_some(), spec.disk_mib, defaults.disk_mib)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         let quotas = self.store.tenant_quotas(tenant)?;
         tenants::check_quotas(&self.store, tenant, &quotas, (spec.vcpus, spec.memory_mib), 1)?;
@@ -366,5 +383,18 @@ impl WarmHost for Platform {
             return Some("the host is low on disk".into());
         }
         self.admit(template.meta.defaults.memory_mib).err().map(|_| "the host is at its capacity".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_microvm_disk_is_never_smaller_than_its_image() {
+        use super::disk_the_engine_gives as gives;
+        assert!(gives("gvisor", false, 512, 2048).is_ok() && gives("gvisor", true, 512, 2048).is_ok());
+        assert!(gives("firecracker", false, 4096, 2048).is_ok() && gives("firecracker", false, 2048, 2048).is_ok());
+        assert_eq!(gives("firecracker", false, 1024, 2048).unwrap_err().status.as_u16(), 422);
+        assert!(gives("firecracker", true, 4096, 2048).unwrap_err().message.contains("snapshot"));
+        assert!(gives("firecracker", true, 2048, 2048).is_ok());
     }
 }
