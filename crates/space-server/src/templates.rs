@@ -116,9 +116,18 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
 }
 
 /// A template's engine setting: `gvisor`, `firecracker`, or none.
-pub fn checked_engine(engine: Option<String>) -> Result<Option<String>, ApiError> {
+/// The engine a build asks for, if this host can build a template for it:
+/// a firecracker template needs the ext4 image a host makes only with
+/// `--ext4-images` (on by default where there is vmx/svm); without it every
+/// create from the template would fail.
+pub fn checked_engine(engine: Option<String>, makes_ext4_images: bool) -> Result<Option<String>, ApiError> {
     match engine.as_deref() {
-        None | Some("gvisor") | Some("firecracker") => Ok(engine),
+        None | Some("gvisor") => Ok(engine),
+        Some("firecracker") if makes_ext4_images => Ok(engine),
+        Some("firecracker") => Err(ApiError::unprocessable(
+            "this host makes no ext4 images (--ext4-images): a firecracker template cannot be built here",
+        )
+        .with_details(serde_json::json!({"field": "engine"}))),
         Some(other) => Err(ApiError::unprocessable(format!("engine must be gvisor or firecracker, got {other:?}"))),
     }
 }
@@ -219,7 +228,7 @@ impl Platform {
             return Err(ApiError::unprocessable(format!("not a Debian suite: {:?}", debian.suite)));
         }
         let defaults = checked_overrides(request.defaults.clone())?.apply(Default::default());
-        let engine = checked_engine(request.engine.clone())?;
+        let engine = checked_engine(request.engine.clone(), self.data.ext4_images())?;
         let source = serde_json::json!({"debian": {"suite": debian.suite, "packages": debian.packages}});
         let slot = self.reserve_build(&request.name, source, caller)?;
         let (name, suite, packages) = (request.name.clone(), debian.suite.clone(), debian.packages.clone());

@@ -318,7 +318,22 @@ fn a_template_can_ask_for_its_engine() {
     assert_eq!(server.exec(&id, json!({"cmd": "cat /hello.txt"}))["stdout"], "added in layer 2\n");
     server.delete_sandbox(&id);
 
-    // An engine this host cannot run: the create says so, and nothing is made.
+    // A firecracker template on a host that makes no ext4 images would be
+    // one no sandbox can start from: refused at once.
+    if !server.platform.data.ext4_images() {
+        let (status, refused) =
+            server.upload("/v1/templates?name=onfirecracker&engine=firecracker", "application/x-tar", &archive);
+        assert_eq!(status, 422, "{refused}");
+        assert!(refused["error"]["message"].as_str().unwrap().contains("ext4"), "{refused}");
+    }
+    // An engine this host cannot run (its image made all the same, as for
+    // a cluster's other nodes): the create says so, and nothing is made.
+    let server = {
+        server.stop();
+        let mut config = platform_config(&data);
+        config.ext4_images = Some(true);
+        TestServer::start_with(config)
+    };
     let (status, accepted) =
         server.upload("/v1/templates?name=onfirecracker&engine=firecracker", "application/x-tar", &archive);
     assert_eq!(status, 202, "{accepted}");

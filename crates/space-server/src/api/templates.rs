@@ -119,7 +119,7 @@ async fn import(
             None => None,
         },
     })?;
-    let engine = crate::templates::checked_engine(query.engine)?;
+    let engine = crate::templates::checked_engine(query.engine, state.platform.data.ext4_images())?;
     let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}), caller)?;
     let (free, _) = state.platform.data.disk_space();
     // The archive and the root made of it both take disk: each may have
