@@ -6,7 +6,8 @@
 //! request is not a 404 (the positive control). A route added to the
 //! document is covered without touching this test; a new kind of path
 //! parameter makes it fail until it says what to put there. A query
-//! parameter or a body a route does not take (by the document) is 400.
+//! parameter, a body or an `Idempotency-Key` a route does not take (by the
+//! document) is 400.
 
 mod common;
 
@@ -44,19 +45,23 @@ impl Resources {
 }
 
 /// A request on its own connection, bytes exactly as given; the status.
-fn status_of(server: &TestServer, method: &str, target: &str, key: &str, body: Option<&[u8]>) -> u16 {
+fn status_of(
+    server: &TestServer,
+    method: &str,
+    target: &str,
+    key: &str,
+    idempotency_key: Option<&str>,
+    body: Option<&[u8]>,
+) -> u16 {
     let address = server.url.trim_start_matches("http://");
     let mut socket = TcpStream::connect(address).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     socket.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = body.unwrap_or_default();
-    // A long Idempotency-Key: a lifecycle call that got past its owner
-    // check refuses it (400) instead of acting, so the positive control
-    // changes nothing; a 404 must come before it.
+    let idempotency = idempotency_key.map(|k| format!("Idempotency-Key: {k}\r\n")).unwrap_or_default();
     let head = format!(
-        "{method} {target} HTTP/1.1\r\nHost: matrix.test\r\nAuthorization: Bearer {key}\r\n\
-         Idempotency-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        "k".repeat(300),
+        "{method} {target} HTTP/1.1\r\nHost: matrix.test\r\nAuthorization: Bearer {key}\r\n{idempotency}\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     socket.write_all(head.as_bytes()).unwrap();
@@ -232,8 +237,9 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     assert_eq!(status, 200);
     let document: Value = serde_json::from_str(&document).unwrap();
     let mut routes: Vec<(String, String)> = Vec::new();
-    // What each route takes, as the document says: (query, body).
-    let mut takes: BTreeMap<(String, String), (bool, bool)> = BTreeMap::new();
+    // What each route takes, as the document says: (query, body,
+    // Idempotency-Key).
+    let mut takes: BTreeMap<(String, String), (bool, bool, bool)> = BTreeMap::new();
     for (path, item) in document["paths"].as_object().unwrap() {
         if parameters(path) == 0 {
             continue;
@@ -244,14 +250,20 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
                 let parameters = operation["parameters"].as_array().cloned().unwrap_or_default();
                 let query = parameters.iter().any(|p| p["in"] == "query");
                 let body = !operation["requestBody"].is_null();
-                takes.insert((method.to_uppercase(), path.clone()), (query, body));
+                let keyed = parameters.iter().any(|p| p["in"] == "header" && p["name"] == "Idempotency-Key");
+                takes.insert((method.to_uppercase(), path.clone()), (query, body, keyed));
             }
         }
     }
     assert!(routes.len() >= 40, "the contract has {} routes with parameters", routes.len());
 
-    // A probe body every JSON route refuses: nothing acts on it.
+    // A probe body every JSON route refuses: nothing acts on it. A long
+    // Idempotency-Key, where a route takes one: a lifecycle call that got
+    // past its owner check refuses it (400) instead of acting, so the
+    // positive control changes nothing; a 404 must come before it.
     let probe = br#"{"matrix_probe": true}"#;
+    let long_key = "k".repeat(300);
+    let keyed = |method: &String, path: &String| takes[&(method.clone(), path.clone())].2.then_some(long_key.as_str());
     let mut requests = 0;
     let mut wrong = Vec::new();
     for (method, path) in &routes {
@@ -266,7 +278,7 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
             targets.push(format!("{plain}/"));
             for target in targets {
                 requests += 1;
-                let status = status_of(&server, method, &target, &bob, Some(probe));
+                let status = status_of(&server, method, &target, &bob, keyed(method, path), Some(probe));
                 let allowed = match namespaced {
                     true => [400, 404].contains(&status),
                     false => status == 404,
@@ -280,7 +292,7 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     // Shared templates: a tenant's DELETE is refused before anything else.
     for spelled in std::iter::once("base".to_string()).chain(spellings("base")) {
         requests += 1;
-        let status = status_of(&server, "DELETE", &format!("/v1/templates/{spelled}"), &bob, None);
+        let status = status_of(&server, "DELETE", &format!("/v1/templates/{spelled}"), &bob, None, None);
         // Spellings that do not decode to its name route nowhere or name
         // no template: 404.
         let expected = if !spelled.contains('/') && percent_decode(&spelled) == "base" { 403 } else { 404 };
@@ -303,28 +315,36 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     assert_eq!(after["state"], "running", "{after}");
 
     // What a route does not take is refused, never ignored: a query
-    // parameter of a route that takes none, a body on one that takes none
-    // (the port proxy passes both on to the server in the sandbox). Alice's
-    // own requests, refused before anything acts.
+    // parameter of a route that takes none, a body on one that takes none,
+    // an Idempotency-Key where a repeat would not be made safe (the port
+    // proxy passes all on to the server in the sandbox). Alice's own
+    // requests, refused before anything acts.
     let mut ignored = Vec::new();
     for (method, path) in &routes {
-        let (query, body) = takes[&(method.clone(), path.clone())];
+        let (query, body, keyed_route) = takes[&(method.clone(), path.clone())];
         if path.contains("/ports/") {
             continue;
         }
         let target = fill(path, &resources, None);
         if !query {
             requests += 1;
-            let status = status_of(&server, method, &format!("{target}?matrix_probe=1"), &alice, None);
+            let status = status_of(&server, method, &format!("{target}?matrix_probe=1"), &alice, None, None);
             if status != 400 {
                 ignored.push(format!("alice {method} {target}?matrix_probe=1 -> {status}"));
             }
         }
         if !body && method != "GET" {
             requests += 1;
-            let status = status_of(&server, method, &target, &alice, Some(probe));
+            let status = status_of(&server, method, &target, &alice, None, Some(probe));
             if status != 400 {
                 ignored.push(format!("alice {method} {target} with a body -> {status}"));
+            }
+        }
+        if !keyed_route && method != "GET" {
+            requests += 1;
+            let status = status_of(&server, method, &target, &alice, Some("matrix-once"), None);
+            if status != 400 {
+                ignored.push(format!("alice {method} {target} with an Idempotency-Key -> {status}"));
             }
         }
     }
@@ -338,7 +358,7 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     for (method, path) in &ordered {
         let target = fill(path, &resources, None);
         requests += 1;
-        let status = status_of(&server, method, &target, &alice, Some(probe));
+        let status = status_of(&server, method, &target, &alice, keyed(method, path), Some(probe));
         if status == 404 {
             missed.push(format!("alice {method} {target} -> 404"));
         }

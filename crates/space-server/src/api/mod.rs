@@ -121,6 +121,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/secrets", get(secrets::list))
         .route("/v1/secrets/{name}", axum::routing::put(secrets::put).delete(secrets::delete))
         .route("/v1/openapi.json", get(openapi::document))
+        .route_layer(middleware::from_fn(idempotency_key_where_taken))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .route("/v1/health", get(health::health))
@@ -331,6 +332,22 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
     // Which resources the caller may reach is decided where each handler
     // loads one (`access.rs`), never here from the path's text.
     request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+/// An `Idempotency-Key` on a route whose operation does not take one (the
+/// document says which) would be ignored, and a repeat would act twice: it
+/// is refused (400). A GET is safe to repeat anyway; the port proxy passes
+/// the header on to the server in the sandbox.
+async fn idempotency_key_where_taken(request: Request, next: Next) -> Result<Response, ApiError> {
+    if request.headers().contains_key("idempotency-key") && request.method() != axum::http::Method::GET {
+        let route = request.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str()).unwrap_or_default();
+        if !route.contains("/ports/") && !openapi::takes_idempotency_key(request.method().as_str(), route) {
+            return Err(ApiError::bad_request(
+                "this route does not take an Idempotency-Key (a repeat of it would not be made safe)",
+            ));
+        }
+    }
     Ok(next.run(request).await)
 }
 

@@ -87,3 +87,26 @@ impl Modify for UniqueOperationIds {
 pub async fn document() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
+
+/// Whether the operation at `method` and route template `route` takes an
+/// `Idempotency-Key`, as the document says (read from it once).
+pub(crate) fn takes_idempotency_key(method: &str, route: &str) -> bool {
+    static KEYED: std::sync::OnceLock<std::collections::HashSet<(String, String)>> = std::sync::OnceLock::new();
+    let keyed = KEYED.get_or_init(|| {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+        let mut keyed = std::collections::HashSet::new();
+        for (path, item) in document["paths"].as_object().into_iter().flatten() {
+            for (verb, operation) in item.as_object().into_iter().flatten() {
+                let parameters = operation["parameters"].as_array().into_iter().flatten();
+                let takes = parameters.into_iter().any(|p| {
+                    p["in"] == "header" && p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case("idempotency-key"))
+                });
+                if takes {
+                    keyed.insert((verb.to_ascii_uppercase(), path.clone()));
+                }
+            }
+        }
+        keyed
+    });
+    keyed.contains(&(method.to_ascii_uppercase(), route.to_string()))
+}
