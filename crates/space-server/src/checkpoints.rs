@@ -182,7 +182,11 @@ impl Platform {
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), ApiError> {
         let record = self.sandbox(id)?;
-        if read_meta(&checkpoint_dir(&self.data.sandbox_dir(id), name)).is_none() {
+        // A name is one path segment of ours: `..` or `/` in it would read
+        // another directory of the host as a checkpoint.
+        if !space_host::template::valid_name(name)
+            || read_meta(&checkpoint_dir(&self.data.sandbox_dir(id), name)).is_none()
+        {
             return Err(checkpoint_not_found(id, name));
         }
         domain::transition(record.sandbox.state, Event::RewindRequested)?;

@@ -265,9 +265,16 @@ impl Platform {
         sandbox_id: &str,
         checkpoint: Option<&str>,
     ) -> Result<(Template, Operation), ApiError> {
-        let record = self.sandbox(sandbox_id)?;
-        if record.tenant != caller.tenant && !caller.operator {
-            return Err(ApiError::not_found("sandbox", sandbox_id));
+        let id = crate::ids::SandboxId::parse(sandbox_id).ok_or_else(|| ApiError::not_found("sandbox", sandbox_id))?;
+        // The operator may make a shared template of any tenant's sandbox.
+        let record = match caller.operator {
+            true => self.sandbox(id.as_str())?,
+            false => self.sandbox_for(caller, &id)?.into_record(),
+        };
+        // A checkpoint's name is one path segment of ours (`..` or `/` in it
+        // would read another directory of the host as a checkpoint).
+        if let Some(name) = checkpoint.filter(|name| !space_host::template::valid_name(name)) {
+            return Err(crate::checkpoints::checkpoint_not_found(sandbox_id, name));
         }
         self.can_save_images(&record)?;
         let given = checked_overrides(request.defaults.clone())?;

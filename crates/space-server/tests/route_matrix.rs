@@ -289,6 +289,50 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
             }
         }
     }
+    // Bob's own sandbox with alice's command, context or checkpoint, plain
+    // or climbing out of bob's sandbox to alice's (`..%2F`, `%2F`): found
+    // only under the sandbox it belongs to, and a name is one segment.
+    let (status, own) = server.call_as(&bob, "POST", "/v1/sandboxes", Some(json!({"template": "base"})));
+    assert_eq!(status, 202, "{own}");
+    let bobs = own["sandbox"]["id"].as_str().unwrap().to_string();
+    assert_eq!(wait_as(&server, &bob, own["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    // A checkpoint of bob's own, so that his checkpoints directory exists
+    // for a `..` to climb out of.
+    let (status, saving) =
+        server.call_as(&bob, "POST", &format!("/v1/sandboxes/{bobs}/checkpoints"), Some(json!({"name": "bobs"})));
+    assert_eq!(status, 202, "{saving}");
+    assert_eq!(wait_as(&server, &bob, saving["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    for (method, path) in &routes {
+        if !path.starts_with("/v1/sandboxes/{id}/") || path.contains("/ports/") {
+            continue;
+        }
+        for index in 1..parameters(path) {
+            let value = parameter_value(path, &resources, index);
+            // The collection the parameter is in (`checkpoints`, `commands`…).
+            let parts: Vec<&str> = path.split('/').collect();
+            let at = parts.iter().enumerate().filter(|(_, p)| p.starts_with('{')).nth(index).unwrap().0;
+            let before = parts[at - 1];
+            for spelled in [
+                value.clone(),
+                format!("..%2F{value}"),
+                format!("%2F{value}"),
+                format!("..%2F..%2F{sandbox}%2F{before}%2F{value}"),
+                format!("..%2F..%2F..%2F{sandbox}%2F{before}%2F{value}"),
+            ] {
+                let target = fill(path, &resources, Some((index, &spelled))).replacen(
+                    &format!("/sandboxes/{sandbox}/"),
+                    &format!("/sandboxes/{bobs}/"),
+                    1,
+                );
+                requests += 1;
+                let status = status_of(&server, method, &target, &bob, keyed(method, path), Some(probe));
+                if status != 404 {
+                    wrong.push(format!("bob {method} {target} -> {status}"));
+                }
+            }
+        }
+    }
+
     // Shared templates: a tenant's DELETE is refused before anything else.
     for spelled in std::iter::once("base".to_string()).chain(spellings("base")) {
         requests += 1;

@@ -96,8 +96,8 @@ impl FromRequestParts<AppState> for CommandPath {
     }
 }
 
-/// `{id}/contexts/{cid}`: a code context's id under a sandbox of the
-/// caller's tenant (the context is looked up within that sandbox).
+/// `{id}/contexts/{cid}`: a code context of a sandbox of the caller's
+/// tenant (looked up within that sandbox).
 pub struct ContextPath {
     pub sandbox: OwnedSandbox,
     pub context: ContextId,
@@ -111,12 +111,14 @@ impl FromRequestParts<AppState> for ContextPath {
         let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         let text = param(&params, "cid");
         let context = ContextId::parse(text).ok_or_else(|| crate::contexts::context_not_found(text))?;
+        // Found only under its own sandbox, before anything else is read.
+        state.platform.get_context(sandbox.id(), context.as_str())?;
         Ok(ContextPath { sandbox, context })
     }
 }
 
-/// `{id}/checkpoints/{name}`: a checkpoint's name under a sandbox of the
-/// caller's tenant (the checkpoint is looked up within that sandbox).
+/// `{id}/checkpoints/{name}`: a checkpoint of a sandbox of the caller's
+/// tenant (looked up within that sandbox).
 pub struct CheckpointPath {
     pub sandbox: OwnedSandbox,
     pub caller: Caller,
@@ -129,7 +131,13 @@ impl FromRequestParts<AppState> for CheckpointPath {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let (params, caller) = params(parts, state).await?;
         let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
-        Ok(CheckpointPath { sandbox, caller, name: param(&params, "name").to_string() })
+        // One path segment of ours: a decoded `%2F` or `..` names nothing.
+        let name = param(&params, "name");
+        let dir = crate::checkpoints::checkpoint_dir(&state.platform.data.sandbox_dir(sandbox.id()), name);
+        if !space_host::template::valid_name(name) || crate::checkpoints::read_meta(&dir).is_none() {
+            return Err(crate::checkpoints::checkpoint_not_found(sandbox.id(), name));
+        }
+        Ok(CheckpointPath { sandbox, caller, name: name.to_string() })
     }
 }
 

@@ -21,6 +21,10 @@ const DEFENCES: &[(&str, &str)] = &[
         "the sandbox's record loaded for the caller (404)",
     ),
     (
+        "restore another tenant's checkpoint through `..` in a checkpoint's name",
+        "a checkpoint name is one segment of ours, checked where the checkpoint is loaded (404)",
+    ),
+    (
         "delete a shared template as a tenant, or learn who uses it",
         "403 before anything else for a tenant; shared templates are the operator's",
     ),
@@ -66,6 +70,31 @@ fn tenancy_attempts_all_fail() {
         "read another tenant's placeholders with a percent-encoded id",
         status == 404 && record["network"].is_null() && record["id"].is_null(),
         format!("{status} {record}"),
+    );
+
+    // Bob's own sandbox and checkpoint (so his checkpoints directory exists
+    // for a `..` to climb out of), then alice's checkpoint through a name.
+    let save = |key: &str, id: &str, name: &str| {
+        let (status, saving) =
+            server.call_as(key, "POST", &format!("/v1/sandboxes/{id}/checkpoints"), Some(json!({"name": name})));
+        assert_eq!(status, 202, "{saving}");
+        assert_eq!(wait_as(&server, key, saving["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    };
+    save(&alice, &sandbox, "first");
+    let (status, own) = server.call_as(&bob, "POST", "/v1/sandboxes", Some(json!({"template": "base"})));
+    assert_eq!(status, 202, "{own}");
+    let bobs = own["sandbox"]["id"].as_str().unwrap().to_string();
+    assert_eq!(wait_as(&server, &bob, own["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    save(&bob, &bobs, "mine");
+    let climb = format!("..%2F..%2F{sandbox}%2Fcheckpoints%2Ffirst");
+    let (restore, restored) =
+        server.call_as(&bob, "POST", &format!("/v1/sandboxes/{bobs}/checkpoints/{climb}/restore"), None);
+    let from = json!({"name": "stolen", "from": {"checkpoint": {"sandbox": bobs, "name": format!("../../{sandbox}/checkpoints/first")}}});
+    let (build, built) = server.call_as(&bob, "POST", "/v1/templates", Some(from));
+    suite.check(
+        "restore another tenant's checkpoint through `..` in a checkpoint's name",
+        restore == 404 && build == 404,
+        format!("restore: {restore} {restored} / template build: {build} {built}"),
     );
 
     // `base` is shared and alice's sandbox uses it.
