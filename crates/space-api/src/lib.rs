@@ -186,7 +186,8 @@ pub struct EgressEvent {
     /// `not_resolved`, `bad_request`, `limit`, `unreachable`, `not_tls`,
     /// `sni_mismatch`, `idle`, `policy_changed`, `secret_not_for_host`,
     /// `wrong_host`, `ambiguous_request` (two `Host`s or two framings of
-    /// one request), `secret_unavailable`, `upstream_tls`.
+    /// one request), `encoded_answer` (a host a secret is bound to answered
+    /// compressed), `secret_unavailable`, `upstream_tls`.
     pub reason: Option<String>,
     /// The allow rule that let it through (none under `public`).
     pub rule: Option<String>,

@@ -59,7 +59,9 @@ pub fn check_head(request: &httparse::Request<'_, '_>, tunnel: Option<&str>) -> 
             None if !http_10 => return Err(Reason::Ambiguous),
             None => {}
         }
-        if let Some((scheme, rest)) = target.split_once("://") {
+        // Absolute form only when the target is not a path: a query may hold
+        // a URL of its own (`/cb?redirect_uri=https://…`).
+        if let Some((scheme, rest)) = target.split_once("://").filter(|_| !target.starts_with('/')) {
             let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
             if !scheme.eq_ignore_ascii_case("https") || authority.contains('@') || !names(authority, tunnel) {
                 return Err(Reason::WrongHost);
@@ -382,6 +384,9 @@ mod tests {
         }
         let connect = "CONNECT open.space.test:443 HTTP/1.1\r\nHost: api.space.test\r\n\r\n";
         assert_eq!(head(connect, tunnel), Err(Reason::BadRequest));
+        // A URL in the query of a path is no absolute form (OAuth callbacks).
+        let callback = "GET /cb?redirect_uri=https://open.space.test/x HTTP/1.1\r\nHost: api.space.test\r\n\r\n";
+        assert_eq!(head(callback, tunnel), Ok(BodyLength::None));
     }
 
     #[test]

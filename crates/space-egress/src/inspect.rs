@@ -21,7 +21,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HOST};
+use hyper::header::{
+    HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH, HOST,
+};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -188,11 +190,6 @@ async fn forward(
         Ok(injected) => injected,
         Err(reason) => return refuse(reason, StatusCode::FORBIDDEN),
     };
-    if !injected.used.is_empty() {
-        // A compressed answer could carry a value past the redaction, which
-        // reads plain bytes only.
-        request.headers_mut().insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-    }
     // The values to hide again in what comes back.
     let values: Vec<(Vec<u8>, Vec<u8>)> = inspection
         .policy
@@ -205,6 +202,12 @@ async fn forward(
         .filter(|(value, _)| !value.is_empty())
         .collect();
     let pairs = redactions(injected.written, &values);
+    if !pairs.is_empty() {
+        // A compressed answer could carry a value past the redaction, which
+        // reads plain bytes only — this request's value, or one a host
+        // echoes from an earlier request that carried it.
+        request.headers_mut().insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
     seen.lock().unwrap_or_else(|e| e.into_inner()).secrets.extend(injected.used);
     let head_only = request.method() == hyper::Method::HEAD;
     let response = {
@@ -218,8 +221,17 @@ async fn forward(
         }
     };
     let (mut parts, body) = response.into_parts();
-    redact_headers(&mut parts.headers, &pairs);
     let has_body = !head_only && parts.status != StatusCode::NO_CONTENT && parts.status != StatusCode::NOT_MODIFIED;
+    let encoded = parts.headers.get_all(CONTENT_ENCODING).iter().any(|v| {
+        v.to_str()
+            .map_or(true, |v| v.split(',').any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity")))
+    });
+    if has_body && !pairs.is_empty() && encoded {
+        // Asked for identity and compressed all the same: what it holds
+        // cannot be read for values, so it does not reach the sandbox.
+        return refuse(Reason::EncodedAnswer, StatusCode::BAD_GATEWAY);
+    }
+    redact_headers(&mut parts.headers, &pairs);
     if has_body && !pairs.is_empty() {
         // Lengths change where a value is hidden: the body goes chunked.
         parts.headers.remove(CONTENT_LENGTH);

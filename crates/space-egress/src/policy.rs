@@ -265,6 +265,9 @@ pub enum Reason {
     ClientTls,
     /// Past the sandbox's new connections per second.
     RateLimit,
+    /// The host answered a connection a secret is bound to in an encoding
+    /// (gzip, br…) the redaction cannot read, though asked for `identity`.
+    EncodedAnswer,
     /// A request the gateway and the host behind it could read two ways:
     /// more than one `Host` or `Content-Length`, or a body with both a
     /// length and a transfer coding (RFC 9112 §3.2, §6.3).
@@ -294,6 +297,7 @@ impl Reason {
             Reason::ClientTls => "client_tls",
             Reason::RateLimit => "rate_limit",
             Reason::Ambiguous => "ambiguous_request",
+            Reason::EncodedAnswer => "encoded_answer",
         }
     }
 
@@ -323,6 +327,9 @@ impl Reason {
             Reason::RateLimit => "too many new connections per second from this sandbox",
             Reason::Ambiguous => {
                 "the request is ambiguous: one Host, and one of Content-Length or Transfer-Encoding: chunked"
+            }
+            Reason::EncodedAnswer => {
+                "the host's answer was compressed: to a host a secret is bound to, answers must be uncompressed"
             }
         }
     }

@@ -111,6 +111,10 @@ async fn echoing_upstream() -> (u16, Arc<rustls::ClientConfig>, Heads) {
                     let auth = header_values(&head, "authorization").join(", ");
                     let previous = std::mem::replace(&mut *last.lock().unwrap(), auth);
                     let mut answer = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n".to_string();
+                    // A host that compresses whatever it is asked for.
+                    if head.starts_with("GET /gzip ") {
+                        answer += "Content-Encoding: gzip\r\n";
+                    }
                     let body = if head.starts_with("GET /last ") {
                         format!("the last request sent {previous}")
                     } else {
@@ -345,6 +349,13 @@ async fn every_form_of_a_secret_the_gateway_wrote_comes_back_as_the_placeholder(
     }
     let bearer = exchange(&sandbox, &[("/echo", vec![("authorization", format!("Bearer {PLACEHOLDER}"))])]).await;
     assert!(!leaks(&bearer[0]) && bearer[0].contains(&format!("Bearer {PLACEHOLDER}")), "{}", bearer[0]);
+    // A request with no placeholder to a host a secret is bound to still
+    // asks for an uncompressed answer (the host may echo an earlier
+    // request's value), and a compressed one does not reach the sandbox.
+    let gzipped = exchange(&sandbox, &[("/gzip", vec![("accept-encoding", "gzip".to_string())])]).await;
+    assert!(gzipped[0].starts_with("502") && gzipped[0].contains("encoded_answer"), "{}", gzipped[0]);
+    let sent = heads.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(header_values(&sent, "accept-encoding"), ["identity"], "{sent}");
 }
 
 #[tokio::test]
