@@ -970,11 +970,18 @@ async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Reque
     }
     let method = request.method().clone();
     let path = request.uri().path().to_string();
-    if method == Method::DELETE {
-        // No replica asks a node it was deleted on to pull it back from
-        // one it is not deleted on yet.
+    // No replica asks a node it was deleted on to pull it back from one it
+    // is not deleted on yet. A tenant's delete holds pulls only once the
+    // first node has allowed it: a refused one (a shared template, 403)
+    // must not stop the template's replication.
+    let hold = || -> Result<(), ApiError> {
         let every: Vec<String> = nodes(cp)?.into_iter().map(|n| n.row.id).collect();
-        cp.store.hold_template_pulls(&every, name, now_ms() + DELETE_HOLD.as_millis() as i64)?;
+        Ok(cp.store.hold_template_pulls(&every, name, now_ms() + DELETE_HOLD.as_millis() as i64)?)
+    };
+    let mut held = false;
+    if method == Method::DELETE && caller.operator {
+        hold()?;
+        held = true;
     }
     let mut last = None;
     for node in &holders {
@@ -986,6 +993,10 @@ async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Reque
         let response = forward(cp, &node.row, caller, request).await?;
         if method == Method::GET || !response.status().is_success() {
             return Ok(response);
+        }
+        if !held {
+            hold()?;
+            held = true;
         }
         last = Some(response);
     }
