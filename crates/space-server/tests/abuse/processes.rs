@@ -77,6 +77,10 @@ fn aftermath(
     background: &str,
 ) -> (bool, Duration, String, String) {
     let deadline = killed_at + Duration::from_secs(10);
+    // A sandbox the bomb took down whole says why (its record), rather
+    // than failing the next exec with a bare 409.
+    let record = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(record["state"], "running", "the bomb's sandbox after the kill: {record}");
     let gone = loop {
         let count = sh(server, id, COUNT_BOMB).0.trim().to_string();
         if count == "0" {
