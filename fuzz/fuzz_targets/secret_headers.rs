@@ -9,7 +9,7 @@
 
 use base64::Engine as _;
 use libfuzzer_sys::fuzz_target;
-use space_egress::inspect::{add_secrets, Vault};
+use space_egress::inspect::{add_secrets, Secret, Vault};
 use space_egress::policy::{Binding, Mode, Policy, Reason, Target};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -18,12 +18,13 @@ const ELSEWHERE: &str = "space_ph_00000000000000000000000000000002";
 
 struct Values;
 impl Vault for Values {
-    fn value(&self, name: &str) -> Option<String> {
-        match name {
-            "here" => Some("value-for-api".into()),
-            "elsewhere" => Some("value-for-other".into()),
-            _ => None,
-        }
+    fn secret(&self, name: &str) -> Option<Secret> {
+        let (value, host) = match name {
+            "here" => ("value-for-api", "api.space.test"),
+            "elsewhere" => ("value-for-other", "other.space.test"),
+            _ => return None,
+        };
+        Some(Secret { value: value.into(), hosts: vec![host.into()] })
     }
 }
 
@@ -61,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
     let typed_value = contains(rest, b"value-for-other");
     let result = add_secrets(&mut headers, &Target::Name("api.space.test".into()), &policy, &Values);
     if sent_elsewhere {
-        assert_eq!(result.clone().err(), Some(Reason::SecretNotForHost), "another host's placeholder went through");
+        assert_eq!(result.as_ref().err(), Some(&Reason::SecretNotForHost), "another host's placeholder went through");
     }
     if result.is_ok() && !typed_value {
         for (_, value) in &headers {
