@@ -26,11 +26,6 @@ impl OwnedSandbox {
         self.id.as_str()
     }
 
-    /// The record as it was when the caller's request loaded it.
-    pub fn record(&self) -> &SandboxRecord {
-        &self.record
-    }
-
     pub fn into_record(self) -> SandboxRecord {
         self.record
     }

@@ -60,9 +60,9 @@ pub async fn attach(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|e| ApiError::bad_request(format!("attach needs a WebSocket upgrade: {e}")))?;
-    let command = state.platform.command(path.sandbox.id(), path.id())?;
     let output = follow(&state.platform, path.sandbox.id(), path.id(), 0, true)?;
-    let input = Target { live: running(&state, &path, None, "send it input"), command };
+    let live = running(&state, &path, None, "send it input");
+    let input = Target { live, command: path.command };
     // A browser names `space.v1` beside its key (see `websocket_bearer`).
     Ok(upgrade.protocols(["space.v1"]).on_upgrade(move |socket| session(socket, output, input)))
 }

@@ -33,10 +33,9 @@ pub(super) fn running(
     input: Option<Input>,
     action: &str,
 ) -> Result<(u32, space_engine::AgentConn), ApiError> {
-    let (id, cid) = (path.sandbox.id(), path.id());
-    let command = state.platform.command(id, cid)?;
+    let (id, cid, command) = (path.sandbox.id(), path.id(), &path.command);
     if let Some(input) = input {
-        check_input(&command, input)?;
+        check_input(command, input)?;
     }
     // Its recorded result wins: the live entry may outlast the exit briefly.
     if command.result.is_some() {
