@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 use space_process::{ExitStatus, Output, ReapedChild, Reaper};
-use space_testkit::{agent_bin, TestDataDir};
+use space_testkit::{agent_bin, http, output_within, within, TestDataDir, PATIENCE};
 
 mod common;
 
@@ -30,8 +30,12 @@ fn serve_with(data: &TestDataDir, args: &[&str]) -> (ReapedChild, String, Vec<St
 fn space(data: &TestDataDir, url: &str, args: &[&str]) -> Output {
     let mut command = Command::new(SPACE);
     command.args(args).env("SPACE_URL", url).env("SPACE_DATA_DIR", data.root()).env_remove("SPACE_API_KEY");
-    Reaper::global().output(&mut command).unwrap()
+    output_within(&mut command, CLI_PATIENCE)
 }
+
+/// How long one `space` command may take: a create or a fork waits for
+/// its operation, which may take a while on a loaded host.
+const CLI_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[test]
 fn dev_server_and_cli_run_a_sandbox() {
@@ -90,8 +94,12 @@ fn dev_server_and_cli_run_a_sandbox() {
     let mut child = Reaper::global().spawn(&mut command).unwrap();
     std::io::Write::write_all(child.child.stdin.as_mut().unwrap(), b"hello\nrest of input\n").unwrap();
     drop(child.child.stdin.take());
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(child.child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    let mut pipe = child.child.stdout.take().unwrap();
+    let stdout = within("the output of exec -i", CLI_PATIENCE, move || {
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut pipe, &mut stdout).unwrap();
+        stdout
+    });
     let status = child.wait_timeout(std::time::Duration::from_secs(30)).expect("exec -i ends when the command does");
     assert_eq!(status, ExitStatus::Exited(4));
     assert_eq!(stdout, "got hello\nrest of input\n");
@@ -174,7 +182,7 @@ fn dev_server_and_cli_run_a_sandbox() {
     let mut set = Command::new("sh");
     let line = format!("{SPACE} secret set cli-token --host api.space.test < {}", value_file.display());
     set.args(["-c", &line]).env("SPACE_URL", &url).env("SPACE_DATA_DIR", data.root()).env_remove("SPACE_API_KEY");
-    let set = Reaper::global().output(&mut set).unwrap();
+    let set = output_within(&mut set, CLI_PATIENCE);
     assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
     assert!(!String::from_utf8_lossy(&set.stdout).contains("cli-secret-value"));
     let listed = String::from_utf8(space(&data, &url, &["secret", "ls"]).stdout).unwrap();
@@ -206,14 +214,18 @@ fn dev_server_and_cli_run_a_sandbox() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     let mut forward = Reaper::global().spawn(&mut forward).unwrap();
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(forward.child.stdout.take().unwrap()), &mut first)
-        .unwrap();
+    let said = forward.child.stdout.take().unwrap();
+    let first = within("port-forward to say its local address", PATIENCE, move || {
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(said), &mut first).unwrap();
+        first
+    });
     let local: std::net::SocketAddr = first.trim().parse().expect("the local address");
     let mut page = String::new();
     space_testkit::wait_until("the server through the forwarded port", space_testkit::PATIENCE, || {
         use std::io::{Read, Write};
         let Ok(mut stream) = std::net::TcpStream::connect(local) else { return false };
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
         let _ = stream.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n");
         page.clear();
         let _ = stream.read_to_string(&mut page);
@@ -274,7 +286,7 @@ fn dev_mode_refuses_a_public_address() {
         .arg(data.root())
         .arg("--agent-bin")
         .arg(agent_bin());
-    let out = Reaper::global().output(&mut command).unwrap();
+    let out = output_within(&mut command, PATIENCE);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 }
@@ -315,10 +327,7 @@ fn sigkill_of_the_server_loses_nothing() {
 }
 
 /// `space mcp` against `url`: the process, its stdin, its lines out.
-fn mcp(
-    data: &TestDataDir,
-    url: &str,
-) -> (ReapedChild, std::process::ChildStdin, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+fn mcp(data: &TestDataDir, url: &str) -> (ReapedChild, std::process::ChildStdin, McpAnswers) {
     let mut command = Command::new(SPACE);
     command
         .arg("mcp")
@@ -331,7 +340,19 @@ fn mcp(
     let mut child = Reaper::global().spawn(&mut command).unwrap();
     let stdin = child.child.stdin.take().unwrap();
     let lines = BufReader::new(child.child.stdout.take().unwrap()).lines();
-    (child, stdin, lines)
+    let (tx, answers) = std::sync::mpsc::channel();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|line| drop(tx.send(line))));
+    (child, stdin, McpAnswers(answers))
+}
+
+/// The lines `space mcp` writes, each waited for with a deadline.
+struct McpAnswers(std::sync::mpsc::Receiver<String>);
+
+impl McpAnswers {
+    fn next(&mut self) -> serde_json::Value {
+        let line = self.0.recv_timeout(CLI_PATIENCE).expect("an answer from space mcp in time");
+        serde_json::from_str(&line).unwrap()
+    }
 }
 
 /// The text a successful `space` call printed.
@@ -368,7 +389,8 @@ fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cu
     // A fork accepted (202) and then the server SIGKILLed: the restarted
     // server makes it, whatever it had done.
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
-    let accepted: serde_json::Value = ureq::post(&format!("{url}/v1/sandboxes/{id}/fork"))
+    let accepted: serde_json::Value = http()
+        .post(&format!("{url}/v1/sandboxes/{id}/fork"))
         .set("Authorization", &format!("Bearer {key}"))
         .send_json(serde_json::json!({"count": 3}))
         .unwrap()
@@ -420,7 +442,7 @@ fn code_contexts_from_the_cli_and_mcp() {
             "params": {"name": "run_code", "arguments": {"sandbox_id": id, "code": code}}});
         writeln!(stdin, "{request}").unwrap();
         stdin.flush().unwrap();
-        let answer: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        let answer = lines.next();
         answer["result"].clone()
     };
     assert_eq!(call(1, "z = 5")["isError"], false);
@@ -438,7 +460,7 @@ fn code_contexts_from_the_cli_and_mcp() {
 }
 
 fn run(program: &str, args: &[&str]) -> Output {
-    Reaper::global().output(Command::new(program).args(args)).unwrap()
+    output_within(Command::new(program).args(args), PATIENCE)
 }
 
 #[test]
@@ -505,7 +527,7 @@ fn tenant_keys_are_made_listed_and_revoked_and_a_public_address_needs_tls() {
     // Plain HTTP on a public address must be asked for by name.
     let mut command = Command::new(SPACE);
     command.args(["serve", "--listen", "0.0.0.0:0", "--api-key-file", key_file, "--data-dir", &dir]);
-    let refused = Reaper::global().output(&mut command).unwrap();
+    let refused = output_within(&mut command, PATIENCE);
     assert_eq!(refused.status, ExitStatus::Exited(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--insecure-http"));
 }
@@ -520,7 +542,7 @@ fn doctor_tells_which_engine_runs_here_and_why_not() {
         .arg("--agent-bin")
         .arg(agent_bin())
         .env_remove("FIRECRACKER_BIN");
-    let out = Reaper::global().output(&mut command).unwrap();
+    let out = output_within(&mut command, PATIENCE);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status, ExitStatus::Exited(0), "{text}");
     assert!(text.lines().any(|l| l.starts_with("gvisor") && l.contains(" yes ")), "{text}");
@@ -542,7 +564,7 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
         let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         writeln!(stdin, "{request}").unwrap();
         stdin.flush().unwrap();
-        let answer: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        let answer = lines.next();
         assert_eq!(answer["id"], id, "{answer}");
         answer
     };
@@ -674,15 +696,14 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let venv = data.root().join("venv");
-    let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();
+    let made = output_within(Command::new("python3").args(["-m", "venv"]).arg(&venv), PATIENCE);
     assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
-    let pip = Reaper::global()
-        .output(
-            Command::new(venv.join("bin/pip"))
-                .args(["install", "-q"])
-                .arg(format!("{}[attach]", repo.join("sdk/python").display())),
-        )
-        .unwrap();
+    let pip = output_within(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "-q"])
+            .arg(format!("{}[attach]", repo.join("sdk/python").display())),
+        common::PIP_PATIENCE,
+    );
     assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
 
     let (server, url) = serve(&data);
@@ -694,7 +715,7 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
         .arg(repo.join("sdk/python/tests"))
         .env("SPACE_URL", &url)
         .env("SPACE_API_KEY", &key);
-    let ran = Reaper::global().output(&mut tests).unwrap();
+    let ran = output_within(&mut tests, common::SUITE_PATIENCE);
     let report = String::from_utf8_lossy(&ran.stderr);
     assert!(ran.status.success() && report.contains("OK"), "the SDK's tests: {report}");
 
@@ -713,8 +734,12 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     let mut child = Reaper::global().spawn(&mut command).unwrap();
     std::io::Write::write_all(child.child.stdin.as_mut().unwrap(), b"delete\n").unwrap();
     drop(child.child.stdin.take());
-    let mut out = String::new();
-    std::io::Read::read_to_string(child.child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let mut pipe = child.child.stdout.take().unwrap();
+    let out = within("the walkthrough's output", std::time::Duration::from_secs(120), move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut pipe, &mut out).unwrap();
+        out
+    });
     assert_eq!(child.wait_timeout(std::time::Duration::from_secs(120)), Some(ExitStatus::Exited(0)), "{out}");
     let runs: Vec<_> = std::fs::read_dir(walk.join("space-runs")).unwrap().flatten().collect();
     assert_eq!(runs.len(), 1, "one run directory");
@@ -739,7 +764,7 @@ fn a_dynamically_linked_agent_is_refused() {
     let mut command = Command::new(SPACE);
     command.args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data.root());
     command.arg("--agent-bin").arg(&dynamic);
-    let out = Reaper::global().output(&mut command).unwrap();
+    let out = output_within(&mut command, PATIENCE);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "refused: {said}");
     assert!(said.contains("not a statically linked executable"), "{said}");
@@ -756,14 +781,15 @@ fn json_logs_carry_request_ids_and_tenants_and_never_keys() {
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
     let auth = format!("Bearer {key}");
 
-    let ours = ureq::get(&format!("{url}/v1/sandboxes"))
+    let ours = http()
+        .get(&format!("{url}/v1/sandboxes"))
         .set("Authorization", &auth)
         .set("X-Request-Id", "trace-me-1")
         .call()
         .unwrap();
     assert_eq!(ours.header("x-request-id"), Some("trace-me-1"));
     let missing = "op_00000000000000000000";
-    let given = match ureq::get(&format!("{url}/v1/operations/{missing}")).set("Authorization", &auth).call() {
+    let given = match http().get(&format!("{url}/v1/operations/{missing}")).set("Authorization", &auth).call() {
         Err(ureq::Error::Status(404, response)) => response.header("x-request-id").unwrap_or_default().to_string(),
         other => panic!("{other:?}"),
     };
@@ -804,4 +830,36 @@ fn dropping_a_test_data_dir_stops_the_server_over_it_and_its_sandboxes() {
     drop(data);
     assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some(), "the server still runs");
     assert_eq!(space_testkit::processes_mentioning(&format!("--root={root}/")), 0, "a sandbox outlived its dir");
+}
+
+/// A test the runner's watchdog kills runs no destructor: the server and
+/// sandboxes over its data dir outlive it, until a later test's fixtures
+/// (or the test command, after the run) sweep what makers that are gone
+/// left. A maker that runs keeps everything.
+#[test]
+fn what_a_killed_test_left_is_swept_once_it_is_gone() {
+    // Stands in for the killed test: the data dir is named as its.
+    let maker = Reaper::global().spawn(Command::new("sleep").arg("600")).unwrap();
+    let data = TestDataDir::made_by(maker.id());
+    let root = data.root().to_path_buf();
+    let (server, url, _) = serve_with(&data, &["--dev", "--listen", "127.0.0.1:0"]);
+    let created = space(&data, &url, &["sandbox", "create", "--quiet"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let id = String::from_utf8(created.stdout).unwrap().trim().to_string();
+    let sandboxes = format!("--root={}/", root.display());
+    assert!(space_testkit::processes_mentioning(&sandboxes) > 0, "a sandbox runs");
+    std::mem::forget(data);
+
+    let swept = space_testkit::leftovers::sweep(true);
+    assert!(!swept.data_dirs.contains(&root), "the dir of a test that runs was swept");
+    assert!(root.is_dir() && space_testkit::processes_mentioning(&sandboxes) > 0, "a running test's sandbox was swept");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(maker.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(maker.wait_timeout(std::time::Duration::from_secs(10)).is_some());
+    let swept = space_testkit::leftovers::sweep(true);
+    assert!(swept.data_dirs.contains(&root), "{swept:?}");
+    assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some(), "the server over the dir still runs");
+    assert_eq!(space_testkit::processes_mentioning(&sandboxes), 0, "a sandbox outlived its killed test");
+    assert!(space_testkit::sandbox_cgroups(&id).is_empty(), "the sandbox's cgroups are left");
+    assert!(!root.exists(), "the data dir is left");
 }

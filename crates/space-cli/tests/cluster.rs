@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use space_process::{ReapedChild, Reaper};
-use space_testkit::{wait_for, NetNs, PgCluster, TestCa, TestDataDir};
+use space_process::ReapedChild;
+use space_testkit::{http, output_within, wait_for, NetNs, PgCluster, TestCa, TestDataDir, PATIENCE};
 
 mod common;
 use common::SPACE;
@@ -92,19 +92,23 @@ impl Events {
 }
 
 fn follow_events(url: &str, key: &str) -> Events {
-    let response = ureq::get(&format!("{url}/v1/events?follow=true"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .call()
-        .unwrap();
     let events = Events(Arc::default());
     let seen = events.0.clone();
+    // The stream may stay quiet for long: no read deadline on it, only on
+    // its answer (the follower thread is never waited for).
+    let (request, answered) = (ureq::get(&format!("{url}/v1/events?follow=true")), std::sync::mpsc::channel());
+    let request = request.set("Authorization", &format!("Bearer {key}"));
     std::thread::spawn(move || {
+        let response = request.call();
+        let _ = answered.0.send(response.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        let Ok(response) = response else { return };
         for line in BufReader::new(response.into_reader()).lines().map_while(Result::ok) {
             if !line.is_empty() {
                 seen.lock().unwrap().push(serde_json::from_str(&line).unwrap());
             }
         }
     });
+    answered.1.recv_timeout(Duration::from_secs(60)).expect("the events follower answered in time").unwrap();
     events
 }
 
@@ -217,7 +221,7 @@ fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str, quotas: &[&str])
     let mut keys = Command::new(SPACE);
     keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]).args(quotas);
     keys.env("SPACE_DATA_DIR", data.root());
-    let made = Reaper::global().output(&mut keys).unwrap();
+    let made = output_within(&mut keys, PATIENCE);
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     String::from_utf8(made.stdout).unwrap().trim().to_string()
 }
@@ -303,7 +307,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     }
 
     // Every node is known to both replicas (one database).
-    let health = |url: &str| -> Value { ureq::get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
+    let health = |url: &str| -> Value { http().get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
     let nodes = wait_for("three live nodes", Duration::from_secs(60), || {
         let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
         (nodes.iter().filter(|n| n["alive"] == true).count() == 3).then_some(nodes)
@@ -311,8 +315,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // A node answers only a peer with a certificate of the cluster's CA.
     let url = nodes[0]["url"].as_str().unwrap();
     let (host, port) = url.trim_start_matches("https://").split_once(':').expect("an https:// node");
-    let stranger = Reaper::global()
-        .output(lan.command("python3").args([
+    let stranger = output_within(
+        lan.command("python3").args([
             "-c",
             "import socket, ssl, sys\n\
              c = ssl.create_default_context(cafile=sys.argv[1])\n\
@@ -322,8 +326,9 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
             control.root().join("cluster-ca.pem").to_str().unwrap(),
             host,
             port,
-        ]))
-        .unwrap();
+        ]),
+        PATIENCE,
+    );
     let refused = String::from_utf8_lossy(&stranger.stderr);
     assert!(!stranger.status.success() && refused.contains("CERTIFICATE_REQUIRED"), "{refused}");
 
@@ -336,7 +341,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // A template built (an image imported) through the control plane lands
     // on one node and is pulled by the other, checked by its SHA-256.
     let image = common::busybox_image(control.root());
-    let built = ureq::post(&format!("{first}/v1/templates?name=tiny"))
+    let built = http()
+        .post(&format!("{first}/v1/templates?name=tiny"))
         .set("Authorization", &format!("Bearer {key}"))
         .set("Content-Type", "application/x-tar")
         .send(std::fs::File::open(&image).unwrap())
@@ -375,12 +381,14 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert_eq!(ran["stdout"], format!("via cp {i}\n"), "{ran}");
     }
     let (id, _) = &sandboxes[0];
-    let put = ureq::put(&format!("{first}/v1/sandboxes/{id}/files?path=/root/f.txt"))
+    let put = http()
+        .put(&format!("{first}/v1/sandboxes/{id}/files?path=/root/f.txt"))
         .set("Authorization", &format!("Bearer {key}"))
         .send_bytes(b"through the control plane")
         .unwrap();
     assert_eq!(put.status(), 201);
-    let read = ureq::get(&format!("{second}/v1/sandboxes/{id}/files?path=/root/f.txt"))
+    let read = http()
+        .get(&format!("{second}/v1/sandboxes/{id}/files?path=/root/f.txt"))
         .set("Authorization", &format!("Bearer {key}"))
         .call()
         .unwrap()
@@ -393,7 +401,8 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         Some(json!({"cmd": "for i in 1 2 3; do echo $i; sleep 0.1; done"})),
     );
     let cid = started["command"]["id"].as_str().unwrap();
-    let followed = ureq::get(&format!("{second}/v1/sandboxes/{id}/commands/{cid}/output?follow=true"))
+    let followed = http()
+        .get(&format!("{second}/v1/sandboxes/{id}/commands/{cid}/output?follow=true"))
         .set("Authorization", &format!("Bearer {key}"))
         .call()
         .unwrap()
@@ -401,15 +410,14 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         .unwrap();
     assert!(followed.contains("\"1\\n\"") && followed.contains("\"type\":\"exit\""), "{followed}");
     // attach's WebSocket through a replica (the CLI's `exec -t`).
-    let tty = Reaper::global()
-        .output(
-            Command::new(SPACE)
-                .args(["exec", "-t", id, "--", "tty"])
-                .env("SPACE_URL", &second)
-                .env("SPACE_API_KEY", &key)
-                .stdin(Stdio::null()),
-        )
-        .unwrap();
+    let tty = output_within(
+        Command::new(SPACE)
+            .args(["exec", "-t", id, "--", "tty"])
+            .env("SPACE_URL", &second)
+            .env("SPACE_API_KEY", &key)
+            .stdin(Stdio::null()),
+        PATIENCE,
+    );
     assert!(String::from_utf8_lossy(&tty.stdout).starts_with("/dev/pts/"), "{}", String::from_utf8_lossy(&tty.stderr));
     for action in ["pause", "resume"] {
         let accepted = a.ok("POST", &format!("/v1/sandboxes/{id}/{action}"), Some(json!({})));
@@ -423,7 +431,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert!(operations.iter().any(|o| o["sandbox_id"] == id.as_str() && o["kind"] == "create"), "{id}");
     }
     assert!(a.ok("GET", "/v1/openapi.json", None)["paths"]["/v1/events"].is_object());
-    let console = ureq::get(&format!("{first}/")).call().unwrap();
+    let console = http().get(&format!("{first}/")).call().unwrap();
     assert!(console.content_type().starts_with("text/html"), "{}", console.content_type());
     // The follower saw every node's sandboxes start and commands end, in
     // one order; a replica's log answers by sandbox too.

@@ -5,8 +5,7 @@
 
 use std::process::Command;
 
-use space_process::Reaper;
-use space_testkit::TestDataDir;
+use space_testkit::{output_within, TestDataDir, PATIENCE};
 
 mod common;
 use common::SPACE;
@@ -14,7 +13,7 @@ use common::SPACE;
 fn tenant_key(data: &TestDataDir, tenant: &str) -> String {
     let mut keys = Command::new(SPACE);
     keys.args(["keys", "create", "--tenant", tenant]).env("SPACE_DATA_DIR", data.root());
-    let made = Reaper::global().output(&mut keys).unwrap();
+    let made = output_within(&mut keys, PATIENCE);
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     String::from_utf8(made.stdout).unwrap().trim().to_string()
 }
@@ -34,18 +33,17 @@ fn the_console_works_in_a_real_browser() {
     std::thread::spawn(move || lines.for_each(drop));
     let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-screenshots");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/drive.py");
-    let ran = Reaper::global()
-        .output(
-            Command::new(venv.join("bin/python"))
-                .arg(script)
-                .env("SPACE_URL", &url)
-                .env("KEY_A", &a)
-                .env("KEY_B", &b)
-                .env("SCREENSHOTS", &shots)
-                // Selenium must not look for a driver anywhere else.
-                .env("SE_OFFLINE", "true"),
-        )
-        .unwrap();
+    let ran = output_within(
+        Command::new(venv.join("bin/python"))
+            .arg(script)
+            .env("SPACE_URL", &url)
+            .env("KEY_A", &a)
+            .env("KEY_B", &b)
+            .env("SCREENSHOTS", &shots)
+            // Selenium must not look for a driver anywhere else.
+            .env("SE_OFFLINE", "true"),
+        common::SUITE_PATIENCE,
+    );
     let said = String::from_utf8_lossy(&ran.stdout);
     assert!(
         ran.status.success() && said.contains("CONSOLE OK"),

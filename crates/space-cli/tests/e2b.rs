@@ -6,8 +6,7 @@
 use std::process::Command;
 
 use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
-use space_process::Reaper;
-use space_testkit::TestDataDir;
+use space_testkit::{output_within, TestDataDir, PATIENCE};
 
 mod common;
 
@@ -20,7 +19,7 @@ fn the_e2b_sdk_drives_space_unchanged() {
     // A second tenant, to check that its key sees none of the first's sandboxes.
     let mut keys = Command::new(SPACE);
     keys.args(["keys", "create", "--tenant", "e2b-other"]).env("SPACE_DATA_DIR", data.root());
-    let other = Reaper::global().output(&mut keys).unwrap();
+    let other = output_within(&mut keys, PATIENCE);
     assert!(other.status.success(), "{}", String::from_utf8_lossy(&other.stderr));
     let other_key = String::from_utf8(other.stdout).unwrap().trim().to_string();
 

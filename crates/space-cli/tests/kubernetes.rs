@@ -6,8 +6,7 @@
 
 use std::process::Command;
 
-use space_process::Reaper;
-use space_testkit::TestDataDir;
+use space_testkit::{output_within, TestDataDir};
 
 mod common;
 
@@ -16,14 +15,13 @@ fn the_kubernetes_manifests_validate_and_name_only_real_flags() {
     let data = TestDataDir::new();
     let venv = common::python_venv(&data, "k8s-venv", &["kubernetes-validate>=1.30,<2"]);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let ran = Reaper::global()
-        .output(
-            Command::new(venv.join("bin/python"))
-                .arg(root.join("tests/kubernetes/check.py"))
-                .env("DEPLOY", root.join("../../deploy/kubernetes"))
-                .env("SPACE_BIN", common::SPACE),
-        )
-        .unwrap();
+    let ran = output_within(
+        Command::new(venv.join("bin/python"))
+            .arg(root.join("tests/kubernetes/check.py"))
+            .env("DEPLOY", root.join("../../deploy/kubernetes"))
+            .env("SPACE_BIN", common::SPACE),
+        common::SUITE_PATIENCE,
+    );
     let said = String::from_utf8_lossy(&ran.stdout);
     assert!(
         ran.status.success() && said.contains("KUBERNETES OK"),

@@ -5,8 +5,7 @@
 
 use std::process::Command;
 
-use space_process::Reaper;
-use space_testkit::TestDataDir;
+use space_testkit::{http, output_within, TestDataDir};
 
 mod common;
 
@@ -18,9 +17,10 @@ fn metrics_move_with_a_sandbox_cycle() {
     std::thread::spawn(move || lines.for_each(drop));
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metrics/cycle.py");
-    let ran = Reaper::global()
-        .output(Command::new(venv.join("bin/python")).arg(script).env("SPACE_URL", &url).env("SPACE_API_KEY", &key))
-        .unwrap();
+    let ran = output_within(
+        Command::new(venv.join("bin/python")).arg(script).env("SPACE_URL", &url).env("SPACE_API_KEY", &key),
+        common::SUITE_PATIENCE,
+    );
     let said = String::from_utf8_lossy(&ran.stdout);
     assert!(
         ran.status.success() && said.contains("METRICS OK"),
@@ -31,21 +31,24 @@ fn metrics_move_with_a_sandbox_cycle() {
     // Every series the Grafana dashboard in deploy/ asks for is served (with
     // a sandbox alive, so that sandboxes by state has a series).
     let auth = format!("Bearer {key}");
-    let created: serde_json::Value = ureq::post(&format!("{url}/v1/sandboxes"))
+    let created: serde_json::Value = http()
+        .post(&format!("{url}/v1/sandboxes"))
         .set("Authorization", &auth)
         .send_json(serde_json::json!({"template": "base"}))
         .unwrap()
         .into_json()
         .unwrap();
     let op = created["operation"]["id"].as_str().unwrap();
-    let done: serde_json::Value = ureq::get(&format!("{url}/v1/operations/{op}?wait=60"))
+    let done: serde_json::Value = http()
+        .get(&format!("{url}/v1/operations/{op}?wait=60"))
         .set("Authorization", &auth)
         .call()
         .unwrap()
         .into_json()
         .unwrap();
     assert_eq!(done["state"], "succeeded", "{done}");
-    let text = ureq::get(&format!("{url}/metrics"))
+    let text = http()
+        .get(&format!("{url}/metrics"))
         .set("Authorization", &format!("Bearer {key}"))
         .call()
         .unwrap()
@@ -68,14 +71,16 @@ fn metrics_move_with_a_sandbox_cycle() {
     }
     assert!(asked >= 10, "the dashboard asks for too little: {asked}");
     let sandbox = created["sandbox"]["id"].as_str().unwrap();
-    let deleted: serde_json::Value = ureq::delete(&format!("{url}/v1/sandboxes/{sandbox}"))
+    let deleted: serde_json::Value = http()
+        .delete(&format!("{url}/v1/sandboxes/{sandbox}"))
         .set("Authorization", &auth)
         .call()
         .unwrap()
         .into_json()
         .unwrap();
     let op = deleted["operation"]["id"].as_str().unwrap();
-    let gone: serde_json::Value = ureq::get(&format!("{url}/v1/operations/{op}?wait=60"))
+    let gone: serde_json::Value = http()
+        .get(&format!("{url}/v1/operations/{op}?wait=60"))
         .set("Authorization", &auth)
         .call()
         .unwrap()

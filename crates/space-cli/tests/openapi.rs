@@ -4,8 +4,7 @@
 
 use std::process::Command;
 
-use space_process::Reaper;
-use space_testkit::TestDataDir;
+use space_testkit::{http, output_within, TestDataDir, PATIENCE};
 
 mod common;
 
@@ -38,7 +37,8 @@ fn the_api_document_validates_and_a_generated_client_calls_the_server() {
     let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
     std::thread::spawn(move || lines.for_each(drop));
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
-    let document = ureq::get(&format!("{url}/v1/openapi.json"))
+    let document = http()
+        .get(&format!("{url}/v1/openapi.json"))
         .set("Authorization", &format!("Bearer {key}"))
         .call()
         .unwrap()
@@ -47,7 +47,7 @@ fn the_api_document_validates_and_a_generated_client_calls_the_server() {
     let path = data.root().join("openapi.json");
     std::fs::write(&path, &document).unwrap();
 
-    let checked = Reaper::global().output(Command::new(venv.join("bin/openapi-spec-validator")).arg(&path)).unwrap();
+    let checked = output_within(Command::new(venv.join("bin/openapi-spec-validator")).arg(&path), PATIENCE);
     let said = String::from_utf8_lossy(&checked.stdout);
     assert!(
         checked.status.success() && said.contains("OK"),
@@ -57,25 +57,23 @@ fn the_api_document_validates_and_a_generated_client_calls_the_server() {
 
     let out = data.root().join("generated");
     std::fs::create_dir_all(&out).unwrap();
-    let generated = Reaper::global()
-        .output(
-            Command::new(venv.join("bin/openapi-python-client"))
-                .args(["generate", "--meta", "none", "--path"])
-                .arg(&path)
-                .current_dir(&out),
-        )
-        .unwrap();
+    let generated = output_within(
+        Command::new(venv.join("bin/openapi-python-client"))
+            .args(["generate", "--meta", "none", "--path"])
+            .arg(&path)
+            .current_dir(&out),
+        PATIENCE,
+    );
     assert!(generated.status.success(), "the generator: {}", String::from_utf8_lossy(&generated.stderr));
 
-    let called = Reaper::global()
-        .output(
-            Command::new(venv.join("bin/python"))
-                .args(["-c", CALLS])
-                .env("CLIENT_DIR", &out)
-                .env("SPACE_URL", &url)
-                .env("SPACE_API_KEY", &key),
-        )
-        .unwrap();
+    let called = output_within(
+        Command::new(venv.join("bin/python"))
+            .args(["-c", CALLS])
+            .env("CLIENT_DIR", &out)
+            .env("SPACE_URL", &url)
+            .env("SPACE_API_KEY", &key),
+        PATIENCE,
+    );
     let said = String::from_utf8_lossy(&called.stdout);
     assert!(
         called.status.success() && said.contains("GENERATED CLIENT OK"),

@@ -244,10 +244,12 @@ impl Sandbox {
         let mut ours = self.connect();
         ours.write_all(format!("CONNECT {host}:443 HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
         let mut established = [0u8; 39];
-        ours.read_exact(&mut established).await.unwrap();
+        let read = tokio::time::timeout(DEADLINE, ours.read_exact(&mut established)).await;
+        read.expect("the CONNECT's answer in time").unwrap();
         assert!(established.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&established));
         let name = rustls::pki_types::ServerName::try_from(host).unwrap();
-        tokio_rustls::TlsConnector::from(self.tls.clone()).connect(name, ours).await.unwrap()
+        let connecting = tokio_rustls::TlsConnector::from(self.tls.clone()).connect(name, ours);
+        tokio::time::timeout(DEADLINE, connecting).await.expect("the TLS handshake in time").unwrap()
     }
 
     /// Writes `bytes` (raw, as an attacker would) and reads until the end.

@@ -338,7 +338,8 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
         builder.append(&header, &b"out"[..]).unwrap();
         builder.into_inner().unwrap()
     };
-    let status = ureq::put(&format!("{}/v1/sandboxes/{id}/files?path=/root&format=tar", server.url))
+    let status = space_testkit::http()
+        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root&format=tar", server.url))
         .set("Authorization", &auth)
         .send_bytes(&archive)
         .map(|r| r.status())

@@ -123,7 +123,8 @@ fn output_streams_while_running_and_replays_from_any_offset() {
     // Follow the live stream: the first line arrives long before the end.
     let started = Instant::now();
     let path = format!("{}/v1/sandboxes/{id}/commands/{cid}/output?follow=true", server.url);
-    let response = ureq::get(&path).set("Authorization", &format!("Bearer {}", server.key)).call().unwrap();
+    let response =
+        space_testkit::http().get(&path).set("Authorization", &format!("Bearer {}", server.key)).call().unwrap();
     assert_eq!(response.header("content-type"), Some("application/x-ndjson"));
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(response.into_reader()));
     let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
@@ -256,9 +257,11 @@ fn delete_frees_everything_and_is_idempotent() {
     assert_eq!(space_testkit::processes_mentioning(&id), 0, "no process mentions the sandbox");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id), "no mount is left");
-    let subvolumes =
-        space_host::run(std::process::Command::new("btrfs").args(["subvolume", "list", "-o"]).arg(data.root()))
-            .unwrap();
+    let subvolumes = space_testkit::run_within(
+        std::process::Command::new("btrfs").args(["subvolume", "list", "-o"]).arg(data.root()),
+        space_testkit::PATIENCE,
+    )
+    .unwrap();
     assert!(!String::from_utf8_lossy(&subvolumes).contains(&id), "no subvolume is left");
     let runsc_state: Vec<String> = std::fs::read_dir(data.data.run_dir().join("runsc"))
         .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -329,6 +332,7 @@ fn bad_input_gets_the_error_shape_and_changes_nothing() {
     // one that read the body keeps the connection.
     let head_of = |head: &str, body: &str| {
         let mut socket = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let request = format!("{head}\r\nHost: test\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         std::io::Write::write_all(&mut socket, request.as_bytes()).unwrap();
         let mut answer = Vec::new();

@@ -200,7 +200,8 @@ fn under_the_hosts_reserve_new_work_gets_507_and_the_server_keeps_serving() {
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/suspend"), None, 507, "insufficient_storage");
     assert!(low(&refused));
     let auth = format!("Bearer {}", server.key);
-    let put = ureq::put(&format!("{}/v1/sandboxes/{id}/files?path=/root/f", server.url))
+    let put = space_testkit::http()
+        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/f", server.url))
         .set("Authorization", &auth)
         .send_bytes(b"data");
     assert!(matches!(put, Err(ureq::Error::Status(507, _))), "{put:?}");

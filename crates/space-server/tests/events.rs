@@ -17,7 +17,8 @@ use space_testkit::TestDataDir;
 /// on the channel.
 fn follow_sse(server: &TestServer, key: &str, query: &str) -> mpsc::Receiver<Value> {
     let (tx, rx) = mpsc::channel();
-    let response = ureq::get(&format!("{}/v1/events?follow=true&{query}", server.url))
+    let response = space_testkit::http()
+        .get(&format!("{}/v1/events?follow=true&{query}", server.url))
         .set("Authorization", &format!("Bearer {key}"))
         .set("Accept", "text/event-stream")
         .call()

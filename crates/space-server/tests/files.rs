@@ -31,7 +31,8 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     }
 
     // Write with parents created and a mode; read it back, also from a command.
-    let written = ureq::put(&url("path=/root/dir/sub/hello.txt&mode=0600"))
+    let written = space_testkit::http()
+        .put(&url("path=/root/dir/sub/hello.txt&mode=0600"))
         .set("Authorization", &auth)
         .send_bytes(b"hello\n")
         .unwrap();
@@ -39,7 +40,8 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     let written: serde_json::Value = written.into_json().unwrap();
     server.check("PUT", &format!("/v1/sandboxes/{id}/files"), 201, "application/json", &written);
     assert_eq!(written["size"], 6);
-    let read = ureq::get(&url("path=/root/dir/sub/hello.txt")).set("Authorization", &auth).call().unwrap();
+    let read =
+        space_testkit::http().get(&url("path=/root/dir/sub/hello.txt")).set("Authorization", &auth).call().unwrap();
     assert_eq!(read.header("x-file-mode"), Some("0600"));
     assert_eq!(read.into_string().unwrap(), "hello\n");
     assert_eq!(
@@ -49,17 +51,24 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
 
     // Binary content of a few MiB survives the round trip.
     let blob: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    ureq::put(&url("path=/tmp/blob.bin")).set("Authorization", &auth).send_bytes(&blob).unwrap();
+    space_testkit::http().put(&url("path=/tmp/blob.bin")).set("Authorization", &auth).send_bytes(&blob).unwrap();
     let mut back = Vec::new();
     std::io::Read::read_to_end(
-        &mut ureq::get(&url("path=/tmp/blob.bin")).set("Authorization", &auth).call().unwrap().into_reader(),
+        &mut space_testkit::http()
+            .get(&url("path=/tmp/blob.bin"))
+            .set("Authorization", &auth)
+            .call()
+            .unwrap()
+            .into_reader(),
         &mut back,
     )
     .unwrap();
     assert!(back == blob, "binary content changed on the way");
     let local = data.root().join("blob.bin");
     std::fs::write(&local, &blob).unwrap();
-    let host_sum = space_host::run(std::process::Command::new("sha256sum").arg(&local)).unwrap();
+    let host_sum =
+        space_testkit::run_within(std::process::Command::new("sha256sum").arg(&local), space_testkit::PATIENCE)
+            .unwrap();
     let host_sum = String::from_utf8_lossy(&host_sum).split_whitespace().next().unwrap().to_string();
     let sum = server.exec(&id, json!({"cmd": "sha256sum /tmp/blob.bin"}));
     assert_eq!(sum["stdout"].as_str().unwrap().split_whitespace().next().unwrap(), host_sum, "bit-exact inside");
@@ -102,7 +111,8 @@ fn dotdot_and_symlinks_never_leave_the_sandbox() {
     let host_only = std::env::temp_dir().join(format!("{marker}-host"));
     std::fs::write(&host_only, "host").unwrap();
     // Status and body of a GET of `path`.
-    let get = |path: &str| match ureq::get(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
+    let get = |path: &str| match space_testkit::http()
+        .get(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
         .set("Authorization", &auth)
         .call()
     {
@@ -121,7 +131,8 @@ fn dotdot_and_symlinks_never_leave_the_sandbox() {
     std::fs::remove_file(&host_only).unwrap();
     // Writes through them land in the sandbox, never on the host.
     for path in [format!("/root/escape/tmp/{marker}"), format!("/root/up/../../tmp/{marker}")] {
-        ureq::put(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
+        space_testkit::http()
+            .put(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
             .set("Authorization", &auth)
             .send_bytes(b"inside")
             .unwrap();
@@ -138,7 +149,8 @@ fn directories_travel_as_tar_archives_both_ways() {
     let auth = format!("Bearer {}", server.key);
     server.exec(&id, json!({"cmd": "mkdir -p /srv/tree/a/b && echo one > /srv/tree/a/one.txt && printf 'two' > /srv/tree/a/b/two.bin && chmod 0750 /srv/tree/a/b && ln -s one.txt /srv/tree/a/link"}));
 
-    let response = ureq::get(&format!("{}/v1/sandboxes/{id}/files?path=/srv/tree&format=tar", server.url))
+    let response = space_testkit::http()
+        .get(&format!("{}/v1/sandboxes/{id}/files?path=/srv/tree&format=tar", server.url))
         .set("Authorization", &auth)
         .call()
         .unwrap();
@@ -155,7 +167,8 @@ fn directories_travel_as_tar_archives_both_ways() {
     }
 
     // The same archive unpacks into another directory, modes and links kept.
-    let put = ureq::put(&format!("{}/v1/sandboxes/{id}/files?path=/root/copy&format=tar", server.url))
+    let put = space_testkit::http()
+        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/copy&format=tar", server.url))
         .set("Authorization", &auth)
         .send_bytes(&archive)
         .unwrap();
@@ -174,7 +187,8 @@ fn directories_travel_as_tar_archives_both_ways() {
     header.set_cksum();
     evil.append(&header, &b"evil"[..]).unwrap();
     let evil = evil.into_inner().unwrap();
-    let refused = ureq::put(&format!("{}/v1/sandboxes/{id}/files?path=/root/target&format=tar", server.url))
+    let refused = space_testkit::http()
+        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/target&format=tar", server.url))
         .set("Authorization", &auth)
         .send_bytes(&evil);
     match refused {
@@ -196,7 +210,7 @@ fn a_tar_upload_lands_whole_or_not_at_all() {
     let auth = format!("Bearer {}", server.key);
     let put = |dir: &str, archive: Vec<u8>| {
         let url = format!("{}/v1/sandboxes/{id}/files?path={dir}&format=tar", server.url);
-        match ureq::put(&url).set("Authorization", &auth).send_bytes(&archive) {
+        match space_testkit::http().put(&url).set("Authorization", &auth).send_bytes(&archive) {
             Ok(response) => (response.status(), response.into_string().unwrap_or_default()),
             Err(ureq::Error::Status(status, response)) => (status, response.into_string().unwrap_or_default()),
             Err(err) => panic!("PUT {url}: {err}"),

@@ -163,8 +163,12 @@ fn a_docker_save_image_becomes_a_template_that_sandboxes_see_exactly() {
 
     // The Firecracker root drive holds the same tree.
     let image = data.root().join("templates/twolayer/1/rootfs.ext4");
-    space_host::run(std::process::Command::new("e2fsck").args(["-fn"]).arg(&image)).expect("a clean ext4 image");
-    let cat = space_host::run(std::process::Command::new("debugfs").args(["-R", "cat /hello.txt"]).arg(&image));
+    space_testkit::run_within(std::process::Command::new("e2fsck").args(["-fn"]).arg(&image), space_testkit::PATIENCE)
+        .expect("a clean ext4 image");
+    let cat = space_testkit::run_within(
+        std::process::Command::new("debugfs").args(["-R", "cat /hello.txt"]).arg(&image),
+        space_testkit::PATIENCE,
+    );
     assert_eq!(String::from_utf8_lossy(&cat.unwrap()), "added in layer 2\n");
     for id in [first, second] {
         server.delete_sandbox(&id);

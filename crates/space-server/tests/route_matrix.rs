@@ -200,7 +200,8 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
     let archive = tiny_image(&work);
     let build = {
         let body = std::fs::read(&archive).unwrap();
-        let response = ureq::post(&format!("{}/v1/templates?name=alicetpl", server.url))
+        let response = space_testkit::http()
+            .post(&format!("{}/v1/templates?name=alicetpl", server.url))
             .set("Authorization", &format!("Bearer {alice}"))
             .set("Content-Type", "application/x-tar")
             .send_bytes(&body)

@@ -132,7 +132,7 @@ fn publish(www: &Path) {
     let run = |args: &[&str], cwd: &Path| {
         let mut command = std::process::Command::new(args[0]);
         command.args(&args[1..]).current_dir(cwd);
-        let out = space_process::Reaper::global().output(&mut command).unwrap();
+        let out = space_testkit::output_within(&mut command, space_testkit::PATIENCE);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
     std::fs::create_dir_all(www).unwrap();
@@ -197,7 +197,7 @@ fn files_holding(root: &Path, needles: &[&str]) -> Vec<String> {
     }
     let entries = std::fs::read_dir(root).unwrap().flatten();
     grep.args(entries.filter(|e| e.file_name() != "templates" && e.file_name() != "cache").map(|e| e.path()));
-    let out = space_process::Reaper::global().output(&mut grep).unwrap();
+    let out = space_testkit::output_within(&mut grep, space_testkit::PATIENCE * 2);
     // 0: found some, 1: found none; anything else is an error.
     let ok = matches!(out.status, space_process::ExitStatus::Exited(0 | 1));
     assert!(ok, "grep: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));

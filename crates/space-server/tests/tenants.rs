@@ -121,7 +121,8 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     // and managed only with the operator's key.
     let archive = tiny_image(&data);
     let (status, accepted) = {
-        let request = ureq::post(&format!("{}/v1/templates?name=team-a-tools", server.url))
+        let request = space_testkit::http()
+            .post(&format!("{}/v1/templates?name=team-a-tools", server.url))
             .set("Authorization", &format!("Bearer {a}"))
             .set("Content-Type", "application/x-tar");
         let response = request.send(std::fs::File::open(&archive).unwrap()).unwrap();
@@ -259,7 +260,8 @@ fn networks_come_from_the_request_the_template_or_the_tenant_and_never_pass_the_
     let archive = tiny_image(&data);
     let network = r#"{"egress":"allowlist","allow":["tmpl.space.test"]}"#;
     let url = format!("{}/v1/templates?name=netted-tools&network={}", server.url, urlencode(network));
-    let response = ureq::post(&url)
+    let response = space_testkit::http()
+        .post(&url)
         .set("Authorization", &format!("Bearer {key}"))
         .set("Content-Type", "application/x-tar")
         .send(std::fs::File::open(&archive).unwrap())

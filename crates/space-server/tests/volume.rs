@@ -45,7 +45,8 @@ fn concurrent_commands_and_a_large_output_arrive_whole_in_bounded_memory() {
     let cid = created["command"]["id"].as_str().unwrap();
     let started = Instant::now();
     let path = format!("{}/v1/sandboxes/{id}/commands/{cid}/output?follow=true", server.url);
-    let response = ureq::get(&path).set("Authorization", &format!("Bearer {}", server.key)).call().unwrap();
+    let response =
+        space_testkit::http().get(&path).set("Authorization", &format!("Bearer {}", server.key)).call().unwrap();
     let (mut received, mut next_offset, mut exit) = (0u64, 0u64, None);
     for line in BufReader::with_capacity(1 << 20, response.into_reader()).lines() {
         let frame: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();

@@ -6,11 +6,17 @@
 //! (`SPACE_AGENT_BIN`). Each test then gets its own scratch data dir inside
 //! it, with a snapshot of `base`, so tests never share sandboxes or state.
 //! Nothing here skips: a missing fixture is a loud failure naming the fix.
+//! What a killed test leaves is swept by the tests after it ([`leftovers`]).
+
+mod bounded;
+pub mod leftovers;
 
 use std::path::{Path, PathBuf};
 
 use space_host::datadir::DataDir;
 use space_host::template::BASE_TEMPLATE;
+
+pub use crate::bounded::{http, output_within, run_within, within};
 
 const DEFAULT_SHARED: &str = "/var/lib/space-test";
 
@@ -43,14 +49,14 @@ pub fn busybox_static() -> PathBuf {
     }
     let work = dir.join(format!(".busybox-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("creating the fixtures dir");
-    space_host::run(std::process::Command::new("apt-get").args(["download", "busybox-static"]).current_dir(&work))
+    run_within(std::process::Command::new("apt-get").args(["download", "busybox-static"]).current_dir(&work), PATIENCE)
         .unwrap_or_else(|e| panic!("downloading Debian's busybox-static ({e}): is apt configured?"));
     let deb = std::fs::read_dir(&work)
         .unwrap()
         .filter_map(|e| Some(e.ok()?.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .expect("apt-get download left no .deb");
-    space_host::run(std::process::Command::new("dpkg-deb").arg("-x").arg(&deb).arg(work.join("x")))
+    run_within(std::process::Command::new("dpkg-deb").arg("-x").arg(&deb).arg(work.join("x")), PATIENCE)
         .expect("unpacking busybox-static");
     // Another test process may have won the race; either copy is the same.
     std::fs::rename(work.join("x/bin/busybox"), &bin).expect("placing busybox");
@@ -91,6 +97,18 @@ impl TestDataDir {
     /// A scratch data dir with snapshots of these shared templates (built
     /// by `space setup`; the test command asks it for `polyglot` too).
     pub fn with_templates(templates: &[&str]) -> TestDataDir {
+        leftovers::sweep(false);
+        TestDataDir::made_for(&leftovers::owner_tag(), templates)
+    }
+
+    /// A scratch data dir named as made by process `pid` (which must be
+    /// running): swept once it is gone. Dropped, it is removed all the same.
+    pub fn made_by(pid: u32) -> TestDataDir {
+        let owner = leftovers::owner_tag_of(pid as i32).expect("the maker runs");
+        TestDataDir::made_for(&owner, &[BASE_TEMPLATE])
+    }
+
+    fn made_for(owner: &str, templates: &[&str]) -> TestDataDir {
         let shared = DataDir::open(&shared_data_dir()).unwrap_or_else(|e| {
             panic!("the shared test data dir is not ready ({e}): run scripts/test.sh, which runs `space setup` on it")
         });
@@ -100,6 +118,7 @@ impl TestDataDir {
         let data = shared
             .scratch(&format!("test-{name}"), templates)
             .unwrap_or_else(|e| panic!("making a test data dir ({e}): run scripts/test.sh"));
+        leftovers::mark_owner(data.root(), owner);
         TestDataDir { data }
     }
 
@@ -127,74 +146,10 @@ impl Default for TestDataDir {
 
 impl Drop for TestDataDir {
     fn drop(&mut self) {
-        // A test that failed half way leaves its sandboxes running; their
-        // runsc processes name this dir (`--root=DIR/run/runsc`). Left
-        // alone they would hold memory (and, running, CPU) under every
-        // later test. A paused sandbox is frozen: thawed first, or it
-        // would not die.
-        // Killed rather than deleted by runsc, they leave their cgroups:
-        // removed here once empty.
-        let root = self.data.root().to_string_lossy().into_owned();
-        // First the servers over this dir (`space serve` or `space node`
-        // spawned by a test that then panicked): alive, they would start
-        // sandboxes (warm members, a create in flight) after the sweep
-        // below, which outlive them once the dir is gone.
-        let servers: Vec<i32> = [format!("--data-dir\0{root}\0"), format!("--data-dir={root}\0")]
-            .iter()
-            .flat_map(|arg| processes_matching(arg))
-            .collect();
-        for pid in &servers {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
-        }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while servers.iter().any(|pid| running(*pid)) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let mut cgroups = Vec::new();
-        for pid in processes_matching(&format!("--root={root}/")) {
-            cgroups.extend(cgroup_dirs(pid));
-            thaw(pid);
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-        cgroups.sort();
-        cgroups.dedup();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        cgroups.retain(|dir| std::fs::remove_dir(dir).is_err());
-        while !cgroups.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            cgroups.retain(|dir| std::fs::remove_dir(dir).is_err());
-        }
-        if let Err(err) = space_host::btrfs::remove_tree(self.data.root()) {
-            eprintln!("removing a test data dir: {err}");
-        }
+        // A test that failed half way leaves its sandboxes running (and,
+        // running, holding memory and CPU under every later test).
+        leftovers::remove_data_dir(self.data.root());
     }
-}
-
-/// Whether a process still runs (a zombie waiting to be reaped does not).
-fn running(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name, which is in parentheses.
-    !stat.is_empty() && !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z')
-}
-
-/// The cgroups (v1 controllers' and v2) a process is in, other than the
-/// root, as (controllers, directory).
-fn cgroups_of(pid: i32) -> Vec<(String, PathBuf)> {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    cgroups
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.splitn(3, ':');
-            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-            if path == "/" {
-                return None;
-            }
-            // `name=systemd` is mounted as `systemd`; v2 has no controllers.
-            let mount = controllers.split(',').next().unwrap_or("").trim_start_matches("name=");
-            let dir = Path::new("/sys/fs/cgroup").join(mount).join(path.trim_start_matches('/'));
-            Some((controllers.to_string(), dir))
-        })
-        .collect()
 }
 
 /// The cgroup directories (v1 controllers' and v2) of sandbox `id` that
@@ -204,21 +159,6 @@ pub fn sandbox_cgroups(id: &str) -> Vec<PathBuf> {
         std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten().map(|c| c.path()).collect();
     roots.push(PathBuf::from("/sys/fs/cgroup"));
     roots.into_iter().map(|root| root.join("space").join(id)).filter(|dir| dir.is_dir()).collect()
-}
-
-fn cgroup_dirs(pid: i32) -> Vec<PathBuf> {
-    cgroups_of(pid).into_iter().map(|(_, dir)| dir).collect()
-}
-
-/// Thaws the freezer cgroup (v1 or v2) a process is in, if it has one.
-fn thaw(pid: i32) {
-    for (controllers, dir) in cgroups_of(pid) {
-        if controllers.split(',').any(|c| c == "freezer") {
-            let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
-        } else if controllers.is_empty() {
-            let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
-        }
-    }
 }
 
 /// How long tests wait for a condition that should come soon: long enough
@@ -276,14 +216,17 @@ pub struct NetNs {
 }
 
 fn ip(args: &[&str]) {
-    space_host::run(std::process::Command::new("ip").args(args)).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    run_within(std::process::Command::new("ip").args(args), PATIENCE).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
 }
 
 impl NetNs {
     pub fn new(role: &str) -> NetNs {
+        assert!(!role.contains('-'), "a namespace's role has no dash (the sweep reads the name): {role}");
         let mut suffix = [0u8; 3];
         getrandom::getrandom(&mut suffix).unwrap();
-        let name = format!("sp-{role}-{}", suffix.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        // Named for this process, so that one killed leaves it to be swept.
+        let (owner, suffix) = (leftovers::owner_tag(), suffix.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let name = format!("sp-{role}-{owner}-{suffix}");
         ip(&["netns", "add", &name]);
         ip(&["-n", &name, "link", "set", "lo", "up"]);
         NetNs { name }
@@ -321,7 +264,7 @@ impl NetNs {
     /// Forwards packets between its links (a router between namespaces).
     pub fn forward(&self) {
         let mut command = self.command("sysctl");
-        space_host::run(command.args(["-q", "-w", "net.ipv4.ip_forward=1"])).expect("turning forwarding on");
+        run_within(command.args(["-q", "-w", "net.ipv4.ip_forward=1"]), PATIENCE).expect("turning forwarding on");
     }
 
     /// Gives the namespace one more address (CIDR) on its loopback device.
@@ -352,7 +295,7 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        let _ = space_host::run(std::process::Command::new("ip").args(["netns", "del", &self.name]));
+        let _ = run_within(std::process::Command::new("ip").args(["netns", "del", &self.name]), PATIENCE);
     }
 }
 

@@ -2,9 +2,12 @@
 
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{ChildStderr, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use space_process::{ReapedChild, Reaper};
-use space_testkit::{agent_bin, TestDataDir};
+use space_testkit::{agent_bin, output_within, TestDataDir, PATIENCE};
 
 pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
 
@@ -56,15 +59,30 @@ pub fn spawn_command(
     }
     let mut child = Reaper::global().spawn(&mut command).unwrap();
     let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
+    // A server that neither says where it listens nor exits is killed once
+    // patience is out, which ends its stderr and so the wait below.
+    let (listening, too_late) = (std::sync::mpsc::channel::<()>(), Arc::new(AtomicBool::new(false)));
+    let (pid, late) = (child.id() as i32, too_late.clone());
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = listening.1.recv_timeout(PATIENCE * 2) {
+            late.store(true, Ordering::SeqCst);
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    });
     let mut seen = Vec::new();
     let url = loop {
-        let line = lines.next().unwrap_or_else(|| panic!("the server exited: {seen:?}")).unwrap();
+        let Some(line) = lines.next().and_then(Result::ok) else {
+            let late = too_late.load(Ordering::SeqCst);
+            let why = if late { "did not say where it listens within its patience (killed)" } else { "exited" };
+            panic!("`space {subcommand}` {why}: {seen:?}");
+        };
         if let Some(at) = line.find("http://").or_else(|| line.find("https://")) {
             // A text line ends with the address; a JSON one quotes it.
             break line[at..].split(['"', ' ']).next().unwrap_or_default().trim().to_string();
         }
         seen.push(line);
     };
+    let _ = listening.0.send(());
     (child, url, seen, lines)
 }
 
@@ -76,15 +94,21 @@ pub fn stop(child: ReapedChild) {
     assert!(status.success(), "{status:?}");
 }
 
+/// How long installing packages from PyPI may take (a slow mirror, a
+/// package built from source).
+pub const PIP_PATIENCE: Duration = Duration::from_secs(180);
+
+/// How long a suite of Python tests against a server may take.
+pub const SUITE_PATIENCE: Duration = Duration::from_secs(240);
+
 /// A fresh Python venv under the test's data dir with `packages` installed
 /// from PyPI; returns its directory.
 #[allow(dead_code)] // not every test binary uses it
 pub fn python_venv(data: &TestDataDir, name: &str, packages: &[&str]) -> std::path::PathBuf {
     let venv = data.root().join(name);
-    let made = Reaper::global().output(Command::new("python3").args(["-m", "venv"]).arg(&venv)).unwrap();
+    let made = output_within(Command::new("python3").args(["-m", "venv"]).arg(&venv), PATIENCE);
     assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
-    let pip =
-        Reaper::global().output(Command::new(venv.join("bin/pip")).args(["install", "-q"]).args(packages)).unwrap();
+    let pip = output_within(Command::new(venv.join("bin/pip")).args(["install", "-q"]).args(packages), PIP_PATIENCE);
     assert!(pip.status.success(), "pip install {packages:?}: {}", String::from_utf8_lossy(&pip.stderr));
     venv
 }
@@ -122,7 +146,7 @@ pub fn run_e2b_tests(
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
         .env("PYTHONDONTWRITEBYTECODE", "1");
-    let ran = Reaper::global().output(&mut run).unwrap();
+    let ran = output_within(&mut run, SUITE_PATIENCE);
     let report = String::from_utf8_lossy(&ran.stderr);
     eprintln!("{report}");
     assert!(ran.status.success() && report.contains("\nOK"), "the e2b SDK's tests failed: {report}");

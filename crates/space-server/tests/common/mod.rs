@@ -91,9 +91,12 @@ impl TestServer {
 
     /// A request written on a raw socket, for cases where the server may
     /// answer (and close) before reading the body: the body is written
-    /// best-effort and the answer read regardless. Returns the whole answer.
+    /// best-effort and the answer read regardless. Returns the whole answer
+    /// (what came within a minute).
     pub fn early_answer(&self, head: &str, body: &[u8]) -> String {
         let mut socket = std::net::TcpStream::connect(self.url.trim_start_matches("http://")).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        socket.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
         let head = format!("{head}\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
         std::io::Write::write_all(&mut socket, head.as_bytes()).unwrap();
         let _ = std::io::Write::write_all(&mut socket, body);
