@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use space_process::{ExitStatus, Reaper};
@@ -21,14 +23,15 @@ use crate::users::{self, Account};
 use crate::{pool, spawn, Sessions};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// After the process exits, how long its pipes may take to drain. Anything
-/// still holding them afterwards (a background job) is detached from the
-/// session, so a session ends when its own process does.
+/// After the process exits, how long a background job of it (which holds
+/// its pipes) may go on adding output. After that the pumps take what is in
+/// the pipes and stop, so a session ends when its own process does. What
+/// the process itself wrote is in the pipes by the time it is reaped: that
+/// is always sent before the exit, however late the pumps run.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
-/// How long output may take to drain when no process of the command's
-/// group is left to hold its pipes: EOF is certain then, only a busy
-/// sandbox can delay it, and its last output must not be cut off.
-const DRAIN_WHOLE: Duration = Duration::from_secs(5);
+/// The most a pump takes from its pipe once told to finish: a background
+/// job that keeps writing cannot hold the exit back.
+const FINISH_LIMIT: usize = 1 << 20;
 /// How long a command's processes have to end after a TERM before every
 /// one of them left is killed.
 const TERM_GRACE: Duration = Duration::from_secs(10);
@@ -107,6 +110,15 @@ struct Spawned {
 }
 
 pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &SyncSender<Frame>, sessions: &Sessions) {
+    // How the exit tells the output pumps to finish: by closing `finish`.
+    let (finishing, finish) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok((read, write)) => (Arc::new(read), write),
+        Err(err) => {
+            let failure = failed(ExecFailure::Spawn, format!("no pipe for the command's output: {err}"));
+            let _ = outbox.send(Frame::message(stream, FrameKind::ExecFailed, &failure));
+            return;
+        }
+    };
     let (spawned, group) = match plan(&request, identity) {
         Ok(plan) => cgroup::spawn_in_new_group(|| launch(&plan)),
         Err(failure) => (Err(failure), None),
@@ -137,22 +149,26 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
     let _ = outbox.send(Frame::message(stream, FrameKind::Started, &Started { pid }));
 
     let (drained_tx, drained) = mpsc::channel();
-    pump(pipes.stdout, FrameKind::Stdout, gate.clone(), drained_tx.clone());
-    pump(pipes.stderr, FrameKind::Stderr, gate.clone(), drained_tx);
+    pump(pipes.stdout, FrameKind::Stdout, gate.clone(), drained_tx.clone(), finishing.clone());
+    pump(pipes.stderr, FrameKind::Stderr, gate.clone(), drained_tx, finishing);
 
     let sessions = sessions.clone();
     pool::run(move || {
         let status = exit.recv().unwrap_or(ExitStatus::Signaled(9));
-        // Both pumps report when their pipe hits EOF. A background job of
-        // the command (same process group) may hold a pipe for good: then
-        // what is there after a short grace is what is sent. With the group
-        // gone, the pumps get every byte and EOF as soon as they run.
-        let group_left = killpg(Pid::from_raw(pid as i32), None).is_ok();
-        let deadline = Instant::now() + if group_left { DRAIN_GRACE } else { DRAIN_WHOLE };
-        for _ in 0..2 {
-            if drained.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_err() {
-                break;
-            }
+        // Both pumps report when their pipe hits EOF, which comes once the
+        // command's last process is gone. A background job may hold a pipe
+        // for good: after a short grace the pumps are told to finish, take
+        // what is in their pipes now and stop. Whatever the process wrote
+        // before it ended is in there, and is sent before its exit: the
+        // pumps are waited for, however late they run on a busy sandbox.
+        let deadline = Instant::now() + DRAIN_GRACE;
+        let mut left = 2;
+        while left > 0 && drained.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_ok() {
+            left -= 1;
+        }
+        drop(finish);
+        while left > 0 && drained.recv().is_ok() {
+            left -= 1;
         }
         sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
         let oom_killed = crate::memory::take_killed(pid as i32);
@@ -164,13 +180,50 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
     });
 }
 
-fn pump(mut pipe: File, kind: FrameKind, gate: Arc<StreamGate>, drained: mpsc::Sender<()>) {
+/// Sends what comes out of `pipe` until EOF, or, once `finishing` reads
+/// (its write end is closed when the command has ended), until the pipe
+/// holds nothing more.
+fn pump(mut pipe: File, kind: FrameKind, gate: Arc<StreamGate>, drained: mpsc::Sender<()>, finishing: Arc<OwnedFd>) {
     pool::run(move || {
         let mut buf = vec![0u8; MAX_OUTPUT_CHUNK];
+        let mut taken_finishing: Option<usize> = None;
         loop {
+            let ready = match taken_finishing {
+                None => {
+                    let mut fds = [
+                        PollFd::new(pipe.as_fd(), PollFlags::POLLIN),
+                        PollFd::new(finishing.as_fd(), PollFlags::POLLIN),
+                    ];
+                    match poll(&mut fds, PollTimeout::NONE) {
+                        Ok(_) if fds[1].any().unwrap_or(true) => {
+                            taken_finishing = Some(0);
+                            continue;
+                        }
+                        Ok(_) => fds[0].any().unwrap_or(true),
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        Err(_) => break,
+                    }
+                }
+                Some(taken) if taken >= FINISH_LIMIT => break,
+                Some(_) => {
+                    let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut fds, PollTimeout::ZERO) {
+                        Ok(_) => fds[0].any().unwrap_or(true),
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        Err(_) => break,
+                    }
+                }
+            };
+            if !ready {
+                break;
+            }
+            // Ready: the read does not block (only this pump reads the pipe).
             match pipe.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
+                    if let Some(taken) = taken_finishing.as_mut() {
+                        *taken += n;
+                    }
                     if !gate.send(kind, buf[..n].to_vec()) {
                         break;
                     }
@@ -420,5 +473,88 @@ pub fn signal(sessions: &Sessions, stream: u32, signal: i32) {
             });
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::sync_channel;
+    use std::time::{Duration, Instant};
+
+    use space_proto::{ExecRequest, Exited, Frame, FrameKind, Welcome, PROTOCOL_VERSION};
+
+    use super::DRAIN_GRACE;
+    use crate::Sessions;
+
+    fn identity() -> Welcome {
+        Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            sandbox_id: "sbx_t".into(),
+            hostname: "t".into(),
+            env: Default::default(),
+            workdir: None,
+            user: None,
+            memory_mib: None,
+            session: 1,
+            clock_unix_ms: None,
+            channel_key: None,
+            trust_pem: None,
+        }
+    }
+
+    /// The host reads nothing until well after the process has ended and
+    /// the grace for background output has passed, so the pump is still
+    /// holding most of the output then (blocked on a full outbox). All of
+    /// it still comes before the exit.
+    #[test]
+    fn output_written_before_the_exit_comes_before_it_however_late_the_pumps_run() {
+        // What one pipe holds: the command ends even if the pump took none.
+        const BYTES: usize = 60_000;
+        // Several rounds: when the pump gives up the gate between two
+        // chunks, which of it and the exit takes it next is a race.
+        for round in 0..4 {
+            let (outbox, frames) = sync_channel::<Frame>(1);
+            let sessions = Sessions::default();
+            // A background job keeps the pipes open: no EOF tells the pumps
+            // it is over. The marker says the command is about to end.
+            let marker = std::env::temp_dir().join(format!("space-agent-test-{}-{round}", std::process::id()));
+            let _ = std::fs::remove_file(&marker);
+            let script = format!("head -c {BYTES} /dev/zero; sleep 3 & touch {}", marker.display());
+            let request = ExecRequest {
+                argv: vec!["/bin/sh".into(), "-c".into(), script],
+                env: Default::default(),
+                cwd: Some("/".into()),
+                user: None,
+                stdin: false,
+                tty: false,
+            };
+            super::start(round + 1, request, &identity(), &outbox, &sessions);
+            // Nothing is read yet: `Started` fills the outbox, so the stdout
+            // pump is stuck with its first chunk and the rest stays in the
+            // pipe until the process has ended and the grace after it is over.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !marker.exists() {
+                assert!(Instant::now() < deadline, "the command ended within 30 s");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = std::fs::remove_file(&marker);
+            std::thread::sleep(DRAIN_GRACE * 4);
+
+            let next = || frames.recv_timeout(Duration::from_secs(30)).expect("a frame within 30 s");
+            assert_eq!(next().kind, FrameKind::Started);
+            let mut stdout = 0;
+            loop {
+                let frame = next();
+                match frame.kind {
+                    FrameKind::Stdout => stdout += frame.payload.len(),
+                    FrameKind::Exit => {
+                        assert_eq!(frame.parse::<Exited>().unwrap().exit_code, Some(0));
+                        break;
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            assert_eq!(stdout, BYTES, "every byte the command wrote came before its exit (round {round})");
+        }
     }
 }
