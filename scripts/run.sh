@@ -16,7 +16,7 @@ cd "$ROOT"
 build_agent
 say "building space"
 cargo build --release --locked -p space-cli
-SPACE="$ROOT/target/release/space"
+SPACE="$TARGET_DIR/release/space"
 
 say "preparing the host (packages, btrfs data dir, base template)"
 "$SPACE" setup --data-dir "$DATA_DIR"

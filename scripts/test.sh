@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Install what is needed and run the whole test suite on real sandboxes.
+# Install what is needed and run the whole test suite on real sandboxes:
+# format and lints, every test under a per-test watchdog (cargo-nextest,
+# .config/nextest.toml: a stuck test fails naming itself and the others
+# still run), the doc tests, and fuzzing. Ends with a summary (passed,
+# failed and skipped tests, the ten slowest, total time, free disk) and
+# exits non-zero if anything failed.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 need_root "$@"
@@ -7,17 +12,18 @@ need_root "$@"
 export SPACE_TEST_DATA_DIR="${SPACE_TEST_DATA_DIR:-/var/lib/space-test}"
 
 ensure_build_deps
+ensure_nextest
 cd "$ROOT"
 # A CI run builds once: incremental caches would only take disk.
 [ -n "${CI:-}" ] && export CARGO_INCREMENTAL=0
 say_free_disk
 build_agent
 say "building the test suite"
-cargo build --locked -p space-cli
+cargo build --locked -p space-cli -p space-testkit
 cargo test --workspace --locked --no-run
 
 say "preparing the test host (packages, btrfs at $SPACE_TEST_DATA_DIR, base and polyglot templates)"
-"$ROOT/target/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR" --with-template polyglot --with-template code-interpreter
+"$TARGET_DIR/debug/space" setup --data-dir "$SPACE_TEST_DATA_DIR" --with-template polyglot --with-template code-interpreter
 ensure_guest_test_tools
 ensure_test_packages
 
@@ -25,8 +31,29 @@ say "checking format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-say "running the tests"
-cargo test --workspace --locked
+# From here on a failure is counted, not fatal: everything runs, and the
+# summary says what failed.
+# nextest's store is the checkout's target/nextest (.config/nextest.toml).
+results="$ROOT/target/nextest/default"
+mkdir -p "$results"
+rm -f "$results/junit.xml"
+say "running the tests (each in a process of its own, under the watchdog of .config/nextest.toml)"
+tests=passed
+cargo nextest run --workspace --locked 2>&1 | tee "$results/run.log" || tests=failed
+# A test the watchdog killed left its sandboxes to the next test's
+# fixtures; after the last test, nobody else removes them.
+"$TARGET_DIR/debug/space-test-sweep" || true
+
+# nextest does not run doc tests.
+say "running the doc tests"
+doctests=passed
+cargo test --doc --workspace --locked || doctests=failed
 
 say "fuzzing (FUZZ_SECONDS=${FUZZ_SECONDS:-60} per target)"
-"$ROOT/scripts/fuzz.sh"
+fuzzing=passed
+"$ROOT/scripts/fuzz.sh" || fuzzing=failed
+
+python3 "$ROOT/scripts/test-summary.py" --junit "$results/junit.xml" --log "$results/run.log" \
+    --tests "$tests" --doctests "$doctests" --fuzzing "$fuzzing" --seconds "$SECONDS" \
+    --disk "$TARGET_DIR" --disk "$SPACE_TEST_DATA_DIR"
+[ "$tests$doctests$fuzzing" = passedpassedpassed ]
