@@ -95,11 +95,13 @@ pub fn stop(child: ReapedChild) {
 }
 
 /// How long installing packages from PyPI may take (a slow mirror, a
-/// package built from source).
-pub const PIP_PATIENCE: Duration = Duration::from_secs(180);
+/// package built from source). This and the next stay under the test
+/// runner's watchdog (3 minutes, .config/nextest.toml), so that a stuck
+/// install or suite fails saying which.
+pub const PIP_PATIENCE: Duration = Duration::from_secs(120);
 
 /// How long a suite of Python tests against a server may take.
-pub const SUITE_PATIENCE: Duration = Duration::from_secs(240);
+pub const SUITE_PATIENCE: Duration = Duration::from_secs(150);
 
 /// A fresh Python venv under the test's data dir with `packages` installed
 /// from PyPI; returns its directory.
