@@ -250,15 +250,25 @@ fn dial(path: &str, patience: Option<Duration>) -> io::Result<UnixStream> {
 fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
     let Ok(mut writer) = sockets.recv() else { return };
     for frame in queued {
-        // A frame that could not be written goes out on the next socket.
-        while write_frame(&mut writer, &frame).is_err() {
+        let quiesce_ack = frame.kind == FrameKind::QuiesceAck;
+        let mut written = write_frame(&mut writer, &frame).is_ok();
+        // A frame that could not be written goes out on the next socket,
+        // except the ack of a quiesce: it answers the connection that asked,
+        // which is gone. Sent on the next one it made the agent drop that
+        // socket too, with no redial to follow (its reader still served):
+        // a host restarted during a suspend never heard from it again.
+        while !written {
             drop(writer);
             writer = match sockets.recv() {
                 Ok(next) => next,
                 Err(_) => return,
             };
+            if quiesce_ack {
+                break;
+            }
+            written = write_frame(&mut writer, &frame).is_ok();
         }
-        if frame.kind == FrameKind::QuiesceAck {
+        if quiesce_ack && written {
             drop(writer);
             writer = match sockets.recv() {
                 Ok(next) => next,
@@ -376,5 +386,39 @@ impl Agent {
             other => return Err(format!("the agent does not accept {other:?} frames")),
         }
         Ok(Served::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use space_proto::{read_frame, Frame, FrameKind, CONTROL_STREAM};
+
+    /// The host went away as the agent acked its quiesce: the ack is not
+    /// carried over to the next connection, and what follows it is sent
+    /// there.
+    #[test]
+    fn an_ack_to_a_quiesce_whose_connection_is_gone_is_not_sent_on_the_next() {
+        let (queue, queued) = mpsc::sync_channel(8);
+        let (sockets, new_sockets) = mpsc::channel();
+        let (gone, host_gone) = UnixStream::pair().unwrap();
+        drop(host_gone);
+        sockets.send(gone).unwrap();
+        std::thread::spawn(move || super::write_loop(queued, new_sockets));
+        queue.send(Frame::new(CONTROL_STREAM, FrameKind::QuiesceAck, Vec::new())).unwrap();
+        let (next, mut host) = UnixStream::pair().unwrap();
+        sockets.send(next).unwrap();
+        queue.send(Frame::new(5, FrameKind::Pong, b"health".to_vec())).unwrap();
+        host.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let frame = read_frame(&mut host).expect("a frame on the new connection within 10 s");
+        assert_eq!((frame.stream, frame.kind), (5, FrameKind::Pong), "the pong, not the stale ack");
+        drop(queue);
+        let mut rest = Vec::new();
+        let _ = host.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "nothing else: {rest:?}");
     }
 }

@@ -306,6 +306,14 @@ impl AgentConn {
         adopt: &[(u32, u32)],
     ) -> Result<(AgentConn, Vec<ExecStream>), AgentError> {
         let (read_half, write_half, hello, key) = greet(socket, &welcome, patience).await?;
+        // Closes the connection if the handshake fails from here on: its I/O
+        // tasks would keep it open, and the agent, connected to a host that
+        // gave up on it, would never dial again.
+        let closer = {
+            use std::os::fd::AsFd;
+            let fd = read_half.as_ref().as_fd().try_clone_to_owned();
+            fd.map(std::os::unix::net::UnixStream::from).map_err(ProtoError::from)?
+        };
         let adopt: Vec<(u32, u32)> = match &hello.streams {
             Some(served) => adopt.iter().filter(|(stream, _)| served.contains(stream)).copied().collect(),
             None => adopt.to_vec(),
@@ -345,7 +353,10 @@ impl AgentConn {
             .into_iter()
             .map(|(stream, pid, frames)| ExecStream { stream, pid, frames, conn: conn.clone() })
             .collect();
-        conn.ping(patience).await?;
+        if let Err(err) = conn.ping(patience).await {
+            let _ = closer.shutdown(std::net::Shutdown::Both);
+            return Err(err);
+        }
         Ok((conn, adopted))
     }
 
@@ -814,6 +825,23 @@ mod tests {
         let (host, _guest) = UnixStream::pair().unwrap();
         let silent = AgentConn::handshake(host, welcome(), Duration::from_millis(100)).await;
         assert!(matches!(silent, Err(AgentError::Timeout(_))));
+    }
+
+    #[tokio::test]
+    async fn a_handshake_that_fails_after_the_welcome_closes_the_connection() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let (mut read, mut write) = guest.into_split();
+        write.write_all(&hello_frame(PROTOCOL_VERSION)).await.unwrap();
+        // The agent's answers are lost (its writer is elsewhere): no pong.
+        let refused = AgentConn::handshake(host, welcome(), Duration::from_millis(200)).await;
+        assert!(matches!(refused, Err(AgentError::Timeout(_))), "{:?}", refused.err());
+        assert_eq!(read_frame(&mut read).await.unwrap().kind, FrameKind::Welcome);
+        assert_eq!(read_frame(&mut read).await.unwrap().kind, FrameKind::Ping);
+        // Closed, so the agent dials again.
+        let mut rest = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(5), read.read_to_end(&mut rest)).await;
+        assert!(end.is_ok(), "the host closed the connection it gave up on");
+        let _keep = write;
     }
 
     #[tokio::test]
