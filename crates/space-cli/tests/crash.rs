@@ -22,8 +22,13 @@ const KILLS: usize = 6;
 
 /// Starts `space serve --dev` on an ephemeral port; returns it and its URL.
 fn serve(data: &TestDataDir) -> (ReapedChild, String) {
+    serve_with_pool(data, "1")
+}
+
+/// [`serve`] with `warm` members in the warm pool.
+fn serve_with_pool(data: &TestDataDir, warm: &str) -> (ReapedChild, String) {
     let (child, url, seen, lines) =
-        common::spawn_server(data, &["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "1"]);
+        common::spawn_server(data, &["--dev", "--listen", "127.0.0.1:0", "--warm-pool", warm]);
     // The server's log, kept across restarts for a failure's post-mortem.
     let log_path = data.root().join("serve.log");
     let mut log = std::fs::OpenOptions::new().create(true).append(true).open(log_path).unwrap();
@@ -287,6 +292,139 @@ fn killing_the_server_under_load_loses_nothing_it_accepted() {
             client.call("GET", &format!("/v1/sandboxes/{id}"), None).is_some_and(|(_, s)| s["state"] == "deleted")
         });
         assert_eq!(processes_mentioning(id), 0, "nothing of {id} is left");
+    }
+    common::stop(server);
+}
+
+/// Stops (SIGSTOP) every host process of a sandbox's engine, as a loaded
+/// host or a stuck sentry would hold them, and lets them go again (SIGCONT)
+/// when dropped.
+struct Stopped(String);
+
+impl Stopped {
+    fn processes(id: &str) -> Vec<i32> {
+        let procs = std::path::Path::new("/sys/fs/cgroup/pids/space").join(id).join("cgroup.procs");
+        let listed = std::fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
+        listed.split_whitespace().filter_map(|pid| pid.parse().ok()).collect()
+    }
+
+    fn signal_all(id: &str, signal: nix::sys::signal::Signal) {
+        // Twice: a process may have been started between the listing and the signal.
+        for _ in 0..2 {
+            for pid in Self::processes(id) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+            }
+        }
+    }
+
+    fn new(id: &str) -> Stopped {
+        Self::signal_all(id, nix::sys::signal::Signal::SIGSTOP);
+        Stopped(id.to_string())
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        Self::signal_all(&self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// A sandbox whose agent does not dial back for a while after a restart
+/// (its engine's processes stopped across it) holds up no other sandbox:
+/// operations accepted before the restart for others are carried out at
+/// once, and it is not failed: once it runs again it is re-adopted, with
+/// its command's output.
+#[test]
+fn a_sandbox_slow_to_come_back_holds_up_no_other() {
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let _log = KeepLogOnFailure(data.root().join("serve.log"));
+    let (server, url) = serve_with_pool(&data, "0");
+    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let create = || {
+        let (status, answer) =
+            client.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256}))).unwrap();
+        assert_eq!(status, 202, "{answer}");
+        let id = answer["sandbox"]["id"].as_str().unwrap().to_string();
+        (id, answer["operation"]["id"].as_str().unwrap().to_string())
+    };
+    let (slow, slow_create) = create();
+    let (other, other_create) = create();
+    for op in [&slow_create, &other_create] {
+        let op = client.wait_operation(op).expect("the create ended");
+        assert_eq!(op["state"], "succeeded", "{op}");
+    }
+    // A command of the slow sandbox runs across the restart.
+    let (status, command) = client
+        .call("POST", &format!("/v1/sandboxes/{slow}/commands"), Some(json!({"cmd": "sleep 2; echo across"})))
+        .unwrap();
+    assert_eq!(status, 201, "{command}");
+    let command_id = command["command"]["id"].as_str().unwrap().to_string();
+
+    let stopped = Stopped::new(&slow);
+    // Accepted right before the kill, so under way across it.
+    let (status, answer) = client.call("POST", &format!("/v1/sandboxes/{other}/suspend"), None).unwrap();
+    assert_eq!(status, 202, "{answer}");
+    let suspend = answer["operation"]["id"].as_str().unwrap().to_string();
+    let (_, op) = client.call("GET", &format!("/v1/operations/{suspend}"), None).unwrap();
+    assert!(matches!(op["state"].as_str(), Some("pending" | "running")), "still under way at the kill: {op}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+    let (server, url) = serve_with_pool(&data, "0");
+    *client.url.write().unwrap() = url;
+
+    // The other's operations go on while the slow one's agent cannot dial
+    // in: the one accepted before the restart (a re-adoption used to hold
+    // it up to 120 s), and one accepted after it.
+    let began = Instant::now();
+    let op = client.wait_operation(&suspend).expect("the other sandbox's suspend ended within 60 s");
+    assert_eq!(op["state"], "succeeded", "{op}");
+    let (status, answer) = client.call("POST", &format!("/v1/sandboxes/{other}/resume"), None).unwrap();
+    assert_eq!(status, 202, "{answer}");
+    let op = client.wait_operation(answer["operation"]["id"].as_str().unwrap()).expect("the resume ended");
+    assert_eq!(op["state"], "succeeded", "{op}");
+    eprintln!("the other sandbox's operations ended {:?} after the restart", began.elapsed());
+    let log = || std::fs::read_to_string(data.root().join("serve.log")).unwrap_or_default();
+    // Still stopped: the server waits on, it does not give the sandbox up.
+    wait_until("the wait for the slow agent to be logged", PATIENCE, || {
+        log().lines().any(|line| line.contains(slow.as_str()) && line.contains("slow to dial in"))
+    });
+    assert!(
+        !log().lines().any(|line| line.contains(slow.as_str()) && line.contains("re-adopted after a restart")),
+        "the slow sandbox was not re-adopted while its processes were stopped"
+    );
+
+    // Let go, it is re-adopted, not failed, with its command's output.
+    drop(stopped);
+    let (status, answer) = client
+        .call("POST", &format!("/v1/sandboxes/{slow}/exec"), Some(json!({"cmd": "echo back"})))
+        .expect("an answer");
+    assert_eq!((status, answer["stdout"].as_str()), (200, Some("back\n")), "{answer}");
+    let (status, sandbox) = client.call_until_answered("GET", &format!("/v1/sandboxes/{slow}"));
+    assert_eq!((status, sandbox["state"].as_str()), (200, Some("running")), "{sandbox}");
+    let command = wait_for("the command across the restart to end", PATIENCE, || {
+        let (_, command) = client.call_until_answered("GET", &format!("/v1/sandboxes/{slow}/commands/{command_id}"));
+        (command["state"] == "exited").then_some(command)
+    });
+    assert_eq!(command["result"]["exit_code"], 0, "{command}");
+    let url = format!("{}/v1/sandboxes/{slow}/commands/{command_id}/output", client.url.read().unwrap());
+    let frames = ureq::get(&url)
+        .set("Authorization", &format!("Bearer {}", client.key))
+        .timeout(Duration::from_secs(30))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(frames.contains("across"), "the command's output came through: {frames}");
+
+    for id in [&slow, &other] {
+        let _ = client.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    }
+    for id in [&slow, &other] {
+        wait_until(&format!("{id} to be deleted"), PATIENCE, || {
+            client.call("GET", &format!("/v1/sandboxes/{id}"), None).is_some_and(|(_, s)| s["state"] == "deleted")
+        });
     }
     common::stop(server);
 }

@@ -506,8 +506,33 @@ impl Engine for Gvisor {
         }
     }
 
+    /// This server freezes a sandbox's cgroup only once runsc shows it
+    /// paused, and thaws it before it resumes: a cgroup frozen under a
+    /// sandbox runsc shows running was left so by something else, and
+    /// keeps its agent from dialing in. Thawed.
+    fn settle_running(&self, spec: &SandboxSpec) -> Option<String> {
+        if self.recorded_status(spec).unwrap_or_else(|| self.status(spec)) != LiveStatus::Running {
+            return None;
+        }
+        let frozen = freezer_state(&spec.id).filter(|state| state != "THAWED" && state != "frozen 0")?;
+        match set_frozen(&spec.id, false) {
+            Ok(()) => Some(format!("its cgroup was left frozen ({frozen}) while runsc shows it running: thawed")),
+            Err(err) => Some(format!("its cgroup was left frozen ({frozen}) while runsc shows it running: {err}")),
+        }
+    }
+
     /// The commands are `runsc` processes with this engine's `--root`
     /// (not the sandboxes' own `runsc-sandbox` and `runsc-gofer`).
+    ///
+    /// runsc keeps a sandbox's status in its state file, written after
+    /// its call into the sandbox: a `runsc pause` killed between the two
+    /// leaves a sandbox stopped inside that runsc shows running (its agent
+    /// never dials in, and `runsc resume` refuses a running container),
+    /// and a `runsc resume` killed there leaves one running that runsc
+    /// shows paused (the next resume's call into it then takes the sandbox
+    /// down). So a pause or resume is waited for up to [`PAUSE_PATIENCE`],
+    /// far past what one takes on a loaded host, and killed only if the
+    /// sandbox itself is stuck.
     fn settle_orphans(&self, ids: &[String], patience: Duration) {
         if ids.is_empty() {
             return;
@@ -519,21 +544,24 @@ impl Engine for Gvisor {
                     && args.contains(&root.as_str())
                     && args.iter().any(|arg| ids.iter().any(|id| id == arg))
             })
+            .into_iter()
+            .map(|pid| (pid, pausing(pid)))
+            .collect::<Vec<_>>()
         };
-        let deadline = Instant::now() + patience;
+        let started = Instant::now();
         let mut found = orphans();
         if !found.is_empty() {
             tracing::info!(count = found.len(), "waiting for engine commands a previous server left running");
         }
         while !found.is_empty() {
-            if Instant::now() > deadline {
-                tracing::warn!(count = found.len(), "killing engine commands a previous server left running");
-                for pid in &found {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+            for &(pid, pausing) in &found {
+                if started.elapsed() > if pausing { PAUSE_PATIENCE } else { patience } {
+                    tracing::warn!(pid, pausing, "killing an engine command a previous server left running");
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
-            found = orphans().into_iter().filter(|pid| alive(*pid)).collect();
+            found = orphans().into_iter().filter(|(pid, _)| alive(*pid)).collect();
         }
     }
 
@@ -626,6 +654,29 @@ fn memory_limit_bytes(memory_mib: u32) -> i64 {
 
 /// How long the kernel may take to freeze or thaw a sandbox's tasks.
 const FREEZE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long a starting server waits for a killed one's `runsc pause` or
+/// `resume` before it kills it (see `Gvisor::settle_running`).
+const PAUSE_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Whether process `pid` is a `runsc pause` or `runsc resume`.
+fn pausing(pid: i32) -> bool {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let text = String::from_utf8_lossy(&cmdline);
+    text.split('\0').any(|arg| arg == "pause" || arg == "resume")
+}
+
+/// What the cgroup freezer says of the sandbox's cgroup: v1's
+/// `freezer.state` (THAWED, FREEZING, FROZEN) or v2's `frozen 0|1` line
+/// of `cgroup.events`; None without a freezer.
+fn freezer_state(id: &str) -> Option<String> {
+    let (v1, v2) = (cgroup_dir(Some("freezer"), id), cgroup_dir(None, id));
+    if let Ok(state) = fs::read_to_string(v1.join("freezer.state")) {
+        return Some(state.trim().to_string());
+    }
+    let events = fs::read_to_string(v2.join("cgroup.events")).ok()?;
+    events.lines().find(|line| line.starts_with("frozen ")).map(str::to_string)
+}
 
 /// Freezes or thaws every task of the sandbox's cgroup (the sentry and the
 /// gofer) with the cgroup freezer, v1 or v2, and waits until the kernel

@@ -299,6 +299,15 @@ pub trait Engine: Send + Sync {
     /// Call before clearing what a previous server process left. Blocking.
     fn stop_strays(&self, _spec: &SandboxSpec) {}
 
+    /// Puts right what a killed server may have left half done to a
+    /// sandbox its engine shows running, so that its agent can dial in:
+    /// gVisor thaws its cgroup if it is frozen (the server freezes only
+    /// sandboxes runsc shows paused). Returns what it put right, if
+    /// anything. Blocking.
+    fn settle_running(&self, _spec: &SandboxSpec) -> Option<String> {
+        None
+    }
+
     /// Waits (up to `patience`, then kills them) for the engine commands a
     /// killed server left running on sandboxes `ids` — a `runsc
     /// checkpoint`, `run` or `restore` goes on without it — so that what a
@@ -426,6 +435,10 @@ impl Engine for Engines {
 
     fn set_idle(&self, spec: &SandboxSpec, idle: bool) {
         self.pick(spec).set_idle(spec, idle)
+    }
+
+    fn settle_running(&self, spec: &SandboxSpec) -> Option<String> {
+        self.pick(spec).settle_running(spec)
     }
 
     fn settle_orphans(&self, ids: &[String], patience: std::time::Duration) {

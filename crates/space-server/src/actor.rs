@@ -243,13 +243,28 @@ impl Actor {
         let platform = &self.platform;
         platform.progress(operation_id, "reconnecting the agent", 0);
         let taken = platform.adopt_frozen(&self.id, resuming).await;
-        self.live.unadopted.store(false, std::sync::atomic::Ordering::SeqCst);
         match taken {
             Ok(agent) => {
+                self.live.unadopted.store(false, std::sync::atomic::Ordering::SeqCst);
                 self.set_agent(Some(agent));
                 Some(resuming)
             }
             Err(why) => {
+                // Failed only if its engine is gone; else the next job tries again.
+                let record = platform.sandbox(&self.id).ok();
+                let runs = match &record {
+                    Some(record) => platform.still_runs(&platform.engine_spec(record)).await,
+                    None => false,
+                };
+                if runs {
+                    tracing::warn!(sandbox = %self.id, "its agent has not come back after a restart: {why}");
+                    let failure = engine_failed(format!(
+                        "the sandbox's agent has not come back after a restart ({why}); its engine still runs it: try again"
+                    ));
+                    platform.finish_operation(operation_id, Some(failure));
+                    return None;
+                }
+                self.live.unadopted.store(false, std::sync::atomic::Ordering::SeqCst);
                 platform.abandon(&self.id, &why).await;
                 let failure = engine_failed(format!("the sandbox could not be taken back after a restart: {why}"));
                 platform.finish_operation(operation_id, Some(failure));

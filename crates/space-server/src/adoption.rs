@@ -69,14 +69,19 @@ impl Platform {
                     Err(err) => last_error = Some(err.to_string()),
                 },
                 () = tokio::time::sleep_until(deadline), if pending.is_empty() => {
-                    // Slow, not gone: wait on while its engine still runs it.
+                    // Slow, not gone: wait on while its engine still runs it,
+                    // first putting right what would keep its agent from
+                    // dialing in (a cgroup a killed server left frozen).
                     if began.elapsed() < REDIAL_CAP && self.still_runs(spec).await {
-                        tracing::info!(sandbox = %spec.id, "its agent is slow to dial in; waiting on");
+                        match self.settle_running(spec).await {
+                            Some(settled) => tracing::warn!(sandbox = %spec.id, "its agent is slow to dial in: {settled}"),
+                            None => tracing::info!(sandbox = %spec.id, "its agent is slow to dial in; waiting on"),
+                        }
                         deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
                         continue;
                     }
                     return Err(last_error.unwrap_or_else(|| {
-                        format!("the agent did not dial in within {:?}", space_engine::REDIAL_PATIENCE)
+                        format!("the agent did not dial in within {:?}", began.elapsed())
                     }));
                 }
             }
@@ -84,10 +89,23 @@ impl Platform {
     }
 
     /// Whether the engine still runs the sandbox (off the async threads).
-    async fn still_runs(&self, spec: &space_engine::SandboxSpec) -> bool {
+    pub(crate) async fn still_runs(&self, spec: &space_engine::SandboxSpec) -> bool {
+        self.live_status(spec).await != LiveStatus::Gone
+    }
+
+    /// What the engine shows of the sandbox (off the async threads). Read
+    /// as `statuses` does: `runsc state` waits on a sandbox whose processes
+    /// are stopped, as long as they are.
+    async fn live_status(&self, spec: &space_engine::SandboxSpec) -> LiveStatus {
         let (engine, spec) = (self.engine.clone(), spec.clone());
-        let status = tokio::task::spawn_blocking(move || engine.status(&spec)).await;
-        status.is_ok_and(|status| status != LiveStatus::Gone)
+        let statuses = tokio::task::spawn_blocking(move || engine.statuses(std::slice::from_ref(&spec))).await;
+        statuses.ok().and_then(|statuses| statuses.first().copied()).unwrap_or(LiveStatus::Gone)
+    }
+
+    /// [`space_engine::Engine::settle_running`], off the async threads.
+    async fn settle_running(&self, spec: &space_engine::SandboxSpec) -> Option<String> {
+        let (engine, spec) = (self.engine.clone(), spec.clone());
+        tokio::task::spawn_blocking(move || engine.settle_running(&spec)).await.ok().flatten()
     }
 
     fn impostor(&self, spec: &space_engine::SandboxSpec) {
@@ -128,12 +146,20 @@ impl Platform {
         self.store.commands(id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect()
     }
 
-    /// Takes back the agent of a sandbox a restarted server left frozen,
-    /// before its actor's first job that needs it.
+    /// Takes back the agent of a sandbox a restarted server left as it
+    /// found it (frozen, or running with an agent slow to come back),
+    /// before its actor's first job that needs it. Whether it is thawed
+    /// for that follows what its engine shows now.
     /// `stay_thawed`: for a resume, which would thaw it right after.
     pub(crate) async fn adopt_frozen(self: &Arc<Self>, id: &str, stay_thawed: bool) -> Result<AgentConn, String> {
         let record = self.sandbox(id).map_err(|e| e.message)?;
-        self.take_back(&record, if stay_thawed { Thaw::ForGood } else { Thaw::ForHandshake }).await
+        let thaw = match self.live_status(&self.engine_spec(&record)).await {
+            LiveStatus::Gone => return Err("its engine processes are gone".into()),
+            LiveStatus::Running => Thaw::No,
+            LiveStatus::Paused if stay_thawed => Thaw::ForGood,
+            LiveStatus::Paused => Thaw::ForHandshake,
+        };
+        self.take_back(&record, thaw).await
     }
 
     /// Takes back the agent of a sandbox a previous server process ran, with

@@ -1,6 +1,7 @@
 //! What a server does when it starts over a data dir another server used:
 //! settle what was in flight, and re-adopt the sandboxes that still run.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -127,23 +128,12 @@ impl Platform {
         Ok(self.apply(id, Event::Failure, Some(reason))?.state)
     }
 
-    /// Carries out the operations a previous server accepted but did not
-    /// finish, in the order they were accepted: each goes to its sandbox's
-    /// actor as if just accepted. One the sandbox's state already shows
-    /// (its work was done, its end not recorded) succeeds at once; a create
-    /// starts over from a clean slate. A sandbox left `creating` without
-    /// its create operation (the restart fell between the two writes, so
-    /// no client was told it was accepted) fails.
-    ///
-    /// `pending` and `creating` are what the store held when this process
-    /// started: the server already serves meanwhile, and what it accepted
-    /// itself is its own actors' work, not to be carried out twice.
-    async fn resume_operations(
-        self: &Arc<Self>,
-        mut pending: Vec<Operation>,
-        creating: Vec<SandboxRecord>,
-    ) -> Result<(), ApiError> {
-        pending.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+    /// Stops what still works on the sandboxes a previous server left
+    /// `creating`, and fails those without their create or fork among the
+    /// operations it accepted (`pending`): the restart fell between the two
+    /// writes, so no client was told it was accepted. Before any operation
+    /// is carried out again.
+    async fn settle_creating(&self, pending: &[Operation], creating: Vec<SandboxRecord>) -> Result<(), ApiError> {
         for record in creating {
             let Ok(record) = self.sandbox(&record.sandbox.id) else { continue };
             let creating = record.sandbox.state == SandboxState::Creating;
@@ -163,6 +153,20 @@ impl Platform {
                 self.fail(id, "its create was never accepted")?;
             }
         }
+        Ok(())
+    }
+
+    /// Carries out the operations a previous server accepted but did not
+    /// finish, in the order they were accepted: each goes to its sandbox's
+    /// actor as if just accepted. One the sandbox's state already shows
+    /// (its work was done, its end not recorded) succeeds at once; a create
+    /// starts over from a clean slate.
+    ///
+    /// `pending` is what the store held when this process started: the
+    /// server already serves meanwhile, and what it accepted itself is its
+    /// own actors' work, not to be carried out twice.
+    async fn resume_operations(self: &Arc<Self>, mut pending: Vec<Operation>) -> Result<(), ApiError> {
+        pending.sort_by(|a, b| a.created_at.cmp(&b.created_at));
         for operation in pending {
             let Some(id) = operation.sandbox_id.clone() else { continue };
             let record = match self.sandbox(&id) {
@@ -252,16 +256,46 @@ impl Platform {
         // A killed server may have left them told they are idle.
         let unknown = live.iter().map(|r| (r.sandbox.id.clone(), crate::platform::Doze::Unknown));
         self.dozing.lock().unwrap_or_else(|e| e.into_inner()).extend(unknown);
+        // A sandbox's operations wait for its own re-adoption and for
+        // nothing else: one whose agent is slow to come back holds up no
+        // other sandbox's. Those of sandboxes not re-adopted start at once.
+        let adopted: HashSet<&str> = live.iter().map(|r| r.sandbox.id.as_str()).collect();
+        let mut waiting: HashMap<String, Vec<Operation>> = HashMap::new();
+        let mut at_once = Vec::new();
+        for operation in operations {
+            match operation.sandbox_id.clone().filter(|id| adopted.contains(id.as_str())) {
+                Some(id) => waiting.entry(id).or_default().push(operation),
+                None => at_once.push(operation),
+            }
+        }
         let platform = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();
             let count = live.len();
-            platform.adopt_all(live).await;
-            tracing::info!(sandboxes = count, ms = started.elapsed().as_millis() as u64, "re-adopted after a restart");
-            if let Err(err) = platform.resume_operations(operations, creating).await {
-                tracing::error!("carrying out operations accepted before the restart: {}", err.message);
+            let all: Vec<Operation> = waiting.values().flatten().chain(&at_once).cloned().collect();
+            if let Err(err) = platform.settle_creating(&all, creating).await {
+                tracing::error!("settling sandboxes a restart left being created: {}", err.message);
             }
-            pending.iter().for_each(|id| platform.reconciled(id));
+            let others = {
+                let platform = platform.clone();
+                let ids: Vec<String> = at_once.iter().filter_map(|op| op.sandbox_id.clone()).collect();
+                tokio::spawn(async move {
+                    if let Err(err) = platform.resume_operations(at_once).await {
+                        tracing::error!("carrying out operations accepted before the restart: {}", err.message);
+                    }
+                    ids.iter().for_each(|id| platform.reconciled(id));
+                })
+            };
+            let adoptions = platform.adopt_all(live, waiting);
+            // The server's own duties (policies, pools) wait for the
+            // re-adoptions only so long: a sandbox slow to come back holds
+            // them up no more than it holds up others' operations.
+            let done = tokio::time::timeout(Duration::from_secs(30), adoptions).await.is_ok();
+            if done {
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::info!(sandboxes = count, ms, "re-adopted after a restart");
+            }
+            let _ = others.await;
             tokio::spawn(platform.clone().enforce_policies());
             tokio::spawn(platform.clone().sample_usage());
             platform.fill_warm_pools();
@@ -329,7 +363,7 @@ impl Platform {
     /// is stopped and recorded as failed.
     pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
         let live = self.live_records()?;
-        self.adopt_all(live).await;
+        self.adopt_all(live, HashMap::new()).await;
         Ok(())
     }
 
@@ -341,29 +375,62 @@ impl Platform {
             .collect())
     }
 
-    async fn adopt_all(self: &Arc<Self>, live: Vec<SandboxRecord>) {
-        // What the engine shows of each, asked of all at once.
-        let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
-        let engine = self.engine.clone();
-        let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
-        let adoptions: Vec<_> = live
-            .into_iter()
-            .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
-            .map(|(record, status)| tokio::spawn(self.clone().adopt(record, status)))
-            .collect();
-        for adoption in adoptions {
-            let _ = adoption.await;
+    /// Re-adopts `live`, each on its own, and carries out each one's
+    /// `operations` (accepted before the restart) once it is re-adopted.
+    /// The adoptions run in tasks of their own: they go on if the returned
+    /// future is dropped.
+    fn adopt_all(
+        self: &Arc<Self>,
+        live: Vec<SandboxRecord>,
+        mut operations: HashMap<String, Vec<Operation>>,
+    ) -> impl std::future::Future<Output = ()> {
+        let platform = self.clone();
+        let adoptions = tokio::spawn(async move {
+            // What the engine shows of each, asked of all at once.
+            let specs: Vec<_> = live.iter().map(|record| platform.engine_spec(record)).collect();
+            let engine = platform.engine.clone();
+            let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
+            let adoptions: Vec<_> = live
+                .into_iter()
+                .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
+                .map(|(record, status)| {
+                    let waiting = operations.remove(&record.sandbox.id).unwrap_or_default();
+                    tokio::spawn(platform.clone().adopt(record, status, waiting))
+                })
+                .collect();
+            for adoption in adoptions {
+                let _ = adoption.await;
+            }
+        });
+        async move {
+            let _ = adoptions.await;
         }
     }
 
-    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>) {
+    async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>, operations: Vec<Operation>) {
         let id = record.sandbox.id.clone();
-        // Settled either way (also if this panics): requests waiting for it go on.
+        // Settled either way (also if this panics): requests waiting for it
+        // go on, behind the operations it had (queued first).
         let _reconciled = Reconciled(&self, &id);
-        match self.try_adopt(&record, status).await {
-            Ok(true) => tracing::info!(sandbox = %id, "re-adopted after a restart"),
-            Ok(false) => tracing::info!(sandbox = %id, "found frozen after a restart; taken back when next used"),
+        let deleting = operations.iter().any(|op| op.kind == OperationKind::Delete);
+        match self.try_adopt(&record, status, deleting).await {
+            Ok(Adopted::Taken) => tracing::info!(sandbox = %id, "re-adopted after a restart"),
+            Ok(Adopted::Frozen) => {
+                tracing::info!(sandbox = %id, "found frozen after a restart; taken back when next used")
+            }
+            Ok(Adopted::Deleting) => {
+                tracing::info!(sandbox = %id, "not taken back after a restart: it is to be deleted")
+            }
+            Ok(Adopted::Slow(why)) => tracing::warn!(
+                sandbox = %id,
+                "its agent has not come back after a restart ({why}); its engine still runs it, so it is left as it is and taken back when next used"
+            ),
             Err(why) => self.abandon(&id, &why).await,
+        }
+        if !operations.is_empty() {
+            if let Err(err) = self.resume_operations(operations).await {
+                tracing::error!(sandbox = %id, "carrying out operations accepted before the restart: {}", err.message);
+            }
         }
     }
 
@@ -372,7 +439,17 @@ impl Platform {
     /// taken back when next used: thawing every paused sandbox at a
     /// restart would take seconds each on a loaded host, for sandboxes
     /// nobody may use again.
-    async fn try_adopt(self: &Arc<Self>, record: &SandboxRecord, status: Option<LiveStatus>) -> Result<bool, String> {
+    ///
+    /// A sandbox to be deleted is not waited for. One whose agent does not
+    /// come back while its engine still runs it is not failed: it is left
+    /// for its next operation to take back. Only a sandbox whose engine
+    /// processes are gone is an error (it is then failed, with the reason).
+    async fn try_adopt(
+        self: &Arc<Self>,
+        record: &SandboxRecord,
+        status: Option<LiveStatus>,
+        deleting: bool,
+    ) -> Result<Adopted, String> {
         record.agent_session.ok_or("no agent session was recorded")?;
         let id = &record.sandbox.id;
         let status = match status {
@@ -390,20 +467,43 @@ impl Platform {
             (SandboxState::Paused, LiveStatus::Running) => Some(Event::Thawed),
             _ => None,
         };
-        if status == LiveStatus::Paused {
+        let leave = |adopted: Adopted| {
             if let Some(event) = shown {
                 self.apply(id, event, None).map_err(|e| e.message)?;
             }
             self.spawn_unadopted_actor(id);
-            return Ok(false);
+            Ok(adopted)
+        };
+        if deleting {
+            return leave(Adopted::Deleting);
         }
-        let agent = self.take_back(record, crate::adoption::Thaw::No).await?;
+        if status == LiveStatus::Paused {
+            return leave(Adopted::Frozen);
+        }
+        let agent = match self.take_back(record, crate::adoption::Thaw::No).await {
+            Ok(agent) => agent,
+            Err(why) if self.still_runs(&self.engine_spec(record)).await => return leave(Adopted::Slow(why)),
+            Err(why) => return Err(why),
+        };
         if let Some(event) = shown {
             self.apply(id, event, None).map_err(|e| e.message)?;
         }
         self.spawn_actor(id, None, Some(agent));
-        Ok(true)
+        Ok(Adopted::Taken)
     }
+}
+
+/// How a live sandbox came out of its re-adoption.
+enum Adopted {
+    /// Its agent was taken back.
+    Taken,
+    /// Found frozen: its agent is taken back when it is next used.
+    Frozen,
+    /// An accepted delete is next: its agent is not waited for.
+    Deleting,
+    /// Its agent did not come back (why) while its engine still runs it:
+    /// taken back when it is next used.
+    Slow(String),
 }
 
 /// Marks its sandbox reconciled when dropped (also if adopting it panicked).
