@@ -286,15 +286,13 @@ impl Platform {
                     ids.iter().for_each(|id| platform.reconciled(id));
                 })
             };
-            let adoptions = platform.adopt_all(live, waiting);
-            // The server's own duties (policies, pools) wait for the
-            // re-adoptions only so long: a sandbox slow to come back holds
-            // them up no more than it holds up others' operations.
-            let done = tokio::time::timeout(Duration::from_secs(30), adoptions).await.is_ok();
-            if done {
-                let ms = started.elapsed().as_millis() as u64;
-                tracing::info!(sandboxes = count, ms, "re-adopted after a restart");
-            }
+            // Policies and pools start once every sandbox is re-adopted or
+            // left for its next job (an agent is waited for two minutes at
+            // most): a job a policy files must find the sandbox's actor,
+            // not start a second one beside its re-adoption.
+            platform.adopt_all(live, waiting).await;
+            let ms = started.elapsed().as_millis() as u64;
+            tracing::info!(sandboxes = count, ms, "re-adopted after a restart");
             let _ = others.await;
             tokio::spawn(platform.clone().enforce_policies());
             tokio::spawn(platform.clone().sample_usage());
@@ -377,33 +375,21 @@ impl Platform {
 
     /// Re-adopts `live`, each on its own, and carries out each one's
     /// `operations` (accepted before the restart) once it is re-adopted.
-    /// The adoptions run in tasks of their own: they go on if the returned
-    /// future is dropped.
-    fn adopt_all(
-        self: &Arc<Self>,
-        live: Vec<SandboxRecord>,
-        mut operations: HashMap<String, Vec<Operation>>,
-    ) -> impl std::future::Future<Output = ()> {
-        let platform = self.clone();
-        let adoptions = tokio::spawn(async move {
-            // What the engine shows of each, asked of all at once.
-            let specs: Vec<_> = live.iter().map(|record| platform.engine_spec(record)).collect();
-            let engine = platform.engine.clone();
-            let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
-            let adoptions: Vec<_> = live
-                .into_iter()
-                .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
-                .map(|(record, status)| {
-                    let waiting = operations.remove(&record.sandbox.id).unwrap_or_default();
-                    tokio::spawn(platform.clone().adopt(record, status, waiting))
-                })
-                .collect();
-            for adoption in adoptions {
-                let _ = adoption.await;
-            }
-        });
-        async move {
-            let _ = adoptions.await;
+    async fn adopt_all(self: &Arc<Self>, live: Vec<SandboxRecord>, mut operations: HashMap<String, Vec<Operation>>) {
+        // What the engine shows of each, asked of all at once.
+        let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
+        let engine = self.engine.clone();
+        let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
+        let adoptions: Vec<_> = live
+            .into_iter()
+            .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
+            .map(|(record, status)| {
+                let waiting = operations.remove(&record.sandbox.id).unwrap_or_default();
+                tokio::spawn(self.clone().adopt(record, status, waiting))
+            })
+            .collect();
+        for adoption in adoptions {
+            let _ = adoption.await;
         }
     }
 
