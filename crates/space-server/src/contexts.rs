@@ -47,14 +47,27 @@ pub(crate) struct LiveContext {
     env: std::collections::BTreeMap<String, String>,
     /// Set once the driver process is gone (its restart runs it anew).
     exited: std::sync::atomic::AtomicBool,
-    /// Where the events of the run going on go.
-    run: Mutex<Option<mpsc::UnboundedSender<Value>>>,
+    /// The run going on, and where its events go.
+    run: Mutex<Option<CurrentRun>>,
     /// Held by the run going on: one at a time.
     running: Arc<tokio::sync::Mutex<()>>,
     /// Told when the interpreter is ready (again, after a restart).
     ready: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
     /// Where runs that name no context go (E2B's code interpreter).
     default: std::sync::atomic::AtomicBool,
+}
+
+/// The run going on in a context. An interrupt is never lost: one asked
+/// before the driver can take it is remembered here and given when it can
+/// (the JavaScript driver says `started` from inside the run, the only time
+/// a SIGINT reaches the run and not Node's own default).
+struct CurrentRun {
+    id: String,
+    events: mpsc::UnboundedSender<Value>,
+    /// Whether its code runs (JavaScript's `started`; the others take an
+    /// interrupt on their stdin at any time).
+    started: bool,
+    interrupted: bool,
 }
 
 /// What a context's record keeps: enough to pick its driver up again on a
@@ -96,8 +109,18 @@ impl LiveContext {
     /// Ends the run going on (if any) with `event`.
     fn end_run(&self, event: Value) {
         if let Some(run) = self.run.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = run.send(event);
+            let _ = run.events.send(event);
         }
+    }
+
+    /// Whether `id` names the run going on (a late event of an earlier
+    /// run is not this one's).
+    fn is_current(&self, id: &str) -> bool {
+        self.run.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|run| run.id == id)
+    }
+
+    async fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), ApiError> {
+        self.agent.signal(self.stream, signal as i32).await.map_err(crate::commands::exec_failure)
     }
 }
 
@@ -330,9 +353,12 @@ impl Platform {
             ));
         }
         let (events, receiver) = mpsc::unbounded_channel();
-        *live.run.lock().unwrap_or_else(|e| e.into_inner()) = Some(events);
+        let run_id = ids::new_id("run");
+        let started = live.info().language != "javascript";
+        *live.run.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(CurrentRun { id: run_id.clone(), events, started, interrupted: false });
         live.set_state("busy");
-        let request = json!({"op": "run", "id": ids::new_id("run"), "code": request.code,
+        let request = json!({"op": "run", "id": run_id, "code": request.code,
             "timeout_s": request.timeout_s, "env": request.env});
         if let Err(err) = live.send(request).await {
             live.run.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -342,17 +368,25 @@ impl Platform {
         Ok(Run { events: receiver, held })
     }
 
-    /// Interrupts the run going on (a `KeyboardInterrupt` in Python).
+    /// Interrupts the run going on, whenever it comes: before its code
+    /// starts, while it starts or while it runs (Python: a
+    /// `KeyboardInterrupt`; all: the run ends `interrupted`).
     pub async fn interrupt_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
         let live = self.context(sandbox_id, id)?;
-        match live.info().language.as_str() {
-            // A JavaScript run blocks its driver's thread: only a signal reaches it.
-            "javascript" => live
-                .agent
-                .signal(live.stream, nix::sys::signal::Signal::SIGINT as i32)
-                .await
-                .map_err(crate::commands::exec_failure)?,
-            _ => live.send(json!({"op": "interrupt"})).await?,
+        let asked = {
+            let mut run = live.run.lock().unwrap_or_else(|e| e.into_inner());
+            run.as_mut().map(|run| {
+                run.interrupted = true;
+                (run.id.clone(), run.started)
+            })
+        };
+        match (live.info().language.as_str(), asked) {
+            (_, None) => {}
+            // A JavaScript run blocks its driver's thread: only a signal
+            // reaches it, and only once it has started (see `pump`).
+            ("javascript", Some((_, true))) => live.signal(nix::sys::signal::Signal::SIGINT).await?,
+            ("javascript", Some((_, false))) => {}
+            (_, Some((run, _))) => live.send(json!({"op": "interrupt", "run": run})).await?,
         }
         Ok(live.info())
     }
@@ -410,7 +444,8 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
                         continue;
                     }
                     let Ok(mut event) = serde_json::from_slice::<Value>(&std::mem::take(&mut line)) else { continue };
-                    match event["type"].as_str() {
+                    let kind = event["type"].as_str().unwrap_or_default().to_string();
+                    match Some(kind.as_str()) {
                         Some("ready") => {
                             if let Some(cwd) = event["cwd"].as_str() {
                                 let mut info = live.info.lock().unwrap_or_else(|e| e.into_inner());
@@ -424,17 +459,37 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
                             ready(Err(event["why"].as_str().unwrap_or("the interpreter exited").to_string()));
                         }
                         Some(kind) if event.get("run").is_some() => {
-                            let end = kind == "end";
+                            let run_id = event["run"].as_str().unwrap_or_default().to_string();
+                            if !live.is_current(&run_id) {
+                                continue;
+                            }
                             if let Some(fields) = event.as_object_mut() {
                                 fields.remove("run");
                             }
-                            if end {
-                                if live.info().state == "busy" {
-                                    live.set_state("ready");
+                            match kind {
+                                "end" => {
+                                    if live.info().state == "busy" {
+                                        live.set_state("ready");
+                                    }
+                                    live.end_run(event);
                                 }
-                                live.end_run(event);
-                            } else if let Some(run) = live.run.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                                let _ = run.send(event);
+                                "started" => {
+                                    let interrupt = {
+                                        let mut run = live.run.lock().unwrap_or_else(|e| e.into_inner());
+                                        run.as_mut().is_some_and(|run| {
+                                            run.started = true;
+                                            run.interrupted
+                                        })
+                                    };
+                                    if interrupt {
+                                        let _ = live.signal(nix::sys::signal::Signal::SIGINT).await;
+                                    }
+                                }
+                                _ => {
+                                    if let Some(run) = live.run.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                                        let _ = run.events.send(event);
+                                    }
+                                }
                             }
                         }
                         _ => {}

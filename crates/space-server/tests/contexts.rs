@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use base64::Engine as _;
 use common::TestServer;
 use serde_json::{json, Value};
@@ -41,6 +43,64 @@ fn main_text(events: &[Value]) -> Option<String> {
 
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// How long a run may take to end after its interrupt (a driver replaces
+/// an interpreter that ignores one for 5 s; this is far past that).
+const INTERRUPT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A run going on, its answer read on a thread of its own.
+struct Running {
+    events: std::sync::mpsc::Receiver<Result<Vec<Value>, String>>,
+}
+
+impl Running {
+    /// Starts a run of `code` and returns once the server accepted it (its
+    /// answer's head came).
+    fn start(server: &TestServer, sandbox: &str, context: &str, code: &str) -> Running {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+        let response = agent
+            .post(&format!("{}/v1/sandboxes/{sandbox}/contexts/{context}/run", server.url))
+            .set("Authorization", &format!("Bearer {}", server.key))
+            .send_json(json!({"code": code}))
+            .expect("the run is accepted");
+        let (sender, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let read = response.into_string().map_err(|e| e.to_string()).and_then(|text| {
+                text.lines().map(|l| serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))).collect()
+            });
+            let _ = sender.send(read);
+        });
+        Running { events }
+    }
+
+    /// Its events, the end last; fails if it does not end in time.
+    fn end(self, what: &str) -> Vec<Value> {
+        let events = self
+            .events
+            .recv_timeout(INTERRUPT_PATIENCE)
+            .unwrap_or_else(|_| panic!("{what}: the run did not end within {INTERRUPT_PATIENCE:?}"))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(events.last().map(|e| e["type"].clone()), Some(json!("end")), "{what}: {events:?}");
+        events
+    }
+}
+
+fn interrupt(server: &TestServer, sandbox: &str, context: &str) {
+    server.ok("POST", &format!("/v1/sandboxes/{sandbox}/contexts/{context}/interrupt"), None);
+}
+
+/// An interrupted run: it ended `interrupted` with a `KeyboardInterrupt`.
+fn assert_interrupted(what: &str, events: &[Value]) {
+    assert_eq!(events.last().unwrap()["status"], "interrupted", "{what}: {events:?}");
+    assert!(of_type(events, "error").iter().any(|e| e["name"] == "KeyboardInterrupt"), "{what}: {events:?}");
+}
+
+/// A random number below `n`.
+fn below(n: u64) -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).unwrap();
+    u64::from_le_bytes(bytes) % n.max(1)
 }
 
 #[test]
@@ -120,16 +180,7 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
     assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("41"));
 
     // One run at a time; an interrupt ends the one going on.
-    let (url, auth) = (server.url.clone(), format!("Bearer {}", server.key));
-    let path = format!("{base}/{cid}/run");
-    let long = std::thread::spawn(move || {
-        ureq::post(&format!("{url}{path}"))
-            .set("Authorization", &auth)
-            .send_json(json!({"code": "import time\ntime.sleep(60)"}))
-            .unwrap()
-            .into_string()
-            .unwrap()
-    });
+    let long = Running::start(&server, &id, &cid, "import time\ntime.sleep(60)");
     space_testkit::wait_until("the run to start", space_testkit::PATIENCE, || {
         server.ok("GET", &format!("{base}/{cid}"), None)["state"] == "busy"
     });
@@ -141,9 +192,8 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
     let saved = server.wait_operation(saved["operation"]["id"].as_str().unwrap());
     assert_eq!(saved["state"], "succeeded", "{saved}");
     assert_eq!(server.ok("GET", &format!("{base}/{cid}"), None)["state"], "busy");
-    server.ok("POST", &format!("{base}/{cid}/interrupt"), None);
-    let interrupted = long.join().unwrap();
-    assert!(interrupted.contains("KeyboardInterrupt"), "{interrupted}");
+    interrupt(&server, &id, &cid);
+    assert_interrupted("a sleep", &long.end("a sleep"));
     assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("41"));
 
     // The same run as server-sent events.
@@ -216,21 +266,13 @@ fn a_javascript_context_keeps_state() {
     assert_eq!(endless.last().unwrap()["status"], "timeout");
     assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("40"), "the context stays");
     // Interrupted by a signal, since a run blocks the driver's thread.
-    let (url, auth) = (server.url.clone(), format!("Bearer {}", server.key));
-    let path = format!("{base}/{cid}/run");
-    let long = std::thread::spawn(move || {
-        ureq::post(&format!("{url}{path}"))
-            .set("Authorization", &auth)
-            .send_json(json!({"code": "for (;;) {}"}))
-            .unwrap()
-            .into_string()
-            .unwrap()
-    });
+    let long = Running::start(&server, &id, &cid, "for (;;) {}");
     space_testkit::wait_until("the run to start", space_testkit::PATIENCE, || {
         server.ok("GET", &format!("{base}/{cid}"), None)["state"] == "busy"
     });
-    server.ok("POST", &format!("{base}/{cid}/interrupt"), None);
-    assert!(long.join().unwrap().contains("KeyboardInterrupt"));
+    interrupt(&server, &id, &cid);
+    assert_interrupted("an endless loop", &long.end("an endless loop"));
+    assert_eq!(main_text(&code(&server, &id, &cid, "x")).as_deref(), Some("40"), "the context stays");
     // Its process exits: dead until restarted, then fresh.
     let died = code(&server, &id, &cid, "process.exit(1)");
     assert_eq!(died.last().unwrap()["status"], "died", "{died:?}");
@@ -271,6 +313,89 @@ fn a_bash_context_keeps_its_shell() {
         .map(|e| e["text"].as_str().unwrap())
         .collect();
     assert_eq!(after, "hi\n", "the shell stays");
+    // An interrupt unwinds the whole run (functions, the rest of the code)
+    // as Ctrl-C does, and keeps the shell.
+    let code_of = "unwound() { while :; do :; done; echo in-function; }\nunwound\necho after";
+    let long = Running::start(&server, &id, &cid, code_of);
+    space_testkit::wait_until("the run to start", space_testkit::PATIENCE, || {
+        server.ok("GET", &format!("{base}/{cid}"), None)["state"] == "busy"
+    });
+    interrupt(&server, &id, &cid);
+    let interrupted = long.end("a loop in a function");
+    assert_interrupted("a loop in a function", &interrupted);
+    assert!(of_type(&interrupted, "stdout").is_empty(), "nothing after the loop ran: {interrupted:?}");
+    assert_eq!(interrupted.last().unwrap()["exit_code"], 130);
+    let after: String = of_type(&code(&server, &id, &cid, "echo $GREETING"), "stdout")
+        .iter()
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(after, "hi\n", "the shell stays");
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
+
+/// Interrupts sent at any moment after `run` (a third at once, a third
+/// within 5 ms, the rest within 300 ms) to python, javascript and bash
+/// contexts running endless loops side by side (the loops load the
+/// machine): every run ends `interrupted`, each context stays usable with
+/// its state, and no interpreter dies.
+#[test]
+fn interrupts_at_any_moment_are_never_lost() {
+    const ROUNDS: usize = 70;
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
+    let base = format!("/v1/sandboxes/{id}/contexts");
+    let languages = [
+        ("python", "n = 0", "while True:\n    n += 1", "print(n > 0)"),
+        ("javascript", "var n = 0", "for (;;) { n++ }", "console.log(n > 0 ? 'True' : 'False')"),
+        ("bash", "n=0", "while :; do n=$((n+1)); done", "(( n > 0 )) && echo True || echo False"),
+    ];
+    let contexts: Vec<String> = languages
+        .iter()
+        .map(|(language, setup, _, _)| {
+            let (status, context) = server.call("POST", &base, Some(json!({"language": language})));
+            assert_eq!(status, 201, "{context}");
+            let cid = context["id"].as_str().unwrap().to_string();
+            code(&server, &id, &cid, setup);
+            cid
+        })
+        .collect();
+    let slowest = std::thread::scope(|scope| {
+        let workers: Vec<_> = languages
+            .iter()
+            .zip(&contexts)
+            .map(|((language, _, endless, _), cid)| {
+                let (server, id) = (&server, &id);
+                scope.spawn(move || {
+                    let mut slowest = Duration::ZERO;
+                    for round in 0..ROUNDS {
+                        let offset = match round % 3 {
+                            0 => 0,
+                            1 => below(5_000),
+                            _ => below(300_000),
+                        };
+                        let running = Running::start(server, id, cid, endless);
+                        std::thread::sleep(Duration::from_micros(offset));
+                        let asked = Instant::now();
+                        interrupt(server, id, cid);
+                        let what = format!("{language}, round {round}, interrupted {offset} µs after run");
+                        assert_interrupted(&what, &running.end(&what));
+                        slowest = slowest.max(asked.elapsed());
+                    }
+                    (*language, slowest)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("a language's rounds")).collect::<Vec<_>>()
+    });
+    eprintln!("{ROUNDS} interrupts per language; slowest from interrupt to end: {slowest:?}");
+    for ((language, _, _, check), cid) in languages.iter().zip(&contexts) {
+        let events = code(&server, &id, cid, check);
+        let printed: String = of_type(&events, "stdout").iter().map(|e| e["text"].as_str().unwrap()).collect();
+        assert_eq!(printed, "True\n", "{language} keeps its state: {events:?}");
+        let context = server.ok("GET", &format!("{base}/{cid}"), None);
+        assert_eq!(context["state"], "ready", "{language}: {context}");
+    }
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
 }
 
@@ -348,5 +473,50 @@ fn contexts_survive_a_server_restart_and_go_on_in_forks() {
         server.ok("GET", &format!("/v1/sandboxes/{id}"), None)
     );
     assert_eq!(main_text(&code(&server, &id, &python, "counter")).as_deref(), Some("42"));
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
+
+/// The drivers at their seam, with no round trip between a run and its
+/// interrupt: in a sandbox, `contexts/interrupt_harness.py` writes each
+/// interrupt 0 to 3 ms behind its run request to copies of the drivers the
+/// server runs (interrupts there were lost: one taken before the driver
+/// read its run, one between the cell's start and its SIGINT handler, a
+/// JavaScript SIGINT while Node set up its watch killed the interpreter).
+#[test]
+fn the_drivers_take_an_interrupt_right_behind_its_run() {
+    const ROUNDS: usize = 70;
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
+    let sources = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in [
+        "src/contexts/python_driver.py",
+        "src/contexts/js_driver.js",
+        "src/contexts/bash_driver.py",
+        "tests/contexts/interrupt_harness.py",
+    ] {
+        let name = file.rsplit('/').next().unwrap();
+        let written = space_testkit::http()
+            .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/drivers/{name}", server.url))
+            .set("Authorization", &format!("Bearer {}", server.key))
+            .send_bytes(&std::fs::read(sources.join(file)).unwrap())
+            .unwrap();
+        assert_eq!(written.status(), 201, "{file}");
+    }
+    let ran = server.exec(
+        &id,
+        json!({"argv": ["python3", "/root/drivers/interrupt_harness.py", ROUNDS.to_string()], "timeout_s": 600}),
+    );
+    assert_eq!(ran["result"]["exit_code"], 0, "{ran}");
+    let results: Value = serde_json::from_str(ran["stdout"].as_str().unwrap().trim()).unwrap();
+    for language in ["python", "javascript", "bash"] {
+        let result = &results[language];
+        assert_eq!(
+            (result["interrupted"].as_u64(), result["lost"].as_array().map(Vec::len), result["alive"].as_bool()),
+            (Some(ROUNDS as u64), Some(0), Some(true)),
+            "{language}: {result}"
+        );
+        assert_eq!(result["state_kept"], true, "{language}: {result}");
+    }
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
 }

@@ -119,6 +119,31 @@ class CodeInterpreter(unittest.TestCase):
                     raise AssertionError(f"the context stayed busy: {busy}")
                 time.sleep(0.2)
 
+    def test_a_client_going_away_at_any_moment_interrupts_the_run(self):
+        # E2B's interrupt is the client going away (its timeout): at any
+        # moment after the run is sent, for each language, the run ends and
+        # the next one is answered, with the state kept.
+        loops = {"python": ("n = 0", "while True:\n    n += 1", "n > 0"),
+                 "javascript": ("var n = 0", "for (;;) { n++ }", "n > 0"),
+                 "bash": ("n=0", "while :; do n=$((n+1)); done", "(( n > 0 )) && echo true")}
+        for language, (setup, endless, check) in loops.items():
+            context = self.sbx.create_code_context(language=language)
+            self.sbx.run_code(setup, context=context)
+            for round_ in range(12):
+                with self.assertRaises(TimeoutException):
+                    self.sbx.run_code(endless, context=context, timeout=0.05 + (round_ % 4) * 0.1)
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        answer = self.sbx.run_code(check, context=context, timeout=20)
+                        break
+                    except Exception as busy:  # 409 while the interrupt lands
+                        if time.monotonic() > deadline:
+                            raise AssertionError(f"{language}, round {round_}: the context stayed busy: {busy}")
+                        time.sleep(0.05)
+                shown = answer.text if language != "bash" else "".join(answer.logs.stdout).strip()
+                self.assertIn(shown, ("True", "true"), f"{language}, round {round_}: {answer}")
+
     def test_the_context_routes_need_the_sandbox_tokens(self):
         base = os.environ["E2B_SANDBOX_URL"]
         for headers, status in [

@@ -92,7 +92,7 @@ pub async fn restart(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/run", tag = "contexts",
     request_body = RunCodeRequest,
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
-    responses((status = 200, description = "NDJSON as it happens (SSE with `Accept: text/event-stream`, the type as the event's name): `stdout`/`stderr` (`text`), `result` (`data`: a MIME bundle, `is_main_result`), `error` (`name`, `value`, `traceback`), and last `end` (`status`: ok, error, timeout or died; `execution_count`)", content_type = "application/x-ndjson"),
+    responses((status = 200, description = "NDJSON as it happens (SSE with `Accept: text/event-stream`, the type as the event's name): `stdout`/`stderr` (`text`), `result` (`data`: a MIME bundle, `is_main_result`), `error` (`name`, `value`, `traceback`), and last `end` (`status`: ok, error, interrupted, timeout or died; `execution_count`)", content_type = "application/x-ndjson"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Another run is going on, or the interpreter died", body = ErrorBody)))]
 pub async fn run(

@@ -2,14 +2,24 @@
 # DRIVER`: keeps one bash process alive in a session of its own (its
 # variables, functions, cwd and exports carry from run to run) and speaks
 # the same JSON lines with the host on stdin/stdout as the Python driver:
-# requests {"op": "run", "id", "code", "timeout_s"}, {"op": "interrupt"},
-# {"op": "restart"}; events {"type": "ready"} ("restarted": true after a
-# restart), per run {"run", "type": "stdout"|"stderr", "text"}, {"run",
-# "type": "error", ...} and last {"run", "type": "end", "status":
-# "ok"|"error"|"timeout"|"died", "execution_count", "exit_code"};
-# {"type": "died", "why"} when the shell exits. A run ends at a marker
-# printed after the code on stdout and stderr; a non-zero exit is an
-# `ExitStatus` error.
+# requests {"op": "run", "id", "code", "timeout_s"}, {"op": "interrupt",
+# "run"}, {"op": "restart"}; events {"type": "ready"} ("restarted": true
+# after a restart), per run {"run", "type": "stdout"|"stderr", "text"},
+# {"run", "type": "error", ...} and last {"run", "type": "end", "status":
+# "ok"|"error"|"interrupted"|"timeout"|"died", "execution_count",
+# "exit_code"}; {"type": "died", "why"} when the shell exits. A run's code
+# is sourced from a here-document (its stdin is that, read to the end) and
+# ends at a marker printed after it on stdout and stderr; a non-zero exit
+# is an `ExitStatus` error.
+# An interrupt unwinds the whole run, as Ctrl-C does at a prompt, and keeps
+# the shell: SIGINT to the shell's process group ends a foreground program,
+# and the shell's INT trap sets a DEBUG trap that returns (extdebug: status
+# 2 before a command returns from the function or sourced file it is in)
+# until the sourced code is left, then removes itself. (A `return` in the
+# INT trap itself, after a program it waited for died of SIGINT, left the
+# shell deaf to the next interrupt.) A SIGINT that comes before the code is
+# sourced does nothing, so it is sent again every half second until the run
+# ends.
 import json
 import os
 import select
@@ -21,6 +31,16 @@ import uuid
 
 # How long an interrupted run has to end before its worker is replaced.
 PATIENCE = 5.0
+# How often an interrupt is signalled again while its run goes on.
+AGAIN = 0.5
+# Run by the shell once: what makes SIGINT end a run and not the shell.
+SETUP = b"""shopt -s extdebug
+__space_unwind() {
+  if (( ${#FUNCNAME[@]} > 1 )); then return 2; fi
+  trap - DEBUG
+}
+trap 'trap __space_unwind DEBUG' INT
+"""
 
 
 OUT = []
@@ -69,7 +89,7 @@ class Shell:
             os.set_blocking(fd, False)
         self.stderr_tail = b""
         # SIGINT stops what runs, not the shell itself.
-        self.proc.stdin.write(b"trap : INT\n")
+        self.proc.stdin.write(SETUP)
         self.proc.stdin.flush()
         self.ready, self.count = True, 0
         self.held = None
@@ -100,7 +120,10 @@ class Shell:
         self.marker = ("__space_end_" + uuid.uuid4().hex).encode()
         self.held = {"stdout": b"", "stderr": b""}
         self.exit_code = None
-        script = request["code"].encode() + b"\n__space_status=$?; printf '%s %d\\n' " + self.marker + \
+        body = request["code"].encode()
+        delimiter = b"__SPACE_CELL_" + uuid.uuid4().hex.encode()
+        script = b"source /dev/stdin <<'" + delimiter + b"'\n" + body + (b"" if body.endswith(b"\n") else b"\n") + \
+            delimiter + b"\n__space_status=$?; printf '%s %d\\n' " + self.marker + \
             b" $__space_status; printf '%s\\n' " + self.marker + b" >&2\n"
         try:
             self.proc.stdin.write(script)
@@ -131,8 +154,6 @@ class Shell:
             return None
         self.held = None
         self.count += 1
-        if self.exit_code:
-            out({"type": "error", "name": "ExitStatus", "value": f"exited with {self.exit_code}", "traceback": []})
         return {"type": "end", "status": "error" if self.exit_code else "ok", "execution_count": self.count,
                 "exit_code": self.exit_code}
 
@@ -160,6 +181,9 @@ class Driver:
         event = dict(end or {"execution_count": None})
         if status:
             event["status"] = status
+        if status == "interrupted":
+            # As a shell reports a program that SIGINT ended.
+            event["exit_code"] = 130
         event.update(type="end", run=self.run["id"])
         self.run = None
         emit(event)
@@ -172,8 +196,17 @@ class Driver:
     def request(self, request):
         op = request.get("op")
         if op == "interrupt":
-            if self.run is not None and self.worker is not None:
-                self.worker.signal(signal.SIGINT)
+            run_id = request.get("run")
+            if self.run is not None and self.run["id"] == run_id:
+                self.interrupt(time.monotonic())
+            else:
+                # Not started yet: it ends before its code runs.
+                queued = [r for r in self.waiting if r["id"] == run_id]
+                for queued_run in queued:
+                    self.waiting.remove(queued_run)
+                    self.run = {"id": run_id}
+                    self.out({"type": "error", "name": "KeyboardInterrupt", "value": "interrupted", "traceback": []})
+                    self.end("interrupted")
         elif op == "restart":
             if self.run is not None:
                 self.end("died")
@@ -181,13 +214,21 @@ class Driver:
         elif op == "run":
             self.waiting.append(request)
 
+    def interrupt(self, now):
+        run = self.run
+        if run["interrupted_at"] is None:
+            run["interrupted_at"] = now
+        run["signalled_at"] = now
+        if self.worker is not None:
+            self.worker.signal(signal.SIGINT)
+
     def start_next(self):
         if self.run is not None or not self.waiting or self.worker is None or not self.worker.ready:
             return
         request = self.waiting.pop(0)
         timeout = request.get("timeout_s")
         self.run = {"id": request["id"], "deadline": time.monotonic() + timeout if timeout else None,
-                    "interrupted_at": None, "timed_out": False}
+                    "interrupted_at": None, "signalled_at": None, "timed_out": False}
         self.worker.begin(request)
 
     def worker_output(self, fd):
@@ -202,7 +243,16 @@ class Driver:
             worker.stderr_tail = (worker.stderr_tail + data)[-4096:]
         end = worker.feed(kind, data, self.out)
         if end is not None and self.run is not None:
-            self.end("timeout" if self.run["timed_out"] else None, end)
+            status = None
+            if self.run["timed_out"]:
+                status = "timeout"
+            if self.run["interrupted_at"] is not None and end["status"] != "ok":
+                status = status or "interrupted"
+                self.out({"type": "error", "name": "KeyboardInterrupt", "value": "interrupted", "traceback": []})
+            elif end["exit_code"]:
+                self.out({"type": "error", "name": "ExitStatus", "value": f"exited with {end['exit_code']}",
+                          "traceback": []})
+            self.end(status, end)
 
     def check(self):
         worker = self.worker
@@ -222,13 +272,17 @@ class Driver:
         if run is None:
             return
         now = time.monotonic()
-        if run["deadline"] and now > run["deadline"] and run["interrupted_at"] is None:
-            run["timed_out"], run["interrupted_at"] = True, now
-            worker.signal(signal.SIGINT)
+        if run["deadline"] and now > run["deadline"] and not run["timed_out"]:
+            run["timed_out"] = True
+            self.interrupt(now)
         elif run["interrupted_at"] is not None and now - run["interrupted_at"] > PATIENCE:
             # It does not answer an interrupt: a fresh interpreter.
-            self.end("timeout")
+            self.out({"type": "error", "name": "KeyboardInterrupt", "value": f"the run did not stop within "
+                      f"{PATIENCE:g} s of its interrupt: the shell was started afresh", "traceback": []})
+            self.end("timeout" if run["timed_out"] else "interrupted")
             self.replace_worker()
+        elif run["signalled_at"] is not None and now - run["signalled_at"] > AGAIN:
+            self.interrupt(now)
 
     def serve(self):
         pending = b""

@@ -2,12 +2,16 @@
 # `python3 -c DRIVER`: IPython's shell (the execution and display machinery
 # ipykernel wraps, without its messaging transport) in this very process,
 # speaking JSON lines with the host on stdin/stdout.
-# Requests: {"op": "run", "id", "code", "timeout_s", "env"}, {"op": "interrupt"},
-# {"op": "restart"}. Events: {"type": "ready", "cwd"} once it can run; per run
+# Requests: {"op": "run", "id", "code", "timeout_s", "env"}, {"op": "interrupt",
+# "run"}, {"op": "restart"}. Events: {"type": "ready", "cwd"} once it can run; per run
 # {"run", "type": "stdout"|"stderr", "text"}, {"run", "type": "result",
 # "data": {mime: value}, "is_main_result"}, {"run", "type": "error", "name",
 # "value", "traceback"}, and last {"run", "type": "end", "status":
-# "ok"|"error"|"timeout"|"died", "execution_count"}.
+# "ok"|"error"|"interrupted"|"timeout"|"died", "execution_count"}.
+# An interrupt is never lost: one for a run not started yet ends it before
+# its code runs; one that comes while the cell starts or runs raises
+# KeyboardInterrupt in it (SIGINT is sent only while the cell runs, and
+# the cell looks for an interrupt asked before it began).
 # What is written straight to file descriptors 1 and 2 (programs a cell
 # starts, C code) is captured and passed on as output. A restart, and a run
 # that ignores its interrupt for 5 s, execs this process afresh (same pid,
@@ -59,7 +63,12 @@ PENDING = []
 PENDING_SIZE = [0]
 CAPTURE = threading.Lock()  # reading the captured pipes
 RUN_LOCK = threading.Lock()
-RUN = {"id": None}
+# The run going on. `asked` counts its interrupts and `raised` those its
+# cell was given as KeyboardInterrupt; `in_cell` is set while the cell runs
+# (the only time a SIGINT of ours raises).
+RUN = {"id": None, "in_cell": False, "asked": 0, "raised": 0, "errored": False}
+# Interrupts of runs not started yet (their run request is still queued).
+EARLY = set()
 
 
 def encode(value):
@@ -196,6 +205,7 @@ class Shell(InteractiveShell):
 
     def _showtraceback(self, etype, evalue, stb):
         flush_streams()
+        RUN["errored"] = True
         name = getattr(etype, "__name__", str(etype))
         emit({"type": "error", "name": name, "value": str(evalue),
               "traceback": [COLOUR.sub("", line) for line in stb]})
@@ -203,11 +213,44 @@ class Shell(InteractiveShell):
     def enable_gui(self, gui=None):
         pass
 
+    def _get_exc_info(self, exc_tuple=None):
+        etype, value, tb = super()._get_exc_info(exc_tuple)
+        # The handler that raised a KeyboardInterrupt is not the user's code.
+        link = tb
+        while link is not None and link.tb_next is not None:
+            if link.tb_next.tb_frame.f_code is on_sigint.__code__:
+                link.tb_next = None
+                break
+            link = link.tb_next
+        return etype, value, tb
 
-def interrupt():
+
+def ask_interrupt(now):
+    """Asks the run going on to stop; called with RUN_LOCK held."""
+    RUN["asked"] += 1
+    if RUN["interrupted_at"] is None:
+        RUN["interrupted_at"] = now
+    if RUN["in_cell"]:
+        # The cell's children too (a `subprocess.run` it waits for).
+        os.killpg(os.getpgrp(), signal.SIGINT)
+
+
+def interrupt(run_id):
     with RUN_LOCK:
-        if RUN["id"] is not None:
-            os.killpg(os.getpgrp(), signal.SIGINT)
+        if RUN["id"] is not None and RUN["id"] == run_id:
+            ask_interrupt(time.monotonic())
+        elif run_id is not None and len(EARLY) < 64:
+            # Its run request is queued behind this one (or it is over:
+            # then this is forgotten when the next run starts).
+            EARLY.add(run_id)
+
+
+def on_sigint(signum, frame):
+    """SIGINT: a KeyboardInterrupt in the cell if one is asked and not yet
+    given; otherwise nothing (between cells, or a stray one)."""
+    if RUN["in_cell"] and RUN["asked"] > RUN["raised"]:
+        RUN["raised"] = RUN["asked"]
+        raise KeyboardInterrupt
 
 
 def start_afresh(cut_status=None):
@@ -240,7 +283,7 @@ def read_requests(runs):
                 continue
             op = request.get("op")
             if op == "interrupt":
-                interrupt()
+                interrupt(request.get("run"))
             elif op == "restart":
                 with RUN_LOCK:
                     start_afresh("died")
@@ -259,37 +302,42 @@ def watch():
             if RUN["id"] is None:
                 continue
             now = time.monotonic()
-            if RUN["deadline"] and now > RUN["deadline"] and RUN["interrupted_at"] is None:
-                RUN["timed_out"], RUN["interrupted_at"] = True, now
-                os.killpg(os.getpgrp(), signal.SIGINT)
+            if RUN["deadline"] and now > RUN["deadline"] and not RUN["timed_out"]:
+                RUN["timed_out"] = True
+                ask_interrupt(now)
             elif RUN["interrupted_at"] is not None and now - RUN["interrupted_at"] > PATIENCE:
-                start_afresh("timeout")
-
-
-def between_cells(signum, frame):
-    """SIGINT between cells: dropped (a cell gets Python's own handler, so
-    its KeyboardInterrupt shows no frame of this driver)."""
+                start_afresh("timeout" if RUN["timed_out"] else "interrupted")
 
 
 def run(shell, request):
     timeout = request.get("timeout_s")
     with RUN_LOCK:
+        early = request["id"] in EARLY
+        EARLY.clear()
         RUN.update(id=request["id"], deadline=time.monotonic() + timeout if timeout else None,
-                   interrupted_at=None, timed_out=False)
+                   interrupted_at=time.monotonic() if early else None, timed_out=False,
+                   asked=1 if early else 0, raised=0, in_cell=False, errored=False)
     env = request.get("env") or {}
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     status = "error"
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
+            RUN["in_cell"] = True
+            # An interrupt asked before this line sent no signal: it is
+            # given here (one asked after it comes as SIGINT).
+            if RUN["asked"] > RUN["raised"]:
+                RUN["raised"] = RUN["asked"]
+                raise KeyboardInterrupt
             result = shell.run_cell(request["code"], store_history=True)
+            status = "ok" if result.success else "error"
         finally:
-            signal.signal(signal.SIGINT, between_cells)
-        status = "ok" if result.success else "error"
+            RUN["in_cell"] = False
     except KeyboardInterrupt:
-        # It came after the cell's own handling: the cell is over.
-        pass
+        # Before the cell began, or after its own handling: shown here.
+        if not RUN["errored"]:
+            emit({"type": "error", "name": "KeyboardInterrupt", "value": "", "traceback": ["KeyboardInterrupt"]})
+    RUN["in_cell"] = False
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -300,6 +348,8 @@ def run(shell, request):
     with RUN_LOCK:
         if RUN["timed_out"]:
             status = "timeout"
+        elif RUN["asked"] and status != "ok":
+            status = "interrupted"
         emit({"type": "end", "status": status, "execution_count": shell.execution_count - 1}, now=True)
         RUN["id"] = None
 
@@ -310,10 +360,13 @@ def main():
     config.HistoryManager.enabled = False
     config.InteractiveShell.colors = "NoColor"
     shell = Shell.instance(config=config)
-    signal.signal(signal.SIGINT, between_cells)
+    signal.signal(signal.SIGINT, on_sigint)
     if CUT:
         cut = json.loads(CUT)
         RUN["id"] = cut["run"]
+        if cut["status"] == "interrupted":
+            emit({"type": "error", "name": "KeyboardInterrupt", "value": f"the run did not stop within {PATIENCE:g} s"
+                  " of its interrupt: the interpreter was started afresh", "traceback": []})
         emit({"type": "end", "status": cut["status"], "execution_count": None})
         RUN["id"] = None
     runs = queue.Queue()
@@ -324,7 +377,16 @@ def main():
         request = runs.get()
         if request is None:
             break
-        run(shell, request)
+        try:
+            run(shell, request)
+        except KeyboardInterrupt:
+            # Interrupts asked twice within a few instructions of the
+            # cell's end: the run's end still goes out.
+            RUN["in_cell"] = False
+            with RUN_LOCK:
+                if RUN["id"] is not None:
+                    emit({"type": "end", "status": "interrupted", "execution_count": None}, now=True)
+                    RUN["id"] = None
 
 
 main()
