@@ -1217,26 +1217,17 @@ fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     })
 }
 
-/// The dev key: created once (0600), then reused.
+/// The dev key: created once (0600), then reused; two servers starting at
+/// once on a fresh data dir get the same one.
 fn dev_key(path: &Path) -> Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Ok(existing) = std::fs::read_to_string(path) {
-        if !existing.trim().is_empty() {
-            return Ok(existing.trim().to_string());
-        }
-    }
-    let mut bytes = [0u8; 24];
-    getrandom::getrandom(&mut bytes).context("reading random bytes")?;
-    let key = format!("space_dev_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    writeln!(file, "{key}")?;
+    let content = space_host::datadir::create_once(path, 0o600, || {
+        let mut bytes = [0u8; 24];
+        getrandom::getrandom(&mut bytes).map_err(std::io::Error::other)?;
+        Ok(format!("space_dev_{}\n", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()).into_bytes())
+    })
+    .with_context(|| format!("the dev key ({})", path.display()))?;
+    let key = String::from_utf8_lossy(&content).trim().to_string();
+    anyhow::ensure!(!key.is_empty(), "the dev key file {} is empty: remove it to make a new one", path.display());
     Ok(key)
 }
 

@@ -299,9 +299,78 @@ pub fn ensure_btrfs(dir: &Path, size_gib: u64) -> Result<String, HostError> {
     Ok(said)
 }
 
+/// The content of a file that many may need first at once (the sealing
+/// key, the dev key): the one that is there, or else `make`'s, written
+/// whole to a file of its own (`mode`, synced) and linked into place, so
+/// that exactly one maker wins and every other, in this process or
+/// another, reads the winner's complete content.
+pub fn create_once(
+    path: &Path,
+    mode: u32,
+    make: impl FnOnce() -> std::io::Result<Vec<u8>>,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match fs::read(path) {
+        Ok(content) => return Ok(content),
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(err),
+        Err(_) => {}
+    }
+    let content = make()?;
+    let mut suffix = [0u8; 8];
+    getrandom::getrandom(&mut suffix).map_err(std::io::Error::other)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let staged = path.with_file_name(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        suffix.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ));
+    let written = (|| {
+        let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&staged)?;
+        file.write_all(&content)?;
+        file.sync_all()?;
+        // A link never replaces: the first one made is the file.
+        fs::hard_link(&staged, path)
+    })();
+    let _ = fs::remove_file(&staged);
+    match written {
+        Ok(()) => Ok(content),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => fs::read(path),
+        Err(err) => Err(err),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_many_create_at_once_is_made_once_and_read_whole_by_all() {
+        let dir = std::env::temp_dir().join(format!("space-create-once-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("shared.key");
+        let start = std::sync::Barrier::new(32);
+        let seen: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let users: Vec<_> = (0..32u8)
+                .map(|n| {
+                    let (path, start) = (&path, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        create_once(path, 0o600, || Ok(vec![n; 4096])).unwrap()
+                    })
+                })
+                .collect();
+            users.into_iter().map(|u| u.join().unwrap()).collect()
+        });
+        let on_disk = fs::read(&path).unwrap();
+        assert_eq!(on_disk.len(), 4096);
+        assert!(seen.iter().all(|content| *content == on_disk), "every user got the one file's whole content");
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "no staged file is left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     const MOUNTINFO: &str = "\
 22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw

@@ -6,8 +6,6 @@
 //! a request to one of the secret's hosts needs it.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -42,18 +40,13 @@ pub struct Keyring {
 impl Keyring {
     /// Reads `path`, or makes it (32 random bytes, 0600) if it is missing.
     pub fn load_or_create(path: &Path) -> std::io::Result<Keyring> {
-        let mut bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                let mut bytes = vec![0u8; 32];
-                SystemRandom::new().fill(&mut bytes).map_err(|_| std::io::Error::other("no random bytes"))?;
-                let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-                file.write_all(&bytes)?;
-                file.sync_all()?;
-                bytes
-            }
-            Err(err) => return Err(err),
-        };
+        // Its first users may come at once (a warm pool's members, the
+        // first requests): one makes it, the others read that one.
+        let mut bytes = space_host::datadir::create_once(path, 0o600, || {
+            let mut bytes = vec![0u8; 32];
+            SystemRandom::new().fill(&mut bytes).map_err(|_| std::io::Error::other("no random bytes"))?;
+            Ok(bytes)
+        })?;
         // Also 64 hexadecimal digits (a key an operator made as text).
         let text = String::from_utf8_lossy(&bytes).trim().to_string();
         if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -487,6 +480,24 @@ mod tests {
         // The same file again gives the same key.
         let again = Keyring::load_or_create(&path).unwrap();
         assert_eq!(again.open("secret\0t\0a", &sealed).unwrap(), b"sk-value");
+        // Many first users at once all get the one key (the second of two
+        // failed with "File exists" and a warm sandbox with it).
+        std::fs::remove_file(&path).unwrap();
+        let start = std::sync::Barrier::new(16);
+        let tokens: Vec<String> = std::thread::scope(|scope| {
+            let users: Vec<_> = (0..16)
+                .map(|_| {
+                    let (path, start) = (&path, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        Keyring::load_or_create(path).unwrap().token("check", "one")
+                    })
+                })
+                .collect();
+            users.into_iter().map(|u| u.join().unwrap()).collect()
+        });
+        assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+        assert_eq!(Keyring::load_or_create(&path).unwrap().token("check", "one"), tokens[0]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
