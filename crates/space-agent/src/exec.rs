@@ -83,11 +83,10 @@ impl StreamGate {
         *self.open.lock().unwrap_or_else(|e| e.into_inner()) = false;
     }
 
-    fn close_with(&self, frame: Frame) {
+    /// Sends `frame` as the stream's last; whether it was queued.
+    fn close_with(&self, frame: Frame) -> bool {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if std::mem::replace(&mut *open, false) {
-            let _ = self.outbox.send(frame);
-        }
+        std::mem::replace(&mut *open, false) && self.outbox.send(frame).is_ok()
     }
 }
 
@@ -170,14 +169,49 @@ pub fn start(stream: u32, request: ExecRequest, identity: &Welcome, outbox: &Syn
         while left > 0 && drained.recv().is_ok() {
             left -= 1;
         }
-        sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
         let oom_killed = crate::memory::take_killed(pid as i32);
         let exited = match status {
             ExitStatus::Exited(code) => Exited { exit_code: Some(code), signal: None, oom_killed },
             ExitStatus::Signaled(sig) => Exited { exit_code: None, signal: Some(sig), oom_killed },
         };
-        gate.close_with(Frame::message(stream, FrameKind::Exit, &exited));
+        // Owed before the session goes, so a redial names the stream in
+        // one or the other (it reads the sessions first).
+        owe(stream, true);
+        sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+        if !gate.close_with(Frame::message(stream, FrameKind::Exit, &exited)) {
+            owe(stream, false);
+        }
     });
+}
+
+/// Streams whose exit frame is queued but not yet written to a host
+/// connection. A redial names them with the running ones: a command that
+/// ended while the host was away (a restart) has its exit, and the output
+/// before it, waiting in the outbox for the next connection, and the new
+/// host must take its stream over to get them.
+static OWED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+fn owe(stream: u32, owed: bool) {
+    let mut streams = OWED.lock().unwrap_or_else(|e| e.into_inner());
+    streams.retain(|s| *s != stream);
+    if owed {
+        streams.push(stream);
+    }
+}
+
+/// The exit frame of `stream` went out on a connection.
+pub fn exit_written(stream: u32) {
+    owe(stream, false);
+}
+
+/// The streams a redialing agent still serves: running commands, and
+/// ended ones whose exit has not gone out yet.
+pub fn served_streams(sessions: &Sessions) -> Vec<u32> {
+    let mut streams: Vec<u32> = sessions.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+    streams.extend(OWED.lock().unwrap_or_else(|e| e.into_inner()).iter().copied());
+    streams.sort_unstable();
+    streams.dedup();
+    streams
 }
 
 /// Sends what comes out of `pipe` until EOF, or, once `finishing` reads
@@ -440,6 +474,7 @@ pub fn forget_streams(sessions: &Sessions) {
     for (_, session) in sessions.lock().unwrap_or_else(|e| e.into_inner()).drain() {
         session.gate.silence();
     }
+    OWED.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
 pub fn close_stdin(sessions: &Sessions, stream: u32) {
@@ -556,5 +591,35 @@ mod tests {
             }
             assert_eq!(stdout, BYTES, "every byte the command wrote came before its exit (round {round})");
         }
+    }
+
+    /// A command that ended while no host listened (a restart) is still
+    /// named at the redial until its exit frame has gone out, so the new
+    /// host takes its stream over and gets its end.
+    #[test]
+    fn a_stream_is_served_until_its_exit_went_out() {
+        let (outbox, frames) = sync_channel::<Frame>(8);
+        let sessions = Sessions::default();
+        let request = ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), "echo done".into()],
+            env: Default::default(),
+            cwd: Some("/".into()),
+            user: None,
+            stdin: false,
+            tty: false,
+        };
+        const STREAM: u32 = 1001;
+        super::start(STREAM, request, &identity(), &outbox, &sessions);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let frame = frames.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("the exit");
+            if frame.kind == FrameKind::Exit {
+                break;
+            }
+        }
+        assert!(sessions.lock().unwrap().is_empty(), "the command ended");
+        assert!(super::served_streams(&sessions).contains(&STREAM), "its exit is owed to the host");
+        super::exit_written(STREAM);
+        assert!(!super::served_streams(&sessions).contains(&STREAM), "no longer, once it went out");
     }
 }

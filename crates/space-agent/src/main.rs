@@ -110,7 +110,7 @@ fn run() -> Result<(), String> {
         // A refused handshake (another process in the sandbox took the
         // host's socket first, and the host turned it away) is retried.
         let (new_reader, new_writer, welcome) = loop {
-            let streams = agent.sessions.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+            let streams = exec::served_streams(&agent.sessions);
             match connect(&socket_path, None, true, &mut key, Some(streams)) {
                 Ok(connected) => break connected,
                 Err(err) => {
@@ -252,6 +252,9 @@ fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
     for frame in queued {
         let quiesce_ack = frame.kind == FrameKind::QuiesceAck;
         let mut written = write_frame(&mut writer, &frame).is_ok();
+        if written && frame.kind == FrameKind::Exit {
+            exec::exit_written(frame.stream);
+        }
         // A frame that could not be written goes out on the next socket,
         // except the ack of a quiesce: it answers the connection that asked,
         // which is gone. Sent on the next one it made the agent drop that
@@ -267,6 +270,9 @@ fn write_loop(queued: Receiver<Frame>, sockets: Receiver<UnixStream>) {
                 break;
             }
             written = write_frame(&mut writer, &frame).is_ok();
+            if written && frame.kind == FrameKind::Exit {
+                exec::exit_written(frame.stream);
+            }
         }
         if quiesce_ack && written {
             drop(writer);
