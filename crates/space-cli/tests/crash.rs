@@ -296,36 +296,37 @@ fn killing_the_server_under_load_loses_nothing_it_accepted() {
     common::stop(server);
 }
 
-/// Stops (SIGSTOP) every host process of a sandbox's engine, as a loaded
-/// host or a stuck sentry would hold them, and lets them go again (SIGCONT)
-/// when dropped.
-struct Stopped(String);
+/// Stops (SIGSTOP) a sandbox's engine, as a loaded host or a stuck sentry
+/// would hold it, and lets it go again (SIGCONT) when dropped: the sentry
+/// and the gofer, the processes of its cgroup whose parent is not in it
+/// (the sentry's own children, which run the sandbox's tasks, wait on it).
+struct Stopped(Vec<i32>);
 
 impl Stopped {
-    fn processes(id: &str) -> Vec<i32> {
+    fn new(id: &str) -> Stopped {
         let procs = std::path::Path::new("/sys/fs/cgroup/pids/space").join(id).join("cgroup.procs");
         let listed = std::fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
-        listed.split_whitespace().filter_map(|pid| pid.parse().ok()).collect()
-    }
-
-    fn signal_all(id: &str, signal: nix::sys::signal::Signal) {
-        // Twice: a process may have been started between the listing and the signal.
-        for _ in 0..2 {
-            for pid in Self::processes(id) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
-            }
+        let members: Vec<i32> = listed.split_whitespace().filter_map(|pid| pid.parse().ok()).collect();
+        let parent = |pid: i32| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The parent is the second field after the parenthesised name.
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+        };
+        let engine: Vec<i32> =
+            members.iter().copied().filter(|pid| parent(*pid).is_some_and(|p| !members.contains(&p))).collect();
+        assert!(!engine.is_empty(), "the sandbox's engine processes: {members:?}");
+        for pid in &engine {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
         }
-    }
-
-    fn new(id: &str) -> Stopped {
-        Self::signal_all(id, nix::sys::signal::Signal::SIGSTOP);
-        Stopped(id.to_string())
+        Stopped(engine)
     }
 }
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        Self::signal_all(&self.0, nix::sys::signal::Signal::SIGCONT);
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGCONT);
+        }
     }
 }
 
