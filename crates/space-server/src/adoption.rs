@@ -72,7 +72,8 @@ impl Platform {
                     // Slow, not gone: wait on while its engine still runs it,
                     // first putting right what would keep its agent from
                     // dialing in (a cgroup a killed server left frozen).
-                    if began.elapsed() < REDIAL_CAP && self.still_runs(spec).await {
+                    let runs = self.still_runs(spec).await;
+                    if runs && began.elapsed() < REDIAL_CAP {
                         match self.settle_running(spec).await {
                             Some(settled) => tracing::warn!(sandbox = %spec.id, "its agent is slow to dial in: {settled}"),
                             None => tracing::info!(sandbox = %spec.id, "its agent is slow to dial in; waiting on"),
@@ -80,9 +81,12 @@ impl Platform {
                         deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
                         continue;
                     }
-                    return Err(last_error.unwrap_or_else(|| {
-                        format!("the agent did not dial in within {:?}", began.elapsed())
-                    }));
+                    let waited = format!("the agent did not dial in within {:?}", began.elapsed());
+                    return Err(match (runs, last_error) {
+                        (false, _) => format!("its engine processes are gone ({waited})"),
+                        (true, Some(error)) => error,
+                        (true, None) => waited,
+                    });
                 }
             }
         }
