@@ -114,6 +114,9 @@ ensure_nextest() {
     have=$(cargo nextest --version 2>/dev/null | head -n 1 | cut -d' ' -f2 || true)
     if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$NEXTEST_VERSION" "$have" | sort -V | head -n 1)" != "$NEXTEST_VERSION" ]; then
         say "building cargo-nextest $NEXTEST_VERSION (the test runner)"
-        cargo install --locked --version "$NEXTEST_VERSION" --root "$TOOLS" cargo-nextest
+        # Without self-update: it fetches releases from a host CI cannot reach,
+        # and it is most of what there is to build.
+        cargo install --locked --version "$NEXTEST_VERSION" --root "$TOOLS" \
+            --no-default-features --features default-no-update cargo-nextest
     fi
 }

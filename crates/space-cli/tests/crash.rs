@@ -278,7 +278,11 @@ fn killing_the_server_under_load_loses_nothing_it_accepted() {
         assert_eq!(status, 200, "{command}");
         assert_eq!(command["result"]["exit_code"], 0, "{command}");
         let url = format!("{}/v1/sandboxes/{id}/commands/{cid}/output", client.url.read().unwrap());
-        let text = ureq::get(&url).set("Authorization", &format!("Bearer {}", client.key)).call().unwrap();
+        let text = ureq::get(&url)
+            .timeout(Duration::from_secs(60))
+            .set("Authorization", &format!("Bearer {}", client.key))
+            .call()
+            .unwrap();
         let frames = text.into_string().unwrap();
         assert!(frames.contains(stdout.trim()), "the transcript of {cid} kept its output: {frames}");
     }
