@@ -114,7 +114,20 @@ fn a_cgroup_at_its_limit_is_lent_memory_given_it_back_and_stopped_past_the_loan(
 
     // Back under the limit: the loan is taken back.
     assert_eq!(ask(&mut stdin, &answers, "free").as_deref(), Some("ok"));
-    wait_for("the loan to be taken back", || limit(&dir) == LIMIT);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while limit(&dir) != LIMIT {
+        // Says what the cgroup holds if it never gets under the limit
+        // (seen twice in whole-suite runs under load; never alone).
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the loan to be taken back: usage {} of limit {}, oom_control {:?}, stat {:?}",
+            read(&dir, "memory.usage_in_bytes").trim(),
+            limit(&dir),
+            read(&dir, "memory.oom_control"),
+            read(&dir, "memory.stat").lines().filter(|l| !l.starts_with("total_")).collect::<Vec<_>>().join(", ")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 
     // Past the limit again, and past the loan: stopped for memory.
     let answer = ask(&mut stdin, &answers, "alloc 300");
