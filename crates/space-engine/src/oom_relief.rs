@@ -228,10 +228,17 @@ fn relieve(id: &str, w: &mut Watched) {
             }
         }
         None => {}
-        Some(_) if at_limit => give_up(id, w),
         Some((limit, since)) => {
             let used = read_u64(&w.dir.join("memory.usage_in_bytes")).unwrap_or(u64::MAX);
-            if used < limit && set_limits(&w.dir, limit, false).is_ok() {
+            // `under_oom` stays set until the tasks that waited at the old
+            // limit wake, which under load takes longer than a check's
+            // period: only a sandbox that also uses well past its old limit
+            // reached the loan's end. (Taking the stale flag for that gave
+            // a sandbox up right after its loan: its killer back on and
+            // the loan never taken back.)
+            if at_limit && used > limit + OVERDRAFT / 2 {
+                give_up(id, w);
+            } else if used < limit && set_limits(&w.dir, limit, false).is_ok() {
                 tracing::info!(sandbox = %id, ms = since.elapsed().as_millis() as u64, "back under its memory limit");
                 w.lent = None;
             }
