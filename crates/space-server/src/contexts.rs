@@ -207,7 +207,7 @@ impl Platform {
             Ok(Ok(Ok(()))) => Ok(live),
             Ok(Ok(Err(why))) => Err(ApiError::unprocessable(format!("the interpreter did not start: {why}"))),
             _ => {
-                let _ = live.agent.signal(live.stream, nix::sys::signal::Signal::SIGKILL as i32).await;
+                let _ = live.signal(nix::sys::signal::Signal::SIGKILL).await;
                 Err(ApiError::unavailable(format!("the interpreter did not answer within {READY_PATIENCE:?}")))
             }
         }
@@ -420,7 +420,7 @@ impl Platform {
     pub async fn delete_context(&self, sandbox_id: &str, id: &str) -> Result<(), ApiError> {
         let live = self.context(sandbox_id, id)?;
         self.forget_context(id);
-        let _ = live.agent.signal(live.stream, nix::sys::signal::Signal::SIGKILL as i32).await;
+        let _ = live.signal(nix::sys::signal::Signal::SIGKILL).await;
         Ok(())
     }
 }
@@ -445,8 +445,8 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
                     }
                     let Ok(mut event) = serde_json::from_slice::<Value>(&std::mem::take(&mut line)) else { continue };
                     let kind = event["type"].as_str().unwrap_or_default().to_string();
-                    match Some(kind.as_str()) {
-                        Some("ready") => {
+                    match kind.as_str() {
+                        "ready" => {
                             if let Some(cwd) = event["cwd"].as_str() {
                                 let mut info = live.info.lock().unwrap_or_else(|e| e.into_inner());
                                 info.cwd.get_or_insert_with(|| cwd.to_string());
@@ -454,11 +454,11 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
                             live.set_state("ready");
                             ready(Ok(()));
                         }
-                        Some("died") => {
+                        "died" => {
                             live.set_state("dead");
                             ready(Err(event["why"].as_str().unwrap_or("the interpreter exited").to_string()));
                         }
-                        Some(kind) if event.get("run").is_some() => {
+                        kind if event.get("run").is_some() => {
                             let run_id = event["run"].as_str().unwrap_or_default().to_string();
                             if !live.is_current(&run_id) {
                                 continue;
