@@ -9,6 +9,8 @@
 //! persist state, enforce API rules or know about tenants.
 
 pub mod agent;
+#[cfg(feature = "testing")]
+pub mod fake;
 pub mod firecracker;
 pub mod gvisor;
 pub mod oom_relief;
