@@ -77,6 +77,14 @@ impl DataDir {
                 root.display()
             )));
         }
+        DataDir::open_on_any_filesystem(&root)
+    }
+
+    /// Opens a data dir on whatever filesystem holds it: for an engine that
+    /// copies no template root (the test engine), where nothing needs
+    /// btrfs's snapshots or quotas.
+    pub fn open_on_any_filesystem(root: &Path) -> Result<DataDir, HostError> {
+        let root = fs::canonicalize(root).map_err(HostError::io(format!("opening data dir {}", root.display())))?;
         let space = DiskSpace::of(&root);
         let dir = DataDir { root, ext4_images: crate::hardware_virtualization(), space };
         for sub in [dir.templates_dir(), dir.sandboxes_dir(), dir.run_dir()] {

@@ -199,12 +199,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
     if let Some(build) = config.ext4_images {
         data.set_ext4_images(build);
     }
-    let store = match &config.database {
-        Some(url) => store::Store::connect(url)?,
-        None => store::Store::open(&data.db_path())?,
-    };
-    store.claim_for_server()?;
-    tracing::info!("state: {}", if config.database.is_some() { "PostgreSQL" } else { "SQLite in the data dir" });
+    let store = open_store(config, &data)?;
     if quotas != quotas_before {
         // Limits do not survive a change of quota mode: set them again.
         for record in store.live_sandboxes()? {
@@ -232,6 +227,40 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerEr
         (EngineChoice::Auto, _, _) => (gvisor, firecracker),
     };
     let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
+    assemble(config, data, store, engine, report)
+}
+
+/// [`start_platform`] with `engine` in place of this host's engines, on a
+/// data dir on any filesystem, touching nothing else of the host (it does
+/// not become a subreaper or turn on btrfs quotas): how tests run the
+/// platform's logic on a fake engine as an unprivileged user.
+pub fn start_platform_with(config: &PlatformConfig, engine: Arc<dyn Engine>) -> Result<Arc<Platform>, ServerError> {
+    let data = DataDir::open_on_any_filesystem(&config.data_dir)?;
+    let store = open_store(config, &data)?;
+    let report = vec![engine.availability()];
+    assemble(config, data, store, engine, report)
+}
+
+/// The platform's state: PostgreSQL, or SQLite in the data dir.
+fn open_store(config: &PlatformConfig, data: &DataDir) -> Result<store::Store, ServerError> {
+    let store = match &config.database {
+        Some(url) => store::Store::connect(url)?,
+        None => store::Store::open(&data.db_path())?,
+    };
+    store.claim_for_server()?;
+    tracing::info!("state: {}", if config.database.is_some() { "PostgreSQL" } else { "SQLite in the data dir" });
+    Ok(store)
+}
+
+/// Builds the platform over `engine` as `config` says and reconciles what a
+/// previous run left.
+fn assemble(
+    config: &PlatformConfig,
+    data: DataDir,
+    store: store::Store,
+    engine: Arc<dyn Engine>,
+    report: Vec<space_engine::Availability>,
+) -> Result<Arc<Platform>, ServerError> {
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
     tracing::info!("engine: {}", engine.name());
     let pools = warm::PoolSizes { warm: config.warm_pool, hot: config.hot_pool };
