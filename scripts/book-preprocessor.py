@@ -64,12 +64,27 @@ def type_of(schema):
             words.append(f"array of {type_of(schema.get('items', {}))}")
         elif k == "object" and isinstance(schema.get("additionalProperties"), dict):
             words.append(f"map of {type_of(schema['additionalProperties'])}")
-        elif k is not None:
+        elif k not in (None, "null"):
             fmt = schema.get("format")
             words.append(f"{k} ({fmt})" if fmt else k)
+    if "null" in kinds:
+        words.append("null")
     if "enum" in schema:
         words.append("one of " + ", ".join(f"`{v}`" for v in schema["enum"] if v is not None))
     return " \\| ".join(words) or "any"
+
+
+def description_of(schema):
+    """A schema's description, or that of its one described variant (an
+    optional reference carries its description beside the `$ref`)."""
+    if not isinstance(schema, dict):
+        return ""
+    if schema.get("description"):
+        return schema["description"]
+    for variant in schema.get("oneOf", []) + schema.get("anyOf", []):
+        if isinstance(variant, dict) and variant.get("description"):
+            return variant["description"]
+    return ""
 
 
 def render_properties(schema, out):
@@ -79,7 +94,7 @@ def render_properties(schema, out):
         return
     out += ["| field | type | required | description |", "|---|---|---|---|"]
     for name, prop in props.items():
-        description = prop.get("description", "") if isinstance(prop, dict) else ""
+        description = description_of(prop)
         out.append(f"| `{name}` | {type_of(prop)} | {'yes' if name in required else ''} | {cell(description)} |")
     out.append("")
 

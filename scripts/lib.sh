@@ -120,3 +120,29 @@ ensure_nextest() {
             --no-default-features --features default-no-update cargo-nextest
     fi
 }
+
+# The book (docs/book) is built by mdBook, from crates.io into
+# target/tools when the right one is not on PATH (0.4.52: the last
+# release that builds with the workspace's Rust 1.85; without its
+# development server and file watcher, which the build does not use).
+MDBOOK_VERSION=0.4.52
+ensure_mdbook() {
+    export PATH="$TOOLS/bin:$PATH"
+    if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+        say "building mdbook $MDBOOK_VERSION (the book)"
+        cargo install --locked --version "$MDBOOK_VERSION" --root "$TOOLS" \
+            --no-default-features --features search mdbook
+    fi
+}
+
+# Builds the book into target/book and fails on a link that leads nowhere
+# (in the book or the README). Its API reference is rendered from the
+# OpenAPI document the server's own code prints, so it cannot drift.
+build_book() {
+    ensure_mdbook
+    say "building the book (docs/book) and checking its links"
+    cargo run --quiet --locked -p space-server --example openapi >"$TARGET_DIR/openapi.json"
+    # From the book's directory: mdBook runs its preprocessor from there.
+    (cd "$ROOT/docs/book" && SPACE_OPENAPI_JSON="$TARGET_DIR/openapi.json" mdbook build)
+    python3 "$ROOT/scripts/check-links.py" "$ROOT/target/book" "$ROOT/README.md"
+}

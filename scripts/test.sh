@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Install what is needed and run the whole test suite on real sandboxes:
-# format and lints, every test under a per-test watchdog (cargo-nextest,
-# .config/nextest.toml: a stuck test fails naming itself and the others
-# still run), the doc tests, and fuzzing. Ends with a summary (passed,
-# failed and skipped tests, the ten slowest, total time, free disk) and
-# exits non-zero if anything failed.
+# format and lints, the book (docs/book, its links checked), every test
+# under a per-test watchdog (cargo-nextest, .config/nextest.toml: a stuck
+# test fails naming itself and the others still run), the doc tests, and
+# fuzzing. Ends with a summary (passed, failed and skipped tests, the ten
+# slowest, total time, free disk) and exits non-zero if anything failed.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 need_root "$@"
@@ -30,6 +30,7 @@ ensure_test_packages
 say "checking format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+build_book
 
 # From here on a failure is counted, not fatal: everything runs, and the
 # summary says what failed.
