@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_api::{OperationKind, OperationOrigin, SandboxState};
+use space_api::{ErrorCode, OperationKind, OperationOrigin, SandboxState};
 use space_engine::{AgentConn, EngineError, SandboxSpec};
 use tokio::sync::mpsc;
 
@@ -92,7 +92,7 @@ impl Platform {
 
 /// An engine failure as the client sees it.
 fn engine_failed(message: impl Into<String>) -> ApiError {
-    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "engine_failed", message)
+    ApiError::new(ErrorCode::EngineFailed, message)
 }
 
 /// What a client may learn of an engine failure: no host paths, no internals.

@@ -4,7 +4,7 @@
 //! `capacity` instead of overcommitting the host; the warm pool stops
 //! refilling at the limit. Suspended sandboxes hold only disk.
 
-use space_api::SandboxState;
+use space_api::{ErrorCode, SandboxState};
 
 use crate::error::ApiError;
 use crate::platform::Platform;
@@ -53,8 +53,7 @@ impl Platform {
         let reserved = self.reserved_mib();
         if reserved + u64::from(memory_mib) > self.capacity_mib {
             return Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "capacity",
+                ErrorCode::Capacity,
                 format!(
                     "this host cannot hold {memory_mib} MiB more: {reserved} of {} MiB are promised to sandboxes",
                     self.capacity_mib

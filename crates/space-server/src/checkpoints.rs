@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use space_api::{Checkpoint, Command, Operation, OperationKind, Sandbox, SandboxState, MAX_CHECKPOINTS};
+use space_api::{Checkpoint, Command, ErrorCode, Operation, OperationKind, Sandbox, SandboxState, MAX_CHECKPOINTS};
 
 use crate::actor::Job;
 use crate::domain::{self, Event};
@@ -91,12 +91,8 @@ pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), space_host::HostE
 
 /// 404 for a checkpoint that is not there (or not whole).
 pub(crate) fn checkpoint_not_found(id: &str, name: &str) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::NOT_FOUND,
-        "checkpoint_not_found",
-        format!("sandbox {id} has no checkpoint {name:?}"),
-    )
-    .with_details(serde_json::json!({"kind": "checkpoint", "id": name}))
+    ApiError::new(ErrorCode::CheckpointNotFound, format!("sandbox {id} has no checkpoint {name:?}"))
+        .with_details(serde_json::json!({"kind": "checkpoint", "id": name}))
 }
 
 impl Platform {
@@ -152,8 +148,7 @@ impl Platform {
         let held = self.checkpoints(id)?;
         if held.iter().any(|c| c.name == name) || self.checkpoint_busy(id, name)? {
             return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "checkpoint_exists",
+                ErrorCode::CheckpointExists,
                 format!("sandbox {id} already has a checkpoint {name:?}; delete it first"),
             ));
         }
@@ -210,8 +205,7 @@ impl Platform {
         }
         if self.checkpoint_busy(id, name)? {
             return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "checkpoint_in_use",
+                ErrorCode::CheckpointInUse,
                 format!("checkpoint {name:?} is being saved or restored"),
             ));
         }

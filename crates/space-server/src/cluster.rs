@@ -22,6 +22,7 @@ use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::store::{NodeRow, Store};
 use crate::tenants::Caller;
+use space_api::ErrorCode;
 
 /// How often a node reports, and how long a report keeps it alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -391,11 +392,7 @@ async fn health(State(cp): State<Shared>) -> Result<Response, ApiError> {
 fn authenticate(cp: &ControlPlane, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let offered = crate::api::websocket_bearer(headers);
     let Some(key) = crate::api::bearer(headers).or(offered.as_deref()) else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing API key: send `Authorization: Bearer <key>`",
-        ));
+        return Err(ApiError::new(ErrorCode::Unauthorized, "missing API key: send `Authorization: Bearer <key>`"));
     };
     caller_for_key(cp, key)
 }
@@ -406,7 +403,7 @@ fn caller_for_key(cp: &ControlPlane, key: &str) -> Result<Caller, ApiError> {
     }
     match cp.store.key_tenant(&crate::tenants::hash_key(key))? {
         Some(tenant) => Ok(Caller { tenant, operator: false, node: false }),
-        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid")),
+        None => Err(ApiError::new(ErrorCode::Unauthorized, "the API key is not valid")),
     }
 }
 
@@ -467,8 +464,7 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
             crate::api::events::serve(cp.clone(), caller, query, &parts.headers)
         }
         _ => Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_in_cluster_mode",
+            ErrorCode::NotInClusterMode,
             format!("{method} {path} is not served by a cluster's control plane yet (decision 009)"),
         )),
     }
@@ -496,8 +492,7 @@ async fn relay_to(
     caller: Option<&Caller>,
     mut request: Request,
 ) -> Result<Response, ApiError> {
-    let unreachable =
-        |e: String| ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", format!("node {}: {e}", node.id));
+    let unreachable = |e: String| ApiError::new(ErrorCode::NodeUnreachable, format!("node {}: {e}", node.id));
     let upgrade = request.headers().get(header::UPGRADE).cloned();
     let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
@@ -567,9 +562,9 @@ async fn relay_to(
 /// the same answer to send on.
 async fn read_answer(response: Response) -> Result<(Response, Option<serde_json::Value>), ApiError> {
     let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_RECORDED).await.map_err(|e| {
-        ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", format!("reading a node's answer: {e}"))
-    })?;
+    let bytes = axum::body::to_bytes(body, MAX_RECORDED)
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::NodeUnreachable, format!("reading a node's answer: {e}")))?;
     let json = serde_json::from_slice(&bytes).ok();
     Ok((Response::from_parts(parts, Body::from(bytes)), json))
 }
@@ -688,9 +683,9 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     let (mut parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
         .await
-        .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
-    let wanted: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
+        .map_err(|_| ApiError::new(ErrorCode::TooLarge, "the request body is too large"))?;
+    let wanted: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::new(ErrorCode::MalformedJson, e.to_string()))?;
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let (node, allowance) = place(cp, caller, &wanted, key.as_deref()).await?;
     parts.extensions.insert(allowance);
@@ -807,7 +802,7 @@ async fn sandbox_request(
         let (parts, body) = request.into_parts();
         let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
             .await
-            .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
+            .map_err(|_| ApiError::new(ErrorCode::TooLarge, "the request body is too large"))?;
         let count = serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
             .and_then(|body| body["count"].as_u64())
@@ -860,7 +855,7 @@ async fn ask_all_but(
         let response = forward(cp, &node.row, caller, request).await?;
         if !response.status().is_success() {
             let why = format!("node {} answered {}", node.row.id, response.status());
-            return Err(ApiError::new(StatusCode::BAD_GATEWAY, "node_unreachable", why));
+            return Err(ApiError::new(ErrorCode::NodeUnreachable, why));
         }
         if let (_, Some(json)) = read_answer(response).await? {
             answers.push(json);
@@ -931,7 +926,7 @@ async fn build(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<R
     let (body, source) = if json {
         let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
             .await
-            .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is too large"))?;
+            .map_err(|_| ApiError::new(ErrorCode::TooLarge, "the request body is too large"))?;
         let from = serde_json::from_slice::<serde_json::Value>(&bytes).ok().map(|b| b["from"].clone());
         let source = from.and_then(|f| f["sandbox"].as_str().or(f["checkpoint"]["sandbox"].as_str()).map(String::from));
         (Body::from(bytes), source)
@@ -1087,7 +1082,7 @@ async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Res
     let placed = place(cp, caller, &serde_json::json!({"template": name}), key.as_deref()).await;
     let (node, allowance) = match placed {
         // E2B's code interpreter template, served by SPACE's (as on a node).
-        Err(err) if err.status == StatusCode::NOT_FOUND && name == crate::e2b::E2B_CODE_INTERPRETER => {
+        Err(err) if err.code == ErrorCode::TemplateNotFound && name == crate::e2b::E2B_CODE_INTERPRETER => {
             let served = serde_json::json!({"template": space_host::template::CODE_INTERPRETER_TEMPLATE});
             place(cp, caller, &served, key.as_deref()).await?
         }
@@ -1142,8 +1137,7 @@ async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Resul
 async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request) -> Result<Response, ApiError> {
     let Some(keyring) = &cp.keyring else {
         return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_in_cluster_mode",
+            ErrorCode::NotInClusterMode,
             "this control plane keeps no secrets: start it with --secrets-key-file",
         ));
     };
@@ -1408,11 +1402,11 @@ pub(crate) struct NodeToken(String);
 /// Only the control plane (or another node of the cluster) with the node
 /// token reaches a node's internal routes; a single host has none.
 fn node_only(expected: Option<&str>, headers: &HeaderMap) -> Result<NodeToken, ApiError> {
-    let missing = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route");
+    let missing = || ApiError::new(ErrorCode::NotFound, "no such route");
     let token = expected.ok_or_else(missing)?;
     let presented = crate::api::bearer(headers).unwrap_or_default();
     if !space_proto::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "internal routes need the node token"));
+        return Err(ApiError::new(ErrorCode::Unauthorized, "internal routes need the node token"));
     }
     Ok(NodeToken(token.to_string()))
 }
@@ -1449,7 +1443,7 @@ pub(crate) async fn export_template(
     let export = tokio::task::spawn_blocking(move || space_host::template::export(&platform.data, &name))
         .await
         .map_err(|e| ApiError::internal("exporting a template", e))?
-        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "template_not_found", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorCode::TemplateNotFound, e.to_string()))?;
     let meta = serde_json::to_vec(&export.meta).map_err(|e| ApiError::internal("a template", e))?;
     let file = tokio::fs::File::open(&export.tar).await.map_err(|e| ApiError::internal("opening an export", e))?;
     let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use space_api::{Attach, Command, CommandState, ProcessResult};
+use space_api::{Attach, Command, CommandState, ErrorCode, ProcessResult};
 use space_engine::{AgentConn, AgentError, ExecEvent, ExecStream};
 use space_proto::{ExecFailure, ExecRequest, Exited};
 use tokio::sync::watch;
@@ -43,21 +43,20 @@ pub fn lost_result(command: &Command, why: &str) -> ProcessResult {
 }
 
 pub(crate) fn exec_failure(err: AgentError) -> ApiError {
-    use axum::http::StatusCode;
     match err {
         AgentError::ExecFailed(failed) => {
             let code = match failed.reason {
-                ExecFailure::NotFound => "executable_not_found",
-                ExecFailure::PermissionDenied => "permission_denied",
-                ExecFailure::BadCwd => "invalid_cwd",
-                ExecFailure::BadUser => "invalid_user",
-                ExecFailure::Invalid => "invalid_value",
-                ExecFailure::Spawn => "spawn_failed",
+                ExecFailure::NotFound => ErrorCode::ExecutableNotFound,
+                ExecFailure::PermissionDenied => ErrorCode::PermissionDenied,
+                ExecFailure::BadCwd => ErrorCode::InvalidCwd,
+                ExecFailure::BadUser => ErrorCode::InvalidUser,
+                ExecFailure::Invalid => ErrorCode::InvalidValue,
+                ExecFailure::Spawn => ErrorCode::SpawnFailed,
             };
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, failed.message)
+            ApiError::new(code, failed.message)
         }
         AgentError::Disconnected | AgentError::Timeout(_) | AgentError::Impostor => {
-            ApiError::new(StatusCode::CONFLICT, "invalid_state", "the sandbox is not reachable; it may have stopped")
+            ApiError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
         }
         AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
         AgentError::File(err) => ApiError::internal("starting a command", err.message),
@@ -78,15 +77,13 @@ pub enum Input {
 /// it and the caller would never know). A command recorded by an older
 /// server carries no flags and takes everything, as it did then.
 pub fn check_input(command: &Command, input: Input) -> Result<(), ApiError> {
-    use axum::http::StatusCode;
     let (started_with, without, field) = match input {
         Input::Stdin => (command.stdin, "stdin", "stdin"),
         Input::Resize => (command.tty, "a terminal", "tty"),
     };
     if started_with == Some(false) {
         return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "invalid_state",
+            ErrorCode::InvalidState,
             format!("this command was started without {without}; start one with \"{field}\": true"),
         )
         .with_details(serde_json::json!({ "field": field })));
@@ -324,11 +321,11 @@ mod tests {
     #[test]
     fn input_is_refused_only_when_the_command_was_started_without_it() {
         let plain = command(Some(false), Some(false));
-        assert_eq!(check_input(&plain, Input::Stdin).unwrap_err().status, 409);
-        assert_eq!(check_input(&plain, Input::Resize).unwrap_err().status, 409);
+        assert_eq!(check_input(&plain, Input::Stdin).unwrap_err().status(), 409);
+        assert_eq!(check_input(&plain, Input::Resize).unwrap_err().status(), 409);
         let piped = command(Some(true), Some(false));
         assert!(check_input(&piped, Input::Stdin).is_ok());
-        assert_eq!(check_input(&piped, Input::Resize).unwrap_err().code, "invalid_state");
+        assert_eq!(check_input(&piped, Input::Resize).unwrap_err().code, space_api::ErrorCode::InvalidState);
         assert!(check_input(&command(Some(true), Some(true)), Input::Resize).is_ok());
         // Recorded before the flags were: everything goes through, as then.
         let older: Command = serde_json::from_value(serde_json::json!({

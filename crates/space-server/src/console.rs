@@ -4,12 +4,13 @@
 //! shows comes from `/v1` with the key the user signs in with.
 
 use axum::extract::Path;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 
 use crate::error::ApiError;
+use space_api::ErrorCode;
 
 const INDEX: &[u8] = include_bytes!("../console/index.html");
 const JS: &str = "text/javascript; charset=utf-8";
@@ -43,7 +44,7 @@ async fn asset(Path(file): Path<String>) -> Result<Response, ApiError> {
     let (_, kind, bytes) = ASSETS
         .iter()
         .find(|(name, _, _)| *name == file)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such console file"))?;
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no such console file"))?;
     Ok(page(kind, bytes))
 }
 

@@ -14,9 +14,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use serde_json::{json, Value};
-use space_api::{CodeContext, CreateContextRequest, RunCodeRequest};
+use space_api::{CodeContext, CreateContextRequest, ErrorCode, RunCodeRequest};
 use space_engine::{AgentConn, ExecEvent, ExecStream};
 use space_proto::ExecRequest;
 use tokio::sync::{mpsc, oneshot};
@@ -343,12 +342,11 @@ impl Platform {
             ));
         }
         let held = live.running.clone().try_lock_owned().map_err(|_| {
-            ApiError::new(StatusCode::CONFLICT, "context_busy", "a run is going on in this context; wait for its end")
+            ApiError::new(ErrorCode::ContextBusy, "a run is going on in this context; wait for its end")
         })?;
         if live.info().state == "dead" {
             return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "context_dead",
+                ErrorCode::ContextDead,
                 "the interpreter of this context exited; restart the context",
             ));
         }
@@ -520,7 +518,7 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
             r.sandbox.state,
             space_api::SandboxState::Deleting | space_api::SandboxState::Deleted | space_api::SandboxState::Failed
         ),
-        Err(err) => err.status == StatusCode::NOT_FOUND,
+        Err(err) => err.code == ErrorCode::NotFound,
     };
     if gone {
         platform.forget_context(&id);

@@ -23,8 +23,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::http::StatusCode;
-use space_api::{DiskUsage, SandboxState};
+use space_api::{DiskUsage, ErrorCode, SandboxState};
 
 use crate::error::ApiError;
 use crate::platform::Platform;
@@ -102,8 +101,7 @@ impl Platform {
             return Ok(());
         }
         Err(ApiError::new(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "insufficient_storage",
+            ErrorCode::InsufficientStorage,
             format!(
                 "the host is low on disk ({} MiB free, {} MiB kept in reserve): cannot {what} now; \
                  delete sandboxes or templates, or try later",
@@ -277,7 +275,7 @@ impl Drop for BuildGrant<'_> {
 
 /// 429 `quota_exceeded` naming the tenant and the resource.
 pub(crate) fn quota_exceeded(tenant: &str, resource: &str, message: String) -> ApiError {
-    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+    ApiError::new(ErrorCode::QuotaExceeded, message)
         .with_details(serde_json::json!({"tenant": tenant, "resource": resource}))
 }
 

@@ -360,7 +360,7 @@ mod tests {
         let clash = serde_json::json!({"template": "base", "env": {"TOKEN": "mine"},
             "network": {"egress": "allowlist", "secrets": {"TOKEN": {"secret": "s"}}}});
         let err = spec(clash).unwrap_err();
-        assert_eq!((err.status.as_u16(), err.details["field"].as_str()), (422, Some("env")), "{}", err.message);
+        assert_eq!((err.status().as_u16(), err.details["field"].as_str()), (422, Some("env")), "{}", err.message);
         let alone = serde_json::json!({"template": "base", "lifecycle": {"idle_timeout_s": 60}});
         assert!(spec(alone).unwrap_err().message.contains("needs lifecycle.on_idle"));
         let alone = serde_json::json!({"template": "base", "lifecycle": {"on_idle": "pause"}});
@@ -386,7 +386,7 @@ mod tests {
         assert_eq!(transition(Deleting, Event::Destroyed).unwrap(), Deleted);
         assert_eq!(transition(Failed, Event::DeleteRequested).unwrap(), Deleting);
         let err = transition(Running, Event::Started).unwrap_err();
-        assert_eq!(err.status, 409);
+        assert_eq!(err.status(), 409);
         assert!(err.message.contains("running"));
         assert!(transition(Deleted, Event::Failure).is_err());
         assert_eq!(transition(Running, Event::Froze).unwrap(), Paused);
@@ -422,23 +422,23 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            assert_eq!(CreateSpec::new(bad, &defaults).unwrap_err().status, 422);
+            assert_eq!(CreateSpec::new(bad, &defaults).unwrap_err().status(), 422);
         }
     }
 
     #[test]
     fn commands_need_exactly_one_of_argv_and_cmd() {
         let both = CommandRequest { argv: Some(vec!["ls".into()]), cmd: Some("ls".into()), ..Default::default() };
-        assert_eq!(CommandSpec::try_from(both).unwrap_err().status, 400);
-        assert_eq!(CommandSpec::try_from(CommandRequest::default()).unwrap_err().status, 400);
+        assert_eq!(CommandSpec::try_from(both).unwrap_err().status(), 400);
+        assert_eq!(CommandSpec::try_from(CommandRequest::default()).unwrap_err().status(), 400);
         let shell =
             CommandSpec::try_from(CommandRequest { cmd: Some("echo hi".into()), ..Default::default() }).unwrap();
         assert_eq!(shell.argv, ["/bin/sh", "-c", "echo hi"]);
         let relative = CommandRequest { argv: Some(vec!["ls".into()]), cwd: Some("tmp".into()), ..Default::default() };
-        assert_eq!(CommandSpec::try_from(relative).unwrap_err().status, 400);
+        assert_eq!(CommandSpec::try_from(relative).unwrap_err().status(), 400);
         let tty = |stdin| CommandRequest { cmd: Some("sh".into()), tty: true, stdin, ..Default::default() };
         assert!(CommandSpec::try_from(tty(None)).unwrap().stdin, "a terminal is stdin");
         assert!(CommandSpec::try_from(tty(Some(true))).unwrap().stdin);
-        assert_eq!(CommandSpec::try_from(tty(Some(false))).unwrap_err().status, 422);
+        assert_eq!(CommandSpec::try_from(tty(Some(false))).unwrap_err().status(), 422);
     }
 }

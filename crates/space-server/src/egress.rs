@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use space_api::{Egress, Network};
+use space_api::{Egress, ErrorCode, Network};
 use space_egress::gateway::{Credentials, Event, GatewayConfig, SandboxEgress};
 use space_egress::policy::{Binding, Mode, Policy, RuleError};
 use tokio::sync::mpsc;
@@ -232,8 +232,7 @@ impl Platform {
         match ceiling.beyond(&policy) {
             None => Ok(()),
             Some(beyond) => Err(ApiError::new(
-                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                "egress_not_permitted",
+                ErrorCode::EgressNotPermitted,
                 format!("{beyond} is beyond what this tenant's sandboxes may reach"),
             )
             .with_details(serde_json::json!({"field": "network", "rule": beyond, "ceiling": rules}))),

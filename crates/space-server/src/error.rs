@@ -3,13 +3,13 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use space_api::{ErrorBody, ErrorDetail};
+use space_api::{ErrorBody, ErrorCode, ErrorDetail};
 
-/// An error as the client sees it: status, stable code, human message.
+/// An error as the client sees it: a stable code (which fixes the status),
+/// a human message and details.
 #[derive(Debug, Clone)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     pub details: serde_json::Value,
     /// Sent as `Retry-After` (seconds): the request may work if repeated.
@@ -17,8 +17,13 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), details: serde_json::json!({}), retry_after_s: None }
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into(), details: serde_json::json!({}), retry_after_s: None }
+    }
+
+    /// The HTTP status, the one the code is always answered with.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     pub fn with_details(mut self, details: serde_json::Value) -> ApiError {
@@ -33,43 +38,43 @@ impl ApiError {
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        ApiError::new(ErrorCode::InvalidRequest, message)
     }
 
     pub fn unprocessable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_value", message)
+        ApiError::new(ErrorCode::InvalidValue, message)
     }
 
     pub fn not_found(kind: &str, id: &str) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no {kind} {id:?}"))
+        ApiError::new(ErrorCode::NotFound, format!("no {kind} {id:?}"))
             .with_details(serde_json::json!({ "kind": kind, "id": id }))
     }
 
     pub fn invalid_state(what: &str, state: &str, action: &str) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "invalid_state", format!("cannot {action}: the {what} is {state}"))
+        ApiError::new(ErrorCode::InvalidState, format!("cannot {action}: the {what} is {state}"))
             .with_details(serde_json::json!({ "state": state }))
     }
 
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", message)
+        ApiError::new(ErrorCode::EngineUnavailable, message)
     }
 
     /// A bug or a host failure. The detail goes to the log, not the client,
     /// so host paths never leak.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> ApiError {
         tracing::error!("{context}: {err}");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("internal error while {context}"))
+        ApiError::new(ErrorCode::Internal, format!("internal error while {context}"))
     }
 
     pub fn detail(&self) -> ErrorDetail {
-        ErrorDetail { code: self.code.to_string(), message: self.message.clone(), details: self.details.clone() }
+        ErrorDetail { code: self.code, message: self.message.clone(), details: self.details.clone() }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody { error: self.detail() };
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = (self.status(), Json(body)).into_response();
         if let Some(seconds) = self.retry_after_s {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
         }

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use space_api::{Operation, OperationKind, OperationOrigin, OperationState, Progress, Sandbox, SandboxState};
+use space_api::{
+    ErrorCode, Operation, OperationKind, OperationOrigin, OperationState, Progress, Sandbox, SandboxState,
+};
 use space_host::template::TemplateInfo;
 use tokio::sync::OwnedRwLockReadGuard;
 
@@ -292,11 +294,9 @@ impl Platform {
         let operation = self.wait_for(deadline, || self.operation(&operation.id), |op| op.state.is_terminal()).await?;
         match (operation.state, operation.error) {
             (OperationState::Succeeded, _) => Ok(()),
-            (_, Some(error)) => Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "invalid_state",
-                format!("resuming the sandbox failed: {}", error.message),
-            )),
+            (_, Some(error)) => {
+                Err(ApiError::new(ErrorCode::InvalidState, format!("resuming the sandbox failed: {}", error.message)))
+            }
             (_, None) => Err(ApiError::invalid_state("sandbox", state.as_str(), "resume it in time")),
         }
     }
@@ -329,8 +329,7 @@ impl Platform {
             return Ok(());
         }
         Err(ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "not_supported",
+            ErrorCode::NotSupported,
             format!("sandboxes on {} cannot be forked or checkpointed yet", record.sandbox.engine),
         ))
     }
@@ -393,7 +392,7 @@ mod tests {
         use super::disk_the_engine_gives as gives;
         assert!(gives("gvisor", false, 512, 2048).is_ok() && gives("gvisor", true, 512, 2048).is_ok());
         assert!(gives("firecracker", false, 4096, 2048).is_ok() && gives("firecracker", false, 2048, 2048).is_ok());
-        assert_eq!(gives("firecracker", false, 1024, 2048).unwrap_err().status.as_u16(), 422);
+        assert_eq!(gives("firecracker", false, 1024, 2048).unwrap_err().status().as_u16(), 422);
         assert!(gives("firecracker", true, 4096, 2048).unwrap_err().message.contains("snapshot"));
         assert!(gives("firecracker", true, 2048, 2048).is_ok());
     }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use space_api::{Operation, OperationKind, OperationState, SandboxState};
+use space_api::{ErrorCode, Operation, OperationKind, OperationState, SandboxState};
 use space_engine::LiveStatus;
 
 use crate::actor::Job;
@@ -90,8 +90,7 @@ impl Platform {
                 operation.state = OperationState::Failed;
                 operation.error = Some(
                     ApiError::new(
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "interrupted",
+                        ErrorCode::Interrupted,
                         "the server restarted during the build; build the template again",
                     )
                     .detail(),

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use space_api::{
-    CreateTemplateRequest, Operation, OperationKind, Template, TemplateDefaults, TemplateDefaultsRequest, TemplateState,
+    CreateTemplateRequest, ErrorCode, Operation, OperationKind, Template, TemplateDefaults, TemplateDefaultsRequest,
+    TemplateState,
 };
 use space_host::oci::OciImport;
 use space_host::template::{valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, BUILD_STEPS};
@@ -33,7 +34,7 @@ pub(crate) struct Builds {
 }
 
 pub(crate) fn template_not_found(name: &str) -> ApiError {
-    ApiError::new(axum::http::StatusCode::NOT_FOUND, "template_not_found", format!("no template {name:?}"))
+    ApiError::new(ErrorCode::TemplateNotFound, format!("no template {name:?}"))
         .with_details(serde_json::json!({"kind": "template", "id": name}))
 }
 
@@ -179,18 +180,13 @@ impl Platform {
         self.check_disk_quota(&caller.tenant, 0, "build a template")?;
         let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
         if builds.contains_key(name) && caller.sees_template(builds[name].owner.as_deref()) {
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "build_in_progress",
-                format!("template {name:?} is being built already"),
-            ));
+            return Err(ApiError::new(ErrorCode::BuildInProgress, format!("template {name:?} is being built already")));
         }
         let current =
             builds.get(name).map(|b| b.owner.clone()).or_else(|| self.data.template(name).map(|t| t.meta.owner));
         if current.is_some_and(|current| current != owner) {
             return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "name_taken",
+                ErrorCode::NameTaken,
                 format!("the template name {name:?} is taken; choose another"),
             ));
         }
@@ -423,7 +419,7 @@ impl Platform {
                     if let Some((cut, _)) = message.char_indices().nth(2000) {
                         message.truncate(cut);
                     }
-                    Some(ApiError::new(axum::http::StatusCode::UNPROCESSABLE_ENTITY, "build_failed", message))
+                    Some(ApiError::new(ErrorCode::BuildFailed, message))
                 }
                 Err(err) => Some(ApiError::internal("building a template", err)),
             };
@@ -515,11 +511,7 @@ impl Platform {
     /// templates are the operator's.
     pub fn may_manage_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
         if self.template_owner(name).is_some_and(|owner| owner.is_none()) && !caller.operator {
-            return Err(ApiError::new(
-                axum::http::StatusCode::FORBIDDEN,
-                "forbidden",
-                "shared templates are managed with the server's own key",
-            ));
+            return Err(ApiError::new(ErrorCode::Forbidden, "shared templates are managed with the server's own key"));
         }
         Ok(())
     }
@@ -531,11 +523,7 @@ impl Platform {
         // business for a template it may not manage.
         self.may_manage_template(name, caller)?;
         if self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name) {
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "build_in_progress",
-                format!("template {name:?} is being built"),
-            ));
+            return Err(ApiError::new(ErrorCode::BuildInProgress, format!("template {name:?} is being built")));
         }
         let users: Vec<_> = self.store.live_sandboxes()?.into_iter().filter(|r| r.sandbox.template == name).collect();
         if !users.is_empty() {
@@ -543,8 +531,7 @@ impl Platform {
             let own: Vec<&str> =
                 users.iter().filter(|r| r.tenant == caller.tenant).map(|r| r.sandbox.id.as_str()).collect();
             return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "template_in_use",
+                ErrorCode::TemplateInUse,
                 format!("template {name:?} is used by {} sandbox(es); delete them first", users.len()),
             )
             .with_details(serde_json::json!({"sandboxes": own})));

@@ -16,8 +16,7 @@ use std::collections::HashMap;
 
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
-use space_api::{Command, Operation};
+use space_api::{Command, ErrorCode, Operation};
 
 use super::AppState;
 use crate::access::OwnedSandbox;
@@ -28,13 +27,14 @@ use crate::tenants::Caller;
 /// The path's parameters (percent-decoded by the router) and the caller
 /// `require_key` authenticated.
 async fn params(parts: &mut Parts, state: &AppState) -> Result<(HashMap<String, String>, Caller), ApiError> {
-    let caller = parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing API key: send `Authorization: Bearer <key>`")
-    })?;
+    let caller =
+        parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+            ApiError::new(ErrorCode::Unauthorized, "missing API key: send `Authorization: Bearer <key>`")
+        })?;
     // A path that is not valid UTF-8 once decoded names nothing of ours.
     let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
         .await
-        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource"))?;
+        .map_err(|_| ApiError::new(ErrorCode::NotFound, "no such resource"))?;
     Ok((params, caller))
 }
 

@@ -8,7 +8,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
-use space_api::ErrorBody;
+use space_api::{ErrorBody, ErrorCode};
 use space_engine::{AgentConn, AgentError, FileRead};
 use space_proto::FileFailure;
 
@@ -116,19 +116,19 @@ pub(crate) async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, 
 pub(crate) fn file_error(err: AgentError) -> ApiError {
     match err {
         AgentError::File(error) => {
-            let (status, code) = match error.reason {
-                FileFailure::NotFound => (StatusCode::NOT_FOUND, "file_not_found"),
-                FileFailure::PermissionDenied => (StatusCode::UNPROCESSABLE_ENTITY, "permission_denied"),
-                FileFailure::WrongType => (StatusCode::UNPROCESSABLE_ENTITY, "wrong_file_type"),
-                FileFailure::NotEmpty => (StatusCode::CONFLICT, "directory_not_empty"),
-                FileFailure::Invalid => (StatusCode::BAD_REQUEST, "invalid_request"),
-                FileFailure::Io => (StatusCode::UNPROCESSABLE_ENTITY, "io_error"),
-                FileFailure::Exists => (StatusCode::CONFLICT, "already_exists"),
+            let code = match error.reason {
+                FileFailure::NotFound => ErrorCode::FileNotFound,
+                FileFailure::PermissionDenied => ErrorCode::PermissionDenied,
+                FileFailure::WrongType => ErrorCode::WrongFileType,
+                FileFailure::NotEmpty => ErrorCode::DirectoryNotEmpty,
+                FileFailure::Invalid => ErrorCode::InvalidRequest,
+                FileFailure::Io => ErrorCode::IoError,
+                FileFailure::Exists => ErrorCode::AlreadyExists,
             };
-            ApiError::new(status, code, error.message)
+            ApiError::new(code, error.message)
         }
         AgentError::Disconnected | AgentError::Timeout(_) => {
-            ApiError::new(StatusCode::CONFLICT, "invalid_state", "the sandbox is not reachable; it may have stopped")
+            ApiError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
         }
         other => ApiError::internal("a file operation", other),
     }
@@ -227,11 +227,7 @@ pub async fn write(
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
         size += chunk.len();
         if size > MAX_FILE_BYTES {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("a file may be at most {MAX_FILE_BYTES} bytes"),
-            ));
+            return Err(ApiError::new(ErrorCode::TooLarge, format!("a file may be at most {MAX_FILE_BYTES} bytes")));
         }
         for piece in chunk.chunks(space_proto::MAX_OUTPUT_CHUNK) {
             upload.send(piece.to_vec()).await.map_err(file_error)?;

@@ -37,6 +37,7 @@ pub use self::openapi::ApiDoc;
 use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::tenants::Caller;
+use space_api::ErrorCode;
 
 /// Largest JSON request body.
 pub(crate) const MAX_JSON_BODY: usize = 1 << 20;
@@ -264,8 +265,7 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Re
         let presented = bearer(&headers).unwrap_or_default();
         if !space_proto::constant_time_eq(presented.as_bytes(), state.api_key.as_bytes()) {
             return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "metrics need the server's own key (`Authorization: Bearer <key>`), or --metrics-without-key",
             ));
         }
@@ -279,11 +279,11 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Re
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+    ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+    ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take that method")
 }
 
 /// The key in `Authorization: Bearer <key>`, if any.
@@ -313,11 +313,7 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
     let caller = match bearer(request.headers()).or(offered.as_deref()) {
         Some(key) => caller_for_key(&state, key)?,
         None => {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing API key: send `Authorization: Bearer <key>`",
-            ))
+            return Err(ApiError::new(ErrorCode::Unauthorized, "missing API key: send `Authorization: Bearer <key>`"))
         }
     };
     let caller = match caller.node {
@@ -361,10 +357,10 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
             return Ok(Caller::node());
         }
         // A node knows no tenant keys: the control plane checked them.
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a node answers its control plane only"));
+        return Err(ApiError::new(ErrorCode::Unauthorized, "a node answers its control plane only"));
     }
     crate::tenants::tenant_for_key(&state.platform.store, key)?
-        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid"))
+        .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "the API key is not valid"))
 }
 
 /// A JSON body whose every parse failure is a 4xx in our error shape.
@@ -387,21 +383,16 @@ pub(crate) fn json_rejection(rejection: JsonRejection) -> ApiError {
             ApiError::bad_request(format!("invalid request body: {}", err.body_text()))
                 .with_details(serde_json::json!({"reason": "schema"}))
         }
-        JsonRejection::JsonSyntaxError(err) => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "malformed_json",
-            format!("the body is not valid JSON: {}", err.body_text()),
-        ),
+        JsonRejection::JsonSyntaxError(err) => {
+            ApiError::new(ErrorCode::MalformedJson, format!("the body is not valid JSON: {}", err.body_text()))
+        }
         JsonRejection::MissingJsonContentType(_) => ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             "send the body as JSON with `Content-Type: application/json`",
         ),
-        JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the request body exceeds {MAX_JSON_BODY} bytes"),
-        ),
+        JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(ErrorCode::TooLarge, format!("the request body exceeds {MAX_JSON_BODY} bytes"))
+        }
         other => ApiError::bad_request(other.body_text()),
     }
 }

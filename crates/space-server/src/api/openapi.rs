@@ -110,3 +110,22 @@ pub(crate) fn takes_idempotency_key(method: &str, route: &str) -> bool {
     });
     keyed.contains(&(method.to_ascii_uppercase(), route.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client learns every error code, with what it means, from the document.
+    #[test]
+    fn the_document_lists_every_error_code() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schema = &document["components"]["schemas"]["ErrorCode"];
+        let listed: Vec<&str> = schema["enum"].as_array().into_iter().flatten().filter_map(|c| c.as_str()).collect();
+        let all: Vec<&str> = space_api::ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(listed, all, "{schema}");
+        assert_eq!(
+            document["components"]["schemas"]["ErrorDetail"]["properties"]["code"]["$ref"],
+            "#/components/schemas/ErrorCode"
+        );
+    }
+}

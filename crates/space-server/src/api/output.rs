@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use base64::Engine as _;
-use space_api::{ErrorBody, OutputFrame, ProcessResult};
+use space_api::{ErrorBody, ErrorCode, OutputFrame, ProcessResult};
 use tokio::sync::{mpsc, watch};
 
 use super::access::CommandPath;
@@ -99,13 +99,8 @@ pub(crate) fn follow(
     platform.command(id, cid)?;
     let live = platform.live_command(cid).map(|(progress, _, _)| progress);
     let path = transcript::path_for(&platform.data.sandbox_dir(id), cid);
-    let reader = TranscriptReader::open(&path).map_err(|_| {
-        ApiError::new(
-            axum::http::StatusCode::NOT_FOUND,
-            "not_found",
-            "the transcript is gone (the sandbox was deleted)",
-        )
-    })?;
+    let reader = TranscriptReader::open(&path)
+        .map_err(|_| ApiError::new(ErrorCode::NotFound, "the transcript is gone (the sandbox was deleted)"))?;
     let (tx, rx) = mpsc::channel::<Emitted>(16);
     let follower = Follower {
         platform: platform.clone(),

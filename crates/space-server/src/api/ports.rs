@@ -14,7 +14,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use hyper_util::rt::TokioIo;
-use space_api::{ErrorBody, SandboxState};
+use space_api::{ErrorBody, ErrorCode, SandboxState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::access::PortPath;
@@ -108,9 +108,9 @@ fn running_agent(state: &AppState, id: &str) -> Result<space_engine::AgentConn, 
 async fn open(agent: &space_engine::AgentConn, port: u16) -> Result<space_engine::EgressStream, ApiError> {
     agent.open_port(port, CONNECT_PATIENCE).await.map_err(|err| match err {
         space_engine::AgentError::PortClosed(why) => {
-            ApiError::new(StatusCode::BAD_GATEWAY, "port_closed", why).with_details(serde_json::json!({"port": port}))
+            ApiError::new(ErrorCode::PortClosed, why).with_details(serde_json::json!({"port": port}))
         }
-        other => ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", format!("port {port}: {other}"))
+        other => ApiError::new(ErrorCode::PortUnreachable, format!("port {port}: {other}"))
             .with_details(serde_json::json!({"port": port})),
     })
 }
@@ -155,7 +155,7 @@ async fn forward(
 
     relay(TokioIo::new(stream.into_io()), outgoing, client_side)
         .await
-        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", format!("port {port}: {e}")))
+        .map_err(|e| ApiError::new(ErrorCode::PortUnreachable, format!("port {port}: {e}")))
 }
 
 /// Headers that carry a caller's credentials or SPACE's word about the
@@ -516,9 +516,9 @@ mod tests {
     #[test]
     fn framing_is_one_host_one_length_and_no_hop_by_hop_header() {
         let two_hosts = inward_headers(&headers(&[("host", "a.test"), ("host", "b.test")]));
-        assert_eq!(two_hosts.unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(two_hosts.unwrap_err().status(), StatusCode::BAD_REQUEST);
         let both = inward_headers(&headers(&[("content-length", "5"), ("transfer-encoding", "chunked")]));
-        assert_eq!(both.unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(both.unwrap_err().status(), StatusCode::BAD_REQUEST);
         let got = inward(&[
             ("host", "api.test"),
             ("content-length", "5"),

@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::StreamExt;
 use space_api::{
-    CreateTemplateRequest, ErrorBody, Operation, Template, TemplateDefaultsRequest, TemplateList, TemplateOperation,
+    CreateTemplateRequest, ErrorBody, ErrorCode, Operation, Template, TemplateDefaultsRequest, TemplateList,
+    TemplateOperation,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -74,11 +75,7 @@ pub async fn create(
                 ));
             }
             let body = axum::body::to_bytes(request.into_body(), super::MAX_JSON_BODY).await.map_err(|_| {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("the request body exceeds {} bytes", super::MAX_JSON_BODY),
-                )
+                ApiError::new(ErrorCode::TooLarge, format!("the request body exceeds {} bytes", super::MAX_JSON_BODY))
             })?;
             let Json(request) = Json::<CreateTemplateRequest>::from_bytes(&body).map_err(super::json_rejection)?;
             state.platform.build_template(request, &caller)?
@@ -86,8 +83,7 @@ pub async fn create(
         "application/x-tar" | "application/tar" | "application/gzip" => import(&state, &caller, query, request).await?,
         _ => {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 "send JSON (`application/json`) to build from Debian packages, or an image archive \
                  (`application/x-tar`) with `?name=`",
             ))
@@ -138,8 +134,7 @@ async fn import(
             )
         } else {
             ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
+                ErrorCode::TooLarge,
                 format!("the archive exceeds {limit} bytes (the limit, or half the free space of the data dir)"),
             )
         }
@@ -210,7 +205,7 @@ pub async fn delete(
 pub async fn log(path: OperationPath, State(state): State<AppState>, _: NoQuery) -> Result<Response, ApiError> {
     let text = tokio::fs::read(state.platform.data.log_path(path.id.as_str()))
         .await
-        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "not_found", "this operation has no log"))?;
+        .map_err(|_| ApiError::new(ErrorCode::NotFound, "this operation has no log"))?;
     let mut response = text.into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     Ok(response)

@@ -2,9 +2,8 @@
 //! by kind included. The operator may ask for any tenant (`?tenant=`).
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::{Extension, Json};
-use space_api::{ErrorBody, Usage};
+use space_api::{ErrorBody, ErrorCode, Usage};
 
 use super::{ApiQuery, AppState};
 use crate::error::ApiError;
@@ -29,8 +28,7 @@ pub async fn usage(
     let tenant = match query.tenant {
         Some(tenant) if tenant != caller.tenant && !caller.operator => {
             return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 "only the server's own key may ask for another tenant's usage",
             ));
         }

@@ -64,7 +64,7 @@ impl RpcError {
 
 impl From<ApiError> for RpcError {
     fn from(err: ApiError) -> RpcError {
-        let code = match err.status.as_u16() {
+        let code = match err.code.http_status() {
             400 | 422 => "invalid_argument",
             401 => "unauthenticated",
             403 => "permission_denied",

@@ -137,14 +137,7 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> Respon
 
 /// A file error in envd's REST shape (404 for a missing file).
 fn rest_file_error(err: space_engine::AgentError) -> E2bError {
-    let err = file_error(err);
-    let status = match err.code {
-        "file_not_found" => StatusCode::NOT_FOUND,
-        "wrong_file_type" | "invalid_request" => StatusCode::BAD_REQUEST,
-        "directory_not_empty" | "already_exists" => StatusCode::CONFLICT,
-        _ => err.status,
-    };
-    E2bError::new(status, err.message)
+    file_error(err).into()
 }
 
 /// `GET /files?path=...`: the file's bytes.

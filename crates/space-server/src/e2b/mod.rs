@@ -86,9 +86,15 @@ impl E2bError {
     }
 }
 
+/// SPACE's errors in E2B's REST shape: by the code's status, but for a file
+/// of the wrong type, which envd answers with 400.
 impl From<ApiError> for E2bError {
     fn from(err: ApiError) -> E2bError {
-        E2bError::new(err.status, err.message)
+        let status = match err.code {
+            space_api::ErrorCode::WrongFileType => StatusCode::BAD_REQUEST,
+            _ => err.status(),
+        };
+        E2bError::new(status, err.message)
     }
 }
 
