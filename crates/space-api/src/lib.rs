@@ -57,96 +57,103 @@ macro_rules! error_codes {
                     $(ErrorCode::$name => $wire,)*
                 }
             }
+
+            /// What the code means, for documents (its doc comment).
+            pub fn meaning(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$name => concat!($($doc),*).trim_ascii_start(),)*
+                }
+            }
         }
     };
 }
 
 error_codes! {
-    /// 400: The request is malformed: a missing or unknown field, a bad query or path parameter.
+    /// The request is malformed: a missing or unknown field, a bad query or path parameter.
     InvalidRequest = ("invalid_request", 400),
-    /// 400: The body is not JSON, or not of the expected shape.
+    /// The body is not JSON, or not of the expected shape.
     MalformedJson = ("malformed_json", 400),
-    /// 401: No API key, or one that is not valid.
+    /// No API key, or one that is not valid.
     Unauthorized = ("unauthorized", 401),
-    /// 403: The key is valid but may not do this (for example another tenant's usage).
+    /// The key is valid but may not do this (for example another tenant's usage).
     Forbidden = ("forbidden", 403),
-    /// 404: No such resource for this caller (`details.kind` and `details.id` name it); another tenant's resources are not found either.
+    /// No such resource for this caller (`details.kind` and `details.id` name it); another tenant's resources are not found either.
     NotFound = ("not_found", 404),
-    /// 404: No template of that name.
+    /// No template of that name.
     TemplateNotFound = ("template_not_found", 404),
-    /// 404: No checkpoint of that name in this sandbox.
+    /// No checkpoint of that name in this sandbox.
     CheckpointNotFound = ("checkpoint_not_found", 404),
-    /// 404: No such file or directory inside the sandbox.
+    /// No such file or directory inside the sandbox.
     FileNotFound = ("file_not_found", 404),
-    /// 405: The path exists, but not with this method.
+    /// The path exists, but not with this method.
     MethodNotAllowed = ("method_not_allowed", 405),
-    /// 409: The resource is not in a state that allows this (`details.state` says which); for example exec in a paused sandbox.
+    /// The resource is not in a state that allows this (`details.state` says which); for example exec in a paused sandbox.
     InvalidState = ("invalid_state", 409),
-    /// 409: A build of this template is already running.
+    /// A build of this template is already running.
     BuildInProgress = ("build_in_progress", 409),
-    /// 409: The name is already in use.
+    /// The name is already in use.
     NameTaken = ("name_taken", 409),
-    /// 409: Sandboxes or builds still use this template.
+    /// Sandboxes or builds still use this template.
     TemplateInUse = ("template_in_use", 409),
-    /// 409: A checkpoint of that name already exists.
+    /// A checkpoint of that name already exists.
     CheckpointExists = ("checkpoint_exists", 409),
-    /// 409: The checkpoint is being written or restored.
+    /// The checkpoint is being written or restored.
     CheckpointInUse = ("checkpoint_in_use", 409),
-    /// 409: The code context is running other code.
+    /// The code context is running other code.
     ContextBusy = ("context_busy", 409),
-    /// 409: The code context's interpreter has ended.
+    /// The code context's interpreter has ended.
     ContextDead = ("context_dead", 409),
-    /// 409: This sandbox's engine or template cannot do this.
+    /// This sandbox's engine or template cannot do this.
     NotSupported = ("not_supported", 409),
-    /// 409: The directory is not empty.
+    /// The directory is not empty.
     DirectoryNotEmpty = ("directory_not_empty", 409),
-    /// 409: A file of that name already exists.
+    /// A file of that name already exists.
     AlreadyExists = ("already_exists", 409),
-    /// 413: The body, or what it unpacks to, is larger than allowed.
+    /// The body, or what it unpacks to, is larger than allowed.
     TooLarge = ("too_large", 413),
-    /// 415: The body's content type is not one this route takes.
+    /// The body's content type is not one this route takes.
     UnsupportedMediaType = ("unsupported_media_type", 415),
-    /// 422: A field is well formed but its value is not acceptable (`details.field` names it when known).
+    /// A field is well formed but its value is not acceptable (`details.field` names it when known).
     InvalidValue = ("invalid_value", 422),
-    /// 422: The template build failed; the message says at which step.
+    /// The template build failed; the message says at which step.
     BuildFailed = ("build_failed", 422),
-    /// 422: The network policy asks for egress that the tenant or the host does not allow.
+    /// The network policy asks for egress that the tenant or the host does not allow.
     EgressNotPermitted = ("egress_not_permitted", 422),
-    /// 422: The command's program does not exist in the sandbox.
+    /// The command's program does not exist in the sandbox.
     ExecutableNotFound = ("executable_not_found", 422),
-    /// 422: The sandbox's file permissions refuse this.
+    /// The sandbox's file permissions refuse this.
     PermissionDenied = ("permission_denied", 422),
-    /// 422: The command's working directory does not exist.
+    /// The command's working directory does not exist.
     InvalidCwd = ("invalid_cwd", 422),
-    /// 422: The command's user does not exist in the sandbox.
+    /// The command's user does not exist in the sandbox.
     InvalidUser = ("invalid_user", 422),
-    /// 422: The command could not be started for another reason (the message says which).
+    /// The command could not be started for another reason (the message says which).
     SpawnFailed = ("spawn_failed", 422),
-    /// 422: A file was expected and a directory found, or the other way round.
+    /// A file was expected and a directory found, or the other way round.
     WrongFileType = ("wrong_file_type", 422),
-    /// 422: The sandbox's filesystem failed the operation (for example it is full).
+    /// The sandbox's filesystem failed the operation (for example it is full).
     IoError = ("io_error", 422),
-    /// 429: A tenant quota would be exceeded (`details.resource` names it).
+    /// A tenant quota would be exceeded (`details.resource` names it).
     QuotaExceeded = ("quota_exceeded", 429),
-    /// 500: A fault of the server or the host; the details are in the server's log, never in the answer.
+    /// A fault of the server or the host; the details are in the server's log, never in the answer.
     Internal = ("internal", 500),
-    /// 500: The isolation engine failed to carry out a lifecycle step.
+    /// The isolation engine failed to carry out a lifecycle step.
     EngineFailed = ("engine_failed", 500),
-    /// 500: The server stopped while the operation ran, and it could not be finished.
+    /// The server stopped while the operation ran, and it could not be finished.
     Interrupted = ("interrupted", 500),
-    /// 501: A cluster route called on a server that is not part of a cluster.
+    /// A cluster route called on a server that is not part of a cluster.
     NotInClusterMode = ("not_in_cluster_mode", 501),
-    /// 502: The node holding the sandbox does not answer.
+    /// The node holding the sandbox does not answer.
     NodeUnreachable = ("node_unreachable", 502),
-    /// 502: Nothing listens on that port inside the sandbox.
+    /// Nothing listens on that port inside the sandbox.
     PortClosed = ("port_closed", 502),
-    /// 502: The sandbox's port could not be reached.
+    /// The sandbox's port could not be reached.
     PortUnreachable = ("port_unreachable", 502),
-    /// 503: No engine can run this sandbox on this host now.
+    /// No engine can run this sandbox on this host now.
     EngineUnavailable = ("engine_unavailable", 503),
-    /// 503: The host cannot hold more sandboxes of this size now.
+    /// The host cannot hold more sandboxes of this size now.
     Capacity = ("capacity", 503),
-    /// 507: The host's disk is below its reserve.
+    /// The host's disk is below its reserve.
     InsufficientStorage = ("insufficient_storage", 507),
 }
 
@@ -1093,6 +1100,7 @@ mod tests {
             assert_eq!(wire, code.as_str(), "{code:?}");
             assert_eq!(serde_json::from_value::<ErrorCode>(wire).unwrap(), code);
             assert!((400..600).contains(&code.http_status()), "{code:?}");
+            assert!(code.meaning().ends_with('.'), "{code:?} has no meaning");
             assert!(seen.insert(code.as_str()), "{code:?} twice");
         }
         assert!(serde_json::from_str::<ErrorCode>("\"no_such_code\"").is_err());

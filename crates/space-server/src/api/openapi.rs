@@ -38,7 +38,7 @@ use super::{
         secrets::put, secrets::list, secrets::delete, ports::proxy, ports::proxy_root,
     ),
     components(schemas(commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
-    modifiers(&BearerAuth, &UniqueOperationIds),
+    modifiers(&BearerAuth, &UniqueOperationIds, &ErrorCodes),
     security(("bearer" = [])),
 )]
 pub struct ApiDoc;
@@ -49,6 +49,25 @@ impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+/// Each error code with its status and meaning, in the description of the
+/// `ErrorCode` schema (the enum alone lists only the names).
+struct ErrorCodes;
+
+impl Modify for ErrorCodes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let schemas = &mut openapi.components.get_or_insert_with(Default::default).schemas;
+        if let Some(utoipa::openapi::RefOr::T(utoipa::openapi::schema::Schema::Object(schema))) =
+            schemas.get_mut("ErrorCode")
+        {
+            let mut text = schema.description.clone().unwrap_or_default();
+            for code in space_api::ErrorCode::ALL {
+                text.push_str(&format!("\n- `{code}` ({}): {}", code.http_status(), code.meaning()));
+            }
+            schema.description = Some(text);
+        }
     }
 }
 
