@@ -136,13 +136,17 @@ ensure_mdbook() {
 }
 
 # Builds the book into target/book and fails on a link that leads nowhere
-# (in the book or the README). Its API reference is rendered from the
-# OpenAPI document the server's own code prints, so it cannot drift.
+# (in the book or the README) or a `space` command or flag the CLI does not
+# have. Its API reference is rendered from the OpenAPI document the
+# server's own code prints, so it cannot drift.
 build_book() {
     ensure_mdbook
-    say "building the book (docs/book) and checking its links"
+    say "building the book (docs/book) and checking its links and commands"
     cargo run --quiet --locked -p space-server --example openapi >"$TARGET_DIR/openapi.json"
     # From the book's directory: mdBook runs its preprocessor from there.
     (cd "$ROOT/docs/book" && SPACE_OPENAPI_JSON="$TARGET_DIR/openapi.json" mdbook build)
     python3 "$ROOT/scripts/check-links.py" "$ROOT/target/book" "$ROOT/README.md"
+    cargo build --quiet --locked -p space-cli --bin space
+    python3 "$ROOT/scripts/check-cli-docs.py" "$TARGET_DIR/debug/space" "$ROOT/README.md" \
+        "$ROOT"/docs/book/src/*.md "$ROOT"/docs/book/src/*/*.md
 }
