@@ -25,7 +25,9 @@ pub use self::events::{EventFilter, FeedEvent, RawEvent, EVENTS_KEPT};
 pub enum StoreError {
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("database: {0}")]
+    /// PostgreSQL's own message in full (`postgres::Error` alone says only
+    /// "db error" for every error the server answered with).
+    #[error("database: {}", .0.as_db_error().map_or_else(|| .0.to_string(), |e| e.to_string()))]
     Postgres(#[from] postgres::Error),
     #[error("database: {0}")]
     Shape(String),
@@ -254,10 +256,15 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
 ";
 
-/// The same tables for PostgreSQL (cluster mode), made under an advisory
-/// lock so replicas starting together do not race.
+/// The same tables for PostgreSQL (cluster mode). Sent as one batch, which
+/// PostgreSQL runs as one transaction, under an advisory lock that only its
+/// commit releases: replicas starting together take turns, and each finds
+/// the tables the one before made. (A session lock released by the batch's
+/// last statement let the next replica in before the tables were
+/// committed: its CREATE TABLE IF NOT EXISTS did not see them, and failed
+/// on the type PostgreSQL had made for them.)
 const SCHEMA_PG: &str = "
-SELECT pg_advisory_lock(7270001);
+SELECT pg_advisory_xact_lock(7270001);
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
     seq BIGINT NOT NULL,
@@ -331,7 +338,6 @@ CREATE TABLE IF NOT EXISTS events (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
-SELECT pg_advisory_unlock(7270001);
 ";
 
 /// Egress events kept per sandbox (the oldest go first).
@@ -385,10 +391,7 @@ impl Store {
     /// (`postgres://user@host/db`); its tables are made if missing.
     pub fn connect(url: &str) -> Result<Store, StoreError> {
         let pg = db::Postgres::connect(url)?;
-        pg.batch(&SCHEMA_PG.replace(
-            "SELECT pg_advisory_unlock",
-            &format!("{}\n{SEQ_INDEXES}\nSELECT pg_advisory_unlock", cluster::SCHEMA),
-        ))?;
+        pg.batch(&format!("{SCHEMA_PG}\n{}\n{SEQ_INDEXES}", cluster::SCHEMA))?;
         Store::with(Db::Postgres(pg), None)
     }
 

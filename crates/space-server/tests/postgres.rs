@@ -136,3 +136,31 @@ fn processes_share_one_database_and_event_ids_never_collide() {
     let third = Store::connect(&pg.url).unwrap();
     assert_eq!(third.operations(Some("sbx_00000000000000000001")).unwrap().len(), 200);
 }
+
+/// Replicas started together on an empty database (the shipped Kubernetes
+/// manifest starts two) all make or find the same tables: the schema is
+/// made under a lock held until its transaction commits, so a second
+/// replica never looks for tables that are made but not yet visible.
+#[test]
+fn replicas_starting_together_on_an_empty_database_all_start() {
+    let pg = PgCluster::start();
+    let mut admin = postgres::Client::connect(&pg.url, postgres::NoTls).unwrap();
+    for round in 0..8 {
+        let name = format!("replicas_{round}");
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let url = pg.url.replace("/postgres", &format!("/{name}"));
+        let barrier = std::sync::Barrier::new(3);
+        let started: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let replicas: Vec<_> = (0..3)
+                .map(|_| {
+                    scope.spawn(|| {
+                        barrier.wait();
+                        Store::connect(&url).map(drop).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            replicas.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert!(started.iter().all(Result::is_ok), "round {round}: {started:?}");
+    }
+}
