@@ -68,9 +68,10 @@ ensure_build_deps() {
 
 # The console's tests drive Debian's Chromium over WebDriver (chromedriver);
 # the PostgreSQL store's tests run throwaway clusters of Debian's postgresql;
-# the cluster test puts each node in a network namespace of its own (ip).
+# the cluster test puts each node in a network namespace of its own (ip);
+# the README's tour, which a test runs, reads answers with jq.
 ensure_test_packages() {
-    install_missing "what the tests use" chromium chromium-driver postgresql iproute2
+    install_missing "what the tests use" chromium chromium-driver postgresql iproute2 jq
 }
 
 # The guest agent is linked statically so it runs in any root filesystem.
