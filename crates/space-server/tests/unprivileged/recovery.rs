@@ -239,6 +239,7 @@ fn requests_wait_for_a_slow_agent_then_are_served() {
     let (status, answer) =
         node.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["echo", "early"]})));
     assert_eq!(status, 503, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("re-adopted"), "{answer}");
     world.engine.release_redials(&id);
     assert!(node.block_on(node.platform.until_reconciled(&id, PATIENCE)));
     assert_eq!(node.exec(&id, &["echo", "late"])["stdout"], "late\n");
