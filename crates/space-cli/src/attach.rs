@@ -65,7 +65,7 @@ fn resize_message((cols, rows): (u16, u16)) -> Message {
 fn exit_code(result: &serde_json::Value) -> i32 {
     match (result["exit_code"].as_i64(), result["signal"].as_str()) {
         (Some(code), _) => code as i32,
-        (None, Some(signal)) => 128 + crate::signal_number(signal),
+        (None, Some(signal)) => 128 + crate::cmd::signal_number(signal),
         (None, None) => 255,
     }
 }

@@ -11,11 +11,11 @@ use space_host::template::{
     build_debian, known_packages, DebianBuild, BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE, POLYGLOT_TEMPLATE,
 };
 
-use crate::EngineArgs;
+use crate::cli::EngineArgs;
 
 #[derive(Args)]
 pub struct SetupArgs {
-    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::cli::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// Size of the sparse btrfs image made when the data dir is not on btrfs.
     #[arg(long, default_value_t = 64)]

@@ -2,6 +2,10 @@
 //! real API, side by side with the raw engine floor measured in the same
 //! run (`runsc run` to the agent's hello; `runsc exec true`).
 
+mod cluster;
+mod density;
+mod restart;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,8 +20,8 @@ use space_process::Reaper;
 use space_proto::{FrameKind, Hello};
 use tokio::io::AsyncReadExt;
 
+use crate::cli::EngineArgs;
 use crate::client::Client;
-use crate::EngineArgs;
 
 /// Times `posix_spawn` + `waitpid` of `true` inside the sandbox, in ms.
 const SPAWN_PROBE: &str = "import os, time\nfor _ in range(10):\n    t = time.perf_counter()\n    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n    print((time.perf_counter() - t) * 1000)";
@@ -26,7 +30,7 @@ const SPAWN_PROBE: &str = "import os, time\nfor _ in range(10):\n    t = time.pe
 pub struct BenchArgs {
     /// A data dir prepared by `space setup`; the benchmark works in a scratch
     /// dir inside it and removes it afterwards.
-    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::cli::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// Sandboxes to create (each side).
     #[arg(short = 'n', long, default_value_t = 10)]
@@ -466,7 +470,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let shared = DataDir::open(&args.data_dir)?;
     if let Some(n) = args.density {
         let scratch = shared.scratch(&format!("density-{}", std::process::id()), &[&args.template])?;
-        let result = crate::density::run(&args, &scratch, n);
+        let result = crate::bench::density::run(&args, &scratch, n);
         space_host::btrfs::remove_tree(scratch.root())?;
         return result;
     }
@@ -474,7 +478,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let node = shared.scratch(&format!("bench-node-{}", std::process::id()), &[&args.template])?;
         let tls_node = shared.scratch(&format!("bench-tls-node-{}", std::process::id()), &[&args.template])?;
         let single = shared.scratch(&format!("bench-single-{}", std::process::id()), &[&args.template])?;
-        let result = crate::cluster_bench::run(&args, &node, &tls_node, &single);
+        let result = crate::bench::cluster::run(&args, &node, &tls_node, &single);
         for data in [&node, &tls_node, &single] {
             space_host::btrfs::remove_tree(data.root())?;
         }
@@ -482,7 +486,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.only_restart {
         let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
-        let result = crate::restart_bench::run(&args, &restart, args.restart_sandboxes);
+        let result = crate::bench::restart::run(&args, &restart, args.restart_sandboxes);
         space_host::btrfs::remove_tree(restart.root())?;
         return result;
     }
@@ -503,7 +507,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     cleanup?;
     if args.restart_sandboxes > 0 {
         let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
-        let result = crate::restart_bench::run(&args, &restart, args.restart_sandboxes);
+        let result = crate::bench::restart::run(&args, &restart, args.restart_sandboxes);
         space_host::btrfs::remove_tree(restart.root())?;
         result?;
     }
@@ -600,7 +604,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
             throughput = Some(measure_throughput(&client, &id)?);
             egress = Some(measure_egress(&client, &id)?);
         }
-        if let Some(&pss) = crate::density::pss_by_sandbox(std::slice::from_ref(&id)).get(&id) {
+        if let Some(&pss) = crate::bench::density::pss_by_sandbox(std::slice::from_ref(&id)).get(&id) {
             idle_pss.push(pss);
         }
         // Lifecycle through the API: each figure is call accepted -> operation succeeded.
@@ -835,7 +839,7 @@ fn bench_snapshots(
         answer(&one[0])?;
         first.0.push(started.elapsed());
         frozen.0.push(Duration::from_millis(operation["frozen_ms"].as_u64().unwrap_or(0)));
-        if let Some(&pss) = crate::density::pss_by_sandbox(&one).get(&one[0]) {
+        if let Some(&pss) = crate::bench::density::pss_by_sandbox(&one).get(&one[0]) {
             memory.push(pss);
         }
         disk.push(space_host::btrfs::exclusive_bytes(&scratch.sandbox_dir(&one[0]).join("rootfs")).unwrap_or(0));

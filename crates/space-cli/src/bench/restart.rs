@@ -169,7 +169,7 @@ fn measure(args: &BenchArgs, scratch: &DataDir, n: usize, idle_pause_s: u64) -> 
     let ids = ids.into_inner().unwrap();
     if idle_pause_s > 0 {
         let deadline = Instant::now() + PATIENCE;
-        while crate::density::count_auto_paused(&first.client)? < n {
+        while crate::bench::density::count_auto_paused(&first.client)? < n {
             if Instant::now() > deadline {
                 bail!("the server did not pause the idle sandboxes within {PATIENCE:?}");
             }

@@ -1,0 +1,759 @@
+//! The command line: every command, argument and flag of `space`, as clap
+//! defines them, and the small conversions that belong to the arguments
+//! (a client from `ClientArgs`, a platform config from `EngineArgs`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use crate::{bench, client, setup};
+
+pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/space";
+
+pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+
+#[derive(Parser)]
+#[command(name = "space", version, about = "SPACE: isolated sandboxes for agent-written code")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Top,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Top {
+    /// Prepare this host: packages, a btrfs data dir, the `base` template.
+    Setup(setup::SetupArgs),
+    /// Run the API server (with --cluster: a cluster's control plane).
+    Serve(ServeArgs),
+    /// Run a node of a cluster: this host's sandboxes, answering only the
+    /// control plane (decision 009).
+    Node(NodeArgs),
+    /// Create, list, inspect and delete sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// Run a command in a sandbox, streaming its output; exits with its code.
+    Exec(ExecArgs),
+    /// Run code in an interpreter kept alive in a sandbox (a code context):
+    /// its output as it comes, then its value; exits 1 if it raised.
+    Run(RunArgs),
+    /// Inspect operations.
+    #[command(subcommand)]
+    Op(OpCommand),
+    /// Build, list, inspect and delete templates.
+    #[command(subcommand)]
+    Template(TemplateCommand),
+    /// Copy a file or directory into or out of a sandbox: `LOCAL SBX:/path` or `SBX:/path LOCAL`.
+    Cp {
+        from: String,
+        to: String,
+        /// Permission bits (octal) for a file copied in; default: the local file's.
+        #[arg(long)]
+        mode: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Measure create and exec latency against the raw runsc floor.
+    Bench(bench::BenchArgs),
+    /// Serve the Model Context Protocol on stdin/stdout: tools that create
+    /// sandboxes, run commands and move files (uses SPACE_URL, SPACE_API_KEY).
+    Mcp {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Tell which engines this host can run, and why not.
+    Doctor {
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Make, list and revoke tenants' API keys (works beside a running server).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Show what happened to your sandboxes, operations and commands
+    /// (`--follow`: as it happens, resuming by event id if the stream breaks).
+    Events {
+        /// Keep following new events.
+        #[arg(long, short)]
+        follow: bool,
+        /// Start at this event id (0: the oldest kept).
+        #[arg(long)]
+        from: Option<u64>,
+        /// Only these types, comma-separated (`sandbox`, `operation`,
+        /// `command`, or full names such as `command.exited`).
+        #[arg(long)]
+        types: Option<String>,
+        /// Only this sandbox's events.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// Print each event as one JSON line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Carry connections to a local port to a port inside a sandbox (a dev
+    /// server, a database): `space port-forward SBX 8080:3000`. Prints the
+    /// local address (LOCAL 0: any free port) and runs until interrupted.
+    PortForward {
+        sandbox: String,
+        /// LOCAL:REMOTE, or one port for both.
+        ports: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Write, list and delete your tenant's secrets (values are never shown).
+    #[command(subcommand)]
+    Secret(SecretCommand),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum SecretCommand {
+    /// Write a secret: its value is read from stdin (never from the command
+    /// line, where other users and shell history could see it).
+    Set {
+        name: String,
+        /// A host it may be sent to: `name` or `*.suffix` (repeatable).
+        #[arg(long = "host", value_name = "HOST", required = true)]
+        hosts: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List secrets: names and hosts.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a secret (sandboxes bound to it get `secret_unavailable`).
+    Rm {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum KeysCommand {
+    /// Make a key for a tenant and print it once; only its hash is kept.
+    Create {
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        /// The server's PostgreSQL database, if it keeps state there.
+        #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+        database: Option<String>,
+        #[arg(long)]
+        tenant: String,
+        /// The tenant's quotas (kept for the tenant; 429 past them).
+        #[arg(long)]
+        max_sandboxes: Option<u32>,
+        #[arg(long)]
+        max_vcpus: Option<u32>,
+        #[arg(long)]
+        max_memory_mib: Option<u64>,
+        /// Host disk (MiB) for the tenant's roots, output, snapshots,
+        /// templates and uploads together.
+        #[arg(long)]
+        max_disk_mib: Option<u64>,
+        /// What the tenant's sandboxes may ever reach (an egress rule; `*`
+        /// for any public host; repeatable). Without it: no ceiling.
+        #[arg(long = "egress-ceiling", value_name = "RULE")]
+        egress_ceiling: Vec<String>,
+        /// An allowed host for the tenant's sandboxes whose create and
+        /// template name no network (repeatable).
+        #[arg(long = "default-allow-host", value_name = "RULE")]
+        default_allow: Vec<String>,
+    },
+    /// List keys (ids, tenants, dates; never the keys).
+    Ls {
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        /// The server's PostgreSQL database, if it keeps state there.
+        #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+        database: Option<String>,
+    },
+    /// Revoke a key by its id; requests with it get 401 at once.
+    Revoke {
+        id: String,
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        /// The server's PostgreSQL database, if it keeps state there.
+        #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+        database: Option<String>,
+    },
+}
+
+/// Where the API is and how to authenticate.
+#[derive(Args, Clone)]
+pub(crate) struct ClientArgs {
+    /// The server's URL.
+    #[arg(long, env = "SPACE_URL", default_value = DEFAULT_URL, global = true)]
+    pub(crate) url: String,
+    /// The API key (default: the dev key in --data-dir, if readable).
+    #[arg(long, env = "SPACE_API_KEY", hide_env_values = true, global = true)]
+    pub(crate) api_key: Option<String>,
+    /// Data dir whose dev-api-key to use when no key is given.
+    #[arg(long = "key-data-dir", env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
+    pub(crate) key_data_dir: PathBuf,
+}
+
+impl ClientArgs {
+    pub(crate) fn client(&self) -> Result<client::Client> {
+        let key = match &self.api_key {
+            Some(key) => key.clone(),
+            None => std::fs::read_to_string(self.key_data_dir.join("dev-api-key"))
+                .map(|k| k.trim().to_string())
+                .with_context(|| {
+                    format!(
+                        "no API key: set SPACE_API_KEY, or run a dev server (`space serve --dev`) whose key is in {}",
+                        self.key_data_dir.display()
+                    )
+                })?,
+        };
+        Ok(client::Client::new(&self.url, &key))
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct NodeArgs {
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+    /// The control plane's URL (`http://host:port`), or several replicas'
+    /// (comma-separated; one that does not answer is passed over).
+    #[arg(long)]
+    pub(crate) control_plane: String,
+    /// This node's name in the cluster (default: the host name).
+    #[arg(long)]
+    pub(crate) node_id: Option<String>,
+    /// Where the control plane reaches this node (default: the address it
+    /// listens on).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub(crate) data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub(crate) listen: SocketAddr,
+    /// Development mode: loopback only, with a generated key in DATA_DIR/dev-api-key.
+    #[arg(long)]
+    pub(crate) dev: bool,
+    /// File holding the operator's API key (required without --dev);
+    /// tenants' keys come from `space keys create`.
+    #[arg(long)]
+    pub(crate) api_key_file: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address (keys then cross the
+    /// network in clear text; only behind a TLS-terminating proxy).
+    #[arg(long)]
+    pub(crate) insecure_http: bool,
+    /// Serve `GET /metrics` without a key (for a Prometheus scraper on a
+    /// trusted network); by default it needs the server's own key, as it
+    /// shows figures of every tenant together.
+    #[arg(long)]
+    pub(crate) metrics_without_key: bool,
+    /// `text` or `json` (one object per line, with request ids).
+    #[arg(long, value_enum, default_value = "text")]
+    pub(crate) log_format: LogFormat,
+    /// Keep state in this PostgreSQL database (`postgres://user@host/db`)
+    /// instead of the data dir's SQLite file (made if missing).
+    #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
+    pub(crate) database: Option<String>,
+    /// Be a cluster's control plane (needs --database and
+    /// --node-token-file): no sandboxes here, requests go to the nodes.
+    #[arg(long, requires = "database", requires = "node_token_file")]
+    pub(crate) cluster: bool,
+    /// The cluster's node token (the control plane and its nodes share it).
+    #[arg(long)]
+    pub(crate) node_token_file: Option<PathBuf>,
+    /// A control plane's key that seals tenants' secrets in PostgreSQL: 32
+    /// bytes, or 64 hex digits (`openssl rand -hex 32`), the same file on
+    /// every replica. Without it the control plane keeps no secrets.
+    #[arg(long, requires = "cluster")]
+    pub(crate) secrets_key_file: Option<PathBuf>,
+    /// The CA (PEM) of a cluster's own links: with --cluster-cert and
+    /// --cluster-key, control plane and nodes speak mutual TLS to each
+    /// other, each side asking the other for a certificate of this CA.
+    #[arg(long, requires_all = ["cluster_cert", "cluster_key"])]
+    pub(crate) cluster_ca: Option<PathBuf>,
+    /// This member's certificate on the cluster's links (PEM, signed by
+    /// --cluster-ca); a node serves its API with it.
+    #[arg(long, requires = "cluster_ca")]
+    pub(crate) cluster_cert: Option<PathBuf>,
+    /// The key of --cluster-cert (PEM).
+    #[arg(long, requires = "cluster_ca")]
+    pub(crate) cluster_key: Option<PathBuf>,
+    /// A control plane: also take nodes' heartbeats here, over the
+    /// cluster's mutual TLS (give nodes this address as --control-plane
+    /// https://…).
+    #[arg(long, requires = "cluster_ca", requires = "cluster")]
+    pub(crate) cluster_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+}
+
+impl ServeArgs {
+    /// The cluster's TLS, if asked for.
+    pub(crate) fn cluster_tls(&self) -> Result<Option<space_server::http::ClusterTls>> {
+        match (&self.cluster_ca, &self.cluster_cert, &self.cluster_key) {
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(space_server::http::cluster_tls(ca, cert, key)?)),
+            _ => Ok(None),
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct EngineArgs {
+    /// The statically linked guest agent.
+    #[arg(long, env = "SPACE_AGENT_BIN")]
+    pub(crate) agent_bin: Option<PathBuf>,
+    /// The runsc binary.
+    #[arg(long, env = "SPACE_RUNSC", default_value = "runsc")]
+    pub(crate) runsc: PathBuf,
+    /// Warm (pre-started, paused) sandboxes kept per template for fast create.
+    #[arg(long, env = "SPACE_WARM_POOL", default_value_t = 2)]
+    pub(crate) warm_pool: u32,
+    /// Hot (running, agent connected) sandboxes kept per template in front
+    /// of the warm ones: a create of the default shape is then an identity
+    /// hand-off (each dozes while it waits: ≈ 0.3 % of a core under gVisor).
+    #[arg(long, env = "SPACE_HOT_POOL", default_value_t = 1)]
+    pub(crate) hot_pool: u32,
+    /// Memory (MiB) the host may promise to sandboxes; default: host memory less 1 GiB.
+    #[arg(long, env = "SPACE_CAPACITY_MIB")]
+    pub(crate) capacity_mib: Option<u64>,
+    /// Also build ext4 root drives (Firecracker's) for templates; default:
+    /// when the host has hardware virtualization.
+    #[arg(long, env = "SPACE_EXT4_IMAGES")]
+    pub(crate) ext4_images: Option<bool>,
+    /// The engine: auto (Firecracker where it can run, else gVisor),
+    /// gvisor, or firecracker.
+    #[arg(long, env = "SPACE_ENGINE", default_value = "auto")]
+    pub(crate) engine: space_server::EngineChoice,
+    /// The firecracker binary (its jailer is looked for beside it).
+    #[arg(long, env = "FIRECRACKER_BIN")]
+    pub(crate) firecracker_bin: Option<PathBuf>,
+    /// Seconds a running sandbox may sit idle (no command running, no
+    /// request) before the server pauses it; its next command or file
+    /// request resumes it first. 0: never.
+    #[arg(long, env = "SPACE_AUTO_PAUSE_S", default_value_t = space_server::DEFAULT_AUTO_PAUSE_S)]
+    pub(crate) auto_pause_s: u64,
+    /// Output (MiB) kept per command; the rest is counted, not stored.
+    #[arg(long, env = "SPACE_MAX_OUTPUT_MIB", default_value_t = space_server::platform::DEFAULT_MAX_OUTPUT_BYTES >> 20)]
+    pub(crate) max_output_mib: u64,
+    /// Output (MiB) kept per sandbox, all its commands together.
+    #[arg(long, env = "SPACE_MAX_SANDBOX_OUTPUT_MIB",
+        default_value_t = space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES >> 20)]
+    pub(crate) max_sandbox_output_mib: u64,
+    /// Free space (MiB) of the data dir the host keeps: under it, creates,
+    /// suspends, template builds and uploads get 507 and output is not kept.
+    #[arg(long, env = "SPACE_DISK_RESERVE_MIB", default_value_t = space_server::disk::DEFAULT_DISK_RESERVE_MIB)]
+    pub(crate) disk_reserve_mib: u64,
+    /// A fixed answer for the egress gateway, NAME=IP or NAME=IP:PORT
+    /// (repeatable; with a port, connections to NAME go to that port
+    /// whatever port was asked): when given, names resolve only through
+    /// these (an internal mirror, a test).
+    #[arg(long = "egress-host", value_name = "NAME=IP[:PORT]")]
+    pub(crate) egress_hosts: Vec<String>,
+    /// PEM file of CA certificates the gateway also trusts for upstreams it
+    /// terminates TLS to (repeatable; besides the system's roots).
+    #[arg(long = "egress-trust", value_name = "FILE")]
+    pub(crate) egress_trust: Vec<PathBuf>,
+    /// Internal addresses (IP or CIDR, repeatable) sandboxes may reach
+    /// through the gateway anyway; everything internal is refused otherwise.
+    #[arg(long = "egress-allow-internal", value_name = "CIDR")]
+    pub(crate) egress_allow_internal: Vec<String>,
+    /// Connections each sandbox may have open through the gateway at once.
+    #[arg(long, default_value_t = space_egress::gateway::MAX_CONNECTIONS)]
+    pub(crate) egress_max_connections: usize,
+    /// New connections each sandbox may open per second (429 past it).
+    #[arg(long, default_value_t = space_egress::gateway::NEW_PER_SECOND)]
+    pub(crate) egress_new_per_second: u32,
+    /// MiB per second each sandbox's egress may move each way, all its
+    /// connections together (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) egress_rate_mib: u64,
+}
+
+impl EngineArgs {
+    /// The guest agent: `--agent-bin`, else a statically linked
+    /// `space-agent` beside this binary, in the static build's target dir,
+    /// or installed. It runs in roots and initramfs images that have no
+    /// libc of its kind, so a dynamically linked one (such as the one
+    /// `cargo build` leaves beside a debug `space`) is refused or passed over.
+    pub(crate) fn agent_bin(&self) -> Result<PathBuf> {
+        let is_static = |path: &Path| space_host::is_static_elf(path).unwrap_or(false);
+        if let Some(path) = &self.agent_bin {
+            // Absolute: the engine hands it to runsc, which runs elsewhere.
+            let path = std::fs::canonicalize(path).with_context(|| format!("the agent {}", path.display()))?;
+            anyhow::ensure!(
+                is_static(&path),
+                "the agent {} is not a statically linked executable (scripts/run.sh and scripts/test.sh build one)",
+                path.display()
+            );
+            return Ok(path);
+        }
+        let exe = std::env::current_exe().context("locating the space binary")?;
+        let dir = exe.parent().unwrap_or(Path::new("/"));
+        let candidates = [
+            dir.join("space-agent"),
+            dir.join("../x86_64-unknown-linux-gnu/release/space-agent"),
+            PathBuf::from("/usr/local/lib/space/space-agent"),
+        ];
+        candidates.iter().find(|p| p.is_file() && is_static(p)).cloned().with_context(|| {
+            "cannot find the static space-agent: scripts/run.sh and scripts/test.sh build one, or pass --agent-bin"
+                .to_string()
+        })
+    }
+
+    pub(crate) fn platform_config(&self, data_dir: &Path) -> Result<space_server::PlatformConfig> {
+        self.config_with_agent(data_dir, self.agent_bin()?)
+    }
+
+    pub(crate) fn config_with_agent(
+        &self,
+        data_dir: &Path,
+        agent_bin: PathBuf,
+    ) -> Result<space_server::PlatformConfig> {
+        let mut egress = space_server::egress::EgressSettings::parse(&self.egress_hosts, &self.egress_allow_internal)
+            .map_err(|e| anyhow::anyhow!("egress settings: {e}"))?;
+        egress.trust = self.egress_trust.clone();
+        egress.max_connections = Some(self.egress_max_connections);
+        egress.new_per_second = Some(self.egress_new_per_second);
+        egress.rate_mib = Some(self.egress_rate_mib);
+        Ok(space_server::PlatformConfig {
+            data_dir: data_dir.to_path_buf(),
+            runsc: self.runsc.clone(),
+            agent_bin,
+            warm_pool: self.warm_pool,
+            hot_pool: self.hot_pool,
+            capacity_mib: self.capacity_mib,
+            ext4_images: self.ext4_images,
+            engine: self.engine,
+            firecracker_bin: self.firecracker_bin.clone(),
+            auto_pause_s: self.auto_pause_s,
+            max_output_mib: self.max_output_mib,
+            max_sandbox_output_mib: self.max_sandbox_output_mib,
+            disk_reserve_mib: self.disk_reserve_mib,
+            egress,
+            database: None,
+        })
+    }
+}
+
+/// A sandbox's egress policy on the command line.
+#[derive(Args, Clone)]
+pub(crate) struct NetworkArgs {
+    /// none, allowlist or public (default: allowlist when --allow-host is
+    /// given, else none).
+    #[arg(long)]
+    pub(crate) egress: Option<String>,
+    /// An allowed host: `name`, `*.suffix`, IP or CIDR, with optional
+    /// `:port[,port]` (repeatable).
+    #[arg(long = "allow-host", value_name = "RULE")]
+    pub(crate) allow: Vec<String>,
+    /// A denied host, in the same forms (repeatable).
+    #[arg(long = "deny-host", value_name = "RULE")]
+    pub(crate) deny: Vec<String>,
+    /// Bind a secret: the variable ENV holds a placeholder, and the gateway
+    /// adds the secret NAME on HTTPS requests to its hosts (repeatable).
+    #[arg(long = "secret", value_name = "ENV=NAME", value_parser = parse_pair)]
+    pub(crate) secrets: Vec<(String, String)>,
+}
+
+impl NetworkArgs {
+    /// The policy as the API takes it; `None` when nothing was given.
+    pub(crate) fn to_json(&self) -> Option<serde_json::Value> {
+        let egress = match &self.egress {
+            Some(mode) => mode.clone(),
+            None if !self.allow.is_empty() || !self.secrets.is_empty() => "allowlist".into(),
+            None if !self.deny.is_empty() => "public".into(),
+            None => return None,
+        };
+        let secrets: serde_json::Map<String, serde_json::Value> =
+            self.secrets.iter().map(|(env, name)| (env.clone(), serde_json::json!({"secret": name}))).collect();
+        Some(serde_json::json!({"egress": egress, "allow": self.allow, "deny": self.deny, "secrets": secrets}))
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum SandboxCommand {
+    /// Create a sandbox and wait until it runs.
+    Create {
+        #[arg(long, default_value = "base")]
+        template: String,
+        #[arg(long)]
+        vcpus: Option<u32>,
+        #[arg(long)]
+        memory_mib: Option<u32>,
+        #[arg(long)]
+        disk_mib: Option<u32>,
+        /// Environment for every command, KEY=VALUE (repeatable).
+        #[arg(long = "env", value_parser = parse_pair)]
+        env: Vec<(String, String)>,
+        /// Label, key=value (repeatable).
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        network: NetworkArgs,
+        /// Return once accepted, without waiting for the sandbox to run.
+        #[arg(long)]
+        no_wait: bool,
+        /// Print only the sandbox id.
+        #[arg(long, short)]
+        quiet: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List sandboxes.
+    Ls {
+        #[arg(long)]
+        state: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one sandbox as JSON.
+    Get {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Replace a sandbox's egress policy while it runs (open connections
+    /// it no longer allows are cut).
+    Network {
+        id: String,
+        #[command(flatten)]
+        network: NetworkArgs,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show the connections a sandbox made through the egress gateway.
+    Egress {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a sandbox and wait until it is gone.
+    Rm {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Freeze a sandbox in memory and wait until it is paused.
+    Pause {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Snapshot a sandbox to disk (the engine process exits) and wait.
+    Suspend {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resume a paused or suspended sandbox and wait until it runs.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Fork a running sandbox (memory, processes, disk at one instant) and
+    /// wait until the forks run; prints their ids.
+    Fork {
+        id: String,
+        /// How many forks (1 to 16).
+        #[arg(short = 'n', long, default_value_t = 1)]
+        count: u32,
+        /// Label of the forks, key=value (repeatable; over the source's).
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Save a checkpoint of a running sandbox (it runs on) and wait.
+    Checkpoint {
+        id: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List a sandbox's checkpoints.
+    Checkpoints {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Roll a sandbox back to one of its checkpoints and wait until it runs.
+    Restore {
+        id: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete one of a sandbox's checkpoints.
+    RmCheckpoint {
+        id: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    pub(crate) sandbox: String,
+    /// Python (a Jupyter kernel; needs the code-interpreter template).
+    #[arg(long)]
+    pub(crate) python: bool,
+    /// The code (`-` reads it from stdin).
+    #[arg(short = 'c', long = "code")]
+    pub(crate) code: String,
+    /// A context to run in (its state carries over); without it a new one
+    /// is made for this run and stopped after.
+    #[arg(long)]
+    pub(crate) context: Option<String>,
+    /// Interrupt the run after this many seconds.
+    #[arg(long)]
+    pub(crate) timeout: Option<u64>,
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct ExecArgs {
+    pub(crate) sandbox: String,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub(crate) cwd: Option<String>,
+    /// Environment, KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_pair)]
+    pub(crate) env: Vec<(String, String)>,
+    /// Kill the command after this many seconds.
+    #[arg(long)]
+    pub(crate) timeout: Option<u64>,
+    /// Keep stdin open and send ours (over the attach WebSocket).
+    #[arg(short = 'i', long)]
+    pub(crate) interactive: bool,
+    /// Run on a pseudo-terminal; our terminal goes into raw mode.
+    #[arg(short = 't', long)]
+    pub(crate) tty: bool,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    pub(crate) argv: Vec<String>,
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TemplateCommand {
+    /// Build a template from Debian packages, showing progress.
+    Build {
+        #[arg(long)]
+        name: String,
+        /// Packages, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        debian_packages: Vec<String>,
+        #[arg(long, default_value = "bookworm")]
+        suite: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make a template of an OCI image archive (`docker save` output or an
+    /// OCI image layout in a tar, optionally gzip-compressed).
+    ImportOci {
+        file: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// Default working directory (over the image's WorkingDir).
+        #[arg(long)]
+        workdir: Option<String>,
+        /// Default user (over the image's User).
+        #[arg(long)]
+        user: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make a template of a directory on this host (no server needed).
+    ImportDir {
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Make a snapshot template of a running sandbox (or of one of its
+    /// checkpoints): its sandboxes start from that state instead of booting.
+    FromSandbox {
+        /// The new template's name.
+        name: String,
+        /// The sandbox.
+        sandbox: String,
+        /// One of the sandbox's checkpoints, instead of its state now.
+        #[arg(long)]
+        checkpoint: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List templates.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one template as JSON.
+    Get {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete every version of a template (refused while sandboxes use it).
+    Rm {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum OpCommand {
+    /// Show an operation, optionally waiting for it to finish.
+    Get {
+        id: String,
+        /// Seconds to wait for a terminal state (max 60).
+        #[arg(long)]
+        wait: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Wait until an operation ends; exit 0 only if it succeeded.
+    Wait {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub(crate) fn parse_pair(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
+}
+
+/// How `space serve` writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line, with the request's span (request id,
+    /// route, tenant, sandbox or operation id) in each.
+    Json,
+}

@@ -1,0 +1,102 @@
+//! `space serve` and `space node`: the API server of one host, alone or as
+//! a cluster's node.
+
+use anyhow::{bail, Context, Result};
+
+use super::{dev_key, init_logging, read_secret_file, NodeRole};
+use crate::cli::ServeArgs;
+
+pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
+    init_logging(args.log_format);
+    if args.dev && !args.listen.ip().is_loopback() {
+        bail!("--dev binds loopback only; {} is not a loopback address", args.listen);
+    }
+    // A node of a cluster with TLS serves the cluster's mutual TLS.
+    let cluster_tls = args.cluster_tls()?;
+    let tls = match (&args.tls_cert, &args.tls_key, &cluster_tls) {
+        (Some(_), _, Some(_)) => bail!("a node serves with --cluster-cert; --tls-cert is for a server's clients"),
+        (_, _, Some(cluster)) if node.is_some() => Some(cluster.server.clone()),
+        (_, _, Some(_)) => bail!("--cluster-ca is for a cluster's members (space node, space serve --cluster)"),
+        (Some(cert), Some(key), None) => Some(space_server::http::tls_config(cert, key)?),
+        _ => None,
+    };
+    if tls.is_none() && !args.listen.ip().is_loopback() && !args.insecure_http {
+        bail!(
+            "{} is not a loopback address: serve it with --tls-cert and --tls-key, or say --insecure-http \
+             (API keys would cross the network in clear text)",
+            args.listen
+        );
+    }
+    let mut config = args.engine.platform_config(&args.data_dir)?;
+    config.database = args.database.clone();
+    let platform = space_server::start_platform(&config)?;
+    platform.metrics_without_key.store(args.metrics_without_key, std::sync::atomic::Ordering::Relaxed);
+    let node_token = match (&node, &args.node_token_file) {
+        (Some(_), Some(path)) => Some(read_secret_file(path, "node token")?),
+        (Some(_), None) => bail!("a node needs --node-token-file"),
+        (None, _) => None,
+    };
+    let key = if node.is_some() {
+        String::new() // a node takes only the node token
+    } else if args.dev {
+        eprintln!(
+            "WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",
+            platform.data.dev_key_path().display()
+        );
+        dev_key(&platform.data.dev_key_path())?
+    } else {
+        let path = args.api_key_file.as_ref().context("without --dev, --api-key-file is required")?;
+        let key = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let key = key.trim().to_string();
+        if key.len() < 16 {
+            bail!("the API key in {} is shorter than 16 characters", path.display());
+        }
+        key
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Handlers go in before the address is announced, so a client that
+        // saw it can always stop the server cleanly.
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        platform.start().await.map_err(|e| anyhow::anyhow!(e.message))?;
+        let state = match (node, node_token) {
+            (Some(node), Some(token)) => {
+                let scheme = if cluster_tls.is_some() { "https" } else { "http" };
+                let url = node.advertise.unwrap_or_else(|| format!("{scheme}://{}", args.listen));
+                let url = match listener.local_addr() {
+                    Ok(addr) if url.ends_with(":0") => format!("{scheme}://{addr}"),
+                    _ => url,
+                };
+                let links = space_server::cluster::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
+                tokio::spawn(space_server::cluster::heartbeats(
+                    platform.clone(),
+                    links.clone(),
+                    node.control_plane,
+                    token.clone(),
+                    node.id,
+                    url,
+                ));
+                space_server::AppState::node(platform, token, links)
+            }
+            _ => space_server::AppState::new(platform, key),
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!("SPACE listening on {scheme}://{}", listener.local_addr()?);
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            tracing::info!("shutting down");
+        };
+        let platform = state.platform.clone();
+        space_server::http::serve_with(listener, state, tls, shutdown).await?;
+        // Warm sandboxes belong to no one; the others keep running.
+        platform.warm.drain().await;
+        Ok(())
+    })
+}
