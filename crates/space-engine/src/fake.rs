@@ -382,7 +382,7 @@ impl FakeEngine {
             held: held_rx,
             sockets: sockets_rx,
             dial: dial.clone(),
-            engine: self.clone(),
+            engine: Arc::downgrade(&self.shared),
         };
         let task = self.shared.runtime.spawn(agent.run()).abort_handle();
         self.state().views.insert(id.to_string(), view.clone());
@@ -628,7 +628,9 @@ struct FakeAgent {
     held: watch::Receiver<bool>,
     sockets: mpsc::UnboundedReceiver<UnixStream>,
     dial: Arc<Notify>,
-    engine: FakeEngine,
+    /// Told of every change; weak, so that the engine (whose runtime runs
+    /// this agent) goes when the tests let go of it.
+    engine: std::sync::Weak<Shared>,
 }
 
 /// How a connection ended.
@@ -650,6 +652,12 @@ struct Command {
 impl FakeAgent {
     fn view(&self) -> MutexGuard<'_, AgentView> {
         self.view.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn changed(&self) {
+        if let Some(shared) = self.engine.upgrade() {
+            shared.changed.notify_all();
+        }
     }
 
     async fn thawed(&mut self) {
@@ -676,7 +684,7 @@ impl FakeAgent {
             // However it ended (dropped, refused, broken), a real agent
             // dials again; here the next socket or dial notice does.
             let _ = self.serve(socket, &outbox, &mut queued, &mut killers, &mut unsent).await;
-            self.engine.changed();
+            self.changed();
         }
     }
 
@@ -731,7 +739,7 @@ impl FakeAgent {
             view.welcome = Some(welcome);
             view.handshakes += 1;
         }
-        self.engine.changed();
+        self.changed();
         if let Some(frame) = unsent.take() {
             self.write_out(&mut writer, frame, unsent).await?;
         }
@@ -857,7 +865,7 @@ impl FakeAgent {
         }
         if frame.kind == FrameKind::Exit {
             self.view().served.remove(&frame.stream);
-            self.engine.changed();
+            self.changed();
         }
         Ok(())
     }
