@@ -151,3 +151,23 @@ build_book() {
     python3 "$ROOT/scripts/check-cli-docs.py" "$TARGET_DIR/debug/space" "$ROOT/README.md" \
         "$ROOT"/docs/book/src/*.md "$ROOT"/docs/book/src/*/*.md
 }
+
+# The control logic's tests over the fake engine (crates/space-server/
+# tests/unprivileged), run as nobody: built as the caller, copied where
+# nobody can read them (a checkout under /root is not), with a deadline
+# around the whole binary (each wait inside has its own; nextest's
+# per-test watchdog does not run as nobody, its toolchain being root's).
+run_unprivileged_tests() {
+    local binary scratch status=0 started=$SECONDS
+    binary=$(cargo test --locked -p space-server --test unprivileged --no-run --message-format=json |
+        python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
+    scratch=$(mktemp -d)
+    chmod 755 "$scratch"
+    install -m 755 "$binary" "$scratch/unprivileged"
+    mkdir -m 1777 "$scratch/tmp"
+    timeout 600 runuser -u nobody -- env SPACE_UNPRIVILEGED_TMP="$scratch/tmp" TMPDIR="$scratch/tmp" \
+        "$scratch/unprivileged" || status=$?
+    say "the unprivileged tests took $((SECONDS - started)) s (exit $status)"
+    rm -rf "$scratch"
+    return "$status"
+}

@@ -56,6 +56,7 @@ def main():
     parser.add_argument("--junit", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--tests", required=True)
+    parser.add_argument("--unprivileged", required=True)
     parser.add_argument("--doctests", required=True)
     parser.add_argument("--fuzzing", required=True)
     parser.add_argument("--seconds", type=float, required=True)
@@ -97,7 +98,7 @@ def main():
         print(f"  SKIPPED {name}: {why}")
     if unrun:
         print(f"  SKIPPED {unrun} test(s) nextest did not run (ignored or filtered out)")
-    print(f"doc tests: {args.doctests}; fuzzing: {args.fuzzing}")
+    print(f"unprivileged tests: {args.unprivileged}; doc tests: {args.doctests}; fuzzing: {args.fuzzing}")
 
     slowest = sorted(((float(c.get("time", "0") or 0), f"{b} {c.get('name', '')}") for b, c in cases), reverse=True)
     if slowest:
@@ -113,7 +114,7 @@ def main():
         except OSError as err:
             print(f"free disk at {path}: unknown ({err})")
     verdict = "passed" if args.tests == "passed" and not failed else "failed"
-    print(f"tests {verdict}; doc tests {args.doctests}; fuzzing {args.fuzzing}")
+    print(f"tests {verdict}; unprivileged tests {args.unprivileged}; doc tests {args.doctests}; fuzzing {args.fuzzing}")
 
 
 if __name__ == "__main__":

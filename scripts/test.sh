@@ -3,7 +3,8 @@
 # format and lints, the book (docs/book, its links checked), every test
 # under a per-test watchdog (cargo-nextest, .config/nextest.toml: a stuck
 # test fails naming itself and the others still run), the doc tests, and
-# fuzzing. Ends with a summary (passed, failed and skipped tests, the ten
+# fuzzing. The control logic's tests over the fake engine run first, as
+# an unprivileged user (nobody). Ends with a summary (passed, failed and skipped tests, the ten
 # slowest, total time, free disk) and exits non-zero if anything failed.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -16,6 +17,11 @@ ensure_nextest
 cd "$ROOT"
 # A CI run builds once: incremental caches would only take disk.
 [ -n "${CI:-}" ] && export CARGO_INCREMENTAL=0
+
+# First, and counted like the rest: they need nothing of the host.
+say "running the unprivileged tests as nobody (the fake engine: no root, btrfs or runsc)"
+unprivileged=passed
+run_unprivileged_tests || unprivileged=failed
 say_free_disk
 build_agent
 say "building the test suite"
@@ -40,7 +46,8 @@ mkdir -p "$results"
 rm -f "$results/junit.xml"
 say "running the tests (each in a process of its own, under the watchdog of .config/nextest.toml)"
 tests=passed
-cargo nextest run --workspace --locked 2>&1 | tee "$results/run.log" || tests=failed
+# The unprivileged tests ran above, as nobody.
+cargo nextest run --workspace --locked -E 'not binary_id(space-server::unprivileged)' 2>&1 | tee "$results/run.log" || tests=failed
 # A test the watchdog killed left its sandboxes to the next test's
 # fixtures; after the last test, nobody else removes them.
 "$TARGET_DIR/debug/space-test-sweep" || true
@@ -55,6 +62,6 @@ fuzzing=passed
 "$ROOT/scripts/fuzz.sh" || fuzzing=failed
 
 python3 "$ROOT/scripts/test-summary.py" --junit "$results/junit.xml" --log "$results/run.log" \
-    --tests "$tests" --doctests "$doctests" --fuzzing "$fuzzing" --seconds "$SECONDS" \
+    --tests "$tests" --unprivileged "$unprivileged" --doctests "$doctests" --fuzzing "$fuzzing" --seconds "$SECONDS" \
     --disk "$TARGET_DIR" --disk "$SPACE_TEST_DATA_DIR"
-[ "$tests$doctests$fuzzing" = passedpassedpassed ]
+[ "$tests$unprivileged$doctests$fuzzing" = passedpassedpassedpassed ]
