@@ -58,8 +58,10 @@ say_free_disk() {
 }
 
 # Build tools from Debian, installed only when missing.
+# jq: the README's tour, which a reader runs after scripts/run.sh, reads
+# the API's answers with it.
 ensure_build_deps() {
-    install_missing "build tools" gcc libc6-dev curl openssl e2fsprogs python3 python3-venv git
+    install_missing "build tools" gcc libc6-dev curl openssl e2fsprogs python3 python3-venv git jq
     if ! command -v cargo >/dev/null; then
         echo "cargo is missing: install a Rust toolchain (1.85 or newer) first" >&2
         exit 1
