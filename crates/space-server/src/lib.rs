@@ -36,7 +36,7 @@ mod policies;
 mod recovery;
 mod sampling;
 pub mod secrets;
-pub mod store;
+pub use space_store as store;
 mod templates;
 pub mod tenants;
 pub mod transcript;

@@ -15,8 +15,7 @@ use space_api::{Network, PutSecretRequest, SecretInfo};
 
 use crate::error::ApiError;
 use crate::platform::Platform;
-use crate::store::db::vals;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, TenantSecret};
 
 /// Secrets a tenant may keep.
 pub const MAX_SECRETS: usize = 256;
@@ -92,11 +91,6 @@ impl Keyring {
     }
 }
 
-/// A secret as kept: its hosts, and its value sealed.
-pub type SealedSecret = (Vec<String>, Vec<u8>);
-/// A sealed secret with its tenant and name.
-pub type TenantSecret = (String, String, SealedSecret);
-
 fn secret_context(tenant: &str, name: &str) -> String {
     format!("secret\0{tenant}\0{name}")
 }
@@ -120,126 +114,6 @@ fn within(host: &str, allowed: &[String]) -> bool {
             }
         }
     })
-}
-
-impl Store {
-    pub fn put_secret(
-        &self,
-        tenant: &str,
-        name: &str,
-        hosts: &[String],
-        sealed: &[u8],
-        at: &str,
-    ) -> Result<(), StoreError> {
-        let hosts = serde_json::to_string(hosts)?;
-        self.tx(|c| {
-            c.execute(
-                "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
-                 ON CONFLICT (tenant, name) DO UPDATE SET hosts = excluded.hosts, sealed = excluded.sealed,
-                 updated_at = excluded.updated_at",
-                vals![tenant, name, hosts, sealed, at],
-            )?;
-            bump_epoch(c)
-        })?;
-        Ok(())
-    }
-
-    /// How many times a cluster's secrets changed (0 outside PostgreSQL).
-    pub fn secrets_epoch(&self) -> Result<u64, StoreError> {
-        self.tx(|c| match c.postgres() {
-            true => {
-                Ok(c.query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?.map(|r| r.int(0)).transpose()?)
-            }
-            false => Ok(None),
-        })
-        .map(|epoch| epoch.unwrap_or(0).max(0) as u64)
-    }
-
-    /// Every tenant's secrets (sealed), and the count of changes they are
-    /// as of: what a cluster's nodes are sent.
-    pub fn all_secrets(&self) -> Result<(u64, Vec<TenantSecret>), StoreError> {
-        self.tx(|c| {
-            let epoch = match c.postgres() {
-                true => {
-                    c.query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?.map(|r| r.int(0)).transpose()?
-                }
-                false => None,
-            };
-            let rows = c.query("SELECT tenant, name, hosts, sealed FROM secrets ORDER BY tenant, name", &[])?;
-            let secrets = rows
-                .iter()
-                .map(|r| Ok((r.text(0)?, r.text(1)?, (serde_json::from_str(&r.text(2)?)?, r.bytes(3)?))))
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            Ok((epoch.unwrap_or(0).max(0) as u64, secrets))
-        })
-    }
-
-    /// Replaces every secret with `secrets` (a node, sent its cluster's).
-    pub fn replace_secrets(&self, secrets: &[TenantSecret], at: &str) -> Result<(), StoreError> {
-        self.tx(|c| {
-            c.execute("DELETE FROM secrets", &[])?;
-            for (tenant, name, (hosts, sealed)) in secrets {
-                let hosts = serde_json::to_string(hosts)?;
-                c.execute(
-                    "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                    vals![tenant.as_str(), name.as_str(), hosts, sealed.as_slice(), at],
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    /// A tenant's secrets, without values.
-    pub fn secrets(&self, tenant: &str) -> Result<Vec<SecretInfo>, StoreError> {
-        let rows = self.tx(|c| {
-            c.query(
-                "SELECT name, hosts, created_at, updated_at FROM secrets WHERE tenant = ?1 ORDER BY name",
-                vals![tenant],
-            )
-        })?;
-        rows.iter()
-            .map(|r| {
-                Ok(SecretInfo {
-                    name: r.text(0)?,
-                    hosts: serde_json::from_str(&r.text(1)?)?,
-                    created_at: r.text(2)?,
-                    updated_at: r.text(3)?,
-                })
-            })
-            .collect()
-    }
-
-    /// A secret's hosts and sealed value.
-    pub fn secret(&self, tenant: &str, name: &str) -> Result<Option<SealedSecret>, StoreError> {
-        let row = self.tx(|c| {
-            c.query_one("SELECT hosts, sealed FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name])
-        })?;
-        row.map(|r| Ok((serde_json::from_str(&r.text(0)?)?, r.bytes(1)?))).transpose()
-    }
-
-    pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        self.tx(|c| {
-            let gone = c.execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name])? > 0;
-            if gone {
-                bump_epoch(c)?;
-            }
-            Ok(gone)
-        })
-    }
-}
-
-/// On PostgreSQL (a cluster's store), counts a change of the secrets, so
-/// nodes that have an older set are sent the new one.
-fn bump_epoch(c: &mut dyn crate::store::db::Conn) -> Result<(), StoreError> {
-    if c.postgres() {
-        c.execute(
-            "INSERT INTO secrets_epoch (id, epoch) VALUES (1, 1)
-             ON CONFLICT (id) DO UPDATE SET epoch = secrets_epoch.epoch + 1",
-            &[],
-        )?;
-    }
-    Ok(())
 }
 
 /// A secret with its value, as a control plane sends it to its nodes.

@@ -41,11 +41,13 @@ pub struct EventFilter {
     pub sandbox_id: Option<String>,
 }
 
-pub(crate) fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
+/// An event of `kind` about `sandbox_id`, at this moment, as yet without
+/// its id (its row's, once added).
+pub fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
     Event {
         id: 0,
         kind,
-        at: crate::ids::now(),
+        at: crate::now(),
         sandbox_id: sandbox_id.map(str::to_string),
         sandbox: None,
         operation: None,
@@ -280,10 +282,29 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use space_api::{OperationKind, OperationState, SandboxState};
+    use space_api::{Operation, OperationKind, OperationOrigin, OperationState, Progress, SandboxState};
 
     fn store() -> ((), Store) {
         ((), Store::open(std::path::Path::new(":memory:")).unwrap())
+    }
+
+    fn operation(kind: OperationKind, sandbox_id: &str) -> Operation {
+        Operation {
+            id: "op_1".into(),
+            kind,
+            sandbox_id: Some(sandbox_id.into()),
+            template: None,
+            state: OperationState::Pending,
+            progress: Progress::new("queued", 0, 1),
+            error: None,
+            forks: Vec::new(),
+            checkpoint: None,
+            frozen_ms: None,
+            origin: OperationOrigin::Client,
+            created_at: crate::now(),
+            started_at: None,
+            finished_at: None,
+        }
     }
 
     #[test]
@@ -317,7 +338,7 @@ mod tests {
     #[test]
     fn operations_are_progress_until_they_end_and_keep_their_first_tenant() {
         let (_dir, store) = store();
-        let mut op = crate::platform::new_operation(OperationKind::Pause, "sbx_1", "queued", 1);
+        let mut op = operation(OperationKind::Pause, "sbx_1");
         store.put_operation(&op, "acme", None).unwrap();
         op.state = OperationState::Succeeded;
         // Updates name no tenant: the event is still the first writer's.
@@ -338,7 +359,7 @@ mod tests {
     fn nothing_is_recorded_while_recording_is_off() {
         let (_dir, store) = store();
         store.record_events(false);
-        let op = crate::platform::new_operation(OperationKind::Pause, "sbx_1", "queued", 1);
+        let op = operation(OperationKind::Pause, "sbx_1");
         store.put_operation(&op, "acme", None).unwrap();
         assert!(store.events_from("acme", 0, &EventFilter::default(), 100).unwrap().is_empty());
         assert_eq!(*store.event_head().borrow(), 0);

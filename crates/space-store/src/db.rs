@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use super::StoreError;
+use crate::StoreError;
 
 /// A value bound to a statement or read from a row.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,7 +66,7 @@ impl<T: Into<Value>> From<Option<T>> for Value {
 
 /// `vals![a, b]`: the values of a statement's placeholders, in order.
 macro_rules! vals {
-    ($($value:expr),* $(,)?) => { &[$($crate::store::db::Value::from($value)),*] };
+    ($($value:expr),* $(,)?) => { &[$($crate::db::Value::from($value)),*] };
 }
 pub(crate) use vals;
 
@@ -119,6 +119,8 @@ pub trait Conn {
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, StoreError>;
     /// Runs a query; every row.
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Row>, StoreError>;
+    /// Runs a script of statements without values (a migration).
+    fn batch(&mut self, sql: &str) -> Result<(), StoreError>;
     /// Whether this is PostgreSQL (some statements exist in one dialect only).
     fn postgres(&self) -> bool {
         false
@@ -166,6 +168,10 @@ fn to_sqlite(value: &Value) -> rusqlite::types::Value {
 }
 
 impl Conn for SqliteConn<'_> {
+    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+        Ok(self.0.execute_batch(sql)?)
+    }
+
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, StoreError> {
         let mut statement = self.0.prepare_cached(sql)?;
         Ok(statement.execute(rusqlite::params_from_iter(values.iter().map(to_sqlite)))? as u64)
@@ -245,11 +251,6 @@ impl Postgres {
             Ok(row.try_get::<_, bool>(0)?)
         })
     }
-
-    /// Runs a batch of statements (a schema) outside any transaction.
-    pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
-        outside_runtime(|| Ok(self.clients[0].lock().unwrap_or_else(|e| e.into_inner()).batch_execute(sql)?))
-    }
 }
 
 /// The blocking PostgreSQL client runs a small runtime of its own, which
@@ -326,6 +327,10 @@ fn from_pg(row: &postgres::Row, i: usize) -> Result<Value, StoreError> {
 impl Conn for PgConn<'_, '_> {
     fn postgres(&self) -> bool {
         true
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+        Ok(self.0.batch_execute(sql)?)
     }
 
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, StoreError> {

@@ -1,7 +1,13 @@
-//! Durable state: one SQLite file (WAL) in the data dir.
+//! Durable state: one SQLite file (WAL) in the data dir, or a PostgreSQL
+//! database shared by a cluster's control plane replicas.
 //!
 //! Each record is its API object as JSON plus the columns we query by.
 //! Every write completes before the change is acknowledged to a client.
+//! The schema is made and changed only by the numbered migrations in
+//! `migrations/` (see [`migrate`]).
+//!
+//! This crate owns the tables and the SQL; it knows nothing of HTTP, of
+//! engines or of the node runtime, and takes and returns plain records.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,16 +16,17 @@ use std::sync::Mutex;
 mod cluster;
 pub mod db;
 mod events;
+pub mod migrate;
+mod secrets;
 
 use rusqlite::Connection;
-
-use self::db::{vals, Conn, Db, Row, Value};
 use serde::{Deserialize, Serialize};
 use space_api::{Command, EventType, Operation, Sandbox};
 
 pub use self::cluster::{NodeRow, Placement};
-pub(crate) use self::events::new_event;
-pub use self::events::{EventFilter, FeedEvent, RawEvent, EVENTS_KEPT};
+use self::db::{vals, Conn, Db, Row, Value};
+pub use self::events::{new_event, EventFilter, FeedEvent, RawEvent, EVENTS_KEPT};
+pub use self::secrets::{SealedSecret, TenantSecret};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -70,17 +77,17 @@ pub struct EgressCa {
 impl SandboxRecord {
     /// Records what the host needs to take its agent back later: the
     /// session and the channel key of this handshake.
-    pub(crate) fn remember_agent(&mut self, welcome: &space_proto::Welcome) {
+    pub fn remember_agent(&mut self, welcome: &space_proto::Welcome) {
         self.agent_session = Some(welcome.session);
         self.channel_key = welcome.channel_key.clone();
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl SandboxRecord {
     /// A record for unit tests of policies: created and last active when
     /// given, with this lifecycle.
-    pub(crate) fn sample(
+    pub fn sample(
         state: space_api::SandboxState,
         lifecycle: space_api::Lifecycle,
         created: &str,
@@ -120,6 +127,12 @@ pub const OPERATOR_TENANT: &str = "default";
 
 fn operator_tenant() -> String {
     OPERATOR_TENANT.to_string()
+}
+
+/// This moment as the API writes times (RFC 3339, milliseconds), for the
+/// times the store stamps itself: events and applied migrations.
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// A tenant's quotas (`None`: no limit beyond the host's capacity).
@@ -166,179 +179,8 @@ fn sandbox_from_row((body, last_activity, network, lifecycle): SandboxRow) -> Re
     Ok(record)
 }
 
-const SCHEMA_VERSION: i64 = 3;
 const LIVE_SANDBOXES: &str =
     "SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE state <> 'deleted' ORDER BY seq";
-/// Indexes of both stores: the rows [`Store::live_sandboxes`] reads, in its
-/// order; and `seq`, whose `MAX` every insert asks for (without an index,
-/// each create read every sandbox and operation ever recorded).
-const SEQ_INDEXES: &str = "
-CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (seq) WHERE state <> 'deleted';
-CREATE INDEX IF NOT EXISTS sandboxes_by_seq ON sandboxes (seq);
-CREATE INDEX IF NOT EXISTS operations_by_seq ON operations (seq);
-CREATE INDEX IF NOT EXISTS commands_by_seq ON commands (seq);";
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    body TEXT NOT NULL,
-    -- kept apart from body: commands touch it while the actor owns body
-    last_activity_at TEXT
-);
-CREATE TABLE IF NOT EXISTS operations (
-    id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    sandbox_id TEXT,
-    idempotency_key TEXT,
-    body TEXT NOT NULL,
-    tenant TEXT NOT NULL DEFAULT 'default'
-);
-CREATE INDEX IF NOT EXISTS operations_by_sandbox ON operations (sandbox_id);
-CREATE TABLE IF NOT EXISTS commands (
-    id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    sandbox_id TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS commands_by_sandbox ON commands (sandbox_id);
-CREATE TABLE IF NOT EXISTS tenants (
-    name TEXT PRIMARY KEY,
-    quotas TEXT NOT NULL
-);
--- API keys, stored only as the SHA-256 of the key
-CREATE TABLE IF NOT EXISTS api_keys (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    hash TEXT NOT NULL UNIQUE,
-    created_at TEXT NOT NULL,
-    revoked_at TEXT
-);
--- what a restarted server needs to pick a running command up again
-CREATE TABLE IF NOT EXISTS command_streams (
-    command_id TEXT PRIMARY KEY,
-    stream INTEGER NOT NULL,
-    timeout_s INTEGER NOT NULL
-);
--- code contexts: what a restarted server needs to pick each up again
-CREATE TABLE IF NOT EXISTS contexts (
-    id TEXT PRIMARY KEY,
-    sandbox_id TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS contexts_by_sandbox ON contexts (sandbox_id);
--- every connection a sandbox made through the egress gateway
-CREATE TABLE IF NOT EXISTS egress_events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    sandbox_id TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS egress_events_by_sandbox ON egress_events (sandbox_id, seq);
--- tenant secrets, sealed with the key in secrets.key (never readable here)
-CREATE TABLE IF NOT EXISTS secrets (
-    tenant TEXT NOT NULL,
-    name TEXT NOT NULL,
-    hosts TEXT NOT NULL,
-    sealed BLOB NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    PRIMARY KEY (tenant, name)
-);
--- what happened to sandboxes, operations and commands (GET /v1/events);
--- body is the event without its id, which is seq
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    tenant TEXT NOT NULL,
-    sandbox_id TEXT,
-    kind TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
-";
-
-/// The same tables for PostgreSQL (cluster mode). Sent as one batch, which
-/// PostgreSQL runs as one transaction, under an advisory lock that only its
-/// commit releases: replicas starting together take turns, and each finds
-/// the tables the one before made. (A session lock released by the batch's
-/// last statement let the next replica in before the tables were
-/// committed: its CREATE TABLE IF NOT EXISTS did not see them, and failed
-/// on the type PostgreSQL had made for them.)
-const SCHEMA_PG: &str = "
-SELECT pg_advisory_xact_lock(7270001);
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    seq BIGINT NOT NULL,
-    state TEXT NOT NULL,
-    body TEXT NOT NULL,
-    last_activity_at TEXT,
-    network TEXT,
-    lifecycle TEXT,
-    tenant TEXT
-);
-CREATE TABLE IF NOT EXISTS operations (
-    id TEXT PRIMARY KEY,
-    seq BIGINT NOT NULL,
-    sandbox_id TEXT,
-    idempotency_key TEXT,
-    body TEXT NOT NULL,
-    tenant TEXT NOT NULL DEFAULT 'default'
-);
-CREATE INDEX IF NOT EXISTS operations_by_sandbox ON operations (sandbox_id);
-CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-CREATE TABLE IF NOT EXISTS commands (
-    id TEXT PRIMARY KEY,
-    seq BIGINT NOT NULL,
-    sandbox_id TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS commands_by_sandbox ON commands (sandbox_id);
-CREATE TABLE IF NOT EXISTS tenants (
-    name TEXT PRIMARY KEY,
-    quotas TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS api_keys (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    hash TEXT NOT NULL UNIQUE,
-    created_at TEXT NOT NULL,
-    revoked_at TEXT
-);
-CREATE TABLE IF NOT EXISTS command_streams (
-    command_id TEXT PRIMARY KEY,
-    stream BIGINT NOT NULL,
-    timeout_s BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS contexts (
-    id TEXT PRIMARY KEY,
-    sandbox_id TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS contexts_by_sandbox ON contexts (sandbox_id);
-CREATE TABLE IF NOT EXISTS egress_events (
-    seq BIGSERIAL PRIMARY KEY,
-    sandbox_id TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS egress_events_by_sandbox ON egress_events (sandbox_id, seq);
-CREATE TABLE IF NOT EXISTS secrets (
-    tenant TEXT NOT NULL,
-    name TEXT NOT NULL,
-    hosts TEXT NOT NULL,
-    sealed BYTEA NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    PRIMARY KEY (tenant, name)
-);
-CREATE TABLE IF NOT EXISTS events (
-    seq BIGSERIAL PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    sandbox_id TEXT,
-    kind TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_tenant ON events (tenant, seq);
-";
 
 /// Egress events kept per sandbox (the oldest go first).
 pub const EGRESS_EVENTS_KEPT: u32 = 10_000;
@@ -359,20 +201,13 @@ pub struct Store {
 impl Store {
     /// The embedded store: one SQLite file (`:memory:` for tests).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // NORMAL in WAL mode survives a killed process; only power loss can
         // drop the last transactions.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::Shape(format!("the database was written by a newer SPACE (schema {version})")));
-        }
-        conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(cluster::SCHEMA)?;
-        migrate_sqlite(&conn)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        migrate::sqlite(&mut conn, migrate::SQLITE)?;
         let reader = match path.as_os_str() == ":memory:" {
             true => None,
             false => {
@@ -388,11 +223,12 @@ impl Store {
     }
 
     /// The cluster store: a PostgreSQL database at `url`
-    /// (`postgres://user@host/db`); its tables are made if missing.
+    /// (`postgres://user@host/db`), brought up to this schema if it is
+    /// older (or empty).
     pub fn connect(url: &str) -> Result<Store, StoreError> {
-        let pg = db::Postgres::connect(url)?;
-        pg.batch(&format!("{SCHEMA_PG}\n{}\n{SEQ_INDEXES}", cluster::SCHEMA))?;
-        Store::with(Db::Postgres(pg), None)
+        let db = Db::Postgres(db::Postgres::connect(url)?);
+        migrate::postgres(&db, migrate::POSTGRES)?;
+        Store::with(db, None)
     }
 
     /// Claims a PostgreSQL database for this server alone. Several servers
@@ -420,7 +256,7 @@ impl Store {
         })
     }
 
-    pub(crate) fn tx<T>(&self, work: impl FnOnce(&mut dyn Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn tx<T>(&self, work: impl FnOnce(&mut dyn Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.db.tx(work)
     }
 
@@ -749,41 +585,6 @@ impl Store {
 
 fn sandbox_row(row: &Row) -> Result<SandboxRow, StoreError> {
     Ok((row.text(0)?, row.opt_text(1)?, row.opt_text(2)?, row.opt_text(3)?))
-}
-
-/// Brings a SQLite file of an older schema up to this one.
-fn migrate_sqlite(conn: &Connection) -> Result<(), StoreError> {
-    let has = |table: &str, column: &str| -> Result<bool, StoreError> {
-        Ok(conn.prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?.exists([column])?)
-    };
-    // Schema 1 had no tenants: its operations are the operator's, and an
-    // Idempotency-Key is now unique per tenant.
-    if !has("operations", "tenant")? {
-        conn.execute_batch("ALTER TABLE operations ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'")?;
-    }
-    // A network changed after create is kept apart from the body, as
-    // last activity is.
-    if !has("sandboxes", "network")? {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT")?;
-    }
-    // So is a lifecycle changed after create (an E2B `set_timeout`).
-    if !has("sandboxes", "lifecycle")? {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT")?;
-    }
-    // The owner is a column, as it is asked for on every request.
-    if !has("sandboxes", "tenant")? {
-        conn.execute_batch(
-            "ALTER TABLE sandboxes ADD COLUMN tenant TEXT;
-             UPDATE sandboxes SET tenant = COALESCE(json_extract(body, '$.tenant'), 'default');",
-        )?;
-    }
-    conn.execute_batch(SEQ_INDEXES)?;
-    conn.execute_batch(
-        "DROP INDEX IF EXISTS operations_by_key;
-         CREATE UNIQUE INDEX IF NOT EXISTS operations_by_tenant_key ON operations (tenant, idempotency_key)
-             WHERE idempotency_key IS NOT NULL;",
-    )?;
-    Ok(())
 }
 
 #[cfg(test)]

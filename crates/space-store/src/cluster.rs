@@ -1,55 +1,9 @@
 //! What the control plane of a cluster keeps (decision 009): the nodes with
-//! their leases, and where each sandbox and operation lives.
+//! their leases, and where each sandbox and operation lives. Its tables
+//! are in the first migration of each dialect.
 
 use super::db::{vals, Conn};
 use super::{Store, StoreError};
-
-/// The tables, in both dialects (`BIGINT` is SQLite's INTEGER too).
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS nodes (
-    id TEXT PRIMARY KEY,
-    url TEXT NOT NULL,
-    lease_until_ms BIGINT NOT NULL,
-    report TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS placements (
-    sandbox_id TEXT PRIMARY KEY,
-    node_id TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    sandbox TEXT NOT NULL,
-    placed_at_ms BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS placements_by_node ON placements (node_id, placed_at_ms);
-CREATE INDEX IF NOT EXISTS placements_by_tenant ON placements (tenant);
-CREATE TABLE IF NOT EXISTS create_keys (
-    tenant TEXT NOT NULL,
-    idempotency_key TEXT NOT NULL,
-    node_id TEXT NOT NULL,
-    PRIMARY KEY (tenant, idempotency_key)
-);
-CREATE TABLE IF NOT EXISTS template_pulls (
-    node_id TEXT NOT NULL,
-    name TEXT NOT NULL,
-    until_ms BIGINT NOT NULL,
-    PRIMARY KEY (node_id, name)
-);
-CREATE TABLE IF NOT EXISTS node_feeds (
-    node_id TEXT PRIMARY KEY,
-    last_seq BIGINT NOT NULL,
-    owner TEXT NOT NULL,
-    until_ms BIGINT NOT NULL,
-    lost BIGINT NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS secrets_epoch (
-    id BIGINT PRIMARY KEY,
-    epoch BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS operation_nodes (
-    operation_id TEXT PRIMARY KEY,
-    node_id TEXT NOT NULL,
-    tenant TEXT NOT NULL
-);
-";
 
 /// A node as the control plane knows it.
 #[derive(Debug, Clone)]
