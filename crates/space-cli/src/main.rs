@@ -5,7 +5,6 @@
 mod attach;
 mod bench;
 mod cli;
-mod client;
 mod cmd;
 mod forward;
 mod mcp;
@@ -13,6 +12,7 @@ mod run;
 mod setup;
 
 use anyhow::Result;
+use space_client as client;
 use clap::Parser;
 
 use crate::cli::{Cli, NodeArgs, OpCommand, Top};
@@ -78,7 +78,7 @@ fn run(cli: Cli) -> Result<i32> {
                     true => println!("{}", serde_json::to_string(&event).unwrap_or_default()),
                     false => println!("{}", describe_event(&event)),
                 }
-                Ok(())
+                Ok::<(), anyhow::Error>(())
             })?;
             Ok(0)
         }

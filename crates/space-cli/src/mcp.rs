@@ -112,7 +112,7 @@ fn finish(client: &Client, accepted: &Value) -> Result<Value, String> {
 }
 
 fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
-    let e = |err: anyhow::Error| err.to_string();
+    let e = |err: crate::client::ClientError| err.to_string();
     match name {
         "create_sandbox" => {
             let mut body = json!({"template": args["template"].as_str().unwrap_or("base")});

@@ -59,23 +59,9 @@ struct Client {
 
 impl Client {
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
-        let url = format!("{}{path}", self.url.read().unwrap());
-        let request = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(90))
-            .build()
-            .request(method, &url)
-            .set("Authorization", &format!("Bearer {}", self.key));
-        let result = match body {
-            Some(body) => request.send_json(body),
-            None => request.call(),
-        };
-        let response = match result {
-            Ok(response) => response,
-            Err(ureq::Error::Status(_, response)) => response,
-            Err(_) => return None,
-        };
-        let status = response.status();
-        Some((status, response.into_json().unwrap_or(Value::Null)))
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(90)).build();
+        let api = space_client::Client::with_agent(&self.url.read().unwrap(), &self.key, agent);
+        api.call(method, path, body.as_ref()).ok()
     }
 
     /// Calls until the server answers (it may be restarting).

@@ -362,7 +362,7 @@ fn follow_events(client: &Client) -> std::sync::Arc<std::sync::atomic::AtomicU64
     std::thread::spawn(move || {
         let _ = follower.events("", None, true, |_| {
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(())
+            Ok::<(), crate::client::ClientError>(())
         });
     });
     seen

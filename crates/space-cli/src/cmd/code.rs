@@ -87,7 +87,7 @@ pub(crate) fn exec(args: ExecArgs) -> Result<i32> {
     }
     let output_path =
         created["command"]["attach"]["output"].as_str().context("no output link in the answer")?.to_string();
-    let result = client.stream_output(&output_path)?;
+    let result = client.stream_output(&output_path, &mut std::io::stdout().lock(), &mut std::io::stderr())?;
     if let Some(error) = result.error.as_deref() {
         eprintln!("space: {error}");
     }

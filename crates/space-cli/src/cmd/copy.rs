@@ -21,14 +21,14 @@ pub(crate) fn copy(client: &client::Client, from: &str, to: &str, mode: Option<S
                 builder.follow_symlinks(false);
                 builder.append_dir_all(".", from).with_context(|| format!("archiving {from}"))?;
                 let archive = builder.into_inner()?;
-                return client.upload_tar(sandbox, path, archive);
+                return Ok(client.upload_tar(sandbox, path, archive)?);
             }
             if !meta.is_file() {
                 bail!("{from} is neither a regular file nor a directory");
             }
             let file = std::fs::File::open(from).with_context(|| format!("opening {from}"))?;
             let mode = mode.unwrap_or_else(|| format!("{:04o}", meta.permissions().mode() & 0o7777));
-            client.upload(sandbox, path, &mode, file)
+            Ok(client.upload(sandbox, path, &mode, file)?)
         }
         (Some((sandbox, path)), None) => {
             if client.is_dir(sandbox, path)? {
@@ -40,6 +40,7 @@ pub(crate) fn copy(client: &client::Client, from: &str, to: &str, mode: Option<S
             let mut out = std::fs::File::create(&partial).with_context(|| format!("creating {partial}"))?;
             let copied = client
                 .download(sandbox, path, &mut out)
+                .map_err(anyhow::Error::from)
                 .and_then(|()| std::fs::rename(&partial, to).with_context(|| format!("renaming {partial} to {to}")));
             if copied.is_err() {
                 let _ = std::fs::remove_file(&partial);

@@ -1,0 +1,614 @@
+//! A blocking client of the SPACE API, over `space-api`'s wire types.
+//!
+//! Typed calls (`create_sandbox`, `exec`, `wait_for_operation`, …) return
+//! the API's own types; the untyped ones (`get`, `post`, …) return the
+//! answer as JSON, for callers that show it as the server sent it (the
+//! CLI prints answers verbatim, fields a newer server added included).
+//! Every error answer becomes [`ClientError::Api`], with its
+//! [`ErrorCode`] when the code is one this client knows.
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use space_api::{
+    CommandRequest, CreateSandboxRequest, ErrorCode, ExecResponse, Operation, OperationState, OutputFrame,
+    ProcessResult, Sandbox, SandboxOperation,
+};
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error.
+    #[error("HTTP {status} {}: {message}", code.map_or("error", ErrorCode::as_str))]
+    Api {
+        status: u16,
+        /// None for a code this client does not know (a newer server's):
+        /// go by `status` then.
+        code: Option<ErrorCode>,
+        message: String,
+        details: Value,
+    },
+    /// No answer: the server is not there, or the connection broke.
+    #[error("reaching the SPACE server at {base} (is `space serve` running?): {source}")]
+    Unreachable {
+        base: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An answer that breaks the API's contract.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The error's code, when the server answered with one this client knows.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    /// The answer's status, when there was an answer.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ClientError {
+        move |source| ClientError::Io { what, source }
+    }
+
+    fn decode(what: &'static str) -> impl FnOnce(serde_json::Error) -> ClientError {
+        move |source| ClientError::Decode { what, source }
+    }
+}
+
+/// A client of one server with one API key.
+pub struct Client {
+    base: String,
+    auth: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client of the server at `base` (`http://127.0.0.1:7070`) with API
+    /// key `key`. Connecting has a deadline of 5 s; answers are waited for
+    /// as long as the server takes (long polls and streams).
+    pub fn new(base: &str, key: &str) -> Client {
+        Client::with_agent(base, key, ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).build())
+    }
+
+    /// Like [`Client::new`], over an agent of the caller's (a test's, with
+    /// read deadlines).
+    pub fn with_agent(base: &str, key: &str, agent: ureq::Agent) -> Client {
+        Client { base: base.trim_end_matches('/').to_string(), auth: format!("Bearer {key}"), agent }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn key(&self) -> &str {
+        self.auth.trim_start_matches("Bearer ")
+    }
+
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        self.agent.request(method, &format!("{}{path}", self.base)).set("Authorization", &self.auth)
+    }
+
+    /// The response of a 2xx answer; any other becomes its error.
+    fn accept(&self, result: Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
+        match result {
+            Ok(response) => Ok(response),
+            Err(ureq::Error::Status(status, response)) => {
+                let body: Value = response.into_json().unwrap_or_default();
+                let error = &body["error"];
+                Err(ClientError::Api {
+                    status,
+                    code: serde_json::from_value(error["code"].clone()).ok(),
+                    message: error["message"].as_str().unwrap_or("no message").to_string(),
+                    details: error["details"].clone(),
+                })
+            }
+            Err(err) => Err(ClientError::Unreachable { base: self.base.clone(), source: Box::new(err) }),
+        }
+    }
+
+    fn answer<T: DeserializeOwned>(&self, result: Result<ureq::Response, ureq::Error>) -> Result<T> {
+        let response = self.accept(result)?;
+        let text = response.into_string().map_err(ClientError::io("reading the answer"))?;
+        serde_json::from_str(&text).map_err(ClientError::decode("reading the answer"))
+    }
+
+    // Typed calls.
+
+    /// `POST /v1/sandboxes`: the sandbox being created and its operation.
+    pub fn create_sandbox(&self, request: &CreateSandboxRequest) -> Result<SandboxOperation> {
+        self.post_as("/v1/sandboxes", request)
+    }
+
+    /// `GET /v1/sandboxes/{id}`.
+    pub fn sandbox(&self, id: &str) -> Result<Sandbox> {
+        self.get_as(&format!("/v1/sandboxes/{id}"))
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`: the delete's operation.
+    pub fn delete_sandbox(&self, id: &str) -> Result<SandboxOperation> {
+        self.answer(self.request("DELETE", &format!("/v1/sandboxes/{id}")).call())
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec`: runs a command to its end.
+    pub fn exec(&self, sandbox: &str, request: &CommandRequest) -> Result<ExecResponse> {
+        self.post_as(&format!("/v1/sandboxes/{sandbox}/exec"), request)
+    }
+
+    /// `GET /v1/operations/{id}`.
+    pub fn operation(&self, id: &str) -> Result<Operation> {
+        self.get_as(&format!("/v1/operations/{id}"))
+    }
+
+    /// Long-polls an operation until it has ended; it, as it ended.
+    pub fn wait_for_operation(&self, id: &str) -> Result<Operation> {
+        loop {
+            let operation: Operation = self.get_as(&format!("/v1/operations/{id}?wait=30"))?;
+            if matches!(operation.state, OperationState::Succeeded | OperationState::Failed | OperationState::Cancelled)
+            {
+                return Ok(operation);
+            }
+        }
+    }
+
+    /// A GET whose answer is read as `T`.
+    pub fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.answer(self.request("GET", path).call())
+    }
+
+    /// A JSON POST whose answer is read as `T`.
+    pub fn post_as<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        self.answer(self.request("POST", path).send_json(body))
+    }
+
+    // Untyped calls: the answer as the server sent it.
+
+    pub fn get(&self, path: &str) -> Result<Value> {
+        self.get_as(path)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        self.post_as(path, body)
+    }
+
+    pub fn put(&self, path: &str, body: &Value) -> Result<Value> {
+        self.answer(self.request("PUT", path).send_json(body))
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Value> {
+        self.answer(self.request("DELETE", path).call())
+    }
+
+    /// A POST whose body is streamed from `body`.
+    pub fn post_stream(&self, path: &str, content_type: &str, body: impl std::io::Read) -> Result<Value> {
+        self.answer(self.request("POST", path).set("Content-Type", content_type).send(body))
+    }
+
+    /// A JSON POST whose answer is read as it streams (NDJSON).
+    pub fn post_reader(&self, path: &str, body: &Value) -> Result<Box<dyn std::io::Read + Send>> {
+        Ok(Box::new(self.accept(self.request("POST", path).send_json(body))?.into_reader()))
+    }
+
+    /// A DELETE answered with no body (204).
+    pub fn delete_empty(&self, path: &str) -> Result<()> {
+        self.accept(self.request("DELETE", path).call()).map(drop)
+    }
+
+    /// Any request with an optional text body; the status and the body as
+    /// text, whatever the status (a server's own answer, not the API's).
+    pub fn exchange(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+        let request = self.request(method, path);
+        let result = match body {
+            Some(body) => request.send_string(body),
+            None => request.call(),
+        };
+        let response = self.any_status(result)?;
+        Ok((response.status(), response.into_string().map_err(ClientError::io("reading the answer"))?))
+    }
+
+    /// Any request with an optional JSON body; the status and the answer as
+    /// JSON, whatever the status (for tests of error answers).
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let request = self.request(method, path);
+        let result = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        let response = self.any_status(result)?;
+        let status = response.status();
+        let text = response.into_string().map_err(ClientError::io("reading the answer"))?;
+        let value = match text.is_empty() {
+            true => Value::Null,
+            false => serde_json::from_str(&text).map_err(ClientError::decode("reading the answer"))?,
+        };
+        Ok((status, value))
+    }
+
+    /// A POST of raw bytes with extra headers; the status and the whole
+    /// body, whatever the status (for routes that are not SPACE's own API,
+    /// such as the E2B-compatible ones).
+    pub fn post_bytes(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<(u16, Vec<u8>)> {
+        let mut request = self.request("POST", path);
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        let response = self.any_status(request.send_bytes(body))?;
+        let status = response.status();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)
+            .map_err(ClientError::io("reading the answer"))?;
+        Ok((status, bytes))
+    }
+
+    fn any_status(&self, result: Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
+        match result {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => Ok(response),
+            Err(err) => Err(ClientError::Unreachable { base: self.base.clone(), source: Box::new(err) }),
+        }
+    }
+
+    /// A GET of a text body.
+    pub fn get_text(&self, path: &str) -> Result<String> {
+        self.accept(self.request("GET", path).call())?.into_string().map_err(ClientError::io("reading the answer"))
+    }
+
+    // Files.
+
+    /// Streams a local file into a sandbox.
+    pub fn upload(&self, sandbox: &str, path: &str, mode: &str, file: std::fs::File) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&mode={mode}", encode(path));
+        self.accept(self.request("PUT", &target).send(file)).map(drop)
+    }
+
+    /// Writes `bytes` to `path` in a sandbox.
+    pub fn upload_bytes(&self, sandbox: &str, path: &str, bytes: &[u8]) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
+        self.accept(self.request("PUT", &target).send_bytes(bytes)).map(drop)
+    }
+
+    /// Sends a tar archive to unpack into directory `path` of a sandbox.
+    pub fn upload_tar(&self, sandbox: &str, path: &str, archive: Vec<u8>) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));
+        self.accept(self.request("PUT", &target).send_bytes(&archive)).map(drop)
+    }
+
+    /// A directory of a sandbox as a tar archive.
+    pub fn download_tar(&self, sandbox: &str, path: &str) -> Result<Vec<u8>> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));
+        let response = self.accept(self.request("GET", &target).call())?;
+        let mut archive = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut archive)
+            .map_err(ClientError::io("receiving the archive"))?;
+        Ok(archive)
+    }
+
+    /// Whether `path` in a sandbox is a directory.
+    pub fn is_dir(&self, sandbox: &str, path: &str) -> Result<bool> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
+        Ok(self.accept(self.request("GET", &target).call())?.content_type() == "application/json")
+    }
+
+    /// Streams a file out of a sandbox into `out`.
+    pub fn download(&self, sandbox: &str, path: &str, out: &mut impl Write) -> Result<()> {
+        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
+        let response = self.accept(self.request("GET", &target).call())?;
+        if response.content_type() == "application/json" {
+            return Err(ClientError::Protocol(format!("{path} is a directory (download_tar takes directories)")));
+        }
+        std::io::copy(&mut response.into_reader(), out).map_err(ClientError::io("receiving the file"))?;
+        Ok(())
+    }
+
+    // Operations, events and output.
+
+    /// Long-polls an operation until it has ended; it, as the server sent it.
+    pub fn wait_operation(&self, id: &str) -> Result<Value> {
+        loop {
+            let operation = self.get(&format!("/v1/operations/{id}?wait=30"))?;
+            if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                return Ok(operation);
+            }
+        }
+    }
+
+    /// Reads events (`GET /v1/events?{query}`) and hands each to `each`;
+    /// with `follow`, keeps going, resuming after the last event seen when
+    /// the stream breaks (the server restarting, say).
+    pub fn events<E: From<ClientError>>(
+        &self,
+        query: &str,
+        from: Option<u64>,
+        follow: bool,
+        mut each: impl FnMut(space_api::Event) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut last: Option<u64> = None;
+        let mut failures = 0;
+        loop {
+            let mut path = format!("/v1/events?{query}");
+            if follow {
+                path.push_str("&follow=true");
+            }
+            if let Some(from) = from.filter(|_| last.is_none()) {
+                path.push_str(&format!("&from={from}"));
+            }
+            let mut request = self.request("GET", &path);
+            if let Some(last) = last {
+                request = request.set("Last-Event-ID", &last.to_string());
+            }
+            let response = match request.call() {
+                Ok(response) => response,
+                Err(err) if !follow || failures >= 30 || matches!(err, ureq::Error::Status(..)) => {
+                    return Err(self
+                        .accept(Err(err))
+                        .err()
+                        .unwrap_or(ClientError::Protocol("no answer".into()))
+                        .into());
+                }
+                Err(_) => {
+                    failures += 1;
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            failures = 0;
+            for line in BufReader::new(response.into_reader()).lines() {
+                let Ok(line) = line else { break };
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let event: space_api::Event = serde_json::from_str(&line).map_err(ClientError::decode("an event"))?;
+                last = Some(event.id);
+                each(event)?;
+            }
+            if !follow {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Follows a command's output to its exit frame, counting the bytes.
+    pub fn count_output(&self, output_path: &str) -> Result<u64> {
+        let response = self.accept(self.request("GET", &format!("{output_path}?follow=true")).call())?;
+        let mut total = 0u64;
+        for line in BufReader::with_capacity(1 << 20, response.into_reader()).lines() {
+            let line = line.map_err(ClientError::io("reading the output stream"))?;
+            match serde_json::from_str::<OutputFrame>(&line).map_err(ClientError::decode("an output frame"))? {
+                OutputFrame::Stdout { data, data_b64, .. } | OutputFrame::Stderr { data, data_b64, .. } => {
+                    total += frame_bytes(data, data_b64)?.len() as u64;
+                }
+                OutputFrame::Exit { .. } => return Ok(total),
+            }
+        }
+        Err(ClientError::Protocol("the output stream ended without an exit frame".into()))
+    }
+
+    /// Streams a command's output into `stdout` and `stderr` until its exit
+    /// frame, re-attaching from the last offset if the stream breaks (each
+    /// re-attach is said on `stderr`).
+    pub fn stream_output(
+        &self,
+        output_path: &str,
+        stdout: &mut impl Write,
+        stderr: &mut impl Write,
+    ) -> Result<ProcessResult> {
+        let mut offset = 0u64;
+        let mut attempts = 0;
+        loop {
+            let response = match self.request("GET", &format!("{output_path}?from={offset}&follow=true")).call() {
+                Ok(response) => response,
+                Err(err @ ureq::Error::Status(..)) => {
+                    return Err(self.accept(Err(err)).err().unwrap_or_else(no_stream))
+                }
+                Err(err) if attempts < 5 => {
+                    attempts += 1;
+                    let _ = writeln!(stderr, "space: output stream failed ({err}); re-attaching at offset {offset}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+                Err(err) => return Err(self.accept(Err(err)).err().unwrap_or_else(no_stream)),
+            };
+            for line in BufReader::new(response.into_reader()).lines() {
+                let Ok(line) = line else { break };
+                let frame: OutputFrame = serde_json::from_str(&line).map_err(ClientError::decode("an output frame"))?;
+                match frame {
+                    OutputFrame::Stdout { offset: at, data, data_b64 } => {
+                        let bytes = frame_bytes(data, data_b64)?;
+                        offset = at + bytes.len() as u64;
+                        stdout
+                            .write_all(&bytes)
+                            .and_then(|()| stdout.flush())
+                            .map_err(ClientError::io("writing the output"))?;
+                    }
+                    OutputFrame::Stderr { offset: at, data, data_b64 } => {
+                        let bytes = frame_bytes(data, data_b64)?;
+                        offset = at + bytes.len() as u64;
+                        stderr.write_all(&bytes).map_err(ClientError::io("writing the output"))?;
+                    }
+                    OutputFrame::Exit { result } => return Ok(result),
+                }
+            }
+            attempts += 1;
+            if attempts > 5 {
+                return Err(ClientError::Protocol("the output stream kept breaking before the exit frame".into()));
+            }
+            let _ = writeln!(stderr, "space: output stream ended early; re-attaching at offset {offset}");
+        }
+    }
+}
+
+fn no_stream() -> ClientError {
+    ClientError::Protocol("no output stream".into())
+}
+
+/// Percent-encodes a path for a query string.
+pub fn encode(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+fn frame_bytes(data: Option<String>, data_b64: Option<String>) -> Result<Vec<u8>> {
+    match (data, data_b64) {
+        (Some(text), _) => Ok(text.into_bytes()),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| ClientError::Protocol(format!("an output frame's base64: {e}"))),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A server on loopback that answers each of `answers` to one request,
+    /// in order, and hands back the request lines it read.
+    fn serve(answers: Vec<(u16, String)>) -> (String, std::thread::JoinHandle<Vec<String>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let served = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for (status, body) in answers {
+                let (mut socket, _) = listener.accept().unwrap();
+                socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).unwrap() == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let mut request_body = vec![0u8; length];
+                socket.read_exact(&mut request_body).unwrap();
+                seen.push(format!("{} {}", head.lines().next().unwrap_or(""), String::from_utf8_lossy(&request_body)));
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                socket.write_all(answer.as_bytes()).unwrap();
+            }
+            seen
+        });
+        (base, served)
+    }
+
+    fn client(base: &str) -> Client {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+        Client::with_agent(base, "key", agent)
+    }
+
+    #[test]
+    fn an_error_answer_carries_its_typed_code_status_and_details() {
+        let (base, served) = serve(vec![
+            (
+                429,
+                r#"{"error":{"code":"quota_exceeded","message":"past 2 sandboxes","details":{"resource":"sandboxes"}}}"#
+                    .into(),
+            ),
+            (409, r#"{"error":{"code":"a_code_from_a_newer_server","message":"later","details":{}}}"#.into()),
+        ]);
+        let client = client(&base);
+        let err = client.sandbox("sbx_1").unwrap_err();
+        assert_eq!((err.status(), err.code()), (Some(429), Some(ErrorCode::QuotaExceeded)), "{err}");
+        assert_eq!(err.to_string(), "HTTP 429 quota_exceeded: past 2 sandboxes");
+        let ClientError::Api { details, .. } = &err else { panic!("{err:?}") };
+        assert_eq!(details["resource"], "sandboxes");
+        // A code this client does not know: the status still says what kind.
+        let err = client.get("/v1/sandboxes").unwrap_err();
+        assert_eq!((err.status(), err.code()), (Some(409), None), "{err}");
+        let seen = served.join().unwrap();
+        assert!(seen[0].starts_with("GET /v1/sandboxes/sbx_1 HTTP/1.1"), "{seen:?}");
+    }
+
+    #[test]
+    fn typed_calls_send_and_read_the_apis_own_types() {
+        let result = ProcessResult {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            duration_ms: 3,
+            stdout_bytes: 3,
+            stderr_bytes: 0,
+            finished_at: "2026-01-01T00:00:00Z".into(),
+            error: None,
+        };
+        let command = space_api::Command {
+            id: "cmd_1".into(),
+            sandbox_id: "sbx_1".into(),
+            state: space_api::CommandState::Exited,
+            argv: vec!["echo".into(), "hi".into()],
+            pid: 7,
+            tag: None,
+            started_at: "2026-01-01T00:00:00Z".into(),
+            attach: space_api::Attach { output: "/o".into(), stdin: "/i".into(), ws: "/w".into() },
+            stdin: None,
+            tty: None,
+            result: Some(result.clone()),
+        };
+        let answer = ExecResponse { command, stdout: "hi\n".into(), stderr: String::new(), result, truncated: false };
+        let exec = serde_json::to_string(&answer).unwrap();
+        let (base, served) = serve(vec![(200, exec)]);
+        let request = CommandRequest { argv: Some(vec!["echo".into(), "hi".into()]), ..CommandRequest::default() };
+        let ran = client(&base).exec("sbx_1", &request).unwrap();
+        assert_eq!((ran.stdout.as_str(), ran.result.exit_code), ("hi\n", Some(0)));
+        let seen = served.join().unwrap();
+        assert!(seen[0].starts_with("POST /v1/sandboxes/sbx_1/exec HTTP/1.1"), "{seen:?}");
+        assert!(seen[0].contains(r#""argv":["echo","hi"]"#), "{seen:?}");
+    }
+
+    #[test]
+    fn no_server_is_unreachable_not_an_answer() {
+        // A port just freed: nothing listens there.
+        let base = {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", listener.local_addr().unwrap())
+        };
+        let err = client(&base).get("/v1/health").unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+        assert_eq!((err.status(), err.code()), (None, None));
+    }
+
+    #[test]
+    fn query_paths_are_percent_encoded() {
+        assert_eq!(encode("/root/a b&c=d.txt"), "/root/a%20b%26c%3Dd.txt");
+    }
+}
