@@ -54,6 +54,17 @@ pub struct NodeReport {
     /// Snapshot templates it holds: they stay here (never spread).
     #[serde(default)]
     pub local: Vec<String>,
+    /// Each template's default size, which a create that names none gets:
+    /// the control plane counts a tenant's quotas and a node's room by it.
+    #[serde(default)]
+    pub sizes: std::collections::BTreeMap<String, TemplateSize>,
+}
+
+/// A template's default vCPUs and memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateSize {
+    pub vcpus: u32,
+    pub memory_mib: u32,
 }
 
 impl NodeReport {
@@ -95,6 +106,13 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
             .unwrap_or_default(),
         pinned: templates.iter().filter_map(|t| Some((t.meta.name.clone(), t.meta.engine.clone()?))).collect(),
         local: templates.iter().filter(|t| t.meta.image.is_some()).map(|t| t.meta.name.clone()).collect(),
+        sizes: templates
+            .iter()
+            .map(|t| {
+                let size = TemplateSize { vcpus: t.meta.defaults.vcpus, memory_mib: t.meta.defaults.memory_mib };
+                (t.meta.name.clone(), size)
+            })
+            .collect(),
     }
 }
 
@@ -585,14 +603,14 @@ fn record(cp: &ControlPlane, node: &str, caller: &Caller, answer: &serde_json::V
 }
 
 /// A tenant's quotas, cluster-wide: the sandboxes its placements hold on
-/// live nodes (by their size as created; a create naming none counts as
-/// 1 vCPU and 512 MiB) and the new one. Nodes keep no quotas of their own.
+/// live nodes (by their size as created) and `count` new ones of `wanted`
+/// (vCPUs, MiB). Nodes keep no quotas of their own.
 fn check_quotas(
     cp: &ControlPlane,
     caller: &Caller,
     quotas: &crate::store::Quotas,
     nodes: &[Node],
-    wanted: &serde_json::Value,
+    wanted: (u64, u64),
     count: u32,
 ) -> Result<(), ApiError> {
     if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
@@ -609,7 +627,6 @@ fn check_quotas(
         })
         .map(|(_, s)| (s["vcpus"].as_u64().unwrap_or(0), s["memory_mib"].as_u64().unwrap_or(0)))
         .collect();
-    let wanted = (wanted["vcpus"].as_u64().unwrap_or(1), wanted["memory_mib"].as_u64().unwrap_or(512));
     // All but the last of several count as held when the last is checked.
     held.extend(std::iter::repeat_n(wanted, count.saturating_sub(1) as usize));
     crate::tenants::check_held(&caller.tenant, quotas, &held, wanted)
@@ -664,6 +681,20 @@ pub(crate) fn take_disk_quota(platform: &Platform, caller: &Caller, headers: &He
     Ok(())
 }
 
+/// The vCPUs and MiB a create asks for: what it names, else its template's
+/// defaults as a live node that has the template reports them, else the
+/// defaults of a template that sets none (as a node would give it).
+fn create_size(wanted: &serde_json::Value, nodes: &[Node]) -> (u64, u64) {
+    let template = wanted["template"].as_str().unwrap_or("base");
+    let reported = nodes.iter().filter(|n| n.alive).find_map(|n| n.report.sizes.get(template).copied());
+    let fallback = space_host::template::TemplateDefaults::default();
+    let size = reported.unwrap_or(TemplateSize { vcpus: fallback.vcpus, memory_mib: fallback.memory_mib });
+    (
+        wanted["vcpus"].as_u64().unwrap_or(u64::from(size.vcpus)),
+        wanted["memory_mib"].as_u64().unwrap_or(u64::from(size.memory_mib)),
+    )
+}
+
 /// The sandbox of a placement on a lost node, as the control plane shows
 /// it: failed, saying so (`None` if it was deleted).
 fn lost_sandbox(placement: &crate::store::Placement, why: &str) -> Option<serde_json::Value> {
@@ -702,10 +733,11 @@ async fn place(
     key: Option<&str>,
 ) -> Result<(NodeRow, DiskAllowance), ApiError> {
     let template = wanted["template"].as_str().unwrap_or("base").to_string();
-    let memory = wanted["memory_mib"].as_u64().unwrap_or(512);
     let quotas = cp.store.tenant_quotas(&caller.tenant)?;
     let nodes = nodes(cp)?;
-    check_quotas(cp, caller, &quotas, &nodes, wanted, 1)?;
+    let size = create_size(wanted, &nodes);
+    let memory = size.1;
+    check_quotas(cp, caller, &quotas, &nodes, size, 1)?;
     let anywhere = nodes.iter().any(|n| n.report.templates.contains(&template));
     // A template built to run on one engine goes to a node that has it.
     let engine = nodes.iter().find_map(|n| n.report.pinned.get(&template)).cloned();
@@ -807,8 +839,10 @@ async fn sandbox_request(
             .ok()
             .and_then(|body| body["count"].as_u64())
             .map_or(1, |count| count.clamp(1, u64::from(space_api::MAX_FORKS)) as u32);
+        // A fork is the size of its source, as created.
         let source: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-        check_quotas(cp, caller, &cp.store.tenant_quotas(&caller.tenant)?, &nodes(cp)?, &source, count)?;
+        let size = (source["vcpus"].as_u64().unwrap_or(0), source["memory_mib"].as_u64().unwrap_or(0));
+        check_quotas(cp, caller, &cp.store.tenant_quotas(&caller.tenant)?, &nodes(cp)?, size, count)?;
         request = Request::from_parts(parts, Body::from(bytes));
     }
     if request.method() == Method::POST && ["/suspend", "/fork", "/checkpoints"].iter().any(|end| path.ends_with(end)) {
@@ -1613,7 +1647,29 @@ mod tests {
             engines: engines.iter().map(|e| e.to_string()).collect(),
             pinned: Default::default(),
             local: vec![],
+            sizes: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_create_is_sized_by_what_it_names_else_by_its_templates_reported_defaults() {
+        let node = |alive: bool, sizes: &[(&str, u32, u32)]| {
+            let mut report = report("gvisor", &["gvisor"], &["base", "big"]);
+            report.sizes = sizes
+                .iter()
+                .map(|(t, vcpus, memory_mib)| (t.to_string(), TemplateSize { vcpus: *vcpus, memory_mib: *memory_mib }))
+                .collect();
+            let row =
+                NodeRow { id: "n".into(), url: "http://n.test:1".into(), lease_until_ms: 0, report: String::new() };
+            Node { row, report, alive }
+        };
+        let nodes = [node(false, &[("big", 8, 9999)]), node(true, &[("big", 4, 4096), ("base", 1, 512)])];
+        let big = serde_json::json!({"template": "big"});
+        assert_eq!(create_size(&big, &nodes), (4, 4096), "a live node's report, not a lost one's");
+        let named = serde_json::json!({"template": "big", "vcpus": 2, "memory_mib": 1024});
+        assert_eq!(create_size(&named, &nodes), (2, 1024));
+        let unknown = serde_json::json!({"template": "nowhere"});
+        assert_eq!(create_size(&unknown, &nodes), (1, 512), "a template no node reports: the defaults of none set");
     }
 
     #[test]
