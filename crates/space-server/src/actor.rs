@@ -86,7 +86,9 @@ impl Platform {
         let live = Arc::new(LiveSandbox { agent: Mutex::new(agent), jobs, work: Arc::default(), unadopted });
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), live.clone());
         let actor = Actor { platform: self.clone(), id: id.to_string(), live };
-        tokio::spawn(actor.run(queue));
+        // Dropped where it waits at a shutdown, as a kill drops it: the
+        // next server carries out the job it had (it stays accepted).
+        self.tasks.spawn_cancellable(actor.run(queue));
     }
 }
 

@@ -292,17 +292,33 @@ impl Platform {
         Ok(())
     }
 
-    /// Stores egress events as they come, until the server stops.
+    /// Stores egress events as they come, until the platform shuts down;
+    /// then those already queued, and no more.
     pub(crate) fn store_egress_events(self: &Arc<Self>) {
         let Some(mut queued) = self.egress.queued.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
         let platform = self.clone();
-        tokio::spawn(async move {
-            while let Some((id, event)) = queued.recv().await {
+        let stopping = self.tasks.stopping();
+        self.tasks.spawn(async move {
+            let store = |(id, event): (String, _)| {
                 if let Err(err) = platform.store.put_egress_event(&id, &event) {
                     tracing::error!(sandbox = %id, "storing an egress event: {err}");
                 }
+            };
+            tokio::pin!(stopping);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut stopping => break,
+                    next = queued.recv() => match next {
+                        Some(next) => store(next),
+                        None => return,
+                    },
+                }
+            }
+            while let Ok(next) = queued.try_recv() {
+                store(next);
             }
         });
     }

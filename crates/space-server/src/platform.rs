@@ -17,6 +17,8 @@ use space_api::{Operation, OperationKind, OperationOrigin, OperationState, Progr
 use space_engine::{AgentConn, Engine, SandboxSpec};
 use space_host::datadir::DataDir;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::commands::LiveCommand;
 use crate::domain::{self, Event};
@@ -100,6 +102,84 @@ pub struct Platform {
     /// Whether requests are counted and logged and events recorded (off
     /// only for `space bench`'s baseline).
     observing: std::sync::atomic::AtomicBool,
+    /// Its loops and the sandboxes' actors, stopped by [`Platform::shutdown`].
+    pub(crate) tasks: Tasks,
+}
+
+/// How long a shutdown waits for the background tasks to end before it
+/// aborts them.
+const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(20);
+
+/// The tasks a platform runs in the background — its loops (recovery,
+/// policies, sampling, egress events, a node's heartbeats) and each
+/// sandbox's actor — held in one set with the token that tells them to
+/// stop, so that a shutdown can end them all and know they ended.
+///
+/// Work that serves one request (a command's output, a stream, a build)
+/// is not held here: it ends with its request or its connection.
+#[derive(Default)]
+pub(crate) struct Tasks {
+    stop: CancellationToken,
+    set: Mutex<JoinSet<()>>,
+}
+
+impl Tasks {
+    /// Runs `task` in the background until it ends by itself. One that
+    /// would outlive a shutdown watches [`Tasks::stopping`] and ends
+    /// soon after it fires, once what it holds is finished (a tick, a
+    /// queue). After a shutdown began, `task` is dropped unstarted.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock a shutdown takes the set with: a task is either
+        // in the set it waits for, or never started.
+        if self.stop.is_cancelled() {
+            return;
+        }
+        while let Some(ended) = set.try_join_next() {
+            if let Err(err) = ended {
+                tracing::error!("a background task ended badly: {err}");
+            }
+        }
+        set.spawn(task);
+    }
+
+    /// [`Tasks::spawn`] for a task that may be stopped at any of its
+    /// awaits: at a shutdown it is dropped there, as a killed server's
+    /// would be (what it left half done, the next server takes up).
+    pub(crate) fn spawn_cancellable(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let stop = self.stop.clone();
+        self.spawn(async move {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {}
+                () = task => {}
+            }
+        });
+    }
+
+    /// Fires when the platform shuts down.
+    pub(crate) fn stopping(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.stop.clone().cancelled_owned()
+    }
+
+    /// Tasks started and not yet seen to end.
+    fn running(&self) -> usize {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        while set.try_join_next().is_some() {}
+        set.len()
+    }
+
+    /// Tells every task to stop and waits (up to `patience`) until they
+    /// did; those that did not by then are aborted.
+    async fn stop(&self, patience: Duration) {
+        self.stop.cancel();
+        let mut set = std::mem::take(&mut *self.set.lock().unwrap_or_else(|e| e.into_inner()));
+        let all_ended = async { while set.join_next().await.is_some() {} };
+        if tokio::time::timeout(patience, all_ended).await.is_err() {
+            tracing::warn!(tasks = set.len(), "background tasks still ran {patience:?} into the shutdown; aborted");
+            set.shutdown().await;
+        }
+    }
 }
 
 /// Output kept per command by default (stdout and stderr together).
@@ -159,7 +239,34 @@ impl Platform {
             usage: Default::default(),
             metrics_without_key: Default::default(),
             observing: true.into(),
+            tasks: Tasks::default(),
         })
+    }
+
+    /// Stops this platform's work in the process, as a server does before
+    /// it exits: every background task is told to stop and waited for (up
+    /// to [`SHUTDOWN_PATIENCE`], then aborted) — the loops end, each
+    /// sandbox's actor is dropped where it waits, as a kill would drop it —
+    /// and the warm pools are drained (their members belong to no one).
+    /// The sandboxes keep running, and what was accepted stays accepted:
+    /// the next server on this data dir re-adopts them and carries it out.
+    /// Nothing starts in the background after this.
+    pub async fn shutdown(&self) {
+        self.warm.close();
+        self.tasks.stop(SHUTDOWN_PATIENCE).await;
+        self.warm.drain().await;
+    }
+
+    /// Runs `task` (a node's heartbeats, say) until it ends or the platform
+    /// shuts down; then it is dropped at its next await.
+    pub fn run_until_shutdown(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn_cancellable(task);
+    }
+
+    /// How many background tasks run now, the warm pools' too (0 once
+    /// [`Platform::shutdown`] returned).
+    pub fn background_tasks(&self) -> usize {
+        self.tasks.running() + self.warm.tasks_running()
     }
 
     /// Turns request metrics, request logs and events on or off.

@@ -46,13 +46,20 @@ pub(crate) fn due(record: &SandboxRecord, now: SystemTime, has_running_commands:
 }
 
 impl Platform {
-    /// Checks every sandbox's policies once a second, for as long as the
-    /// platform lives (and tops the warm pools up).
+    /// Checks every sandbox's policies once a second (and tops the warm
+    /// pools up) until the platform shuts down; a tick under way is
+    /// finished first, so no request is filed after the shutdown.
     pub(crate) async fn enforce_policies(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(TICK);
         let mut ticks: u64 = 0;
+        let stopping = self.tasks.stopping();
+        tokio::pin!(stopping);
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                biased;
+                () = &mut stopping => return,
+                _ = ticker.tick() => {}
+            }
             ticks += 1;
             if ticks.is_multiple_of(60) {
                 // Quota groups of deleted sandboxes, once btrfs let them go.

@@ -224,14 +224,17 @@ impl Platform {
     /// sandbox starts before they are gone, [`Platform::until_swept`]);
     /// then the operations a previous process accepted are carried out,
     /// lifecycle policies enforced and the pools filled. Call once, inside
-    /// the runtime, before serving.
+    /// the runtime, before serving. All of it runs among the platform's
+    /// tasks: [`Platform::shutdown`] stops it wherever it is.
     pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
         self.store_egress_events();
         let leftovers = self.leftovers();
         if !leftovers.is_empty() {
             self.sweeping.store(true, std::sync::atomic::Ordering::SeqCst);
             let platform = self.clone();
-            tokio::spawn(async move {
+            // Not cut short by a shutdown: what it removes is bounded, and
+            // new sandboxes wait for it (`until_swept`).
+            self.tasks.spawn(async move {
                 let started = Instant::now();
                 let count = leftovers.len();
                 platform.sweep(leftovers).await;
@@ -268,23 +271,27 @@ impl Platform {
             }
         }
         let platform = self.clone();
-        tokio::spawn(async move {
+        // Cut short by a shutdown as a kill would cut it (the adoptions
+        // under way are aborted with it): the next server adopts again.
+        self.tasks.spawn_cancellable(async move {
             let started = Instant::now();
             let count = live.len();
             let all: Vec<Operation> = waiting.values().flatten().chain(&at_once).cloned().collect();
             if let Err(err) = platform.settle_creating(&all, creating).await {
                 tracing::error!("settling sandboxes a restart left being created: {}", err.message);
             }
-            let others = {
+            // Beside the adoptions, and aborted with them.
+            let mut others = tokio::task::JoinSet::new();
+            {
                 let platform = platform.clone();
                 let ids: Vec<String> = at_once.iter().filter_map(|op| op.sandbox_id.clone()).collect();
-                tokio::spawn(async move {
+                others.spawn(async move {
                     if let Err(err) = platform.resume_operations(at_once).await {
                         tracing::error!("carrying out operations accepted before the restart: {}", err.message);
                     }
                     ids.iter().for_each(|id| platform.reconciled(id));
-                })
-            };
+                });
+            }
             // Policies and pools start once every sandbox is re-adopted or
             // left for its next job (an agent is waited for two minutes at
             // most): a job a policy files must find the sandbox's actor,
@@ -292,9 +299,9 @@ impl Platform {
             platform.adopt_all(live, waiting).await;
             let ms = started.elapsed().as_millis() as u64;
             tracing::info!(sandboxes = count, ms, "re-adopted after a restart");
-            let _ = others.await;
-            tokio::spawn(platform.clone().enforce_policies());
-            tokio::spawn(platform.clone().sample_usage());
+            while others.join_next().await.is_some() {}
+            platform.tasks.spawn(platform.clone().enforce_policies());
+            platform.tasks.spawn(platform.clone().sample_usage());
             platform.fill_warm_pools();
         });
         Ok(())
@@ -379,17 +386,14 @@ impl Platform {
         let specs: Vec<_> = live.iter().map(|record| self.engine_spec(record)).collect();
         let engine = self.engine.clone();
         let statuses = tokio::task::spawn_blocking(move || engine.statuses(&specs)).await.unwrap_or_default();
-        let adoptions: Vec<_> = live
-            .into_iter()
-            .zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None)))
-            .map(|(record, status)| {
-                let waiting = operations.remove(&record.sandbox.id).unwrap_or_default();
-                tokio::spawn(self.clone().adopt(record, status, waiting))
-            })
-            .collect();
-        for adoption in adoptions {
-            let _ = adoption.await;
+        // Each on a task of its own (one that panics stops no other), all
+        // aborted if this is dropped (at a shutdown).
+        let mut adoptions = tokio::task::JoinSet::new();
+        for (record, status) in live.into_iter().zip(statuses.into_iter().map(Some).chain(std::iter::repeat(None))) {
+            let waiting = operations.remove(&record.sandbox.id).unwrap_or_default();
+            adoptions.spawn(self.clone().adopt(record, status, waiting));
         }
+        while adoptions.join_next().await.is_some() {}
     }
 
     async fn adopt(self: Arc<Self>, record: SandboxRecord, status: Option<LiveStatus>, operations: Vec<Operation>) {

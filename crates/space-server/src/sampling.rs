@@ -69,12 +69,19 @@ impl Platform {
         Some((point, after.cpu_usec))
     }
 
-    /// Samples every running sandbox every [`SAMPLE_EVERY`], for as long
-    /// as the platform lives; forgets sandboxes that are gone.
+    /// Samples every running sandbox every [`SAMPLE_EVERY`] until the
+    /// platform shuts down (a pass under way is finished first: none
+    /// writes after the shutdown); forgets sandboxes that are gone.
     pub(crate) async fn sample_usage(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(SAMPLE_EVERY);
+        let stopping = self.tasks.stopping();
+        tokio::pin!(stopping);
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                biased;
+                () = &mut stopping => return,
+                _ = ticker.tick() => {}
+            }
             let platform = self.clone();
             let _ = tokio::task::spawn_blocking(move || platform.sample_all()).await;
         }

@@ -14,7 +14,8 @@
 //! of a template's default shape as a clone of the template's snapshot, so
 //! members are clones sharing the snapshot's memory pages. Pool members are
 //! not in the database: a restarted server sweeps them away. The pool
-//! refills in the background.
+//! refills in the background, in tasks the pools hold: a drain (at
+//! shutdown) lets each finish the member it is starting and waits for it.
 //!
 //! The pools know nothing of `Platform`: a refill asks its host
 //! ([`WarmHost`]) only for room and a directory.
@@ -27,6 +28,7 @@ use std::time::Duration;
 
 use space_engine::{AgentConn, Engine, SandboxSpec};
 use space_host::template::TemplateInfo;
+use tokio::task::JoinSet;
 
 use crate::domain::CreateSpec;
 use crate::ids;
@@ -118,13 +120,35 @@ pub struct WarmPools {
     members: Mutex<Vec<WarmMember>>,
     /// Templates being refilled right now.
     filling: Mutex<HashSet<(String, u32)>>,
-    /// Set once the pools are drained for shutdown: no member starts after.
+    /// The refills, and the destruction of members taken but not handed
+    /// out, running now.
+    tasks: Mutex<JoinSet<()>>,
+    /// Set once the pools are closed for shutdown: no member starts after.
     closed: std::sync::atomic::AtomicBool,
 }
 
 impl WarmPools {
     pub(crate) fn new(engine: Arc<dyn Engine>, sizes: PoolSizes) -> WarmPools {
-        WarmPools { engine, sizes, members: Mutex::default(), filling: Mutex::default(), closed: Default::default() }
+        WarmPools {
+            engine,
+            sizes,
+            members: Mutex::default(),
+            filling: Mutex::default(),
+            tasks: Mutex::default(),
+            closed: Default::default(),
+        }
+    }
+
+    /// Runs `task` among the pools' tasks, unless they are closed.
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock a drain takes the tasks with: it waits for this
+        // one, or it never starts.
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
     }
 
     /// The sizes `template` keeps: its own, else the server's.
@@ -226,18 +250,33 @@ impl WarmPools {
         })
     }
 
-    /// Destroys every member and starts no more (on shutdown; a restart
-    /// would sweep them). Members still starting are waited for: left
-    /// behind, their runsc processes would outlive the server.
-    pub async fn drain(&self) {
+    /// Starts no more members: a refill ends once the member it is
+    /// starting has started (and is destroyed).
+    pub fn close(&self) {
+        let _tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         self.closed.store(true, Ordering::Relaxed);
-        let deadline = tokio::time::Instant::now() + DRAIN_PATIENCE;
-        while !self.filling.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    /// Destroys every member and starts no more (on shutdown; a restart
+    /// would sweep them). Members still starting are waited for (up to
+    /// [`DRAIN_PATIENCE`], then their refills are aborted): left behind,
+    /// their runsc processes would outlive the server.
+    pub async fn drain(&self) {
+        self.close();
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let all_ended = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(DRAIN_PATIENCE, all_ended).await.is_err() {
+            tracing::warn!(refills = tasks.len(), "warm members still started {DRAIN_PATIENCE:?} into the shutdown");
+            tasks.shutdown().await;
         }
         self.drain_where(|_| true).await;
+    }
+
+    /// Refills and discards running now.
+    pub(crate) fn tasks_running(&self) -> usize {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        while tasks.try_join_next().is_some() {}
+        tasks.len()
     }
 
     /// Memory promised to members, in MiB.
@@ -249,9 +288,13 @@ impl WarmPools {
     /// Destroys a member that was taken but will not be handed out.
     pub(crate) fn discard(&self, member: WarmMember) {
         let engine = self.engine.clone();
-        tokio::spawn(async move {
+        let destroy = async move {
             let _ = engine.destroy(&member.spec).await;
-        });
+        };
+        // Also once the pools are closed: nothing else would destroy it.
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(destroy);
     }
 
     /// Destroys the members of one template (it is being deleted).
@@ -338,8 +381,9 @@ pub(crate) fn refill<H: WarmHost>(host: &Arc<H>, template: TemplateInfo) {
     if !pools.filling.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
         return; // already being refilled
     }
-    let host = host.clone();
-    tokio::spawn(async move {
+    let refilling = host.clone();
+    pools.spawn(async move {
+        let host = refilling;
         let pools = host.warm();
         pools.purge_dead().await;
         loop {

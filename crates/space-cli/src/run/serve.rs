@@ -72,7 +72,7 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
                     _ => url,
                 };
                 let links = space_server::cluster::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
-                tokio::spawn(space_server::cluster::heartbeats(
+                platform.run_until_shutdown(space_server::cluster::heartbeats(
                     platform.clone(),
                     links.clone(),
                     node.control_plane,
@@ -95,8 +95,9 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
         };
         let platform = state.platform.clone();
         space_server::http::serve_with(listener, state, tls, shutdown).await?;
-        // Warm sandboxes belong to no one; the others keep running.
-        platform.warm.drain().await;
+        // The background tasks end and the warm sandboxes go (they belong
+        // to no one); the others keep running for the next server.
+        platform.shutdown().await;
         Ok(())
     })
 }

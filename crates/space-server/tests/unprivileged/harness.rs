@@ -94,9 +94,12 @@ impl World {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let key = "unprivileged-test-key".to_string();
         let state = AppState::new(platform.clone(), key.clone());
-        runtime.spawn(space_server::serve(listener, state, std::future::pending()));
+        let (stop_serving, stop) = tokio::sync::oneshot::channel::<()>();
+        let serving = runtime.spawn(space_server::serve(listener, state, async move {
+            let _ = stop.await;
+        }));
         let http = ureq::AgentBuilder::new().timeout(PATIENCE * 2).build();
-        Node { platform, url, key, http, runtime: Some(runtime) }
+        Node { platform, url, key, http, runtime: Some(runtime), serving: Some((stop_serving, serving)) }
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -117,7 +120,11 @@ pub struct Node {
     pub key: String,
     http: ureq::Agent,
     runtime: Option<tokio::runtime::Runtime>,
+    /// What stops the API's serving, and its task.
+    serving: Option<(tokio::sync::oneshot::Sender<()>, Serving)>,
 }
+
+type Serving = tokio::task::JoinHandle<Result<(), space_server::ServerError>>;
 
 impl Node {
     /// Stops the server as a kill would: every task and connection of it
@@ -126,6 +133,20 @@ impl Node {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(5));
         }
+    }
+
+    /// Stops the server as `space serve` does on SIGTERM: the API stops
+    /// serving, then the platform shuts down. The runtime stays (until
+    /// `kill`), so what would still run on it can be seen.
+    pub fn shut_down(&mut self) {
+        if let Some((stop, serving)) = self.serving.take() {
+            let _ = stop.send(());
+            let served = self.block_on(async { tokio::time::timeout(PATIENCE, serving).await });
+            served.expect("the API stops serving in time").unwrap().unwrap();
+        }
+        let platform = self.platform.clone();
+        let shutdown = self.block_on(async { tokio::time::timeout(PATIENCE * 2, platform.shutdown()).await });
+        shutdown.expect("the platform shuts down in time");
     }
 
     pub fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {

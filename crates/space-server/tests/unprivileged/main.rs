@@ -13,4 +13,5 @@ mod capacity;
 mod idle;
 mod pools;
 mod recovery;
+mod shutdown;
 mod tenants;
