@@ -1,11 +1,48 @@
-//! Tenant secrets as kept: each value sealed by the caller (the keyring
+//! What a store keeps of tenants: their quotas, their API keys (only
+//! hashed) and their secrets, each value sealed by the caller (the keyring
 //! stays with the server), bound to its tenant and name, never readable
 //! here.
 
+use serde::{Deserialize, Serialize};
 use space_api::SecretInfo;
 
 use crate::db::{vals, Conn};
 use crate::{Store, StoreError};
+
+/// The tenant of the server's own key (dev key or `--api-key-file`).
+pub const OPERATOR_TENANT: &str = "default";
+
+pub(crate) fn operator_tenant() -> String {
+    OPERATOR_TENANT.to_string()
+}
+
+/// A tenant's quotas (`None`: no limit beyond the host's capacity).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    pub max_sandboxes: Option<u32>,
+    pub max_vcpus: Option<u32>,
+    pub max_memory_mib: Option<u64>,
+    /// Host disk in MiB: roots, output, snapshots, templates, uploads.
+    #[serde(default)]
+    pub max_disk_mib: Option<u64>,
+    /// The network of the tenant's sandboxes whose create and template
+    /// name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<space_api::Network>,
+    /// What its sandboxes may ever be allowed (egress rules; `*`: any
+    /// public host); beyond it: 422 `egress_not_permitted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ceiling: Option<Vec<String>>,
+}
+
+/// An API key as listed: never the key itself, which is stored only hashed.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    pub id: String,
+    pub tenant: String,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+}
 
 /// A secret as kept: its hosts, and its value sealed.
 pub type SealedSecret = (Vec<String>, Vec<u8>);
@@ -13,6 +50,54 @@ pub type SealedSecret = (Vec<String>, Vec<u8>);
 pub type TenantSecret = (String, String, SealedSecret);
 
 impl Store {
+    pub fn put_tenant(&self, name: &str, quotas: &Quotas) -> Result<(), StoreError> {
+        let quotas = serde_json::to_string(quotas)?;
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO tenants (name, quotas) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET quotas = excluded.quotas",
+                vals![name, quotas],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn tenant_quotas(&self, name: &str) -> Result<Quotas, StoreError> {
+        Ok(self.one("SELECT quotas FROM tenants WHERE name = ?1", vals![name])?.unwrap_or_default())
+    }
+
+    pub fn put_key(&self, id: &str, tenant: &str, hash: &str, at: &str) -> Result<(), StoreError> {
+        self.tx(|c| {
+            c.execute(
+                "INSERT INTO api_keys (id, tenant, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+                vals![id, tenant, hash, at],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The tenant of a key that is not revoked, by the key's hash.
+    pub fn key_tenant(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        self.text("SELECT tenant FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL", vals![hash])
+    }
+
+    pub fn keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
+        let rows = self
+            .tx(|c| c.query("SELECT id, tenant, created_at, revoked_at FROM api_keys ORDER BY created_at, id", &[]))?;
+        rows.iter()
+            .map(|r| {
+                Ok(KeyInfo { id: r.text(0)?, tenant: r.text(1)?, created_at: r.text(2)?, revoked_at: r.opt_text(3)? })
+            })
+            .collect()
+    }
+
+    /// Revokes a key; false if there is no such key.
+    pub fn revoke_key(&self, id: &str, at: &str) -> Result<bool, StoreError> {
+        let changed = self.tx(|c| {
+            c.execute("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1", vals![id, at])
+        })?;
+        Ok(changed > 0)
+    }
+
     pub fn put_secret(
         &self,
         tenant: &str,
