@@ -420,7 +420,7 @@ fn caller_for_key(cp: &ControlPlane, key: &str) -> Result<Caller, ApiError> {
         return Ok(Caller::operator());
     }
     match cp.store.key_tenant(&crate::tenants::hash_key(key))? {
-        Some(tenant) => Ok(Caller { tenant, operator: false, node: false }),
+        Some(tenant) => Ok(Caller::tenant(tenant)),
         None => Err(ApiError::new(ErrorCode::Unauthorized, "the API key is not valid")),
     }
 }
@@ -562,7 +562,7 @@ async fn relay_to(
         );
         let tenant = HeaderValue::from_str(&caller.tenant).map_err(|e| unreachable(e.to_string()))?;
         headers.insert("x-space-tenant", tenant);
-        if caller.operator {
+        if caller.is_operator() {
             headers.insert("x-space-operator", HeaderValue::from_static("true"));
         }
     }
@@ -1008,7 +1008,7 @@ async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Reque
         Ok(cp.store.hold_template_pulls(&every, name, now_ms() + DELETE_HOLD.as_millis() as i64)?)
     };
     let mut held = false;
-    if method == Method::DELETE && caller.operator {
+    if method == Method::DELETE && caller.is_operator() {
         hold()?;
         held = true;
     }
@@ -1397,7 +1397,7 @@ async fn announce_back(cp: &ControlPlane, node: &NodeRow) -> Result<(), ApiError
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let caller = Caller { tenant: placement.tenant.clone(), operator: false, node: false };
+        let caller = Caller::tenant(placement.tenant.clone());
         let request = Request::get(format!("/v1/sandboxes/{id}"))
             .body(Body::empty())
             .map_err(|e| ApiError::internal("a request", e))?;

@@ -175,7 +175,7 @@ impl Platform {
                 "template names are 1-63 lowercase letters, digits, '-' or '_', got {name:?}"
             )));
         }
-        let owner = (!caller.operator).then(|| caller.tenant.clone());
+        let owner = (!caller.is_operator()).then(|| caller.tenant.clone());
         self.check_reserve("build a template", 0)?;
         self.check_disk_quota(&caller.tenant, 0, "build a template")?;
         let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
@@ -263,7 +263,7 @@ impl Platform {
     ) -> Result<(Template, Operation), ApiError> {
         let id = crate::ids::SandboxId::parse(sandbox_id).ok_or_else(|| ApiError::not_found("sandbox", sandbox_id))?;
         // The operator may make a shared template of any tenant's sandbox.
-        let record = match caller.operator {
+        let record = match caller.is_operator() {
             true => self.sandbox(id.as_str())?,
             false => self.sandbox_for(caller, &id)?.into_record(),
         };
@@ -510,7 +510,7 @@ impl Platform {
     /// 403 unless `caller` may change or delete template `name`: shared
     /// templates are the operator's.
     pub fn may_manage_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
-        if self.template_owner(name).is_some_and(|owner| owner.is_none()) && !caller.operator {
+        if self.template_owner(name).is_some_and(|owner| owner.is_none()) && !caller.is_operator() {
             return Err(ApiError::new(ErrorCode::Forbidden, "shared templates are managed with the server's own key"));
         }
         Ok(())

@@ -15,20 +15,41 @@ use crate::store::{KeyInfo, Quotas, SandboxRecord, Store, StoreError, OPERATOR_T
 /// Who is calling, as the API key says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
+    /// Whose resources it acts on (empty for the control plane, which
+    /// names a tenant per request).
     pub tenant: String,
-    /// The server's own key: may manage shared templates.
-    pub operator: bool,
-    /// The control plane calling a node, before it says for whom.
-    pub node: bool,
+    pub role: Role,
+}
+
+/// What a caller may do: one of three, never two at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A tenant's key: its own resources only.
+    Tenant,
+    /// The server's own key: may also manage shared templates and see
+    /// every tenant's usage.
+    Operator,
+    /// The control plane calling a node with the node token, before it
+    /// says for whom ([`Caller::asserted`]).
+    ControlPlane,
 }
 
 impl Caller {
     pub fn operator() -> Caller {
-        Caller { tenant: OPERATOR_TENANT.to_string(), operator: true, node: false }
+        Caller { tenant: OPERATOR_TENANT.to_string(), role: Role::Operator }
     }
 
-    pub(crate) fn node() -> Caller {
-        Caller { tenant: String::new(), operator: false, node: true }
+    /// A tenant's caller.
+    pub fn tenant(tenant: impl Into<String>) -> Caller {
+        Caller { tenant: tenant.into(), role: Role::Tenant }
+    }
+
+    pub(crate) fn control_plane() -> Caller {
+        Caller { tenant: String::new(), role: Role::ControlPlane }
+    }
+
+    pub fn is_operator(&self) -> bool {
+        self.role == Role::Operator
     }
 
     /// The caller the control plane asserts to a node (`X-Space-Tenant`,
@@ -40,7 +61,8 @@ impl Caller {
             return Err(crate::error::ApiError::bad_request("X-Space-Tenant must name a tenant"));
         }
         let operator = headers.get("x-space-operator").is_some_and(|v| v == "true") && tenant == OPERATOR_TENANT;
-        Ok(Caller { tenant: tenant.to_string(), operator, node: false })
+        let role = if operator { Role::Operator } else { Role::Tenant };
+        Ok(Caller { tenant: tenant.to_string(), role })
     }
 
     /// Whether a template owned by `owner` (`None`: shared) is visible.
@@ -106,7 +128,7 @@ pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, 
         return Ok(None);
     }
     let tenant = store.key_tenant(&hash_key(presented))?;
-    Ok(tenant.map(|tenant| Caller { tenant, operator: false, node: false }))
+    Ok(tenant.map(Caller::tenant))
 }
 
 /// The sandboxes of `tenant` that hold memory and vCPUs.

@@ -316,7 +316,7 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
             return Err(ApiError::new(ErrorCode::Unauthorized, "missing API key: send `Authorization: Bearer <key>`"))
         }
     };
-    let caller = match caller.node {
+    let caller = match caller.role == crate::tenants::Role::ControlPlane {
         true => {
             let caller = crate::tenants::Caller::asserted(request.headers())?;
             crate::cluster::take_disk_quota(&state.platform, &caller, request.headers())?;
@@ -354,7 +354,7 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
     }
     if let Some(token) = &state.node_token {
         if space_proto::constant_time_eq(key.as_bytes(), token.as_bytes()) {
-            return Ok(Caller::node());
+            return Ok(Caller::control_plane());
         }
         // A node knows no tenant keys: the control plane checked them.
         return Err(ApiError::new(ErrorCode::Unauthorized, "a node answers its control plane only"));

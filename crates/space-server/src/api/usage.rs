@@ -26,7 +26,7 @@ pub async fn usage(
     ApiQuery(query): ApiQuery<UsageQuery>,
 ) -> Result<Json<Usage>, ApiError> {
     let tenant = match query.tenant {
-        Some(tenant) if tenant != caller.tenant && !caller.operator => {
+        Some(tenant) if tenant != caller.tenant && !caller.is_operator() => {
             return Err(ApiError::new(
                 ErrorCode::Forbidden,
                 "only the server's own key may ask for another tenant's usage",
