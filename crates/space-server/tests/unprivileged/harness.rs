@@ -158,21 +158,8 @@ impl Node {
     }
 
     pub fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let request =
-            self.http.request(method, &format!("{}{path}", self.url)).set("Authorization", &format!("Bearer {key}"));
-        let result = match body {
-            Some(body) => request.send_json(body),
-            None => request.call(),
-        };
-        let response = match result {
-            Ok(response) => response,
-            Err(ureq::Error::Status(_, response)) => response,
-            Err(err) => panic!("{method} {path}: {err}"),
-        };
-        let status = response.status();
-        let text = response.into_string().unwrap_or_default();
-        let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"));
-        (status, value)
+        let client = space_client::Client::with_agent(&self.url, key, self.http.clone());
+        client.call(method, path, body.as_ref()).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     /// A call that must succeed; its answer.
