@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use crate::{bench, client, setup};
+use space_host::template::{CODE_INTERPRETER_TEMPLATE, POLYGLOT_TEMPLATE};
+
+use crate::client;
 
 pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/space";
 
@@ -24,7 +26,7 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 pub(crate) enum Top {
     /// Prepare this host: packages, a btrfs data dir, the `base` template.
-    Setup(setup::SetupArgs),
+    Setup(SetupArgs),
     /// Run the API server (with --cluster: a cluster's control plane).
     Serve(ServeArgs),
     /// Run a node of a cluster: this host's sandboxes, answering only the
@@ -55,7 +57,7 @@ pub(crate) enum Top {
         client: ClientArgs,
     },
     /// Measure create and exec latency against the raw runsc floor.
-    Bench(bench::BenchArgs),
+    Bench(BenchArgs),
     /// Serve the Model Context Protocol on stdin/stdout: tools that create
     /// sandboxes, run commands and move files (uses SPACE_URL, SPACE_API_KEY).
     Mcp {
@@ -756,4 +758,72 @@ pub(crate) enum LogFormat {
     /// One JSON object per line, with the request's span (request id,
     /// route, tenant, sandbox or operation id) in each.
     Json,
+}
+
+/// `space setup`.
+#[derive(Args)]
+pub(crate) struct SetupArgs {
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub(crate) data_dir: PathBuf,
+    /// Size of the sparse btrfs image made when the data dir is not on btrfs.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) btrfs_image_gib: u64,
+    /// Debian suite of the base template.
+    #[arg(long, default_value = "bookworm")]
+    pub(crate) suite: String,
+    /// Do not install Debian packages (they must already be there).
+    #[arg(long)]
+    pub(crate) skip_packages: bool,
+    /// Also build this template when missing (`polyglot`: a JDK, Go, Node,
+    /// gcc/make, git and Python). Repeatable.
+    #[arg(long = "with-template", value_parser = [POLYGLOT_TEMPLATE, CODE_INTERPRETER_TEMPLATE])]
+    pub(crate) with_templates: Vec<String>,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+}
+
+/// `space bench`.
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// A data dir prepared by `space setup`; the benchmark works in a scratch
+    /// dir inside it and removes it afterwards.
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub(crate) data_dir: PathBuf,
+    /// Sandboxes to create (each side).
+    #[arg(short = 'n', long, default_value_t = 10)]
+    pub(crate) runs: usize,
+    /// `true` round trips per sandbox through the API.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) execs: usize,
+    /// `runsc exec true` runs per raw sandbox (slow: a process per call).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) raw_execs: usize,
+    #[arg(long, default_value = "base")]
+    pub(crate) template: String,
+    /// Skip the template figures (a `base` build and an image import).
+    #[arg(long)]
+    pub(crate) skip_templates: bool,
+    /// Size of the generated image for the import figure, in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) image_mib: u64,
+    /// Live sandboxes a killed server leaves for the restart figures (0: skip them).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) restart_sandboxes: usize,
+    /// Instead of the figures above: only the restart figures.
+    #[arg(long)]
+    pub(crate) only_restart: bool,
+    /// Instead of the figures above: keep this many sandboxes alive at once
+    /// and report what they cost (see `bench/density.rs`).
+    #[arg(long)]
+    pub(crate) density: Option<usize>,
+    /// Instead of the figures above: create and exec through a cluster's
+    /// control plane to a node (a throwaway PostgreSQL from Debian's
+    /// `postgresql`) next to a single-host server (see `bench/cluster.rs`).
+    #[arg(long)]
+    pub(crate) cluster: bool,
+    /// With --density: seconds of idleness before the server pauses a sandbox.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) idle_pause_s: u64,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
 }

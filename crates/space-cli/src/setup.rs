@@ -1,38 +1,13 @@
 //! `space setup`: make this host ready, idempotently.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use space_host::datadir::{ensure_btrfs, DataDir};
-use space_host::template::{
-    build_debian, known_packages, DebianBuild, BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE, POLYGLOT_TEMPLATE,
-};
+use space_host::template::{build_debian, known_packages, DebianBuild, BASE_TEMPLATE};
 
-use crate::cli::EngineArgs;
-
-#[derive(Args)]
-pub struct SetupArgs {
-    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::cli::DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
-    /// Size of the sparse btrfs image made when the data dir is not on btrfs.
-    #[arg(long, default_value_t = 64)]
-    btrfs_image_gib: u64,
-    /// Debian suite of the base template.
-    #[arg(long, default_value = "bookworm")]
-    suite: String,
-    /// Do not install Debian packages (they must already be there).
-    #[arg(long)]
-    skip_packages: bool,
-    /// Also build this template when missing (`polyglot`: a JDK, Go, Node,
-    /// gcc/make, git and Python). Repeatable.
-    #[arg(long = "with-template", value_parser = [POLYGLOT_TEMPLATE, CODE_INTERPRETER_TEMPLATE])]
-    with_templates: Vec<String>,
-    #[command(flatten)]
-    engine: EngineArgs,
-}
+use crate::cli::SetupArgs;
 
 pub fn run(args: SetupArgs) -> Result<()> {
     let started = Instant::now();

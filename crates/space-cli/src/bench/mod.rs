@@ -6,13 +6,11 @@ mod cluster;
 mod density;
 mod restart;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use space_engine::gvisor::{Gvisor, GvisorConfig};
 use space_engine::{Engine, SandboxSpec};
 use space_host::datadir::DataDir;
@@ -20,56 +18,11 @@ use space_process::Reaper;
 use space_proto::{FrameKind, Hello};
 use tokio::io::AsyncReadExt;
 
-use crate::cli::EngineArgs;
+use crate::cli::BenchArgs;
 use crate::client::Client;
 
 /// Times `posix_spawn` + `waitpid` of `true` inside the sandbox, in ms.
 const SPAWN_PROBE: &str = "import os, time\nfor _ in range(10):\n    t = time.perf_counter()\n    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n    print((time.perf_counter() - t) * 1000)";
-
-#[derive(Args)]
-pub struct BenchArgs {
-    /// A data dir prepared by `space setup`; the benchmark works in a scratch
-    /// dir inside it and removes it afterwards.
-    #[arg(long, env = "SPACE_DATA_DIR", default_value = crate::cli::DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
-    /// Sandboxes to create (each side).
-    #[arg(short = 'n', long, default_value_t = 10)]
-    pub(crate) runs: usize,
-    /// `true` round trips per sandbox through the API.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) execs: usize,
-    /// `runsc exec true` runs per raw sandbox (slow: a process per call).
-    #[arg(long, default_value_t = 3)]
-    raw_execs: usize,
-    #[arg(long, default_value = "base")]
-    pub(crate) template: String,
-    /// Skip the template figures (a `base` build and an image import).
-    #[arg(long)]
-    skip_templates: bool,
-    /// Size of the generated image for the import figure, in MiB.
-    #[arg(long, default_value_t = 512)]
-    image_mib: u64,
-    /// Live sandboxes a killed server leaves for the restart figures (0: skip them).
-    #[arg(long, default_value_t = 100)]
-    restart_sandboxes: usize,
-    /// Instead of the figures above: only the restart figures.
-    #[arg(long)]
-    only_restart: bool,
-    /// Instead of the figures above: keep this many sandboxes alive at once
-    /// and report what they cost (see `density.rs`).
-    #[arg(long)]
-    density: Option<usize>,
-    /// Instead of the figures above: create and exec through a cluster's
-    /// control plane to a node (a throwaway PostgreSQL from Debian's
-    /// `postgresql`) next to a single-host server (see `cluster_bench.rs`).
-    #[arg(long)]
-    cluster: bool,
-    /// With --density: seconds of idleness before the server pauses a sandbox.
-    #[arg(long, default_value_t = 2)]
-    pub(crate) idle_pause_s: u64,
-    #[command(flatten)]
-    pub(crate) engine: EngineArgs,
-}
 
 pub(crate) struct Samples(pub(crate) Vec<Duration>);
 

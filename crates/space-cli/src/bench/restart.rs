@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use space_host::datadir::DataDir;
 use space_process::{ReapedChild, Reaper};
 
-use crate::bench::BenchArgs;
+use crate::cli::BenchArgs;
 use crate::client::Client;
 
 /// Clients creating (and later exec'ing) at once.
