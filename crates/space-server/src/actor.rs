@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use space_api::{ErrorCode, OperationKind, OperationOrigin, SandboxState};
-use space_engine::{AgentConn, EngineError, SandboxSpec};
+use space_engine::{AgentConn, AgentError, EngineError, SandboxSpec};
 use tokio::sync::mpsc;
 
+use crate::adoption::AdoptError;
 use crate::checkpoints::{self, RunningCommand};
 use crate::domain::{self, Event};
 use crate::error::ApiError;
@@ -92,6 +93,75 @@ impl Platform {
     }
 }
 
+/// Why saving a sandbox's memory and disk (for a suspend, a fork, a
+/// checkpoint or a snapshot template) failed, by the step it failed at.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SaveError {
+    #[error("thawing: {0}")]
+    Thaw(#[source] EngineError),
+    #[error("quiescing the agent: the agent is not connected")]
+    NotConnected,
+    #[error("quiescing the agent: {0}")]
+    Quiesce(#[source] AgentError),
+    #[error("saving memory and disk: {0}")]
+    Save(#[source] EngineError),
+    #[error("writing the snapshot: {0}")]
+    Snapshot(#[source] EngineError),
+    #[error("reconnecting the agent: {0}")]
+    Reconnect(#[source] AdoptError),
+    #[error("recording it: {0}")]
+    Record(#[source] std::io::Error),
+}
+
+impl SaveError {
+    /// The step it failed at, which a client may learn (no host paths).
+    fn step(&self) -> &'static str {
+        match self {
+            SaveError::Thaw(_) => "thawing",
+            SaveError::NotConnected | SaveError::Quiesce(_) => "quiescing the agent",
+            SaveError::Save(_) => "saving memory and disk",
+            SaveError::Snapshot(_) => "writing the snapshot",
+            SaveError::Reconnect(_) => "reconnecting the agent",
+            SaveError::Record(_) => "recording it",
+        }
+    }
+}
+
+/// Why a sandbox started from an image (a fork, a rewound checkpoint) did
+/// not come up as itself.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WakeError {
+    #[error("starting from the image: {0}")]
+    Start(#[source] EngineError),
+    /// Whose agent session (the source's, the checkpoint's) is not known.
+    #[error("the {0} agent session is not known")]
+    NoSession(&'static str),
+    #[error(transparent)]
+    Adopt(#[from] AdoptError),
+    #[error("giving the agent a fresh identity: {0}")]
+    Identity(#[source] EngineError),
+    #[error("giving the agent a fresh identity: {0}")]
+    SetIdentity(#[source] AgentError),
+    /// The sandbox's record could not be changed.
+    #[error("{}", .0.message)]
+    Record(ApiError),
+}
+
+/// Why a snapshot template's build could not save its sandbox's image.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TemplateSaveError {
+    /// The sandbox or the build's operation could not be read.
+    #[error("{}", .0.message)]
+    Record(ApiError),
+    #[error("the sandbox is {}, not running", .0.as_str())]
+    NotRunning(SandboxState),
+    #[error("saving the sandbox failed while {0}")]
+    Save(#[source] SaveError),
+    /// Its actor ended before it answered (the sandbox was deleted).
+    #[error("the sandbox went away")]
+    Gone,
+}
+
 /// An engine failure as the client sees it.
 fn engine_failed(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::EngineFailed, message)
@@ -117,7 +187,7 @@ pub(crate) struct Job {
     pub(crate) origin: OperationOrigin,
     /// A snapshot template's build: save the sandbox's image here, and
     /// say how that went.
-    pub(crate) save_to: Option<(std::path::PathBuf, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+    pub(crate) save_to: Option<(std::path::PathBuf, tokio::sync::oneshot::Sender<Result<(), TemplateSaveError>>)>,
 }
 
 impl Job {
@@ -414,13 +484,13 @@ impl Actor {
             if was_paused {
                 // A frozen agent cannot let go of its channel.
                 platform.progress(operation_id, "thawing", 0);
-                platform.engine.resume(&spec).await.map_err(|e| ("thawing", e.to_string()))?;
+                platform.engine.resume(&spec).await.map_err(SaveError::Thaw)?;
             }
             platform.progress(operation_id, "quiescing the agent", 1);
-            let agent = agent.ok_or(("quiescing", "the agent is not connected".to_string()))?;
-            agent.quiesce(QUIESCE_PATIENCE).await.map_err(|e| ("quiescing", e.to_string()))?;
+            let agent = agent.ok_or(SaveError::NotConnected)?;
+            agent.quiesce(QUIESCE_PATIENCE).await.map_err(SaveError::Quiesce)?;
             platform.progress(operation_id, "writing the snapshot", 2);
-            platform.engine.suspend(&spec).await.map_err(|e| ("writing the snapshot", e.to_string()))
+            platform.engine.suspend(&spec).await.map_err(SaveError::Snapshot)
         }
         .await;
         match result {
@@ -428,9 +498,10 @@ impl Actor {
                 let applied = platform.apply(&self.id, Event::Checkpointed, None);
                 platform.finish_operation(operation_id, applied.err());
             }
-            Err((step, err)) => {
-                tracing::error!(sandbox = %self.id, "suspend failed while {step}: {err}");
-                self.give_up(&spec, operation_id, engine_failed(format!("suspending failed while {step}"))).await;
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "suspend failed: {err}");
+                let failure = engine_failed(format!("suspending failed while {}", err.step()));
+                self.give_up(&spec, operation_id, failure).await;
             }
         }
     }
@@ -480,10 +551,10 @@ impl Actor {
         let contexts = platform.saved_contexts(&self.id);
         match self.save_image(operation_id, &spec, state == SandboxState::Paused, &image).await {
             Ok(frozen) => platform.record_frozen(operation_id, frozen),
-            Err((step, err)) => {
-                tracing::error!(sandbox = %self.id, "fork failed while {step}: {err}");
+            Err(err) => {
+                tracing::error!(sandbox = %self.id, "fork failed: {err}");
                 remove_image(image).await;
-                let why = format!("forking failed while {step}");
+                let why = format!("forking failed while {}", err.step());
                 forks.iter().for_each(|fork| fail(fork, &why));
                 return platform.finish_operation(operation_id, Some(engine_failed(why)));
             }
@@ -518,16 +589,16 @@ impl Actor {
         spec: &SandboxSpec,
         was_paused: bool,
         image: &std::path::Path,
-    ) -> Result<Duration, (&'static str, String)> {
+    ) -> Result<Duration, SaveError> {
         let platform = &self.platform;
         let _gate = self.live.work.clone().write_owned().await;
         let agent = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let agent = agent.ok_or(("quiescing the agent", "the agent is not connected".to_string()))?;
+        let agent = agent.ok_or(SaveError::NotConnected)?;
         if was_paused {
-            platform.engine.resume(spec).await.map_err(|e| ("thawing", e.to_string()))?;
+            platform.engine.resume(spec).await.map_err(SaveError::Thaw)?;
         }
         platform.progress(operation_id, "quiescing the agent", 0);
-        let quiesced = agent.quiesce(QUIESCE_PATIENCE).await.map_err(|e| ("quiescing the agent", e.to_string()));
+        let quiesced = agent.quiesce(QUIESCE_PATIENCE).await.map_err(SaveError::Quiesce);
         let saved = match quiesced {
             Ok(()) => {
                 platform.progress(operation_id, "saving memory and disk", 1);
@@ -541,8 +612,8 @@ impl Actor {
                     .await;
                 match (saved, back) {
                     (Ok(frozen), Ok(())) => Ok(frozen),
-                    (Err(err), _) => Err(("saving memory and disk", err.to_string())),
-                    (_, Err(err)) => Err(("reconnecting the agent", err)),
+                    (Err(err), _) => Err(SaveError::Save(err)),
+                    (_, Err(err)) => Err(SaveError::Reconnect(err)),
                 }
             }
             Err(err) => Err(err),
@@ -565,22 +636,22 @@ impl Actor {
         image: &std::path::Path,
         running: &[RunningCommand],
         contexts: &[crate::contexts::SavedContext],
-    ) -> Result<(), String> {
+    ) -> Result<(), WakeError> {
         let platform = &self.platform;
         let id = &fork.sandbox.id;
         let spec = platform.engine_spec(fork);
-        let socket = platform.engine.start_from_image(&spec, image).await.map_err(|e| e.to_string())?;
-        let session = source.agent_session.ok_or("the source's agent session is not known")?;
+        let socket = platform.engine.start_from_image(&spec, image).await.map_err(WakeError::Start)?;
+        let session = source.agent_session.ok_or(WakeError::NoSession("source's"))?;
         let adopt = streams_to_take(running, contexts);
         let (agent, streams) =
             self.wake_from_image(&spec, fork, socket, session, source.channel_key.clone(), &adopt).await?;
         let welcome = agent.welcome().clone();
-        platform.apply_with(id, Event::Started, None, |r| r.remember_agent(&welcome)).map_err(|e| e.message)?;
+        platform.apply_with(id, Event::Started, None, |r| r.remember_agent(&welcome)).map_err(WakeError::Record)?;
         // The source's code contexts go on in the fork as contexts of its own.
         let mut streams: std::collections::HashMap<u32, _> = streams.into_iter().map(|s| (s.stream, s)).collect();
         platform.adopt_contexts(id, &agent, contexts.to_vec(), &mut streams, true);
         platform.spawn_actor(id, None, Some(agent));
-        self.follow_copies(id, streams.into_values().collect(), running).map_err(|e| e.message)
+        self.follow_copies(id, streams.into_values().collect(), running).map_err(WakeError::Record)
     }
 
     /// Greets the agent of a sandbox started from an image as sandbox
@@ -594,7 +665,7 @@ impl Actor {
         session: u64,
         channel_key: Option<String>,
         adopt: &[(u32, u32)],
-    ) -> Result<(AgentConn, Vec<space_engine::ExecStream>), String> {
+    ) -> Result<(AgentConn, Vec<space_engine::ExecStream>), WakeError> {
         let mut welcome = space_engine::welcome_for(spec);
         welcome.session = session;
         welcome.channel_key = channel_key;
@@ -605,8 +676,8 @@ impl Actor {
             })
             .await?;
         let identity =
-            space_engine::fresh_identity(&record.env, spec.trust_pem.as_deref()).map_err(|e| e.to_string())?;
-        agent.set_identity(&identity, QUIESCE_PATIENCE).await.map_err(|e| e.to_string())?;
+            space_engine::fresh_identity(&record.env, spec.trust_pem.as_deref()).map_err(WakeError::Identity)?;
+        agent.set_identity(&identity, QUIESCE_PATIENCE).await.map_err(WakeError::SetIdentity)?;
         Ok((agent, streams))
     }
 
@@ -644,17 +715,17 @@ impl Actor {
 
     /// Saves the running (or paused) sandbox's image for a snapshot
     /// template being built (operation `operation_id`).
-    async fn save_for_template(&self, operation_id: &str, dir: &std::path::Path) -> Result<(), String> {
-        let record = self.platform.sandbox(&self.id).map_err(|e| e.message)?;
+    async fn save_for_template(&self, operation_id: &str, dir: &std::path::Path) -> Result<(), TemplateSaveError> {
+        let record = self.platform.sandbox(&self.id).map_err(TemplateSaveError::Record)?;
         let state = record.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
-            return Err(format!("the sandbox is {}, not running", state.as_str()));
+            return Err(TemplateSaveError::NotRunning(state));
         }
         let spec = self.platform.engine_spec(&record);
         self.save_image(operation_id, &spec, state == SandboxState::Paused, dir)
             .await
             .map(drop)
-            .map_err(|(step, err)| format!("saving the sandbox failed while {step}: {err}"))
+            .map_err(TemplateSaveError::Save)
     }
 
     /// Saves checkpoint `operation.checkpoint` of the running sandbox: its
@@ -685,15 +756,15 @@ impl Actor {
                     agent_session: record.agent_session,
                     running,
                 };
-                checkpoints::write_meta(&dir, &meta).map_err(|e| ("recording it", e.to_string()))
+                checkpoints::write_meta(&dir, &meta).map_err(SaveError::Record)
             }
             Err(err) => Err(err),
         };
-        if let Err((step, err)) = saved {
-            tracing::error!(sandbox = %self.id, "a checkpoint failed while {step}: {err}");
+        if let Err(err) = saved {
+            tracing::error!(sandbox = %self.id, "a checkpoint failed: {err}");
             remove_image(dir).await;
-            return platform
-                .finish_operation(operation_id, Some(engine_failed(format!("the checkpoint failed while {step}"))));
+            let failure = engine_failed(format!("the checkpoint failed while {}", err.step()));
+            return platform.finish_operation(operation_id, Some(failure));
         }
         platform.finish_operation(operation_id, None);
     }
@@ -723,9 +794,9 @@ impl Actor {
         platform.stop_engine(&spec).await;
         platform.progress(operation_id, "starting from the checkpoint", 1);
         let woken = async {
-            let socket = platform.engine.start_from_image(&spec, &image).await.map_err(|e| e.to_string())?;
+            let socket = platform.engine.start_from_image(&spec, &image).await.map_err(WakeError::Start)?;
             platform.progress(operation_id, "reconnecting the agent", 2);
-            let session = meta.agent_session.ok_or("the checkpoint's agent session is not known")?;
+            let session = meta.agent_session.ok_or(WakeError::NoSession("checkpoint's"))?;
             self.wake_from_image(
                 &spec,
                 &record,
@@ -768,7 +839,7 @@ impl Actor {
         let spec = platform.engine_spec(&record);
         let known = self.live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let result = async {
-            let socket = platform.engine.restore(&spec).await.map_err(|e| e.to_string())?;
+            let socket = platform.engine.restore(&spec).await.map_err(AdoptError::engine("restore the snapshot"))?;
             platform.progress(operation_id, "reconnecting the agent", 1);
             let mut welcome = space_engine::welcome_for(&spec);
             welcome.channel_key = record.channel_key.clone();

@@ -10,13 +10,66 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use space_api::Command;
-use space_engine::{AgentConn, ExecStream, LiveStatus};
+use space_engine::{AgentConn, AgentError, EngineError, ExecStream, LiveStatus};
 
 use crate::domain::Event;
 use crate::error::ApiError;
 use crate::platform::Platform;
-use crate::store::SandboxRecord;
+use crate::store::{SandboxRecord, StoreError};
 use crate::transcript::{self, TranscriptWriter};
+
+/// Why a sandbox's agent could not be taken back.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdoptError {
+    /// Nothing of the sandbox runs any more: its agent cannot dial in.
+    #[error("its engine processes are gone")]
+    EngineGone,
+    /// Its engine processes went away while its agent was awaited.
+    #[error("its engine processes are gone (the agent did not dial in within {waited:?})")]
+    GoneWhileWaiting { waited: Duration },
+    /// The engine still runs it, and nothing dialled in in time.
+    #[error("the agent did not dial in within {waited:?}")]
+    NotDialledIn { waited: Duration },
+    /// The engine still runs it; only connections without the agent's
+    /// key dialled in.
+    #[error(
+        "the agent did not dial in within {waited:?}; {turned_away} connection(s) without the agent's key were turned away"
+    )]
+    OnlyImpostors { waited: Duration, turned_away: usize },
+    /// A connection that holds the key (or the first one after a restore)
+    /// failed its handshake.
+    #[error("the agent's handshake failed: {0}")]
+    Handshake(#[source] AgentError),
+    #[error("the engine could not {action}: {source}")]
+    Engine {
+        action: &'static str,
+        #[source]
+        source: EngineError,
+    },
+    #[error("asking the engine for its status: {0}")]
+    StatusCheck(#[source] tokio::task::JoinError),
+    #[error("no agent session was recorded")]
+    NoSession,
+    #[error("reading the sandbox's commands: {0}")]
+    Store(#[from] StoreError),
+    #[error("reopening a command's transcript: {0}")]
+    Transcript(#[source] std::io::Error),
+    /// The sandbox's record could not be read or changed.
+    #[error("{}", .0.message)]
+    Record(ApiError),
+}
+
+impl AdoptError {
+    pub(crate) fn engine(action: &'static str) -> impl FnOnce(EngineError) -> AdoptError {
+        move |source| AdoptError::Engine { action, source }
+    }
+}
+
+impl From<ApiError> for AdoptError {
+    fn from(err: ApiError) -> AdoptError {
+        AdoptError::Record(err)
+    }
+}
 
 /// How long a re-adopted agent has to answer its handshake.
 const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
@@ -40,7 +93,7 @@ impl Platform {
         spec: &space_engine::SandboxSpec,
         first: Option<tokio::net::UnixStream>,
         mut handshake: F,
-    ) -> Result<T, String>
+    ) -> Result<T, AdoptError>
     where
         F: FnMut(tokio::net::UnixStream) -> Fut,
         Fut: std::future::Future<Output = Result<T, space_engine::AgentError>>,
@@ -49,24 +102,28 @@ impl Platform {
         if let Some(socket) = first {
             match handshake(socket).await {
                 Err(space_engine::AgentError::Impostor) => self.impostor(spec),
-                other => return other.map_err(|e| e.to_string()),
+                other => return other.map_err(AdoptError::Handshake),
             }
         }
-        let listener = self.engine.redial(spec).await.map_err(|e| e.to_string())?;
+        let listener = self.engine.redial(spec).await.map_err(AdoptError::engine("listen for its agent"))?;
         tracing::debug!(sandbox = %spec.id, "listening for its agent");
         let began = tokio::time::Instant::now();
         let mut deadline = began + space_engine::REDIAL_PATIENCE;
         let mut pending = futures_util::stream::FuturesUnordered::new();
         let mut last_error = None;
+        let mut turned_away = 0;
         loop {
             tokio::select! {
                 accepted = listener.accept(), if pending.len() < MAX_PENDING_HANDSHAKES => {
-                    pending.push(handshake(accepted.map_err(|e| e.to_string())?));
+                    pending.push(handshake(accepted.map_err(AdoptError::engine("accept its agent's connection"))?));
                 }
                 Some(result) = pending.next(), if !pending.is_empty() => match result {
                     Ok(taken) => return Ok(taken),
-                    Err(space_engine::AgentError::Impostor) => self.impostor(spec),
-                    Err(err) => last_error = Some(err.to_string()),
+                    Err(space_engine::AgentError::Impostor) => {
+                        turned_away += 1;
+                        self.impostor(spec);
+                    }
+                    Err(err) => last_error = Some(err),
                 },
                 () = tokio::time::sleep_until(deadline), if pending.is_empty() => {
                     // Slow, not gone: wait on while its engine still runs it,
@@ -81,11 +138,12 @@ impl Platform {
                         deadline = tokio::time::Instant::now() + space_engine::REDIAL_PATIENCE;
                         continue;
                     }
-                    let waited = format!("the agent did not dial in within {:?}", began.elapsed());
+                    let waited = began.elapsed();
                     return Err(match (runs, last_error) {
-                        (false, _) => format!("its engine processes are gone ({waited})"),
-                        (true, Some(error)) => error,
-                        (true, None) => waited,
+                        (false, _) => AdoptError::GoneWhileWaiting { waited },
+                        (true, Some(error)) => AdoptError::Handshake(error),
+                        (true, None) if turned_away > 0 => AdoptError::OnlyImpostors { waited, turned_away },
+                        (true, None) => AdoptError::NotDialledIn { waited },
                     });
                 }
             }
@@ -118,7 +176,7 @@ impl Platform {
 
     /// Fails a sandbox whose agent could not be taken back after a restart:
     /// stops what runs of it and ends its commands.
-    pub(crate) async fn abandon(&self, id: &str, why: &str) {
+    pub(crate) async fn abandon(&self, id: &str, why: &AdoptError) {
         tracing::warn!(sandbox = %id, "could not re-adopt: {why}");
         if let Ok(record) = self.sandbox(id) {
             self.stop_engine(&self.engine_spec(&record)).await;
@@ -155,10 +213,10 @@ impl Platform {
     /// before its actor's first job that needs it. Whether it is thawed
     /// for that follows what its engine shows now.
     /// `stay_thawed`: for a resume, which would thaw it right after.
-    pub(crate) async fn adopt_frozen(self: &Arc<Self>, id: &str, stay_thawed: bool) -> Result<AgentConn, String> {
-        let record = self.sandbox(id).map_err(|e| e.message)?;
+    pub(crate) async fn adopt_frozen(self: &Arc<Self>, id: &str, stay_thawed: bool) -> Result<AgentConn, AdoptError> {
+        let record = self.sandbox(id)?;
         let thaw = match self.live_status(&self.engine_spec(&record)).await {
-            LiveStatus::Gone => return Err("its engine processes are gone".into()),
+            LiveStatus::Gone => return Err(AdoptError::EngineGone),
             LiveStatus::Running => Thaw::No,
             LiveStatus::Paused if stay_thawed => Thaw::ForGood,
             LiveStatus::Paused => Thaw::ForHandshake,
@@ -169,17 +227,21 @@ impl Platform {
     /// Takes back the agent of a sandbox a previous server process ran, with
     /// the commands and code contexts it still serves; a frozen one is
     /// thawed (a frozen agent cannot redial), see [`Thaw`].
-    pub(crate) async fn take_back(self: &Arc<Self>, record: &SandboxRecord, thaw: Thaw) -> Result<AgentConn, String> {
-        let session = record.agent_session.ok_or("no agent session was recorded")?;
+    pub(crate) async fn take_back(
+        self: &Arc<Self>,
+        record: &SandboxRecord,
+        thaw: Thaw,
+    ) -> Result<AgentConn, AdoptError> {
+        let session = record.agent_session.ok_or(AdoptError::NoSession)?;
         let spec = self.engine_spec(record);
         let began = Instant::now();
         if thaw != Thaw::No {
-            self.engine.resume(&spec).await.map_err(|e| e.to_string())?;
+            self.engine.resume(&spec).await.map_err(AdoptError::engine("thaw it"))?;
         }
         // Each running command with the agent stream and timeout it had.
         let mut resumable = Vec::new();
         for command in self.unfinished_commands(&record.sandbox.id) {
-            match self.store.command_stream(&command.id).map_err(|e| e.to_string())? {
+            match self.store.command_stream(&command.id)? {
                 Some((stream, timeout_s)) => resumable.push((command, stream, timeout_s)),
                 // Nothing says which stream it was: it cannot be finished.
                 None => {
@@ -203,7 +265,7 @@ impl Platform {
             .await?;
         tracing::debug!(sandbox = %spec.id, ms = began.elapsed().as_millis() as u64, "re-adoption: agent taken");
         if thaw == Thaw::ForHandshake {
-            self.engine.pause(&spec).await.map_err(|e| e.to_string())?;
+            self.engine.pause(&spec).await.map_err(AdoptError::engine("freeze it again"))?;
         }
         // The code contexts whose drivers still run, as they were.
         let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
@@ -217,7 +279,7 @@ impl Platform {
             };
             let path = transcript::path_for(&sandbox_dir, &command.id);
             let writer = TranscriptWriter::reopen(&path)
-                .map_err(|e| e.to_string())?
+                .map_err(AdoptError::Transcript)?
                 .with_limits(self.output_limits(&command.sandbox_id));
             let started = started_instant(&command.started_at);
             self.follow(command, stream, writer, started, timeout_s);

@@ -14,14 +14,14 @@ use space_api::{
 use space_host::template::TemplateInfo;
 use tokio::sync::OwnedRwLockReadGuard;
 
-use crate::actor::Job;
+use crate::actor::{Job, TemplateSaveError};
 use crate::domain::{self, CreateSpec, Event};
 use crate::error::ApiError;
 use crate::ids;
 use crate::platform::{new_operation, Platform};
 use crate::store::{Quotas, SandboxRecord};
 use crate::tenants;
-use crate::warm::{self, WarmHost, WarmPools};
+use crate::warm::{self, WarmError, WarmHost, WarmPools};
 
 /// Held by a request while it uses a sandbox: no idle pause meanwhile.
 pub struct WorkGuard {
@@ -341,11 +341,11 @@ impl Platform {
         id: &str,
         operation_id: &str,
         dir: &std::path::Path,
-    ) -> Result<(), String> {
-        let operation = self.operation(operation_id).map_err(|e| e.message)?;
+    ) -> Result<(), TemplateSaveError> {
+        let operation = self.operation(operation_id).map_err(TemplateSaveError::Record)?;
         let (reply, done) = tokio::sync::oneshot::channel();
         self.queue_job(id, Job { save_to: Some((dir.to_path_buf(), reply)), ..Job::new(&operation) });
-        done.await.map_err(|_| "the sandbox went away".to_string())?
+        done.await.map_err(|_| TemplateSaveError::Gone)?
     }
 
     /// Fills every template's warm pool (at start, and as room frees).
@@ -357,8 +357,11 @@ impl Platform {
 }
 
 impl WarmHost for Platform {
-    async fn boot(&self, spec: &space_engine::SandboxSpec) -> Result<space_engine::AgentConn, String> {
-        Platform::boot(self, spec).await.map(|(agent, _)| agent).map_err(|e| e.to_string())
+    async fn boot(
+        &self,
+        spec: &space_engine::SandboxSpec,
+    ) -> Result<space_engine::AgentConn, space_engine::EngineError> {
+        Platform::boot(self, spec).await.map(|(agent, _)| agent)
     }
 
     fn warm(&self) -> &WarmPools {
@@ -369,8 +372,8 @@ impl WarmHost for Platform {
         self.data.sandbox_dir(id)
     }
 
-    fn new_egress_ca(&self, id: &str) -> Result<crate::store::EgressCa, String> {
-        Platform::new_egress_ca(self, id).map_err(|e| e.message)
+    fn new_egress_ca(&self, id: &str) -> Result<crate::store::EgressCa, WarmError> {
+        Platform::new_egress_ca(self, id).map_err(WarmError::EgressCa)
     }
 
     fn runs(&self, template: &TemplateInfo) -> bool {

@@ -9,6 +9,7 @@ use space_api::{ErrorCode, Operation, OperationKind, OperationState, SandboxStat
 use space_engine::LiveStatus;
 
 use crate::actor::Job;
+use crate::adoption::AdoptError;
 use crate::domain::{self, Event};
 use crate::error::ApiError;
 use crate::ids;
@@ -438,27 +439,27 @@ impl Platform {
         record: &SandboxRecord,
         status: Option<LiveStatus>,
         deleting: bool,
-    ) -> Result<Adopted, String> {
-        record.agent_session.ok_or("no agent session was recorded")?;
+    ) -> Result<Adopted, AdoptError> {
+        record.agent_session.ok_or(AdoptError::NoSession)?;
         let id = &record.sandbox.id;
         let status = match status {
             Some(status) => status,
             None => {
                 let (engine, spec) = (self.engine.clone(), self.engine_spec(record));
-                tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(|e| e.to_string())?
+                tokio::task::spawn_blocking(move || engine.status(&spec)).await.map_err(AdoptError::StatusCheck)?
             }
         };
         // A pause or resume the engine carried out before the restart but
         // the record did not yet show: the record follows the engine.
         let shown = match (record.sandbox.state, status) {
-            (_, LiveStatus::Gone) => return Err("its engine processes are gone".into()),
+            (_, LiveStatus::Gone) => return Err(AdoptError::EngineGone),
             (SandboxState::Running, LiveStatus::Paused) => Some(Event::Froze),
             (SandboxState::Paused, LiveStatus::Running) => Some(Event::Thawed),
             _ => None,
         };
         let leave = |adopted: Adopted| {
             if let Some(event) = shown {
-                self.apply(id, event, None).map_err(|e| e.message)?;
+                self.apply(id, event, None)?;
             }
             self.spawn_unadopted_actor(id);
             Ok(adopted)
@@ -475,7 +476,7 @@ impl Platform {
             Err(why) => return Err(why),
         };
         if let Some(event) = shown {
-            self.apply(id, event, None).map_err(|e| e.message)?;
+            self.apply(id, event, None)?;
         }
         self.spawn_actor(id, None, Some(agent));
         Ok(Adopted::Taken)
@@ -492,7 +493,7 @@ enum Adopted {
     Deleting,
     /// Its agent did not come back (why) while its engine still runs it:
     /// taken back when it is next used.
-    Slow(String),
+    Slow(AdoptError),
 }
 
 /// Marks its sandbox reconciled when dropped (also if adopting it panicked).

@@ -342,7 +342,7 @@ impl Platform {
                     Some(dir) => crate::checkpoints::copy_image(&dir, partial),
                     None => runtime
                         .block_on(platform.save_image_of(&sandbox_id, operation_id, partial))
-                        .map_err(HostError::Invalid),
+                        .map_err(|err| HostError::Invalid(err.to_string())),
                 })
             }),
         )

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_engine::{AgentConn, Engine, SandboxSpec};
+use space_engine::{AgentConn, AgentError, Engine, EngineError, SandboxSpec};
 use space_host::template::TemplateInfo;
 use tokio::task::JoinSet;
 
@@ -84,16 +84,34 @@ impl WarmMember {
         engine: &dyn Engine,
         env: &std::collections::BTreeMap<String, String>,
         trust_pem: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WarmError> {
         if self.is_hot() {
             engine.set_idle(&self.spec, false);
         } else {
-            engine.resume(&self.spec).await.map_err(|e| e.to_string())?;
+            engine.resume(&self.spec).await.map_err(WarmError::Thaw)?;
         }
         let trust_pem = trust_pem.filter(|pem| self.spec.trust_pem.as_deref() != Some(*pem));
-        let identity = space_engine::fresh_identity(env, trust_pem).map_err(|e| e.to_string())?;
-        self.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(|e| e.to_string())
+        let identity = space_engine::fresh_identity(env, trust_pem).map_err(WarmError::Identity)?;
+        self.agent.set_identity(&identity, IDENTITY_PATIENCE).await.map_err(WarmError::SetIdentity)
     }
+}
+
+/// Why a warm member could not be started or handed out.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WarmError {
+    /// Its egress CA could not be made (the detail is logged where made).
+    #[error("{}", .0.message)]
+    EgressCa(crate::error::ApiError),
+    #[error(transparent)]
+    Boot(EngineError),
+    #[error("freezing it: {0}")]
+    Freeze(#[source] EngineError),
+    #[error("thawing it: {0}")]
+    Thaw(#[source] EngineError),
+    #[error("giving it a fresh identity: {0}")]
+    Identity(#[source] EngineError),
+    #[error("giving it a fresh identity: {0}")]
+    SetIdentity(#[source] AgentError),
 }
 
 /// What the pools need of the host they run on; all a refill may ask.
@@ -102,14 +120,14 @@ pub(crate) trait WarmHost: Send + Sync + 'static {
     /// Where a sandbox with this id keeps its state.
     fn sandbox_dir(&self, id: &str) -> PathBuf;
     /// A new egress CA for the sandbox with this id.
-    fn new_egress_ca(&self, id: &str) -> Result<EgressCa, String>;
+    fn new_egress_ca(&self, id: &str) -> Result<EgressCa, WarmError>;
     /// Whether this host can run the template's engine at all.
     fn runs(&self, template: &TemplateInfo) -> bool;
     /// Why one more member of `template` may not start now (memory, disk).
     fn no_room_for(&self, template: &TemplateInfo) -> Option<String>;
     /// Starts a member (booted, or woken from a snapshot template's image)
     /// and returns its healthy agent; on error nothing of it is left.
-    fn boot(&self, spec: &SandboxSpec) -> impl std::future::Future<Output = Result<AgentConn, String>> + Send;
+    fn boot(&self, spec: &SandboxSpec) -> impl std::future::Future<Output = Result<AgentConn, EngineError>> + Send;
 }
 
 /// The pools of every template on this host.
@@ -212,7 +230,7 @@ impl WarmPools {
         id: String,
         template: &TemplateInfo,
         hot: bool,
-    ) -> Result<WarmMember, String> {
+    ) -> Result<WarmMember, WarmError> {
         let defaults = &template.meta.defaults;
         // Made now, trusted from the start: not on the create's path.
         let egress_ca = host.new_egress_ca(&id)?;
@@ -230,13 +248,13 @@ impl WarmPools {
             trust_pem: Some(egress_ca.cert_pem.clone()),
             id,
         };
-        let agent = host.boot(&spec).await?;
+        let agent = host.boot(&spec).await.map_err(WarmError::Boot)?;
         if hot {
             self.engine.set_idle(&spec, true);
         } else {
             if let Err(err) = self.engine.pause(&spec).await {
                 let _ = self.engine.destroy(&spec).await;
-                return Err(err.to_string());
+                return Err(WarmError::Freeze(err));
             }
         }
         let standing = if hot { Standing::Hot } else { Standing::Paused };
