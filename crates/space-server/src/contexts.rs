@@ -51,7 +51,7 @@ pub(crate) struct LiveContext {
     /// Held by the run going on: one at a time.
     running: Arc<tokio::sync::Mutex<()>>,
     /// Told when the interpreter is ready (again, after a restart).
-    ready: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
+    ready: Mutex<Option<oneshot::Sender<Result<(), NotReady>>>>,
     /// Where runs that name no context go (E2B's code interpreter).
     default: std::sync::atomic::AtomicBool,
 }
@@ -423,12 +423,23 @@ impl Platform {
     }
 }
 
+/// Why a context's interpreter did not become ready.
+#[derive(Debug, thiserror::Error)]
+enum NotReady {
+    /// The driver said the interpreter died, and why.
+    #[error("{0}")]
+    Died(String),
+    /// The driver itself exited: the last line it wrote to stderr.
+    #[error("{0}")]
+    DriverExited(String),
+}
+
 /// Reads the driver's events until it exits: readiness, each run's events
 /// (to whoever asked for the run), the interpreter's death.
 async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecStream) {
     let mut line = Vec::new();
     let mut stderr: VecDeque<u8> = VecDeque::new();
-    let ready = |result: Result<(), String>| {
+    let ready = |result: Result<(), NotReady>| {
         if let Some(ready) = live.ready.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = ready.send(result);
         }
@@ -454,7 +465,8 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
                         }
                         "died" => {
                             live.set_state("dead");
-                            ready(Err(event["why"].as_str().unwrap_or("the interpreter exited").to_string()));
+                            let why = event["why"].as_str().unwrap_or("the interpreter exited");
+                            ready(Err(NotReady::Died(why.to_string())));
                         }
                         kind if event.get("run").is_some() => {
                             let run_id = event["run"].as_str().unwrap_or_default().to_string();
@@ -508,7 +520,7 @@ async fn pump(platform: Arc<Platform>, live: Arc<LiveContext>, mut stream: ExecS
     live.set_state("dead");
     let why = String::from_utf8_lossy(&stderr.make_contiguous()[..]).trim().to_string();
     let last = why.lines().last().unwrap_or("it exited").to_string();
-    ready(Err(last.clone()));
+    ready(Err(NotReady::DriverExited(last.clone())));
     live.end_run(json!({"type": "end", "status": "died", "execution_count": null, "error": last}));
     let id = live.info().id;
     // Forgotten only with its sandbox: a server shutting down loses its

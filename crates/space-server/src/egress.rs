@@ -85,14 +85,46 @@ pub struct EgressSettings {
     pub rate_mib: Option<u64>,
 }
 
+/// Why the operator's egress settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressSettingsError {
+    #[error("{pair:?}: give NAME=IP[:PORT]")]
+    NotAPair { pair: String },
+    #[error("{pair:?}: {address:?} is not an IP address (with an optional :PORT)")]
+    BadAddress { pair: String, address: String },
+    #[error("{cidr:?} is not a CIDR")]
+    NotACidr { cidr: String },
+    #[error("{cidr:?}: bad length (give 0 to {max})")]
+    BadLength { cidr: String, max: u8 },
+    #[error("reading the extra upstream roots: {0}")]
+    UpstreamRoots(#[source] space_egress::ca::CaError),
+}
+
+/// Why a sandbox's kept egress CA cannot be opened.
+#[derive(Debug, thiserror::Error)]
+enum EgressCaError {
+    #[error("its sealed key is not base64: {0}")]
+    NotBase64(#[source] base64::DecodeError),
+    /// This server's keyring could not be read (the detail is logged).
+    #[error("{}", .0.message)]
+    Keyring(ApiError),
+    #[error("its key does not open with this server's keyring")]
+    WrongKeyring,
+    #[error("its key is not text: {0}")]
+    NotText(#[source] std::string::FromUtf8Error),
+    #[error(transparent)]
+    Key(space_egress::ca::CaError),
+}
+
 impl EgressSettings {
     /// Reads `NAME=IP`, `NAME=IP:PORT` (`NAME=[V6]:PORT`) and `IP/LEN` forms.
-    pub fn parse(hosts: &[String], allow_internal: &[String]) -> Result<EgressSettings, String> {
+    pub fn parse(hosts: &[String], allow_internal: &[String]) -> Result<EgressSettings, EgressSettingsError> {
         let hosts = hosts
             .iter()
             .map(|pair| {
-                let (name, address) = pair.split_once('=').ok_or_else(|| format!("{pair:?}: give NAME=IP[:PORT]"))?;
-                let bad = || format!("{pair:?}: {address:?} is not an IP address (with an optional :PORT)");
+                let (name, address) =
+                    pair.split_once('=').ok_or_else(|| EgressSettingsError::NotAPair { pair: pair.clone() })?;
+                let bad = || EgressSettingsError::BadAddress { pair: pair.clone(), address: address.to_string() };
                 let (ip, port) = match address.parse::<std::net::IpAddr>() {
                     Ok(ip) => (ip, None),
                     Err(_) => {
@@ -102,21 +134,22 @@ impl EgressSettings {
                 };
                 Ok((name.trim_end_matches('.').to_ascii_lowercase(), ip, port))
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, EgressSettingsError>>()?;
         let allow_internal = allow_internal
             .iter()
             .map(|cidr| {
                 let (ip, len) = cidr.split_once('/').unwrap_or((cidr, ""));
-                let ip: std::net::IpAddr = ip.parse().map_err(|_| format!("{cidr:?} is not a CIDR"))?;
+                let ip: std::net::IpAddr =
+                    ip.parse().map_err(|_| EgressSettingsError::NotACidr { cidr: cidr.clone() })?;
                 let max = if ip.is_ipv4() { 32 } else { 128 };
-                let len =
-                    if len.is_empty() { max } else { len.parse().map_err(|_| format!("{cidr:?}: bad length"))? };
+                let bad_length = || EgressSettingsError::BadLength { cidr: cidr.clone(), max };
+                let len = if len.is_empty() { max } else { len.parse().map_err(|_| bad_length())? };
                 if len > max {
-                    return Err(format!("{cidr:?}: bad length"));
+                    return Err(bad_length());
                 }
                 Ok((ip, len))
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, EgressSettingsError>>()?;
         Ok(EgressSettings { hosts, allow_internal, ..Default::default() })
     }
 }
@@ -160,7 +193,7 @@ impl Platform {
     }
 
     /// Applies the operator's egress settings (before sandboxes start).
-    pub fn configure_egress(&self, settings: &EgressSettings) -> Result<(), String> {
+    pub fn configure_egress(&self, settings: &EgressSettings) -> Result<(), EgressSettingsError> {
         let mut config = if settings.hosts.is_empty() {
             GatewayConfig::new(Arc::new(space_egress::gateway::SystemResolver))
         } else {
@@ -183,7 +216,9 @@ impl Platform {
             settings.hosts.iter().filter_map(|(name, _, port)| Some((name.clone(), (*port)?))).collect();
         if !settings.trust.is_empty() {
             tracing::warn!("egress: upstream certificates may also be signed by {:?}", settings.trust);
-            config.upstream_roots = Some(space_egress::ca::upstream_roots(&settings.trust).map_err(|e| e.to_string())?);
+            let roots =
+                space_egress::ca::upstream_roots(&settings.trust).map_err(EgressSettingsError::UpstreamRoots)?;
+            config.upstream_roots = Some(roots);
         }
         *self.egress.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
         Ok(())
@@ -250,14 +285,18 @@ impl Platform {
         })
     }
 
-    fn open_egress_ca(&self, id: &str, kept: &crate::store::EgressCa) -> Result<space_egress::ca::SandboxCa, String> {
+    fn open_egress_ca(
+        &self,
+        id: &str,
+        kept: &crate::store::EgressCa,
+    ) -> Result<space_egress::ca::SandboxCa, EgressCaError> {
         use base64::Engine as _;
-        let sealed = base64::engine::general_purpose::STANDARD.decode(&kept.key_sealed).map_err(|e| e.to_string())?;
-        let keyring = self.keyring().map_err(|e| e.detail().message)?;
-        let key =
-            keyring.open(&format!("ca\0{id}"), &sealed).ok_or("its key does not open with this server's keyring")?;
-        let key = String::from_utf8(key).map_err(|e| e.to_string())?;
-        space_egress::ca::SandboxCa::from_key_pem(id, &key).map_err(|e| e.to_string())
+        let sealed =
+            base64::engine::general_purpose::STANDARD.decode(&kept.key_sealed).map_err(EgressCaError::NotBase64)?;
+        let keyring = self.keyring().map_err(EgressCaError::Keyring)?;
+        let key = keyring.open(&format!("ca\0{id}"), &sealed).ok_or(EgressCaError::WrongKeyring)?;
+        let key = String::from_utf8(key).map_err(EgressCaError::NotText)?;
+        space_egress::ca::SandboxCa::from_key_pem(id, &key).map_err(EgressCaError::Key)
     }
 
     /// Forgets a deleted sandbox's egress.
@@ -321,5 +360,30 @@ impl Platform {
                 store(next);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EgressSettings, EgressSettingsError};
+
+    fn parse(hosts: &[&str], internal: &[&str]) -> Result<EgressSettings, EgressSettingsError> {
+        let owned = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        EgressSettings::parse(&owned(hosts), &owned(internal))
+    }
+
+    #[test]
+    fn each_bad_setting_says_what_is_wrong_with_it() {
+        assert!(matches!(parse(&["mirror.test"], &[]), Err(EgressSettingsError::NotAPair { .. })));
+        assert!(matches!(parse(&["mirror.test=10.0.0"], &[]), Err(EgressSettingsError::BadAddress { .. })));
+        assert!(matches!(parse(&["mirror.test=10.0.0.1:0"], &[]), Err(EgressSettingsError::BadAddress { .. })));
+        assert!(matches!(parse(&[], &["10.0.0/8"]), Err(EgressSettingsError::NotACidr { .. })));
+        let too_long = parse(&[], &["10.0.0.0/33"]).unwrap_err();
+        assert!(matches!(too_long, EgressSettingsError::BadLength { max: 32, .. }), "{too_long}");
+        assert_eq!(too_long.to_string(), "\"10.0.0.0/33\": bad length (give 0 to 32)");
+        let settings = parse(&["Mirror.Test.=10.0.0.1:8080"], &["fd00::/8"]).unwrap();
+        assert_eq!(settings.hosts[0].0, "mirror.test");
+        assert_eq!(settings.hosts[0].2, Some(8080));
+        assert_eq!(settings.allow_internal[0].1, 8);
     }
 }
