@@ -156,23 +156,110 @@ async fn send_report(
     control_plane: &str,
     token: &str,
     report: &NodeReport,
-) -> Result<Option<crate::secrets::SecretSet>, String> {
-    let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
+) -> Result<Option<crate::secrets::SecretSet>, ExchangeError> {
+    let body = serde_json::to_vec(report).map_err(ExchangeError::Encode)?;
     let request = hyper::Request::post("/internal/v1/nodes/heartbeat")
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body))
-        .map_err(|e| e.to_string())?;
+        .body(Body::from(body))?;
     let response = links.send(control_plane, request, None).await?;
     match response.status() {
         StatusCode::NO_CONTENT => Ok(None),
         StatusCode::OK => {
             let body = axum::body::to_bytes(response.into_body(), crate::secrets::MAX_SECRET_SET)
                 .await
-                .map_err(|e| e.to_string())?;
-            serde_json::from_slice(&body).map(Some).map_err(|e| format!("its answer: {e}"))
+                .map_err(ExchangeError::Body)?;
+            serde_json::from_slice(&body).map(Some).map_err(ExchangeError::Answer)
         }
-        status => Err(format!("it answered {status}")),
+        status => Err(ExchangeError::Status { status, body: String::new() }),
+    }
+}
+
+/// Why reaching another member of the cluster failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error("{url:?}: {source}")]
+    BadUrl {
+        url: String,
+        #[source]
+        source: axum::http::uri::InvalidUri,
+    },
+    #[error("{0:?} is not http://host:port or https://host:port")]
+    NotAMemberUrl(String),
+    #[error("its host is not a header value: {0}")]
+    Host(#[source] axum::http::header::InvalidHeaderValue),
+    #[error("connecting: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("{0} is HTTPS: this member needs the cluster's TLS (--cluster-ca)")]
+    NoTls(String),
+    #[error("its host is not a TLS server name: {0}")]
+    ServerName(#[source] tokio_rustls::rustls::pki_types::InvalidDnsNameError),
+    #[error("the TLS handshake took too long")]
+    TlsTimeout,
+    #[error("TLS: {0}")]
+    Tls(#[source] std::io::Error),
+    #[error(transparent)]
+    Relay(#[from] crate::api::ports::RelayError),
+}
+
+impl From<hyper::Error> for LinkError {
+    fn from(err: hyper::Error) -> LinkError {
+        LinkError::Relay(err.into())
+    }
+}
+
+/// Why an exchange with another member (a heartbeat, a node's event feed,
+/// a template pulled from another node) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExchangeError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The node could not be reached through the control plane's forward.
+    #[error("{}", .0.message)]
+    Forward(ApiError),
+    #[error("making the request: {0}")]
+    Request(#[from] axum::http::Error),
+    #[error("encoding the report: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("it answered {status}{}", if .body.is_empty() { String::new() } else { format!(": {}", .body) })]
+    Status { status: StatusCode, body: String },
+    #[error("reading its answer: {0}")]
+    Body(#[source] axum::Error),
+    #[error("its answer: {0}")]
+    Answer(#[source] serde_json::Error),
+    #[error("a line of its feed: {0}")]
+    FeedLine(#[source] serde_json::Error),
+    #[error("taking its events in: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("another replica follows it now")]
+    Overtaken,
+    #[error("its feed ended")]
+    FeedEnded,
+    #[error("no {0} header")]
+    MissingHeader(&'static str),
+    #[error("the template's description is not base64: {0}")]
+    MetaEncoding(#[source] base64::DecodeError),
+    #[error("the template's description: {0}")]
+    Meta(#[source] serde_json::Error),
+    #[error("asked for {asked}, got {got}")]
+    WrongTemplate { asked: String, got: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the content's SHA-256 is {got}, not the {expected} it was sent as")]
+    Digest { got: String, expected: String },
+    #[error("importing it: {0}")]
+    Import(#[source] space_host::HostError),
+    #[error("importing it: {0}")]
+    ImportTask(#[source] tokio::task::JoinError),
+}
+
+impl ExchangeError {
+    fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ExchangeError {
+        move |source| ExchangeError::Io { what, source }
     }
 }
 
@@ -198,13 +285,13 @@ const IDLE_PER_MEMBER: usize = 32;
 
 /// Whether `url` is `http://host:port` or `https://host:port`, and its
 /// `host:port`.
-fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), String> {
-    let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url:?}: {e}"))?;
+fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), LinkError> {
+    let uri: axum::http::Uri = url.parse().map_err(|source| LinkError::BadUrl { url: url.to_string(), source })?;
     match (uri.scheme_str(), uri.authority()) {
         (Some(scheme @ ("http" | "https")), Some(authority)) if authority.port().is_some() => {
             Ok((scheme == "https", authority.clone()))
         }
-        _ => Err(format!("{url:?} is not http://host:port or https://host:port")),
+        _ => Err(LinkError::NotAMemberUrl(url.to_string())),
     }
 }
 
@@ -222,31 +309,31 @@ impl Links {
         url: &str,
         mut request: hyper::Request<Body>,
         upgrade: Option<hyper::upgrade::OnUpgrade>,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, LinkError> {
         let (https, authority) = member_url(url)?;
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(LinkError::Host)?;
         request.headers_mut().insert(header::HOST, host);
         if upgrade.is_none() {
             while let Some(mut sender) = self.free_connection(url) {
                 match sender.try_send_request(request).await {
                     Ok(response) => {
                         self.keep(url, sender);
-                        return crate::api::ports::answer(response, None);
+                        return Ok(crate::api::ports::answer(response, None)?);
                     }
                     // Closed before it took the request: another one.
                     Err(mut failed) => match failed.take_message() {
                         Some(unsent) => request = unsent,
-                        None => return Err(failed.into_error().to_string()),
+                        None => return Err(failed.into_error().into()),
                     },
                 }
             }
         }
         let mut sender = self.connect(https, &authority, url).await?;
-        let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+        let response = sender.send_request(request).await?;
         if upgrade.is_none() {
             self.keep(url, sender);
         }
-        crate::api::ports::answer(response, upgrade)
+        Ok(crate::api::ports::answer(response, upgrade)?)
     }
 
     /// A free connection to `url` that is neither stale nor closed.
@@ -284,27 +371,27 @@ impl Links {
         https: bool,
         authority: &axum::http::uri::Authority,
         url: &str,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, String> {
-        let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(|e| e.to_string())?;
+    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, LinkError> {
+        let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(LinkError::Connect)?;
         let _ = tcp.set_nodelay(true);
         if !https {
-            return crate::api::ports::http1(TokioIo::new(tcp)).await;
+            return Ok(crate::api::ports::http1(TokioIo::new(tcp)).await?);
         }
         let Some(config) = &self.tls else {
-            return Err(format!("{url} is HTTPS: this member needs the cluster's TLS (--cluster-ca)"));
+            return Err(LinkError::NoTls(url.to_string()));
         };
         let name = tokio_rustls::rustls::pki_types::ServerName::try_from(
             authority.host().trim_start_matches('[').trim_end_matches(']').to_string(),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(LinkError::ServerName)?;
         let tls = tokio::time::timeout(
             crate::http::HANDSHAKE_TIMEOUT,
             tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
         )
         .await
-        .map_err(|_| "the TLS handshake took too long".to_string())?
-        .map_err(|e| format!("TLS: {e}"))?;
-        crate::api::ports::http1(TokioIo::new(tls)).await
+        .map_err(|_| LinkError::TlsTimeout)?
+        .map_err(LinkError::Tls)?;
+        Ok(crate::api::ports::http1(TokioIo::new(tls)).await?)
     }
 }
 
@@ -346,7 +433,7 @@ pub fn internal_router(control_plane: Arc<ControlPlane>) -> Router {
 async fn heartbeat(State(cp): State<Shared>, _token: NodeToken, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let report: NodeReport =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("a node report: {e}")))?;
-    member_url(&report.url).map_err(ApiError::bad_request)?;
+    member_url(&report.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let json = serde_json::to_string(&report).map_err(|e| ApiError::internal("a node report", e))?;
     cp.store.heartbeat_node(&report.id, &report.url, &json, now_ms() + LEASE.as_millis() as i64)?;
     // A node whose secrets are older (restarted, or away when one changed)
@@ -569,7 +656,7 @@ async fn relay_to(
     if let Some(DiskAllowance(value)) = parts.extensions.get::<DiskAllowance>() {
         headers.insert(DISK_QUOTA_HEADER, value.clone());
     }
-    let mut response = cp.links.send(&node.url, outgoing, client_side).await.map_err(unreachable)?;
+    let mut response = cp.links.send(&node.url, outgoing, client_side).await.map_err(|e| unreachable(e.to_string()))?;
     if let Ok(value) = HeaderValue::from_str(&node.id) {
         response.headers_mut().insert("x-space-node", value);
     }
@@ -1336,18 +1423,17 @@ async fn feeds_once(
 
 /// Follows one node's feed from after `last`, taking each batch in while
 /// this replica's claim holds.
-async fn take_feed(cp: &ControlPlane, owner: &str, node: &NodeRow, mut last: u64) -> Result<(), String> {
+async fn take_feed(cp: &ControlPlane, owner: &str, node: &NodeRow, mut last: u64) -> Result<(), ExchangeError> {
     use futures_util::StreamExt as _;
-    let request =
-        Request::get(format!("/internal/v1/events?after={last}")).body(Body::empty()).map_err(|e| e.to_string())?;
-    let response = forward(cp, node, &Caller::operator(), request).await.map_err(|e| e.message)?;
+    let request = Request::get(format!("/internal/v1/events?after={last}")).body(Body::empty())?;
+    let response = forward(cp, node, &Caller::operator(), request).await.map_err(ExchangeError::Forward)?;
     if response.status() != StatusCode::OK {
-        return Err(format!("the node answered {}", response.status()));
+        return Err(ExchangeError::Status { status: response.status(), body: String::new() });
     }
     let mut body = response.into_body().into_data_stream();
     let mut pending: Vec<u8> = Vec::new();
     while let Some(chunk) = body.next().await {
-        pending.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+        pending.extend_from_slice(&chunk.map_err(ExchangeError::Body)?);
         let Some(end) = pending.iter().rposition(|b| *b == b'\n') else {
             continue;
         };
@@ -1357,16 +1443,16 @@ async fn take_feed(cp: &ControlPlane, owner: &str, node: &NodeRow, mut last: u64
             .filter(|line| !line.is_empty())
             .map(serde_json::from_slice::<crate::store::FeedEvent>)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("a line of its feed: {e}"))?;
+            .map_err(ExchangeError::FeedLine)?;
         let Some(newest) = events.last().map(|e| e.seq) else {
             continue;
         };
-        if !cp.store.ingest(&node.id, owner, last, &events).map_err(|e| e.to_string())? {
-            return Err("another replica follows it now".into());
+        if !cp.store.ingest(&node.id, owner, last, &events)? {
+            return Err(ExchangeError::Overtaken);
         }
         last = newest;
     }
-    Err("its feed ended".into())
+    Err(ExchangeError::FeedEnded)
 }
 
 /// A `sandbox.state` event of a sandbox as the control plane shows it.
@@ -1534,42 +1620,44 @@ pub(crate) async fn pull_template(
     Ok(StatusCode::ACCEPTED)
 }
 
-async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: PullRequest) -> Result<(), String> {
+async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: PullRequest) -> Result<(), ExchangeError> {
     use base64::Engine as _;
     use futures_util::StreamExt as _;
     use sha2::Digest as _;
     use tokio::io::AsyncWriteExt as _;
     let outgoing = hyper::Request::get(format!("/internal/v1/templates/{}", request.name))
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(Body::empty())
-        .map_err(|e| e.to_string())?;
+        .body(Body::empty())?;
     let response = links.send(&request.from, outgoing, None).await?;
     if response.status() != StatusCode::OK {
         let status = response.status();
         let body = axum::body::to_bytes(response.into_body(), 64 << 10).await.unwrap_or_default();
-        return Err(format!("the other node answered {status}: {}", String::from_utf8_lossy(&body)));
+        return Err(ExchangeError::Status { status, body: String::from_utf8_lossy(&body).into_owned() });
     }
     let (expected, meta) = {
-        let text = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-        (text("x-space-sha256").ok_or("no x-space-sha256")?, text("x-space-template").ok_or("no x-space-template")?)
+        let text = |name: &'static str| {
+            let value = response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+            value.ok_or(ExchangeError::MissingHeader(name))
+        };
+        (text("x-space-sha256")?, text("x-space-template")?)
     };
-    let meta = base64::engine::general_purpose::STANDARD.decode(meta).map_err(|e| e.to_string())?;
-    let meta: space_host::template::TemplateMeta = serde_json::from_slice(&meta).map_err(|e| e.to_string())?;
+    let meta = base64::engine::general_purpose::STANDARD.decode(meta).map_err(ExchangeError::MetaEncoding)?;
+    let meta: space_host::template::TemplateMeta = serde_json::from_slice(&meta).map_err(ExchangeError::Meta)?;
     if meta.name != request.name {
-        return Err(format!("asked for {}, got {}", request.name, meta.name));
+        return Err(ExchangeError::WrongTemplate { asked: request.name, got: meta.name });
     }
     let dir = platform.data.run_dir().join("pulls");
-    tokio::fs::create_dir_all(&dir).await.map_err(|e| e.to_string())?;
+    tokio::fs::create_dir_all(&dir).await.map_err(ExchangeError::io("making the pulls directory"))?;
     let path = dir.join(format!("{}-{}.tar", request.name, std::process::id()));
-    let mut file = tokio::fs::File::create(&path).await.map_err(|e| e.to_string())?;
+    let mut file = tokio::fs::File::create(&path).await.map_err(ExchangeError::io("creating the pulled archive"))?;
     let mut hasher = sha2::Sha256::new();
     let mut body = response.into_body().into_data_stream();
     while let Some(bytes) = body.next().await {
-        let bytes = bytes.map_err(|e| e.to_string())?;
+        let bytes = bytes.map_err(ExchangeError::Body)?;
         hasher.update(&bytes);
-        file.write_all(&bytes).await.map_err(|e| e.to_string())?;
+        file.write_all(&bytes).await.map_err(ExchangeError::io("writing the pulled archive"))?;
     }
-    file.flush().await.map_err(|e| e.to_string())?;
+    file.flush().await.map_err(ExchangeError::io("writing the pulled archive"))?;
     drop(file);
     let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
     let result = match got == expected {
@@ -1577,10 +1665,10 @@ async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: Pull
             let (platform, tar) = (platform.clone(), path.clone());
             tokio::task::spawn_blocking(move || space_host::template::import_export(&platform.data, &meta, &tar))
                 .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map(drop).map_err(|e| e.to_string()))
+                .map_err(ExchangeError::ImportTask)
+                .and_then(|r| r.map(drop).map_err(ExchangeError::Import))
         }
-        false => Err(format!("the content's SHA-256 is {got}, not the {expected} it was sent as")),
+        false => Err(ExchangeError::Digest { got, expected }),
     };
     let _ = tokio::fs::remove_file(&path).await;
     result

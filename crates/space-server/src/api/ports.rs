@@ -321,6 +321,16 @@ fn path_in_sandbox(request_path: &str) -> Option<&str> {
     }
 }
 
+/// Why a request could not be relayed to a server (in a sandbox, or
+/// another member of a cluster).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RelayError {
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    #[error("it answered with an upgrade nobody asked for")]
+    UnaskedUpgrade,
+}
+
 /// Sends `outgoing` over `io` (HTTP/1.1) and answers with what comes back,
 /// streamed; an upgrade (a WebSocket) is spliced to the client's side.
 /// Hop-by-hop headers of the answer are dropped.
@@ -328,23 +338,22 @@ pub(crate) async fn relay<I>(
     io: I,
     outgoing: hyper::Request<Body>,
     client_side: Option<hyper::upgrade::OnUpgrade>,
-) -> Result<Response, String>
+) -> Result<Response, RelayError>
 where
     I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
 {
     let mut sender = http1(io).await?;
-    let response = sender.send_request(outgoing).await.map_err(|e| e.to_string())?;
+    let response = sender.send_request(outgoing).await?;
     answer(response, client_side)
 }
 
 /// An HTTP/1.1 connection over `io`, driven by a task of its own (which
 /// lets it be upgraded).
-pub(crate) async fn http1<I>(io: I) -> Result<hyper::client::conn::http1::SendRequest<Body>, String>
+pub(crate) async fn http1<I>(io: I) -> Result<hyper::client::conn::http1::SendRequest<Body>, hyper::Error>
 where
     I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
 {
-    let (sender, connection) =
-        hyper::client::conn::http1::Builder::new().handshake::<_, Body>(io).await.map_err(|e| e.to_string())?;
+    let (sender, connection) = hyper::client::conn::http1::Builder::new().handshake::<_, Body>(io).await?;
     tokio::spawn(async move {
         let _ = connection.with_upgrades().await;
     });
@@ -355,10 +364,10 @@ where
 pub(crate) fn answer(
     mut response: hyper::Response<hyper::body::Incoming>,
     client_side: Option<hyper::upgrade::OnUpgrade>,
-) -> Result<Response, String> {
+) -> Result<Response, RelayError> {
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let (Some(client_side), server_side) = (client_side, hyper::upgrade::on(&mut response)) else {
-            return Err("an upgrade nobody asked for".into());
+            return Err(RelayError::UnaskedUpgrade);
         };
         tokio::spawn(async move {
             if let (Ok(client), Ok(server)) = (client_side.await, server_side.await) {
