@@ -116,14 +116,19 @@ pub enum EngineChoice {
     Firecracker,
 }
 
+/// An `--engine` that names none of the engines.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown engine {0:?}: auto, gvisor or firecracker")]
+pub struct UnknownEngine(String);
+
 impl std::str::FromStr for EngineChoice {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = UnknownEngine;
+    fn from_str(text: &str) -> Result<Self, UnknownEngine> {
         match text {
             "auto" => Ok(EngineChoice::Auto),
             "gvisor" => Ok(EngineChoice::Gvisor),
             "firecracker" => Ok(EngineChoice::Firecracker),
-            other => Err(format!("unknown engine {other:?}: auto, gvisor or firecracker")),
+            other => Err(UnknownEngine(other.to_string())),
         }
     }
 }
