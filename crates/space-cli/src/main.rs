@@ -12,8 +12,8 @@ mod run;
 mod setup;
 
 use anyhow::Result;
-use space_client as client;
 use clap::Parser;
+use space_client as client;
 
 use crate::cli::{Cli, NodeArgs, OpCommand, Top};
 use crate::cmd::{copy, describe_event, doctor, exec, keys, print_json, run_code, sandbox, secret, template};
