@@ -177,28 +177,71 @@ fn engine_failure(err: &EngineError) -> ApiError {
     engine_failed(message)
 }
 
-/// A job for a sandbox's actor: carry out this operation.
+/// A job for a sandbox's actor: carry out operation `operation_id`.
 pub(crate) struct Job {
-    pub(crate) kind: OperationKind,
     pub(crate) operation_id: String,
-    /// For a create: the warm sandbox to hand out instead of a cold start.
-    pub(crate) warm: Option<crate::warm::WarmMember>,
-    /// Who asked: an `Idle` pause is the server's (see `idle.rs`).
-    pub(crate) origin: OperationOrigin,
-    /// A snapshot template's build: save the sandbox's image here, and
-    /// say how that went.
-    pub(crate) save_to: Option<(std::path::PathBuf, tokio::sync::oneshot::Sender<Result<(), TemplateSaveError>>)>,
+    pub(crate) work: Work,
+}
+
+/// What a job does: one kind of operation, with what only that kind
+/// carries.
+pub(crate) enum Work {
+    /// A create, from the warm or hot member handed out for it, if any
+    /// (boxed: a member is far larger than any other job).
+    Create {
+        warm: Option<Box<crate::warm::WarmMember>>,
+    },
+    Delete,
+    /// A pause; `idle`: the server's own idle pause, carried out only if
+    /// the sandbox is still idle (see `idle.rs`).
+    Pause {
+        idle: bool,
+    },
+    Resume,
+    Suspend,
+    Fork,
+    Checkpoint,
+    RestoreCheckpoint,
+    /// A snapshot template's build: save the sandbox's image into `dir`,
+    /// and say how that went.
+    SaveImage {
+        dir: std::path::PathBuf,
+        reply: tokio::sync::oneshot::Sender<Result<(), TemplateSaveError>>,
+    },
+    /// An operation with nothing for the actor to do (a template build
+    /// with no image to save).
+    Nothing,
 }
 
 impl Job {
+    /// The job that carries out `operation`, as its kind and origin say.
     pub(crate) fn new(operation: &space_api::Operation) -> Job {
-        Job {
-            kind: operation.kind,
-            operation_id: operation.id.clone(),
-            warm: None,
-            origin: operation.origin,
-            save_to: None,
-        }
+        let work = match operation.kind {
+            OperationKind::Create => Work::Create { warm: None },
+            OperationKind::Delete => Work::Delete,
+            OperationKind::Pause => Work::Pause { idle: operation.origin == OperationOrigin::Idle },
+            OperationKind::Resume => Work::Resume,
+            OperationKind::Suspend => Work::Suspend,
+            OperationKind::Fork => Work::Fork,
+            OperationKind::Checkpoint => Work::Checkpoint,
+            OperationKind::RestoreCheckpoint => Work::RestoreCheckpoint,
+            OperationKind::BuildTemplate => Work::Nothing,
+        };
+        Job { operation_id: operation.id.clone(), work }
+    }
+
+    /// A create that hands out `warm` instead of a cold start.
+    pub(crate) fn create(operation: &space_api::Operation, warm: Option<crate::warm::WarmMember>) -> Job {
+        Job { operation_id: operation.id.clone(), work: Work::Create { warm: warm.map(Box::new) } }
+    }
+
+    /// A snapshot template build's save of the sandbox's image into `dir`.
+    pub(crate) fn save_image(
+        operation: &space_api::Operation,
+        dir: std::path::PathBuf,
+        reply: tokio::sync::oneshot::Sender<Result<(), TemplateSaveError>>,
+    ) -> Job {
+        Job { operation_id: operation.id.clone(), work: Work::SaveImage { dir, reply } }
     }
 }
 
@@ -229,35 +272,29 @@ impl Actor {
             let id = job.operation_id.as_str();
             // What saves or copies it wants its timers as usual.
             let mut thawed = false;
-            if !matches!(job.kind, OperationKind::Create | OperationKind::Pause | OperationKind::Delete) {
+            if !matches!(job.work, Work::Create { .. } | Work::Pause { .. } | Work::Delete) {
                 self.platform.wake_up(&self.id);
-                let Some(taken_thawed) = self.take_back_agent(id, job.kind == OperationKind::Resume).await else {
+                let Some(taken_thawed) = self.take_back_agent(id, matches!(job.work, Work::Resume)).await else {
                     continue;
                 };
                 thawed = taken_thawed;
             }
-            let finished = match job.kind {
-                OperationKind::Create => {
-                    self.create(id, job.warm).await;
+            let finished = match job.work {
+                Work::Create { warm } => {
+                    self.create(id, warm.map(|member| *member)).await;
                     false
                 }
-                OperationKind::Delete => self.delete(id).await,
-                OperationKind::Pause if job.origin == OperationOrigin::Idle => {
+                Work::Delete => self.delete(id).await,
+                Work::Pause { idle: true } => {
                     self.auto_pause(id).await;
                     false
                 }
-                OperationKind::Pause => {
-                    self.change(
-                        id,
-                        job.kind,
-                        Event::Froze,
-                        "freezing",
-                        |spec| async move { engine.pause(&spec).await },
-                    )
-                    .await;
+                Work::Pause { idle: false } => {
+                    let freeze = |spec| async move { engine.pause(&spec).await };
+                    self.change(id, OperationKind::Pause, Event::Froze, "freezing", freeze).await;
                     false
                 }
-                OperationKind::Resume => {
+                Work::Resume => {
                     let suspended =
                         self.platform.sandbox(&self.id).is_ok_and(|r| r.sandbox.state == SandboxState::Suspended);
                     if suspended {
@@ -265,36 +302,34 @@ impl Actor {
                     } else if thawed {
                         // Taken back after a restart, thawed for it already.
                         let nothing = |_| async { Ok(()) };
-                        self.change(id, job.kind, Event::Thawed, "thawing", nothing).await;
+                        self.change(id, OperationKind::Resume, Event::Thawed, "thawing", nothing).await;
                     } else {
                         let thaw = |spec| async move { engine.resume(&spec).await };
-                        self.change(id, job.kind, Event::Thawed, "thawing", thaw).await;
+                        self.change(id, OperationKind::Resume, Event::Thawed, "thawing", thaw).await;
                     }
                     false
                 }
-                OperationKind::Suspend => {
+                Work::Suspend => {
                     self.suspend(id).await;
                     false
                 }
-                OperationKind::Fork => {
+                Work::Fork => {
                     self.fork(id).await;
                     false
                 }
-                OperationKind::Checkpoint => {
+                Work::Checkpoint => {
                     self.checkpoint(id).await;
                     false
                 }
-                OperationKind::RestoreCheckpoint => {
+                Work::RestoreCheckpoint => {
                     self.rewind(id).await;
                     false
                 }
-                OperationKind::BuildTemplate => {
-                    // Only a snapshot template's image is saved here.
-                    if let Some((dir, reply)) = job.save_to {
-                        let _ = reply.send(self.save_for_template(id, &dir).await);
-                    }
+                Work::SaveImage { dir, reply } => {
+                    let _ = reply.send(self.save_for_template(id, &dir).await);
                     false
                 }
+                Work::Nothing => false,
             };
             if finished {
                 break;

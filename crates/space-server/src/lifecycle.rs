@@ -137,7 +137,7 @@ impl Platform {
             return Err(err);
         }
         self.changed();
-        self.spawn_actor(&sandbox.id, Some(Job { warm, ..Job::new(&operation) }), None);
+        self.spawn_actor(&sandbox.id, Some(Job::create(&operation, warm)), None);
         Ok((sandbox, operation))
     }
 
@@ -344,7 +344,7 @@ impl Platform {
     ) -> Result<(), TemplateSaveError> {
         let operation = self.operation(operation_id).map_err(TemplateSaveError::Record)?;
         let (reply, done) = tokio::sync::oneshot::channel();
-        self.queue_job(id, Job { save_to: Some((dir.to_path_buf(), reply)), ..Job::new(&operation) });
+        self.queue_job(id, Job::save_image(&operation, dir.to_path_buf(), reply));
         done.await.map_err(|_| TemplateSaveError::Gone)?
     }
 
