@@ -401,6 +401,10 @@ pub struct Sandbox {
     /// The sandbox this one is a fork of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<String>,
+    /// In a cluster: the node that holds it (its forks are on the same
+    /// node). Absent on a single server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/checkpoints`.

@@ -369,7 +369,12 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert_eq!(status, 202, "{accepted}");
         let op = b.wait_operation(accepted["operation"]["id"].as_str().unwrap());
         assert_eq!(op["state"], "succeeded", "{op}");
-        sandboxes.push((accepted["sandbox"]["id"].as_str().unwrap().to_string(), node.expect("the node is named")));
+        let node = node.expect("the node is named");
+        // The record says so too, as every later read of it does.
+        assert_eq!(accepted["sandbox"]["node"], node.as_str(), "{accepted}");
+        let id = accepted["sandbox"]["id"].as_str().unwrap().to_string();
+        assert_eq!(b.ok("GET", &format!("/v1/sandboxes/{id}"), None)["node"], node.as_str());
+        sandboxes.push((id, node));
     }
     let on = |name: &str| sandboxes.iter().filter(|(_, n)| n == name).map(|(id, _)| id.clone()).collect::<Vec<_>>();
     assert!(NODES.iter().all(|(n, _)| !on(n).is_empty()), "not spread: {sandboxes:?} {}", health(&first));

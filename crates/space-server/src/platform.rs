@@ -71,6 +71,9 @@ pub struct Platform {
     pub max_output_bytes: std::sync::atomic::AtomicU64,
     /// Every engine's availability on this host, probed at startup.
     pub engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
+    /// This server's id as a cluster's node (`space node --node-id`), which
+    /// the sandboxes it creates record; unset on a single server.
+    pub node_id: std::sync::OnceLock<String>,
     /// Seconds a sandbox may be idle before the server pauses it (0: never).
     pub auto_pause_s: std::sync::atomic::AtomicU64,
     /// Output kept per sandbox (all its transcripts together).
@@ -220,6 +223,7 @@ impl Platform {
             agent_bin,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
+            node_id: Default::default(),
             auto_pause_s: crate::idle::DEFAULT_AUTO_PAUSE_S.into(),
             max_sandbox_output_bytes: crate::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),
             disk_reserve_bytes: (crate::disk::DEFAULT_DISK_RESERVE_MIB << 20).into(),

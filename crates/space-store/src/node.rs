@@ -81,6 +81,7 @@ impl SandboxRecord {
                 auto_paused: false,
                 failure_reason: None,
                 forked_from: None,
+                node: None,
             },
             template_version: 1,
             env: BTreeMap::new(),

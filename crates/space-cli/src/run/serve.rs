@@ -30,6 +30,10 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     let mut config = args.engine.platform_config(&args.data_dir)?;
     config.database = args.database.clone();
     let platform = space_server::start_platform(&config)?;
+    if let Some(node) = &node {
+        // The sandboxes it creates say which node holds them.
+        let _ = platform.node_id.set(node.id.clone());
+    }
     platform.metrics_without_key.store(args.metrics_without_key, std::sync::atomic::Ordering::Relaxed);
     let node_token = match (&node, &args.node_token_file) {
         (Some(_), Some(path)) => Some(read_secret_file(path, "node token")?),
