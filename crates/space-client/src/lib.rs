@@ -500,10 +500,24 @@ mod tests {
     fn serve(answers: Vec<(u16, String)>) -> (String, std::thread::JoinHandle<Vec<String>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        // Each request is waited for with a deadline: a client that never
+        // calls fails the test rather than hanging its join.
+        listener.set_nonblocking(true).unwrap();
         let served = std::thread::spawn(move || {
             let mut seen = Vec::new();
             for (status, body) in answers {
-                let (mut socket, _) = listener.accept().unwrap();
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                let mut socket = loop {
+                    match listener.accept() {
+                        Ok((socket, _)) => break socket,
+                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                            assert!(std::time::Instant::now() < deadline, "no request within 10 s");
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(err) => panic!("accepting: {err}"),
+                    }
+                };
+                socket.set_nonblocking(false).unwrap();
                 socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
