@@ -119,19 +119,24 @@ impl Client {
 
     /// The response of a 2xx answer; any other becomes its error.
     fn accept(&self, result: Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
-        match result {
-            Ok(response) => Ok(response),
-            Err(ureq::Error::Status(status, response)) => {
+        result.map_err(|err| self.error_of(err))
+    }
+
+    /// A failed call as the caller sees it: the server's error answer, or
+    /// no answer at all.
+    fn error_of(&self, err: ureq::Error) -> ClientError {
+        match err {
+            ureq::Error::Status(status, response) => {
                 let body: Value = response.into_json().unwrap_or_default();
                 let error = &body["error"];
-                Err(ClientError::Api {
+                ClientError::Api {
                     status,
                     code: serde_json::from_value(error["code"].clone()).ok(),
                     message: error["message"].as_str().unwrap_or("no message").to_string(),
                     details: error["details"].clone(),
-                })
+                }
             }
-            Err(err) => Err(ClientError::Unreachable { base: self.base.clone(), source: Box::new(err) }),
+            err => ClientError::Unreachable { base: self.base.clone(), source: Box::new(err) },
         }
     }
 
@@ -366,11 +371,7 @@ impl Client {
             let response = match request.call() {
                 Ok(response) => response,
                 Err(err) if !follow || failures >= 30 || matches!(err, ureq::Error::Status(..)) => {
-                    return Err(self
-                        .accept(Err(err))
-                        .err()
-                        .unwrap_or(ClientError::Protocol("no answer".into()))
-                        .into());
+                    return Err(self.error_of(err).into());
                 }
                 Err(_) => {
                     failures += 1;
@@ -424,16 +425,14 @@ impl Client {
         loop {
             let response = match self.request("GET", &format!("{output_path}?from={offset}&follow=true")).call() {
                 Ok(response) => response,
-                Err(err @ ureq::Error::Status(..)) => {
-                    return Err(self.accept(Err(err)).err().unwrap_or_else(no_stream))
-                }
+                Err(err @ ureq::Error::Status(..)) => return Err(self.error_of(err)),
                 Err(err) if attempts < 5 => {
                     attempts += 1;
                     let _ = writeln!(stderr, "space: output stream failed ({err}); re-attaching at offset {offset}");
                     std::thread::sleep(Duration::from_millis(200));
                     continue;
                 }
-                Err(err) => return Err(self.accept(Err(err)).err().unwrap_or_else(no_stream)),
+                Err(err) => return Err(self.error_of(err)),
             };
             for line in BufReader::new(response.into_reader()).lines() {
                 let Ok(line) = line else { break };
@@ -462,10 +461,6 @@ impl Client {
             let _ = writeln!(stderr, "space: output stream ended early; re-attaching at offset {offset}");
         }
     }
-}
-
-fn no_stream() -> ClientError {
-    ClientError::Protocol("no output stream".into())
 }
 
 /// Percent-encodes a path for a query string.

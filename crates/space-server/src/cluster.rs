@@ -928,8 +928,9 @@ async fn sandbox_request(
             .map_or(1, |count| count.clamp(1, u64::from(space_api::MAX_FORKS)) as u32);
         // A fork is the size of its source, as created.
         let source: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-        let size = (source["vcpus"].as_u64().unwrap_or(0), source["memory_mib"].as_u64().unwrap_or(0));
-        check_quotas(cp, caller, &cp.store.tenant_quotas(&caller.tenant)?, &nodes(cp)?, size, count)?;
+        let nodes = nodes(cp)?;
+        let size = create_size(&source, &nodes);
+        check_quotas(cp, caller, &cp.store.tenant_quotas(&caller.tenant)?, &nodes, size, count)?;
         request = Request::from_parts(parts, Body::from(bytes));
     }
     if request.method() == Method::POST && ["/suspend", "/fork", "/checkpoints"].iter().any(|end| path.ends_with(end)) {
