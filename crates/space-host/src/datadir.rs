@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::btrfs::is_btrfs;
-use crate::template::TemplateInfo;
+use crate::template_meta::{valid_name, TemplateInfo};
 use crate::{run, HostError};
 
 /// The name of the loop image inside a data dir that is not on btrfs.
@@ -136,7 +136,7 @@ impl DataDir {
 
     /// The newest complete version of template `name`, if any.
     pub fn template(&self, name: &str) -> Option<TemplateInfo> {
-        if !crate::template::valid_name(name) {
+        if !valid_name(name) {
             return None;
         }
         let dir = self.templates_dir().join(name);

@@ -9,10 +9,12 @@ pub mod btrfs;
 pub mod datadir;
 pub mod download;
 pub mod guest;
+mod layer;
 pub mod oci;
 pub mod packages;
 pub mod postgres;
 pub mod template;
+mod template_meta;
 
 use std::process::Command;
 

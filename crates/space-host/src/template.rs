@@ -6,10 +6,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde::{Deserialize, Serialize};
 use space_process::Reaper;
 
 use crate::datadir::DataDir;
+use crate::layer::apply_tar;
+pub use crate::template_meta::{valid_name, TemplateDefaults, TemplateImage, TemplateInfo, TemplateMeta};
 use crate::{btrfs, packages, HostError};
 
 /// Where the agent sits inside every template root.
@@ -66,98 +67,6 @@ pub fn known_packages(name: &str) -> Option<&'static [&'static str]> {
         CODE_INTERPRETER_TEMPLATE => Some(CODE_INTERPRETER_PACKAGES),
         _ => None,
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TemplateDefaults {
-    pub vcpus: u32,
-    pub memory_mib: u32,
-    pub disk_mib: u32,
-    pub env: BTreeMap<String, String>,
-    pub workdir: String,
-    pub user: String,
-    /// The network its sandboxes get when their create names none (the
-    /// API's `Network`, checked by the server).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<serde_json::Value>,
-}
-
-impl Default for TemplateDefaults {
-    fn default() -> Self {
-        TemplateDefaults {
-            vcpus: 1,
-            memory_mib: 512,
-            disk_mib: 2048,
-            env: BTreeMap::new(),
-            workdir: "/root".into(),
-            user: "root".into(),
-            network: None,
-        }
-    }
-}
-
-/// `template.json`, written last: its presence marks a complete build.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TemplateMeta {
-    pub name: String,
-    pub version: u32,
-    pub created_at: String,
-    pub source: serde_json::Value,
-    pub defaults: TemplateDefaults,
-    /// Warm sandboxes to keep for this template; the server's setting when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warm_pool: Option<u32>,
-    /// Running (hot) sandboxes to keep for it; the server's setting when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hot_pool: Option<u32>,
-    /// The tenant it belongs to; `None`: shared by every tenant.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// The engine its sandboxes run on; `None`: the server's default.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<String>,
-    /// A snapshot template: its sandboxes wake from this saved state (the
-    /// root beside it and the memory in `memory/`) instead of booting.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<TemplateImage>,
-}
-
-/// How the agent saved in a snapshot template greets its host.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TemplateImage {
-    /// The host session it knows (it keeps its streams under it).
-    pub agent_session: u64,
-    /// The key it presents when it dials (kept only on the host).
-    pub channel_key: String,
-}
-
-#[derive(Debug, Clone)]
-pub struct TemplateInfo {
-    pub meta: TemplateMeta,
-    pub dir: PathBuf,
-}
-
-impl TemplateInfo {
-    pub fn load(dir: &Path) -> Result<TemplateInfo, HostError> {
-        let path = dir.join("template.json");
-        let text = fs::read_to_string(&path).map_err(HostError::io(format!("reading {}", path.display())))?;
-        let meta = serde_json::from_str(&text).map_err(|e| HostError::Invalid(format!("{}: {e}", path.display())))?;
-        Ok(TemplateInfo { meta, dir: dir.to_path_buf() })
-    }
-
-    pub fn rootfs(&self) -> PathBuf {
-        self.dir.join("rootfs")
-    }
-}
-
-/// Template names: short, lowercase, safe as a path component.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        && name.as_bytes()[0].is_ascii_alphanumeric()
 }
 
 /// Build steps every source goes through (reading, root, content, agent).
@@ -681,12 +590,7 @@ pub fn import_export(data: &DataDir, meta: &TemplateMeta, tar: &Path) -> Result<
     publish(data, &meta.name, (meta.owner.clone(), meta.engine.clone()), None, &mut progress, |partial, _| {
         let rootfs = partial.join("rootfs");
         let file = fs::File::open(tar).map_err(HostError::io("opening a pulled template"))?;
-        crate::oci::apply_tar(
-            &rootfs,
-            std::io::BufReader::with_capacity(1 << 20, file),
-            &mut std::io::sink(),
-            &mut || {},
-        )?;
+        apply_tar(&rootfs, std::io::BufReader::with_capacity(1 << 20, file), &mut std::io::sink(), &mut || {})?;
         btrfs::set_read_only(&rootfs)?;
         Ok((meta.source.clone(), meta.defaults.clone()))
     })
@@ -753,14 +657,5 @@ mod tests {
         write_etc_file(&root, "resolv.conf", TEMPLATE_RESOLV_CONF).unwrap();
         assert!(!fs::read_to_string(root.join("etc/resolv.conf")).unwrap().contains("nameserver"));
         fs::remove_dir_all(&scratch).unwrap();
-    }
-
-    #[test]
-    fn template_names_are_path_safe() {
-        assert!(valid_name("base"));
-        assert!(valid_name("py-data_2"));
-        for bad in ["", "..", "a/b", "Base", "-x", &"x".repeat(64)] {
-            assert!(!valid_name(bad), "{bad:?}");
-        }
     }
 }
