@@ -8,7 +8,7 @@
 //! [`ErrorCode`] when the code is one this client knows.
 
 use std::io::{BufRead, BufReader, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
@@ -75,12 +75,42 @@ impl ClientError {
         }
     }
 
+    /// An error answer, `body` as the server sent it, as a failed call
+    /// returns it.
+    pub fn from_answer(status: u16, body: &Value) -> ClientError {
+        let error = &body["error"];
+        ClientError::Api {
+            status,
+            code: serde_json::from_value(error["code"].clone()).ok(),
+            message: error["message"].as_str().unwrap_or("no message").to_string(),
+            details: error["details"].clone(),
+        }
+    }
+
     fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ClientError {
         move |source| ClientError::Io { what, source }
     }
 
     fn decode(what: &'static str) -> impl FnOnce(serde_json::Error) -> ClientError {
         move |source| ClientError::Decode { what, source }
+    }
+}
+
+/// An answer of any status, as [`Client::call_with`] and
+/// [`Client::send_with`] read it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    /// Names lower-cased, as ureq reads them.
+    headers: Vec<(String, String)>,
+    /// Null when the answer had no body (a 204).
+    pub body: Value,
+}
+
+impl Answer {
+    /// A header's value, by its name in any case.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
     }
 }
 
@@ -127,14 +157,7 @@ impl Client {
     fn error_of(&self, err: ureq::Error) -> ClientError {
         match err {
             ureq::Error::Status(status, response) => {
-                let body: Value = response.into_json().unwrap_or_default();
-                let error = &body["error"];
-                ClientError::Api {
-                    status,
-                    code: serde_json::from_value(error["code"].clone()).ok(),
-                    message: error["message"].as_str().unwrap_or("no message").to_string(),
-                    details: error["details"].clone(),
-                }
+                ClientError::from_answer(status, &response.into_json().unwrap_or_default())
             }
             err => ClientError::Unreachable { base: self.base.clone(), source: Box::new(err) },
         }
@@ -179,6 +202,20 @@ impl Client {
             let operation: Operation = self.get_as(&format!("/v1/operations/{id}?wait=30"))?;
             if matches!(operation.state, OperationState::Succeeded | OperationState::Failed | OperationState::Cancelled)
             {
+                return Ok(operation);
+            }
+        }
+    }
+
+    /// Long-polls an operation until it has ended or `patience` has passed;
+    /// it, as last seen (not ended when the patience ran out: the caller
+    /// decides what that means).
+    pub fn wait_for_operation_within(&self, id: &str, patience: Duration) -> Result<Operation> {
+        let deadline = Instant::now() + patience;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs().min(30);
+            let operation: Operation = self.get_as(&format!("/v1/operations/{id}?wait={left}"))?;
+            if operation.state.is_terminal() || Instant::now() >= deadline {
                 return Ok(operation);
             }
         }
@@ -242,30 +279,66 @@ impl Client {
     /// Any request with an optional JSON body; the status and the answer as
     /// JSON, whatever the status (for tests of error answers).
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
-        let request = self.request(method, path);
+        self.call_with(method, path, &[], body).map(|answer| (answer.status, answer.body))
+    }
+
+    /// [`Client::call`] with extra headers (an `Idempotency-Key`, say); the
+    /// whole answer, its headers too, whatever the status.
+    pub fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Result<Answer> {
+        let request = self.request_with(method, path, headers);
         let result = match body {
             Some(body) => request.send_json(body),
             None => request.call(),
         };
+        self.whole_answer(result)
+    }
+
+    /// Any request whose body is streamed from `body` (a file; its
+    /// `Content-Type` among `headers`); the whole answer, whatever the
+    /// status.
+    pub fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl std::io::Read,
+    ) -> Result<Answer> {
+        self.whole_answer(self.request_with(method, path, headers).send(body))
+    }
+
+    fn request_with(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> ureq::Request {
+        headers.iter().fold(self.request(method, path), |request, (name, value)| request.set(name, value))
+    }
+
+    fn whole_answer(&self, result: Result<ureq::Response, ureq::Error>) -> Result<Answer> {
         let response = self.any_status(result)?;
         let status = response.status();
+        let mut names = response.headers_names();
+        names.sort();
+        names.dedup();
+        let headers = names
+            .iter()
+            .flat_map(|name| response.all(name).into_iter().map(|value| (name.clone(), value.to_string())))
+            .collect();
         let text = response.into_string().map_err(ClientError::io("reading the answer"))?;
-        let value = match text.is_empty() {
+        let body = match text.is_empty() {
             true => Value::Null,
             false => serde_json::from_str(&text).map_err(ClientError::decode("reading the answer"))?,
         };
-        Ok((status, value))
+        Ok(Answer { status, headers, body })
     }
 
     /// A POST of raw bytes with extra headers; the status and the whole
     /// body, whatever the status (for routes that are not SPACE's own API,
     /// such as the E2B-compatible ones).
     pub fn post_bytes(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<(u16, Vec<u8>)> {
-        let mut request = self.request("POST", path);
-        for (name, value) in headers {
-            request = request.set(name, value);
-        }
-        let response = self.any_status(request.send_bytes(body))?;
+        let response = self.any_status(self.request_with("POST", path, headers).send_bytes(body))?;
         let status = response.status();
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)
@@ -485,13 +558,14 @@ fn frame_bytes(data: Option<String>, data_b64: Option<String>) -> Result<Vec<u8>
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
+    use std::io::{BufRead, BufReader, Read, Write};
     use std::net::TcpListener;
 
     use super::*;
 
     /// A server on loopback that answers each of `answers` to one request,
-    /// in order, and hands back the request lines it read.
+    /// in order, and hands back each request it read (its head, then its
+    /// body). Each answer names its place in `answers` in `X-Answer`.
     fn serve(answers: Vec<(u16, String)>) -> (String, std::thread::JoinHandle<Vec<String>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -500,9 +574,9 @@ mod tests {
         listener.set_nonblocking(true).unwrap();
         let served = std::thread::spawn(move || {
             let mut seen = Vec::new();
-            for (status, body) in answers {
+            for (i, (status, body)) in answers.into_iter().enumerate() {
                 let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                let mut socket = loop {
+                let socket = loop {
                     match listener.accept() {
                         Ok((socket, _)) => break socket,
                         Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
@@ -514,25 +588,39 @@ mod tests {
                 };
                 socket.set_nonblocking(false).unwrap();
                 socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).unwrap() == 1 {
-                    head.push(byte[0]);
+                let mut reader = BufReader::new(socket);
+                let mut head = String::new();
+                while !head.ends_with("\r\n\r\n") && reader.read_line(&mut head).unwrap() > 0 {}
+                let lower = head.to_ascii_lowercase();
+                let mut request_body = Vec::new();
+                if lower.contains("transfer-encoding: chunked") {
+                    // A streamed body: chunks, each its size in hex first, to one of size 0.
+                    loop {
+                        let mut size = String::new();
+                        reader.read_line(&mut size).unwrap();
+                        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+                        let mut chunk = vec![0u8; size + 2];
+                        reader.read_exact(&mut chunk).unwrap();
+                        if size == 0 {
+                            break;
+                        }
+                        request_body.extend_from_slice(&chunk[..size]);
+                    }
+                } else {
+                    let length: usize = lower
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    request_body.resize(length, 0);
+                    reader.read_exact(&mut request_body).unwrap();
                 }
-                let head = String::from_utf8_lossy(&head).into_owned();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                let mut request_body = vec![0u8; length];
-                socket.read_exact(&mut request_body).unwrap();
-                seen.push(format!("{} {}", head.lines().next().unwrap_or(""), String::from_utf8_lossy(&request_body)));
+                seen.push(format!("{head}{}", String::from_utf8_lossy(&request_body)));
                 let answer = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nX-Answer: {i}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
-                socket.write_all(answer.as_bytes()).unwrap();
+                reader.into_inner().write_all(answer.as_bytes()).unwrap();
             }
             seen
         });
@@ -614,6 +702,61 @@ mod tests {
         let err = client(&base).get("/v1/health").unwrap_err();
         assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
         assert_eq!((err.status(), err.code()), (None, None));
+    }
+
+    #[test]
+    fn a_call_with_headers_reads_the_whole_answer_whatever_its_status() {
+        let refused = r#"{"error":{"code":"quota_exceeded","message":"past 1 sandbox","details":{}}}"#;
+        let (base, served) = serve(vec![(429, refused.into()), (204, String::new())]);
+        let client = client(&base);
+        let body = serde_json::json!({"template": "base"});
+        let answer = client.call_with("POST", "/v1/sandboxes", &[("Idempotency-Key", "k-1")], Some(&body)).unwrap();
+        assert_eq!((answer.status, answer.header("x-answer")), (429, Some("0")), "{answer:?}");
+        // Read as a failed typed call reads it.
+        let err = ClientError::from_answer(answer.status, &answer.body);
+        assert_eq!((err.status(), err.code()), (Some(429), Some(ErrorCode::QuotaExceeded)), "{err}");
+        // No body (a 204) is null, not an error.
+        let answer = client.call_with("DELETE", "/v1/secrets/s", &[], None).unwrap();
+        assert_eq!((answer.status, &answer.body, answer.header("X-ANSWER")), (204, &Value::Null, Some("1")));
+        let seen = served.join().unwrap();
+        assert!(seen[0].starts_with("POST /v1/sandboxes HTTP/1.1"), "{seen:?}");
+        assert!(seen[0].to_ascii_lowercase().contains("\r\nidempotency-key: k-1\r\n"), "{seen:?}");
+        assert!(seen[0].ends_with(r#"{"template":"base"}"#), "{seen:?}");
+    }
+
+    #[test]
+    fn a_streamed_body_is_sent_with_its_content_type() {
+        let (base, served) = serve(vec![(202, r#"{"operation":{"id":"op_1"}}"#.into())]);
+        let archive: &[u8] = b"not really a tar";
+        let answer = client(&base)
+            .send_with("POST", "/v1/templates?name=t", &[("Content-Type", "application/x-tar")], archive)
+            .unwrap();
+        assert_eq!((answer.status, &answer.body["operation"]["id"]), (202, &Value::from("op_1")), "{answer:?}");
+        let seen = served.join().unwrap();
+        assert!(seen[0].starts_with("POST /v1/templates?name=t HTTP/1.1"), "{seen:?}");
+        assert!(seen[0].to_ascii_lowercase().contains("\r\ncontent-type: application/x-tar\r\n"), "{seen:?}");
+        assert!(seen[0].ends_with("\r\n\r\nnot really a tar"), "{seen:?}");
+    }
+
+    fn operation(state: &str) -> String {
+        serde_json::json!({"id": "op_1", "kind": "create", "state": state,
+            "progress": {"step": "starting", "done": 0, "total": 1}, "created_at": "2026-01-01T00:00:00Z"})
+        .to_string()
+    }
+
+    #[test]
+    fn waiting_for_an_operation_stops_at_its_end_or_at_the_patience() {
+        let (base, served) = serve(vec![(200, operation("running")), (200, operation("succeeded"))]);
+        let ended = client(&base).wait_for_operation_within("op_1", Duration::from_secs(300)).unwrap();
+        assert_eq!(ended.state, OperationState::Succeeded);
+        let seen = served.join().unwrap();
+        assert!(seen.iter().all(|s| s.starts_with("GET /v1/operations/op_1?wait=30 ")), "{seen:?}");
+        // Out of patience: one poll that does not wait, and the operation as it was.
+        let (base, served) = serve(vec![(200, operation("running"))]);
+        let running = client(&base).wait_for_operation_within("op_1", Duration::ZERO).unwrap();
+        assert_eq!(running.state, OperationState::Running);
+        let seen = served.join().unwrap();
+        assert!(seen[0].starts_with("GET /v1/operations/op_1?wait=0 "), "{seen:?}");
     }
 
     #[test]
