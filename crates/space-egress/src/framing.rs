@@ -6,16 +6,18 @@
 //! beside `Transfer-Encoding`, a coding other than `chunked` (RFC 9112
 //! §3.2, §6.1, §6.3). Bodies are measured by the same rules, so exactly
 //! the bytes of each request reach the upstream, whatever follows them.
+//! A refused request is answered here too, the same way on both paths.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::gateway::MAX_HEAD;
 use crate::policy::Reason;
 
+/// The longest request head read.
+pub const MAX_HEAD: usize = 32 * 1024;
 /// Header lines of one request head, at most (hyper's server default).
 pub const MAX_HEADERS: usize = 100;
 /// Bytes of chunk extensions in one chunk-size line, and of trailers.
@@ -352,6 +354,27 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// Answers a refused request in the gateway's own words (the reason in
+/// `X-Space-Egress` and the body) and closes the connection: what a
+/// plain request and a request in a terminated tunnel are both told.
+pub(crate) async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reason) {
+    let phrase = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        429 => "Too Many Requests",
+        _ => "Bad Gateway",
+    };
+    let body = format!("space egress: {} ({})\n", reason.explain(), reason.as_str());
+    let head = format!(
+        "HTTP/1.1 {status} {phrase}\r\nX-Space-Egress: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reason.as_str(),
+        body.len()
+    );
+    let _ = client.write_all(head.as_bytes()).await;
+    let _ = client.write_all(body.as_bytes()).await;
+    let _ = client.shutdown().await;
 }
 
 #[cfg(test)]

@@ -19,10 +19,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use crate::framing::{refuse, MAX_HEAD};
 use crate::policy::{always_denied, Policy, Reason, Target};
 
-/// The longest request head read.
-pub const MAX_HEAD: usize = 32 * 1024;
 /// Time allowed for a request head to arrive.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time allowed to connect to the upstream.
@@ -554,24 +553,6 @@ async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> io::Result<(Vec<u8>,
             return Err(io::Error::new(io::ErrorKind::InvalidData, "request head too large"));
         }
     }
-}
-
-pub(crate) async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: Reason) {
-    let phrase = match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        429 => "Too Many Requests",
-        _ => "Bad Gateway",
-    };
-    let body = format!("space egress: {} ({})\n", reason.explain(), reason.as_str());
-    let head = format!(
-        "HTTP/1.1 {status} {phrase}\r\nX-Space-Egress: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        reason.as_str(),
-        body.len()
-    );
-    let _ = client.write_all(head.as_bytes()).await;
-    let _ = client.write_all(body.as_bytes()).await;
-    let _ = client.shutdown().await;
 }
 
 /// Resolves once `moved` has not changed for `timeout`.

@@ -139,7 +139,7 @@ where
             seen.requests += 1;
             seen.refused.get_or_insert(reason);
         }
-        crate::gateway::refuse(guarded.inner_mut(), 400, reason).await;
+        crate::framing::refuse(guarded.inner_mut(), 400, reason).await;
         return Ok(());
     }
     served.map_err(|_| Reason::Unreachable)
