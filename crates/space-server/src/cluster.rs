@@ -716,7 +716,7 @@ fn check_quotas(
         .collect();
     // All but the last of several count as held when the last is checked.
     held.extend(std::iter::repeat_n(wanted, count.saturating_sub(1) as usize));
-    crate::tenants::check_held(&caller.tenant, quotas, &held, wanted)
+    Ok(crate::tenants::check_held(&caller.tenant, quotas, &held, wanted)?)
 }
 
 /// For a request that may make a tenant hold more disk on a node (a
@@ -862,7 +862,7 @@ async fn place(
                 ApiError::unavailable(format!("no live node that runs {engine} has template {template:?}"))
             }
             (true, None) => ApiError::unavailable(format!("no live node has template {template:?}")),
-            (false, _) => crate::templates::template_not_found(&template),
+            (false, _) => crate::templates::template_not_found(&template).into(),
         });
     };
     if free < memory as i64 {
@@ -1083,7 +1083,7 @@ async fn template(cp: &ControlPlane, caller: &Caller, name: &str, request: Reque
     let holders: Vec<Node> =
         nodes(cp)?.into_iter().filter(|n| n.alive && n.report.templates.iter().any(|t| t == name)).collect();
     if holders.is_empty() {
-        return Err(crate::templates::template_not_found(name));
+        return Err(crate::templates::template_not_found(name).into());
     }
     let method = request.method().clone();
     let path = request.uri().path().to_string();

@@ -1,89 +1,94 @@
-//! One error type for the API edge, mapped to statuses in one place.
+//! The runtime's error as an HTTP answer: the one place a `NodeError`'s code
+//! becomes a status (the code fixes it), a JSON error body and `Retry-After`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use space_api::{ErrorBody, ErrorCode, ErrorDetail};
+use space_api::{ErrorBody, ErrorCode};
+use space_node::NodeError;
 
-/// An error as the client sees it: a stable code (which fixes the status),
-/// a human message and details.
+/// A [`NodeError`] on its way to an HTTP client. The edge's own failures
+/// (a malformed body, an unknown route) are made with the same constructors.
 #[derive(Debug, Clone)]
-pub struct ApiError {
-    pub code: ErrorCode,
-    pub message: String,
-    pub details: serde_json::Value,
-    /// Sent as `Retry-After` (seconds): the request may work if repeated.
-    pub retry_after_s: Option<u32>,
+pub struct ApiError(pub NodeError);
+
+impl std::ops::Deref for ApiError {
+    type Target = NodeError;
+    fn deref(&self) -> &NodeError {
+        &self.0
+    }
+}
+
+impl From<NodeError> for ApiError {
+    fn from(err: NodeError) -> ApiError {
+        ApiError(err)
+    }
+}
+
+impl From<ApiError> for NodeError {
+    fn from(err: ApiError) -> NodeError {
+        err.0
+    }
+}
+
+impl From<space_node::store::StoreError> for ApiError {
+    fn from(err: space_node::store::StoreError) -> ApiError {
+        ApiError(err.into())
+    }
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), details: serde_json::json!({}), retry_after_s: None }
+        ApiError(NodeError::new(code, message))
     }
 
     /// The HTTP status, the one the code is always answered with.
     pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    pub fn with_details(mut self, details: serde_json::Value) -> ApiError {
-        self.details = details;
-        self
+    pub fn with_details(self, details: serde_json::Value) -> ApiError {
+        ApiError(self.0.with_details(details))
     }
 
-    /// Tells the client to try again after `seconds`.
-    pub fn retry_after(mut self, seconds: u32) -> ApiError {
-        self.retry_after_s = Some(seconds);
-        self
+    pub fn retry_after(self, seconds: u32) -> ApiError {
+        ApiError(self.0.retry_after(seconds))
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(ErrorCode::InvalidRequest, message)
+        ApiError(NodeError::bad_request(message))
     }
 
     pub fn unprocessable(message: impl Into<String>) -> ApiError {
-        ApiError::new(ErrorCode::InvalidValue, message)
+        ApiError(NodeError::unprocessable(message))
     }
 
     pub fn not_found(kind: &str, id: &str) -> ApiError {
-        ApiError::new(ErrorCode::NotFound, format!("no {kind} {id:?}"))
-            .with_details(serde_json::json!({ "kind": kind, "id": id }))
+        ApiError(NodeError::not_found(kind, id))
     }
 
     pub fn invalid_state(what: &str, state: &str, action: &str) -> ApiError {
-        ApiError::new(ErrorCode::InvalidState, format!("cannot {action}: the {what} is {state}"))
-            .with_details(serde_json::json!({ "state": state }))
+        ApiError(NodeError::invalid_state(what, state, action))
     }
 
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(ErrorCode::EngineUnavailable, message)
+        ApiError(NodeError::unavailable(message))
     }
 
-    /// A bug or a host failure. The detail goes to the log, not the client,
-    /// so host paths never leak.
+    /// A bug or a host failure, logged here; the client gets no detail.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> ApiError {
-        tracing::error!("{context}: {err}");
-        ApiError::new(ErrorCode::Internal, format!("internal error while {context}"))
-    }
-
-    pub fn detail(&self) -> ErrorDetail {
-        ErrorDetail { code: self.code, message: self.message.clone(), details: self.details.clone() }
+        ApiError(NodeError::internal(context, err))
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: self.detail() };
-        let mut response = (self.status(), Json(body)).into_response();
-        if let Some(seconds) = self.retry_after_s {
+        let status = self.status();
+        let retry_after = self.0.retry_after_s;
+        let mut response = (status, Json(ErrorBody { error: self.0.detail() })).into_response();
+        if let Some(seconds) = retry_after {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
         }
         response
-    }
-}
-
-impl From<crate::store::StoreError> for ApiError {
-    fn from(err: crate::store::StoreError) -> ApiError {
-        ApiError::internal("accessing the state database", err)
     }
 }

@@ -1,307 +1,41 @@
-//! The SPACE server: the control plane (HTTP API, operations, state) and,
-//! on a single host, the local node (engines, transcripts).
+//! The SPACE server: the HTTP edge of a node (the `/v1` API, the E2B
+//! adapter, the console) over the runtime in `space-node`, and the cluster's
+//! control plane.
 //!
 //! `app` builds the router, separate from `serve`, so tests drive the real
 //! API over a real socket against real sandboxes.
 
-mod access;
-mod actor;
-mod adoption;
 pub mod api;
-mod capacity;
-mod checkpoints;
 // Internal routes with the node token; a node's template by name.
 #[allow(clippy::disallowed_types)]
 pub mod cluster;
-pub mod commands;
 // Static files by name, no resource of a tenant.
 #[allow(clippy::disallowed_types)]
 mod console;
-mod contexts;
-pub mod disk;
-pub mod domain;
 // E2B's routes load each sandbox for the caller themselves (`owned` in
 // e2b/control.rs, envd's token per sandbox).
 #[allow(clippy::disallowed_types)]
 pub mod e2b;
-pub mod egress;
 pub mod error;
 pub mod http;
-mod idle;
-pub mod ids;
-mod lifecycle;
-pub mod metrics;
-pub mod platform;
-mod policies;
-mod recovery;
-mod sampling;
-pub mod secrets;
-pub use space_store as store;
-mod templates;
-pub mod tenants;
-pub mod transcript;
-pub mod warm;
 
-use std::path::PathBuf;
-use std::sync::Arc;
+// The runtime's modules under their former paths, for the server's own
+// modules and its users.
+pub use space_node::{
+    access, actor, adoption, capacity, checkpoints, commands, contexts, disk, domain, egress, engine_report, engines,
+    idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, start_platform,
+    start_platform_with, store, templates, tenants, transcript, warm, EngineChoice, Platform, PlatformConfig,
+    UnknownEngine, DEFAULT_AUTO_PAUSE_S,
+};
 
 pub use api::{app, AppState};
-use space_engine::firecracker::{Firecracker, FirecrackerConfig};
-use space_engine::gvisor::{Gvisor, GvisorConfig};
-use space_engine::Engine;
-use space_host::datadir::DataDir;
-
-pub use crate::idle::DEFAULT_AUTO_PAUSE_S;
-pub use crate::platform::Platform;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
-    Host(#[from] space_host::HostError),
-    #[error(transparent)]
-    Store(#[from] store::StoreError),
+    Start(#[from] space_node::StartError),
     #[error("{0}")]
     Startup(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// How to run the platform on this host.
-#[derive(Debug, Clone)]
-pub struct PlatformConfig {
-    pub data_dir: PathBuf,
-    pub runsc: PathBuf,
-    pub agent_bin: PathBuf,
-    /// Warm (paused) sandboxes kept per template (0 and no hot ones: every
-    /// create is a cold start).
-    pub warm_pool: u32,
-    /// Hot (running, handed out without a thaw) sandboxes kept per template.
-    pub hot_pool: u32,
-    /// Memory the host may promise to sandboxes, in MiB (default: the
-    /// host's memory less 1 GiB).
-    pub capacity_mib: Option<u64>,
-    /// Whether template builds also make ext4 root drives (Firecracker's);
-    /// `None`: when the host has hardware virtualization.
-    pub ext4_images: Option<bool>,
-    /// Which engine runs sandboxes.
-    pub engine: EngineChoice,
-    /// The firecracker binary (else `FIRECRACKER_BIN`, else `PATH`).
-    pub firecracker_bin: Option<PathBuf>,
-    /// Seconds a running sandbox may be idle before the server pauses it
-    /// (resumed on its next request); 0 turns that off.
-    pub auto_pause_s: u64,
-    /// Output kept per command and per sandbox, in MiB.
-    pub max_output_mib: u64,
-    pub max_sandbox_output_mib: u64,
-    /// Free space of the data dir the host keeps, in MiB.
-    pub disk_reserve_mib: u64,
-    /// The operator's egress settings (static names, internal exceptions).
-    pub egress: egress::EgressSettings,
-    /// A PostgreSQL URL to keep state in, instead of the data dir's SQLite
-    /// file (`None`).
-    pub database: Option<String>,
-}
-
-/// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
-/// one of them by name (an error when it cannot run here).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum EngineChoice {
-    #[default]
-    Auto,
-    Gvisor,
-    Firecracker,
-}
-
-/// An `--engine` that names none of the engines.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown engine {0:?}: auto, gvisor or firecracker")]
-pub struct UnknownEngine(String);
-
-impl std::str::FromStr for EngineChoice {
-    type Err = UnknownEngine;
-    fn from_str(text: &str) -> Result<Self, UnknownEngine> {
-        match text {
-            "auto" => Ok(EngineChoice::Auto),
-            "gvisor" => Ok(EngineChoice::Gvisor),
-            "firecracker" => Ok(EngineChoice::Firecracker),
-            other => Err(UnknownEngine(other.to_string())),
-        }
-    }
-}
-
-/// Both engines as configured for `data`, whether or not they can run here.
-pub fn engines(config: &PlatformConfig, data: &DataDir) -> (Gvisor, Option<Firecracker>) {
-    let gvisor = Gvisor::new(GvisorConfig {
-        runsc: config.runsc.clone(),
-        agent_bin: config.agent_bin.clone(),
-        state_dir: data.run_dir().join("runsc"),
-    });
-    let guest = space_host::guest::existing(data);
-    let firecracker = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref()).map(|binary| {
-        let (kernel, initramfs) = match guest {
-            Some(guest) => (guest.kernel, guest.initramfs),
-            None => {
-                let dir = space_host::guest::guest_dir(data);
-                (dir.join("vmlinux"), dir.join("initramfs.cpio"))
-            }
-        };
-        // Under the jailer when one is beside the binary: its own uid, a
-        // chroot in the data dir, cgroups, a new PID namespace.
-        let jailer = space_engine::firecracker::find_jailer(None, Some(&binary));
-        Firecracker::new(FirecrackerConfig {
-            firecracker: binary,
-            kernel,
-            initramfs,
-            jailer,
-            jail_base: data.run_dir().join("jail"),
-            jail_uid: space_engine::firecracker::JAIL_UID,
-            boot_patience: space_engine::firecracker::BOOT_PATIENCE,
-        })
-    });
-    (gvisor, firecracker)
-}
-
-/// Each engine's availability on this host, and why.
-pub fn engine_report(config: &PlatformConfig, data: &DataDir) -> Vec<space_engine::Availability> {
-    let (gvisor, firecracker) = engines(config, data);
-    report(config, data, &gvisor, firecracker.as_ref().map(|f| f as &dyn Engine))
-}
-
-/// [`engine_report`] for engines already built (each probed once).
-fn report(
-    config: &PlatformConfig,
-    data: &DataDir,
-    gvisor: &dyn Engine,
-    firecracker: Option<&dyn Engine>,
-) -> Vec<space_engine::Availability> {
-    let firecracker = match firecracker {
-        Some(engine) => engine.availability(),
-        None => {
-            let guest = space_host::guest::existing(data);
-            space_engine::firecracker::availability(
-                config.firecracker_bin.as_deref(),
-                guest.as_ref().map(|g| (g.kernel.as_path(), g.initramfs.as_path())),
-            )
-        }
-    };
-    vec![gvisor.availability(), firecracker]
-}
-
-/// Opens the data dir and state, reconciles what a previous run left, and
-/// wires the engine. The process becomes a child subreaper here, so
-/// sandbox processes that outlive `runsc` are reaped promptly.
-pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, ServerError> {
-    space_process::become_subreaper()
-        .map_err(|source| ServerError::Io { what: "becoming a subreaper".into(), source })?;
-    let mut data = DataDir::open(&config.data_dir)?;
-    // Sandboxes' disk_mib is a btrfs quota on their root.
-    let quotas_before = space_host::btrfs::quota_mode(data.root())?;
-    let quotas = space_host::btrfs::enable_quotas(data.root())?;
-    if let Some(build) = config.ext4_images {
-        data.set_ext4_images(build);
-    }
-    let store = open_store(config, &data)?;
-    if quotas != quotas_before {
-        // Limits do not survive a change of quota mode: set them again.
-        for record in store.live_sandboxes()? {
-            let rootfs = data.sandbox_dir(&record.sandbox.id).join("rootfs");
-            if rootfs.exists() {
-                let _ = space_host::btrfs::limit_exclusive(&rootfs, record.sandbox.disk_mib);
-            }
-        }
-    }
-    let (gvisor, firecracker) = engines(config, &data);
-    let gvisor: Arc<dyn Engine> = Arc::new(gvisor);
-    let firecracker: Option<Arc<dyn Engine>> = firecracker.map(|f| Arc::new(f) as Arc<dyn Engine>);
-    let report = report(config, &data, gvisor.as_ref(), firecracker.as_deref());
-    let firecracker_ready = firecracker.as_ref().map(|_| report[1].clone());
-    // The default engine, and the other one for templates that ask for it.
-    let (default, other) = match (config.engine, &firecracker, firecracker_ready) {
-        (EngineChoice::Gvisor, _, _) => (gvisor, firecracker),
-        (_, Some(firecracker), Some(ready)) if ready.available => (firecracker.clone(), Some(gvisor)),
-        (EngineChoice::Firecracker, _, ready) => {
-            let why = ready.map(|r| r.detail).unwrap_or_else(|| {
-                space_engine::firecracker::availability(config.firecracker_bin.as_deref(), None).detail
-            });
-            return Err(ServerError::Startup(format!("the firecracker engine cannot run here: {why}")));
-        }
-        (EngineChoice::Auto, _, _) => (gvisor, firecracker),
-    };
-    let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
-    assemble(config, data, store, engine, report)
-}
-
-/// [`start_platform`] with `engine` in place of this host's engines, on a
-/// data dir on any filesystem, touching nothing else of the host (it does
-/// not become a subreaper or turn on btrfs quotas): how tests run the
-/// platform's logic on a fake engine as an unprivileged user.
-pub fn start_platform_with(config: &PlatformConfig, engine: Arc<dyn Engine>) -> Result<Arc<Platform>, ServerError> {
-    let data = DataDir::open_on_any_filesystem(&config.data_dir)?;
-    let store = open_store(config, &data)?;
-    let report = vec![engine.availability()];
-    assemble(config, data, store, engine, report)
-}
-
-/// The platform's state: PostgreSQL, or SQLite in the data dir.
-fn open_store(config: &PlatformConfig, data: &DataDir) -> Result<store::Store, ServerError> {
-    let store = match &config.database {
-        Some(url) => store::Store::connect(url)?,
-        None => store::Store::open(&data.db_path())?,
-    };
-    store.claim_for_server()?;
-    tracing::info!("state: {}", if config.database.is_some() { "PostgreSQL" } else { "SQLite in the data dir" });
-    Ok(store)
-}
-
-/// Builds the platform over `engine` as `config` says and reconciles what a
-/// previous run left.
-fn assemble(
-    config: &PlatformConfig,
-    data: DataDir,
-    store: store::Store,
-    engine: Arc<dyn Engine>,
-    report: Vec<space_engine::Availability>,
-) -> Result<Arc<Platform>, ServerError> {
-    let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
-    tracing::info!("engine: {}", engine.name());
-    let pools = warm::PoolSizes { warm: config.warm_pool, hot: config.hot_pool };
-    let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
-    let _ = platform.engine_report.set(report);
-    use std::sync::atomic::Ordering::Relaxed;
-    platform.auto_pause_s.store(config.auto_pause_s, Relaxed);
-    platform.max_output_bytes.store(config.max_output_mib.saturating_mul(1 << 20), Relaxed);
-    platform.max_sandbox_output_bytes.store(config.max_sandbox_output_mib.saturating_mul(1 << 20), Relaxed);
-    platform.disk_reserve_bytes.store(config.disk_reserve_mib.saturating_mul(1 << 20), Relaxed);
-    platform.configure_egress(&config.egress).map_err(|e| ServerError::Startup(format!("egress: {e}")))?;
-    raise_open_files_limit();
-    // A killed server's engine commands still under way would change what
-    // the reconciliation reads.
-    let unsettled = platform.unsettled().map_err(|e| ServerError::Startup(e.message))?;
-    platform.engine.settle_orphans(&unsettled, ORPHAN_PATIENCE);
-    platform.reconcile().map_err(|e| ServerError::Startup(e.message))?;
-    Ok(platform)
-}
-
-/// How long a starting server waits for a killed one's engine commands.
-const ORPHAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Lifts the soft limit on open files to the hard one: the server holds a
-/// socket per live sandbox (and transcripts), hundreds at a time.
-fn raise_open_files_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => {
-            if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!("raising the open files limit from {soft} to {hard}: {err}");
-            }
-        }
-        Ok(_) => {}
-        Err(err) => tracing::warn!("reading the open files limit: {err}"),
-    }
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.

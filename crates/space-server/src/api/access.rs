@@ -52,7 +52,7 @@ async fn owned_sandbox(state: &AppState, caller: &Caller, text: &str) -> Result<
         return Ok(owned);
     }
     super::until_reconciled(state, id.as_str()).await?;
-    state.platform.sandbox_for(caller, &id)
+    Ok(state.platform.sandbox_for(caller, &id)?)
 }
 
 /// `{id}`: a sandbox of the caller's tenant.
@@ -134,8 +134,8 @@ impl FromRequestParts<AppState> for CheckpointPath {
         // One path segment of ours: a decoded `%2F` or `..` names nothing.
         let name = param(&params, "name");
         let dir = crate::checkpoints::checkpoint_dir(&state.platform.data.sandbox_dir(sandbox.id()), name);
-        if !space_host::template::valid_name(name) || crate::checkpoints::read_meta(&dir).is_none() {
-            return Err(crate::checkpoints::checkpoint_not_found(sandbox.id(), name));
+        if !space_host::template::valid_name(name) || !crate::checkpoints::is_whole(&dir) {
+            return Err(crate::checkpoints::checkpoint_not_found(sandbox.id(), name).into());
         }
         Ok(CheckpointPath { sandbox, caller, name: name.to_string() })
     }

@@ -132,6 +132,7 @@ async fn import(
                      free space above its reserve) leaves, the other half being for the root made of it"
                 ),
             )
+            .into()
         } else {
             ApiError::new(
                 ErrorCode::TooLarge,
@@ -163,7 +164,7 @@ async fn import(
     if written == 0 {
         return Err(ApiError::bad_request("the body is empty: send an image archive"));
     }
-    state.platform.import_image(slot, upload, overrides, engine)
+    Ok(state.platform.import_image(slot, upload, overrides, engine)?)
 }
 
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",

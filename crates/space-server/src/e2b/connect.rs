@@ -64,6 +64,12 @@ impl RpcError {
 
 impl From<ApiError> for RpcError {
     fn from(err: ApiError) -> RpcError {
+        err.0.into()
+    }
+}
+
+impl From<space_node::NodeError> for RpcError {
+    fn from(err: space_node::NodeError) -> RpcError {
         let code = match err.code.http_status() {
             400 | 422 => "invalid_argument",
             401 => "unauthenticated",

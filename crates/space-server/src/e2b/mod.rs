@@ -88,13 +88,19 @@ impl E2bError {
 
 /// SPACE's errors in E2B's REST shape: by the code's status, but for a file
 /// of the wrong type, which envd answers with 400.
-impl From<ApiError> for E2bError {
-    fn from(err: ApiError) -> E2bError {
+impl From<space_node::NodeError> for E2bError {
+    fn from(err: space_node::NodeError) -> E2bError {
         let status = match err.code {
             space_api::ErrorCode::WrongFileType => StatusCode::BAD_REQUEST,
-            _ => err.status(),
+            code => StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         };
         E2bError::new(status, err.message)
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(err: ApiError) -> E2bError {
+        err.0.into()
     }
 }
 

@@ -11,7 +11,7 @@ use space_engine::LiveStatus;
 use crate::actor::Job;
 use crate::adoption::AdoptError;
 use crate::domain::{self, Event};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids;
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
@@ -29,7 +29,7 @@ impl Platform {
     /// [`Platform::recover`]. Commands whose end was not seen in a sandbox
     /// that no longer runs get a result saying so; template builds that
     /// were cut short fail.
-    pub fn reconcile(&self) -> Result<(), ApiError> {
+    pub fn reconcile(&self) -> Result<(), NodeError> {
         let pending = self.store.operations(None)?;
         // A roll back to a checkpoint the restart cut short is carried out
         // again from wherever it stopped.
@@ -90,7 +90,7 @@ impl Platform {
             if !operation.state.is_terminal() && operation.kind == OperationKind::BuildTemplate {
                 operation.state = OperationState::Failed;
                 operation.error = Some(
-                    ApiError::new(
+                    NodeError::new(
                         ErrorCode::Interrupted,
                         "the server restarted during the build; build the template again",
                     )
@@ -105,7 +105,7 @@ impl Platform {
 
     /// The sandboxes a previous process left between two states, or with
     /// an operation under way: where its engine commands may still run.
-    pub(crate) fn unsettled(&self) -> Result<Vec<String>, ApiError> {
+    pub(crate) fn unsettled(&self) -> Result<Vec<String>, NodeError> {
         let settled = [
             SandboxState::Running,
             SandboxState::Paused,
@@ -123,7 +123,7 @@ impl Platform {
     }
 
     /// Records `id` as failed because of a restart, with `why`.
-    fn fail(&self, id: &str, why: &str) -> Result<SandboxState, ApiError> {
+    fn fail(&self, id: &str, why: &str) -> Result<SandboxState, NodeError> {
         let reason = format!("the server restarted and {why}; delete it to free its disk");
         Ok(self.apply(id, Event::Failure, Some(reason))?.state)
     }
@@ -133,7 +133,7 @@ impl Platform {
     /// operations it accepted (`pending`): the restart fell between the two
     /// writes, so no client was told it was accepted. Before any operation
     /// is carried out again.
-    async fn settle_creating(&self, pending: &[Operation], creating: Vec<SandboxRecord>) -> Result<(), ApiError> {
+    async fn settle_creating(&self, pending: &[Operation], creating: Vec<SandboxRecord>) -> Result<(), NodeError> {
         for record in creating {
             let Ok(record) = self.sandbox(&record.sandbox.id) else { continue };
             let creating = record.sandbox.state == SandboxState::Creating;
@@ -165,7 +165,7 @@ impl Platform {
     /// `pending` is what the store held when this process started: the
     /// server already serves meanwhile, and what it accepted itself is its
     /// own actors' work, not to be carried out twice.
-    async fn resume_operations(self: &Arc<Self>, mut pending: Vec<Operation>) -> Result<(), ApiError> {
+    async fn resume_operations(self: &Arc<Self>, mut pending: Vec<Operation>) -> Result<(), NodeError> {
         pending.sort_by(|a, b| a.created_at.cmp(&b.created_at));
         for operation in pending {
             let Some(id) = operation.sandbox_id.clone() else { continue };
@@ -227,7 +227,7 @@ impl Platform {
     /// lifecycle policies enforced and the pools filled. Call once, inside
     /// the runtime, before serving. All of it runs among the platform's
     /// tasks: [`Platform::shutdown`] stops it wherever it is.
-    pub async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
+    pub async fn start(self: &Arc<Self>) -> Result<(), NodeError> {
         self.store_egress_events();
         let leftovers = self.leftovers();
         if !leftovers.is_empty() {
@@ -309,7 +309,7 @@ impl Platform {
     }
 
     /// Whether a restarted server is still re-adopting sandbox `id`.
-    pub(crate) fn reconciling(&self, id: &str) -> bool {
+    pub fn reconciling(&self, id: &str) -> bool {
         self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).contains(id)
     }
 
@@ -366,13 +366,13 @@ impl Platform {
     /// session so the agent keeps its command streams, and the commands'
     /// output keeps flowing into their transcripts. What cannot be re-adopted
     /// is stopped and recorded as failed.
-    pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
+    pub async fn recover(self: &Arc<Self>) -> Result<(), NodeError> {
         let live = self.live_records()?;
         self.adopt_all(live, HashMap::new()).await;
         Ok(())
     }
 
-    fn live_records(&self) -> Result<Vec<SandboxRecord>, ApiError> {
+    fn live_records(&self) -> Result<Vec<SandboxRecord>, NodeError> {
         let records = self.store.live_sandboxes()?;
         Ok(records
             .into_iter()

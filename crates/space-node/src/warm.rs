@@ -101,7 +101,7 @@ impl WarmMember {
 pub(crate) enum WarmError {
     /// Its egress CA could not be made (the detail is logged where made).
     #[error("{}", .0.message)]
-    EgressCa(crate::error::ApiError),
+    EgressCa(crate::error::NodeError),
     #[error(transparent)]
     Boot(EngineError),
     #[error("freezing it: {0}")]

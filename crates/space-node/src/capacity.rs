@@ -6,7 +6,7 @@
 
 use space_api::{ErrorCode, SandboxState};
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::Platform;
 
 /// Host memory kept back for the server, runsc and the host itself.
@@ -49,10 +49,10 @@ impl Platform {
     }
 
     /// Refuses `memory_mib` more if it would not fit.
-    pub(crate) fn admit(&self, memory_mib: u32) -> Result<(), ApiError> {
+    pub(crate) fn admit(&self, memory_mib: u32) -> Result<(), NodeError> {
         let reserved = self.reserved_mib();
         if reserved + u64::from(memory_mib) > self.capacity_mib {
-            return Err(ApiError::new(
+            return Err(NodeError::new(
                 ErrorCode::Capacity,
                 format!(
                     "this host cannot hold {memory_mib} MiB more: {reserved} of {} MiB are promised to sandboxes",

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::adoption::AdoptError;
 use crate::checkpoints::{self, RunningCommand};
 use crate::domain::{self, Event};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::{LiveSandbox, Platform};
 use crate::store::SandboxRecord;
 
@@ -144,7 +144,7 @@ pub(crate) enum WakeError {
     SetIdentity(#[source] AgentError),
     /// The sandbox's record could not be changed.
     #[error("{}", .0.message)]
-    Record(ApiError),
+    Record(NodeError),
 }
 
 /// Why a snapshot template's build could not save its sandbox's image.
@@ -152,7 +152,7 @@ pub(crate) enum WakeError {
 pub(crate) enum TemplateSaveError {
     /// The sandbox or the build's operation could not be read.
     #[error("{}", .0.message)]
-    Record(ApiError),
+    Record(NodeError),
     #[error("the sandbox is {}, not running", .0.as_str())]
     NotRunning(SandboxState),
     #[error("saving the sandbox failed while {0}")]
@@ -163,12 +163,12 @@ pub(crate) enum TemplateSaveError {
 }
 
 /// An engine failure as the client sees it.
-fn engine_failed(message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::EngineFailed, message)
+fn engine_failed(message: impl Into<String>) -> NodeError {
+    NodeError::new(ErrorCode::EngineFailed, message)
 }
 
 /// What a client may learn of an engine failure: no host paths, no internals.
-fn engine_failure(err: &EngineError) -> ApiError {
+fn engine_failure(err: &EngineError) -> NodeError {
     let message = match err {
         EngineError::Host(_) | EngineError::Io { .. } => "preparing the sandbox's root filesystem failed",
         EngineError::Runtime(_) => "the isolation engine failed to start the sandbox",
@@ -495,7 +495,7 @@ impl Actor {
 
     /// After a failure that leaves the sandbox unusable: stop what runs of
     /// it, record it as failed with the reason, and fail the operation.
-    async fn give_up(&self, spec: &SandboxSpec, operation_id: &str, failure: ApiError) {
+    async fn give_up(&self, spec: &SandboxSpec, operation_id: &str, failure: NodeError) {
         self.set_agent(None);
         self.platform.stop_engine(spec).await;
         let _ = self.platform.apply(&self.id, Event::Failure, Some(failure.message.clone()));
@@ -576,7 +576,7 @@ impl Actor {
         let state = record.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
             forks.iter().for_each(|fork| fail(fork, "its source was no longer running"));
-            let refused = ApiError::invalid_state("sandbox", state.as_str(), "fork it");
+            let refused = NodeError::invalid_state("sandbox", state.as_str(), "fork it");
             return platform.finish_operation(operation_id, Some(refused));
         }
         let spec = platform.engine_spec(&record);
@@ -723,7 +723,7 @@ impl Actor {
         id: &str,
         streams: Vec<space_engine::ExecStream>,
         running: &[RunningCommand],
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), NodeError> {
         let mut streams: std::collections::HashMap<u32, _> = streams.into_iter().map(|s| (s.stream, s)).collect();
         for run in running {
             let Some(stream) = streams.remove(&run.stream) else { continue };
@@ -778,7 +778,7 @@ impl Actor {
         remove_image(dir.clone()).await;
         let state = record.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
-            let refused = ApiError::invalid_state("sandbox", state.as_str(), "save a checkpoint");
+            let refused = NodeError::invalid_state("sandbox", state.as_str(), "save a checkpoint");
             return platform.finish_operation(operation_id, Some(refused));
         }
         let running = self.running_commands();
@@ -815,7 +815,7 @@ impl Actor {
         let spec = platform.engine_spec(&record);
         let image = checkpoints::checkpoint_dir(&spec.dir, &name);
         let Some(meta) = checkpoints::read_meta(&image) else {
-            let missing = ApiError::invalid_state("checkpoint", "missing", "restore it");
+            let missing = NodeError::invalid_state("checkpoint", "missing", "restore it");
             return platform.finish_operation(operation_id, Some(missing));
         };
         if record.sandbox.state != SandboxState::Resuming {

@@ -10,7 +10,7 @@ use space_egress::gateway::{Credentials, Event, GatewayConfig, SandboxEgress};
 use space_egress::policy::{Binding, Mode, Policy, RuleError};
 use tokio::sync::mpsc;
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::Platform;
 
 /// Events waiting to be stored, at most.
@@ -107,7 +107,7 @@ enum EgressCaError {
     NotBase64(#[source] base64::DecodeError),
     /// This server's keyring could not be read (the detail is logged).
     #[error("{}", .0.message)]
-    Keyring(ApiError),
+    Keyring(NodeError),
     #[error("its key does not open with this server's keyring")]
     WrongKeyring,
     #[error("its key is not text: {0}")]
@@ -234,18 +234,18 @@ impl Platform {
     /// Replaces a sandbox's network policy: kept, applied to its next
     /// connections at once, and its open connections that the new policy
     /// no longer allows are cut. Allowed in any state but deleted.
-    pub fn set_network(&self, id: &str, network: Network) -> Result<space_api::Sandbox, ApiError> {
+    pub fn set_network(&self, id: &str, network: Network) -> Result<space_api::Sandbox, NodeError> {
         let mut network = crate::domain::checked_network(network)?;
         let record = self.sandbox(id)?;
         if record.sandbox.state == space_api::SandboxState::Deleted {
-            return Err(ApiError::invalid_state("sandbox", "deleted", "change its network"));
+            return Err(NodeError::invalid_state("sandbox", "deleted", "change its network"));
         }
         // A variable bound before keeps its placeholder (processes already
         // hold it); a new one's placeholder is in the answer and in the
         // environment of every command started from now on.
         self.bind_secrets(&record.tenant, &mut network, Some(&record.sandbox.network))?;
         self.check_egress_ceiling(&record.tenant, &network)?;
-        let policy = policy_of(&network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+        let policy = policy_of(&network).map_err(|e| NodeError::unprocessable(e.to_string()))?;
         self.store.set_sandbox_network(id, &network)?;
         self.env_changed(id);
         if let Some(egress) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
@@ -257,16 +257,16 @@ impl Platform {
 
     /// 422 `egress_not_permitted` when `network` allows more than the
     /// tenant's ceiling.
-    pub(crate) fn check_egress_ceiling(&self, tenant: &str, network: &Network) -> Result<(), ApiError> {
+    pub(crate) fn check_egress_ceiling(&self, tenant: &str, network: &Network) -> Result<(), NodeError> {
         let Some(rules) = self.store.tenant_quotas(tenant)?.egress_ceiling else {
             return Ok(());
         };
         let ceiling = space_egress::policy::Ceiling::parse(&rules)
-            .map_err(|err| ApiError::internal("the tenant's egress ceiling", err))?;
-        let policy = policy_of(network).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+            .map_err(|err| NodeError::internal("the tenant's egress ceiling", err))?;
+        let policy = policy_of(network).map_err(|e| NodeError::unprocessable(e.to_string()))?;
         match ceiling.beyond(&policy) {
             None => Ok(()),
-            Some(beyond) => Err(ApiError::new(
+            Some(beyond) => Err(NodeError::new(
                 ErrorCode::EgressNotPermitted,
                 format!("{beyond} is beyond what this tenant's sandboxes may reach"),
             )
@@ -275,9 +275,9 @@ impl Platform {
     }
 
     /// A new CA for sandbox `id`, its key sealed for keeping.
-    pub(crate) fn new_egress_ca(&self, id: &str) -> Result<crate::store::EgressCa, ApiError> {
+    pub(crate) fn new_egress_ca(&self, id: &str) -> Result<crate::store::EgressCa, NodeError> {
         use base64::Engine as _;
-        let ca = space_egress::ca::SandboxCa::generate(id).map_err(|e| ApiError::internal("making its CA", e))?;
+        let ca = space_egress::ca::SandboxCa::generate(id).map_err(|e| NodeError::internal("making its CA", e))?;
         let sealed = self.keyring()?.seal(&format!("ca\0{id}"), ca.key_pem().as_bytes());
         Ok(crate::store::EgressCa {
             cert_pem: ca.cert_pem(),
@@ -314,15 +314,15 @@ impl Platform {
     /// Gives `agent` the sandbox's current environment if it may hold
     /// another (before a command starts): the placeholders of its network
     /// as it is now, none of a variable no longer bound.
-    pub(crate) async fn give_current_env(&self, id: &str, agent: &space_engine::AgentConn) -> Result<(), ApiError> {
+    pub(crate) async fn give_current_env(&self, id: &str, agent: &space_engine::AgentConn) -> Result<(), NodeError> {
         let Some(change) = self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner()).get(id).copied() else {
             return Ok(());
         };
         // Read after the change was taken: a later change is due again.
         let env = crate::secrets::sandbox_env(&self.sandbox(id)?);
         // The CA is the welcome's business; only the environment changes.
-        let identity =
-            space_engine::fresh_identity(&env, None).map_err(|e| ApiError::internal("the sandbox's environment", e))?;
+        let identity = space_engine::fresh_identity(&env, None)
+            .map_err(|e| NodeError::internal("the sandbox's environment", e))?;
         agent.set_identity(&identity, ENV_PATIENCE).await.map_err(crate::commands::exec_failure)?;
         let mut due = self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner());
         if due.get(id) == Some(&change) {

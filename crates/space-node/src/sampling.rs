@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use space_api::{SandboxState, SandboxUsage, UsagePoint};
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
 
@@ -117,7 +117,7 @@ impl Platform {
 
     /// What the sandbox uses now and its recent history; a sandbox that
     /// does not run uses no CPU or memory.
-    pub async fn sandbox_usage(self: &Arc<Self>, id: &str) -> Result<SandboxUsage, ApiError> {
+    pub async fn sandbox_usage(self: &Arc<Self>, id: &str) -> Result<SandboxUsage, NodeError> {
         let record = self.sandbox(id)?;
         let sandbox = &record.sandbox;
         let (history, cpu_usec) = {
@@ -134,7 +134,7 @@ impl Platform {
                 let (platform, record) = (self.clone(), record.clone());
                 let sampled = tokio::task::spawn_blocking(move || platform.sample_now(&record, Some(CPU_WINDOW)))
                     .await
-                    .map_err(|e| ApiError::internal("sampling a sandbox's use", e))?;
+                    .map_err(|e| NodeError::internal("sampling a sandbox's use", e))?;
                 (sampled.as_ref().map(|(p, _)| p.clone()), sampled.map_or(cpu_usec, |(_, c)| c))
             }
             _ => (None, cpu_usec),

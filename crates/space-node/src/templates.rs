@@ -16,7 +16,7 @@ use space_host::HostError;
 use crate::tenants::Caller;
 
 use crate::domain::{MAX_DISK_MIB, MAX_MEMORY_MIB, MAX_VCPUS, MIN_DISK_MIB, MIN_MEMORY_MIB};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::{new_operation, Platform};
 
 /// A build in progress: its operation once accepted, source and owner.
@@ -33,8 +33,8 @@ pub(crate) struct Builds {
     pub(crate) in_progress: Mutex<HashMap<String, Building>>,
 }
 
-pub(crate) fn template_not_found(name: &str) -> ApiError {
-    ApiError::new(ErrorCode::TemplateNotFound, format!("no template {name:?}"))
+pub fn template_not_found(name: &str) -> NodeError {
+    NodeError::new(ErrorCode::TemplateNotFound, format!("no template {name:?}"))
         .with_details(serde_json::json!({"kind": "template", "id": name}))
 }
 
@@ -65,7 +65,7 @@ impl Drop for Upload {
 }
 
 /// A build whose disk allowance could not be worked out does not start.
-fn quota_unknown(err: ApiError) -> HostError {
+fn quota_unknown(err: NodeError) -> HostError {
     HostError::Invalid(format!("the build's disk allowance is unknown: {}", err.message))
 }
 
@@ -78,26 +78,26 @@ fn valid_package(name: &str) -> bool {
 }
 
 /// Checks a request's defaults and keeps only what it set.
-pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverride, ApiError> {
+pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverride, NodeError> {
     let in_range = |v: Option<u32>, min: u32, max: u32| v.is_none_or(|v| (min..=max).contains(&v));
     if !in_range(given.vcpus, 1, MAX_VCPUS)
         || !in_range(given.memory_mib, MIN_MEMORY_MIB, MAX_MEMORY_MIB)
         || !in_range(given.disk_mib, MIN_DISK_MIB, MAX_DISK_MIB)
         || given.workdir.as_deref().is_some_and(|w| !w.starts_with('/'))
     {
-        return Err(ApiError::unprocessable(
+        return Err(NodeError::unprocessable(
             "defaults out of range (vcpus, memory_mib, disk_mib) or a relative workdir",
         ));
     }
     crate::domain::validate_env(&given.env)?;
     if let Some(user) = &given.user {
         if user.is_empty() || user.len() > 64 || user.contains(['\0', '\n']) {
-            return Err(ApiError::unprocessable(format!("not a user: {user:?}")));
+            return Err(NodeError::unprocessable(format!("not a user: {user:?}")));
         }
     }
     let network = match given.network {
         Some(network) if !network.secrets.is_empty() => {
-            return Err(ApiError::unprocessable(
+            return Err(NodeError::unprocessable(
                 "a template's network cannot bind secrets (they belong to a tenant: bind them at create)",
             )
             .with_details(serde_json::json!({"field": "defaults.network"})));
@@ -121,15 +121,15 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
 /// a firecracker template needs the ext4 image a host makes only with
 /// `--ext4-images` (on by default where there is vmx/svm); without it every
 /// create from the template would fail.
-pub fn checked_engine(engine: Option<String>, makes_ext4_images: bool) -> Result<Option<String>, ApiError> {
+pub fn checked_engine(engine: Option<String>, makes_ext4_images: bool) -> Result<Option<String>, NodeError> {
     match engine.as_deref() {
         None | Some("gvisor") => Ok(engine),
         Some("firecracker") if makes_ext4_images => Ok(engine),
-        Some("firecracker") => Err(ApiError::unprocessable(
+        Some("firecracker") => Err(NodeError::unprocessable(
             "this host makes no ext4 images (--ext4-images): a firecracker template cannot be built here",
         )
         .with_details(serde_json::json!({"field": "engine"}))),
-        Some(other) => Err(ApiError::unprocessable(format!("engine must be gvisor or firecracker, got {other:?}"))),
+        Some(other) => Err(NodeError::unprocessable(format!("engine must be gvisor or firecracker, got {other:?}"))),
     }
 }
 
@@ -169,9 +169,9 @@ impl Platform {
         name: &str,
         source: serde_json::Value,
         caller: &Caller,
-    ) -> Result<BuildSlot, ApiError> {
+    ) -> Result<BuildSlot, NodeError> {
         if !valid_name(name) {
-            return Err(ApiError::bad_request(format!(
+            return Err(NodeError::bad_request(format!(
                 "template names are 1-63 lowercase letters, digits, '-' or '_', got {name:?}"
             )));
         }
@@ -180,12 +180,15 @@ impl Platform {
         self.check_disk_quota(&caller.tenant, 0, "build a template")?;
         let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
         if builds.contains_key(name) && caller.sees_template(builds[name].owner.as_deref()) {
-            return Err(ApiError::new(ErrorCode::BuildInProgress, format!("template {name:?} is being built already")));
+            return Err(NodeError::new(
+                ErrorCode::BuildInProgress,
+                format!("template {name:?} is being built already"),
+            ));
         }
         let current =
             builds.get(name).map(|b| b.owner.clone()).or_else(|| self.data.template(name).map(|t| t.meta.owner));
         if current.is_some_and(|current| current != owner) {
-            return Err(ApiError::new(
+            return Err(NodeError::new(
                 ErrorCode::NameTaken,
                 format!("the template name {name:?} is taken; choose another"),
             ));
@@ -201,7 +204,7 @@ impl Platform {
         self: &Arc<Self>,
         request: CreateTemplateRequest,
         caller: &Caller,
-    ) -> Result<(Template, Operation), ApiError> {
+    ) -> Result<(Template, Operation), NodeError> {
         let from = &request.from;
         let debian = match (&from.debian, &from.sandbox, &from.checkpoint) {
             (Some(debian), None, None) => debian,
@@ -210,18 +213,18 @@ impl Platform {
                 return self.snapshot_template(&request, caller, &checkpoint.sandbox, Some(&checkpoint.name))
             }
             _ => {
-                return Err(ApiError::unprocessable("`from` names exactly one of debian, sandbox or checkpoint")
+                return Err(NodeError::unprocessable("`from` names exactly one of debian, sandbox or checkpoint")
                     .with_details(serde_json::json!({"field": "from"})))
             }
         };
         if debian.packages.is_empty() || debian.packages.len() > 500 {
-            return Err(ApiError::unprocessable("give between 1 and 500 packages"));
+            return Err(NodeError::unprocessable("give between 1 and 500 packages"));
         }
         if let Some(bad) = debian.packages.iter().find(|p| !valid_package(p)) {
-            return Err(ApiError::unprocessable(format!("not a Debian package name: {bad:?}")));
+            return Err(NodeError::unprocessable(format!("not a Debian package name: {bad:?}")));
         }
         if debian.suite.is_empty() || !debian.suite.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-            return Err(ApiError::unprocessable(format!("not a Debian suite: {:?}", debian.suite)));
+            return Err(NodeError::unprocessable(format!("not a Debian suite: {:?}", debian.suite)));
         }
         let defaults = checked_overrides(request.defaults.clone())?.apply(Default::default());
         let engine = checked_engine(request.engine.clone(), self.data.ext4_images())?;
@@ -260,8 +263,8 @@ impl Platform {
         caller: &Caller,
         sandbox_id: &str,
         checkpoint: Option<&str>,
-    ) -> Result<(Template, Operation), ApiError> {
-        let id = crate::ids::SandboxId::parse(sandbox_id).ok_or_else(|| ApiError::not_found("sandbox", sandbox_id))?;
+    ) -> Result<(Template, Operation), NodeError> {
+        let id = crate::ids::SandboxId::parse(sandbox_id).ok_or_else(|| NodeError::not_found("sandbox", sandbox_id))?;
         // The operator may make a shared template of any tenant's sandbox.
         let record = match caller.is_operator() {
             true => self.sandbox(id.as_str())?,
@@ -275,10 +278,10 @@ impl Platform {
         self.can_save_images(&record)?;
         let given = checked_overrides(request.defaults.clone())?;
         if given.vcpus.is_some() || given.memory_mib.is_some() {
-            return Err(ApiError::unprocessable("a snapshot template keeps its sandbox's vcpus and memory_mib"));
+            return Err(NodeError::unprocessable("a snapshot template keeps its sandbox's vcpus and memory_mib"));
         }
         if request.engine.as_ref().is_some_and(|engine| *engine != record.sandbox.engine) {
-            return Err(ApiError::unprocessable(format!("a snapshot template runs on {}", record.sandbox.engine)));
+            return Err(NodeError::unprocessable(format!("a snapshot template runs on {}", record.sandbox.engine)));
         }
         let image_dir =
             checkpoint.map(|name| crate::checkpoints::checkpoint_dir(&self.data.sandbox_dir(sandbox_id), name));
@@ -291,13 +294,13 @@ impl Platform {
             _ => {
                 let state = record.sandbox.state;
                 if !matches!(state, space_api::SandboxState::Running | space_api::SandboxState::Paused) {
-                    return Err(ApiError::invalid_state("sandbox", state.as_str(), "make a template of it"));
+                    return Err(NodeError::invalid_state("sandbox", state.as_str(), "make a template of it"));
                 }
                 record.agent_session
             }
         };
         let (Some(agent_session), Some(channel_key)) = (session, record.channel_key.clone()) else {
-            return Err(ApiError::invalid_state("sandbox", record.sandbox.state.as_str(), "make a template of it"));
+            return Err(NodeError::invalid_state("sandbox", record.sandbox.state.as_str(), "make a template of it"));
         };
         let version =
             self.data.templates_dir().join(&record.sandbox.template).join(record.template_version.to_string());
@@ -355,7 +358,7 @@ impl Platform {
         upload: Upload,
         overrides: DefaultsOverride,
         engine: Option<String>,
-    ) -> Result<(Template, Operation), ApiError> {
+    ) -> Result<(Template, Operation), NodeError> {
         let (name, owner, tenant) = (slot.name.clone(), slot.owner.clone(), slot.tenant.clone());
         self.start_build(
             slot,
@@ -378,14 +381,14 @@ impl Platform {
     }
 
     /// Creates the build operation for a reserved name and runs `job`.
-    fn start_build(self: &Arc<Self>, slot: BuildSlot, job: BuildJob) -> Result<(Template, Operation), ApiError> {
+    fn start_build(self: &Arc<Self>, slot: BuildSlot, job: BuildJob) -> Result<(Template, Operation), NodeError> {
         let name = slot.name.clone();
         let mut operation = new_operation(OperationKind::BuildTemplate, "", "queued", BUILD_STEPS);
         operation.sandbox_id = None;
         operation.template = Some(name.clone());
         let source = {
             let mut builds = self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = builds.get_mut(&name).ok_or_else(|| ApiError::internal("a build slot", "vanished"))?;
+            let entry = builds.get_mut(&name).ok_or_else(|| NodeError::internal("a build slot", "vanished"))?;
             entry.operation = Some(operation.id.clone());
             entry.source.clone()
         };
@@ -419,9 +422,9 @@ impl Platform {
                     if let Some((cut, _)) = message.char_indices().nth(2000) {
                         message.truncate(cut);
                     }
-                    Some(ApiError::new(ErrorCode::BuildFailed, message))
+                    Some(NodeError::new(ErrorCode::BuildFailed, message))
                 }
-                Err(err) => Some(ApiError::internal("building a template", err)),
+                Err(err) => Some(NodeError::internal("building a template", err)),
             };
             drop(slot);
             platform.finish_operation(&operation_id, error);
@@ -468,12 +471,12 @@ impl Platform {
         list
     }
 
-    pub fn template(&self, name: &str, caller: &Caller) -> Result<Template, ApiError> {
+    pub fn template(&self, name: &str, caller: &Caller) -> Result<Template, NodeError> {
         self.templates(caller).into_iter().find(|t| t.name == name).ok_or_else(|| template_not_found(name))
     }
 
     /// A ready template `caller` may start sandboxes from.
-    pub fn usable_template(&self, name: &str, caller: &Caller) -> Result<TemplateInfo, ApiError> {
+    pub fn usable_template(&self, name: &str, caller: &Caller) -> Result<TemplateInfo, NodeError> {
         self.data
             .template(name)
             .filter(|t| caller.sees_template(t.meta.owner.as_deref()))
@@ -509,28 +512,28 @@ impl Platform {
 
     /// 403 unless `caller` may change or delete template `name`: shared
     /// templates are the operator's.
-    pub fn may_manage_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
+    pub fn may_manage_template(&self, name: &str, caller: &Caller) -> Result<(), NodeError> {
         if self.template_owner(name).is_some_and(|owner| owner.is_none()) && !caller.is_operator() {
-            return Err(ApiError::new(ErrorCode::Forbidden, "shared templates are managed with the server's own key"));
+            return Err(NodeError::new(ErrorCode::Forbidden, "shared templates are managed with the server's own key"));
         }
         Ok(())
     }
 
     /// Deletes every version of a template no sandbox uses.
-    pub async fn delete_template(&self, name: &str, caller: &Caller) -> Result<(), ApiError> {
+    pub async fn delete_template(&self, name: &str, caller: &Caller) -> Result<(), NodeError> {
         self.template(name, caller)?;
         // Before anything else: whether sandboxes use it is not a tenant's
         // business for a template it may not manage.
         self.may_manage_template(name, caller)?;
         if self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name) {
-            return Err(ApiError::new(ErrorCode::BuildInProgress, format!("template {name:?} is being built")));
+            return Err(NodeError::new(ErrorCode::BuildInProgress, format!("template {name:?} is being built")));
         }
         let users: Vec<_> = self.store.live_sandboxes()?.into_iter().filter(|r| r.sandbox.template == name).collect();
         if !users.is_empty() {
             // Only the caller's own sandboxes are named.
             let own: Vec<&str> =
                 users.iter().filter(|r| r.tenant == caller.tenant).map(|r| r.sandbox.id.as_str()).collect();
-            return Err(ApiError::new(
+            return Err(NodeError::new(
                 ErrorCode::TemplateInUse,
                 format!("template {name:?} is used by {} sandbox(es); delete them first", users.len()),
             )
@@ -540,7 +543,7 @@ impl Platform {
         let dir = self.data.templates_dir().join(name);
         tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir))
             .await
-            .map_err(|e| ApiError::internal("deleting a template", e))?
-            .map_err(|e| ApiError::internal("deleting a template", e))
+            .map_err(|e| NodeError::internal("deleting a template", e))?
+            .map_err(|e| NodeError::internal("deleting a template", e))
     }
 }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::commands::LiveCommand;
 use crate::domain::{self, Event};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids;
 use crate::store::{SandboxRecord, Store};
 
@@ -52,7 +52,7 @@ pub struct Platform {
     pub(crate) contexts: Mutex<HashMap<String, Arc<crate::contexts::LiveContext>>>,
     /// Live sandboxes a restarted server has not re-adopted yet (requests
     /// for them wait, see [`Platform::until_reconciled`]).
-    pub(crate) reconciling: Mutex<std::collections::HashSet<String>>,
+    pub reconciling: Mutex<std::collections::HashSet<String>>,
     /// How long a request for a sandbox a restarted server has not
     /// re-adopted yet waits for it before a 503, in ms.
     pub reconcile_patience_ms: std::sync::atomic::AtomicU64,
@@ -60,7 +60,7 @@ pub struct Platform {
     pub(crate) sweeping: std::sync::atomic::AtomicBool,
     pub warm: crate::warm::WarmPools,
     /// Memory the host can promise to sandboxes, in MiB.
-    pub(crate) capacity_mib: u64,
+    pub capacity_mib: u64,
     /// Held from the capacity check until the new record is written, so
     /// concurrent creates cannot both take the last room.
     pub(crate) admission: Mutex<()>,
@@ -85,14 +85,14 @@ pub struct Platform {
     pub(crate) build_grants: Mutex<HashMap<String, u64>>,
     pub(crate) egress: crate::egress::EgressHub,
     /// Seals tenant secrets and sandbox CA keys (loaded on first use).
-    pub(crate) keyring: std::sync::OnceLock<crate::secrets::Keyring>,
+    pub keyring: std::sync::OnceLock<crate::secrets::Keyring>,
     /// A node: the change of its cluster's secrets it holds (0: none yet),
     /// and the lock that takes a set at a time.
-    pub(crate) secrets_epoch: std::sync::atomic::AtomicU64,
+    pub secrets_epoch: std::sync::atomic::AtomicU64,
     pub(crate) secrets_taken: Mutex<()>,
     /// A node: each tenant's disk quota here as its control plane last
     /// told it (`None`: no quota), which wins over the node's own records.
-    pub(crate) told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
+    pub told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
     pub metrics: crate::metrics::Metrics,
     /// Running sandboxes whose engine was told they are idle (see
     /// `idle.rs`), or may have been by a server before a restart.
@@ -279,7 +279,7 @@ impl Platform {
         self.store.record_events(on);
     }
 
-    pub(crate) fn observing(&self) -> bool {
+    pub fn observing(&self) -> bool {
         self.observing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -292,9 +292,9 @@ impl Platform {
     pub async fn wait_for<T>(
         &self,
         deadline: Option<Instant>,
-        mut load: impl FnMut() -> Result<T, ApiError>,
+        mut load: impl FnMut() -> Result<T, NodeError>,
         done: impl Fn(&T) -> bool,
-    ) -> Result<T, ApiError> {
+    ) -> Result<T, NodeError> {
         let mut changes = self.changes.subscribe();
         loop {
             changes.borrow_and_update();
@@ -317,11 +317,11 @@ impl Platform {
         let _ = self.wait_for(None, sweeping, |still| !still).await;
     }
 
-    pub fn sandbox(&self, id: &str) -> Result<SandboxRecord, ApiError> {
+    pub fn sandbox(&self, id: &str) -> Result<SandboxRecord, NodeError> {
         if !ids::plausible(id, "sbx") {
-            return Err(ApiError::not_found("sandbox", id));
+            return Err(NodeError::not_found("sandbox", id));
         }
-        self.store.sandbox(id)?.ok_or_else(|| ApiError::not_found("sandbox", id))
+        self.store.sandbox(id)?.ok_or_else(|| NodeError::not_found("sandbox", id))
     }
 
     /// Who owns template `name` (`Some(None)`: shared), if it exists or is
@@ -335,7 +335,7 @@ impl Platform {
 
     /// Before a sandbox is used: if its engine was told it is idle (or a
     /// server before a restart may have told it), tells it it is not.
-    pub(crate) fn wake_up(&self, id: &str) {
+    pub fn wake_up(&self, id: &str) {
         let was = self.dozing.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         if was.is_some() {
             if let Ok(record) = self.sandbox(id) {
@@ -353,7 +353,7 @@ impl Platform {
 
     /// Applies `event` to a sandbox and persists it. Only actors (and
     /// startup reconciliation) call this.
-    pub(crate) fn apply(&self, id: &str, event: Event, reason: Option<String>) -> Result<Sandbox, ApiError> {
+    pub(crate) fn apply(&self, id: &str, event: Event, reason: Option<String>) -> Result<Sandbox, NodeError> {
         self.apply_with(id, event, reason, |_| {})
     }
 
@@ -364,7 +364,7 @@ impl Platform {
         event: Event,
         reason: Option<String>,
         edit: impl FnOnce(&mut SandboxRecord),
-    ) -> Result<Sandbox, ApiError> {
+    ) -> Result<Sandbox, NodeError> {
         let mut record = self.sandbox(id)?;
         edit(&mut record);
         record.sandbox.state = domain::transition(record.sandbox.state, event)?;
@@ -380,11 +380,11 @@ impl Platform {
         Ok(record.sandbox)
     }
 
-    pub fn operation(&self, id: &str) -> Result<Operation, ApiError> {
+    pub fn operation(&self, id: &str) -> Result<Operation, NodeError> {
         if !ids::plausible(id, "op") {
-            return Err(ApiError::not_found("operation", id));
+            return Err(NodeError::not_found("operation", id));
         }
-        self.store.operation(id)?.ok_or_else(|| ApiError::not_found("operation", id))
+        self.store.operation(id)?.ok_or_else(|| NodeError::not_found("operation", id))
     }
 
     /// Changes an operation and stores it; the operation as stored.
@@ -483,7 +483,7 @@ impl Platform {
         push_timing(&mut op.progress.timings, &format!("{step}: between the parts"), rest);
     }
 
-    pub(crate) fn finish_operation(&self, id: &str, error: Option<ApiError>) {
+    pub(crate) fn finish_operation(&self, id: &str, error: Option<NodeError>) {
         let finished = self.update_operation(id, |op| {
             self.lap(op, false, &[]);
             op.finished_at = Some(ids::now());
@@ -518,14 +518,14 @@ impl Platform {
 
     /// The engine a template's sandboxes run on: its own setting when this
     /// host can run that engine (503 otherwise), else the server's default.
-    pub(crate) fn engine_for(&self, template: &space_host::template::TemplateInfo) -> Result<String, ApiError> {
+    pub(crate) fn engine_for(&self, template: &space_host::template::TemplateInfo) -> Result<String, NodeError> {
         let Some(wanted) = template.meta.engine.as_deref().filter(|w| *w != self.engine.name()) else {
             return Ok(self.engine.name().to_string());
         };
         let report = self.engine_report.get().cloned().unwrap_or_default();
         match report.iter().find(|a| a.name == wanted) {
             Some(engine) if engine.available => Ok(wanted.to_string()),
-            found => Err(ApiError::unavailable(format!(
+            found => Err(NodeError::unavailable(format!(
                 "template {:?} runs on {wanted}, which this host cannot run: {}",
                 template.meta.name,
                 found.map(|a| a.detail.as_str()).unwrap_or("not configured")

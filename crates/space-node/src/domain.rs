@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use space_api::{CommandRequest, CreateSandboxRequest, Lifecycle, Network, OnIdle, OperationKind, SandboxState};
 use space_host::template::TemplateDefaults;
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 
 pub const MAX_VCPUS: u32 = 64;
 pub const MIN_MEMORY_MIB: u32 = 64;
@@ -38,13 +38,13 @@ pub struct CreateSpec {
 
 /// 422 unless labels are few and short (keys 1-63 characters without
 /// `=`, values at most 255).
-pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), NodeError> {
     if labels.len() > MAX_LABELS {
-        return Err(ApiError::unprocessable(format!("at most {MAX_LABELS} labels")));
+        return Err(NodeError::unprocessable(format!("at most {MAX_LABELS} labels")));
     }
     for (key, value) in labels {
         if key.is_empty() || key.len() > 63 || value.len() > 255 || key.contains('=') {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "label {key:?}: keys are 1-63 characters without '=', values at most 255"
             ))
             .with_details(serde_json::json!({"field": "labels"})));
@@ -55,7 +55,7 @@ pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
 
 impl CreateSpec {
     /// Validates `request`, filling gaps from the template's defaults.
-    pub fn new(request: CreateSandboxRequest, defaults: &TemplateDefaults) -> Result<CreateSpec, ApiError> {
+    pub fn new(request: CreateSandboxRequest, defaults: &TemplateDefaults) -> Result<CreateSpec, NodeError> {
         let vcpus = request.vcpus.unwrap_or(defaults.vcpus);
         let memory_mib = request.memory_mib.unwrap_or(defaults.memory_mib);
         let disk_mib = request.disk_mib.unwrap_or(defaults.disk_mib);
@@ -67,7 +67,7 @@ impl CreateSpec {
         // would silently replace the other.
         let bound = request.network.iter().flat_map(|network| network.secrets.keys());
         if let Some(var) = bound.into_iter().find(|var| request.env.contains_key(*var)) {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "env.{var} is also the variable of a secret binding (network.secrets.{var}); give it one of the two"
             ))
             .with_details(serde_json::json!({"field": "env"})));
@@ -75,7 +75,7 @@ impl CreateSpec {
         // A value that looks like a placeholder would be taken for one (and
         // dropped once no binding names its variable).
         if let Some(var) = request.env.iter().find(|(_, v)| v.starts_with(crate::secrets::PLACEHOLDER_PREFIX)) {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "env.{}: values starting with {:?} are the server's placeholders",
                 var.0,
                 crate::secrets::PLACEHOLDER_PREFIX
@@ -94,11 +94,11 @@ impl CreateSpec {
         // Each of the two means nothing without the other.
         match (lifecycle.idle_timeout_s, lifecycle.on_idle) {
             (Some(_), None) => {
-                return Err(ApiError::unprocessable("lifecycle.idle_timeout_s needs lifecycle.on_idle")
+                return Err(NodeError::unprocessable("lifecycle.idle_timeout_s needs lifecycle.on_idle")
                     .with_details(serde_json::json!({"field": "lifecycle.on_idle"})))
             }
             (None, Some(on_idle)) if on_idle != OnIdle::None => {
-                return Err(ApiError::unprocessable("lifecycle.on_idle needs lifecycle.idle_timeout_s")
+                return Err(NodeError::unprocessable("lifecycle.on_idle needs lifecycle.idle_timeout_s")
                     .with_details(serde_json::json!({"field": "lifecycle.idle_timeout_s"})))
             }
             _ => {}
@@ -118,7 +118,7 @@ impl CreateSpec {
                 None => match defaults.network.clone() {
                     Some(network) => Some(
                         serde_json::from_value(network)
-                            .map_err(|e| ApiError::internal("reading the template's network", e))?,
+                            .map_err(|e| NodeError::internal("reading the template's network", e))?,
                     ),
                     None => None,
                 },
@@ -128,32 +128,32 @@ impl CreateSpec {
 }
 
 /// A network whose rules all read (422 naming the bad rule otherwise).
-pub fn checked_network(network: Network) -> Result<Network, ApiError> {
+pub fn checked_network(network: Network) -> Result<Network, NodeError> {
     crate::egress::policy_of(&network).map_err(|err| {
-        ApiError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "network"}))
+        NodeError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "network"}))
     })?;
     Ok(network)
 }
 
-fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), ApiError> {
+fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), NodeError> {
     if value < min || value > max {
-        return Err(ApiError::unprocessable(format!("{field} must be between {min} and {max}, got {value}"))
+        return Err(NodeError::unprocessable(format!("{field} must be between {min} and {max}, got {value}"))
             .with_details(serde_json::json!({"field": field, "min": min, "max": max})));
     }
     Ok(())
 }
 
-pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
     if env.len() > MAX_ENV_ENTRIES {
-        return Err(ApiError::unprocessable(format!("at most {MAX_ENV_ENTRIES} environment variables")));
+        return Err(NodeError::unprocessable(format!("at most {MAX_ENV_ENTRIES} environment variables")));
     }
     let total: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
     if total > MAX_ENV_BYTES {
-        return Err(ApiError::unprocessable(format!("the environment may hold at most {MAX_ENV_BYTES} bytes")));
+        return Err(NodeError::unprocessable(format!("the environment may hold at most {MAX_ENV_BYTES} bytes")));
     }
     for (key, value) in env {
         if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "environment variable {key:?}: names are non-empty without '=' or NUL; values without NUL"
             ))
             .with_details(serde_json::json!({"field": "env"})));
@@ -177,40 +177,40 @@ pub struct CommandSpec {
 }
 
 impl TryFrom<CommandRequest> for CommandSpec {
-    type Error = ApiError;
+    type Error = NodeError;
 
-    fn try_from(request: CommandRequest) -> Result<CommandSpec, ApiError> {
+    fn try_from(request: CommandRequest) -> Result<CommandSpec, NodeError> {
         let argv = match (request.argv, request.cmd) {
             (Some(argv), None) => argv,
             (None, Some(cmd)) => vec!["/bin/sh".to_string(), "-c".to_string(), cmd],
-            (Some(_), Some(_)) => return Err(ApiError::bad_request("give either argv or cmd, not both")),
-            (None, None) => return Err(ApiError::bad_request("give argv (a list) or cmd (a shell string)")),
+            (Some(_), Some(_)) => return Err(NodeError::bad_request("give either argv or cmd, not both")),
+            (None, None) => return Err(NodeError::bad_request("give argv (a list) or cmd (a shell string)")),
         };
         if argv.first().is_none_or(|p| p.is_empty()) {
-            return Err(ApiError::unprocessable("argv must name a program"));
+            return Err(NodeError::unprocessable("argv must name a program"));
         }
         if argv.iter().any(|a| a.contains('\0')) || argv.iter().map(String::len).sum::<usize>() > MAX_ARGV_BYTES {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "argv must hold no NUL bytes and at most {MAX_ARGV_BYTES} bytes"
             )));
         }
         validate_env(&request.env)?;
         if let Some(cwd) = &request.cwd {
             if !cwd.starts_with('/') || cwd.contains('\0') {
-                return Err(ApiError::bad_request(format!("cwd must be an absolute path, got {cwd:?}")));
+                return Err(NodeError::bad_request(format!("cwd must be an absolute path, got {cwd:?}")));
             }
         }
         if request.timeout_s > MAX_TIMEOUT_S {
-            return Err(ApiError::unprocessable(format!("timeout_s may be at most {MAX_TIMEOUT_S}")));
+            return Err(NodeError::unprocessable(format!("timeout_s may be at most {MAX_TIMEOUT_S}")));
         }
         if request.tag.as_ref().is_some_and(|t| t.len() > 128) {
-            return Err(ApiError::unprocessable("tag may be at most 128 bytes"));
+            return Err(NodeError::unprocessable("tag may be at most 128 bytes"));
         }
         // The agent makes the terminal the process's stdin: a closed stdin
         // on a terminal cannot be had, so asking for one is refused.
         let stdin = match (request.stdin, request.tty) {
             (Some(false), true) => {
-                return Err(ApiError::unprocessable(
+                return Err(NodeError::unprocessable(
                     "a terminal is the command's stdin: leave stdin out (or true) with \"tty\": true",
                 )
                 .with_details(serde_json::json!({"field": "stdin"})))
@@ -262,7 +262,7 @@ pub enum Event {
 }
 
 /// The sandbox state machine. Every (state, event) pair is decided here.
-pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiError> {
+pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, NodeError> {
     use Event::*;
     use SandboxState::*;
     let to = match (from, event) {
@@ -293,7 +293,7 @@ pub fn transition(from: SandboxState, event: Event) -> Result<SandboxState, ApiE
         (Resuming, RolledBack) => Some(Suspended),
         (Creating | Running | Paused | Suspended | Deleting | Deleted | Failed, RolledBack) => None,
     };
-    to.ok_or_else(|| ApiError::invalid_state("sandbox", from.as_str(), action_name(event)))
+    to.ok_or_else(|| NodeError::invalid_state("sandbox", from.as_str(), action_name(event)))
 }
 
 /// What a user asked for when `event` is the outcome, in words.
@@ -349,7 +349,7 @@ pub fn accepts_commands(state: SandboxState) -> bool {
 mod tests {
     use super::*;
 
-    fn spec(request: serde_json::Value) -> Result<CreateSpec, ApiError> {
+    fn spec(request: serde_json::Value) -> Result<CreateSpec, NodeError> {
         let defaults: TemplateDefaults =
             serde_json::from_value(serde_json::json!({"vcpus": 1, "memory_mib": 512, "disk_mib": 2048, "env": {}, "workdir": "/root", "user": "root"})).unwrap();
         CreateSpec::new(serde_json::from_value(request).unwrap(), &defaults)
@@ -360,7 +360,7 @@ mod tests {
         let clash = serde_json::json!({"template": "base", "env": {"TOKEN": "mine"},
             "network": {"egress": "allowlist", "secrets": {"TOKEN": {"secret": "s"}}}});
         let err = spec(clash).unwrap_err();
-        assert_eq!((err.status().as_u16(), err.details["field"].as_str()), (422, Some("env")), "{}", err.message);
+        assert_eq!((err.code.http_status(), err.details["field"].as_str()), (422, Some("env")), "{}", err.message);
         let alone = serde_json::json!({"template": "base", "lifecycle": {"idle_timeout_s": 60}});
         assert!(spec(alone).unwrap_err().message.contains("needs lifecycle.on_idle"));
         let alone = serde_json::json!({"template": "base", "lifecycle": {"on_idle": "pause"}});
@@ -386,7 +386,7 @@ mod tests {
         assert_eq!(transition(Deleting, Event::Destroyed).unwrap(), Deleted);
         assert_eq!(transition(Failed, Event::DeleteRequested).unwrap(), Deleting);
         let err = transition(Running, Event::Started).unwrap_err();
-        assert_eq!(err.status(), 409);
+        assert_eq!(err.code.http_status(), 409);
         assert!(err.message.contains("running"));
         assert!(transition(Deleted, Event::Failure).is_err());
         assert_eq!(transition(Running, Event::Froze).unwrap(), Paused);
@@ -422,23 +422,23 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            assert_eq!(CreateSpec::new(bad, &defaults).unwrap_err().status(), 422);
+            assert_eq!(CreateSpec::new(bad, &defaults).unwrap_err().code.http_status(), 422);
         }
     }
 
     #[test]
     fn commands_need_exactly_one_of_argv_and_cmd() {
         let both = CommandRequest { argv: Some(vec!["ls".into()]), cmd: Some("ls".into()), ..Default::default() };
-        assert_eq!(CommandSpec::try_from(both).unwrap_err().status(), 400);
-        assert_eq!(CommandSpec::try_from(CommandRequest::default()).unwrap_err().status(), 400);
+        assert_eq!(CommandSpec::try_from(both).unwrap_err().code.http_status(), 400);
+        assert_eq!(CommandSpec::try_from(CommandRequest::default()).unwrap_err().code.http_status(), 400);
         let shell =
             CommandSpec::try_from(CommandRequest { cmd: Some("echo hi".into()), ..Default::default() }).unwrap();
         assert_eq!(shell.argv, ["/bin/sh", "-c", "echo hi"]);
         let relative = CommandRequest { argv: Some(vec!["ls".into()]), cwd: Some("tmp".into()), ..Default::default() };
-        assert_eq!(CommandSpec::try_from(relative).unwrap_err().status(), 400);
+        assert_eq!(CommandSpec::try_from(relative).unwrap_err().code.http_status(), 400);
         let tty = |stdin| CommandRequest { cmd: Some("sh".into()), tty: true, stdin, ..Default::default() };
         assert!(CommandSpec::try_from(tty(None)).unwrap().stdin, "a terminal is stdin");
         assert!(CommandSpec::try_from(tty(Some(true))).unwrap().stdin);
-        assert_eq!(CommandSpec::try_from(tty(Some(false))).unwrap_err().status(), 422);
+        assert_eq!(CommandSpec::try_from(tty(Some(false))).unwrap_err().code.http_status(), 422);
     }
 }

@@ -9,7 +9,7 @@ use space_proto::{ExecFailure, ExecRequest, Exited};
 use tokio::sync::watch;
 
 use crate::domain::{self, CommandSpec};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids;
 use crate::platform::Platform;
 use crate::transcript::{self, OutputLimits, Progress, Stream, TranscriptWriter};
@@ -42,7 +42,7 @@ pub fn lost_result(command: &Command, why: &str) -> ProcessResult {
     }
 }
 
-pub(crate) fn exec_failure(err: AgentError) -> ApiError {
+pub(crate) fn exec_failure(err: AgentError) -> NodeError {
     match err {
         AgentError::ExecFailed(failed) => {
             let code = match failed.reason {
@@ -53,14 +53,14 @@ pub(crate) fn exec_failure(err: AgentError) -> ApiError {
                 ExecFailure::Invalid => ErrorCode::InvalidValue,
                 ExecFailure::Spawn => ErrorCode::SpawnFailed,
             };
-            ApiError::new(code, failed.message)
+            NodeError::new(code, failed.message)
         }
         AgentError::Disconnected | AgentError::Timeout(_) | AgentError::Impostor => {
-            ApiError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
+            NodeError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
         }
-        AgentError::Protocol(err) => ApiError::internal("talking to the agent", err),
-        AgentError::File(err) => ApiError::internal("starting a command", err.message),
-        AgentError::PortClosed(why) => ApiError::internal("starting a command", why),
+        AgentError::Protocol(err) => NodeError::internal("talking to the agent", err),
+        AgentError::File(err) => NodeError::internal("starting a command", err.message),
+        AgentError::PortClosed(why) => NodeError::internal("starting a command", why),
     }
 }
 
@@ -76,13 +76,13 @@ pub enum Input {
 /// Refuses input the command was not started to take (the agent would drop
 /// it and the caller would never know). A command recorded by an older
 /// server carries no flags and takes everything, as it did then.
-pub fn check_input(command: &Command, input: Input) -> Result<(), ApiError> {
+pub fn check_input(command: &Command, input: Input) -> Result<(), NodeError> {
     let (started_with, without, field) = match input {
         Input::Stdin => (command.stdin, "stdin", "stdin"),
         Input::Resize => (command.tty, "a terminal", "tty"),
     };
     if started_with == Some(false) {
-        return Err(ApiError::new(
+        return Err(NodeError::new(
             ErrorCode::InvalidState,
             format!("this command was started without {without}; start one with \"{field}\": true"),
         )
@@ -103,22 +103,22 @@ impl Platform {
         self: &std::sync::Arc<Self>,
         sandbox_id: &str,
         spec: CommandSpec,
-    ) -> Result<Command, ApiError> {
+    ) -> Result<Command, NodeError> {
         let record = self.sandbox(sandbox_id)?;
         let state = record.sandbox.state;
         if !domain::accepts_commands(state) {
-            return Err(ApiError::invalid_state("sandbox", state.as_str(), "run a command"));
+            return Err(NodeError::invalid_state("sandbox", state.as_str(), "run a command"));
         }
         let agent = self.agent(sandbox_id).ok_or_else(|| {
-            ApiError::invalid_state("sandbox", state.as_str(), "run a command (its agent is not connected)")
+            NodeError::invalid_state("sandbox", state.as_str(), "run a command (its agent is not connected)")
         })?;
         // After a `PUT .../network`, the placeholders of its bindings now.
         self.give_current_env(sandbox_id, &agent).await?;
         let id = ids::new_id("cmd");
         let sandbox_dir = self.data.sandbox_dir(sandbox_id);
         let transcript_path = transcript::path_for(&sandbox_dir, &id);
-        let writer =
-            TranscriptWriter::create(&transcript_path).map_err(|e| ApiError::internal("creating the transcript", e))?;
+        let writer = TranscriptWriter::create(&transcript_path)
+            .map_err(|e| NodeError::internal("creating the transcript", e))?;
         let writer = writer.with_limits(self.output_limits(sandbox_id));
         let request = ExecRequest {
             argv: spec.argv.clone(),
@@ -167,10 +167,10 @@ impl Platform {
         sandbox_id: &str,
         stream: ExecStream,
         timeout_s: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), NodeError> {
         let id = ids::new_id("cmd");
         let path = transcript::path_for(&self.data.sandbox_dir(sandbox_id), &id);
-        let writer = TranscriptWriter::create(&path).map_err(|e| ApiError::internal("creating the transcript", e))?;
+        let writer = TranscriptWriter::create(&path).map_err(|e| NodeError::internal("creating the transcript", e))?;
         let command = Command {
             id: id.clone(),
             sandbox_id: sandbox_id.to_string(),
@@ -282,14 +282,14 @@ impl Platform {
         }
     }
 
-    pub fn command(&self, sandbox_id: &str, command_id: &str) -> Result<Command, ApiError> {
+    pub fn command(&self, sandbox_id: &str, command_id: &str) -> Result<Command, NodeError> {
         if !ids::plausible(command_id, "cmd") {
-            return Err(ApiError::not_found("command", command_id));
+            return Err(NodeError::not_found("command", command_id));
         }
         self.store
             .command(command_id)?
             .filter(|c| c.sandbox_id == sandbox_id)
-            .ok_or_else(|| ApiError::not_found("command", command_id))
+            .ok_or_else(|| NodeError::not_found("command", command_id))
     }
 
     pub fn live_command(&self, command_id: &str) -> Option<(watch::Receiver<Progress>, u32, AgentConn)> {
@@ -321,8 +321,8 @@ mod tests {
     #[test]
     fn input_is_refused_only_when_the_command_was_started_without_it() {
         let plain = command(Some(false), Some(false));
-        assert_eq!(check_input(&plain, Input::Stdin).unwrap_err().status(), 409);
-        assert_eq!(check_input(&plain, Input::Resize).unwrap_err().status(), 409);
+        assert_eq!(check_input(&plain, Input::Stdin).unwrap_err().code.http_status(), 409);
+        assert_eq!(check_input(&plain, Input::Resize).unwrap_err().code.http_status(), 409);
         let piped = command(Some(true), Some(false));
         assert!(check_input(&piped, Input::Stdin).is_ok());
         assert_eq!(check_input(&piped, Input::Resize).unwrap_err().code, space_api::ErrorCode::InvalidState);

@@ -13,7 +13,7 @@ use space_api::Command;
 use space_engine::{AgentConn, AgentError, EngineError, ExecStream, LiveStatus};
 
 use crate::domain::Event;
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::Platform;
 use crate::store::{SandboxRecord, StoreError};
 use crate::transcript::{self, TranscriptWriter};
@@ -56,7 +56,7 @@ pub(crate) enum AdoptError {
     Transcript(#[source] std::io::Error),
     /// The sandbox's record could not be read or changed.
     #[error("{}", .0.message)]
-    Record(ApiError),
+    Record(NodeError),
 }
 
 impl AdoptError {
@@ -65,8 +65,8 @@ impl AdoptError {
     }
 }
 
-impl From<ApiError> for AdoptError {
-    fn from(err: ApiError) -> AdoptError {
+impl From<NodeError> for AdoptError {
+    fn from(err: NodeError) -> AdoptError {
         AdoptError::Record(err)
     }
 }
@@ -189,7 +189,7 @@ impl Platform {
 
     /// Gives every command of the sandbox without a result one saying it
     /// was lost (`why`): nothing follows them any more.
-    pub(crate) fn end_lost_commands(&self, id: &str, why: &str) -> Result<(), ApiError> {
+    pub(crate) fn end_lost_commands(&self, id: &str, why: &str) -> Result<(), NodeError> {
         for command in self.unfinished_commands(id) {
             self.lose_command(command, why)?;
         }
@@ -198,7 +198,7 @@ impl Platform {
     }
 
     /// Records that a command's end will never be known, and why.
-    fn lose_command(&self, mut command: Command, why: &str) -> Result<(), ApiError> {
+    fn lose_command(&self, mut command: Command, why: &str) -> Result<(), NodeError> {
         command.state = space_api::CommandState::Exited;
         command.result = Some(crate::commands::lost_result(&command, why));
         Ok(self.store.put_command(&command)?)

@@ -16,7 +16,7 @@ use tokio::sync::OwnedRwLockReadGuard;
 
 use crate::actor::{Job, TemplateSaveError};
 use crate::domain::{self, CreateSpec, Event};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids;
 use crate::platform::{new_operation, Platform};
 use crate::store::{Quotas, SandboxRecord};
@@ -35,7 +35,7 @@ pub struct WorkGuard {
 /// from a snapshot keeps the image's size (gVisor's is a quota: any size).
 /// Without this the API, and the tenant's disk quota, would count a size
 /// the sandbox does not have.
-fn disk_the_engine_gives(engine: &str, snapshot: bool, asked_mib: u32, template_mib: u32) -> Result<(), ApiError> {
+fn disk_the_engine_gives(engine: &str, snapshot: bool, asked_mib: u32, template_mib: u32) -> Result<(), NodeError> {
     if engine != "firecracker" || asked_mib == template_mib || (!snapshot && asked_mib > template_mib) {
         return Ok(());
     }
@@ -43,7 +43,7 @@ fn disk_the_engine_gives(engine: &str, snapshot: bool, asked_mib: u32, template_
         true => format!("on firecracker a snapshot template's sandboxes have its disk of {template_mib} MiB"),
         false => format!("on firecracker a sandbox's disk can only grow over its template's {template_mib} MiB"),
     };
-    Err(ApiError::unprocessable(why).with_details(serde_json::json!({"field": "disk_mib"})))
+    Err(NodeError::unprocessable(why).with_details(serde_json::json!({"field": "disk_mib"})))
 }
 
 impl Platform {
@@ -55,7 +55,7 @@ impl Platform {
         template: &space_host::template::TemplateInfo,
         tenant: &str,
         idempotency_key: Option<&str>,
-    ) -> Result<(Sandbox, Operation), ApiError> {
+    ) -> Result<(Sandbox, Operation), NodeError> {
         let now = ids::now();
         // The request's network, else the template's, else the tenant's.
         let mut network = match spec.network.take() {
@@ -70,7 +70,7 @@ impl Platform {
         let engine = self.engine_for(template)?;
         let defaults = &template.meta.defaults;
         if template.meta.image.is_some() && (spec.vcpus, spec.memory_mib) != (defaults.vcpus, defaults.memory_mib) {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "template {:?} is a snapshot: its sandboxes have {} vCPUs and {} MiB of memory",
                 template.meta.name, defaults.vcpus, defaults.memory_mib
             )));
@@ -128,7 +128,7 @@ impl Platform {
             };
             self.store.put_sandbox(&record)?;
             self.store.put_operation(&operation, tenant, idempotency_key)?;
-            Ok::<_, ApiError>(())
+            Ok::<_, NodeError>(())
         })();
         if let Err(err) = recorded {
             // Nobody would ever destroy a member taken for nothing.
@@ -153,14 +153,14 @@ impl Platform {
         count: u32,
         labels: std::collections::BTreeMap<String, String>,
         idempotency_key: Option<&str>,
-    ) -> Result<(Vec<Sandbox>, Operation), ApiError> {
+    ) -> Result<(Vec<Sandbox>, Operation), NodeError> {
         if count == 0 || count > space_api::MAX_FORKS {
-            return Err(ApiError::unprocessable(format!("count must be 1 to {}", space_api::MAX_FORKS)));
+            return Err(NodeError::unprocessable(format!("count must be 1 to {}", space_api::MAX_FORKS)));
         }
         let source = self.sandbox(id)?;
         let state = source.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
-            return Err(ApiError::invalid_state("sandbox", state.as_str(), "fork it (resume it first)"));
+            return Err(NodeError::invalid_state("sandbox", state.as_str(), "fork it (resume it first)"));
         }
         self.can_save_images(&source)?;
         let mut labels_all = source.sandbox.labels.clone();
@@ -215,7 +215,7 @@ impl Platform {
         id: &str,
         kind: OperationKind,
         idempotency_key: Option<&str>,
-    ) -> Result<(Sandbox, Operation), ApiError> {
+    ) -> Result<(Sandbox, Operation), NodeError> {
         self.request_job(id, kind, idempotency_key, OperationOrigin::Client)
     }
 
@@ -227,7 +227,7 @@ impl Platform {
         kind: OperationKind,
         idempotency_key: Option<&str>,
         origin: OperationOrigin,
-    ) -> Result<(Sandbox, Operation), ApiError> {
+    ) -> Result<(Sandbox, Operation), NodeError> {
         let record = self.sandbox(id)?;
         let (event, total) = match kind {
             OperationKind::Delete => (Event::DeleteRequested, 2),
@@ -240,7 +240,7 @@ impl Platform {
             | OperationKind::Fork
             | OperationKind::Checkpoint
             | OperationKind::RestoreCheckpoint => {
-                return Err(ApiError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
+                return Err(NodeError::unprocessable(format!("{kind:?} is not a request on an existing sandbox")));
             }
         };
         let mut operation = new_operation(kind, id, "queued", total);
@@ -285,7 +285,7 @@ impl Platform {
 
     /// For `?auto_resume=true`: resumes a paused or suspended sandbox and
     /// waits until it runs (anything else is left to the usual checks).
-    pub async fn resume_for_work(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+    pub async fn resume_for_work(self: &Arc<Self>, id: &str) -> Result<(), NodeError> {
         let state = self.sandbox(id)?.sandbox.state;
         if !matches!(state, SandboxState::Paused | SandboxState::Suspended) {
             return Ok(());
@@ -296,15 +296,15 @@ impl Platform {
         match (operation.state, operation.error) {
             (OperationState::Succeeded, _) => Ok(()),
             (_, Some(error)) => {
-                Err(ApiError::new(ErrorCode::InvalidState, format!("resuming the sandbox failed: {}", error.message)))
+                Err(NodeError::new(ErrorCode::InvalidState, format!("resuming the sandbox failed: {}", error.message)))
             }
-            (_, None) => Err(ApiError::invalid_state("sandbox", state.as_str(), "resume it in time")),
+            (_, None) => Err(NodeError::invalid_state("sandbox", state.as_str(), "resume it in time")),
         }
     }
 
     /// Before a request uses a sandbox (a command, a file): holds its work
     /// gate, and resumes it first if the server paused it for idleness.
-    pub async fn begin_work(self: &Arc<Self>, id: &str) -> Result<WorkGuard, ApiError> {
+    pub async fn begin_work(self: &Arc<Self>, id: &str) -> Result<WorkGuard, NodeError> {
         for _ in 0..3 {
             let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
             let guard = match live {
@@ -321,15 +321,15 @@ impl Platform {
             self.resume_for_work(id).await?;
         }
         let state = self.sandbox(id)?.sandbox.state;
-        Err(ApiError::invalid_state("sandbox", state.as_str(), "wake it for this request"))
+        Err(NodeError::invalid_state("sandbox", state.as_str(), "wake it for this request"))
     }
 
     /// 409 `not_supported` unless the sandbox's engine saves images.
-    pub(crate) fn can_save_images(&self, record: &crate::store::SandboxRecord) -> Result<(), ApiError> {
+    pub(crate) fn can_save_images(&self, record: &crate::store::SandboxRecord) -> Result<(), NodeError> {
         if self.engine.saves_images(&self.engine_spec(record)) {
             return Ok(());
         }
-        Err(ApiError::new(
+        Err(NodeError::new(
             ErrorCode::NotSupported,
             format!("sandboxes on {} cannot be forked or checkpointed yet", record.sandbox.engine),
         ))
@@ -396,7 +396,7 @@ mod tests {
         use super::disk_the_engine_gives as gives;
         assert!(gives("gvisor", false, 512, 2048).is_ok() && gives("gvisor", true, 512, 2048).is_ok());
         assert!(gives("firecracker", false, 4096, 2048).is_ok() && gives("firecracker", false, 2048, 2048).is_ok());
-        assert_eq!(gives("firecracker", false, 1024, 2048).unwrap_err().status().as_u16(), 422);
+        assert_eq!(gives("firecracker", false, 1024, 2048).unwrap_err().code.http_status(), 422);
         assert!(gives("firecracker", true, 4096, 2048).unwrap_err().message.contains("snapshot"));
         assert!(gives("firecracker", true, 2048, 2048).is_ok());
     }

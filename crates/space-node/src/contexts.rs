@@ -20,7 +20,7 @@ use space_engine::{AgentConn, ExecEvent, ExecStream};
 use space_proto::ExecRequest;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids;
 use crate::platform::Platform;
 
@@ -100,7 +100,7 @@ impl LiveContext {
         self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    async fn send(&self, request: Value) -> Result<(), ApiError> {
+    async fn send(&self, request: Value) -> Result<(), NodeError> {
         let line = format!("{request}\n").into_bytes();
         self.agent.send_stdin(self.stream, line).await.map_err(crate::commands::exec_failure)
     }
@@ -118,13 +118,13 @@ impl LiveContext {
         self.run.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|run| run.id == id)
     }
 
-    async fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), ApiError> {
+    async fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), NodeError> {
         self.agent.signal(self.stream, signal as i32).await.map_err(crate::commands::exec_failure)
     }
 }
 
-pub(crate) fn context_not_found(id: &str) -> ApiError {
-    ApiError::not_found("context", id)
+pub fn context_not_found(id: &str) -> NodeError {
+    NodeError::not_found("context", id)
 }
 
 /// A run's events and what keeps the context its own while they last.
@@ -140,23 +140,23 @@ impl Platform {
         self: &Arc<Self>,
         sandbox_id: &str,
         request: CreateContextRequest,
-    ) -> Result<CodeContext, ApiError> {
+    ) -> Result<CodeContext, NodeError> {
         let language = request.language.unwrap_or_else(|| "python".into());
         if !["python", "javascript", "bash"].contains(&language.as_str()) {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "language must be python, javascript or bash, got {language:?}"
             )));
         }
         crate::domain::validate_env(&request.env)?;
         if request.cwd.as_deref().is_some_and(|cwd| !cwd.starts_with('/') || cwd.contains('\0')) {
-            return Err(ApiError::bad_request(format!("cwd must be an absolute path, got {:?}", request.cwd)));
+            return Err(NodeError::bad_request(format!("cwd must be an absolute path, got {:?}", request.cwd)));
         }
         let record = self.sandbox(sandbox_id)?;
         let state = record.sandbox.state;
         let agent = self
             .agent(sandbox_id)
             .filter(|_| crate::domain::accepts_commands(state))
-            .ok_or_else(|| ApiError::invalid_state("sandbox", state.as_str(), "start a code context"))?;
+            .ok_or_else(|| NodeError::invalid_state("sandbox", state.as_str(), "start a code context"))?;
         let id = ids::new_id("ctx");
         let info = CodeContext {
             id: id.clone(),
@@ -177,7 +177,7 @@ impl Platform {
         info: CodeContext,
         agent: &AgentConn,
         env: &std::collections::BTreeMap<String, String>,
-    ) -> Result<Arc<LiveContext>, ApiError> {
+    ) -> Result<Arc<LiveContext>, NodeError> {
         let argv: Vec<String> = match info.language.as_str() {
             "javascript" => vec!["node".into(), "-e".into(), JS_DRIVER.into()],
             "bash" => vec!["python3".into(), "-c".into(), BASH_DRIVER.into()],
@@ -204,10 +204,10 @@ impl Platform {
         tokio::spawn(pump(self.clone(), live.clone(), stream));
         match tokio::time::timeout(READY_PATIENCE, started).await {
             Ok(Ok(Ok(()))) => Ok(live),
-            Ok(Ok(Err(why))) => Err(ApiError::unprocessable(format!("the interpreter did not start: {why}"))),
+            Ok(Ok(Err(why))) => Err(NodeError::unprocessable(format!("the interpreter did not start: {why}"))),
             _ => {
                 let _ = live.signal(nix::sys::signal::Signal::SIGKILL).await;
-                Err(ApiError::unavailable(format!("the interpreter did not answer within {READY_PATIENCE:?}")))
+                Err(NodeError::unavailable(format!("the interpreter did not answer within {READY_PATIENCE:?}")))
             }
         }
     }
@@ -215,7 +215,7 @@ impl Platform {
     /// The context runs that name none go to, for `language` (E2B's code
     /// interpreter): the sandbox's default context of that language,
     /// started on first use.
-    pub async fn default_context(self: &Arc<Self>, sandbox_id: &str, language: &str) -> Result<CodeContext, ApiError> {
+    pub async fn default_context(self: &Arc<Self>, sandbox_id: &str, language: &str) -> Result<CodeContext, NodeError> {
         // One default is started at a time, so two first runs make one.
         static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _one = STARTING.lock().await;
@@ -304,14 +304,14 @@ impl Platform {
         }
     }
 
-    fn context(&self, sandbox_id: &str, id: &str) -> Result<Arc<LiveContext>, ApiError> {
+    fn context(&self, sandbox_id: &str, id: &str) -> Result<Arc<LiveContext>, NodeError> {
         self.sandbox(sandbox_id)?;
         let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         contexts.get(id).filter(|c| c.info().sandbox_id == sandbox_id).cloned().ok_or_else(|| context_not_found(id))
     }
 
     /// A sandbox's contexts, oldest first.
-    pub fn contexts(&self, sandbox_id: &str) -> Result<Vec<CodeContext>, ApiError> {
+    pub fn contexts(&self, sandbox_id: &str) -> Result<Vec<CodeContext>, NodeError> {
         self.sandbox(sandbox_id)?;
         let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         let mut found: Vec<CodeContext> =
@@ -327,25 +327,25 @@ impl Platform {
         contexts.values().map(|c| c.info()).any(|c| c.sandbox_id == sandbox_id && c.state == "busy")
     }
 
-    pub fn get_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
+    pub fn get_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, NodeError> {
         Ok(self.context(sandbox_id, id)?.info())
     }
 
     /// Starts a run: 409 `context_busy` while another runs, 409
     /// `context_dead` once the interpreter exited (restart it).
-    pub async fn run_code(&self, sandbox_id: &str, id: &str, request: RunCodeRequest) -> Result<Run, ApiError> {
+    pub async fn run_code(&self, sandbox_id: &str, id: &str, request: RunCodeRequest) -> Result<Run, NodeError> {
         let live = self.context(sandbox_id, id)?;
         crate::domain::validate_env(&request.env)?;
         if !request.env.is_empty() && live.info().language == "bash" {
-            return Err(ApiError::unprocessable(
+            return Err(NodeError::unprocessable(
                 "env for one run is for python and javascript contexts; give a bash context its env when creating it",
             ));
         }
         let held = live.running.clone().try_lock_owned().map_err(|_| {
-            ApiError::new(ErrorCode::ContextBusy, "a run is going on in this context; wait for its end")
+            NodeError::new(ErrorCode::ContextBusy, "a run is going on in this context; wait for its end")
         })?;
         if live.info().state == "dead" {
-            return Err(ApiError::new(
+            return Err(NodeError::new(
                 ErrorCode::ContextDead,
                 "the interpreter of this context exited; restart the context",
             ));
@@ -369,7 +369,7 @@ impl Platform {
     /// Interrupts the run going on, whenever it comes: before its code
     /// starts, while it starts or while it runs (Python: a
     /// `KeyboardInterrupt`; all: the run ends `interrupted`).
-    pub async fn interrupt_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
+    pub async fn interrupt_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, NodeError> {
         let live = self.context(sandbox_id, id)?;
         let asked = {
             let mut run = live.run.lock().unwrap_or_else(|e| e.into_inner());
@@ -390,7 +390,7 @@ impl Platform {
     }
 
     /// Starts the interpreter afresh (its state is gone), also after it died.
-    pub async fn restart_context(self: &Arc<Self>, sandbox_id: &str, id: &str) -> Result<CodeContext, ApiError> {
+    pub async fn restart_context(self: &Arc<Self>, sandbox_id: &str, id: &str) -> Result<CodeContext, NodeError> {
         let live = self.context(sandbox_id, id)?;
         if live.exited.load(std::sync::atomic::Ordering::SeqCst) {
             // The driver itself is gone (`process.exit`): run it anew.
@@ -409,13 +409,13 @@ impl Platform {
         live.send(json!({"op": "restart"})).await?;
         match tokio::time::timeout(READY_PATIENCE, restarted).await {
             Ok(Ok(Ok(()))) => Ok(live.info()),
-            Ok(Ok(Err(why))) => Err(ApiError::unprocessable(format!("the interpreter did not restart: {why}"))),
-            _ => Err(ApiError::unavailable("the interpreter did not answer after its restart")),
+            Ok(Ok(Err(why))) => Err(NodeError::unprocessable(format!("the interpreter did not restart: {why}"))),
+            _ => Err(NodeError::unavailable("the interpreter did not answer after its restart")),
         }
     }
 
     /// Stops a context's interpreter and forgets it.
-    pub async fn delete_context(&self, sandbox_id: &str, id: &str) -> Result<(), ApiError> {
+    pub async fn delete_context(&self, sandbox_id: &str, id: &str) -> Result<(), NodeError> {
         let live = self.context(sandbox_id, id)?;
         self.forget_context(id);
         let _ = live.signal(nix::sys::signal::Signal::SIGKILL).await;

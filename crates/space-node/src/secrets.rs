@@ -13,7 +13,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use space_api::{Network, PutSecretRequest, SecretInfo};
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::Platform;
 use crate::store::{Store, TenantSecret};
 
@@ -136,7 +136,7 @@ pub struct SecretSet {
 
 /// The store's secrets, opened with `keyring` (those that do not open are
 /// left out, and logged).
-pub fn secret_set(store: &Store, keyring: &Keyring) -> Result<SecretSet, ApiError> {
+pub fn secret_set(store: &Store, keyring: &Keyring) -> Result<SecretSet, NodeError> {
     let (epoch, sealed) = store.all_secrets()?;
     let secrets = sealed
         .into_iter()
@@ -159,36 +159,36 @@ pub fn put_secret(
     tenant: &str,
     name: &str,
     request: PutSecretRequest,
-) -> Result<SecretInfo, ApiError> {
+) -> Result<SecretInfo, NodeError> {
     if !valid_name(name) {
-        return Err(ApiError::unprocessable(format!("secret name {name:?}: 1-64 letters, digits, '_', '-' or '.'")));
+        return Err(NodeError::unprocessable(format!("secret name {name:?}: 1-64 letters, digits, '_', '-' or '.'")));
     }
     if request.value.is_empty() || request.value.len() > MAX_VALUE {
-        return Err(ApiError::unprocessable(format!("a secret's value is 1 to {MAX_VALUE} bytes")));
+        return Err(NodeError::unprocessable(format!("a secret's value is 1 to {MAX_VALUE} bytes")));
     }
     if request.value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
-        return Err(ApiError::unprocessable(
+        return Err(NodeError::unprocessable(
             "a secret's value may not hold control characters (it goes in HTTP headers)",
         ));
     }
     if request.hosts.is_empty() || request.hosts.len() > MAX_HOSTS {
-        return Err(ApiError::unprocessable(format!("a secret lists 1 to {MAX_HOSTS} hosts it may be sent to")));
+        return Err(NodeError::unprocessable(format!("a secret lists 1 to {MAX_HOSTS} hosts it may be sent to")));
     }
     space_egress::policy::Binding::new(name, "", &request.hosts, Vec::new())
-        .map_err(|err| ApiError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "hosts"})))?;
+        .map_err(|err| NodeError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "hosts"})))?;
     let exists = store.secret(tenant, name)?.is_some();
     if !exists && store.secrets(tenant)?.len() >= MAX_SECRETS {
-        return Err(ApiError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
+        return Err(NodeError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
     }
     let sealed = keyring.seal(&secret_context(tenant, name), request.value.as_bytes());
     store.put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
     let info = store.secrets(tenant)?.into_iter().find(|s| s.name == name);
-    info.ok_or_else(|| ApiError::internal("keeping the secret", "it was not there afterwards"))
+    info.ok_or_else(|| NodeError::internal("keeping the secret", "it was not there afterwards"))
 }
 
-pub fn delete_secret(store: &Store, tenant: &str, name: &str) -> Result<(), ApiError> {
+pub fn delete_secret(store: &Store, tenant: &str, name: &str) -> Result<(), NodeError> {
     if !valid_name(name) || !store.delete_secret(tenant, name)? {
-        return Err(ApiError::not_found("secret", name));
+        return Err(NodeError::not_found("secret", name));
     }
     Ok(())
 }
@@ -206,28 +206,28 @@ impl space_egress::inspect::Vault for TenantVault {
 }
 
 impl Platform {
-    pub(crate) fn keyring(&self) -> Result<&Keyring, ApiError> {
+    pub fn keyring(&self) -> Result<&Keyring, NodeError> {
         if let Some(keyring) = self.keyring.get() {
             return Ok(keyring);
         }
         let path = self.data.root().join("secrets.key");
         let keyring = Keyring::load_or_create(&path)
-            .map_err(|err| ApiError::internal(&format!("the secrets key ({})", path.display()), err))?;
+            .map_err(|err| NodeError::internal(&format!("the secrets key ({})", path.display()), err))?;
         Ok(self.keyring.get_or_init(|| keyring))
     }
 
     /// Writes (or replaces) a tenant's secret; in use from the next request.
-    pub fn put_secret(&self, tenant: &str, name: &str, request: PutSecretRequest) -> Result<SecretInfo, ApiError> {
+    pub fn put_secret(&self, tenant: &str, name: &str, request: PutSecretRequest) -> Result<SecretInfo, NodeError> {
         put_secret(&self.store, self.keyring()?, tenant, name, request)
     }
 
-    pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+    pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<(), NodeError> {
         delete_secret(&self.store, tenant, name)
     }
 
     /// Takes a cluster's secrets as this node's own (sealed with this
     /// node's key), unless it has a newer set already.
-    pub fn take_secrets(&self, set: SecretSet) -> Result<(), ApiError> {
+    pub fn take_secrets(&self, set: SecretSet) -> Result<(), NodeError> {
         use std::sync::atomic::Ordering::SeqCst;
         let _one_at_a_time = self.secrets_taken.lock().unwrap_or_else(|e| e.into_inner());
         if set.epoch <= self.secrets_epoch.load(SeqCst) {
@@ -268,9 +268,9 @@ impl Platform {
         tenant: &str,
         network: &mut Network,
         before: Option<&Network>,
-    ) -> Result<BTreeMap<String, String>, ApiError> {
+    ) -> Result<BTreeMap<String, String>, NodeError> {
         let fail = |env: &str, why: String| {
-            ApiError::unprocessable(format!("network.secrets.{env}: {why}"))
+            NodeError::unprocessable(format!("network.secrets.{env}: {why}"))
                 .with_details(serde_json::json!({"field": "network.secrets"}))
         };
         let mut env = BTreeMap::new();
@@ -288,7 +288,7 @@ impl Platform {
                 return Err(fail(var, format!("{host:?} is not among the secret's hosts {hosts:?}")));
             }
             for name in binding.set_header.keys() {
-                if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
                     return Err(fail(var, format!("{name:?} is not a header name")));
                 }
             }

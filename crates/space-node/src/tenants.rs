@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use space_api::{SandboxState, Usage};
 
 use crate::disk::{quota_exceeded, quota_limits};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids;
 use crate::store::{KeyInfo, Quotas, SandboxRecord, Store, StoreError, OPERATOR_TENANT};
 
@@ -44,7 +44,7 @@ impl Caller {
         Caller { tenant: tenant.into(), role: Role::Tenant }
     }
 
-    pub(crate) fn control_plane() -> Caller {
+    pub fn control_plane() -> Caller {
         Caller { tenant: String::new(), role: Role::ControlPlane }
     }
 
@@ -55,10 +55,10 @@ impl Caller {
     /// The caller the control plane asserts to a node (`X-Space-Tenant`,
     /// `X-Space-Operator: true` for the cluster's own key); honoured only
     /// with the node token.
-    pub(crate) fn asserted(headers: &axum::http::HeaderMap) -> Result<Caller, crate::error::ApiError> {
+    pub fn asserted(headers: &http::HeaderMap) -> Result<Caller, crate::error::NodeError> {
         let tenant = headers.get("x-space-tenant").and_then(|v| v.to_str().ok()).unwrap_or_default();
         if !valid_tenant(tenant) {
-            return Err(crate::error::ApiError::bad_request("X-Space-Tenant must name a tenant"));
+            return Err(crate::error::NodeError::bad_request("X-Space-Tenant must name a tenant"));
         }
         let operator = headers.get("x-space-operator").is_some_and(|v| v == "true") && tenant == OPERATOR_TENANT;
         let role = if operator { Role::Operator } else { Role::Tenant };
@@ -74,12 +74,7 @@ impl Caller {
 /// 429 when one more sandbox of `wanted` (vCPUs, MiB of memory) would take
 /// `tenant` past its sandbox, vCPU or memory quota, given the sandboxes it
 /// holds (`held`, the same pairs): a single host's check and a cluster's.
-pub(crate) fn check_held(
-    tenant: &str,
-    quotas: &Quotas,
-    held: &[(u64, u64)],
-    wanted: (u64, u64),
-) -> Result<(), ApiError> {
+pub fn check_held(tenant: &str, quotas: &Quotas, held: &[(u64, u64)], wanted: (u64, u64)) -> Result<(), NodeError> {
     let vcpus: u64 = held.iter().map(|(v, _)| v).sum();
     let memory: u64 = held.iter().map(|(_, m)| m).sum();
     if let Some(max) = quotas.max_sandboxes.filter(|max| held.len() as u64 >= u64::from(*max)) {
@@ -123,7 +118,7 @@ pub fn create_key(store: &Store, tenant: &str, quotas: Option<&Quotas>) -> Resul
 
 /// The caller a presented key stands for: a tenant's key, if one matches
 /// and is not revoked.
-pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, ApiError> {
+pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, NodeError> {
     if !presented.starts_with("space_") || presented.len() > 128 {
         return Ok(None);
     }
@@ -132,7 +127,7 @@ pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, 
 }
 
 /// The sandboxes of `tenant` that hold memory and vCPUs.
-fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, ApiError> {
+fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, NodeError> {
     Ok(store
         .live_sandboxes()?
         .into_iter()
@@ -149,7 +144,7 @@ pub(crate) fn check_quotas(
     quotas: &Quotas,
     wanted: (u32, u32),
     count: u32,
-) -> Result<(), ApiError> {
+) -> Result<(), NodeError> {
     if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
         return Ok(());
     }
@@ -162,7 +157,7 @@ pub(crate) fn check_quotas(
 }
 
 /// What `tenant` uses of each quota, given what it holds on disk.
-pub fn usage(store: &Store, tenant: &str, disk: space_api::DiskUsage) -> Result<Usage, ApiError> {
+pub fn usage(store: &Store, tenant: &str, disk: space_api::DiskUsage) -> Result<Usage, NodeError> {
     let held = held(store, tenant)?;
     Ok(Usage {
         tenant: tenant.to_string(),

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use space_api::{DiskUsage, ErrorCode, SandboxState};
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::Platform;
 use crate::store::{Quotas, SandboxRecord};
 
@@ -81,7 +81,7 @@ pub(crate) struct OutputUse {
 }
 
 /// The uploads directory and the name prefix of `tenant`'s uploads in it.
-pub(crate) fn upload_prefix(tenant: &str) -> String {
+pub fn upload_prefix(tenant: &str) -> String {
     format!("{tenant}.")
 }
 
@@ -94,13 +94,13 @@ impl Platform {
 
     /// 507 when the data dir's free space is under the reserve (or would be
     /// after `adding` more bytes): `what` is refused before anything runs out.
-    pub fn check_reserve(&self, what: &str, adding: u64) -> Result<(), ApiError> {
+    pub fn check_reserve(&self, what: &str, adding: u64) -> Result<(), NodeError> {
         let (free, _) = self.data.disk_space();
         let reserve = self.disk_reserve_bytes.load(Ordering::Relaxed);
         if free >= reserve.saturating_add(adding) {
             return Ok(());
         }
-        Err(ApiError::new(
+        Err(NodeError::new(
             ErrorCode::InsufficientStorage,
             format!(
                 "the host is low on disk ({} MiB free, {} MiB kept in reserve): cannot {what} now; \
@@ -126,7 +126,7 @@ impl Platform {
     }
 
     /// What `tenant` holds on the host's disk now.
-    pub fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, ApiError> {
+    pub fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, NodeError> {
         let records: Vec<SandboxRecord> =
             self.store.live_sandboxes()?.into_iter().filter(|r| r.tenant == tenant).collect();
         let mut usage = DiskUsage::default();
@@ -175,7 +175,7 @@ impl Platform {
     }
 
     /// Bytes `tenant` may still add under its disk quota (`None`: no quota).
-    pub(crate) fn disk_quota_left(&self, tenant: &str) -> Result<Option<QuotaLeft>, ApiError> {
+    pub(crate) fn disk_quota_left(&self, tenant: &str) -> Result<Option<QuotaLeft>, NodeError> {
         let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
         let (max_mib, elsewhere) = match told {
             Some(told) => (told.map(|t| t.max_mib), told.map(|t| t.elsewhere_bytes).unwrap_or(0)),
@@ -192,7 +192,7 @@ impl Platform {
 
     /// 429 `quota_exceeded` (resource `disk`) when `tenant` cannot add
     /// `adding` bytes to what it holds; `what` says what was refused.
-    pub(crate) fn check_disk_quota(&self, tenant: &str, adding: u64, what: &str) -> Result<(), ApiError> {
+    pub(crate) fn check_disk_quota(&self, tenant: &str, adding: u64, what: &str) -> Result<(), NodeError> {
         let Some(QuotaLeft { left, usage, max, elsewhere }) = self.disk_quota_left(tenant)? else {
             return Ok(());
         };
@@ -224,14 +224,14 @@ impl Platform {
     /// The most a new template root (or upload) of `tenant` may hold: what
     /// its quota has left and what the host has above its reserve, less
     /// what builds of the tenant still running were granted.
-    pub fn build_allowance(&self, tenant: &str) -> Result<u64, ApiError> {
+    pub fn build_allowance(&self, tenant: &str) -> Result<u64, NodeError> {
         let granted = self.build_grants.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied().unwrap_or(0);
         Ok(self.room(tenant)?.saturating_sub(granted))
     }
 
     /// What `tenant`'s quota has left, within the host's free space above
     /// its reserve.
-    fn room(&self, tenant: &str) -> Result<u64, ApiError> {
+    fn room(&self, tenant: &str) -> Result<u64, NodeError> {
         let host = self.free_above_reserve();
         Ok(match self.disk_quota_left(tenant)? {
             Some(quota) => quota.left.min(host),
@@ -241,7 +241,7 @@ impl Platform {
 
     /// [`Platform::build_allowance`], held for the tenant until the grant
     /// is dropped (the build ended), so concurrent builds share it.
-    pub fn grant_build_allowance(&self, tenant: &str) -> Result<BuildGrant<'_>, ApiError> {
+    pub fn grant_build_allowance(&self, tenant: &str) -> Result<BuildGrant<'_>, NodeError> {
         let mut grants = self.build_grants.lock().unwrap_or_else(|e| e.into_inner());
         // Measured with the lock held: two builds never count the same room.
         let bytes = self.room(tenant)?.saturating_sub(grants.get(tenant).copied().unwrap_or(0));
@@ -249,7 +249,7 @@ impl Platform {
         Ok(BuildGrant { platform: self, tenant: tenant.to_string(), bytes })
     }
 
-    pub(crate) fn uploads_dir(&self) -> std::path::PathBuf {
+    pub fn uploads_dir(&self) -> std::path::PathBuf {
         self.data.run_dir().join("uploads")
     }
 }
@@ -274,13 +274,13 @@ impl Drop for BuildGrant<'_> {
 }
 
 /// 429 `quota_exceeded` naming the tenant and the resource.
-pub(crate) fn quota_exceeded(tenant: &str, resource: &str, message: String) -> ApiError {
-    ApiError::new(ErrorCode::QuotaExceeded, message)
+pub fn quota_exceeded(tenant: &str, resource: &str, message: String) -> NodeError {
+    NodeError::new(ErrorCode::QuotaExceeded, message)
         .with_details(serde_json::json!({"tenant": tenant, "resource": resource}))
 }
 
 /// A tenant's quotas with their resource names, for the usage report.
-pub(crate) fn quota_limits(quotas: &Quotas) -> space_api::QuotaLimits {
+pub fn quota_limits(quotas: &Quotas) -> space_api::QuotaLimits {
     space_api::QuotaLimits {
         max_sandboxes: quotas.max_sandboxes,
         max_vcpus: quotas.max_vcpus,

@@ -12,7 +12,7 @@ use space_api::{Checkpoint, Command, ErrorCode, Operation, OperationKind, Sandbo
 
 use crate::actor::Job;
 use crate::domain::{self, Event};
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::platform::{new_operation, Platform};
 
 /// What a checkpoint keeps besides its image.
@@ -38,7 +38,7 @@ pub(crate) struct RunningCommand {
 const META: &str = "meta.json";
 
 /// Where a sandbox keeps checkpoint `name`.
-pub(crate) fn checkpoint_dir(sandbox_dir: &Path, name: &str) -> PathBuf {
+pub fn checkpoint_dir(sandbox_dir: &Path, name: &str) -> PathBuf {
     sandbox_dir.join("checkpoints").join(name)
 }
 
@@ -46,6 +46,11 @@ pub(crate) fn checkpoint_dir(sandbox_dir: &Path, name: &str) -> PathBuf {
 pub(crate) fn read_meta(dir: &Path) -> Option<CheckpointMeta> {
     let text = std::fs::read_to_string(dir.join(META)).ok()?;
     serde_json::from_str(&text).ok()
+}
+
+/// Whether `dir` holds a whole checkpoint.
+pub fn is_whole(dir: &Path) -> bool {
+    read_meta(dir).is_some()
 }
 
 /// Records a whole checkpoint (written last, atomically).
@@ -90,14 +95,14 @@ pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), space_host::HostE
 }
 
 /// 404 for a checkpoint that is not there (or not whole).
-pub(crate) fn checkpoint_not_found(id: &str, name: &str) -> ApiError {
-    ApiError::new(ErrorCode::CheckpointNotFound, format!("sandbox {id} has no checkpoint {name:?}"))
+pub fn checkpoint_not_found(id: &str, name: &str) -> NodeError {
+    NodeError::new(ErrorCode::CheckpointNotFound, format!("sandbox {id} has no checkpoint {name:?}"))
         .with_details(serde_json::json!({"kind": "checkpoint", "id": name}))
 }
 
 impl Platform {
     /// A sandbox's whole checkpoints, oldest first.
-    pub fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, ApiError> {
+    pub fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, NodeError> {
         self.sandbox(id)?;
         let dir = self.data.sandbox_dir(id).join("checkpoints");
         let mut found: Vec<Checkpoint> = std::fs::read_dir(dir)
@@ -120,7 +125,7 @@ impl Platform {
     }
 
     /// A checkpoint save or restore of `name` not yet finished.
-    fn checkpoint_busy(&self, id: &str, name: &str) -> Result<bool, ApiError> {
+    fn checkpoint_busy(&self, id: &str, name: &str) -> Result<bool, NodeError> {
         Ok(self.store.operations(Some(id))?.iter().any(|op| {
             matches!(op.kind, OperationKind::Checkpoint | OperationKind::RestoreCheckpoint)
                 && op.checkpoint.as_deref() == Some(name)
@@ -134,26 +139,26 @@ impl Platform {
         id: &str,
         name: &str,
         idempotency_key: Option<&str>,
-    ) -> Result<(Sandbox, Operation), ApiError> {
+    ) -> Result<(Sandbox, Operation), NodeError> {
         if !space_host::template::valid_name(name) {
-            return Err(ApiError::unprocessable("a checkpoint name is 1-63 of a-z, 0-9, '-' and '_'")
+            return Err(NodeError::unprocessable("a checkpoint name is 1-63 of a-z, 0-9, '-' and '_'")
                 .with_details(serde_json::json!({"field": "name"})));
         }
         let record = self.sandbox(id)?;
         let state = record.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
-            return Err(ApiError::invalid_state("sandbox", state.as_str(), "save a checkpoint"));
+            return Err(NodeError::invalid_state("sandbox", state.as_str(), "save a checkpoint"));
         }
         self.can_save_images(&record)?;
         let held = self.checkpoints(id)?;
         if held.iter().any(|c| c.name == name) || self.checkpoint_busy(id, name)? {
-            return Err(ApiError::new(
+            return Err(NodeError::new(
                 ErrorCode::CheckpointExists,
                 format!("sandbox {id} already has a checkpoint {name:?}; delete it first"),
             ));
         }
         if held.len() >= MAX_CHECKPOINTS {
-            return Err(ApiError::unprocessable(format!(
+            return Err(NodeError::unprocessable(format!(
                 "a sandbox keeps at most {MAX_CHECKPOINTS} checkpoints; delete one first"
             )));
         }
@@ -175,7 +180,7 @@ impl Platform {
         id: &str,
         name: &str,
         idempotency_key: Option<&str>,
-    ) -> Result<(Sandbox, Operation), ApiError> {
+    ) -> Result<(Sandbox, Operation), NodeError> {
         let record = self.sandbox(id)?;
         // A name is one path segment of ours: `..` or `/` in it would read
         // another directory of the host as a checkpoint.
@@ -197,22 +202,22 @@ impl Platform {
     }
 
     /// Deletes checkpoint `name` (409 while it is being saved or restored).
-    pub async fn delete_checkpoint(&self, id: &str, name: &str) -> Result<(), ApiError> {
+    pub async fn delete_checkpoint(&self, id: &str, name: &str) -> Result<(), NodeError> {
         self.sandbox(id)?;
         let dir = checkpoint_dir(&self.data.sandbox_dir(id), name);
         if !space_host::template::valid_name(name) || read_meta(&dir).is_none() {
             return Err(checkpoint_not_found(id, name));
         }
         if self.checkpoint_busy(id, name)? {
-            return Err(ApiError::new(
+            return Err(NodeError::new(
                 ErrorCode::CheckpointInUse,
                 format!("checkpoint {name:?} is being saved or restored"),
             ));
         }
         tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir))
             .await
-            .map_err(|e| ApiError::internal("deleting a checkpoint", e))?
-            .map_err(|e| ApiError::internal("deleting a checkpoint", e))?;
+            .map_err(|e| NodeError::internal("deleting a checkpoint", e))?
+            .map_err(|e| NodeError::internal("deleting a checkpoint", e))?;
         self.changed();
         Ok(())
     }

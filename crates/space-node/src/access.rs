@@ -7,7 +7,7 @@
 
 use space_api::Operation;
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::ids::{OperationId, SandboxId};
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
@@ -34,17 +34,17 @@ impl OwnedSandbox {
 impl Platform {
     /// The sandbox `id` if `caller`'s tenant owns it; 404 otherwise, the
     /// same answer as for an id that never existed.
-    pub fn sandbox_for(&self, caller: &Caller, id: &SandboxId) -> Result<OwnedSandbox, ApiError> {
+    pub fn sandbox_for(&self, caller: &Caller, id: &SandboxId) -> Result<OwnedSandbox, NodeError> {
         let record = self.store.sandbox(id.as_str())?.filter(|record| record.tenant == caller.tenant);
-        let record = record.ok_or_else(|| ApiError::not_found("sandbox", id.as_str()))?;
+        let record = record.ok_or_else(|| NodeError::not_found("sandbox", id.as_str()))?;
         Ok(OwnedSandbox { id: id.clone(), record })
     }
 
     /// The operation `id` if `caller`'s tenant owns it; 404 otherwise.
-    pub fn operation_for(&self, caller: &Caller, id: &OperationId) -> Result<Operation, ApiError> {
+    pub fn operation_for(&self, caller: &Caller, id: &OperationId) -> Result<Operation, NodeError> {
         match self.store.operation_tenant(id.as_str())? {
             Some(tenant) if tenant == caller.tenant => self.operation(id.as_str()),
-            _ => Err(ApiError::not_found("operation", id.as_str())),
+            _ => Err(NodeError::not_found("operation", id.as_str())),
         }
     }
 }
