@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::Read;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -17,14 +18,10 @@ fn data() -> TestDataDir {
 
 /// Runs `code` and returns every event, the `end` last.
 fn run(server: &TestServer, sandbox: &str, context: &str, body: Value) -> Vec<Value> {
-    let auth = format!("Bearer {}", server.key);
-    let (status, text) = server.raw(
-        "POST",
-        &format!("/v1/sandboxes/{sandbox}/contexts/{context}/run"),
-        &[("Authorization", &auth), ("Content-Type", "application/json")],
-        Some(&body.to_string()),
-    );
-    assert_eq!(status, 200, "{text}");
+    let path = format!("/v1/sandboxes/{sandbox}/contexts/{context}/run");
+    let mut text = String::new();
+    let mut answer = server.client().post_reader(&path, &body).unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    answer.read_to_string(&mut text).unwrap_or_else(|e| panic!("POST {path}: reading the run: {e}"));
     let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(events.last().map(|e| e["type"].clone()), Some(json!("end")), "{text}");
     events
@@ -58,17 +55,18 @@ impl Running {
     /// Starts a run of `code` and returns once the server accepted it (its
     /// answer's head came).
     fn start(server: &TestServer, sandbox: &str, context: &str, code: &str) -> Running {
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-        let response = agent
-            .post(&format!("{}/v1/sandboxes/{sandbox}/contexts/{context}/run", server.url))
-            .set("Authorization", &format!("Bearer {}", server.key))
-            .send_json(json!({"code": code}))
+        // The client's deadline (two minutes) bounds the reading thread too.
+        let mut response = server
+            .client()
+            .post_reader(&format!("/v1/sandboxes/{sandbox}/contexts/{context}/run"), &json!({"code": code}))
             .expect("the run is accepted");
         let (sender, events) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let read = response.into_string().map_err(|e| e.to_string()).and_then(|text| {
-                text.lines().map(|l| serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))).collect()
-            });
+            let mut text = String::new();
+            let read = response
+                .read_to_string(&mut text)
+                .map_err(|e| e.to_string())
+                .and_then(|_| text.lines().map(|l| serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))).collect());
             let _ = sender.send(read);
         });
         Running { events }
@@ -237,9 +235,7 @@ fn a_python_context_keeps_state_and_returns_rich_results() {
     server.error("POST", &base, Some(json!({"language": "cobol"})), 422, "invalid_value");
     server.error("POST", &base, Some(json!({"colour": "red"})), 400, "invalid_request");
     server.error("GET", &format!("{base}/ctx_00000000000000000000"), None, 404, "not_found");
-    let (status, _) =
-        server.raw("DELETE", &format!("{base}/{other}"), &[("Authorization", &format!("Bearer {}", server.key))], None);
-    assert_eq!(status, 204);
+    assert_eq!(server.call("DELETE", &format!("{base}/{other}"), None).0, 204);
     server.error("GET", &format!("{base}/{other}"), None, 404, "not_found");
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
 }
@@ -461,8 +457,7 @@ fn contexts_survive_a_server_restart_and_go_on_in_forks() {
 
     // A context deleted before a restart stays deleted.
     assert_eq!(server.delete_sandbox(&fork)["state"], "succeeded");
-    let auth = format!("Bearer {}", server.key);
-    assert_eq!(server.raw("DELETE", &format!("{base}/{shell}"), &[("Authorization", &auth)], None).0, 204);
+    assert_eq!(server.call("DELETE", &format!("{base}/{shell}"), None).0, 204);
     server.stop();
     let server = TestServer::start(&data);
     let left = server.ok("GET", &base, None);
@@ -496,12 +491,8 @@ fn the_drivers_take_an_interrupt_right_behind_its_run() {
         "tests/contexts/interrupt_harness.py",
     ] {
         let name = file.rsplit('/').next().unwrap();
-        let written = space_testkit::http()
-            .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/drivers/{name}", server.url))
-            .set("Authorization", &format!("Bearer {}", server.key))
-            .send_bytes(&std::fs::read(sources.join(file)).unwrap())
-            .unwrap();
-        assert_eq!(written.status(), 201, "{file}");
+        let source = std::fs::read(sources.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        server.client().upload_bytes(&id, &format!("/root/drivers/{name}"), &source).unwrap();
     }
     // Ended inside the test client's 120 s answer deadline, so a stuck
     // harness shows as the command's timeout, not a dropped connection.

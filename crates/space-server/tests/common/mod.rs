@@ -1,5 +1,8 @@
 //! A real server on a real socket over a real data dir, and a client that
 //! checks every JSON answer against the server's own OpenAPI document.
+//! Requests go through `space-client`, the API's own client, so these tests
+//! exercise it too; only `raw`, `early_answer` and `by_hand` frame requests
+//! themselves.
 
 #![allow(dead_code)]
 
@@ -8,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use space_api::{CommandRequest, CreateSandboxRequest, SandboxState};
 use space_server::{AppState, Platform, PlatformConfig};
 use space_testkit::{agent_bin, TestDataDir};
 
@@ -67,9 +71,24 @@ impl TestServer {
         }
     }
 
+    /// Every call's deadline: a server that stops answering fails the test.
     fn agent(&self) -> ureq::Agent {
         ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build()
     }
+
+    /// The API's own client, with the server's key.
+    pub fn client(&self) -> space_client::Client {
+        self.client_as(&self.key)
+    }
+
+    /// The API's own client, with another key (a tenant's).
+    pub fn client_as(&self, key: &str) -> space_client::Client {
+        space_client::Client::with_agent(&self.url, key, self.agent())
+    }
+
+    // `raw`, `early_answer` and `by_hand` frame requests themselves: tests
+    // send through them what a typed client must not be able to send (no
+    // key, a bad one, odd headers or bodies, requests written byte by byte).
 
     /// A raw request; returns status and body text, checking nothing.
     pub fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> (u16, String) {
@@ -132,15 +151,8 @@ impl TestServer {
 
     /// [`Self::call`] with another API key (a tenant's).
     pub fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let auth = format!("Bearer {key}");
-        let text = body.map(|b| b.to_string());
-        let mut headers = vec![("Authorization", auth.as_str())];
-        if text.is_some() {
-            headers.push(("Content-Type", "application/json"));
-        }
-        let (status, body) = self.raw(method, path, &headers, text.as_deref());
-        let value: Value =
-            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        let (status, value) =
+            self.client_as(key).call(method, path, body.as_ref()).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         if !self.contract.is_null() {
             self.check(method, path, status, "application/json", &value);
         }
@@ -149,20 +161,13 @@ impl TestServer {
 
     /// POSTs a file as the body (streamed), checked against the contract.
     pub fn upload(&self, path: &str, content_type: &str, file: &std::path::Path) -> (u16, Value) {
-        let request = self
-            .agent()
-            .post(&format!("{}{path}", self.url))
-            .set("Authorization", &format!("Bearer {}", self.key))
-            .set("Content-Type", content_type);
-        let response = match request.send(std::fs::File::open(file).expect("opening the upload")) {
-            Ok(response) => response,
-            Err(ureq::Error::Status(_, response)) => response,
-            Err(err) => panic!("POST {path}: {err}"),
-        };
-        let status = response.status();
-        let value: Value = response.into_json().expect("a JSON answer");
-        self.check("POST", path, status, "application/json", &value);
-        (status, value)
+        let file = std::fs::File::open(file).expect("opening the upload");
+        let answer = self
+            .client()
+            .send_with("POST", path, &[("Content-Type", content_type)], file)
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        self.check("POST", path, answer.status, "application/json", &answer.body);
+        (answer.status, answer.body)
     }
 
     pub fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
@@ -171,11 +176,14 @@ impl TestServer {
         value
     }
 
-    /// Asserts the error shape, the status and the code.
+    /// Asserts the error shape, the status and the code, as the client
+    /// reads them.
     pub fn error(&self, method: &str, path: &str, body: Option<Value>, status: u16, code: &str) -> Value {
         let (got, value) = self.call(method, path, body);
         assert_eq!(got, status, "{method} {path}: {value}");
         assert_eq!(value["error"]["code"], code, "{value}");
+        let read = space_client::ClientError::from_answer(got, &value);
+        assert_eq!(read.code().map(space_api::ErrorCode::as_str), Some(code), "a code the client knows: {value}");
         assert!(value["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{value}");
         assert!(value["error"]["details"].is_object(), "{value}");
         value
@@ -204,36 +212,44 @@ impl TestServer {
         assert!(errors.is_empty(), "{method} {path} {status} does not match the contract: {errors:?}\n{value}");
     }
 
+    // The typed calls: the client reads each answer as the API's own type,
+    // which is what the contract's schemas are made from, so they are not
+    // checked against the contract again.
+
     /// Creates a sandbox and waits for its create operation to succeed.
     pub fn create_sandbox(&self, body: Value) -> String {
-        let (status, accepted) = self.call("POST", "/v1/sandboxes", Some(body));
-        assert_eq!(status, 202, "{accepted}");
-        assert_eq!(accepted["sandbox"]["state"], "creating");
-        let operation = self.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+        let request: CreateSandboxRequest =
+            serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("not a create request ({e}): {body}"));
+        let accepted = self.client().create_sandbox(&request).unwrap_or_else(|e| panic!("creating {body}: {e}"));
+        assert_eq!(accepted.sandbox.state, SandboxState::Creating, "{accepted:?}");
+        let operation = self.wait_operation(&accepted.operation.id);
         assert_eq!(operation["state"], "succeeded", "{operation}");
-        accepted["sandbox"]["id"].as_str().unwrap().to_string()
+        accepted.sandbox.id
     }
 
+    /// An operation once it has ended (within five minutes).
     pub fn wait_operation(&self, id: &str) -> Value {
-        for _ in 0..10 {
-            let operation = self.ok("GET", &format!("/v1/operations/{id}?wait=30"), None);
-            if matches!(operation["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
-                return operation;
-            }
-        }
-        panic!("operation {id} did not finish");
+        let patience = Duration::from_secs(300);
+        let operation = self
+            .client()
+            .wait_for_operation_within(id, patience)
+            .unwrap_or_else(|e| panic!("waiting for operation {id}: {e}"));
+        assert!(operation.state.is_terminal(), "operation {id} did not end within {patience:?}: {operation:?}");
+        serde_json::to_value(operation).unwrap()
     }
 
+    /// Runs a command to its end; its answer.
     pub fn exec(&self, sandbox: &str, body: Value) -> Value {
-        self.ok("POST", &format!("/v1/sandboxes/{sandbox}/exec"), Some(body))
+        let request: CommandRequest =
+            serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("not a command ({e}): {body}"));
+        let ran = self.client().exec(sandbox, &request).unwrap_or_else(|e| panic!("exec {body} in {sandbox}: {e}"));
+        serde_json::to_value(ran).unwrap()
     }
 
     /// Reads an NDJSON output stream, checking each frame against the contract.
     pub fn output(&self, sandbox: &str, command: &str, query: &str) -> Vec<Value> {
         let path = format!("/v1/sandboxes/{sandbox}/commands/{command}/output{query}");
-        let auth = format!("Bearer {}", self.key);
-        let (status, body) = self.raw("GET", &path, &[("Authorization", &auth)], None);
-        assert_eq!(status, 200, "{body}");
+        let body = self.client().get_text(&path).unwrap_or_else(|e| panic!("GET {path}: {e}"));
         body.lines()
             .map(|line| {
                 let frame: Value = serde_json::from_str(line).unwrap();
@@ -243,10 +259,10 @@ impl TestServer {
             .collect()
     }
 
+    /// Deletes a sandbox; the delete's operation once it has ended.
     pub fn delete_sandbox(&self, id: &str) -> Value {
-        let (status, accepted) = self.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
-        assert_eq!(status, 202, "{accepted}");
-        self.wait_operation(accepted["operation"]["id"].as_str().unwrap())
+        let accepted = self.client().delete_sandbox(id).unwrap_or_else(|e| panic!("deleting {id}: {e}"));
+        self.wait_operation(&accepted.operation.id)
     }
 }
 
