@@ -13,6 +13,7 @@
 //! Control plane and nodes speak mutual TLS with the cluster's own CA. The
 //! unmodified e2b SDK's suite runs through the control plane.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -26,28 +27,27 @@ use space_testkit::{http, output_within, wait_for, NetNs, PgCluster, TestCa, Tes
 mod common;
 use common::SPACE;
 
+/// A tenant's view of one replica, through the API's own client.
 struct Api {
     url: String,
     key: String,
 }
 
 impl Api {
+    /// Every call's deadline is the agent's: two minutes.
+    fn client(&self) -> space_client::Client {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+        space_client::Client::with_agent(&self.url, &self.key, agent)
+    }
+
+    /// The status, the answer and the node that answered (`x-space-node`).
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value, Option<String>) {
-        let request = ureq::request(method, &format!("{}{path}", self.url))
-            .timeout(Duration::from_secs(120))
-            .set("Authorization", &format!("Bearer {}", self.key));
-        let result = match body {
-            Some(body) => request.send_json(body),
-            None => request.call(),
-        };
-        let response = match result {
-            Ok(response) => response,
-            Err(ureq::Error::Status(_, response)) => response,
-            Err(err) => panic!("{method} {path}: {err}"),
-        };
-        let node = response.header("x-space-node").map(str::to_string);
-        let status = response.status();
-        (status, response.into_json().unwrap_or(Value::Null), node)
+        let answer = self
+            .client()
+            .call_with(method, path, &[], body.as_ref())
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let node = answer.header("x-space-node").map(str::to_string);
+        (answer.status, answer.body, node)
     }
 
     fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
@@ -58,32 +58,29 @@ impl Api {
 
     /// A GET's body as text (NDJSON).
     fn call_text(&self, path: &str) -> String {
-        let response = ureq::get(&format!("{}{path}", self.url))
-            .timeout(Duration::from_secs(60))
-            .set("Authorization", &format!("Bearer {}", self.key))
-            .call()
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        response.into_string().unwrap()
+        self.client().get_text(path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
 
+    /// An operation once it has ended (within two and a half minutes).
     fn wait_operation(&self, id: &str) -> Value {
-        for _ in 0..5 {
-            let op = self.ok("GET", &format!("/v1/operations/{id}?wait=30"), None);
-            if matches!(op["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
-                return op;
-            }
-        }
-        panic!("operation {id} did not end");
+        let patience = Duration::from_secs(150);
+        let op =
+            self.client().wait_for_operation_within(id, patience).unwrap_or_else(|e| panic!("operation {id}: {e}"));
+        assert!(op.state.is_terminal(), "operation {id} did not end within {patience:?}: {op:?}");
+        serde_json::to_value(op).unwrap()
     }
 }
 
-/// What a follower of `GET /v1/events?follow=true` has seen so far.
-#[derive(Clone)]
-struct Events(Arc<Mutex<Vec<Value>>>);
+/// What a follower of `GET /v1/events?follow=true` has seen so far, and why
+/// it stopped if it did.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<(Vec<Value>, Option<String>)>>);
 
 impl Events {
     fn all(&self) -> Vec<Value> {
-        self.0.lock().unwrap().clone()
+        let seen = self.0.lock().unwrap();
+        assert!(seen.1.is_none(), "the events follower stopped: {}", seen.1.as_deref().unwrap_or_default());
+        seen.0.clone()
     }
 
     fn wait(&self, what: &str, done: impl Fn(&[Value]) -> bool) {
@@ -91,24 +88,23 @@ impl Events {
     }
 }
 
+/// Follows the tenant's events from the first one, so that none is missed
+/// however late the stream starts.
 fn follow_events(url: &str, key: &str) -> Events {
-    let events = Events(Arc::default());
+    let events = Events::default();
     let seen = events.0.clone();
-    // The stream may stay quiet for long: no read deadline on it, only on
-    // its answer (the follower thread is never waited for).
-    let (request, answered) = (ureq::get(&format!("{url}/v1/events?follow=true")), std::sync::mpsc::channel());
-    let request = request.set("Authorization", &format!("Bearer {key}"));
+    // The stream may stay quiet for long: no read deadline on it (the
+    // client's own connect deadline only); the follower thread is never
+    // waited for, and `Events::wait` has a deadline of its own.
+    let client = space_client::Client::new(url, key);
     std::thread::spawn(move || {
-        let response = request.call();
-        let _ = answered.0.send(response.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-        let Ok(response) = response else { return };
-        for line in BufReader::new(response.into_reader()).lines().map_while(Result::ok) {
-            if !line.is_empty() {
-                seen.lock().unwrap().push(serde_json::from_str(&line).unwrap());
-            }
-        }
+        let followed = client.events("", Some(0), true, |event| {
+            seen.lock().unwrap().0.push(serde_json::to_value(event).unwrap());
+            Ok::<_, space_client::ClientError>(())
+        });
+        let stopped = followed.err().map_or("the stream ended".to_string(), |e| e.to_string());
+        seen.lock().unwrap().1 = Some(stopped);
     });
-    answered.1.recv_timeout(Duration::from_secs(60)).expect("the events follower answered in time").unwrap();
     events
 }
 
@@ -307,7 +303,9 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     }
 
     // Every node is known to both replicas (one database).
-    let health = |url: &str| -> Value { http().get(&format!("{url}/v1/health")).call().unwrap().into_json().unwrap() };
+    // Health asks for no key: the operator's goes along unread.
+    let operator = std::fs::read_to_string(&operator_key).unwrap();
+    let health = |url: &str| Api { url: url.to_string(), key: operator.clone() }.ok("GET", "/v1/health", None);
     let nodes = wait_for("three live nodes", Duration::from_secs(60), || {
         let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
         (nodes.iter().filter(|n| n["alive"] == true).count() == 3).then_some(nodes)
@@ -341,16 +339,18 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // A template built (an image imported) through the control plane lands
     // on one node and is pulled by the other, checked by its SHA-256.
     let image = common::busybox_image(control.root());
-    let built = http()
-        .post(&format!("{first}/v1/templates?name=tiny"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .set("Content-Type", "application/x-tar")
-        .send(std::fs::File::open(&image).unwrap())
+    let built = a
+        .client()
+        .send_with(
+            "POST",
+            "/v1/templates?name=tiny",
+            &[("Content-Type", "application/x-tar")],
+            File::open(&image).unwrap(),
+        )
         .unwrap();
-    assert_eq!(built.status(), 202);
+    assert_eq!(built.status, 202, "{}", built.body);
     let builder = built.header("x-space-node").expect("the building node").to_string();
-    let built: Value = built.into_json().unwrap();
-    assert_eq!(b.wait_operation(built["operation"]["id"].as_str().unwrap())["state"], "succeeded");
+    assert_eq!(b.wait_operation(built.body["operation"]["id"].as_str().unwrap())["state"], "succeeded");
     wait_for("every node to have the template", Duration::from_secs(120), || {
         let nodes = health(&second)["nodes"].as_array().cloned().unwrap_or_default();
         let have = nodes.iter().filter(|n| n["templates"].as_array().is_some_and(|t| t.contains(&json!("tiny"))));
@@ -386,34 +386,21 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert_eq!(ran["stdout"], format!("via cp {i}\n"), "{ran}");
     }
     let (id, _) = &sandboxes[0];
-    let put = http()
-        .put(&format!("{first}/v1/sandboxes/{id}/files?path=/root/f.txt"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .send_bytes(b"through the control plane")
-        .unwrap();
-    assert_eq!(put.status(), 201);
-    let read = http()
-        .get(&format!("{second}/v1/sandboxes/{id}/files?path=/root/f.txt"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    assert_eq!(read, "through the control plane");
+    a.client().upload_bytes(id, "/root/f.txt", b"through the control plane").unwrap();
+    let mut read = Vec::new();
+    b.client().download(id, "/root/f.txt", &mut read).unwrap();
+    assert_eq!(String::from_utf8_lossy(&read), "through the control plane");
     let started = a.ok(
         "POST",
         &format!("/v1/sandboxes/{id}/commands"),
         Some(json!({"cmd": "for i in 1 2 3; do echo $i; sleep 0.1; done"})),
     );
     let cid = started["command"]["id"].as_str().unwrap();
-    let followed = http()
-        .get(&format!("{second}/v1/sandboxes/{id}/commands/{cid}/output?follow=true"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    assert!(followed.contains("\"1\\n\"") && followed.contains("\"type\":\"exit\""), "{followed}");
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let output = format!("/v1/sandboxes/{id}/commands/{cid}/output");
+    let result = b.client().stream_output(&output, &mut stdout, &mut stderr).unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&stdout), String::from_utf8_lossy(&stderr));
+    assert_eq!((stdout.as_ref(), result.exit_code), ("1\n2\n3\n", Some(0)), "{stderr}");
     // attach's WebSocket through a replica (the CLI's `exec -t`).
     let tty = output_within(
         Command::new(SPACE)
@@ -436,6 +423,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
         assert!(operations.iter().any(|o| o["sandbox_id"] == id.as_str() && o["kind"] == "create"), "{id}");
     }
     assert!(a.ok("GET", "/v1/openapi.json", None)["paths"]["/v1/events"].is_object());
+    // A web page, not an answer of the API's: the client has no call for it.
     let console = http().get(&format!("{first}/")).call().unwrap();
     assert!(console.content_type().starts_with("text/html"), "{}", console.content_type());
     // The follower saw every node's sandboxes start and commands end, in
@@ -545,15 +533,13 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
     // A replica killed mid-create: the client sends it again, with its
     // Idempotency-Key, through the other replica; one sandbox comes of it.
     let before = b.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().len();
-    let auth = format!("Bearer {key}");
+    let replica_key = key.clone();
     let send = move |url: &str| {
-        ureq::post(&format!("{url}/v1/sandboxes"))
-            .timeout(Duration::from_secs(60))
-            .set("Authorization", &auth)
-            .set("Idempotency-Key", "mid-create-1")
-            .send_json(json!({"template": "base", "memory_mib": 256}))
-            .ok()
-            .and_then(|r| r.into_json::<Value>().ok())
+        let body = json!({"template": "base", "memory_mib": 256});
+        let api = Api { url: url.to_string(), key: replica_key.clone() };
+        let answer =
+            api.client().call_with("POST", "/v1/sandboxes", &[("Idempotency-Key", "mid-create-1")], Some(&body));
+        answer.ok().filter(|answer| (200..300).contains(&answer.status)).map(|answer| answer.body)
     };
     let doomed = first.clone();
     let first_send = send.clone();

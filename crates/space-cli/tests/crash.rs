@@ -58,10 +58,15 @@ struct Client {
 }
 
 impl Client {
+    /// The API's own client, of the server that runs now; `patience` is
+    /// each call's deadline.
+    fn api(&self, patience: Duration) -> space_client::Client {
+        let agent = ureq::AgentBuilder::new().timeout(patience).build();
+        space_client::Client::with_agent(&self.url.read().unwrap(), &self.key, agent)
+    }
+
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(90)).build();
-        let api = space_client::Client::with_agent(&self.url.read().unwrap(), &self.key, agent);
-        api.call(method, path, body.as_ref()).ok()
+        self.api(Duration::from_secs(90)).call(method, path, body.as_ref()).ok()
     }
 
     /// Calls until the server answers (it may be restarting).
@@ -263,13 +268,10 @@ fn killing_the_server_under_load_loses_nothing_it_accepted() {
         let (status, command) = client.call_until_answered("GET", &format!("/v1/sandboxes/{id}/commands/{cid}"));
         assert_eq!(status, 200, "{command}");
         assert_eq!(command["result"]["exit_code"], 0, "{command}");
-        let url = format!("{}/v1/sandboxes/{id}/commands/{cid}/output", client.url.read().unwrap());
-        let text = ureq::get(&url)
-            .timeout(Duration::from_secs(60))
-            .set("Authorization", &format!("Bearer {}", client.key))
-            .call()
-            .unwrap();
-        let frames = text.into_string().unwrap();
+        // The transcript as kept, not followed: a command whose exit frame
+        // was lost must fail this, not wait for it.
+        let output = format!("/v1/sandboxes/{id}/commands/{cid}/output");
+        let frames = client.api(Duration::from_secs(60)).get_text(&output).unwrap();
         assert!(frames.contains(stdout.trim()), "the transcript of {cid} kept its output: {frames}");
     }
 
@@ -399,14 +401,8 @@ fn a_sandbox_slow_to_come_back_holds_up_no_other() {
         (command["state"] == "exited").then_some(command)
     });
     assert_eq!(command["result"]["exit_code"], 0, "{command}");
-    let url = format!("{}/v1/sandboxes/{slow}/commands/{command_id}/output", client.url.read().unwrap());
-    let frames = ureq::get(&url)
-        .set("Authorization", &format!("Bearer {}", client.key))
-        .timeout(Duration::from_secs(30))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let output = format!("/v1/sandboxes/{slow}/commands/{command_id}/output");
+    let frames = client.api(Duration::from_secs(30)).get_text(&output).unwrap();
     assert!(frames.contains("across"), "the command's output came through: {frames}");
 
     for id in [&slow, &other] {
