@@ -485,9 +485,9 @@ fn the_drivers_take_an_interrupt_right_behind_its_run() {
     let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
     let sources = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for file in [
-        "src/contexts/python_driver.py",
-        "src/contexts/js_driver.js",
-        "src/contexts/bash_driver.py",
+        "../space-node/src/contexts/python_driver.py",
+        "../space-node/src/contexts/js_driver.js",
+        "../space-node/src/contexts/bash_driver.py",
         "tests/contexts/interrupt_harness.py",
     ] {
         let name = file.rsplit('/').next().unwrap();
