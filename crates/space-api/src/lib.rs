@@ -4,6 +4,8 @@
 //! never silently ignored. These types carry no validation logic; the server
 //! converts them into its own validated domain types.
 
+pub mod e2b;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

@@ -1204,7 +1204,7 @@ async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Res
     let placed = place(cp, caller, &serde_json::json!({"template": name}), key.as_deref()).await;
     let (node, allowance) = match placed {
         // E2B's code interpreter template, served by SPACE's (as on a node).
-        Err(err) if err.code == ErrorCode::TemplateNotFound && name == crate::e2b::E2B_CODE_INTERPRETER => {
+        Err(err) if err.code == ErrorCode::TemplateNotFound && name == space_api::e2b::E2B_CODE_INTERPRETER => {
             let served = serde_json::json!({"template": space_host::template::CODE_INTERPRETER_TEMPLATE});
             place(cp, caller, &served, key.as_deref()).await?
         }
@@ -1231,7 +1231,7 @@ async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Resul
     // Each node's whole list, its filters passed on as sent (E2B encodes
     // metadata its own way), then one page of them all, as a node pages.
     let raw = request.uri().query().unwrap_or_default().to_string();
-    let query: std::collections::BTreeMap<String, String> = crate::e2b::form_pairs(&raw).into_iter().collect();
+    let query: std::collections::BTreeMap<String, String> = space_api::e2b::form_pairs(&raw).into_iter().collect();
     let mut asked: Vec<&str> =
         raw.split('&').filter(|p| !p.is_empty() && !p.starts_with("limit=") && !p.starts_with("nextToken=")).collect();
     let whole = format!("limit={}", usize::MAX);
@@ -1245,7 +1245,9 @@ async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Resul
             return Ok(response);
         }
         if let (_, Some(serde_json::Value::Array(some))) = read_answer(response).await? {
-            listed.extend(some.into_iter().map(|s| (crate::e2b::parse_time(s["startedAt"].as_str().unwrap_or("")), s)));
+            listed.extend(
+                some.into_iter().map(|s| (space_api::e2b::parse_time(s["startedAt"].as_str().unwrap_or("")), s)),
+            );
         }
     }
     crate::e2b::page(listed, &query)

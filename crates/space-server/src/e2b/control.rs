@@ -7,16 +7,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use space_api::e2b::{form_pairs, metadata_filter, parse_time, E2B_CODE_INTERPRETER};
 use space_api::{
     CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, OperationKind, OperationState, SandboxState,
 };
 
-use super::{envd_token, header, E2bError, ENVD_VERSION};
+use super::{envd_token, header, page, E2bError, ENVD_VERSION};
 use crate::api::AppState;
 use crate::domain::CreateSpec;
 use crate::store::SandboxRecord;
@@ -30,8 +31,6 @@ const NO_LIFECYCLE: Lifecycle =
 const DEFAULT_TIMEOUT_S: u64 = 300;
 /// The longest a synchronous call waits for its operation.
 const OPERATION_PATIENCE: Duration = Duration::from_secs(300);
-/// Sandboxes per page of a list, unless `limit` says otherwise.
-const PAGE: usize = 100;
 
 /// The caller of an E2B control-plane request, from `X-API-KEY` (a SPACE
 /// key: the server's own or a tenant's).
@@ -87,10 +86,6 @@ fn e2b_state(record: &SandboxRecord) -> Option<&'static str> {
     }
 }
 
-pub(crate) fn parse_time(text: &str) -> SystemTime {
-    humantime::parse_rfc3339_weak(text).unwrap_or_else(|_| SystemTime::now())
-}
-
 fn rfc3339(time: SystemTime) -> String {
     humantime::format_rfc3339_seconds(time).to_string()
 }
@@ -127,10 +122,6 @@ fn lifecycle_for(record_created: SystemTime, timeout_s: u64, auto_pause: bool, b
 fn pauses_on_timeout(lifecycle: &Lifecycle) -> bool {
     lifecycle.max_lifetime_s.is_none() && matches!(lifecycle.on_idle, Some(OnIdle::Suspend | OnIdle::Pause))
 }
-
-/// The template E2B's code interpreter creates its sandboxes from; SPACE's
-/// `code-interpreter` serves it unless a template of this name exists.
-pub(crate) const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
 
 /// E2B's `Sandbox` (what create and connect answer).
 fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bError> {
@@ -333,43 +324,6 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(sandbox_json(&state, &record)?)))
 }
 
-/// `metadata=k1=v1&k2=v2`, each key and value percent-encoded once more
-/// inside the already decoded query value.
-fn metadata_filter(text: &str) -> Vec<(String, String)> {
-    form_pairs(text).into_iter().map(|(k, v)| (percent_decode(&k), percent_decode(&v))).collect()
-}
-
-/// `a=b&c=d` decoded as a form (`+` is a space).
-pub(crate) fn form_pairs(text: &str) -> Vec<(String, String)> {
-    text.split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(&k.replace('+', " ")), percent_decode(&v.replace('+', " ")))
-        })
-        .collect()
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(hi), Some(lo)) => {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 pub async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -400,38 +354,6 @@ pub async fn list(
         .filter(|(at, _)| started_after.is_none_or(|after| *at > after))
         .collect();
     page(listed, &query)
-}
-
-/// One page of `listed` (each with its start) as E2B answers a list:
-/// newest first unless `order=asc`, `limit` a page, the next page's
-/// `nextToken` in `X-Next-Token`. `query` is the list's decoded query.
-pub(crate) fn page(
-    mut listed: Vec<(SystemTime, Value)>,
-    query: &BTreeMap<String, String>,
-) -> Result<Response, E2bError> {
-    let limit = match query.get("limit") {
-        Some(text) => text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            E2bError::new(StatusCode::BAD_REQUEST, format!("limit must be a positive number, got {text:?}"))
-        })?,
-        None => PAGE,
-    };
-    let skip = match query.get("nextToken").filter(|t| !t.is_empty()) {
-        Some(token) => token
-            .parse::<usize>()
-            .map_err(|_| E2bError::new(StatusCode::BAD_REQUEST, "nextToken is not one this server gave"))?,
-        None => 0,
-    };
-    listed.sort_by_key(|(at, _)| *at);
-    if query.get("order").map(String::as_str) != Some("asc") {
-        listed.reverse();
-    }
-    let total = listed.len();
-    let page: Vec<Value> = listed.into_iter().skip(skip).take(limit).map(|(_, v)| v).collect();
-    let mut response = Json(page).into_response();
-    if skip.saturating_add(limit) < total {
-        response.headers_mut().insert("x-next-token", HeaderValue::from(skip + limit));
-    }
-    Ok(response)
 }
 
 pub async fn detail(
@@ -627,17 +549,4 @@ pub async fn metrics(
 /// Anything else E2B's SDK may call (templates, snapshots, volumes, ...).
 pub async fn unsupported() -> E2bError {
     E2bError::new(StatusCode::NOT_IMPLEMENTED, "not supported by SPACE's E2B-compatible API")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metadata_filters_are_decoded_twice() {
-        // {"a b": "x&y=z"} as the SDK sends it, after the query's own decoding.
-        let once = percent_decode("a%252520b%3Dx%252526y%25253Dz");
-        assert_eq!(metadata_filter(&once), vec![("a b".to_string(), "x&y=z".to_string())]);
-        assert_eq!(form_pairs("state=running%2Cpaused&limit=2").len(), 2);
-    }
 }

@@ -25,13 +25,14 @@ mod filesystem;
 mod interpreter;
 mod process;
 
-pub(crate) use control::{form_pairs, page, parse_time, E2B_CODE_INTERPRETER};
+use std::collections::BTreeMap;
+use std::time::SystemTime;
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::api::AppState;
 use crate::error::ApiError;
@@ -137,4 +138,17 @@ pub fn envd_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiEr
 /// A header's text, if present and readable.
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// One page of `listed` (each with its start) as E2B answers a list
+/// (`space_api::e2b::page`), the next page's `nextToken` in `X-Next-Token`.
+/// `query` is the list's decoded query.
+pub(crate) fn page(listed: Vec<(SystemTime, Value)>, query: &BTreeMap<String, String>) -> Result<Response, E2bError> {
+    let page =
+        space_api::e2b::page(listed, query).map_err(|message| E2bError::new(StatusCode::BAD_REQUEST, message))?;
+    let mut response = axum::Json(page.items).into_response();
+    if let Some(next) = page.next_token {
+        response.headers_mut().insert("x-next-token", HeaderValue::from(next));
+    }
+    Ok(response)
 }

@@ -1,0 +1,131 @@
+//! E2B's wire conventions that both a node's E2B adapter and a cluster's
+//! control plane speak: the form-encoded queries of its list call, its
+//! paging, its timestamps and the name of its code interpreter's template.
+//! Plain functions over text and JSON values: the HTTP answer around them
+//! is each side's own.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+/// The template E2B's code interpreter creates its sandboxes from; SPACE's
+/// `code-interpreter` serves it unless a template of this name exists.
+pub const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
+
+/// A list's page when the query names no `limit`.
+pub const PAGE: usize = 100;
+
+/// An RFC 3339 time as E2B sends it; one that does not parse is now.
+pub fn parse_time(text: &str) -> SystemTime {
+    humantime::parse_rfc3339_weak(text).unwrap_or_else(|_| SystemTime::now())
+}
+
+/// `a=b&c=d` decoded as a form (`+` is a space).
+pub fn form_pairs(text: &str) -> Vec<(String, String)> {
+    text.split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(&k.replace('+', " ")), percent_decode(&v.replace('+', " ")))
+        })
+        .collect()
+}
+
+/// `metadata=k1=v1&k2=v2`, each key and value percent-encoded once more
+/// inside the already decoded query value.
+pub fn metadata_filter(text: &str) -> Vec<(String, String)> {
+    form_pairs(text).into_iter().map(|(k, v)| (percent_decode(&k), percent_decode(&v))).collect()
+}
+
+/// `%XX` escapes decoded; a `%` that starts none stays as it is.
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One page of a list as E2B answers it: the items, and the `nextToken`
+/// of the page after it (sent as `X-Next-Token`) when there is one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    pub items: Vec<Value>,
+    pub next_token: Option<usize>,
+}
+
+/// One page of `listed` (each with its start): newest first unless
+/// `order=asc`, `limit` a page, from the page `nextToken` names. `query` is
+/// the list's decoded query; a bad `limit` or `nextToken` is the message of
+/// a 400.
+pub fn page(mut listed: Vec<(SystemTime, Value)>, query: &BTreeMap<String, String>) -> Result<Page, String> {
+    let limit = match query.get("limit") {
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("limit must be a positive number, got {text:?}"))?,
+        None => PAGE,
+    };
+    let skip = match query.get("nextToken").filter(|t| !t.is_empty()) {
+        Some(token) => token.parse::<usize>().map_err(|_| "nextToken is not one this server gave".to_string())?,
+        None => 0,
+    };
+    listed.sort_by_key(|(at, _)| *at);
+    if query.get("order").map(String::as_str) != Some("asc") {
+        listed.reverse();
+    }
+    let total = listed.len();
+    let items: Vec<Value> = listed.into_iter().skip(skip).take(limit).map(|(_, v)| v).collect();
+    let next_token = (skip.saturating_add(limit) < total).then(|| skip + limit);
+    Ok(Page { items, next_token })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn metadata_filters_are_decoded_twice() {
+        // {"a b": "x&y=z"} as the SDK sends it, after the query's own decoding.
+        let once = percent_decode("a%252520b%3Dx%252526y%25253Dz");
+        assert_eq!(metadata_filter(&once), vec![("a b".to_string(), "x&y=z".to_string())]);
+        assert_eq!(form_pairs("state=running%2Cpaused&limit=2").len(), 2);
+    }
+
+    #[test]
+    fn a_page_is_newest_first_and_names_the_next() {
+        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let listed: Vec<(SystemTime, Value)> = (1..=3).map(|n| (at(n), Value::from(n))).collect();
+        let query = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let first = page(listed.clone(), &query(&[("limit", "2")])).unwrap();
+        assert_eq!(first, Page { items: vec![3.into(), 2.into()], next_token: Some(2) });
+        let rest = page(listed.clone(), &query(&[("limit", "2"), ("nextToken", "2")])).unwrap();
+        assert_eq!(rest, Page { items: vec![1.into()], next_token: None });
+        let ascending = page(listed.clone(), &query(&[("order", "asc")])).unwrap();
+        assert_eq!(ascending.items, vec![Value::from(1), 2.into(), 3.into()]);
+        assert!(page(listed.clone(), &query(&[("limit", "0")])).is_err());
+        assert!(page(listed, &query(&[("nextToken", "x")])).is_err());
+    }
+
+    #[test]
+    fn a_time_that_does_not_parse_is_now() {
+        assert_eq!(parse_time("2024-01-02T03:04:05Z"), SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_164_645));
+        assert!(parse_time("yesterday") > SystemTime::now() - Duration::from_secs(60));
+    }
+}
