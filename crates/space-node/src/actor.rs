@@ -6,14 +6,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_api::{ErrorCode, OperationKind, OperationOrigin, SandboxState};
-use space_engine::{AgentConn, AgentError, EngineError, SandboxSpec};
+use space_api::{ErrorCode, OperationKind, SandboxState};
+use space_engine::{AgentConn, EngineError, SandboxSpec};
 use tokio::sync::mpsc;
 
-use crate::adoption::AdoptError;
 use crate::checkpoints::{self, RunningCommand};
 use crate::domain::{self, Event};
 use crate::error::NodeError;
+use crate::failures::{AdoptError, SaveError, TemplateSaveError, WakeError};
+use crate::job::{Job, Work};
 use crate::platform::{LiveSandbox, Platform};
 use crate::store::SandboxRecord;
 
@@ -93,75 +94,6 @@ impl Platform {
     }
 }
 
-/// Why saving a sandbox's memory and disk (for a suspend, a fork, a
-/// checkpoint or a snapshot template) failed, by the step it failed at.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum SaveError {
-    #[error("thawing: {0}")]
-    Thaw(#[source] EngineError),
-    #[error("quiescing the agent: the agent is not connected")]
-    NotConnected,
-    #[error("quiescing the agent: {0}")]
-    Quiesce(#[source] AgentError),
-    #[error("saving memory and disk: {0}")]
-    Save(#[source] EngineError),
-    #[error("writing the snapshot: {0}")]
-    Snapshot(#[source] EngineError),
-    #[error("reconnecting the agent: {0}")]
-    Reconnect(#[source] AdoptError),
-    #[error("recording it: {0}")]
-    Record(#[source] std::io::Error),
-}
-
-impl SaveError {
-    /// The step it failed at, which a client may learn (no host paths).
-    fn step(&self) -> &'static str {
-        match self {
-            SaveError::Thaw(_) => "thawing",
-            SaveError::NotConnected | SaveError::Quiesce(_) => "quiescing the agent",
-            SaveError::Save(_) => "saving memory and disk",
-            SaveError::Snapshot(_) => "writing the snapshot",
-            SaveError::Reconnect(_) => "reconnecting the agent",
-            SaveError::Record(_) => "recording it",
-        }
-    }
-}
-
-/// Why a sandbox started from an image (a fork, a rewound checkpoint) did
-/// not come up as itself.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum WakeError {
-    #[error("starting from the image: {0}")]
-    Start(#[source] EngineError),
-    /// Whose agent session (the source's, the checkpoint's) is not known.
-    #[error("the {0} agent session is not known")]
-    NoSession(&'static str),
-    #[error(transparent)]
-    Adopt(#[from] AdoptError),
-    #[error("giving the agent a fresh identity: {0}")]
-    Identity(#[source] EngineError),
-    #[error("giving the agent a fresh identity: {0}")]
-    SetIdentity(#[source] AgentError),
-    /// The sandbox's record could not be changed.
-    #[error("{}", .0.message)]
-    Record(NodeError),
-}
-
-/// Why a snapshot template's build could not save its sandbox's image.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum TemplateSaveError {
-    /// The sandbox or the build's operation could not be read.
-    #[error("{}", .0.message)]
-    Record(NodeError),
-    #[error("the sandbox is {}, not running", .0.as_str())]
-    NotRunning(SandboxState),
-    #[error("saving the sandbox failed while {0}")]
-    Save(#[source] SaveError),
-    /// Its actor ended before it answered (the sandbox was deleted).
-    #[error("the sandbox went away")]
-    Gone,
-}
-
 /// An engine failure as the client sees it.
 fn engine_failed(message: impl Into<String>) -> NodeError {
     NodeError::new(ErrorCode::EngineFailed, message)
@@ -175,74 +107,6 @@ fn engine_failure(err: &EngineError) -> NodeError {
         EngineError::Agent(_) => "the sandbox started but its agent did not become healthy",
     };
     engine_failed(message)
-}
-
-/// A job for a sandbox's actor: carry out operation `operation_id`.
-pub(crate) struct Job {
-    pub(crate) operation_id: String,
-    pub(crate) work: Work,
-}
-
-/// What a job does: one kind of operation, with what only that kind
-/// carries.
-pub(crate) enum Work {
-    /// A create, from the warm or hot member handed out for it, if any
-    /// (boxed: a member is far larger than any other job).
-    Create {
-        warm: Option<Box<crate::warm::WarmMember>>,
-    },
-    Delete,
-    /// A pause; `idle`: the server's own idle pause, carried out only if
-    /// the sandbox is still idle (see `idle.rs`).
-    Pause {
-        idle: bool,
-    },
-    Resume,
-    Suspend,
-    Fork,
-    Checkpoint,
-    RestoreCheckpoint,
-    /// A snapshot template's build: save the sandbox's image into `dir`,
-    /// and say how that went.
-    SaveImage {
-        dir: std::path::PathBuf,
-        reply: tokio::sync::oneshot::Sender<Result<(), TemplateSaveError>>,
-    },
-    /// An operation with nothing for the actor to do (a template build
-    /// with no image to save).
-    Nothing,
-}
-
-impl Job {
-    /// The job that carries out `operation`, as its kind and origin say.
-    pub(crate) fn new(operation: &space_api::Operation) -> Job {
-        let work = match operation.kind {
-            OperationKind::Create => Work::Create { warm: None },
-            OperationKind::Delete => Work::Delete,
-            OperationKind::Pause => Work::Pause { idle: operation.origin == OperationOrigin::Idle },
-            OperationKind::Resume => Work::Resume,
-            OperationKind::Suspend => Work::Suspend,
-            OperationKind::Fork => Work::Fork,
-            OperationKind::Checkpoint => Work::Checkpoint,
-            OperationKind::RestoreCheckpoint => Work::RestoreCheckpoint,
-            OperationKind::BuildTemplate => Work::Nothing,
-        };
-        Job { operation_id: operation.id.clone(), work }
-    }
-
-    /// A create that hands out `warm` instead of a cold start.
-    pub(crate) fn create(operation: &space_api::Operation, warm: Option<crate::warm::WarmMember>) -> Job {
-        Job { operation_id: operation.id.clone(), work: Work::Create { warm: warm.map(Box::new) } }
-    }
-
-    /// A snapshot template build's save of the sandbox's image into `dir`.
-    pub(crate) fn save_image(
-        operation: &space_api::Operation,
-        dir: std::path::PathBuf,
-        reply: tokio::sync::oneshot::Sender<Result<(), TemplateSaveError>>,
-    ) -> Job {
-        Job { operation_id: operation.id.clone(), work: Work::SaveImage { dir, reply } }
-    }
 }
 
 pub(crate) struct Actor {

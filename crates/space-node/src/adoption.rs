@@ -7,69 +7,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use space_api::Command;
-use space_engine::{AgentConn, AgentError, EngineError, ExecStream, LiveStatus};
+use space_engine::{AgentConn, ExecStream, LiveStatus};
 
 use crate::domain::Event;
 use crate::error::NodeError;
+use crate::failures::AdoptError;
 use crate::platform::Platform;
-use crate::store::{SandboxRecord, StoreError};
+use crate::store::SandboxRecord;
 use crate::transcript::{self, TranscriptWriter};
-
-/// Why a sandbox's agent could not be taken back.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum AdoptError {
-    /// Nothing of the sandbox runs any more: its agent cannot dial in.
-    #[error("its engine processes are gone")]
-    EngineGone,
-    /// Its engine processes went away while its agent was awaited.
-    #[error("its engine processes are gone (the agent did not dial in within {waited:?})")]
-    GoneWhileWaiting { waited: Duration },
-    /// The engine still runs it, and nothing dialled in in time.
-    #[error("the agent did not dial in within {waited:?}")]
-    NotDialledIn { waited: Duration },
-    /// The engine still runs it; only connections without the agent's
-    /// key dialled in.
-    #[error(
-        "the agent did not dial in within {waited:?}; {turned_away} connection(s) without the agent's key were turned away"
-    )]
-    OnlyImpostors { waited: Duration, turned_away: usize },
-    /// A connection that holds the key (or the first one after a restore)
-    /// failed its handshake.
-    #[error("the agent's handshake failed: {0}")]
-    Handshake(#[source] AgentError),
-    #[error("the engine could not {action}: {source}")]
-    Engine {
-        action: &'static str,
-        #[source]
-        source: EngineError,
-    },
-    #[error("asking the engine for its status: {0}")]
-    StatusCheck(#[source] tokio::task::JoinError),
-    #[error("no agent session was recorded")]
-    NoSession,
-    #[error("reading the sandbox's commands: {0}")]
-    Store(#[from] StoreError),
-    #[error("reopening a command's transcript: {0}")]
-    Transcript(#[source] std::io::Error),
-    /// The sandbox's record could not be read or changed.
-    #[error("{}", .0.message)]
-    Record(NodeError),
-}
-
-impl AdoptError {
-    pub(crate) fn engine(action: &'static str) -> impl FnOnce(EngineError) -> AdoptError {
-        move |source| AdoptError::Engine { action, source }
-    }
-}
-
-impl From<NodeError> for AdoptError {
-    fn from(err: NodeError) -> AdoptError {
-        AdoptError::Record(err)
-    }
-}
 
 /// How long a re-adopted agent has to answer its handshake.
 const ADOPT_PATIENCE: Duration = Duration::from_secs(10);
@@ -281,7 +229,7 @@ impl Platform {
             let writer = TranscriptWriter::reopen(&path)
                 .map_err(AdoptError::Transcript)?
                 .with_limits(self.output_limits(&command.sandbox_id));
-            let started = started_instant(&command.started_at);
+            let started = crate::ids::started_instant(&command.started_at);
             self.follow(command, stream, writer, started, timeout_s);
         }
         self.changed();
@@ -298,14 +246,4 @@ pub(crate) enum Thaw {
     ForHandshake,
     /// Frozen: thawed, and left running (it is being resumed).
     ForGood,
-}
-
-/// The monotonic instant matching a recorded start time (for durations and
-/// timeouts of re-adopted commands).
-pub(crate) fn started_instant(started_at: &str) -> Instant {
-    let elapsed = humantime::parse_rfc3339(started_at)
-        .ok()
-        .and_then(|at| SystemTime::now().duration_since(at).ok())
-        .unwrap_or_default();
-    Instant::now().checked_sub(elapsed).unwrap_or_else(Instant::now)
 }

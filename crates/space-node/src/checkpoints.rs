@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use space_api::{Checkpoint, Command, ErrorCode, Operation, OperationKind, Sandbox, SandboxState, MAX_CHECKPOINTS};
 
-use crate::actor::Job;
 use crate::domain::{self, Event};
 use crate::error::NodeError;
+use crate::job::Job;
 use crate::platform::{new_operation, Platform};
 
 /// What a checkpoint keeps besides its image.
@@ -69,7 +69,7 @@ pub(crate) fn image_bytes(dir: &Path) -> u64 {
         .flatten()
         .flatten()
         .filter(|e| e.file_name() != "rootfs")
-        .map(|e| crate::disk::tree_bytes(&e.path()))
+        .map(|e| crate::state::disk::tree_bytes(&e.path()))
         .sum::<u64>();
     disk + memory
 }
@@ -162,7 +162,7 @@ impl Platform {
                 "a sandbox keeps at most {MAX_CHECKPOINTS} checkpoints; delete one first"
             )));
         }
-        let image = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+        let image = (u64::from(record.sandbox.memory_mib) << 20) + crate::state::disk::SNAPSHOT_OVERHEAD_BYTES;
         self.check_reserve("save a checkpoint", image)?;
         self.check_disk_quota(&record.tenant, image, "save a checkpoint (it holds the sandbox's memory)")?;
         let mut operation = new_operation(OperationKind::Checkpoint, id, "queued", 3);

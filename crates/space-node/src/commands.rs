@@ -4,22 +4,16 @@
 use std::time::Instant;
 
 use space_api::{Attach, Command, CommandState, ErrorCode, ProcessResult};
-use space_engine::{AgentConn, AgentError, ExecEvent, ExecStream};
-use space_proto::{ExecFailure, ExecRequest, Exited};
+use space_engine::{AgentConn, ExecEvent, ExecStream};
+use space_proto::{ExecRequest, Exited};
 use tokio::sync::watch;
 
 use crate::domain::{self, CommandSpec};
+pub use crate::error::exec_failure;
 use crate::error::NodeError;
 use crate::ids;
 use crate::platform::Platform;
 use crate::transcript::{self, OutputLimits, Progress, Stream, TranscriptWriter};
-
-/// What exists of a running command in memory.
-pub struct LiveCommand {
-    pub progress: watch::Receiver<Progress>,
-    pub stream: u32,
-    pub agent: AgentConn,
-}
 
 pub fn signal_name(signal: i32) -> String {
     nix::sys::signal::Signal::try_from(signal)
@@ -39,28 +33,6 @@ pub fn lost_result(command: &Command, why: &str) -> ProcessResult {
         stderr_bytes: 0,
         finished_at: ids::now(),
         error: Some(format!("the command's end was not observed: {why} (started {})", command.started_at)),
-    }
-}
-
-pub(crate) fn exec_failure(err: AgentError) -> NodeError {
-    match err {
-        AgentError::ExecFailed(failed) => {
-            let code = match failed.reason {
-                ExecFailure::NotFound => ErrorCode::ExecutableNotFound,
-                ExecFailure::PermissionDenied => ErrorCode::PermissionDenied,
-                ExecFailure::BadCwd => ErrorCode::InvalidCwd,
-                ExecFailure::BadUser => ErrorCode::InvalidUser,
-                ExecFailure::Invalid => ErrorCode::InvalidValue,
-                ExecFailure::Spawn => ErrorCode::SpawnFailed,
-            };
-            NodeError::new(code, failed.message)
-        }
-        AgentError::Disconnected | AgentError::Timeout(_) | AgentError::Impostor => {
-            NodeError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
-        }
-        AgentError::Protocol(err) => NodeError::internal("talking to the agent", err),
-        AgentError::File(err) => NodeError::internal("starting a command", err.message),
-        AgentError::PortClosed(why) => NodeError::internal("starting a command", why),
     }
 }
 
@@ -179,7 +151,7 @@ impl Platform {
         };
         self.store.put_command(&command)?;
         self.store.put_command_stream(&id, stream.stream, timeout_s)?;
-        let started = crate::adoption::started_instant(&command.started_at);
+        let started = crate::ids::started_instant(&command.started_at);
         let writer = writer.with_limits(self.output_limits(sandbox_id));
         self.follow(command, stream, writer, started, timeout_s);
         Ok(())
@@ -195,7 +167,11 @@ impl Platform {
         started: Instant,
         timeout_s: u64,
     ) {
-        let live = LiveCommand { progress: writer.subscribe(), stream: stream.stream, agent: stream.conn().clone() };
+        let live = crate::platform::LiveCommand {
+            progress: writer.subscribe(),
+            stream: stream.stream,
+            agent: stream.conn().clone(),
+        };
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).insert(command.id.clone(), live);
         let platform = self.clone();
         tokio::spawn(async move { platform.pump(command, stream, writer, started, timeout_s).await });

@@ -23,6 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::NodeError;
 use crate::ids;
 use crate::platform::Platform;
+pub(crate) use crate::state::contexts::SavedContext;
+use crate::state::contexts::{CurrentRun, LiveContext, NotReady};
 
 /// The Python driver (IPython's shell in the driver's process), run as `python3 -c`.
 const PYTHON_DRIVER: &str = include_str!("contexts/python_driver.py");
@@ -34,94 +36,6 @@ const JS_DRIVER: &str = include_str!("contexts/js_driver.js");
 const READY_PATIENCE: Duration = Duration::from_secs(120);
 /// What of the driver's stderr is kept to say why it did not start.
 const STDERR_KEPT: usize = 4096;
-
-/// A context while its driver runs.
-pub(crate) struct LiveContext {
-    info: Mutex<CodeContext>,
-    agent: AgentConn,
-    stream: u32,
-    /// The driver's process id in the sandbox (to take its stream over).
-    pid: u32,
-    /// The interpreter's own environment (to start it again).
-    env: std::collections::BTreeMap<String, String>,
-    /// Set once the driver process is gone (its restart runs it anew).
-    exited: std::sync::atomic::AtomicBool,
-    /// The run going on, and where its events go.
-    run: Mutex<Option<CurrentRun>>,
-    /// Held by the run going on: one at a time.
-    running: Arc<tokio::sync::Mutex<()>>,
-    /// Told when the interpreter is ready (again, after a restart).
-    ready: Mutex<Option<oneshot::Sender<Result<(), NotReady>>>>,
-    /// Where runs that name no context go (E2B's code interpreter).
-    default: std::sync::atomic::AtomicBool,
-}
-
-/// The run going on in a context. An interrupt is never lost: one asked
-/// before the driver can take it is remembered here and given when it can
-/// (the JavaScript driver says `started` from inside the run, the only time
-/// a SIGINT reaches the run and not Node's own default).
-struct CurrentRun {
-    id: String,
-    events: mpsc::UnboundedSender<Value>,
-    /// Whether its code runs (JavaScript's `started`; the others take an
-    /// interrupt on their stdin at any time).
-    started: bool,
-    interrupted: bool,
-}
-
-/// What a context's record keeps: enough to pick its driver up again on a
-/// connection that still serves its stream (after a restart, in a fork).
-#[derive(Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct SavedContext {
-    info: CodeContext,
-    pub(crate) stream: u32,
-    pub(crate) pid: u32,
-    env: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    default: bool,
-}
-
-impl LiveContext {
-    fn saved(&self) -> SavedContext {
-        SavedContext {
-            info: self.info(),
-            stream: self.stream,
-            pid: self.pid,
-            env: self.env.clone(),
-            default: self.default.load(std::sync::atomic::Ordering::SeqCst),
-        }
-    }
-
-    fn set_state(&self, state: &str) {
-        self.info.lock().unwrap_or_else(|e| e.into_inner()).state = state.to_string();
-    }
-
-    fn info(&self) -> CodeContext {
-        self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    async fn send(&self, request: Value) -> Result<(), NodeError> {
-        let line = format!("{request}\n").into_bytes();
-        self.agent.send_stdin(self.stream, line).await.map_err(crate::commands::exec_failure)
-    }
-
-    /// Ends the run going on (if any) with `event`.
-    fn end_run(&self, event: Value) {
-        if let Some(run) = self.run.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = run.events.send(event);
-        }
-    }
-
-    /// Whether `id` names the run going on (a late event of an earlier
-    /// run is not this one's).
-    fn is_current(&self, id: &str) -> bool {
-        self.run.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|run| run.id == id)
-    }
-
-    async fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), NodeError> {
-        self.agent.signal(self.stream, signal as i32).await.map_err(crate::commands::exec_failure)
-    }
-}
 
 pub fn context_not_found(id: &str) -> NodeError {
     NodeError::not_found("context", id)
@@ -187,7 +101,7 @@ impl Platform {
         // A driver is a command like any other: it gets the placeholders of
         // the sandbox's network as it is now, not as it was at create.
         self.give_current_env(&info.sandbox_id, agent).await?;
-        let stream = agent.exec(&exec).await.map_err(crate::commands::exec_failure)?;
+        let stream = agent.exec(&exec).await.map_err(crate::error::exec_failure)?;
         let (ready, started) = oneshot::channel();
         let live = Arc::new(LiveContext {
             info: Mutex::new(info),
@@ -421,17 +335,6 @@ impl Platform {
         let _ = live.signal(nix::sys::signal::Signal::SIGKILL).await;
         Ok(())
     }
-}
-
-/// Why a context's interpreter did not become ready.
-#[derive(Debug, thiserror::Error)]
-enum NotReady {
-    /// The driver said the interpreter died, and why.
-    #[error("{0}")]
-    Died(String),
-    /// The driver itself exited: the last line it wrote to stderr.
-    #[error("{0}")]
-    DriverExited(String),
 }
 
 /// Reads the driver's events until it exits: readiness, each run's events

@@ -18,8 +18,6 @@
 //! and output is counted instead of kept, so the database and the running
 //! sandboxes never meet a full disk.
 
-use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -27,6 +25,9 @@ use space_api::{DiskUsage, ErrorCode, SandboxState};
 
 use crate::error::NodeError;
 use crate::platform::Platform;
+pub use crate::state::disk::{
+    tree_bytes, ToldQuota, DEFAULT_DISK_RESERVE_MIB, DEFAULT_MAX_SANDBOX_OUTPUT_BYTES, SNAPSHOT_OVERHEAD_BYTES,
+};
 use crate::store::{Quotas, SandboxRecord};
 
 /// What a tenant's disk quota leaves it.
@@ -41,44 +42,7 @@ pub(crate) struct QuotaLeft {
     pub elsewhere: u64,
 }
 
-/// A tenant's disk quota as a cluster's control plane tells a node: the
-/// quota, and what the tenant holds on the other nodes.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ToldQuota {
-    pub max_mib: u64,
-    pub elsewhere_bytes: u64,
-}
-
-/// Free space the host keeps by default, in MiB.
-pub const DEFAULT_DISK_RESERVE_MIB: u64 = 2048;
-/// Output kept per sandbox by default (all its commands' transcripts).
-pub const DEFAULT_MAX_SANDBOX_OUTPUT_BYTES: u64 = 1 << 30;
-/// What a suspend may write beyond the sandbox's `memory_mib`: the
-/// engine's own memory is in the snapshot too.
-pub const SNAPSHOT_OVERHEAD_BYTES: u64 = 256 << 20;
-
 const MIB: u64 = 1 << 20;
-
-/// Bytes taken by regular files under `dir`, never following a link.
-pub fn tree_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|entry| match entry.file_type() {
-            Ok(t) if t.is_dir() => tree_bytes(&entry.path()),
-            Ok(t) if t.is_file() => entry.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
-}
-
-/// Per-sandbox transcript bytes on disk, loaded when first needed.
-#[derive(Default)]
-pub(crate) struct OutputUse {
-    by_sandbox: std::sync::Mutex<HashMap<String, Arc<AtomicU64>>>,
-}
 
 /// The uploads directory and the name prefix of `tenant`'s uploads in it.
 pub fn upload_prefix(tenant: &str) -> String {

@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use space_api::{CommandRequest, CreateSandboxRequest, Lifecycle, Network, OnIdle, OperationKind, SandboxState};
+use space_api::{
+    CommandRequest, CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, OperationKind, SandboxState,
+};
+use space_egress::policy::{Binding, Mode, Policy, RuleError};
 use space_host::template::TemplateDefaults;
 
 use crate::error::NodeError;
@@ -74,11 +77,10 @@ impl CreateSpec {
         }
         // A value that looks like a placeholder would be taken for one (and
         // dropped once no binding names its variable).
-        if let Some(var) = request.env.iter().find(|(_, v)| v.starts_with(crate::secrets::PLACEHOLDER_PREFIX)) {
+        if let Some(var) = request.env.iter().find(|(_, v)| v.starts_with(PLACEHOLDER_PREFIX)) {
             return Err(NodeError::unprocessable(format!(
                 "env.{}: values starting with {:?} are the server's placeholders",
-                var.0,
-                crate::secrets::PLACEHOLDER_PREFIX
+                var.0, PLACEHOLDER_PREFIX
             ))
             .with_details(serde_json::json!({"field": "env"})));
         }
@@ -129,7 +131,7 @@ impl CreateSpec {
 
 /// A network whose rules all read (422 naming the bad rule otherwise).
 pub fn checked_network(network: Network) -> Result<Network, NodeError> {
-    crate::egress::policy_of(&network).map_err(|err| {
+    policy_of(&network).map_err(|err| {
         NodeError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "network"}))
     })?;
     Ok(network)
@@ -344,6 +346,27 @@ pub fn accepts_commands(state: SandboxState) -> bool {
         | SandboxState::Failed => false,
     }
 }
+
+/// The gateway's policy for a sandbox's network.
+pub fn policy_of(network: &Network) -> Result<Policy, RuleError> {
+    let mode = match network.egress {
+        Egress::None => Mode::None,
+        Egress::Allowlist => Mode::Allowlist,
+        Egress::Public => Mode::Public,
+    };
+    let bindings = network
+        .secrets
+        .values()
+        .map(|b| {
+            let headers = b.set_header.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            Binding::new(&b.secret, b.placeholder.as_deref().unwrap_or_default(), &b.hosts, headers)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Policy::new(mode, &network.allow, &network.deny)?.with_bindings(bindings)
+}
+
+/// The start of every placeholder a sandbox sees for a secret.
+pub const PLACEHOLDER_PREFIX: &str = "space_ph_";
 
 #[cfg(test)]
 mod tests {

@@ -3,70 +3,18 @@
 //! policy, and the audit log of what went through.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use space_api::{Egress, ErrorCode, Network};
-use space_egress::gateway::{Credentials, Event, GatewayConfig, SandboxEgress};
-use space_egress::policy::{Binding, Mode, Policy, RuleError};
-use tokio::sync::mpsc;
+use space_api::{ErrorCode, Network};
+use space_egress::gateway::{Credentials, GatewayConfig, SandboxEgress};
+use space_egress::policy::Policy;
 
+pub use crate::domain::policy_of;
 use crate::error::NodeError;
 use crate::platform::Platform;
 
-/// Events waiting to be stored, at most.
-const EVENT_QUEUE: usize = 4096;
 /// How long an agent may take to take a new environment.
 const ENV_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The gateway's policy for a sandbox's network.
-pub fn policy_of(network: &Network) -> Result<Policy, RuleError> {
-    let mode = match network.egress {
-        Egress::None => Mode::None,
-        Egress::Allowlist => Mode::Allowlist,
-        Egress::Public => Mode::Public,
-    };
-    let bindings = network
-        .secrets
-        .values()
-        .map(|b| {
-            let headers = b.set_header.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            Binding::new(&b.secret, b.placeholder.as_deref().unwrap_or_default(), &b.hosts, headers)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Policy::new(mode, &network.allow, &network.deny)?.with_bindings(bindings)
-}
-
-/// The egress sockets being served, by sandbox.
-pub(crate) struct EgressHub {
-    config: Mutex<GatewayConfig>,
-    /// The operator's fixed answers, when given (its lookups are counted).
-    static_names: Mutex<Option<Arc<space_egress::gateway::StaticResolver>>>,
-    live: Mutex<HashMap<String, Arc<SandboxEgress>>>,
-    events: mpsc::Sender<(String, Event)>,
-    queued: Mutex<Option<mpsc::Receiver<(String, Event)>>>,
-    /// Sandboxes whose agent may hold another environment than
-    /// [`crate::secrets::sandbox_env`] (its network changed, or it is an
-    /// agent that kept its memory: re-adopted, resumed, woken from an
-    /// image), each with the count of the change: given before its next
-    /// command, and forgotten only if nothing changed meanwhile.
-    env_due: Mutex<HashMap<String, u64>>,
-    env_changes: std::sync::atomic::AtomicU64,
-}
-
-impl EgressHub {
-    pub(crate) fn new(config: GatewayConfig) -> EgressHub {
-        let (events, queued) = mpsc::channel(EVENT_QUEUE);
-        EgressHub {
-            config: Mutex::new(config),
-            static_names: Mutex::default(),
-            live: Mutex::default(),
-            events,
-            queued: Mutex::new(Some(queued)),
-            env_due: Mutex::default(),
-            env_changes: Default::default(),
-        }
-    }
-}
 
 /// The operator's egress settings (`space serve --egress-host`,
 /// `--egress-allow-internal`, `--egress-trust`): fixed answers for names
@@ -323,7 +271,7 @@ impl Platform {
         // The CA is the welcome's business; only the environment changes.
         let identity = space_engine::fresh_identity(&env, None)
             .map_err(|e| NodeError::internal("the sandbox's environment", e))?;
-        agent.set_identity(&identity, ENV_PATIENCE).await.map_err(crate::commands::exec_failure)?;
+        agent.set_identity(&identity, ENV_PATIENCE).await.map_err(crate::error::exec_failure)?;
         let mut due = self.egress.env_due.lock().unwrap_or_else(|e| e.into_inner());
         if due.get(id) == Some(&change) {
             due.remove(id);

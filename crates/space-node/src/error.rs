@@ -4,6 +4,8 @@
 //! each turn it into their own answer in one place.
 
 use space_api::{ErrorCode, ErrorDetail};
+use space_engine::AgentError;
+use space_proto::ExecFailure;
 
 /// An error as a caller of the node sees it: a stable code, a human message
 /// and details.
@@ -71,5 +73,28 @@ impl NodeError {
 impl From<space_store::StoreError> for NodeError {
     fn from(err: space_store::StoreError) -> NodeError {
         NodeError::internal("accessing the state database", err)
+    }
+}
+
+/// An agent's failure to run something, as the caller sees it.
+pub fn exec_failure(err: AgentError) -> NodeError {
+    match err {
+        AgentError::ExecFailed(failed) => {
+            let code = match failed.reason {
+                ExecFailure::NotFound => ErrorCode::ExecutableNotFound,
+                ExecFailure::PermissionDenied => ErrorCode::PermissionDenied,
+                ExecFailure::BadCwd => ErrorCode::InvalidCwd,
+                ExecFailure::BadUser => ErrorCode::InvalidUser,
+                ExecFailure::Invalid => ErrorCode::InvalidValue,
+                ExecFailure::Spawn => ErrorCode::SpawnFailed,
+            };
+            NodeError::new(code, failed.message)
+        }
+        AgentError::Disconnected | AgentError::Timeout(_) | AgentError::Impostor => {
+            NodeError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
+        }
+        AgentError::Protocol(err) => NodeError::internal("talking to the agent", err),
+        AgentError::File(err) => NodeError::internal("starting a command", err.message),
+        AgentError::PortClosed(why) => NodeError::internal("starting a command", why),
     }
 }

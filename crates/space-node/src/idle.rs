@@ -20,11 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use space_api::{CommandState, SandboxState};
 
+pub use crate::platform::DEFAULT_AUTO_PAUSE_S;
 use crate::platform::{Doze, Platform};
 use crate::store::SandboxRecord;
-
-/// Seconds of idleness before the server pauses a sandbox, by default.
-pub const DEFAULT_AUTO_PAUSE_S: u64 = 30;
 
 /// Idleness after which a running sandbox dozes.
 pub(crate) const DOZE_AFTER: Duration = Duration::from_secs(2);

@@ -87,6 +87,16 @@ pub fn hostname_for(sandbox_id: &str) -> String {
     sandbox_id.replace('_', "-")
 }
 
+/// The monotonic instant matching a recorded start time (for durations and
+/// timeouts of re-adopted commands).
+pub fn started_instant(started_at: &str) -> std::time::Instant {
+    let elapsed = humantime::parse_rfc3339(started_at)
+        .ok()
+        .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
+        .unwrap_or_default();
+    std::time::Instant::now().checked_sub(elapsed).unwrap_or_else(std::time::Instant::now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

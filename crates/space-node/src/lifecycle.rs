@@ -14,10 +14,11 @@ use space_api::{
 use space_host::template::TemplateInfo;
 use tokio::sync::OwnedRwLockReadGuard;
 
-use crate::actor::{Job, TemplateSaveError};
 use crate::domain::{self, CreateSpec, Event};
 use crate::error::NodeError;
+use crate::failures::TemplateSaveError;
 use crate::ids;
+use crate::job::Job;
 use crate::platform::{new_operation, Platform};
 use crate::store::{Quotas, SandboxRecord};
 use crate::tenants;
@@ -174,7 +175,7 @@ impl Platform {
         // Each fork's root, and the image of the source's memory.
         let disk = ((u64::from(count) * u64::from(disk_mib)) << 20)
             + (u64::from(memory_mib) << 20)
-            + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+            + crate::state::disk::SNAPSHOT_OVERHEAD_BYTES;
         self.check_reserve("fork a sandbox", disk)?;
         self.check_disk_quota(&tenant, disk, &format!("fork a sandbox {count} time(s)"))?;
         self.admit(memory_mib.saturating_mul(count))?;
@@ -258,7 +259,7 @@ impl Platform {
         domain::transition(record.sandbox.state, event)?;
         if event == Event::SuspendRequested {
             // The snapshot holds the sandbox's memory: room for all of it.
-            let snapshot = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+            let snapshot = (u64::from(record.sandbox.memory_mib) << 20) + crate::state::disk::SNAPSHOT_OVERHEAD_BYTES;
             self.check_reserve("suspend a sandbox", snapshot)?;
             self.check_disk_quota(&record.tenant, snapshot, "suspend a sandbox (its snapshot holds its memory)")?;
         }

@@ -15,9 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use space_api::{Operation, OperationKind, OperationState, SandboxState};
-
-use crate::platform::Platform;
+use space_api::{Operation, OperationKind, OperationState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -70,7 +68,7 @@ fn operation_histogram() -> Histogram {
 
 /// Everything counted, and the registry that encodes it.
 pub struct Metrics {
-    registry: Registry,
+    pub(crate) registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub request_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub operation_seconds: Family<OperationLabels, Histogram, fn() -> Histogram>,
@@ -232,36 +230,5 @@ impl Metrics {
         self.command_exits.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
         self.output_bytes.get_or_create(&StreamLabels { stream: "stdout".into() }).inc_by(result.stdout_bytes);
         self.output_bytes.get_or_create(&StreamLabels { stream: "stderr".into() }).inc_by(result.stderr_bytes);
-    }
-}
-
-impl Platform {
-    /// The metrics in Prometheus's text format, gauges read now.
-    pub fn metrics_text(&self) -> String {
-        let metrics = &self.metrics;
-        metrics.sandboxes.clear();
-        for record in self.store.sandboxes().unwrap_or_default() {
-            if record.sandbox.state == SandboxState::Deleted {
-                continue;
-            }
-            let labels = SandboxLabels {
-                state: record.sandbox.state.as_str().into(),
-                engine: record.sandbox.engine.clone(),
-                template: record.sandbox.template.clone(),
-            };
-            metrics.sandboxes.get_or_create(&labels).inc();
-        }
-        metrics.warm_members.set(self.warm.count() as i64);
-        metrics.hot_members.set(self.warm.hot_count() as i64);
-        let dozing = self.dozing.lock().unwrap_or_else(|e| e.into_inner());
-        metrics.dozing.set(dozing.values().filter(|d| **d == crate::platform::Doze::Dozing).count() as i64);
-        drop(dozing);
-        metrics.capacity_promised.set(self.reserved_mib() as i64);
-        metrics.capacity_total.set(self.capacity_mib as i64);
-        let mut text = String::new();
-        if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &metrics.registry) {
-            tracing::error!("encoding the metrics: {err}");
-        }
-        text
     }
 }

@@ -20,7 +20,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::commands::LiveCommand;
 use crate::domain::{self, Event};
 use crate::error::NodeError;
 use crate::ids;
@@ -29,7 +28,7 @@ use crate::store::{SandboxRecord, Store};
 /// What exists of a sandbox in memory while its actor lives.
 pub(crate) struct LiveSandbox {
     pub(crate) agent: Mutex<Option<AgentConn>>,
-    pub(crate) jobs: mpsc::UnboundedSender<crate::actor::Job>,
+    pub(crate) jobs: mpsc::UnboundedSender<crate::job::Job>,
     /// Requests that use the sandbox (commands, files) hold it shared while
     /// they do; pausing an idle sandbox takes it exclusively, so it never
     /// freezes a sandbox under a request.
@@ -40,6 +39,16 @@ pub(crate) struct LiveSandbox {
     pub(crate) unadopted: std::sync::atomic::AtomicBool,
 }
 
+/// What exists of a running command in memory.
+pub struct LiveCommand {
+    pub progress: watch::Receiver<crate::transcript::Progress>,
+    pub stream: u32,
+    pub agent: AgentConn,
+}
+
+/// Seconds of idleness before the server pauses a sandbox, by default.
+pub const DEFAULT_AUTO_PAUSE_S: u64 = 30;
+
 pub struct Platform {
     pub data: DataDir,
     pub store: Store,
@@ -49,7 +58,7 @@ pub struct Platform {
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     pub(crate) commands: Mutex<HashMap<String, LiveCommand>>,
     /// Code contexts whose drivers run, by id.
-    pub(crate) contexts: Mutex<HashMap<String, Arc<crate::contexts::LiveContext>>>,
+    pub(crate) contexts: Mutex<HashMap<String, Arc<crate::state::contexts::LiveContext>>>,
     /// Live sandboxes a restarted server has not re-adopted yet (requests
     /// for them wait, see [`Platform::until_reconciled`]).
     pub reconciling: Mutex<std::collections::HashSet<String>>,
@@ -64,7 +73,7 @@ pub struct Platform {
     /// Held from the capacity check until the new record is written, so
     /// concurrent creates cannot both take the last room.
     pub(crate) admission: Mutex<()>,
-    pub(crate) builds: crate::templates::Builds,
+    pub(crate) builds: crate::state::builds::Builds,
     /// The guest agent put into templates this server builds.
     pub(crate) agent_bin: std::path::PathBuf,
     /// Output kept per command; what comes after is counted, not stored.
@@ -80,26 +89,26 @@ pub struct Platform {
     pub max_sandbox_output_bytes: std::sync::atomic::AtomicU64,
     /// Free space of the data dir the host keeps (see `disk.rs`).
     pub disk_reserve_bytes: std::sync::atomic::AtomicU64,
-    pub(crate) output_use: crate::disk::OutputUse,
+    pub(crate) output_use: crate::state::disk::OutputUse,
     /// Disk granted to running template builds, by tenant.
     pub(crate) build_grants: Mutex<HashMap<String, u64>>,
-    pub(crate) egress: crate::egress::EgressHub,
+    pub(crate) egress: crate::state::egress::EgressHub,
     /// Seals tenant secrets and sandbox CA keys (loaded on first use).
-    pub keyring: std::sync::OnceLock<crate::secrets::Keyring>,
+    pub keyring: std::sync::OnceLock<crate::keyring::Keyring>,
     /// A node: the change of its cluster's secrets it holds (0: none yet),
     /// and the lock that takes a set at a time.
     pub secrets_epoch: std::sync::atomic::AtomicU64,
     pub(crate) secrets_taken: Mutex<()>,
     /// A node: each tenant's disk quota here as its control plane last
     /// told it (`None`: no quota), which wins over the node's own records.
-    pub told_disk_quotas: Mutex<HashMap<String, Option<crate::disk::ToldQuota>>>,
+    pub told_disk_quotas: Mutex<HashMap<String, Option<crate::state::disk::ToldQuota>>>,
     pub metrics: crate::metrics::Metrics,
     /// Running sandboxes whose engine was told they are idle (see
     /// `idle.rs`), or may have been by a server before a restart.
     pub(crate) dozing: Mutex<HashMap<String, Doze>>,
     /// When the current step of each operation under way began.
     step_clocks: Mutex<HashMap<String, std::time::Instant>>,
-    pub(crate) usage: crate::sampling::UsageHistory,
+    pub(crate) usage: crate::state::usage::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
     pub metrics_without_key: std::sync::atomic::AtomicBool,
     /// Whether requests are counted and logged and events recorded (off
@@ -224,12 +233,12 @@ impl Platform {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
             node_id: Default::default(),
-            auto_pause_s: crate::idle::DEFAULT_AUTO_PAUSE_S.into(),
-            max_sandbox_output_bytes: crate::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),
-            disk_reserve_bytes: (crate::disk::DEFAULT_DISK_RESERVE_MIB << 20).into(),
+            auto_pause_s: DEFAULT_AUTO_PAUSE_S.into(),
+            max_sandbox_output_bytes: crate::state::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),
+            disk_reserve_bytes: (crate::state::disk::DEFAULT_DISK_RESERVE_MIB << 20).into(),
             output_use: Default::default(),
             build_grants: Default::default(),
-            egress: crate::egress::EgressHub::new(space_egress::gateway::GatewayConfig::new(Arc::new(
+            egress: crate::state::egress::EgressHub::new(space_egress::gateway::GatewayConfig::new(Arc::new(
                 space_egress::gateway::SystemResolver,
             ))),
             keyring: Default::default(),
@@ -600,9 +609,9 @@ mod tests {
         ("egress.rs", include_str!("egress.rs")),
         ("idle.rs", include_str!("idle.rs")),
         ("lifecycle.rs", include_str!("lifecycle.rs")),
-        ("metrics.rs", include_str!("metrics.rs")),
         ("policies.rs", include_str!("policies.rs")),
         ("recovery.rs", include_str!("recovery.rs")),
+        ("scrape.rs", include_str!("scrape.rs")),
         ("sampling.rs", include_str!("sampling.rs")),
         ("secrets.rs", include_str!("secrets.rs")),
         ("templates.rs", include_str!("templates.rs")),

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use space_api::{ErrorCode, Operation, OperationKind, OperationState, SandboxState};
 use space_engine::LiveStatus;
 
-use crate::actor::Job;
-use crate::adoption::AdoptError;
 use crate::domain::{self, Event};
 use crate::error::NodeError;
+use crate::failures::AdoptError;
 use crate::ids;
+use crate::job::Job;
 use crate::platform::Platform;
 use crate::store::SandboxRecord;
 

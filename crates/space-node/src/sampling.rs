@@ -3,14 +3,15 @@
 //! into a short history kept in memory (the last 10 minutes), which
 //! `GET /v1/sandboxes/{id}/metrics` and E2B's `get_metrics` answer from.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use space_api::{SandboxState, SandboxUsage, UsagePoint};
 
 use crate::error::NodeError;
 use crate::platform::Platform;
+use crate::state::usage::Last;
+pub use crate::state::usage::UsageHistory;
 use crate::store::SandboxRecord;
 
 /// How often running sandboxes are sampled.
@@ -19,26 +20,6 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const KEPT: usize = 120;
 /// The window of a sample taken on demand (no recent one exists).
 const CPU_WINDOW: Duration = Duration::from_millis(200);
-
-/// The last sample's counters, to turn the next one's into a rate.
-#[derive(Clone, Copy)]
-struct Last {
-    at: Instant,
-    cpu_usec: u64,
-}
-
-#[derive(Default)]
-struct Series {
-    points: VecDeque<UsagePoint>,
-    last: Option<Last>,
-    cpu_usec: u64,
-}
-
-/// Every sandbox's recent samples.
-#[derive(Default)]
-pub struct UsageHistory {
-    series: Mutex<HashMap<String, Series>>,
-}
 
 fn percent(used_usec: u64, over: Duration, vcpus: u32) -> f64 {
     let window = over.as_micros().max(1) as f64;

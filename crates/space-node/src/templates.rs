@@ -2,8 +2,7 @@
 //! operation (with progress and a log), listed, inspected and deleted.
 //! Versions live on disk (`space-host`); builds in progress live here.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use space_api::{
     CreateTemplateRequest, ErrorCode, Operation, OperationKind, Template, TemplateDefaults, TemplateDefaultsRequest,
@@ -18,20 +17,7 @@ use crate::tenants::Caller;
 use crate::domain::{MAX_DISK_MIB, MAX_MEMORY_MIB, MAX_VCPUS, MIN_DISK_MIB, MIN_MEMORY_MIB};
 use crate::error::NodeError;
 use crate::platform::{new_operation, Platform};
-
-/// A build in progress: its operation once accepted, source and owner.
-#[derive(Clone)]
-pub(crate) struct Building {
-    operation: Option<String>,
-    source: serde_json::Value,
-    pub(crate) owner: Option<String>,
-}
-
-/// Builds in progress, by template name.
-#[derive(Default)]
-pub(crate) struct Builds {
-    pub(crate) in_progress: Mutex<HashMap<String, Building>>,
-}
+pub(crate) use crate::state::builds::Building;
 
 pub fn template_not_found(name: &str) -> NodeError {
     NodeError::new(ErrorCode::TemplateNotFound, format!("no template {name:?}"))
@@ -320,7 +306,7 @@ impl Platform {
             Some(name) => serde_json::json!({"checkpoint": {"sandbox": sandbox_id, "name": name}}),
             None => serde_json::json!({"sandbox": sandbox_id}),
         };
-        let image = (u64::from(record.sandbox.memory_mib) << 20) + crate::disk::SNAPSHOT_OVERHEAD_BYTES;
+        let image = (u64::from(record.sandbox.memory_mib) << 20) + crate::state::disk::SNAPSHOT_OVERHEAD_BYTES;
         self.check_disk_quota(&caller.tenant, image, "make a snapshot template (it holds the sandbox's memory)")?;
         let slot = self.reserve_build(&request.name, source.clone(), caller)?;
         let meta = space_host::template::TemplateMeta {
