@@ -117,6 +117,7 @@ mod tests {
         assert_eq!(first, Page { items: vec![3.into(), 2.into()], next_token: Some(2) });
         let rest = page(listed.clone(), &query(&[("limit", "2"), ("nextToken", "2")])).unwrap();
         assert_eq!(rest, Page { items: vec![1.into()], next_token: None });
+        assert_eq!(page(listed.clone(), &query(&[("limit", "3")])).unwrap().next_token, None);
         let ascending = page(listed.clone(), &query(&[("order", "asc")])).unwrap();
         assert_eq!(ascending.items, vec![Value::from(1), 2.into(), 3.into()]);
         assert!(page(listed.clone(), &query(&[("limit", "0")])).is_err());
