@@ -21,9 +21,24 @@ pub struct OwnedSandbox {
     record: SandboxRecord,
 }
 
+/// Why [`Platform::sandbox_by_token`] gave no sandbox.
+#[derive(Debug)]
+pub enum TokenRefused {
+    /// No token the request sent is the sandbox's.
+    Wrong,
+    /// The token is right but the sandbox is gone.
+    NotFound,
+    Node(NodeError),
+}
+
 impl OwnedSandbox {
     pub fn id(&self) -> &str {
         self.id.as_str()
+    }
+
+    /// The sandbox's record as it was when it was loaded.
+    pub fn record(&self) -> &SandboxRecord {
+        &self.record
     }
 
     pub fn into_record(self) -> SandboxRecord {
@@ -38,6 +53,28 @@ impl Platform {
         let record = self.store.sandbox(id.as_str())?.filter(|record| record.tenant == caller.tenant);
         let record = record.ok_or_else(|| NodeError::not_found("sandbox", id.as_str()))?;
         Ok(OwnedSandbox { id: id.clone(), record })
+    }
+
+    /// The sandbox `id` for a request that holds one of the sandbox's own
+    /// tokens (E2B's envd and traffic tokens, which the keyring derives from
+    /// the id): `presented` pairs each token's purpose with what the request
+    /// sent for it. The tokens are compared first, in constant time, so a
+    /// request without one learns nothing of whether `id` exists.
+    pub fn sandbox_by_token(&self, id: &str, presented: &[(&str, &[u8])]) -> Result<OwnedSandbox, TokenRefused> {
+        let keyring = self.keyring().map_err(TokenRefused::Node)?;
+        let mut authentic = false;
+        for (purpose, sent) in presented {
+            authentic |= space_proto::constant_time_eq(sent, keyring.token(purpose, id).as_bytes());
+        }
+        if !authentic {
+            return Err(TokenRefused::Wrong);
+        }
+        let id = SandboxId::parse(id).ok_or(TokenRefused::NotFound)?;
+        match self.store.sandbox(id.as_str()) {
+            Ok(Some(record)) => Ok(OwnedSandbox { id, record }),
+            Ok(None) => Err(TokenRefused::NotFound),
+            Err(err) => Err(TokenRefused::Node(err.into())),
+        }
     }
 
     /// The operation `id` if `caller`'s tenant owns it; 404 otherwise.

@@ -28,7 +28,8 @@ use crate::platform::Platform;
 pub use crate::state::disk::{
     tree_bytes, ToldQuota, DEFAULT_DISK_RESERVE_MIB, DEFAULT_MAX_SANDBOX_OUTPUT_BYTES, SNAPSHOT_OVERHEAD_BYTES,
 };
-use crate::store::{Quotas, SandboxRecord};
+use crate::store::SandboxRecord;
+pub use crate::tenants::{quota_exceeded, quota_limits};
 
 /// What a tenant's disk quota leaves it.
 pub(crate) struct QuotaLeft {
@@ -234,22 +235,6 @@ impl Drop for BuildGrant<'_> {
                 grants.remove(&self.tenant);
             }
         }
-    }
-}
-
-/// 429 `quota_exceeded` naming the tenant and the resource.
-pub fn quota_exceeded(tenant: &str, resource: &str, message: String) -> NodeError {
-    NodeError::new(ErrorCode::QuotaExceeded, message)
-        .with_details(serde_json::json!({"tenant": tenant, "resource": resource}))
-}
-
-/// A tenant's quotas with their resource names, for the usage report.
-pub fn quota_limits(quotas: &Quotas) -> space_api::QuotaLimits {
-    space_api::QuotaLimits {
-        max_sandboxes: quotas.max_sandboxes,
-        max_vcpus: quotas.max_vcpus,
-        max_memory_mib: quotas.max_memory_mib,
-        max_disk_mib: quotas.max_disk_mib,
     }
 }
 

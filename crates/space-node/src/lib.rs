@@ -19,9 +19,7 @@ pub mod egress;
 pub mod error;
 mod failures;
 pub mod idle;
-pub mod ids;
 mod job;
-mod keyring;
 pub mod lifecycle;
 pub mod metrics;
 pub mod platform;
@@ -30,10 +28,11 @@ pub mod recovery;
 pub mod sampling;
 mod scrape;
 pub mod secrets;
+pub mod session;
 mod state;
+pub use space_core::{ids, keyring, tenants};
 pub use space_store as store;
 pub mod templates;
-pub mod tenants;
 pub mod transcript;
 pub mod warm;
 
@@ -48,6 +47,7 @@ use space_host::datadir::DataDir;
 pub use crate::error::NodeError;
 pub use crate::idle::DEFAULT_AUTO_PAUSE_S;
 pub use crate::platform::Platform;
+pub use crate::session::Session;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

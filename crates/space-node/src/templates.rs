@@ -18,11 +18,7 @@ use crate::domain::{MAX_DISK_MIB, MAX_MEMORY_MIB, MAX_VCPUS, MIN_DISK_MIB, MIN_M
 use crate::error::NodeError;
 use crate::platform::{new_operation, Platform};
 pub(crate) use crate::state::builds::Building;
-
-pub fn template_not_found(name: &str) -> NodeError {
-    NodeError::new(ErrorCode::TemplateNotFound, format!("no template {name:?}"))
-        .with_details(serde_json::json!({"kind": "template", "id": name}))
-}
+pub use space_core::error::template_not_found;
 
 /// A template name reserved for one build, from before its upload until
 /// the build ends; dropping it frees the name.

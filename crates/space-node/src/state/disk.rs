@@ -1,18 +1,11 @@
 //! What a node holds of its disk: the quotas it was told, transcript bytes
 //! per sandbox, its defaults, and how a tree's size is counted.
 
+pub use space_core::tenants::ToldQuota;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-
-/// A tenant's disk quota as a cluster's control plane tells a node: the
-/// quota, and what the tenant holds on the other nodes.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ToldQuota {
-    pub max_mib: u64,
-    pub elsewhere_bytes: u64,
-}
 
 /// Free space the host keeps by default, in MiB.
 pub const DEFAULT_DISK_RESERVE_MIB: u64 = 2048;

@@ -5,9 +5,8 @@
 //! key are shared, those built with a tenant's key are that tenant's.
 
 use sha2::{Digest, Sha256};
-use space_api::{SandboxState, Usage};
+use space_api::{ErrorCode, SandboxState, Usage};
 
-use crate::disk::{quota_exceeded, quota_limits};
 use crate::error::NodeError;
 use crate::ids;
 use crate::store::{KeyInfo, Quotas, SandboxRecord, Store, StoreError, OPERATOR_TENANT};
@@ -138,7 +137,7 @@ fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, NodeError> {
 /// 429 when `count` more sandboxes of `wanted` (vCPUs, MiB of memory)
 /// would take `tenant` past its sandbox, vCPU or memory quota on this host
 /// (disk is counted by `disk.rs`).
-pub(crate) fn check_quotas(
+pub fn check_quotas(
     store: &Store,
     tenant: &str,
     quotas: &Quotas,
@@ -167,6 +166,30 @@ pub fn usage(store: &Store, tenant: &str, disk: space_api::DiskUsage) -> Result<
         memory_mib: held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum(),
         disk,
     })
+}
+
+/// 429 `quota_exceeded` naming the tenant and the resource.
+pub fn quota_exceeded(tenant: &str, resource: &str, message: String) -> NodeError {
+    NodeError::new(ErrorCode::QuotaExceeded, message)
+        .with_details(serde_json::json!({"tenant": tenant, "resource": resource}))
+}
+
+/// A tenant's quotas with their resource names, for the usage report.
+pub fn quota_limits(quotas: &Quotas) -> space_api::QuotaLimits {
+    space_api::QuotaLimits {
+        max_sandboxes: quotas.max_sandboxes,
+        max_vcpus: quotas.max_vcpus,
+        max_memory_mib: quotas.max_memory_mib,
+        max_disk_mib: quotas.max_disk_mib,
+    }
+}
+
+/// A tenant's disk quota as a cluster's control plane tells a node: the
+/// quota, and what the tenant holds on the other nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ToldQuota {
+    pub max_mib: u64,
+    pub elsewhere_bytes: u64,
 }
 
 #[cfg(test)]
