@@ -145,7 +145,7 @@ fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), NodeError
     Ok(())
 }
 
-pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
     if env.len() > MAX_ENV_ENTRIES {
         return Err(NodeError::unprocessable(format!("at most {MAX_ENV_ENTRIES} environment variables")));
     }
