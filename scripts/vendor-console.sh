@@ -6,7 +6,7 @@
 set -euo pipefail
 XTERM=6.0.0
 FIT=0.11.0
-dest="$(cd "$(dirname "$0")/.." && pwd)/crates/space-server/console/vendor"
+dest="$(cd "$(dirname "$0")/.." && pwd)/crates/space-http/console/vendor"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"

@@ -199,7 +199,7 @@ pub(crate) enum LinkError {
     #[error("TLS: {0}")]
     Tls(#[source] std::io::Error),
     #[error(transparent)]
-    Relay(#[from] crate::api::ports::RelayError),
+    Relay(#[from] space_http::proxy::RelayError),
 }
 
 impl From<hyper::Error> for LinkError {
@@ -278,7 +278,7 @@ struct IdleConnection {
 }
 
 /// How long a free connection is kept for the next request (less than the
-/// [`crate::http::HEADER_TIMEOUT`] after which a member closes it).
+/// [`space_http::server::HEADER_TIMEOUT`] after which a member closes it).
 const IDLE_FOR: Duration = Duration::from_secs(4);
 /// Free connections kept per member.
 const IDLE_PER_MEMBER: usize = 32;
@@ -318,7 +318,7 @@ impl Links {
                 match sender.try_send_request(request).await {
                     Ok(response) => {
                         self.keep(url, sender);
-                        return Ok(crate::api::ports::answer(response, None)?);
+                        return Ok(space_http::proxy::answer(response, None)?);
                     }
                     // Closed before it took the request: another one.
                     Err(mut failed) => match failed.take_message() {
@@ -333,7 +333,7 @@ impl Links {
         if upgrade.is_none() {
             self.keep(url, sender);
         }
-        Ok(crate::api::ports::answer(response, upgrade)?)
+        Ok(space_http::proxy::answer(response, upgrade)?)
     }
 
     /// A free connection to `url` that is neither stale nor closed.
@@ -375,7 +375,7 @@ impl Links {
         let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(LinkError::Connect)?;
         let _ = tcp.set_nodelay(true);
         if !https {
-            return Ok(crate::api::ports::http1(TokioIo::new(tcp)).await?);
+            return Ok(space_http::proxy::http1(TokioIo::new(tcp)).await?);
         }
         let Some(config) = &self.tls else {
             return Err(LinkError::NoTls(url.to_string()));
@@ -385,13 +385,13 @@ impl Links {
         )
         .map_err(LinkError::ServerName)?;
         let tls = tokio::time::timeout(
-            crate::http::HANDSHAKE_TIMEOUT,
+            space_http::server::HANDSHAKE_TIMEOUT,
             tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
         )
         .await
         .map_err(|_| LinkError::TlsTimeout)?
         .map_err(LinkError::Tls)?;
-        Ok(crate::api::ports::http1(TokioIo::new(tls)).await?)
+        Ok(space_http::proxy::http1(TokioIo::new(tls)).await?)
     }
 }
 
@@ -415,9 +415,9 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
     Router::new()
         .route("/internal/v1/nodes/heartbeat", post(heartbeat))
         .route("/v1/health", get(health))
-        .merge(crate::console::router())
+        .merge(space_http::console::router())
         .fallback(public)
-        .layer(axum::middleware::from_fn(crate::http::close_if_body_unread))
+        .layer(axum::middleware::from_fn(space_http::server::close_if_body_unread))
         .with_state(control_plane)
 }
 
@@ -426,7 +426,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
 pub fn internal_router(control_plane: Arc<ControlPlane>) -> Router {
     Router::new()
         .route("/internal/v1/nodes/heartbeat", post(heartbeat))
-        .layer(axum::middleware::from_fn(crate::http::close_if_body_unread))
+        .layer(axum::middleware::from_fn(space_http::server::close_if_body_unread))
         .with_state(control_plane)
 }
 
@@ -495,8 +495,8 @@ async fn health(State(cp): State<Shared>) -> Result<Response, ApiError> {
 
 /// The caller: the cluster's own key, or a tenant's (from PostgreSQL).
 fn authenticate(cp: &ControlPlane, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let offered = crate::api::websocket_bearer(headers);
-    let Some(key) = crate::api::bearer(headers).or(offered.as_deref()) else {
+    let offered = space_http::auth::websocket_bearer(headers);
+    let Some(key) = space_http::auth::bearer(headers).or(offered.as_deref()) else {
         return Err(ApiError::new(ErrorCode::Unauthorized, "missing API key: send `Authorization: Bearer <key>`"));
     };
     caller_for_key(cp, key)
@@ -563,7 +563,8 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ApiError> {
         (&Method::GET, ["v1", "events"]) => {
             use axum::extract::FromRequestParts as _;
             let (mut parts, _) = request.into_parts();
-            let crate::api::ApiQuery(query) = crate::api::ApiQuery::from_request_parts(&mut parts, &()).await?;
+            let space_http::extract::ApiQuery(query) =
+                space_http::extract::ApiQuery::from_request_parts(&mut parts, &()).await?;
             // Another replica may have taken events in since this one looked.
             cp.store.refresh_event_head()?;
             crate::api::events::serve(cp.clone(), caller, query, &parts.headers)
@@ -611,12 +612,12 @@ async fn relay_to(
     // a Basic header, a subprotocol) goes on; with no caller (envd) the
     // request keeps the sandbox token it needs.
     let incoming = match caller {
-        Some(_) => crate::api::ports::without_presented_credentials(&parts.headers),
+        Some(_) => space_http::proxy::without_presented_credentials(&parts.headers),
         None => parts.headers.clone(),
     };
     let headers = outgoing.headers_mut();
     for (name, value) in &incoming {
-        let hop = crate::api::ports::HOP_BY_HOP.contains(&name.as_str());
+        let hop = space_http::proxy::HOP_BY_HOP.contains(&name.as_str());
         // A tenant's key (in either header) never reaches a node.
         let key = (name == header::AUTHORIZATION && caller.is_some()) || name == "x-api-key";
         let ours = key || name == header::HOST || name.as_str().starts_with("x-space-");
@@ -799,7 +800,7 @@ fn lost_sandbox(placement: &crate::store::Placement, why: &str) -> Option<serde_
 /// memory left once what was placed since its last report is counted.
 async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ApiError> {
     let (mut parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+    let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
         .await
         .map_err(|_| ApiError::new(ErrorCode::TooLarge, "the request body is too large"))?;
     let wanted: serde_json::Value =
@@ -919,7 +920,7 @@ async fn sandbox_request(
     let path = request.uri().path().trim_end_matches('/').to_string();
     if request.method() == Method::POST && path.ends_with("/fork") {
         let (parts, body) = request.into_parts();
-        let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+        let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
             .await
             .map_err(|_| ApiError::new(ErrorCode::TooLarge, "the request body is too large"))?;
         let count = serde_json::from_slice::<serde_json::Value>(&bytes)
@@ -1046,7 +1047,7 @@ async fn build(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<R
     // archive streams on untouched.
     let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     let (body, source) = if json {
-        let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+        let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
             .await
             .map_err(|_| ApiError::new(ErrorCode::TooLarge, "the request body is too large"))?;
         let from = serde_json::from_slice::<serde_json::Value>(&bytes).ok().map(|b| b["from"].clone());
@@ -1192,7 +1193,7 @@ async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response, crate::e2b
 async fn e2b_create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, crate::e2b::E2bError> {
     use crate::e2b::E2bError;
     let (mut parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, crate::api::MAX_JSON_BODY)
+    let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
         .await
         .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request body is too large"))?;
     let body: serde_json::Value = match bytes.is_empty() {
@@ -1267,8 +1268,8 @@ async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request
     };
     let answer = if request.method() == Method::PUT {
         use axum::extract::FromRequest as _;
-        let crate::api::ApiJson(put) =
-            crate::api::ApiJson::<space_api::PutSecretRequest>::from_request(request, &()).await?;
+        let space_http::extract::ApiJson(put) =
+            space_http::extract::ApiJson::<space_api::PutSecretRequest>::from_request(request, &()).await?;
         axum::Json(crate::secrets::put_secret(&cp.store, keyring, &caller.tenant, name, put)?).into_response()
     } else {
         crate::secrets::delete_secret(&cp.store, &caller.tenant, name)?;
@@ -1295,7 +1296,7 @@ async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request
 pub(crate) async fn take_secrets(
     State(state): State<crate::AppState>,
     _token: NodeToken,
-    crate::api::ApiJson(set): crate::api::ApiJson<crate::secrets::SecretSet>,
+    space_http::extract::ApiJson(set): space_http::extract::ApiJson<crate::secrets::SecretSet>,
 ) -> Result<StatusCode, ApiError> {
     state.platform.take_secrets(set)?;
     Ok(StatusCode::NO_CONTENT)
@@ -1326,7 +1327,7 @@ const FEED_KEEPALIVE: Duration = Duration::from_secs(15);
 pub(crate) async fn feed(
     State(state): State<crate::AppState>,
     _token: NodeToken,
-    crate::api::ApiQuery(query): crate::api::ApiQuery<FeedQuery>,
+    space_http::extract::ApiQuery(query): space_http::extract::ApiQuery<FeedQuery>,
 ) -> Result<Response, ApiError> {
     struct Feed {
         platform: Arc<Platform>,
@@ -1360,7 +1361,7 @@ pub(crate) async fn feed(
             }
         }
     });
-    Ok(crate::api::output::stream_response(Body::from_stream(lines), false))
+    Ok(space_http::stream::stream_response(Body::from_stream(lines), false))
 }
 
 /// What each replica does for as long as it runs: claims the feeds of the
@@ -1527,7 +1528,7 @@ pub(crate) struct NodeToken(String);
 fn node_only(expected: Option<&str>, headers: &HeaderMap) -> Result<NodeToken, ApiError> {
     let missing = || ApiError::new(ErrorCode::NotFound, "no such route");
     let token = expected.ok_or_else(missing)?;
-    let presented = crate::api::bearer(headers).unwrap_or_default();
+    let presented = space_http::auth::bearer(headers).unwrap_or_default();
     if !space_proto::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         return Err(ApiError::new(ErrorCode::Unauthorized, "internal routes need the node token"));
     }
@@ -1607,7 +1608,7 @@ pub struct PullRequest {
 pub(crate) async fn pull_template(
     State(state): State<crate::AppState>,
     NodeToken(token): NodeToken,
-    crate::api::ApiJson(request): crate::api::ApiJson<PullRequest>,
+    space_http::extract::ApiJson(request): space_http::extract::ApiJson<PullRequest>,
 ) -> Result<StatusCode, ApiError> {
     if state.platform.data.template(&request.name).is_some() {
         return Ok(StatusCode::NO_CONTENT);

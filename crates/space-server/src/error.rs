@@ -1,10 +1,11 @@
-//! The runtime's error as an HTTP answer: the one place a `NodeError`'s code
-//! becomes a status (the code fixes it), a JSON error body and `Retry-After`.
+//! The runtime's error as an HTTP answer: a `NodeError` is answered as
+//! `space_http::HttpError`, where its code becomes a status (the code fixes
+//! it), a JSON error body and `Retry-After` (decision 018).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use space_api::{ErrorBody, ErrorCode};
+use space_api::ErrorCode;
+use space_http::HttpError;
 use space_node::NodeError;
 
 /// A [`NodeError`] on its way to an HTTP client. The edge's own failures
@@ -44,7 +45,7 @@ impl ApiError {
 
     /// The HTTP status, the one the code is always answered with.
     pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        space_http::error::status_of(self.0.code)
     }
 
     pub fn with_details(self, details: serde_json::Value) -> ApiError {
@@ -81,14 +82,25 @@ impl ApiError {
     }
 }
 
+/// What the edge's own checks refuse (a body, a query, a proxied request's
+/// framing), on the way back from a handler as its error.
+impl From<HttpError> for ApiError {
+    fn from(err: HttpError) -> ApiError {
+        let HttpError { detail, retry_after_s } = err;
+        let mut err = NodeError::new(detail.code, detail.message).with_details(detail.details);
+        err.retry_after_s = retry_after_s;
+        ApiError(err)
+    }
+}
+
+impl From<ApiError> for HttpError {
+    fn from(err: ApiError) -> HttpError {
+        HttpError { detail: err.0.detail(), retry_after_s: err.0.retry_after_s }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let retry_after = self.0.retry_after_s;
-        let mut response = (status, Json(ErrorBody { error: self.0.detail() })).into_response();
-        if let Some(seconds) = retry_after {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
-        }
-        response
+        HttpError::from(self).into_response()
     }
 }

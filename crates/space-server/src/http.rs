@@ -1,97 +1,20 @@
-//! The HTTP edge below the router: accepting connections, optional TLS
-//! (rustls), and the timeouts that keep slow or idle clients from holding
-//! the server (a request head must arrive within [`HEADER_TIMEOUT`], a TLS
-//! handshake within [`HANDSHAKE_TIMEOUT`]; heads are capped by hyper at
-//! [`MAX_HEADERS`] headers and [`MAX_HEAD_BYTES`] bytes).
+//! Serving the API: the server loop, TLS and timeouts are
+//! `space_http::server`'s (re-exported here under their former paths).
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio_rustls::rustls;
+
+pub use space_http::server::{
+    cluster_tls, tls_config, ClusterTls, TlsError, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
+};
 
 use crate::{AppState, ServerError};
 
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-pub const MAX_HEADERS: usize = 64;
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// How long open connections get to finish at shutdown.
-const DRAIN: Duration = Duration::from_secs(5);
-
-/// A TLS configuration from PEM files: a certificate chain and its key.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::PrivateKeyDer;
-    let bad = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-        ServerError::Startup(format!("{what} {}: {e}", path.display()))
-    };
-    let chain = certificates(cert)?;
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("reading the private key", key, &e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServerError::Startup(format!("TLS: {e}")))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key_der)
-        .map_err(|e| ServerError::Startup(format!("TLS: the key does not fit the certificate: {e}")))?;
-    Ok(Arc::new(config))
-}
-
-/// The certificates of a PEM file (at least one).
-fn certificates(path: &Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, ServerError> {
-    use rustls::pki_types::pem::PemObject;
-    let bad = |e: &dyn std::fmt::Display| ServerError::Startup(format!("reading {}: {e}", path.display()));
-    let chain = rustls::pki_types::CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(&e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(&e))?;
-    if chain.is_empty() {
-        return Err(ServerError::Startup(format!("no certificate in {}", path.display())));
+impl From<TlsError> for ServerError {
+    fn from(err: TlsError) -> ServerError {
+        ServerError::Startup(err.0)
     }
-    Ok(chain)
-}
-
-/// TLS between the members of a cluster: each has a certificate signed by
-/// the cluster's CA, serves with it while asking the other side for one
-/// of the same CA (mutual TLS), and presents it when it connects.
-pub struct ClusterTls {
-    pub server: Arc<rustls::ServerConfig>,
-    pub client: Arc<rustls::ClientConfig>,
-}
-
-pub fn cluster_tls(ca: &Path, cert: &Path, key: &Path) -> Result<ClusterTls, ServerError> {
-    use rustls::pki_types::pem::PemObject;
-    let startup = |what: &str, e: &dyn std::fmt::Display| ServerError::Startup(format!("cluster TLS: {what}: {e}"));
-    let mut roots = rustls::RootCertStore::empty();
-    for certificate in certificates(ca)? {
-        roots.add(certificate).map_err(|e| startup(&format!("{} holds no CA certificate", ca.display()), &e))?;
-    }
-    let roots = Arc::new(roots);
-    let chain = certificates(cert)?;
-    let key_der = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| startup(&format!("reading {}", key.display()), &e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-        .build()
-        .map_err(|e| startup("the client verifier", &e))?;
-    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| startup("versions", &e))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain.clone(), key_der.clone_key())
-        .map_err(|e| startup("the key does not fit the certificate", &e))?;
-    let client = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| startup("versions", &e))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key_der)
-        .map_err(|e| startup("the key does not fit the certificate", &e))?;
-    Ok(ClusterTls { server: Arc::new(server), client: Arc::new(client) })
 }
 
 /// Serves the API on `listener` (over TLS when `tls` is given) until
@@ -112,104 +35,6 @@ pub async fn serve_router(
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .max_headers(MAX_HEADERS)
-        .max_buf_size(MAX_HEAD_BYTES);
-    let builder = Arc::new(builder);
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of descriptors and the like: pause instead of spinning.
-                    tracing::warn!("accepting a connection: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let (builder, watcher, acceptor) = (builder.clone(), graceful.watcher(), acceptor.clone());
-        tokio::spawn(async move {
-            let result = match acceptor {
-                None => {
-                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    watcher.watch(connection.into_owned()).await
-                }
-                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => {
-                        let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-                        watcher.watch(connection.into_owned()).await
-                    }
-                    Ok(Err(err)) => Err(format!("TLS handshake: {err}").into()),
-                    Err(_) => Err("TLS handshake timed out".into()),
-                },
-            };
-            if let Err(err) = result {
-                tracing::debug!("connection ended: {err}");
-            }
-        });
-    }
-    let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+    space_http::server::serve(listener, router, tls, shutdown).await;
     Ok(())
-}
-
-/// A request body that notes when it has been read to its end.
-struct Watched {
-    inner: axum::body::Body,
-    read: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl hyper::body::Body for Watched {
-    type Data = axum::body::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(None) = polled {
-            self.read.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// Answers a request whose body was not read to its end (an error before
-/// the body was needed, say) with `Connection: close`: the connection
-/// cannot carry another request then, and a client that is not told so
-/// may send its next request on it as it closes.
-pub(crate) async fn close_if_body_unread(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use hyper::body::Body as _;
-    if request.body().is_end_stream() {
-        return next.run(request).await;
-    }
-    let read = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let request = request.map(|inner| axum::body::Body::new(Watched { inner, read: read.clone() }));
-    let mut response = next.run(request).await;
-    if !read.load(std::sync::atomic::Ordering::Relaxed) && !response.status().is_informational() {
-        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-    }
-    response
 }

@@ -1,6 +1,6 @@
 //! The SPACE server: the HTTP edge of a node (the `/v1` API, the E2B
-//! adapter, the console) over the runtime in `space-node`, and the cluster's
-//! control plane.
+//! adapter, the console from `space-http`) over the runtime in
+//! `space-node`, and the cluster's control plane.
 //!
 //! `app` builds the router, separate from `serve`, so tests drive the real
 //! API over a real socket against real sandboxes.
@@ -9,9 +9,6 @@ pub mod api;
 // Internal routes with the node token; a node's template by name.
 #[allow(clippy::disallowed_types)]
 pub mod cluster;
-// Static files by name, no resource of a tenant.
-#[allow(clippy::disallowed_types)]
-mod console;
 // E2B's routes load each sandbox for the caller themselves (`owned` in
 // e2b/control.rs, envd's token per sandbox).
 #[allow(clippy::disallowed_types)]

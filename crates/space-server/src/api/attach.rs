@@ -13,6 +13,7 @@ use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use space_api::{Command, ErrorBody};
 use space_engine::AgentConn;
+use space_http::extract::NoQuery;
 use tokio::sync::mpsc;
 
 use super::access::CommandPath;
@@ -56,7 +57,7 @@ struct Size {
 pub async fn attach(
     path: CommandPath,
     State(state): State<AppState>,
-    _: super::NoQuery,
+    _: NoQuery,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|e| ApiError::bad_request(format!("attach needs a WebSocket upgrade: {e}")))?;

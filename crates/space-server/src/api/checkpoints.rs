@@ -5,10 +5,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use space_api::{CheckpointList, CreateCheckpointRequest, ErrorBody, OperationKind, SandboxOperation};
+use space_http::extract::{ApiJson, NoBody, NoQuery};
 
 use super::access::{CheckpointPath, SandboxPath};
 use super::sandboxes::replay;
-use super::{idempotency_key, ApiJson, AppState, NoBody, NoQuery};
+use super::{idempotency_key, AppState};
 use crate::error::ApiError;
 use crate::tenants::Caller;
 

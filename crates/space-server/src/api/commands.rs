@@ -7,9 +7,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use space_api::{Command, CommandCreated, CommandList, CommandRequest, CommandState, ErrorBody, ExecResponse};
+use space_http::extract::{ApiJson, ApiQuery, NoQuery};
 
 use super::access::{CommandPath, SandboxPath};
-use super::{ApiJson, ApiQuery, AppState, WaitQuery};
+use super::{AppState, WaitQuery};
 use crate::commands::{check_input, Input};
 use crate::domain::CommandSpec;
 use crate::error::ApiError;
@@ -83,11 +84,7 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn list(
-    path: SandboxPath,
-    State(state): State<AppState>,
-    _: super::NoQuery,
-) -> Result<Json<CommandList>, ApiError> {
+pub async fn list(path: SandboxPath, State(state): State<AppState>, _: NoQuery) -> Result<Json<CommandList>, ApiError> {
     Ok(Json(CommandList { commands: state.platform.store.commands(path.sandbox.id())? }))
 }
 
@@ -154,7 +151,7 @@ pub struct SignalRequest {
 pub async fn signal(
     path: CommandPath,
     State(state): State<AppState>,
-    _: super::NoQuery,
+    _: NoQuery,
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> Result<StatusCode, ApiError> {
     use nix::sys::signal::Signal;
@@ -192,7 +189,7 @@ pub struct ResizeRequest {
 pub async fn resize(
     path: CommandPath,
     State(state): State<AppState>,
-    _: super::NoQuery,
+    _: NoQuery,
     ApiJson(request): ApiJson<ResizeRequest>,
 ) -> Result<StatusCode, ApiError> {
     if request.cols == 0 || request.rows == 0 {

@@ -6,9 +6,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use space_api::{CodeContext, CodeContextList, CreateContextRequest, ErrorBody, RunCodeRequest};
+use space_http::extract::{ApiJson, NoBody, NoQuery};
 
 use super::access::{ContextPath, SandboxPath};
-use super::{ApiJson, AppState, NoBody, NoQuery};
+use super::AppState;
 use crate::error::ApiError;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
@@ -120,5 +121,5 @@ pub async fn run(
         };
         Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some(run)))
     });
-    Ok(super::output::stream_response(Body::from_stream(lines), sse))
+    Ok(space_http::stream::stream_response(Body::from_stream(lines), sse))
 }

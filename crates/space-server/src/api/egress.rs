@@ -5,9 +5,10 @@
 use axum::extract::State;
 use axum::Json;
 use space_api::{EgressLog, ErrorBody, Network, Sandbox};
+use space_http::extract::{ApiJson, ApiQuery, NoQuery};
 
 use super::access::SandboxPath;
-use super::{ApiJson, ApiQuery, AppState, NoQuery};
+use super::AppState;
 use crate::error::ApiError;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]

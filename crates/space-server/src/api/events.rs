@@ -12,8 +12,9 @@ use axum::http::{header, HeaderMap};
 use axum::response::Response;
 use axum::Extension;
 use space_api::{ErrorBody, Event, EventType};
+use space_http::extract::ApiQuery;
 
-use super::{ApiQuery, AppState};
+use super::AppState;
 use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::store::{EventFilter, RawEvent, Store};
@@ -147,7 +148,7 @@ pub(crate) fn serve(
         let text: Vec<u8> = first.iter().chain(events.iter()).flat_map(|e| render(format, e)).collect();
         Body::from(text)
     };
-    Ok(super::output::stream_response(body, format == Format::Sse))
+    Ok(space_http::stream::stream_response(body, format == Format::Sse))
 }
 
 /// `types=`: full names or their first part; unknown ones are an error.

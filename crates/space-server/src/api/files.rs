@@ -10,10 +10,11 @@ use axum::Json;
 use futures_util::StreamExt;
 use space_api::{ErrorBody, ErrorCode};
 use space_engine::{AgentConn, AgentError, FileRead};
+use space_http::extract::ApiQuery;
 use space_proto::FileFailure;
 
 use super::access::SandboxPath;
-use super::{ApiQuery, AppState};
+use super::AppState;
 use crate::domain;
 use crate::error::ApiError;
 use crate::lifecycle::WorkGuard;

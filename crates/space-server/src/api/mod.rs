@@ -22,25 +22,22 @@ mod usage;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
-use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use serde::de::DeserializeOwned;
+use space_api::ErrorCode;
+use space_http::auth::{bearer, websocket_bearer};
+use space_http::extract::MAX_JSON_BODY;
 
 pub use self::health::kvm_status;
 pub use self::openapi::ApiDoc;
 use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::tenants::Caller;
-use space_api::ErrorCode;
 
-/// Largest JSON request body.
-pub(crate) const MAX_JSON_BODY: usize = 1 << 20;
 /// Longest `?wait=` a client may ask for.
 pub const MAX_WAIT_S: u64 = 60;
 
@@ -137,12 +134,12 @@ pub fn app(state: AppState) -> Router {
         )
         .merge(protected)
         .merge(crate::e2b::router())
-        .merge(crate::console::router())
+        .merge(space_http::console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), reconciled_first))
         .layer(middleware::from_fn_with_state(state.clone(), observe_request))
-        .layer(middleware::from_fn(crate::http::close_if_body_unread))
+        .layer(middleware::from_fn(space_http::server::close_if_body_unread))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .with_state(state)
 }
@@ -286,26 +283,6 @@ async fn method_not_allowed() -> ApiError {
     ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take that method")
 }
 
-/// The key in `Authorization: Bearer <key>`, if any.
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
-}
-
-/// The key a browser's WebSocket offers as the subprotocol
-/// `bearer.<base64url of the key>` (browsers cannot set headers on a
-/// WebSocket); the server never selects, so never echoes, that protocol.
-pub(crate) fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
-    use base64::Engine as _;
-    let upgrade = headers.get(header::UPGRADE)?.to_str().ok()?;
-    if !upgrade.eq_ignore_ascii_case("websocket") {
-        return None;
-    }
-    let offered = headers.get(header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;
-    let encoded = offered.split(',').map(str::trim).find_map(|p| p.strip_prefix("bearer."))?;
-    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded).ok()?;
-    String::from_utf8(key).ok()
-}
-
 /// Authenticates the key (the server's own, or a tenant's) and hands the
 /// caller on to the handler.
 async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
@@ -361,91 +338,6 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
     }
     crate::tenants::tenant_for_key(&state.platform.store, key)?
         .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "the API key is not valid"))
-}
-
-/// A JSON body whose every parse failure is a 4xx in our error shape.
-pub struct ApiJson<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(request, state).await {
-            Ok(axum::Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(json_rejection(rejection)),
-        }
-    }
-}
-
-pub(crate) fn json_rejection(rejection: JsonRejection) -> ApiError {
-    match rejection {
-        JsonRejection::JsonDataError(err) => {
-            ApiError::bad_request(format!("invalid request body: {}", err.body_text()))
-                .with_details(serde_json::json!({"reason": "schema"}))
-        }
-        JsonRejection::JsonSyntaxError(err) => {
-            ApiError::new(ErrorCode::MalformedJson, format!("the body is not valid JSON: {}", err.body_text()))
-        }
-        JsonRejection::MissingJsonContentType(_) => ApiError::new(
-            ErrorCode::UnsupportedMediaType,
-            "send the body as JSON with `Content-Type: application/json`",
-        ),
-        JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::new(ErrorCode::TooLarge, format!("the request body exceeds {MAX_JSON_BODY} bytes"))
-        }
-        other => ApiError::bad_request(other.body_text()),
-    }
-}
-
-/// Query parameters whose parse failures are 400s in our error shape.
-pub struct ApiQuery<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
-            Err(rejection) => Err(query_rejection(rejection)),
-        }
-    }
-}
-
-fn query_rejection(rejection: QueryRejection) -> ApiError {
-    ApiError::bad_request(format!("invalid query string: {}", rejection.body_text()))
-}
-
-/// A route that takes no query: any parameter would be ignored, so it is
-/// refused (400).
-pub struct NoQuery;
-
-impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        match parts.uri.query() {
-            None | Some("") => Ok(NoQuery),
-            Some(_) => Err(ApiError::bad_request("this route takes no query parameters")),
-        }
-    }
-}
-
-/// A route that takes no body: one would be ignored, so it is refused
-/// (400). Empty, or an empty JSON object (what clients send a POST without
-/// arguments), is none. Take it last: it reads the body.
-pub struct NoBody;
-
-impl<S: Send + Sync> FromRequest<S> for NoBody {
-    type Rejection = ApiError;
-
-    async fn from_request(request: Request, _: &S) -> Result<Self, ApiError> {
-        let refused = || ApiError::bad_request("this route takes no body");
-        let bytes = axum::body::to_bytes(request.into_body(), 1024).await.map_err(|_| refused())?;
-        match bytes.trim_ascii() {
-            b"" | b"{}" => Ok(NoBody),
-            _ => Err(refused()),
-        }
-    }
 }
 
 /// `?wait=<seconds>` as a deadline (at most [`MAX_WAIT_S`]).

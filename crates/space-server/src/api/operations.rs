@@ -3,9 +3,10 @@
 use axum::extract::State;
 use axum::{Extension, Json};
 use space_api::{ErrorBody, Operation, OperationList};
+use space_http::extract::ApiQuery;
 
 use super::access::OperationPath;
-use super::{ApiQuery, AppState, WaitQuery};
+use super::{AppState, WaitQuery};
 use crate::error::ApiError;
 use crate::tenants::Caller;
 

@@ -6,14 +6,16 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap};
 use axum::response::Response;
 use base64::Engine as _;
 use space_api::{ErrorBody, ErrorCode, OutputFrame, ProcessResult};
+use space_http::extract::ApiQuery;
+use space_http::stream::stream_response;
 use tokio::sync::{mpsc, watch};
 
 use super::access::CommandPath;
-use super::{ApiQuery, AppState};
+use super::AppState;
 use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::transcript::{self, Chunk, Progress, Stream, TranscriptReader};
@@ -60,15 +62,6 @@ pub async fn output(
         Some((Ok::<_, Infallible>(render(format, &item.into_frame())), emitted))
     }));
     Ok(stream_response(body, matches!(format, Format::Sse)))
-}
-
-/// A stream's answer: NDJSON, or SSE; never cached.
-pub(crate) fn stream_response(body: Body, sse: bool) -> Response {
-    let content_type = if sse { "text/event-stream" } else { "application/x-ndjson" };
-    let mut response = Response::new(body);
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
 }
 
 /// What a follower hands on: output as it was written, then the end.

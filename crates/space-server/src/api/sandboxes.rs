@@ -8,9 +8,10 @@ use space_api::{
     CreateSandboxRequest, ErrorBody, ForkAccepted, ForkRequest, OperationKind, Sandbox, SandboxList, SandboxOperation,
     SandboxState,
 };
+use space_http::extract::{ApiJson, ApiQuery, NoBody, NoQuery};
 
 use super::access::SandboxPath;
-use super::{idempotency_key, ApiJson, ApiQuery, AppState, NoBody, NoQuery};
+use super::{idempotency_key, AppState};
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
 use crate::tenants::Caller;

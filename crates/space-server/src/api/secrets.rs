@@ -5,9 +5,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use space_api::{ErrorBody, PutSecretRequest, SecretInfo, SecretList};
+use space_http::extract::{ApiJson, NoBody, NoQuery};
 
 use super::access::NamePath;
-use super::{ApiJson, AppState, NoBody, NoQuery};
+use super::AppState;
 use crate::error::ApiError;
 use crate::tenants::Caller;
 

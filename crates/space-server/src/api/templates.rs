@@ -10,10 +10,11 @@ use space_api::{
     CreateTemplateRequest, ErrorBody, ErrorCode, Operation, Template, TemplateDefaultsRequest, TemplateList,
     TemplateOperation,
 };
+use space_http::extract::{json_rejection, ApiQuery, NoBody, NoQuery, MAX_JSON_BODY};
 use tokio::io::AsyncWriteExt;
 
 use super::access::{OperationPath, TemplatePath};
-use super::{ApiQuery, AppState, NoBody, NoQuery};
+use super::AppState;
 use crate::error::ApiError;
 use crate::templates::{checked_overrides, Upload};
 use crate::tenants::Caller;
@@ -74,10 +75,10 @@ pub async fn create(
                     "a JSON build takes its name and defaults in the body, none in the query",
                 ));
             }
-            let body = axum::body::to_bytes(request.into_body(), super::MAX_JSON_BODY).await.map_err(|_| {
-                ApiError::new(ErrorCode::TooLarge, format!("the request body exceeds {} bytes", super::MAX_JSON_BODY))
+            let body = axum::body::to_bytes(request.into_body(), MAX_JSON_BODY).await.map_err(|_| {
+                ApiError::new(ErrorCode::TooLarge, format!("the request body exceeds {} bytes", MAX_JSON_BODY))
             })?;
-            let Json(request) = Json::<CreateTemplateRequest>::from_bytes(&body).map_err(super::json_rejection)?;
+            let Json(request) = Json::<CreateTemplateRequest>::from_bytes(&body).map_err(json_rejection)?;
             state.platform.build_template(request, &caller)?
         }
         "application/x-tar" | "application/tar" | "application/gzip" => import(&state, &caller, query, request).await?,

@@ -4,8 +4,9 @@
 use axum::extract::State;
 use axum::{Extension, Json};
 use space_api::{ErrorBody, ErrorCode, Usage};
+use space_http::extract::{ApiQuery, NoQuery};
 
-use super::{ApiQuery, AppState};
+use super::AppState;
 use crate::error::ApiError;
 use crate::tenants::Caller;
 
@@ -54,7 +55,7 @@ pub async fn usage(
 pub async fn sandbox(
     path: super::access::SandboxPath,
     State(state): State<AppState>,
-    _: super::NoQuery,
+    _: NoQuery,
 ) -> Result<Json<space_api::SandboxUsage>, ApiError> {
     Ok(Json(state.platform.sandbox_usage(path.sandbox.id()).await?))
 }

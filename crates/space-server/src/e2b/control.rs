@@ -38,7 +38,7 @@ fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
     // A node of a cluster answers its control plane only: the node token,
     // and the tenant it names (the control plane checked the tenant's key).
     if state.node_token.is_some() {
-        let token = crate::api::bearer(headers).unwrap_or_default();
+        let token = space_http::auth::bearer(headers).unwrap_or_default();
         if crate::api::caller_for_key(state, token)?.role != crate::tenants::Role::ControlPlane {
             return Err(E2bError::new(StatusCode::UNAUTHORIZED, "a node answers its control plane only"));
         }

@@ -8,9 +8,9 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-
-use crate::error::ApiError;
 use space_api::ErrorCode;
+
+use crate::error::HttpError;
 
 const INDEX: &[u8] = include_bytes!("../console/index.html");
 const JS: &str = "text/javascript; charset=utf-8";
@@ -32,7 +32,8 @@ const POLICY: &str = "default-src 'self'; script-src 'self'; connect-src 'self';
                       style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; \
                       form-action 'self'";
 
-pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
+/// The console's routes, for any router's state.
+pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new().route("/", get(index)).route("/console/{*file}", get(asset))
 }
 
@@ -40,11 +41,11 @@ async fn index() -> Response {
     page("text/html; charset=utf-8", INDEX)
 }
 
-async fn asset(Path(file): Path<String>) -> Result<Response, ApiError> {
+async fn asset(Path(file): Path<String>) -> Result<Response, HttpError> {
     let (_, kind, bytes) = ASSETS
         .iter()
         .find(|(name, _, _)| *name == file)
-        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no such console file"))?;
+        .ok_or_else(|| HttpError::new(ErrorCode::NotFound, "no such console file"))?;
     Ok(page(kind, bytes))
 }
 

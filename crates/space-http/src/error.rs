@@ -1,0 +1,65 @@
+//! An error as an HTTP answer: the one place an `ErrorCode` becomes a
+//! status (the code fixes it, decision 017), a JSON error body and
+//! `Retry-After`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use space_api::{ErrorBody, ErrorCode, ErrorDetail};
+
+/// An error answer: what the edge's own checks refuse (a malformed body, a
+/// query, an unknown route), and what the server's `ApiError` is answered
+/// as. It holds the wire form, so it needs no runtime.
+#[derive(Debug, Clone)]
+pub struct HttpError {
+    pub detail: ErrorDetail,
+    /// The request may work if repeated after this many seconds.
+    pub retry_after_s: Option<u32>,
+}
+
+impl HttpError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> HttpError {
+        HttpError {
+            detail: ErrorDetail { code, message: message.into(), details: serde_json::json!({}) },
+            retry_after_s: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> HttpError {
+        HttpError::new(ErrorCode::InvalidRequest, message)
+    }
+
+    pub fn with_details(mut self, details: serde_json::Value) -> HttpError {
+        self.detail.details = details;
+        self
+    }
+
+    /// The HTTP status, the one the code is always answered with.
+    pub fn status(&self) -> StatusCode {
+        status_of(self.detail.code)
+    }
+}
+
+/// The status `code` is always answered with.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail.message)
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut response = (status, Json(ErrorBody { error: self.detail })).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
+    }
+}
