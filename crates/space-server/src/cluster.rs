@@ -15,14 +15,17 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 
+use space_api::ErrorCode;
+
 use crate::error::ApiError;
+pub use crate::links::Links;
+use crate::links::{member_url, LinkError};
 use crate::platform::Platform;
+use crate::state::AppState;
 use crate::store::{NodeRow, Store};
 use crate::tenants::Caller;
-use space_api::ErrorCode;
 
 /// How often a node reports, and how long a report keeps it alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -175,39 +178,6 @@ async fn send_report(
     }
 }
 
-/// Why reaching another member of the cluster failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum LinkError {
-    #[error("{url:?}: {source}")]
-    BadUrl {
-        url: String,
-        #[source]
-        source: axum::http::uri::InvalidUri,
-    },
-    #[error("{0:?} is not http://host:port or https://host:port")]
-    NotAMemberUrl(String),
-    #[error("its host is not a header value: {0}")]
-    Host(#[source] axum::http::header::InvalidHeaderValue),
-    #[error("connecting: {0}")]
-    Connect(#[source] std::io::Error),
-    #[error("{0} is HTTPS: this member needs the cluster's TLS (--cluster-ca)")]
-    NoTls(String),
-    #[error("its host is not a TLS server name: {0}")]
-    ServerName(#[source] tokio_rustls::rustls::pki_types::InvalidDnsNameError),
-    #[error("the TLS handshake took too long")]
-    TlsTimeout,
-    #[error("TLS: {0}")]
-    Tls(#[source] std::io::Error),
-    #[error(transparent)]
-    Relay(#[from] space_http::proxy::RelayError),
-}
-
-impl From<hyper::Error> for LinkError {
-    fn from(err: hyper::Error) -> LinkError {
-        LinkError::Relay(err.into())
-    }
-}
-
 /// Why an exchange with another member (a heartbeat, a node's event feed,
 /// a template pulled from another node) failed.
 #[derive(Debug, thiserror::Error)]
@@ -260,138 +230,6 @@ pub(crate) enum ExchangeError {
 impl ExchangeError {
     fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ExchangeError {
         move |source| ExchangeError::Io { what, source }
-    }
-}
-
-/// How the members of a cluster reach each other: plain HTTP, or (given
-/// the cluster's TLS) HTTPS with this member's certificate.
-#[derive(Clone, Default)]
-pub struct Links {
-    tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
-    /// Connections to other members that are free again, by URL.
-    idle: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<IdleConnection>>>>,
-}
-
-struct IdleConnection {
-    since: std::time::Instant,
-    sender: hyper::client::conn::http1::SendRequest<Body>,
-}
-
-/// How long a free connection is kept for the next request (less than the
-/// [`space_http::server::HEADER_TIMEOUT`] after which a member closes it).
-const IDLE_FOR: Duration = Duration::from_secs(4);
-/// Free connections kept per member.
-const IDLE_PER_MEMBER: usize = 32;
-
-/// Whether `url` is `http://host:port` or `https://host:port`, and its
-/// `host:port`.
-fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), LinkError> {
-    let uri: axum::http::Uri = url.parse().map_err(|source| LinkError::BadUrl { url: url.to_string(), source })?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some(scheme @ ("http" | "https")), Some(authority)) if authority.port().is_some() => {
-            Ok((scheme == "https", authority.clone()))
-        }
-        _ => Err(LinkError::NotAMemberUrl(url.to_string())),
-    }
-}
-
-impl Links {
-    pub fn new(tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>) -> Links {
-        Links { tls, idle: Default::default() }
-    }
-
-    /// Sends `request` (its target a path) to the member at `url`, and its
-    /// answer back as a stream (an upgrade spliced to `upgrade`): over a
-    /// connection left free by an earlier request, or a new one (always
-    /// for an upgrade, which takes the connection over).
-    pub(crate) async fn send(
-        &self,
-        url: &str,
-        mut request: hyper::Request<Body>,
-        upgrade: Option<hyper::upgrade::OnUpgrade>,
-    ) -> Result<Response, LinkError> {
-        let (https, authority) = member_url(url)?;
-        let host = HeaderValue::from_str(authority.as_str()).map_err(LinkError::Host)?;
-        request.headers_mut().insert(header::HOST, host);
-        if upgrade.is_none() {
-            while let Some(mut sender) = self.free_connection(url) {
-                match sender.try_send_request(request).await {
-                    Ok(response) => {
-                        self.keep(url, sender);
-                        return Ok(space_http::proxy::answer(response, None)?);
-                    }
-                    // Closed before it took the request: another one.
-                    Err(mut failed) => match failed.take_message() {
-                        Some(unsent) => request = unsent,
-                        None => return Err(failed.into_error().into()),
-                    },
-                }
-            }
-        }
-        let mut sender = self.connect(https, &authority, url).await?;
-        let response = sender.send_request(request).await?;
-        if upgrade.is_none() {
-            self.keep(url, sender);
-        }
-        Ok(space_http::proxy::answer(response, upgrade)?)
-    }
-
-    /// A free connection to `url` that is neither stale nor closed.
-    fn free_connection(&self, url: &str) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let free = idle.get_mut(url)?;
-        while let Some(connection) = free.pop() {
-            if connection.since.elapsed() < IDLE_FOR && !connection.sender.is_closed() {
-                return Some(connection.sender);
-            }
-        }
-        None
-    }
-
-    /// Keeps a connection for the next request once it is free again (its
-    /// answer read to the end); a long stream's connection is let go.
-    fn keep(&self, url: &str, mut sender: hyper::client::conn::http1::SendRequest<Body>) {
-        let (idle, url) = (self.idle.clone(), url.to_string());
-        tokio::spawn(async move {
-            if !matches!(tokio::time::timeout(IDLE_FOR, sender.ready()).await, Ok(Ok(()))) {
-                return;
-            }
-            let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
-            let free = idle.entry(url).or_default();
-            free.retain(|c| c.since.elapsed() < IDLE_FOR && !c.sender.is_closed());
-            if free.len() < IDLE_PER_MEMBER {
-                free.push(IdleConnection { since: std::time::Instant::now(), sender });
-            }
-        });
-    }
-
-    /// A new connection to the member at `authority` (TLS when `https`).
-    async fn connect(
-        &self,
-        https: bool,
-        authority: &axum::http::uri::Authority,
-        url: &str,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, LinkError> {
-        let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(LinkError::Connect)?;
-        let _ = tcp.set_nodelay(true);
-        if !https {
-            return Ok(space_http::proxy::http1(TokioIo::new(tcp)).await?);
-        }
-        let Some(config) = &self.tls else {
-            return Err(LinkError::NoTls(url.to_string()));
-        };
-        let name = tokio_rustls::rustls::pki_types::ServerName::try_from(
-            authority.host().trim_start_matches('[').trim_end_matches(']').to_string(),
-        )
-        .map_err(LinkError::ServerName)?;
-        let tls = tokio::time::timeout(
-            space_http::server::HANDSHAKE_TIMEOUT,
-            tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
-        )
-        .await
-        .map_err(|_| LinkError::TlsTimeout)?
-        .map_err(LinkError::Tls)?;
-        Ok(space_http::proxy::http1(TokioIo::new(tls)).await?)
     }
 }
 
@@ -655,7 +493,7 @@ async fn relay_to(
         }
     }
     if let Some(DiskAllowance(value)) = parts.extensions.get::<DiskAllowance>() {
-        headers.insert(DISK_QUOTA_HEADER, value.clone());
+        headers.insert(crate::disk_quota::DISK_QUOTA_HEADER, value.clone());
     }
     let mut response = cp.links.send(&node.url, outgoing, client_side).await.map_err(|e| unreachable(e.to_string()))?;
     if let Ok(value) = HeaderValue::from_str(&node.id) {
@@ -727,8 +565,6 @@ fn check_quotas(
 #[derive(Clone)]
 struct DiskAllowance(HeaderValue);
 
-const DISK_QUOTA_HEADER: &str = "x-space-disk-quota";
-
 async fn disk_allowance(
     cp: &ControlPlane,
     caller: &Caller,
@@ -746,27 +582,6 @@ async fn disk_allowance(
     let value =
         HeaderValue::from_str(&format!("{max_mib}/{elsewhere}")).map_err(|e| ApiError::internal("a quota", e))?;
     Ok(DiskAllowance(value))
-}
-
-/// On a node: the tenant's disk quota, when the control plane sends it
-/// (only the control plane, with the node token, reaches this).
-pub(crate) fn take_disk_quota(platform: &Platform, caller: &Caller, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(value) = headers.get(DISK_QUOTA_HEADER) else {
-        return Ok(());
-    };
-    let told = match value.to_str().unwrap_or_default() {
-        "none" => None,
-        text => {
-            let parsed =
-                text.split_once('/').and_then(|(max, elsewhere)| Some((max.parse().ok()?, elsewhere.parse().ok()?)));
-            let (max_mib, elsewhere_bytes) = parsed.ok_or_else(|| {
-                ApiError::bad_request(format!("{DISK_QUOTA_HEADER} is MAX_MIB/ELSEWHERE_BYTES or `none`"))
-            })?;
-            Some(crate::disk::ToldQuota { max_mib, elsewhere_bytes })
-        }
-    };
-    platform.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).insert(caller.tenant.clone(), told);
-    Ok(())
 }
 
 /// The vCPUs and MiB a create asks for: what it names, else its template's
@@ -1156,7 +971,7 @@ async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response, crate::e2b
         // Only the sandbox's node can check its token: an id that names no
         // sandbox here (or one whose node is lost) answers what a node says
         // to a wrong token, so no caller learns which ids exist.
-        let missing = crate::e2b::envd::wrong_token;
+        let missing = crate::e2b::target::wrong_token;
         let placement = cp.store.placement(id)?.ok_or_else(missing)?;
         let node = live_node(cp, &placement.node_id).map_err(|_| missing())?;
         return Ok(relay_to(cp, &node, None, request).await?);
@@ -1251,7 +1066,7 @@ async fn e2b_list(cp: &ControlPlane, caller: &Caller, request: Request) -> Resul
             );
         }
     }
-    crate::e2b::page(listed, &query)
+    crate::e2b::wire::page(listed, &query)
 }
 
 // ---- secrets ---------------------------------------------------------------------
@@ -1294,7 +1109,7 @@ async fn secret(cp: &ControlPlane, caller: &Caller, name: &str, request: Request
 /// `POST /internal/v1/secrets` on a node: the cluster's secrets, as of a
 /// change (an older set than the node holds is ignored).
 pub(crate) async fn take_secrets(
-    State(state): State<crate::AppState>,
+    State(state): State<AppState>,
     _token: NodeToken,
     space_http::extract::ApiJson(set): space_http::extract::ApiJson<crate::secrets::SecretSet>,
 ) -> Result<StatusCode, ApiError> {
@@ -1325,7 +1140,7 @@ const FEED_KEEPALIVE: Duration = Duration::from_secs(15);
 /// after id N, then each one as it commits, as NDJSON lines of
 /// [`crate::store::FeedEvent`], for the control plane to take in.
 pub(crate) async fn feed(
-    State(state): State<crate::AppState>,
+    State(state): State<AppState>,
     _token: NodeToken,
     space_http::extract::ApiQuery(query): space_http::extract::ApiQuery<FeedQuery>,
 ) -> Result<Response, ApiError> {
@@ -1535,12 +1350,12 @@ fn node_only(expected: Option<&str>, headers: &HeaderMap) -> Result<NodeToken, A
     Ok(NodeToken(token.to_string()))
 }
 
-impl axum::extract::FromRequestParts<crate::AppState> for NodeToken {
+impl axum::extract::FromRequestParts<AppState> for NodeToken {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
-        state: &crate::AppState,
+        state: &AppState,
     ) -> Result<NodeToken, ApiError> {
         node_only(state.node_token.as_deref().map(String::as_str), &parts.headers)
     }
@@ -1558,7 +1373,7 @@ impl axum::extract::FromRequestParts<Shared> for NodeToken {
 /// `GET /internal/v1/templates/{name}` on a node: the newest version of a
 /// template as a tar of its root, with its SHA-256 and `template.json`.
 pub(crate) async fn export_template(
-    State(state): State<crate::AppState>,
+    State(state): State<AppState>,
     _token: NodeToken,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
@@ -1606,7 +1421,7 @@ pub struct PullRequest {
 /// another node, check it against its SHA-256 and make it a template here
 /// (in the background; the node's next reports name it once it is there).
 pub(crate) async fn pull_template(
-    State(state): State<crate::AppState>,
+    State(state): State<AppState>,
     NodeToken(token): NodeToken,
     space_http::extract::ApiJson(request): space_http::extract::ApiJson<PullRequest>,
 ) -> Result<StatusCode, ApiError> {

@@ -9,7 +9,8 @@ pub use space_http::server::{
     cluster_tls, tls_config, ClusterTls, TlsError, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
 };
 
-use crate::{AppState, ServerError};
+use crate::state::AppState;
+use crate::ServerError;
 
 impl From<TlsError> for ServerError {
     fn from(err: TlsError) -> ServerError {
@@ -25,7 +26,7 @@ pub async fn serve_with(
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    serve_router(listener, crate::app(state), tls, shutdown).await
+    serve_router(listener, crate::router::app(state), tls, shutdown).await
 }
 
 /// [`serve_with`] for any router (a cluster's control plane has its own).

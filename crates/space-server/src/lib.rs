@@ -9,12 +9,17 @@ pub mod api;
 // Internal routes with the node token; a node's template by name.
 #[allow(clippy::disallowed_types)]
 pub mod cluster;
+mod disk_quota;
 // E2B's routes load each sandbox for the caller themselves (`owned` in
 // e2b/control.rs, envd's token per sandbox).
 #[allow(clippy::disallowed_types)]
 pub mod e2b;
 pub mod error;
+mod host_facts;
 pub mod http;
+mod links;
+mod router;
+pub mod state;
 
 // The runtime's modules under their former paths, for the server's own
 // modules and its users.
@@ -25,7 +30,8 @@ pub use space_node::{
     UnknownEngine, DEFAULT_AUTO_PAUSE_S,
 };
 
-pub use api::{app, AppState};
+pub use router::app;
+pub use state::AppState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

@@ -18,10 +18,10 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use space_api::{Command, ErrorCode, Operation};
 
-use super::AppState;
 use crate::access::OwnedSandbox;
 use crate::error::ApiError;
 use crate::ids::{CommandId, ContextId, OperationId, SandboxId};
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 /// The path's parameters (percent-decoded by the router) and the caller

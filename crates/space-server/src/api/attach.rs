@@ -19,9 +19,9 @@ use tokio::sync::mpsc;
 use super::access::CommandPath;
 use super::commands::running;
 use super::output::{follow, Emitted};
-use super::AppState;
 use crate::commands::{check_input, Input};
 use crate::error::ApiError;
+use crate::state::AppState;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]

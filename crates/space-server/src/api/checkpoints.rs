@@ -8,9 +8,10 @@ use space_api::{CheckpointList, CreateCheckpointRequest, ErrorBody, OperationKin
 use space_http::extract::{ApiJson, NoBody, NoQuery};
 
 use super::access::{CheckpointPath, SandboxPath};
+use super::idempotency_key;
 use super::sandboxes::replay;
-use super::{idempotency_key, AppState};
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 /// The answer a repeated `Idempotency-Key` gets: the first request's, if

@@ -10,10 +10,11 @@ use space_api::{Command, CommandCreated, CommandList, CommandRequest, CommandSta
 use space_http::extract::{ApiJson, ApiQuery, NoQuery};
 
 use super::access::{CommandPath, SandboxPath};
-use super::{AppState, WaitQuery};
+use super::WaitQuery;
 use crate::commands::{check_input, Input};
 use crate::domain::CommandSpec;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::transcript::{self, Stream, TranscriptReader};
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]

@@ -9,8 +9,8 @@ use space_api::{CodeContext, CodeContextList, CreateContextRequest, ErrorBody, R
 use space_http::extract::{ApiJson, NoBody, NoQuery};
 
 use super::access::{ContextPath, SandboxPath};
-use super::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
     request_body = CreateContextRequest,

@@ -8,8 +8,8 @@ use space_api::{EgressLog, ErrorBody, Network, Sandbox};
 use space_http::extract::{ApiJson, ApiQuery, NoQuery};
 
 use super::access::SandboxPath;
-use super::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -14,9 +14,9 @@ use axum::Extension;
 use space_api::{ErrorBody, Event, EventType};
 use space_http::extract::ApiQuery;
 
-use super::AppState;
 use crate::error::ApiError;
 use crate::platform::Platform;
+use crate::state::AppState;
 use crate::store::{EventFilter, RawEvent, Store};
 use crate::tenants::Caller;
 

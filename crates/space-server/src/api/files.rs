@@ -14,10 +14,10 @@ use space_http::extract::ApiQuery;
 use space_proto::FileFailure;
 
 use super::access::SandboxPath;
-use super::AppState;
 use crate::domain;
 use crate::error::ApiError;
 use crate::lifecycle::WorkGuard;
+use crate::state::AppState;
 
 /// The largest file one PUT may write.
 pub const MAX_FILE_BYTES: usize = 1 << 30;

@@ -1,52 +1,10 @@
 //! `GET /v1/health`: no auth; what runs here and whether it can.
 
-use std::path::Path;
-
 use axum::extract::State;
 use axum::Json;
-use space_api::{DiskStatus, EngineStatus, Health, KvmStatus};
+use space_api::{DiskStatus, Health};
 
-use super::AppState;
-
-/// Facts about the host, probed once at startup.
-pub struct HostFacts {
-    pub engine_available: bool,
-    engines: Vec<EngineStatus>,
-    kvm: KvmStatus,
-}
-
-impl HostFacts {
-    pub fn probe(platform: &crate::Platform) -> HostFacts {
-        // Probed once at startup; only a platform built without it probes here.
-        let report = platform.engine_report.get().cloned().unwrap_or_else(|| vec![platform.engine.availability()]);
-        let availability = report.iter().find(|a| a.name == platform.engine.name()).cloned().unwrap_or_else(|| {
-            space_engine::Availability { name: platform.engine.name(), available: false, detail: "not probed".into() }
-        });
-        let engines = report
-            .into_iter()
-            .map(|a| EngineStatus { name: a.name.into(), available: a.available, detail: a.detail })
-            .collect();
-        HostFacts { engine_available: availability.available, engines, kvm: kvm_status() }
-    }
-}
-
-/// Whether `/dev/kvm` exists and can boot a stock kernel.
-pub fn kvm_status() -> KvmStatus {
-    let present = Path::new("/dev/kvm").exists();
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let hardware = cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("flags"))
-        .any(|l| l.split_whitespace().any(|flag| flag == "vmx" || flag == "svm"));
-    let pvm = Path::new("/sys/module/kvm_pvm").exists();
-    let detail = match (present, hardware, pvm) {
-        (false, _, _) => "no /dev/kvm on this host",
-        (true, true, _) => "/dev/kvm with hardware virtualization (vmx/svm)",
-        (true, false, true) => "/dev/kvm is kvm_pvm (no vmx/svm): it cannot boot a stock guest kernel",
-        (true, false, false) => "/dev/kvm without vmx/svm flags",
-    };
-    KvmStatus { present, detail: detail.into() }
-}
+use crate::state::AppState;
 
 #[utoipa::path(get, path = "/v1/health", tag = "health", security(()),
     responses((status = 200, description = "The server is up", body = Health)))]

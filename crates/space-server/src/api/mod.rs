@@ -1,4 +1,5 @@
-//! The HTTP edge: routing, auth, request parsing, the OpenAPI document.
+//! The `/v1` API: its routes, the middleware every request passes (auth,
+//! request logs and metrics), the OpenAPI document. `router.rs` mounts it.
 //! Handlers are thin: parse, call the platform, shape the response.
 
 pub(crate) mod access;
@@ -19,7 +20,6 @@ mod secrets;
 mod templates;
 mod usage;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -30,49 +30,17 @@ use axum::routing::get;
 use axum::Router;
 use space_api::ErrorCode;
 use space_http::auth::{bearer, websocket_bearer};
-use space_http::extract::MAX_JSON_BODY;
 
-pub use self::health::kvm_status;
 pub use self::openapi::ApiDoc;
 use crate::error::ApiError;
-use crate::platform::Platform;
-use crate::tenants::Caller;
+pub use crate::host_facts::kvm_status;
+use crate::state::AppState;
 
 /// Longest `?wait=` a client may ask for.
 pub const MAX_WAIT_S: u64 = 60;
 
-/// What every handler gets.
-#[derive(Clone)]
-pub struct AppState {
-    pub platform: Arc<Platform>,
-    pub api_key: Arc<String>,
-    pub health: Arc<health::HostFacts>,
-    /// On a node of a cluster: the token the control plane presents, with
-    /// the caller's tenant in `X-Space-Tenant` (decision 009).
-    pub node_token: Option<Arc<String>>,
-    /// On a node: how it reaches other members (template pulls).
-    pub links: crate::cluster::Links,
-}
-
-impl AppState {
-    pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
-        let health = Arc::new(health::HostFacts::probe(&platform));
-        AppState { platform, api_key: Arc::new(api_key), health, node_token: None, links: Default::default() }
-    }
-
-    /// A node's state: only the control plane, with `token`, calls it.
-    pub fn node(platform: Arc<Platform>, token: String, links: crate::cluster::Links) -> AppState {
-        let mut unusable = [0u8; 32];
-        let _ = getrandom::getrandom(&mut unusable);
-        let mut state = AppState::new(platform, unusable.iter().map(|b| format!("{b:02x}")).collect());
-        state.node_token = Some(Arc::new(token));
-        state.links = links;
-        state
-    }
-}
-
-/// The whole API as a router, separate from `serve` so tests drive it directly.
-pub fn app(state: AppState) -> Router {
+/// The `/v1` API's routes (and `/metrics`), each behind the key check.
+pub(crate) fn routes(state: &AppState) -> Router<AppState> {
     let protected = Router::new()
         .route("/v1/sandboxes", get(sandboxes::list).post(sandboxes::create))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
@@ -121,27 +89,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/openapi.json", get(openapi::document))
         .route_layer(middleware::from_fn(idempotency_key_where_taken))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
-    Router::new()
-        .route("/v1/health", get(health::health))
-        .route("/metrics", get(metrics))
-        .route("/internal/v1/templates/{name}", get(crate::cluster::export_template))
-        .route("/internal/v1/templates/pull", axum::routing::post(crate::cluster::pull_template))
-        .route("/internal/v1/events", get(crate::cluster::feed))
-        .route(
-            "/internal/v1/secrets",
-            axum::routing::post(crate::cluster::take_secrets)
-                .layer(axum::extract::DefaultBodyLimit::max(crate::secrets::MAX_SECRET_SET)),
-        )
-        .merge(protected)
-        .merge(crate::e2b::router())
-        .merge(space_http::console::router())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), reconciled_first))
-        .layer(middleware::from_fn_with_state(state.clone(), observe_request))
-        .layer(middleware::from_fn(space_http::server::close_if_body_unread))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
-        .with_state(state)
+    Router::new().route("/v1/health", get(health::health)).route("/metrics", get(metrics)).merge(protected)
 }
 
 /// A client's `X-Request-Id` when it is a sane token, else a new one.
@@ -174,7 +122,7 @@ fn path_ids(path: &str) -> (Option<String>, Option<String>) {
 /// `Retry-After`. `/v1` requests wait in `access.rs`, after their owner
 /// check, so the wait tells a stranger nothing; E2B's handlers load their
 /// sandbox synchronously, so theirs is still here, before authentication.
-async fn reconciled_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn reconciled_first(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if !request.uri().path().starts_with("/e2b/") {
         return next.run(request).await;
     }
@@ -204,7 +152,7 @@ pub(crate) async fn until_reconciled(state: &AppState, id: &str) -> Result<(), A
 /// request's own log lines carry (request id, route, tenant once known,
 /// sandbox or operation id; never keys or bodies), one log line at its
 /// end, and the metrics (by route template, never by id).
-async fn observe_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn observe_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
     use tracing::Instrument as _;
     if !state.platform.observing() {
         return next.run(request).await;
@@ -275,11 +223,11 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Re
     Ok(response)
 }
 
-async fn not_found() -> ApiError {
+pub(crate) async fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
-async fn method_not_allowed() -> ApiError {
+pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take that method")
 }
 
@@ -288,7 +236,7 @@ async fn method_not_allowed() -> ApiError {
 async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
     let offered = websocket_bearer(request.headers());
     let caller = match bearer(request.headers()).or(offered.as_deref()) {
-        Some(key) => caller_for_key(&state, key)?,
+        Some(key) => crate::state::caller_for_key(&state, key)?,
         None => {
             return Err(ApiError::new(ErrorCode::Unauthorized, "missing API key: send `Authorization: Bearer <key>`"))
         }
@@ -296,7 +244,7 @@ async fn require_key(State(state): State<AppState>, mut request: Request, next: 
     let caller = match caller.role == crate::tenants::Role::ControlPlane {
         true => {
             let caller = crate::tenants::Caller::asserted(request.headers())?;
-            crate::cluster::take_disk_quota(&state.platform, &caller, request.headers())?;
+            crate::disk_quota::take_disk_quota(&state.platform, &caller, request.headers())?;
             caller
         }
         false => caller,
@@ -322,22 +270,6 @@ async fn idempotency_key_where_taken(request: Request, next: Next) -> Result<Res
         }
     }
     Ok(next.run(request).await)
-}
-
-/// Who a presented key belongs to: the server's own key, or a tenant's.
-pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
-    if space_proto::constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) {
-        return Ok(Caller::operator());
-    }
-    if let Some(token) = &state.node_token {
-        if space_proto::constant_time_eq(key.as_bytes(), token.as_bytes()) {
-            return Ok(Caller::control_plane());
-        }
-        // A node knows no tenant keys: the control plane checked them.
-        return Err(ApiError::new(ErrorCode::Unauthorized, "a node answers its control plane only"));
-    }
-    crate::tenants::tenant_for_key(&state.platform.store, key)?
-        .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "the API key is not valid"))
 }
 
 /// `?wait=<seconds>` as a deadline (at most [`MAX_WAIT_S`]).

@@ -6,8 +6,9 @@ use space_api::{ErrorBody, Operation, OperationList};
 use space_http::extract::ApiQuery;
 
 use super::access::OperationPath;
-use super::{AppState, WaitQuery};
+use super::WaitQuery;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 #[utoipa::path(get, path = "/v1/operations/{id}", tag = "operations",

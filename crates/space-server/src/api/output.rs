@@ -15,9 +15,9 @@ use space_http::stream::stream_response;
 use tokio::sync::{mpsc, watch};
 
 use super::access::CommandPath;
-use super::AppState;
 use crate::error::ApiError;
 use crate::platform::Platform;
+use crate::state::AppState;
 use crate::transcript::{self, Chunk, Progress, Stream, TranscriptReader};
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]

@@ -16,8 +16,8 @@ use space_api::{ErrorBody, ErrorCode, SandboxState};
 use space_http::proxy::{inward_headers, relay, tunnel_tcp};
 
 use super::access::PortPath;
-use super::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// How long the agent may take to connect to the port.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);

@@ -11,9 +11,10 @@ use space_api::{
 use space_http::extract::{ApiJson, ApiQuery, NoBody, NoQuery};
 
 use super::access::SandboxPath;
-use super::{idempotency_key, AppState};
+use super::idempotency_key;
 use crate::domain::CreateSpec;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 /// Replays the operation an `Idempotency-Key` already started, if any.

@@ -8,8 +8,8 @@ use space_api::{ErrorBody, PutSecretRequest, SecretInfo, SecretList};
 use space_http::extract::{ApiJson, NoBody, NoQuery};
 
 use super::access::NamePath;
-use super::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 #[utoipa::path(put, path = "/v1/secrets/{name}", tag = "secrets",

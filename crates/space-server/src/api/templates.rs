@@ -14,8 +14,8 @@ use space_http::extract::{json_rejection, ApiQuery, NoBody, NoQuery, MAX_JSON_BO
 use tokio::io::AsyncWriteExt;
 
 use super::access::{OperationPath, TemplatePath};
-use super::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::templates::{checked_overrides, Upload};
 use crate::tenants::Caller;
 

@@ -6,8 +6,8 @@ use axum::{Extension, Json};
 use space_api::{ErrorBody, ErrorCode, Usage};
 use space_http::extract::{ApiQuery, NoQuery};
 
-use super::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]

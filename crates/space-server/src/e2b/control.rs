@@ -17,9 +17,11 @@ use space_api::{
     CreateSandboxRequest, Egress, Lifecycle, Network, OnIdle, OperationKind, OperationState, SandboxState,
 };
 
-use super::{envd_token, header, page, E2bError, ENVD_VERSION};
-use crate::api::AppState;
+use super::error::E2bError;
+use super::target::{envd_token, traffic_token};
+use super::wire::{header, page, ENVD_VERSION};
 use crate::domain::CreateSpec;
+use crate::state::AppState;
 use crate::store::SandboxRecord;
 use crate::tenants::Caller;
 
@@ -39,18 +41,18 @@ fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
     // and the tenant it names (the control plane checked the tenant's key).
     if state.node_token.is_some() {
         let token = space_http::auth::bearer(headers).unwrap_or_default();
-        if crate::api::caller_for_key(state, token)?.role != crate::tenants::Role::ControlPlane {
+        if crate::state::caller_for_key(state, token)?.role != crate::tenants::Role::ControlPlane {
             return Err(E2bError::new(StatusCode::UNAUTHORIZED, "a node answers its control plane only"));
         }
         let caller = Caller::asserted(headers)?;
-        crate::cluster::take_disk_quota(&state.platform, &caller, headers)?;
+        crate::disk_quota::take_disk_quota(&state.platform, &caller, headers)?;
         tracing::Span::current().record("tenant", caller.tenant.as_str());
         return Ok(caller);
     }
     let key = header(headers, "x-api-key")
         .filter(|k| !k.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
-    let caller = crate::api::caller_for_key(state, key)?;
+    let caller = crate::state::caller_for_key(state, key)?;
     tracing::Span::current().record("tenant", caller.tenant.as_str());
     Ok(caller)
 }
@@ -132,7 +134,7 @@ fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bEr
         "alias": record.sandbox.template,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": envd_token(&state.platform, &record.sandbox.id)?,
-        "trafficAccessToken": super::traffic_token(&state.platform, &record.sandbox.id)?,
+        "trafficAccessToken": traffic_token(&state.platform, &record.sandbox.id)?,
         "domain": null,
     }))
 }

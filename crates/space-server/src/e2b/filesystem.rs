@@ -6,8 +6,8 @@ use space_engine::{AgentError, FileRead};
 use space_proto::{DirEntry, FileFailure, PathInfo, PathOpKind};
 
 use super::connect::RpcError;
-use super::envd::{agent, Target};
-use crate::api::AppState;
+use super::target::{agent, Target};
+use crate::state::AppState;
 
 /// E2B's `FileType` for a SPACE file kind.
 fn file_type(kind: &str) -> &'static str {

@@ -20,13 +20,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use space_api::{CodeContext, CreateContextRequest, RunCodeRequest};
 
-use super::envd::{agent, target_on, Target};
-use super::E2bError;
-use crate::api::AppState;
+use super::error::E2bError;
+use super::target::{agent, target_on, Target, INTERPRETER_PORT};
 use crate::platform::Platform;
-
-/// The port E2B's SDK names for its code interpreter.
-pub const PORT: &str = "49999";
+use crate::state::AppState;
 
 /// E2B's result fields for the MIME types it names; others go to `extra`.
 const FIELDS: &[(&str, &str)] = &[
@@ -80,7 +77,7 @@ fn language(given: Option<&str>) -> Result<String, E2bError> {
 
 /// The sandbox, awake (an idle-paused one is woken), for a context route.
 async fn awake(state: &AppState, headers: &HeaderMap) -> Result<(Target, crate::lifecycle::WorkGuard), E2bError> {
-    let target = target_on(state, headers, PORT)?;
+    let target = target_on(state, headers, INTERPRETER_PORT)?;
     let (_, work) = agent(state, &target).await?;
     Ok((target, work))
 }
@@ -115,7 +112,7 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
 pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response {
     answer(
         async {
-            let target = target_on(&state, &headers, PORT)?;
+            let target = target_on(&state, &headers, INTERPRETER_PORT)?;
             let contexts = state.platform.contexts(&target.id)?;
             Ok(Json(Value::Array(contexts.iter().map(context_json).collect())))
         }
@@ -127,7 +124,7 @@ pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response
 pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     answer(
         async {
-            let target = target_on(&state, &headers, PORT)?;
+            let target = target_on(&state, &headers, INTERPRETER_PORT)?;
             state.platform.delete_context(&target.id, &id).await?;
             Ok(StatusCode::NO_CONTENT)
         }

@@ -14,11 +14,11 @@ use space_engine::AgentConn;
 use tokio::sync::mpsc;
 
 use super::connect::{end, message, stream_response, Envelopes, RpcError};
-use super::envd::{agent, Target};
-use super::header;
+use super::target::{agent, Target};
+use super::wire::header;
 use crate::api::output::{follow, Emitted};
-use crate::api::AppState;
 use crate::domain::CommandSpec;
+use crate::state::AppState;
 use crate::transcript::Stream;
 
 /// How often an idle stream says it is alive, unless the client asks

@@ -1,0 +1,59 @@
+//! What every handler of a node gets (`AppState`), and who a presented key
+//! belongs to. Below the `/v1` handlers, the E2B adapter and the node's
+//! internal routes, which all take it.
+
+use std::sync::Arc;
+
+use space_api::ErrorCode;
+
+use crate::error::ApiError;
+use crate::host_facts::HostFacts;
+use crate::links::Links;
+use crate::platform::Platform;
+use crate::tenants::Caller;
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub platform: Arc<Platform>,
+    pub api_key: Arc<String>,
+    pub health: Arc<HostFacts>,
+    /// On a node of a cluster: the token the control plane presents, with
+    /// the caller's tenant in `X-Space-Tenant` (decision 009).
+    pub node_token: Option<Arc<String>>,
+    /// On a node: how it reaches other members (template pulls).
+    pub links: Links,
+}
+
+impl AppState {
+    pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
+        let health = Arc::new(HostFacts::probe(&platform));
+        AppState { platform, api_key: Arc::new(api_key), health, node_token: None, links: Default::default() }
+    }
+
+    /// A node's state: only the control plane, with `token`, calls it.
+    pub fn node(platform: Arc<Platform>, token: String, links: Links) -> AppState {
+        let mut unusable = [0u8; 32];
+        let _ = getrandom::getrandom(&mut unusable);
+        let mut state = AppState::new(platform, unusable.iter().map(|b| format!("{b:02x}")).collect());
+        state.node_token = Some(Arc::new(token));
+        state.links = links;
+        state
+    }
+}
+
+/// Who a presented key belongs to: the server's own key, or a tenant's.
+pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
+    if space_proto::constant_time_eq(key.as_bytes(), state.api_key.as_bytes()) {
+        return Ok(Caller::operator());
+    }
+    if let Some(token) = &state.node_token {
+        if space_proto::constant_time_eq(key.as_bytes(), token.as_bytes()) {
+            return Ok(Caller::control_plane());
+        }
+        // A node knows no tenant keys: the control plane checked them.
+        return Err(ApiError::new(ErrorCode::Unauthorized, "a node answers its control plane only"));
+    }
+    crate::tenants::tenant_for_key(&state.platform.store, key)?
+        .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "the API key is not valid"))
+}
