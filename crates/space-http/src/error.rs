@@ -63,3 +63,26 @@ impl IntoResponse for HttpError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_error_is_answered_with_its_codes_status_its_body_and_retry_after() {
+        let mut error = HttpError::new(ErrorCode::QuotaExceeded, "too many").with_details(serde_json::json!({"n": 1}));
+        error.retry_after_s = Some(3);
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "3");
+        let body = axum::body::to_bytes(response.into_body(), 4096).await.expect("the body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {"code": "quota_exceeded", "message": "too many", "details": {"n": 1}}})
+        );
+        let plain = HttpError::bad_request("no").into_response();
+        assert_eq!(plain.status(), StatusCode::BAD_REQUEST);
+        assert!(!plain.headers().contains_key(axum::http::header::RETRY_AFTER));
+    }
+}

@@ -104,3 +104,22 @@ impl IntoResponse for ApiError {
         HttpError::from(self).into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_keeps_its_code_message_details_and_retry_hint_through_the_edge() {
+        let node =
+            ApiError::new(ErrorCode::Capacity, "full").with_details(serde_json::json!({"free": 0})).retry_after(5);
+        let edge = HttpError::from(node);
+        assert_eq!(edge.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((edge.detail.code, edge.detail.message.as_str()), (ErrorCode::Capacity, "full"));
+        assert_eq!(edge.detail.details, serde_json::json!({"free": 0}));
+        assert_eq!(edge.retry_after_s, Some(5));
+        let back = ApiError::from(edge);
+        assert_eq!((back.code, back.message.as_str(), back.retry_after_s), (ErrorCode::Capacity, "full", Some(5)));
+        assert_eq!(back.details, serde_json::json!({"free": 0}));
+    }
+}
