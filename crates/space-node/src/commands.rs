@@ -8,7 +8,7 @@ use space_engine::{AgentConn, ExecEvent, ExecStream};
 use space_proto::{ExecRequest, Exited};
 use tokio::sync::watch;
 
-use crate::domain::{self, CommandSpec};
+use crate::domain::CommandSpec;
 pub use crate::error::exec_failure;
 use crate::error::NodeError;
 use crate::ids;
@@ -73,19 +73,13 @@ impl Platform {
     /// Starts a command; returns once the process runs.
     pub async fn start_command(
         self: &std::sync::Arc<Self>,
-        sandbox_id: &str,
+        session: &crate::session::Session,
         spec: CommandSpec,
     ) -> Result<Command, NodeError> {
-        let record = self.sandbox(sandbox_id)?;
-        let state = record.sandbox.state;
-        if !domain::accepts_commands(state) {
-            return Err(NodeError::invalid_state("sandbox", state.as_str(), "run a command"));
-        }
-        let agent = self.agent(sandbox_id).ok_or_else(|| {
-            NodeError::invalid_state("sandbox", state.as_str(), "run a command (its agent is not connected)")
-        })?;
+        let sandbox_id = session.id();
+        let agent = session.agent("run a command")?;
         // After a `PUT .../network`, the placeholders of its bindings now.
-        self.give_current_env(sandbox_id, &agent).await?;
+        self.give_current_env(sandbox_id, agent).await?;
         let id = ids::new_id("cmd");
         let sandbox_dir = self.data.sandbox_dir(sandbox_id);
         let transcript_path = transcript::path_for(&sandbox_dir, &id);

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::NodeError;
 use crate::ids;
 use crate::platform::Platform;
+use crate::session::Session;
 pub(crate) use crate::state::contexts::SavedContext;
 use crate::state::contexts::{CurrentRun, LiveContext, NotReady};
 
@@ -52,9 +53,10 @@ impl Platform {
     /// interpreter answers.
     pub async fn create_context(
         self: &Arc<Self>,
-        sandbox_id: &str,
+        session: &Session,
         request: CreateContextRequest,
     ) -> Result<CodeContext, NodeError> {
+        let sandbox_id = session.id();
         let language = request.language.unwrap_or_else(|| "python".into());
         if !["python", "javascript", "bash"].contains(&language.as_str()) {
             return Err(NodeError::unprocessable(format!(
@@ -65,12 +67,7 @@ impl Platform {
         if request.cwd.as_deref().is_some_and(|cwd| !cwd.starts_with('/') || cwd.contains('\0')) {
             return Err(NodeError::bad_request(format!("cwd must be an absolute path, got {:?}", request.cwd)));
         }
-        let record = self.sandbox(sandbox_id)?;
-        let state = record.sandbox.state;
-        let agent = self
-            .agent(sandbox_id)
-            .filter(|_| crate::domain::accepts_commands(state))
-            .ok_or_else(|| NodeError::invalid_state("sandbox", state.as_str(), "start a code context"))?;
+        let agent = session.agent("start a code context")?.clone();
         let id = ids::new_id("ctx");
         let info = CodeContext {
             id: id.clone(),
@@ -129,7 +126,12 @@ impl Platform {
     /// The context runs that name none go to, for `language` (E2B's code
     /// interpreter): the sandbox's default context of that language,
     /// started on first use.
-    pub async fn default_context(self: &Arc<Self>, sandbox_id: &str, language: &str) -> Result<CodeContext, NodeError> {
+    pub async fn default_context(
+        self: &Arc<Self>,
+        session: &Session,
+        language: &str,
+    ) -> Result<CodeContext, NodeError> {
+        let sandbox_id = session.id();
         // One default is started at a time, so two first runs make one.
         static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _one = STARTING.lock().await;
@@ -146,7 +148,7 @@ impl Platform {
             return Ok(found);
         }
         let request = CreateContextRequest { language: Some(language.into()), cwd: None, env: Default::default() };
-        let created = self.create_context(sandbox_id, request).await?;
+        let created = self.create_context(session, request).await?;
         let live = self.contexts.lock().unwrap_or_else(|e| e.into_inner()).get(&created.id).cloned();
         if let Some(live) = live {
             live.default.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -247,7 +249,8 @@ impl Platform {
 
     /// Starts a run: 409 `context_busy` while another runs, 409
     /// `context_dead` once the interpreter exited (restart it).
-    pub async fn run_code(&self, sandbox_id: &str, id: &str, request: RunCodeRequest) -> Result<Run, NodeError> {
+    pub async fn run_code(&self, session: &Session, id: &str, request: RunCodeRequest) -> Result<Run, NodeError> {
+        let sandbox_id = session.id();
         let live = self.context(sandbox_id, id)?;
         crate::domain::validate_env(&request.env)?;
         if !request.env.is_empty() && live.info().language == "bash" {
@@ -283,7 +286,8 @@ impl Platform {
     /// Interrupts the run going on, whenever it comes: before its code
     /// starts, while it starts or while it runs (Python: a
     /// `KeyboardInterrupt`; all: the run ends `interrupted`).
-    pub async fn interrupt_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, NodeError> {
+    pub async fn interrupt_context(&self, session: &Session, id: &str) -> Result<CodeContext, NodeError> {
+        let sandbox_id = session.id();
         let live = self.context(sandbox_id, id)?;
         let asked = {
             let mut run = live.run.lock().unwrap_or_else(|e| e.into_inner());
@@ -304,7 +308,8 @@ impl Platform {
     }
 
     /// Starts the interpreter afresh (its state is gone), also after it died.
-    pub async fn restart_context(self: &Arc<Self>, sandbox_id: &str, id: &str) -> Result<CodeContext, NodeError> {
+    pub async fn restart_context(self: &Arc<Self>, session: &Session, id: &str) -> Result<CodeContext, NodeError> {
+        let sandbox_id = session.id();
         let live = self.context(sandbox_id, id)?;
         if live.exited.load(std::sync::atomic::Ordering::SeqCst) {
             // The driver itself is gone (`process.exit`): run it anew.
@@ -329,7 +334,8 @@ impl Platform {
     }
 
     /// Stops a context's interpreter and forgets it.
-    pub async fn delete_context(&self, sandbox_id: &str, id: &str) -> Result<(), NodeError> {
+    pub async fn delete_context(&self, session: &Session, id: &str) -> Result<(), NodeError> {
+        let sandbox_id = session.id();
         let live = self.context(sandbox_id, id)?;
         self.forget_context(id);
         let _ = live.signal(nix::sys::signal::Signal::SIGKILL).await;

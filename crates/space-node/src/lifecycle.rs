@@ -305,7 +305,7 @@ impl Platform {
 
     /// Before a request uses a sandbox (a command, a file): holds its work
     /// gate, and resumes it first if the server paused it for idleness.
-    pub async fn begin_work(self: &Arc<Self>, id: &str) -> Result<WorkGuard, NodeError> {
+    pub(crate) async fn begin_work(self: &Arc<Self>, id: &str) -> Result<WorkGuard, NodeError> {
         for _ in 0..3 {
             let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
             let guard = match live {

@@ -354,7 +354,13 @@ impl Platform {
     }
 
     /// The agent of a running sandbox.
-    pub fn agent(&self, id: &str) -> Option<AgentConn> {
+    /// Whether the server holds a connection to the sandbox's agent (what
+    /// is reachable of it goes through a [`crate::session::Session`]).
+    pub fn holds_agent(&self, id: &str) -> bool {
+        self.agent(id).is_some()
+    }
+
+    pub(crate) fn agent(&self, id: &str) -> Option<AgentConn> {
         let live = self.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()?;
         let agent = live.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         agent

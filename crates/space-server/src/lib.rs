@@ -25,7 +25,7 @@ pub mod state;
 // modules and its users.
 pub use space_node::{
     access, actor, adoption, capacity, checkpoints, commands, contexts, disk, domain, egress, engine_report, engines,
-    idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, start_platform,
+    idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, session, start_platform,
     start_platform_with, store, templates, tenants, transcript, warm, EngineChoice, Platform, PlatformConfig,
     UnknownEngine, DEFAULT_AUTO_PAUSE_S,
 };

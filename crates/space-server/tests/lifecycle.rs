@@ -237,7 +237,7 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
 
     // The paused ones were left frozen: their agents are taken back when
     // they are next used, not at the restart.
-    assert!(server.platform.agent(&paused).is_none() && server.platform.agent(&doomed).is_none());
+    assert!(!server.platform.holds_agent(&paused) && !server.platform.holds_agent(&doomed));
     // Its command cannot take a signal until then, and says why.
     let refused = server.error(
         "POST",
@@ -257,7 +257,7 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     assert_eq!(server.delete_sandbox(&doomed)["state"], "succeeded");
     // Suspended (its agent taken back for the snapshot, frozen again in
     // between), then resumed.
-    assert!(server.platform.agent(&saved).is_none());
+    assert!(!server.platform.holds_agent(&saved));
     assert_eq!(lifecycle(&server, &saved, "suspend")["state"], "succeeded");
     assert_eq!(lifecycle(&server, &saved, "resume")["state"], "succeeded");
     assert_eq!(server.exec(&saved, json!({"cmd": "cat /root/note"}))["stdout"], "kept\n");
@@ -549,6 +549,17 @@ fn idle_sandboxes_are_paused_by_the_server_and_woken_by_their_next_request() {
     let auth = format!("Bearer {}", server.key);
     let (status, note) =
         server.raw("GET", &format!("/v1/sandboxes/{id}/files?path=/root/note.txt"), &[("Authorization", &auth)], None);
+    assert_eq!((status, note.as_str()), (200, "noted\n"));
+
+    // So does a request to a port: the proxy reaches the agent through a
+    // session as commands and files do.
+    server.exec(&id, json!({"cmd": "cd /root && nohup python3 -m http.server 8000 >/dev/null 2>&1 &"}));
+    let page = format!("/v1/sandboxes/{id}/ports/8000/note.txt");
+    space_testkit::wait_for("the server in the sandbox to answer", PATIENCE, || {
+        (server.raw("GET", &page, &[("Authorization", &auth)], None).0 == 200).then_some(())
+    });
+    wait_for_state(&server, &id, "paused");
+    let (status, note) = server.raw("GET", &page, &[("Authorization", &auth)], None);
     assert_eq!((status, note.as_str()), (200, "noted\n"));
 
     // Concurrent requests to a sleeping sandbox are all served.

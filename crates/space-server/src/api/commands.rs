@@ -76,9 +76,9 @@ pub async fn create(
     if resume.auto_resume {
         state.platform.resume_for_work(id).await?;
     }
-    let work = state.platform.begin_work(id).await?;
-    let command = state.platform.start_command(id, spec).await?;
-    drop(work); // a running command keeps the sandbox from being idle
+    let session = state.platform.session(&sandbox).await?;
+    let command = state.platform.start_command(&session, spec).await?;
+    drop(session); // a running command keeps the sandbox from being idle
     Ok((StatusCode::CREATED, Json(CommandCreated { command })))
 }
 
@@ -230,9 +230,9 @@ pub async fn exec(
         state.platform.resume_for_work(id).await?;
     }
     let platform = &state.platform;
-    let work = platform.begin_work(id).await?;
-    let started = platform.start_command(id, spec).await?;
-    drop(work); // a running command keeps the sandbox from being idle
+    let session = platform.session(&sandbox).await?;
+    let started = platform.start_command(&session, spec).await?;
+    drop(session); // a running command keeps the sandbox from being idle
     let command = platform
         .wait_for(None::<Instant>, || platform.command(id, &started.id), |c| c.state == CommandState::Exited)
         .await?;

@@ -26,9 +26,8 @@ pub async fn create(
     _: NoQuery,
     ApiJson(request): ApiJson<CreateContextRequest>,
 ) -> Result<(StatusCode, Json<CodeContext>), ApiError> {
-    let id = path.sandbox.id();
-    let _work = state.platform.begin_work(id).await?;
-    Ok((StatusCode::CREATED, Json(state.platform.create_context(id, request).await?)))
+    let session = state.platform.session(&path.sandbox).await?;
+    Ok((StatusCode::CREATED, Json(state.platform.create_context(&session, request).await?)))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts", tag = "contexts",
@@ -59,7 +58,7 @@ pub async fn delete(
     _: NoQuery,
     _: NoBody,
 ) -> Result<StatusCode, ApiError> {
-    state.platform.delete_context(path.sandbox.id(), path.context.as_str()).await?;
+    state.platform.delete_context(&state.platform.session(&path.sandbox).await?, path.context.as_str()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -73,7 +72,9 @@ pub async fn interrupt(
     _: NoQuery,
     _: NoBody,
 ) -> Result<Json<CodeContext>, ApiError> {
-    Ok(Json(state.platform.interrupt_context(path.sandbox.id(), path.context.as_str()).await?))
+    Ok(Json(
+        state.platform.interrupt_context(&state.platform.session(&path.sandbox).await?, path.context.as_str()).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/restart", tag = "contexts",
@@ -87,7 +88,9 @@ pub async fn restart(
     _: NoQuery,
     _: NoBody,
 ) -> Result<Json<CodeContext>, ApiError> {
-    Ok(Json(state.platform.restart_context(path.sandbox.id(), path.context.as_str()).await?))
+    Ok(Json(
+        state.platform.restart_context(&state.platform.session(&path.sandbox).await?, path.context.as_str()).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{cid}/run", tag = "contexts",
@@ -107,10 +110,9 @@ pub async fn run(
         headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     // A busy context keeps the sandbox from being idle; the work gate is
     // held only to start the run (a fork or checkpoint does not wait for it).
-    let (id, cid) = (path.sandbox.id(), path.context.as_str());
-    let work = state.platform.begin_work(id).await?;
-    let run = state.platform.run_code(id, cid, request).await?;
-    drop(work);
+    let session = state.platform.session(&path.sandbox).await?;
+    let run = state.platform.run_code(&session, path.context.as_str(), request).await?;
+    drop(session);
     let lines = futures_util::stream::unfold(Some(run), move |held| async move {
         let mut run = held?;
         let event = run.events.recv().await?;

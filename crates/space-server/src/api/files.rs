@@ -14,9 +14,9 @@ use space_http::extract::ApiQuery;
 use space_proto::FileFailure;
 
 use super::access::SandboxPath;
-use crate::domain;
+use crate::access::OwnedSandbox;
 use crate::error::ApiError;
-use crate::lifecycle::WorkGuard;
+use crate::session::Session;
 use crate::state::AppState;
 
 /// The largest file one PUT may write.
@@ -103,15 +103,11 @@ fn checked_path(path: &str) -> Result<&str, ApiError> {
 }
 
 /// The running sandbox's agent (woken first if the server paused it for
-/// idleness), with the guard that keeps it awake; or why there is none.
-pub(crate) async fn agent_for(state: &AppState, id: &str) -> Result<(AgentConn, WorkGuard), ApiError> {
-    let work = state.platform.begin_work(id).await?;
-    let refused = || ApiError::invalid_state("sandbox", work.state.as_str(), "use its files");
-    if !domain::accepts_commands(work.state) {
-        return Err(refused());
-    }
-    let agent = state.platform.agent(id).ok_or_else(refused)?;
-    Ok((agent, work))
+/// idleness), with the session that keeps it awake; or why there is none.
+pub(crate) async fn agent_for(state: &AppState, sandbox: &OwnedSandbox) -> Result<(AgentConn, Session), ApiError> {
+    let session = state.platform.session(sandbox).await?;
+    let agent = session.agent("use its files")?.clone();
+    Ok((agent, session))
 }
 
 pub(crate) fn file_error(err: AgentError) -> ApiError {
@@ -149,7 +145,7 @@ pub async fn read(
     let query = query.checked(FileAction::Read)?;
     let path = checked_path(&query.path)?;
     let tar = query.tar()?;
-    let (agent, work) = agent_for(&state, sandbox.id()).await?;
+    let (agent, work) = agent_for(&state, &sandbox).await?;
     let _ = state.platform.store.touch_sandbox(sandbox.id(), &crate::ids::now());
     match agent.read_file(path, tar).await.map_err(file_error)? {
         FileRead::Dir(listing) => {
@@ -217,7 +213,7 @@ pub async fn write(
         })?,
     };
     let tar = query.tar()?;
-    let (agent, _work) = agent_for(&state, sandbox.id()).await?;
+    let (agent, _work) = agent_for(&state, &sandbox).await?;
     // The file lands in the sandbox's root, under its own quota; the host's
     // reserve still comes first.
     state.platform.check_reserve("upload a file", 0)?;
@@ -250,7 +246,7 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     let query = query.checked(FileAction::Delete)?;
     let path = checked_path(&query.path)?;
-    let (agent, _work) = agent_for(&state, sandbox.id()).await?;
+    let (agent, _work) = agent_for(&state, &sandbox).await?;
     agent.delete_path(path, query.recursive.unwrap_or(false)).await.map_err(file_error)?;
     let _ = state.platform.store.touch_sandbox(sandbox.id(), &crate::ids::now());
     Ok(StatusCode::NO_CONTENT)

@@ -12,10 +12,11 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
-use space_api::{ErrorBody, ErrorCode, SandboxState};
+use space_api::{ErrorBody, ErrorCode};
 use space_http::proxy::{inward_headers, relay, tunnel_tcp};
 
 use super::access::PortPath;
+use crate::access::OwnedSandbox;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -36,7 +37,7 @@ pub async fn proxy(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    forward(state, sandbox.id().to_string(), port, path, request).await
+    forward(state, sandbox, port, path, request).await
 }
 
 /// The server's root (`.../ports/{port}` and `.../ports/{port}/`), and the
@@ -52,7 +53,6 @@ pub async fn proxy_root(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let id = sandbox.id().to_string();
     let tunnel = request
         .headers()
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
@@ -61,7 +61,7 @@ pub async fn proxy_root(
         .any(|v| v.split(',').any(|p| p.trim() == TCP_PROTOCOL));
     if tunnel {
         let port = checked_port(&port)?;
-        let agent = running_agent(&state, &id)?;
+        let agent = running_agent(&state, &sandbox).await?;
         let (mut parts, _) = request.into_parts();
         let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &state)
             .await
@@ -70,7 +70,7 @@ pub async fn proxy_root(
         let io = stream.into_io();
         return Ok(upgrade.protocols([TCP_PROTOCOL]).on_upgrade(move |socket| tunnel_tcp(socket, io)).into_response());
     }
-    forward(state, id, port, String::new(), request).await
+    forward(state, sandbox, port, String::new(), request).await
 }
 
 fn checked_port(port: &str) -> Result<u16, ApiError> {
@@ -80,14 +80,11 @@ fn checked_port(port: &str) -> Result<u16, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("a port is a number from 1 to 65535, not {port:?}")))
 }
 
-fn running_agent(state: &AppState, id: &str) -> Result<space_engine::AgentConn, ApiError> {
-    let record = state.platform.sandbox(id)?;
-    if record.sandbox.state != SandboxState::Running {
-        return Err(ApiError::invalid_state("sandbox", record.sandbox.state.as_str(), "reach a port in it"));
-    }
-    let agent = state.platform.agent(id);
-    state.platform.wake_up(id);
-    agent.ok_or_else(|| ApiError::invalid_state("sandbox", "starting", "reach a port in it"))
+/// The agent of a sandbox that runs (woken first if the server paused it
+/// for idleness), through a session held while the port is opened.
+async fn running_agent(state: &AppState, sandbox: &OwnedSandbox) -> Result<space_engine::AgentConn, ApiError> {
+    let session = state.platform.session(sandbox).await?;
+    Ok(session.agent("reach a port in it")?.clone())
 }
 
 async fn open(agent: &space_engine::AgentConn, port: u16) -> Result<space_engine::EgressStream, ApiError> {
@@ -102,14 +99,14 @@ async fn open(agent: &space_engine::AgentConn, port: u16) -> Result<space_engine
 
 async fn forward(
     state: AppState,
-    id: String,
+    sandbox: OwnedSandbox,
     port: String,
     path: String,
     mut request: Request,
 ) -> Result<Response, ApiError> {
     let inward = inward_headers(request.headers())?;
     let port = checked_port(&port)?;
-    let agent = running_agent(&state, &id)?;
+    let agent = running_agent(&state, &sandbox).await?;
     let stream = open(&agent, port).await?;
     // The request as the server in the sandbox sees it: its own path (as
     // the caller wrote it, still percent-encoded), no credential of the
@@ -131,7 +128,7 @@ async fn forward(
         headers.insert(header::UPGRADE, upgrade);
     }
     headers.insert(header::HOST, HeaderValue::from_str(&format!("localhost:{port}")).expect("a host"));
-    if let Ok(prefix) = HeaderValue::from_str(&format!("/v1/sandboxes/{id}/ports/{port}")) {
+    if let Ok(prefix) = HeaderValue::from_str(&format!("/v1/sandboxes/{}/ports/{port}", sandbox.id())) {
         headers.insert("x-forwarded-prefix", prefix);
     }
     if let Some(host) = parts.headers.get(header::HOST) {

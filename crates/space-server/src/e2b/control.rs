@@ -488,7 +488,9 @@ pub async fn connect(
         settle(&state, &operation.id).await?;
     } else {
         // Running to its user; awake (and answering) before the answer.
-        let _work = state.platform.begin_work(&id).await?;
+        let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
+        let sandbox = state.platform.sandbox_for(&caller, &crate::ids::SandboxId::parse(&id).ok_or_else(missing)?)?;
+        let _session = state.platform.session(&sandbox).await?;
     }
     let record = state.platform.sandbox(&id)?;
     extend(&state, &record, timeout_s, resumed)?;

@@ -22,7 +22,9 @@ use space_api::{CodeContext, CreateContextRequest, RunCodeRequest};
 
 use super::error::E2bError;
 use super::target::{agent, target_on, Target, INTERPRETER_PORT};
+use crate::access::OwnedSandbox;
 use crate::platform::Platform;
+use crate::session::Session;
 use crate::state::AppState;
 
 /// E2B's result fields for the MIME types it names; others go to `extra`.
@@ -76,10 +78,10 @@ fn language(given: Option<&str>) -> Result<String, E2bError> {
 }
 
 /// The sandbox, awake (an idle-paused one is woken), for a context route.
-async fn awake(state: &AppState, headers: &HeaderMap) -> Result<(Target, crate::lifecycle::WorkGuard), E2bError> {
+async fn awake(state: &AppState, headers: &HeaderMap) -> Result<(Target, Session), E2bError> {
     let target = target_on(state, headers, INTERPRETER_PORT)?;
-    let (_, work) = agent(state, &target).await?;
-    Ok((target, work))
+    let (_, session) = agent(state, &target).await?;
+    Ok((target, session))
 }
 
 fn context_json(context: &CodeContext) -> Value {
@@ -95,13 +97,13 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
     answer(
         async {
             let body: ContextBody = if body.is_empty() { ContextBody::default() } else { parse(&body)? };
-            let (target, _work) = awake(&state, &headers).await?;
+            let (_, session) = awake(&state, &headers).await?;
             let request = CreateContextRequest {
                 language: Some(language(body.language.as_deref())?),
                 cwd: body.cwd,
                 env: Default::default(),
             };
-            let context = state.platform.create_context(&target.id, request).await?;
+            let context = state.platform.create_context(&session, request).await?;
             Ok(Json(context_json(&context)))
         }
         .await,
@@ -125,7 +127,8 @@ pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id):
     answer(
         async {
             let target = target_on(&state, &headers, INTERPRETER_PORT)?;
-            state.platform.delete_context(&target.id, &id).await?;
+            let session = state.platform.session(&target.sandbox).await?;
+            state.platform.delete_context(&session, &id).await?;
             Ok(StatusCode::NO_CONTENT)
         }
         .await,
@@ -136,8 +139,8 @@ pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id):
 pub async fn restart(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     answer(
         async {
-            let (target, _work) = awake(&state, &headers).await?;
-            state.platform.restart_context(&target.id, &id).await?;
+            let (_, session) = awake(&state, &headers).await?;
+            state.platform.restart_context(&session, &id).await?;
             Ok(StatusCode::NO_CONTENT)
         }
         .await,
@@ -147,7 +150,7 @@ pub async fn restart(State(state): State<AppState>, headers: HeaderMap, Path(id)
 /// Interrupts the run if its client goes away before the end.
 struct Unfinished {
     platform: Arc<Platform>,
-    sandbox: String,
+    sandbox: OwnedSandbox,
     context: String,
     ended: bool,
 }
@@ -157,7 +160,9 @@ impl Drop for Unfinished {
         if !self.ended {
             let (platform, sandbox, context) = (self.platform.clone(), self.sandbox.clone(), self.context.clone());
             tokio::spawn(async move {
-                let _ = platform.interrupt_context(&sandbox, &context).await;
+                if let Ok(session) = platform.session(&sandbox).await {
+                    let _ = platform.interrupt_context(&session, &context).await;
+                }
             });
         }
     }
@@ -216,15 +221,16 @@ pub async fn execute(State(state): State<AppState>, headers: HeaderMap, body: By
     answer(
         async {
             let body: ExecuteBody = parse(&body)?;
-            let (target, work) = awake(&state, &headers).await?;
+            let (target, session) = awake(&state, &headers).await?;
             let context = match body.context_id {
                 Some(id) => id,
-                None => state.platform.default_context(&target.id, &language(body.language.as_deref())?).await?.id,
+                None => state.platform.default_context(&session, &language(body.language.as_deref())?).await?.id,
             };
             let request = RunCodeRequest { code: body.code, timeout_s: None, env: body.env_vars.unwrap_or_default() };
-            let run = state.platform.run_code(&target.id, &context, request).await?;
-            drop(work);
-            let unfinished = Unfinished { platform: state.platform.clone(), sandbox: target.id, context, ended: false };
+            let run = state.platform.run_code(&session, &context, request).await?;
+            drop(session);
+            let unfinished =
+                Unfinished { platform: state.platform.clone(), sandbox: target.sandbox, context, ended: false };
             let lines = futures_util::stream::unfold(Some((run, unfinished, false)), |held| async move {
                 let (mut run, mut unfinished, mut errored) = held?;
                 let event = run.events.recv().await?;

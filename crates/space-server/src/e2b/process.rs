@@ -177,7 +177,7 @@ pub async fn start(state: AppState, target: Target, headers: &HeaderMap, body: B
         Ok(found) => found,
         Err(refused) => return refused.into_response(),
     };
-    let command = match state.platform.start_command(&target.id, spec).await {
+    let command = match state.platform.start_command(&work, spec).await {
         Ok(command) => command,
         Err(err) => return RpcError::from(err).into_response(),
     };

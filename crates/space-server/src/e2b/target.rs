@@ -8,9 +8,10 @@ use space_engine::AgentConn;
 
 use super::error::E2bError;
 use super::wire::header;
+use crate::access::{OwnedSandbox, TokenRefused};
 use crate::error::ApiError;
-use crate::lifecycle::WorkGuard;
 use crate::platform::Platform;
+use crate::session::Session;
 use crate::state::AppState;
 
 /// The port E2B's SDK names for envd itself.
@@ -19,23 +20,29 @@ const ENVD_PORT: &str = "49983";
 /// The port E2B's SDK names for its code interpreter.
 pub const INTERPRETER_PORT: &str = "49999";
 
+/// The keyring's purposes of a sandbox's two E2B tokens.
+const ENVD_TOKEN: &str = "e2b-envd";
+const TRAFFIC_TOKEN: &str = "e2b-traffic";
+
 /// The token E2B's code interpreter presents on the context routes
 /// (`E2B-Traffic-Access-Token`), which carry no envd token: derived like it,
 /// for another purpose. Never logged.
 pub fn traffic_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiError> {
-    Ok(platform.keyring()?.token("e2b-traffic", sandbox_id))
+    Ok(platform.keyring()?.token(TRAFFIC_TOKEN, sandbox_id))
 }
 
 /// The envd access token of a sandbox: derived from the server's key file
 /// and the sandbox id, so it is random per sandbox, needs no storage and
 /// stays the same across restarts. Never logged.
 pub fn envd_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiError> {
-    Ok(platform.keyring()?.token("e2b-envd", sandbox_id))
+    Ok(platform.keyring()?.token(ENVD_TOKEN, sandbox_id))
 }
 
 /// The sandbox an envd request is for, and who acts in it.
 pub struct Target {
     pub id: String,
+    /// The sandbox, loaded for the token the request holds.
+    pub sandbox: OwnedSandbox,
     /// From `Authorization: Basic <user:>`; None: the template's default.
     pub user: Option<String>,
 }
@@ -87,22 +94,22 @@ pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Ta
     // The token first, before anything about the sandbox is looked up: it
     // is derived from the id alone, so an unknown id and an existing one
     // answer the same 401 to a caller without it (no existence oracle).
-    let presented = |name: &str| header(headers, name).unwrap_or_default().as_bytes().to_vec();
-    let envd = envd_token(&state.platform, &id)?;
-    let mut authentic = space_proto::constant_time_eq(&presented("x-access-token"), envd.as_bytes());
+    let presented = |name: &str| header(headers, name).unwrap_or_default().as_bytes();
+    let mut tokens = vec![(ENVD_TOKEN, presented("x-access-token"))];
     if port == INTERPRETER_PORT {
-        let traffic = traffic_token(&state.platform, &id)?;
-        authentic |= space_proto::constant_time_eq(&presented("e2b-traffic-access-token"), traffic.as_bytes());
+        tokens.push((TRAFFIC_TOKEN, presented("e2b-traffic-access-token")));
     }
-    if !authentic {
-        return Err(wrong_token());
-    }
+    let found = match state.platform.sandbox_by_token(&id, &tokens) {
+        Err(TokenRefused::Wrong) => return Err(wrong_token()),
+        Err(TokenRefused::Node(err)) => return Err(err.into()),
+        found => found,
+    };
     if let Some(named) = header(headers, "e2b-sandbox-port").filter(|p| *p != port) {
         let message = format!("The sandbox port {named} is not open");
         return Err(E2bError { sandbox_id: Some(id), ..E2bError::new(StatusCode::BAD_GATEWAY, message) });
     }
-    let Ok(record) = state.platform.sandbox(&id) else { return Err(not_running(&id)) };
-    let sandbox = &record.sandbox;
+    let Ok(owned) = found else { return Err(not_running(&id)) };
+    let sandbox = &owned.record().sandbox;
     let awake = match sandbox.state {
         space_api::SandboxState::Running => true,
         // Paused by the server for idleness: the request wakes it.
@@ -118,14 +125,12 @@ pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Ta
         .and_then(|b| String::from_utf8(b).ok())
         .map(|pair| pair.split_once(':').map(|(u, _)| u.to_string()).unwrap_or(pair))
         .filter(|u| !u.is_empty());
-    Ok(Target { id, user })
+    Ok(Target { id, sandbox: owned, user })
 }
 
-/// The sandbox's agent, awake, with the guard that keeps it so.
-pub async fn agent(state: &AppState, target: &Target) -> Result<(AgentConn, WorkGuard), E2bError> {
-    let work = state.platform.begin_work(&target.id).await.map_err(|_| not_running(&target.id))?;
-    match state.platform.agent(&target.id) {
-        Some(agent) if crate::domain::accepts_commands(work.state) => Ok((agent, work)),
-        _ => Err(not_running(&target.id)),
-    }
+/// The sandbox's agent, awake, with the session that keeps it so.
+pub async fn agent(state: &AppState, target: &Target) -> Result<(AgentConn, Session), E2bError> {
+    let session = state.platform.session(&target.sandbox).await.map_err(|_| not_running(&target.id))?;
+    let agent = session.agent("reach it").map_err(|_| not_running(&target.id))?.clone();
+    Ok((agent, session))
 }
