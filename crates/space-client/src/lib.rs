@@ -97,17 +97,18 @@ impl ClientError {
 }
 
 /// An answer of any status, as [`Client::call_with`] and
-/// [`Client::send_with`] read it.
+/// [`Client::send_with`] read it (its body as JSON), or
+/// [`Client::call_bytes`] (its body as sent).
 #[derive(Debug)]
-pub struct Answer {
+pub struct Answer<B = Value> {
     pub status: u16,
     /// Names lower-cased, as ureq reads them.
     headers: Vec<(String, String)>,
-    /// Null when the answer had no body (a 204).
-    pub body: Value,
+    /// As JSON, null when the answer had no body (a 204).
+    pub body: B,
 }
 
-impl Answer {
+impl<B> Answer<B> {
     /// A header's value, by its name in any case.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
@@ -129,8 +130,15 @@ impl Client {
         Client::with_agent(base, key, ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).build())
     }
 
-    /// Like [`Client::new`], over an agent of the caller's (a test's, with
-    /// read deadlines).
+    /// Like [`Client::new`], but every call must be over, its answer read
+    /// to the end, within `deadline` (a test's: a server that stops
+    /// answering fails the call instead of hanging it). Not for long polls
+    /// or followed streams longer than that.
+    pub fn with_deadline(base: &str, key: &str, deadline: Duration) -> Client {
+        Client::with_agent(base, key, ureq::AgentBuilder::new().timeout(deadline).build())
+    }
+
+    /// Like [`Client::new`], over an agent of the caller's.
     pub fn with_agent(base: &str, key: &str, agent: ureq::Agent) -> Client {
         Client { base: base.trim_end_matches('/').to_string(), auth: format!("Bearer {key}"), agent }
     }
@@ -317,6 +325,15 @@ impl Client {
     }
 
     fn whole_answer(&self, result: Result<ureq::Response, ureq::Error>) -> Result<Answer> {
+        let Answer { status, headers, body } = self.bytes_answer(result)?;
+        let body = match body.is_empty() {
+            true => Value::Null,
+            false => serde_json::from_slice(&body).map_err(ClientError::decode("reading the answer"))?,
+        };
+        Ok(Answer { status, headers, body })
+    }
+
+    fn bytes_answer(&self, result: Result<ureq::Response, ureq::Error>) -> Result<Answer<Vec<u8>>> {
         let response = self.any_status(result)?;
         let status = response.status();
         let mut names = response.headers_names();
@@ -326,24 +343,35 @@ impl Client {
             .iter()
             .flat_map(|name| response.all(name).into_iter().map(|value| (name.clone(), value.to_string())))
             .collect();
-        let text = response.into_string().map_err(ClientError::io("reading the answer"))?;
-        let body = match text.is_empty() {
-            true => Value::Null,
-            false => serde_json::from_str(&text).map_err(ClientError::decode("reading the answer"))?,
-        };
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut body)
+            .map_err(ClientError::io("reading the answer"))?;
         Ok(Answer { status, headers, body })
+    }
+
+    /// Any request with an optional body of raw bytes and extra headers;
+    /// the whole answer, its body as sent, whatever the status (a file's
+    /// content, an archive, a refusal of one, another API's answer).
+    pub fn call_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Result<Answer<Vec<u8>>> {
+        let request = self.request_with(method, path, headers);
+        let result = match body {
+            Some(body) => request.send_bytes(body),
+            None => request.call(),
+        };
+        self.bytes_answer(result)
     }
 
     /// A POST of raw bytes with extra headers; the status and the whole
     /// body, whatever the status (for routes that are not SPACE's own API,
     /// such as the E2B-compatible ones).
     pub fn post_bytes(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<(u16, Vec<u8>)> {
-        let response = self.any_status(self.request_with("POST", path, headers).send_bytes(body))?;
-        let status = response.status();
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)
-            .map_err(ClientError::io("reading the answer"))?;
-        Ok((status, bytes))
+        self.call_bytes("POST", path, headers, Some(body)).map(|answer| (answer.status, answer.body))
     }
 
     fn any_status(&self, result: Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
@@ -736,6 +764,53 @@ mod tests {
         assert!(seen[0].starts_with("POST /v1/templates?name=t HTTP/1.1"), "{seen:?}");
         assert!(seen[0].to_ascii_lowercase().contains("\r\ncontent-type: application/x-tar\r\n"), "{seen:?}");
         assert!(seen[0].ends_with("\r\n\r\nnot really a tar"), "{seen:?}");
+    }
+
+    #[test]
+    fn a_bytes_call_sends_and_reads_bodies_as_they_are() {
+        let (base, served) = serve(vec![(201, "not json \u{1}".into()), (400, "refused".into())]);
+        let client = client(&base);
+        let path = "/v1/sandboxes/sbx_1/files?path=/a";
+        let put = client.call_bytes("PUT", path, &[("X-Note", "n")], Some(b"\0raw")).unwrap();
+        assert_eq!((put.status, put.body.as_slice(), put.header("X-Answer")), (201, &b"not json \x01"[..], Some("0")));
+        // Any status, its body kept, JSON or not.
+        let get = client.call_bytes("GET", "/v1/x", &[], None).unwrap();
+        assert_eq!((get.status, get.body.as_slice()), (400, &b"refused"[..]));
+        let seen = served.join().unwrap();
+        assert!(seen[0].starts_with("PUT /v1/sandboxes/sbx_1/files?path=/a HTTP/1.1"), "{seen:?}");
+        let head = seen[0].to_ascii_lowercase();
+        assert!(head.contains("\r\ncontent-length: 4\r\n") && head.contains("\r\nx-note: n\r\n"), "{seen:?}");
+        assert!(seen[0].ends_with("\r\n\r\n\0raw"), "{seen:?}");
+        assert!(seen[1].starts_with("GET /v1/x HTTP/1.1") && seen[1].ends_with("\r\n\r\n"), "{seen:?}");
+    }
+
+    #[test]
+    fn a_client_with_a_deadline_gives_up_on_a_server_that_never_answers() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        listener.set_nonblocking(true).unwrap();
+        // Takes the request and says nothing, until the client hangs up
+        // (or 30 s pass, so a client that never does fails the test).
+        let silent = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut socket = loop {
+                match listener.accept() {
+                    Ok((socket, _)) => break socket,
+                    Err(err) if err.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(err) => panic!("no request: {err}"),
+                }
+            };
+            socket.set_nonblocking(false).unwrap();
+            socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let _ = socket.read_to_end(&mut Vec::new());
+        });
+        let started = Instant::now();
+        let err = Client::with_deadline(&base, "key", Duration::from_millis(300)).get("/v1/health").unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(10), "gave up after {:?}", started.elapsed());
+        silent.join().unwrap();
     }
 
     fn operation(state: &str) -> String {
