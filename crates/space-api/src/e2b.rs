@@ -13,6 +13,11 @@ use serde_json::Value;
 /// `code-interpreter` serves it unless a template of this name exists.
 pub const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
 
+/// What a request without its sandbox's envd token is answered (401),
+/// whether the sandbox exists or not: a cluster's control plane answers
+/// the same for an id it cannot place, so no caller learns which ids exist.
+pub const WRONG_TOKEN: &str = "missing or wrong access token for this sandbox";
+
 /// A list's page when the query names no `limit`.
 pub const PAGE: usize = 100;
 

@@ -4,6 +4,7 @@
 //! never silently ignored. These types carry no validation logic; the server
 //! converts them into its own validated domain types.
 
+pub mod cluster;
 pub mod e2b;
 
 use std::collections::BTreeMap;

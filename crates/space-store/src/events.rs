@@ -87,16 +87,9 @@ fn insert_body(
     Ok(seq)
 }
 
-/// An event as a node passes it to the control plane: every tenant's, in
-/// its stored form (the body with id 0), under the node's own id.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct FeedEvent {
-    pub seq: u64,
-    pub tenant: String,
-    pub sandbox_id: Option<String>,
-    pub kind: String,
-    pub body: String,
-}
+/// An event as a node passes it to the control plane (the feed's wire
+/// type, shared with the control plane).
+pub use space_api::cluster::FeedEvent;
 
 impl Store {
     /// Every tenant's events after id `after`, oldest first, at most `limit`
