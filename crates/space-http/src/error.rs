@@ -29,6 +29,12 @@ impl HttpError {
         HttpError::new(ErrorCode::InvalidRequest, message)
     }
 
+    /// A bug or a host failure, logged here; the client gets no detail.
+    pub fn internal(context: &str, err: impl std::fmt::Display) -> HttpError {
+        tracing::error!("{context}: {err}");
+        HttpError::new(ErrorCode::Internal, format!("internal error while {context}"))
+    }
+
     pub fn with_details(mut self, details: serde_json::Value) -> HttpError {
         self.detail.details = details;
         self
@@ -52,6 +58,13 @@ impl std::fmt::Display for HttpError {
 }
 
 impl std::error::Error for HttpError {}
+
+/// The state database failed under a request (as the runtime answers it).
+impl From<space_store::StoreError> for HttpError {
+    fn from(err: space_store::StoreError) -> HttpError {
+        HttpError::internal("accessing the state database", err)
+    }
+}
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {

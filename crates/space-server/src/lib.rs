@@ -1,6 +1,7 @@
 //! The SPACE server: the HTTP edge of a node (the `/v1` API, the E2B
-//! adapter, the console from `space-http`) over the runtime in
-//! `space-node`, and the cluster's control plane.
+//! adapter, the console from `space-http`, a cluster node's internal
+//! routes) over the runtime in `space-node`. A cluster's control plane is
+//! `space-control`, which links none of this.
 //!
 //! `app` builds the router, separate from `serve`, so tests drive the real
 //! API over a real socket against real sandboxes.
@@ -17,7 +18,6 @@ pub mod e2b;
 pub mod error;
 mod host_facts;
 pub mod http;
-mod links;
 mod router;
 pub mod state;
 

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use space_api::ErrorCode;
+use space_http::links::Links;
 
 use crate::error::ApiError;
 use crate::host_facts::HostFacts;
-use crate::links::Links;
 use crate::platform::Platform;
 use crate::tenants::Caller;
 

@@ -37,19 +37,21 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let cluster_tls = args.cluster_tls()?;
-    let links = space_server::cluster::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
+    let links = space_control::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
     let store = space_server::store::Store::connect(url)?;
-    let cp = std::sync::Arc::new(space_server::cluster::ControlPlane {
+    let cp = std::sync::Arc::new(space_control::ControlPlane {
         store,
         api_key: key,
         node_token: token,
         keyring,
         links,
+        // The contract a node serves, served the same by the control plane.
+        openapi: space_server::api::openapi::document_json(),
     });
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.spawn(space_server::cluster::replicate_templates(cp.clone()));
-    runtime.spawn(space_server::cluster::follow_feeds(cp.clone()));
-    runtime.spawn(space_server::cluster::watch_event_head(cp.clone()));
+    runtime.spawn(space_control::replicate_templates(cp.clone()));
+    runtime.spawn(space_control::follow_feeds(cp.clone()));
+    runtime.spawn(space_control::watch_event_head(cp.clone()));
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -61,7 +63,7 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
             let internal =
                 tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
             tracing::info!("taking nodes' heartbeats on https://{}", internal.local_addr()?);
-            let router = space_server::cluster::internal_router(cp.clone());
+            let router = space_control::internal_router(cp.clone());
             tokio::spawn(space_server::http::serve_router(
                 internal,
                 router,
@@ -72,7 +74,7 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
         let shutdown = async move {
             term.recv().await;
         };
-        space_server::http::serve_router(listener, space_server::cluster::router(cp), tls, shutdown).await?;
+        space_server::http::serve_router(listener, space_control::router(cp), tls, shutdown).await?;
         Ok(())
     })
 }

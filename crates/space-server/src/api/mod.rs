@@ -11,7 +11,7 @@ mod egress;
 pub(crate) mod events;
 pub(crate) mod files;
 mod health;
-pub(crate) mod openapi;
+pub mod openapi;
 mod operations;
 pub(crate) mod output;
 pub(crate) mod ports;

@@ -107,6 +107,13 @@ pub async fn document() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
+/// The document as JSON text, for a cluster's control plane to serve as a
+/// node does (it links none of this crate: the composition root hands it
+/// over, decision 020).
+pub fn document_json() -> String {
+    serde_json::to_string(&ApiDoc::openapi()).unwrap_or_default()
+}
+
 /// Whether the operation at `method` and route template `route` takes an
 /// `Idempotency-Key`, as the document says (read from it once).
 pub(crate) fn takes_idempotency_key(method: &str, route: &str) -> bool {

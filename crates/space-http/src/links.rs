@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 
 /// Why reaching another member of the cluster failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LinkError {
+pub enum LinkError {
     #[error("{url:?}: {source}")]
     BadUrl {
         url: String,
@@ -35,7 +35,7 @@ pub(crate) enum LinkError {
     #[error("TLS: {0}")]
     Tls(#[source] std::io::Error),
     #[error(transparent)]
-    Relay(#[from] space_http::proxy::RelayError),
+    Relay(#[from] crate::proxy::RelayError),
 }
 
 impl From<hyper::Error> for LinkError {
@@ -59,14 +59,14 @@ struct IdleConnection {
 }
 
 /// How long a free connection is kept for the next request (less than the
-/// [`space_http::server::HEADER_TIMEOUT`] after which a member closes it).
+/// [`crate::server::HEADER_TIMEOUT`] after which a member closes it).
 const IDLE_FOR: Duration = Duration::from_secs(4);
 /// Free connections kept per member.
 const IDLE_PER_MEMBER: usize = 32;
 
 /// Whether `url` is `http://host:port` or `https://host:port`, and its
 /// `host:port`.
-pub(crate) fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), LinkError> {
+pub fn member_url(url: &str) -> Result<(bool, axum::http::uri::Authority), LinkError> {
     let uri: axum::http::Uri = url.parse().map_err(|source| LinkError::BadUrl { url: url.to_string(), source })?;
     match (uri.scheme_str(), uri.authority()) {
         (Some(scheme @ ("http" | "https")), Some(authority)) if authority.port().is_some() => {
@@ -85,7 +85,7 @@ impl Links {
     /// answer back as a stream (an upgrade spliced to `upgrade`): over a
     /// connection left free by an earlier request, or a new one (always
     /// for an upgrade, which takes the connection over).
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         url: &str,
         mut request: hyper::Request<Body>,
@@ -99,7 +99,7 @@ impl Links {
                 match sender.try_send_request(request).await {
                     Ok(response) => {
                         self.keep(url, sender);
-                        return Ok(space_http::proxy::answer(response, None)?);
+                        return Ok(crate::proxy::answer(response, None)?);
                     }
                     // Closed before it took the request: another one.
                     Err(mut failed) => match failed.take_message() {
@@ -114,7 +114,7 @@ impl Links {
         if upgrade.is_none() {
             self.keep(url, sender);
         }
-        Ok(space_http::proxy::answer(response, upgrade)?)
+        Ok(crate::proxy::answer(response, upgrade)?)
     }
 
     /// A free connection to `url` that is neither stale nor closed.
@@ -156,7 +156,7 @@ impl Links {
         let tcp = tokio::net::TcpStream::connect(authority.as_str()).await.map_err(LinkError::Connect)?;
         let _ = tcp.set_nodelay(true);
         if !https {
-            return Ok(space_http::proxy::http1(TokioIo::new(tcp)).await?);
+            return Ok(crate::proxy::http1(TokioIo::new(tcp)).await?);
         }
         let Some(config) = &self.tls else {
             return Err(LinkError::NoTls(url.to_string()));
@@ -166,12 +166,12 @@ impl Links {
         )
         .map_err(LinkError::ServerName)?;
         let tls = tokio::time::timeout(
-            space_http::server::HANDSHAKE_TIMEOUT,
+            crate::server::HANDSHAKE_TIMEOUT,
             tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
         )
         .await
         .map_err(|_| LinkError::TlsTimeout)?
         .map_err(LinkError::Tls)?;
-        Ok(space_http::proxy::http1(TokioIo::new(tls)).await?)
+        Ok(crate::proxy::http1(TokioIo::new(tls)).await?)
     }
 }

@@ -1,0 +1,178 @@
+//! `/e2b/...` through the control plane, answering in E2B's error shape:
+//! envd requests go to the node of the sandbox their `E2b-Sandbox-Id`
+//! names, with the sandbox's own access token (checked by the node);
+//! control requests are authenticated here by `X-API-KEY` and placed,
+//! gathered or forwarded like their `/v1` kin.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use space_api::{ErrorCode, Sandbox, SandboxState};
+use space_core::tenants::Caller;
+
+use crate::error::ControlError;
+use crate::forward::{forward, read_answer, relay_to};
+use crate::place::place;
+use crate::state::{live_node, mark_gone, nodes, now_ms, ControlPlane};
+
+/// An error in E2B's REST shape, `{"code": <status>, "message": "..."}`,
+/// as a node's E2B adapter answers it (the SDK reads `code` as a number
+/// and raises by status). The adapter's own type lives with the runtime;
+/// this one needs none.
+#[derive(Debug)]
+pub(crate) struct E2bError {
+    status: StatusCode,
+    message: String,
+}
+
+impl E2bError {
+    fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        E2bError { status, message: message.into() }
+    }
+}
+
+/// SPACE's errors in E2B's shape, as the adapter maps them: by the code's
+/// status, but for a file of the wrong type, which envd answers with 400.
+impl From<ControlError> for E2bError {
+    fn from(err: ControlError) -> E2bError {
+        let status = match err.code {
+            ErrorCode::WrongFileType => StatusCode::BAD_REQUEST,
+            code => space_http::error::status_of(code),
+        };
+        E2bError::new(status, err.0.message)
+    }
+}
+
+impl From<space_store::StoreError> for E2bError {
+    fn from(err: space_store::StoreError) -> E2bError {
+        ControlError::from(err).into()
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({"code": self.status.as_u16(), "message": self.message}))).into_response()
+    }
+}
+
+fn wrong_token() -> E2bError {
+    E2bError::new(StatusCode::UNAUTHORIZED, space_api::e2b::WRONG_TOKEN)
+}
+
+/// `/e2b/...` (envd's routes and E2B's control API).
+pub(crate) async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response, E2bError> {
+    let path = request.uri().path().to_string();
+    if path.starts_with("/e2b/envd/") {
+        let id = request.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        // Only the sandbox's node can check its token: an id that names no
+        // sandbox here (or one whose node is lost) answers what a node says
+        // to a wrong token, so no caller learns which ids exist.
+        let placement = cp.store.placement(id)?.ok_or_else(wrong_token)?;
+        let node = live_node(cp, &placement.node_id).map_err(|_| wrong_token())?;
+        return Ok(relay_to(cp, &node, None, request).await?);
+    }
+    let key = request.headers().get("x-api-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
+    let key = key.ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
+    let caller = crate::caller_for_key(cp, key)?;
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let method = request.method().clone();
+    match (&method, parts.as_slice()) {
+        (&Method::POST, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => create(cp, &caller, request).await,
+        (&Method::GET, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => list(cp, &caller, request).await,
+        (_, ["e2b", "sandboxes", id, ..] | ["e2b", "v2", "sandboxes", id, ..]) => {
+            let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
+            let placement = cp.store.placement(id)?.filter(|p| p.tenant == caller.tenant).ok_or_else(missing)?;
+            let node = live_node(cp, &placement.node_id)?;
+            let killed = method == Method::DELETE && parts.len() == 3;
+            let response = forward(cp, &node, &caller, request).await?;
+            if killed && response.status().is_success() {
+                mark_gone(cp, id, &node.id, &caller, SandboxState::Deleted)?;
+            }
+            Ok(response)
+        }
+        // What E2B has and SPACE does not: any node says so.
+        _ => {
+            let node =
+                nodes(cp)?.into_iter().find(|n| n.alive).ok_or_else(|| ControlError::unavailable("no live node"))?;
+            Ok(forward(cp, &node.row, &caller, request).await?)
+        }
+    }
+}
+
+/// E2B's create: placed like `/v1`'s (its `templateID`, default `base`),
+/// and recorded with the sandbox as `/v1` shows it.
+async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, E2bError> {
+    let (mut parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
+        .await
+        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request body is too large"))?;
+    // The body as sent (the node validates it): only its template is read.
+    let body: serde_json::Value = match bytes.is_empty() {
+        true => json!({}),
+        false => serde_json::from_slice(&bytes).map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()))?,
+    };
+    let name = body["templateID"].as_str().unwrap_or("base");
+    let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let placed = place(cp, caller, &json!({"template": name}), key.as_deref()).await;
+    let (node, allowance) = match placed {
+        // E2B's code interpreter template, served by SPACE's (as on a node).
+        Err(err) if err.code == ErrorCode::TemplateNotFound && name == space_api::e2b::E2B_CODE_INTERPRETER => {
+            let served = json!({"template": space_host::template::CODE_INTERPRETER_TEMPLATE});
+            place(cp, caller, &served, key.as_deref()).await?
+        }
+        placed => placed?,
+    };
+    parts.extensions.insert(allowance);
+    let response = forward(cp, &node, caller, Request::from_parts(parts, Body::from(bytes))).await?;
+    if !response.status().is_success() {
+        return Ok(response);
+    }
+    let (response, answer) = read_answer::<serde_json::Value>(response).await?;
+    let id = answer.as_ref().and_then(|a| a["sandboxID"].as_str()).unwrap_or_default().to_string();
+    let request = Request::get(format!("/v1/sandboxes/{id}"))
+        .body(Body::empty())
+        .map_err(|e| ControlError::internal("a request", e))?;
+    if let (_, Some(sandbox)) = read_answer::<Sandbox>(forward(cp, &node, caller, request).await?).await? {
+        let kept = serde_json::to_string(&sandbox).map_err(|e| ControlError::internal("a sandbox", e))?;
+        cp.store.put_placement(&id, &node.id, &caller.tenant, &kept, now_ms())?;
+    }
+    Ok(response)
+}
+
+/// E2B's list: every live node's, in E2B's order and pages.
+async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, E2bError> {
+    // Each node's whole list, its filters passed on as sent (E2B encodes
+    // metadata its own way), then one page of them all, as a node pages.
+    let raw = request.uri().query().unwrap_or_default().to_string();
+    let query: BTreeMap<String, String> = space_api::e2b::form_pairs(&raw).into_iter().collect();
+    let mut asked: Vec<&str> =
+        raw.split('&').filter(|p| !p.is_empty() && !p.starts_with("limit=") && !p.starts_with("nextToken=")).collect();
+    let whole = format!("limit={}", usize::MAX);
+    asked.push(&whole);
+    let path = format!("{}?{}", request.uri().path(), asked.join("&"));
+    let mut listed = Vec::new();
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
+        let asking = Request::get(&path).body(Body::empty()).map_err(|e| ControlError::internal("a request", e))?;
+        let response = forward(cp, &node.row, caller, asking).await?;
+        if !response.status().is_success() {
+            return Ok(response);
+        }
+        // E2B's list items, passed on as the node wrote them.
+        if let (_, Some(some)) = read_answer::<Vec<serde_json::Value>>(response).await? {
+            listed.extend(
+                some.into_iter().map(|s| (space_api::e2b::parse_time(s["startedAt"].as_str().unwrap_or("")), s)),
+            );
+        }
+    }
+    let page =
+        space_api::e2b::page(listed, &query).map_err(|message| E2bError::new(StatusCode::BAD_REQUEST, message))?;
+    let mut response = axum::Json(page.items).into_response();
+    if let Some(next) = page.next_token {
+        response.headers_mut().insert("x-next-token", HeaderValue::from(next));
+    }
+    Ok(response)
+}

@@ -1,0 +1,153 @@
+//! A tenant's quotas, cluster-wide: what a create asks for, what the
+//! tenant holds on the live nodes, the disk allowance a node is told, and
+//! `GET /v1/usage` added up over the nodes. Nodes keep no quotas of their
+//! own in a cluster.
+
+use axum::response::{IntoResponse, Response};
+use space_api::cluster::{DiskAllowance, TemplateSize};
+use space_api::{DiskUsage, Usage};
+use space_core::tenants::Caller;
+use space_store::Quotas;
+
+use crate::error::ControlError;
+use crate::forward::{ask_all, ask_all_but};
+use crate::state::{ControlPlane, Node};
+
+/// A tenant's quotas, cluster-wide: the sandboxes its placements hold on
+/// live nodes (by their size as created) and `count` new ones of `wanted`
+/// (vCPUs, MiB).
+pub(crate) fn check_quotas(
+    cp: &ControlPlane,
+    caller: &Caller,
+    quotas: &Quotas,
+    nodes: &[Node],
+    wanted: (u64, u64),
+    count: u32,
+) -> Result<(), ControlError> {
+    if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
+        return Ok(());
+    }
+    // The placements as kept (a sandbox record the node sent).
+    let mut held: Vec<(u64, u64)> = cp
+        .store
+        .placements(&caller.tenant)?
+        .iter()
+        .filter_map(|p| Some((p, serde_json::from_str::<serde_json::Value>(&p.sandbox).ok()?)))
+        .filter(|(p, s)| {
+            let id = s["id"].as_str().unwrap_or_default();
+            nodes.iter().any(|n| n.row.id == p.node_id && n.holds(p, id))
+        })
+        .map(|(_, s)| (s["vcpus"].as_u64().unwrap_or(0), s["memory_mib"].as_u64().unwrap_or(0)))
+        .collect();
+    // All but the last of several count as held when the last is checked.
+    held.extend(std::iter::repeat_n(wanted, count.saturating_sub(1) as usize));
+    Ok(space_core::tenants::check_held(&caller.tenant, quotas, &held, wanted)?)
+}
+
+/// For a request that may make a tenant hold more disk on `node` (a
+/// create, a suspend, a template build): the tenant's disk quota and what
+/// it holds on the other live nodes.
+pub(crate) async fn disk_allowance(
+    cp: &ControlPlane,
+    caller: &Caller,
+    max_disk_mib: Option<u64>,
+    node: &str,
+) -> Result<DiskAllowance, ControlError> {
+    let Some(max_mib) = max_disk_mib else {
+        return Ok(DiskAllowance::Unlimited);
+    };
+    let elsewhere_bytes: u64 = ask_all_but::<Usage>(cp, caller, "/v1/usage", Some(node))
+        .await?
+        .iter()
+        .map(|usage| usage.disk.total_bytes)
+        .sum();
+    Ok(DiskAllowance::Quota { max_mib, elsewhere_bytes })
+}
+
+/// The vCPUs and MiB a create asks for: what it names, else its template's
+/// defaults as a live node that has the template reports them, else the
+/// defaults of a template that sets none (as a node would give it).
+///
+/// `wanted` is the request's body as sent: the node validates it, the
+/// control plane only reads the three fields it places by.
+pub(crate) fn create_size(wanted: &serde_json::Value, nodes: &[Node]) -> (u64, u64) {
+    let template = wanted["template"].as_str().unwrap_or("base");
+    let reported = nodes.iter().filter(|n| n.alive).find_map(|n| n.report.sizes.get(template).copied());
+    let fallback = space_host::template::TemplateDefaults::default();
+    let size = reported.unwrap_or(TemplateSize { vcpus: fallback.vcpus, memory_mib: fallback.memory_mib });
+    (
+        wanted["vcpus"].as_u64().unwrap_or(u64::from(size.vcpus)),
+        wanted["memory_mib"].as_u64().unwrap_or(u64::from(size.memory_mib)),
+    )
+}
+
+/// `GET /v1/usage`: what the tenant holds on every live node, added up,
+/// against its quotas (kept in PostgreSQL).
+pub(crate) async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response, ControlError> {
+    let quotas = space_core::tenants::quota_limits(&cp.store.tenant_quotas(&caller.tenant)?);
+    let mut total = Usage {
+        tenant: caller.tenant.clone(),
+        quotas,
+        sandboxes: 0,
+        vcpus: 0,
+        memory_mib: 0,
+        disk: DiskUsage::default(),
+    };
+    for answer in ask_all::<Usage>(cp, caller, "/v1/usage").await? {
+        total.sandboxes += answer.sandboxes;
+        total.vcpus += answer.vcpus;
+        total.memory_mib += answer.memory_mib;
+        let (disk, more) = (&mut total.disk, answer.disk);
+        disk.total_bytes += more.total_bytes;
+        disk.roots_reserved_bytes += more.roots_reserved_bytes;
+        disk.roots_used_bytes += more.roots_used_bytes;
+        disk.transcripts_bytes += more.transcripts_bytes;
+        disk.snapshots_bytes += more.snapshots_bytes;
+        disk.templates_bytes += more.templates_bytes;
+        disk.uploads_bytes += more.uploads_bytes;
+    }
+    Ok(axum::Json(total).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use space_api::cluster::NodeReport;
+    use space_store::NodeRow;
+
+    use super::*;
+
+    #[test]
+    fn a_create_is_sized_by_what_it_names_else_by_its_templates_reported_defaults() {
+        let node = |alive: bool, sizes: &[(&str, u32, u32)]| {
+            let report = NodeReport {
+                id: "n".into(),
+                url: "http://n.test:1".into(),
+                engine: "gvisor".into(),
+                capacity_mib: 1024,
+                promised_mib: 0,
+                templates: vec!["base".into(), "big".into()],
+                sandboxes: vec![],
+                secrets_epoch: 0,
+                engines: vec!["gvisor".into()],
+                pinned: Default::default(),
+                local: vec![],
+                sizes: sizes
+                    .iter()
+                    .map(|(t, vcpus, memory_mib)| {
+                        (t.to_string(), TemplateSize { vcpus: *vcpus, memory_mib: *memory_mib })
+                    })
+                    .collect(),
+            };
+            let row =
+                NodeRow { id: "n".into(), url: "http://n.test:1".into(), lease_until_ms: 0, report: String::new() };
+            Node { row, report, alive }
+        };
+        let nodes = [node(false, &[("big", 8, 9999)]), node(true, &[("big", 4, 4096), ("base", 1, 512)])];
+        let big = serde_json::json!({"template": "big"});
+        assert_eq!(create_size(&big, &nodes), (4, 4096), "a live node's report, not a lost one's");
+        let named = serde_json::json!({"template": "big", "vcpus": 2, "memory_mib": 1024});
+        assert_eq!(create_size(&named, &nodes), (2, 1024));
+        let unknown = serde_json::json!({"template": "nowhere"});
+        assert_eq!(create_size(&unknown, &nodes), (1, 512), "a template no node reports: the defaults of none set");
+    }
+}
