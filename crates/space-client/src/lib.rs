@@ -143,6 +143,12 @@ impl Client {
         Client { base: base.trim_end_matches('/').to_string(), auth: format!("Bearer {key}"), agent }
     }
 
+    /// A client of the same server with another key (a tenant's), over the
+    /// same agent: its deadlines, and its connections, are this one's.
+    pub fn with_key(&self, key: &str) -> Client {
+        Client { base: self.base.clone(), auth: format!("Bearer {key}"), agent: self.agent.clone() }
+    }
+
     pub fn base(&self) -> &str {
         &self.base
     }
@@ -782,6 +788,19 @@ mod tests {
         assert!(head.contains("\r\ncontent-length: 4\r\n") && head.contains("\r\nx-note: n\r\n"), "{seen:?}");
         assert!(seen[0].ends_with("\r\n\r\n\0raw"), "{seen:?}");
         assert!(seen[1].starts_with("GET /v1/x HTTP/1.1") && seen[1].ends_with("\r\n\r\n"), "{seen:?}");
+    }
+
+    #[test]
+    fn a_client_with_another_key_calls_the_same_server_with_that_key() {
+        let (base, served) = serve(vec![(200, "{}".into()), (200, "{}".into())]);
+        let ours = client(&base);
+        let theirs = ours.with_key("tenant-b");
+        theirs.get("/v1/usage").unwrap();
+        ours.get("/v1/usage").unwrap();
+        assert_eq!((theirs.base(), theirs.key(), ours.key()), (base.as_str(), "tenant-b", "key"));
+        let seen = served.join().unwrap();
+        assert!(seen[0].to_ascii_lowercase().contains("\r\nauthorization: bearer tenant-b\r\n"), "{seen:?}");
+        assert!(seen[1].to_ascii_lowercase().contains("\r\nauthorization: bearer key\r\n"), "{seen:?}");
     }
 
     #[test]

@@ -98,8 +98,8 @@ impl World {
         let serving = runtime.spawn(space_server::serve(listener, state, async move {
             let _ = stop.await;
         }));
-        let http = ureq::AgentBuilder::new().timeout(PATIENCE * 2).build();
-        Node { platform, url, key, http, runtime: Some(runtime), serving: Some((stop_serving, serving)) }
+        let client = space_client::Client::with_deadline(&url, &key, PATIENCE * 2);
+        Node { platform, key, client, runtime: Some(runtime), serving: Some((stop_serving, serving)) }
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -116,9 +116,10 @@ impl Drop for World {
 /// One server process over a world.
 pub struct Node {
     pub platform: Arc<Platform>,
-    pub url: String,
     pub key: String,
-    http: ureq::Agent,
+    /// The API's own client, with the node's key; every call of it is
+    /// over within twice the patience.
+    client: space_client::Client,
     runtime: Option<tokio::runtime::Runtime>,
     /// What stops the API's serving, and its task.
     serving: Option<(tokio::sync::oneshot::Sender<()>, Serving)>,
@@ -158,7 +159,7 @@ impl Node {
     }
 
     pub fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let client = space_client::Client::with_agent(&self.url, key, self.http.clone());
+        let client = self.client.with_key(key);
         client.call(method, path, body.as_ref()).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
