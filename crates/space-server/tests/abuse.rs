@@ -296,32 +296,17 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     server.delete_sandbox(&fresh);
 
     // --- The files API ---
-    let auth = format!("Bearer {}", server.key);
-    let headers = [("Authorization", auth.as_str())];
-    let (status, body) = server.raw(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files?path=/../../../../..{}", host_file.display()),
-        &headers,
-        None,
-    );
+    let client = server.client();
+    let read = |path: String| client.exchange("GET", &path, None).unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let (status, body) = read(format!("/v1/sandboxes/{id}/files?path=/../../../../..{}", host_file.display()));
     suite.check(
         "read a host file through the files API with ..",
         !body.contains("host secret"),
         format!("{status} {body}"),
     );
     sh(&server, &id, "ln -sfn / /root/rootlink; ln -sfn /proc/1/root /root/procroot");
-    let (status, body) = server.raw(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files?path=/root/rootlink{}", host_file.display()),
-        &headers,
-        None,
-    );
-    let (status2, body2) = server.raw(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files?path=/root/procroot{}", host_file.display()),
-        &headers,
-        None,
-    );
+    let (status, body) = read(format!("/v1/sandboxes/{id}/files?path=/root/rootlink{}", host_file.display()));
+    let (status2, body2) = read(format!("/v1/sandboxes/{id}/files?path=/root/procroot{}", host_file.display()));
     suite.check(
         "follow a symlink out through the files API",
         !body.contains("host secret") && !body2.contains("host secret"),
@@ -338,15 +323,8 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
         builder.append(&header, &b"out"[..]).unwrap();
         builder.into_inner().unwrap()
     };
-    let status = space_testkit::http()
-        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root&format=tar", server.url))
-        .set("Authorization", &auth)
-        .send_bytes(&archive)
-        .map(|r| r.status())
-        .unwrap_or_else(|e| match e {
-            ureq::Error::Status(code, _) => code,
-            other => panic!("{other}"),
-        });
+    let root = format!("/v1/sandboxes/{id}/files?path=/root&format=tar");
+    let status = client.call_bytes("PUT", &root, &[], Some(&archive)).unwrap().status;
     let inside = sh(&server, &id, &format!("ls /tmp/{marker}-tar 2>&1")).0;
     suite.check(
         "unpack a tar with ../ entries through the files API",
@@ -357,12 +335,15 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     );
 
     // --- The API as a caller without a valid key ---
-    let (status, _) = server.raw("GET", "/v1/sandboxes", &[("Authorization", "Bearer space_guess")], None);
+    let (status, _) = server.client_as("space_guess").exchange("GET", "/v1/sandboxes", None).unwrap();
     suite.check("call the API with a guessed key", status == 401, status);
     let (_, b_key) = space_server::tenants::create_key(&server.platform.store, "intruder", None).unwrap();
     let (status, _) = server.call_as(&b_key, "GET", &format!("/v1/sandboxes/{id}"), None);
     let (status2, _) = server.call_as(&b_key, "POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"})));
     suite.check("reach another tenant's sandbox", status == 404 && status2 == 404, format!("{status} {status2}"));
+    // Heads and bodies past the server's limits, written by hand: a client
+    // must not be able to send them.
+    let auth = format!("Bearer {}", server.key);
     let huge = "x".repeat(100 * 1024);
     let answer =
         server.early_answer(&format!("GET /v1/sandboxes HTTP/1.1\r\nAuthorization: {auth}\r\nX-Big: {huge}"), b"");
@@ -377,7 +358,7 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
         body.as_bytes(),
     );
     suite.check("send a 2 MiB JSON body", answer.starts_with("HTTP/1.1 413"), answer.lines().next().unwrap_or(""));
-    let (status, _) = server.raw("GET", &format!("/v1/sandboxes/sbx_{}", "a".repeat(5000)), &headers, None);
+    let (status, _) = read(format!("/v1/sandboxes/sbx_{}", "a".repeat(5000)));
     suite.check("ask for a huge id", status == 404 || status == 400, status);
     // Slowloris: a head that never ends is cut off.
     let started = Instant::now();
@@ -442,7 +423,7 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     suite.check("lock the agent out with a fork bomb", inside == "agent-ok\n", &inside);
     let ended = server.ok("GET", &format!("/v1/sandboxes/{id}/commands/{bomb}?wait=30"), None);
     assert!(ended["result"].is_object(), "the bomb's command ends on its timeout: {ended}");
-    let (status, health) = server.raw("GET", "/v1/health", &[], None);
+    let (status, health) = server.client().exchange("GET", "/v1/health", None).unwrap();
     suite.check("take the server down", status == 200, &health);
 
     // --- Mounts and memory-backed files ---
@@ -550,10 +531,9 @@ while time.time() < end:
     let resumed = server.wait_operation(resuming["operation"]["id"].as_str().unwrap());
     let real = server.exec(&probe, json!({"argv": ["cat", "/proc/1/cmdline"]}));
     let log = sh(&server, &probe, "cat /root/impostor.log 2>&1").0;
-    let auth = format!("Bearer {}", server.key);
-    let kill = json!({"signal": "KILL"}).to_string();
+    let kill = json!({"signal": "KILL"});
     let path = format!("/v1/sandboxes/{probe}/commands/{impostor_cmd}/signal");
-    let _ = server.raw("POST", &path, &[("Authorization", &auth), ("Content-Type", "application/json")], Some(&kill));
+    let _ = server.client().call("POST", &path, Some(&kill));
     suite.check(
         "impersonate the agent after a resume",
         suspended["state"] == "succeeded"
@@ -632,7 +612,7 @@ while time.time() < end:
         &lister,
         "import select, socket, time\nheld = []\nfor _ in range(100):\n    s = socket.create_connection(('127.0.0.1', 3128))\n    held.append(s)\nanswers = []\nfor s in held[:2]:\n    s.sendall(b'\\x16\\x03\\x01garbage\\r\\n\\r\\n')\n    answers.append(s.recv(64)[:12])\nlimited = 0\nwaiting = held[2:]\ndeadline = time.time() + 30\nwhile waiting and time.time() < deadline:\n    ready, _, _ = select.select(waiting, [], [], 1)\n    for s in ready:\n        limited += s.recv(64).startswith(b'HTTP/1.1 429')\n        waiting.remove(s)\nprint(answers, 'limited', limited, 'silent', len(waiting))",
     );
-    let health = server.raw("GET", "/v1/health", &[], None).0;
+    let health = server.client().exchange("GET", "/v1/health", None).unwrap().0;
     let alive = proxied(&lister, "a.space.test:443");
     suite.check(
         "flood the egress proxy with connections and garbage",
@@ -673,8 +653,7 @@ while time.time() < end:
         &out,
     );
     let listed = server.ok("GET", "/v1/secrets", None).to_string();
-    let bearer = format!("Bearer {}", server.key);
-    let (single, body) = server.raw("GET", "/v1/secrets/abuse-token", &[("Authorization", &bearer)], None);
+    let (single, body) = server.client().exchange("GET", "/v1/secrets/abuse-token", None).unwrap();
     suite.check(
         "read a secret's value back through the API",
         !listed.contains(&secret_value) && !body.contains(&secret_value) && single == 405,
@@ -708,11 +687,13 @@ while time.time() < end:
         Some(json!({"argv": ["python3", "-c", headers_app]})),
     );
     assert_eq!(status, 201, "{app}");
-    let auth = format!("Bearer {}", server.key);
+    let client = server.client();
+    let get = |client: &space_client::Client, path: String| {
+        client.exchange("GET", &path, None).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    };
     let mut seen_headers = String::new();
     space_testkit::wait_until("the app in the sandbox", space_testkit::PATIENCE, || {
-        let (status, body) =
-            server.raw("GET", &format!("/v1/sandboxes/{binder}/ports/8000/"), &[("Authorization", &auth)], None);
+        let (status, body) = get(&client, format!("/v1/sandboxes/{binder}/ports/8000/"));
         seen_headers = body;
         status == 200
     });
@@ -721,19 +702,9 @@ while time.time() < end:
         !seen_headers.contains(&server.key) && !seen_headers.to_lowercase().contains("authorization"),
         &seen_headers,
     );
-    let (status, _) = server.raw(
-        "GET",
-        &format!("/v1/sandboxes/{binder}/ports/8000/"),
-        &[("Authorization", &format!("Bearer {b_key}"))],
-        None,
-    );
+    let (status, _) = get(&server.client_as(&b_key), format!("/v1/sandboxes/{binder}/ports/8000/"));
     suite.check("reach another tenant's sandbox port", status == 404, status);
-    let (status, body) = server.raw(
-        "GET",
-        &format!("/v1/sandboxes/{binder}/ports/{api_port}/v1/health"),
-        &[("Authorization", &auth)],
-        None,
-    );
+    let (status, body) = get(&client, format!("/v1/sandboxes/{binder}/ports/{api_port}/v1/health"));
     suite.check(
         "reach the host's API through the port proxy",
         status == 502 && body.contains("port_closed"),

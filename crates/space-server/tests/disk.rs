@@ -199,12 +199,8 @@ fn under_the_hosts_reserve_new_work_gets_507_and_the_server_keeps_serving() {
     assert!(low(&refused));
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/suspend"), None, 507, "insufficient_storage");
     assert!(low(&refused));
-    let auth = format!("Bearer {}", server.key);
-    let put = space_testkit::http()
-        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/f", server.url))
-        .set("Authorization", &auth)
-        .send_bytes(b"data");
-    assert!(matches!(put, Err(ureq::Error::Status(507, _))), "{put:?}");
+    let put = server.client().upload_bytes(&id, "/root/f", b"data");
+    assert_eq!(put.as_ref().map_err(space_client::ClientError::status), Err(Some(507)), "{put:?}");
 
     // What runs keeps running; its output is counted, not kept.
     let ran = server.exec(&id, json!({"argv": ["echo", "still here"]}));

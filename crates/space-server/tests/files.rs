@@ -12,8 +12,8 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
-    let url = |query: &str| format!("{}/v1/sandboxes/{id}/files?{query}", server.url);
-    let auth = format!("Bearer {}", server.key);
+    let client = server.client();
+    let files = |query: &str| format!("/v1/sandboxes/{id}/files?{query}");
 
     // A parameter the action would not honour is refused, not ignored.
     for (method, query) in [
@@ -24,26 +24,21 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
         ("DELETE", "path=/root/none&format=tar"),
         ("DELETE", "path=/root/none&mode=0600"),
     ] {
-        let path = format!("/v1/sandboxes/{id}/files?{query}");
-        let (status, body) = server.raw(method, &path, &[("Authorization", &auth)], Some(""));
+        let (status, body) = client.exchange(method, &files(query), Some("")).unwrap();
         assert_eq!(status, 400, "{method} {query}: {body}");
         assert!(body.contains("applies to"), "{body}");
     }
 
     // Write with parents created and a mode; read it back, also from a command.
-    let written = space_testkit::http()
-        .put(&url("path=/root/dir/sub/hello.txt&mode=0600"))
-        .set("Authorization", &auth)
-        .send_bytes(b"hello\n")
-        .unwrap();
-    assert_eq!(written.status(), 201);
-    let written: serde_json::Value = written.into_json().unwrap();
+    let written = client.call_bytes("PUT", &files("path=/root/dir/sub/hello.txt&mode=0600"), &[], Some(b"hello\n"));
+    let written = written.unwrap();
+    assert_eq!(written.status, 201);
+    let written: serde_json::Value = serde_json::from_slice(&written.body).unwrap();
     server.check("PUT", &format!("/v1/sandboxes/{id}/files"), 201, "application/json", &written);
     assert_eq!(written["size"], 6);
-    let read =
-        space_testkit::http().get(&url("path=/root/dir/sub/hello.txt")).set("Authorization", &auth).call().unwrap();
-    assert_eq!(read.header("x-file-mode"), Some("0600"));
-    assert_eq!(read.into_string().unwrap(), "hello\n");
+    let read = client.call_bytes("GET", &files("path=/root/dir/sub/hello.txt"), &[], None).unwrap();
+    assert_eq!((read.status, read.header("x-file-mode")), (200, Some("0600")));
+    assert_eq!(read.body, b"hello\n");
     assert_eq!(
         server.exec(&id, json!({"cmd": "stat -c %a /root/dir/sub/hello.txt; cat /root/dir/sub/hello.txt"}))["stdout"],
         "600\nhello\n"
@@ -51,18 +46,9 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
 
     // Binary content of a few MiB survives the round trip.
     let blob: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    space_testkit::http().put(&url("path=/tmp/blob.bin")).set("Authorization", &auth).send_bytes(&blob).unwrap();
+    client.upload_bytes(&id, "/tmp/blob.bin", &blob).unwrap();
     let mut back = Vec::new();
-    std::io::Read::read_to_end(
-        &mut space_testkit::http()
-            .get(&url("path=/tmp/blob.bin"))
-            .set("Authorization", &auth)
-            .call()
-            .unwrap()
-            .into_reader(),
-        &mut back,
-    )
-    .unwrap();
+    client.download(&id, "/tmp/blob.bin", &mut back).unwrap();
     assert!(back == blob, "binary content changed on the way");
     let local = data.root().join("blob.bin");
     std::fs::write(&local, &blob).unwrap();
@@ -85,12 +71,7 @@ fn files_are_written_read_listed_and_deleted_inside_the_sandbox() {
     server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/nope"), None, 404, "file_not_found");
     server.error("GET", &format!("/v1/sandboxes/{id}/files?path=relative/path"), None, 400, "invalid_request");
     server.error("DELETE", &format!("/v1/sandboxes/{id}/files?path=/root/dir"), None, 409, "directory_not_empty");
-    let (status, _) = server.raw(
-        "DELETE",
-        &format!("/v1/sandboxes/{id}/files?path=/root/dir&recursive=true"),
-        &[("Authorization", &auth)],
-        None,
-    );
+    let (status, _) = client.call("DELETE", &files("path=/root/dir&recursive=true"), None).unwrap();
     assert_eq!(status, 204);
     server.error("GET", &format!("/v1/sandboxes/{id}/files?path=/root/dir/sub/hello.txt"), None, 404, "file_not_found");
     server.error("DELETE", &format!("/v1/sandboxes/{id}/files?path=/"), None, 400, "invalid_request");
@@ -101,7 +82,7 @@ fn dotdot_and_symlinks_never_leave_the_sandbox() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
-    let auth = format!("Bearer {}", server.key);
+    let client = server.client();
     server.exec(&id, json!({"cmd": "ln -s / /root/escape && ln -s ../../../../../.. /root/up"}));
     let marker = format!("space-escape-{}", std::process::id());
 
@@ -111,14 +92,10 @@ fn dotdot_and_symlinks_never_leave_the_sandbox() {
     let host_only = std::env::temp_dir().join(format!("{marker}-host"));
     std::fs::write(&host_only, "host").unwrap();
     // Status and body of a GET of `path`.
-    let get = |path: &str| match space_testkit::http()
-        .get(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
-        .set("Authorization", &auth)
-        .call()
-    {
-        Ok(response) => (response.status(), response.into_string().unwrap()),
-        Err(ureq::Error::Status(status, response)) => (status, response.into_string().unwrap()),
-        Err(err) => panic!("{path}: {err}"),
+    let get = |path: &str| {
+        client
+            .exchange("GET", &format!("/v1/sandboxes/{id}/files?path={path}"), None)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
     };
     for path in
         [format!("/root/../srv/{marker}"), format!("/root/escape/srv/{marker}"), format!("/root/up/srv/{marker}")]
@@ -131,11 +108,7 @@ fn dotdot_and_symlinks_never_leave_the_sandbox() {
     std::fs::remove_file(&host_only).unwrap();
     // Writes through them land in the sandbox, never on the host.
     for path in [format!("/root/escape/tmp/{marker}"), format!("/root/up/../../tmp/{marker}")] {
-        space_testkit::http()
-            .put(&format!("{}/v1/sandboxes/{id}/files?path={path}", server.url))
-            .set("Authorization", &auth)
-            .send_bytes(b"inside")
-            .unwrap();
+        client.upload_bytes(&id, &path, b"inside").unwrap();
     }
     assert!(!std::path::Path::new(&format!("/tmp/{marker}")).exists(), "nothing was written on the host");
     assert_eq!(server.exec(&id, json!({"argv": ["cat", format!("/tmp/{marker}")]}))["stdout"], "inside");
@@ -146,17 +119,13 @@ fn directories_travel_as_tar_archives_both_ways() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
-    let auth = format!("Bearer {}", server.key);
+    let client = server.client();
     server.exec(&id, json!({"cmd": "mkdir -p /srv/tree/a/b && echo one > /srv/tree/a/one.txt && printf 'two' > /srv/tree/a/b/two.bin && chmod 0750 /srv/tree/a/b && ln -s one.txt /srv/tree/a/link"}));
 
-    let response = space_testkit::http()
-        .get(&format!("{}/v1/sandboxes/{id}/files?path=/srv/tree&format=tar", server.url))
-        .set("Authorization", &auth)
-        .call()
-        .unwrap();
-    assert_eq!(response.header("content-type"), Some("application/x-tar"));
-    let mut archive = Vec::new();
-    std::io::Read::read_to_end(&mut response.into_reader(), &mut archive).unwrap();
+    let tree = format!("/v1/sandboxes/{id}/files?path=/srv/tree&format=tar");
+    let response = client.call_bytes("GET", &tree, &[], None).unwrap();
+    assert_eq!((response.status, response.header("content-type")), (200, Some("application/x-tar")));
+    let archive = response.body;
     let names: Vec<String> = tar::Archive::new(&archive[..])
         .entries()
         .unwrap()
@@ -167,12 +136,9 @@ fn directories_travel_as_tar_archives_both_ways() {
     }
 
     // The same archive unpacks into another directory, modes and links kept.
-    let put = space_testkit::http()
-        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/copy&format=tar", server.url))
-        .set("Authorization", &auth)
-        .send_bytes(&archive)
-        .unwrap();
-    assert_eq!(put.status(), 201);
+    let copy = format!("/v1/sandboxes/{id}/files?path=/root/copy&format=tar");
+    let put = client.call_bytes("PUT", &copy, &[], Some(&archive)).unwrap();
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
     let check = server.exec(&id, json!({"cmd": "cat /root/copy/a/one.txt /root/copy/a/b/two.bin; echo; stat -c %a /root/copy/a/b; readlink /root/copy/a/link"}));
     assert_eq!(check["stdout"], "one\ntwo\n750\none.txt\n");
 
@@ -187,17 +153,11 @@ fn directories_travel_as_tar_archives_both_ways() {
     header.set_cksum();
     evil.append(&header, &b"evil"[..]).unwrap();
     let evil = evil.into_inner().unwrap();
-    let refused = space_testkit::http()
-        .put(&format!("{}/v1/sandboxes/{id}/files?path=/root/target&format=tar", server.url))
-        .set("Authorization", &auth)
-        .send_bytes(&evil);
-    match refused {
-        Err(ureq::Error::Status(400, response)) => {
-            let body = response.into_string().unwrap();
-            assert!(body.contains("outside the directory"), "the refusal says why: {body}");
-        }
-        other => panic!("a traversal entry must be refused: {other:?}"),
-    }
+    let target = format!("/v1/sandboxes/{id}/files?path=/root/target&format=tar");
+    let refused = client.call_bytes("PUT", &target, &[], Some(&evil)).unwrap();
+    let body = String::from_utf8_lossy(&refused.body);
+    assert_eq!(refused.status, 400, "a traversal entry must be refused: {body}");
+    assert!(body.contains("outside the directory"), "the refusal says why: {body}");
     let outside = server.exec(&id, json!({"cmd": "ls /escaped.txt /root/escaped.txt 2>&1 | grep -c 'No such'"}));
     assert_eq!(outside["stdout"], "2\n", "nothing landed outside the target");
 }
@@ -207,14 +167,11 @@ fn a_tar_upload_lands_whole_or_not_at_all() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
-    let auth = format!("Bearer {}", server.key);
+    let client = server.client();
     let put = |dir: &str, archive: Vec<u8>| {
-        let url = format!("{}/v1/sandboxes/{id}/files?path={dir}&format=tar", server.url);
-        match space_testkit::http().put(&url).set("Authorization", &auth).send_bytes(&archive) {
-            Ok(response) => (response.status(), response.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(status, response)) => (status, response.into_string().unwrap_or_default()),
-            Err(err) => panic!("PUT {url}: {err}"),
-        }
+        let path = format!("/v1/sandboxes/{id}/files?path={dir}&format=tar");
+        let answer = client.call_bytes("PUT", &path, &[], Some(&archive)).unwrap_or_else(|e| panic!("PUT {path}: {e}"));
+        (answer.status, String::from_utf8_lossy(&answer.body).into_owned())
     };
     let sh = |cmd: &str| server.exec(&id, json!({"cmd": cmd}))["stdout"].as_str().unwrap_or_default().to_string();
 
