@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 use space_process::{ExitStatus, Output, ReapedChild, Reaper};
-use space_testkit::{agent_bin, http, output_within, within, TestDataDir, PATIENCE};
+use space_testkit::{agent_bin, output_within, within, TestDataDir, PATIENCE};
 
 mod common;
 
@@ -222,6 +222,7 @@ fn dev_server_and_cli_run_a_sandbox() {
     });
     let local: std::net::SocketAddr = first.trim().parse().expect("the local address");
     let mut page = String::new();
+    // By hand: what answers here is the sandbox's own server through the forward, not the API.
     space_testkit::wait_until("the server through the forwarded port", space_testkit::PATIENCE, || {
         use std::io::{Read, Write};
         let Ok(mut stream) = std::net::TcpStream::connect(local) else { return false };
@@ -389,13 +390,8 @@ fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cu
     // A fork accepted (202) and then the server SIGKILLed: the restarted
     // server makes it, whatever it had done.
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
-    let accepted: serde_json::Value = http()
-        .post(&format!("{url}/v1/sandboxes/{id}/fork"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .send_json(serde_json::json!({"count": 3}))
-        .unwrap()
-        .into_json()
-        .unwrap();
+    let client = space_client::Client::with_deadline(&url, &key, PATIENCE * 2);
+    let accepted = client.post(&format!("/v1/sandboxes/{id}/fork"), &serde_json::json!({"count": 3})).unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some());
     let (server, url) = serve(&data);
@@ -510,6 +506,7 @@ fn tenant_keys_are_made_listed_and_revoked_and_a_public_address_needs_tls() {
         &["--listen", "127.0.0.1:0", "--api-key-file", key_file, "--tls-cert", &cert, "--tls-key", &pem_key],
     );
     assert!(url.starts_with("https://"), "{url}");
+    // curl, not the API's client: that speaks plain HTTP only, and this checks the TLS listener under the test's CA.
     let curl = |extra: &[&str], target: &str| {
         let auth = format!("Authorization: Bearer {key}");
         let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", &auth];
@@ -779,20 +776,14 @@ fn json_logs_carry_request_ids_and_tenants_and_never_keys() {
     let sink = logged.clone();
     std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push(l)));
     let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
-    let auth = format!("Bearer {key}");
+    let client = space_client::Client::with_deadline(&url, &key, PATIENCE * 2);
 
-    let ours = http()
-        .get(&format!("{url}/v1/sandboxes"))
-        .set("Authorization", &auth)
-        .set("X-Request-Id", "trace-me-1")
-        .call()
-        .unwrap();
-    assert_eq!(ours.header("x-request-id"), Some("trace-me-1"));
+    let ours = client.call_with("GET", "/v1/sandboxes", &[("X-Request-Id", "trace-me-1")], None).unwrap();
+    assert_eq!((ours.status, ours.header("x-request-id")), (200, Some("trace-me-1")), "{ours:?}");
     let missing = "op_00000000000000000000";
-    let given = match http().get(&format!("{url}/v1/operations/{missing}")).set("Authorization", &auth).call() {
-        Err(ureq::Error::Status(404, response)) => response.header("x-request-id").unwrap_or_default().to_string(),
-        other => panic!("{other:?}"),
-    };
+    let answer = client.call_with("GET", &format!("/v1/operations/{missing}"), &[], None).unwrap();
+    assert_eq!(answer.status, 404, "{answer:?}");
+    let given = answer.header("x-request-id").unwrap_or_default().to_string();
     assert!(given.starts_with("req_"), "{given}");
 
     let line_for = |id: &str| {
