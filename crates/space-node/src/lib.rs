@@ -17,6 +17,7 @@ pub mod disk;
 pub mod egress;
 pub mod error;
 mod failures;
+pub mod follow;
 pub mod idle;
 mod job;
 pub mod lifecycle;
@@ -44,6 +45,9 @@ use space_engine::Engine;
 use space_host::datadir::DataDir;
 
 pub use crate::error::NodeError;
+
+/// The largest file a request moves whole (the `/v1` files routes, E2B's).
+pub const MAX_FILE_BYTES: usize = 1 << 30;
 pub use crate::idle::DEFAULT_AUTO_PAUSE_S;
 pub use crate::platform::Platform;
 pub use crate::session::Session;

@@ -105,6 +105,14 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// An error of the edge's own (a refused key, a node that cannot be
+/// reached) in E2B's shape, where the control plane answers E2B's routes.
+impl From<ApiError> for space_e2b::E2bError {
+    fn from(err: ApiError) -> space_e2b::E2bError {
+        err.0.into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

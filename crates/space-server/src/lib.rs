@@ -11,10 +11,6 @@ pub mod api;
 #[allow(clippy::disallowed_types)]
 pub mod cluster;
 mod disk_quota;
-// E2B's routes load each sandbox for the caller themselves (`owned` in
-// e2b/control.rs, envd's token per sandbox).
-#[allow(clippy::disallowed_types)]
-pub mod e2b;
 pub mod error;
 mod host_facts;
 pub mod http;
@@ -23,6 +19,7 @@ pub mod state;
 
 // The runtime's modules under their former paths, for the server's own
 // modules and its users.
+pub use space_e2b as e2b;
 pub use space_node::{
     access, actor, adoption, capacity, checkpoints, commands, contexts, disk, domain, egress, engine_report, engines,
     idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, session, start_platform,

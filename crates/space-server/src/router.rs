@@ -9,7 +9,7 @@ use axum::Router;
 use space_http::extract::MAX_JSON_BODY;
 
 use crate::state::AppState;
-use crate::{api, cluster, e2b};
+use crate::{api, cluster};
 
 /// The whole API as a router, separate from `serve` so tests drive it directly.
 pub fn app(state: AppState) -> Router {
@@ -22,7 +22,7 @@ pub fn app(state: AppState) -> Router {
             post(cluster::take_secrets).layer(axum::extract::DefaultBodyLimit::max(crate::secrets::MAX_SECRET_SET)),
         )
         .merge(api::routes(&state))
-        .merge(e2b::router())
+        .merge(space_e2b::router(crate::state::e2b_state(&state)))
         .merge(space_http::console::router())
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)

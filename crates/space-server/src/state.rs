@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::host_facts::HostFacts;
 use crate::platform::Platform;
 use crate::tenants::Caller;
+use space_node::NodeError;
 
 /// What every handler gets.
 #[derive(Clone)]
@@ -56,4 +57,36 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
     }
     crate::tenants::tenant_for_key(&state.platform.store, key)?
         .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "the API key is not valid"))
+}
+
+/// What the E2B adapter gets from this server: its platform, whether its
+/// engine can run sandboxes, and who an E2B control request is from — a
+/// SPACE key in `X-API-KEY`, or on a node of a cluster only the control
+/// plane (the node token and the tenant it asserts, with the tenant's disk
+/// quota as the control plane tells it).
+pub fn e2b_state(state: &AppState) -> space_e2b::E2bState {
+    let host = state.clone();
+    let caller = move |headers: &axum::http::HeaderMap| -> Result<Caller, NodeError> {
+        if host.node_token.is_some() {
+            let token = space_http::auth::bearer(headers).unwrap_or_default();
+            if caller_for_key(&host, token)?.role != crate::tenants::Role::ControlPlane {
+                return Err(NodeError::new(ErrorCode::Unauthorized, "a node answers its control plane only"));
+            }
+            let caller = Caller::asserted(headers)?;
+            crate::disk_quota::take_disk_quota(&host.platform, &caller, headers)?;
+            return Ok(caller);
+        }
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| NodeError::new(ErrorCode::Unauthorized, "missing API key: send X-API-KEY"))?;
+        Ok(caller_for_key(&host, key)?)
+    };
+    space_e2b::E2bState {
+        platform: state.platform.clone(),
+        caller: std::sync::Arc::new(caller),
+        engine_available: state.health.engine_available,
+    }
 }

@@ -18,10 +18,10 @@ use tokio::sync::mpsc;
 
 use super::access::CommandPath;
 use super::commands::running;
-use super::output::{follow, Emitted};
 use crate::commands::{check_input, Input};
 use crate::error::ApiError;
 use crate::state::AppState;
+use space_node::follow::{follow, Emitted};
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -9,18 +9,18 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use space_api::{ErrorBody, ErrorCode};
-use space_engine::{AgentConn, AgentError, FileRead};
+use space_engine::{AgentConn, FileRead};
 use space_http::extract::ApiQuery;
-use space_proto::FileFailure;
 
 use super::access::SandboxPath;
 use crate::access::OwnedSandbox;
 use crate::error::ApiError;
 use crate::session::Session;
 use crate::state::AppState;
+pub(crate) use space_node::error::file_error;
 
 /// The largest file one PUT may write.
-pub const MAX_FILE_BYTES: usize = 1 << 30;
+pub use space_node::MAX_FILE_BYTES;
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -108,27 +108,6 @@ pub(crate) async fn agent_for(state: &AppState, sandbox: &OwnedSandbox) -> Resul
     let session = state.platform.session(sandbox).await?;
     let agent = session.agent("use its files")?.clone();
     Ok((agent, session))
-}
-
-pub(crate) fn file_error(err: AgentError) -> ApiError {
-    match err {
-        AgentError::File(error) => {
-            let code = match error.reason {
-                FileFailure::NotFound => ErrorCode::FileNotFound,
-                FileFailure::PermissionDenied => ErrorCode::PermissionDenied,
-                FileFailure::WrongType => ErrorCode::WrongFileType,
-                FileFailure::NotEmpty => ErrorCode::DirectoryNotEmpty,
-                FileFailure::Invalid => ErrorCode::InvalidRequest,
-                FileFailure::Io => ErrorCode::IoError,
-                FileFailure::Exists => ErrorCode::AlreadyExists,
-            };
-            ApiError::new(code, error.message)
-        }
-        AgentError::Disconnected | AgentError::Timeout(_) => {
-            ApiError::new(ErrorCode::InvalidState, "the sandbox is not reachable; it may have stopped")
-        }
-        other => ApiError::internal("a file operation", other),
-    }
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",

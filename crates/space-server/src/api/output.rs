@@ -2,23 +2,19 @@
 //! NDJSON (or SSE), always ending with the exit frame once the command ended.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::Response;
-use base64::Engine as _;
-use space_api::{ErrorBody, ErrorCode, OutputFrame, ProcessResult};
+use space_api::{ErrorBody, OutputFrame};
 use space_http::extract::ApiQuery;
 use space_http::stream::stream_response;
-use tokio::sync::{mpsc, watch};
 
 use super::access::CommandPath;
 use crate::error::ApiError;
-use crate::platform::Platform;
 use crate::state::AppState;
-use crate::transcript::{self, Chunk, Progress, Stream, TranscriptReader};
+use space_node::follow::follow;
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -64,50 +60,6 @@ pub async fn output(
     Ok(stream_response(body, matches!(format, Format::Sse)))
 }
 
-/// What a follower hands on: output as it was written, then the end.
-pub(crate) enum Emitted {
-    Chunk(Chunk),
-    Exit(ProcessResult),
-}
-
-impl Emitted {
-    pub(crate) fn into_frame(self) -> OutputFrame {
-        match self {
-            Emitted::Chunk(chunk) => chunk_frame(chunk),
-            Emitted::Exit(result) => OutputFrame::Exit { result },
-        }
-    }
-}
-
-/// Starts following a command's transcript from `from`: everything there
-/// is, then (with `follow`) what comes, then the exit once it has ended.
-pub(crate) fn follow(
-    platform: &Arc<Platform>,
-    id: &str,
-    cid: &str,
-    from: u64,
-    follow: bool,
-) -> Result<mpsc::Receiver<Emitted>, ApiError> {
-    platform.sandbox(id)?;
-    platform.command(id, cid)?;
-    let live = platform.live_command(cid).map(|(progress, _, _)| progress);
-    let path = transcript::path_for(&platform.data.sandbox_dir(id), cid);
-    let reader = TranscriptReader::open(&path)
-        .map_err(|_| ApiError::new(ErrorCode::NotFound, "the transcript is gone (the sandbox was deleted)"))?;
-    let (tx, rx) = mpsc::channel::<Emitted>(16);
-    let follower = Follower {
-        platform: platform.clone(),
-        sandbox_id: id.to_string(),
-        command_id: cid.to_string(),
-        path,
-        reader,
-        live,
-        tx,
-    };
-    tokio::spawn(follower.run(from, follow));
-    Ok(rx)
-}
-
 fn render(format: Format, frame: &OutputFrame) -> Bytes {
     let json = serde_json::to_string(frame).unwrap_or_default();
     let text = match format {
@@ -122,87 +74,4 @@ fn render(format: Format, frame: &OutputFrame) -> Bytes {
         }
     };
     Bytes::from(text)
-}
-
-struct Follower {
-    platform: Arc<Platform>,
-    sandbox_id: String,
-    command_id: String,
-    path: std::path::PathBuf,
-    reader: TranscriptReader,
-    live: Option<watch::Receiver<Progress>>,
-    tx: mpsc::Sender<Emitted>,
-}
-
-impl Follower {
-    /// What the writer has completed; a finished command's file is whole.
-    fn progress(&mut self) -> Progress {
-        match &mut self.live {
-            Some(live) => *live.borrow_and_update(),
-            None => Progress { file_len: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0), finished: true },
-        }
-    }
-
-    async fn run(mut self, from: u64, follow: bool) {
-        let first = self.progress();
-        if self.reader.seek_to(from, first.file_len).is_err() {
-            return;
-        }
-        loop {
-            let progress = self.progress();
-            loop {
-                match self.reader.next_chunk(progress.file_len) {
-                    Ok(Some(chunk)) => {
-                        if !self.send(Emitted::Chunk(chunk)).await {
-                            return; // the client went away
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(err) => {
-                        tracing::error!(command = %self.command_id, "reading the transcript: {err}");
-                        return;
-                    }
-                }
-            }
-            if progress.finished {
-                let command = self.platform.command(&self.sandbox_id, &self.command_id);
-                if let Some(result) = command.ok().and_then(|c| c.result) {
-                    self.send(Emitted::Exit(result)).await;
-                }
-                return;
-            }
-            if !follow {
-                // The result is stored before the transcript is marked
-                // finished, so a stored result means the file is whole.
-                let ended = self.platform.command(&self.sandbox_id, &self.command_id).is_ok_and(|c| c.result.is_some());
-                if ended && self.live.is_some() {
-                    self.live = None;
-                    continue;
-                }
-                return;
-            }
-            let Some(live) = self.live.as_mut() else {
-                continue;
-            };
-            if live.changed().await.is_err() {
-                // The writer is gone: the command ended; read the rest as a file.
-                self.live = None;
-            }
-        }
-    }
-
-    async fn send(&self, item: Emitted) -> bool {
-        self.tx.send(item).await.is_ok()
-    }
-}
-
-fn chunk_frame(chunk: Chunk) -> OutputFrame {
-    let (data, data_b64) = match String::from_utf8(chunk.bytes) {
-        Ok(text) => (Some(text), None),
-        Err(err) => (None, Some(base64::engine::general_purpose::STANDARD.encode(err.into_bytes()))),
-    };
-    match chunk.stream {
-        Stream::Stdout => OutputFrame::Stdout { offset: chunk.offset, data, data_b64 },
-        Stream::Stderr => OutputFrame::Stderr { offset: chunk.offset, data, data_b64 },
-    }
 }

@@ -17,6 +17,16 @@
 //!   same URL (`/execute`, `/contexts`), over SPACE's code contexts.
 //!
 //! The wire format is described in `docs/decisions/008-e2b-compatibility.md`.
+//!
+//! It is a crate of its own over the runtime (`space-node`) and the edge's
+//! generic parts (`space-http`), and knows nothing of the server that mounts
+//! it: the host gives it the platform, its rule for who an E2B control
+//! request is from, and whether its engine can run sandboxes ([`E2bState`]).
+
+// E2B's routes load each sandbox for the caller themselves (`owned` in
+// control.rs; envd's routes by the sandbox's own token, `target.rs`), so
+// they read path parameters as text; clippy refuses that elsewhere.
+#![allow(clippy::disallowed_types)]
 
 mod connect;
 mod control;
@@ -25,19 +35,37 @@ pub mod error;
 mod filesystem;
 mod interpreter;
 mod process;
-pub(crate) mod target;
-pub(crate) mod wire;
+pub mod target;
+pub mod wire;
 
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
 use axum::routing::{any, get, post};
 use axum::Router;
+// The runtime's modules under the names the adapter's files use.
+use space_node::{access, domain, ids, platform, session, store, tenants, transcript};
+use space_node::{NodeError, Platform};
 
 pub use self::error::E2bError;
 pub use self::target::{envd_token, traffic_token};
 pub use self::wire::ENVD_VERSION;
-use crate::state::AppState;
+
+/// Who an E2B control request is from: the host's rule (a SPACE key in
+/// `X-API-KEY`; on a cluster's node, the control plane's assertion).
+pub type Authenticate = Arc<dyn Fn(&HeaderMap) -> Result<tenants::Caller, NodeError> + Send + Sync>;
+
+/// What the adapter's handlers get from the host that mounts them.
+#[derive(Clone)]
+pub struct E2bState {
+    pub platform: Arc<Platform>,
+    pub caller: Authenticate,
+    /// Whether the host's default engine can run sandboxes (probed once).
+    pub engine_available: bool,
+}
 
 /// Both E2B surfaces, mounted under `/e2b` on the API's listener.
-pub fn router() -> Router<AppState> {
+pub fn router<S: Clone + Send + Sync + 'static>(state: E2bState) -> Router<S> {
     Router::new()
         .route("/e2b/sandboxes", get(control::list).post(control::create))
         .route("/e2b/v2/sandboxes", get(control::list).post(control::create))
@@ -62,4 +90,5 @@ pub fn router() -> Router<AppState> {
             post(envd::rpc).layer(axum::extract::DefaultBodyLimit::max(envd::MAX_RPC_BODY)),
         )
         .route("/e2b/{*rest}", any(control::unsupported))
+        .with_state(state)
 }

@@ -9,10 +9,9 @@ use space_engine::AgentConn;
 use super::error::E2bError;
 use super::wire::header;
 use crate::access::{OwnedSandbox, TokenRefused};
-use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::session::Session;
-use crate::state::AppState;
+use crate::E2bState;
 
 /// The port E2B's SDK names for envd itself.
 const ENVD_PORT: &str = "49983";
@@ -27,14 +26,14 @@ const TRAFFIC_TOKEN: &str = "e2b-traffic";
 /// The token E2B's code interpreter presents on the context routes
 /// (`E2B-Traffic-Access-Token`), which carry no envd token: derived like it,
 /// for another purpose. Never logged.
-pub fn traffic_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiError> {
+pub fn traffic_token(platform: &Platform, sandbox_id: &str) -> Result<String, space_node::NodeError> {
     Ok(platform.keyring()?.token(TRAFFIC_TOKEN, sandbox_id))
 }
 
 /// The envd access token of a sandbox: derived from the server's key file
 /// and the sandbox id, so it is random per sandbox, needs no storage and
 /// stays the same across restarts. Never logged.
-pub fn envd_token(platform: &Platform, sandbox_id: &str) -> Result<String, ApiError> {
+pub fn envd_token(platform: &Platform, sandbox_id: &str) -> Result<String, space_node::NodeError> {
     Ok(platform.keyring()?.token(ENVD_TOKEN, sandbox_id))
 }
 
@@ -67,7 +66,7 @@ impl Target {
 /// What a request without its sandbox's token gets, whether the sandbox
 /// exists or not (a cluster's control plane answers the same for an id it
 /// cannot place).
-pub(crate) fn wrong_token() -> E2bError {
+pub fn wrong_token() -> E2bError {
     E2bError::new(StatusCode::UNAUTHORIZED, "missing or wrong access token for this sandbox")
 }
 
@@ -78,7 +77,7 @@ pub(crate) fn not_running(id: &str) -> E2bError {
 }
 
 /// Finds and authenticates the request's sandbox (envd's port).
-pub(crate) fn target(state: &AppState, headers: &HeaderMap) -> Result<Target, E2bError> {
+pub(crate) fn target(state: &E2bState, headers: &HeaderMap) -> Result<Target, E2bError> {
     target_on(state, headers, ENVD_PORT)
 }
 
@@ -86,7 +85,7 @@ pub(crate) fn target(state: &AppState, headers: &HeaderMap) -> Result<Target, E2
 /// is `port`, and authenticates it: the sandbox's `X-Access-Token`, or on the
 /// code interpreter's port its `E2B-Traffic-Access-Token` (its context routes
 /// carry no other).
-pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Target, E2bError> {
+pub fn target_on(state: &E2bState, headers: &HeaderMap, port: &str) -> Result<Target, E2bError> {
     let id = header(headers, "e2b-sandbox-id")
         .filter(|id| !id.is_empty())
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "missing E2b-Sandbox-Id"))?
@@ -129,7 +128,7 @@ pub fn target_on(state: &AppState, headers: &HeaderMap, port: &str) -> Result<Ta
 }
 
 /// The sandbox's agent, awake, with the session that keeps it so.
-pub async fn agent(state: &AppState, target: &Target) -> Result<(AgentConn, Session), E2bError> {
+pub async fn agent(state: &E2bState, target: &Target) -> Result<(AgentConn, Session), E2bError> {
     let session = state.platform.session(&target.sandbox).await.map_err(|_| not_running(&target.id))?;
     let agent = session.agent("reach it").map_err(|_| not_running(&target.id))?.clone();
     Ok((agent, session))

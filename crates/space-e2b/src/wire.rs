@@ -23,7 +23,7 @@ pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 /// One page of `listed` (each with its start) as E2B answers a list
 /// (`space_api::e2b::page`), the next page's `nextToken` in `X-Next-Token`.
 /// `query` is the list's decoded query.
-pub(crate) fn page(listed: Vec<(SystemTime, Value)>, query: &BTreeMap<String, String>) -> Result<Response, E2bError> {
+pub fn page(listed: Vec<(SystemTime, Value)>, query: &BTreeMap<String, String>) -> Result<Response, E2bError> {
     let page =
         space_api::e2b::page(listed, query).map_err(|message| E2bError::new(StatusCode::BAD_REQUEST, message))?;
     let mut response = axum::Json(page.items).into_response();

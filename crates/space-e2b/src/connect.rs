@@ -10,8 +10,6 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::error::ApiError;
-
 /// The content type of a stream, exactly: the SDK refuses any other.
 pub const STREAM_CONTENT_TYPE: &str = "application/connect+json";
 const FLAG_COMPRESSED: u8 = 0x01;
@@ -59,12 +57,6 @@ impl RpcError {
 
     pub fn to_json(&self) -> Value {
         json!({"code": self.code, "message": self.message})
-    }
-}
-
-impl From<ApiError> for RpcError {
-    fn from(err: ApiError) -> RpcError {
-        err.0.into()
     }
 }
 

@@ -21,9 +21,9 @@ use super::error::E2bError;
 use super::target::{envd_token, traffic_token};
 use super::wire::{header, page, ENVD_VERSION};
 use crate::domain::CreateSpec;
-use crate::state::AppState;
 use crate::store::SandboxRecord;
 use crate::tenants::Caller;
+use crate::E2bState;
 
 /// What a create starts from before E2B's timeout is applied.
 const NO_LIFECYCLE: Lifecycle =
@@ -36,29 +36,14 @@ const OPERATION_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The caller of an E2B control-plane request, from `X-API-KEY` (a SPACE
 /// key: the server's own or a tenant's).
-fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, E2bError> {
-    // A node of a cluster answers its control plane only: the node token,
-    // and the tenant it names (the control plane checked the tenant's key).
-    if state.node_token.is_some() {
-        let token = space_http::auth::bearer(headers).unwrap_or_default();
-        if crate::state::caller_for_key(state, token)?.role != crate::tenants::Role::ControlPlane {
-            return Err(E2bError::new(StatusCode::UNAUTHORIZED, "a node answers its control plane only"));
-        }
-        let caller = Caller::asserted(headers)?;
-        crate::disk_quota::take_disk_quota(&state.platform, &caller, headers)?;
-        tracing::Span::current().record("tenant", caller.tenant.as_str());
-        return Ok(caller);
-    }
-    let key = header(headers, "x-api-key")
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
-    let caller = crate::state::caller_for_key(state, key)?;
+fn caller(state: &E2bState, headers: &HeaderMap) -> Result<Caller, E2bError> {
+    let caller = (state.caller)(headers)?;
     tracing::Span::current().record("tenant", caller.tenant.as_str());
     Ok(caller)
 }
 
 /// A sandbox of the caller that E2B can see (not deleted), or 404.
-fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SandboxRecord, E2bError> {
+fn owned(state: &E2bState, caller: &Caller, id: &str) -> Result<SandboxRecord, E2bError> {
     let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
     let record = state.platform.sandbox(id).map_err(|_| missing())?;
     if record.tenant != caller.tenant || matches!(record.sandbox.state, SandboxState::Deleted | SandboxState::Deleting)
@@ -69,7 +54,7 @@ fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SandboxRecord, E
 }
 
 /// A sandbox of the caller as E2B sees it (running or paused), or 404.
-fn visible(state: &AppState, caller: &Caller, id: &str) -> Result<(SandboxRecord, &'static str), E2bError> {
+fn visible(state: &E2bState, caller: &Caller, id: &str) -> Result<(SandboxRecord, &'static str), E2bError> {
     let record = owned(state, caller, id)?;
     match e2b_state(&record) {
         Some(e2b_state) => Ok((record, e2b_state)),
@@ -126,7 +111,7 @@ fn pauses_on_timeout(lifecycle: &Lifecycle) -> bool {
 }
 
 /// E2B's `Sandbox` (what create and connect answer).
-fn sandbox_json(state: &AppState, record: &SandboxRecord) -> Result<Value, E2bError> {
+fn sandbox_json(state: &E2bState, record: &SandboxRecord) -> Result<Value, E2bError> {
     Ok(json!({
         "templateID": record.sandbox.template,
         "sandboxID": record.sandbox.id,
@@ -159,7 +144,7 @@ fn listed_json(record: &SandboxRecord, state: &str) -> Value {
 }
 
 /// Waits for an operation to end; an error unless it succeeded.
-async fn settle(state: &AppState, operation_id: &str) -> Result<(), E2bError> {
+async fn settle(state: &E2bState, operation_id: &str) -> Result<(), E2bError> {
     let platform = &state.platform;
     let deadline = Instant::now() + OPERATION_PATIENCE;
     let operation =
@@ -179,7 +164,7 @@ async fn settle(state: &AppState, operation_id: &str) -> Result<(), E2bError> {
 
 /// The sandbox once no transition is under way (E2B has no states
 /// between running and paused: its calls wait instead).
-async fn settled(state: &AppState, id: &str) -> Result<SandboxRecord, E2bError> {
+async fn settled(state: &E2bState, id: &str) -> Result<SandboxRecord, E2bError> {
     let platform = &state.platform;
     let stable = |r: &SandboxRecord| {
         !matches!(r.sandbox.state, SandboxState::Creating | SandboxState::Suspending | SandboxState::Resuming)
@@ -282,7 +267,7 @@ fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T
 }
 
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
@@ -296,7 +281,7 @@ pub async fn create(
         name = space_host::template::CODE_INTERPRETER_TEMPLATE.into();
     }
     let template = platform.usable_template(&name, &caller)?;
-    if !state.health.engine_available {
+    if !state.engine_available {
         return Err(E2bError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the {} engine is not available on this host", platform.engine.name()),
@@ -327,7 +312,7 @@ pub async fn create(
 }
 
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, E2bError> {
@@ -359,7 +344,7 @@ pub async fn list(
 }
 
 pub async fn detail(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
@@ -376,7 +361,7 @@ pub async fn detail(
 
 /// `DELETE /sandboxes/{id}`: answers once the sandbox is gone.
 pub async fn kill(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
@@ -407,7 +392,7 @@ struct ConnectBody {
 /// `POST /sandboxes/{id}/timeout`: the sandbox now ends `timeout` seconds
 /// from now (E2B's `endAt`), kept in its lifecycle policies.
 pub async fn set_timeout(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
@@ -424,7 +409,7 @@ pub async fn set_timeout(
 
 /// Sets the sandbox's end `timeout_s` from now; `shorten: false` keeps a
 /// later end it already had.
-fn extend(state: &AppState, record: &SandboxRecord, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
+fn extend(state: &E2bState, record: &SandboxRecord, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
     let lifecycle = &record.sandbox.lifecycle;
     let wanted = SystemTime::now() + Duration::from_secs(timeout_s);
     if !shorten && end_at(record) >= wanted {
@@ -441,7 +426,7 @@ fn extend(state: &AppState, record: &SandboxRecord, timeout_s: u64, shorten: boo
 /// connect, memory included, without holding the host's memory: a SPACE
 /// suspend (a snapshot on disk).
 pub async fn pause(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
@@ -458,7 +443,7 @@ pub async fn pause(
 /// `POST /v2/sandboxes/{id}/connect`: a running sandbox's end moves to at
 /// least `timeout` from now (200); a paused one is resumed first (201).
 pub async fn connect(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
@@ -500,7 +485,7 @@ pub async fn connect(
 
 /// The deprecated `POST /sandboxes/{id}/resume`: a connect that answers 201.
 pub async fn resume(
-    state: State<AppState>,
+    state: State<E2bState>,
     headers: HeaderMap,
     id: Path<String>,
     body: Bytes,
@@ -512,7 +497,7 @@ pub async fn resume(
 /// `GET /sandboxes/{id}/metrics`: the sandbox's samples between `start`
 /// and `end` (unix seconds; default: all kept), else one taken now.
 pub async fn metrics(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,

@@ -19,14 +19,15 @@ use super::error::E2bError;
 use super::target::{agent, target};
 use super::wire::header;
 use super::{filesystem, process};
-use crate::api::files::{file_error, MAX_FILE_BYTES};
-use crate::state::AppState;
+use crate::E2bState;
+use space_node::error::file_error;
+use space_node::MAX_FILE_BYTES;
 
 /// The largest body of an RPC (a stdin message, base64).
 pub const MAX_RPC_BODY: usize = MAX_MESSAGE + 1024;
 
 /// `GET /health`: 204 while the sandbox runs.
-pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn health(State(state): State<E2bState>, headers: HeaderMap) -> Response {
     let target = match target(&state, &headers) {
         Ok(target) => target,
         Err(refused) => return refused.into_response(),
@@ -44,7 +45,7 @@ fn rest_file_error(err: space_engine::AgentError) -> E2bError {
 
 /// `GET /files?path=...`: the file's bytes.
 pub async fn read_file(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     headers: HeaderMap,
     Query(query): Query<BTreeMap<String, String>>,
 ) -> Response {
@@ -128,7 +129,7 @@ where
 /// `POST /files`: one or more files, as `multipart/form-data` (one part
 /// named `file` per file, its filename the target unless `path` is given)
 /// or as a raw body for `path` (gzip-compressed with `Content-Encoding`).
-pub async fn write_files(State(state): State<AppState>, request: Request) -> Response {
+pub async fn write_files(State(state): State<E2bState>, request: Request) -> Response {
     let headers = request.headers().clone();
     let target = match target(&state, &headers) {
         Ok(target) => target,
@@ -190,7 +191,7 @@ pub async fn write_files(State(state): State<AppState>, request: Request) -> Res
 
 /// `POST /<package.Service>/<Method>`: a Connect RPC.
 pub async fn rpc(
-    State(state): State<AppState>,
+    State(state): State<E2bState>,
     Path((service, method)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,

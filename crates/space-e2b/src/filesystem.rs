@@ -7,7 +7,7 @@ use space_proto::{DirEntry, FileFailure, PathInfo, PathOpKind};
 
 use super::connect::RpcError;
 use super::target::{agent, Target};
-use crate::state::AppState;
+use crate::E2bState;
 
 /// E2B's `FileType` for a SPACE file kind.
 fn file_type(kind: &str) -> &'static str {
@@ -101,7 +101,7 @@ fn path_of(request: &Value, field: &str, target: &Target) -> Result<String, RpcE
 const MAX_LISTED: usize = 100_000;
 
 /// `Stat`, `MakeDir`, `ListDir`, `Remove`, `Move`.
-pub async fn unary(state: &AppState, target: &Target, method: &str, request: Value) -> Result<Value, RpcError> {
+pub async fn unary(state: &E2bState, target: &Target, method: &str, request: Value) -> Result<Value, RpcError> {
     let (agent, _work) = match agent(state, target).await {
         Ok(found) => found,
         Err(_) => return Err(RpcError::new("unavailable", "The sandbox was not found")),

@@ -4,8 +4,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::error::ApiError;
-
 /// An error in E2B's REST shape: `{"code": <status>, "message": "..."}`
 /// (the SDK reads `code` as a number and raises by status).
 #[derive(Debug)]
@@ -34,15 +32,9 @@ impl From<space_node::NodeError> for E2bError {
     }
 }
 
-impl From<ApiError> for E2bError {
-    fn from(err: ApiError) -> E2bError {
-        err.0.into()
-    }
-}
-
 impl From<crate::store::StoreError> for E2bError {
     fn from(err: crate::store::StoreError) -> E2bError {
-        ApiError::from(err).into()
+        space_node::NodeError::from(err).into()
     }
 }
 

@@ -16,10 +16,10 @@ use tokio::sync::mpsc;
 use super::connect::{end, message, stream_response, Envelopes, RpcError};
 use super::target::{agent, Target};
 use super::wire::header;
-use crate::api::output::{follow, Emitted};
 use crate::domain::CommandSpec;
-use crate::state::AppState;
 use crate::transcript::Stream;
+use crate::E2bState;
+use space_node::follow::{follow, Emitted};
 
 /// How often an idle stream says it is alive, unless the client asks
 /// (`Keepalive-Ping-Interval`, seconds).
@@ -73,7 +73,7 @@ fn end_event(result: &ProcessResult) -> Value {
 
 /// Streams a command's events: `start` with its pid, its output as it
 /// comes (keepalives while it is quiet), its `end`, then end-of-stream.
-fn events(state: &AppState, sandbox_id: &str, command: &Command, tty: bool, keepalive: Duration) -> Response {
+fn events(state: &E2bState, sandbox_id: &str, command: &Command, tty: bool, keepalive: Duration) -> Response {
     let followed = match follow(&state.platform, sandbox_id, &command.id, 0, true) {
         Ok(followed) => followed,
         Err(err) => return RpcError::from(err).into_response(),
@@ -133,7 +133,7 @@ async fn only_message(body: Body) -> Result<Value, RpcError> {
 
 /// `Start`: runs `process.cmd` with `process.args` (the SDK sends
 /// `/bin/bash -l -c <command>`), answering with its events.
-pub async fn start(state: AppState, target: Target, headers: &HeaderMap, body: Body) -> Response {
+pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: Body) -> Response {
     let request = match only_message(body).await {
         Ok(request) => request,
         Err(err) => return err.into_response(),
@@ -197,14 +197,14 @@ fn terminal_size(size: &Value) -> Option<space_proto::TerminalSize> {
 
 /// A running command named by a `ProcessSelector` (`{"pid": N}` or
 /// `{"tag": "..."}`), with its agent stream.
-fn running(state: &AppState, target: &Target, selector: &Value) -> Result<(Command, u32, AgentConn), RpcError> {
+fn running(state: &E2bState, target: &Target, selector: &Value) -> Result<(Command, u32, AgentConn), RpcError> {
     let pid = selector.get("pid").and_then(Value::as_u64);
     let tag = text(selector, "tag");
     if pid.is_none() && tag.is_none() {
         return Err(RpcError::invalid("name the process by pid or tag"));
     }
     let commands =
-        state.platform.store.commands(&target.id).map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
+        state.platform.store.commands(&target.id).map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
     commands
         .into_iter()
         .filter(|c| c.result.is_none())
@@ -218,7 +218,7 @@ fn running(state: &AppState, target: &Target, selector: &Value) -> Result<(Comma
 
 /// `Connect`: the events of a running process, its output so far first
 /// (envd sends only what comes after; replaying loses nothing).
-pub async fn connect(state: AppState, target: Target, headers: &HeaderMap, body: Body) -> Response {
+pub async fn connect(state: E2bState, target: Target, headers: &HeaderMap, body: Body) -> Response {
     let request = match only_message(body).await {
         Ok(request) => request,
         Err(err) => return err.into_response(),
@@ -243,7 +243,7 @@ async fn send_input(agent: &AgentConn, stream: u32, bytes: &[u8]) -> Result<(), 
 }
 
 /// `StreamInput`: a client stream of stdin for one process.
-pub async fn stream_input(state: AppState, target: Target, body: Body) -> Response {
+pub async fn stream_input(state: E2bState, target: Target, body: Body) -> Response {
     let mut envelopes = Envelopes::new(body);
     let result = async {
         let first = envelopes.next().await?.ok_or_else(|| RpcError::invalid("the stream holds no message"))?;
@@ -272,14 +272,14 @@ pub async fn stream_input(state: AppState, target: Target, body: Body) -> Respon
 }
 
 /// The unary methods: `List`, `SendSignal`, `SendInput`, `CloseStdin`, `Update`.
-pub async fn unary(state: &AppState, target: &Target, method: &str, request: Value) -> Result<Value, RpcError> {
+pub async fn unary(state: &E2bState, target: &Target, method: &str, request: Value) -> Result<Value, RpcError> {
     match method {
         "List" => {
             let commands = state
                 .platform
                 .store
                 .commands(&target.id)
-                .map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
+                .map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
             let processes: Vec<Value> = commands
                 .into_iter()
                 .filter(|c| c.result.is_none() && state.platform.live_command(&c.id).is_some())

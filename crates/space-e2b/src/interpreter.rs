@@ -22,10 +22,12 @@ use space_api::{CodeContext, CreateContextRequest, RunCodeRequest};
 
 use super::error::E2bError;
 use super::target::{agent, target_on, Target, INTERPRETER_PORT};
+use space_node::contexts::Run;
+
 use crate::access::OwnedSandbox;
 use crate::platform::Platform;
 use crate::session::Session;
-use crate::state::AppState;
+use crate::E2bState;
 
 /// E2B's result fields for the MIME types it names; others go to `extra`.
 const FIELDS: &[(&str, &str)] = &[
@@ -78,7 +80,7 @@ fn language(given: Option<&str>) -> Result<String, E2bError> {
 }
 
 /// The sandbox, awake (an idle-paused one is woken), for a context route.
-async fn awake(state: &AppState, headers: &HeaderMap) -> Result<(Target, Session), E2bError> {
+async fn awake(state: &E2bState, headers: &HeaderMap) -> Result<(Target, Session), E2bError> {
     let target = target_on(state, headers, INTERPRETER_PORT)?;
     let (_, session) = agent(state, &target).await?;
     Ok((target, session))
@@ -93,7 +95,7 @@ fn answer<T: IntoResponse>(result: Result<T, E2bError>) -> Response {
 }
 
 /// `POST /contexts` `{"language", "cwd"}` → `{"id", "language", "cwd"}`.
-pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn create(State(state): State<E2bState>, headers: HeaderMap, body: Bytes) -> Response {
     answer(
         async {
             let body: ContextBody = if body.is_empty() { ContextBody::default() } else { parse(&body)? };
@@ -111,7 +113,7 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
 }
 
 /// `GET /contexts`: the sandbox's contexts, oldest first.
-pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn list(State(state): State<E2bState>, headers: HeaderMap) -> Response {
     answer(
         async {
             let target = target_on(&state, &headers, INTERPRETER_PORT)?;
@@ -123,7 +125,7 @@ pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Response
 }
 
 /// `DELETE /contexts/{id}`.
-pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub async fn delete(State(state): State<E2bState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     answer(
         async {
             let target = target_on(&state, &headers, INTERPRETER_PORT)?;
@@ -136,7 +138,7 @@ pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id):
 }
 
 /// `POST /contexts/{id}/restart`: a fresh interpreter.
-pub async fn restart(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub async fn restart(State(state): State<E2bState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     answer(
         async {
             let (_, session) = awake(&state, &headers).await?;
@@ -147,11 +149,15 @@ pub async fn restart(State(state): State<AppState>, headers: HeaderMap, Path(id)
     )
 }
 
-/// Interrupts the run if its client goes away before the end.
+/// Interrupts the run if its client goes away before the end. It keeps the
+/// context's run (`held`) until the interrupt is sent: let go at once, the
+/// client's next run could start first and take the interrupt meant for
+/// this one (opening the session takes a moment).
 struct Unfinished {
     platform: Arc<Platform>,
     sandbox: OwnedSandbox,
     context: String,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
     ended: bool,
 }
 
@@ -159,10 +165,12 @@ impl Drop for Unfinished {
     fn drop(&mut self) {
         if !self.ended {
             let (platform, sandbox, context) = (self.platform.clone(), self.sandbox.clone(), self.context.clone());
+            let held = self.held.take();
             tokio::spawn(async move {
                 if let Ok(session) = platform.session(&sandbox).await {
                     let _ = platform.interrupt_context(&session, &context).await;
                 }
+                drop(held);
             });
         }
     }
@@ -217,7 +225,7 @@ fn e2b_lines(event: &Value, errored: &mut bool) -> Vec<Value> {
 
 /// `POST /execute` `{"code", "context_id", "language", "env_vars"}`: the run's
 /// output as NDJSON lines in E2B's shapes, as it happens.
-pub async fn execute(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn execute(State(state): State<E2bState>, headers: HeaderMap, body: Bytes) -> Response {
     answer(
         async {
             let body: ExecuteBody = parse(&body)?;
@@ -229,15 +237,21 @@ pub async fn execute(State(state): State<AppState>, headers: HeaderMap, body: By
             let request = RunCodeRequest { code: body.code, timeout_s: None, env: body.env_vars.unwrap_or_default() };
             let run = state.platform.run_code(&session, &context, request).await?;
             drop(session);
-            let unfinished =
-                Unfinished { platform: state.platform.clone(), sandbox: target.sandbox, context, ended: false };
-            let lines = futures_util::stream::unfold(Some((run, unfinished, false)), |held| async move {
-                let (mut run, mut unfinished, mut errored) = held?;
-                let event = run.events.recv().await?;
+            let Run { events, held } = run;
+            let unfinished = Unfinished {
+                platform: state.platform.clone(),
+                sandbox: target.sandbox,
+                context,
+                held: Some(held),
+                ended: false,
+            };
+            let lines = futures_util::stream::unfold(Some((events, unfinished, false)), |state| async move {
+                let (mut events, mut unfinished, mut errored) = state?;
+                let event = events.recv().await?;
                 let end = event["type"] == "end";
                 let text: String = e2b_lines(&event, &mut errored).iter().map(|line| format!("{line}\n")).collect();
                 unfinished.ended = end;
-                Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some((run, unfinished, errored))))
+                Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some((events, unfinished, errored))))
             });
             let mut response = Response::new(Body::from_stream(lines));
             response
