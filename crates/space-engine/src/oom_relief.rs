@@ -2,7 +2,7 @@
 //!
 //! The agent's memory watcher kills a process that takes a sandbox past
 //! its `memory_mib`, from inside, before the host cgroup's limit (that plus
-//! [`crate::gvisor`]'s engine overhead) is reached. It polls, and on a
+//! the gVisor engine's overhead) is reached. It polls, and on a
 //! loaded host, with several processes allocating at once, it can be late.
 //! The kernel's OOM killer would then pick a host process of the sandbox:
 //! the sentry (the whole sandbox stops) or, as often, the host process

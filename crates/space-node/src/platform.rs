@@ -355,7 +355,7 @@ impl Platform {
 
     /// The agent of a running sandbox.
     /// Whether the server holds a connection to the sandbox's agent (what
-    /// is reachable of it goes through a [`crate::session::Session`]).
+    /// is reachable of it goes through a `Session`).
     pub fn holds_agent(&self, id: &str) -> bool {
         self.agent(id).is_some()
     }

@@ -334,10 +334,14 @@ def run(shell, request):
         finally:
             RUN["in_cell"] = False
     except KeyboardInterrupt:
-        # Before the cell began, or after its own handling: shown here.
-        if not RUN["errored"]:
-            emit({"type": "error", "name": "KeyboardInterrupt", "value": "", "traceback": ["KeyboardInterrupt"]})
+        pass  # Before the cell began, or after its own handling: shown below.
     RUN["in_cell"] = False
+    # An interrupt the cell was given is always shown as one, also when it
+    # was not shown yet: raised before the cell began or after its own
+    # handling, or while IPython compiled the cell (its traceback printer
+    # then fails on the compiler's frame and prints around `_showtraceback`).
+    if RUN["raised"] and not RUN["errored"] and status != "ok":
+        emit({"type": "error", "name": "KeyboardInterrupt", "value": "", "traceback": ["KeyboardInterrupt"]})
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
