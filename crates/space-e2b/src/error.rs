@@ -32,6 +32,14 @@ impl From<space_node::NodeError> for E2bError {
     }
 }
 
+/// An error of the edge's own (a refused key, a node that cannot be
+/// reached) in E2B's shape.
+impl From<space_http::ApiError> for E2bError {
+    fn from(err: space_http::ApiError) -> E2bError {
+        err.0.into()
+    }
+}
+
 impl From<crate::store::StoreError> for E2bError {
     fn from(err: crate::store::StoreError) -> E2bError {
         space_node::NodeError::from(err).into()

@@ -10,6 +10,7 @@
 //! the E2B adapter and a cluster's control plane build on it, each with
 //! its own state.
 
+pub mod api_error;
 pub mod auth;
 // Static files by name, no resource of a tenant.
 #[allow(clippy::disallowed_types)]
@@ -22,4 +23,5 @@ pub mod proxy;
 pub mod server;
 pub mod stream;
 
+pub use api_error::ApiError;
 pub use error::HttpError;
