@@ -71,7 +71,7 @@ pub(crate) async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response,
         // Only the sandbox's node can check its token: an id that names no
         // sandbox here (or one whose node is lost) answers what a node says
         // to a wrong token, so no caller learns which ids exist.
-        let placement = cp.store.placement(id)?.ok_or_else(wrong_token)?;
+        let placement = cp.store.cluster().placement(id)?.ok_or_else(wrong_token)?;
         let node = live_node(cp, &placement.node_id).map_err(|_| wrong_token())?;
         return Ok(relay_to(cp, &node, None, request).await?);
     }
@@ -85,7 +85,8 @@ pub(crate) async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response,
         (&Method::GET, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => list(cp, &caller, request).await,
         (_, ["e2b", "sandboxes", id, ..] | ["e2b", "v2", "sandboxes", id, ..]) => {
             let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
-            let placement = cp.store.placement(id)?.filter(|p| p.tenant == caller.tenant).ok_or_else(missing)?;
+            let placement =
+                cp.store.cluster().placement(id)?.filter(|p| p.tenant == caller.tenant).ok_or_else(missing)?;
             let node = live_node(cp, &placement.node_id)?;
             let killed = method == Method::DELETE && parts.len() == 3;
             let response = forward(cp, &node, &caller, request).await?;
@@ -138,7 +139,7 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
         .map_err(|e| ControlError::internal("a request", e))?;
     if let (_, Some(sandbox)) = read_answer::<Sandbox>(forward(cp, &node, caller, request).await?).await? {
         let kept = serde_json::to_string(&sandbox).map_err(|e| ControlError::internal("a sandbox", e))?;
-        cp.store.put_placement(&id, &node.id, &caller.tenant, &kept, now_ms())?;
+        cp.store.cluster().put_placement(&id, &node.id, &caller.tenant, &kept, now_ms())?;
     }
     Ok(response)
 }

@@ -77,19 +77,19 @@ async fn feeds_once(
             if let Some(task) = following.remove(&id) {
                 task.abort();
             }
-            if cp.store.mark_feed_lost(&id, true)? {
+            if cp.store.cluster().mark_feed_lost(&id, true)? {
                 announce_lost(cp, &node)?;
             }
             continue;
         }
         let now = now_ms();
-        let Some(last) = cp.store.claim_feed(&id, owner, now, now + LEASE.as_millis() as i64)? else {
+        let Some(last) = cp.store.cluster().claim_feed(&id, owner, now, now + LEASE.as_millis() as i64)? else {
             if let Some(task) = following.remove(&id) {
                 task.abort();
             }
             continue;
         };
-        if cp.store.mark_feed_lost(&id, false)? {
+        if cp.store.cluster().mark_feed_lost(&id, false)? {
             // One request per sandbox it has: not in the way of the claims.
             let (cp, row) = (cp.clone(), node.row.clone());
             tokio::spawn(async move {
@@ -155,6 +155,7 @@ fn announce_lost(cp: &ControlPlane, node: &Node) -> Result<(), ControlError> {
     let why = format!("node {} stopped answering", node.row.id);
     let events: Vec<(String, Event)> = cp
         .store
+        .cluster()
         .placements_on(&node.row.id)?
         .iter()
         .filter_map(|p| Some((p.tenant.clone(), state_event(lost_sandbox(p, &why)?))))
@@ -166,8 +167,12 @@ fn announce_lost(cp: &ControlPlane, node: &Node) -> Result<(), ControlError> {
 async fn announce_back(cp: &ControlPlane, node: &NodeRow) -> Result<(), ControlError> {
     let mut events = Vec::new();
     // Those that were announced lost (not those deleted before).
-    for (placement, sandbox) in
-        cp.store.placements_on(&node.id)?.into_iter().filter_map(|p| lost_sandbox(&p, "").map(|sandbox| (p, sandbox)))
+    for (placement, sandbox) in cp
+        .store
+        .cluster()
+        .placements_on(&node.id)?
+        .into_iter()
+        .filter_map(|p| lost_sandbox(&p, "").map(|sandbox| (p, sandbox)))
     {
         let caller = Caller::tenant(placement.tenant.clone());
         let request = Request::get(format!("/v1/sandboxes/{}", sandbox.id))

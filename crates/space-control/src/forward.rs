@@ -130,10 +130,10 @@ fn record(cp: &ControlPlane, node: &str, caller: &Caller, answer: &serde_json::V
     let forks = answer.get("sandboxes").and_then(|s| s.as_array()).cloned().unwrap_or_default();
     for sandbox in answer.get("sandbox").filter(|s| s.is_object()).into_iter().chain(&forks) {
         let id = sandbox["id"].as_str().unwrap_or_default();
-        cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
+        cp.store.cluster().put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
     }
     if let Some(op) = answer["operation"]["id"].as_str() {
-        cp.store.put_operation_node(op, node, &caller.tenant)?;
+        cp.store.cluster().put_operation_node(op, node, &caller.tenant)?;
     }
     Ok(())
 }

@@ -100,11 +100,11 @@ async fn heartbeat(
         serde_json::from_slice(&body).map_err(|e| ControlError::bad_request(format!("a node report: {e}")))?;
     space_http::links::member_url(&report.url).map_err(|e| ControlError::bad_request(e.to_string()))?;
     let json = serde_json::to_string(&report).map_err(|e| ControlError::internal("a node report", e))?;
-    cp.store.heartbeat_node(&report.id, &report.url, &json, now_ms() + LEASE.as_millis() as i64)?;
+    cp.store.cluster().heartbeat_node(&report.id, &report.url, &json, now_ms() + LEASE.as_millis() as i64)?;
     // A node whose secrets are older (restarted, or away when one changed)
     // gets the whole set back.
     if let Some(keyring) = &cp.keyring {
-        if report.secrets_epoch < cp.store.secrets_epoch()? {
+        if report.secrets_epoch < cp.store.tenancy().secrets_epoch()? {
             return Ok(axum::Json(space_core::secrets::secret_set(&cp.store, keyring)?).into_response());
         }
     }
@@ -137,7 +137,7 @@ fn caller_for_key(cp: &ControlPlane, key: &str) -> Result<Caller, ControlError> 
     if space_proto::constant_time_eq(key.as_bytes(), cp.api_key.as_bytes()) {
         return Ok(Caller::operator());
     }
-    match cp.store.key_tenant(&space_core::tenants::hash_key(key))? {
+    match cp.store.tenancy().key_tenant(&space_core::tenants::hash_key(key))? {
         Some(tenant) => Ok(Caller::tenant(tenant)),
         None => Err(ControlError::new(ErrorCode::Unauthorized, "the API key is not valid")),
     }
@@ -166,7 +166,7 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ControlError> {
             place::sandbox_request(&cp, &caller, &id, request).await
         }
         (&Method::GET, ["v1", "operations", id] | ["v1", "operations", id, "log"]) => {
-            let Some((node_id, tenant)) = cp.store.operation_node(id)? else {
+            let Some((node_id, tenant)) = cp.store.cluster().operation_node(id)? else {
                 return Err(ControlError::not_found("operation", id));
             };
             if tenant != caller.tenant {
@@ -187,7 +187,8 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ControlError> {
         (&Method::POST, ["v1", "templates"]) => templates::build(&cp, &caller, request).await,
         (&Method::GET, ["v1", "usage"]) => quotas::usage(&cp, &caller).await,
         (&Method::GET, ["v1", "secrets"]) => {
-            Ok(axum::Json(space_api::SecretList { secrets: cp.store.secrets(&caller.tenant)? }).into_response())
+            Ok(axum::Json(space_api::SecretList { secrets: cp.store.tenancy().secrets(&caller.tenant)? })
+                .into_response())
         }
         (&Method::PUT | &Method::DELETE, ["v1", "secrets", name]) => {
             let name = name.to_string();

@@ -24,7 +24,9 @@ pub(crate) async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -
     let wants_failed = !query.contains("state=") || query.contains("state=failed");
     let lost: Vec<String> = nodes(cp)?.into_iter().filter(|n| !n.alive).map(|n| n.row.id).collect();
     if wants_failed {
-        for placement in cp.store.placements(&caller.tenant)?.into_iter().filter(|p| lost.contains(&p.node_id)) {
+        for placement in
+            cp.store.cluster().placements(&caller.tenant)?.into_iter().filter(|p| lost.contains(&p.node_id))
+        {
             let why = format!("node {} stopped answering", placement.node_id);
             sandboxes.extend(lost_sandbox(&placement, &why));
         }

@@ -43,7 +43,7 @@ pub(crate) async fn place(
     key: Option<&str>,
 ) -> Result<(NodeRow, DiskAllowance), ControlError> {
     let template = wanted["template"].as_str().unwrap_or("base").to_string();
-    let quotas = cp.store.tenant_quotas(&caller.tenant)?;
+    let quotas = cp.store.tenancy().tenant_quotas(&caller.tenant)?;
     let nodes = nodes(cp)?;
     let size = create_size(wanted, &nodes);
     let memory = size.1;
@@ -56,6 +56,7 @@ pub(crate) async fn place(
         // What was placed since its last report, which could not count it.
         let placed_since: i64 = cp
             .store
+            .cluster()
             .placements_since(&node.row.id, node.reported_ms())?
             .iter()
             .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p.sandbox).ok())
@@ -70,8 +71,8 @@ pub(crate) async fn place(
     // A create repeated with its Idempotency-Key, through any replica, goes
     // to the node the first one went to, which replays its operation.
     let chosen = match (key, &best) {
-        (Some(key), Some((_, node))) => Some(cp.store.create_key_node(&caller.tenant, key, &node.id)?),
-        (Some(key), None) => cp.store.create_key_node(&caller.tenant, key, "").ok().filter(|n| !n.is_empty()),
+        (Some(key), Some((_, node))) => Some(cp.store.cluster().create_key_node(&caller.tenant, key, &node.id)?),
+        (Some(key), None) => cp.store.cluster().create_key_node(&caller.tenant, key, "").ok().filter(|n| !n.is_empty()),
         _ => None,
     };
     if let Some(chosen) = chosen.filter(|c| best.as_ref().is_none_or(|(_, b)| b.id != *c)) {
@@ -103,7 +104,7 @@ pub(crate) async fn sandbox_request(
     id: &str,
     mut request: Request,
 ) -> Result<Response, ControlError> {
-    let Some(placement) = cp.store.placement(id)?.filter(|p| p.tenant == caller.tenant) else {
+    let Some(placement) = cp.store.cluster().placement(id)?.filter(|p| p.tenant == caller.tenant) else {
         return Err(ControlError::not_found("sandbox", id));
     };
     let node = match live_node(cp, &placement.node_id) {
@@ -139,11 +140,11 @@ pub(crate) async fn sandbox_request(
         let source: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
         let nodes = nodes(cp)?;
         let size = create_size(&source, &nodes);
-        check_quotas(cp, caller, &cp.store.tenant_quotas(&caller.tenant)?, &nodes, size, count)?;
+        check_quotas(cp, caller, &cp.store.tenancy().tenant_quotas(&caller.tenant)?, &nodes, size, count)?;
         request = Request::from_parts(parts, Body::from(bytes));
     }
     if request.method() == Method::POST && ["/suspend", "/fork", "/checkpoints"].iter().any(|end| path.ends_with(end)) {
-        let max_disk_mib = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib;
+        let max_disk_mib = cp.store.tenancy().tenant_quotas(&caller.tenant)?.max_disk_mib;
         request.extensions_mut().insert(disk_allowance(cp, caller, max_disk_mib, &node.id).await?);
     }
     let deleting = request.method() == Method::DELETE && request.uri().path().trim_end_matches('/').ends_with(id);

@@ -30,6 +30,7 @@ pub(crate) fn check_quotas(
     // The placements as kept (a sandbox record the node sent).
     let mut held: Vec<(u64, u64)> = cp
         .store
+        .cluster()
         .placements(&caller.tenant)?
         .iter()
         .filter_map(|p| Some((p, serde_json::from_str::<serde_json::Value>(&p.sandbox).ok()?)))
@@ -84,7 +85,7 @@ pub(crate) fn create_size(wanted: &serde_json::Value, nodes: &[Node]) -> (u64, u
 /// `GET /v1/usage`: what the tenant holds on every live node, added up,
 /// against its quotas (kept in PostgreSQL).
 pub(crate) async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response, ControlError> {
-    let quotas = space_core::tenants::quota_limits(&cp.store.tenant_quotas(&caller.tenant)?);
+    let quotas = space_core::tenants::quota_limits(&cp.store.tenancy().tenant_quotas(&caller.tenant)?);
     let mut total = Usage {
         tenant: caller.tenant.clone(),
         quotas,

@@ -56,6 +56,7 @@ pub(crate) fn nodes(cp: &ControlPlane) -> Result<Vec<Node>, ControlError> {
     let now = now_ms();
     Ok(cp
         .store
+        .cluster()
         .nodes()?
         .into_iter()
         .filter_map(|row| {
@@ -68,7 +69,7 @@ pub(crate) fn nodes(cp: &ControlPlane) -> Result<Vec<Node>, ControlError> {
 
 /// The node `id`, if its lease holds.
 pub(crate) fn live_node(cp: &ControlPlane, id: &str) -> Result<NodeRow, ControlError> {
-    match cp.store.node(id)? {
+    match cp.store.cluster().node(id)? {
         Some(row) if row.lease_until_ms > now_ms() => Ok(row),
         _ => Err(ControlError::unavailable(format!("node {id} is lost (no heartbeat within {}s)", LEASE.as_secs()))),
     }
@@ -96,13 +97,13 @@ pub(crate) fn mark_gone(
     caller: &Caller,
     state: SandboxState,
 ) -> Result<(), ControlError> {
-    let Some(placement) = cp.store.placement(id)? else {
+    let Some(placement) = cp.store.cluster().placement(id)? else {
         return Ok(());
     };
     // The record as it was kept, with only its state changed: fields this
     // control plane does not know (a newer node's) are kept.
     let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
     sandbox["state"] = state.as_str().into();
-    cp.store.put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
+    cp.store.cluster().put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
     Ok(())
 }

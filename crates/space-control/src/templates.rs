@@ -46,7 +46,7 @@ pub(crate) async fn build(cp: &ControlPlane, caller: &Caller, request: Request) 
     // A snapshot template is made on its sandbox's node (and stays there).
     let node = match source {
         Some(id) => {
-            let placement = cp.store.placement(&id)?.filter(|p| p.tenant == caller.tenant);
+            let placement = cp.store.cluster().placement(&id)?.filter(|p| p.tenant == caller.tenant);
             live_node(cp, &placement.ok_or_else(|| ControlError::not_found("sandbox", &id))?.node_id)?
         }
         None => nodes(cp)?
@@ -56,7 +56,7 @@ pub(crate) async fn build(cp: &ControlPlane, caller: &Caller, request: Request) 
             .map(|n| n.row)
             .ok_or_else(|| ControlError::unavailable("no live node to build on"))?,
     };
-    let max_disk_mib = cp.store.tenant_quotas(&caller.tenant)?.max_disk_mib;
+    let max_disk_mib = cp.store.tenancy().tenant_quotas(&caller.tenant)?.max_disk_mib;
     parts.extensions.insert(disk_allowance(cp, caller, max_disk_mib, &node.id).await?);
     forward_recording(cp, caller, node, Request::from_parts(parts, body)).await
 }
@@ -86,7 +86,7 @@ pub(crate) async fn template(
     // must not stop the template's replication.
     let hold = || -> Result<(), ControlError> {
         let every: Vec<String> = nodes(cp)?.into_iter().map(|n| n.row.id).collect();
-        Ok(cp.store.hold_template_pulls(&every, name, now_ms() + DELETE_HOLD.as_millis() as i64)?)
+        Ok(cp.store.cluster().hold_template_pulls(&every, name, now_ms() + DELETE_HOLD.as_millis() as i64)?)
     };
     let mut held = false;
     if method == Method::DELETE && caller.is_operator() {
@@ -131,7 +131,12 @@ async fn replicate_once(cp: &ControlPlane) -> Result<(), ControlError> {
         for source in &live {
             let spread = source.report.templates.iter().filter(|t| !source.report.local.contains(t));
             for name in spread.filter(|t| !node.report.templates.contains(t)) {
-                if !cp.store.claim_template_pull(&node.row.id, name, now_ms(), PULL_PATIENCE.as_millis() as i64)? {
+                if !cp.store.cluster().claim_template_pull(
+                    &node.row.id,
+                    name,
+                    now_ms(),
+                    PULL_PATIENCE.as_millis() as i64,
+                )? {
                     continue;
                 }
                 let body = serde_json::to_vec(&PullRequest { from: source.row.url.clone(), name: name.clone() })

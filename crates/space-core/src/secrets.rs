@@ -65,7 +65,7 @@ pub struct SecretSet {
 /// The store's secrets, opened with `keyring` (those that do not open are
 /// left out, and logged).
 pub fn secret_set(store: &Store, keyring: &Keyring) -> Result<SecretSet, NodeError> {
-    let (epoch, sealed) = store.all_secrets()?;
+    let (epoch, sealed) = store.tenancy().all_secrets()?;
     let secrets = sealed
         .into_iter()
         .filter_map(|(tenant, name, (hosts, sealed))| {
@@ -104,18 +104,18 @@ pub fn put_secret(
     }
     space_egress::policy::Binding::new(name, "", &request.hosts, Vec::new())
         .map_err(|err| NodeError::unprocessable(err.to_string()).with_details(serde_json::json!({"field": "hosts"})))?;
-    let exists = store.secret(tenant, name)?.is_some();
-    if !exists && store.secrets(tenant)?.len() >= MAX_SECRETS {
+    let exists = store.tenancy().secret(tenant, name)?.is_some();
+    if !exists && store.tenancy().secrets(tenant)?.len() >= MAX_SECRETS {
         return Err(NodeError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
     }
     let sealed = keyring.seal(&secret_context(tenant, name), request.value.as_bytes());
-    store.put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
-    let info = store.secrets(tenant)?.into_iter().find(|s| s.name == name);
+    store.tenancy().put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
+    let info = store.tenancy().secrets(tenant)?.into_iter().find(|s| s.name == name);
     info.ok_or_else(|| NodeError::internal("keeping the secret", "it was not there afterwards"))
 }
 
 pub fn delete_secret(store: &Store, tenant: &str, name: &str) -> Result<(), NodeError> {
-    if !valid_name(name) || !store.delete_secret(tenant, name)? {
+    if !valid_name(name) || !store.tenancy().delete_secret(tenant, name)? {
         return Err(NodeError::not_found("secret", name));
     }
     Ok(())

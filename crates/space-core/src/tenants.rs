@@ -109,9 +109,9 @@ pub fn create_key(store: &Store, tenant: &str, quotas: Option<&Quotas>) -> Resul
     let id = ids::new_id("key");
     let now = ids::now();
     if let Some(quotas) = quotas {
-        store.put_tenant(tenant, quotas)?;
+        store.tenancy().put_tenant(tenant, quotas)?;
     }
-    store.put_key(&id, tenant, &hash_key(&key), &now)?;
+    store.tenancy().put_key(&id, tenant, &hash_key(&key), &now)?;
     Ok((KeyInfo { id, tenant: tenant.to_string(), created_at: now, revoked_at: None }, key))
 }
 
@@ -121,13 +121,14 @@ pub fn tenant_for_key(store: &Store, presented: &str) -> Result<Option<Caller>, 
     if !presented.starts_with("space_") || presented.len() > 128 {
         return Ok(None);
     }
-    let tenant = store.key_tenant(&hash_key(presented))?;
+    let tenant = store.tenancy().key_tenant(&hash_key(presented))?;
     Ok(tenant.map(Caller::tenant))
 }
 
 /// The sandboxes of `tenant` that hold memory and vCPUs.
 fn held(store: &Store, tenant: &str) -> Result<Vec<SandboxRecord>, NodeError> {
     Ok(store
+        .node()
         .live_sandboxes()?
         .into_iter()
         .filter(|r| r.tenant == tenant && r.sandbox.state != SandboxState::Failed)
@@ -160,7 +161,7 @@ pub fn usage(store: &Store, tenant: &str, disk: space_api::DiskUsage) -> Result<
     let held = held(store, tenant)?;
     Ok(Usage {
         tenant: tenant.to_string(),
-        quotas: quota_limits(&store.tenant_quotas(tenant)?),
+        quotas: quota_limits(&store.tenancy().tenant_quotas(tenant)?),
         sandboxes: held.len() as u32,
         vcpus: held.iter().map(|r| r.sandbox.vcpus).sum(),
         memory_mib: held.iter().map(|r| u64::from(r.sandbox.memory_mib)).sum(),
@@ -205,14 +206,14 @@ mod tests {
         let (_, other) = create_key(&store, "team-a", None).unwrap();
         assert_ne!(key, other);
         assert!(key.starts_with("space_") && key.len() == 70, "{key}");
-        assert_eq!(store.key_tenant(&hash_key(&key)).unwrap().as_deref(), Some("team-a"));
+        assert_eq!(store.tenancy().key_tenant(&hash_key(&key)).unwrap().as_deref(), Some("team-a"));
         let db = std::fs::read(dir.join("space.db")).unwrap_or_default();
         let wal = std::fs::read(dir.join("space.db-wal")).unwrap_or_default();
         let needle = key.as_bytes();
         assert!(!db.windows(needle.len()).any(|w| w == needle) && !wal.windows(needle.len()).any(|w| w == needle));
-        assert!(store.revoke_key(&info.id, "now").unwrap());
-        assert_eq!(store.key_tenant(&hash_key(&key)).unwrap(), None);
-        assert!(!store.revoke_key("key_nope", "now").unwrap());
+        assert!(store.tenancy().revoke_key(&info.id, "now").unwrap());
+        assert_eq!(store.tenancy().key_tenant(&hash_key(&key)).unwrap(), None);
+        assert!(!store.tenancy().revoke_key("key_nope", "now").unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

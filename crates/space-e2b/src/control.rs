@@ -330,6 +330,7 @@ pub async fn list(
     let listed: Vec<(SystemTime, Value)> = state
         .platform
         .store
+        .node()
         .live_sandboxes()?
         .into_iter()
         .filter(|r| r.tenant == caller.tenant)
@@ -417,7 +418,7 @@ fn extend(state: &E2bState, record: &SandboxRecord, timeout_s: u64, shorten: boo
     }
     let updated =
         lifecycle_for(parse_time(&record.sandbox.created_at), timeout_s, pauses_on_timeout(lifecycle), lifecycle);
-    state.platform.store.set_sandbox_lifecycle(&record.sandbox.id, &updated)?;
+    state.platform.store.node().set_sandbox_lifecycle(&record.sandbox.id, &updated)?;
     state.platform.changed();
     Ok(())
 }

@@ -204,7 +204,7 @@ fn running(state: &E2bState, target: &Target, selector: &Value) -> Result<(Comma
         return Err(RpcError::invalid("name the process by pid or tag"));
     }
     let commands =
-        state.platform.store.commands(&target.id).map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
+        state.platform.store.node().commands(&target.id).map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
     commands
         .into_iter()
         .filter(|c| c.result.is_none())
@@ -278,6 +278,7 @@ pub async fn unary(state: &E2bState, target: &Target, method: &str, request: Val
             let commands = state
                 .platform
                 .store
+                .node()
                 .commands(&target.id)
                 .map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
             let processes: Vec<Value> = commands

@@ -50,7 +50,7 @@ impl Platform {
     /// The sandbox `id` if `caller`'s tenant owns it; 404 otherwise, the
     /// same answer as for an id that never existed.
     pub fn sandbox_for(&self, caller: &Caller, id: &SandboxId) -> Result<OwnedSandbox, NodeError> {
-        let record = self.store.sandbox(id.as_str())?.filter(|record| record.tenant == caller.tenant);
+        let record = self.store.node().sandbox(id.as_str())?.filter(|record| record.tenant == caller.tenant);
         let record = record.ok_or_else(|| NodeError::not_found("sandbox", id.as_str()))?;
         Ok(OwnedSandbox { id: id.clone(), record })
     }
@@ -70,7 +70,7 @@ impl Platform {
             return Err(TokenRefused::Wrong);
         }
         let id = SandboxId::parse(id).ok_or(TokenRefused::NotFound)?;
-        match self.store.sandbox(id.as_str()) {
+        match self.store.node().sandbox(id.as_str()) {
             Ok(Some(record)) => Ok(OwnedSandbox { id, record }),
             Ok(None) => Err(TokenRefused::NotFound),
             Err(err) => Err(TokenRefused::Node(err.into())),
@@ -79,7 +79,7 @@ impl Platform {
 
     /// The operation `id` if `caller`'s tenant owns it; 404 otherwise.
     pub fn operation_for(&self, caller: &Caller, id: &OperationId) -> Result<Operation, NodeError> {
-        match self.store.operation_tenant(id.as_str())? {
+        match self.store.node().operation_tenant(id.as_str())? {
             Some(tenant) if tenant == caller.tenant => self.operation(id.as_str()),
             _ => Err(NodeError::not_found("operation", id.as_str())),
         }

@@ -601,12 +601,13 @@ impl Actor {
     fn running_commands(&self) -> Vec<RunningCommand> {
         let store = &self.platform.store;
         store
+            .node()
             .commands(&self.id)
             .unwrap_or_default()
             .into_iter()
             .filter(|c| c.result.is_none())
             .filter_map(|command| {
-                let (stream, timeout_s) = store.command_stream(&command.id).ok()??;
+                let (stream, timeout_s) = store.node().command_stream(&command.id).ok()??;
                 Some(RunningCommand { command, stream, timeout_s })
             })
             .collect()

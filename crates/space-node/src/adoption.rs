@@ -149,11 +149,11 @@ impl Platform {
     fn lose_command(&self, mut command: Command, why: &str) -> Result<(), NodeError> {
         command.state = space_api::CommandState::Exited;
         command.result = Some(crate::commands::lost_result(&command, why));
-        Ok(self.store.put_command(&command)?)
+        Ok(self.store.node().put_command(&command)?)
     }
 
     fn unfinished_commands(&self, id: &str) -> Vec<Command> {
-        self.store.commands(id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect()
+        self.store.node().commands(id).unwrap_or_default().into_iter().filter(|c| c.result.is_none()).collect()
     }
 
     /// Takes back the agent of a sandbox a restarted server left as it
@@ -189,7 +189,7 @@ impl Platform {
         // Each running command with the agent stream and timeout it had.
         let mut resumable = Vec::new();
         for command in self.unfinished_commands(&record.sandbox.id) {
-            match self.store.command_stream(&command.id)? {
+            match self.store.node().command_stream(&command.id)? {
                 Some((stream, timeout_s)) => resumable.push((command, stream, timeout_s)),
                 // Nothing says which stream it was: it cannot be finished.
                 None => {

@@ -39,6 +39,7 @@ impl Platform {
     pub fn reserved_mib(&self) -> u64 {
         let sandboxes: u64 = self
             .store
+            .node()
             .live_sandboxes()
             .unwrap_or_default()
             .iter()

@@ -126,7 +126,7 @@ impl Platform {
 
     /// A checkpoint save or restore of `name` not yet finished.
     fn checkpoint_busy(&self, id: &str, name: &str) -> Result<bool, NodeError> {
-        Ok(self.store.operations(Some(id))?.iter().any(|op| {
+        Ok(self.store.node().operations(Some(id))?.iter().any(|op| {
             matches!(op.kind, OperationKind::Checkpoint | OperationKind::RestoreCheckpoint)
                 && op.checkpoint.as_deref() == Some(name)
                 && !op.state.is_terminal()
@@ -167,7 +167,7 @@ impl Platform {
         self.check_disk_quota(&record.tenant, image, "save a checkpoint (it holds the sandbox's memory)")?;
         let mut operation = new_operation(OperationKind::Checkpoint, id, "queued", 3);
         operation.checkpoint = Some(name.to_string());
-        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+        self.store.node().put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
         self.queue_job(id, Job::new(&operation));
         Ok((record.sandbox, operation))
@@ -195,7 +195,7 @@ impl Platform {
         }
         let mut operation = new_operation(OperationKind::RestoreCheckpoint, id, "queued", 3);
         operation.checkpoint = Some(name.to_string());
-        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+        self.store.node().put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
         self.queue_job(id, Job::new(&operation));
         Ok((record.sandbox, operation))

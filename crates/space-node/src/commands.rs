@@ -115,10 +115,10 @@ impl Platform {
             tty: Some(spec.tty),
             result: None,
         };
-        self.store.put_command(&command)?;
+        self.store.node().put_command(&command)?;
         self.metrics.command_starts.inc();
-        self.store.put_command_stream(&id, stream.stream, spec.timeout_s)?;
-        self.store.touch_sandbox(sandbox_id, &command.started_at)?;
+        self.store.node().put_command_stream(&id, stream.stream, spec.timeout_s)?;
+        self.store.node().touch_sandbox(sandbox_id, &command.started_at)?;
         self.follow(command.clone(), stream, writer, started, spec.timeout_s);
         self.changed();
         Ok(command)
@@ -143,8 +143,8 @@ impl Platform {
             attach: attach_for(sandbox_id, &id),
             ..original.clone()
         };
-        self.store.put_command(&command)?;
-        self.store.put_command_stream(&id, stream.stream, timeout_s)?;
+        self.store.node().put_command(&command)?;
+        self.store.node().put_command_stream(&id, stream.stream, timeout_s)?;
         let started = crate::ids::started_instant(&command.started_at);
         let writer = writer.with_limits(self.output_limits(sandbox_id));
         self.follow(command, stream, writer, started, timeout_s);
@@ -233,10 +233,10 @@ impl Platform {
         self.metrics.command_ended(&result);
         command.state = CommandState::Exited;
         command.result = Some(result);
-        if let Err(err) = self.store.put_command(&command) {
+        if let Err(err) = self.store.node().put_command(&command) {
             tracing::error!(command = %command.id, "recording the result: {err}");
         }
-        let _ = self.store.touch_sandbox(&command.sandbox_id, &ids::now());
+        let _ = self.store.node().touch_sandbox(&command.sandbox_id, &ids::now());
         writer.finish();
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).remove(&command.id);
         self.changed();
@@ -257,6 +257,7 @@ impl Platform {
             return Err(NodeError::not_found("command", command_id));
         }
         self.store
+            .node()
             .command(command_id)?
             .filter(|c| c.sandbox_id == sandbox_id)
             .ok_or_else(|| NodeError::not_found("command", command_id))

@@ -162,7 +162,7 @@ impl Platform {
         let saved = live.saved();
         if let Err(err) = serde_json::to_value(&saved)
             .map_err(crate::store::StoreError::from)
-            .and_then(|body| self.store.put_context(&saved.info.id, &saved.info.sandbox_id, &body))
+            .and_then(|body| self.store.node().put_context(&saved.info.id, &saved.info.sandbox_id, &body))
         {
             tracing::warn!(context = %saved.info.id, "could not record the code context: {err}");
         }
@@ -171,12 +171,12 @@ impl Platform {
 
     fn forget_context(&self, id: &str) {
         self.contexts.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-        let _ = self.store.delete_context(id);
+        let _ = self.store.node().delete_context(id);
     }
 
     /// The recorded contexts of a sandbox (their drivers may still run).
     pub(crate) fn saved_contexts(&self, sandbox_id: &str) -> Vec<SavedContext> {
-        let bodies = self.store.contexts(sandbox_id).unwrap_or_default();
+        let bodies = self.store.node().contexts(sandbox_id).unwrap_or_default();
         bodies.into_iter().filter_map(|body| serde_json::from_value(body).ok()).collect()
     }
 
@@ -279,7 +279,7 @@ impl Platform {
             live.run.lock().unwrap_or_else(|e| e.into_inner()).take();
             return Err(err);
         }
-        self.store.touch_sandbox(sandbox_id, &ids::now())?;
+        self.store.node().touch_sandbox(sandbox_id, &ids::now())?;
         Ok(Run { events: receiver, held })
     }
 

@@ -93,7 +93,7 @@ impl Platform {
     /// What `tenant` holds on the host's disk now.
     pub fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, NodeError> {
         let records: Vec<SandboxRecord> =
-            self.store.live_sandboxes()?.into_iter().filter(|r| r.tenant == tenant).collect();
+            self.store.node().live_sandboxes()?.into_iter().filter(|r| r.tenant == tenant).collect();
         let mut usage = DiskUsage::default();
         for record in &records {
             let dir = self.data.sandbox_dir(&record.sandbox.id);
@@ -144,7 +144,7 @@ impl Platform {
         let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
         let (max_mib, elsewhere) = match told {
             Some(told) => (told.map(|t| t.max_mib), told.map(|t| t.elsewhere_bytes).unwrap_or(0)),
-            None => (self.store.tenant_quotas(tenant)?.max_disk_mib, 0),
+            None => (self.store.tenancy().tenant_quotas(tenant)?.max_disk_mib, 0),
         };
         let Some(max_mib) = max_mib else {
             return Ok(None);

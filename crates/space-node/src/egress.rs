@@ -194,7 +194,7 @@ impl Platform {
         self.bind_secrets(&record.tenant, &mut network, Some(&record.sandbox.network))?;
         self.check_egress_ceiling(&record.tenant, &network)?;
         let policy = policy_of(&network).map_err(|e| NodeError::unprocessable(e.to_string()))?;
-        self.store.set_sandbox_network(id, &network)?;
+        self.store.node().set_sandbox_network(id, &network)?;
         self.env_changed(id);
         if let Some(egress) = self.egress.live.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             egress.set_policy(policy);
@@ -206,7 +206,7 @@ impl Platform {
     /// 422 `egress_not_permitted` when `network` allows more than the
     /// tenant's ceiling.
     pub(crate) fn check_egress_ceiling(&self, tenant: &str, network: &Network) -> Result<(), NodeError> {
-        let Some(rules) = self.store.tenant_quotas(tenant)?.egress_ceiling else {
+        let Some(rules) = self.store.tenancy().tenant_quotas(tenant)?.egress_ceiling else {
             return Ok(());
         };
         let ceiling = space_egress::policy::Ceiling::parse(&rules)
@@ -289,7 +289,7 @@ impl Platform {
         let stopping = self.tasks.stopping();
         self.tasks.spawn(async move {
             let store = |(id, event): (String, _)| {
-                if let Err(err) = platform.store.put_egress_event(&id, &event) {
+                if let Err(err) = platform.store.node().put_egress_event(&id, &event) {
                     tracing::error!(sandbox = %id, "storing an egress event: {err}");
                 }
             };

@@ -50,6 +50,7 @@ impl Platform {
         self.has_busy_context(id)
             || self
                 .store
+                .node()
                 .commands(id)
                 .map(|commands| commands.iter().any(|c| c.state == CommandState::Running))
                 .unwrap_or(true)

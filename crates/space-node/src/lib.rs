@@ -205,7 +205,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, StartErr
     let store = open_store(config, &data)?;
     if quotas != quotas_before {
         // Limits do not survive a change of quota mode: set them again.
-        for record in store.live_sandboxes()? {
+        for record in store.node().live_sandboxes()? {
             let rootfs = data.sandbox_dir(&record.sandbox.id).join("rootfs");
             if rootfs.exists() {
                 let _ = space_host::btrfs::limit_exclusive(&rootfs, record.sandbox.disk_mib);

@@ -61,7 +61,7 @@ impl Platform {
         // The request's network, else the template's, else the tenant's.
         let mut network = match spec.network.take() {
             Some(network) => network,
-            None => self.store.tenant_quotas(tenant)?.network.unwrap_or_default(),
+            None => self.store.tenancy().tenant_quotas(tenant)?.network.unwrap_or_default(),
         };
         // The sandbox holds placeholders; its secrets stay on the host.
         let placeholders = self.bind_secrets(tenant, &mut network, None)?;
@@ -78,7 +78,7 @@ impl Platform {
         }
         disk_the_engine_gives(&engine, template.meta.image.is_some(), spec.disk_mib, defaults.disk_mib)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
-        let quotas = self.store.tenant_quotas(tenant)?;
+        let quotas = self.store.tenancy().tenant_quotas(tenant)?;
         tenants::check_quotas(&self.store, tenant, &quotas, (spec.vcpus, spec.memory_mib), 1)?;
         // On a node, the control plane may have told a disk quota.
         let told = self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).contains_key(tenant);
@@ -127,8 +127,8 @@ impl Platform {
                 tenant: tenant.to_string(),
                 egress_ca: Some(egress_ca),
             };
-            self.store.put_sandbox(&record)?;
-            self.store.put_operation(&operation, tenant, idempotency_key)?;
+            self.store.node().put_sandbox(&record)?;
+            self.store.node().put_operation(&operation, tenant, idempotency_key)?;
             Ok::<_, NodeError>(())
         })();
         if let Err(err) = recorded {
@@ -170,7 +170,7 @@ impl Platform {
         let tenant = source.tenant.clone();
         let (vcpus, memory_mib, disk_mib) = (source.sandbox.vcpus, source.sandbox.memory_mib, source.sandbox.disk_mib);
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
-        let quotas = self.store.tenant_quotas(&tenant)?;
+        let quotas = self.store.tenancy().tenant_quotas(&tenant)?;
         tenants::check_quotas(&self.store, &tenant, &quotas, (vcpus, memory_mib), count)?;
         // Each fork's root, and the image of the source's memory.
         let disk = ((u64::from(count) * u64::from(disk_mib)) << 20)
@@ -200,9 +200,9 @@ impl Platform {
         let mut operation = new_operation(OperationKind::Fork, id, "queued", 3 + u64::from(count));
         operation.forks = forks.iter().map(|f| f.sandbox.id.clone()).collect();
         for fork in &forks {
-            self.store.put_sandbox(fork)?;
+            self.store.node().put_sandbox(fork)?;
         }
-        self.store.put_operation(&operation, &tenant, idempotency_key)?;
+        self.store.node().put_operation(&operation, &tenant, idempotency_key)?;
         self.changed();
         self.queue_job(id, Job::new(&operation));
         Ok((forks.into_iter().map(|f| f.sandbox).collect(), operation))
@@ -252,7 +252,7 @@ impl Platform {
             operation.progress = Progress::new("already deleted", total, total);
             operation.started_at = Some(now.clone());
             operation.finished_at = Some(now);
-            self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+            self.store.node().put_operation(&operation, &record.tenant, idempotency_key)?;
             self.changed();
             return Ok((record.sandbox, operation));
         }
@@ -266,7 +266,7 @@ impl Platform {
         if event == Event::RestoreRequested {
             self.admit(record.sandbox.memory_mib)?;
         }
-        self.store.put_operation(&operation, &record.tenant, idempotency_key)?;
+        self.store.node().put_operation(&operation, &record.tenant, idempotency_key)?;
         self.changed();
         self.queue_job(id, Job::new(&operation));
         Ok((record.sandbox, operation))

@@ -330,7 +330,7 @@ impl Platform {
         if !ids::plausible(id, "sbx") {
             return Err(NodeError::not_found("sandbox", id));
         }
-        self.store.sandbox(id)?.ok_or_else(|| NodeError::not_found("sandbox", id))
+        self.store.node().sandbox(id)?.ok_or_else(|| NodeError::not_found("sandbox", id))
     }
 
     /// Who owns template `name` (`Some(None)`: shared), if it exists or is
@@ -390,7 +390,7 @@ impl Platform {
         if reason.is_some() {
             record.sandbox.failure_reason = reason;
         }
-        self.store.put_sandbox(&record)?;
+        self.store.node().put_sandbox(&record)?;
         self.changed();
         Ok(record.sandbox)
     }
@@ -399,14 +399,14 @@ impl Platform {
         if !ids::plausible(id, "op") {
             return Err(NodeError::not_found("operation", id));
         }
-        self.store.operation(id)?.ok_or_else(|| NodeError::not_found("operation", id))
+        self.store.node().operation(id)?.ok_or_else(|| NodeError::not_found("operation", id))
     }
 
     /// Changes an operation and stores it; the operation as stored.
     fn update_operation(&self, id: &str, change: impl FnOnce(&mut Operation)) -> Option<Operation> {
         let result = self.operation(id).and_then(|mut operation| {
             change(&mut operation);
-            self.store.put_operation(&operation, "", None)?;
+            self.store.node().put_operation(&operation, "", None)?;
             Ok(operation)
         });
         self.changed();
@@ -517,7 +517,7 @@ impl Platform {
             }
         });
         if let Some(operation) = finished {
-            let engine = operation.sandbox_id.as_deref().and_then(|s| self.store.sandbox(s).ok().flatten());
+            let engine = operation.sandbox_id.as_deref().and_then(|s| self.store.node().sandbox(s).ok().flatten());
             let engine = engine.map(|r| r.sandbox.engine).unwrap_or_else(|| self.engine.name().to_string());
             self.metrics.operation_ended(&operation, &engine);
         }

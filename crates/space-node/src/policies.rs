@@ -69,7 +69,7 @@ impl Platform {
             // Memory freed since the last tick may make room for warm members.
             self.fill_warm_pools();
             self.reclaim_old_versions().await;
-            let Ok(records) = self.store.live_sandboxes() else { continue };
+            let Ok(records) = self.store.node().live_sandboxes() else { continue };
             let now = SystemTime::now();
             let auto_pause_s = self.auto_pause_s.load(std::sync::atomic::Ordering::Relaxed);
             // Only stable sandboxes can be due; the rest cost no query.
@@ -94,7 +94,7 @@ impl Platform {
                 };
                 // An operation already queued for it makes this one moot.
                 let pending =
-                    self.store.operations(Some(id)).unwrap_or_default().iter().any(|op| !op.state.is_terminal());
+                    self.store.node().operations(Some(id)).unwrap_or_default().iter().any(|op| !op.state.is_terminal());
                 if pending {
                     continue;
                 }

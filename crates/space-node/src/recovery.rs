@@ -30,7 +30,7 @@ impl Platform {
     /// that no longer runs get a result saying so; template builds that
     /// were cut short fail.
     pub fn reconcile(&self) -> Result<(), NodeError> {
-        let pending = self.store.operations(None)?;
+        let pending = self.store.node().operations(None)?;
         // A roll back to a checkpoint the restart cut short is carried out
         // again from wherever it stopped.
         let rewinding = |id: &str| {
@@ -40,7 +40,7 @@ impl Platform {
                     && op.sandbox_id.as_deref() == Some(id)
             })
         };
-        for record in self.store.live_sandboxes()? {
+        for record in self.store.node().live_sandboxes()? {
             let id = record.sandbox.id.clone();
             let state = record.sandbox.state;
             let spec = self.engine_spec(&record);
@@ -86,7 +86,7 @@ impl Platform {
             }
         }
         let now = ids::now();
-        for mut operation in self.store.operations(None)? {
+        for mut operation in self.store.node().operations(None)? {
             if !operation.state.is_terminal() && operation.kind == OperationKind::BuildTemplate {
                 operation.state = OperationState::Failed;
                 operation.error = Some(
@@ -97,7 +97,7 @@ impl Platform {
                     .detail(),
                 );
                 operation.finished_at = Some(now.clone());
-                self.store.put_operation(&operation, "", None)?;
+                self.store.node().put_operation(&operation, "", None)?;
             }
         }
         Ok(())
@@ -113,9 +113,9 @@ impl Platform {
             SandboxState::Deleted,
             SandboxState::Failed,
         ];
-        let records = self.store.live_sandboxes()?;
+        let records = self.store.node().live_sandboxes()?;
         let moving = records.iter().filter(|r| !settled.contains(&r.sandbox.state));
-        let operations = self.store.operations(None)?;
+        let operations = self.store.node().operations(None)?;
         let working = operations.iter().filter(|op| !op.state.is_terminal());
         let mut ids: Vec<String> = moving.map(|r| r.sandbox.id.clone()).collect();
         ids.extend(working.flat_map(|op| op.sandbox_id.iter().chain(&op.forks).cloned()));
@@ -202,7 +202,13 @@ impl Platform {
             .flatten()
             .filter_map(|entry| Some((entry.file_name().to_str()?.to_string(), entry.path())))
             .filter(|(name, _)| {
-                !self.store.sandbox(name).ok().flatten().is_some_and(|r| r.sandbox.state != SandboxState::Deleted)
+                !self
+                    .store
+                    .node()
+                    .sandbox(name)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.sandbox.state != SandboxState::Deleted)
             })
             .collect()
     }
@@ -248,9 +254,14 @@ impl Platform {
         // What a previous process accepted and left under way, taken now:
         // what this one accepts from here on is its own actors' work.
         let operations: Vec<Operation> =
-            self.store.operations(None)?.into_iter().filter(|op| !op.state.is_terminal()).collect();
-        let creating: Vec<SandboxRecord> =
-            self.store.live_sandboxes()?.into_iter().filter(|r| r.sandbox.state == SandboxState::Creating).collect();
+            self.store.node().operations(None)?.into_iter().filter(|op| !op.state.is_terminal()).collect();
+        let creating: Vec<SandboxRecord> = self
+            .store
+            .node()
+            .live_sandboxes()?
+            .into_iter()
+            .filter(|r| r.sandbox.state == SandboxState::Creating)
+            .collect();
         // Sandboxes with such an operation wait for it to be taken up again
         // (requests queue behind it, as before).
         let pending: Vec<String> = operations.iter().filter_map(|op| op.sandbox_id.clone()).collect();
@@ -373,7 +384,7 @@ impl Platform {
     }
 
     fn live_records(&self) -> Result<Vec<SandboxRecord>, NodeError> {
-        let records = self.store.live_sandboxes()?;
+        let records = self.store.node().live_sandboxes()?;
         Ok(records
             .into_iter()
             .filter(|r| matches!(r.sandbox.state, SandboxState::Running | SandboxState::Paused))

@@ -69,7 +69,7 @@ impl Platform {
     }
 
     fn sample_all(&self) {
-        let Ok(records) = self.store.live_sandboxes() else { return };
+        let Ok(records) = self.store.node().live_sandboxes() else { return };
         let mut alive = std::collections::HashSet::new();
         for record in &records {
             alive.insert(record.sandbox.id.clone());
@@ -124,7 +124,7 @@ impl Platform {
             Some(point) => point.disk_bytes,
             None => space_host::btrfs::exclusive_bytes(&self.data.sandbox_dir(id).join("rootfs")).unwrap_or(0),
         };
-        let commands = self.store.commands(id)?;
+        let commands = self.store.node().commands(id)?;
         let running = commands.iter().filter(|c| c.result.is_none()).count() as u64;
         Ok(SandboxUsage {
             sandbox_id: id.to_string(),

@@ -11,7 +11,7 @@ impl Platform {
     pub fn metrics_text(&self) -> String {
         let metrics = &self.metrics;
         metrics.sandboxes.clear();
-        for record in self.store.sandboxes().unwrap_or_default() {
+        for record in self.store.node().sandboxes().unwrap_or_default() {
             if record.sandbox.state == SandboxState::Deleted {
                 continue;
             }

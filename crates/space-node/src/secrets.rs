@@ -70,7 +70,7 @@ impl Platform {
                 (s.tenant, s.name, (s.hosts, sealed))
             })
             .collect();
-        self.store.replace_secrets(&sealed, &crate::ids::now())?;
+        self.store.tenancy().replace_secrets(&sealed, &crate::ids::now())?;
         self.secrets_epoch.store(set.epoch, SeqCst);
         Ok(())
     }
@@ -79,7 +79,7 @@ impl Platform {
     /// (for the gateway only): a sandbox's binding keeps the hosts of its
     /// bind, which a later `PUT /v1/secrets/{name}` may have narrowed.
     pub(crate) fn secret_for_gateway(&self, tenant: &str, name: &str) -> Option<space_egress::inspect::Secret> {
-        let (hosts, sealed) = self.store.secret(tenant, name).ok()??;
+        let (hosts, sealed) = self.store.tenancy().secret(tenant, name).ok()??;
         let plain = self.keyring().ok()?.open(&secret_context(tenant, name), &sealed)?;
         Some(space_egress::inspect::Secret { value: String::from_utf8(plain).ok()?, hosts })
     }
@@ -106,7 +106,7 @@ impl Platform {
             if var.is_empty() || var.len() > 128 || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                 return Err(fail(var, "the variable's name is letters, digits and '_'".into()));
             }
-            let Some((hosts, _)) = self.store.secret(tenant, &binding.secret)? else {
+            let Some((hosts, _)) = self.store.tenancy().secret(tenant, &binding.secret)? else {
                 return Err(fail(var, format!("there is no secret {:?} (PUT /v1/secrets/{{name}})", binding.secret)));
             };
             if binding.hosts.is_empty() {

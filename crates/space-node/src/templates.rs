@@ -374,7 +374,7 @@ impl Platform {
             entry.operation = Some(operation.id.clone());
             entry.source.clone()
         };
-        self.store.put_operation(&operation, &slot.tenant, None)?;
+        self.store.node().put_operation(&operation, &slot.tenant, None)?;
         self.changed();
 
         let platform = self.clone();
@@ -469,7 +469,7 @@ impl Platform {
     /// sandbox that still exists (rebuilds leave the old one behind until
     /// its last sandbox is gone), with their warm members.
     pub(crate) async fn reclaim_old_versions(&self) {
-        let Ok(records) = self.store.live_sandboxes() else { return };
+        let Ok(records) = self.store.node().live_sandboxes() else { return };
         let in_use: std::collections::HashSet<(String, u32)> =
             records.iter().map(|r| (r.sandbox.template.clone(), r.template_version)).collect();
         for template in self.data.templates() {
@@ -510,7 +510,8 @@ impl Platform {
         if self.builds.in_progress.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name) {
             return Err(NodeError::new(ErrorCode::BuildInProgress, format!("template {name:?} is being built")));
         }
-        let users: Vec<_> = self.store.live_sandboxes()?.into_iter().filter(|r| r.sandbox.template == name).collect();
+        let users: Vec<_> =
+            self.store.node().live_sandboxes()?.into_iter().filter(|r| r.sandbox.template == name).collect();
         if !users.is_empty() {
             // Only the caller's own sandboxes are named.
             let own: Vec<&str> =

@@ -29,7 +29,7 @@ pub use space_http::links::Links;
 
 /// What this node would report now.
 pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
-    let sandboxes = platform.store.live_sandboxes().unwrap_or_default();
+    let sandboxes = platform.store.node().live_sandboxes().unwrap_or_default();
     let templates = platform.data.templates();
     NodeReport {
         id: id.to_string(),

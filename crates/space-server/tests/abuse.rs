@@ -484,7 +484,7 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
         "import os\nfor path in ['/proc/1/mem', '/proc/1/environ', '/proc/1/cmdline', '/proc/1/maps']:\n    try:\n        with open(path, 'rb') as f:\n            print(path, 'READ', f.read(1 << 20))\n    except OSError as e:\n        print(path, 'refused', e.errno)",
     );
     let env = sh(&server, &probe, "env; cat /proc/self/environ | tr '\\0' '\\n'").0;
-    let key = server.platform.store.sandbox(&probe).unwrap().unwrap().channel_key.unwrap_or_default();
+    let key = server.platform.store.node().sandbox(&probe).unwrap().unwrap().channel_key.unwrap_or_default();
     suite.check(
         "read the agent's memory for its channel key",
         key.len() == 64 && out.contains("/proc/1/mem refused") && !out.contains(&key) && !env.contains(&key),

@@ -113,14 +113,24 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     assert_eq!(usage(&server, &key)["disk"]["snapshots_bytes"], 0, "the snapshot goes once restored");
 
     // With the quota nearly used up, a suspend is refused before it writes.
-    server.platform.store.put_tenant("disky", &Quotas { max_disk_mib: Some(600), ..Quotas::default() }).unwrap();
+    server
+        .platform
+        .store
+        .tenancy()
+        .put_tenant("disky", &Quotas { max_disk_mib: Some(600), ..Quotas::default() })
+        .unwrap();
     let (status, refused) = lifecycle_as(&server, &key, &id, "suspend");
     assert_eq!(status, 429, "{refused}");
     assert_eq!(refused["error"]["details"]["resource"], "disk");
     assert_eq!(server.call_as(&key, "GET", &format!("/v1/sandboxes/{id}"), None).1["state"], "running");
 
     // Template builds and uploads count too; with nothing left, both are refused.
-    server.platform.store.put_tenant("disky", &Quotas { max_disk_mib: Some(514), ..Quotas::default() }).unwrap();
+    server
+        .platform
+        .store
+        .tenancy()
+        .put_tenant("disky", &Quotas { max_disk_mib: Some(514), ..Quotas::default() })
+        .unwrap();
     let build = json!({"name": "mine", "from": {"debian": {"suite": "bookworm", "packages": ["jq"]}}});
     let (status, refused) = server.call_as(&key, "POST", "/v1/templates", Some(build));
     assert_eq!(status, 429, "{refused}");

@@ -261,7 +261,7 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     assert_eq!(lifecycle(&server, &saved, "suspend")["state"], "succeeded");
     assert_eq!(lifecycle(&server, &saved, "resume")["state"], "succeeded");
     assert_eq!(server.exec(&saved, json!({"cmd": "cat /root/note"}))["stdout"], "kept\n");
-    let slept = server.platform.store.command(&sleeper).unwrap().unwrap();
+    let slept = server.platform.store.node().command(&sleeper).unwrap().unwrap();
     assert!(slept.result.is_some(), "a deleted sandbox's command has ended: {slept:?}");
 }
 

@@ -112,16 +112,16 @@ fn processes_share_one_database_and_event_ids_never_collide() {
     // Both made the tables; the second found them.
     let (info, key) = create_key(&stores[0], "shared", None).unwrap();
     let hash = space_server::tenants::hash_key(&key);
-    assert_eq!(stores[1].key_tenant(&hash).unwrap().as_deref(), Some("shared"));
-    assert!(stores[1].revoke_key(&info.id, "2026-01-01T00:00:00Z").unwrap());
-    assert_eq!(stores[0].key_tenant(&hash).unwrap(), None, "a key revoked through one is revoked for all");
+    assert_eq!(stores[1].tenancy().key_tenant(&hash).unwrap().as_deref(), Some("shared"));
+    assert!(stores[1].tenancy().revoke_key(&info.id, "2026-01-01T00:00:00Z").unwrap());
+    assert_eq!(stores[0].tenancy().key_tenant(&hash).unwrap(), None, "a key revoked through one is revoked for all");
 
     // Writers in both at once: every event gets its own id.
     std::thread::scope(|scope| {
         for (n, store) in stores.iter().enumerate() {
             scope.spawn(move || {
                 for i in 0..100 {
-                    store.put_operation(&operation(n * 1000 + i), "shared", None).unwrap();
+                    store.node().put_operation(&operation(n * 1000 + i), "shared", None).unwrap();
                 }
             });
         }
@@ -131,10 +131,10 @@ fn processes_share_one_database_and_event_ids_never_collide() {
     let mut ids: Vec<u64> = events.iter().map(|e| e.id).collect();
     ids.dedup();
     assert_eq!(ids.len(), 200, "event ids collided");
-    assert_eq!(stores[0].tenant_operations("shared", None).unwrap().len(), 200);
+    assert_eq!(stores[0].node().tenant_operations("shared", None).unwrap().len(), 200);
     // A connection made later sees everything, and the schema again is harmless.
     let third = Store::connect(&pg.url).unwrap();
-    assert_eq!(third.operations(Some("sbx_00000000000000000001")).unwrap().len(), 200);
+    assert_eq!(third.node().operations(Some("sbx_00000000000000000001")).unwrap().len(), 200);
 }
 
 /// Replicas started together on an empty database (the shipped Kubernetes

@@ -114,7 +114,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     let other: Value = serde_json::from_str(&other).unwrap();
     assert_ne!(first["sandbox"]["id"], other["sandbox"]["id"], "{first} {other}");
     let theirs = other["sandbox"]["id"].as_str().unwrap();
-    assert_eq!(server.platform.store.sandbox(theirs).unwrap().unwrap().tenant, "team-b");
+    assert_eq!(server.platform.store.node().sandbox(theirs).unwrap().unwrap().tenant, "team-b");
     delete_as(&server, &b, theirs);
 
     // Templates: A's own is invisible to B; shared ones are visible to all
@@ -179,7 +179,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
         expect(&server, "space_not-a-real-key", "GET", "/v1/sandboxes", None, 401)["error"]["code"],
         "unauthorized"
     );
-    assert!(server.platform.store.revoke_key(&b_info.id, "now").unwrap());
+    assert!(server.platform.store.tenancy().revoke_key(&b_info.id, "now").unwrap());
     expect(&server, &b, "GET", "/v1/sandboxes", None, 401);
 
     for sandbox in [id, first["sandbox"]["id"].as_str().unwrap().to_string()] {

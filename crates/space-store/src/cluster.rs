@@ -43,10 +43,14 @@ fn node_row(c: &mut dyn Conn, sql: &str, values: &[super::db::Value]) -> Result<
         .collect()
 }
 
-impl Store {
+/// A control plane's tables: nodes and their leases, where each sandbox and operation was placed, template pulls and event feeds.
+#[derive(Clone, Copy)]
+pub struct ClusterStore<'a>(pub(crate) &'a Store);
+
+impl ClusterStore<'_> {
     /// A node's heartbeat: its address and report, and a lease until then.
     pub fn heartbeat_node(&self, id: &str, url: &str, report: &str, lease_until_ms: i64) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO nodes (id, url, lease_until_ms, report) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (id) DO UPDATE SET url = excluded.url, lease_until_ms = excluded.lease_until_ms,
@@ -58,11 +62,12 @@ impl Store {
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-        self.tx(|c| node_row(c, "SELECT id, url, lease_until_ms, report FROM nodes ORDER BY id", &[]))
+        self.0.tx(|c| node_row(c, "SELECT id, url, lease_until_ms, report FROM nodes ORDER BY id", &[]))
     }
 
     pub fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
         Ok(self
+            .0
             .tx(|c| node_row(c, "SELECT id, url, lease_until_ms, report FROM nodes WHERE id = ?1", vals![id]))?
             .into_iter()
             .next())
@@ -78,7 +83,7 @@ impl Store {
         sandbox: &str,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO placements (sandbox_id, node_id, tenant, sandbox, placed_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (sandbox_id) DO UPDATE SET sandbox = excluded.sandbox",
@@ -89,24 +94,24 @@ impl Store {
     }
 
     pub fn placement(&self, sandbox_id: &str) -> Result<Option<Placement>, StoreError> {
-        Ok(self.tx(|c| placements_of(c, "WHERE sandbox_id = ?1", vals![sandbox_id]))?.into_iter().next())
+        Ok(self.0.tx(|c| placements_of(c, "WHERE sandbox_id = ?1", vals![sandbox_id]))?.into_iter().next())
     }
 
     /// A tenant's placements.
     pub fn placements(&self, tenant: &str) -> Result<Vec<Placement>, StoreError> {
-        self.tx(|c| placements_of(c, "WHERE tenant = ?1", vals![tenant]))
+        self.0.tx(|c| placements_of(c, "WHERE tenant = ?1", vals![tenant]))
     }
 
     /// The placements on a node made after `since_ms` (what its last
     /// report cannot have counted yet).
     pub fn placements_since(&self, node_id: &str, since_ms: i64) -> Result<Vec<Placement>, StoreError> {
-        self.tx(|c| placements_of(c, "WHERE node_id = ?1 AND placed_at_ms > ?2", vals![node_id, since_ms]))
+        self.0.tx(|c| placements_of(c, "WHERE node_id = ?1 AND placed_at_ms > ?2", vals![node_id, since_ms]))
     }
 
     /// The node a create with this Idempotency-Key goes to: the one
     /// recorded first, by whichever replica, else `node_id` (now recorded).
     pub fn create_key_node(&self, tenant: &str, key: &str, node_id: &str) -> Result<String, StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO create_keys (tenant, idempotency_key, node_id) VALUES (?1, ?2, ?3)
                  ON CONFLICT (tenant, idempotency_key) DO NOTHING",
@@ -123,7 +128,7 @@ impl Store {
     /// Claims asking `node_id` to pull template `name` until `now_ms + for_ms`;
     /// false if another replica's claim still holds.
     pub fn claim_template_pull(&self, node_id: &str, name: &str, now_ms: i64, for_ms: i64) -> Result<bool, StoreError> {
-        let claimed = self.tx(|c| {
+        let claimed = self.0.tx(|c| {
             c.query(
                 "INSERT INTO template_pulls (node_id, name, until_ms) VALUES (?1, ?2, ?3)
                  ON CONFLICT (node_id, name) DO UPDATE SET until_ms = excluded.until_ms
@@ -144,7 +149,7 @@ impl Store {
         now_ms: i64,
         until_ms: i64,
     ) -> Result<Option<u64>, StoreError> {
-        let row = self.tx(|c| {
+        let row = self.0.tx(|c| {
             c.query_one(
                 "INSERT INTO node_feeds (node_id, last_seq, owner, until_ms) VALUES (?1, 0, ?2, ?3)
                  ON CONFLICT (node_id) DO UPDATE SET owner = excluded.owner, until_ms = excluded.until_ms
@@ -159,20 +164,20 @@ impl Store {
     /// for the one caller that changed it, which announces it.
     pub fn mark_feed_lost(&self, node_id: &str, lost: bool) -> Result<bool, StoreError> {
         let (to, from): (i64, i64) = if lost { (1, 0) } else { (0, 1) };
-        Ok(self.tx(|c| {
+        Ok(self.0.tx(|c| {
             c.execute("UPDATE node_feeds SET lost = ?1 WHERE node_id = ?2 AND lost = ?3", vals![to, node_id, from])
         })? > 0)
     }
 
     /// The placements on a node.
     pub fn placements_on(&self, node_id: &str) -> Result<Vec<Placement>, StoreError> {
-        self.tx(|c| placements_of(c, "WHERE node_id = ?1", vals![node_id]))
+        self.0.tx(|c| placements_of(c, "WHERE node_id = ?1", vals![node_id]))
     }
 
     /// Keeps every replica from asking `node_ids` to pull template `name`
     /// until `until_ms` (it is being deleted).
     pub fn hold_template_pulls(&self, node_ids: &[String], name: &str, until_ms: i64) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             for node in node_ids {
                 c.execute(
                     "INSERT INTO template_pulls (node_id, name, until_ms) VALUES (?1, ?2, ?3)
@@ -186,7 +191,7 @@ impl Store {
     }
 
     pub fn put_operation_node(&self, operation_id: &str, node_id: &str, tenant: &str) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO operation_nodes (operation_id, node_id, tenant) VALUES (?1, ?2, ?3)
                  ON CONFLICT (operation_id) DO NOTHING",
@@ -198,7 +203,7 @@ impl Store {
 
     /// The node and tenant of an operation.
     pub fn operation_node(&self, operation_id: &str) -> Result<Option<(String, String)>, StoreError> {
-        let row = self.tx(|c| {
+        let row = self.0.tx(|c| {
             c.query_one("SELECT node_id, tenant FROM operation_nodes WHERE operation_id = ?1", vals![operation_id])
         })?;
         row.map(|r| Ok((r.text(0)?, r.text(1)?))).transpose()

@@ -310,10 +310,10 @@ mod tests {
             "2026-01-01T00:00:00Z",
         );
         record.tenant = "acme".into();
-        store.put_sandbox(&record).unwrap();
-        store.put_sandbox(&record).unwrap();
+        store.node().put_sandbox(&record).unwrap();
+        store.node().put_sandbox(&record).unwrap();
         record.sandbox.state = SandboxState::Running;
-        store.put_sandbox(&record).unwrap();
+        store.node().put_sandbox(&record).unwrap();
         let events: Vec<Event> = store
             .events_from("acme", 0, &EventFilter::default(), 100)
             .unwrap()
@@ -332,10 +332,10 @@ mod tests {
     fn operations_are_progress_until_they_end_and_keep_their_first_tenant() {
         let (_dir, store) = store();
         let mut op = operation(OperationKind::Pause, "sbx_1");
-        store.put_operation(&op, "acme", None).unwrap();
+        store.node().put_operation(&op, "acme", None).unwrap();
         op.state = OperationState::Succeeded;
         // Updates name no tenant: the event is still the first writer's.
-        store.put_operation(&op, "", None).unwrap();
+        store.node().put_operation(&op, "", None).unwrap();
         let filter = EventFilter { types: vec![EventType::OperationFinished], sandbox_id: Some("sbx_1".into()) };
         let finished: Vec<Event> =
             store.events_from("acme", 0, &filter, 100).unwrap().iter().map(|e| e.parse().unwrap()).collect();
@@ -353,7 +353,7 @@ mod tests {
         let (_dir, store) = store();
         store.record_events(false);
         let op = operation(OperationKind::Pause, "sbx_1");
-        store.put_operation(&op, "acme", None).unwrap();
+        store.node().put_operation(&op, "acme", None).unwrap();
         assert!(store.events_from("acme", 0, &EventFilter::default(), 100).unwrap().is_empty());
         assert_eq!(*store.event_head().borrow(), 0);
     }

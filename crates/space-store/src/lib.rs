@@ -8,10 +8,12 @@
 //!
 //! This crate owns the tables and the SQL; it knows nothing of HTTP, of
 //! engines or of the node runtime, and takes and returns plain records.
-//! `Store`'s methods are grouped by the role whose tables they touch
-//! (`node`, `tenancy`, `cluster`, and the `events` log they share): one
-//! type serves every role for now, and each file is where that role's
-//! facade will sit.
+//! `Store` opens the database; its tables are reached through one facade
+//! per role, each in its own file: [`NodeStore`] (`store.node()`: a node's
+//! sandboxes, operations, commands, contexts and egress log),
+//! [`TenancyStore`] (`store.tenancy()`: tenants, keys, secrets) and
+//! [`ClusterStore`] (`store.cluster()`: nodes, placements, feeds). The
+//! event log every role writes to stays on `Store` itself.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -25,11 +27,11 @@ mod tenancy;
 
 use rusqlite::Connection;
 
-pub use self::cluster::{NodeRow, Placement};
+pub use self::cluster::{ClusterStore, NodeRow, Placement};
 use self::db::{Conn, Db, Value};
 pub use self::events::{new_event, EventFilter, FeedEvent, RawEvent, EVENTS_KEPT};
-pub use self::node::{EgressCa, SandboxRecord, EGRESS_EVENTS_KEPT};
-pub use self::tenancy::{KeyInfo, Quotas, SealedSecret, TenantSecret, OPERATOR_TENANT};
+pub use self::node::{EgressCa, NodeStore, SandboxRecord, EGRESS_EVENTS_KEPT};
+pub use self::tenancy::{KeyInfo, Quotas, SealedSecret, TenancyStore, TenantSecret, OPERATOR_TENANT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -120,6 +122,21 @@ impl Store {
             event_head: tokio::sync::watch::Sender::new(head.unwrap_or(0).max(0) as u64),
             recording: true.into(),
         })
+    }
+
+    /// A node's own tables.
+    pub fn node(&self) -> NodeStore<'_> {
+        NodeStore(self)
+    }
+
+    /// Tenants, keys and secrets.
+    pub fn tenancy(&self) -> TenancyStore<'_> {
+        TenancyStore(self)
+    }
+
+    /// A control plane's tables.
+    pub fn cluster(&self) -> ClusterStore<'_> {
+        ClusterStore(self)
     }
 
     fn tx<T>(&self, work: impl FnOnce(&mut dyn Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {

@@ -225,7 +225,7 @@ mod tests {
     fn a_fresh_database_gets_every_migration_once_and_a_reopen_changes_nothing() {
         let dir = TempDir::new("fresh");
         let store = Store::open(&dir.db()).unwrap();
-        store.put_sandbox(&record("sbx_1", "acme")).unwrap();
+        store.node().put_sandbox(&record("sbx_1", "acme")).unwrap();
         drop(store);
         let first = recorded(&dir.db());
         let versions: Vec<i64> = first.iter().map(|(v, _, _)| *v).collect();
@@ -236,7 +236,7 @@ mod tests {
         assert_eq!(sqlite(&mut conn, SQLITE).unwrap(), Vec::<i64>::new(), "a reopen applies nothing");
         drop(conn);
         let store = Store::open(&dir.db()).unwrap();
-        assert_eq!(store.sandbox_tenant("sbx_1").unwrap().as_deref(), Some("acme"));
+        assert_eq!(store.node().sandbox_tenant("sbx_1").unwrap().as_deref(), Some("acme"));
         drop(store);
         assert_eq!(recorded(&dir.db()), first, "each migration is recorded once, when it was applied");
     }
@@ -276,18 +276,18 @@ mod tests {
         drop(old);
 
         let store = Store::open(&dir.db()).unwrap();
-        let kept = store.sandbox("sbx_1").unwrap().expect("the old sandbox is still there");
+        let kept = store.node().sandbox("sbx_1").unwrap().expect("the old sandbox is still there");
         assert_eq!(kept.sandbox.last_activity_at, "2026-02-02T00:00:00Z");
-        assert_eq!(store.sandbox_tenant("sbx_1").unwrap().as_deref(), Some("acme"), "the owner column, filled");
-        let op = store.operation_by_key("default", "k1").unwrap().expect("an old operation is the operator's");
+        assert_eq!(store.node().sandbox_tenant("sbx_1").unwrap().as_deref(), Some("acme"), "the owner column, filled");
+        let op = store.node().operation_by_key("default", "k1").unwrap().expect("an old operation is the operator's");
         assert_eq!(op.id, "op_1");
         // The key is unique per tenant now: another tenant may use it.
         let mut theirs = op.clone();
         theirs.id = "op_2".into();
-        store.put_operation(&theirs, "acme", Some("k1")).unwrap();
+        store.node().put_operation(&theirs, "acme", Some("k1")).unwrap();
         // Tables schema 1 lacked are there, and writes record events.
-        store.put_sandbox(&record("sbx_2", "acme")).unwrap();
-        store.put_tenant("acme", &crate::Quotas::default()).unwrap();
+        store.node().put_sandbox(&record("sbx_2", "acme")).unwrap();
+        store.tenancy().put_tenant("acme", &crate::Quotas::default()).unwrap();
         assert!(!store.latest_events("acme", &crate::EventFilter::default(), 10).unwrap().is_empty());
         drop(store);
         let versions: Vec<i64> = recorded(&dir.db()).iter().map(|(v, _, _)| *v).collect();

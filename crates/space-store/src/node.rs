@@ -115,15 +115,19 @@ const LIVE_SANDBOXES: &str =
 /// Egress events kept per sandbox (the oldest go first).
 pub const EGRESS_EVENTS_KEPT: u32 = 10_000;
 
-impl Store {
+/// A node's own tables: its sandboxes, their operations, commands, code contexts and egress log.
+#[derive(Clone, Copy)]
+pub struct NodeStore<'a>(pub(crate) &'a Store);
+
+impl NodeStore<'_> {
     /// Records a sandbox; a new one, or one in another state than before,
     /// is also an event (in the same transaction).
     pub fn put_sandbox(&self, record: &SandboxRecord) -> Result<(), StoreError> {
         let body = serde_json::to_string(record)?;
         let id = &record.sandbox.id;
         let state = record.sandbox.state.as_str();
-        let recording = self.recording();
-        let event = self.tx(|c| {
+        let recording = self.0.recording();
+        let event = self.0.tx(|c| {
             let before = c.query_one("SELECT state FROM sandboxes WHERE id = ?1", vals![id])?;
             let before = before.map(|r| r.text(0)).transpose()?;
             c.execute(
@@ -144,20 +148,21 @@ impl Store {
             item.sandbox = Some(sandbox);
             events::insert(c, &record.tenant, &item).map(Some)
         })?;
-        self.announce(event);
+        self.0.announce(event);
         Ok(())
     }
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
-        let row = self.tx(|c| {
+        let row = self.0.tx(|c| {
             c.query_one("SELECT body, last_activity_at, network, lifecycle FROM sandboxes WHERE id = ?1", vals![id])
         })?;
         row.map(|r| sandbox_from_row(sandbox_row(&r)?)).transpose()
     }
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        let rows =
-            self.tx(|c| c.query("SELECT body, last_activity_at, network, lifecycle FROM sandboxes ORDER BY seq", &[]))?;
+        let rows = self
+            .0
+            .tx(|c| c.query("SELECT body, last_activity_at, network, lifecycle FROM sandboxes ORDER BY seq", &[]))?;
         rows.iter().map(|r| sandbox_from_row(sandbox_row(r)?)).collect()
     }
 
@@ -166,14 +171,14 @@ impl Store {
     /// for their history and would otherwise be read (and parsed) on every
     /// create; a partial index keeps this to the live rows.
     pub fn live_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        let rows = self.tx(|c| c.query(LIVE_SANDBOXES, &[]))?;
+        let rows = self.0.tx(|c| c.query(LIVE_SANDBOXES, &[]))?;
         rows.iter().map(|r| sandbox_from_row(sandbox_row(r)?)).collect()
     }
 
     /// Records activity (a command started or ended) without touching the
     /// record the sandbox's actor owns.
     pub fn touch_sandbox(&self, id: &str, at: &str) -> Result<(), StoreError> {
-        self.tx(|c| c.execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", vals![id, at]))?;
+        self.0.tx(|c| c.execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", vals![id, at]))?;
         Ok(())
     }
 
@@ -181,14 +186,14 @@ impl Store {
     /// sandbox's actor owns (the column wins over the body's copy).
     pub fn set_sandbox_network(&self, id: &str, network: &space_api::Network) -> Result<bool, StoreError> {
         let json = serde_json::to_string(network)?;
-        Ok(self.tx(|c| c.execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", vals![id, json]))? > 0)
+        Ok(self.0.tx(|c| c.execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", vals![id, json]))? > 0)
     }
 
     /// Replaces a sandbox's lifecycle policies without touching the record
     /// the sandbox's actor owns (the column wins over the body's copy).
     pub fn set_sandbox_lifecycle(&self, id: &str, lifecycle: &space_api::Lifecycle) -> Result<bool, StoreError> {
         let json = serde_json::to_string(lifecycle)?;
-        Ok(self.tx(|c| c.execute("UPDATE sandboxes SET lifecycle = ?2 WHERE id = ?1", vals![id, json]))? > 0)
+        Ok(self.0.tx(|c| c.execute("UPDATE sandboxes SET lifecycle = ?2 WHERE id = ?1", vals![id, json]))? > 0)
     }
 
     /// Records an operation; `tenant` and the key are kept from the first write.
@@ -199,8 +204,8 @@ impl Store {
         idempotency_key: Option<&str>,
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(operation)?;
-        let recording = self.recording();
-        let event = self.tx(|c| {
+        let recording = self.0.recording();
+        let event = self.0.tx(|c| {
             c.execute(
                 "INSERT INTO operations (id, seq, sandbox_id, idempotency_key, body, tenant)
                  VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM operations), ?2, ?3, ?4, ?5)
@@ -223,53 +228,53 @@ impl Store {
             item.operation = Some(operation.clone());
             events::insert(c, &tenant, &item).map(Some)
         })?;
-        self.announce(event);
+        self.0.announce(event);
         Ok(())
     }
 
     /// The tenant that owns a sandbox, without reading the whole record
     /// (asked on every request naming a sandbox).
     pub fn sandbox_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
-        let row = self.tx(|c| c.query_one("SELECT tenant FROM sandboxes WHERE id = ?1", vals![id]))?;
+        let row = self.0.tx(|c| c.query_one("SELECT tenant FROM sandboxes WHERE id = ?1", vals![id]))?;
         row.map(|r| Ok(r.opt_text(0)?.unwrap_or_else(operator_tenant))).transpose()
     }
 
     /// The tenant that owns an operation.
     pub fn operation_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
-        self.text("SELECT tenant FROM operations WHERE id = ?1", vals![id])
+        self.0.text("SELECT tenant FROM operations WHERE id = ?1", vals![id])
     }
 
     pub fn operation(&self, id: &str) -> Result<Option<Operation>, StoreError> {
-        self.one("SELECT body FROM operations WHERE id = ?1", vals![id])
+        self.0.one("SELECT body FROM operations WHERE id = ?1", vals![id])
     }
 
     pub fn operation_by_key(&self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
-        self.one("SELECT body FROM operations WHERE tenant = ?1 AND idempotency_key = ?2", vals![tenant, key])
+        self.0.one("SELECT body FROM operations WHERE tenant = ?1 AND idempotency_key = ?2", vals![tenant, key])
     }
 
     pub fn operations(&self, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
         match sandbox_id {
-            Some(id) => self.many("SELECT body FROM operations WHERE sandbox_id = ?1 ORDER BY seq", vals![id]),
-            None => self.many("SELECT body FROM operations ORDER BY seq", &[]),
+            Some(id) => self.0.many("SELECT body FROM operations WHERE sandbox_id = ?1 ORDER BY seq", vals![id]),
+            None => self.0.many("SELECT body FROM operations ORDER BY seq", &[]),
         }
     }
 
     /// A tenant's operations, optionally of one sandbox.
     pub fn tenant_operations(&self, tenant: &str, sandbox_id: Option<&str>) -> Result<Vec<Operation>, StoreError> {
         match sandbox_id {
-            Some(id) => self.many(
+            Some(id) => self.0.many(
                 "SELECT body FROM operations WHERE tenant = ?1 AND sandbox_id = ?2 ORDER BY seq",
                 vals![tenant, id],
             ),
-            None => self.many("SELECT body FROM operations WHERE tenant = ?1 ORDER BY seq", vals![tenant]),
+            None => self.0.many("SELECT body FROM operations WHERE tenant = ?1 ORDER BY seq", vals![tenant]),
         }
     }
 
     /// Records a command; its start and its end are also events.
     pub fn put_command(&self, command: &Command) -> Result<(), StoreError> {
         let body = serde_json::to_string(command)?;
-        let recording = self.recording();
-        let event = self.tx(|c| {
+        let recording = self.0.recording();
+        let event = self.0.tx(|c| {
             let before = c.query_one("SELECT body FROM commands WHERE id = ?1", vals![command.id.as_str()])?;
             let ended_before = match before {
                 Some(row) => Some(serde_json::from_str::<Command>(&row.text(0)?)?.result.is_some()),
@@ -296,12 +301,12 @@ impl Store {
             item.command = Some(command.clone());
             events::insert(c, &tenant, &item).map(Some)
         })?;
-        self.announce(event);
+        self.0.announce(event);
         Ok(())
     }
 
     pub fn put_command_stream(&self, command_id: &str, stream: u32, timeout_s: u64) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO command_streams (command_id, stream, timeout_s) VALUES (?1, ?2, ?3)
                  ON CONFLICT (command_id) DO UPDATE SET stream = excluded.stream, timeout_s = excluded.timeout_s",
@@ -315,7 +320,7 @@ impl Store {
     /// again needs).
     pub fn put_context(&self, id: &str, sandbox_id: &str, body: &serde_json::Value) -> Result<(), StoreError> {
         let body = body.to_string();
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO contexts (id, sandbox_id, body) VALUES (?1, ?2, ?3)
                  ON CONFLICT (id) DO UPDATE SET body = excluded.body",
@@ -326,19 +331,19 @@ impl Store {
     }
 
     pub fn delete_context(&self, id: &str) -> Result<(), StoreError> {
-        self.tx(|c| c.execute("DELETE FROM contexts WHERE id = ?1", vals![id]))?;
+        self.0.tx(|c| c.execute("DELETE FROM contexts WHERE id = ?1", vals![id]))?;
         Ok(())
     }
 
     /// A sandbox's recorded code contexts.
     pub fn contexts(&self, sandbox_id: &str) -> Result<Vec<serde_json::Value>, StoreError> {
-        self.many("SELECT body FROM contexts WHERE sandbox_id = ?1 ORDER BY id", vals![sandbox_id])
+        self.0.many("SELECT body FROM contexts WHERE sandbox_id = ?1 ORDER BY id", vals![sandbox_id])
     }
 
     /// Records an egress event, keeping the newest [`EGRESS_EVENTS_KEPT`].
     pub fn put_egress_event(&self, sandbox_id: &str, event: &space_api::EgressEvent) -> Result<(), StoreError> {
         let body = serde_json::to_string(event)?;
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute("INSERT INTO egress_events (sandbox_id, body) VALUES (?1, ?2)", vals![sandbox_id, body])?;
             c.execute(
                 "DELETE FROM egress_events WHERE sandbox_id = ?1 AND seq <= (SELECT seq FROM egress_events \
@@ -351,7 +356,7 @@ impl Store {
 
     /// A sandbox's egress events, oldest first: the newest `limit`.
     pub fn egress_events(&self, sandbox_id: &str, limit: u32) -> Result<Vec<space_api::EgressEvent>, StoreError> {
-        self.many(
+        self.0.many(
             "SELECT body FROM (SELECT seq, body FROM egress_events WHERE sandbox_id = ?1 ORDER BY seq DESC LIMIT ?2) \
              AS newest ORDER BY seq",
             vals![sandbox_id, limit],
@@ -360,18 +365,18 @@ impl Store {
 
     /// The agent stream and timeout of a command, if recorded.
     pub fn command_stream(&self, command_id: &str) -> Result<Option<(u32, u64)>, StoreError> {
-        let row = self.tx(|c| {
+        let row = self.0.tx(|c| {
             c.query_one("SELECT stream, timeout_s FROM command_streams WHERE command_id = ?1", vals![command_id])
         })?;
         row.map(|r| Ok((r.int(0)?.clamp(0, u32::MAX.into()) as u32, r.int(1)?.max(0) as u64))).transpose()
     }
 
     pub fn command(&self, id: &str) -> Result<Option<Command>, StoreError> {
-        self.one("SELECT body FROM commands WHERE id = ?1", vals![id])
+        self.0.one("SELECT body FROM commands WHERE id = ?1", vals![id])
     }
 
     pub fn commands(&self, sandbox_id: &str) -> Result<Vec<Command>, StoreError> {
-        self.many("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq", vals![sandbox_id])
+        self.0.many("SELECT body FROM commands WHERE sandbox_id = ?1 ORDER BY seq", vals![sandbox_id])
     }
 }
 
@@ -394,11 +399,11 @@ mod tests {
             let lifecycle = Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause: None };
             let mut record = SandboxRecord::sample(state, lifecycle, "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z");
             record.sandbox.id = format!("sbx_{n}");
-            store.put_sandbox(&record).unwrap();
+            store.node().put_sandbox(&record).unwrap();
         }
         let ids = |records: Vec<SandboxRecord>| records.into_iter().map(|r| r.sandbox.id).collect::<Vec<_>>();
-        assert_eq!(ids(store.live_sandboxes().unwrap()), ["sbx_0", "sbx_2", "sbx_3"]);
-        assert_eq!(store.sandboxes().unwrap().len(), 4, "deleted records stay for their history");
+        assert_eq!(ids(store.node().live_sandboxes().unwrap()), ["sbx_0", "sbx_2", "sbx_3"]);
+        assert_eq!(store.node().sandboxes().unwrap().len(), 4, "deleted records stay for their history");
         let Db::Sqlite(conn) = &store.db else { unreachable!("an in-memory store is SQLite") };
         let conn = conn.lock().unwrap();
         let plan = |sql: &str| -> String {

@@ -49,10 +49,14 @@ pub type SealedSecret = (Vec<String>, Vec<u8>);
 /// A sealed secret with its tenant and name.
 pub type TenantSecret = (String, String, SealedSecret);
 
-impl Store {
+/// Who may do what: tenants and their quotas, API keys, and secrets at rest.
+#[derive(Clone, Copy)]
+pub struct TenancyStore<'a>(pub(crate) &'a Store);
+
+impl TenancyStore<'_> {
     pub fn put_tenant(&self, name: &str, quotas: &Quotas) -> Result<(), StoreError> {
         let quotas = serde_json::to_string(quotas)?;
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO tenants (name, quotas) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET quotas = excluded.quotas",
                 vals![name, quotas],
@@ -62,11 +66,11 @@ impl Store {
     }
 
     pub fn tenant_quotas(&self, name: &str) -> Result<Quotas, StoreError> {
-        Ok(self.one("SELECT quotas FROM tenants WHERE name = ?1", vals![name])?.unwrap_or_default())
+        Ok(self.0.one("SELECT quotas FROM tenants WHERE name = ?1", vals![name])?.unwrap_or_default())
     }
 
     pub fn put_key(&self, id: &str, tenant: &str, hash: &str, at: &str) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO api_keys (id, tenant, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
                 vals![id, tenant, hash, at],
@@ -77,11 +81,12 @@ impl Store {
 
     /// The tenant of a key that is not revoked, by the key's hash.
     pub fn key_tenant(&self, hash: &str) -> Result<Option<String>, StoreError> {
-        self.text("SELECT tenant FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL", vals![hash])
+        self.0.text("SELECT tenant FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL", vals![hash])
     }
 
     pub fn keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
         let rows = self
+            .0
             .tx(|c| c.query("SELECT id, tenant, created_at, revoked_at FROM api_keys ORDER BY created_at, id", &[]))?;
         rows.iter()
             .map(|r| {
@@ -92,7 +97,7 @@ impl Store {
 
     /// Revokes a key; false if there is no such key.
     pub fn revoke_key(&self, id: &str, at: &str) -> Result<bool, StoreError> {
-        let changed = self.tx(|c| {
+        let changed = self.0.tx(|c| {
             c.execute("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1", vals![id, at])
         })?;
         Ok(changed > 0)
@@ -107,7 +112,7 @@ impl Store {
         at: &str,
     ) -> Result<(), StoreError> {
         let hosts = serde_json::to_string(hosts)?;
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute(
                 "INSERT INTO secrets (tenant, name, hosts, sealed, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
                  ON CONFLICT (tenant, name) DO UPDATE SET hosts = excluded.hosts, sealed = excluded.sealed,
@@ -121,19 +126,21 @@ impl Store {
 
     /// How many times a cluster's secrets changed (0 outside PostgreSQL).
     pub fn secrets_epoch(&self) -> Result<u64, StoreError> {
-        self.tx(|c| match c.postgres() {
-            true => {
-                Ok(c.query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?.map(|r| r.int(0)).transpose()?)
-            }
-            false => Ok(None),
-        })
-        .map(|epoch| epoch.unwrap_or(0).max(0) as u64)
+        self.0
+            .tx(|c| match c.postgres() {
+                true => Ok(c
+                    .query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?
+                    .map(|r| r.int(0))
+                    .transpose()?),
+                false => Ok(None),
+            })
+            .map(|epoch| epoch.unwrap_or(0).max(0) as u64)
     }
 
     /// Every tenant's secrets (sealed), and the count of changes they are
     /// as of: what a cluster's nodes are sent.
     pub fn all_secrets(&self) -> Result<(u64, Vec<TenantSecret>), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             let epoch = match c.postgres() {
                 true => {
                     c.query_one("SELECT epoch FROM secrets_epoch WHERE id = 1", &[])?.map(|r| r.int(0)).transpose()?
@@ -151,7 +158,7 @@ impl Store {
 
     /// Replaces every secret with `secrets` (a node, sent its cluster's).
     pub fn replace_secrets(&self, secrets: &[TenantSecret], at: &str) -> Result<(), StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             c.execute("DELETE FROM secrets", &[])?;
             for (tenant, name, (hosts, sealed)) in secrets {
                 let hosts = serde_json::to_string(hosts)?;
@@ -167,7 +174,7 @@ impl Store {
 
     /// A tenant's secrets, without values.
     pub fn secrets(&self, tenant: &str) -> Result<Vec<SecretInfo>, StoreError> {
-        let rows = self.tx(|c| {
+        let rows = self.0.tx(|c| {
             c.query(
                 "SELECT name, hosts, created_at, updated_at FROM secrets WHERE tenant = ?1 ORDER BY name",
                 vals![tenant],
@@ -187,14 +194,14 @@ impl Store {
 
     /// A secret's hosts and sealed value.
     pub fn secret(&self, tenant: &str, name: &str) -> Result<Option<SealedSecret>, StoreError> {
-        let row = self.tx(|c| {
+        let row = self.0.tx(|c| {
             c.query_one("SELECT hosts, sealed FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name])
         })?;
         row.map(|r| Ok((serde_json::from_str(&r.text(0)?)?, r.bytes(1)?))).transpose()
     }
 
     pub fn delete_secret(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        self.tx(|c| {
+        self.0.tx(|c| {
             let gone = c.execute("DELETE FROM secrets WHERE tenant = ?1 AND name = ?2", vals![tenant, name])? > 0;
             if gone {
                 bump_epoch(c)?;

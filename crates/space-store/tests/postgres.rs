@@ -27,7 +27,7 @@ fn a_database_from_before_versions_comes_up_with_its_rows_and_a_reconnect_change
     admin.batch_execute("INSERT INTO tenants (name, quotas) VALUES ('acme', '{\"max_sandboxes\": 3}')").unwrap();
 
     let store = Store::connect(&pg.url).unwrap();
-    assert_eq!(store.tenant_quotas("acme").unwrap().max_sandboxes, Some(3), "the old rows are kept");
+    assert_eq!(store.tenancy().tenant_quotas("acme").unwrap().max_sandboxes, Some(3), "the old rows are kept");
     drop(store);
     let first = recorded(&mut admin);
     let versions: Vec<i64> = first.iter().map(|(v, _, _)| *v).collect();

@@ -55,7 +55,7 @@ pub(crate) fn keys(command: KeysCommand) -> Result<()> {
         }
         KeysCommand::Ls { data_dir, database } => {
             println!("{:<26} {:<20} {:<26} REVOKED", "ID", "TENANT", "CREATED");
-            for key in open(&data_dir, database)?.keys()? {
+            for key in open(&data_dir, database)?.tenancy().keys()? {
                 println!(
                     "{:<26} {:<20} {:<26} {}",
                     key.id,
@@ -66,7 +66,7 @@ pub(crate) fn keys(command: KeysCommand) -> Result<()> {
             }
         }
         KeysCommand::Revoke { id, data_dir, database } => {
-            if !open(&data_dir, database)?.revoke_key(&id, &space_server::ids::now())? {
+            if !open(&data_dir, database)?.tenancy().revoke_key(&id, &space_server::ids::now())? {
                 bail!("no key {id:?}");
             }
             eprintln!("revoked {id}");

@@ -86,7 +86,7 @@ pub async fn create(
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn list(path: SandboxPath, State(state): State<AppState>, _: NoQuery) -> Result<Json<CommandList>, ApiError> {
-    Ok(Json(CommandList { commands: state.platform.store.commands(path.sandbox.id())? }))
+    Ok(Json(CommandList { commands: state.platform.store.node().commands(path.sandbox.id())? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", tag = "commands",

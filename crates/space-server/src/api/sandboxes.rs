@@ -25,7 +25,7 @@ pub(super) fn replay(
     kind: OperationKind,
 ) -> Result<Option<SandboxOperation>, ApiError> {
     let Some(key) = key else { return Ok(None) };
-    let Some(operation) = state.platform.store.operation_by_key(&caller.tenant, key)? else {
+    let Some(operation) = state.platform.store.node().operation_by_key(&caller.tenant, key)? else {
         return Ok(None);
     };
     if operation.kind != kind {
@@ -134,6 +134,7 @@ pub async fn list(
     let sandboxes = state
         .platform
         .store
+        .node()
         .sandboxes()?
         .into_iter()
         .filter(|record| record.tenant == caller.tenant)

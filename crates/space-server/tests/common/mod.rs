@@ -275,7 +275,7 @@ impl Drop for TestServer {
         let platform = self.platform.clone();
         runtime.block_on(async move {
             platform.warm.drain().await;
-            for record in platform.store.sandboxes().unwrap_or_default() {
+            for record in platform.store.node().sandboxes().unwrap_or_default() {
                 if record.sandbox.state == space_api::SandboxState::Deleted {
                     continue;
                 }

@@ -199,10 +199,10 @@ fn a_sandbox_recorded_creating_without_its_create_is_failed() {
     let node = world.start();
     let id = node.create();
     // The restart fell between writing the record and its operation.
-    let mut record = node.platform.store.sandbox(&id).unwrap().unwrap();
+    let mut record = node.platform.store.node().sandbox(&id).unwrap().unwrap();
     record.sandbox.id = "sbx_00000000000000000000".into();
     record.sandbox.state = SandboxState::Creating;
-    node.platform.store.put_sandbox(&record).unwrap();
+    node.platform.store.node().put_sandbox(&record).unwrap();
     let orphan = record.sandbox.id.clone();
     node.kill();
     let node = world.start();

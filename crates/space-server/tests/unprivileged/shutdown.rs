@@ -55,7 +55,7 @@ fn after_a_shutdown_no_policy_acts() {
     let watched = (took * 2).max(Duration::from_secs(3));
     let acted = world.engine.wait_until(watched, |engine| engine.idle(&after) || engine.count(Call::Pause, &after) > 0);
     assert!(!acted, "the sandbox was told it is idle or paused after the shutdown");
-    let operations = node.platform.store.operations(Some(&after)).unwrap();
+    let operations = node.platform.store.node().operations(Some(&after)).unwrap();
     assert!(operations.iter().all(|op| op.kind == space_api::OperationKind::Create), "{operations:?}");
     assert_eq!(world.engine.status_of(&after), LiveStatus::Running);
 }
