@@ -237,7 +237,7 @@ pub fn switch_user(uid: u32, gid: u32) -> Result<(), ConfineError> {
 }
 
 /// Limits the file system to `read_write` and `read_only` (and what lies
-/// beneath them), and scopes abstract Unix sockets and signals to this
+/// beneath them) and the process's own `/proc/self`, and scopes abstract Unix sockets and signals to this
 /// process and its children.
 pub fn restrict_paths(read_write: &[PathBuf], read_only: &[PathBuf]) -> Result<(Landlock, Vec<PathBuf>), ConfineError> {
     let existing = |paths: &[PathBuf], missing: &mut Vec<PathBuf>| -> Vec<PathBuf> {
@@ -247,7 +247,10 @@ pub fn restrict_paths(read_write: &[PathBuf], read_only: &[PathBuf]) -> Result<(
     };
     let mut missing = Vec::new();
     let read_write = existing(read_write, &mut missing);
-    let read_only = existing(read_only, &mut missing);
+    let mut read_only = existing(read_only, &mut missing);
+    // Its own /proc entry (which shows only itself): its status, for
+    // `space doctor`, and its descriptors.
+    read_only.push(PathBuf::from("/proc/self"));
     let all = AccessFs::from_all(LANDLOCK_ABI);
     let status = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
