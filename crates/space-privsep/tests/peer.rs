@@ -117,6 +117,30 @@ async fn a_descriptor_the_request_does_not_announce_is_refused() {
 }
 
 #[tokio::test]
+async fn more_descriptors_than_a_message_may_carry_are_refused_and_closed() {
+    let (helper, client) = pair();
+    let frame = proto::encode(&Request::Pause { sandbox: sandbox() }).unwrap();
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let raw = [read.as_raw_fd(), read.as_raw_fd()];
+    let client = client.into_std().unwrap();
+    client.set_nonblocking(false).unwrap();
+    sendmsg::<()>(
+        client.as_raw_fd(),
+        &[IoSlice::new(&frame)],
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    drop(read);
+    let err = timeout(DEADLINE, helper.recv()).await.unwrap().unwrap_err();
+    assert!(matches!(err, PeerError::TooManyDescriptors), "{err}");
+    // Neither copy stayed open in the helper: the pipe has no reader left.
+    let written = nix::unistd::write(&write, b"x");
+    assert_eq!(written, Err(nix::errno::Errno::EPIPE));
+}
+
+#[tokio::test]
 async fn an_oversized_frame_is_refused_before_its_body_is_read() {
     let (helper, mut client) = pair();
     // No body follows: the refusal must come from the header alone.
