@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The template E2B's code interpreter creates its sandboxes from; SPACE's
@@ -99,6 +100,53 @@ pub fn page(mut listed: Vec<(SystemTime, Value)>, query: &BTreeMap<String, Strin
     Ok(Page { items, next_token })
 }
 
+/// E2B's `Sandbox`: what a node's adapter answers a create (and a connect)
+/// with, which a cluster's control plane reads to record where the new
+/// sandbox lives before passing the answer on as sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub alias: String,
+    pub envd_version: String,
+    pub envd_access_token: String,
+    pub traffic_access_token: String,
+    pub domain: Option<String>,
+}
+
+/// E2B's `ListedSandbox`: an item of its sandbox list, as a node's adapter
+/// answers it; a cluster's control plane merges every node's and pages
+/// them by `startedAt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    pub alias: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339.
+    pub end_at: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u32,
+    /// `running` or `paused`.
+    pub state: String,
+    pub envd_version: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -127,6 +175,22 @@ mod tests {
         assert_eq!(ascending.items, vec![Value::from(1), 2.into(), 3.into()]);
         assert!(page(listed.clone(), &query(&[("limit", "0")])).is_err());
         assert!(page(listed, &query(&[("nextToken", "x")])).is_err());
+    }
+
+    #[test]
+    fn e2b_answers_read_as_the_adapter_writes_them() {
+        let listed = r#"{"templateID": "base", "alias": "base", "sandboxID": "sbx-1", "clientID": "space",
+            "startedAt": "2024-01-02T03:04:05Z", "endAt": "2124-01-02T03:04:05Z", "cpuCount": 1, "memoryMB": 512,
+            "diskSizeMB": 1024, "state": "running", "envdVersion": "0.5.7", "metadata": {"k": "v"}}"#;
+        let item: ListedSandbox = serde_json::from_str(listed).unwrap();
+        assert_eq!((item.sandbox_id.as_str(), item.memory_mb), ("sbx-1", 512));
+        let again: Value = serde_json::to_value(&item).unwrap();
+        assert_eq!(again, serde_json::from_str::<Value>(listed).unwrap(), "written back as it was read");
+        let created = r#"{"templateID": "base", "sandboxID": "sbx-1", "clientID": "space", "alias": "base",
+            "envdVersion": "0.5.7", "envdAccessToken": "t", "trafficAccessToken": "u", "domain": null}"#;
+        assert_eq!(serde_json::from_str::<CreatedSandbox>(created).unwrap().sandbox_id, "sbx-1");
+        let partial = r#"{"sandboxID": "sbx-1"}"#;
+        assert!(serde_json::from_str::<CreatedSandbox>(partial).is_err(), "an answer short of E2B's shape");
     }
 
     #[test]

@@ -11,12 +11,14 @@ use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use space_api::{ErrorCode, Sandbox, SandboxState};
+use space_api::{ErrorCode, SandboxState};
 use space_core::tenants::Caller;
 
 use crate::error::ControlError;
-use crate::forward::{forward, read_answer, relay_to};
+use crate::forward::{forward, relay_to};
+use crate::node_client::NodeClient;
 use crate::place::place;
+use crate::quotas::Wanted;
 use crate::state::{live_node, mark_gone, nodes, now_ms, ControlPlane};
 
 /// An error in E2B's REST shape, `{"code": <status>, "message": "..."}`,
@@ -104,6 +106,14 @@ pub(crate) async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response,
     }
 }
 
+/// What the control plane reads of E2B's create body: its template. The
+/// rest is the node's to read (and refuse).
+#[derive(Debug, Default, serde::Deserialize)]
+struct E2bCreateBody {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+}
+
 /// E2B's create: placed like `/v1`'s (its `templateID`, default `base`),
 /// and recorded with the sandbox as `/v1` shows it.
 async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, E2bError> {
@@ -111,35 +121,38 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
         .await
         .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request body is too large"))?;
-    // The body as sent (the node validates it): only its template is read.
-    let body: serde_json::Value = match bytes.is_empty() {
-        true => json!({}),
+    // The body as sent (the node validates it): only its template is read,
+    // E2B's default (`base`) when it names none, as the adapter reads it.
+    let body: E2bCreateBody = match bytes.is_empty() {
+        true => E2bCreateBody::default(),
         false => serde_json::from_slice(&bytes).map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()))?,
     };
-    let name = body["templateID"].as_str().unwrap_or("base");
+    let name = body.template_id.as_deref().unwrap_or("base");
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let placed = place(cp, caller, &json!({"template": name}), key.as_deref()).await;
+    let wanted = |template| Wanted { template, vcpus: None, memory_mib: None };
+    let placed = place(cp, caller, &wanted(name), key.as_deref()).await;
     let (node, allowance) = match placed {
         // E2B's code interpreter template, served by SPACE's (as on a node).
         Err(err) if err.code == ErrorCode::TemplateNotFound && name == space_api::e2b::E2B_CODE_INTERPRETER => {
-            let served = json!({"template": space_host::template::CODE_INTERPRETER_TEMPLATE});
+            let served = wanted(space_host::template::CODE_INTERPRETER_TEMPLATE);
             place(cp, caller, &served, key.as_deref()).await?
         }
         placed => placed?,
     };
     parts.extensions.insert(allowance);
     let response = forward(cp, &node, caller, Request::from_parts(parts, Body::from(bytes))).await?;
-    if !response.status().is_success() {
+    let client = NodeClient::new(cp, &node);
+    let (response, created) = client.e2b_created(response).await.map_err(|e| e.into_control(&node.id))?;
+    let Some(created) = created else {
         return Ok(response);
-    }
-    let (response, answer) = read_answer::<serde_json::Value>(response).await?;
-    let id = answer.as_ref().and_then(|a| a["sandboxID"].as_str()).unwrap_or_default().to_string();
-    let request = Request::get(format!("/v1/sandboxes/{id}"))
-        .body(Body::empty())
-        .map_err(|e| ControlError::internal("a request", e))?;
-    if let (_, Some(sandbox)) = read_answer::<Sandbox>(forward(cp, &node, caller, request).await?).await? {
-        let kept = serde_json::to_string(&sandbox).map_err(|e| ControlError::internal("a sandbox", e))?;
-        cp.store.cluster().put_placement(&id, &node.id, &caller.tenant, &kept, now_ms())?;
+    };
+    // Kept as `/v1` shows it, which E2B's answer is not.
+    let sandbox = client.sandbox(caller, &created.sandbox_id).await.map_err(|e| e.into_control(&node.id))?;
+    // None: deleted already (by a caller quicker than this answer), so
+    // there is nothing to place.
+    if let Some(sandbox) = sandbox {
+        let kept = serde_json::to_string(&sandbox).map_err(|e| ControlError::internal("keeping a sandbox", e))?;
+        cp.store.cluster().put_placement(&sandbox.id, &node.id, &caller.tenant, &kept, now_ms())?;
     }
     Ok(response)
 }
@@ -157,16 +170,16 @@ async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Re
     let path = format!("{}?{}", request.uri().path(), asked.join("&"));
     let mut listed = Vec::new();
     for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
-        let asking = Request::get(&path).body(Body::empty()).map_err(|e| ControlError::internal("a request", e))?;
-        let response = forward(cp, &node.row, caller, asking).await?;
-        if !response.status().is_success() {
-            return Ok(response);
-        }
-        // E2B's list items, passed on as the node wrote them.
-        if let (_, Some(some)) = read_answer::<Vec<serde_json::Value>>(response).await? {
-            listed.extend(
-                some.into_iter().map(|s| (space_api::e2b::parse_time(s["startedAt"].as_str().unwrap_or("")), s)),
-            );
+        let client = NodeClient::new(cp, &node.row);
+        let some = match client.e2b_list(caller, &path).await.map_err(|e| e.into_control(&node.row.id))? {
+            Ok(some) => some,
+            // Refused in E2B's shape: passed on as the node answered.
+            Err(refused) => return Ok(refused),
+        };
+        for item in some {
+            let started = space_api::e2b::parse_time(&item.started_at);
+            let item = serde_json::to_value(&item).map_err(|e| ControlError::internal("an E2B list item", e))?;
+            listed.push((started, item));
         }
     }
     let page =

@@ -7,17 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::Request;
-use axum::http::StatusCode;
-use space_api::cluster::{FeedEvent, EVENTS_PATH, HEARTBEAT, LEASE};
+use space_api::cluster::{HEARTBEAT, LEASE};
 use space_api::{Event, EventType, Sandbox};
 use space_core::tenants::Caller;
 use space_http::events::EventLog;
 use space_store::{NodeRow, Store};
+use tokio::task::AbortHandle;
 
 use crate::error::ControlError;
-use crate::forward::{forward, read_answer};
+use crate::node_client::{CallError, NodeClient};
 use crate::state::{lost_sandbox, nodes, now_ms, ControlPlane, Node};
 
 /// The control plane's event log: what it took in from every node.
@@ -30,17 +28,8 @@ impl EventLog for ControlPlane {
 /// Why following a node's feed stopped.
 #[derive(Debug, thiserror::Error)]
 enum FeedError {
-    /// The node could not be reached through the control plane's forward.
-    #[error("{}", .0.message)]
-    Forward(ControlError),
-    #[error("making the request: {0}")]
-    Request(#[from] axum::http::Error),
-    #[error("it answered {0}")]
-    Status(StatusCode),
-    #[error("reading its answer: {0}")]
-    Body(#[source] axum::Error),
-    #[error("a line of its feed: {0}")]
-    Line(#[source] serde_json::Error),
+    #[error(transparent)]
+    Call(#[from] CallError),
     #[error("taking its events in: {0}")]
     Store(#[from] space_store::StoreError),
     #[error("another replica follows it now")]
@@ -53,10 +42,11 @@ enum FeedError {
 /// live nodes nobody else follows (in PostgreSQL, renewed every
 /// [`HEARTBEAT`], lapsing after [`LEASE`]) and takes their events in;
 /// announces a lost node's sandboxes as failed, and as they are when it
-/// comes back.
-pub async fn follow_feeds(cp: Arc<ControlPlane>) {
+/// comes back. Each feed's follower is one of the control plane's tasks,
+/// so a shutdown stops it with this loop.
+pub(crate) async fn follow_feeds(cp: Arc<ControlPlane>) {
     let owner = space_core::ids::new_id("replica");
-    let mut following: HashMap<String, tokio::task::JoinHandle<()>> = Default::default();
+    let mut following: HashMap<String, AbortHandle> = Default::default();
     loop {
         following.retain(|_, task| !task.is_finished());
         if let Err(err) = feeds_once(&cp, &owner, &mut following).await {
@@ -69,7 +59,7 @@ pub async fn follow_feeds(cp: Arc<ControlPlane>) {
 async fn feeds_once(
     cp: &Arc<ControlPlane>,
     owner: &str,
-    following: &mut HashMap<String, tokio::task::JoinHandle<()>>,
+    following: &mut HashMap<String, AbortHandle>,
 ) -> Result<(), ControlError> {
     for node in nodes(cp)? {
         let id = node.row.id.clone();
@@ -91,20 +81,29 @@ async fn feeds_once(
         };
         if cp.store.cluster().mark_feed_lost(&id, false)? {
             // One request per sandbox it has: not in the way of the claims.
-            let (cp, row) = (cp.clone(), node.row.clone());
-            tokio::spawn(async move {
-                if let Err(err) = announce_back(&cp, &row).await {
-                    tracing::warn!(node = %row.id, "announcing its sandboxes back: {}", err.message);
+            let announce = {
+                let (cp, row) = (cp.clone(), node.row.clone());
+                async move {
+                    if let Err(err) = announce_back(&cp, &row).await {
+                        tracing::warn!(node = %row.id, "announcing its sandboxes back: {}", err.message);
+                    }
                 }
-            });
+            };
+            cp.tasks.spawn(announce);
         }
         if let std::collections::hash_map::Entry::Vacant(entry) = following.entry(id) {
-            let (cp, owner, row) = (cp.clone(), owner.to_string(), node.row.clone());
-            entry.insert(tokio::spawn(async move {
-                if let Err(err) = take_feed(&cp, &owner, &row, last).await {
-                    tracing::warn!(node = %row.id, "its events: {err}");
+            let follow = {
+                let (cp, owner, row) = (cp.clone(), owner.to_string(), node.row.clone());
+                async move {
+                    if let Err(err) = take_feed(&cp, &owner, &row, last).await {
+                        tracing::warn!(node = %row.id, "its events: {err}");
+                    }
                 }
-            }));
+            };
+            // None: the control plane is shutting down.
+            if let Some(follower) = cp.tasks.spawn(follow) {
+                entry.insert(follower);
+            }
         }
     }
     Ok(())
@@ -113,26 +112,9 @@ async fn feeds_once(
 /// Follows one node's feed from after `last`, taking each batch in while
 /// this replica's claim holds.
 async fn take_feed(cp: &ControlPlane, owner: &str, node: &NodeRow, mut last: u64) -> Result<(), FeedError> {
-    use futures_util::StreamExt as _;
-    let request = Request::get(format!("{EVENTS_PATH}?after={last}")).body(Body::empty())?;
-    let response = forward(cp, node, &Caller::operator(), request).await.map_err(FeedError::Forward)?;
-    if response.status() != StatusCode::OK {
-        return Err(FeedError::Status(response.status()));
-    }
-    let mut body = response.into_body().into_data_stream();
-    let mut pending: Vec<u8> = Vec::new();
-    while let Some(chunk) = body.next().await {
-        pending.extend_from_slice(&chunk.map_err(FeedError::Body)?);
-        let Some(end) = pending.iter().rposition(|b| *b == b'\n') else {
-            continue;
-        };
-        let complete: Vec<u8> = pending.drain(..=end).collect();
-        let events = complete
-            .split(|b| *b == b'\n')
-            .filter(|line| !line.is_empty())
-            .map(serde_json::from_slice::<FeedEvent>)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(FeedError::Line)?;
+    let mut feed = NodeClient::new(cp, node).feed(last).await?;
+    while let Some(events) = feed.next_batch().await {
+        let events = events?;
         let Some(newest) = events.last().map(|e| e.seq) else {
             continue;
         };
@@ -158,7 +140,10 @@ fn announce_lost(cp: &ControlPlane, node: &Node) -> Result<(), ControlError> {
         .cluster()
         .placements_on(&node.row.id)?
         .iter()
-        .filter_map(|p| Some((p.tenant.clone(), state_event(lost_sandbox(p, &why)?))))
+        .map(|p| Ok(lost_sandbox(p, &why)?.map(|sandbox| (p.tenant.clone(), state_event(sandbox)))))
+        .collect::<Result<Vec<_>, ControlError>>()?
+        .into_iter()
+        .flatten()
         .collect();
     tracing::warn!(node = %node.row.id, sandboxes = events.len(), "a node is lost: its sandboxes are failed");
     Ok(cp.store.add_events(&events)?)
@@ -166,23 +151,16 @@ fn announce_lost(cp: &ControlPlane, node: &Node) -> Result<(), ControlError> {
 
 async fn announce_back(cp: &ControlPlane, node: &NodeRow) -> Result<(), ControlError> {
     let mut events = Vec::new();
-    // Those that were announced lost (not those deleted before).
-    for (placement, sandbox) in cp
-        .store
-        .cluster()
-        .placements_on(&node.id)?
-        .into_iter()
-        .filter_map(|p| lost_sandbox(&p, "").map(|sandbox| (p, sandbox)))
-    {
-        let caller = Caller::tenant(placement.tenant.clone());
-        let request = Request::get(format!("/v1/sandboxes/{}", sandbox.id))
-            .body(Body::empty())
-            .map_err(|e| ControlError::internal("a request", e))?;
-        let response = forward(cp, node, &caller, request).await?;
-        if response.status() != StatusCode::OK {
+    let client = NodeClient::new(cp, node);
+    for placement in cp.store.cluster().placements_on(&node.id)? {
+        // Those that were announced lost (not those deleted before).
+        let Some(lost) = lost_sandbox(&placement, "")? else {
             continue;
-        }
-        if let (_, Some(sandbox)) = read_answer::<Sandbox>(response).await? {
+        };
+        let caller = Caller::tenant(placement.tenant.clone());
+        // None: deleted while its node was away, as the node says.
+        let now = client.sandbox(&caller, &lost.id).await.map_err(|e| e.into_control(&node.id))?;
+        if let Some(sandbox) = now {
             events.push((placement.tenant.clone(), state_event(sandbox)));
         }
     }
@@ -191,7 +169,7 @@ async fn announce_back(cp: &ControlPlane, node: &NodeRow) -> Result<(), ControlE
 }
 
 /// Wakes this replica's event followers when another replica took events in.
-pub async fn watch_event_head(cp: Arc<ControlPlane>) {
+pub(crate) async fn watch_event_head(cp: Arc<ControlPlane>) {
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         if cp.store.followed() {

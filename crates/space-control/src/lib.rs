@@ -11,19 +11,25 @@
 //! (`space-core`), the store and `space-http`, and is handed the OpenAPI
 //! document it serves (decision 020).
 //!
-//! Files import downwards only: `error` ← `state` ← `forward` ← `quotas` ←
-//! `place` ← the request handlers (`lists`, `templates`, `secrets`, `e2b`)
-//! and the background loops (`feeds`, `templates`) ← this file's router.
+//! Files import downwards only: `error`, `tasks` ← `state` ← `forward`
+//! (relaying a user's request) ← `node_client` (the control plane's own
+//! calls to a node, typed) ← `record` ← `quotas` ← `place` ← the request
+//! handlers (`lists`, `templates`, `secrets`, `e2b`) and the background
+//! loops (`feeds`, `templates`) ← this file's router, which also starts
+//! the loops (`ControlPlane::start`).
 
 mod e2b;
 pub mod error;
 mod feeds;
 mod forward;
 mod lists;
+mod node_client;
 mod place;
 mod quotas;
+mod record;
 mod secrets;
 pub mod state;
+mod tasks;
 mod templates;
 
 use std::sync::Arc;
@@ -41,12 +47,22 @@ use space_core::tenants::Caller;
 pub use space_http::links::Links;
 
 pub use crate::error::ControlError;
-pub use crate::feeds::{follow_feeds, watch_event_head};
-pub use crate::state::ControlPlane;
 use crate::state::{live_node, nodes, now_ms};
-pub use crate::templates::replicate_templates;
+pub use crate::state::{Config, ControlPlane};
 
 type Shared = Arc<ControlPlane>;
+
+impl ControlPlane {
+    /// Starts what every replica does for as long as it runs: following
+    /// the nodes' event feeds, spreading templates, and watching for events
+    /// other replicas took in; [`ControlPlane::shutdown`] stops them. Called
+    /// within a tokio runtime.
+    pub fn start(self: &Arc<ControlPlane>) {
+        self.tasks.spawn(feeds::follow_feeds(self.clone()));
+        self.tasks.spawn(feeds::watch_event_head(self.clone()));
+        self.tasks.spawn(templates::replicate_templates(self.clone()));
+    }
+}
 
 /// The control plane's API: nodes' heartbeats, its health, the console,
 /// and every other request placed, gathered or forwarded to a node.

@@ -8,14 +8,15 @@ use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use space_api::cluster::DiskAllowance;
-use space_api::{ErrorCode, SandboxState};
+use space_api::{CreateSandboxRequest, ErrorCode, ForkRequest, SandboxState};
 use space_core::tenants::Caller;
 use space_store::NodeRow;
 
 use crate::error::ControlError;
-use crate::forward::forward_recording;
-use crate::quotas::{check_quotas, create_size, disk_allowance};
-use crate::state::{live_node, lost_sandbox, mark_gone, nodes, ControlPlane};
+use crate::node_client::Expect;
+use crate::quotas::{check_quotas, create_size, disk_allowance, Wanted};
+use crate::record::forward_recording;
+use crate::state::{live_node, lost_sandbox, mark_gone, nodes, placed_sandbox, ControlPlane};
 
 /// Places a new sandbox: a live node that has the template, with the most
 /// memory left once what was placed since its last report is counted.
@@ -24,25 +25,26 @@ pub(crate) async fn create(cp: &ControlPlane, caller: &Caller, request: Request)
     let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
         .await
         .map_err(|_| ControlError::new(ErrorCode::TooLarge, "the request body is too large"))?;
-    // The body as sent: the node validates it (and answers its errors).
-    let wanted: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| ControlError::new(ErrorCode::MalformedJson, e.to_string()))?;
+    // Read as the node reads it (refused the same way), to place it; the
+    // body goes on as sent, and the node validates the rest.
+    let axum::Json(request) =
+        axum::Json::<CreateSandboxRequest>::from_bytes(&bytes).map_err(space_http::extract::json_rejection)?;
+    let wanted = Wanted { template: &request.template, vcpus: request.vcpus, memory_mib: request.memory_mib };
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let (node, allowance) = place(cp, caller, &wanted, key.as_deref()).await?;
     parts.extensions.insert(allowance);
-    forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes))).await
+    forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes)), Expect::Sandbox).await
 }
 
-/// The node a new sandbox (`wanted`: its template, vCPUs and memory, as a
-/// create names them) goes to, once the tenant's quotas allow it, and the
-/// tenant's disk allowance there.
+/// The node a new sandbox goes to, once the tenant's quotas allow it, and
+/// the tenant's disk allowance there.
 pub(crate) async fn place(
     cp: &ControlPlane,
     caller: &Caller,
-    wanted: &serde_json::Value,
+    wanted: &Wanted<'_>,
     key: Option<&str>,
 ) -> Result<(NodeRow, DiskAllowance), ControlError> {
-    let template = wanted["template"].as_str().unwrap_or("base").to_string();
+    let template = wanted.template.to_string();
     let quotas = cp.store.tenancy().tenant_quotas(&caller.tenant)?;
     let nodes = nodes(cp)?;
     let size = create_size(wanted, &nodes);
@@ -54,15 +56,13 @@ pub(crate) async fn place(
     let mut best: Option<(i64, NodeRow)> = None;
     for node in nodes.into_iter().filter(|n| n.alive && n.report.can_run(&template, engine.as_deref())) {
         // What was placed since its last report, which could not count it.
-        let placed_since: i64 = cp
-            .store
-            .cluster()
-            .placements_since(&node.row.id, node.reported_ms())?
-            .iter()
-            .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p.sandbox).ok())
-            .filter(|s| !node.report.sandboxes.iter().any(|id| s["id"] == id.as_str()))
-            .map(|s| s["memory_mib"].as_i64().unwrap_or(0))
-            .sum();
+        let mut placed_since: i64 = 0;
+        for placement in cp.store.cluster().placements_since(&node.row.id, node.reported_ms())? {
+            let sandbox = placed_sandbox(&placement)?;
+            if !node.report.sandboxes.contains(&sandbox.id) {
+                placed_since += i64::from(sandbox.memory_mib);
+            }
+        }
         let free = node.report.capacity_mib as i64 - node.report.promised_mib as i64 - placed_since;
         if best.as_ref().is_none_or(|(f, _)| free > *f) {
             best = Some((free, node.row));
@@ -112,13 +112,10 @@ pub(crate) async fn sandbox_request(
         Err(lost) => {
             let whole = request.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
             if request.method() == Method::GET && whole {
-                return Ok(match lost_sandbox(&placement, &lost.message) {
+                return Ok(match lost_sandbox(&placement, &lost.message)? {
                     Some(shown) => axum::Json(shown).into_response(),
                     // Deleted: as it was kept.
-                    None => {
-                        axum::Json(serde_json::from_str::<serde_json::Value>(&placement.sandbox).unwrap_or_default())
-                            .into_response()
-                    }
+                    None => axum::Json(placed_sandbox(&placement)?).into_response(),
                 });
             }
             return Err(ControlError::invalid_state("sandbox", "failed", "use it (its node is lost)"));
@@ -127,20 +124,23 @@ pub(crate) async fn sandbox_request(
     // A suspend, a checkpoint or a fork writes what the tenant's disk quota
     // counts; forks count against its other quotas too, cluster-wide.
     let path = request.uri().path().trim_end_matches('/').to_string();
-    if request.method() == Method::POST && path.ends_with("/fork") {
+    let fork = request.method() == Method::POST && path.ends_with("/fork");
+    if fork {
         let (parts, body) = request.into_parts();
         let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
             .await
             .map_err(|_| ControlError::new(ErrorCode::TooLarge, "the request body is too large"))?;
-        let count = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|body| body["count"].as_u64())
-            .map_or(1, |count| count.clamp(1, u64::from(space_api::MAX_FORKS)) as u32);
-        // A fork is the size of its source, as created.
-        let source: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-        let nodes = nodes(cp)?;
-        let size = create_size(&source, &nodes);
-        check_quotas(cp, caller, &cp.store.tenancy().tenant_quotas(&caller.tenant)?, &nodes, size, count)?;
+        // A body the node will refuse is not counted: it goes on, and the
+        // node answers why (as it checks the headers first, its answer
+        // is the one a single host would give).
+        if let Ok(fork) = serde_json::from_slice::<ForkRequest>(&bytes) {
+            let count = fork.count.unwrap_or(1).clamp(1, space_api::MAX_FORKS);
+            // A fork is the size of its source, as created.
+            let source = placed_sandbox(&placement)?;
+            let size = (u64::from(source.vcpus), u64::from(source.memory_mib));
+            let quotas = cp.store.tenancy().tenant_quotas(&caller.tenant)?;
+            check_quotas(cp, caller, &quotas, &nodes(cp)?, size, count)?;
+        }
         request = Request::from_parts(parts, Body::from(bytes));
     }
     if request.method() == Method::POST && ["/suspend", "/fork", "/checkpoints"].iter().any(|end| path.ends_with(end)) {
@@ -149,7 +149,8 @@ pub(crate) async fn sandbox_request(
     }
     let deleting = request.method() == Method::DELETE && request.uri().path().trim_end_matches('/').ends_with(id);
     let node_id = node.id.clone();
-    let response = forward_recording(cp, caller, node, request).await?;
+    let expect = if fork { Expect::Fork } else { Expect::Sandbox };
+    let response = forward_recording(cp, caller, node, request, expect).await?;
     if deleting && response.status() == StatusCode::ACCEPTED {
         mark_gone(cp, id, &node_id, caller, SandboxState::Deleting)?;
     }

@@ -10,8 +10,17 @@ use space_core::tenants::Caller;
 use space_store::Quotas;
 
 use crate::error::ControlError;
-use crate::forward::{ask_all, ask_all_but};
-use crate::state::{ControlPlane, Node};
+use crate::node_client::NodeClient;
+use crate::state::{nodes, placed_sandbox, ControlPlane, Node};
+
+/// What a create asks for, as far as placing it goes: its template, and
+/// the vCPUs and memory it names (else its template's defaults).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wanted<'a> {
+    pub(crate) template: &'a str,
+    pub(crate) vcpus: Option<u32>,
+    pub(crate) memory_mib: Option<u32>,
+}
 
 /// A tenant's quotas, cluster-wide: the sandboxes its placements hold on
 /// live nodes (by their size as created) and `count` new ones of `wanted`
@@ -27,19 +36,14 @@ pub(crate) fn check_quotas(
     if quotas.max_sandboxes.is_none() && quotas.max_vcpus.is_none() && quotas.max_memory_mib.is_none() {
         return Ok(());
     }
-    // The placements as kept (a sandbox record the node sent).
-    let mut held: Vec<(u64, u64)> = cp
-        .store
-        .cluster()
-        .placements(&caller.tenant)?
-        .iter()
-        .filter_map(|p| Some((p, serde_json::from_str::<serde_json::Value>(&p.sandbox).ok()?)))
-        .filter(|(p, s)| {
-            let id = s["id"].as_str().unwrap_or_default();
-            nodes.iter().any(|n| n.row.id == p.node_id && n.holds(p, id))
-        })
-        .map(|(_, s)| (s["vcpus"].as_u64().unwrap_or(0), s["memory_mib"].as_u64().unwrap_or(0)))
-        .collect();
+    // The placements as kept (each sandbox as its node last answered).
+    let mut held = Vec::new();
+    for placement in cp.store.cluster().placements(&caller.tenant)? {
+        let sandbox = placed_sandbox(&placement)?;
+        if nodes.iter().any(|n| n.row.id == placement.node_id && n.holds(&placement, &sandbox.id)) {
+            held.push((u64::from(sandbox.vcpus), u64::from(sandbox.memory_mib)));
+        }
+    }
     // All but the last of several count as held when the last is checked.
     held.extend(std::iter::repeat_n(wanted, count.saturating_sub(1) as usize));
     Ok(space_core::tenants::check_held(&caller.tenant, quotas, &held, wanted)?)
@@ -57,29 +61,22 @@ pub(crate) async fn disk_allowance(
     let Some(max_mib) = max_disk_mib else {
         return Ok(DiskAllowance::Unlimited);
     };
-    let elsewhere_bytes: u64 = ask_all_but::<Usage>(cp, caller, "/v1/usage", Some(node))
-        .await?
-        .iter()
-        .map(|usage| usage.disk.total_bytes)
-        .sum();
+    let mut elsewhere_bytes = 0;
+    for other in nodes(cp)?.into_iter().filter(|n| n.alive && n.row.id != node) {
+        let client = NodeClient::new(cp, &other.row);
+        elsewhere_bytes += client.usage(caller).await.map_err(|e| e.into_control(client.id()))?.disk.total_bytes;
+    }
     Ok(DiskAllowance::Quota { max_mib, elsewhere_bytes })
 }
 
 /// The vCPUs and MiB a create asks for: what it names, else its template's
 /// defaults as a live node that has the template reports them, else the
 /// defaults of a template that sets none (as a node would give it).
-///
-/// `wanted` is the request's body as sent: the node validates it, the
-/// control plane only reads the three fields it places by.
-pub(crate) fn create_size(wanted: &serde_json::Value, nodes: &[Node]) -> (u64, u64) {
-    let template = wanted["template"].as_str().unwrap_or("base");
-    let reported = nodes.iter().filter(|n| n.alive).find_map(|n| n.report.sizes.get(template).copied());
+pub(crate) fn create_size(wanted: &Wanted, nodes: &[Node]) -> (u64, u64) {
+    let reported = nodes.iter().filter(|n| n.alive).find_map(|n| n.report.sizes.get(wanted.template).copied());
     let fallback = space_host::template::TemplateDefaults::default();
     let size = reported.unwrap_or(TemplateSize { vcpus: fallback.vcpus, memory_mib: fallback.memory_mib });
-    (
-        wanted["vcpus"].as_u64().unwrap_or(u64::from(size.vcpus)),
-        wanted["memory_mib"].as_u64().unwrap_or(u64::from(size.memory_mib)),
-    )
+    (u64::from(wanted.vcpus.unwrap_or(size.vcpus)), u64::from(wanted.memory_mib.unwrap_or(size.memory_mib)))
 }
 
 /// `GET /v1/usage`: what the tenant holds on every live node, added up,
@@ -94,7 +91,9 @@ pub(crate) async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response
         memory_mib: 0,
         disk: DiskUsage::default(),
     };
-    for answer in ask_all::<Usage>(cp, caller, "/v1/usage").await? {
+    for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
+        let client = NodeClient::new(cp, &node.row);
+        let answer = client.usage(caller).await.map_err(|e| e.into_control(client.id()))?;
         total.sandboxes += answer.sandboxes;
         total.vcpus += answer.vcpus;
         total.memory_mib += answer.memory_mib;
@@ -144,11 +143,11 @@ mod tests {
             Node { row, report, alive }
         };
         let nodes = [node(false, &[("big", 8, 9999)]), node(true, &[("big", 4, 4096), ("base", 1, 512)])];
-        let big = serde_json::json!({"template": "big"});
+        let big = Wanted { template: "big", vcpus: None, memory_mib: None };
         assert_eq!(create_size(&big, &nodes), (4, 4096), "a live node's report, not a lost one's");
-        let named = serde_json::json!({"template": "big", "vcpus": 2, "memory_mib": 1024});
+        let named = Wanted { template: "big", vcpus: Some(2), memory_mib: Some(1024) };
         assert_eq!(create_size(&named, &nodes), (2, 1024));
-        let unknown = serde_json::json!({"template": "nowhere"});
+        let unknown = Wanted { template: "nowhere", vcpus: None, memory_mib: None };
         assert_eq!(create_size(&unknown, &nodes), (1, 512), "a template no node reports: the defaults of none set");
     }
 }

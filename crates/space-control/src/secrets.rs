@@ -2,16 +2,14 @@
 //! set sent to every live node on each change (a node missed, or started
 //! later, gets it with its next heartbeat's answer).
 
-use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, Method, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use space_api::cluster::SECRETS_PATH;
 use space_api::ErrorCode;
 use space_core::tenants::Caller;
 
 use crate::error::ControlError;
-use crate::forward::forward;
+use crate::node_client::NodeClient;
 use crate::state::{nodes, ControlPlane};
 
 /// `PUT` or `DELETE /v1/secrets/{name}`: kept in PostgreSQL, then sent to
@@ -37,17 +35,11 @@ pub(crate) async fn secret(
         space_core::secrets::delete_secret(&cp.store, &caller.tenant, name)?;
         StatusCode::NO_CONTENT.into_response()
     };
-    let set = serde_json::to_vec(&space_core::secrets::secret_set(&cp.store, keyring)?)
-        .map_err(|e| ControlError::internal("the secrets", e))?;
+    let set = space_core::secrets::secret_set(&cp.store, keyring)?;
     for node in nodes(cp)?.into_iter().filter(|n| n.alive) {
-        let request = Request::post(SECRETS_PATH)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(set.clone()))
-            .map_err(|e| ControlError::internal("a request", e))?;
-        match forward(cp, &node.row, &Caller::operator(), request).await {
-            Ok(response) if response.status().is_success() => {}
-            Ok(response) => tracing::warn!(node = %node.row.id, "sending the secrets: {}", response.status()),
-            Err(err) => tracing::warn!(node = %node.row.id, "sending the secrets: {}", err.message),
+        // A node missed gets the set with its next heartbeat's answer.
+        if let Err(err) = NodeClient::new(cp, &node.row).put_secrets(&set).await {
+            tracing::warn!(node = %node.row.id, "sending the secrets: {err}");
         }
     }
     Ok(answer)

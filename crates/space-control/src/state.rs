@@ -2,6 +2,8 @@
 //! ([`ControlPlane`]), the nodes as their last reports describe them, and
 //! the placements it keeps of each sandbox.
 
+use std::time::Duration;
+
 use space_api::cluster::{NodeReport, LEASE};
 use space_api::{Sandbox, SandboxState};
 use space_core::keyring::Keyring;
@@ -10,8 +12,10 @@ use space_http::links::Links;
 use space_store::{NodeRow, Placement, Store};
 
 use crate::error::ControlError;
+use crate::tasks::Tasks;
 
-/// The control plane's state: PostgreSQL, its own key, the node token.
+/// The control plane's state: PostgreSQL, its own key, the node token, and
+/// the loops it runs in the background.
 pub struct ControlPlane {
     pub store: Store,
     pub api_key: String,
@@ -25,6 +29,46 @@ pub struct ControlPlane {
     /// `/v1/openapi.json` as a node serves it: the composition root hands it
     /// over, so the control plane links none of the node's HTTP edge.
     pub openapi: String,
+    /// Its loops and what they start, stopped by [`ControlPlane::shutdown`].
+    pub(crate) tasks: Tasks,
+}
+
+/// What a control plane is made of (see [`ControlPlane`]'s fields).
+pub struct Config {
+    pub store: Store,
+    pub api_key: String,
+    pub node_token: String,
+    pub keyring: Option<Keyring>,
+    pub links: Links,
+    pub openapi: String,
+}
+
+/// How long a shutdown waits for the background tasks to end before it
+/// aborts them. Each is dropped at its next await, so this is only reached
+/// by one stuck outside one (a blocking database call).
+const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(10);
+
+impl ControlPlane {
+    /// A control plane that runs nothing in the background until it is
+    /// started (`ControlPlane::start`, in `lib.rs`, over the loops).
+    pub fn new(config: Config) -> ControlPlane {
+        let Config { store, api_key, node_token, keyring, links, openapi } = config;
+        ControlPlane { store, api_key, node_token, keyring, links, openapi, tasks: Tasks::default() }
+    }
+
+    /// Stops every background task and waits until they ended (up to
+    /// [`SHUTDOWN_PATIENCE`], then they are aborted). What they held in
+    /// PostgreSQL lapses and another replica takes it up, as after a kill.
+    /// Nothing starts in the background after this.
+    pub async fn shutdown(&self) {
+        self.tasks.stop(SHUTDOWN_PATIENCE).await;
+    }
+
+    /// How many background tasks run now (0 once
+    /// [`ControlPlane::shutdown`] returned).
+    pub fn background_tasks(&self) -> usize {
+        self.tasks.running()
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -60,7 +104,16 @@ pub(crate) fn nodes(cp: &ControlPlane) -> Result<Vec<Node>, ControlError> {
         .nodes()?
         .into_iter()
         .filter_map(|row| {
-            let report = serde_json::from_str(&row.report).ok()?;
+            // Passed over, not an error: one row that does not read must
+            // not stop every request to the cluster, and the node's next
+            // heartbeat (every two seconds) writes it anew.
+            let report = match serde_json::from_str(&row.report) {
+                Ok(report) => report,
+                Err(err) => {
+                    tracing::warn!(node = %row.id, "its last report does not read as a NodeReport: {err}");
+                    return None;
+                }
+            };
             let alive = row.lease_until_ms > now;
             Some(Node { row, report, alive })
         })
@@ -75,17 +128,23 @@ pub(crate) fn live_node(cp: &ControlPlane, id: &str) -> Result<NodeRow, ControlE
     }
 }
 
+/// The sandbox a placement keeps, as the node last answered it.
+pub(crate) fn placed_sandbox(placement: &Placement) -> Result<Sandbox, ControlError> {
+    serde_json::from_str(&placement.sandbox)
+        .map_err(|e| ControlError::internal("reading a sandbox's placement (it is not a Sandbox)", e))
+}
+
 /// The sandbox of a placement on a lost node, as the control plane shows
 /// it: failed, saying so (`None` if it was deleted).
-pub(crate) fn lost_sandbox(placement: &Placement, why: &str) -> Option<Sandbox> {
-    let mut sandbox: Sandbox = serde_json::from_str(&placement.sandbox).ok()?;
+pub(crate) fn lost_sandbox(placement: &Placement, why: &str) -> Result<Option<Sandbox>, ControlError> {
+    let mut sandbox = placed_sandbox(placement)?;
     // A delete the node accepted is done or will be: not a lost sandbox.
     if matches!(sandbox.state, SandboxState::Deleted | SandboxState::Deleting) {
-        return None;
+        return Ok(None);
     }
     sandbox.state = SandboxState::Failed;
     sandbox.failure_reason = Some(format!("node lost: {why}"));
-    Some(sandbox)
+    Ok(Some(sandbox))
 }
 
 /// Records that a sandbox's node accepted its delete (`deleting`) or did it
@@ -100,10 +159,9 @@ pub(crate) fn mark_gone(
     let Some(placement) = cp.store.cluster().placement(id)? else {
         return Ok(());
     };
-    // The record as it was kept, with only its state changed: fields this
-    // control plane does not know (a newer node's) are kept.
-    let mut sandbox: serde_json::Value = serde_json::from_str(&placement.sandbox).unwrap_or_default();
-    sandbox["state"] = state.as_str().into();
-    cp.store.cluster().put_placement(id, node, &caller.tenant, &sandbox.to_string(), now_ms())?;
+    let mut sandbox = placed_sandbox(&placement)?;
+    sandbox.state = state;
+    let kept = serde_json::to_string(&sandbox).map_err(|e| ControlError::internal("keeping a sandbox", e))?;
+    cp.store.cluster().put_placement(id, node, &caller.tenant, &kept, now_ms())?;
     Ok(())
 }

@@ -9,13 +9,15 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, Method};
 use axum::response::Response;
-use space_api::cluster::{PullRequest, TEMPLATE_PULL_PATH};
+use space_api::cluster::PullRequest;
 use space_api::ErrorCode;
 use space_core::tenants::Caller;
 
 use crate::error::ControlError;
-use crate::forward::{forward, forward_recording};
+use crate::forward::forward;
+use crate::node_client::{Expect, NodeClient};
 use crate::quotas::disk_allowance;
+use crate::record::forward_recording;
 use crate::state::{live_node, nodes, now_ms, ControlPlane, Node};
 
 /// How long a deleted template is not spread again (while the nodes that
@@ -58,7 +60,7 @@ pub(crate) async fn build(cp: &ControlPlane, caller: &Caller, request: Request) 
     };
     let max_disk_mib = cp.store.tenancy().tenant_quotas(&caller.tenant)?.max_disk_mib;
     parts.extensions.insert(disk_allowance(cp, caller, max_disk_mib, &node.id).await?);
-    forward_recording(cp, caller, node, Request::from_parts(parts, body)).await
+    forward_recording(cp, caller, node, Request::from_parts(parts, body), Expect::Template).await
 }
 
 /// `GET /v1/templates/{name}` answers from a live node that has it;
@@ -116,7 +118,7 @@ pub(crate) async fn template(
 /// What each replica does every few seconds: a live node that lacks a
 /// template another live node has is told to pull it (claimed in the
 /// database, so one replica asks, and asks again only if it never came).
-pub async fn replicate_templates(cp: Arc<ControlPlane>) {
+pub(crate) async fn replicate_templates(cp: Arc<ControlPlane>) {
     loop {
         tokio::time::sleep(Duration::from_secs(3)).await;
         if let Err(err) = replicate_once(&cp).await {
@@ -139,15 +141,9 @@ async fn replicate_once(cp: &ControlPlane) -> Result<(), ControlError> {
                 )? {
                     continue;
                 }
-                let body = serde_json::to_vec(&PullRequest { from: source.row.url.clone(), name: name.clone() })
-                    .map_err(|e| ControlError::internal("a pull", e))?;
-                let request = Request::post(TEMPLATE_PULL_PATH)
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(body))
-                    .map_err(|e| ControlError::internal("a pull", e))?;
-                let answer = forward(cp, &node.row, &Caller::operator(), request).await?;
-                if !answer.status().is_success() {
-                    tracing::warn!(node = %node.row.id, template = %name, "asking for a pull: {}", answer.status());
+                let pull = PullRequest { from: source.row.url.clone(), name: name.clone() };
+                if let Err(err) = NodeClient::new(cp, &node.row).pull_template(&pull).await {
+                    tracing::warn!(node = %node.row.id, template = %name, "asking for a pull: {err}");
                 }
             }
         }

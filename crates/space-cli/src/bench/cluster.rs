@@ -55,14 +55,14 @@ fn start_cluster(
     let pg = space_host::postgres::Throwaway::start().map_err(|e| anyhow::anyhow!(e))?;
     let (key, token) = (random_hex()?, random_hex()?);
     let (cp_tls, node_tls) = tls.unzip();
-    let cp = Arc::new(space_control::ControlPlane {
+    let cp = Arc::new(space_control::ControlPlane::new(space_control::Config {
         store: space_server::store::Store::connect(&pg.url)?,
         api_key: key.clone(),
         node_token: token.clone(),
         keyring: None,
         links: space_server::cluster::Links::new(cp_tls.map(|t| t.client)),
         openapi: space_server::api::openapi::document_json(),
-    });
+    }));
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let cp_url = format!("http://{}", listener.local_addr()?);
     let router = space_control::router(cp);

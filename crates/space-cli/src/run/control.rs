@@ -39,7 +39,7 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
     let cluster_tls = args.cluster_tls()?;
     let links = space_control::Links::new(cluster_tls.as_ref().map(|t| t.client.clone()));
     let store = space_server::store::Store::connect(url)?;
-    let cp = std::sync::Arc::new(space_control::ControlPlane {
+    let cp = std::sync::Arc::new(space_control::ControlPlane::new(space_control::Config {
         store,
         api_key: key,
         node_token: token,
@@ -47,12 +47,10 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
         links,
         // The contract a node serves, served the same by the control plane.
         openapi: space_server::api::openapi::document_json(),
-    });
+    }));
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.spawn(space_control::replicate_templates(cp.clone()));
-    runtime.spawn(space_control::follow_feeds(cp.clone()));
-    runtime.spawn(space_control::watch_event_head(cp.clone()));
     runtime.block_on(async move {
+        cp.start();
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let listener =
@@ -74,7 +72,10 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
         let shutdown = async move {
             term.recv().await;
         };
-        space_server::http::serve_router(listener, space_control::router(cp), tls, shutdown).await?;
+        space_server::http::serve_router(listener, space_control::router(cp.clone()), tls, shutdown).await?;
+        // Its loops end before the process does (their claims lapse for
+        // the other replicas to take up).
+        cp.shutdown().await;
         Ok(())
     })
 }
