@@ -10,7 +10,7 @@ use axum::extract::Request;
 use axum::http::{header, Method};
 use axum::response::Response;
 use space_api::cluster::PullRequest;
-use space_api::ErrorCode;
+use space_api::{CreateTemplateRequest, ErrorCode};
 use space_core::tenants::Caller;
 
 use crate::error::ControlError;
@@ -38,9 +38,12 @@ pub(crate) async fn build(cp: &ControlPlane, caller: &Caller, request: Request) 
         let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
             .await
             .map_err(|_| ControlError::new(ErrorCode::TooLarge, "the request body is too large"))?;
-        // The body as sent (the node validates it): only its source is read.
-        let from = serde_json::from_slice::<serde_json::Value>(&bytes).ok().map(|b| b["from"].clone());
-        let source = from.and_then(|f| f["sandbox"].as_str().or(f["checkpoint"]["sandbox"].as_str()).map(String::from));
+        // Read as the node reads it, for its source; one that does not read
+        // goes on as sent for the node to refuse (it checks the query and
+        // the content type first, as a single host answers).
+        let source = serde_json::from_slice::<CreateTemplateRequest>(&bytes)
+            .ok()
+            .and_then(|build| build.from.sandbox.or(build.from.checkpoint.map(|c| c.sandbox)));
         (Body::from(bytes), source)
     } else {
         (body, None)

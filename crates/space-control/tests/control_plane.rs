@@ -161,12 +161,21 @@ async fn accepting_node(answer: Arc<Mutex<String>>) -> String {
     serve(Router::new().route("/v1/sandboxes", post(create)).with_state(answer)).await
 }
 
-/// `POST /v1/sandboxes` to the control plane at `url`: its status and body.
-async fn create_through(links: &Links, url: &str) -> (StatusCode, serde_json::Value, String) {
-    let request = hyper::Request::post("/v1/sandboxes")
+/// A request to the control plane at `url` with the cluster's key: its
+/// status, its body as JSON and as text.
+async fn call(
+    links: &Links,
+    url: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (StatusCode, serde_json::Value, String) {
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
         .header(header::AUTHORIZATION, format!("Bearer {API_KEY}"))
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(r#"{"template": "base"}"#))
+        .body(Body::from(body.to_string()))
         .expect("a request");
     let response = tokio::time::timeout(Duration::from_secs(10), links.send(url, request, None))
         .await
@@ -176,6 +185,10 @@ async fn create_through(links: &Links, url: &str) -> (StatusCode, serde_json::Va
     let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("the body");
     let text = String::from_utf8(bytes.to_vec()).expect("UTF-8");
     (status, serde_json::from_str(&text).expect("JSON"), text)
+}
+
+async fn create_through(links: &Links, url: &str) -> (StatusCode, serde_json::Value, String) {
+    call(links, url, "POST", "/v1/sandboxes", r#"{"template": "base"}"#).await
 }
 
 const SANDBOX: &str = r#"{"id": "sbx-1", "template": "base", "state": "creating", "vcpus": 1, "memory_mib": 512,
@@ -217,4 +230,33 @@ async fn a_create_is_recorded_from_the_nodes_typed_answer_and_one_of_another_sha
     assert!(message.contains("node n1") && message.contains("not a SandboxOperation"), "{message}");
     assert!(cp.store.cluster().placement("sbx-2").expect("the store").is_none(), "an unreadable answer placed sbx-2");
     assert!(cp.store.cluster().operation_node("op-2").expect("the store").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_answer_of_another_shape_is_an_error_and_its_refusal_is_passed_on() {
+    async fn usage() -> Response {
+        // A usage answer short of its fields.
+        axum::Json(serde_json::json!({"tenant": "t", "sandboxes": 1})).into_response()
+    }
+    async fn sandboxes() -> Response {
+        let refusal = serde_json::json!({"error": {"code": "invalid_request", "message": "unknown state \"bogus\"",
+            "details": {"reason": "schema"}}});
+        (StatusCode::BAD_REQUEST, axum::Json(refusal)).into_response()
+    }
+    let node_url = serve(Router::new().route("/v1/usage", get(usage)).route("/v1/sandboxes", get(sandboxes))).await;
+    let cp = control_plane();
+    report(&cp, "n1", &node_url);
+    let cp_url = serve(space_control::router(cp.clone())).await;
+    let links = Links::default();
+
+    let (status, body, text) = call(&links, &cp_url, "GET", "/v1/usage", "").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "a usage that is not one counted as nothing: {text}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("node n1") && message.contains("not a Usage"), "{message}");
+
+    let (status, body, text) = call(&links, &cp_url, "GET", "/v1/sandboxes?state=bogus", "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert_eq!(body["error"]["code"], "invalid_request", "{text}");
+    assert_eq!(body["error"]["message"], "unknown state \"bogus\"", "the node's own words: {text}");
+    assert_eq!(body["error"]["details"]["reason"], "schema", "{text}");
 }
