@@ -30,18 +30,30 @@ fn main() -> ExitCode {
         child(&case, Path::new(&std::env::var(DIR_ENV).expect("the scratch dir")));
         return ExitCode::SUCCESS;
     }
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let names: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     let cases: [(&str, Case); 4] = [
         ("a_confined_process_keeps_no_privilege", confined_root),
         ("a_confined_process_switched_to_nobody_keeps_no_privilege", confined_nobody),
         ("without_confinement_the_same_attempts_succeed", unconfined_control),
         ("confinement_refuses_a_process_with_threads", threads_refused),
     ];
+    // The listing libtest gives (`--list --format terse`), which the test
+    // runner reads to run each case as a process of its own; none is ignored.
+    if flag("--list") {
+        if !flag("--ignored") {
+            cases.iter().for_each(|(name, _)| println!("{name}: test"));
+        }
+        return ExitCode::SUCCESS;
+    }
+    let chosen = |name: &str| {
+        names.is_empty()
+            || names.iter().any(|n| if flag("--exact") { n.as_str() == name } else { name.contains(n.as_str()) })
+    };
+    let cases = cases.into_iter().filter(|(name, _)| chosen(name));
     let (mut passed, mut failed) = (0, 0);
     for (name, case) in cases {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
         match case() {
             Ok(()) => {
                 println!("test {name} ... ok");
