@@ -16,5 +16,6 @@
 //! binary, over the engines) nor link the runtime.
 
 pub mod confine;
+pub mod layout;
 pub mod peer;
 pub mod proto;

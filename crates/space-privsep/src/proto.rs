@@ -16,9 +16,10 @@
 //! unchecked value.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::layout::Layout;
 
 /// The version both sides must speak (`Hello`).
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -585,122 +586,6 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, ProtoError> {
     let reply: Reply = serde_json::from_slice(body).map_err(ProtoError::Malformed)?;
     reply.check()?;
     Ok(reply)
-}
-
-// ---------------------------------------------------------------------------
-// Paths: derived from ids inside the helper's data dir, never received.
-
-/// Where the helper keeps what it makes, under the one data dir it was
-/// started with. Every path is the data dir joined with fixed names and
-/// validated ids, so none leaves it.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    data_dir: PathBuf,
-}
-
-impl Layout {
-    /// `data_dir` comes from the helper's own configuration, never from a
-    /// request.
-    pub fn new(data_dir: impl Into<PathBuf>) -> Layout {
-        Layout { data_dir: data_dir.into() }
-    }
-
-    pub fn data_dir(&self) -> &Path {
-        &self.data_dir
-    }
-
-    pub fn sandbox_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.data_dir.join("sandboxes").join(sandbox.as_str())
-    }
-
-    pub fn sandbox_root(&self, sandbox: &SandboxId) -> PathBuf {
-        self.sandbox_dir(sandbox).join("rootfs")
-    }
-
-    pub fn bundle_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.sandbox_dir(sandbox).join("bundle")
-    }
-
-    pub fn socket_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.sandbox_dir(sandbox).join("sock")
-    }
-
-    pub fn snapshot_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.sandbox_dir(sandbox).join("snapshot")
-    }
-
-    pub fn image_dir(&self, sandbox: &SandboxId, image: &ImageRef) -> PathBuf {
-        match image {
-            ImageRef::Fork { operation } => self.sandbox_dir(sandbox).join("images").join(operation.as_str()),
-            ImageRef::Checkpoint { name } => self.sandbox_dir(sandbox).join("checkpoints").join(name.as_str()),
-        }
-    }
-
-    pub fn template_dir(&self, template: &TemplateRef) -> PathBuf {
-        self.data_dir.join("templates").join(template.name.as_str()).join(template.version.get().to_string())
-    }
-
-    /// A build in progress, renamed to [`Layout::template_dir`] when published.
-    pub fn template_partial(&self, template: &TemplateRef) -> PathBuf {
-        self.data_dir
-            .join("templates")
-            .join(template.name.as_str())
-            .join(format!(".{}.partial", template.version.get()))
-    }
-
-    /// `runsc --root`.
-    pub fn runsc_state(&self) -> PathBuf {
-        self.data_dir.join("run").join("runsc")
-    }
-
-    /// Every path a request can lead the helper to, for checks that none
-    /// leaves the data dir.
-    pub fn paths_of(&self, request: &Request) -> Vec<PathBuf> {
-        let mut paths = Vec::new();
-        let mut sandbox = |id: &SandboxId| {
-            paths.extend([
-                self.sandbox_dir(id),
-                self.sandbox_root(id),
-                self.bundle_dir(id),
-                self.socket_dir(id),
-                self.snapshot_dir(id),
-            ])
-        };
-        match request {
-            Request::Hello { .. } | Request::List {} | Request::ClearStaleQuotas {} => {}
-            Request::Start { sandbox: id, from, .. } => {
-                sandbox(id);
-                match from {
-                    StartFrom::Template { template } | StartFrom::TemplateImage { template } => {
-                        paths.extend([self.template_dir(template), self.template_partial(template)])
-                    }
-                    StartFrom::Suspended {} => {}
-                    StartFrom::Image { source, image } => paths.push(self.image_dir(source, image)),
-                }
-            }
-            Request::SaveImage { sandbox: id, image } | Request::DropImage { sandbox: id, image } => {
-                sandbox(id);
-                paths.push(self.image_dir(id, image));
-            }
-            Request::Pause { sandbox: id }
-            | Request::Resume { sandbox: id }
-            | Request::Freeze { sandbox: id, .. }
-            | Request::SetTimerSlack { sandbox: id, .. }
-            | Request::Suspend { sandbox: id }
-            | Request::Kill { sandbox: id, .. }
-            | Request::Destroy { sandbox: id }
-            | Request::State { sandbox: id }
-            | Request::ListenAgent { sandbox: id }
-            | Request::CloseAgent { sandbox: id }
-            | Request::ConnectVmm { sandbox: id } => sandbox(id),
-            Request::BuildTemplate { template, .. }
-            | Request::PublishTemplate { template }
-            | Request::DeleteTemplate { template } => {
-                paths.extend([self.template_dir(template), self.template_partial(template)])
-            }
-        }
-        paths
-    }
 }
 
 #[cfg(test)]
