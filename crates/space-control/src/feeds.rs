@@ -11,7 +11,7 @@ use space_api::cluster::{HEARTBEAT, LEASE};
 use space_api::{Event, EventType, Sandbox};
 use space_core::tenants::Caller;
 use space_http::events::EventLog;
-use space_store::{NodeRow, Store};
+use space_store::{EventReader, NodeRow};
 use tokio::task::AbortHandle;
 
 use crate::error::ControlError;
@@ -20,8 +20,8 @@ use crate::state::{lost_sandbox, nodes, now_ms, ControlPlane, Node};
 
 /// The control plane's event log: what it took in from every node.
 impl EventLog for ControlPlane {
-    fn store(&self) -> &Store {
-        &self.store
+    fn events(&self) -> EventReader<'_> {
+        self.store.events()
     }
 }
 

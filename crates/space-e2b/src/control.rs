@@ -20,7 +20,9 @@ use space_api::{
 use super::error::E2bError;
 use super::target::{envd_token, traffic_token};
 use super::wire::{header, page, ENVD_VERSION};
+use crate::access::OwnedSandbox;
 use crate::domain::CreateSpec;
+use crate::ids::SandboxId;
 use crate::store::SandboxRecord;
 use crate::tenants::Caller;
 use crate::E2bState;
@@ -43,21 +45,20 @@ fn caller(state: &E2bState, headers: &HeaderMap) -> Result<Caller, E2bError> {
 }
 
 /// A sandbox of the caller that E2B can see (not deleted), or 404.
-fn owned(state: &E2bState, caller: &Caller, id: &str) -> Result<SandboxRecord, E2bError> {
+fn owned(state: &E2bState, caller: &Caller, id: &str) -> Result<OwnedSandbox, E2bError> {
     let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
-    let record = state.platform.sandbox(id).map_err(|_| missing())?;
-    if record.tenant != caller.tenant || matches!(record.sandbox.state, SandboxState::Deleted | SandboxState::Deleting)
-    {
+    let sandbox = state.platform.sandbox_for(caller, &SandboxId::parse(id).ok_or_else(missing)?)?;
+    if matches!(sandbox.record().sandbox.state, SandboxState::Deleted | SandboxState::Deleting) {
         return Err(missing());
     }
-    Ok(record)
+    Ok(sandbox)
 }
 
 /// A sandbox of the caller as E2B sees it (running or paused), or 404.
-fn visible(state: &E2bState, caller: &Caller, id: &str) -> Result<(SandboxRecord, &'static str), E2bError> {
-    let record = owned(state, caller, id)?;
-    match e2b_state(&record) {
-        Some(e2b_state) => Ok((record, e2b_state)),
+fn visible(state: &E2bState, caller: &Caller, id: &str) -> Result<(OwnedSandbox, &'static str), E2bError> {
+    let sandbox = owned(state, caller, id)?;
+    match e2b_state(sandbox.record()) {
+        Some(e2b_state) => Ok((sandbox, e2b_state)),
         None => Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
     }
 }
@@ -284,7 +285,7 @@ pub async fn create(
     if !state.engine_available {
         return Err(E2bError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("the {} engine is not available on this host", platform.engine.name()),
+            format!("the {} engine is not available on this host", platform.engine_name()),
         ));
     }
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
@@ -329,11 +330,8 @@ pub async fn list(
     let started_after = query.get("startedAfter").map(|t| parse_time(t));
     let listed: Vec<(SystemTime, Value)> = state
         .platform
-        .store
-        .node()
-        .live_sandboxes()?
+        .live_sandboxes_of(&caller)?
         .into_iter()
-        .filter(|r| r.tenant == caller.tenant)
         .filter_map(|r| e2b_state(&r).map(|s| (s, r)))
         .filter(|(s, _)| states.iter().any(|wanted| wanted == s))
         .filter(|(_, r)| metadata.iter().all(|(k, v)| r.sandbox.labels.get(k) == Some(v)))
@@ -350,8 +348,9 @@ pub async fn detail(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let caller = caller(&state, &headers)?;
-    let (record, e2b_state) = visible(&state, &caller, &id)?;
-    let mut detail = listed_json(&record, e2b_state);
+    let (sandbox, e2b_state) = visible(&state, &caller, &id)?;
+    let record = sandbox.record();
+    let mut detail = listed_json(record, e2b_state);
     detail["envdAccessToken"] = json!(envd_token(&state.platform, &id)?);
     detail["domain"] = Value::Null;
     detail["allowInternetAccess"] = json!(record.sandbox.network.egress != Egress::None);
@@ -399,18 +398,19 @@ pub async fn set_timeout(
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
-    let (record, _) = visible(&state, &caller, &id)?;
+    let (sandbox, _) = visible(&state, &caller, &id)?;
     let body: TimeoutBody = json_body(&body)?;
     let timeout_s = body
         .timeout
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "give the new timeout in seconds as `timeout`"))?;
-    extend(&state, &record, timeout_s, true)?;
+    extend(&state, &sandbox, timeout_s, true)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// Sets the sandbox's end `timeout_s` from now; `shorten: false` keeps a
 /// later end it already had.
-fn extend(state: &E2bState, record: &SandboxRecord, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
+fn extend(state: &E2bState, sandbox: &OwnedSandbox, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
+    let record = sandbox.record();
     let lifecycle = &record.sandbox.lifecycle;
     let wanted = SystemTime::now() + Duration::from_secs(timeout_s);
     if !shorten && end_at(record) >= wanted {
@@ -418,8 +418,7 @@ fn extend(state: &E2bState, record: &SandboxRecord, timeout_s: u64, shorten: boo
     }
     let updated =
         lifecycle_for(parse_time(&record.sandbox.created_at), timeout_s, pauses_on_timeout(lifecycle), lifecycle);
-    state.platform.store.node().set_sandbox_lifecycle(&record.sandbox.id, &updated)?;
-    state.platform.changed();
+    state.platform.set_lifecycle(sandbox, &updated)?;
     Ok(())
 }
 
@@ -450,7 +449,7 @@ pub async fn connect(
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
     let caller = caller(&state, &headers)?;
-    let (record, _) = visible(&state, &caller, &id)?;
+    let (sandbox, _) = visible(&state, &caller, &id)?;
     let body: ConnectBody = json_body(&body)?;
     if body.memory == Some(false) {
         return Err(E2bError::new(
@@ -458,7 +457,7 @@ pub async fn connect(
             "resuming from the disk alone (memory: false) is not supported by SPACE",
         ));
     }
-    if body.auto_pause.is_some_and(|pauses| pauses != pauses_on_timeout(&record.sandbox.lifecycle)) {
+    if body.auto_pause.is_some_and(|pauses| pauses != pauses_on_timeout(&sandbox.record().sandbox.lifecycle)) {
         return Err(E2bError::new(
             StatusCode::BAD_REQUEST,
             "a resume cannot change what the sandbox does at its timeout (autoPause) in SPACE",
@@ -474,14 +473,15 @@ pub async fn connect(
         settle(&state, &operation.id).await?;
     } else {
         // Running to its user; awake (and answering) before the answer.
-        let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
-        let sandbox = state.platform.sandbox_for(&caller, &crate::ids::SandboxId::parse(&id).ok_or_else(missing)?)?;
         let _session = state.platform.session(&sandbox).await?;
     }
-    let record = state.platform.sandbox(&id)?;
-    extend(&state, &record, timeout_s, resumed)?;
+    // As the resume (or the wake-up) left it.
+    let sandbox = state.platform.reload(&sandbox)?;
+    extend(&state, &sandbox, timeout_s, resumed)?;
+    let sandbox = state.platform.reload(&sandbox)?;
+    let record = sandbox.record();
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(sandbox_json(&state, &record)?)))
+    Ok((status, Json(sandbox_json(&state, record)?)))
 }
 
 /// The deprecated `POST /sandboxes/{id}/resume`: a connect that answers 201.
@@ -504,7 +504,8 @@ pub async fn metrics(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, E2bError> {
     let caller = caller(&state, &headers)?;
-    let (record, _) = visible(&state, &caller, &id)?;
+    let (sandbox, _) = visible(&state, &caller, &id)?;
+    let record = sandbox.record();
     let usage = state.platform.sandbox_usage(&id).await?;
     let query: BTreeMap<String, String> = form_pairs(query.as_deref().unwrap_or_default()).into_iter().collect();
     let bound = |name: &str| query.get(name).and_then(|v| v.parse::<u64>().ok());

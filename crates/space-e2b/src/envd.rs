@@ -185,7 +185,7 @@ pub async fn write_files(State(state): State<E2bState>, request: Request) -> Res
     if written.is_empty() {
         return E2bError::new(StatusCode::BAD_REQUEST, "no file in the request").into_response();
     }
-    let _ = state.platform.store.node().touch_sandbox(&target.id, &crate::ids::now());
+    state.platform.mark_active(&target.sandbox);
     Json(written).into_response()
 }
 

@@ -203,8 +203,7 @@ fn running(state: &E2bState, target: &Target, selector: &Value) -> Result<(Comma
     if pid.is_none() && tag.is_none() {
         return Err(RpcError::invalid("name the process by pid or tag"));
     }
-    let commands =
-        state.platform.store.node().commands(&target.id).map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
+    let commands = state.platform.commands_of(&target.sandbox).map_err(RpcError::from)?;
     commands
         .into_iter()
         .filter(|c| c.result.is_none())
@@ -275,12 +274,7 @@ pub async fn stream_input(state: E2bState, target: Target, body: Body) -> Respon
 pub async fn unary(state: &E2bState, target: &Target, method: &str, request: Value) -> Result<Value, RpcError> {
     match method {
         "List" => {
-            let commands = state
-                .platform
-                .store
-                .node()
-                .commands(&target.id)
-                .map_err(|e| RpcError::from(space_node::NodeError::from(e)))?;
+            let commands = state.platform.commands_of(&target.sandbox).map_err(RpcError::from)?;
             let processes: Vec<Value> = commands
                 .into_iter()
                 .filter(|c| c.result.is_none() && state.platform.live_command(&c.id).is_some())

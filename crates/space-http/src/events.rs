@@ -13,7 +13,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap};
 use axum::response::Response;
 use space_api::EventType;
-use space_store::{EventFilter, RawEvent, Store};
+use space_store::{EventFilter, EventReader, RawEvent};
 
 use crate::HttpError;
 
@@ -56,7 +56,7 @@ enum Format {
 /// Who keeps the event log: a host's platform, or a cluster's control
 /// plane (whose log holds what it took in from every node).
 pub trait EventLog: Send + Sync + 'static {
-    fn store(&self) -> &Store;
+    fn events(&self) -> EventReader<'_>;
 }
 
 /// `GET /v1/events` over `log`'s store for `tenant`.
@@ -89,12 +89,12 @@ pub fn serve(
         Some(accept) if accept.contains("text/event-stream") => Format::Sse,
         _ => Format::Ndjson,
     };
-    let store = log.store();
-    let mut head = store.event_head();
+    let events = log.events();
+    let mut head = events.head();
     let now = *head.borrow_and_update();
     let mut first = VecDeque::new();
     if let Some(from) = start.filter(|from| *from > 0) {
-        let oldest = store.oldest_event()?;
+        let oldest = events.oldest()?;
         if from < oldest {
             let mut gap = space_store::new_event(EventType::Gap, None);
             gap.id = oldest - 1;
@@ -111,8 +111,8 @@ pub fn serve(
         }))
     } else {
         let events = match start {
-            Some(from) => store.events_from(&tenant, from, &filter, limit)?,
-            None => store.latest_events(&tenant, &filter, limit)?,
+            Some(from) => events.from(&tenant, from, &filter, limit)?,
+            None => events.latest(&tenant, &filter, limit)?,
         };
         let text: Vec<u8> = first.iter().chain(events.iter()).flat_map(|e| render(format, e)).collect();
         Body::from(text)
@@ -173,8 +173,7 @@ impl Follower {
             }
             // Every event up to `seen` has committed (one writer at a time).
             let seen = *self.head.borrow_and_update();
-            let store = self.log.store();
-            let batch = match store.events_from(&self.tenant, self.next, &self.filter, BATCH) {
+            let batch = match self.log.events().from(&self.tenant, self.next, &self.filter, BATCH) {
                 Ok(batch) => batch,
                 Err(err) => {
                     tracing::error!("reading events: {err}");

@@ -5,7 +5,7 @@
 //! unknown one gets. The HTTP edge (`api/access.rs`) turns path parameters
 //! into these and nothing else; no check ever matches request text.
 
-use space_api::Operation;
+use space_api::{Command, EgressEvent, Lifecycle, Operation, SecretInfo, Usage};
 
 use crate::error::NodeError;
 use crate::ids::{OperationId, SandboxId};
@@ -83,5 +83,76 @@ impl Platform {
             Some(tenant) if tenant == caller.tenant => self.operation(id.as_str()),
             _ => Err(NodeError::not_found("operation", id.as_str())),
         }
+    }
+
+    /// `sandbox` as it is now (a sandbox its caller was already allowed).
+    pub fn reload(&self, sandbox: &OwnedSandbox) -> Result<OwnedSandbox, NodeError> {
+        let record = self.store.node().sandbox(sandbox.id())?;
+        let record = record.ok_or_else(|| NodeError::not_found("sandbox", sandbox.id()))?;
+        Ok(OwnedSandbox { id: sandbox.id.clone(), record })
+    }
+
+    /// The operations of `caller`'s tenant, of one sandbox or all.
+    pub fn operations_of(&self, caller: &Caller, sandbox_id: Option<&str>) -> Result<Vec<Operation>, NodeError> {
+        Ok(self.store.node().tenant_operations(&caller.tenant, sandbox_id)?)
+    }
+
+    /// The operation `caller`'s tenant started with `key` (an idempotency
+    /// key), if any.
+    pub fn operation_by_key(&self, caller: &Caller, key: &str) -> Result<Option<Operation>, NodeError> {
+        Ok(self.store.node().operation_by_key(&caller.tenant, key)?)
+    }
+
+    /// Every sandbox of `caller`'s tenant, deleted ones included.
+    pub fn sandboxes_of(&self, caller: &Caller) -> Result<Vec<SandboxRecord>, NodeError> {
+        Ok(self.store.node().sandboxes()?.into_iter().filter(|r| r.tenant == caller.tenant).collect())
+    }
+
+    /// The sandboxes of `caller`'s tenant that are not deleted.
+    pub fn live_sandboxes_of(&self, caller: &Caller) -> Result<Vec<SandboxRecord>, NodeError> {
+        Ok(self.store.node().live_sandboxes()?.into_iter().filter(|r| r.tenant == caller.tenant).collect())
+    }
+
+    /// The commands a sandbox has run and runs, oldest first.
+    pub fn commands_of(&self, sandbox: &OwnedSandbox) -> Result<Vec<Command>, NodeError> {
+        Ok(self.store.node().commands(sandbox.id())?)
+    }
+
+    /// The newest `limit` requests the sandbox's egress gateway decided.
+    pub fn egress_log(&self, sandbox: &OwnedSandbox, limit: u32) -> Result<Vec<EgressEvent>, NodeError> {
+        Ok(self.store.node().egress_events(sandbox.id(), limit)?)
+    }
+
+    /// Records that a request used the sandbox now (its idle clock starts
+    /// again). Best effort: a request that did its work is not failed for
+    /// a stamp.
+    pub fn mark_active(&self, sandbox: &OwnedSandbox) {
+        if let Err(err) = self.store.node().touch_sandbox(sandbox.id(), &crate::ids::now()) {
+            tracing::warn!(sandbox = sandbox.id(), "recording activity: {err}");
+        }
+    }
+
+    /// Gives the sandbox a new lifecycle (its end and what happens then).
+    pub fn set_lifecycle(&self, sandbox: &OwnedSandbox, lifecycle: &Lifecycle) -> Result<(), NodeError> {
+        if !self.store.node().set_sandbox_lifecycle(sandbox.id(), lifecycle)? {
+            return Err(NodeError::not_found("sandbox", sandbox.id()));
+        }
+        self.changed();
+        Ok(())
+    }
+
+    /// The names of `caller`'s tenant's secrets (never their values).
+    pub fn secrets_of(&self, caller: &Caller) -> Result<Vec<SecretInfo>, NodeError> {
+        Ok(self.store.tenancy().secrets(&caller.tenant)?)
+    }
+
+    /// Who holds the API key `presented`, if anyone.
+    pub fn caller_for_key(&self, presented: &str) -> Result<Option<Caller>, NodeError> {
+        crate::tenants::tenant_for_key(&self.store, presented)
+    }
+
+    /// What `tenant` holds here against its quotas.
+    pub fn usage_of(&self, tenant: &str) -> Result<Usage, NodeError> {
+        crate::tenants::usage(&self.store, tenant, self.disk_usage(tenant)?)
     }
 }

@@ -50,9 +50,9 @@ pub struct LiveCommand {
 pub const DEFAULT_AUTO_PAUSE_S: u64 = 30;
 
 pub struct Platform {
-    pub data: DataDir,
-    pub store: Store,
-    pub engine: Arc<dyn Engine>,
+    pub(crate) data: DataDir,
+    pub(crate) store: Store,
+    pub(crate) engine: Arc<dyn Engine>,
     /// Bumped after every persisted change, for long-polling waiters.
     changes: watch::Sender<u64>,
     pub(crate) sandboxes: Mutex<HashMap<String, Arc<LiveSandbox>>>,
@@ -61,15 +61,15 @@ pub struct Platform {
     pub(crate) contexts: Mutex<HashMap<String, Arc<crate::state::contexts::LiveContext>>>,
     /// Live sandboxes a restarted server has not re-adopted yet (requests
     /// for them wait, see [`Platform::until_reconciled`]).
-    pub reconciling: Mutex<std::collections::HashSet<String>>,
+    pub(crate) reconciling: Mutex<std::collections::HashSet<String>>,
     /// How long a request for a sandbox a restarted server has not
     /// re-adopted yet waits for it before a 503, in ms.
-    pub reconcile_patience_ms: std::sync::atomic::AtomicU64,
+    pub(crate) reconcile_patience_ms: std::sync::atomic::AtomicU64,
     /// Leftovers of unknown sandboxes are being swept (at start).
     pub(crate) sweeping: std::sync::atomic::AtomicBool,
-    pub warm: crate::warm::WarmPools,
+    pub(crate) warm: crate::warm::WarmPools,
     /// Memory the host can promise to sandboxes, in MiB.
-    pub capacity_mib: u64,
+    pub(crate) capacity_mib: u64,
     /// Held from the capacity check until the new record is written, so
     /// concurrent creates cannot both take the last room.
     pub(crate) admission: Mutex<()>,
@@ -77,32 +77,32 @@ pub struct Platform {
     /// The guest agent put into templates this server builds.
     pub(crate) agent_bin: std::path::PathBuf,
     /// Output kept per command; what comes after is counted, not stored.
-    pub max_output_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) max_output_bytes: std::sync::atomic::AtomicU64,
     /// Every engine's availability on this host, probed at startup.
-    pub engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
+    pub(crate) engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
     /// This server's id as a cluster's node (`space node --node-id`), which
     /// the sandboxes it creates record; unset on a single server.
-    pub node_id: std::sync::OnceLock<String>,
+    pub(crate) node_id: std::sync::OnceLock<String>,
     /// Seconds a sandbox may be idle before the server pauses it (0: never).
-    pub auto_pause_s: std::sync::atomic::AtomicU64,
+    pub(crate) auto_pause_s: std::sync::atomic::AtomicU64,
     /// Output kept per sandbox (all its transcripts together).
-    pub max_sandbox_output_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) max_sandbox_output_bytes: std::sync::atomic::AtomicU64,
     /// Free space of the data dir the host keeps (see `disk.rs`).
-    pub disk_reserve_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) disk_reserve_bytes: std::sync::atomic::AtomicU64,
     pub(crate) output_use: crate::state::disk::OutputUse,
     /// Disk granted to running template builds, by tenant.
     pub(crate) build_grants: Mutex<HashMap<String, u64>>,
     pub(crate) egress: crate::state::egress::EgressHub,
     /// Seals tenant secrets and sandbox CA keys (loaded on first use).
-    pub keyring: std::sync::OnceLock<crate::keyring::Keyring>,
+    pub(crate) keyring: std::sync::OnceLock<crate::keyring::Keyring>,
     /// A node: the change of its cluster's secrets it holds (0: none yet),
     /// and the lock that takes a set at a time.
-    pub secrets_epoch: std::sync::atomic::AtomicU64,
+    pub(crate) secrets_epoch: std::sync::atomic::AtomicU64,
     pub(crate) secrets_taken: Mutex<()>,
     /// A node: each tenant's disk quota here as its control plane last
     /// told it (`None`: no quota), which wins over the node's own records.
-    pub told_disk_quotas: Mutex<HashMap<String, Option<crate::state::disk::ToldQuota>>>,
-    pub metrics: crate::metrics::Metrics,
+    pub(crate) told_disk_quotas: Mutex<HashMap<String, Option<crate::state::disk::ToldQuota>>>,
+    pub(crate) metrics: crate::metrics::Metrics,
     /// Running sandboxes whose engine was told they are idle (see
     /// `idle.rs`), or may have been by a server before a restart.
     pub(crate) dozing: Mutex<HashMap<String, Doze>>,
@@ -110,7 +110,7 @@ pub struct Platform {
     step_clocks: Mutex<HashMap<String, std::time::Instant>>,
     pub(crate) usage: crate::state::usage::UsageHistory,
     /// `GET /metrics` without a key (`space serve --metrics-without-key`).
-    pub metrics_without_key: std::sync::atomic::AtomicBool,
+    pub(crate) metrics_without_key: std::sync::atomic::AtomicBool,
     /// Whether requests are counted and logged and events recorded (off
     /// only for `space bench`'s baseline).
     observing: std::sync::atomic::AtomicBool,
@@ -290,6 +290,121 @@ impl Platform {
 
     pub fn observing(&self) -> bool {
         self.observing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The store itself, for tests that check what the runtime recorded
+    /// (the `testing` feature, which only tests turn on): the edge reads
+    /// through the runtime's own methods, which take the caller.
+    #[cfg(feature = "testing")]
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The event log, read-only (`GET /v1/events`, a node's feed).
+    pub fn events(&self) -> crate::store::EventReader<'_> {
+        self.store.events()
+    }
+
+    /// The ids of the sandboxes this host holds, but failed ones (what a
+    /// node reports to its control plane).
+    pub fn held_sandbox_ids(&self) -> Result<Vec<String>, NodeError> {
+        let live = self.store.node().live_sandboxes()?;
+        Ok(live.into_iter().filter(|r| r.sandbox.state != SandboxState::Failed).map(|r| r.sandbox.id).collect())
+    }
+
+    /// The engine new sandboxes run on by default (`gvisor`, `firecracker`).
+    pub fn engine_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    /// Every engine's availability on this host, as probed at startup.
+    pub fn engine_report(&self) -> Vec<space_engine::Availability> {
+        self.engine_report.get().cloned().unwrap_or_else(|| vec![self.engine.availability()])
+    }
+
+    /// The host's directories: templates, sandboxes' files, logs, the
+    /// development key. Read-only paths; what changes them is the runtime's.
+    pub fn data(&self) -> &DataDir {
+        &self.data
+    }
+
+    /// The warm and hot pools.
+    pub fn warm(&self) -> &crate::warm::WarmPools {
+        &self.warm
+    }
+
+    /// The counters `GET /metrics` shows.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Memory this host promises to sandboxes at most, in MiB.
+    pub fn capacity_mib(&self) -> u64 {
+        self.capacity_mib
+    }
+
+    /// This server as a cluster's node: the id it joined as. Set once, at
+    /// start, before it serves; a second call changes nothing.
+    pub fn join_cluster_as(&self, node_id: &str) {
+        let _ = self.node_id.set(node_id.to_string());
+    }
+
+    /// The change of the cluster's secrets this node holds (0: none yet).
+    pub fn secrets_epoch(&self) -> u64 {
+        self.secrets_epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many live sandboxes a restarted server has not re-adopted yet.
+    pub fn reconciling_count(&self) -> usize {
+        self.reconciling.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// How long a request for a sandbox not re-adopted yet waits for it.
+    pub fn reconcile_patience(&self) -> Duration {
+        Duration::from_millis(self.reconcile_patience_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Sets [`Platform::reconcile_patience`]; returns the one it replaces.
+    pub fn set_reconcile_patience(&self, patience: Duration) -> Duration {
+        let before = self.reconcile_patience_ms.swap(patience.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+        Duration::from_millis(before)
+    }
+
+    /// Free space of the data dir the host keeps, in bytes.
+    pub fn disk_reserve_bytes(&self) -> u64 {
+        self.disk_reserve_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Platform::disk_reserve_bytes`] (`space serve --disk-reserve-mib`).
+    pub fn set_disk_reserve_bytes(&self, bytes: u64) {
+        self.disk_reserve_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets the output kept per command (`space serve --max-output-mib`).
+    pub fn set_max_output_bytes(&self, bytes: u64) {
+        self.max_output_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets the output kept per sandbox, all its transcripts together
+    /// (`space serve --max-sandbox-output-mib`).
+    pub fn set_max_sandbox_output_bytes(&self, bytes: u64) {
+        self.max_sandbox_output_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether `GET /metrics` answers without a key.
+    pub fn metrics_without_key(&self) -> bool {
+        self.metrics_without_key.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Platform::metrics_without_key`] (`space serve --metrics-without-key`).
+    pub fn set_metrics_without_key(&self, open: bool) {
+        self.metrics_without_key.store(open, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Records what a node's control plane last told it of `tenant`'s disk
+    /// quota, which wins over the node's own records.
+    pub fn told_disk_quota(&self, tenant: &str, told: Option<crate::state::disk::ToldQuota>) {
+        self.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).insert(tenant.to_string(), told);
     }
 
     pub fn changed(&self) {

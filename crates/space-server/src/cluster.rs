@@ -29,26 +29,17 @@ pub use space_http::links::Links;
 
 /// What this node would report now.
 pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
-    let sandboxes = platform.store.node().live_sandboxes().unwrap_or_default();
-    let templates = platform.data.templates();
+    let templates = platform.data().templates();
     NodeReport {
         id: id.to_string(),
         url: url.to_string(),
-        engine: platform.engine.name().to_string(),
-        capacity_mib: platform.capacity_mib,
+        engine: platform.engine_name().to_string(),
+        capacity_mib: platform.capacity_mib(),
         promised_mib: platform.reserved_mib(),
         templates: templates.iter().map(|t| t.meta.name.clone()).collect(),
-        sandboxes: sandboxes
-            .into_iter()
-            .filter(|r| r.sandbox.state != space_api::SandboxState::Failed)
-            .map(|r| r.sandbox.id)
-            .collect(),
-        secrets_epoch: platform.secrets_epoch.load(std::sync::atomic::Ordering::SeqCst),
-        engines: platform
-            .engine_report
-            .get()
-            .map(|engines| engines.iter().filter(|e| e.available).map(|e| e.name.to_string()).collect())
-            .unwrap_or_default(),
+        sandboxes: platform.held_sandbox_ids().unwrap_or_default(),
+        secrets_epoch: platform.secrets_epoch(),
+        engines: platform.engine_report().iter().filter(|e| e.available).map(|e| e.name.to_string()).collect(),
         pinned: templates.iter().filter_map(|t| Some((t.meta.name.clone(), t.meta.engine.clone()?))).collect(),
         local: templates.iter().filter(|t| t.meta.image.is_some()).map(|t| t.meta.name.clone()).collect(),
         sizes: templates
@@ -204,7 +195,7 @@ pub(crate) async fn export_template(
 ) -> Result<Response, ApiError> {
     use base64::Engine as _;
     let platform = state.platform.clone();
-    let export = tokio::task::spawn_blocking(move || space_host::template::export(&platform.data, &name))
+    let export = tokio::task::spawn_blocking(move || space_host::template::export(platform.data(), &name))
         .await
         .map_err(|e| ApiError::internal("exporting a template", e))?
         .map_err(|e| ApiError::new(ErrorCode::TemplateNotFound, e.to_string()))?;
@@ -243,7 +234,7 @@ pub(crate) async fn pull_template(
     NodeToken(token): NodeToken,
     space_http::extract::ApiJson(request): space_http::extract::ApiJson<PullRequest>,
 ) -> Result<StatusCode, ApiError> {
-    if state.platform.data.template(&request.name).is_some() {
+    if state.platform.data().template(&request.name).is_some() {
         return Ok(StatusCode::NO_CONTENT);
     }
     let (platform, links) = (state.platform.clone(), state.links.clone());
@@ -283,7 +274,7 @@ async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: Pull
     if meta.name != request.name {
         return Err(ExchangeError::WrongTemplate { asked: request.name, got: meta.name });
     }
-    let dir = platform.data.run_dir().join("pulls");
+    let dir = platform.data().run_dir().join("pulls");
     tokio::fs::create_dir_all(&dir).await.map_err(ExchangeError::io("making the pulls directory"))?;
     let path = dir.join(format!("{}-{}.tar", request.name, std::process::id()));
     let mut file = tokio::fs::File::create(&path).await.map_err(ExchangeError::io("creating the pulled archive"))?;
@@ -300,7 +291,7 @@ async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: Pull
     let result = match got == expected {
         true => {
             let (platform, tar) = (platform.clone(), path.clone());
-            tokio::task::spawn_blocking(move || space_host::template::import_export(&platform.data, &meta, &tar))
+            tokio::task::spawn_blocking(move || space_host::template::import_export(platform.data(), &meta, &tar))
                 .await
                 .map_err(ExchangeError::ImportTask)
                 .and_then(|r| r.map(drop).map_err(ExchangeError::Import))
@@ -339,11 +330,11 @@ pub(crate) async fn feed(
         after: u64,
         head: tokio::sync::watch::Receiver<u64>,
     }
-    let feed = Feed { platform: state.platform.clone(), after: query.after, head: state.platform.store.event_head() };
+    let feed = Feed { platform: state.platform.clone(), after: query.after, head: state.platform.events().head() };
     let lines = futures_util::stream::unfold(feed, |mut feed| async move {
         loop {
             feed.head.borrow_and_update();
-            let batch = match feed.platform.store.feed(feed.after, 500) {
+            let batch = match feed.platform.events().feed(feed.after, 500) {
                 Ok(batch) => batch,
                 Err(err) => {
                     tracing::error!("reading events for the control plane: {err}");

@@ -19,6 +19,6 @@ pub(crate) fn take_disk_quota(platform: &Platform, caller: &Caller, headers: &He
         DiskAllowance::Unlimited => None,
         DiskAllowance::Quota { max_mib, elsewhere_bytes } => Some(crate::disk::ToldQuota { max_mib, elsewhere_bytes }),
     };
-    platform.told_disk_quotas.lock().unwrap_or_else(|e| e.into_inner()).insert(caller.tenant.clone(), told);
+    platform.told_disk_quota(&caller.tenant, told);
     Ok(())
 }

@@ -16,9 +16,9 @@ pub struct HostFacts {
 impl HostFacts {
     pub fn probe(platform: &Platform) -> HostFacts {
         // Probed once at startup; only a platform built without it probes here.
-        let report = platform.engine_report.get().cloned().unwrap_or_else(|| vec![platform.engine.availability()]);
-        let availability = report.iter().find(|a| a.name == platform.engine.name()).cloned().unwrap_or_else(|| {
-            space_engine::Availability { name: platform.engine.name(), available: false, detail: "not probed".into() }
+        let report = platform.engine_report();
+        let availability = report.iter().find(|a| a.name == platform.engine_name()).cloned().unwrap_or_else(|| {
+            space_engine::Availability { name: platform.engine_name(), available: false, detail: "not probed".into() }
         });
         let engines = report
             .into_iter()

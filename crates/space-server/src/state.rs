@@ -55,7 +55,9 @@ pub(crate) fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiE
         // A node knows no tenant keys: the control plane checked them.
         return Err(ApiError::new(ErrorCode::Unauthorized, "a node answers its control plane only"));
     }
-    crate::tenants::tenant_for_key(&state.platform.store, key)?
+    state
+        .platform
+        .caller_for_key(key)?
         .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "the API key is not valid"))
 }
 

@@ -179,7 +179,7 @@ pub(crate) fn py(server: &TestServer, id: &str, code: &str) -> String {
 fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    server.platform.max_output_bytes.store(8 << 20, std::sync::atomic::Ordering::Relaxed);
+    server.platform.set_max_output_bytes(8 << 20);
     let mut suite = Suite::new(DEFENCES);
     let id = server.create_sandbox(json!({"template": "base", "memory_mib": 256, "disk_mib": 512}));
     let other = server.create_sandbox(json!({"template": "base"}));
@@ -337,7 +337,7 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
     // --- The API as a caller without a valid key ---
     let (status, _) = server.client_as("space_guess").exchange("GET", "/v1/sandboxes", None).unwrap();
     suite.check("call the API with a guessed key", status == 401, status);
-    let (_, b_key) = space_server::tenants::create_key(&server.platform.store, "intruder", None).unwrap();
+    let (_, b_key) = space_server::tenants::create_key(server.platform.store(), "intruder", None).unwrap();
     let (status, _) = server.call_as(&b_key, "GET", &format!("/v1/sandboxes/{id}"), None);
     let (status2, _) = server.call_as(&b_key, "POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "id"})));
     suite.check("reach another tenant's sandbox", status == 404 && status2 == 404, format!("{status} {status2}"));
@@ -484,7 +484,7 @@ fn abuse_attempts_all_fail_and_the_host_stays_healthy() {
         "import os\nfor path in ['/proc/1/mem', '/proc/1/environ', '/proc/1/cmdline', '/proc/1/maps']:\n    try:\n        with open(path, 'rb') as f:\n            print(path, 'READ', f.read(1 << 20))\n    except OSError as e:\n        print(path, 'refused', e.errno)",
     );
     let env = sh(&server, &probe, "env; cat /proc/self/environ | tr '\\0' '\\n'").0;
-    let key = server.platform.store.node().sandbox(&probe).unwrap().unwrap().channel_key.unwrap_or_default();
+    let key = server.platform.store().node().sandbox(&probe).unwrap().unwrap().channel_key.unwrap_or_default();
     suite.check(
         "read the agent's memory for its channel key",
         key.len() == 64 && out.contains("/proc/1/mem refused") && !out.contains(&key) && !env.contains(&key),
@@ -668,7 +668,7 @@ while time.time() < end:
     suite.check("bind another tenant's secret", status == 422, format!("{status} {stolen}"));
     let ceiling =
         space_server::store::Quotas { egress_ceiling: Some(vec!["*.space.test".into()]), ..Default::default() };
-    let (_, bounded) = space_server::tenants::create_key(&server.platform.store, "bounded", Some(&ceiling)).unwrap();
+    let (_, bounded) = space_server::tenants::create_key(server.platform.store(), "bounded", Some(&ceiling)).unwrap();
     let (status, beyond) = server.call_as(
         &bounded,
         "POST",
@@ -714,7 +714,7 @@ while time.time() < end:
 
     // --- Disk a tenant causes outside its roots ---
     let limits = &server.platform;
-    limits.max_sandbox_output_bytes.store(16 << 20, std::sync::atomic::Ordering::Relaxed);
+    limits.set_max_sandbox_output_bytes(16 << 20);
     let flooder = server.create_sandbox(json!({"template": "base"}));
     for _ in 0..8 {
         server.exec(&flooder, json!({"cmd": "head -c 4000000 /dev/zero", "timeout_s": 60}));
@@ -722,12 +722,10 @@ while time.time() < end:
     let kept = space_server::disk::tree_bytes(&data.data.sandbox_dir(&flooder).join("commands"));
     suite.check("fill the disk through the transcripts of many commands", kept <= 16 << 20, kept);
     server.delete_sandbox(&flooder);
-    limits
-        .max_sandbox_output_bytes
-        .store(space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES, std::sync::atomic::Ordering::Relaxed);
+    limits.set_max_sandbox_output_bytes(space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES);
 
     let quotas = space_server::store::Quotas { max_disk_mib: Some(1100), ..Default::default() };
-    let (_, hoarder) = space_server::tenants::create_key(&server.platform.store, "hoarder", Some(&quotas)).unwrap();
+    let (_, hoarder) = space_server::tenants::create_key(server.platform.store(), "hoarder", Some(&quotas)).unwrap();
     let mut snapshots = Vec::new();
     let mut refused = None;
     for _ in 0..4 {
@@ -765,7 +763,7 @@ while time.time() < end:
     // An image whose one layer is a 256 MiB file of zeros, gzip-compressed
     // a thousandfold, for a tenant with 64 MiB of disk.
     let quotas = space_server::store::Quotas { max_disk_mib: Some(64), ..Default::default() };
-    let (_, small) = space_server::tenants::create_key(&server.platform.store, "small-disk", Some(&quotas)).unwrap();
+    let (_, small) = space_server::tenants::create_key(server.platform.store(), "small-disk", Some(&quotas)).unwrap();
     let work = std::env::temp_dir().join(format!("{marker}-bomb"));
     std::fs::create_dir_all(&work).unwrap();
     let layer = work.join("layer.tar");
@@ -813,14 +811,14 @@ while time.time() < end:
         &vec![0u8; 48 << 20],
     );
     let uploads_left =
-        std::fs::read_dir(server.platform.data.run_dir().join("uploads")).map(|d| d.count()).unwrap_or(0);
+        std::fs::read_dir(server.platform.data().run_dir().join("uploads")).map(|d| d.count()).unwrap_or(0);
     suite.check(
         "fill the disk through an upload",
         answer.starts_with("HTTP/1.1 429") && answer.contains("\"resource\":\"disk\"") && uploads_left == 0,
         answer.lines().next().unwrap_or(""),
     );
     let (_, fills) = space_server::tenants::create_key(
-        &server.platform.store,
+        server.platform.store(),
         "builder",
         Some(&space_server::store::Quotas { max_disk_mib: Some(1), ..Default::default() }),
     )
@@ -837,13 +835,10 @@ while time.time() < end:
     };
     suite.check("fill the disk through a template build", held, &refused);
 
-    server.platform.disk_reserve_bytes.store(u64::MAX / 2, std::sync::atomic::Ordering::Relaxed);
+    server.platform.set_disk_reserve_bytes(u64::MAX / 2);
     let (status, refused) = server.call("POST", "/v1/sandboxes", Some(json!({"template": "base"})));
     let still = server.exec(&other, json!({"argv": ["echo", "ok"]}));
-    server
-        .platform
-        .disk_reserve_bytes
-        .store(space_server::disk::DEFAULT_DISK_RESERVE_MIB << 20, std::sync::atomic::Ordering::Relaxed);
+    server.platform.set_disk_reserve_bytes(space_server::disk::DEFAULT_DISK_RESERVE_MIB << 20);
     suite.check(
         "fill the host's disk past its reserve",
         status == 507 && still["result"]["exit_code"] == 0,

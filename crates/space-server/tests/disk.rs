@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
-
 use common::{platform_config, TestServer};
 use serde_json::{json, Value};
 use space_server::store::Quotas;
@@ -48,7 +46,7 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let quotas = Quotas { max_disk_mib: Some(1536), ..Quotas::default() };
-    let (_, key) = create_key(&server.platform.store, "disky", Some(&quotas)).unwrap();
+    let (_, key) = create_key(server.platform.store(), "disky", Some(&quotas)).unwrap();
 
     let (status, accepted) = create_as(&server, &key, json!({"template": "base", "memory_mib": 256, "disk_mib": 512}));
     assert_eq!(status, 202, "{accepted}");
@@ -115,7 +113,7 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     // With the quota nearly used up, a suspend is refused before it writes.
     server
         .platform
-        .store
+        .store()
         .tenancy()
         .put_tenant("disky", &Quotas { max_disk_mib: Some(600), ..Quotas::default() })
         .unwrap();
@@ -127,7 +125,7 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     // Template builds and uploads count too; with nothing left, both are refused.
     server
         .platform
-        .store
+        .store()
         .tenancy()
         .put_tenant("disky", &Quotas { max_disk_mib: Some(514), ..Quotas::default() })
         .unwrap();
@@ -145,7 +143,7 @@ fn a_tenants_disk_is_counted_by_kind_and_bounded_with_429() {
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("\"resource\":\"disk\""), "{body}");
-    let uploads = server.platform.data.run_dir().join("uploads");
+    let uploads = server.platform.data().run_dir().join("uploads");
     let left: Vec<_> = std::fs::read_dir(&uploads).map(|d| d.flatten().collect()).unwrap_or_default();
     assert!(left.is_empty(), "a refused upload leaves nothing: {left:?}");
 
@@ -180,7 +178,7 @@ fn a_sandboxs_output_is_capped_across_all_its_commands() {
     }
     assert!((2 * MIB..=3 * MIB).contains(&kept), "{kept} bytes kept of 6 MB");
     assert!(notes.iter().any(|n| n.contains("output limit")), "{notes:?}");
-    let on_disk = space_server::disk::tree_bytes(&server.platform.data.sandbox_dir(&id).join("commands"));
+    let on_disk = space_server::disk::tree_bytes(&server.platform.data().sandbox_dir(&id).join("commands"));
     assert!(on_disk <= 3 * MIB, "{on_disk} bytes of transcripts on the host");
     // The sandbox itself keeps working; small output still fits nowhere,
     // and says so, while other sandboxes are not affected.
@@ -197,7 +195,7 @@ fn under_the_hosts_reserve_new_work_gets_507_and_the_server_keeps_serving() {
     let server = TestServer::start(&data);
     let id = server.create_sandbox(json!({"template": "base"}));
     // Reserve more than the disk has: the host is "low" from now on.
-    server.platform.disk_reserve_bytes.store(u64::MAX / 2, Ordering::Relaxed);
+    server.platform.set_disk_reserve_bytes(u64::MAX / 2);
 
     let low = |value: &Value| {
         value["error"]["code"] == "insufficient_storage" && value["error"]["details"]["resource"] == "host_disk"
@@ -223,7 +221,7 @@ fn under_the_hosts_reserve_new_work_gets_507_and_the_server_keeps_serving() {
     assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["state"], "running");
 
     // With room again, everything works as before.
-    server.platform.disk_reserve_bytes.store(0, Ordering::Relaxed);
+    server.platform.set_disk_reserve_bytes(0);
     let ran = server.exec(&id, json!({"argv": ["echo", "back"]}));
     assert_eq!(ran["stdout"], "back\n");
     let again = server.create_sandbox(json!({"template": "base"}));

@@ -102,8 +102,8 @@ fn summary(events: &[Value], sandbox: &str) -> Vec<String> {
 fn events_follow_each_change_live_resume_by_id_stay_with_their_tenant_and_survive_a_restart() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    let (_, a) = create_key(&server.platform.store, "team-a", None).unwrap();
-    let (_, b) = create_key(&server.platform.store, "team-b", None).unwrap();
+    let (_, a) = create_key(server.platform.store(), "team-a", None).unwrap();
+    let (_, b) = create_key(server.platform.store(), "team-b", None).unwrap();
 
     // Following before anything happens: only what comes from now on.
     let live = follow_sse(&server, &a, "");

@@ -222,7 +222,7 @@ fn bad_forks_are_refused_and_change_nothing() {
     // Quotas count every fork: a tenant that may hold 3 sandboxes and 1536
     // MiB, holding one of 512 MiB, may fork it twice but not three times.
     let quotas = Quotas { max_sandboxes: Some(3), max_memory_mib: Some(1536), ..Quotas::default() };
-    let (_, key) = create_key(&server.platform.store, "forker", Some(&quotas)).unwrap();
+    let (_, key) = create_key(server.platform.store(), "forker", Some(&quotas)).unwrap();
     let (status, mine) =
         server.call_as(&key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 512})));
     assert_eq!(status, 202, "{mine}");
@@ -434,11 +434,11 @@ fn a_snapshot_template_starts_sandboxes_from_a_running_state() {
     config.hot_pool = 1;
     let server = TestServer::start_with(config);
     // Each template's pools (a hot and a warm member): base, warmed and fromcheckpoint.
-    wait_until("the pools to fill", PATIENCE, || server.platform.warm.count() == 6);
-    assert_eq!(server.platform.warm.hot_count(), 3);
-    let hits = server.platform.metrics.warm_hits.get();
+    wait_until("the pools to fill", PATIENCE, || server.platform.warm().count() == 6);
+    assert_eq!(server.platform.warm().hot_count(), 3);
+    let hits = server.platform.metrics().warm_hits.get();
     let warm = server.create_sandbox(json!({"template": "warmed"}));
-    assert_eq!(server.platform.metrics.warm_hits.get(), hits + 1, "served from the pool");
+    assert_eq!(server.platform.metrics().warm_hits.get(), hits + 1, "served from the pool");
     assert_eq!(loaded(&server, &warm, "email.mime.multipart"), (token.clone(), true));
     assert_eq!(stdout(&server, &warm, "hostname"), format!("sbx-{}\n", &warm[4..]));
     assert_ne!(entropy(&server, &warm), entropy(&server, &first));

@@ -324,7 +324,7 @@ fn a_template_can_ask_for_its_engine() {
 
     // A firecracker template on a host that makes no ext4 images would be
     // one no sandbox can start from: refused at once.
-    if !server.platform.data.ext4_images() {
+    if !server.platform.data().ext4_images() {
         // Refused before the body is read: written on a raw socket.
         let auth = format!("Authorization: Bearer {}", server.key);
         let head = format!(

@@ -261,7 +261,7 @@ fn a_restarted_server_readopts_live_sandboxes_with_their_processes_and_commands(
     assert_eq!(lifecycle(&server, &saved, "suspend")["state"], "succeeded");
     assert_eq!(lifecycle(&server, &saved, "resume")["state"], "succeeded");
     assert_eq!(server.exec(&saved, json!({"cmd": "cat /root/note"}))["stdout"], "kept\n");
-    let slept = server.platform.store.node().command(&sleeper).unwrap().unwrap();
+    let slept = server.platform.store().node().command(&sleeper).unwrap().unwrap();
     assert!(slept.result.is_some(), "a deleted sandbox's command has ended: {slept:?}");
 }
 
@@ -329,7 +329,7 @@ fn a_starting_server_sweeps_leftovers_of_unknown_sandboxes() {
     assert_eq!(server.ok("GET", "/v1/health", None)["status"], "ok");
     wait_until("the leftover directory and its subvolume to go", PATIENCE, || !stray.exists());
     let kept = server.create_sandbox(json!({"template": "base"}));
-    wait_until("the pool to fill again", PATIENCE, || server.platform.warm.count() == 1);
+    wait_until("the pool to fill again", PATIENCE, || server.platform.warm().count() == 1);
     server.stop();
     // What the killed server left running that no record names: its pool member.
     let members: Vec<String> = std::fs::read_dir(data.data.sandboxes_dir())
@@ -369,8 +369,8 @@ fn pool_sandboxes_get_their_own_identity(warm: u32, hot: u32, step: &str) {
     let mut config = common::platform_config(&data);
     (config.warm_pool, config.hot_pool) = (warm, hot);
     let server = TestServer::start_with(config);
-    wait_until("the pool to fill in the background", PATIENCE, || server.platform.warm.count() == 2);
-    assert_eq!(server.platform.warm.hot_count(), hot as usize);
+    wait_until("the pool to fill in the background", PATIENCE, || server.platform.warm().count() == 2);
+    assert_eq!(server.platform.warm().hot_count(), hot as usize);
 
     let identity = |id: &str| {
         let out = server.exec(
@@ -454,7 +454,7 @@ fn a_template_can_set_its_own_pool_sizes_and_a_taken_hot_member_is_replaced_by_a
     (meta["warm_pool"], meta["hot_pool"]) = (json!(1), json!(1));
     std::fs::write(&path, meta.to_string()).unwrap();
     let server = TestServer::start(&data); // the server's own settings are 0 here
-    let pools = &server.platform.warm;
+    let pools = &server.platform.warm();
     let settled = |pools: &space_server::warm::WarmPools| pools.count() == 2 && pools.hot_count() == 1;
     wait_until("one hot and one warm member", PATIENCE, || settled(pools));
     // The pools settle at the template's sizes, not above them.
@@ -484,7 +484,7 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
     config.capacity_mib = Some(1200);
     config.warm_pool = 2;
     let server = TestServer::start_with(config);
-    wait_until("two 512 MiB members in 1200 MiB", PATIENCE, || server.platform.warm.count() == 2);
+    wait_until("two 512 MiB members in 1200 MiB", PATIENCE, || server.platform.warm().count() == 2);
     // A cold create (other size) of 256 MiB does not fit beside them.
     let refused =
         server.error("POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 256})), 503, "capacity");
@@ -492,15 +492,15 @@ fn creates_beyond_the_hosts_capacity_are_refused_and_warm_members_count() {
     // Taking a warm member moves its memory from the pool to the sandbox;
     // the pool may not refill beyond the capacity.
     let id = server.create_sandbox(json!({"template": "base"}));
-    wait_until("the pool to give up its member", PATIENCE, || server.platform.warm.count() == 1);
+    wait_until("the pool to give up its member", PATIENCE, || server.platform.warm().count() == 1);
     // A refill would have had time to start; none does, for want of room.
     let settled = Instant::now();
     while settled.elapsed() < Duration::from_secs(1) {
-        assert_eq!(server.platform.warm.count(), 1, "no room to refill");
+        assert_eq!(server.platform.warm().count(), 1, "no room to refill");
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(lifecycle(&server, &id, "suspend")["state"], "succeeded", "suspended sandboxes hold no memory");
-    wait_until("the pool to refill into the freed memory", PATIENCE, || server.platform.warm.count() == 2);
+    wait_until("the pool to refill into the freed memory", PATIENCE, || server.platform.warm().count() == 2);
     let refused = server.error("POST", &format!("/v1/sandboxes/{id}/resume"), None, 503, "capacity");
     assert!(refused["error"]["message"].as_str().unwrap().contains("MiB"));
     assert_eq!(
@@ -623,17 +623,17 @@ fn requests_for_a_sandbox_wait_until_a_restarted_server_has_readopted_it() {
     std::thread::sleep(Duration::from_secs(1));
     assert!(!exec.is_finished(), "the request waits while the sandbox is being re-adopted");
     // A request that waited past the server's patience is told to come back.
-    let patience = server.platform.reconcile_patience_ms.swap(300, std::sync::atomic::Ordering::Relaxed);
+    let patience = server.platform.set_reconcile_patience(Duration::from_millis(300));
     let head = format!("GET /v1/sandboxes/{id} HTTP/1.1\r\nAuthorization: Bearer {}", server.key);
     let answer = server.early_answer(&head, b"");
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"), "{answer}");
     assert!(answer.contains("being re-adopted after a restart"), "{answer}");
-    server.platform.reconcile_patience_ms.store(patience, std::sync::atomic::Ordering::Relaxed);
+    server.platform.set_reconcile_patience(patience);
     // A stranger is not made to wait (which would tell it the sandbox
     // exists): it is answered before the re-adoption can end, as for any
     // id (a wait would end in the 503 above, after the patience).
-    let (_, stranger) = space_server::tenants::create_key(&server.platform.store, "stranger", None).unwrap();
+    let (_, stranger) = space_server::tenants::create_key(server.platform.store(), "stranger", None).unwrap();
     for key in [stranger.as_str(), "space_not-a-key"] {
         let head = format!("GET /v1/sandboxes/{id} HTTP/1.1\r\nAuthorization: Bearer {key}");
         let answer = server.early_answer(&head, b"");
@@ -660,7 +660,7 @@ fn idle_running_sandboxes_and_hot_members_doze_and_wake_to_be_used() {
     let usual = std::fs::read_to_string("/proc/self/timerslack_ns").unwrap().trim().parse::<u64>().unwrap();
     let all =
         |id: &str, ns: u64| timer_slacks(id).is_ok_and(|slacks| !slacks.is_empty() && slacks.iter().all(|s| *s == ns));
-    let hot_member = || server.platform.warm.members().into_iter().find(|(_, hot)| *hot).map(|(id, _)| id);
+    let hot_member = || server.platform.warm().members().into_iter().find(|(_, hot)| *hot).map(|(id, _)| id);
     wait_until("a hot member", PATIENCE, || hot_member().is_some());
     let member = hot_member().unwrap();
     wait_until("the hot member to doze", PATIENCE, || all(&member, IDLE_TIMER_SLACK_NS));

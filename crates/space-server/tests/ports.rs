@@ -115,7 +115,7 @@ fn http_websocket_and_tcp_reach_a_server_inside_the_sandbox_and_only_its_tenant(
     assert!(got.starts_with("HTTP/1.") && got.ends_with("GET /raw host=x auth=None"), "{got}");
 
     // Another tenant's key: the sandbox does not exist for it.
-    let (_, other) = create_key(&server.platform.store, "other", None).unwrap();
+    let (_, other) = create_key(server.platform.store(), "other", None).unwrap();
     let (status, _) = server.raw(
         "GET",
         &format!("/v1/sandboxes/{id}/ports/8000/"),

@@ -19,7 +19,7 @@ fn a_server_keeps_its_state_in_postgresql_across_a_restart() {
     let mut config = common::platform_config(&data);
     config.database = Some(pg.url.clone());
     let server = TestServer::start_with(config.clone());
-    let (_, key) = create_key(&server.platform.store, "team-pg", None).unwrap();
+    let (_, key) = create_key(server.platform.store(), "team-pg", None).unwrap();
     // One server per database until replicas claim their work.
     let second = TestDataDir::new();
     let mut other = common::platform_config(&second);
@@ -58,7 +58,7 @@ fn a_server_keeps_its_state_in_postgresql_across_a_restart() {
         Some(json!({"value": "pg-secret-value", "hosts": ["api.space.test"]})),
     );
     assert_eq!(status, 200, "{secret}");
-    let events = server.platform.store.events_from("team-pg", 0, &EventFilter::default(), 1000).unwrap();
+    let events = server.platform.store().events_from("team-pg", 0, &EventFilter::default(), 1000).unwrap();
     assert!(events.iter().any(|e| e.kind == "command.exited"), "{events:?}");
     let last_event = events.last().unwrap().id;
     // Nothing went to a SQLite file.
@@ -77,7 +77,7 @@ fn a_server_keeps_its_state_in_postgresql_across_a_restart() {
     let (_, secrets) = server.call_as(&key, "GET", "/v1/secrets", None);
     assert_eq!(secrets["secrets"][0]["name"], "pg-token", "{secrets}");
     assert!(!secrets.to_string().contains("pg-secret-value"));
-    let later = server.platform.store.events_from("team-pg", last_event + 1, &EventFilter::default(), 1000).unwrap();
+    let later = server.platform.store().events_from("team-pg", last_event + 1, &EventFilter::default(), 1000).unwrap();
     assert!(later.iter().any(|e| e.kind == "command.started"), "events go on after the restart: {later:?}");
     let (status, deleted) = server.call_as(&key, "DELETE", &format!("/v1/sandboxes/{id}"), None);
     assert_eq!(status, 202, "{deleted}");

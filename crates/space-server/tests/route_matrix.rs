@@ -173,7 +173,7 @@ fn wait_as(server: &TestServer, key: &str, operation: &str) -> Value {
 fn no_route_gives_one_tenant_another_tenants_resources() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    let store = &server.platform.store;
+    let store = server.platform.store();
     let (_, alice) = space_server::tenants::create_key(store, "alice", None).unwrap();
     let (_, bob) = space_server::tenants::create_key(store, "bob", None).unwrap();
 

@@ -245,7 +245,7 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
     // with, which must be the one its egress signs with.
     config.hot_pool = 1;
     let server = TestServer::start_with(config);
-    wait_until("a hot member of each template", PATIENCE, || server.platform.warm.hot_count() == 2);
+    wait_until("a hot member of each template", PATIENCE, || server.platform.warm().hot_count() == 2);
 
     // Values made of parts, so no command line of this test holds one whole.
     let unique = std::process::id();
@@ -285,7 +285,7 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
         "secrets": {"K": {"secret": "llm", "hosts": ["other.space.test"]}}}});
     server.error("POST", "/v1/sandboxes", Some(wider), 422, "invalid_value");
 
-    let hits = server.platform.metrics.warm_hits.get();
+    let hits = server.platform.metrics().warm_hits.get();
     let id = server.create_sandbox(json!({"template": "polyglot", "network": {
         "egress": "allowlist",
         "allow": ["other.space.test"],
@@ -295,7 +295,7 @@ fn secrets_reach_only_their_hosts_and_never_enter_the_sandbox() {
             "PYPI_TOKEN": {"secret": "pypi"},
         }
     }}));
-    assert_eq!(server.platform.metrics.warm_hits.get(), hits + 1, "served by the hot pool");
+    assert_eq!(server.platform.metrics().warm_hits.get(), hits + 1, "served by the hot pool");
     let sandbox = server.ok("GET", &format!("/v1/sandboxes/{id}"), None);
     let placeholder = sandbox["network"]["secrets"]["LLM_KEY"]["placeholder"].as_str().unwrap().to_string();
     assert!(placeholder.starts_with("space_ph_"), "{sandbox}");

@@ -44,8 +44,8 @@ fn delete_as(server: &TestServer, key: &str, id: &str) {
 fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
-    let (_, a) = create_key(&server.platform.store, "team-a", None).unwrap();
-    let (b_info, b) = create_key(&server.platform.store, "team-b", None).unwrap();
+    let (_, a) = create_key(server.platform.store(), "team-a", None).unwrap();
+    let (b_info, b) = create_key(server.platform.store(), "team-b", None).unwrap();
 
     // A's sandbox, command and operation.
     let (status, accepted) = server.call_as(&a, "POST", "/v1/sandboxes", Some(json!({"template": "base"})));
@@ -114,7 +114,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
     let other: Value = serde_json::from_str(&other).unwrap();
     assert_ne!(first["sandbox"]["id"], other["sandbox"]["id"], "{first} {other}");
     let theirs = other["sandbox"]["id"].as_str().unwrap();
-    assert_eq!(server.platform.store.node().sandbox(theirs).unwrap().unwrap().tenant, "team-b");
+    assert_eq!(server.platform.store().node().sandbox(theirs).unwrap().unwrap().tenant, "team-b");
     delete_as(&server, &b, theirs);
 
     // Templates: A's own is invisible to B; shared ones are visible to all
@@ -179,7 +179,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
         expect(&server, "space_not-a-real-key", "GET", "/v1/sandboxes", None, 401)["error"]["code"],
         "unauthorized"
     );
-    assert!(server.platform.store.tenancy().revoke_key(&b_info.id, "now").unwrap());
+    assert!(server.platform.store().tenancy().revoke_key(&b_info.id, "now").unwrap());
     expect(&server, &b, "GET", "/v1/sandboxes", None, 401);
 
     for sandbox in [id, first["sandbox"]["id"].as_str().unwrap().to_string()] {
@@ -198,7 +198,7 @@ fn quotas_refuse_with_429_and_name_the_limit() {
         max_disk_mib: None,
         ..Quotas::default()
     };
-    let (_, key) = create_key(&server.platform.store, "small", Some(&quotas)).unwrap();
+    let (_, key) = create_key(server.platform.store(), "small", Some(&quotas)).unwrap();
     let answer =
         expect(&server, &key, "POST", "/v1/sandboxes", Some(json!({"template": "base", "memory_mib": 1024})), 429);
     assert_eq!(answer["error"]["code"], "quota_exceeded");
@@ -236,7 +236,7 @@ fn networks_come_from_the_request_the_template_or_the_tenant_and_never_pass_the_
         egress_ceiling: Some(vec!["*.space.test".into(), "git.example:443".into()]),
         ..Quotas::default()
     };
-    let (_, key) = create_key(&server.platform.store, "netted", Some(&quotas)).unwrap();
+    let (_, key) = create_key(server.platform.store(), "netted", Some(&quotas)).unwrap();
     let network_of =
         |id: &str| expect(&server, &key, "GET", &format!("/v1/sandboxes/{id}"), None, 200)["network"].clone();
     let create = |body: Value| {

@@ -272,6 +272,38 @@ impl Store {
     }
 }
 
+/// The event log read-only: what an events endpoint and a node's feed
+/// need, and nothing of the tables behind the events (`store.events()`).
+#[derive(Clone, Copy)]
+pub struct EventReader<'a>(pub(crate) &'a Store);
+
+impl EventReader<'_> {
+    /// See [`Store::event_head`].
+    pub fn head(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.event_head()
+    }
+
+    /// See [`Store::oldest_event`].
+    pub fn oldest(&self) -> Result<u64, StoreError> {
+        self.0.oldest_event()
+    }
+
+    /// See [`Store::events_from`].
+    pub fn from(&self, tenant: &str, from: u64, filter: &EventFilter, limit: u32) -> Result<Vec<RawEvent>, StoreError> {
+        self.0.events_from(tenant, from, filter, limit)
+    }
+
+    /// See [`Store::latest_events`].
+    pub fn latest(&self, tenant: &str, filter: &EventFilter, limit: u32) -> Result<Vec<RawEvent>, StoreError> {
+        self.0.latest_events(tenant, filter, limit)
+    }
+
+    /// See [`Store::feed`].
+    pub fn feed(&self, after: u64, limit: u32) -> Result<Vec<FeedEvent>, StoreError> {
+        self.0.feed(after, limit)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,7 @@ use rusqlite::Connection;
 
 pub use self::cluster::{ClusterStore, NodeRow, Placement};
 use self::db::{Conn, Db, Value};
-pub use self::events::{new_event, EventFilter, FeedEvent, RawEvent, EVENTS_KEPT};
+pub use self::events::{new_event, EventFilter, EventReader, FeedEvent, RawEvent, EVENTS_KEPT};
 pub use self::node::{EgressCa, NodeStore, SandboxRecord, EGRESS_EVENTS_KEPT};
 pub use self::tenancy::{KeyInfo, Quotas, SealedSecret, TenancyStore, TenantSecret, OPERATOR_TENANT};
 
@@ -137,6 +137,11 @@ impl Store {
     /// A control plane's tables.
     pub fn cluster(&self) -> ClusterStore<'_> {
         ClusterStore(self)
+    }
+
+    /// The event log, read-only.
+    pub fn events(&self) -> EventReader<'_> {
+        EventReader(self)
     }
 
     fn tx<T>(&self, work: impl FnOnce(&mut dyn Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {

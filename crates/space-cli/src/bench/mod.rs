@@ -277,7 +277,7 @@ impl StepSamples {
 /// Waits until `platform`'s pools hold `members`, `hot` of them running.
 fn pools_settled(platform: &space_server::Platform, members: usize, hot: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while (platform.warm.count(), platform.warm.hot_count()) != (members, hot) {
+    while (platform.warm().count(), platform.warm().hot_count()) != (members, hot) {
         if Instant::now() > deadline {
             bail!("the pools did not refill within a minute");
         }
@@ -289,9 +289,9 @@ fn pools_settled(platform: &space_server::Platform, members: usize, hot: usize) 
 /// What the hot members cost while they wait: % of one core each.
 fn hot_idle_cpu(platform: &space_server::Platform) -> f64 {
     const OVER: Duration = Duration::from_secs(5);
-    let (members, before) = platform.warm.hot_cpu();
+    let (members, before) = platform.warm().hot_cpu();
     std::thread::sleep(OVER);
-    let (_, after) = platform.warm.hot_cpu();
+    let (_, after) = platform.warm().hot_cpu();
     after.saturating_sub(before).as_secs_f64() / OVER.as_secs_f64() / members.max(1) as f64 * 100.0
 }
 
@@ -721,8 +721,8 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
         Some(binary) => runtime.block_on(bench_firecracker(&binary, scratch, args.runs))?,
         None => println!("{:<44} skipped: no firecracker binary (FIRECRACKER_BIN)", "firecracker figures"),
     }
-    runtime.block_on(warm_platform.warm.drain());
-    runtime.block_on(hot_platform.warm.drain());
+    runtime.block_on(warm_platform.warm().drain());
+    runtime.block_on(hot_platform.warm().drain());
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }
@@ -816,7 +816,7 @@ fn bench_snapshots(
         let id = timed_create(client, "bench-snapshot", &mut cold)?;
         delete(client, &[id])?;
         let refill_deadline = Instant::now() + Duration::from_secs(60);
-        while warm_platform.warm.count() < 2 && Instant::now() < refill_deadline {
+        while warm_platform.warm().count() < 2 && Instant::now() < refill_deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let id = timed_create(warm_client, "bench-snapshot", &mut warm)?;

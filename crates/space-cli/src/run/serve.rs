@@ -32,9 +32,9 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     let platform = space_server::start_platform(&config)?;
     if let Some(node) = &node {
         // The sandboxes it creates say which node holds them.
-        let _ = platform.node_id.set(node.id.clone());
+        platform.join_cluster_as(&node.id);
     }
-    platform.metrics_without_key.store(args.metrics_without_key, std::sync::atomic::Ordering::Relaxed);
+    platform.set_metrics_without_key(args.metrics_without_key);
     let node_token = match (&node, &args.node_token_file) {
         (Some(_), Some(path)) => Some(read_secret_file(path, "node token")?),
         (Some(_), None) => bail!("a node needs --node-token-file"),
@@ -45,9 +45,9 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     } else if args.dev {
         eprintln!(
             "WARNING: development mode: loopback only, one API key in {}. Do not expose this server.",
-            platform.data.dev_key_path().display()
+            platform.data().dev_key_path().display()
         );
-        dev_key(&platform.data.dev_key_path())?
+        dev_key(&platform.data().dev_key_path())?
     } else {
         let path = args.api_key_file.as_ref().context("without --dev, --api-key-file is required")?;
         let key = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

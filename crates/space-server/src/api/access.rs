@@ -133,7 +133,7 @@ impl FromRequestParts<AppState> for CheckpointPath {
         let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         // One path segment of ours: a decoded `%2F` or `..` names nothing.
         let name = param(&params, "name");
-        let dir = crate::checkpoints::checkpoint_dir(&state.platform.data.sandbox_dir(sandbox.id()), name);
+        let dir = crate::checkpoints::checkpoint_dir(&state.platform.data().sandbox_dir(sandbox.id()), name);
         if !space_host::template::valid_name(name) || !crate::checkpoints::is_whole(&dir) {
             return Err(crate::checkpoints::checkpoint_not_found(sandbox.id(), name).into());
         }

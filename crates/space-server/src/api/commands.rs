@@ -86,7 +86,7 @@ pub async fn create(
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CommandList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn list(path: SandboxPath, State(state): State<AppState>, _: NoQuery) -> Result<Json<CommandList>, ApiError> {
-    Ok(Json(CommandList { commands: state.platform.store.node().commands(path.sandbox.id())? }))
+    Ok(Json(CommandList { commands: state.platform.commands_of(&path.sandbox)? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", tag = "commands",
@@ -236,7 +236,7 @@ pub async fn exec(
     let command = platform
         .wait_for(None::<Instant>, || platform.command(id, &started.id), |c| c.state == CommandState::Exited)
         .await?;
-    let path = transcript::path_for(&platform.data.sandbox_dir(id), &command.id);
+    let path = transcript::path_for(&platform.data().sandbox_dir(id), &command.id);
     let (stdout, stderr, truncated) =
         collect_output(&path).map_err(|e| ApiError::internal("reading the transcript", e))?;
     let result = command.result.clone().ok_or_else(|| ApiError::internal("finishing exec", "no result recorded"))?;

@@ -33,7 +33,7 @@ pub async fn log(
     if limit == 0 || limit > most {
         return Err(ApiError::bad_request(format!("limit is between 1 and {most}")));
     }
-    Ok(Json(EgressLog { events: state.platform.store.node().egress_events(path.sandbox.id(), limit)? }))
+    Ok(Json(EgressLog { events: state.platform.egress_log(&path.sandbox, limit)? }))
 }
 
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",

@@ -15,7 +15,7 @@ use space_http::extract::ApiQuery;
 use crate::error::ApiError;
 use crate::platform::Platform;
 use crate::state::AppState;
-use crate::store::Store;
+use crate::store::EventReader;
 use crate::tenants::Caller;
 
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery,
@@ -37,7 +37,7 @@ pub async fn events(
 struct NodeLog(Arc<Platform>);
 
 impl EventLog for NodeLog {
-    fn store(&self) -> &Store {
-        &self.0.store
+    fn events(&self) -> EventReader<'_> {
+        self.0.events()
     }
 }

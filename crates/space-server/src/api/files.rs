@@ -125,7 +125,7 @@ pub async fn read(
     let path = checked_path(&query.path)?;
     let tar = query.tar()?;
     let (agent, work) = agent_for(&state, &sandbox).await?;
-    let _ = state.platform.store.node().touch_sandbox(sandbox.id(), &crate::ids::now());
+    state.platform.mark_active(&sandbox);
     match agent.read_file(path, tar).await.map_err(file_error)? {
         FileRead::Dir(listing) => {
             let entries = listing
@@ -210,7 +210,7 @@ pub async fn write(
         }
     }
     upload.finish().await.map_err(file_error)?;
-    let _ = state.platform.store.node().touch_sandbox(sandbox.id(), &crate::ids::now());
+    state.platform.mark_active(&sandbox);
     Ok((StatusCode::CREATED, Json(FileWritten { path, size: size as u64 })))
 }
 
@@ -227,6 +227,6 @@ pub async fn delete(
     let path = checked_path(&query.path)?;
     let (agent, _work) = agent_for(&state, &sandbox).await?;
     agent.delete_path(path, query.recursive.unwrap_or(false)).await.map_err(file_error)?;
-    let _ = state.platform.store.node().touch_sandbox(sandbox.id(), &crate::ids::now());
+    state.platform.mark_active(&sandbox);
     Ok(StatusCode::NO_CONTENT)
 }

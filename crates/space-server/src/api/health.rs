@@ -10,20 +10,20 @@ use crate::state::AppState;
     responses((status = 200, description = "The server is up", body = Health)))]
 pub async fn health(State(state): State<AppState>) -> Json<Health> {
     let platform = &state.platform;
-    let (free_bytes, total_bytes) = platform.data.disk_space();
-    let filesystem = if space_host::btrfs::is_btrfs(platform.data.root()) { "btrfs" } else { "other" };
+    let (free_bytes, total_bytes) = platform.data().disk_space();
+    let filesystem = if space_host::btrfs::is_btrfs(platform.data().root()) { "btrfs" } else { "other" };
     Json(Health {
         status: if state.health.engine_available { "ok" } else { "degraded" }.into(),
         version: env!("CARGO_PKG_VERSION").into(),
-        engine: platform.engine.name().into(),
+        engine: platform.engine_name().into(),
         engines: state.health.engines.clone(),
         kvm: state.health.kvm.clone(),
         disk: DiskStatus {
             filesystem: filesystem.into(),
             free_bytes,
             total_bytes,
-            reserve_bytes: platform.disk_reserve_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            reserve_bytes: platform.disk_reserve_bytes(),
         },
-        reconciling: platform.reconciling.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
+        reconciling: platform.reconciling_count() as u64,
     })
 }

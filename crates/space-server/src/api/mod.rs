@@ -140,8 +140,7 @@ pub(crate) async fn reconciled_first(State(state): State<AppState>, request: Req
 /// Waits for sandbox `id`'s re-adoption after a restart, up to the
 /// platform's patience; then a 503 with `Retry-After`.
 pub(crate) async fn until_reconciled(state: &AppState, id: &str) -> Result<(), ApiError> {
-    let patience = state.platform.reconcile_patience_ms.load(std::sync::atomic::Ordering::Relaxed);
-    match state.platform.until_reconciled(id, Duration::from_millis(patience)).await {
+    match state.platform.until_reconciled(id, state.platform.reconcile_patience()).await {
         true => Ok(()),
         false => Err(ApiError::unavailable(format!("sandbox {id} is being re-adopted after a restart; try again"))
             .retry_after(1)),
@@ -191,7 +190,7 @@ pub(crate) async fn observe_request(State(state): State<AppState>, request: Requ
     if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-request-id", value);
     }
-    let metrics = &state.platform.metrics;
+    let metrics = state.platform.metrics();
     let labels =
         crate::metrics::RequestLabels { method: method.clone(), route: route.clone(), status: status.to_string() };
     metrics.requests.get_or_create(&labels).inc();
@@ -206,7 +205,7 @@ pub(crate) async fn observe_request(State(state): State<AppState>, request: Requ
 /// server's own key reads them, unless the server was started with
 /// `--metrics-without-key` (for a scraper on a trusted network).
 async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    if !state.platform.metrics_without_key.load(std::sync::atomic::Ordering::Relaxed) {
+    if !state.platform.metrics_without_key() {
         let presented = bearer(&headers).unwrap_or_default();
         if !space_proto::constant_time_eq(presented.as_bytes(), state.api_key.as_bytes()) {
             return Err(ApiError::new(

@@ -44,6 +44,6 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
-    let operations = state.platform.store.node().tenant_operations(&caller.tenant, query.sandbox_id.as_deref())?;
+    let operations = state.platform.operations_of(&caller, query.sandbox_id.as_deref())?;
     Ok(Json(OperationList { operations }))
 }

@@ -25,7 +25,7 @@ pub(super) fn replay(
     kind: OperationKind,
 ) -> Result<Option<SandboxOperation>, ApiError> {
     let Some(key) = key else { return Ok(None) };
-    let Some(operation) = state.platform.store.node().operation_by_key(&caller.tenant, key)? else {
+    let Some(operation) = state.platform.operation_by_key(caller, key)? else {
         return Ok(None);
     };
     if operation.kind != kind {
@@ -65,7 +65,7 @@ pub async fn create(
     if !state.health.engine_available {
         return Err(ApiError::unavailable(format!(
             "the {} engine is not available on this host",
-            platform.engine.name()
+            platform.engine_name()
         )));
     }
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
@@ -133,11 +133,8 @@ pub async fn list(
     };
     let sandboxes = state
         .platform
-        .store
-        .node()
-        .sandboxes()?
+        .sandboxes_of(&caller)?
         .into_iter()
-        .filter(|record| record.tenant == caller.tenant)
         .map(|record| record.sandbox)
         .filter(|s| wanted_state.is_none_or(|wanted| s.state == wanted))
         .filter(|s| wanted_label.is_none_or(|(k, v)| s.labels.get(k).is_some_and(|have| have == v)))

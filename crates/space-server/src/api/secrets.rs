@@ -34,7 +34,7 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
     _: NoQuery,
 ) -> Result<Json<SecretList>, ApiError> {
-    Ok(Json(SecretList { secrets: state.platform.store.tenancy().secrets(&caller.tenant)? }))
+    Ok(Json(SecretList { secrets: state.platform.secrets_of(&caller)? }))
 }
 
 #[utoipa::path(delete, path = "/v1/secrets/{name}", tag = "secrets",

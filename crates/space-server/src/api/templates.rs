@@ -116,9 +116,9 @@ async fn import(
             None => None,
         },
     })?;
-    let engine = crate::templates::checked_engine(query.engine, state.platform.data.ext4_images())?;
+    let engine = crate::templates::checked_engine(query.engine, state.platform.data().ext4_images())?;
     let slot = state.platform.reserve_build(&name, serde_json::json!({"oci": {}}), caller)?;
-    let (free, _) = state.platform.data.disk_space();
+    let (free, _) = state.platform.data().disk_space();
     // The archive and the root made of it both take disk: each may have
     // half of what the tenant's quota and the host's reserve leave.
     let allowance = state.platform.build_allowance(&caller.tenant)?;
@@ -205,7 +205,7 @@ pub async fn delete(
     responses((status = 200, description = "The operation's log as text", content_type = "text/plain"),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn log(path: OperationPath, State(state): State<AppState>, _: NoQuery) -> Result<Response, ApiError> {
-    let text = tokio::fs::read(state.platform.data.log_path(path.id.as_str()))
+    let text = tokio::fs::read(state.platform.data().log_path(path.id.as_str()))
         .await
         .map_err(|_| ApiError::new(ErrorCode::NotFound, "this operation has no log"))?;
     let mut response = text.into_response();

@@ -41,11 +41,9 @@ pub async fn usage(
     };
     let platform = state.platform.clone();
     // Sizes are read from the disk: off the async threads.
-    let usage = tokio::task::spawn_blocking(move || {
-        crate::tenants::usage(&platform.store, &tenant, platform.disk_usage(&tenant)?)
-    })
-    .await
-    .map_err(|e| ApiError::internal("measuring usage", e))??;
+    let usage = tokio::task::spawn_blocking(move || platform.usage_of(&tenant))
+        .await
+        .map_err(|e| ApiError::internal("measuring usage", e))??;
     Ok(Json(usage))
 }
 

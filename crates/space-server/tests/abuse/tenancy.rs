@@ -35,7 +35,7 @@ fn tenancy_attempts_all_fail() {
     let data = TestDataDir::new();
     let server = TestServer::start(&data);
     let mut suite = Suite::new(DEFENCES);
-    let store = &server.platform.store;
+    let store = server.platform.store();
     let (_, alice) = space_server::tenants::create_key(store, "alice", None).unwrap();
     let (_, bob) = space_server::tenants::create_key(store, "bob", None).unwrap();
     let (status, created) = server.call_as(&alice, "POST", "/v1/sandboxes", Some(json!({"template": "base"})));

@@ -274,8 +274,8 @@ impl Drop for TestServer {
         };
         let platform = self.platform.clone();
         runtime.block_on(async move {
-            platform.warm.drain().await;
-            for record in platform.store.node().sandboxes().unwrap_or_default() {
+            platform.warm().drain().await;
+            for record in platform.store().node().sandboxes().unwrap_or_default() {
                 if record.sandbox.state == space_api::SandboxState::Deleted {
                     continue;
                 }

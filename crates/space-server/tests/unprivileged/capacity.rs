@@ -46,7 +46,7 @@ fn pool_members_count_toward_capacity() {
         config.capacity_mib = Some(2 * MEMORY_MIB);
         config.warm_pool = 4;
     });
-    let warm = &node.platform.warm;
+    let warm = &node.platform.warm();
     assert!(world.engine.wait_until(PATIENCE, |_| warm.count() == 2), "members: {:?}", warm.members());
     assert_eq!(node.platform.reserved_mib(), 2 * MEMORY_MIB);
     // A create the members cannot serve finds no room.

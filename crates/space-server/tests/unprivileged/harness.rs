@@ -281,7 +281,7 @@ impl Node {
     /// A key of a new tenant with `quotas` (`null`: none).
     pub fn tenant(&self, name: &str, quotas: Value) -> String {
         let quotas: Option<space_server::store::Quotas> = serde_json::from_value(quotas).unwrap();
-        let (_, key) = space_server::tenants::create_key(&self.platform.store, name, quotas.as_ref()).unwrap();
+        let (_, key) = space_server::tenants::create_key(self.platform.store(), name, quotas.as_ref()).unwrap();
         key
     }
 }

@@ -10,7 +10,7 @@ use crate::harness::{Node, World, PATIENCE};
 
 /// Waits until the pools hold `members`, `hot` of them running.
 fn wait_members(world: &World, node: &Node, members: usize, hot: usize) -> Vec<(String, bool)> {
-    let warm = &node.platform.warm;
+    let warm = &node.platform.warm();
     let filled = world.engine.wait_until(PATIENCE, |_| warm.count() == members && warm.hot_count() == hot);
     assert!(filled, "the pools hold {:?}, not {members} members ({hot} hot)", warm.members());
     warm.members()
@@ -64,7 +64,7 @@ fn a_create_of_another_shape_starts_cold() {
     let id = node.create_with(json!({"memory_mib": 512}));
     assert_ne!(id, members[0].0);
     assert_eq!(world.engine.count(Call::Create, &id), 1);
-    assert_eq!(node.platform.warm.count(), 1, "the member still waits");
+    assert_eq!(node.platform.warm().count(), 1, "the member still waits");
 }
 
 #[test]

@@ -199,10 +199,10 @@ fn a_sandbox_recorded_creating_without_its_create_is_failed() {
     let node = world.start();
     let id = node.create();
     // The restart fell between writing the record and its operation.
-    let mut record = node.platform.store.node().sandbox(&id).unwrap().unwrap();
+    let mut record = node.platform.store().node().sandbox(&id).unwrap().unwrap();
     record.sandbox.id = "sbx_00000000000000000000".into();
     record.sandbox.state = SandboxState::Creating;
-    node.platform.store.node().put_sandbox(&record).unwrap();
+    node.platform.store().node().put_sandbox(&record).unwrap();
     let orphan = record.sandbox.id.clone();
     node.kill();
     let node = world.start();
@@ -234,7 +234,7 @@ fn requests_wait_for_a_slow_agent_then_are_served() {
     let id = node.create();
     node.kill();
     let node = world.start();
-    node.platform.reconcile_patience_ms.store(300, std::sync::atomic::Ordering::Relaxed);
+    node.platform.set_reconcile_patience(std::time::Duration::from_millis(300));
     // Its agent has not dialed back: the request is told to come again.
     let (status, answer) =
         node.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"argv": ["echo", "early"]})));

@@ -22,7 +22,7 @@ fn after_a_shutdown_no_task_runs_or_holds_the_platform() {
     let running = node.create();
     let paused = node.create();
     assert_eq!(node.act(&paused, "pause")["state"], "succeeded");
-    let members = &node.platform.warm;
+    let members = &node.platform.warm();
     assert!(world.engine.wait_until(PATIENCE, |_| members.count() == 1), "the pool never filled");
     assert!(node.platform.background_tasks() > 0, "the loops and actors run before the shutdown");
     node.shut_down();
@@ -55,7 +55,7 @@ fn after_a_shutdown_no_policy_acts() {
     let watched = (took * 2).max(Duration::from_secs(3));
     let acted = world.engine.wait_until(watched, |engine| engine.idle(&after) || engine.count(Call::Pause, &after) > 0);
     assert!(!acted, "the sandbox was told it is idle or paused after the shutdown");
-    let operations = node.platform.store.node().operations(Some(&after)).unwrap();
+    let operations = node.platform.store().node().operations(Some(&after)).unwrap();
     assert!(operations.iter().all(|op| op.kind == space_api::OperationKind::Create), "{operations:?}");
     assert_eq!(world.engine.status_of(&after), LiveStatus::Running);
 }
@@ -69,12 +69,12 @@ fn a_shutdown_drains_the_pools_and_the_next_server_takes_the_sandboxes_back() {
     let id = node.create_with(json!({"env": {"WHO": "kept"}}));
     let paused = node.create();
     assert_eq!(node.act(&paused, "pause")["state"], "succeeded");
-    let pools = &node.platform.warm;
+    let pools = &node.platform.warm();
     assert!(world.engine.wait_until(PATIENCE, |_| pools.count() == 1), "the pool never filled");
     let member = pools.members()[0].0.clone();
     node.shut_down();
     assert_eq!(world.engine.status_of(&member), LiveStatus::Gone, "the warm member outlived the shutdown");
-    assert_eq!(node.platform.warm.count(), 0);
+    assert_eq!(node.platform.warm().count(), 0);
     assert_eq!(world.engine.status_of(&id), LiveStatus::Running);
     assert_eq!(world.engine.status_of(&paused), LiveStatus::Paused);
     assert_eq!(world.engine.count(Call::Stop, &id), 0);
@@ -85,6 +85,6 @@ fn a_shutdown_drains_the_pools_and_the_next_server_takes_the_sandboxes_back() {
     assert_eq!(world.engine.agent(&id).unwrap().redials, 1, "its agent redialed to the next server");
     assert_eq!(node.state(&paused), "paused");
     assert_eq!(node.act(&paused, "resume")["state"], "succeeded");
-    let pools = &node.platform.warm;
+    let pools = &node.platform.warm();
     assert!(world.engine.wait_until(PATIENCE, |_| pools.count() == 1), "the next server's pool never filled");
 }
