@@ -366,8 +366,8 @@ pub async fn kill(
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
-    owned(&state, &caller, &id)?;
-    let (_, operation) = state.platform.request(&id, OperationKind::Delete, None)?;
+    let sandbox = owned(&state, &caller, &id)?;
+    let (_, operation) = state.platform.request(&sandbox, OperationKind::Delete, None)?;
     settle(&state, &operation.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -431,11 +431,11 @@ pub async fn pause(
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
-    visible(&state, &caller, &id)?;
+    let (sandbox, _) = visible(&state, &caller, &id)?;
     if e2b_state(&settled(&state, &id).await?) != Some("running") {
         return Err(E2bError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
-    let (_, operation) = state.platform.request(&id, OperationKind::Suspend, None)?;
+    let (_, operation) = state.platform.request(&sandbox, OperationKind::Suspend, None)?;
     settle(&state, &operation.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -469,7 +469,7 @@ pub async fn connect(
     };
     let resumed = e2b_state == "paused";
     if resumed {
-        let (_, operation) = state.platform.request(&id, OperationKind::Resume, None)?;
+        let (_, operation) = state.platform.request(&sandbox, OperationKind::Resume, None)?;
         settle(&state, &operation.id).await?;
     } else {
         // Running to its user; awake (and answering) before the answer.
@@ -506,7 +506,7 @@ pub async fn metrics(
     let caller = caller(&state, &headers)?;
     let (sandbox, _) = visible(&state, &caller, &id)?;
     let record = sandbox.record();
-    let usage = state.platform.sandbox_usage(&id).await?;
+    let usage = state.platform.sandbox_usage(&sandbox).await?;
     let query: BTreeMap<String, String> = form_pairs(query.as_deref().unwrap_or_default()).into_iter().collect();
     let bound = |name: &str| query.get(name).and_then(|v| v.parse::<u64>().ok());
     let (start, end) = (bound("start").unwrap_or(0), bound("end").unwrap_or(u64::MAX));

@@ -117,7 +117,7 @@ pub async fn list(State(state): State<E2bState>, headers: HeaderMap) -> Response
     answer(
         async {
             let target = target_on(&state, &headers, INTERPRETER_PORT)?;
-            let contexts = state.platform.contexts(&target.id)?;
+            let contexts = state.platform.contexts(&target.sandbox)?;
             Ok(Json(Value::Array(contexts.iter().map(context_json).collect())))
         }
         .await,

@@ -102,7 +102,11 @@ pub fn checkpoint_not_found(id: &str, name: &str) -> NodeError {
 
 impl Platform {
     /// A sandbox's whole checkpoints, oldest first.
-    pub fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, NodeError> {
+    pub fn checkpoints(&self, sandbox: &crate::access::OwnedSandbox) -> Result<Vec<Checkpoint>, NodeError> {
+        self.held_checkpoints(sandbox.id())
+    }
+
+    fn held_checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, NodeError> {
         self.sandbox(id)?;
         let dir = self.data.sandbox_dir(id).join("checkpoints");
         let mut found: Vec<Checkpoint> = std::fs::read_dir(dir)
@@ -136,10 +140,11 @@ impl Platform {
     /// Accepts saving checkpoint `name` of a running (or paused) sandbox.
     pub fn checkpoint_sandbox(
         self: &Arc<Self>,
-        id: &str,
+        sandbox: &crate::access::OwnedSandbox,
         name: &str,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), NodeError> {
+        let id = sandbox.id();
         if !space_host::template::valid_name(name) {
             return Err(NodeError::unprocessable("a checkpoint name is 1-63 of a-z, 0-9, '-' and '_'")
                 .with_details(serde_json::json!({"field": "name"})));
@@ -150,7 +155,7 @@ impl Platform {
             return Err(NodeError::invalid_state("sandbox", state.as_str(), "save a checkpoint"));
         }
         self.can_save_images(&record)?;
-        let held = self.checkpoints(id)?;
+        let held = self.held_checkpoints(id)?;
         if held.iter().any(|c| c.name == name) || self.checkpoint_busy(id, name)? {
             return Err(NodeError::new(
                 ErrorCode::CheckpointExists,
@@ -177,10 +182,11 @@ impl Platform {
     /// checkpoint `name`: it keeps its id and runs from the checkpoint.
     pub fn restore_checkpoint(
         self: &Arc<Self>,
-        id: &str,
+        sandbox: &crate::access::OwnedSandbox,
         name: &str,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), NodeError> {
+        let id = sandbox.id();
         let record = self.sandbox(id)?;
         // A name is one path segment of ours: `..` or `/` in it would read
         // another directory of the host as a checkpoint.
@@ -202,7 +208,8 @@ impl Platform {
     }
 
     /// Deletes checkpoint `name` (409 while it is being saved or restored).
-    pub async fn delete_checkpoint(&self, id: &str, name: &str) -> Result<(), NodeError> {
+    pub async fn delete_checkpoint(&self, sandbox: &crate::access::OwnedSandbox, name: &str) -> Result<(), NodeError> {
+        let id = sandbox.id();
         self.sandbox(id)?;
         let dir = checkpoint_dir(&self.data.sandbox_dir(id), name);
         if !space_host::template::valid_name(name) || read_meta(&dir).is_none() {

@@ -252,7 +252,12 @@ impl Platform {
         }
     }
 
-    pub fn command(&self, sandbox_id: &str, command_id: &str) -> Result<Command, NodeError> {
+    /// Command `command_id` of a sandbox its caller may act on.
+    pub fn command(&self, sandbox: &crate::access::OwnedSandbox, command_id: &str) -> Result<Command, NodeError> {
+        self.command_of(sandbox.id(), command_id)
+    }
+
+    pub(crate) fn command_of(&self, sandbox_id: &str, command_id: &str) -> Result<Command, NodeError> {
         if !ids::plausible(command_id, "cmd") {
             return Err(NodeError::not_found("command", command_id));
         }

@@ -227,7 +227,8 @@ impl Platform {
     }
 
     /// A sandbox's contexts, oldest first.
-    pub fn contexts(&self, sandbox_id: &str) -> Result<Vec<CodeContext>, NodeError> {
+    pub fn contexts(&self, sandbox: &crate::access::OwnedSandbox) -> Result<Vec<CodeContext>, NodeError> {
+        let sandbox_id = sandbox.id();
         self.sandbox(sandbox_id)?;
         let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         let mut found: Vec<CodeContext> =
@@ -243,8 +244,8 @@ impl Platform {
         contexts.values().map(|c| c.info()).any(|c| c.sandbox_id == sandbox_id && c.state == "busy")
     }
 
-    pub fn get_context(&self, sandbox_id: &str, id: &str) -> Result<CodeContext, NodeError> {
-        Ok(self.context(sandbox_id, id)?.info())
+    pub fn get_context(&self, sandbox: &crate::access::OwnedSandbox, id: &str) -> Result<CodeContext, NodeError> {
+        Ok(self.context(sandbox.id(), id)?.info())
     }
 
     /// Starts a run: 409 `context_busy` while another runs, 409

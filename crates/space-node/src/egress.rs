@@ -182,7 +182,12 @@ impl Platform {
     /// Replaces a sandbox's network policy: kept, applied to its next
     /// connections at once, and its open connections that the new policy
     /// no longer allows are cut. Allowed in any state but deleted.
-    pub fn set_network(&self, id: &str, network: Network) -> Result<space_api::Sandbox, NodeError> {
+    pub fn set_network(
+        &self,
+        sandbox: &crate::access::OwnedSandbox,
+        network: Network,
+    ) -> Result<space_api::Sandbox, NodeError> {
+        let id = sandbox.id();
         let mut network = crate::domain::checked_network(network)?;
         let record = self.sandbox(id)?;
         if record.sandbox.state == space_api::SandboxState::Deleted {

@@ -37,7 +37,7 @@ pub fn follow(
     follow: bool,
 ) -> Result<mpsc::Receiver<Emitted>, NodeError> {
     platform.sandbox(id)?;
-    platform.command(id, cid)?;
+    platform.command_of(id, cid)?;
     let live = platform.live_command(cid).map(|(progress, _, _)| progress);
     let path = transcript::path_for(&platform.data.sandbox_dir(id), cid);
     let reader = TranscriptReader::open(&path)
@@ -97,7 +97,7 @@ impl Follower {
                 }
             }
             if progress.finished {
-                let command = self.platform.command(&self.sandbox_id, &self.command_id);
+                let command = self.platform.command_of(&self.sandbox_id, &self.command_id);
                 if let Some(result) = command.ok().and_then(|c| c.result) {
                     self.send(Emitted::Exit(result)).await;
                 }
@@ -106,7 +106,8 @@ impl Follower {
             if !follow {
                 // The result is stored before the transcript is marked
                 // finished, so a stored result means the file is whole.
-                let ended = self.platform.command(&self.sandbox_id, &self.command_id).is_ok_and(|c| c.result.is_some());
+                let ended =
+                    self.platform.command_of(&self.sandbox_id, &self.command_id).is_ok_and(|c| c.result.is_some());
                 if ended && self.live.is_some() {
                     self.live = None;
                     continue;

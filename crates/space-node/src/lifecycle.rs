@@ -150,11 +150,12 @@ impl Platform {
     /// apply to every fork; the image the forks start from counts too.
     pub fn fork_sandbox(
         self: &Arc<Self>,
-        id: &str,
+        sandbox: &crate::access::OwnedSandbox,
         count: u32,
         labels: std::collections::BTreeMap<String, String>,
         idempotency_key: Option<&str>,
     ) -> Result<(Vec<Sandbox>, Operation), NodeError> {
+        let id = sandbox.id();
         if count == 0 || count > space_api::MAX_FORKS {
             return Err(NodeError::unprocessable(format!("count must be 1 to {}", space_api::MAX_FORKS)));
         }
@@ -213,11 +214,11 @@ impl Platform {
     /// to the sandbox's actor. Deleting a deleted sandbox succeeds at once.
     pub fn request(
         self: &Arc<Self>,
-        id: &str,
+        sandbox: &crate::access::OwnedSandbox,
         kind: OperationKind,
         idempotency_key: Option<&str>,
     ) -> Result<(Sandbox, Operation), NodeError> {
-        self.request_job(id, kind, idempotency_key, OperationOrigin::Client)
+        self.request_job(sandbox.id(), kind, idempotency_key, OperationOrigin::Client)
     }
 
     /// [`Platform::request`] for whoever asks: a client, a lifecycle policy,
@@ -286,12 +287,16 @@ impl Platform {
 
     /// For `?auto_resume=true`: resumes a paused or suspended sandbox and
     /// waits until it runs (anything else is left to the usual checks).
-    pub async fn resume_for_work(self: &Arc<Self>, id: &str) -> Result<(), NodeError> {
+    pub async fn resume_for_work(self: &Arc<Self>, sandbox: &crate::access::OwnedSandbox) -> Result<(), NodeError> {
+        self.resume_to_work(sandbox.id()).await
+    }
+
+    async fn resume_to_work(self: &Arc<Self>, id: &str) -> Result<(), NodeError> {
         let state = self.sandbox(id)?.sandbox.state;
         if !matches!(state, SandboxState::Paused | SandboxState::Suspended) {
             return Ok(());
         }
-        let (_, operation) = self.request(id, OperationKind::Resume, None)?;
+        let (_, operation) = self.request_job(id, OperationKind::Resume, None, OperationOrigin::Client)?;
         let deadline = Some(Instant::now() + Duration::from_secs(60));
         let operation = self.wait_for(deadline, || self.operation(&operation.id), |op| op.state.is_terminal()).await?;
         match (operation.state, operation.error) {
@@ -319,7 +324,7 @@ impl Platform {
                 return Ok(WorkGuard { _gate: guard, state: record.sandbox.state });
             }
             drop(guard);
-            self.resume_for_work(id).await?;
+            self.resume_to_work(id).await?;
         }
         let state = self.sandbox(id)?.sandbox.state;
         Err(NodeError::invalid_state("sandbox", state.as_str(), "wake it for this request"))

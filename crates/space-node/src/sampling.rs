@@ -98,7 +98,11 @@ impl Platform {
 
     /// What the sandbox uses now and its recent history; a sandbox that
     /// does not run uses no CPU or memory.
-    pub async fn sandbox_usage(self: &Arc<Self>, id: &str) -> Result<SandboxUsage, NodeError> {
+    pub async fn sandbox_usage(
+        self: &Arc<Self>,
+        owned: &crate::access::OwnedSandbox,
+    ) -> Result<SandboxUsage, NodeError> {
+        let id = owned.id();
         let record = self.sandbox(id)?;
         let sandbox = &record.sandbox;
         let (history, cpu_usec) = {

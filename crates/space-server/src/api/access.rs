@@ -91,7 +91,7 @@ impl FromRequestParts<AppState> for CommandPath {
         let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         let text = param(&params, "cid");
         let id = CommandId::parse(text).ok_or_else(|| ApiError::not_found("command", text))?;
-        let command = state.platform.command(sandbox.id(), id.as_str())?;
+        let command = state.platform.command(&sandbox, id.as_str())?;
         Ok(CommandPath { sandbox, command })
     }
 }
@@ -112,7 +112,7 @@ impl FromRequestParts<AppState> for ContextPath {
         let text = param(&params, "cid");
         let context = ContextId::parse(text).ok_or_else(|| crate::contexts::context_not_found(text))?;
         // Found only under its own sandbox, before anything else is read.
-        state.platform.get_context(sandbox.id(), context.as_str())?;
+        state.platform.get_context(&sandbox, context.as_str())?;
         Ok(ContextPath { sandbox, context })
     }
 }

@@ -53,7 +53,7 @@ pub async fn create(
     if let Some(first) = replayed(&state, &caller, key.as_deref(), OperationKind::Checkpoint, id, &request.name)? {
         return Ok((StatusCode::ACCEPTED, Json(first)));
     }
-    let (sandbox, operation) = state.platform.checkpoint_sandbox(id, &request.name, key.as_deref())?;
+    let (sandbox, operation) = state.platform.checkpoint_sandbox(&sandbox, &request.name, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
@@ -67,9 +67,8 @@ pub async fn list(
     _: NoQuery,
 ) -> Result<Json<CheckpointList>, ApiError> {
     let platform = state.platform.clone();
-    let id = path.sandbox.id().to_string();
     // Sizes are read from the disk: off the async threads.
-    let checkpoints = tokio::task::spawn_blocking(move || platform.checkpoints(&id))
+    let checkpoints = tokio::task::spawn_blocking(move || platform.checkpoints(&path.sandbox))
         .await
         .map_err(|e| ApiError::internal("listing checkpoints", e))??;
     Ok(Json(CheckpointList { checkpoints }))
@@ -94,7 +93,7 @@ pub async fn restore(
     if let Some(first) = replayed(&state, &caller, key.as_deref(), OperationKind::RestoreCheckpoint, id, &name)? {
         return Ok((StatusCode::ACCEPTED, Json(first)));
     }
-    let (sandbox, operation) = state.platform.restore_checkpoint(id, &name, key.as_deref())?;
+    let (sandbox, operation) = state.platform.restore_checkpoint(&sandbox, &name, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }
 
@@ -109,6 +108,6 @@ pub async fn delete(
     _: NoQuery,
     _: NoBody,
 ) -> Result<StatusCode, ApiError> {
-    state.platform.delete_checkpoint(path.sandbox.id(), &path.name).await?;
+    state.platform.delete_checkpoint(&path.sandbox, &path.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -71,10 +71,9 @@ pub async fn create(
     ApiQuery(resume): ApiQuery<AutoResume>,
     ApiJson(request): ApiJson<CommandRequest>,
 ) -> Result<(StatusCode, Json<CommandCreated>), ApiError> {
-    let id = sandbox.id();
     let spec = CommandSpec::try_from(request)?;
     if resume.auto_resume {
-        state.platform.resume_for_work(id).await?;
+        state.platform.resume_for_work(&sandbox).await?;
     }
     let session = state.platform.session(&sandbox).await?;
     let command = state.platform.start_command(&session, spec).await?;
@@ -99,9 +98,10 @@ pub async fn get(
 ) -> Result<Json<Command>, ApiError> {
     let deadline = wait.deadline()?;
     let platform = &state.platform;
-    let (id, cid) = (path.sandbox.id(), path.id());
-    let command =
-        platform.wait_for(Some(deadline), || platform.command(id, cid), |c| c.state == CommandState::Exited).await?;
+    let (sandbox, cid) = (&path.sandbox, path.id());
+    let command = platform
+        .wait_for(Some(deadline), || platform.command(sandbox, cid), |c| c.state == CommandState::Exited)
+        .await?;
     Ok(Json(command))
 }
 
@@ -227,14 +227,14 @@ pub async fn exec(
     }
     let spec = CommandSpec::try_from(request)?;
     if resume.auto_resume {
-        state.platform.resume_for_work(id).await?;
+        state.platform.resume_for_work(&sandbox).await?;
     }
     let platform = &state.platform;
     let session = platform.session(&sandbox).await?;
     let started = platform.start_command(&session, spec).await?;
     drop(session); // a running command keeps the sandbox from being idle
     let command = platform
-        .wait_for(None::<Instant>, || platform.command(id, &started.id), |c| c.state == CommandState::Exited)
+        .wait_for(None::<Instant>, || platform.command(&sandbox, &started.id), |c| c.state == CommandState::Exited)
         .await?;
     let path = transcript::path_for(&platform.data().sandbox_dir(id), &command.id);
     let (stdout, stderr, truncated) =

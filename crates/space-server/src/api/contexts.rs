@@ -38,14 +38,14 @@ pub async fn list(
     State(state): State<AppState>,
     _: NoQuery,
 ) -> Result<Json<CodeContextList>, ApiError> {
-    Ok(Json(CodeContextList { contexts: state.platform.contexts(path.sandbox.id())? }))
+    Ok(Json(CodeContextList { contexts: state.platform.contexts(&path.sandbox)? }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, body = CodeContext), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get(path: ContextPath, State(state): State<AppState>, _: NoQuery) -> Result<Json<CodeContext>, ApiError> {
-    Ok(Json(state.platform.get_context(path.sandbox.id(), path.context.as_str())?))
+    Ok(Json(state.platform.get_context(&path.sandbox, path.context.as_str())?))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/contexts/{cid}", tag = "contexts",

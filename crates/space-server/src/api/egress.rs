@@ -48,5 +48,5 @@ pub async fn set_network(
     _: NoQuery,
     ApiJson(network): ApiJson<Network>,
 ) -> Result<Json<Sandbox>, ApiError> {
-    Ok(Json(state.platform.set_network(path.sandbox.id(), network)?))
+    Ok(Json(state.platform.set_network(&path.sandbox, network)?))
 }

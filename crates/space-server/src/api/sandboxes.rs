@@ -249,7 +249,7 @@ pub async fn fork(
         return Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes, operation })));
     }
     let count = request.count.unwrap_or(1);
-    let (sandboxes, operation) = state.platform.fork_sandbox(id, count, request.labels, key.as_deref())?;
+    let (sandboxes, operation) = state.platform.fork_sandbox(&sandbox, count, request.labels, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(ForkAccepted { sandboxes, operation })))
 }
 
@@ -271,6 +271,6 @@ async fn lifecycle(
         }
         return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
     }
-    let (sandbox, operation) = state.platform.request(id, kind, key.as_deref())?;
+    let (sandbox, operation) = state.platform.request(&sandbox, kind, key.as_deref())?;
     Ok((StatusCode::ACCEPTED, Json(SandboxOperation { sandbox, operation })))
 }

@@ -55,5 +55,5 @@ pub async fn sandbox(
     State(state): State<AppState>,
     _: NoQuery,
 ) -> Result<Json<space_api::SandboxUsage>, ApiError> {
-    Ok(Json(state.platform.sandbox_usage(path.sandbox.id()).await?))
+    Ok(Json(state.platform.sandbox_usage(&path.sandbox).await?))
 }

@@ -279,8 +279,11 @@ impl Drop for TestServer {
                 if record.sandbox.state == space_api::SandboxState::Deleted {
                     continue;
                 }
-                if let Ok((_, operation)) = platform.request(&record.sandbox.id, space_api::OperationKind::Delete, None)
-                {
+                // Loaded as its own tenant: the runtime acts on a sandbox only for its owner.
+                let caller = space_server::tenants::Caller::tenant(record.tenant.clone());
+                let Some(id) = space_server::ids::SandboxId::parse(&record.sandbox.id) else { continue };
+                let Ok(sandbox) = platform.sandbox_for(&caller, &id) else { continue };
+                if let Ok((_, operation)) = platform.request(&sandbox, space_api::OperationKind::Delete, None) {
                     let deadline = Some(std::time::Instant::now() + Duration::from_secs(30));
                     let _ = platform
                         .wait_for(deadline, || platform.operation(&operation.id), |op| op.state.is_terminal())
