@@ -13,6 +13,7 @@ pub mod agent;
 pub mod fake;
 pub mod firecracker;
 pub mod gvisor;
+pub mod host;
 pub mod oom_relief;
 
 use std::collections::BTreeMap;
@@ -77,12 +78,21 @@ pub const REDIAL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 /// goes when it is dropped, so nobody connects once the agent is in.
 pub struct AgentListener {
     listener: tokio::net::UnixListener,
-    path: std::path::PathBuf,
+    close: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl AgentListener {
+    /// Listening at `path`, which is removed when it is dropped.
     pub fn new(listener: tokio::net::UnixListener, path: std::path::PathBuf) -> AgentListener {
-        AgentListener { listener, path }
+        AgentListener::closing(listener, move || {
+            let _ = std::fs::remove_file(&path);
+        })
+    }
+
+    /// Listening until dropped, when `close` removes the socket (an engine
+    /// whose host owns the socket's path asks it to).
+    pub fn closing(listener: tokio::net::UnixListener, close: impl FnOnce() + Send + Sync + 'static) -> AgentListener {
+        AgentListener { listener, close: Some(Box::new(close)) }
     }
 
     /// The next connection, whoever made it.
@@ -100,7 +110,9 @@ impl AgentListener {
 
 impl Drop for AgentListener {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(close) = self.close.take() {
+            close();
+        }
     }
 }
 

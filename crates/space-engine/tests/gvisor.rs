@@ -28,6 +28,12 @@ fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
     }
 }
 
+/// A sandbox id in the platform's one spelling (`sbx_` and 20 hex digits),
+/// unique to this test process and `tag`, so no other run's processes count.
+fn new_id(tag: u8) -> String {
+    format!("sbx_{:012x}{tag:08x}", std::process::id())
+}
+
 fn engine(data: &TestDataDir) -> Gvisor {
     Gvisor::new(GvisorConfig {
         runsc: "runsc".into(),
@@ -42,13 +48,14 @@ async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
     let data = TestDataDir::new();
     let engine = engine(&data);
     assert!(engine.availability().available, "{}", engine.availability().detail);
-    let spec = spec(&data, "sbx_enginetest");
+    let id = new_id(1);
+    let spec = spec(&data, &id);
     let started = engine.create(&spec).await.expect("create");
     let agent = started.agent;
     assert_eq!(agent.hello().pid, 1, "the agent is PID 1");
 
     let (out, err, exited) = run(&agent, &["sh", "-c", "echo $GREETING $(hostname); echo oops >&2; exit 3"]).await;
-    assert_eq!(String::from_utf8_lossy(&out), "hi sbx_enginetest\n");
+    assert_eq!(String::from_utf8_lossy(&out), format!("hi {id}\n"));
     assert_eq!(String::from_utf8_lossy(&err), "oops\n");
     assert_eq!(exited.exit_code, Some(3));
     let (out, _, _) = run(&agent, &["uname", "-r"]).await;
@@ -63,7 +70,7 @@ async fn a_sandbox_boots_runs_commands_and_is_destroyed() {
 
     engine.destroy(&spec).await.expect("destroy");
     assert!(!spec.dir.exists(), "the sandbox dir is gone");
-    assert_eq!(space_testkit::processes_mentioning("sbx_enginetest"), 0, "no runsc process is left");
+    assert_eq!(space_testkit::processes_mentioning(&id), 0, "no runsc process is left");
     engine.destroy(&spec).await.expect("destroy is idempotent");
 }
 
@@ -76,7 +83,7 @@ async fn an_agent_welcomed_as_another_sandbox_takes_its_identity() {
     space_process::become_subreaper().unwrap();
     let data = TestDataDir::new();
     let engine = engine(&data);
-    let spec = spec(&data, "sbx_original");
+    let spec = spec(&data, &new_id(2));
     let agent = engine.create(&spec).await.expect("create").agent;
     agent.quiesce(Duration::from_secs(10)).await.expect("quiesce");
 
@@ -108,7 +115,7 @@ async fn an_idle_sandbox_gets_coarse_timers_and_its_own_back() {
     space_process::become_subreaper().unwrap();
     let data = TestDataDir::new();
     let engine = engine(&data);
-    let spec = spec(&data, "sbx_dozer");
+    let spec = spec(&data, &new_id(3));
     let agent = engine.create(&spec).await.expect("create").agent;
     let default = std::fs::read_to_string("/proc/self/timerslack_ns").unwrap().trim().parse::<u64>().unwrap();
     let before = timer_slacks(&spec.id).expect("its tasks");

@@ -45,15 +45,28 @@ impl Layout {
         self.sandbox_dir(sandbox).join("snapshot")
     }
 
+    /// The file runsc writes its output of the sandbox to.
+    pub fn engine_log(&self, sandbox: &SandboxId) -> PathBuf {
+        self.sandbox_dir(sandbox).join("runsc.log")
+    }
+
+    /// Where a saved image lives: under the sandbox that saved it, or a
+    /// snapshot template's build dir (whichever sandbox saved it).
     pub fn image_dir(&self, sandbox: &SandboxId, image: &ImageRef) -> PathBuf {
         match image {
             ImageRef::Fork { operation } => self.sandbox_dir(sandbox).join("images").join(operation.as_str()),
             ImageRef::Checkpoint { name } => self.sandbox_dir(sandbox).join("checkpoints").join(name.as_str()),
+            ImageRef::Template { template } => self.template_partial(template),
         }
     }
 
     pub fn template_dir(&self, template: &TemplateRef) -> PathBuf {
         self.data_dir.join("templates").join(template.name.as_str()).join(template.version.get().to_string())
+    }
+
+    /// The read-only root a template's sandboxes are snapshots of.
+    pub fn template_root(&self, template: &TemplateRef) -> PathBuf {
+        self.template_dir(template).join("rootfs")
     }
 
     /// A build in progress, renamed to [`Layout::template_dir`] when published.
@@ -80,10 +93,14 @@ impl Layout {
                 self.bundle_dir(id),
                 self.socket_dir(id),
                 self.snapshot_dir(id),
+                self.engine_log(id),
             ])
         };
         match request {
             Request::Hello { .. } | Request::List {} | Request::ClearStaleQuotas {} => {}
+            Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. } => {
+                sandboxes.iter().for_each(&mut sandbox)
+            }
             Request::Start { sandbox: id, from, .. } => {
                 sandbox(id);
                 match from {
@@ -106,6 +123,10 @@ impl Layout {
             | Request::Kill { sandbox: id, .. }
             | Request::Destroy { sandbox: id }
             | Request::State { sandbox: id }
+            | Request::DropSnapshot { sandbox: id }
+            | Request::Stop { sandbox: id }
+            | Request::StopStrays { sandbox: id }
+            | Request::EngineLog { sandbox: id }
             | Request::ListenAgent { sandbox: id }
             | Request::CloseAgent { sandbox: id }
             | Request::ConnectVmm { sandbox: id } => sandbox(id),

@@ -253,6 +253,13 @@ bounded!(
     "template version"
 );
 bounded!(
+    /// How long engine commands a killed server left are waited for.
+    PatienceMs(u32, "u32"),
+    1,
+    600_000,
+    "patience (ms)"
+);
+bounded!(
     /// A timer slack for a dozing sandbox's tasks.
     SlackNs(u64, "u64"),
     1,
@@ -296,6 +303,10 @@ pub enum ImageRef {
     Fork { operation: OperationId },
     /// A kept checkpoint, `checkpoints/<name>`.
     Checkpoint { name: CheckpointName },
+    /// A snapshot template's image while it is built, the template's
+    /// `.<version>.partial` (saved only: a start from a published one is
+    /// [`StartFrom::TemplateImage`]).
+    Template { template: TemplateRef },
 }
 
 /// What a new engine process starts from.
@@ -383,15 +394,48 @@ pub enum Request {
         sandbox: SandboxId,
         image: ImageRef,
     },
+    /// Removes the suspend snapshot a restore started from, once its agent
+    /// is in (a restore whose agent never dialed keeps it).
+    DropSnapshot {
+        sandbox: SandboxId,
+    },
     Kill {
         sandbox: SandboxId,
         signal: Signal,
+    },
+    /// Stops the engine's processes and removes their cgroups, keeping the
+    /// root and any snapshot (a rewind, a sweep, a re-adoption that failed).
+    Stop {
+        sandbox: SandboxId,
+    },
+    /// Kills engine processes that still work on the sandbox without an
+    /// owner (a killed server's `runsc run`).
+    StopStrays {
+        sandbox: SandboxId,
+    },
+    /// Waits up to `patience_ms` (a pause or resume longer) for the engine
+    /// commands a killed server left on these sandboxes, then kills them.
+    SettleOrphans {
+        sandboxes: Vec<SandboxId>,
+        patience_ms: PatienceMs,
     },
     /// Engine state, cgroups, root subvolume and the helper's files of it.
     Destroy {
         sandbox: SandboxId,
     },
+    /// Asks the engine itself (`runsc state`).
     State {
+        sandbox: SandboxId,
+    },
+    /// The state of each, in order, from the engine's state files with its
+    /// process checked alive (one engine process each costs seconds for a
+    /// hundred); answered `States`.
+    States {
+        sandboxes: Vec<SandboxId>,
+    },
+    /// The last lines of the engine's log of the sandbox, for an error
+    /// message; answered `Log`.
+    EngineLog {
         sandbox: SandboxId,
     },
     /// Sandboxes whose engine processes run (for re-adoption).
@@ -438,6 +482,14 @@ impl Request {
         match self {
             Request::Hello { version } if *version != PROTOCOL_VERSION => {
                 Err(ProtoError::Invalid(format!("protocol version {version}; this helper speaks {PROTOCOL_VERSION}")))
+            }
+            Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. }
+                if sandboxes.len() > MAX_LISTED =>
+            {
+                Err(ProtoError::Invalid(format!("{} sandboxes named, over {MAX_LISTED}", sandboxes.len())))
+            }
+            Request::Start { from: StartFrom::Image { image: ImageRef::Template { .. }, .. }, .. } => {
+                Err(ProtoError::Invalid("a start from a template's image names the template".into()))
             }
             Request::BuildTemplate { source: BuildSource::Debian { packages, .. }, .. } => {
                 if packages.is_empty() || packages.len() > MAX_PACKAGES {
@@ -499,6 +551,14 @@ pub enum Reply {
     State {
         state: EngineState,
     },
+    /// One state per sandbox `States` named, in its order.
+    States {
+        states: Vec<EngineState>,
+    },
+    /// At most [`MAX_MESSAGE`] bytes of the engine's log.
+    Log {
+        text: String,
+    },
     Sandboxes {
         sandboxes: Vec<SandboxId>,
     },
@@ -531,6 +591,12 @@ impl Reply {
 
     pub fn check(&self) -> Result<(), ProtoError> {
         match self {
+            Reply::States { states } if states.len() > MAX_LISTED => {
+                Err(ProtoError::Invalid(format!("{} states, over {MAX_LISTED}", states.len())))
+            }
+            Reply::Log { text } if text.len() > MAX_MESSAGE => {
+                Err(ProtoError::Invalid(format!("a log of {} bytes", text.len())))
+            }
             Reply::Sandboxes { sandboxes } if sandboxes.len() > MAX_LISTED => {
                 Err(ProtoError::Invalid(format!("{} sandboxes listed, over {MAX_LISTED}", sandboxes.len())))
             }
@@ -650,6 +716,13 @@ mod tests {
             Request::Suspend { sandbox: sandbox() },
             Request::SaveImage { sandbox: sandbox(), image: image.clone() },
             Request::DropImage { sandbox: sandbox(), image: fork },
+            Request::SaveImage { sandbox: sandbox(), image: ImageRef::Template { template: template() } },
+            Request::DropSnapshot { sandbox: sandbox() },
+            Request::Stop { sandbox: sandbox() },
+            Request::StopStrays { sandbox: sandbox() },
+            Request::SettleOrphans { sandboxes: vec![sandbox()], patience_ms: PatienceMs::new(10_000).unwrap() },
+            Request::States { sandboxes: vec![sandbox(), sandbox()] },
+            Request::EngineLog { sandbox: sandbox() },
             Request::Kill { sandbox: sandbox(), signal: Signal::Kill },
             Request::Destroy { sandbox: sandbox() },
             Request::State { sandbox: sandbox() },
@@ -702,6 +775,8 @@ mod tests {
             Reply::Listening {},
             Reply::Vmm {},
             Reply::State { state: EngineState::Paused },
+            Reply::States { states: vec![EngineState::Running, EngineState::Missing] },
+            Reply::Log { text: "runsc: started".into() },
             Reply::Sandboxes { sandboxes: vec![sandbox()] },
             Reply::refused(Refusal::Conflict, "that sandbox exists"),
         ];
@@ -888,6 +963,22 @@ mod tests {
             );
             hostile(&json);
         }
+    }
+
+    #[test]
+    fn lists_of_sandboxes_are_bounded_and_a_template_image_is_started_by_its_own_kind() {
+        let many = |n: usize| (0..n).map(|_| format!("\"{SBX}\"")).collect::<Vec<_>>().join(",");
+        assert!(decode_request(format!(r#"{{"op":"states","sandboxes":[{}]}}"#, many(MAX_LISTED)).as_bytes()).is_ok());
+        let err = hostile(&format!(r#"{{"op":"states","sandboxes":[{}]}}"#, many(MAX_LISTED + 1)));
+        assert!(err.to_string().contains("over"), "{err}");
+        hostile(&format!(r#"{{"op":"settle_orphans","sandboxes":[{}],"patience_ms":1000}}"#, many(MAX_LISTED + 1)));
+        hostile(r#"{"op":"settle_orphans","sandboxes":[],"patience_ms":600001}"#);
+        let err = hostile(&format!(
+            r#"{{"op":"start","sandbox":"{SBX}","engine":"gvisor","from":{{"kind":"image","source":"{SBX}","image":{{"kind":"template","template":{{"name":"base","version":1}}}}}},"shape":{{"memory_mib":512,"vcpus":1,"disk_mib":1024}}}}"#
+        ));
+        assert!(err.to_string().contains("names the template"), "{err}");
+        let long = Reply::Log { text: "x".repeat(MAX_MESSAGE + 1) };
+        assert!(decode_reply(&encode(&long).unwrap()[HEADER_LEN..]).is_err());
     }
 
     #[test]
