@@ -4,7 +4,9 @@
 //! (`tests/metrics/cycle.py`).
 
 use std::process::Command;
+use std::time::Duration;
 
+use space_api::OperationState;
 use space_testkit::{http, output_within, TestDataDir};
 
 mod common;
@@ -30,30 +32,12 @@ fn metrics_move_with_a_sandbox_cycle() {
 
     // Every series the Grafana dashboard in deploy/ asks for is served (with
     // a sandbox alive, so that sandboxes by state has a series).
-    let auth = format!("Bearer {key}");
-    let created: serde_json::Value = http()
-        .post(&format!("{url}/v1/sandboxes"))
-        .set("Authorization", &auth)
-        .send_json(serde_json::json!({"template": "base"}))
-        .unwrap()
-        .into_json()
-        .unwrap();
-    let op = created["operation"]["id"].as_str().unwrap();
-    let done: serde_json::Value = http()
-        .get(&format!("{url}/v1/operations/{op}?wait=60"))
-        .set("Authorization", &auth)
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
-    assert_eq!(done["state"], "succeeded", "{done}");
-    let text = http()
-        .get(&format!("{url}/metrics"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let client = space_client::Client::with_agent(&url, &key, http());
+    let create = space_api::CreateSandboxRequest { template: "base".into(), ..Default::default() };
+    let created = client.create_sandbox(&create).unwrap();
+    let done = client.wait_for_operation_within(&created.operation.id, Duration::from_secs(60)).unwrap();
+    assert_eq!(done.state, OperationState::Succeeded, "{done:?}");
+    let text = client.get_text("/metrics").unwrap();
     let served: std::collections::BTreeSet<&str> =
         text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
     let dashboard = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/space-dashboard.json");
@@ -70,22 +54,8 @@ fn metrics_move_with_a_sandbox_cycle() {
         }
     }
     assert!(asked >= 10, "the dashboard asks for too little: {asked}");
-    let sandbox = created["sandbox"]["id"].as_str().unwrap();
-    let deleted: serde_json::Value = http()
-        .delete(&format!("{url}/v1/sandboxes/{sandbox}"))
-        .set("Authorization", &auth)
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
-    let op = deleted["operation"]["id"].as_str().unwrap();
-    let gone: serde_json::Value = http()
-        .get(&format!("{url}/v1/operations/{op}?wait=60"))
-        .set("Authorization", &auth)
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
-    assert_eq!(gone["state"], "succeeded", "{gone}");
+    let deleted = client.delete_sandbox(&created.sandbox.id).unwrap();
+    let gone = client.wait_for_operation_within(&deleted.operation.id, Duration::from_secs(60)).unwrap();
+    assert_eq!(gone.state, OperationState::Succeeded, "{gone:?}");
     common::stop(server);
 }

@@ -7,7 +7,7 @@
 //! Every error answer becomes [`ClientError::Api`], with its
 //! [`ErrorCode`] when the code is one this client knows.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -340,6 +340,13 @@ impl Client {
     }
 
     fn bytes_answer(&self, result: Result<ureq::Response, ureq::Error>) -> Result<Answer<Vec<u8>>> {
+        let Answer { status, headers, body: mut reader } = self.streamed_answer(result)?;
+        let mut body = Vec::new();
+        reader.read_to_end(&mut body).map_err(ClientError::io("reading the answer"))?;
+        Ok(Answer { status, headers, body })
+    }
+
+    fn streamed_answer(&self, result: Result<ureq::Response, ureq::Error>) -> Result<Answer<Box<dyn Read + Send>>> {
         let response = self.any_status(result)?;
         let status = response.status();
         let mut names = response.headers_names();
@@ -349,10 +356,15 @@ impl Client {
             .iter()
             .flat_map(|name| response.all(name).into_iter().map(|value| (name.clone(), value.to_string())))
             .collect();
-        let mut body = Vec::new();
-        std::io::Read::read_to_end(&mut response.into_reader(), &mut body)
-            .map_err(ClientError::io("reading the answer"))?;
-        Ok(Answer { status, headers, body })
+        Ok(Answer { status, headers, body: Box::new(response.into_reader()) })
+    }
+
+    /// A request without a body whose answer is read as it streams (a
+    /// followed event stream, SSE or NDJSON, or a command's output): its
+    /// status and headers, whatever the status, and its body to read. How
+    /// long a silent stream is waited for is the agent's deadline.
+    pub fn open(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Answer<Box<dyn Read + Send>>> {
+        self.streamed_answer(self.request_with(method, path, headers).call())
     }
 
     /// Any request with an optional body of raw bytes and extra headers;
@@ -830,6 +842,53 @@ mod tests {
         assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(10), "gave up after {:?}", started.elapsed());
         silent.join().unwrap();
+    }
+
+    #[test]
+    fn an_opened_stream_is_read_while_the_server_still_sends_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (read_first, first_was_read) = std::sync::mpsc::channel::<()>();
+        // Sends one event, then waits for the client to have read it before
+        // sending the next: a client that waited for the whole body would
+        // never see the first one.
+        let server = std::thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut reader = BufReader::new(socket);
+            let mut head = String::new();
+            while !head.ends_with("\r\n\r\n") && reader.read_line(&mut head).unwrap() > 0 {}
+            let mut socket = reader.into_inner();
+            let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
+            let first = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+            socket.write_all(format!("{first}{}", chunk("id: 1\ndata: {}\n\n")).as_bytes()).unwrap();
+            let seen = first_was_read.recv_timeout(Duration::from_secs(10));
+            socket.write_all(format!("{}0\r\n\r\n", chunk("id: 2\ndata: {}\n\n")).as_bytes()).unwrap();
+            seen.expect("the client read the first event before the second was sent");
+            head
+        });
+        let answer = client(&base).open("GET", "/v1/events?follow=true", &[("Accept", "text/event-stream")]).unwrap();
+        assert_eq!((answer.status, answer.header("Content-Type")), (200, Some("text/event-stream")));
+        let mut lines = BufReader::new(answer.body).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "id: 1");
+        read_first.send(()).unwrap();
+        let rest: Vec<String> = lines.map(Result::unwrap).collect();
+        assert_eq!(rest, ["data: {}", "", "id: 2", "data: {}", ""]);
+        let head = server.join().unwrap();
+        assert!(head.starts_with("GET /v1/events?follow=true HTTP/1.1"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("\r\naccept: text/event-stream\r\n"), "{head}");
+    }
+
+    #[test]
+    fn an_opened_stream_that_is_refused_keeps_its_status_and_body() {
+        let refused = r#"{"error":{"code":"not_found","message":"no such command","details":{}}}"#;
+        let (base, served) = serve(vec![(404, refused.into())]);
+        let answer = client(&base).open("GET", "/v1/sandboxes/sbx_1/commands/cmd_1/output", &[]).unwrap();
+        let status = answer.status;
+        let mut body = String::new();
+        { answer.body }.read_to_string(&mut body).unwrap();
+        assert_eq!((status, body.as_str()), (404, refused));
+        served.join().unwrap();
     }
 
     fn operation(state: &str) -> String {

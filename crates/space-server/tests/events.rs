@@ -17,16 +17,15 @@ use space_testkit::TestDataDir;
 /// on the channel.
 fn follow_sse(server: &TestServer, key: &str, query: &str) -> mpsc::Receiver<Value> {
     let (tx, rx) = mpsc::channel();
-    let response = space_testkit::http()
-        .get(&format!("{}/v1/events?follow=true&{query}", server.url))
-        .set("Authorization", &format!("Bearer {key}"))
-        .set("Accept", "text/event-stream")
-        .call()
-        .expect("opening the event stream");
-    assert_eq!(response.header("content-type"), Some("text/event-stream"));
+    // The test kit's agent: each read has a deadline, not the whole stream,
+    // which stays open for as long as the test follows it.
+    let client = space_client::Client::with_agent(&server.url, key, space_testkit::http());
+    let path = format!("/v1/events?follow=true&{query}");
+    let answer = client.open("GET", &path, &[("Accept", "text/event-stream")]).expect("opening the event stream");
+    assert_eq!((answer.status, answer.header("content-type")), (200, Some("text/event-stream")));
     std::thread::spawn(move || {
         let mut id = None;
-        for line in std::io::BufReader::new(response.into_reader()).lines() {
+        for line in std::io::BufReader::new(answer.body).lines() {
             let Ok(line) = line else { return };
             if let Some(rest) = line.strip_prefix("id: ") {
                 id = rest.parse::<u64>().ok();
@@ -60,12 +59,10 @@ fn collect_until(rx: &mpsc::Receiver<Value>, done: impl Fn(&Value) -> bool) -> V
 
 /// NDJSON events (without follow), each checked against the contract.
 fn read_events(server: &TestServer, key: &str, query: &str, headers: &[(&str, &str)]) -> Vec<Value> {
-    let auth = format!("Bearer {key}");
-    let mut all = vec![("Authorization", auth.as_str())];
-    all.extend_from_slice(headers);
     let path = format!("/v1/events?{query}");
-    let (status, body) = server.raw("GET", &path, &all, None);
-    assert_eq!(status, 200, "{body}");
+    let answer = server.client_as(key).call_bytes("GET", &path, headers, None).expect("reading events");
+    let body = String::from_utf8(answer.body).unwrap();
+    assert_eq!(answer.status, 200, "{body}");
     body.lines()
         .map(|line| {
             let event: Value = serde_json::from_str(line).unwrap();
@@ -167,7 +164,6 @@ fn events_follow_each_change_live_resume_by_id_stay_with_their_tenant_and_surviv
     assert!(b_events.iter().all(|e| e["sandbox_id"] != id.as_str()), "A's events reached B");
 
     // Bad requests are clear errors.
-    let auth = format!("Bearer {a}");
     for (query, header) in [
         ("types=sandboxes", None),
         ("limit=0", None),
@@ -175,15 +171,14 @@ fn events_follow_each_change_live_resume_by_id_stay_with_their_tenant_and_surviv
         ("from=-1", None),
         ("", Some("not-a-number")),
     ] {
-        let mut headers = vec![("Authorization", auth.as_str())];
-        if let Some(value) = header {
-            headers.push(("Last-Event-ID", value));
-        }
-        let (status, body) = server.raw("GET", &format!("/v1/events?{query}"), &headers, None);
-        assert_eq!(status, 400, "{query} {header:?}: {body}");
+        let headers: Vec<(&str, &str)> = header.map(|value| ("Last-Event-ID", value)).into_iter().collect();
+        let answer = server.client_as(&a).call_bytes("GET", &format!("/v1/events?{query}"), &headers, None).unwrap();
+        let body = String::from_utf8_lossy(&answer.body);
+        assert_eq!(answer.status, 400, "{query} {header:?}: {body}");
         let body: Value = serde_json::from_str(&body).unwrap();
         assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
     }
+    // By hand: a request with no key at all, which a client never sends.
     assert_eq!(server.raw("GET", "/v1/events", &[], None).0, 401);
 
     // A restarted server still has them, and goes on numbering after them.

@@ -44,11 +44,13 @@ fn concurrent_commands_and_a_large_output_arrive_whole_in_bounded_memory() {
     );
     let cid = created["command"]["id"].as_str().unwrap();
     let started = Instant::now();
-    let path = format!("{}/v1/sandboxes/{id}/commands/{cid}/output?follow=true", server.url);
-    let response =
-        space_testkit::http().get(&path).set("Authorization", &format!("Bearer {}", server.key)).call().unwrap();
+    // The test kit's agent: each read has a deadline, not the whole stream.
+    let client = space_client::Client::with_agent(&server.url, &server.key, space_testkit::http());
+    let path = format!("/v1/sandboxes/{id}/commands/{cid}/output?follow=true");
+    let answer = client.open("GET", &path, &[]).unwrap();
+    assert_eq!(answer.status, 200);
     let (mut received, mut next_offset, mut exit) = (0u64, 0u64, None);
-    for line in BufReader::with_capacity(1 << 20, response.into_reader()).lines() {
+    for line in BufReader::with_capacity(1 << 20, answer.body).lines() {
         let frame: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
         match frame["type"].as_str().unwrap() {
             "stdout" => {

@@ -59,11 +59,16 @@ fn ports_attempts_all_fail() {
     assert_eq!(status, 201, "{app}");
     let base = format!("/v1/sandboxes/{id}/ports/8002");
     space_testkit::wait_until("the recorder to listen", space_testkit::PATIENCE, || {
-        server.raw("GET", &format!("{base}/up"), &[("Authorization", &auth)], None).0 == 200
+        let answer = server.client().call_bytes("GET", &format!("{base}/up"), &[], None);
+        answer.unwrap_or_else(|e| panic!("GET {base}/up: {e}")).status == 200
     });
     seen(&server, &id);
 
-    // A browser's WebSocket: the key is only in the subprotocol.
+    // The attempts below are framed by hand: each is a request the API's
+    // client never sends.
+
+    // A browser's WebSocket: the key is only in the subprotocol (a
+    // client sends it in Authorization, and does not upgrade).
     let bearer = format!("bearer.{}", URL_SAFE_NO_PAD.encode(&key));
     let answer = server.by_hand(format!(
         "GET {base}/ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -80,7 +85,8 @@ fn ports_attempts_all_fail() {
         format!("{answer}\nthe app got:\n{got}"),
     );
 
-    // The key in X-API-KEY (two spellings), Basic and a cookie.
+    // The key in X-API-KEY (two spellings), Basic and a cookie: a client
+    // sends one header of a name, and no cookie.
     let basic = STANDARD.encode(format!("u:{key}"));
     let answer = server.by_hand(format!(
         "GET {base}/page HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nX-API-KEY: {key}\r\n\
@@ -100,7 +106,8 @@ fn ports_attempts_all_fail() {
         format!("{answer}\nthe app got:\n{got}"),
     );
 
-    // Both lengths, and a request after the chunked body's end.
+    // Both lengths, and a request after the chunked body's end: framing
+    // no client writes.
     let answer = server.by_hand(format!(
         "POST {base}/front HTTP/1.1\r\nHost: api.test\r\nAuthorization: {auth}\r\nContent-Length: 40\r\n\
              Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n\

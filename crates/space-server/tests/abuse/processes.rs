@@ -42,13 +42,10 @@ fn armed_sandbox(server: &TestServer) -> (String, String) {
     // its process tree (memory a bomb takes is the memory watcher's, and a
     // sandbox at its limit may be stopped whole by design).
     let id = server.create_sandbox(json!({"template": "base", "memory_mib": 1024}));
-    let upload = server.raw(
-        "PUT",
-        &format!("/v1/sandboxes/{id}/files?path=/root/bomb.sh"),
-        &[("Authorization", &format!("Bearer {}", server.key))],
-        Some(BOMB),
-    );
-    assert_eq!(upload.0 / 100, 2, "{}", upload.1);
+    server
+        .client()
+        .upload_bytes(&id, "/root/bomb.sh", BOMB.as_bytes())
+        .unwrap_or_else(|e| panic!("uploading the bomb: {e}"));
     let (pid, _, _) = sh(server, &id, "nohup sleep 1000 >/dev/null 2>&1 </dev/null & echo $!");
     (id, pid.trim().to_string())
 }
@@ -120,9 +117,12 @@ fn aftermath(
 /// no process in the sandbox: a bomb may leave none to be had): how many
 /// processes, in which states, and the first few command lines.
 fn processes_seen(server: &TestServer, id: &str) -> String {
-    let auth = format!("Bearer {}", server.key);
+    let client = server.client();
+    // Whatever the answer (a process gone since the listing is an error's
+    // text): a figure for the log.
     let read = |path: &str| {
-        server.raw("GET", &format!("/v1/sandboxes/{id}/files?path={path}"), &[("Authorization", &auth)], None).1
+        let answer = client.call_bytes("GET", &format!("/v1/sandboxes/{id}/files?path={path}"), &[], None);
+        String::from_utf8_lossy(&answer.unwrap_or_else(|e| panic!("reading {path}: {e}")).body).into_owned()
     };
     let listing: Value = serde_json::from_str(&read("/proc")).unwrap_or_default();
     let pids: Vec<String> = listing["entries"]
@@ -183,14 +183,8 @@ fn processes_attempts_all_fail() {
         let (count, err, _) = sh(&server, &id, COUNT_ALL);
         (count.trim().parse::<u32>().unwrap_or(0) >= 50 || err.contains("Cannot fork")).then_some(())
     });
-    let kill = json!({"signal": "KILL"}).to_string();
-    let auth = format!("Bearer {}", server.key);
-    let (status, body) = server.raw(
-        "POST",
-        &format!("/v1/sandboxes/{id}/commands/{bomb}/signal"),
-        &[("Authorization", &auth), ("Content-Type", "application/json")],
-        Some(&kill),
-    );
+    let (status, body) =
+        server.call("POST", &format!("/v1/sandboxes/{id}/commands/{bomb}/signal"), Some(json!({"signal": "KILL"})));
     assert_eq!(status / 100, 2, "{body}");
     let killed_at = Instant::now();
     eprintln!("the bomb had spread after {:?}", killed_at - started);
