@@ -88,14 +88,15 @@ impl LocalHost {
     }
 
     /// A fresh root from the template's, under the disk quota, and the
-    /// socket directory and bundle.
+    /// socket directory and bundle. Returns when the quota was set (the
+    /// bundle counts with the agent's socket as one step).
     fn prepare_root(
         &self,
         sandbox: &SandboxId,
         template: &TemplateRef,
         shape: Shape,
         steps: &mut Steps,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Instant, EngineError> {
         let mut lap = Instant::now();
         let mut step = |name: &'static str| {
             steps.push((name, lap.elapsed()));
@@ -107,8 +108,10 @@ impl LocalHost {
         step("root snapshot (btrfs)");
         btrfs::limit_exclusive(&root, shape.disk_mib.get())?;
         step("disk limit (btrfs qgroup)");
+        let limited = Instant::now();
         self.make_socket_dir(sandbox)?;
-        self.write_bundle(sandbox, shape)
+        self.write_bundle(sandbox, shape)?;
+        Ok(limited)
     }
 
     /// The sandbox's own writable copy of an image's root (in place of any
@@ -169,19 +172,15 @@ impl LocalHost {
 impl EngineHost for LocalHost {
     fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
         let mut steps = Steps::new();
-        let memory = match from {
-            StartFrom::Template { template } => {
-                self.prepare_root(sandbox, template, shape, &mut steps)?;
-                None
-            }
-            StartFrom::Suspended {} => Some(self.layout().snapshot_dir(sandbox)),
+        let (memory, lap) = match from {
+            StartFrom::Template { template } => (None, self.prepare_root(sandbox, template, shape, &mut steps)?),
+            StartFrom::Suspended {} => (Some(self.layout().snapshot_dir(sandbox)), Instant::now()),
             StartFrom::Image { .. } | StartFrom::TemplateImage { .. } => {
                 let image = self.image_dir(from).unwrap_or_default();
                 self.prepare_from_image(sandbox, &image, shape)?;
-                Some(image.join(IMAGE_MEMORY))
+                (Some(image.join(IMAGE_MEMORY)), Instant::now())
             }
         };
-        let lap = Instant::now();
         let listener = self.bind_agent(sandbox)?;
         steps.push(("bundle and agent socket", lap.elapsed()));
 
