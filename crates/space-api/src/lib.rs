@@ -6,11 +6,14 @@
 
 pub mod cluster;
 pub mod e2b;
+mod time;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+pub use self::time::Timestamp;
 
 /// The body of every non-2xx response.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -302,8 +305,8 @@ impl std::fmt::Debug for PutSecretRequest {
 pub struct SecretInfo {
     pub name: String,
     pub hosts: Vec<String>,
-    pub created_at: String,
-    pub updated_at: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 /// `GET /v1/secrets`.
@@ -315,7 +318,7 @@ pub struct SecretList {
 /// One connection a sandbox made through the egress gateway.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EgressEvent {
-    pub at: String,
+    pub at: Timestamp,
     /// `connect` (a tunnel) or `http` (a forwarded request).
     pub via: String,
     pub host: String,
@@ -390,11 +393,11 @@ pub struct Sandbox {
     pub labels: BTreeMap<String, String>,
     /// The isolation engine running it: `gvisor` or `firecracker`.
     pub engine: String,
-    pub created_at: String,
-    pub updated_at: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
     pub lifecycle: Lifecycle,
     pub network: Network,
-    pub last_activity_at: String,
+    pub last_activity_at: Timestamp,
     /// Paused by the server because it was idle (not by a client): the
     /// next command or file request resumes it first, transparently.
     #[serde(default)]
@@ -424,7 +427,7 @@ pub struct CreateCheckpointRequest {
 pub struct Checkpoint {
     pub name: String,
     pub sandbox_id: String,
-    pub created_at: String,
+    pub created_at: Timestamp,
     /// What it holds on the host: its memory image and the disk only it
     /// still keeps (counted against the tenant's disk quota).
     pub size_bytes: u64,
@@ -470,7 +473,7 @@ pub struct CodeContext {
     /// `starting`, `ready`, `busy` (a run is going on), or `dead` (the
     /// interpreter exited: restart it).
     pub state: String,
-    pub created_at: String,
+    pub created_at: Timestamp,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -626,11 +629,11 @@ pub struct Operation {
     /// Who asked for it.
     #[serde(default)]
     pub origin: OperationOrigin,
-    pub created_at: String,
+    pub created_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Timestamp>,
 }
 
 /// Who asked for an operation.
@@ -705,7 +708,7 @@ pub struct ProcessResult {
     pub duration_ms: u64,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
-    pub finished_at: String,
+    pub finished_at: Timestamp,
     /// Set when the platform, not the process, ended the session (for
     /// example the sandbox failed); exit_code and signal are then null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -728,7 +731,7 @@ pub struct Command {
     pub pid: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
-    pub started_at: String,
+    pub started_at: Timestamp,
     pub attach: Attach,
     /// Whether its stdin is open (a terminal counts): writing to one that
     /// is not answers 409. Absent for a command recorded by an older server.
@@ -750,8 +753,7 @@ pub struct CommandCreated {
 /// One sample of what a sandbox uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct UsagePoint {
-    /// RFC 3339.
-    pub at: String,
+    pub at: Timestamp,
     /// Of its vCPUs together, since the sample before (0–100).
     pub cpu_percent: f64,
     pub memory_bytes: u64,
@@ -1007,7 +1009,7 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<TemplateDefaults>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<String>,
+    pub created_at: Option<Timestamp>,
     /// The build in progress, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub building_operation: Option<String>,
@@ -1083,8 +1085,7 @@ pub struct Event {
     pub id: u64,
     #[serde(rename = "type")]
     pub kind: EventType,
-    /// RFC 3339.
-    pub at: String,
+    pub at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -711,7 +711,7 @@ mod tests {
             duration_ms: 3,
             stdout_bytes: 3,
             stderr_bytes: 0,
-            finished_at: "2026-01-01T00:00:00Z".into(),
+            finished_at: space_api::Timestamp::parse("2026-01-01T00:00:00Z").unwrap(),
             error: None,
         };
         let command = space_api::Command {
@@ -721,7 +721,7 @@ mod tests {
             argv: vec!["echo".into(), "hi".into()],
             pid: 7,
             tag: None,
-            started_at: "2026-01-01T00:00:00Z".into(),
+            started_at: space_api::Timestamp::parse("2026-01-01T00:00:00Z").unwrap(),
             attach: space_api::Attach { output: "/o".into(), stdin: "/i".into(), ws: "/w".into() },
             stdin: None,
             tty: None,

@@ -31,7 +31,7 @@ pub(crate) async fn list(cp: &ControlPlane, caller: &Caller, request: Request) -
             sandboxes.extend(lost_sandbox(&placement, &why)?);
         }
     }
-    sandboxes.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+    sandboxes.sort_by_key(|x| x.created_at);
     Ok(axum::Json(SandboxList { sandboxes }).into_response())
 }
 
@@ -45,7 +45,7 @@ pub(crate) async fn operations(cp: &ControlPlane, caller: &Caller, request: Requ
             client.list_operations(caller, request.uri().query()).await.map_err(|e| e.into_control(client.id()))?;
         operations.extend(answer.operations);
     }
-    operations.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+    operations.sort_by_key(|x| x.created_at);
     Ok(axum::Json(OperationList { operations }).into_response())
 }
 

@@ -2,6 +2,8 @@
 
 use std::time::SystemTime;
 
+pub use space_api::Timestamp;
+
 /// A new random id such as `sbx_4f1c0a9e2b7d3c5a8e61`.
 pub fn new_id(prefix: &str) -> String {
     let mut bytes = [0u8; 10];
@@ -74,12 +76,9 @@ typed_id!(
     "ctx"
 );
 
-pub fn now() -> String {
-    format_time(SystemTime::now())
-}
-
-pub fn format_time(time: SystemTime) -> String {
-    humantime::format_rfc3339_millis(time).to_string()
+/// This moment, as the API carries times.
+pub fn now() -> Timestamp {
+    Timestamp::now()
 }
 
 /// The DNS-safe hostname of a sandbox.
@@ -89,11 +88,8 @@ pub fn hostname_for(sandbox_id: &str) -> String {
 
 /// The monotonic instant matching a recorded start time (for durations and
 /// timeouts of re-adopted commands).
-pub fn started_instant(started_at: &str) -> std::time::Instant {
-    let elapsed = humantime::parse_rfc3339(started_at)
-        .ok()
-        .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
-        .unwrap_or_default();
+pub fn started_instant(started_at: Timestamp) -> std::time::Instant {
+    let elapsed = started_at.age_at(SystemTime::now());
     std::time::Instant::now().checked_sub(elapsed).unwrap_or_else(std::time::Instant::now)
 }
 

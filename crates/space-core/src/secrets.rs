@@ -109,7 +109,7 @@ pub fn put_secret(
         return Err(NodeError::unprocessable(format!("a tenant keeps at most {MAX_SECRETS} secrets")));
     }
     let sealed = keyring.seal(&secret_context(tenant, name), request.value.as_bytes());
-    store.tenancy().put_secret(tenant, name, &request.hosts, &sealed, &crate::ids::now())?;
+    store.tenancy().put_secret(tenant, name, &request.hosts, &sealed, crate::ids::now())?;
     let info = store.tenancy().secrets(tenant)?.into_iter().find(|s| s.name == name);
     info.ok_or_else(|| NodeError::internal("keeping the secret", "it was not there afterwards"))
 }

@@ -111,7 +111,7 @@ pub fn create_key(store: &Store, tenant: &str, quotas: Option<&Quotas>) -> Resul
     if let Some(quotas) = quotas {
         store.tenancy().put_tenant(tenant, quotas)?;
     }
-    store.tenancy().put_key(&id, tenant, &hash_key(&key), &now)?;
+    store.tenancy().put_key(&id, tenant, &hash_key(&key), now)?;
     Ok((KeyInfo { id, tenant: tenant.to_string(), created_at: now, revoked_at: None }, key))
 }
 
@@ -211,9 +211,9 @@ mod tests {
         let wal = std::fs::read(dir.join("space.db-wal")).unwrap_or_default();
         let needle = key.as_bytes();
         assert!(!db.windows(needle.len()).any(|w| w == needle) && !wal.windows(needle.len()).any(|w| w == needle));
-        assert!(store.tenancy().revoke_key(&info.id, "now").unwrap());
+        assert!(store.tenancy().revoke_key(&info.id, space_api::Timestamp::now()).unwrap());
         assert_eq!(store.tenancy().key_tenant(&hash_key(&key)).unwrap(), None);
-        assert!(!store.tenancy().revoke_key("key_nope", "now").unwrap());
+        assert!(!store.tenancy().revoke_key("key_nope", space_api::Timestamp::now()).unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -84,12 +84,12 @@ fn rfc3339(time: SystemTime) -> String {
 fn end_at(record: &SandboxRecord) -> SystemTime {
     let sandbox = &record.sandbox;
     if let Some(max) = sandbox.lifecycle.max_lifetime_s {
-        return parse_time(&sandbox.created_at) + Duration::from_secs(max);
+        return sandbox.created_at.system_time() + Duration::from_secs(max);
     }
     if let Some(idle) = sandbox.lifecycle.idle_timeout_s {
-        return parse_time(&sandbox.last_activity_at) + Duration::from_secs(idle);
+        return sandbox.last_activity_at.system_time() + Duration::from_secs(idle);
     }
-    parse_time(&sandbox.created_at) + Duration::from_secs(100 * 365 * 86_400)
+    sandbox.created_at.system_time() + Duration::from_secs(100 * 365 * 86_400)
 }
 
 /// The lifecycle that ends a sandbox `timeout_s` from now: deleted then,
@@ -133,7 +133,7 @@ fn listed_json(record: &SandboxRecord, state: &str) -> Value {
         "alias": sandbox.template,
         "sandboxID": sandbox.id,
         "clientID": "space",
-        "startedAt": rfc3339(parse_time(&sandbox.created_at)),
+        "startedAt": rfc3339(sandbox.created_at.system_time()),
         "endAt": rfc3339(end_at(record)),
         "cpuCount": sandbox.vcpus,
         "memoryMB": sandbox.memory_mib,
@@ -336,7 +336,7 @@ pub async fn list(
         .filter(|(s, _)| states.iter().any(|wanted| wanted == s))
         .filter(|(_, r)| metadata.iter().all(|(k, v)| r.sandbox.labels.get(k) == Some(v)))
         .filter(|(_, r)| query.get("template").is_none_or(|t| &r.sandbox.template == t))
-        .map(|(s, r)| (parse_time(&r.sandbox.created_at), listed_json(&r, s)))
+        .map(|(s, r)| (r.sandbox.created_at.system_time(), listed_json(&r, s)))
         .filter(|(at, _)| started_after.is_none_or(|after| *at > after))
         .collect();
     page(listed, &query)
@@ -417,7 +417,7 @@ fn extend(state: &E2bState, sandbox: &OwnedSandbox, timeout_s: u64, shorten: boo
         return Ok(());
     }
     let updated =
-        lifecycle_for(parse_time(&record.sandbox.created_at), timeout_s, pauses_on_timeout(lifecycle), lifecycle);
+        lifecycle_for(record.sandbox.created_at.system_time(), timeout_s, pauses_on_timeout(lifecycle), lifecycle);
     state.platform.set_lifecycle(sandbox, &updated)?;
     Ok(())
 }
@@ -527,7 +527,7 @@ pub async fn metrics(
     let mut samples: Vec<Value> = usage
         .history
         .iter()
-        .map(|p| (parse_time(&p.at), p))
+        .map(|p| (p.at.system_time(), p))
         .filter(|(at, _)| (start..=end).contains(&unix(*at)))
         .map(|(at, p)| sample(at, p.cpu_percent, p.memory_bytes, p.disk_bytes))
         .collect();

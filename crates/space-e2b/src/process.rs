@@ -336,7 +336,7 @@ mod tests {
             duration_ms: 1,
             stdout_bytes: 0,
             stderr_bytes: 0,
-            finished_at: String::new(),
+            finished_at: space_api::Timestamp::now(),
             error: None,
         }
     }

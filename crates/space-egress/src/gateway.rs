@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -246,7 +246,7 @@ impl SandboxEgress {
     pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) {
         let started = Instant::now();
         let mut event = Event {
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            at: space_api::Timestamp::now(),
             via: String::new(),
             host: String::new(),
             port: 0,

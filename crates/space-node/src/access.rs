@@ -127,7 +127,7 @@ impl Platform {
     /// again). Best effort: a request that did its work is not failed for
     /// a stamp.
     pub fn mark_active(&self, sandbox: &OwnedSandbox) {
-        if let Err(err) = self.store.node().touch_sandbox(sandbox.id(), &crate::ids::now()) {
+        if let Err(err) = self.store.node().touch_sandbox(sandbox.id(), crate::ids::now()) {
             tracing::warn!(sandbox = sandbox.id(), "recording activity: {err}");
         }
     }

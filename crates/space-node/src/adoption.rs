@@ -229,7 +229,7 @@ impl Platform {
             let writer = TranscriptWriter::reopen(&path)
                 .map_err(AdoptError::Transcript)?
                 .with_limits(self.output_limits(&command.sandbox_id));
-            let started = crate::ids::started_instant(&command.started_at);
+            let started = crate::ids::started_instant(command.started_at);
             self.follow(command, stream, writer, started, timeout_s);
         }
         self.changed();

@@ -19,7 +19,7 @@ use crate::platform::{new_operation, Platform};
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CheckpointMeta {
     pub name: String,
-    pub created_at: String,
+    pub created_at: space_api::Timestamp,
     /// The host session its agent knew (it carries on with it).
     pub agent_session: Option<u64>,
     /// The commands running when it was saved: their streams, to take
@@ -124,7 +124,7 @@ impl Platform {
                 })
             })
             .collect();
-        found.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        found.sort_by_key(|x| x.created_at);
         Ok(found)
     }
 

@@ -118,7 +118,7 @@ impl Platform {
         self.store.node().put_command(&command)?;
         self.metrics.command_starts.inc();
         self.store.node().put_command_stream(&id, stream.stream, spec.timeout_s)?;
-        self.store.node().touch_sandbox(sandbox_id, &command.started_at)?;
+        self.store.node().touch_sandbox(sandbox_id, command.started_at)?;
         self.follow(command.clone(), stream, writer, started, spec.timeout_s);
         self.changed();
         Ok(command)
@@ -145,7 +145,7 @@ impl Platform {
         };
         self.store.node().put_command(&command)?;
         self.store.node().put_command_stream(&id, stream.stream, timeout_s)?;
-        let started = crate::ids::started_instant(&command.started_at);
+        let started = crate::ids::started_instant(command.started_at);
         let writer = writer.with_limits(self.output_limits(sandbox_id));
         self.follow(command, stream, writer, started, timeout_s);
         Ok(())
@@ -236,7 +236,7 @@ impl Platform {
         if let Err(err) = self.store.node().put_command(&command) {
             tracing::error!(command = %command.id, "recording the result: {err}");
         }
-        let _ = self.store.node().touch_sandbox(&command.sandbox_id, &ids::now());
+        let _ = self.store.node().touch_sandbox(&command.sandbox_id, ids::now());
         writer.finish();
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).remove(&command.id);
         self.changed();

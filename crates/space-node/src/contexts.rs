@@ -233,7 +233,7 @@ impl Platform {
         let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         let mut found: Vec<CodeContext> =
             contexts.values().map(|c| c.info()).filter(|c| c.sandbox_id == sandbox_id).collect();
-        found.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        found.sort_by_key(|x| x.created_at);
         Ok(found)
     }
 
@@ -280,7 +280,7 @@ impl Platform {
             live.run.lock().unwrap_or_else(|e| e.into_inner()).take();
             return Err(err);
         }
-        self.store.node().touch_sandbox(sandbox_id, &ids::now())?;
+        self.store.node().touch_sandbox(sandbox_id, ids::now())?;
         Ok(Run { events: receiver, held })
     }
 

@@ -18,7 +18,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use space_api::{CommandState, SandboxState};
+use space_api::{CommandState, SandboxState, Timestamp};
 
 pub use crate::platform::DEFAULT_AUTO_PAUSE_S;
 use crate::platform::{Doze, Platform};
@@ -27,10 +27,9 @@ use crate::store::SandboxRecord;
 /// Idleness after which a running sandbox dozes.
 pub(crate) const DOZE_AFTER: Duration = Duration::from_secs(2);
 
-/// How long ago an RFC 3339 time was.
-pub(crate) fn age(at: &str, now: SystemTime) -> Option<Duration> {
-    let at = humantime::parse_rfc3339_weak(at).ok()?;
-    now.duration_since(at).ok()
+/// How long before `now` a time was (`None` if after it).
+pub(crate) fn age(at: &Timestamp, now: SystemTime) -> Option<Duration> {
+    now.duration_since(at.system_time()).ok()
 }
 
 /// Whether the server may pause this sandbox now for idleness, given the

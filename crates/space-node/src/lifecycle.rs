@@ -101,11 +101,11 @@ impl Platform {
             disk_mib: spec.disk_mib,
             labels: spec.labels,
             engine,
-            created_at: now.clone(),
-            updated_at: now.clone(),
+            created_at: now,
+            updated_at: now,
             lifecycle: spec.lifecycle,
             network,
-            last_activity_at: now.clone(),
+            last_activity_at: now,
             auto_paused: false,
             failure_reason: None,
             forked_from: None,
@@ -188,9 +188,9 @@ impl Platform {
                 id: fork_id.clone(),
                 state: SandboxState::Creating,
                 labels: labels_all.clone(),
-                created_at: now.clone(),
-                updated_at: now.clone(),
-                last_activity_at: now.clone(),
+                created_at: now,
+                updated_at: now,
+                last_activity_at: now,
                 auto_paused: false,
                 failure_reason: None,
                 forked_from: Some(id.to_string()),
@@ -251,7 +251,7 @@ impl Platform {
             let now = ids::now();
             operation.state = OperationState::Succeeded;
             operation.progress = Progress::new("already deleted", total, total);
-            operation.started_at = Some(now.clone());
+            operation.started_at = Some(now);
             operation.finished_at = Some(now);
             self.store.node().put_operation(&operation, &record.tenant, idempotency_key)?;
             self.changed();

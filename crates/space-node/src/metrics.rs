@@ -201,12 +201,11 @@ impl Metrics {
             OperationState::Cancelled => "cancelled",
             OperationState::Pending | OperationState::Running => return,
         };
-        let parse = |t: &str| humantime::parse_rfc3339_weak(t).ok();
-        let (Some(from), Some(to)) = (parse(&operation.created_at), operation.finished_at.as_deref().and_then(parse))
-        else {
+        let Some(to) = operation.finished_at else {
             return;
         };
-        let seconds = to.duration_since(from).unwrap_or(Duration::ZERO).as_secs_f64();
+        let seconds = to.system_time().duration_since(operation.created_at.system_time()).unwrap_or(Duration::ZERO);
+        let seconds = seconds.as_secs_f64();
         let kind = serde_json::to_value(operation.kind).ok().and_then(|v| v.as_str().map(str::to_string));
         let labels = OperationLabels {
             kind: kind.unwrap_or_default(),

@@ -597,10 +597,7 @@ impl Platform {
         let took = match began {
             Some(at) => now - at,
             // The first step (`queued`) began when the operation was made.
-            None => match humantime::parse_rfc3339_weak(&op.created_at) {
-                Ok(made) => std::time::SystemTime::now().duration_since(made).unwrap_or_default(),
-                Err(_) => return,
-            },
+            None => op.created_at.age_at(std::time::SystemTime::now()),
         };
         let step = op.progress.step.clone();
         if parts.is_empty() {

@@ -96,7 +96,7 @@ impl Platform {
                     )
                     .detail(),
                 );
-                operation.finished_at = Some(now.clone());
+                operation.finished_at = Some(now);
                 self.store.node().put_operation(&operation, "", None)?;
             }
         }
@@ -166,7 +166,7 @@ impl Platform {
     /// server already serves meanwhile, and what it accepted itself is its
     /// own actors' work, not to be carried out twice.
     async fn resume_operations(self: &Arc<Self>, mut pending: Vec<Operation>) -> Result<(), NodeError> {
-        pending.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        pending.sort_by_key(|x| x.created_at);
         for operation in pending {
             let Some(id) = operation.sandbox_id.clone() else { continue };
             let record = match self.sandbox(&id) {

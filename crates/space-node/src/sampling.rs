@@ -41,12 +41,7 @@ impl Platform {
             after = self.engine.resource_use(&spec).unwrap_or(before);
             cpu_percent = percent(after.cpu_usec.saturating_sub(before.cpu_usec), started.elapsed(), vcpus);
         }
-        let point = UsagePoint {
-            at: crate::ids::format_time(SystemTime::now()),
-            cpu_percent,
-            memory_bytes: after.memory_bytes,
-            disk_bytes,
-        };
+        let point = UsagePoint { at: crate::ids::now(), cpu_percent, memory_bytes: after.memory_bytes, disk_bytes };
         Some((point, after.cpu_usec))
     }
 

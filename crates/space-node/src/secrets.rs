@@ -70,7 +70,7 @@ impl Platform {
                 (s.tenant, s.name, (s.hosts, sealed))
             })
             .collect();
-        self.store.tenancy().replace_secrets(&sealed, &crate::ids::now())?;
+        self.store.tenancy().replace_secrets(&sealed, crate::ids::now())?;
         self.secrets_epoch.store(set.epoch, SeqCst);
         Ok(())
     }

@@ -131,7 +131,7 @@ fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
             user: d.user.clone(),
             network: d.network.clone().and_then(|n| serde_json::from_value(n).ok()),
         }),
-        created_at: Some(info.meta.created_at.clone()),
+        created_at: space_api::Timestamp::parse(&info.meta.created_at),
         building_operation: building,
         engine: info.meta.engine.clone(),
     }

@@ -99,7 +99,7 @@ fn operation(n: usize) -> Operation {
         checkpoint: None,
         frozen_ms: None,
         origin: OperationOrigin::Client,
-        created_at: "2026-01-01T00:00:00Z".into(),
+        created_at: space_api::Timestamp::parse("2026-01-01T00:00:00Z").unwrap(),
         started_at: None,
         finished_at: None,
     }
@@ -113,7 +113,7 @@ fn processes_share_one_database_and_event_ids_never_collide() {
     let (info, key) = create_key(&stores[0], "shared", None).unwrap();
     let hash = space_server::tenants::hash_key(&key);
     assert_eq!(stores[1].tenancy().key_tenant(&hash).unwrap().as_deref(), Some("shared"));
-    assert!(stores[1].tenancy().revoke_key(&info.id, "2026-01-01T00:00:00Z").unwrap());
+    assert!(stores[1].tenancy().revoke_key(&info.id, space_api::Timestamp::now()).unwrap());
     assert_eq!(stores[0].tenancy().key_tenant(&hash).unwrap(), None, "a key revoked through one is revoked for all");
 
     // Writers in both at once: every event gets its own id.

@@ -178,7 +178,7 @@ fn tenants_see_only_their_own_sandboxes_operations_commands_and_templates() {
         expect(&server, "space_not-a-real-key", "GET", "/v1/sandboxes", None, 401)["error"]["code"],
         "unauthorized"
     );
-    assert!(server.platform.store().tenancy().revoke_key(&b_info.id, "now").unwrap());
+    assert!(server.platform.store().tenancy().revoke_key(&b_info.id, space_api::Timestamp::now()).unwrap());
     expect(&server, &b, "GET", "/v1/sandboxes", None, 401);
 
     for sandbox in [id, first["sandbox"]["id"].as_str().unwrap().to_string()] {

@@ -28,6 +28,12 @@ impl From<String> for Value {
     }
 }
 
+impl From<space_api::Timestamp> for Value {
+    fn from(time: space_api::Timestamp) -> Value {
+        Value::Text(time.to_string())
+    }
+}
+
 impl From<&String> for Value {
     fn from(text: &String) -> Value {
         Value::Text(text.clone())

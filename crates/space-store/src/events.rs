@@ -47,7 +47,7 @@ pub fn new_event(kind: EventType, sandbox_id: Option<&str>) -> Event {
     Event {
         id: 0,
         kind,
-        at: crate::now(),
+        at: space_api::Timestamp::now(),
         sandbox_id: sandbox_id.map(str::to_string),
         sandbox: None,
         operation: None,
@@ -326,7 +326,7 @@ mod tests {
             checkpoint: None,
             frozen_ms: None,
             origin: OperationOrigin::Client,
-            created_at: crate::now(),
+            created_at: space_api::Timestamp::now(),
             started_at: None,
             finished_at: None,
         }

@@ -50,7 +50,12 @@ pub enum StoreError {
 /// This moment as the API writes times (RFC 3339, milliseconds), for the
 /// times the store stamps itself: events and applied migrations.
 fn now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+    space_api::Timestamp::now().to_string()
+}
+
+/// A time the store kept as text, read back.
+fn time(text: &str) -> Result<space_api::Timestamp, StoreError> {
+    space_api::Timestamp::parse(text).ok_or_else(|| StoreError::Shape(format!("a stored time is unreadable: {text:?}")))
 }
 
 pub struct Store {

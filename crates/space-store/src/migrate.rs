@@ -277,7 +277,7 @@ mod tests {
 
         let store = Store::open(&dir.db()).unwrap();
         let kept = store.node().sandbox("sbx_1").unwrap().expect("the old sandbox is still there");
-        assert_eq!(kept.sandbox.last_activity_at, "2026-02-02T00:00:00Z");
+        assert_eq!(kept.sandbox.last_activity_at.to_string(), "2026-02-02T00:00:00.000Z");
         assert_eq!(store.node().sandbox_tenant("sbx_1").unwrap().as_deref(), Some("acme"), "the owner column, filled");
         let op = store.node().operation_by_key("default", "k1").unwrap().expect("an old operation is the operator's");
         assert_eq!(op.id, "op_1");

@@ -73,11 +73,11 @@ impl SandboxRecord {
                 disk_mib: 1024,
                 labels: BTreeMap::new(),
                 engine: "gvisor".into(),
-                created_at: created.into(),
-                updated_at: created.into(),
+                created_at: space_api::Timestamp::parse(created).expect("a sample's time"),
+                updated_at: space_api::Timestamp::parse(created).expect("a sample's time"),
                 lifecycle,
                 network: space_api::Network::default(),
-                last_activity_at: active.into(),
+                last_activity_at: space_api::Timestamp::parse(active).expect("a sample's time"),
                 auto_paused: false,
                 failure_reason: None,
                 forked_from: None,
@@ -101,7 +101,7 @@ fn sandbox_from_row((body, last_activity, network, lifecycle): SandboxRow) -> Re
         record.sandbox.lifecycle = serde_json::from_str(&lifecycle)?;
     }
     if let Some(at) = last_activity {
-        record.sandbox.last_activity_at = at;
+        record.sandbox.last_activity_at = crate::time(&at)?;
     }
     if let Some(network) = network {
         record.sandbox.network = serde_json::from_str(&network)?;
@@ -177,7 +177,7 @@ impl NodeStore<'_> {
 
     /// Records activity (a command started or ended) without touching the
     /// record the sandbox's actor owns.
-    pub fn touch_sandbox(&self, id: &str, at: &str) -> Result<(), StoreError> {
+    pub fn touch_sandbox(&self, id: &str, at: space_api::Timestamp) -> Result<(), StoreError> {
         self.0.tx(|c| c.execute("UPDATE sandboxes SET last_activity_at = ?2 WHERE id = ?1", vals![id, at]))?;
         Ok(())
     }

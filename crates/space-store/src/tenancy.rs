@@ -40,8 +40,8 @@ pub struct Quotas {
 pub struct KeyInfo {
     pub id: String,
     pub tenant: String,
-    pub created_at: String,
-    pub revoked_at: Option<String>,
+    pub created_at: space_api::Timestamp,
+    pub revoked_at: Option<space_api::Timestamp>,
 }
 
 /// A secret as kept: its hosts, and its value sealed.
@@ -69,7 +69,7 @@ impl TenancyStore<'_> {
         Ok(self.0.one("SELECT quotas FROM tenants WHERE name = ?1", vals![name])?.unwrap_or_default())
     }
 
-    pub fn put_key(&self, id: &str, tenant: &str, hash: &str, at: &str) -> Result<(), StoreError> {
+    pub fn put_key(&self, id: &str, tenant: &str, hash: &str, at: space_api::Timestamp) -> Result<(), StoreError> {
         self.0.tx(|c| {
             c.execute(
                 "INSERT INTO api_keys (id, tenant, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
@@ -90,13 +90,14 @@ impl TenancyStore<'_> {
             .tx(|c| c.query("SELECT id, tenant, created_at, revoked_at FROM api_keys ORDER BY created_at, id", &[]))?;
         rows.iter()
             .map(|r| {
-                Ok(KeyInfo { id: r.text(0)?, tenant: r.text(1)?, created_at: r.text(2)?, revoked_at: r.opt_text(3)? })
+                let revoked_at = r.opt_text(3)?.map(|at| crate::time(&at)).transpose()?;
+                Ok(KeyInfo { id: r.text(0)?, tenant: r.text(1)?, created_at: crate::time(&r.text(2)?)?, revoked_at })
             })
             .collect()
     }
 
     /// Revokes a key; false if there is no such key.
-    pub fn revoke_key(&self, id: &str, at: &str) -> Result<bool, StoreError> {
+    pub fn revoke_key(&self, id: &str, at: space_api::Timestamp) -> Result<bool, StoreError> {
         let changed = self.0.tx(|c| {
             c.execute("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE id = ?1", vals![id, at])
         })?;
@@ -109,7 +110,7 @@ impl TenancyStore<'_> {
         name: &str,
         hosts: &[String],
         sealed: &[u8],
-        at: &str,
+        at: space_api::Timestamp,
     ) -> Result<(), StoreError> {
         let hosts = serde_json::to_string(hosts)?;
         self.0.tx(|c| {
@@ -157,7 +158,7 @@ impl TenancyStore<'_> {
     }
 
     /// Replaces every secret with `secrets` (a node, sent its cluster's).
-    pub fn replace_secrets(&self, secrets: &[TenantSecret], at: &str) -> Result<(), StoreError> {
+    pub fn replace_secrets(&self, secrets: &[TenantSecret], at: space_api::Timestamp) -> Result<(), StoreError> {
         self.0.tx(|c| {
             c.execute("DELETE FROM secrets", &[])?;
             for (tenant, name, (hosts, sealed)) in secrets {
@@ -185,8 +186,8 @@ impl TenancyStore<'_> {
                 Ok(SecretInfo {
                     name: r.text(0)?,
                     hosts: serde_json::from_str(&r.text(1)?)?,
-                    created_at: r.text(2)?,
-                    updated_at: r.text(3)?,
+                    created_at: crate::time(&r.text(2)?)?,
+                    updated_at: crate::time(&r.text(3)?)?,
                 })
             })
             .collect()

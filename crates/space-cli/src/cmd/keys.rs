@@ -61,12 +61,12 @@ pub(crate) fn keys(command: KeysCommand) -> Result<()> {
                     key.id,
                     key.tenant,
                     key.created_at,
-                    key.revoked_at.as_deref().unwrap_or("-")
+                    key.revoked_at.map_or_else(|| "-".to_string(), |at| at.to_string())
                 );
             }
         }
         KeysCommand::Revoke { id, data_dir, database } => {
-            if !open(&data_dir, database)?.tenancy().revoke_key(&id, &space_server::ids::now())? {
+            if !open(&data_dir, database)?.tenancy().revoke_key(&id, space_server::ids::now())? {
                 bail!("no key {id:?}");
             }
             eprintln!("revoked {id}");

@@ -87,7 +87,7 @@ pub struct FileEntry {
     /// Permission bits in octal, such as `0644`.
     pub mode: String,
     /// Last modification, RFC 3339.
-    pub mtime: String,
+    pub mtime: space_api::Timestamp,
 }
 
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -136,9 +136,7 @@ pub async fn read(
                     kind: e.kind,
                     size: e.size,
                     mode: format!("{:04o}", e.mode),
-                    mtime: crate::ids::format_time(
-                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.mtime.max(0) as u64),
-                    ),
+                    mtime: (std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.mtime.max(0) as u64)).into(),
                 })
                 .collect();
             Ok(Json(DirListing { entries }).into_response())
