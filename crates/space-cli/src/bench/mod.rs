@@ -583,9 +583,11 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
         delete_and_wait(&hot_client, &hot_id)?;
 
         // The floor: runsc alone, from spawn to the agent's first frame.
+        // A canonical id in its own directory: the engine refuses any other.
+        let id = space_server::ids::new_id("sbx");
         let spec = SandboxSpec {
-            id: format!("raw-{}-{i}", std::process::id()),
-            dir: scratch.sandbox_dir(&format!("raw-{i}")),
+            id: id.clone(),
+            dir: scratch.sandbox_dir(&id),
             template_rootfs: template.rootfs(),
             hostname: "raw".into(),
             vcpus: 1,
