@@ -29,6 +29,8 @@ use crate::{EngineError, LiveStatus, SandboxSpec, Steps};
 pub struct Launched {
     /// Where the agent dials (bound before the engine started).
     pub listener: UnixListener,
+    /// The command that started the engine.
+    pub pid: u32,
     /// Waits for the command that started the engine (`runsc run
     /// --detach` returns once the sandbox runs); its error says why it
     /// failed. Blocking.

@@ -13,6 +13,7 @@ pub mod agent;
 pub mod fake;
 pub mod firecracker;
 pub mod gvisor;
+pub mod helper;
 pub mod host;
 pub mod oom_relief;
 

@@ -68,7 +68,7 @@ impl EngineHost for Recording {
         let listener = self.dialed_listener(sandbox);
         let (memory, vcpus, disk) = (shape.memory_mib.get(), shape.vcpus.get(), shape.disk_mib.get());
         self.note(format!("start {sandbox} {} {memory}/{vcpus}/{disk}", shown(from)));
-        Ok(Launched { listener, finished: Box::new(|| Ok(())), steps: Vec::new() })
+        Ok(Launched { listener, pid: 1, finished: Box::new(|| Ok(())), steps: Vec::new() })
     }
     fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
         self.note(format!("pause {sandbox}"));

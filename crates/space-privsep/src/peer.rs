@@ -46,6 +46,8 @@ pub enum PeerError {
     Truncated,
     #[error("a frame took over {FRAME_DEADLINE:?} to arrive")]
     Slow,
+    #[error("no reply within {0:?}")]
+    NoReply(Duration),
     #[error("more than {MAX_FDS} descriptor(s) came with a message")]
     TooManyDescriptors,
     #[error("the first message was not a hello")]
@@ -54,7 +56,7 @@ pub enum PeerError {
     UnexpectedReply(Box<Reply>),
 }
 
-fn io_err(context: &'static str) -> impl FnOnce(io::Error) -> PeerError {
+pub(crate) fn io_err(context: &'static str) -> impl FnOnce(io::Error) -> PeerError {
     move |source| PeerError::Io { context, source }
 }
 
@@ -227,7 +229,7 @@ impl HelperClient {
     }
 }
 
-fn expect_fds<T>(expected: usize, fds: &[T]) -> Result<(), ProtoError> {
+pub(crate) fn expect_fds<T>(expected: usize, fds: &[T]) -> Result<(), ProtoError> {
     if fds.len() == expected {
         Ok(())
     } else {

@@ -209,6 +209,7 @@ impl EngineHost for LocalHost {
             .stdout(log)
             .stderr(log_err);
         let child = Reaper::global().spawn(&mut run).map_err(EngineError::io("starting runsc"))?;
+        let pid = child.id();
         let finished = Box::new(move || {
             let status = child.wait();
             if status.success() {
@@ -217,7 +218,7 @@ impl EngineHost for LocalHost {
                 Err(EngineError::Runtime(format!("runsc {how} failed ({status:?}): {}", log_tail(&log_path))))
             }
         });
-        Ok(Launched { listener, finished, steps })
+        Ok(Launched { listener, pid, finished, steps })
     }
 
     fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {

@@ -1,0 +1,275 @@
+//! The unprivileged side's [`EngineHost`]: each method one request to the
+//! helper, on a connection of its own while it runs (so calls from several
+//! threads go on at once, as they do with the in-process host).
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use space_privsep::client::BlockingClient;
+use space_privsep::peer::PeerError;
+use space_privsep::proto::{
+    Engine, EngineState, ImageRef, PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, StartFrom,
+};
+
+use crate::host::{EngineHost, Launched};
+use crate::EngineError;
+
+/// How long the helper may take to answer a request: its longest (a root
+/// snapshot, a checkpoint, a destroy of a large root) on a loaded host.
+const REPLY_PATIENCE: Duration = Duration::from_secs(600);
+/// How long connecting to the helper and its hello may take.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// [`EngineHost`] over the helper's socket.
+pub struct HelperHost {
+    socket: PathBuf,
+    helper_uid: u32,
+    patience: Duration,
+    /// Connections between requests, reused.
+    idle: Mutex<Vec<BlockingClient>>,
+}
+
+impl HelperHost {
+    /// A host that asks the helper at `socket`, which must be served by
+    /// `helper_uid` (root: 0). Connects when first asked.
+    pub fn new(socket: impl Into<PathBuf>, helper_uid: u32) -> HelperHost {
+        HelperHost::with_patience(socket, helper_uid, REPLY_PATIENCE)
+    }
+
+    /// [`HelperHost::new`] whose requests wait at most `patience` for
+    /// their answers (tests; the default suits a loaded host).
+    pub fn with_patience(socket: impl Into<PathBuf>, helper_uid: u32, patience: Duration) -> HelperHost {
+        HelperHost { socket: socket.into(), helper_uid, patience, idle: Mutex::new(Vec::new()) }
+    }
+
+    fn connect(&self) -> Result<BlockingClient, EngineError> {
+        BlockingClient::connect(&self.socket, self.helper_uid, CONNECT_PATIENCE.min(self.patience)).map_err(|err| {
+            EngineError::Runtime(format!("the helper at {} is not reachable: {err}", self.socket.display()))
+        })
+    }
+
+    /// Sends `request` on an idle connection or a new one and returns the
+    /// connection with the reply, for the caller to give back. A helper
+    /// that restarted closed every idle connection: those are dropped,
+    /// and a request that could not even be written to one goes once more
+    /// on a new connection (nothing of it reached the helper).
+    fn send(&self, request: &Request) -> Result<BlockingClient, EngineError> {
+        let pooled = loop {
+            let next = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match next {
+                Some(client) if client.closed() => continue,
+                other => break other,
+            }
+        };
+        if let Some(client) = pooled {
+            match client.send(request, &[]) {
+                Ok(()) => return Ok(client),
+                Err(err) => tracing::info!("the helper closed a connection ({err}): connecting again"),
+            }
+        }
+        let client = self.connect()?;
+        client.send(request, &[]).map_err(|err| transport(request, err))?;
+        Ok(client)
+    }
+
+    fn give_back(&self, client: BlockingClient) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(client);
+    }
+
+    /// One request and its reply; a refusal is the error it carries.
+    fn call(&self, request: Request, patience: Duration) -> Result<(Reply, Option<UnixListener>), EngineError> {
+        let client = self.send(&request)?;
+        // A connection whose reply did not come whole is out of step: dropped.
+        let (reply, mut fds) = client.recv(patience).map_err(|err| transport(&request, err))?;
+        self.give_back(client);
+        match reply {
+            Reply::Refused { message, .. } => Err(EngineError::Runtime(message)),
+            Reply::Listening {} => Ok((reply, Some(listener_from(fds.pop(), &request)?))),
+            reply => Ok((reply, None)),
+        }
+    }
+
+    fn done(&self, request: Request) -> Result<(), EngineError> {
+        match self.call(request.clone(), self.patience)? {
+            (Reply::Done {}, _) => Ok(()),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    /// A request whose method has no error to return: its failure is
+    /// logged where it happened.
+    fn done_or_log(&self, request: Request, patience: Duration) {
+        if let Err(err) = self.call(request.clone(), patience) {
+            tracing::warn!(request = op(&request), "{err}");
+        }
+    }
+
+    fn listening(&self, request: Request) -> Result<UnixListener, EngineError> {
+        match self.call(request.clone(), self.patience)? {
+            (Reply::Listening {}, Some(listener)) => Ok(listener),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+}
+
+/// A request's name as its wire format spells it.
+fn op(request: &Request) -> String {
+    serde_json::to_value(request).ok().and_then(|v| v["op"].as_str().map(str::to_string)).unwrap_or_default()
+}
+
+fn transport(request: &Request, err: PeerError) -> EngineError {
+    EngineError::Runtime(format!("asking the helper to {}: {err}", op(request)))
+}
+
+fn unexpected(request: &Request, reply: &Reply) -> EngineError {
+    EngineError::Runtime(format!("the helper answered {} with {reply:?}", op(request)))
+}
+
+impl EngineHost for HelperHost {
+    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+        let request = Request::Start { sandbox: sandbox.clone(), engine: Engine::Gvisor, from: from.clone(), shape };
+        let client = self.send(&request)?;
+        let (reply, mut fds) = client.recv(self.patience).map_err(|err| transport(&request, err))?;
+        let (pid, steps) = match reply {
+            Reply::Started { pid, steps } => (pid, steps),
+            Reply::Refused { message, .. } => {
+                self.give_back(client);
+                return Err(EngineError::Runtime(message));
+            }
+            other => return Err(unexpected(&request, &other)),
+        };
+        // The frame's check made sure the listener came with it.
+        let listener = listener_from(fds.pop(), &request)?;
+        // The connection is the start's until its second answer: runsc's end.
+        let patience = self.patience;
+        let finished = Box::new(move || match client.recv(patience) {
+            Ok((Reply::Done {}, _)) => Ok(()),
+            Ok((Reply::Refused { message, .. }, _)) => Err(EngineError::Runtime(message)),
+            Ok((other, _)) => Err(unexpected(&request, &other)),
+            Err(err) => Err(transport(&request, err)),
+        });
+        Ok(Launched { listener, pid, finished, steps: super::steps_from_wire(&steps) })
+    }
+
+    fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.done(Request::Pause { sandbox: sandbox.clone() })
+    }
+
+    fn resume(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.done(Request::Resume { sandbox: sandbox.clone() })
+    }
+
+    fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> Result<(), EngineError> {
+        self.done(Request::Freeze { sandbox: sandbox.clone(), frozen })
+    }
+
+    fn set_timer_slack(&self, sandbox: &SandboxId, slack: Option<SlackNs>) -> Result<usize, EngineError> {
+        let request = Request::SetTimerSlack { sandbox: sandbox.clone(), slack_ns: slack };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::SlackSet { tasks }, _) => Ok(tasks as usize),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn suspend(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.done(Request::Suspend { sandbox: sandbox.clone() })
+    }
+
+    fn save_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<Duration, EngineError> {
+        let request = Request::SaveImage { sandbox: sandbox.clone(), image: image.clone() };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::ImageSaved { frozen_us }, _) => Ok(Duration::from_micros(frozen_us)),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn drop_snapshot(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.done(Request::DropSnapshot { sandbox: sandbox.clone() })
+    }
+
+    fn stop(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.done(Request::Stop { sandbox: sandbox.clone() })
+    }
+
+    fn stop_strays(&self, sandbox: &SandboxId) {
+        self.done_or_log(Request::StopStrays { sandbox: sandbox.clone() }, self.patience)
+    }
+
+    fn settle_orphans(&self, sandboxes: &[SandboxId], patience: PatienceMs) {
+        // The helper waits `patience` (a pause or resume longer) itself.
+        let waited = Duration::from_millis(patience.get().into()) + self.patience;
+        for chunk in sandboxes.chunks(space_privsep::proto::MAX_LISTED) {
+            self.done_or_log(Request::SettleOrphans { sandboxes: chunk.to_vec(), patience_ms: patience }, waited)
+        }
+    }
+
+    fn destroy(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.done(Request::Destroy { sandbox: sandbox.clone() })
+    }
+
+    /// A helper that does not answer leaves the state unknown; the trait
+    /// has no error for it, so it reads as Missing, as a failed `runsc
+    /// state` does in the helper (logged).
+    fn state(&self, sandbox: &SandboxId) -> EngineState {
+        let request = Request::State { sandbox: sandbox.clone() };
+        match self.call(request.clone(), self.patience) {
+            Ok((Reply::State { state }, _)) => state,
+            Ok((other, _)) => {
+                tracing::warn!("{}", unexpected(&request, &other));
+                EngineState::Missing
+            }
+            Err(err) => {
+                tracing::warn!(sandbox = %sandbox, "{err}");
+                EngineState::Missing
+            }
+        }
+    }
+
+    fn states(&self, sandboxes: &[SandboxId]) -> Vec<EngineState> {
+        let mut states = Vec::with_capacity(sandboxes.len());
+        for chunk in sandboxes.chunks(space_privsep::proto::MAX_LISTED) {
+            let request = Request::States { sandboxes: chunk.to_vec() };
+            match self.call(request.clone(), self.patience) {
+                Ok((Reply::States { states: answered }, _)) if answered.len() == chunk.len() => states.extend(answered),
+                Ok((other, _)) => {
+                    tracing::warn!("{}", unexpected(&request, &other));
+                    states.extend(chunk.iter().map(|_| EngineState::Missing));
+                }
+                Err(err) => {
+                    tracing::warn!("{err}");
+                    states.extend(chunk.iter().map(|_| EngineState::Missing));
+                }
+            }
+        }
+        states
+    }
+
+    fn listen_agent(&self, sandbox: &SandboxId) -> Result<UnixListener, EngineError> {
+        self.listening(Request::ListenAgent { sandbox: sandbox.clone() })
+    }
+
+    fn close_agent(&self, sandbox: &SandboxId) {
+        self.done_or_log(Request::CloseAgent { sandbox: sandbox.clone() }, self.patience)
+    }
+
+    fn engine_log(&self, sandbox: &SandboxId) -> String {
+        let request = Request::EngineLog { sandbox: sandbox.clone() };
+        match self.call(request.clone(), self.patience) {
+            Ok((Reply::Log { text }, _)) => text,
+            Ok((other, _)) => unexpected(&request, &other).to_string(),
+            Err(err) => err.to_string(),
+        }
+    }
+}
+
+/// The agent's listener a reply carried, made non-blocking for the engine's
+/// async accept.
+fn listener_from(fd: Option<std::os::fd::OwnedFd>, request: &Request) -> Result<UnixListener, EngineError> {
+    let listener = UnixListener::from(
+        fd.ok_or_else(|| EngineError::Runtime(format!("the helper answered {} without a listener", op(request))))?,
+    );
+    listener.set_nonblocking(true).map_err(EngineError::io("socket mode"))?;
+    Ok(listener)
+}

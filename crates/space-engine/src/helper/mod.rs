@@ -1,0 +1,55 @@
+//! The engine's host across the helper's socket: [`serve`] answers
+//! `space_privsep`'s requests by calling the [`EngineHost`] method of the
+//! same name (a [`LocalHost`](crate::gvisor::LocalHost) in the root
+//! helper), and [`HelperHost`] is an [`EngineHost`] that sends them, so the
+//! gVisor engine runs the same way whichever side of the socket its host
+//! is on.
+//!
+//! A start is answered twice on its connection: `Started` with the agent's
+//! listener as soon as runsc runs (the agent may dial while `runsc run
+//! --detach` still works), then `Done` or a refusal when runsc returned —
+//! what [`Launched::finished`](crate::host::Launched) waits for.
+
+mod client;
+mod serve;
+
+use std::time::Duration;
+
+pub use client::HelperHost;
+pub use serve::serve;
+use space_privsep::proto::{StartStep, StepTook};
+
+use crate::Steps;
+
+/// The start steps the helper does, by the names the engine reports them
+/// under (the same with either host).
+const START_STEPS: [(StartStep, &str); 3] = [
+    (StartStep::RootSnapshot, "root snapshot (btrfs)"),
+    (StartStep::DiskLimit, "disk limit (btrfs qgroup)"),
+    (StartStep::BundleAndSocket, "bundle and agent socket"),
+];
+
+/// A start's steps as a reply names them; one without a name there is
+/// left out (and logged).
+fn steps_to_wire(steps: &Steps) -> Vec<StepTook> {
+    steps
+        .iter()
+        .filter_map(|(name, took)| match START_STEPS.iter().find(|(_, known)| known == name) {
+            Some((step, _)) => Some(StepTook { step: *step, micros: took.as_micros() as u64 }),
+            None => {
+                tracing::warn!(step = name, "a start step the request set does not name");
+                None
+            }
+        })
+        .collect()
+}
+
+fn steps_from_wire(steps: &[StepTook]) -> Steps {
+    steps
+        .iter()
+        .filter_map(|took| {
+            let name = START_STEPS.iter().find(|(step, _)| *step == took.step)?.1;
+            Some((name, Duration::from_micros(took.micros)))
+        })
+        .collect()
+}

@@ -1,0 +1,185 @@
+//! The helper's side: one task per connection, one request at a time on
+//! each, every request run on a blocking thread against the host.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+
+use space_privsep::peer::{Connection, HelperListener, PeerError};
+use space_privsep::proto::{Engine, Refusal, Reply, Request, MAX_LISTED, MAX_MESSAGE};
+
+use crate::host::{EngineHost, Launched};
+use crate::EngineError;
+
+/// Serves `listener` with `host` until accepting fails: each accepted
+/// connection (of the allowed uid alone; others are refused and logged)
+/// gets its own task. A request that fails is answered with a refusal and
+/// its connection goes on; one that does not parse closes its connection.
+pub async fn serve(listener: HelperListener, host: Arc<dyn EngineHost>) -> Result<(), PeerError> {
+    loop {
+        match listener.accept().await {
+            Ok(connection) => {
+                tokio::spawn(serve_connection(connection, host.clone()));
+            }
+            Err(err @ (PeerError::UnexpectedPeer { .. } | PeerError::Io { context: "reading SO_PEERCRED", .. })) => {
+                tracing::warn!("{err}");
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// What a request is answered with: a reply, the descriptor it carries,
+/// and for a start the wait for its engine command, whose outcome is the
+/// second reply.
+struct Answer {
+    reply: Reply,
+    listener: Option<UnixListener>,
+    finished: Option<Box<dyn FnOnce() -> Result<(), EngineError> + Send>>,
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Answer {
+        Answer { reply, listener: None, finished: None }
+    }
+}
+
+async fn serve_connection(connection: Connection, host: Arc<dyn EngineHost>) {
+    let peer = connection.peer();
+    if let Err(err) = connection.hello().await {
+        tracing::debug!(pid = peer.pid, "a helper connection ended before its hello: {err}");
+        return;
+    }
+    loop {
+        let incoming = match connection.recv().await {
+            Ok(Some(incoming)) => incoming,
+            Ok(None) => return,
+            Err(err) => {
+                // Out of step with the peer: say why, then hang up.
+                tracing::warn!(pid = peer.pid, "closing a helper connection: {err}");
+                let _ = connection.refuse(&err).await;
+                return;
+            }
+        };
+        let host = host.clone();
+        let answer = tokio::task::spawn_blocking(move || answer(host.as_ref(), incoming.request))
+            .await
+            .unwrap_or_else(|err| Reply::refused(Refusal::Failed, format!("the request failed: {err}")).into());
+        let sent = match &answer.listener {
+            Some(listener) => connection.send(&answer.reply, &[listener.as_fd()]).await,
+            None => connection.send(&answer.reply, &[]).await,
+        };
+        // The peer holds its own copy of the listener now.
+        drop(answer.listener);
+        if let Some(finished) = answer.finished {
+            let outcome = tokio::task::spawn_blocking(finished).await;
+            let reply = match outcome {
+                Ok(Ok(())) => Reply::Done {},
+                Ok(Err(err)) => failed(err),
+                Err(err) => Reply::refused(Refusal::Failed, format!("waiting for the engine: {err}")),
+            };
+            if sent.is_ok() {
+                if let Err(err) = connection.send(&reply, &[]).await {
+                    tracing::warn!(pid = peer.pid, "answering a start's end: {err}");
+                    return;
+                }
+            }
+        }
+        if let Err(err) = sent {
+            tracing::warn!(pid = peer.pid, "answering a helper request: {err}");
+            return;
+        }
+    }
+}
+
+/// The refusal an engine error becomes: its text, without the prefix the
+/// client's error adds again.
+fn failed(err: EngineError) -> Reply {
+    let message = match err {
+        EngineError::Runtime(message) => message,
+        other => other.to_string(),
+    };
+    Reply::refused(Refusal::Failed, message)
+}
+
+fn done(result: Result<(), EngineError>) -> Answer {
+    result.map_or_else(failed, |()| Reply::Done {}).into()
+}
+
+/// Runs `request` on the host method of the same name.
+fn answer(host: &dyn EngineHost, request: Request) -> Answer {
+    match request {
+        Request::Hello { version } => Reply::Hello { version }.into(),
+        Request::Start { engine: Engine::Firecracker, .. } => {
+            Reply::refused(Refusal::BadRequest, "this helper starts gVisor sandboxes only").into()
+        }
+        Request::Start { sandbox, engine: Engine::Gvisor, from, shape } => match host.start(&sandbox, &from, shape) {
+            Ok(Launched { listener, pid, finished, steps }) => Answer {
+                reply: Reply::Started { pid, steps: super::steps_to_wire(&steps) },
+                listener: Some(listener),
+                finished: Some(finished),
+            },
+            Err(err) => failed(err).into(),
+        },
+        Request::Pause { sandbox } => done(host.pause(&sandbox)),
+        Request::Resume { sandbox } => done(host.resume(&sandbox)),
+        Request::Freeze { sandbox, frozen } => done(host.freeze(&sandbox, frozen)),
+        Request::SetTimerSlack { sandbox, slack_ns } => match host.set_timer_slack(&sandbox, slack_ns) {
+            Ok(tasks) => Reply::SlackSet { tasks: tasks.try_into().unwrap_or(u32::MAX) }.into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::Suspend { sandbox } => done(host.suspend(&sandbox)),
+        Request::SaveImage { sandbox, image } => match host.save_image(&sandbox, &image) {
+            Ok(frozen) => Reply::ImageSaved { frozen_us: frozen.as_micros() as u64 }.into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::DropSnapshot { sandbox } => done(host.drop_snapshot(&sandbox)),
+        Request::Stop { sandbox } => done(host.stop(&sandbox)),
+        Request::StopStrays { sandbox } => {
+            host.stop_strays(&sandbox);
+            Reply::Done {}.into()
+        }
+        Request::SettleOrphans { sandboxes, patience_ms } => {
+            host.settle_orphans(&sandboxes, patience_ms);
+            Reply::Done {}.into()
+        }
+        Request::Destroy { sandbox } => done(host.destroy(&sandbox)),
+        Request::State { sandbox } => Reply::State { state: host.state(&sandbox) }.into(),
+        Request::States { sandboxes } => {
+            let mut states = host.states(&sandboxes);
+            states.truncate(MAX_LISTED);
+            Reply::States { states }.into()
+        }
+        Request::ListenAgent { sandbox } => match host.listen_agent(&sandbox) {
+            Ok(listener) => Answer { reply: Reply::Listening {}, listener: Some(listener), finished: None },
+            Err(err) => failed(err).into(),
+        },
+        Request::CloseAgent { sandbox } => {
+            host.close_agent(&sandbox);
+            Reply::Done {}.into()
+        }
+        Request::EngineLog { sandbox } => Reply::Log { text: tail(host.engine_log(&sandbox)) }.into(),
+        Request::DropImage { .. }
+        | Request::Kill { .. }
+        | Request::List {}
+        | Request::ConnectVmm { .. }
+        | Request::BuildTemplate { .. }
+        | Request::PublishTemplate { .. }
+        | Request::DeleteTemplate { .. }
+        | Request::ClearStaleQuotas {} => {
+            Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
+        }
+    }
+}
+
+/// The end of `text`, within a reply's bound.
+fn tail(text: String) -> String {
+    if text.len() <= MAX_MESSAGE {
+        return text;
+    }
+    let mut start = text.len() - MAX_MESSAGE;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}

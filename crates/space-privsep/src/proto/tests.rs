@@ -1,0 +1,340 @@
+//! The request set's wire format and its checks.
+
+use std::path::Component;
+
+use super::*;
+
+const SBX: &str = "sbx_0123456789abcdef0123";
+
+fn sandbox() -> SandboxId {
+    SandboxId::parse(SBX).unwrap()
+}
+
+fn shape() -> Shape {
+    Shape {
+        memory_mib: MemoryMib::new(512).unwrap(),
+        vcpus: Vcpus::new(1).unwrap(),
+        disk_mib: DiskMib::new(1024).unwrap(),
+    }
+}
+
+fn template() -> TemplateRef {
+    TemplateRef { name: TemplateName::parse("base").unwrap(), version: TemplateVersion::new(3).unwrap() }
+}
+
+/// One of every request, for round trips and path checks.
+fn every_request() -> Vec<Request> {
+    let image = ImageRef::Checkpoint { name: CheckpointName::parse("before-upgrade").unwrap() };
+    let fork = ImageRef::Fork { operation: OperationId::parse("op_00112233445566778899").unwrap() };
+    vec![
+        Request::Hello { version: PROTOCOL_VERSION },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Gvisor,
+            from: StartFrom::Template { template: template() },
+            shape: shape(),
+        },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Firecracker,
+            from: StartFrom::Suspended {},
+            shape: shape(),
+        },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Gvisor,
+            from: StartFrom::Image { source: sandbox(), image: fork.clone() },
+            shape: shape(),
+        },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Gvisor,
+            from: StartFrom::TemplateImage { template: template() },
+            shape: shape(),
+        },
+        Request::Pause { sandbox: sandbox() },
+        Request::Resume { sandbox: sandbox() },
+        Request::Freeze { sandbox: sandbox(), frozen: true },
+        Request::SetTimerSlack { sandbox: sandbox(), slack_ns: Some(SlackNs::new(50_000_000).unwrap()) },
+        Request::SetTimerSlack { sandbox: sandbox(), slack_ns: None },
+        Request::Suspend { sandbox: sandbox() },
+        Request::SaveImage { sandbox: sandbox(), image: image.clone() },
+        Request::DropImage { sandbox: sandbox(), image: fork },
+        Request::SaveImage { sandbox: sandbox(), image: ImageRef::Template { template: template() } },
+        Request::DropSnapshot { sandbox: sandbox() },
+        Request::Stop { sandbox: sandbox() },
+        Request::StopStrays { sandbox: sandbox() },
+        Request::SettleOrphans { sandboxes: vec![sandbox()], patience_ms: PatienceMs::new(10_000).unwrap() },
+        Request::States { sandboxes: vec![sandbox(), sandbox()] },
+        Request::EngineLog { sandbox: sandbox() },
+        Request::Kill { sandbox: sandbox(), signal: Signal::Kill },
+        Request::Destroy { sandbox: sandbox() },
+        Request::State { sandbox: sandbox() },
+        Request::List {},
+        Request::ListenAgent { sandbox: sandbox() },
+        Request::CloseAgent { sandbox: sandbox() },
+        Request::ConnectVmm { sandbox: sandbox() },
+        Request::BuildTemplate {
+            template: template(),
+            source: BuildSource::Debian {
+                suite: Suite::parse("bookworm").unwrap(),
+                packages: ["python3", "libstdc++6", "ca-certificates"]
+                    .iter()
+                    .map(|p| PackageName::parse(p).unwrap())
+                    .collect(),
+            },
+            disk_mib: DiskMib::new(4096).unwrap(),
+        },
+        Request::BuildTemplate {
+            template: template(),
+            source: BuildSource::OciArchive {},
+            disk_mib: DiskMib::new(4096).unwrap(),
+        },
+        Request::PublishTemplate { template: template() },
+        Request::DeleteTemplate { template: template() },
+        Request::ClearStaleQuotas {},
+    ]
+}
+
+fn body(frame: &[u8]) -> &[u8] {
+    let len = body_len(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(len, frame.len() - HEADER_LEN);
+    &frame[HEADER_LEN..]
+}
+
+#[test]
+fn every_request_round_trips_through_a_frame() {
+    for request in every_request() {
+        let frame = encode(&request).unwrap();
+        assert_eq!(decode_request(body(&frame)).unwrap(), request);
+    }
+}
+
+#[test]
+fn replies_round_trip_and_say_what_they_carry() {
+    let replies = [
+        Reply::Hello { version: PROTOCOL_VERSION },
+        Reply::Done {},
+        Reply::Started { pid: 42, steps: vec![StepTook { step: StartStep::RootSnapshot, micros: 1200 }] },
+        Reply::SlackSet { tasks: 12 },
+        Reply::ImageSaved { frozen_us: 25_000 },
+        Reply::Listening {},
+        Reply::Vmm {},
+        Reply::State { state: EngineState::Paused },
+        Reply::States { states: vec![EngineState::Running, EngineState::Missing] },
+        Reply::Log { text: "runsc: started".into() },
+        Reply::Sandboxes { sandboxes: vec![sandbox()] },
+        Reply::refused(Refusal::Conflict, "that sandbox exists"),
+    ];
+    for reply in replies {
+        let frame = encode(&reply).unwrap();
+        assert_eq!(decode_reply(body(&frame)).unwrap(), reply);
+    }
+    assert_eq!(Reply::Started { pid: 1, steps: vec![] }.fds(), 1);
+    let steps = vec![StepTook { step: StartStep::DiskLimit, micros: 1 }; MAX_STEPS + 1];
+    assert!(decode_reply(&encode(&Reply::Started { pid: 1, steps }).unwrap()[HEADER_LEN..]).is_err());
+    assert_eq!(Reply::Done {}.fds(), 0);
+}
+
+#[test]
+fn a_refusal_message_is_cut_to_its_bound() {
+    let Reply::Refused { message, .. } = Reply::refused(Refusal::Failed, "é".repeat(MAX_MESSAGE)) else {
+        panic!("not a refusal")
+    };
+    assert!(message.len() <= MAX_MESSAGE && message.len() > MAX_MESSAGE - 2);
+}
+
+#[test]
+fn frames_past_the_limit_or_empty_are_refused_before_their_body() {
+    assert!(matches!(body_len((MAX_FRAME as u32 + 1).to_be_bytes()), Err(ProtoError::TooLarge(_))));
+    assert!(matches!(body_len(u32::MAX.to_be_bytes()), Err(ProtoError::TooLarge(_))));
+    assert!(matches!(body_len([0; 4]), Err(ProtoError::Empty)));
+    assert_eq!(body_len((MAX_FRAME as u32).to_be_bytes()).unwrap(), MAX_FRAME);
+    let huge = vec![b' '; MAX_FRAME + 1];
+    assert!(matches!(decode_request(&huge), Err(ProtoError::TooLarge(_))));
+    let packages = (0..20_000).map(|i| PackageName::parse(&format!("package-number-{i}")).unwrap()).collect();
+    let request = Request::BuildTemplate {
+        template: template(),
+        source: BuildSource::Debian { suite: Suite::parse("bookworm").unwrap(), packages },
+        disk_mib: DiskMib::new(1).unwrap(),
+    };
+    assert!(matches!(encode(&request), Err(ProtoError::TooLarge(_))));
+}
+
+#[test]
+fn malformed_json_is_refused_with_what_was_wrong() {
+    for bad in [
+        &b"{"[..],
+        b"null",
+        b"[]",
+        b"{\"op\":\"pause\"}",
+        b"{\"op\":\"reboot\"}",
+        b"{\"op\":\"list\",\"path\":\"/\"}",
+        b"\xff\xfe",
+    ] {
+        let err = decode_request(bad).unwrap_err();
+        assert!(matches!(err, ProtoError::Malformed(_)), "{bad:?}: {err}");
+        assert!(err.to_string().starts_with("a malformed message: "), "{err}");
+    }
+}
+
+/// A hostile request in JSON, as a compromised unprivileged process
+/// would write it.
+fn hostile(json: &str) -> ProtoError {
+    match decode_request(json.as_bytes()) {
+        Ok(request) => panic!("accepted {json}: {request:?}"),
+        Err(err) => err,
+    }
+}
+
+#[test]
+fn ids_in_any_but_their_canonical_spelling_are_refused() {
+    for id in [
+        "../sbx_0123456789abcdef0123",
+        "sbx_0123456789abcdef0123/..",
+        "sbx_0123456789abcdef0123/../../etc",
+        "sbx_../../../../etc/passwd",
+        "sbx_0123456789ABCDEF0123",
+        "SBX_0123456789abcdef0123",
+        "sbx_0123456789abcdef012",
+        "sbx_0123456789abcdef01234",
+        " sbx_0123456789abcdef0123",
+        "sbx_0123456789abcdef0123\u{0}",
+        "%73bx_0123456789abcdef0123",
+        "/var/lib/other-space/sandboxes/sbx_0123456789abcdef0123",
+        "op_0123456789abcdef01234",
+        "",
+    ] {
+        let json = serde_json::json!({"op": "destroy", "sandbox": id}).to_string();
+        let err = hostile(&json);
+        assert!(err.to_string().contains("not a sandbox id"), "{id:?}: {err}");
+    }
+}
+
+#[test]
+fn names_and_images_cannot_climb_out_of_their_directory() {
+    for json in [
+        r#"{"op":"delete_template","template":{"name":"..","version":1}}"#,
+        r#"{"op":"delete_template","template":{"name":"base/../../..","version":1}}"#,
+        r#"{"op":"delete_template","template":{"name":"/etc","version":1}}"#,
+        r#"{"op":"delete_template","template":{"name":".1.partial","version":1}}"#,
+        r#"{"op":"drop_image","sandbox":"sbx_0123456789abcdef0123","image":{"kind":"checkpoint","name":"../../sbx_99999999999999999999"}}"#,
+        r#"{"op":"drop_image","sandbox":"sbx_0123456789abcdef0123","image":{"kind":"fork","operation":"op_../../x"}}"#,
+        r#"{"op":"start","sandbox":"sbx_0123456789abcdef0123","engine":"gvisor","from":{"kind":"image","source":"sbx_0123456789abcdef0123/../..","image":{"kind":"fork","operation":"op_00112233445566778899"}},"shape":{"memory_mib":512,"vcpus":1,"disk_mib":1024}}"#,
+    ] {
+        let err = hostile(json);
+        assert!(matches!(err, ProtoError::Malformed(_)) && err.to_string().contains("not a"), "{json}: {err}");
+    }
+}
+
+#[test]
+fn a_path_cannot_be_written_into_any_request() {
+    // Every field that could carry one is a typed id; a field of
+    // another name is refused, whatever it holds.
+    for json in [
+        r#"{"op":"destroy","sandbox":"sbx_0123456789abcdef0123","dir":"/var/lib/other"}"#,
+        r#"{"op":"destroy","sandbox":"sbx_0123456789abcdef0123","data_dir":"/"}"#,
+        r#"{"op":"start","sandbox":"sbx_0123456789abcdef0123","engine":"gvisor","from":{"kind":"template","template":{"name":"base","version":1}},"shape":{"memory_mib":512,"vcpus":1,"disk_mib":1024},"bundle":"/tmp/evil"}"#,
+        r#"{"op":"start","sandbox":"sbx_0123456789abcdef0123","engine":"gvisor","from":{"kind":"path","path":"/"},"shape":{"memory_mib":512,"vcpus":1,"disk_mib":1024}}"#,
+        r#"{"op":"build_template","template":{"name":"x","version":1},"source":{"kind":"directory","path":"/etc"},"disk_mib":10}"#,
+        r#"{"op":"build_template","template":{"name":"x","version":1},"source":{"kind":"oci_archive","path":"/etc/shadow"},"disk_mib":10}"#,
+        r#"{"op":"start","sandbox":"sbx_0123456789abcdef0123","engine":"gvisor","from":{"kind":"suspended","dir":"/"},"shape":{"memory_mib":512,"vcpus":1,"disk_mib":1024}}"#,
+        r#"{"op":"list","under":"/var/lib/other"}"#,
+    ] {
+        assert!(matches!(hostile(json), ProtoError::Malformed(_)), "{json}");
+    }
+    let layout = Layout::new("/var/lib/space");
+    for request in every_request() {
+        for path in layout.paths_of(&request) {
+            let rest = path.strip_prefix(layout.data_dir()).unwrap_or_else(|_| panic!("{path:?} left"));
+            assert!(rest.components().all(|c| matches!(c, Component::Normal(_))), "{path:?}");
+        }
+    }
+}
+
+#[test]
+fn sizes_out_of_bounds_are_refused() {
+    let start = |memory: u64, vcpus: u64, disk: u64| {
+        format!(
+            r#"{{"op":"start","sandbox":"{SBX}","engine":"gvisor","from":{{"kind":"suspended"}},"shape":{{"memory_mib":{memory},"vcpus":{vcpus},"disk_mib":{disk}}}}}"#
+        )
+    };
+    assert!(decode_request(start(512, 2, 1024).as_bytes()).is_ok());
+    for (memory, vcpus, disk) in [
+        (0, 1, 1),
+        (63, 1, 1),
+        ((1 << 20) + 1, 1, 1),
+        (u32::MAX as u64, 1, 1),
+        (1 << 40, 1, 1),
+        (512, 0, 1),
+        (512, 257, 1),
+        (512, 1, 0),
+        (512, 1, (16 << 20) + 1),
+    ] {
+        let json = start(memory, vcpus, disk);
+        let err = hostile(&json);
+        assert!(err.to_string().contains("outside") || err.to_string().contains("invalid value"), "{json}: {err}");
+    }
+    for json in [
+        format!(
+            r#"{{"op":"start","sandbox":"{SBX}","engine":"gvisor","from":{{"kind":"suspended"}},"shape":{{"memory_mib":-1,"vcpus":1,"disk_mib":1}}}}"#
+        ),
+        format!(
+            r#"{{"op":"start","sandbox":"{SBX}","engine":"gvisor","from":{{"kind":"suspended"}},"shape":{{"memory_mib":512.5,"vcpus":1,"disk_mib":1}}}}"#
+        ),
+        format!(r#"{{"op":"set_timer_slack","sandbox":"{SBX}","slack_ns":1000000001}}"#),
+        format!(r#"{{"op":"set_timer_slack","sandbox":"{SBX}","slack_ns":0}}"#),
+        r#"{"op":"publish_template","template":{"name":"base","version":0}}"#.to_string(),
+        r#"{"op":"publish_template","template":{"name":"base","version":4294967296}}"#.to_string(),
+    ] {
+        hostile(&json);
+    }
+}
+
+#[test]
+fn package_lists_are_bounded_and_hold_package_names_only() {
+    let build = |packages: &str| {
+        format!(
+            r#"{{"op":"build_template","template":{{"name":"py","version":1}},"source":{{"kind":"debian","suite":"bookworm","packages":[{packages}]}},"disk_mib":100}}"#
+        )
+    };
+    assert!(decode_request(build(r#""python3""#).as_bytes()).is_ok());
+    let many = (0..=MAX_PACKAGES).map(|i| format!("\"p{i}\"")).collect::<Vec<_>>().join(",");
+    for packages in
+        ["", r#""python3","python3""#, &many, r#""--allow-unauthenticated""#, r#""a b""#, r#""pkg;rm -rf /""#]
+    {
+        hostile(&build(packages));
+    }
+    for suite in ["../../etc", "bookworm main", "-o", ""] {
+        let json = format!(
+            r#"{{"op":"build_template","template":{{"name":"py","version":1}},"source":{{"kind":"debian","suite":"{suite}","packages":["python3"]}},"disk_mib":100}}"#
+        );
+        hostile(&json);
+    }
+}
+
+#[test]
+fn a_hello_in_another_version_is_refused() {
+    assert!(decode_request(br#"{"op":"hello","version":1}"#).is_ok());
+    let err = hostile(r#"{"op":"hello","version":2}"#);
+    assert!(err.to_string().contains("protocol version 2"), "{err}");
+}
+
+#[test]
+fn a_refused_text_is_not_echoed_whole() {
+    let long = format!("sbx_{}", "a".repeat(10_000));
+    let err = SandboxId::parse(&long).unwrap_err().to_string();
+    assert!(err.len() < 200, "{err}");
+}
+
+#[test]
+fn an_archive_build_carries_one_descriptor_and_nothing_else_does() {
+    for request in every_request() {
+        let expected = usize::from(matches!(
+            request,
+            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. }
+        ));
+        assert_eq!(request.fds(), expected, "{request:?}");
+        assert!(request.fds() <= MAX_FDS);
+    }
+}
