@@ -165,12 +165,18 @@ async fn settle(state: &E2bState, operation_id: &str) -> Result<(), E2bError> {
 
 /// The sandbox once no transition is under way (E2B has no states
 /// between running and paused: its calls wait instead).
-async fn settled(state: &E2bState, id: &str) -> Result<SandboxRecord, E2bError> {
+async fn settled(state: &E2bState, sandbox: &OwnedSandbox) -> Result<SandboxRecord, E2bError> {
     let platform = &state.platform;
     let stable = |r: &SandboxRecord| {
         !matches!(r.sandbox.state, SandboxState::Creating | SandboxState::Suspending | SandboxState::Resuming)
     };
-    let record = platform.wait_for(Some(Instant::now() + OPERATION_PATIENCE), || platform.sandbox(id), stable).await?;
+    let record = platform
+        .wait_for(
+            Some(Instant::now() + OPERATION_PATIENCE),
+            || platform.reload(sandbox).map(OwnedSandbox::into_record),
+            stable,
+        )
+        .await?;
     Ok(record)
 }
 
@@ -308,7 +314,7 @@ pub async fn create(
     let key = header(&headers, "idempotency-key").map(str::to_string);
     let (sandbox, operation) = platform.create_sandbox(spec, &template, &caller.tenant, key.as_deref())?;
     settle(&state, &operation.id).await?;
-    let record = platform.sandbox(&sandbox.id)?;
+    let record = platform.sandbox_named(&caller, &sandbox.id)?.into_record();
     Ok((StatusCode::CREATED, Json(sandbox_json(&state, &record)?)))
 }
 
@@ -432,7 +438,7 @@ pub async fn pause(
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
     let (sandbox, _) = visible(&state, &caller, &id)?;
-    if e2b_state(&settled(&state, &id).await?) != Some("running") {
+    if e2b_state(&settled(&state, &sandbox).await?) != Some("running") {
         return Err(E2bError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
     let (_, operation) = state.platform.request(&sandbox, OperationKind::Suspend, None)?;
@@ -464,7 +470,7 @@ pub async fn connect(
         ));
     }
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
-    let Some(e2b_state) = e2b_state(&settled(&state, &id).await?) else {
+    let Some(e2b_state) = e2b_state(&settled(&state, &sandbox).await?) else {
         return Err(E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")));
     };
     let resumed = e2b_state == "paused";

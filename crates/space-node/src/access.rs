@@ -85,6 +85,14 @@ impl Platform {
         }
     }
 
+    /// [`Platform::sandbox_for`] for an id as text (from a record the
+    /// caller's request reached, such as an operation's): one that is not
+    /// an id in its canonical spelling is not found.
+    pub fn sandbox_named(&self, caller: &Caller, id: &str) -> Result<OwnedSandbox, NodeError> {
+        let parsed = SandboxId::parse(id).ok_or_else(|| NodeError::not_found("sandbox", id))?;
+        self.sandbox_for(caller, &parsed)
+    }
+
     /// `sandbox` as it is now (a sandbox its caller was already allowed).
     pub fn reload(&self, sandbox: &OwnedSandbox) -> Result<OwnedSandbox, NodeError> {
         let record = self.store.node().sandbox(sandbox.id())?;

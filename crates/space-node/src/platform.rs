@@ -441,7 +441,9 @@ impl Platform {
         let _ = self.wait_for(None, sweeping, |still| !still).await;
     }
 
-    pub fn sandbox(&self, id: &str) -> Result<SandboxRecord, NodeError> {
+    /// A sandbox's record by id, for the runtime itself: an edge loads a
+    /// sandbox for its caller ([`Platform::sandbox_for`]).
+    pub(crate) fn sandbox(&self, id: &str) -> Result<SandboxRecord, NodeError> {
         if !ids::plausible(id, "sbx") {
             return Err(NodeError::not_found("sandbox", id));
         }

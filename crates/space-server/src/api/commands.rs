@@ -35,7 +35,7 @@ pub(super) fn running(
     input: Option<Input>,
     action: &str,
 ) -> Result<(u32, space_engine::AgentConn), ApiError> {
-    let (id, cid, command) = (path.sandbox.id(), path.id(), &path.command);
+    let (cid, command) = (path.id(), &path.command);
     if let Some(input) = input {
         check_input(command, input)?;
     }
@@ -46,7 +46,7 @@ pub(super) fn running(
     let Some((_, stream, agent)) = state.platform.live_command(cid) else {
         // Nobody holds it: its sandbox is frozen and was not taken back since
         // a restart (see `adoption.rs`), or it has just exited.
-        let sandbox = state.platform.sandbox(id)?.sandbox.state;
+        let sandbox = state.platform.reload(&path.sandbox)?.record().sandbox.state;
         if sandbox != space_api::SandboxState::Running {
             return Err(ApiError::invalid_state("sandbox", sandbox.as_str(), action));
         }

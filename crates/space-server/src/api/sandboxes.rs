@@ -32,7 +32,7 @@ pub(super) fn replay(
         return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different request"));
     }
     let sandbox_id = operation.sandbox_id.clone().unwrap_or_default();
-    let sandbox = state.platform.sandbox(&sandbox_id)?.sandbox;
+    let sandbox = state.platform.sandbox_named(caller, &sandbox_id)?.into_record().sandbox;
     Ok(Some(SandboxOperation { sandbox, operation }))
 }
 
@@ -54,7 +54,7 @@ pub async fn create(
     let key = idempotency_key(&headers)?;
     if let Some(replayed) = replay(&state, &caller, key.as_deref(), OperationKind::Create)? {
         // The first request's answer is for that request only.
-        let record = state.platform.sandbox(&replayed.sandbox.id)?;
+        let record = state.platform.sandbox_named(&caller, &replayed.sandbox.id)?.into_record();
         if !same_create(&request, &record) {
             return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different request"));
         }
@@ -238,8 +238,11 @@ pub async fn fork(
         if operation.sandbox_id.as_deref() != Some(id) {
             return Err(ApiError::unprocessable("this Idempotency-Key was already used for a different sandbox"));
         }
-        let sandboxes: Vec<_> =
-            operation.forks.iter().map(|f| state.platform.sandbox(f).map(|r| r.sandbox)).collect::<Result<_, _>>()?;
+        let sandboxes: Vec<_> = operation
+            .forks
+            .iter()
+            .map(|f| state.platform.sandbox_named(&caller, f).map(|s| s.into_record().sandbox))
+            .collect::<Result<_, _>>()?;
         // The first fork's answer is for that fork only: as many, labelled
         // as asked.
         let labelled = |s: &Sandbox| request.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v));

@@ -249,7 +249,7 @@ impl Node {
     pub fn wait_state(&self, id: &str, state: SandboxState) -> Value {
         let platform = self.platform.clone();
         let deadline = Some(tokio::time::Instant::now().into_std() + PATIENCE);
-        let found = self.block_on(platform.wait_for(deadline, || platform.sandbox(id), |r| r.sandbox.state == state));
+        let found = self.block_on(platform.wait_for(deadline, || load(&platform, id), |r| r.sandbox.state == state));
         let found = found.expect("the sandbox's record");
         assert_eq!(found.sandbox.state, state, "sandbox {id}: {:?}", found.sandbox);
         self.sandbox(id)
@@ -292,4 +292,13 @@ impl Drop for Node {
             runtime.shutdown_background();
         }
     }
+}
+
+/// A sandbox's record as the store holds it (white-box: whoever owns it).
+fn load(
+    platform: &space_server::Platform,
+    id: &str,
+) -> Result<space_server::store::SandboxRecord, space_node::NodeError> {
+    let record = platform.store().node().sandbox(id)?;
+    record.ok_or_else(|| space_node::NodeError::not_found("sandbox", id))
 }
