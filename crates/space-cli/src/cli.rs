@@ -64,6 +64,9 @@ pub(crate) enum Top {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Serve the gVisor engine's root work to one unprivileged uid on a
+    /// Unix socket (the privileged helper; `space serve --helper-socket`).
+    Helper(HelperArgs),
     /// Tell which engines this host can run, and why not.
     Doctor {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
@@ -266,6 +269,10 @@ pub(crate) struct ServeArgs {
     /// `text` or `json` (one object per line, with request ids).
     #[arg(long, value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
+    /// Ask the root helper on this socket (`space helper`) for the gVisor
+    /// engine's root work instead of doing it in this process.
+    #[arg(long)]
+    pub(crate) helper_socket: Option<PathBuf>,
     /// Keep state in this PostgreSQL database (`postgres://user@host/db`)
     /// instead of the data dir's SQLite file (made if missing).
     #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]
@@ -392,28 +399,7 @@ impl EngineArgs {
     /// libc of its kind, so a dynamically linked one (such as the one
     /// `cargo build` leaves beside a debug `space`) is refused or passed over.
     pub(crate) fn agent_bin(&self) -> Result<PathBuf> {
-        let is_static = |path: &Path| space_host::is_static_elf(path).unwrap_or(false);
-        if let Some(path) = &self.agent_bin {
-            // Absolute: the engine hands it to runsc, which runs elsewhere.
-            let path = std::fs::canonicalize(path).with_context(|| format!("the agent {}", path.display()))?;
-            anyhow::ensure!(
-                is_static(&path),
-                "the agent {} is not a statically linked executable (scripts/run.sh and scripts/test.sh build one)",
-                path.display()
-            );
-            return Ok(path);
-        }
-        let exe = std::env::current_exe().context("locating the space binary")?;
-        let dir = exe.parent().unwrap_or(Path::new("/"));
-        let candidates = [
-            dir.join("space-agent"),
-            dir.join("../x86_64-unknown-linux-gnu/release/space-agent"),
-            PathBuf::from("/usr/local/lib/space/space-agent"),
-        ];
-        candidates.iter().find(|p| p.is_file() && is_static(p)).cloned().with_context(|| {
-            "cannot find the static space-agent: scripts/run.sh and scripts/test.sh build one, or pass --agent-bin"
-                .to_string()
-        })
+        find_agent_bin(self.agent_bin.as_deref())
     }
 
     pub(crate) fn platform_config(&self, data_dir: &Path) -> Result<space_server::PlatformConfig> {
@@ -449,6 +435,54 @@ impl EngineArgs {
             database: None,
         })
     }
+}
+
+/// The static agent: `given`, else beside this binary, built or installed
+/// (see [`EngineArgs::agent_bin`]).
+pub(crate) fn find_agent_bin(given: Option<&Path>) -> Result<PathBuf> {
+    let is_static = |path: &Path| space_host::is_static_elf(path).unwrap_or(false);
+    if let Some(path) = given {
+        // Absolute: the engine hands it to runsc, which runs elsewhere.
+        let path = std::fs::canonicalize(path).with_context(|| format!("the agent {}", path.display()))?;
+        anyhow::ensure!(
+            is_static(&path),
+            "the agent {} is not a statically linked executable (scripts/run.sh and scripts/test.sh build one)",
+            path.display()
+        );
+        return Ok(path);
+    }
+    let exe = std::env::current_exe().context("locating the space binary")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        dir.join("space-agent"),
+        dir.join("../x86_64-unknown-linux-gnu/release/space-agent"),
+        PathBuf::from("/usr/local/lib/space/space-agent"),
+    ];
+    candidates.iter().find(|p| p.is_file() && is_static(p)).cloned().with_context(|| {
+        "cannot find the static space-agent: scripts/run.sh and scripts/test.sh build one, or pass --agent-bin"
+            .to_string()
+    })
+}
+
+/// `space helper`.
+#[derive(Args)]
+pub(crate) struct HelperArgs {
+    #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub(crate) data_dir: PathBuf,
+    /// The Unix socket to serve (made mode 0600, owned by --allow-uid).
+    #[arg(long)]
+    pub(crate) socket: PathBuf,
+    /// The one uid whose processes may connect (checked with SO_PEERCRED).
+    #[arg(long)]
+    pub(crate) allow_uid: u32,
+    /// The statically linked guest agent.
+    #[arg(long, env = "SPACE_AGENT_BIN")]
+    pub(crate) agent_bin: Option<PathBuf>,
+    /// The runsc binary.
+    #[arg(long, env = "SPACE_RUNSC", default_value = "runsc")]
+    pub(crate) runsc: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    pub(crate) log_format: LogFormat,
 }
 
 /// A sandbox's egress policy on the command line.

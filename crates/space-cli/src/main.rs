@@ -87,6 +87,7 @@ fn run(cli: Cli) -> Result<i32> {
             let (local, remote) = forward::parse_ports(&ports)?;
             forward::run(&client.client()?, &sandbox, local, remote).map(|()| 0)
         }
+        Top::Helper(args) => run::helper(args).map(|()| 0),
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
 }

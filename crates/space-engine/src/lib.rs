@@ -17,6 +17,9 @@ pub mod helper;
 pub mod host;
 pub mod oom_relief;
 
+/// The request set whose types [`host::EngineHost`] speaks.
+pub use space_privsep as privsep;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;

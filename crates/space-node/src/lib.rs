@@ -36,7 +36,7 @@ pub mod templates;
 pub mod transcript;
 pub mod warm;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use space_engine::firecracker::{Firecracker, FirecrackerConfig};
@@ -133,11 +133,21 @@ impl std::str::FromStr for EngineChoice {
 
 /// Both engines as configured for `data`, whether or not they can run here.
 pub fn engines(config: &PlatformConfig, data: &DataDir) -> (Gvisor, Option<Firecracker>) {
-    let gvisor = Gvisor::new(GvisorConfig {
+    engines_on(config, data, None)
+}
+
+/// [`engines`], the gVisor engine's root work asked of the helper at
+/// `helper_socket` when one is given (decision 024).
+fn engines_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Path>) -> (Gvisor, Option<Firecracker>) {
+    let gvisor_config = GvisorConfig {
         runsc: config.runsc.clone(),
         agent_bin: config.agent_bin.clone(),
         state_dir: data.run_dir().join("runsc"),
-    });
+    };
+    let gvisor = match helper_socket {
+        Some(socket) => Gvisor::through_helper(gvisor_config, socket, 0),
+        None => Gvisor::new(gvisor_config),
+    };
     let guest = space_host::guest::existing(data);
     let firecracker = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref()).map(|binary| {
         let (kernel, initramfs) = match guest {
@@ -193,6 +203,15 @@ fn report(
 /// wires the engine. The process becomes a child subreaper here, so
 /// sandbox processes that outlive `runsc` are reaped promptly.
 pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, StartError> {
+    start_platform_with_helper(config, None)
+}
+
+/// [`start_platform`], the gVisor engine asking the root helper at
+/// `helper_socket` (`space helper`) for its root work when one is given.
+pub fn start_platform_with_helper(
+    config: &PlatformConfig,
+    helper_socket: Option<&Path>,
+) -> Result<Arc<Platform>, StartError> {
     space_process::become_subreaper()
         .map_err(|source| StartError::Io { what: "becoming a subreaper".into(), source })?;
     let mut data = DataDir::open(&config.data_dir)?;
@@ -212,7 +231,7 @@ pub fn start_platform(config: &PlatformConfig) -> Result<Arc<Platform>, StartErr
             }
         }
     }
-    let (gvisor, firecracker) = engines(config, &data);
+    let (gvisor, firecracker) = engines_on(config, &data, helper_socket);
     let gvisor: Arc<dyn Engine> = Arc::new(gvisor);
     let firecracker: Option<Arc<dyn Engine>> = firecracker.map(|f| Arc::new(f) as Arc<dyn Engine>);
     let report = report(config, &data, gvisor.as_ref(), firecracker.as_deref());

@@ -1,8 +1,9 @@
 //! The server roles `space` runs: a single server or a cluster's node
-//! (`serve`), and a cluster's control plane (`control`), with what they
-//! share: logging, secret files and the dev key.
+//! (`serve`), a cluster's control plane (`control`) and the root helper
+//! (`helper`), with what they share: logging, secret files and the dev key.
 
 mod control;
+mod helper;
 mod serve;
 
 use std::path::Path;
@@ -10,6 +11,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 pub(crate) use self::control::control_plane;
+pub(crate) use self::helper::helper;
 pub(crate) use self::serve::serve;
 use crate::cli::LogFormat;
 

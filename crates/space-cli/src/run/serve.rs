@@ -29,7 +29,7 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     }
     let mut config = args.engine.platform_config(&args.data_dir)?;
     config.database = args.database.clone();
-    let platform = space_server::start_platform(&config)?;
+    let platform = space_server::start_platform_with_helper(&config, args.helper_socket.as_deref())?;
     if let Some(node) = &node {
         // The sandboxes it creates say which node holds them.
         platform.join_cluster_as(&node.id);

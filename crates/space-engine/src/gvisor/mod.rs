@@ -64,6 +64,13 @@ impl Gvisor {
         Gvisor::with_host(config, layout, Arc::new(host))
     }
 
+    /// The engine asking the root helper at `socket` (served by
+    /// `helper_uid`) for its privileged work: [`crate::helper`].
+    pub fn through_helper(config: GvisorConfig, socket: &Path, helper_uid: u32) -> Gvisor {
+        let layout = Layout::new(data_dir_of(&config.state_dir));
+        Gvisor::with_host(config, layout, Arc::new(crate::helper::HelperHost::new(socket, helper_uid)))
+    }
+
     /// The engine asking `host` for its privileged work, with sandboxes'
     /// paths checked against `layout`.
     pub fn with_host(config: GvisorConfig, layout: Layout, host: Arc<dyn EngineHost>) -> Gvisor {
@@ -183,7 +190,7 @@ impl Gvisor {
 }
 
 /// The data dir holding runsc root `state_dir` (`DATA/run/<name>`).
-fn data_dir_of(state_dir: &Path) -> PathBuf {
+pub(crate) fn data_dir_of(state_dir: &Path) -> PathBuf {
     state_dir.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf()
 }
 

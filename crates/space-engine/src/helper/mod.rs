@@ -13,13 +13,32 @@
 mod client;
 mod serve;
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::HelperHost;
 pub use serve::serve;
-use space_privsep::proto::{StartStep, StepTook};
+use space_privsep::peer::{HelperListener, PeerError};
+use space_privsep::proto::{Layout, StartStep, StepTook};
 
+use crate::gvisor::{GvisorConfig, LocalConfig, LocalHost};
 use crate::Steps;
+
+/// The root helper's work: the gVisor engine's host in this process
+/// (which must be root), served at `socket` to processes of `allowed_uid`
+/// alone, until accepting fails.
+pub async fn serve_gvisor(config: GvisorConfig, socket: &Path, allowed_uid: u32) -> Result<(), PeerError> {
+    let listener = HelperListener::bind(socket, allowed_uid)?;
+    let layout = Layout::new(crate::gvisor::data_dir_of(&config.state_dir));
+    let host = LocalHost::new(LocalConfig {
+        runsc: config.runsc,
+        agent_bin: config.agent_bin,
+        state_dir: config.state_dir,
+        layout,
+    });
+    serve(listener, Arc::new(host)).await
+}
 
 /// The start steps the helper does, by the names the engine reports them
 /// under (the same with either host).
