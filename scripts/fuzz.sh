@@ -5,7 +5,8 @@
 # whatever dials the agent socket on a redial (never taken for the agent
 # without its key) and the egress gateway's reading of whatever a sandbox
 # sends its proxy, and the gateway adding secrets to whatever headers a
-# sandbox sends a bound host, for a bounded time each (FUZZ_SECONDS, default 60). Uses cargo-fuzz (installed
+# sandbox sends a bound host, and the privileged helper's reading of the
+# requests it is sent (space-privsep), for a bounded time each (FUZZ_SECONDS, default 60). Uses cargo-fuzz (installed
 # from crates.io when missing) on the default toolchain; RUSTC_BOOTSTRAP lets
 # a stable compiler take libFuzzer's flags, and `--sanitizer none` keeps it
 # off nightly-only sanitizers. A crash fails the script and leaves its input
@@ -26,7 +27,7 @@ export RUSTC_BOOTSTRAP=1
 say "building the fuzz targets"
 cargo fuzz build --sanitizer none
 mkdir -p "$ROOT/fuzz/artifacts"
-for target in frame_decoder api_requests layer_apply sandbox_tar agent_redial egress_request secret_headers; do
+for target in frame_decoder api_requests layer_apply sandbox_tar agent_redial egress_request secret_headers privsep_request; do
     say "fuzzing $target for ${SECONDS_EACH}s${FUZZ_RUNS:+ or $FUZZ_RUNS inputs}"
     log="$ROOT/fuzz/artifacts/$target.log"
     corpus=("$ROOT/fuzz/corpus/$target")
