@@ -147,13 +147,7 @@ async fn an_oversized_frame_is_refused_before_its_body_is_read() {
     client.write_all(&(MAX_FRAME as u32 + 1).to_be_bytes()).await.unwrap();
     let err = timeout(DEADLINE, helper.recv()).await.unwrap().unwrap_err();
     assert!(matches!(err, PeerError::Proto(ProtoError::TooLarge(len)) if len == MAX_FRAME + 1), "{err}");
-    helper.refuse(&err).await.unwrap();
-    match read_reply(&mut client).await {
-        Reply::Refused { refusal: Refusal::BadRequest, message } => {
-            assert!(message.contains("over the 262144-byte limit"), "{message}")
-        }
-        other => panic!("{other:?}"),
-    }
+    refused_as_bad_request(&helper, err, &mut client, "over the 262144-byte limit").await;
 }
 
 #[tokio::test]
@@ -164,11 +158,15 @@ async fn malformed_json_is_refused_with_a_clear_answer() {
     client.write_all(body).await.unwrap();
     let err = timeout(DEADLINE, helper.recv()).await.unwrap().unwrap_err();
     assert!(matches!(err, PeerError::Proto(ProtoError::Malformed(_))), "{err}");
+    refused_as_bad_request(&helper, err, &mut client, "not a sandbox id").await;
+}
+
+/// The helper answers `err` as a refusal, and the client reads a bad
+/// request whose message says `why`.
+async fn refused_as_bad_request(helper: &Connection, err: PeerError, client: &mut UnixStream, why: &str) {
     helper.refuse(&err).await.unwrap();
-    match read_reply(&mut client).await {
-        Reply::Refused { refusal: Refusal::BadRequest, message } => {
-            assert!(message.contains("not a sandbox id"), "{message}")
-        }
+    match read_reply(client).await {
+        Reply::Refused { refusal: Refusal::BadRequest, message } => assert!(message.contains(why), "{message}"),
         other => panic!("{other:?}"),
     }
 }
