@@ -9,7 +9,8 @@
 use std::path::{Component, Path};
 
 use libfuzzer_sys::fuzz_target;
-use space_privsep::proto::{self, Layout, HEADER_LEN, MAX_FDS, MAX_FRAME};
+use space_privsep::layout::Layout;
+use space_privsep::proto::{self, HEADER_LEN, MAX_FDS, MAX_FRAME};
 
 fuzz_target!(|data: &[u8]| {
     // The bytes as a frame: a header's length is checked before any body.

@@ -18,9 +18,10 @@ use std::os::unix::net::UnixListener;
 use std::path::{Component, Path};
 use std::time::Duration;
 
+use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    CheckpointName, DiskMib, EngineState, ImageRef, Layout, MemoryMib, OperationId, PatienceMs, SandboxId, Shape,
-    SlackNs, StartFrom, TemplateName, TemplateRef, TemplateVersion, Vcpus,
+    CheckpointName, DiskMib, EngineState, ImageRef, MemoryMib, OperationId, PatienceMs, SandboxId, Shape, SlackNs,
+    StartFrom, TemplateName, TemplateRef, TemplateVersion, Vcpus,
 };
 
 use crate::{EngineError, LiveStatus, SandboxSpec, Steps};

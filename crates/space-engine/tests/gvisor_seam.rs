@@ -12,7 +12,8 @@ use std::time::Duration;
 use space_engine::gvisor::{Gvisor, GvisorConfig, IDLE_TIMER_SLACK_NS};
 use space_engine::host::{EngineHost, Launched};
 use space_engine::{Engine, EngineError, LiveStatus, SandboxSpec};
-use space_privsep::proto::{EngineState, ImageRef, Layout, PatienceMs, SandboxId, Shape, SlackNs, StartFrom};
+use space_privsep::layout::Layout;
+use space_privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom};
 
 const SBX: &str = "sbx_0123456789abcdef0123";
 const FORK: &str = "sbx_99999999999999999999";

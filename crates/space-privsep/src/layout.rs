@@ -139,3 +139,22 @@ impl Layout {
         paths
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Component;
+
+    use super::*;
+    use crate::proto::tests::every_request;
+
+    #[test]
+    fn every_path_a_request_leads_to_is_inside_the_data_dir() {
+        let layout = Layout::new("/var/lib/space");
+        for request in every_request() {
+            for path in layout.paths_of(&request) {
+                let rest = path.strip_prefix(layout.data_dir()).unwrap_or_else(|_| panic!("{path:?} left"));
+                assert!(rest.components().all(|c| matches!(c, Component::Normal(_))), "{path:?}");
+            }
+        }
+    }
+}

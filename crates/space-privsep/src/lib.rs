@@ -4,7 +4,7 @@
 //!
 //! - [`proto`]: the helper's typed request set and its framing. Requests
 //!   name things by canonical id and bounded size; paths are derived by the
-//!   helper ([`proto::Layout`]), never received.
+//!   helper ([`layout::Layout`]), never received.
 //! - [`peer`]: the helper's Unix socket, which serves only the configured
 //!   unprivileged uid (`SO_PEERCRED`), and its client; descriptors travel
 //!   as `SCM_RIGHTS`.

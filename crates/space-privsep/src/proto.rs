@@ -9,7 +9,7 @@
 //! Nothing in a request is a path. A request names sandboxes, templates,
 //! operations and checkpoints by their canonical ids, whose spelling cannot
 //! hold `/` or `..`; the helper derives every path from them inside its own
-//! data dir ([`Layout`]), so another data dir, or a file outside the one it
+//! data dir (`layout::Layout`), so another data dir, or a file outside the one it
 //! serves, cannot even be written down. Every size has a floor and a
 //! ceiling. Wire types refuse unknown fields and convert into these
 //! validated types while they are parsed, so a handler never sees an
@@ -18,8 +18,6 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-
-pub use crate::layout::Layout;
 
 /// The version both sides must speak (`Hello`).
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -692,4 +690,4 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, ProtoError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

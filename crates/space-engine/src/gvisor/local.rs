@@ -19,9 +19,8 @@ use oci_spec::runtime::{
 };
 use space_host::btrfs;
 use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
-use space_privsep::proto::{
-    EngineState, ImageRef, Layout, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef,
-};
+use space_privsep::layout::Layout;
+use space_privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef};
 use space_process::Reaper;
 
 use super::{cgroup_dir, cgroup_path, tasks_of, FREEZE_PATIENCE, SOCKET_NAME};

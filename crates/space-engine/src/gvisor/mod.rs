@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use local::{set_timer_slack, LocalConfig, LocalHost};
-use space_privsep::proto::{Layout, PatienceMs, SandboxId, SlackNs, StartFrom};
+use space_privsep::layout::Layout;
+use space_privsep::proto::{PatienceMs, SandboxId, SlackNs, StartFrom};
 use tokio::net::UnixListener;
 
 use crate::host::{live_status, EngineHost, Placed};

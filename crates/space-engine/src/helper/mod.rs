@@ -19,8 +19,9 @@ use std::time::Duration;
 
 pub use client::HelperHost;
 pub use serve::serve;
+use space_privsep::layout::Layout;
 use space_privsep::peer::{HelperListener, PeerError};
-use space_privsep::proto::{Layout, StartStep, StepTook};
+use space_privsep::proto::{StartStep, StepTook};
 
 use crate::gvisor::{GvisorConfig, LocalConfig, LocalHost};
 use crate::Steps;

@@ -1,7 +1,5 @@
 //! The request set's wire format and its checks.
 
-use std::path::Component;
-
 use super::*;
 
 const SBX: &str = "sbx_0123456789abcdef0123";
@@ -23,7 +21,8 @@ fn template() -> TemplateRef {
 }
 
 /// One of every request, for round trips and path checks.
-fn every_request() -> Vec<Request> {
+/// One request of every kind (the layout's tests walk their paths too).
+pub(crate) fn every_request() -> Vec<Request> {
     let image = ImageRef::Checkpoint { name: CheckpointName::parse("before-upgrade").unwrap() };
     let fork = ImageRef::Fork { operation: OperationId::parse("op_00112233445566778899").unwrap() };
     vec![
@@ -242,13 +241,6 @@ fn a_path_cannot_be_written_into_any_request() {
         r#"{"op":"list","under":"/var/lib/other"}"#,
     ] {
         assert!(matches!(hostile(json), ProtoError::Malformed(_)), "{json}");
-    }
-    let layout = Layout::new("/var/lib/space");
-    for request in every_request() {
-        for path in layout.paths_of(&request) {
-            let rest = path.strip_prefix(layout.data_dir()).unwrap_or_else(|_| panic!("{path:?} left"));
-            assert!(rest.components().all(|c| matches!(c, Component::Normal(_))), "{path:?}");
-        }
     }
 }
 
