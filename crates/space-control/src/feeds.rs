@@ -89,7 +89,7 @@ async fn feeds_once(
                     }
                 }
             };
-            cp.tasks.spawn(announce);
+            cp.tasks.spawn_cancellable(announce);
         }
         if let std::collections::hash_map::Entry::Vacant(entry) = following.entry(id) {
             let follow = {
@@ -101,7 +101,7 @@ async fn feeds_once(
                 }
             };
             // None: the control plane is shutting down.
-            if let Some(follower) = cp.tasks.spawn(follow) {
+            if let Some(follower) = cp.tasks.spawn_cancellable(follow) {
                 entry.insert(follower);
             }
         }

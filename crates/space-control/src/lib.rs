@@ -29,7 +29,6 @@ mod quotas;
 mod record;
 mod secrets;
 pub mod state;
-mod tasks;
 mod templates;
 
 use std::sync::Arc;
@@ -58,9 +57,9 @@ impl ControlPlane {
     /// other replicas took in; [`ControlPlane::shutdown`] stops them. Called
     /// within a tokio runtime.
     pub fn start(self: &Arc<ControlPlane>) {
-        self.tasks.spawn(feeds::follow_feeds(self.clone()));
-        self.tasks.spawn(feeds::watch_event_head(self.clone()));
-        self.tasks.spawn(templates::replicate_templates(self.clone()));
+        self.tasks.spawn_cancellable(feeds::follow_feeds(self.clone()));
+        self.tasks.spawn_cancellable(feeds::watch_event_head(self.clone()));
+        self.tasks.spawn_cancellable(templates::replicate_templates(self.clone()));
     }
 }
 

@@ -12,7 +12,7 @@ use space_http::links::Links;
 use space_store::{NodeRow, Placement, Store};
 
 use crate::error::ControlError;
-use crate::tasks::Tasks;
+use space_core::tasks::Tasks;
 
 /// The control plane's state: PostgreSQL, its own key, the node token, and
 /// the loops it runs in the background.

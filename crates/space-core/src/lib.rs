@@ -9,6 +9,7 @@ pub mod error;
 pub mod ids;
 pub mod keyring;
 pub mod secrets;
+pub mod tasks;
 pub mod tenants;
 pub use space_store as store;
 

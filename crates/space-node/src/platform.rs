@@ -17,8 +17,6 @@ use space_api::{Operation, OperationKind, OperationOrigin, OperationState, Progr
 use space_engine::{AgentConn, Engine, SandboxSpec};
 use space_host::datadir::DataDir;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use crate::domain::{self, Event};
 use crate::error::NodeError;
@@ -115,84 +113,12 @@ pub struct Platform {
     /// only for `space bench`'s baseline).
     observing: std::sync::atomic::AtomicBool,
     /// Its loops and the sandboxes' actors, stopped by [`Platform::shutdown`].
-    pub(crate) tasks: Tasks,
+    pub(crate) tasks: space_core::tasks::Tasks,
 }
 
 /// How long a shutdown waits for the background tasks to end before it
 /// aborts them.
 const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(20);
-
-/// The tasks a platform runs in the background — its loops (recovery,
-/// policies, sampling, egress events, a node's heartbeats) and each
-/// sandbox's actor — held in one set with the token that tells them to
-/// stop, so that a shutdown can end them all and know they ended.
-///
-/// Work that serves one request (a command's output, a stream, a build)
-/// is not held here: it ends with its request or its connection.
-#[derive(Default)]
-pub(crate) struct Tasks {
-    stop: CancellationToken,
-    set: Mutex<JoinSet<()>>,
-}
-
-impl Tasks {
-    /// Runs `task` in the background until it ends by itself. One that
-    /// would outlive a shutdown watches [`Tasks::stopping`] and ends
-    /// soon after it fires, once what it holds is finished (a tick, a
-    /// queue). After a shutdown began, `task` is dropped unstarted.
-    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
-        // Under the lock a shutdown takes the set with: a task is either
-        // in the set it waits for, or never started.
-        if self.stop.is_cancelled() {
-            return;
-        }
-        while let Some(ended) = set.try_join_next() {
-            if let Err(err) = ended {
-                tracing::error!("a background task ended badly: {err}");
-            }
-        }
-        set.spawn(task);
-    }
-
-    /// [`Tasks::spawn`] for a task that may be stopped at any of its
-    /// awaits: at a shutdown it is dropped there, as a killed server's
-    /// would be (what it left half done, the next server takes up).
-    pub(crate) fn spawn_cancellable(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let stop = self.stop.clone();
-        self.spawn(async move {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => {}
-                () = task => {}
-            }
-        });
-    }
-
-    /// Fires when the platform shuts down.
-    pub(crate) fn stopping(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.stop.clone().cancelled_owned()
-    }
-
-    /// Tasks started and not yet seen to end.
-    fn running(&self) -> usize {
-        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
-        while set.try_join_next().is_some() {}
-        set.len()
-    }
-
-    /// Tells every task to stop and waits (up to `patience`) until they
-    /// did; those that did not by then are aborted.
-    async fn stop(&self, patience: Duration) {
-        self.stop.cancel();
-        let mut set = std::mem::take(&mut *self.set.lock().unwrap_or_else(|e| e.into_inner()));
-        let all_ended = async { while set.join_next().await.is_some() {} };
-        if tokio::time::timeout(patience, all_ended).await.is_err() {
-            tracing::warn!(tasks = set.len(), "background tasks still ran {patience:?} into the shutdown; aborted");
-            set.shutdown().await;
-        }
-    }
-}
 
 /// Output kept per command by default (stdout and stderr together).
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 256 << 20;
@@ -252,7 +178,7 @@ impl Platform {
             usage: Default::default(),
             metrics_without_key: Default::default(),
             observing: true.into(),
-            tasks: Tasks::default(),
+            tasks: space_core::tasks::Tasks::default(),
         })
     }
 
