@@ -188,7 +188,7 @@ async fn the_first_message_must_be_a_hello() {
     let serve = tokio::spawn(async move { helper.hello().await });
     let (reply, _) = timeout(DEADLINE, client.call(&Request::List {}, &[])).await.unwrap().unwrap();
     assert!(matches!(reply, Reply::Refused { refusal: Refusal::BadRequest, .. }), "{reply:?}");
-    assert!(matches!(serve.await.unwrap(), Err(PeerError::NoHello)));
+    assert!(matches!(timeout(DEADLINE, serve).await.unwrap().unwrap(), Err(PeerError::NoHello)));
 }
 
 /// A scratch directory every uid may enter, removed on drop.
