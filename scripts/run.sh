@@ -46,11 +46,11 @@ say "running commands in it"
 
 say "the same through the HTTP API"
 cat <<TXT
-  export SPACE_API_KEY=\$(cat $DATA_DIR/dev-api-key)
+  export SPACE_API_KEY=\$(cat $DATA_DIR/state/dev-api-key)
   curl -s -H "Authorization: Bearer \$SPACE_API_KEY" -H 'Content-Type: application/json' \\
        $SPACE_URL/v1/sandboxes/$SANDBOX/exec -d '{"cmd": "ls / && id"}'
 TXT
-KEY=$(cat "$DATA_DIR/dev-api-key")
+KEY=$(cat "$DATA_DIR/state/dev-api-key")
 curl -s -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
     "$SPACE_URL/v1/sandboxes/$SANDBOX/exec" -d '{"cmd": "ls / && id"}'
 echo

@@ -198,7 +198,7 @@ pub(crate) struct ClientArgs {
     /// The API key (default: the dev key in --data-dir, if readable).
     #[arg(long, env = "SPACE_API_KEY", hide_env_values = true, global = true)]
     pub(crate) api_key: Option<String>,
-    /// Data dir whose dev-api-key to use when no key is given.
+    /// Data dir whose dev-api-key (DATA_DIR/state/dev-api-key) to use when no key is given.
     #[arg(long = "key-data-dir", env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
     pub(crate) key_data_dir: PathBuf,
 }
@@ -207,7 +207,7 @@ impl ClientArgs {
     pub(crate) fn client(&self) -> Result<client::Client> {
         let key = match &self.api_key {
             Some(key) => key.clone(),
-            None => std::fs::read_to_string(self.key_data_dir.join("dev-api-key"))
+            None => std::fs::read_to_string(space_host::datadir::dev_key_path(&self.key_data_dir))
                 .map(|k| k.trim().to_string())
                 .with_context(|| {
                     format!(
@@ -244,7 +244,7 @@ pub(crate) struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub(crate) listen: SocketAddr,
-    /// Development mode: loopback only, with a generated key in DATA_DIR/dev-api-key.
+    /// Development mode: loopback only, with a generated key in DATA_DIR/state/dev-api-key.
     #[arg(long)]
     pub(crate) dev: bool,
     /// File holding the operator's API key (required without --dev);
@@ -812,6 +812,29 @@ pub(crate) struct SetupArgs {
     /// gcc/make, git and Python). Repeatable.
     #[arg(long = "with-template", value_parser = [POLYGLOT_TEMPLATE, CODE_INTERPRETER_TEMPLATE])]
     pub(crate) with_templates: Vec<String>,
+    /// The system user the server runs as (made if missing, with a group
+    /// of the same name); it owns state/, logs/ and run/uploads/ only.
+    #[arg(long = "user", default_value = "space")]
+    pub(crate) user: String,
+    /// Where the helper's socket lives (root's, group --user, 0750).
+    #[arg(long, default_value = "/run/space")]
+    pub(crate) run_dir: PathBuf,
+    /// Also write systemd units: space-helper.service (root, only the
+    /// helper's capabilities) and space.service (--user, none), and a
+    /// tmpfiles.d line that makes --run-dir at boot.
+    #[arg(long)]
+    pub(crate) systemd: bool,
+    /// Where --systemd writes the units.
+    #[arg(long, default_value = "/etc/systemd/system", requires = "systemd")]
+    pub(crate) unit_dir: PathBuf,
+    /// Where --systemd writes the tmpfiles.d line.
+    #[arg(long, default_value = "/etc/tmpfiles.d", requires = "systemd")]
+    pub(crate) tmpfiles_dir: PathBuf,
+    /// Only the user, its directories, --run-dir and (with --systemd) the
+    /// units, on a data dir setup has prepared before: no packages,
+    /// templates or guest kernel.
+    #[arg(long)]
+    pub(crate) privileges_only: bool,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
 }

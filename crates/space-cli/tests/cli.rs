@@ -41,7 +41,7 @@ const CLI_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 fn dev_server_and_cli_run_a_sandbox() {
     let data = TestDataDir::new();
     let (server, url) = serve(&data);
-    let key_path = data.root().join("dev-api-key");
+    let key_path = space_host::datadir::dev_key_path(data.root());
     let key = std::fs::read_to_string(&key_path).unwrap();
     assert_eq!(std::fs::metadata(&key_path).unwrap().permissions().mode() & 0o777, 0o600);
 
@@ -334,7 +334,7 @@ fn mcp(data: &TestDataDir, url: &str) -> (ReapedChild, std::process::ChildStdin,
         .arg("mcp")
         .env("SPACE_URL", url)
         .env("SPACE_DATA_DIR", data.root())
-        .env("SPACE_API_KEY", std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim())
+        .env("SPACE_API_KEY", std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
@@ -389,7 +389,7 @@ fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cu
 
     // A fork accepted (202) and then the server SIGKILLed: the restarted
     // server makes it, whatever it had done.
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let client = space_client::Client::with_deadline(&url, &key, PATIENCE * 2);
     let accepted = client.post(&format!("/v1/sandboxes/{id}/fork"), &serde_json::json!({"count": 3})).unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -704,7 +704,7 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
 
     let (server, url) = serve(&data);
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let python = venv.join("bin/python");
     let mut tests = Command::new(&python);
     tests
@@ -775,7 +775,7 @@ fn json_logs_carry_request_ids_and_tenants_and_never_keys() {
     let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = logged.clone();
     std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().unwrap().push(l)));
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let client = space_client::Client::with_deadline(&url, &key, PATIENCE * 2);
 
     let ours = client.call_with("GET", "/v1/sandboxes", &[("X-Request-Id", "trace-me-1")], None).unwrap();

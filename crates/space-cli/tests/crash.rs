@@ -174,7 +174,7 @@ fn killing_the_server_under_load_loses_nothing_it_accepted() {
     let data = TestDataDir::new();
     let _log = KeepLogOnFailure(data.root().join("serve.log"));
     let (mut server, url) = serve(&data);
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let client = Client { url: Arc::new(RwLock::new(url)), key };
     let stop = Arc::new(AtomicBool::new(false));
     let record = Arc::new(Mutex::new(Record::default()));
@@ -333,7 +333,7 @@ fn a_sandbox_slow_to_come_back_holds_up_no_other() {
     let data = TestDataDir::new();
     let _log = KeepLogOnFailure(data.root().join("serve.log"));
     let (server, url) = serve_with_pool(&data, "0");
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let client = Client { url: Arc::new(RwLock::new(url)), key };
     let create = || {
         let (status, answer) =

@@ -25,7 +25,7 @@ fn the_e2b_sdk_drives_space_unchanged() {
 
     let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
     std::thread::spawn(move || lines.for_each(drop));
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     common::run_e2b_suite(&data, &url, &key, &other_key);
     // E2B's code interpreter SDK (`tests/e2b/test_e2b_code_interpreter.py`).
     let packages = ["e2b-code-interpreter>=2.11,<3"];

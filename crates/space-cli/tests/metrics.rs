@@ -17,7 +17,7 @@ fn metrics_move_with_a_sandbox_cycle() {
     let venv = common::python_venv(&data, "metrics-venv", &["prometheus-client>=0.20,<1"]);
     let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
     std::thread::spawn(move || lines.for_each(drop));
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metrics/cycle.py");
     let ran = output_within(
         Command::new(venv.join("bin/python")).arg(script).env("SPACE_URL", &url).env("SPACE_API_KEY", &key),

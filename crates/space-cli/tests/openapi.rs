@@ -36,7 +36,7 @@ fn the_api_document_validates_and_a_generated_client_calls_the_server() {
     );
     let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
     std::thread::spawn(move || lines.for_each(drop));
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let document = space_client::Client::with_agent(&url, &key, http()).get_text("/v1/openapi.json").unwrap();
     let path = data.root().join("openapi.json");
     std::fs::write(&path, &document).unwrap();

@@ -60,7 +60,7 @@ fn bash(data: &TestDataDir, url: &str, key: &str, script: &str) -> String {
 fn dev_server(data: &TestDataDir) -> (space_process::ReapedChild, String, String) {
     let (server, url, _, lines) = common::spawn_server(data, &["--dev", "--listen", "127.0.0.1:0"]);
     std::thread::spawn(move || lines.for_each(drop)); // keep the pipe drained
-    let key = std::fs::read_to_string(data.root().join("dev-api-key")).unwrap().trim().to_string();
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     (server, url, key)
 }
 

@@ -1,18 +1,31 @@
 //! The data directory: where templates, sandboxes and state live.
 //!
 //! ```text
-//! DIR/space.db                      state (SQLite, WAL)
-//! DIR/dev-api-key                   the dev-mode key (0600)
+//! DIR/state/                        what the unprivileged server writes (0700):
+//!   space.db                        state (SQLite, WAL)
+//!   secrets.key                     the sealing key of secrets at rest (0600)
+//!   dev-api-key                     the dev-mode key (0600)
+//!   sandboxes/ID/commands/          command transcripts
+//!   sandboxes/ID/checkpoints/N.json a whole checkpoint's record
+//! DIR/logs/                         template builds' logs
 //! DIR/templates/NAME/VERSION/       rootfs/ (read-only subvolume), template.json,
 //!                                   rootfs.ext4 (Firecracker's root drive, when built)
-//! DIR/sandboxes/ID/                 rootfs/ (snapshot), bundle/, sock/, commands/
-//! DIR/run/                          engine state
+//! DIR/sandboxes/ID/                 rootfs/ (snapshot), bundle/, sock/, images,
+//!                                   checkpoints' images: the engine's, root's
+//! DIR/run/                          engine state; run/uploads/ archives being uploaded
 //! ```
+//!
+//! The split keeps what the server writes apart from what the engine (root)
+//! makes, so the server can run as a user of its own whose writable paths are
+//! `state/`, `logs/` and `run/uploads/` alone. A data dir of an older layout
+//! (state files at the top, transcripts beside the sandbox's root) is moved
+//! into this one when it is opened with the right to do so ([`DataDir::open`]).
 //!
 //! It must be on btrfs; when it is not, [`ensure_btrfs`] puts a loop-mounted
 //! btrfs image there.
 
 use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -88,9 +101,61 @@ impl DataDir {
         let space = DiskSpace::of(&root);
         let dir = DataDir { root, ext4_images: crate::hardware_virtualization(), space };
         for sub in [dir.templates_dir(), dir.sandboxes_dir(), dir.run_dir()] {
-            fs::create_dir_all(&sub).map_err(HostError::io(format!("creating {}", sub.display())))?;
+            if !sub.is_dir() {
+                fs::create_dir_all(&sub).map_err(HostError::io(format!("creating {}", sub.display())))?;
+            }
         }
+        let state = dir.state_dir();
+        if !state.is_dir() {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .recursive(true)
+                .create(&state)
+                .map_err(HostError::io(format!("creating {}", state.display())))?;
+        }
+        // The database and the keys are in it: its owner's alone.
+        let mode = fs::metadata(&state).map_err(HostError::io(format!("reading {}", state.display())))?.mode();
+        if mode & 0o077 != 0 {
+            fs::set_permissions(&state, fs::Permissions::from_mode(0o700))
+                .map_err(HostError::io(format!("making {} its owner's alone", state.display())))?;
+        }
+        dir.move_old_layout()?;
         Ok(dir)
+    }
+
+    /// Moves what an older layout kept at the top of the data dir or beside
+    /// a sandbox's root into `state/`. Each move is a rename inside one
+    /// filesystem, so a crash leaves every file whole in one place or the
+    /// other, and the next open finishes the rest. Nothing is overwritten:
+    /// a file already in `state/` wins.
+    fn move_old_layout(&self) -> Result<(), HostError> {
+        let state = self.state_dir();
+        let mut moves: Vec<(PathBuf, PathBuf)> =
+            ["space.db", "space.db-wal", "space.db-shm", "secrets.key", "dev-api-key"]
+                .iter()
+                .map(|name| (self.root.join(name), state.join(name)))
+                .collect();
+        for entry in fs::read_dir(self.sandboxes_dir()).into_iter().flatten().flatten() {
+            let (old, id) = (entry.path(), entry.file_name());
+            let new = state.join("sandboxes").join(&id);
+            moves.push((old.join("commands"), new.join("commands")));
+            for checkpoint in fs::read_dir(old.join("checkpoints")).into_iter().flatten().flatten() {
+                let name = checkpoint.file_name();
+                let json = new.join("checkpoints").join(format!("{}.json", name.to_string_lossy()));
+                moves.push((checkpoint.path().join("meta.json"), json));
+            }
+        }
+        for (old, new) in moves {
+            if fs::symlink_metadata(&old).is_err() || fs::symlink_metadata(&new).is_ok() {
+                continue;
+            }
+            if let Some(parent) = new.parent() {
+                fs::create_dir_all(parent).map_err(HostError::io(format!("creating {}", parent.display())))?;
+            }
+            fs::rename(&old, &new).map_err(HostError::io(format!("moving {} to {}", old.display(), new.display())))?;
+            tracing::info!("moved {} to {}", old.display(), new.display());
+        }
+        Ok(())
     }
 
     pub fn root(&self) -> &Path {
@@ -107,11 +172,23 @@ impl DataDir {
     pub fn set_ext4_images(&mut self, build: bool) {
         self.ext4_images = build;
     }
+    /// What the server writes, apart from what the engine makes.
+    pub fn state_dir(&self) -> PathBuf {
+        state_dir(&self.root)
+    }
     pub fn db_path(&self) -> PathBuf {
-        self.root.join("space.db")
+        self.state_dir().join("space.db")
     }
     pub fn dev_key_path(&self) -> PathBuf {
-        self.root.join("dev-api-key")
+        dev_key_path(&self.root)
+    }
+    /// The key sealing secrets at rest (0600, the server's alone).
+    pub fn secrets_key_path(&self) -> PathBuf {
+        self.state_dir().join("secrets.key")
+    }
+    /// What the server keeps of a sandbox: transcripts, checkpoints' records.
+    pub fn sandbox_state_dir(&self, id: &str) -> PathBuf {
+        self.state_dir().join("sandboxes").join(id)
     }
     pub fn templates_dir(&self) -> PathBuf {
         self.root.join("templates")
@@ -131,7 +208,10 @@ impl DataDir {
     }
     /// Logs of operations (template builds), by operation id.
     pub fn log_path(&self, operation_id: &str) -> PathBuf {
-        self.root.join("logs").join(format!("{operation_id}.log"))
+        self.logs_dir().join(format!("{operation_id}.log"))
+    }
+    pub fn logs_dir(&self) -> PathBuf {
+        self.root.join("logs")
     }
 
     /// The newest complete version of template `name`, if any.
@@ -188,6 +268,17 @@ impl DataDir {
     pub fn space(&self) -> &DiskSpace {
         &self.space
     }
+}
+
+/// `state/` of the data dir at `root`.
+pub fn state_dir(root: &Path) -> PathBuf {
+    root.join("state")
+}
+
+/// The dev-mode key of the data dir at `root`, read by the CLI without
+/// opening the data dir.
+pub fn dev_key_path(root: &Path) -> PathBuf {
+    state_dir(root).join("dev-api-key")
 }
 
 /// Free (to unprivileged writers) and total bytes of the filesystem at `path`.
@@ -378,6 +469,41 @@ mod tests {
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "no staged file is left");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_older_layout_moves_into_state_whole_and_a_newer_file_wins() {
+        let root = std::env::temp_dir().join(format!("space-layout-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let sandbox = root.join("sandboxes").join("sbx_00000000000000000001");
+        let transcript = sandbox.join("commands").join("cmd_1").join("transcript");
+        let meta = sandbox.join("checkpoints").join("before").join("meta.json");
+        for (path, text) in [
+            (root.join("space.db"), "db"),
+            (root.join("secrets.key"), "key"),
+            (root.join("dev-api-key"), "old dev key"),
+            (transcript.clone(), "out"),
+            (meta.clone(), "{}"),
+            (root.join("state").join("dev-api-key"), "new dev key"),
+        ] {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+        let data = DataDir::open_on_any_filesystem(&root).unwrap();
+        let read = |path: PathBuf| fs::read_to_string(path).unwrap();
+        assert_eq!(read(data.db_path()), "db");
+        assert_eq!(read(data.secrets_key_path()), "key");
+        assert_eq!(read(data.dev_key_path()), "new dev key", "a file already in state/ is not overwritten");
+        let kept = data.sandbox_state_dir("sbx_00000000000000000001");
+        assert_eq!(read(kept.join("commands/cmd_1/transcript")), "out");
+        assert_eq!(read(kept.join("checkpoints/before.json")), "{}");
+        assert!(!root.join("space.db").exists() && !transcript.exists() && !meta.exists());
+        assert!(sandbox.join("checkpoints").join("before").is_dir(), "the image stays where the engine put it");
+        assert_eq!(fs::metadata(data.state_dir()).unwrap().permissions().mode() & 0o777, 0o700);
+        // Opened again, nothing moves and nothing fails.
+        DataDir::open_on_any_filesystem(&root).unwrap();
+        assert_eq!(read(data.db_path()), "db");
+        fs::remove_dir_all(&root).unwrap();
     }
 
     const MOUNTINFO: &str = "\

@@ -636,10 +636,11 @@ impl Actor {
         let Some((operation, record)) = self.operation_and_record(operation_id) else { return };
         let name = operation.checkpoint.unwrap_or_default();
         let spec = platform.engine_spec(&record);
-        let dir = checkpoints::checkpoint_dir(&spec.dir, &name);
-        if checkpoints::read_meta(&dir).is_some() {
+        let at = checkpoints::CheckpointAt::new(&platform.data, &self.id, &name);
+        if at.is_whole() {
             return platform.finish_operation(operation_id, None);
         }
+        let dir = at.image.clone();
         remove_image(dir.clone()).await;
         let state = record.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
@@ -656,7 +657,7 @@ impl Actor {
                     agent_session: record.agent_session,
                     running,
                 };
-                checkpoints::write_meta(&dir, &meta).map_err(SaveError::Record)
+                at.write_meta(&meta).map_err(SaveError::Record)
             }
             Err(err) => Err(err),
         };
@@ -678,8 +679,9 @@ impl Actor {
         let Some((operation, record)) = self.operation_and_record(operation_id) else { return };
         let name = operation.checkpoint.unwrap_or_default();
         let spec = platform.engine_spec(&record);
-        let image = checkpoints::checkpoint_dir(&spec.dir, &name);
-        let Some(meta) = checkpoints::read_meta(&image) else {
+        let at = checkpoints::CheckpointAt::new(&platform.data, &self.id, &name);
+        let image = at.image.clone();
+        let Some(meta) = at.meta() else {
             let missing = NodeError::invalid_state("checkpoint", "missing", "restore it");
             return platform.finish_operation(operation_id, Some(missing));
         };
@@ -792,7 +794,7 @@ impl Actor {
         }
         match platform.engine.destroy(&platform.engine_spec(&record)).await {
             Ok(()) => {
-                platform.forget_output_use(&self.id);
+                platform.forget_sandbox_state(&self.id).await;
                 let result = platform.apply(&self.id, Event::Destroyed, None);
                 platform.finish_operation(operation_id, result.err());
                 true

@@ -218,7 +218,7 @@ impl Platform {
         // The code contexts whose drivers still run, as they were.
         let mut streams: HashMap<u32, ExecStream> = streams.into_iter().map(|s| (s.stream, s)).collect();
         self.adopt_contexts(&record.sandbox.id, &agent, contexts, &mut streams, false);
-        let sandbox_dir = self.data.sandbox_dir(&record.sandbox.id);
+        let sandbox_dir = self.data.sandbox_state_dir(&record.sandbox.id);
         for (command, stream, timeout_s) in resumable {
             let Some(stream) = streams.remove(&stream) else {
                 // It ended while nobody listened: its end is not known.

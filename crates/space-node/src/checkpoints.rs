@@ -1,14 +1,17 @@
 //! Checkpoints: a sandbox's memory, processes and disk saved at one
 //! instant without stopping it (the engine's image, as for a fork), kept in
-//! `sandboxes/<id>/checkpoints/<name>/` until deleted with their sandbox;
-//! restoring one rolls the sandbox back. Saving and restoring are
-//! operations its actor carries out (`actor.rs`); a checkpoint is listed
-//! once its `meta.json` is written, after its image is whole.
+//! `sandboxes/<id>/checkpoints/<name>/` (the engine's) until deleted with
+//! their sandbox; restoring one rolls the sandbox back. Saving and restoring
+//! are operations its actor carries out (`actor.rs`); a checkpoint is listed
+//! once its record, `state/sandboxes/<id>/checkpoints/<name>.json` (the
+//! server's), is written, after its image is whole.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use space_api::{Checkpoint, Command, ErrorCode, Operation, OperationKind, Sandbox, SandboxState, MAX_CHECKPOINTS};
+
+use space_host::datadir::DataDir;
 
 use crate::domain::{self, Event};
 use crate::error::NodeError;
@@ -35,29 +38,60 @@ pub(crate) struct RunningCommand {
     pub timeout_s: u64,
 }
 
-const META: &str = "meta.json";
-
-/// Where a sandbox keeps checkpoint `name`.
-pub fn checkpoint_dir(sandbox_dir: &Path, name: &str) -> PathBuf {
-    sandbox_dir.join("checkpoints").join(name)
+/// Where checkpoint `name` of a sandbox lives: its image (the engine's)
+/// and its record (the server's, written once the image is whole).
+#[derive(Debug, Clone)]
+pub struct CheckpointAt {
+    pub image: PathBuf,
+    record: PathBuf,
 }
 
-/// The checkpoint's record, if it is whole.
-pub(crate) fn read_meta(dir: &Path) -> Option<CheckpointMeta> {
-    let text = std::fs::read_to_string(dir.join(META)).ok()?;
+impl CheckpointAt {
+    /// Checkpoint `name` of sandbox `id`; `name` must be a valid one
+    /// (one path segment).
+    pub fn new(data: &DataDir, id: &str, name: &str) -> CheckpointAt {
+        CheckpointAt {
+            image: data.sandbox_dir(id).join("checkpoints").join(name),
+            record: records_dir(data, id).join(format!("{name}.json")),
+        }
+    }
+
+    /// The checkpoint's record, if it is whole.
+    pub(crate) fn meta(&self) -> Option<CheckpointMeta> {
+        read_meta(&self.record)
+    }
+
+    /// Whether the checkpoint is whole.
+    pub fn is_whole(&self) -> bool {
+        self.meta().is_some()
+    }
+
+    /// Records a whole checkpoint (written last, atomically).
+    pub(crate) fn write_meta(&self, meta: &CheckpointMeta) -> std::io::Result<()> {
+        let dir = self.record.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let partial = self.record.with_extension("json.new");
+        std::fs::write(&partial, serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?)?;
+        std::fs::rename(partial, &self.record)
+    }
+
+    /// Forgets the record: the checkpoint is no longer whole.
+    pub(crate) fn forget(&self) -> std::io::Result<()> {
+        match std::fs::remove_file(&self.record) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where a sandbox's checkpoints' records are.
+fn records_dir(data: &DataDir, id: &str) -> PathBuf {
+    data.sandbox_state_dir(id).join("checkpoints")
+}
+
+fn read_meta(record: &Path) -> Option<CheckpointMeta> {
+    let text = std::fs::read_to_string(record).ok()?;
     serde_json::from_str(&text).ok()
-}
-
-/// Whether `dir` holds a whole checkpoint.
-pub fn is_whole(dir: &Path) -> bool {
-    read_meta(dir).is_some()
-}
-
-/// Records a whole checkpoint (written last, atomically).
-pub(crate) fn write_meta(dir: &Path, meta: &CheckpointMeta) -> std::io::Result<()> {
-    let partial = dir.join(".meta.json.new");
-    std::fs::write(&partial, serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?)?;
-    std::fs::rename(partial, dir.join(META))
 }
 
 /// Bytes an image holds on the host: its memory files and what of its disk
@@ -80,9 +114,6 @@ pub(crate) fn image_bytes(dir: &Path) -> u64 {
 pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), space_host::HostError> {
     for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
         let name = entry.file_name();
-        if name == META {
-            continue;
-        }
         if space_host::btrfs::is_subvolume(&entry.path()) {
             space_host::btrfs::snapshot(&entry.path(), &to.join(&name))?;
             continue;
@@ -108,16 +139,17 @@ impl Platform {
 
     fn held_checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, NodeError> {
         self.sandbox(id)?;
-        let dir = self.data.sandbox_dir(id).join("checkpoints");
-        let mut found: Vec<Checkpoint> = std::fs::read_dir(dir)
+        let mut found: Vec<Checkpoint> = std::fs::read_dir(records_dir(&self.data, id))
             .into_iter()
             .flatten()
             .flatten()
             .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let name = name.strip_suffix(".json").filter(|name| space_host::template::valid_name(name))?;
                 let meta = read_meta(&entry.path())?;
                 Some(Checkpoint {
                     sandbox_id: id.to_string(),
-                    size_bytes: image_bytes(&entry.path()),
+                    size_bytes: image_bytes(&CheckpointAt::new(&self.data, id, name).image),
                     commands: meta.running.iter().map(|r| r.command.id.clone()).collect(),
                     created_at: meta.created_at,
                     name: meta.name,
@@ -190,9 +222,7 @@ impl Platform {
         let record = self.sandbox(id)?;
         // A name is one path segment of ours: `..` or `/` in it would read
         // another directory of the host as a checkpoint.
-        if !space_host::template::valid_name(name)
-            || read_meta(&checkpoint_dir(&self.data.sandbox_dir(id), name)).is_none()
-        {
+        if !space_host::template::valid_name(name) || !CheckpointAt::new(&self.data, id, name).is_whole() {
             return Err(checkpoint_not_found(id, name));
         }
         domain::transition(record.sandbox.state, Event::RewindRequested)?;
@@ -211,17 +241,20 @@ impl Platform {
     pub async fn delete_checkpoint(&self, sandbox: &crate::access::OwnedSandbox, name: &str) -> Result<(), NodeError> {
         let id = sandbox.id();
         self.sandbox(id)?;
-        let dir = checkpoint_dir(&self.data.sandbox_dir(id), name);
-        if !space_host::template::valid_name(name) || read_meta(&dir).is_none() {
+        if !space_host::template::valid_name(name) || !CheckpointAt::new(&self.data, id, name).is_whole() {
             return Err(checkpoint_not_found(id, name));
         }
+        let at = CheckpointAt::new(&self.data, id, name);
         if self.checkpoint_busy(id, name)? {
             return Err(NodeError::new(
                 ErrorCode::CheckpointInUse,
                 format!("checkpoint {name:?} is being saved or restored"),
             ));
         }
-        tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir))
+        // Not whole from here on: a crash midway leaves an image the
+        // sandbox's delete removes, never a checkpoint without one.
+        at.forget().map_err(|e| NodeError::internal("deleting a checkpoint", e))?;
+        tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&at.image))
             .await
             .map_err(|e| NodeError::internal("deleting a checkpoint", e))?
             .map_err(|e| NodeError::internal("deleting a checkpoint", e))?;

@@ -81,7 +81,7 @@ impl Platform {
         // After a `PUT .../network`, the placeholders of its bindings now.
         self.give_current_env(sandbox_id, agent).await?;
         let id = ids::new_id("cmd");
-        let sandbox_dir = self.data.sandbox_dir(sandbox_id);
+        let sandbox_dir = self.data.sandbox_state_dir(sandbox_id);
         let transcript_path = transcript::path_for(&sandbox_dir, &id);
         let writer = TranscriptWriter::create(&transcript_path)
             .map_err(|e| NodeError::internal("creating the transcript", e))?;
@@ -135,7 +135,7 @@ impl Platform {
         timeout_s: u64,
     ) -> Result<(), NodeError> {
         let id = ids::new_id("cmd");
-        let path = transcript::path_for(&self.data.sandbox_dir(sandbox_id), &id);
+        let path = transcript::path_for(&self.data.sandbox_state_dir(sandbox_id), &id);
         let writer = TranscriptWriter::create(&path).map_err(|e| NodeError::internal("creating the transcript", e))?;
         let command = Command {
             id: id.clone(),

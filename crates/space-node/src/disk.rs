@@ -81,12 +81,19 @@ impl Platform {
     pub(crate) fn output_use(&self, sandbox_id: &str) -> Arc<AtomicU64> {
         let mut map = self.output_use.by_sandbox.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(sandbox_id.to_string())
-            .or_insert_with(|| Arc::new(tree_bytes(&self.data.sandbox_dir(sandbox_id).join("commands")).into()))
+            .or_insert_with(|| Arc::new(tree_bytes(&self.data.sandbox_state_dir(sandbox_id).join("commands")).into()))
             .clone()
     }
 
-    /// Forgets a deleted sandbox's transcript count.
-    pub(crate) fn forget_output_use(&self, sandbox_id: &str) {
+    /// Forgets a deleted sandbox: what the server kept of it (transcripts,
+    /// checkpoints' records) and their count.
+    pub(crate) async fn forget_sandbox_state(&self, sandbox_id: &str) {
+        let dir = self.data.sandbox_state_dir(sandbox_id);
+        if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(sandbox = sandbox_id, "removing {}: {err}", dir.display());
+            }
+        }
         self.output_use.by_sandbox.lock().unwrap_or_else(|e| e.into_inner()).remove(sandbox_id);
     }
 

@@ -39,7 +39,7 @@ pub fn follow(
     platform.sandbox(id)?;
     platform.command_of(id, cid)?;
     let live = platform.live_command(cid).map(|(progress, _, _)| progress);
-    let path = transcript::path_for(&platform.data.sandbox_dir(id), cid);
+    let path = transcript::path_for(&platform.data.sandbox_state_dir(id), cid);
     let reader = TranscriptReader::open(&path)
         .map_err(|_| NodeError::new(ErrorCode::NotFound, "the transcript is gone (the sandbox was deleted)"))?;
     let (tx, rx) = mpsc::channel::<Emitted>(16);

@@ -197,11 +197,12 @@ impl Platform {
     /// left in the data dir, listed before this process makes any sandbox
     /// (a warm member made later is unknown to the database too).
     fn leftovers(&self) -> Vec<(String, std::path::PathBuf)> {
-        let Ok(entries) = std::fs::read_dir(self.data.sandboxes_dir()) else { return Vec::new() };
-        entries
-            .flatten()
-            .filter_map(|entry| Some((entry.file_name().to_str()?.to_string(), entry.path())))
-            .filter(|(name, _)| {
+        let state = self.data.state_dir().join("sandboxes");
+        let mut names: Vec<String> = [self.data.sandboxes_dir(), state]
+            .iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flat_map(|entries| entries.flatten().filter_map(|entry| entry.file_name().into_string().ok()))
+            .filter(|name| {
                 !self
                     .store
                     .node()
@@ -210,15 +211,18 @@ impl Platform {
                     .flatten()
                     .is_some_and(|r| r.sandbox.state != SandboxState::Deleted)
             })
-            .collect()
+            .collect();
+        names.sort();
+        names.dedup();
+        names.into_iter().map(|name| (name.clone(), self.data.sandbox_dir(&name))).collect()
     }
 
     /// Removes `leftovers`: their engine processes, subvolumes and files,
-    /// all at once.
+    /// and what the server kept of them, all at once.
     async fn sweep(&self, leftovers: Vec<(String, std::path::PathBuf)>) {
         let sweeps = leftovers.into_iter().map(|(name, dir)| {
-            let engine = self.engine.clone();
-            tokio::task::spawn_blocking(move || sweep_one(engine.as_ref(), name, dir))
+            let (engine, state) = (self.engine.clone(), self.data.sandbox_state_dir(&name));
+            sweep_one(engine, name, dir, state)
         });
         futures_util::future::join_all(sweeps).await;
     }
@@ -347,8 +351,15 @@ impl Platform {
     }
 }
 
-/// Stops what an unknown sandbox left and removes its directory.
-fn sweep_one(engine: &dyn space_engine::Engine, name: String, dir: std::path::PathBuf) {
+/// Stops what an unknown sandbox left and removes its directories: the
+/// engine's (through the engine, which may be another process's work) and
+/// the server's own.
+async fn sweep_one(
+    engine: Arc<dyn space_engine::Engine>,
+    name: String,
+    dir: std::path::PathBuf,
+    state: std::path::PathBuf,
+) {
     tracing::info!(sandbox = %name, "sweeping leftovers of an unknown sandbox");
     let spec = space_engine::SandboxSpec {
         id: name,
@@ -364,10 +375,17 @@ fn sweep_one(engine: &dyn space_engine::Engine, name: String, dir: std::path::Pa
         engine: None,
         trust_pem: None,
     };
-    engine.stop_strays(&spec);
-    let _ = engine.stop(&spec);
-    if let Err(err) = space_host::btrfs::remove_tree(&spec.dir) {
-        tracing::warn!("sweeping {}: {err}", spec.dir.display());
+    if spec.dir.exists() {
+        let (strays, stray_spec) = (engine.clone(), spec.clone());
+        let _ = tokio::task::spawn_blocking(move || strays.stop_strays(&stray_spec)).await;
+        if let Err(err) = engine.destroy(&spec).await {
+            tracing::warn!("sweeping {}: {err}", spec.dir.display());
+        }
+    }
+    if let Err(err) = tokio::fs::remove_dir_all(&state).await {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!("sweeping {}: {err}", state.display());
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Tenant secrets: written through the API, never returned, never logged.
 //! Values are sealed (AES-256-GCM) with a key kept in a file of its own
-//! (`secrets.key`, mode 0600, beside the database), bound to their tenant
+//! (`state/secrets.key`, mode 0600, beside the database), bound to their tenant
 //! and name, so neither the database nor its dump holds a readable value.
 //! A sandbox holds only placeholders; the egress gateway reads a value when
 //! a request to one of the secret's hosts needs it.
@@ -38,7 +38,7 @@ impl Platform {
         if let Some(keyring) = self.keyring.get() {
             return Ok(keyring);
         }
-        let path = self.data.root().join("secrets.key");
+        let path = self.data.secrets_key_path();
         let keyring = Keyring::load_or_create(&path)
             .map_err(|err| NodeError::internal(&format!("the secrets key ({})", path.display()), err))?;
         Ok(self.keyring.get_or_init(|| keyring))

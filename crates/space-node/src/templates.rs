@@ -265,12 +265,10 @@ impl Platform {
         if request.engine.as_ref().is_some_and(|engine| *engine != record.sandbox.engine) {
             return Err(NodeError::unprocessable(format!("a snapshot template runs on {}", record.sandbox.engine)));
         }
-        let image_dir =
-            checkpoint.map(|name| crate::checkpoints::checkpoint_dir(&self.data.sandbox_dir(sandbox_id), name));
-        let session = match (&image_dir, checkpoint) {
-            (Some(dir), Some(name)) => {
-                let meta = crate::checkpoints::read_meta(dir)
-                    .ok_or_else(|| crate::checkpoints::checkpoint_not_found(sandbox_id, name))?;
+        let at = checkpoint.map(|name| crate::checkpoints::CheckpointAt::new(&self.data, sandbox_id, name));
+        let session = match (&at, checkpoint) {
+            (Some(at), Some(name)) => {
+                let meta = at.meta().ok_or_else(|| crate::checkpoints::checkpoint_not_found(sandbox_id, name))?;
                 meta.agent_session
             }
             _ => {
@@ -323,8 +321,8 @@ impl Platform {
             slot,
             Box::new(move |_, operation_id, progress| {
                 progress(BuildProgress::step("saving the sandbox's memory and disk", 1));
-                space_host::template::publish_image(&platform.data, meta, |partial| match image_dir {
-                    Some(dir) => crate::checkpoints::copy_image(&dir, partial),
+                space_host::template::publish_image(&platform.data, meta, |partial| match at {
+                    Some(at) => crate::checkpoints::copy_image(&at.image, partial),
                     None => runtime
                         .block_on(platform.save_image_of(&sandbox_id, operation_id, partial))
                         .map_err(|err| HostError::Invalid(err.to_string())),

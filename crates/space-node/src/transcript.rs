@@ -288,9 +288,10 @@ impl TranscriptReader {
     }
 }
 
-/// Where a command's transcript lives.
-pub fn path_for(sandbox_dir: &Path, command_id: &str) -> PathBuf {
-    sandbox_dir.join("commands").join(command_id).join("transcript")
+/// Where a command's transcript lives, in its sandbox's state dir
+/// ([`DataDir::sandbox_state_dir`](space_host::datadir::DataDir::sandbox_state_dir)).
+pub fn path_for(sandbox_state_dir: &Path, command_id: &str) -> PathBuf {
+    sandbox_state_dir.join("commands").join(command_id).join("transcript")
 }
 
 #[cfg(test)]

@@ -719,7 +719,7 @@ while time.time() < end:
     for _ in 0..8 {
         server.exec(&flooder, json!({"cmd": "head -c 4000000 /dev/zero", "timeout_s": 60}));
     }
-    let kept = space_server::disk::tree_bytes(&data.data.sandbox_dir(&flooder).join("commands"));
+    let kept = space_server::disk::tree_bytes(&data.data.sandbox_state_dir(&flooder).join("commands"));
     suite.check("fill the disk through the transcripts of many commands", kept <= 16 << 20, kept);
     server.delete_sandbox(&flooder);
     limits.set_max_sandbox_output_bytes(space_server::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES);

@@ -178,7 +178,7 @@ fn a_sandboxs_output_is_capped_across_all_its_commands() {
     }
     assert!((2 * MIB..=3 * MIB).contains(&kept), "{kept} bytes kept of 6 MB");
     assert!(notes.iter().any(|n| n.contains("output limit")), "{notes:?}");
-    let on_disk = space_server::disk::tree_bytes(&server.platform.data().sandbox_dir(&id).join("commands"));
+    let on_disk = space_server::disk::tree_bytes(&server.platform.data().sandbox_state_dir(&id).join("commands"));
     assert!(on_disk <= 3 * MIB, "{on_disk} bytes of transcripts on the host");
     // The sandbox itself keeps working; small output still fits nowhere,
     // and says so, while other sandboxes are not affected.

@@ -133,8 +133,9 @@ impl FromRequestParts<AppState> for CheckpointPath {
         let sandbox = owned_sandbox(state, &caller, param(&params, "id")).await?;
         // One path segment of ours: a decoded `%2F` or `..` names nothing.
         let name = param(&params, "name");
-        let dir = crate::checkpoints::checkpoint_dir(&state.platform.data().sandbox_dir(sandbox.id()), name);
-        if !space_host::template::valid_name(name) || !crate::checkpoints::is_whole(&dir) {
+        if !space_host::template::valid_name(name)
+            || !crate::checkpoints::CheckpointAt::new(state.platform.data(), sandbox.id(), name).is_whole()
+        {
             return Err(crate::checkpoints::checkpoint_not_found(sandbox.id(), name).into());
         }
         Ok(CheckpointPath { sandbox, caller, name: name.to_string() })

@@ -236,7 +236,7 @@ pub async fn exec(
     let command = platform
         .wait_for(None::<Instant>, || platform.command(&sandbox, &started.id), |c| c.state == CommandState::Exited)
         .await?;
-    let path = transcript::path_for(&platform.data().sandbox_dir(id), &command.id);
+    let path = transcript::path_for(&platform.data().sandbox_state_dir(id), &command.id);
     let (stdout, stderr, truncated) =
         collect_output(&path).map_err(|e| ApiError::internal("reading the transcript", e))?;
     let result = command.result.clone().ok_or_else(|| ApiError::internal("finishing exec", "no result recorded"))?;

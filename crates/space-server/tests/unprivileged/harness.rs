@@ -105,6 +105,11 @@ impl World {
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.root.join("sandboxes").join(id)
     }
+
+    /// What the server keeps of a sandbox (transcripts, checkpoints' records).
+    pub fn sandbox_state_dir(&self, id: &str) -> PathBuf {
+        self.root.join("state").join("sandboxes").join(id)
+    }
 }
 
 impl Drop for World {

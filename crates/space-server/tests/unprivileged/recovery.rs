@@ -216,13 +216,19 @@ fn leftovers_of_unknown_sandboxes_are_swept_at_start() {
     let world = World::new();
     let node = world.start();
     let id = node.create();
+    assert_eq!(node.exec(&id, &["true"])["result"]["exit_code"], 0);
     node.kill();
     let stray = world.sandbox_dir("sbx_11111111111111111111");
-    std::fs::create_dir_all(stray.join("commands")).unwrap();
+    std::fs::create_dir_all(stray.join("rootfs")).unwrap();
+    // What the server kept of another unknown one, whose engine dir is gone.
+    let kept = world.sandbox_state_dir("sbx_22222222222222222222");
+    std::fs::create_dir_all(kept.join("commands")).unwrap();
     let node = world.start();
     assert!(world.engine.wait_until(PATIENCE, |_| !stray.exists()), "the unknown sandbox's dir is gone");
-    assert!(world.engine.count(Call::Stop, "sbx_11111111111111111111") >= 1);
+    assert!(world.engine.count(Call::Destroy, "sbx_11111111111111111111") >= 1, "swept through the engine");
+    assert!(world.engine.wait_until(PATIENCE, |_| !kept.exists()), "what the server kept of it is gone");
     assert!(world.sandbox_dir(&id).is_dir(), "a known sandbox's dir stays");
+    assert!(world.sandbox_state_dir(&id).join("commands").is_dir(), "and what the server keeps of it");
     assert_eq!(node.exec(&id, &["true"])["result"]["exit_code"], 0);
 }
 
