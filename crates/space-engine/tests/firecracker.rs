@@ -1,6 +1,7 @@
 //! Firecracker's VMM side against a real binary: API, configuration,
 //! InstanceStart, pause/resume, snapshot create and load into new
-//! processes, the jailer, bad configuration, cleanup. They need
+//! processes, the jailer and each VMM's cgroup, adoption by a new server,
+//! bad configuration, cleanup. They need
 //! `FIRECRACKER_BIN` (a jailer beside it for the jailer test); without it
 //! each test skips with one line saying so. On these hosts `/dev/kvm` is
 //! kvm_pvm, so the guest kernel does not come up: these tests check the
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use space_engine::firecracker::api::{
     BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, SnapshotLoad, Vsock, VsockOverride,
 };
-use space_engine::firecracker::{find_jailer, Firecracker, FirecrackerConfig, Vmm};
+use space_engine::firecracker::{find_jailer, Firecracker, FirecrackerConfig, Vmm, VmmLimits};
 use space_engine::{Engine, LiveStatus, SandboxSpec};
 use space_host::datadir::DataDir;
 use space_testkit::{shared_data_dir, TestDataDir};
@@ -174,12 +175,110 @@ async fn expect_agent_or_no_guest(created: Result<space_engine::Started, space_e
     }
 }
 
-/// Nothing of the sandbox is left: its dir, its jail, its VMM.
+/// Nothing of the sandbox is left: its dir, its jail (under whatever the
+/// binary is named), the jailer's log, its cgroup, its VMM.
 fn assert_gone(data: &TestDataDir, spec: &SandboxSpec) {
     let dashed = spec.id.replace('_', "-");
+    let jails = data.root().join("jail");
     assert!(!spec.dir.exists(), "the sandbox dir is gone");
-    assert!(!data.root().join("jail/firecracker").join(&dashed).exists(), "the jail is gone");
+    for binary in std::fs::read_dir(&jails).into_iter().flatten().flatten() {
+        assert!(!binary.path().join(&dashed).exists(), "the jail is gone: {}", binary.path().display());
+    }
+    assert!(!jails.join(format!("{dashed}.jailer.log")).exists(), "the jailer's log is gone");
+    assert_eq!(space_testkit::sandbox_cgroups(&dashed), Vec::<PathBuf>::new(), "its cgroup is gone");
     assert_eq!(space_testkit::processes_mentioning(&dashed), 0, "no VMM is left");
+}
+
+fn cgroup_v2() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The cgroups process `pid` is in, from `/proc/PID/cgroup`: (controllers,
+/// path) per hierarchy (v2's has no controllers).
+fn cgroups_of(pid: i32) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            Some((controllers.to_string(), path.to_string()))
+        })
+        .collect()
+}
+
+/// The path of `pid`'s cgroup in the hierarchy of `controller` (v1), or
+/// in v2's (None).
+fn cgroup_of(pid: i32, controller: Option<&str>) -> Option<String> {
+    cgroups_of(pid).into_iter().find_map(|(controllers, path)| match controller {
+        Some(controller) => controllers.split(',').any(|c| c == controller).then_some(path),
+        None => controllers.is_empty().then_some(path),
+    })
+}
+
+/// A jailed VMM is in its own cgroup `space/<id>` — CPU (and, on v1, CPU
+/// accounting), memory and tasks — holding it to `limits`: what its
+/// `/proc/PID/cgroup` and the cgroup's limit files say.
+fn assert_in_its_cgroup(pid: i32, id: &str, limits: VmmLimits) {
+    use space_engine::firecracker::{VMM_OVERHEAD_MIB, VMM_OWN_TASKS};
+    let expected = format!("/space/{id}");
+    let read =
+        |path: String| std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().to_string();
+    let memory = ((limits.memory_mib + VMM_OVERHEAD_MIB) as u64) << 20;
+    let (quota, tasks) = (u64::from(limits.vcpus) * 100_000, (limits.vcpus + VMM_OWN_TASKS).to_string());
+    if cgroup_v2() {
+        assert_eq!(cgroup_of(pid, None).as_deref(), Some(expected.as_str()), "{:?}", cgroups_of(pid));
+        let dir = format!("/sys/fs/cgroup/space/{id}");
+        assert_eq!(read(format!("{dir}/cpu.max")), format!("{quota} 100000"), "the CPU of its vCPUs");
+        assert_eq!(read(format!("{dir}/memory.max")), memory.to_string(), "its memory and the VMM's");
+        assert_eq!(read(format!("{dir}/pids.max")), tasks, "its tasks");
+        return;
+    }
+    for controller in ["cpu", "cpuacct", "memory", "pids"] {
+        let path = cgroup_of(pid, Some(controller));
+        assert_eq!(path.as_deref(), Some(expected.as_str()), "{controller}: {:?}", cgroups_of(pid));
+    }
+    let dir = |controller: &str| format!("/sys/fs/cgroup/{controller}/space/{id}");
+    assert_eq!(read(format!("{}/cpu.cfs_period_us", dir("cpu"))), "100000");
+    assert_eq!(read(format!("{}/cpu.cfs_quota_us", dir("cpu"))), quota.to_string(), "the CPU of its vCPUs");
+    assert_eq!(
+        read(format!("{}/memory.limit_in_bytes", dir("memory"))),
+        memory.to_string(),
+        "its memory and the VMM's"
+    );
+    if Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists() {
+        assert_eq!(
+            read(format!("{}/memory.memsw.limit_in_bytes", dir("memory"))),
+            memory.to_string(),
+            "and no more swapped"
+        );
+    }
+    assert_eq!(read(format!("{}/pids.max", dir("pids"))), tasks, "its tasks");
+}
+
+/// Puts process `pid` into a cgroup v1 freezer of its own and freezes it;
+/// None where there is no v1 freezer.
+fn freeze(pid: i32) -> Option<PathBuf> {
+    let hierarchy = Path::new("/sys/fs/cgroup/freezer");
+    if !hierarchy.join("tasks").exists() {
+        return None;
+    }
+    let dir = hierarchy.join(format!("space-test-frozen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    std::fs::write(dir.join("freezer.state"), "FROZEN").unwrap();
+    space_testkit::wait_for("the VMM frozen", space_testkit::PATIENCE, || {
+        (std::fs::read_to_string(dir.join("freezer.state")).unwrap_or_default().trim() == "FROZEN").then_some(())
+    });
+    Some(dir)
+}
+
+/// Whether SIGKILL is pending for `pid` (sent, not yet acted on).
+fn kill_pending(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .filter_map(|line| line.strip_prefix("ShdPnd:").or_else(|| line.strip_prefix("SigPnd:")))
+        .any(|mask| u64::from_str_radix(mask.trim(), 16).is_ok_and(|mask| mask & (1 << (nix::libc::SIGKILL - 1)) != 0))
 }
 
 fn gone(pid: i32) -> bool {
@@ -201,7 +300,7 @@ fn firecracker_vmm_answers_its_api_and_leaves_nothing_behind() {
         );
         eprintln!("firecracker API ready {:?} after spawn ({})", vmm.ready_after, info.vmm_version);
         let (pid, socket) = (vmm.pid(), vmm.api.socket().to_path_buf());
-        vmm.kill();
+        vmm.kill().await;
         assert!(gone(pid), "the VMM process is gone");
         assert!(!socket.exists(), "its API socket is removed");
     });
@@ -282,16 +381,19 @@ fn firecracker_snapshot_loads_into_new_processes() {
 }
 
 #[test]
-fn firecracker_runs_under_the_jailer_as_its_own_user() {
-    let Some(binary) = firecracker("firecracker_runs_under_the_jailer_as_its_own_user") else { return };
+fn firecracker_runs_under_the_jailer_as_its_own_user_in_its_own_cgroup() {
+    let test = "firecracker_runs_under_the_jailer_as_its_own_user_in_its_own_cgroup";
+    let Some(binary) = firecracker(test) else { return };
     let Some(jailer) = find_jailer(None, Some(&binary)) else {
-        skip("firecracker_runs_under_the_jailer_as_its_own_user: no jailer beside FIRECRACKER_BIN");
+        skip(&format!("{test}: no jailer beside FIRECRACKER_BIN"));
         return;
     };
     let data = TestDataDir::new();
     let base = data.root().join("jail");
     runtime().block_on(async {
-        let mut vmm = Vmm::spawn_jailed(&jailer, &binary, &base, "space-test-jail", 65534, 65534).await.unwrap();
+        let limits = VmmLimits { vcpus: 2, memory_mib: 256 };
+        let mut vmm =
+            Vmm::spawn_jailed(&jailer, &binary, &base, "space-test-jail", 65534, 65534, limits).await.unwrap();
         assert_eq!(vmm.api.instance_info().await.unwrap().state, "Not started");
         let status = std::fs::read_to_string(format!("/proc/{}/status", vmm.pid())).unwrap();
         let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
@@ -307,10 +409,81 @@ fn firecracker_runs_under_the_jailer_as_its_own_user() {
         }
         let linked = if libraries.is_empty() { "static" } else { "dynamic" };
         eprintln!("a {linked} firecracker ran under the jailer with {} libraries", libraries.len());
+        // Its own cgroup, beside the gVisor sandboxes': the CPU of its
+        // vCPUs, its memory and the VMM's own, a task cap.
+        assert_in_its_cgroup(vmm.pid(), "space-test-jail", limits);
         let pid = vmm.pid();
-        vmm.kill();
+        vmm.kill().await;
         assert!(gone(pid));
         assert!(!base.join("firecracker/space-test-jail").exists(), "the jail is removed");
+        assert!(!base.join("space-test-jail.jailer.log").exists(), "and the jailer's log");
+        assert_eq!(space_testkit::sandbox_cgroups("space-test-jail"), Vec::<PathBuf>::new(), "and its cgroup");
+    });
+}
+
+/// Starting a jailed VMM and killing one wait without holding the async
+/// thread: on a runtime of one thread, another task goes on meanwhile —
+/// here the one each waits for. The jailer starts only once a task has
+/// seen it begin; a VMM frozen (cgroup v1 freezer) dies of its SIGKILL only
+/// once a task has seen it sent and thawed it.
+#[test]
+fn firecracker_jailer_start_and_kill_leave_the_async_thread_free() {
+    let test = "firecracker_jailer_start_and_kill_leave_the_async_thread_free";
+    let Some(binary) = firecracker(test) else { return };
+    let Some(jailer) = find_jailer(None, Some(&binary)) else {
+        skip(&format!("{test}: no jailer beside FIRECRACKER_BIN"));
+        return;
+    };
+    let data = TestDataDir::new();
+    let base = data.root().join("jail");
+    let (begun, word) = (data.root().join("jailer-begun"), data.root().join("jailer-go"));
+    // Gives up after about 2 s, before the engine's own patience (5 s).
+    let gated = data.root().join("gated-jailer");
+    let script = format!(
+        "#!/bin/sh\ntouch '{}'\nfor _ in $(seq 200); do\n  [ -e '{}' ] && exec '{}' \"$@\"\n  sleep 0.01\ndone\nexit 1\n",
+        begun.display(),
+        word.display(),
+        jailer.display()
+    );
+    std::fs::write(&gated, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&gated, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let one_thread = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    one_thread.block_on(async {
+        let say_go = async {
+            let deadline = std::time::Instant::now() + space_testkit::PATIENCE;
+            while !begun.exists() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            std::fs::write(&word, "").unwrap();
+        };
+        let limits = VmmLimits { vcpus: 1, memory_mib: 128 };
+        let (spawned, ()) =
+            tokio::join!(Vmm::spawn_jailed(&gated, &binary, &base, "space-test-free", 65534, 65534, limits), say_go);
+        let mut vmm = spawned.expect("the jailer ran once the other task let it");
+        let pid = vmm.pid();
+        let Some(freezer) = freeze(pid) else {
+            skip(&format!("{test} (the kill half): no cgroup v1 freezer here"));
+            vmm.kill().await;
+            return;
+        };
+        let thaw_once_killed = async {
+            let deadline = std::time::Instant::now() + space_testkit::PATIENCE;
+            while !kill_pending(pid) && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            std::fs::write(freezer.join("freezer.state"), "THAWED").unwrap();
+        };
+        let kill = async {
+            vmm.kill().await;
+            (gone(pid), space_testkit::sandbox_cgroups("space-test-free"))
+        };
+        let ((gone_when_killed, cgroups), ()) = tokio::join!(kill, thaw_once_killed);
+        space_testkit::wait_for("the freezer cgroup empty", space_testkit::PATIENCE, || {
+            std::fs::remove_dir(&freezer).ok()
+        });
+        assert!(gone_when_killed, "the kill waited for the VMM while the other task thawed it");
+        assert_eq!(cgroups, Vec::<PathBuf>::new(), "and removed its cgroup once it was gone");
     });
 }
 
@@ -358,6 +531,8 @@ fn firecracker_engine_clones_a_template_snapshot_jailed_and_not() {
             let memory = std::fs::metadata(snapshot.join("vm.mem")).unwrap();
             // Two clones at once: each its own VMM (and uid when jailed), both
             // mapping the one memory file privately.
+            // While they run: what each VMM maps, its uid, and (jailed) its
+            // cgroup and what the engine reads of it.
             let watch = async {
                 let mut seen = Vec::new();
                 for _ in 0..500 {
@@ -366,6 +541,25 @@ fn firecracker_engine_clones_a_template_snapshot_jailed_and_not() {
                         break;
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                for spec in [&a, &b] {
+                    let Some(pid) = std::fs::read_to_string(spec.dir.join("vmm.pid")).ok() else { continue };
+                    let (pid, dashed) = (pid.trim().parse().unwrap(), spec.id.replace('_', "-"));
+                    let used = engine.resource_use(spec);
+                    if jailed {
+                        // The template's shape: 1 vCPU, 128 MiB.
+                        assert_in_its_cgroup(pid, &dashed, VmmLimits { vcpus: 1, memory_mib: 128 });
+                        let used = used.expect("the engine reads a jailed VMM's use from its cgroup");
+                        assert!(used.memory_bytes > 0, "{used:?}");
+                    } else {
+                        let memory = cgroup_of(pid, (!cgroup_v2()).then_some("memory"));
+                        assert_ne!(
+                            memory,
+                            Some(format!("/space/{dashed}")),
+                            "an unjailed VMM has no cgroup of its own"
+                        );
+                        assert!(used.is_none(), "so nothing is read of it");
+                    }
                 }
                 seen
             };
@@ -434,11 +628,27 @@ fn mapping(spec: &SandboxSpec, inode: u64) -> Option<u32> {
     mapped.then_some(uid)
 }
 
+/// A copy of `binary` (and its jailer) named as Firecracker's release
+/// archives name theirs: not ending in `firecracker`.
+fn renamed(binary: &Path, data: &TestDataDir) -> (PathBuf, PathBuf) {
+    let bin = data.root().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let (copy, jailer) = (bin.join("firecracker-v1.17.0-x86_64"), bin.join("jailer"));
+    std::fs::copy(binary, &copy).unwrap();
+    if let Some(original) = find_jailer(None, Some(binary)) {
+        std::fs::copy(original, &jailer).unwrap();
+    }
+    (copy, jailer)
+}
+
 #[test]
-fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_and_restores_it() {
-    let test = "firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_and_restores_it";
+fn firecracker_engine_adopts_a_vmm_a_previous_server_left_paused_then_suspends_and_restores_it() {
+    let test = "firecracker_engine_adopts_a_vmm_a_previous_server_left_paused_then_suspends_and_restores_it";
     let Some((binary, data, template, jailers)) = engine_test(test) else { return };
+    // Recognised as the configured binary, whatever its name.
+    let (binary, renamed_jailer) = renamed(&binary, &data);
     for jailer in jailers {
+        let jailer = jailer.map(|_| renamed_jailer.clone());
         let jailed = jailer.is_some();
         let config = engine_config(&binary, jailer.clone(), &data);
         let id = if jailed { "sbx_fcadoptjail" } else { "sbx_fcadopt" };
@@ -447,7 +657,7 @@ fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_
         std::fs::copy(template.join("rootfs.ext4"), spec.dir.join("rootfs.ext4")).unwrap();
         runtime().block_on(async {
             // What a previous server left: a started VMM (in the engine's
-            // layout: its jail, or the sandbox dir) and its pid file.
+            // layout: its jail, or the sandbox dir), paused, and its pid file.
             let vmm = match &jailer {
                 Some(jailer) => {
                     let uid = config.jail_uid + 7;
@@ -457,9 +667,10 @@ fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_
                     std::os::unix::fs::chown(root.join("rootfs.ext4"), Some(uid), Some(uid)).unwrap();
                     std::fs::copy(&config.kernel, root.join("vmlinux")).unwrap();
                     std::fs::copy(&config.initramfs, root.join("initramfs.cpio")).unwrap();
-                    let vmm = Vmm::spawn_jailed(jailer, &binary, &config.jail_base, &id.replace('_', "-"), uid, uid)
-                        .await
-                        .unwrap();
+                    let limits = VmmLimits { vcpus: 1, memory_mib: 128 };
+                    let dashed = id.replace('_', "-");
+                    let vmm =
+                        Vmm::spawn_jailed(jailer, &binary, &config.jail_base, &dashed, uid, uid, limits).await.unwrap();
                     let guest = ("vmlinux".into(), "initramfs.cpio".into());
                     configure_with(&vmm, guest, Path::new("rootfs.ext4"), Path::new("vsock.sock")).await;
                     vmm
@@ -471,12 +682,23 @@ fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_
                 }
             };
             vmm.api.start().await.unwrap();
+            vmm.api.pause().await.unwrap();
             let pid = vmm.pid();
             std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
             std::mem::forget(vmm); // the old server is gone without stopping it
 
             let engine = Firecracker::new(config.clone());
-            assert_eq!(engine.status(&spec), LiveStatus::Running, "jailed {jailed}: the new engine finds the VMM");
+            assert_eq!(
+                engine.status(&spec),
+                LiveStatus::Paused,
+                "jailed {jailed}: the new engine finds the VMM paused"
+            );
+            if jailed {
+                let used = engine.resource_use(&spec).expect("read from the adopted VMM's cgroup");
+                assert!(used.memory_bytes > 0, "{used:?}");
+            }
+            engine.resume(&spec).await.unwrap();
+            assert_eq!(engine.status(&spec), LiveStatus::Running);
             engine.pause(&spec).await.unwrap();
             assert_eq!(engine.status(&spec), LiveStatus::Paused);
             engine.resume(&spec).await.unwrap();
@@ -484,6 +706,13 @@ fn firecracker_engine_adopts_a_vmm_a_previous_server_left_running_then_suspends_
             // Suspend: a full snapshot kept in the sandbox dir, the VMM gone.
             engine.suspend(&spec).await.unwrap();
             assert!(gone(pid), "suspend stops the VMM");
+            let dashed = id.replace('_', "-");
+            if jailed {
+                let jail = Vmm::jail_root(&binary, &config.jail_base, &dashed);
+                assert!(!jail.exists(), "and removes the adopted VMM's jail");
+                assert!(!config.jail_base.join(format!("{dashed}.jailer.log")).exists(), "and its jailer's log");
+                assert_eq!(space_testkit::sandbox_cgroups(&dashed), Vec::<PathBuf>::new(), "and its cgroup");
+            }
             assert!(engine.has_snapshot(&spec), "the snapshot is kept");
             assert_eq!(engine.status(&spec), LiveStatus::Gone);
             let memory = std::fs::metadata(spec.dir.join("snapshot/vm.mem")).unwrap().len();

@@ -4,6 +4,7 @@
 //! other answer is an error too.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -160,6 +161,26 @@ impl Api {
             return Err(EngineError::Runtime(format!("firecracker answered GET / with {status}")));
         }
         serde_json::from_slice(&bytes).map_err(|e| EngineError::Runtime(format!("firecracker's instance info: {e}")))
+    }
+
+    /// [`Api::instance_info`] for callers off the async threads, within
+    /// `patience`: asked from a thread of its own, outside any runtime the
+    /// caller may be in.
+    pub fn instance_info_blocking(&self, patience: Duration) -> Result<InstanceInfo, EngineError> {
+        let asking = || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(EngineError::io("a runtime to ask firecracker's API"))?;
+            runtime.block_on(async {
+                tokio::time::timeout(patience, self.instance_info()).await.map_err(|_| {
+                    EngineError::Runtime(format!("firecracker's API did not answer GET / within {patience:?}"))
+                })?
+            })
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(asking).join().unwrap_or_else(|_| Err(EngineError::Runtime("asking the API panicked".into())))
+        })
     }
 
     pub async fn boot_source(&self, boot: &BootSource) -> Result<(), EngineError> {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixListener;
 
 use super::api::{BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, SnapshotLoad, Vsock, VsockOverride};
-use super::Vmm;
+use super::{Vmm, VmmLimits};
 use crate::{AgentConn, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
 
 /// How long a microVM may take from start to the agent's hello, unless
@@ -53,6 +53,8 @@ const MEMORY: &str = "vm.mem";
 pub const JAIL_UID: u32 = 1_900_000_000;
 /// How many uids jailed VMMs take one each from, from `jail_uid`.
 const JAIL_UIDS: u32 = 65536;
+/// How long a VMM a previous server left has to tell its state.
+const ADOPT_PATIENCE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct FirecrackerConfig {
@@ -68,12 +70,6 @@ pub struct FirecrackerConfig {
     /// How long a microVM may take from start (or load) to its agent's
     /// hello: [`BOOT_PATIENCE`].
     pub boot_patience: Duration,
-}
-
-/// Whether `pid` is a live firecracker process (not a recycled pid).
-fn is_firecracker(pid: i32) -> bool {
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).next().is_some_and(|arg0| arg0.ends_with(b"firecracker")))
 }
 
 /// The jailer and firecracker take letters, digits and `-` in an id.
@@ -240,8 +236,9 @@ impl Firecracker {
     async fn spawn(&self, spec: &SandboxSpec, uid: Option<u32>) -> Result<super::Api, EngineError> {
         let vmm = match (&self.config.jailer, uid) {
             (Some(jailer), Some(uid)) => {
-                let id = jail_id(&spec.id);
-                Vmm::spawn_jailed(jailer, &self.config.firecracker, &self.config.jail_base, &id, uid, uid).await
+                let (id, base) = (jail_id(&spec.id), &self.config.jail_base);
+                let limits = VmmLimits { vcpus: spec.vcpus, memory_mib: spec.memory_mib };
+                Vmm::spawn_jailed(jailer, &self.config.firecracker, base, &id, uid, uid, limits).await
             }
             // Firecracker's --id takes the same characters as the jailer's.
             _ => Vmm::spawn(&self.config.firecracker, &spec.dir, &jail_id(&spec.id)).await,
@@ -249,32 +246,68 @@ impl Firecracker {
         // VMMs outlive the server; a restarted one finds them by this.
         let _ = fs::write(spec.dir.join("vmm.pid"), vmm.pid().to_string());
         let api = vmm.api.clone();
-        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), Running { vmm, paused: false });
+        let replaced =
+            self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), Running { vmm, paused: false });
+        if let Some(mut replaced) = replaced {
+            replaced.vmm.kill().await;
+        }
         Ok(api)
     }
 
-    /// A VMM started by an earlier server process, still running: taken
-    /// back from its pid file, with its API socket and leftovers.
-    fn adopt(&self, spec: &SandboxSpec) -> bool {
+    /// A VMM started by an earlier server process and still running, not
+    /// yet taken back: found by its pid file, and recognised by the binary
+    /// it runs (this engine's firecracker, or its copy in the sandbox's
+    /// jail), not by its name.
+    fn adoptable(&self, spec: &SandboxSpec) -> Option<Vmm> {
         if self.vmms.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&spec.id) {
-            return true;
+            return None;
         }
-        let pid = fs::read_to_string(spec.dir.join("vmm.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok());
-        let Some(pid) = pid.filter(|pid| is_firecracker(*pid)) else { return false };
+        let pid = fs::read_to_string(spec.dir.join("vmm.pid")).ok()?.trim().parse::<i32>().ok()?;
         let dir = self.vmm_dir(spec);
-        let leftovers = match &self.config.jailer {
-            Some(_) => vec![dir.parent().map(Path::to_path_buf).unwrap_or(dir.clone())],
-            None => vec![],
+        let binary = &self.config.firecracker;
+        match &self.config.jailer {
+            Some(_) => super::runs_binary(pid, &dir.join(super::exec_name(binary)))
+                .then(|| Vmm::adopted_jailed(binary, &self.config.jail_base, &jail_id(&spec.id), pid)),
+            None => super::runs_binary(pid, binary).then(|| Vmm::adopted(&dir, pid)),
+        }
+    }
+
+    /// Keeps an adopted VMM in the state its API told (a previous server
+    /// may have paused it), unless another caller took it back first.
+    fn keep_adopted(&self, spec: &SandboxSpec, vmm: Vmm, state: Result<super::api::InstanceInfo, EngineError>) {
+        let paused = match state {
+            Ok(info) => info.state == "Paused",
+            Err(err) => {
+                tracing::warn!(sandbox = %spec.id, "a VMM left running does not tell its state, taken as running: {err}");
+                false
+            }
         };
-        let vmm = Vmm {
-            child: None,
-            pid,
-            api: super::Api::new(&dir.join("api.sock")),
-            ready_after: Duration::ZERO,
-            leftovers,
-        };
-        self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id.clone(), Running { vmm, paused: false });
-        true
+        let mut vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
+        match vmms.entry(spec.id.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => vmm.release(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(Running { vmm, paused });
+            }
+        }
+    }
+
+    /// Takes back the sandbox's VMM a previous server left running, asking
+    /// its API whether it is paused. Blocking.
+    fn adopt(&self, spec: &SandboxSpec) {
+        if let Some(vmm) = self.adoptable(spec) {
+            let state = vmm.api.instance_info_blocking(ADOPT_PATIENCE);
+            self.keep_adopted(spec, vmm, state);
+        }
+    }
+
+    /// [`Firecracker::adopt`] for the async threads.
+    async fn adopt_async(&self, spec: &SandboxSpec) {
+        if let Some(vmm) = self.adoptable(spec) {
+            let state = tokio::time::timeout(ADOPT_PATIENCE, vmm.api.instance_info()).await.unwrap_or_else(|_| {
+                Err(EngineError::Runtime(format!("its API did not answer within {ADOPT_PATIENCE:?}")))
+            });
+            self.keep_adopted(spec, vmm, state);
+        }
     }
 
     fn with_vmm<T>(&self, id: &str, f: impl FnOnce(&mut Running) -> T) -> Result<T, EngineError> {
@@ -460,7 +493,7 @@ impl Firecracker {
             self.save(&template, &building).await
         }
         .await;
-        self.kill(&template.id);
+        self.kill(&template.id).await;
         let kept = made.and_then(|()| {
             // Clones read it as their own uids: root's, read-only for them.
             for name in [STATE, MEMORY, ROOT_DRIVE] {
@@ -504,9 +537,17 @@ impl Firecracker {
         Ok(Started { agent, boot, steps: Vec::new() })
     }
 
-    fn kill(&self, id: &str) {
-        if let Some(mut running) = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).remove(id) {
-            running.vmm.kill();
+    async fn kill(&self, id: &str) {
+        let running = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        if let Some(mut running) = running {
+            running.vmm.kill().await;
+        }
+    }
+
+    fn kill_blocking(&self, id: &str) {
+        let running = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        if let Some(mut running) = running {
+            running.vmm.kill_blocking();
         }
     }
 }
@@ -563,23 +604,23 @@ impl Engine for Firecracker {
     }
 
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.adopt(spec);
+        self.adopt_async(spec).await;
         self.api(&spec.id)?.pause().await?;
         self.with_vmm(&spec.id, |running| running.paused = true)
     }
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.adopt(spec);
+        self.adopt_async(spec).await;
         self.api(&spec.id)?.resume().await?;
         self.with_vmm(&spec.id, |running| running.paused = false)
     }
 
     async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.adopt(spec);
+        self.adopt_async(spec).await;
         let target = Self::snapshot_dir(&spec.dir);
         let _ = fs::remove_dir_all(&target);
         self.save(spec, &target).await?;
-        self.kill(&spec.id);
+        self.kill(&spec.id).await;
         Ok(())
     }
 
@@ -606,7 +647,7 @@ impl Engine for Firecracker {
     /// memory, whose page cache holds what the guest has not yet written
     /// back) and a reflink copy of its root drive, then resumed.
     async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
-        self.adopt(spec);
+        self.adopt_async(spec).await;
         let was_paused = self.with_vmm(&spec.id, |running| running.paused)?;
         let started = Instant::now();
         let saved = async {
@@ -633,7 +674,7 @@ impl Engine for Firecracker {
         if !(image.join(STATE).is_file() && image.join(MEMORY).is_file()) {
             return Err(EngineError::Runtime("the image is not whole".into()));
         }
-        self.kill(&spec.id);
+        self.kill(&spec.id).await;
         let root = Self::copy_root_drive(spec, &image.join(ROOT_DRIVE), 0)?;
         let _ = fs::remove_dir_all(Self::snapshot_dir(&spec.dir));
         let loaded = self.load(spec, &root, (&image.join(STATE), &image.join(MEMORY)), true).await;
@@ -643,14 +684,14 @@ impl Engine for Firecracker {
     fn resource_use(&self, spec: &SandboxSpec) -> Option<crate::ResourceUse> {
         // Only a jailed microVM has a cgroup of its own.
         self.config.jailer.as_ref()?;
-        crate::cgroup_use(&Path::new(&super::exec_name(&self.config.firecracker)).join(jail_id(&spec.id)))
+        crate::cgroup_use(&Path::new(super::PARENT_CGROUP).join(jail_id(&spec.id)))
     }
 
     fn status(&self, spec: &SandboxSpec) -> LiveStatus {
         self.adopt(spec);
         let vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
         match vmms.get(&spec.id) {
-            Some(running) if Path::new(&format!("/proc/{}", running.vmm.pid())).exists() => {
+            Some(running) if super::alive(running.vmm.pid()) => {
                 if running.paused {
                     LiveStatus::Paused
                 } else {
@@ -669,23 +710,23 @@ impl Engine for Firecracker {
 
     fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
         self.adopt(spec);
-        self.kill(&spec.id);
+        self.kill_blocking(&spec.id);
         Ok(())
     }
 
-    async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.stop_and_clear(spec)
-    }
-}
-
-impl Firecracker {
     /// Stops the sandbox's VMM and removes its directory.
-    fn stop_and_clear(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.stop(spec)?;
-        if spec.dir.exists() {
-            fs::remove_dir_all(&spec.dir).map_err(EngineError::io("removing the sandbox dir"))?;
-        }
-        Ok(())
+    async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.adopt_async(spec).await;
+        self.kill(&spec.id).await;
+        let dir = spec.dir.clone();
+        let removed = tokio::task::spawn_blocking(move || match dir.exists() {
+            true => fs::remove_dir_all(&dir),
+            false => Ok(()),
+        });
+        removed
+            .await
+            .map_err(|e| EngineError::Runtime(format!("removing the sandbox dir: {e}")))?
+            .map_err(EngineError::io("removing the sandbox dir"))
     }
 }
 
@@ -749,6 +790,42 @@ mod tests {
         // The template's image is untouched.
         space_host::run(Command::new("e2fsck").arg("-fn").arg(&image)).unwrap();
         let _ = fs::remove_dir_all(version.parent().unwrap());
+    }
+
+    /// A VMM a previous server left is taken back only if it runs the
+    /// configured binary: another program that is merely called
+    /// `firecracker` is not (its pid file may name a reused pid).
+    #[test]
+    fn only_a_process_of_the_configured_binary_is_adopted() {
+        let version = template("adopt");
+        let dir = version.parent().unwrap().to_path_buf();
+        // Two different programs called `firecracker`: copies of `sleep`.
+        let (configured, impostor) = (dir.join("configured/firecracker"), dir.join("impostor/firecracker"));
+        for copy in [&configured, &impostor] {
+            fs::create_dir_all(copy.parent().unwrap()).unwrap();
+            fs::copy("/bin/sleep", copy).unwrap();
+        }
+        let engine = |binary: &Path| {
+            Firecracker::new(FirecrackerConfig {
+                firecracker: binary.to_path_buf(),
+                kernel: version.join("template.json"),
+                initramfs: version.join(ROOT_DRIVE),
+                jailer: None,
+                jail_base: dir.join("jail"),
+                jail_uid: JAIL_UID,
+                boot_patience: BOOT_PATIENCE,
+            })
+        };
+        let spec = spec(&version, 16);
+        fs::create_dir_all(&spec.dir).unwrap();
+        let running = space_process::Reaper::global().spawn(Command::new(&configured).arg("30")).unwrap();
+        fs::write(spec.dir.join("vmm.pid"), running.id().to_string()).unwrap();
+        assert_eq!(engine(&impostor).status(&spec), LiveStatus::Gone, "a process of another binary is not the VMM");
+        let owner = engine(&configured);
+        assert_eq!(owner.status(&spec), LiveStatus::Running, "the configured binary's process is");
+        owner.stop(&spec).unwrap();
+        assert!(running.wait_timeout(Duration::from_secs(5)).is_some(), "and stopping the sandbox stops it");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub fn jail_report(binary: &Path) -> (bool, String) {
         Err(err) => format!("firecracker's libraries: {err}"),
     };
     let detail = format!(
-        "{}: each microVM chrooted, in its own PID namespace and cgroup, as a uid of its own; {linking}",
+        "{}: each microVM chrooted, in its own PID namespace, as a uid of its own, in a cgroup of its own \
+         (the CPU of its vCPUs, its memory + {VMM_OVERHEAD_MIB} MiB, {VMM_OWN_TASKS} tasks + one per vCPU); {linking}",
         jailer.display()
     );
     (true, detail)
@@ -110,6 +111,137 @@ pub fn availability(firecracker: Option<&Path>, guest: Option<(&Path, &Path)>) -
     }
 }
 
+/// What a jailed VMM's cgroup lets it use: the CPU of its vCPUs, the memory
+/// of its guest and its own, and a few tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmLimits {
+    pub vcpus: u32,
+    pub memory_mib: u32,
+}
+
+/// The cgroup every sandbox's own is made in, in each hierarchy: the
+/// gVisor engine's (a jailed VMM's is `space/<jail id>`; gVisor's ids have
+/// `_` where jail ids have `-`, so they never meet).
+const PARENT_CGROUP: &str = "space";
+/// The CFS period a VMM's CPU quota is given in (the gVisor engine's).
+const CPU_PERIOD_US: u64 = 100_000;
+/// Memory a VMM's cgroup holds beyond its guest's. Firecracker's own
+/// threads take ≤ 5 MiB (its specification, for 1 vCPU and 128 MiB, more
+/// with many vsock connections); KVM charges the guest's vCPU state and
+/// page tables to it; and what the VMM writes for the guest's drive and
+/// into a snapshot's memory file passes through the page cache, charged to
+/// it too — room for that lets the kernel write it back and reclaim it
+/// rather than stall the VMM at its limit. No slack for a guest going past
+/// its memory, as gVisor's overhead has: the guest's own kernel keeps it
+/// inside what it was given.
+pub const VMM_OVERHEAD_MIB: u32 = 64;
+/// Tasks a VMM may have beyond one per vCPU: its main (device emulation)
+/// and API threads, with room to spare. A VMM starts no processes.
+pub const VMM_OWN_TASKS: u32 = 16;
+
+impl VmmLimits {
+    pub fn memory_bytes(&self) -> u64 {
+        u64::from(self.memory_mib + VMM_OVERHEAD_MIB) << 20
+    }
+
+    pub fn tasks(&self) -> u32 {
+        self.vcpus + VMM_OWN_TASKS
+    }
+
+    /// The jailer's `--cgroup` values for them: cgroup v2's files, or v1's.
+    /// Memory and swap together are held to the same limit, as gVisor's
+    /// sandboxes' are, where the kernel accounts swap.
+    fn cgroup_values(&self, v2: bool) -> Vec<String> {
+        let quota = u64::from(self.vcpus) * CPU_PERIOD_US;
+        let memory = self.memory_bytes();
+        let mut values = if v2 {
+            vec![format!("cpu.max={quota} {CPU_PERIOD_US}"), format!("memory.max={memory}")]
+        } else {
+            vec![
+                format!("cpu.cfs_period_us={CPU_PERIOD_US}"),
+                format!("cpu.cfs_quota_us={quota}"),
+                format!("memory.limit_in_bytes={memory}"),
+            ]
+        };
+        match v2 {
+            true if v2_swap_accounted() => values.push("memory.swap.max=0".into()),
+            // After the memory limit: v1 keeps memory+swap at or above it.
+            false if Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists() => {
+                values.push(format!("memory.memsw.limit_in_bytes={memory}"))
+            }
+            _ => {}
+        }
+        values.push(format!("pids.max={}", self.tasks()));
+        values
+    }
+}
+
+fn cgroup_v2() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// Whether cgroup v2 offers `memory.swap.max` to the sandboxes' cgroups.
+/// Their parent is made, and memory turned on for its children (what the
+/// jailer does too), first: the file shows only where memory is on.
+fn v2_swap_accounted() -> bool {
+    let parent = Path::new("/sys/fs/cgroup").join(PARENT_CGROUP);
+    let _ = fs::create_dir_all(&parent);
+    let _ = fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
+    parent.join("memory.swap.max").exists()
+}
+
+/// The directories of the cgroup `space/<id>` that exist: one per v1
+/// hierarchy, or the v2 one.
+fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    let hierarchies = fs::read_dir(root).into_iter().flatten().flatten().map(|entry| entry.path());
+    hierarchies
+        .chain([root.to_path_buf()])
+        .map(|hierarchy| hierarchy.join(PARENT_CGROUP).join(id))
+        .filter(|dir| dir.is_dir())
+        .collect()
+}
+
+/// Removes the cgroup `space/<id>` everywhere. Blocking: a cgroup whose
+/// last task is still leaving is busy for a moment.
+fn remove_cgroups(id: &str) {
+    for dir in cgroup_dirs(id) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while let Err(err) = fs::remove_dir(&dir) {
+            if err.raw_os_error() != Some(nix::libc::EBUSY) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Whether process `pid` runs `binary`: the same file (device and inode),
+/// or, replaced since it started, a deleted file at its path. A process
+/// that only has the name, or a pid since taken by another program, does
+/// not.
+pub(crate) fn runs_binary(pid: i32, binary: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    if let (Ok(running), Ok(expected)) = (fs::metadata(&exe), fs::metadata(binary)) {
+        if (running.dev(), running.ino()) == (expected.dev(), expected.ino()) {
+            return true;
+        }
+    }
+    let (Ok(running), Ok(expected)) = (fs::read_link(&exe), fs::canonicalize(binary)) else { return false };
+    running.as_os_str().as_encoded_bytes() == format!("{} (deleted)", expected.display()).as_bytes()
+}
+
+/// Whether `pid` is a process that has not ended (a zombie has).
+fn alive(pid: i32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    !stat.is_empty() && !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z')
+}
+
+/// How long a killed VMM has to be gone.
+const KILL_PATIENCE: Duration = Duration::from_secs(5);
+
 /// A running `firecracker` process and its API.
 pub struct Vmm {
     child: Option<ReapedChild>,
@@ -119,8 +251,13 @@ pub struct Vmm {
     pub api: Api,
     /// From spawning the process to its API answering.
     pub ready_after: Duration,
-    /// What to remove when it is gone (its directory, jailer cgroups).
+    /// What to remove when it is gone (its jail and the jailer's log).
     leftovers: Vec<PathBuf>,
+    /// Its cgroup `space/<this>`, when jailed.
+    cgroup: Option<String>,
+    /// Killed and cleared, or handed over: nothing more to do (its pid may
+    /// be another process's by now).
+    finished: bool,
 }
 
 impl Vmm {
@@ -145,8 +282,8 @@ impl Vmm {
         let started = Instant::now();
         let child = Reaper::global().spawn(&mut command).map_err(EngineError::io("starting firecracker"))?;
         let pid = child.id() as i32;
-        let mut vmm =
-            Vmm { child: Some(child), pid, api: Api::new(&socket), ready_after: Duration::ZERO, leftovers: vec![] };
+        let mut vmm = Vmm::adopted(dir, pid);
+        vmm.child = Some(child);
         vmm.ready_after = vmm.wait_for_api(started).await?;
         Ok(vmm)
     }
@@ -158,10 +295,11 @@ impl Vmm {
     }
 
     /// Starts firecracker under the jailer: its own uid/gid, a chroot under
-    /// `chroot_base`, cgroups and a new PID namespace. The jailer copies the
-    /// binary into the chroot; the libraries a dynamically linked build
-    /// loads are put there first. Files already placed in
-    /// [`Vmm::jail_root`] stay.
+    /// `chroot_base`, a new PID namespace and its own cgroup `space/<id>`
+    /// holding it to `limits`. The jailer copies the binary into the
+    /// chroot; the libraries a dynamically linked build loads are put
+    /// there first. Files already placed in [`Vmm::jail_root`] stay. The
+    /// jail is made and the jailer waited for on a blocking thread.
     pub async fn spawn_jailed(
         jailer: &Path,
         binary: &Path,
@@ -169,58 +307,43 @@ impl Vmm {
         id: &str,
         uid: u32,
         gid: u32,
+        limits: VmmLimits,
     ) -> Result<Vmm, EngineError> {
-        let exec_name = exec_name(binary);
-        let jail = chroot_base.join(&exec_name).join(id);
-        let root = jail.join("root");
-        let _ = fs::remove_file(root.join(&exec_name));
-        let _ = fs::remove_file(root.join(format!("{exec_name}.pid")));
-        fs::create_dir_all(chroot_base).map_err(EngineError::io("creating the chroot base"))?;
-        provide_libraries(binary, chroot_base, &root)?;
-        let mut command = Command::new(jailer);
-        command
-            .args(["--id", id])
-            .arg("--exec-file")
-            .arg(binary)
-            .args(["--uid", &uid.to_string(), "--gid", &gid.to_string()])
-            .arg("--chroot-base-dir")
-            .arg(chroot_base)
-            .args(["--cgroup-version", if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" }])
-            .arg("--new-pid-ns")
-            .args(["--", "--api-sock", "/api.sock"]);
-        // The VMM inherits the jailer's output: a file, not a pipe we would
-        // wait on.
-        let log_path = chroot_base.join(format!("{id}.jailer.log"));
-        let log = fs::File::create(&log_path).map_err(EngineError::io("creating the jailer log"))?;
-        let err = log.try_clone().map_err(EngineError::io("the jailer log"))?;
-        command.stdin(Stdio::null()).stdout(log).stderr(err);
         let started = Instant::now();
-        // With a new PID namespace the jailer forks the VMM, records its pid
-        // and exits; the VMM is then our child by the subreaper rule.
-        let jailer_process = Reaper::global().spawn(&mut command).map_err(EngineError::io("starting the jailer"))?;
-        let status = jailer_process.wait_timeout(API_PATIENCE);
-        if status.is_none_or(|s| !s.success()) {
-            let said = fs::read_to_string(&log_path).unwrap_or_default();
-            return Err(EngineError::Runtime(format!("the jailer failed ({status:?}): {}", said.trim())));
-        }
-        let pid_file = root.join(format!("{exec_name}.pid"));
-        let pid = wait_for(|| fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()))
-            .await
-            .ok_or_else(|| EngineError::Runtime("the jailer wrote no pid file".into()))?;
-        let mut leftovers = vec![jail.clone(), log_path];
-        for cgroup_root in [
-            "/sys/fs/cgroup",
-            "/sys/fs/cgroup/cpu",
-            "/sys/fs/cgroup/cpuset",
-            "/sys/fs/cgroup/pids",
-            "/sys/fs/cgroup/memory",
-        ] {
-            leftovers.push(Path::new(cgroup_root).join(&exec_name).join(id));
-        }
-        let mut vmm =
-            Vmm { child: None, pid, api: Api::new(&root.join("api.sock")), ready_after: Duration::ZERO, leftovers };
+        let (jailer, binary_owned, base, id_owned) =
+            (jailer.to_path_buf(), binary.to_path_buf(), chroot_base.to_path_buf(), id.to_string());
+        let pid =
+            tokio::task::spawn_blocking(move || run_jailer(&jailer, &binary_owned, &base, &id_owned, uid, gid, limits))
+                .await
+                .map_err(|e| EngineError::Runtime(format!("starting the jailer: {e}")))??;
+        let mut vmm = Vmm::adopted_jailed(binary, chroot_base, id, pid);
         vmm.ready_after = vmm.wait_for_api(started).await?;
         Ok(vmm)
+    }
+
+    /// A VMM started in `dir`, unjailed, by an earlier server process and
+    /// still running as `pid`.
+    pub(crate) fn adopted(dir: &Path, pid: i32) -> Vmm {
+        Vmm {
+            child: None,
+            pid,
+            api: Api::new(&dir.join("api.sock")),
+            ready_after: Duration::ZERO,
+            leftovers: Vec::new(),
+            cgroup: None,
+            finished: false,
+        }
+    }
+
+    /// A VMM jailed as `id` under `chroot_base`, running as `pid`: its jail,
+    /// the jailer's log and its cgroup go with it.
+    pub(crate) fn adopted_jailed(binary: &Path, chroot_base: &Path, id: &str, pid: i32) -> Vmm {
+        let root = Vmm::jail_root(binary, chroot_base, id);
+        let jail = root.parent().map_or_else(|| root.clone(), Path::to_path_buf);
+        let mut vmm = Vmm::adopted(&root, pid);
+        vmm.leftovers = vec![jail, jailer_log(chroot_base, id)];
+        vmm.cgroup = Some(id.to_string());
+        vmm
     }
 
     pub fn pid(&self) -> i32 {
@@ -234,33 +357,79 @@ impl Vmm {
             }
             if let Some(child) = &self.child {
                 if let Some(status) = child.wait_timeout(Duration::ZERO) {
+                    self.child = None;
+                    self.kill().await;
                     return Err(EngineError::Runtime(format!("firecracker exited at start ({status:?})")));
                 }
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        self.kill();
+        self.kill().await;
         Err(EngineError::Runtime(format!("firecracker's API did not answer within {API_PATIENCE:?}")))
     }
 
-    /// Stops the VMM and removes its socket, jail and cgroups.
-    pub fn kill(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
-        if let Some(child) = self.child.take() {
-            let _ = child.wait_timeout(Duration::from_secs(5));
-        } else {
-            // Reaped by the subreaper; wait until it is gone.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Path::new(&format!("/proc/{}", self.pid)).exists() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+    /// Stops the VMM and removes its socket, jail and cgroup: waits (at
+    /// most [`KILL_PATIENCE`]) without holding the thread, and clears on a
+    /// blocking one.
+    pub async fn kill(&mut self) {
+        if self.finished {
+            return;
         }
-        let _ = fs::remove_file(self.api.socket());
-        for path in self.leftovers.drain(..) {
-            if path.starts_with("/sys/fs/cgroup") {
-                let _ = fs::remove_dir(&path);
-            } else {
-                let _ = fs::remove_dir_all(&path);
+        self.signal();
+        let deadline = Instant::now() + KILL_PATIENCE;
+        while !self.gone() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let clear = self.take_leftovers();
+        let _ = tokio::task::spawn_blocking(clear).await;
+    }
+
+    /// [`Vmm::kill`] for callers off the async threads.
+    pub fn kill_blocking(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.signal();
+        let deadline = Instant::now() + KILL_PATIENCE;
+        while !self.gone() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.take_leftovers()();
+    }
+
+    /// Lets go of the VMM without stopping it (another owner has it).
+    pub(crate) fn release(mut self) {
+        self.finished = true;
+    }
+
+    fn signal(&self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
+    }
+
+    fn gone(&mut self) -> bool {
+        if let Some(child) = &self.child {
+            if child.wait_timeout(Duration::ZERO).is_none() {
+                return false;
+            }
+            self.child = None;
+        }
+        // A jailed or adopted VMM is reaped by whoever is its parent now.
+        !alive(self.pid)
+    }
+
+    /// What removes the VMM's socket, leftovers and cgroup; the VMM counts
+    /// as finished from here on.
+    fn take_leftovers(&mut self) -> impl FnOnce() + Send + 'static {
+        self.finished = true;
+        let socket = self.api.socket().to_path_buf();
+        let (leftovers, cgroup) = (std::mem::take(&mut self.leftovers), self.cgroup.take());
+        move || {
+            let _ = fs::remove_file(socket);
+            for path in leftovers {
+                let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
+            }
+            if let Some(id) = cgroup {
+                remove_cgroups(&id);
             }
         }
     }
@@ -268,7 +437,95 @@ impl Vmm {
 
 impl Drop for Vmm {
     fn drop(&mut self) {
-        self.kill();
+        self.kill_blocking();
+    }
+}
+
+/// Where the jailer's (and the VMM's) output for jail `id` goes.
+fn jailer_log(chroot_base: &Path, id: &str) -> PathBuf {
+    chroot_base.join(format!("{id}.jailer.log"))
+}
+
+/// Runs the jailer for jail `id` and returns the VMM's pid once it has
+/// written it. Blocking.
+fn run_jailer(
+    jailer: &Path,
+    binary: &Path,
+    chroot_base: &Path,
+    id: &str,
+    uid: u32,
+    gid: u32,
+    limits: VmmLimits,
+) -> Result<i32, EngineError> {
+    let exec_name = exec_name(binary);
+    let root = chroot_base.join(&exec_name).join(id).join("root");
+    let _ = fs::remove_file(root.join(&exec_name));
+    let _ = fs::remove_file(root.join(format!("{exec_name}.pid")));
+    fs::create_dir_all(chroot_base).map_err(EngineError::io("creating the chroot base"))?;
+    provide_libraries(binary, chroot_base, &root)?;
+    // One a killed server left would keep its limits (and, on v1, its
+    // memory+swap limit can refuse the new memory limit).
+    remove_cgroups(id);
+    let v2 = cgroup_v2();
+    let mut command = Command::new(jailer);
+    command
+        .args(["--id", id])
+        .arg("--exec-file")
+        .arg(binary)
+        .args(["--uid", &uid.to_string(), "--gid", &gid.to_string()])
+        .arg("--chroot-base-dir")
+        .arg(chroot_base)
+        .args(["--cgroup-version", if v2 { "2" } else { "1" }])
+        .args(["--parent-cgroup", PARENT_CGROUP]);
+    for value in limits.cgroup_values(v2) {
+        command.arg("--cgroup").arg(value);
+    }
+    command.arg("--new-pid-ns").args(["--", "--api-sock", "/api.sock"]);
+    // The VMM inherits the jailer's output: a file, not a pipe we would
+    // wait on.
+    let log_path = jailer_log(chroot_base, id);
+    let log = fs::File::create(&log_path).map_err(EngineError::io("creating the jailer log"))?;
+    let err = log.try_clone().map_err(EngineError::io("the jailer log"))?;
+    command.stdin(Stdio::null()).stdout(log).stderr(err);
+    // With a new PID namespace the jailer forks the VMM, records its pid
+    // and exits; the VMM is then our child by the subreaper rule.
+    let jailer_process = Reaper::global().spawn(&mut command).map_err(EngineError::io("starting the jailer"))?;
+    let status = jailer_process.wait_timeout(API_PATIENCE);
+    if status.is_none_or(|s| !s.success()) {
+        let said = fs::read_to_string(&log_path).unwrap_or_default();
+        remove_cgroups(id);
+        return Err(EngineError::Runtime(format!("the jailer failed ({status:?}): {}", said.trim())));
+    }
+    let pid_file = root.join(format!("{exec_name}.pid"));
+    let deadline = Instant::now() + API_PATIENCE;
+    let pid = loop {
+        if let Some(pid) = fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            break pid;
+        }
+        if Instant::now() >= deadline {
+            return Err(EngineError::Runtime("the jailer wrote no pid file".into()));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    if !v2 {
+        join_cpuacct(id, pid);
+    }
+    Ok(pid)
+}
+
+/// On cgroup v1 a VMM's CPU time is counted by `cpuacct`, which the jailer
+/// cannot put it in (it first copies each file's value from the parent,
+/// and `cpuacct.usage` takes only 0): it joins `space/<id>` there
+/// afterwards, whole (every thread).
+fn join_cpuacct(id: &str, pid: i32) {
+    let hierarchy = Path::new("/sys/fs/cgroup/cpuacct");
+    if !hierarchy.is_dir() {
+        return;
+    }
+    let dir = hierarchy.join(PARENT_CGROUP).join(id);
+    let joined = fs::create_dir_all(&dir).and_then(|()| fs::write(dir.join("cgroup.procs"), pid.to_string()));
+    if let Err(err) = joined {
+        tracing::warn!(jail = id, "the VMM's CPU time is not counted: joining {}: {err}", dir.display());
     }
 }
 
@@ -363,15 +620,4 @@ fn provide_libraries(binary: &Path, chroot_base: &Path, root: &Path) -> Result<(
             .map_err(EngineError::io(format!("linking {} into the jail", library.display())))?;
     }
     Ok(())
-}
-
-async fn wait_for<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + API_PATIENCE;
-    while Instant::now() < deadline {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    None
 }
