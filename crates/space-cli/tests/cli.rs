@@ -854,3 +854,257 @@ fn what_a_killed_test_left_is_swept_once_it_is_gone() {
     assert!(space_testkit::sandbox_cgroups(&id).is_empty(), "the sandbox's cgroups are left");
     assert!(!root.exists(), "the data dir is left");
 }
+
+/// A system user made for one test, removed when it ends however it ends.
+struct ScratchUser(String);
+
+impl Drop for ScratchUser {
+    fn drop(&mut self) {
+        // `userdel` takes the user's own group with it; `groupdel` is for
+        // a group left behind all the same. Neither may hold the test.
+        for tool in ["userdel", "groupdel"] {
+            let mut command = Command::new(tool);
+            command.arg(&self.0).stdout(Stdio::null()).stderr(Stdio::null());
+            if let Ok(child) = Reaper::global().spawn(&mut command) {
+                if child.wait_timeout(std::time::Duration::from_secs(30)).is_none() {
+                    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// `program` as found on PATH, if it is there.
+fn on_path(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(program)).find(|p| p.is_file())
+}
+
+/// Owner, group and permission bits of `path` (not followed).
+fn owner_and_mode(path: &std::path::Path) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (meta.uid(), meta.gid(), meta.mode() & 0o7777)
+}
+
+/// `space setup --privileges-only --systemd` makes the user, gives it its
+/// paths and nothing else, writes units that hold the hardening, and a
+/// second run changes nothing; what drifted since is put back.
+#[test]
+fn setup_makes_the_user_its_paths_and_units_once() {
+    let data = TestDataDir::with_templates(&[]);
+    let root = data.root().to_path_buf();
+    let name = format!("spt{}", std::process::id());
+    let user = ScratchUser(name.clone());
+    drop(ScratchUser(name.clone())); // one a killed run of this pid left
+    let (units, tmpfiles, run) = (root.join("units"), root.join("tmpfiles"), root.join("run-space"));
+    let setup = |user: &str| {
+        let mut command = Command::new(SPACE);
+        command
+            .args(["setup", "--privileges-only", "--systemd", "--data-dir"])
+            .arg(&root)
+            .args(["--user", user, "--run-dir"])
+            .arg(&run)
+            .arg("--unit-dir")
+            .arg(&units)
+            .arg("--tmpfiles-dir")
+            .arg(&tmpfiles)
+            .arg("--agent-bin")
+            .arg(agent_bin());
+        let output = output_within(&mut command, CLI_PATIENCE);
+        (output.status, String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+
+    let (status, said) = setup(&name);
+    assert!(status.success(), "{said}");
+    assert!(said.contains(&format!("user {name}: created")), "{said}");
+    assert!(!said.contains("nothing changed"), "{said}");
+    let account = nix::unistd::User::from_name(&name).unwrap().expect("setup made the user");
+    let (uid, gid) = (account.uid.as_raw(), account.gid.as_raw());
+    assert_ne!(uid, 0);
+    assert_eq!(account.dir, root, "its home is the data dir");
+    assert_eq!(account.shell, std::path::Path::new("/usr/sbin/nologin"));
+    assert_eq!(nix::unistd::Group::from_gid(account.gid).unwrap().expect("its group").name, name);
+    for dir in [root.join("state"), root.join("logs"), root.join("run/uploads")] {
+        assert_eq!(owner_and_mode(&dir), (uid, gid, 0o700), "{}", dir.display());
+    }
+    assert_eq!(owner_and_mode(&run), (0, gid, 0o750));
+    assert_eq!(owner_and_mode(&root.join("state/api-key")), (uid, gid, 0o600));
+    for dir in [root.clone(), root.join("run"), root.join("templates"), root.join("sandboxes")] {
+        let (owner, _, mode) = owner_and_mode(&dir);
+        assert_eq!((owner, mode & 0o022), (0, 0), "{} stays root's and not writable by the user", dir.display());
+    }
+
+    let helper = std::fs::read_to_string(units.join("space-helper.service")).unwrap();
+    let server = std::fs::read_to_string(units.join("space.service")).unwrap();
+    let has = |unit: &str, line: &str| unit.lines().any(|l| l == line);
+    let exec = |unit: &str| unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).unwrap().to_string();
+    assert!(
+        exec(&helper).ends_with(&format!(
+            "space helper --data-dir {root} --socket {run}/helper.sock --allow-uid {uid} --agent-bin {agent}",
+            root = root.display(),
+            run = run.display(),
+            agent = std::fs::canonicalize(agent_bin()).unwrap().display()
+        )),
+        "{helper}"
+    );
+    for line in [
+        "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER CAP_FSETID CAP_SETUID CAP_SETGID \
+         CAP_SETPCAP CAP_KILL CAP_SYS_PTRACE CAP_SYS_NICE CAP_MKNOD CAP_SYS_CHROOT CAP_SYS_RESOURCE CAP_NET_ADMIN \
+         CAP_SETFCAP",
+        "ProtectSystem=strict",
+        &format!("ReadWritePaths={} {} /sys/fs/cgroup", root.display(), run.display()),
+        "PrivateTmp=yes",
+        "ProtectHome=yes",
+        "Delegate=yes",
+        "KillMode=process",
+    ] {
+        assert!(has(&helper, line), "the helper's unit lacks {line:?}:\n{helper}");
+    }
+    assert!(!helper.contains("User="), "the helper is root's");
+    assert!(
+        exec(&server).contains(&format!(
+            " serve --data-dir {root} --helper-socket {run}/helper.sock --api-key-file {root}/state/api-key",
+            root = root.display(),
+            run = run.display()
+        )),
+        "{server}"
+    );
+    for line in [
+        &format!("User={name}"),
+        "Requires=space-helper.service",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        &format!(
+            "ReadWritePaths={root}/state {root}/logs {root}/run/uploads {run}",
+            root = root.display(),
+            run = run.display()
+        ),
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "RestrictNamespaces=yes",
+        "SystemCallArchitectures=native",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+        "LockPersonality=yes",
+        "ProtectKernelTunables=yes",
+    ] {
+        assert!(has(&server, line), "the server's unit lacks {line:?}:\n{server}");
+    }
+    assert!(server.lines().filter(|l| l.starts_with("CapabilityBoundingSet=")).count() == 1, "{server}");
+    let tmpfiles_line = std::fs::read_to_string(tmpfiles.join("space.conf")).unwrap();
+    assert!(has(&tmpfiles_line, &format!("d {} 0750 root {name} -", run.display())), "{tmpfiles_line}");
+    match on_path("systemd-analyze") {
+        // Unknown keys are only warned about: a clean verify says nothing.
+        Some(analyze) => {
+            let verify = output_within(
+                Command::new(analyze)
+                    .args(["verify", "--man=no"])
+                    .arg(units.join("space-helper.service"))
+                    .arg(units.join("space.service")),
+                CLI_PATIENCE,
+            );
+            let complaints = String::from_utf8_lossy(&verify.stderr);
+            assert!(verify.status.success() && complaints.trim().is_empty(), "systemd-analyze verify: {complaints}");
+        }
+        None => eprintln!("no systemd-analyze here: the units are not verified"),
+    }
+
+    let (status, said) = setup(&name);
+    assert!(status.success(), "{said}");
+    assert!(said.contains(&format!("user {name} and what it owns: nothing changed")), "a second run: {said}");
+    assert_eq!(std::fs::read_to_string(units.join("space.service")).unwrap(), server);
+
+    // What drifted is put back, and said.
+    std::fs::set_permissions(root.join("run/uploads"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::lchown(root.join("logs"), Some(0), Some(0)).unwrap();
+    std::fs::write(root.join("state/space.db"), "").unwrap();
+    let (status, said) = setup(&name);
+    assert!(status.success(), "{said}");
+    assert!(said.contains("uploads: mode 0755 → 0700") && said.contains("logs: owner 0:0 →"), "{said}");
+    assert!(said.contains("state: 1 of its entries given to"), "root's file in state/ is the user's now: {said}");
+    assert_eq!(owner_and_mode(&root.join("run/uploads")), (uid, gid, 0o700));
+    assert_eq!(owner_and_mode(&root.join("logs")), (uid, gid, 0o700));
+    assert_eq!(owner_and_mode(&root.join("state/space.db")).0, uid);
+
+    let (status, said) = setup("root");
+    assert!(!status.success() && said.contains("is root"), "the server is never made root's: {said}");
+
+    drop(user);
+    assert!(nix::unistd::User::from_name(&name).unwrap().is_none(), "the scratch user is gone");
+}
+
+/// `space doctor`'s processes section shows a running helper as what it
+/// is: root, with root's capabilities, no seccomp, no no_new_privs, and
+/// only the server's requests as its input. Stopped, it is gone from it.
+#[test]
+fn doctor_shows_the_privileges_of_a_running_helper() {
+    let data = TestDataDir::with_templates(&[]);
+    let socket = data.root().join("doctor-helper.sock");
+    let mut command = Command::new(SPACE);
+    command
+        .args(["helper", "--data-dir"])
+        .arg(data.root())
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--allow-uid", "65534", "--agent-bin"])
+        .arg(agent_bin())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let helper = Reaper::global().spawn(&mut command).unwrap();
+    let pid = helper.id();
+    /// A helper left by a failing test would serve on.
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let pid = nix::unistd::Pid::from_raw(self.0 as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let kill = Kill(pid);
+    let ended = std::cell::Cell::new(false);
+    space_testkit::wait_until("the helper's socket", PATIENCE, || {
+        ended.set(helper.wait_timeout(std::time::Duration::ZERO).is_some());
+        socket.exists() || ended.get()
+    });
+    assert!(!ended.get(), "space helper ended before it served");
+    let doctor = || {
+        let mut command = Command::new(SPACE);
+        command.arg("doctor").arg("--data-dir").arg(data.root()).arg("--agent-bin").arg(agent_bin());
+        String::from_utf8(output_within(&mut command, CLI_PATIENCE).stdout).unwrap()
+    };
+    let report = doctor();
+    let heading = format!("  helper    pid {pid}");
+    let block: Vec<&str> = report
+        .lines()
+        .skip_while(|l| *l != heading)
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with("            "))
+        .map(|(_, l)| l)
+        .collect();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+    let cap_eff = u64::from_str_radix(cap_eff, 16).unwrap();
+    drop(kill);
+    let field = |key: &str| {
+        block.iter().find_map(|l| l.trim_start().strip_prefix(key)).map(str::trim).unwrap_or_else(|| {
+            panic!("no {key} for the helper (pid {pid}) in:\n{report}");
+        })
+    };
+    assert_eq!(field("user"), "root (uid 0)");
+    let caps: Vec<&str> = field("capabilities").split(' ').collect();
+    assert_eq!(caps.len(), cap_eff.count_ones() as usize, "one name per capability it holds: {caps:?}");
+    assert_eq!(cap_eff & 1 != 0, caps.contains(&"cap_chown"));
+    assert_eq!(cap_eff & (1 << 21) != 0, caps.contains(&"cap_sys_admin"));
+    assert!(caps.contains(&"cap_sys_admin"), "root's helper holds CAP_SYS_ADMIN: {caps:?}");
+    assert_eq!(field("no_new_privs"), "no");
+    assert_eq!(field("seccomp"), "0 (disabled)");
+    assert!(field("landlock").starts_with("kernel ABI ") || field("landlock") == "not offered by this kernel");
+    assert_eq!(field("reads"), "only the typed requests of the unprivileged server on its socket");
+    assert!(report.contains("  server    "), "the server's part is there, running or not:\n{report}");
+
+    assert!(helper.wait_timeout(std::time::Duration::from_secs(30)).is_some(), "the helper ended");
+    let report = doctor();
+    assert!(!report.contains(&heading), "a helper that ended is not shown:\n{report}");
+}

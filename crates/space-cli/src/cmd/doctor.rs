@@ -6,9 +6,18 @@ use anyhow::Result;
 
 use crate::cli::EngineArgs;
 
-/// `space doctor`: each engine, available or not and why, what to do, and
-/// the data dir's state. Exits 1 when no engine can run.
+mod processes;
+
+/// `space doctor`: each engine, available or not and why, what to do, the
+/// data dir's state, and the privileges of SPACE's running processes.
+/// Exits 1 when no engine can run.
 pub(crate) fn doctor(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
+    let code = engines(data_dir, engine)?;
+    processes::report();
+    Ok(code)
+}
+
+fn engines(data_dir: &Path, engine: &EngineArgs) -> Result<i32> {
     let ok = |yes: bool| if yes { "yes" } else { "no " };
     let data = match space_host::datadir::DataDir::open(data_dir) {
         Ok(data) => data,
