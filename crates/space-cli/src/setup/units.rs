@@ -62,7 +62,8 @@ impl Units {
 
 /// `space-helper.service`: root, with only the helper's capabilities.
 /// `KillMode=process` because runsc's sandboxes are its children: stopping
-/// or restarting the helper must not kill every tenant's sandbox.
+/// or restarting the helper must not kill every tenant's sandbox. Both
+/// units wait for the data dir's mount when it has one systemd knows.
 pub(crate) fn helper_unit(units: &Units) -> String {
     let mut exec = vec![
         arg(&units.binary),
@@ -82,7 +83,7 @@ pub(crate) fn helper_unit(units: &Units) -> String {
 # Made by `space setup --systemd`; running it again rewrites this file.
 [Unit]
 Description=SPACE privileged helper (the engine's root work, for user {user} only)
-After=local-fs.target
+RequiresMountsFor={data}
 
 [Service]
 Type=simple
@@ -137,6 +138,7 @@ Description=SPACE API server (unprivileged: user {user}, no capabilities)
 Requires={helper}
 After={helper} network-online.target
 Wants=network-online.target
+RequiresMountsFor={data}
 
 [Service]
 Type=simple
@@ -175,6 +177,7 @@ WantedBy=multi-user.target
         group = units.group,
         helper = HELPER_UNIT,
         exec = exec.join(" "),
+        data = arg(&units.data_dir),
         writes = writes.join(" "),
     )
 }
@@ -231,6 +234,7 @@ mod tests {
         assert_eq!(value(&unit, "CapabilityBoundingSet"), [HELPER_CAPABILITIES.join(" ").as_str()]);
         assert!(!unit.contains("CAP_SYS_MODULE") && !unit.contains("CAP_NET_RAW"));
         assert_eq!(value(&unit, "KillMode"), ["process"]);
+        assert_eq!(value(&unit, "RequiresMountsFor"), ["/var/lib/space"]);
         assert_eq!(value(&unit, "ReadWritePaths"), ["/var/lib/space /run/space /sys/fs/cgroup"]);
         for line in ["ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes", "Delegate=yes"] {
             assert!(unit.lines().any(|l| l == line), "{line}");
@@ -242,6 +246,7 @@ mod tests {
         let unit = server_unit(&units());
         assert_eq!(value(&unit, "User"), ["space"]);
         assert_eq!(value(&unit, "Requires"), [HELPER_UNIT]);
+        assert_eq!(value(&unit, "RequiresMountsFor"), ["/var/lib/space"]);
         assert_eq!(value(&unit, "CapabilityBoundingSet"), [""]);
         assert_eq!(value(&unit, "AmbientCapabilities"), [""]);
         assert_eq!(value(&unit, "ReadWritePaths"), ["/var/lib/space/state /run/space"]);
