@@ -110,9 +110,9 @@ WantedBy=multi-user.target
 }
 
 /// `space.service`: the process that reads every untrusted byte, as
-/// `user` with no capability at all. `ProtectProc=` is not set: the server
-/// still reads the status of root's sandbox processes until that moves
-/// into the helper; `SystemCallFilter=` is not set either, as the server
+/// `user` with no capability at all. `ProtectProc=` is not set: the
+/// Firecracker engine, still in the server, reads its VMMs' /proc entries
+/// (adoption); `SystemCallFilter=` is not set either, as the server
 /// installs its own seccomp filter (`space_privsep::confine`), the same
 /// with or without systemd.
 pub(crate) fn server_unit(units: &Units) -> String {
