@@ -861,14 +861,28 @@ struct ScratchUser(String);
 impl Drop for ScratchUser {
     fn drop(&mut self) {
         // `userdel` takes the user's own group with it; `groupdel` is for
-        // a group left behind all the same. Neither may hold the test.
+        // a group left behind all the same. Neither may hold the test, and
+        // either gives up at once while another tool holds the lock of the
+        // user database (another test run's setup), so each is tried again.
+        let gone = |tool: &str| match tool {
+            "userdel" => nix::unistd::User::from_name(&self.0).is_ok_and(|u| u.is_none()),
+            _ => nix::unistd::Group::from_name(&self.0).is_ok_and(|g| g.is_none()),
+        };
         for tool in ["userdel", "groupdel"] {
-            let mut command = Command::new(tool);
-            command.arg(&self.0).stdout(Stdio::null()).stderr(Stdio::null());
-            if let Ok(child) = Reaper::global().spawn(&mut command) {
-                if child.wait_timeout(std::time::Duration::from_secs(30)).is_none() {
-                    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            for attempt in 1..=10 {
+                if gone(tool) {
+                    break;
+                }
+                let mut command = Command::new(tool);
+                command.arg(&self.0).stdout(Stdio::null()).stderr(Stdio::null());
+                if let Ok(child) = Reaper::global().spawn(&mut command) {
+                    if child.wait_timeout(std::time::Duration::from_secs(30)).is_none() {
+                        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                    }
+                }
+                if !gone(tool) {
+                    std::thread::sleep(std::time::Duration::from_millis(200 * attempt));
                 }
             }
         }

@@ -47,9 +47,21 @@ pub(crate) fn ensure_user(name: &str, home: &Path, changes: &mut Changes) -> Res
             Some(_) => useradd.args(["--gid", name]),
             None => useradd.arg("--user-group"),
         };
-        let output = useradd.arg(name).output().context("running useradd")?;
-        if !output.status.success() {
-            bail!("useradd {name}: {}", String::from_utf8_lossy(&output.stderr).trim());
+        useradd.arg(name);
+        // useradd gives up at once when another tool holds the user
+        // database's lock (a package adding its own user, say).
+        let mut attempt = 0;
+        loop {
+            let output = useradd.output().context("running useradd")?;
+            let said = String::from_utf8_lossy(&output.stderr);
+            match output.status.success() {
+                true => break,
+                false if said.contains("lock") && attempt < 10 => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(200 * attempt));
+                }
+                false => bail!("useradd {name}: {}", said.trim()),
+            }
         }
     }
     let account = lookup(name)?.with_context(|| format!("useradd made no user {name}"))?;
