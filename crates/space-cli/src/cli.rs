@@ -271,8 +271,16 @@ pub(crate) struct ServeArgs {
     pub(crate) log_format: LogFormat,
     /// Ask the root helper on this socket (`space helper`) for the gVisor
     /// engine's root work instead of doing it in this process.
+    /// With it, this process confines itself before it reads a byte of
+    /// a request: no capabilities, no_new_privs, a seccomp filter, and
+    /// Landlock limiting it to the data dir's state/, logs/ and
+    /// run/uploads/ for writing.
     #[arg(long)]
     pub(crate) helper_socket: Option<PathBuf>,
+    /// With --helper-socket, when started as root: become this user (a name
+    /// or a uid; the helper's --allow-uid) first.
+    #[arg(long, requires = "helper_socket")]
+    pub(crate) user: Option<String>,
     /// Keep state in this PostgreSQL database (`postgres://user@host/db`)
     /// instead of the data dir's SQLite file (made if missing).
     #[arg(long, env = "SPACE_DATABASE", hide_env_values = true)]

@@ -71,6 +71,10 @@ pub trait EngineHost: Send + Sync {
     /// was; how long it was frozen.
     fn save_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<Duration, EngineError>;
 
+    /// `DropImage`: an image [`EngineHost::save_image`] saved under the
+    /// sandbox, whole or half written; one not there is no error.
+    fn drop_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<(), EngineError>;
+
     /// `DropSnapshot`: the suspend snapshot a restore started from.
     fn drop_snapshot(&self, sandbox: &SandboxId) -> Result<(), EngineError>;
 
@@ -101,6 +105,10 @@ pub trait EngineHost: Send + Sync {
 
     /// `CloseAgent`: the agent is in; nobody else may connect.
     fn close_agent(&self, sandbox: &SandboxId);
+
+    /// `Availability`: whether the engine can start sandboxes here, and its
+    /// version or why not.
+    fn availability(&self) -> (bool, String);
 
     /// `EngineLog`: the last lines of the engine's output of the sandbox.
     fn engine_log(&self, sandbox: &SandboxId) -> String;

@@ -259,6 +259,17 @@ pub trait Engine: Send + Sync {
         Err(EngineError::Runtime(format!("the {} engine cannot save a sandbox as an image", spec_engine(spec))))
     }
 
+    /// Removes an image [`Engine::save_image`] wrote under `spec`'s sandbox
+    /// (a fork's, a checkpoint's), whole or half written; one not there is
+    /// no error. By default in this process.
+    async fn drop_image(&self, _spec: &SandboxSpec, image: &std::path::Path) -> Result<(), EngineError> {
+        let image = image.to_path_buf();
+        tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&image))
+            .await
+            .map_err(|err| EngineError::Runtime(format!("removing an image: {err}")))?
+            .map_err(|err| EngineError::Runtime(format!("removing an image: {err}")))
+    }
+
     /// Starts sandbox `spec` from an image [`Engine::save_image`] wrote:
     /// its own writable copy of the image's disk and the image's memory.
     /// Returns the socket its agent dialed (before any handshake); the
@@ -401,6 +412,10 @@ impl Engine for Engines {
 
     async fn save_image(&self, spec: &SandboxSpec, image: &std::path::Path) -> Result<Duration, EngineError> {
         self.pick(spec).save_image(spec, image).await
+    }
+
+    async fn drop_image(&self, spec: &SandboxSpec, image: &std::path::Path) -> Result<(), EngineError> {
+        self.pick(spec).drop_image(spec, image).await
     }
 
     async fn start_from_image(

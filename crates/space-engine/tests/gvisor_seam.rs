@@ -129,6 +129,16 @@ impl EngineHost for Recording {
     fn close_agent(&self, sandbox: &SandboxId) {
         self.note(format!("close_agent {sandbox}"));
     }
+    fn drop_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<(), EngineError> {
+        self.note(format!("drop_image {sandbox} {image:?}"));
+        Ok(())
+    }
+
+    fn availability(&self) -> (bool, String) {
+        self.note("availability".to_string());
+        (true, "recorded".into())
+    }
+
     fn engine_log(&self, sandbox: &SandboxId) -> String {
         self.note(format!("engine_log {sandbox}"));
         String::new()

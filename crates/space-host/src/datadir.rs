@@ -123,6 +123,39 @@ impl DataDir {
         Ok(dir)
     }
 
+    /// The paths the server itself writes: `state/`, `logs/` and
+    /// `run/uploads/`.
+    pub fn server_paths(&self) -> [PathBuf; 3] {
+        [self.state_dir(), self.logs_dir(), self.run_dir().join("uploads")]
+    }
+
+    /// Gives the server's paths ([`DataDir::server_paths`]), made if
+    /// missing, and everything in them to `uid`:`gid`, for a server that
+    /// runs as that user beside a root helper. Links are changed, never
+    /// followed; what that user already owns is left alone, so a second
+    /// call changes nothing. How many entries changed hands.
+    pub fn hand_over(&self, uid: u32, gid: u32) -> Result<usize, HostError> {
+        let mut changed = 0;
+        for top in self.server_paths() {
+            fs::create_dir_all(&top).map_err(HostError::io(format!("creating {}", top.display())))?;
+            let mut pending = vec![top];
+            while let Some(path) = pending.pop() {
+                let meta = fs::symlink_metadata(&path).map_err(HostError::io(format!("reading {}", path.display())))?;
+                if meta.is_dir() {
+                    for entry in fs::read_dir(&path).map_err(HostError::io(format!("listing {}", path.display())))? {
+                        pending.push(entry.map_err(HostError::io(format!("listing {}", path.display())))?.path());
+                    }
+                }
+                if (meta.uid(), meta.gid()) != (uid, gid) {
+                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                        .map_err(HostError::io(format!("giving {} to uid {uid}", path.display())))?;
+                    changed += 1;
+                }
+            }
+        }
+        Ok(changed)
+    }
+
     /// Moves what an older layout kept at the top of the data dir or beside
     /// a sandbox's root into `state/`. Each move is a rename inside one
     /// filesystem, so a crash leaves every file whole in one place or the

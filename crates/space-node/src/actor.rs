@@ -452,7 +452,7 @@ impl Actor {
             Ok(frozen) => platform.record_frozen(operation_id, frozen),
             Err(err) => {
                 tracing::error!(sandbox = %self.id, "fork failed: {err}");
-                remove_image(image).await;
+                remove_image(platform, &spec, image).await;
                 let why = format!("forking failed while {}", err.step());
                 forks.iter().for_each(|fork| fail(fork, &why));
                 return platform.finish_operation(operation_id, Some(engine_failed(why)));
@@ -463,7 +463,7 @@ impl Actor {
             forks.iter().map(|fork| self.start_fork(fork, &record, &image, &running, &contexts)),
         )
         .await;
-        remove_image(image).await;
+        remove_image(platform, &spec, image).await;
         let mut failed = 0;
         for (fork, started) in forks.iter().zip(started) {
             if let Err(err) = started {
@@ -641,7 +641,7 @@ impl Actor {
             return platform.finish_operation(operation_id, None);
         }
         let dir = at.image.clone();
-        remove_image(dir.clone()).await;
+        remove_image(platform, &spec, dir.clone()).await;
         let state = record.sandbox.state;
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
             let refused = NodeError::invalid_state("sandbox", state.as_str(), "save a checkpoint");
@@ -663,7 +663,7 @@ impl Actor {
         };
         if let Err(err) = saved {
             tracing::error!(sandbox = %self.id, "a checkpoint failed: {err}");
-            remove_image(dir).await;
+            remove_image(platform, &spec, dir).await;
             let failure = engine_failed(format!("the checkpoint failed while {}", err.step()));
             return platform.finish_operation(operation_id, Some(failure));
         }
@@ -825,11 +825,11 @@ impl Actor {
     }
 }
 
-/// Removes a fork's image (its forks have their own copies).
-async fn remove_image(image: std::path::PathBuf) {
-    let removed = tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&image)).await;
-    if let Ok(Err(err)) = removed {
-        tracing::warn!("removing a fork's image: {err}");
+/// Removes an image of the sandbox's, through its engine: a fork's (its
+/// forks have their own copies) or a checkpoint's that failed midway.
+async fn remove_image(platform: &Platform, spec: &space_engine::SandboxSpec, image: std::path::PathBuf) {
+    if let Err(err) = platform.engine.drop_image(spec, &image).await {
+        tracing::warn!(sandbox = %spec.id, "removing the image {}: {err}", image.display());
     }
 }
 

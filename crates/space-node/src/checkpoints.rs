@@ -240,7 +240,7 @@ impl Platform {
     /// Deletes checkpoint `name` (409 while it is being saved or restored).
     pub async fn delete_checkpoint(&self, sandbox: &crate::access::OwnedSandbox, name: &str) -> Result<(), NodeError> {
         let id = sandbox.id();
-        self.sandbox(id)?;
+        let record = self.sandbox(id)?;
         if !space_host::template::valid_name(name) || !CheckpointAt::new(&self.data, id, name).is_whole() {
             return Err(checkpoint_not_found(id, name));
         }
@@ -254,9 +254,9 @@ impl Platform {
         // Not whole from here on: a crash midway leaves an image the
         // sandbox's delete removes, never a checkpoint without one.
         at.forget().map_err(|e| NodeError::internal("deleting a checkpoint", e))?;
-        tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&at.image))
+        self.engine
+            .drop_image(&self.engine_spec(&record), &at.image)
             .await
-            .map_err(|e| NodeError::internal("deleting a checkpoint", e))?
             .map_err(|e| NodeError::internal("deleting a checkpoint", e))?;
         self.changed();
         Ok(())

@@ -217,7 +217,11 @@ pub fn start_platform_with_helper(
     let mut data = DataDir::open(&config.data_dir)?;
     // Sandboxes' disk_mib is a btrfs quota on their root.
     let quotas_before = space_host::btrfs::quota_mode(data.root())?;
-    let quotas = space_host::btrfs::enable_quotas(data.root())?;
+    // Beside a helper, turning them on is the helper's (root's) work.
+    let quotas = match helper_socket {
+        Some(_) => quotas_before,
+        None => space_host::btrfs::enable_quotas(data.root())?,
+    };
     if let Some(build) = config.ext4_images {
         data.set_ext4_images(build);
     }

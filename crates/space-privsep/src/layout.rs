@@ -97,7 +97,7 @@ impl Layout {
             ])
         };
         match request {
-            Request::Hello { .. } | Request::List {} | Request::ClearStaleQuotas {} => {}
+            Request::Hello { .. } | Request::List {} | Request::Availability {} | Request::ClearStaleQuotas {} => {}
             Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. } => {
                 sandboxes.iter().for_each(&mut sandbox)
             }

@@ -441,6 +441,9 @@ pub enum Request {
     },
     /// Sandboxes whose engine processes run (for re-adoption).
     List {},
+    /// Whether the helper's engine can start sandboxes here, and its
+    /// version or why not; answered `Availability`.
+    Availability {},
     /// A fresh agent listener for a redial; answered `Listening` + fd.
     ListenAgent {
         sandbox: SandboxId,
@@ -593,6 +596,11 @@ pub enum Reply {
     },
     Sandboxes {
         sandboxes: Vec<SandboxId>,
+    },
+    /// At most [`MAX_MESSAGE`] bytes of `detail`.
+    Availability {
+        available: bool,
+        detail: String,
     },
     Refused {
         refusal: Refusal,

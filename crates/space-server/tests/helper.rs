@@ -113,6 +113,16 @@ impl EngineHost for Counting {
         self.count("close_agent");
         self.inner.close_agent(sandbox)
     }
+    fn drop_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<(), EngineError> {
+        self.count("drop_image");
+        self.inner.drop_image(sandbox, image)
+    }
+
+    fn availability(&self) -> (bool, String) {
+        self.count("availability");
+        self.inner.availability()
+    }
+
     fn engine_log(&self, sandbox: &SandboxId) -> String {
         self.count("engine_log");
         self.inner.engine_log(sandbox)

@@ -15,6 +15,18 @@ pub(crate) fn helper(args: HelperArgs) -> Result<()> {
     // runsc's sandbox processes outlive the command that started them.
     space_process::become_subreaper().context("becoming a subreaper")?;
     let data = space_host::datadir::DataDir::open(&args.data_dir)?;
+    // Sandboxes' disk_mib is a btrfs quota on their root: the server beside
+    // it may not turn quotas on itself.
+    space_host::btrfs::enable_quotas(data.root())?;
+    // What the server writes becomes its user's; the rest stays root's.
+    let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(args.allow_uid))
+        .ok()
+        .flatten()
+        .map_or(args.allow_uid, |user| user.gid.as_raw());
+    let handed = data.hand_over(args.allow_uid, gid)?;
+    if handed > 0 {
+        tracing::info!(entries = handed, uid = args.allow_uid, "gave the server's paths in the data dir to its user");
+    }
     let config = GvisorConfig {
         runsc: args.runsc.clone(),
         agent_bin: find_agent_bin(args.agent_bin.as_deref())?,

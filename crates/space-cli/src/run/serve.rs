@@ -1,7 +1,10 @@
 //! `space serve` and `space node`: the API server of one host, alone or as
 //! a cluster's node.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{bail, Context, Result};
+use space_privsep::confine::{Confined, Confinement};
 
 use super::{dev_key, init_logging, read_secret_file, NodeRole};
 use crate::cli::ServeArgs;
@@ -29,6 +32,16 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
     }
     let mut config = args.engine.platform_config(&args.data_dir)?;
     config.database = args.database.clone();
+    if let Some(socket) = &args.helper_socket {
+        // Before anything else reads a byte from the network, and while
+        // this process still has one thread (what confining needs).
+        let confined = confine(&args, &config, socket)?;
+        tracing::info!(
+            uid = nix::unistd::getuid().as_raw(),
+            landlock = ?confined.landlock,
+            "confined: no capabilities, no_new_privs, seccomp filter"
+        );
+    }
     let platform = space_server::start_platform_with_helper(&config, args.helper_socket.as_deref())?;
     if let Some(node) = &node {
         // The sandboxes it creates say which node holds them.
@@ -104,4 +117,76 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
         platform.shutdown().await;
         Ok(())
     })
+}
+
+/// Confines `space serve` beside a root helper: it keeps no privilege, may
+/// write only what the server itself writes in the data dir (`state/`,
+/// `logs/`, `run/uploads/`) and read the rest of it and what a TLS client
+/// and resolver read; it starts nothing.
+fn confine(args: &ServeArgs, config: &space_server::PlatformConfig, socket: &Path) -> Result<Confined> {
+    let user = args.user.as_deref().map(user_ids).transpose()?;
+    if user.is_none() && nix::unistd::geteuid().is_root() {
+        bail!("beside a helper the server does not run as root: say --user NAME (the helper's --allow-uid)");
+    }
+    let data = std::fs::canonicalize(&config.data_dir)
+        .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
+    let data_dir = space_host::datadir::DataDir::open_on_any_filesystem(&data)?;
+    let read_write = vec![data_dir.state_dir(), data_dir.logs_dir(), data_dir.run_dir().join("uploads")];
+    let mut read_only: Vec<PathBuf> = [
+        "/proc",
+        "/sys/fs/cgroup",
+        "/sys/fs/btrfs",
+        "/sys/devices/system/cpu",
+        "/dev/null",
+        "/dev/urandom",
+        "/etc/ssl",
+        "/etc/ca-certificates",
+        "/usr/share/ca-certificates",
+        "/etc/resolv.conf",
+        "/etc/hosts",
+        "/etc/nsswitch.conf",
+        "/etc/gai.conf",
+        "/etc/host.conf",
+        "/etc/localtime",
+        "/etc/passwd",
+        "/etc/group",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    read_only.push(data);
+    read_only.extend(socket.parent().map(Path::to_path_buf));
+    read_only.extend(
+        [
+            &args.api_key_file,
+            &args.tls_cert,
+            &args.tls_key,
+            &args.node_token_file,
+            &args.cluster_ca,
+            &args.cluster_cert,
+            &args.cluster_key,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned(),
+    );
+    for dir in [&read_write[1], &read_write[2]] {
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+    }
+    let confinement = Confinement { read_write, read_only, user, require_full_landlock: false };
+    space_privsep::confine::confine(&confinement).context("confining the server")
+}
+
+/// The uid and primary gid of `user`, a name or a uid.
+fn user_ids(user: &str) -> Result<(u32, u32)> {
+    use nix::unistd::{Uid, User};
+    let found = match user.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+        Err(_) => User::from_name(user),
+    };
+    let found = found.with_context(|| format!("looking up user {user}"))?;
+    let found = found.with_context(|| format!("no user {user} on this host (space setup makes one)"))?;
+    Ok((found.uid.as_raw(), found.gid.as_raw()))
 }

@@ -170,6 +170,21 @@ impl LocalHost {
 
 impl EngineHost for LocalHost {
     fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+        // A new root (a template's, another sandbox's image) goes into a new
+        // sandbox only: whoever asks may not replace a root someone else's
+        // sandbox runs on. A sandbox going back to its own image or
+        // snapshot keeps its id; every caller destroys a failed start's
+        // leftovers before starting again.
+        let new_root = match from {
+            StartFrom::Template { .. } | StartFrom::TemplateImage { .. } => true,
+            StartFrom::Image { source, .. } => source != sandbox,
+            StartFrom::Suspended {} => false,
+        };
+        if new_root && fs::symlink_metadata(self.layout().sandbox_dir(sandbox)).is_ok() {
+            return Err(EngineError::Runtime(format!(
+                "sandbox {sandbox} exists: a start from a template or another sandbox's image makes a new one"
+            )));
+        }
         let mut steps = Steps::new();
         let (memory, lap) = match from {
             StartFrom::Template { template } => (None, self.prepare_root(sandbox, template, shape, &mut steps)?),
@@ -268,6 +283,11 @@ impl EngineHost for LocalHost {
         saved?;
         thawed?;
         Ok(frozen)
+    }
+
+    fn drop_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<(), EngineError> {
+        // Its memory files and its disk (a subvolume of its own).
+        btrfs::remove_tree(&self.layout().image_dir(sandbox, image)).map_err(EngineError::from)
     }
 
     fn drop_snapshot(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
@@ -391,6 +411,16 @@ impl EngineHost for LocalHost {
         // before anything runs in it, not from the next rescan.
         crate::oom_relief::started();
         let _ = fs::remove_file(self.layout().socket_dir(sandbox).join(SOCKET_NAME));
+    }
+
+    fn availability(&self) -> (bool, String) {
+        match space_host::run(self.runsc().arg("--version")) {
+            Err(err) => (false, format!("runsc is not usable ({err}); run `space setup` to install it")),
+            Ok(_) if !self.config.agent_bin.is_file() => {
+                (false, format!("the agent binary {} is missing", self.config.agent_bin.display()))
+            }
+            Ok(out) => (true, String::from_utf8_lossy(&out).lines().next().unwrap_or("runsc").to_string()),
+        }
     }
 
     fn engine_log(&self, sandbox: &SandboxId) -> String {

@@ -218,22 +218,8 @@ impl Engine for Gvisor {
     }
 
     fn availability(&self) -> Availability {
-        let version = space_host::run(Command::new(&self.config.runsc).arg("--version"));
-        let (available, detail) = match version {
-            Ok(out) => {
-                let text = String::from_utf8_lossy(&out);
-                (true, text.lines().next().unwrap_or("runsc").to_string())
-            }
-            Err(err) => (false, format!("runsc is not usable ({err}); run `space setup` to install it")),
-        };
-        let agent_ok = self.config.agent_bin.is_file();
-        if available && !agent_ok {
-            return Availability {
-                name: "gvisor",
-                available: false,
-                detail: format!("the agent binary {} is missing", self.config.agent_bin.display()),
-            };
-        }
+        // Whoever runs runsc (this process or the root helper) knows.
+        let (available, detail) = self.host.availability();
         Availability { name: "gvisor", available, detail }
     }
 
@@ -309,6 +295,14 @@ impl Engine for Gvisor {
     async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
         let (_, image) = self.placed.image(image)?;
         self.ask(spec, move |host, id| host.save_image(id, &image)).await
+    }
+
+    async fn drop_image(&self, spec: &SandboxSpec, image: &Path) -> Result<(), EngineError> {
+        let (owner, image) = self.placed.image(image)?;
+        if owner.as_str() != spec.id {
+            return Err(EngineError::Runtime(format!("the image is {owner}'s, not {}'s", spec.id)));
+        }
+        self.ask(spec, move |host, id| host.drop_image(id, &image)).await
     }
 
     async fn start_from_image(&self, spec: &SandboxSpec, image: &Path) -> Result<tokio::net::UnixStream, EngineError> {

@@ -185,6 +185,10 @@ impl EngineHost for HelperHost {
         }
     }
 
+    fn drop_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<(), EngineError> {
+        self.done(Request::DropImage { sandbox: sandbox.clone(), image: image.clone() })
+    }
+
     fn drop_snapshot(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
         self.done(Request::DropSnapshot { sandbox: sandbox.clone() })
     }
@@ -252,6 +256,15 @@ impl EngineHost for HelperHost {
 
     fn close_agent(&self, sandbox: &SandboxId) {
         self.done_or_log(Request::CloseAgent { sandbox: sandbox.clone() }, self.patience)
+    }
+
+    fn availability(&self) -> (bool, String) {
+        let request = Request::Availability {};
+        match self.call(request.clone(), self.patience) {
+            Ok((Reply::Availability { available, detail }, _)) => (available, detail),
+            Ok((other, _)) => (false, unexpected(&request, &other).to_string()),
+            Err(err) => (false, format!("the root helper does not answer: {err}")),
+        }
     }
 
     fn engine_log(&self, sandbox: &SandboxId) -> String {

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
 use space_privsep::peer::{Connection, HelperListener, PeerError};
-use space_privsep::proto::{Engine, Refusal, Reply, Request, MAX_LISTED, MAX_MESSAGE};
+use space_privsep::proto::{Engine, ImageRef, Refusal, Reply, Request, MAX_LISTED, MAX_MESSAGE};
 
 use crate::host::{EngineHost, Launched};
 use crate::EngineError;
@@ -133,6 +133,10 @@ fn answer(host: &dyn EngineHost, request: Request) -> Answer {
             Ok(frozen) => Reply::ImageSaved { frozen_us: frozen.as_micros() as u64 }.into(),
             Err(err) => failed(err).into(),
         },
+        Request::DropImage { image: ImageRef::Template { .. }, .. } => {
+            Reply::refused(Refusal::BadRequest, "a template's image is dropped with its template").into()
+        }
+        Request::DropImage { sandbox, image } => done(host.drop_image(&sandbox, &image)),
         Request::DropSnapshot { sandbox } => done(host.drop_snapshot(&sandbox)),
         Request::Stop { sandbox } => done(host.stop(&sandbox)),
         Request::StopStrays { sandbox } => {
@@ -158,9 +162,12 @@ fn answer(host: &dyn EngineHost, request: Request) -> Answer {
             host.close_agent(&sandbox);
             Reply::Done {}.into()
         }
+        Request::Availability {} => {
+            let (available, detail) = host.availability();
+            Reply::Availability { available, detail: tail(detail) }.into()
+        }
         Request::EngineLog { sandbox } => Reply::Log { text: tail(host.engine_log(&sandbox)) }.into(),
-        Request::DropImage { .. }
-        | Request::Kill { .. }
+        Request::Kill { .. }
         | Request::List {}
         | Request::ConnectVmm { .. }
         | Request::BuildTemplate { .. }

@@ -1,0 +1,375 @@
+//! The privilege split end to end: `space helper` (root) beside `space
+//! serve --helper-socket --user` (a user of its own, confined). Every engine
+//! path is taken through the confined server, and after each the server's
+//! `/proc/PID/status` must still show no capabilities, `no_new_privs` and a
+//! seccomp filter; then a "compromised" server talks to the helper directly
+//! with hostile requests, and each is refused without harm.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use space_api::OperationState;
+use space_client::Client;
+use space_process::{ReapedChild, Reaper};
+use space_testkit::{agent_bin, wait_until, TestDataDir, PATIENCE};
+
+use common::SPACE;
+
+/// The user the confined server runs as in tests (made once per host).
+const USER: &str = "space-test";
+
+/// Makes the test user if this host lacks it; its uid and gid.
+fn test_user() -> (u32, u32) {
+    if nix::unistd::User::from_name(USER).unwrap().is_none() {
+        let made = Command::new("useradd")
+            .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
+            .args(["--shell", "/usr/sbin/nologin", USER])
+            .output()
+            .expect("running useradd");
+        // Another test binary may have made it at the same time (exit 9).
+        assert!(made.status.success() || made.status.code() == Some(9), "useradd: {made:?}");
+    }
+    let user = nix::unistd::User::from_name(USER).unwrap().expect("the test user exists");
+    (user.uid.as_raw(), user.gid.as_raw())
+}
+
+/// What `/proc/PID/status` says of a process's privileges.
+#[derive(Debug, PartialEq, Eq)]
+struct Privileges {
+    uids: String,
+    cap_eff: String,
+    cap_prm: String,
+    no_new_privs: String,
+    seccomp: String,
+}
+
+fn privileges(pid: u32) -> Privileges {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process runs");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(':')))
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    Privileges {
+        uids: field("Uid"),
+        cap_eff: field("CapEff"),
+        cap_prm: field("CapPrm"),
+        no_new_privs: field("NoNewPrivs"),
+        seccomp: field("Seccomp"),
+    }
+}
+
+/// The helper and the confined server over one data dir.
+struct Split {
+    helper: ReapedChild,
+    server: ReapedChild,
+    socket: PathBuf,
+    client: Client,
+    uid: u32,
+    gid: u32,
+}
+
+impl Split {
+    fn start(data: &TestDataDir, extra: &[&str]) -> Split {
+        let (uid, gid) = test_user();
+        let socket = data.root().join("run").join("helper.sock");
+        let mut helper = Command::new(SPACE);
+        helper
+            .args(["helper", "--data-dir"])
+            .arg(data.root())
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--allow-uid", &uid.to_string(), "--agent-bin"])
+            .arg(agent_bin())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let helper = Reaper::global().spawn(&mut helper).expect("starting space helper");
+        wait_until("the helper's socket", PATIENCE, || socket.exists());
+        let socket_arg = socket.to_str().unwrap().to_string();
+        let mut args = vec!["--dev", "--listen", "127.0.0.1:0", "--helper-socket", &socket_arg, "--user", USER];
+        args.extend_from_slice(extra);
+        let (server, url, _, lines) = common::spawn_server(data, &args);
+        std::thread::spawn(move || lines.for_each(drop));
+        let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap();
+        let client = Client::new(&url, key.trim());
+        Split { helper, server, socket, client, uid, gid }
+    }
+
+    /// The server is confined right now: its user, no capability, no way
+    /// to gain one, its seccomp filter on.
+    fn assert_confined(&self, after: &str) {
+        let seen = privileges(self.server.id());
+        let uid = self.uid.to_string();
+        let expected = Privileges {
+            uids: [uid.as_str(); 4].join(" "),
+            cap_eff: "0000000000000000".into(),
+            cap_prm: "0000000000000000".into(),
+            no_new_privs: "1".into(),
+            seccomp: "2".into(),
+        };
+        assert_eq!(seen, expected, "the server after {after}");
+    }
+
+    fn operation(&self, accepted: &space_api::Operation) -> space_api::Operation {
+        let done = self.client.wait_for_operation_within(&accepted.id, Duration::from_secs(60)).unwrap();
+        assert_eq!(done.state, OperationState::Succeeded, "{done:?}");
+        done
+    }
+
+    fn exec(&self, id: &str, argv: &[&str]) -> Value {
+        self.client.post(&format!("/v1/sandboxes/{id}/exec"), &json!({"argv": argv})).unwrap()
+    }
+
+    /// Posts `body` to `path` and waits for the operation it starts.
+    fn lifecycle(&self, path: &str, body: Value) -> space_api::Operation {
+        let answer = self.client.post(path, &body).unwrap();
+        let accepted: space_api::Operation = serde_json::from_value(answer["operation"].clone()).unwrap();
+        self.operation(&accepted)
+    }
+}
+
+impl Drop for Split {
+    fn drop(&mut self) {
+        for child in [&self.server, &self.helper] {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = self.server.wait_timeout(Duration::from_secs(20));
+        let _ = self.helper.wait_timeout(Duration::from_secs(20));
+    }
+}
+
+/// An HTTP server on loopback standing in for the internet.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let _ = stream.set_read_timeout(Some(PATIENCE));
+                let mut head = [0u8; 4096];
+                let n = stream.read(&mut head).unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..n]).lines().next().unwrap_or_default().to_string();
+                let body = format!("upstream saw {line}");
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_confined_server_beside_the_root_helper_serves_every_engine_path() {
+    let data = TestDataDir::new();
+    let port = upstream();
+    let split =
+        Split::start(&data, &["--egress-host", "up.space.test=127.0.0.1", "--egress-allow-internal", "127.0.0.1/32"]);
+    split.assert_confined("start");
+    assert_eq!(privileges(split.helper.id()).uids, "0 0 0 0", "the helper is root");
+
+    // Create, exec, files.
+    let allow = format!("up.space.test:{port}");
+    let create = json!({"template": "base", "network": {"egress": "allowlist", "allow": [allow]}});
+    let done = split.lifecycle("/v1/sandboxes", create);
+    let id = done.sandbox_id.clone().expect("the sandbox's id");
+    split.assert_confined("create");
+    let ran = split.exec(&id, &["sh", "-c", "echo kept > /root/kept; id -u"]);
+    assert_eq!(ran["stdout"], "0\n", "{ran}");
+    split.assert_confined("exec");
+    split.client.upload_bytes(&id, "/root/hello.txt", b"from the host").unwrap();
+    let mut read = Vec::new();
+    split.client.download(&id, "/root/hello.txt", &mut read).unwrap();
+    assert_eq!(read, b"from the host");
+    split.assert_confined("files");
+
+    // Egress: the gateway in the confined server dials the upstream.
+    let get = format!("import urllib.request\nprint(urllib.request.urlopen('http://up.space.test:{port}/x', timeout=20).read().decode())");
+    let ran = split.exec(&id, &["python3", "-c", &get]);
+    assert_eq!(ran["stdout"], "upstream saw GET /x HTTP/1.1\n", "{ran}");
+    split.assert_confined("egress");
+
+    // Pause, suspend, resume.
+    for (path, state) in [("pause", "paused"), ("resume", "running"), ("suspend", "suspended"), ("resume", "running")] {
+        split.lifecycle(&format!("/v1/sandboxes/{id}/{path}"), json!({}));
+        let sandbox = split.client.get(&format!("/v1/sandboxes/{id}")).unwrap();
+        assert_eq!(sandbox["state"], state, "{sandbox}");
+        split.assert_confined(path);
+    }
+    assert_eq!(split.exec(&id, &["cat", "/root/kept"])["stdout"], "kept\n");
+
+    // Fork, checkpoint, restore, delete a checkpoint.
+    let done = split.lifecycle(&format!("/v1/sandboxes/{id}/fork"), json!({"count": 1}));
+    let fork = done.forks[0].clone();
+    assert_eq!(split.exec(&fork, &["cat", "/root/kept"])["stdout"], "kept\n");
+    split.assert_confined("fork");
+    let images = data.root().join("sandboxes").join(&id).join("images");
+    let left: Vec<_> = std::fs::read_dir(&images).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "the fork's image is dropped through the helper: {left:?}");
+    split.lifecycle(&format!("/v1/sandboxes/{id}/checkpoints"), json!({"name": "before"}));
+    split.exec(&id, &["sh", "-c", "echo changed > /root/kept"]);
+    split.lifecycle(&format!("/v1/sandboxes/{id}/checkpoints/before/restore"), json!({}));
+    assert_eq!(split.exec(&id, &["cat", "/root/kept"])["stdout"], "kept\n");
+    split.assert_confined("checkpoint and restore");
+    split.client.delete_empty(&format!("/v1/sandboxes/{id}/checkpoints/before")).unwrap();
+    assert!(!data.root().join("sandboxes").join(&id).join("checkpoints").join("before").exists());
+    split.assert_confined("deleting a checkpoint");
+
+    // What the server wrote is its user's; what the engine made, root's.
+    let owner = |path: &Path| std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(path).unwrap());
+    assert_eq!(owner(&data.root().join("state").join("space.db")), split.uid);
+    assert_eq!(owner(&data.root().join("sandboxes").join(&id).join("rootfs")), 0);
+
+    for sandbox in [&id, &fork] {
+        let answer = split.client.delete(&format!("/v1/sandboxes/{sandbox}")).unwrap();
+        let accepted: space_api::Operation = serde_json::from_value(answer["operation"].clone()).unwrap();
+        split.operation(&accepted);
+        assert!(!data.root().join("sandboxes").join(sandbox.as_str()).exists(), "{sandbox}'s root is gone");
+    }
+    split.assert_confined("delete");
+}
+
+/// What the helper answers a client of `uid`:`gid` (root when None) that
+/// sends `frames` one by one, each after the previous reply: each reply's
+/// body, or `closed`. The client is a process of its own (`setpriv`), so
+/// this one stays root.
+fn ask_helper_as(socket: &Path, ids: Option<(u32, u32)>, frames: &[Vec<u8>]) -> Vec<String> {
+    const CLIENT: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(20)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("cannot connect:", e.strerror)
+    sys.exit(0)
+def read(n):
+    got = b""
+    while len(got) < n:
+        more = s.recv(n - len(got))
+        if not more:
+            return None
+        got += more
+    return got
+for frame in sys.argv[2:]:
+    try:
+        s.sendall(bytes.fromhex(frame))
+        header = read(4)
+    except OSError:
+        header = None
+    body = header and read(int.from_bytes(header, "big"))
+    if body is None:
+        print("closed")
+        break
+    print(body.decode())
+"#;
+    let mut command = match ids {
+        Some((uid, gid)) => {
+            let mut command = Command::new("setpriv");
+            command.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into()]);
+            command.arg("/usr/bin/python3");
+            command
+        }
+        None => Command::new("/usr/bin/python3"),
+    };
+    command.args(["-c", CLIENT]).arg(socket);
+    command.args(frames.iter().map(|frame| frame.iter().map(|b| format!("{b:02x}")).collect::<String>()));
+    let output = space_testkit::output_within(&mut command, Duration::from_secs(60));
+    String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(body);
+    frame
+}
+
+fn request(value: Value) -> Vec<u8> {
+    frame(value.to_string().as_bytes())
+}
+
+#[test]
+fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work() {
+    let data = TestDataDir::new();
+    let split = Split::start(&data, &[]);
+    let victim = split.lifecycle("/v1/sandboxes", json!({"template": "base"})).sandbox_id.expect("its id");
+    let hello = request(json!({"op": "hello", "version": 1}));
+    let me = Some((split.uid, split.gid));
+    let shape = json!({"memory_mib": 512, "vcpus": 1, "disk_mib": 1024});
+    let template = json!({"kind": "template", "template": {"name": "base", "version": 1}});
+
+    // Each hostile request is answered with a refusal naming why.
+    let hostile = [
+        ("a ../ id", json!({"op": "destroy", "sandbox": "../../etc"})),
+        ("an id not in canonical form", json!({"op": "pause", "sandbox": "SBX_0123456789ABCDEF0123"})),
+        ("a path where an id goes", json!({"op": "state", "sandbox": "/var/lib/space/sandboxes/x"})),
+        (
+            "another data dir's template",
+            json!({"op": "start", "sandbox": "sbx_00000000000000000001", "engine": "gvisor",
+            "from": {"kind": "template", "template": {"name": "../../other/templates/base", "version": 1}}, "shape": shape}),
+        ),
+        (
+            "a huge memory size",
+            json!({"op": "start", "sandbox": "sbx_00000000000000000002", "engine": "gvisor",
+            "from": template, "shape": {"memory_mib": 4_000_000_000u64, "vcpus": 1, "disk_mib": 1024}}),
+        ),
+        ("an unknown field", json!({"op": "pause", "sandbox": victim, "and_also": "/"})),
+        (
+            "a start over another sandbox's root",
+            json!({"op": "start", "sandbox": victim, "engine": "gvisor",
+            "from": {"kind": "template", "template": {"name": "base", "version": 1}}, "shape": shape}),
+        ),
+        (
+            "another sandbox's image over its root",
+            json!({"op": "start", "sandbox": victim, "engine": "gvisor",
+            "from": {"kind": "image", "source": "sbx_00000000000000000003",
+                "image": {"kind": "fork", "operation": "op_00000000000000000001"}}, "shape": shape}),
+        ),
+    ];
+    for (what, body) in hostile {
+        let said = ask_helper_as(&split.socket, me, &[hello.clone(), request(body)]);
+        assert!(said.len() == 2 && said[0].contains("hello"), "{what}: {said:?}");
+        let reply: Value = serde_json::from_str(&said[1]).unwrap_or_else(|_| json!({"raw": said[1]}));
+        assert!(reply["refusal"].is_string() || said[1] == "closed", "{what} is refused: {said:?}");
+    }
+    // A frame claiming 4 GiB is refused from its header, before any of it
+    // is read; one not in JSON closes the connection.
+    let said = ask_helper_as(&split.socket, me, &[hello.clone(), u32::MAX.to_be_bytes().to_vec()]);
+    assert!(said.len() == 2 && (said[1].contains("refus") || said[1] == "closed"), "{said:?}");
+    let said = ask_helper_as(&split.socket, me, &[hello.clone(), frame(b"{not json")]);
+    assert!(said.len() == 2 && (said[1].contains("refus") || said[1] == "closed"), "{said:?}");
+
+    // Nobody but the server's user gets as far as a hello: not root, not
+    // another user.
+    // Root passes the socket's mode and is turned away by its credentials;
+    // anyone else cannot open the socket.
+    let said = ask_helper_as(&split.socket, None, std::slice::from_ref(&hello));
+    assert_eq!(said, ["closed"], "root is refused");
+    let said = ask_helper_as(&split.socket, Some((65534, 65534)), std::slice::from_ref(&hello));
+    assert_eq!(said, ["cannot connect: Permission denied"], "nobody is refused");
+
+    // The victim still runs, its root untouched, and the helper still
+    // serves the server.
+    let root = data.root().join("sandboxes").join(&victim).join("rootfs");
+    assert!(root.join("etc").join("os-release").exists(), "the victim's root is whole");
+    assert_eq!(split.exec(&victim, &["true"])["result"]["exit_code"], 0);
+    let sandbox = split.client.get(&format!("/v1/sandboxes/{victim}")).unwrap();
+    assert_eq!(sandbox["state"], "running", "{sandbox}");
+    split.assert_confined("the hostile requests");
+}
