@@ -628,6 +628,17 @@ fn mapping(spec: &SandboxSpec, inode: u64) -> Option<u32> {
     mapped.then_some(uid)
 }
 
+/// Kills a VMM a test left on its own, if it still runs, when dropped.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !gone(self.0) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 /// A copy of `binary` (and its jailer) named as Firecracker's release
 /// archives name theirs: not ending in `firecracker`.
 fn renamed(binary: &Path, data: &TestDataDir) -> (PathBuf, PathBuf) {
@@ -686,6 +697,10 @@ fn firecracker_engine_adopts_a_vmm_a_previous_server_left_paused_then_suspends_a
             let pid = vmm.pid();
             std::fs::write(spec.dir.join("vmm.pid"), pid.to_string()).unwrap();
             std::mem::forget(vmm); // the old server is gone without stopping it
+                                   // Should the test fail before the engine stops it: a jailed
+                                   // VMM's command line does not name the data dir, whose cleanup
+                                   // would miss it.
+            let _stray = KillOnDrop(pid);
 
             let engine = Firecracker::new(config.clone());
             assert_eq!(

@@ -820,6 +820,16 @@ mod tests {
         fs::create_dir_all(&spec.dir).unwrap();
         let running = space_process::Reaper::global().spawn(Command::new(&configured).arg("30")).unwrap();
         fs::write(spec.dir.join("vmm.pid"), running.id().to_string()).unwrap();
+        // Until its exec has set up its arguments (the kernel switches its
+        // binary first), its command line reads empty.
+        let (exe, cmdline) = (format!("/proc/{}/exe", running.id()), format!("/proc/{}/cmdline", running.id()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs::read_link(&exe).ok().as_deref() != Some(configured.as_path())
+            || fs::read(&cmdline).unwrap_or_default().is_empty()
+        {
+            assert!(Instant::now() < deadline, "the program never started");
+            std::thread::sleep(Duration::from_millis(2));
+        }
         assert_eq!(engine(&impostor).status(&spec), LiveStatus::Gone, "a process of another binary is not the VMM");
         let owner = engine(&configured);
         assert_eq!(owner.status(&spec), LiveStatus::Running, "the configured binary's process is");

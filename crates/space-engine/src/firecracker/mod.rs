@@ -599,6 +599,12 @@ fn provide_libraries(binary: &Path, chroot_base: &Path, root: &Path) -> Result<(
         let relative = library.strip_prefix("/").unwrap_or(&library);
         let host = fs::metadata(&library).map_err(EngineError::io(format!("reading {}", library.display())))?;
         let cached = chroot_base.join(".libraries").join(relative);
+        // One refresh at a time: jails made at once (two clones) would all
+        // find the copy stale, and one's rename over it takes the file
+        // another is about to link from away (a link to a file no name
+        // holds any more fails).
+        static REFRESHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let refreshing = REFRESHING.lock().unwrap_or_else(|e| e.into_inner());
         let fresh = fs::metadata(&cached)
             .is_ok_and(|meta| meta.len() == host.len() && meta.modified().ok() == host.modified().ok());
         if !fresh {
@@ -613,6 +619,7 @@ fn provide_libraries(binary: &Path, chroot_base: &Path, root: &Path) -> Result<(
             }
             fs::rename(&partial, &cached).map_err(EngineError::io("caching a library"))?;
         }
+        drop(refreshing);
         let target = root.join(relative);
         fs::create_dir_all(target.parent().unwrap_or(root)).map_err(EngineError::io("creating the jail's /lib"))?;
         let _ = fs::remove_file(&target);
@@ -620,4 +627,43 @@ fn provide_libraries(binary: &Path, chroot_base: &Path, root: &Path) -> Result<(
             .map_err(EngineError::io(format!("linking {} into the jail", library.display())))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jails made at once for a dynamically linked binary all get its
+    /// libraries, though each finds the shared cache stale and refreshes it.
+    #[test]
+    fn jails_made_at_once_all_get_their_libraries() {
+        let binary = Path::new("/bin/sleep");
+        let libraries = shared_libraries(binary).unwrap();
+        assert!(!libraries.is_empty(), "a dynamically linked binary");
+        let base = std::env::temp_dir().join(format!("space-fc-libraries-{}", std::process::id()));
+        for round in 0..20 {
+            let base = base.join(round.to_string());
+            let start = std::sync::Barrier::new(4);
+            let made: Vec<Result<(), EngineError>> = std::thread::scope(|scope| {
+                let jails: Vec<_> = (0..4)
+                    .map(|jail| {
+                        let (base, start) = (&base, &start);
+                        scope.spawn(move || {
+                            start.wait();
+                            provide_libraries(binary, base, &base.join(format!("jail-{jail}/root")))
+                        })
+                    })
+                    .collect();
+                jails.into_iter().map(|jail| jail.join().unwrap()).collect()
+            });
+            for (jail, made) in made.iter().enumerate() {
+                assert!(made.is_ok(), "round {round}, jail {jail}: {made:?}");
+                for library in &libraries {
+                    let linked = base.join(format!("jail-{jail}/root")).join(library.strip_prefix("/").unwrap());
+                    assert!(linked.is_file(), "{}", linked.display());
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(&base);
+    }
 }
