@@ -18,14 +18,33 @@ say "building space"
 cargo build --release --locked -p space-cli
 SPACE="$TARGET_DIR/release/space"
 
-say "preparing the host (packages, btrfs data dir, base template)"
+say "preparing the host (packages, btrfs data dir, base template, the user space)"
 "$SPACE" setup --data-dir "$DATA_DIR"
 
+# Two processes, as in production: the root helper does the engine's root
+# work (runsc, roots and quotas, cgroups) and nothing else; the server,
+# which reads every byte a tenant or a sandbox sends, runs as the user
+# `space` with no capabilities, no_new_privs, a seccomp filter and
+# Landlock (`space doctor` shows both).
+SOCKET=/run/space/helper.sock
+HELPER_LOG="${SPACE_HELPER_LOG:-/tmp/space-helper.log}"
 if curl -fsS "$SPACE_URL/v1/health" >/dev/null 2>&1; then
     say "a SPACE server already answers on $SPACE_URL"
 else
-    say "starting the server on $SPACE_URL (log: $LOG)"
-    nohup "$SPACE" serve --dev --data-dir "$DATA_DIR" --listen "$LISTEN" >"$LOG" 2>&1 &
+    if ! [ -S "$SOCKET" ] || ! kill -0 "$(cat /tmp/space-helper.pid 2>/dev/null)" 2>/dev/null; then
+        say "starting the root helper on $SOCKET (log: $HELPER_LOG)"
+        nohup "$SPACE" helper --data-dir "$DATA_DIR" --socket "$SOCKET" --allow-uid "$(id -u space)" \
+            >"$HELPER_LOG" 2>&1 &
+        echo $! >/tmp/space-helper.pid
+        for _ in $(seq 1 100); do
+            [ -S "$SOCKET" ] && break
+            sleep 0.1
+        done
+        [ -S "$SOCKET" ] || { cat "$HELPER_LOG"; exit 1; }
+    fi
+    say "starting the server on $SPACE_URL as user space (log: $LOG)"
+    nohup "$SPACE" serve --dev --data-dir "$DATA_DIR" --listen "$LISTEN" \
+        --helper-socket "$SOCKET" --user space >"$LOG" 2>&1 &
     echo $! >/tmp/space-serve.pid
     for _ in $(seq 1 100); do
         curl -fsS "$SPACE_URL/v1/health" >/dev/null 2>&1 && break
@@ -57,4 +76,5 @@ echo
 
 say "done: the server keeps running"
 echo "  sandbox $SANDBOX is running; delete it with: $SPACE sandbox rm $SANDBOX"
-echo "  stop the server with: kill \$(cat /tmp/space-serve.pid)"
+echo "  stop the server with: kill \$(cat /tmp/space-serve.pid); the root helper with: kill \$(cat /tmp/space-helper.pid)"
+echo "  each process's user and privileges: $SPACE doctor"

@@ -877,6 +877,10 @@ pub(crate) struct BenchArgs {
     /// Instead of the figures above: only the restart figures.
     #[arg(long)]
     pub(crate) only_restart: bool,
+    /// Leave out the privilege split's figures (the same work through one
+    /// root process and through the root helper beside a confined server).
+    #[arg(long)]
+    pub(crate) skip_split: bool,
     /// Instead of the figures above: keep this many sandboxes alive at once
     /// and report what they cost (see `bench/density.rs`).
     #[arg(long)]

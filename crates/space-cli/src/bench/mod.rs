@@ -5,6 +5,7 @@
 mod cluster;
 mod density;
 mod restart;
+mod split;
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ use crate::client::Client;
 /// Times `posix_spawn` + `waitpid` of `true` inside the sandbox, in ms.
 const SPAWN_PROBE: &str = "import os, time\nfor _ in range(10):\n    t = time.perf_counter()\n    os.waitpid(os.posix_spawn('/bin/true', ['true'], {}), 0)\n    print((time.perf_counter() - t) * 1000)";
 
+#[derive(Default)]
 pub(crate) struct Samples(pub(crate) Vec<Duration>);
 
 /// Cold creates per run beside the measured one, for the tail figure.
@@ -462,6 +464,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
         let result = crate::bench::restart::run(&args, &restart, args.restart_sandboxes);
         space_host::btrfs::remove_tree(restart.root())?;
+        result?;
+    }
+    if !args.skip_split {
+        let one = shared.scratch(&format!("bench-one-{}", std::process::id()), &[&args.template])?;
+        let split = shared.scratch(&format!("bench-split-{}", std::process::id()), &[&args.template])?;
+        let result = crate::bench::split::run(&args, &one, &split);
+        for data in [&one, &split] {
+            space_host::btrfs::remove_tree(data.root())?;
+        }
         result?;
     }
     Ok(())

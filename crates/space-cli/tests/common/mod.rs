@@ -11,14 +11,107 @@ use space_testkit::{agent_bin, output_within, TestDataDir, PATIENCE};
 
 pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
 
-/// Starts `space serve ARGS` over `data`; returns it, its URL, what it said
+/// Starts `space serve ARGS` over `data` as SPACE runs in production: a
+/// root `space helper` (one per data dir, kept for the test's life, so a
+/// restarted server finds it) and the server confined beside it as the
+/// test user ([`TEST_USER`]); returns the server, its URL, what it said
 /// before it did, and the rest of what it says (the caller must drain it).
 #[allow(dead_code)] // not every test binary uses it
 pub fn spawn_server(
     data: &TestDataDir,
     args: &[&str],
 ) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
+    if args.contains(&"--helper-socket") {
+        // The test runs a helper of its own.
+        return spawn_in(data, "serve", args);
+    }
+    let socket = helper_for(data);
+    let socket = socket.to_str().expect("a socket path in UTF-8").to_string();
+    let mut split: Vec<&str> = args.to_vec();
+    split.extend(["--helper-socket", &socket, "--user", TEST_USER]);
+    spawn_in(data, "serve", &split)
+}
+
+/// [`spawn_server`] in one root process, for what does not cross the
+/// helper yet (template builds and imports).
+#[allow(dead_code)] // not every test binary uses it
+pub fn spawn_server_as_root(
+    data: &TestDataDir,
+    args: &[&str],
+) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
     spawn_in(data, "serve", args)
+}
+
+/// The user a confined test server runs as.
+pub const TEST_USER: &str = "space-test";
+
+/// [`TEST_USER`]'s uid and gid; made if this host lacks it.
+#[allow(dead_code)] // not every test binary uses it
+pub fn test_user() -> (u32, u32) {
+    let found = || nix::unistd::User::from_name(TEST_USER).expect("reading the user database");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while found().is_none() {
+        let made = output_within(
+            Command::new("useradd")
+                .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
+                .args(["--shell", "/usr/sbin/nologin", TEST_USER]),
+            PATIENCE,
+        );
+        // 9: another test made it first; 10: another holds the lock.
+        match made.status {
+            space_process::ExitStatus::Exited(0 | 9) => break,
+            space_process::ExitStatus::Exited(10) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            _ => panic!("useradd {TEST_USER}: {made:?}"),
+        }
+    }
+    let user = found().expect("the test user exists");
+    (user.uid.as_raw(), user.gid.as_raw())
+}
+
+/// The socket of the helper serving `data` (started on first use).
+fn helper_for(data: &TestDataDir) -> std::path::PathBuf {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static HELPERS: OnceLock<Mutex<HashMap<std::path::PathBuf, ReapedChild>>> = OnceLock::new();
+    let socket = data.root().join("run").join("helper.sock");
+    let mut helpers = HELPERS.get_or_init(Default::default).lock().unwrap();
+    if helpers.get(data.root()).is_some_and(|helper| helper.wait_timeout(Duration::ZERO).is_none()) {
+        return socket;
+    }
+    let (uid, _) = test_user();
+    let _ = std::fs::remove_file(&socket);
+    let mut command = Command::new(SPACE);
+    command
+        .args(["helper", "--data-dir"])
+        .arg(data.root())
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--allow-uid", &uid.to_string(), "--agent-bin"])
+        .arg(agent_bin())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    die_with_test(&mut command);
+    let helper = Reaper::global().spawn(&mut command).expect("starting space helper");
+    space_testkit::wait_until("the helper's socket", PATIENCE, || socket.exists());
+    helpers.insert(data.root().to_path_buf(), helper);
+    socket
+}
+
+/// A child that dies with the test: one that panics before it stops its
+/// processes must not leave them running.
+fn die_with_test(command: &mut Command) {
+    // SAFETY: between fork and exec this only calls prctl, which is
+    // async-signal-safe and allocates nothing.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// [`spawn_server`] for another subcommand that serves (`space node`).
@@ -46,17 +139,7 @@ pub fn spawn_command(
         .arg(agent_bin())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: between fork and exec this only calls prctl, which is
-    // async-signal-safe and allocates nothing. A test that panics before it
-    // stops its server must not leave the server running after it.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    die_with_test(&mut command);
     let mut child = Reaper::global().spawn(&mut command).unwrap();
     let mut lines = BufReader::new(child.child.stderr.take().unwrap()).lines();
     // A server that neither says where it listens nor exits is killed once

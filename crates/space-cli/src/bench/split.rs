@@ -1,0 +1,172 @@
+//! `space bench`'s privilege split figures: the same work through a
+//! `space serve` doing the engine's root work itself and through a confined
+//! `space serve --helper-socket --user space` beside a root `space helper`,
+//! in one run, turn by turn: create until running, exec `true`, suspend and
+//! resume, and a small egress request through the gateway. The split's cost
+//! is the helper's socket round trips on lifecycle calls and whatever the
+//! seccomp filter adds to the server's own system calls.
+
+use std::io::{BufRead as _, Write as _};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use space_host::datadir::DataDir;
+use space_process::{ReapedChild, Reaper};
+
+use super::{delete_and_wait, egress_upstream, timed_create, timed_lifecycle, timed_true, Samples};
+use crate::cli::BenchArgs;
+use crate::client::Client;
+
+/// The user the confined server runs as (`space setup` makes it).
+const USER: &str = "space";
+/// The upstream's name as the sandboxes ask for it.
+const UPSTREAM: &str = "split.bench.test";
+/// Small requests through the gateway per run.
+const REQUESTS: usize = 10;
+
+/// A child process killed when dropped.
+struct Child(ReapedChild);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        if self.0.wait_timeout(Duration::from_secs(20)).is_none() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            self.0.wait();
+        }
+    }
+}
+
+/// `space serve` on `data` with `extra` arguments; it and its client.
+fn serve(args: &BenchArgs, data: &DataDir, upstream: u16, extra: &[&str]) -> Result<(Child, Client)> {
+    let mut command = Command::new(std::env::current_exe().context("locating the space binary")?);
+    command
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--hot-pool", "0"])
+        .args(["--egress-host", &format!("{UPSTREAM}=127.0.0.1:{upstream}"), "--egress-allow-internal", "127.0.0.1/32"])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(data.root())
+        .arg("--agent-bin")
+        .arg(args.engine.agent_bin()?)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Reaper::global().spawn(&mut command).context("starting `space serve`")?;
+    let stderr = child.child.stderr.take().context("the server's stderr")?;
+    let child = Child(child);
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines.next().context("the server exited before it listened")??;
+        if let Some(at) = line.find("listening on ") {
+            break line[at + "listening on ".len()..].trim().to_string();
+        }
+    };
+    let log_path = std::env::temp_dir().join(format!("space-bench-split-{}-{}.log", std::process::id(), extra.len()));
+    let mut log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = writeln!(log, "{line}");
+        }
+    });
+    let key = std::fs::read_to_string(data.dev_key_path()).context("the server's dev key")?;
+    Ok((child, Client::new(&url, key.trim())))
+}
+
+/// The root helper over `data` for `uid`; it and its socket.
+fn helper(args: &BenchArgs, data: &DataDir, uid: u32) -> Result<(Child, std::path::PathBuf)> {
+    let socket = data.run_dir().join("helper.sock");
+    let mut command = Command::new(std::env::current_exe().context("locating the space binary")?);
+    command
+        .args(["helper", "--data-dir"])
+        .arg(data.root())
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--allow-uid", &uid.to_string(), "--agent-bin"])
+        .arg(args.engine.agent_bin()?)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = Child(Reaper::global().spawn(&mut command).context("starting `space helper`")?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            bail!("the helper made no socket at {} within 30 s", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((child, socket))
+}
+
+/// What one server gave over the run.
+#[derive(Default)]
+struct Figures {
+    create: Samples,
+    exec: Samples,
+    suspend_resume: Samples,
+    egress: Vec<f64>,
+}
+
+/// One turn on `client`: a create, execs, a suspend and resume, small
+/// egress requests, a delete.
+fn turn(client: &Client, template: &str, upstream: u16, execs: usize, figures: &mut Figures) -> Result<()> {
+    let id = timed_create(client, template, &mut figures.create)?;
+    for _ in 0..execs {
+        timed_true(client, &id, &mut figures.exec)?;
+    }
+    let cycle = timed_lifecycle(client, &id, "suspend")? + timed_lifecycle(client, &id, "resume")?;
+    figures.suspend_resume.0.push(cycle);
+    client.put(
+        &format!("/v1/sandboxes/{id}/network"),
+        &serde_json::json!({"egress": "allowlist", "allow": [format!("{UPSTREAM}:{upstream}")]}),
+    )?;
+    let probe = format!(
+        "import time, urllib.request\nfor _ in range({REQUESTS}):\n    t = time.perf_counter()\n    urllib.request.urlopen('http://{UPSTREAM}:{upstream}/small').read()\n    print((time.perf_counter() - t) * 1000)"
+    );
+    let answer =
+        client.post(&format!("/v1/sandboxes/{id}/exec"), &serde_json::json!({"argv": ["python3", "-c", probe]}))?;
+    let ms: Vec<f64> = answer["stdout"].as_str().unwrap_or("").lines().filter_map(|l| l.trim().parse().ok()).collect();
+    if ms.len() != REQUESTS {
+        bail!("the egress probe failed: {answer}");
+    }
+    figures.egress.extend(ms);
+    delete_and_wait(client, &id)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The figures, on `one` (a single root process) and `split` (the helper
+/// and the confined server), each fresh scratch data dirs.
+pub fn run(args: &BenchArgs, one: &DataDir, split: &DataDir) -> Result<()> {
+    let Some(user) = nix::unistd::User::from_name(USER)? else {
+        println!("{:<44} skipped: no user {USER} (`space setup` makes it)", "privilege split figures");
+        return Ok(());
+    };
+    let upstream = egress_upstream()?;
+    let (_single, single) = serve(args, one, upstream, &[])?;
+    let (_helper, socket) = helper(args, split, user.uid.as_raw())?;
+    let socket = socket.to_str().context("the helper's socket path")?.to_string();
+    let (_confined, confined) = serve(args, split, upstream, &["--helper-socket", &socket, "--user", USER])?;
+    let (mut a, mut b) = (Figures::default(), Figures::default());
+    let execs = args.execs.max(1);
+    for _ in 0..args.runs {
+        // Turn by turn, so a slower moment of the host falls on both.
+        turn(&single, &args.template, upstream, execs, &mut a)?;
+        turn(&confined, &args.template, upstream, execs, &mut b)?;
+    }
+    println!();
+    println!("{:<44} {:>9} {:>9} {:>7}", "privilege split (p50 ms)", "one proc", "split", "split/1");
+    let line = |what: &str, one: f64, split: f64| {
+        println!("{what:<44} {one:>9.2} {split:>9.2} {:>7.3}", split / one);
+    };
+    line("create -> running", a.create.percentile(50.0), b.create.percentile(50.0));
+    line("exec `true`", a.exec.percentile(50.0), b.exec.percentile(50.0));
+    line("suspend + resume", a.suspend_resume.percentile(50.0), b.suspend_resume.percentile(50.0));
+    line("small egress request (in the sandbox)", median(&mut a.egress), median(&mut b.egress));
+    Ok(())
+}
