@@ -373,3 +373,54 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
     assert_eq!(sandbox["state"], "running", "{sandbox}");
     split.assert_confined("the hostile requests");
 }
+
+/// Template work crosses the helper too: a confined server makes snapshot
+/// templates of a sandbox and of a checkpoint (the helper makes, fills and
+/// publishes the build dir), starts sandboxes from them, reclaims an old
+/// version and deletes templates, none of which it could do itself
+/// (`templates/` is read-only to it).
+#[test]
+fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
+    let data = TestDataDir::new();
+    let split = Split::start(&data, &[]);
+    let templates = data.root().join("templates");
+    let owner = |path: &Path| std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(path).unwrap());
+    let source = split.lifecycle("/v1/sandboxes", json!({"template": "base"})).sandbox_id.expect("its id");
+    split.exec(&source, &["sh", "-c", "echo first > /root/kept"]);
+
+    // A snapshot template of the running sandbox, and a sandbox of it.
+    split.lifecycle("/v1/templates", json!({"name": "snap", "from": {"sandbox": source}}));
+    split.assert_confined("a snapshot template of a sandbox");
+    assert_eq!(owner(&templates.join("snap/1/template.json")), 0, "the helper wrote the record");
+    assert!(!templates.join("snap/.1.partial").exists());
+    let of_snap = split.lifecycle("/v1/sandboxes", json!({"template": "snap"})).sandbox_id.expect("its id");
+    assert_eq!(split.exec(&of_snap, &["cat", "/root/kept"])["stdout"], "first\n");
+    split.assert_confined("a sandbox of a snapshot template");
+
+    // One of a checkpoint: the helper copies the checkpoint's image.
+    split.lifecycle(&format!("/v1/sandboxes/{source}/checkpoints"), json!({"name": "c1"}));
+    split.exec(&source, &["sh", "-c", "echo second > /root/kept"]);
+    let checkpoint = json!({"name": "snapc", "from": {"checkpoint": {"sandbox": source, "name": "c1"}}});
+    split.lifecycle("/v1/templates", checkpoint);
+    split.assert_confined("a snapshot template of a checkpoint");
+    let of_checkpoint = split.lifecycle("/v1/sandboxes", json!({"template": "snapc"})).sandbox_id.expect("its id");
+    assert_eq!(split.exec(&of_checkpoint, &["cat", "/root/kept"])["stdout"], "first\n");
+
+    // A second version of snap; the first is reclaimed (through the helper)
+    // once its last sandbox is gone.
+    split.lifecycle("/v1/templates", json!({"name": "snap", "from": {"sandbox": source}}));
+    assert!(templates.join("snap/2/template.json").exists());
+    assert!(templates.join("snap/1").exists(), "a sandbox still uses version 1");
+    for sandbox in [&of_snap, &of_checkpoint, &source] {
+        let answer = split.client.delete(&format!("/v1/sandboxes/{sandbox}")).unwrap();
+        split.operation(&serde_json::from_value(answer["operation"].clone()).unwrap());
+    }
+    wait_until("snap's old version reclaimed", PATIENCE, || !templates.join("snap/1").exists());
+    split.assert_confined("reclaiming an old version");
+
+    for name in ["snap", "snapc"] {
+        split.client.delete_empty(&format!("/v1/templates/{name}")).unwrap();
+        assert!(!templates.join(name).exists(), "{name} is gone");
+    }
+    split.assert_confined("deleting templates");
+}

@@ -280,7 +280,7 @@ mod tests {
         assert_eq!(layout.runsc_state(), data.run_dir().join("runsc"));
         assert_eq!(layout.template_dir(&template), data.templates_dir().join("base").join("3"));
         assert_eq!(layout.template_root(&template), data.templates_dir().join("base/3/rootfs"));
-        // space_host::template::publish_image's build dir.
+        // A snapshot template's build dir (`BeginTemplate`).
         assert_eq!(layout.template_partial(&template), data.templates_dir().join("base").join(".3.partial"));
         // space-node: a fork's image (actor.rs) and a checkpoint (checkpoints.rs).
         let fork = ImageRef::Fork { operation: OperationId::parse("op_00112233445566778899").unwrap() };

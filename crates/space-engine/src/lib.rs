@@ -16,6 +16,7 @@ pub mod gvisor;
 pub mod helper;
 pub mod host;
 pub mod oom_relief;
+pub mod templates;
 
 /// The request set whose types [`host::EngineHost`] speaks.
 pub use space_privsep as privsep;

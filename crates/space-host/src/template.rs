@@ -282,38 +282,6 @@ fn seal(
     TemplateInfo::load(&final_dir)
 }
 
-/// Publishes the next version of template `meta.name` as a snapshot
-/// template: `fill` saves the image into the hidden build directory (the
-/// root at `rootfs/`, the memory beside it); the root is sealed read-only.
-/// `meta`'s version and time are set here. On failure nothing is left.
-pub fn publish_image(
-    data: &DataDir,
-    mut meta: TemplateMeta,
-    fill: impl FnOnce(&Path) -> Result<(), HostError>,
-) -> Result<TemplateInfo, HostError> {
-    if !valid_name(&meta.name) || meta.image.is_none() {
-        return Err(HostError::Invalid(format!("not a snapshot template: {:?}", meta.name)));
-    }
-    let template_dir = data.templates_dir().join(&meta.name);
-    fs::create_dir_all(&template_dir).map_err(HostError::io("creating the template dir"))?;
-    meta.version = data.template(&meta.name).map(|t| t.meta.version + 1).unwrap_or(1);
-    meta.created_at = crate::now_rfc3339();
-    let partial = template_dir.join(format!(".{}.partial", meta.version));
-    remove_partial(&partial)?;
-    fs::create_dir_all(&partial).map_err(HostError::io("creating the build dir"))?;
-    let finish = fill(&partial)
-        .and_then(|()| match partial.join("rootfs").is_dir() {
-            true => btrfs::set_read_only(&partial.join("rootfs")),
-            false => Ok(()), // a microVM's image keeps its root as a drive file
-        })
-        .and_then(|()| seal(&partial, &meta, &mut |_| {}));
-    if finish.is_err() {
-        let _ = remove_partial(&partial);
-        let _ = fs::remove_dir(&template_dir);
-    }
-    finish
-}
-
 fn create_root(
     rootfs: &Path,
     max_bytes: Option<u64>,

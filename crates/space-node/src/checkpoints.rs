@@ -108,23 +108,6 @@ pub(crate) fn image_bytes(dir: &Path) -> u64 {
     disk + memory
 }
 
-/// Copies an image (a checkpoint's) into `to`: a snapshot of its root
-/// (gVisor's is a subvolume) and a copy of the rest (memory, a microVM's
-/// state and drive; shared blocks where btrfs can).
-pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), space_host::HostError> {
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let name = entry.file_name();
-        if space_host::btrfs::is_subvolume(&entry.path()) {
-            space_host::btrfs::snapshot(&entry.path(), &to.join(&name))?;
-            continue;
-        }
-        let mut copy = std::process::Command::new("cp");
-        copy.args(["-a", "--reflink=auto"]).arg(entry.path()).arg(to.join(&name));
-        space_host::run(&mut copy)?;
-    }
-    Ok(())
-}
-
 /// 404 for a checkpoint that is not there (or not whole).
 pub fn checkpoint_not_found(id: &str, name: &str) -> NodeError {
     NodeError::new(ErrorCode::CheckpointNotFound, format!("sandbox {id} has no checkpoint {name:?}"))

@@ -41,6 +41,7 @@ use std::sync::Arc;
 
 use space_engine::firecracker::{Firecracker, FirecrackerConfig};
 use space_engine::gvisor::{Gvisor, GvisorConfig};
+use space_engine::templates::{LocalTemplates, TemplateHost};
 use space_engine::Engine;
 use space_host::datadir::DataDir;
 
@@ -173,6 +174,15 @@ fn engines_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Pa
     (gvisor, firecracker)
 }
 
+/// Who does templates' root work: this process, or the root helper at
+/// `helper_socket` when one is given (as for the gVisor engine).
+fn template_host_on(data: &DataDir, helper_socket: Option<&Path>) -> Arc<dyn TemplateHost> {
+    match helper_socket {
+        Some(socket) => Arc::new(space_engine::helper::HelperHost::new(socket, 0)),
+        None => Arc::new(LocalTemplates::new(space_engine::privsep::layout::Layout::new(data.root()))),
+    }
+}
+
 /// Each engine's availability on this host, and why.
 pub fn engine_report(config: &PlatformConfig, data: &DataDir) -> Vec<space_engine::Availability> {
     let (gvisor, firecracker) = engines(config, data);
@@ -253,7 +263,8 @@ pub fn start_platform_with_helper(
         (EngineChoice::Auto, _, _) => (gvisor, firecracker),
     };
     let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
-    assemble(config, data, store, engine, report)
+    let templates = template_host_on(&data, helper_socket);
+    assemble(config, data, store, engine, report, templates)
 }
 
 /// [`start_platform`] with `engine` in place of this host's engines, on a
@@ -264,7 +275,8 @@ pub fn start_platform_with(config: &PlatformConfig, engine: Arc<dyn Engine>) -> 
     let data = DataDir::open_on_any_filesystem(&config.data_dir)?;
     let store = open_store(config, &data)?;
     let report = vec![engine.availability()];
-    assemble(config, data, store, engine, report)
+    let templates = template_host_on(&data, None);
+    assemble(config, data, store, engine, report, templates)
 }
 
 /// The platform's state: PostgreSQL, or SQLite in the data dir.
@@ -286,12 +298,14 @@ fn assemble(
     store: store::Store,
     engine: Arc<dyn Engine>,
     report: Vec<space_engine::Availability>,
+    templates: Arc<dyn TemplateHost>,
 ) -> Result<Arc<Platform>, StartError> {
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
     tracing::info!("engine: {}", engine.name());
     let pools = warm::PoolSizes { warm: config.warm_pool, hot: config.hot_pool };
     let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
+    let _ = platform.template_host.set(templates);
     use std::sync::atomic::Ordering::Relaxed;
     platform.auto_pause_s.store(config.auto_pause_s, Relaxed);
     platform.max_output_bytes.store(config.max_output_mib.saturating_mul(1 << 20), Relaxed);

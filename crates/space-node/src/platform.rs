@@ -78,6 +78,8 @@ pub struct Platform {
     pub(crate) max_output_bytes: std::sync::atomic::AtomicU64,
     /// Every engine's availability on this host, probed at startup.
     pub(crate) engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
+    /// Who does templates' root work (see `templates.rs`); set at start.
+    pub(crate) template_host: std::sync::OnceLock<Arc<dyn space_engine::templates::TemplateHost>>,
     /// This server's id as a cluster's node (`space node --node-id`), which
     /// the sandboxes it creates record; unset on a single server.
     pub(crate) node_id: std::sync::OnceLock<String>,
@@ -158,6 +160,7 @@ impl Platform {
             agent_bin,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
+            template_host: Default::default(),
             node_id: Default::default(),
             auto_pause_s: DEFAULT_AUTO_PAUSE_S.into(),
             max_sandbox_output_bytes: crate::state::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),

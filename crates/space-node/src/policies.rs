@@ -63,8 +63,8 @@ impl Platform {
             ticks += 1;
             if ticks.is_multiple_of(60) {
                 // Quota groups of deleted sandboxes, once btrfs let them go.
-                let root = self.data.root().to_path_buf();
-                let _ = tokio::task::spawn_blocking(move || space_host::btrfs::clear_stale_qgroups(&root)).await;
+                let host = self.template_host();
+                let _ = tokio::task::spawn_blocking(move || host.clear_stale_quotas()).await;
             }
             // Memory freed since the last tick may make room for warm members.
             self.fill_warm_pools();

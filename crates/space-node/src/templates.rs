@@ -8,6 +8,9 @@ use space_api::{
     CreateTemplateRequest, ErrorCode, Operation, OperationKind, Template, TemplateDefaults, TemplateDefaultsRequest,
     TemplateState,
 };
+use space_engine::privsep::layout::Layout;
+use space_engine::privsep::proto::{ProtoError, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion};
+use space_engine::templates::{LocalTemplates, TemplateHost};
 use space_host::oci::OciImport;
 use space_host::template::{valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, BUILD_STEPS};
 use space_host::HostError;
@@ -44,6 +47,16 @@ impl Drop for Upload {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// A name or size out of the helper's bounds fails the build as the input's fault.
+fn wire<T>(checked: Result<T, ProtoError>) -> Result<T, HostError> {
+    checked.map_err(|err| HostError::Invalid(err.to_string()))
+}
+
+/// The root work of a build failed: the detail stays in the logs.
+fn host_failed(err: space_engine::EngineError) -> HostError {
+    HostError::CommandFailed { command: "template host".into(), status: "failed".into(), stderr: err.to_string() }
 }
 
 /// A build whose disk allowance could not be worked out does not start.
@@ -316,19 +329,64 @@ impl Platform {
             image: Some(space_host::template::TemplateImage { agent_session, channel_key }),
         };
         let (platform, sandbox_id) = (self.clone(), sandbox_id.to_string());
+        let checkpoint = checkpoint.map(str::to_string);
         let runtime = tokio::runtime::Handle::current();
         self.start_build(
             slot,
             Box::new(move |_, operation_id, progress| {
                 progress(BuildProgress::step("saving the sandbox's memory and disk", 1));
-                space_host::template::publish_image(&platform.data, meta, |partial| match at {
-                    Some(at) => crate::checkpoints::copy_image(&at.image, partial),
+                platform.publish_snapshot(meta, |template, partial| match &checkpoint {
+                    Some(name) => {
+                        let sandbox = wire(space_engine::privsep::proto::SandboxId::parse(&sandbox_id))?;
+                        let name = wire(space_engine::privsep::proto::CheckpointName::parse(name))?;
+                        platform.template_host().copy_checkpoint(template, &sandbox, &name).map_err(host_failed)
+                    }
                     None => runtime
                         .block_on(platform.save_image_of(&sandbox_id, operation_id, partial))
                         .map_err(|err| HostError::Invalid(err.to_string())),
                 })
             }),
         )
+    }
+
+    /// Who does templates' root work: this process, or the root helper.
+    pub(crate) fn template_host(&self) -> Arc<dyn TemplateHost> {
+        self.template_host.get_or_init(|| Arc::new(LocalTemplates::new(Layout::new(self.data.root())))).clone()
+    }
+
+    /// Publishes the next version of template `meta.name` as a snapshot
+    /// template: an empty build dir is made, `fill` saves the image into it
+    /// (the root at `rootfs/`, the memory beside it), and the build is
+    /// sealed and published with `meta` (its version and time set here).
+    /// On failure nothing of it is left.
+    fn publish_snapshot(
+        &self,
+        mut meta: space_host::template::TemplateMeta,
+        fill: impl FnOnce(&TemplateRef, &std::path::Path) -> Result<(), HostError>,
+    ) -> Result<TemplateInfo, HostError> {
+        if meta.image.is_none() {
+            return Err(HostError::Invalid(format!("not a snapshot template: {:?}", meta.name)));
+        }
+        meta.version = self.data.template(&meta.name).map(|t| t.meta.version + 1).unwrap_or(1);
+        meta.created_at = space_host::now_rfc3339();
+        let template = TemplateRef {
+            name: wire(TemplateName::parse(&meta.name))?,
+            version: wire(TemplateVersion::new(meta.version))?,
+        };
+        let record = serde_json::to_string(&meta).map_err(|err| HostError::Invalid(err.to_string()))?;
+        let record = wire(TemplateMetaJson::parse(&record))?;
+        let host = self.template_host();
+        host.begin_template(&template).map_err(host_failed)?;
+        let partial = Layout::new(self.data.root()).template_partial(&template);
+        let published = fill(&template, &partial)
+            .and_then(|()| host.publish_template(&template, &record).map_err(host_failed))
+            .and_then(|()| TemplateInfo::load(&Layout::new(self.data.root()).template_dir(&template)));
+        if published.is_err() {
+            if let Err(err) = host.delete_template(&template.name, Some(template.version)) {
+                tracing::warn!(template = %template.name, "removing a failed build: {err}");
+            }
+        }
+        published
     }
 
     /// Accepts an uploaded OCI image archive and imports it in the background.
@@ -479,10 +537,15 @@ impl Platform {
                 if version >= newest || in_use.contains(&(name.clone(), version)) {
                     continue;
                 }
+                let (Ok(checked), Ok(checked_version)) = (TemplateName::parse(&name), TemplateVersion::new(version))
+                else {
+                    continue;
+                };
                 self.warm.drain_version(&name, version).await;
-                let dir = entry.path();
                 tracing::info!(template = %name, version, "reclaiming an unused old version");
-                let removed = tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir)).await;
+                let host = self.template_host();
+                let removed =
+                    tokio::task::spawn_blocking(move || host.delete_template(&checked, Some(checked_version))).await;
                 if let Ok(Err(err)) = removed {
                     tracing::warn!(template = %name, version, "reclaiming: {err}");
                 }
@@ -520,9 +583,10 @@ impl Platform {
             )
             .with_details(serde_json::json!({"sandboxes": own})));
         }
+        let checked = TemplateName::parse(name).map_err(|e| NodeError::bad_request(e.to_string()))?;
         self.warm.drain_template(name).await;
-        let dir = self.data.templates_dir().join(name);
-        tokio::task::spawn_blocking(move || space_host::btrfs::remove_tree(&dir))
+        let host = self.template_host();
+        tokio::task::spawn_blocking(move || host.delete_template(&checked, None))
             .await
             .map_err(|e| NodeError::internal("deleting a template", e))?
             .map_err(|e| NodeError::internal("deleting a template", e))

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::proto::{ImageRef, Request, SandboxId, StartFrom, TemplateRef};
+use crate::proto::{ImageRef, Request, SandboxId, StartFrom, TemplateName, TemplateRef};
 
 /// Where the helper keeps what it makes, under the one data dir it was
 /// started with. Every path is the data dir joined with fixed names and
@@ -60,8 +60,13 @@ impl Layout {
         }
     }
 
+    /// Every version of a template, and its builds.
+    pub fn template_name_dir(&self, name: &TemplateName) -> PathBuf {
+        self.data_dir.join("templates").join(name.as_str())
+    }
+
     pub fn template_dir(&self, template: &TemplateRef) -> PathBuf {
-        self.data_dir.join("templates").join(template.name.as_str()).join(template.version.get().to_string())
+        self.template_name_dir(&template.name).join(template.version.get().to_string())
     }
 
     /// The read-only root a template's sandboxes are snapshots of.
@@ -71,10 +76,7 @@ impl Layout {
 
     /// A build in progress, renamed to [`Layout::template_dir`] when published.
     pub fn template_partial(&self, template: &TemplateRef) -> PathBuf {
-        self.data_dir
-            .join("templates")
-            .join(template.name.as_str())
-            .join(format!(".{}.partial", template.version.get()))
+        self.template_name_dir(&template.name).join(format!(".{}.partial", template.version.get()))
     }
 
     /// `runsc --root`.
@@ -131,9 +133,24 @@ impl Layout {
             | Request::CloseAgent { sandbox: id }
             | Request::ConnectVmm { sandbox: id } => sandbox(id),
             Request::BuildTemplate { template, .. }
-            | Request::PublishTemplate { template }
-            | Request::DeleteTemplate { template } => {
+            | Request::BeginTemplate { template }
+            | Request::PublishTemplate { template, .. } => {
                 paths.extend([self.template_dir(template), self.template_partial(template)])
+            }
+            Request::CopyCheckpoint { template, sandbox: id, checkpoint } => {
+                sandbox(id);
+                paths.extend([
+                    self.template_dir(template),
+                    self.template_partial(template),
+                    self.image_dir(id, &ImageRef::Checkpoint { name: checkpoint.clone() }),
+                ]);
+            }
+            Request::DeleteTemplate { name, version } => {
+                paths.push(self.template_name_dir(name));
+                if let Some(version) = version {
+                    let template = TemplateRef { name: name.clone(), version: *version };
+                    paths.extend([self.template_dir(&template), self.template_partial(&template)]);
+                }
             }
         }
         paths

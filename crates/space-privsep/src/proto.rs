@@ -33,6 +33,8 @@ pub const MAX_PACKAGES: usize = 512;
 pub const MAX_LISTED: usize = 4096;
 /// The longest message a refusal carries.
 pub const MAX_MESSAGE: usize = 4096;
+/// The longest `template.json` a published template is given.
+pub const MAX_TEMPLATE_META: usize = 64 * 1024;
 
 /// Why a frame or a message was refused.
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +164,46 @@ checked_name!(
     suite_name,
     "Debian suite"
 );
+
+/// A template's `template.json` as the unprivileged side wrote it: one
+/// JSON object of at most [`MAX_TEMPLATE_META`] bytes. The helper reads
+/// it again as a template's record and checks the name and version in it
+/// against the request's before it writes a byte of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TemplateMetaJson(String);
+
+impl TemplateMetaJson {
+    pub fn parse(text: &str) -> Result<Self, ProtoError> {
+        if text.len() > MAX_TEMPLATE_META {
+            return Err(ProtoError::Invalid(format!(
+                "a template record of {} bytes, over {MAX_TEMPLATE_META}",
+                text.len()
+            )));
+        }
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(_)) => Ok(Self(text.to_string())),
+            _ => Err(ProtoError::Invalid(format!("not a template record: {:?}", Shown(text)))),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for TemplateMetaJson {
+    type Error = ProtoError;
+    fn try_from(text: String) -> Result<Self, ProtoError> {
+        Self::parse(&text)
+    }
+}
+
+impl From<TemplateMetaJson> for String {
+    fn from(meta: TemplateMetaJson) -> String {
+        meta.0
+    }
+}
 
 /// At most 64 characters of a refused text, so a refusal never echoes a
 /// frame's worth of it.
@@ -462,13 +504,34 @@ pub enum Request {
         source: BuildSource,
         disk_mib: DiskMib,
     },
-    /// Makes the root read-only and the version visible.
+    /// Makes the empty build dir of a snapshot template's new version,
+    /// `.<version>.partial` (a stale one of a killed build goes first),
+    /// when `version` is newer than every version of the template; a
+    /// `SaveImage` or `CopyCheckpoint` then fills it.
+    BeginTemplate {
+        template: TemplateRef,
+    },
+    /// Copies a checkpoint of `sandbox` into the build dir `BeginTemplate`
+    /// made (its root a snapshot, the rest shared blocks).
+    CopyCheckpoint {
+        template: TemplateRef,
+        sandbox: SandboxId,
+        checkpoint: CheckpointName,
+    },
+    /// Makes the build's root read-only, writes `meta` (whose name and
+    /// version must be the request's) as its `template.json`, and renames
+    /// the build dir to the version's.
     PublishTemplate {
         template: TemplateRef,
+        meta: TemplateMetaJson,
     },
+    /// Removes one version of a template (published or still a build dir),
+    /// or with no version the template's every version and build.
     DeleteTemplate {
-        template: TemplateRef,
+        name: TemplateName,
+        version: Option<TemplateVersion>,
     },
+    /// Removes the quota groups of subvolumes btrfs has let go.
     ClearStaleQuotas {},
 }
 

@@ -10,10 +10,12 @@ use std::time::Duration;
 use space_privsep::client::BlockingClient;
 use space_privsep::peer::PeerError;
 use space_privsep::proto::{
-    Engine, EngineState, ImageRef, PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, StartFrom,
+    CheckpointName, Engine, EngineState, ImageRef, PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, StartFrom,
+    TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::host::{EngineHost, Launched};
+use crate::templates::TemplateHost;
 use crate::EngineError;
 
 /// How long the helper may take to answer a request: its longest (a root
@@ -274,6 +276,44 @@ impl EngineHost for HelperHost {
             Ok((other, _)) => unexpected(&request, &other).to_string(),
             Err(err) => err.to_string(),
         }
+    }
+}
+
+/// The template work of a confined server: each method one request.
+impl TemplateHost for HelperHost {
+    fn begin_template(&self, template: &TemplateRef) -> Result<(), EngineError> {
+        self.done(Request::BeginTemplate { template: template.clone() })
+    }
+
+    fn copy_checkpoint(
+        &self,
+        template: &TemplateRef,
+        sandbox: &SandboxId,
+        checkpoint: &CheckpointName,
+    ) -> Result<(), EngineError> {
+        self.done(Request::CopyCheckpoint {
+            template: template.clone(),
+            sandbox: sandbox.clone(),
+            checkpoint: checkpoint.clone(),
+        })
+    }
+
+    fn publish_template(&self, template: &TemplateRef, meta: &TemplateMetaJson) -> Result<(), EngineError> {
+        self.done(Request::PublishTemplate { template: template.clone(), meta: meta.clone() })
+    }
+
+    fn delete_template(&self, name: &TemplateName, version: Option<TemplateVersion>) -> Result<(), EngineError> {
+        self.done(Request::DeleteTemplate { name: name.clone(), version })
+    }
+
+    fn clear_stale_quotas(&self) {
+        self.done_or_log(Request::ClearStaleQuotas {}, self.patience)
+    }
+
+    /// The helper checks this itself when an image is saved; asked here,
+    /// it is not known.
+    fn empty_build(&self, _template: &TemplateRef) -> bool {
+        false
     }
 }
 

@@ -18,27 +18,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::HelperHost;
-pub use serve::serve;
+pub use serve::{serve, serve_with_templates};
 use space_privsep::layout::Layout;
 use space_privsep::peer::{HelperListener, PeerError};
 use space_privsep::proto::{StartStep, StepTook};
 
 use crate::gvisor::{GvisorConfig, LocalConfig, LocalHost};
+use crate::templates::LocalTemplates;
 use crate::Steps;
 
-/// The root helper's work: the gVisor engine's host in this process
-/// (which must be root), served at `socket` to processes of `allowed_uid`
+/// The root helper's work: the gVisor engine's host and the templates'
+/// in this process (which must be root), served at `socket` to processes of `allowed_uid`
 /// alone, until accepting fails.
 pub async fn serve_gvisor(config: GvisorConfig, socket: &Path, allowed_uid: u32) -> Result<(), PeerError> {
     let listener = HelperListener::bind(socket, allowed_uid)?;
     let layout = Layout::new(crate::gvisor::data_dir_of(&config.state_dir));
+    let templates = LocalTemplates::new(layout.clone());
     let host = LocalHost::new(LocalConfig {
         runsc: config.runsc,
         agent_bin: config.agent_bin,
         state_dir: config.state_dir,
         layout,
     });
-    serve(listener, Arc::new(host)).await
+    serve_with_templates(listener, Arc::new(host), Some(Arc::new(templates))).await
 }
 
 /// The start steps the helper does, by the names the engine reports them

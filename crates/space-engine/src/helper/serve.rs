@@ -9,17 +9,29 @@ use space_privsep::peer::{Connection, HelperListener, PeerError};
 use space_privsep::proto::{Engine, ImageRef, Refusal, Reply, Request, MAX_LISTED, MAX_MESSAGE};
 
 use crate::host::{EngineHost, Launched};
+use crate::templates::TemplateHost;
 use crate::EngineError;
 
 /// Serves `listener` with `host` until accepting fails: each accepted
 /// connection (of the allowed uid alone; others are refused and logged)
 /// gets its own task. A request that fails is answered with a refusal and
 /// its connection goes on; one that does not parse closes its connection.
+/// Template requests are refused (see [`serve_with_templates`]).
 pub async fn serve(listener: HelperListener, host: Arc<dyn EngineHost>) -> Result<(), PeerError> {
+    serve_with_templates(listener, host, None).await
+}
+
+/// [`serve`], template requests answered by `templates` when given.
+pub async fn serve_with_templates(
+    listener: HelperListener,
+    host: Arc<dyn EngineHost>,
+    templates: Option<Arc<dyn TemplateHost>>,
+) -> Result<(), PeerError> {
+    let hosts = Hosts { engine: host, templates };
     loop {
         match listener.accept().await {
             Ok(connection) => {
-                tokio::spawn(serve_connection(connection, host.clone()));
+                tokio::spawn(serve_connection(connection, hosts.clone()));
             }
             Err(err @ (PeerError::UnexpectedPeer { .. } | PeerError::Io { context: "reading SO_PEERCRED", .. })) => {
                 tracing::warn!("{err}");
@@ -44,7 +56,14 @@ impl From<Reply> for Answer {
     }
 }
 
-async fn serve_connection(connection: Connection, host: Arc<dyn EngineHost>) {
+/// What the helper serves requests with.
+#[derive(Clone)]
+struct Hosts {
+    engine: Arc<dyn EngineHost>,
+    templates: Option<Arc<dyn TemplateHost>>,
+}
+
+async fn serve_connection(connection: Connection, hosts: Hosts) {
     let peer = connection.peer();
     if let Err(err) = connection.hello().await {
         tracing::debug!(pid = peer.pid, "a helper connection ended before its hello: {err}");
@@ -61,8 +80,8 @@ async fn serve_connection(connection: Connection, host: Arc<dyn EngineHost>) {
                 return;
             }
         };
-        let host = host.clone();
-        let answer = tokio::task::spawn_blocking(move || answer(host.as_ref(), incoming.request))
+        let hosts = hosts.clone();
+        let answer = tokio::task::spawn_blocking(move || answer(&hosts, incoming.request))
             .await
             .unwrap_or_else(|err| Reply::refused(Refusal::Failed, format!("the request failed: {err}")).into());
         let sent = match &answer.listener {
@@ -107,7 +126,9 @@ fn done(result: Result<(), EngineError>) -> Answer {
 }
 
 /// Runs `request` on the host method of the same name.
-fn answer(host: &dyn EngineHost, request: Request) -> Answer {
+fn answer(hosts: &Hosts, request: Request) -> Answer {
+    let host = hosts.engine.as_ref();
+    let templates = hosts.templates.as_deref();
     match request {
         Request::Hello { version } => Reply::Hello { version }.into(),
         Request::Start { engine: Engine::Firecracker, .. } => {
@@ -129,6 +150,18 @@ fn answer(host: &dyn EngineHost, request: Request) -> Answer {
             Err(err) => failed(err).into(),
         },
         Request::Suspend { sandbox } => done(host.suspend(&sandbox)),
+        // A template's image goes only into a build BeginTemplate made and
+        // nothing filled yet, never over a published version or a build
+        // half filled.
+        Request::SaveImage { image: ImageRef::Template { ref template }, .. }
+            if !templates.is_some_and(|templates| templates.empty_build(template)) =>
+        {
+            Reply::refused(
+                Refusal::Conflict,
+                format!("template {} has no new, empty build of version {}", template.name, template.version.get()),
+            )
+            .into()
+        }
         Request::SaveImage { sandbox, image } => match host.save_image(&sandbox, &image) {
             Ok(frozen) => Reply::ImageSaved { frozen_us: frozen.as_micros() as u64 }.into(),
             Err(err) => failed(err).into(),
@@ -167,15 +200,34 @@ fn answer(host: &dyn EngineHost, request: Request) -> Answer {
             Reply::Availability { available, detail: tail(detail) }.into()
         }
         Request::EngineLog { sandbox } => Reply::Log { text: tail(host.engine_log(&sandbox)) }.into(),
-        Request::Kill { .. }
-        | Request::List {}
-        | Request::ConnectVmm { .. }
-        | Request::BuildTemplate { .. }
+        request @ (Request::BeginTemplate { .. }
+        | Request::CopyCheckpoint { .. }
         | Request::PublishTemplate { .. }
         | Request::DeleteTemplate { .. }
-        | Request::ClearStaleQuotas {} => {
+        | Request::ClearStaleQuotas {}) => match templates {
+            Some(templates) => answer_template(templates, request),
+            None => Reply::refused(Refusal::BadRequest, "this helper does not serve templates").into(),
+        },
+        Request::Kill { .. } | Request::List {} | Request::ConnectVmm { .. } | Request::BuildTemplate { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
         }
+    }
+}
+
+/// Runs a template request on the [`TemplateHost`] method of its name.
+fn answer_template(templates: &dyn TemplateHost, request: Request) -> Answer {
+    match request {
+        Request::BeginTemplate { template } => done(templates.begin_template(&template)),
+        Request::CopyCheckpoint { template, sandbox, checkpoint } => {
+            done(templates.copy_checkpoint(&template, &sandbox, &checkpoint))
+        }
+        Request::PublishTemplate { template, meta } => done(templates.publish_template(&template, &meta)),
+        Request::DeleteTemplate { name, version } => done(templates.delete_template(&name, version)),
+        Request::ClearStaleQuotas {} => {
+            templates.clear_stale_quotas();
+            Reply::Done {}.into()
+        }
+        _ => Reply::refused(Refusal::BadRequest, "not a template request").into(),
     }
 }
 

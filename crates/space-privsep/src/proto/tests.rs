@@ -89,8 +89,18 @@ pub(crate) fn every_request() -> Vec<Request> {
             source: BuildSource::OciArchive {},
             disk_mib: DiskMib::new(4096).unwrap(),
         },
-        Request::PublishTemplate { template: template() },
-        Request::DeleteTemplate { template: template() },
+        Request::BeginTemplate { template: template() },
+        Request::CopyCheckpoint {
+            template: template(),
+            sandbox: sandbox(),
+            checkpoint: CheckpointName::parse("before-upgrade").unwrap(),
+        },
+        Request::PublishTemplate {
+            template: template(),
+            meta: TemplateMetaJson::parse(r#"{"name": "base", "version": 3}"#).unwrap(),
+        },
+        Request::DeleteTemplate { name: template().name, version: Some(template().version) },
+        Request::DeleteTemplate { name: template().name, version: None },
         Request::ClearStaleQuotas {},
     ]
 }
@@ -213,10 +223,10 @@ fn ids_in_any_but_their_canonical_spelling_are_refused() {
 #[test]
 fn names_and_images_cannot_climb_out_of_their_directory() {
     for json in [
-        r#"{"op":"delete_template","template":{"name":"..","version":1}}"#,
-        r#"{"op":"delete_template","template":{"name":"base/../../..","version":1}}"#,
-        r#"{"op":"delete_template","template":{"name":"/etc","version":1}}"#,
-        r#"{"op":"delete_template","template":{"name":".1.partial","version":1}}"#,
+        r#"{"op":"delete_template","name":"..","version":1}"#,
+        r#"{"op":"delete_template","name":"base/../../..","version":1}"#,
+        r#"{"op":"delete_template","name":"/etc","version":1}"#,
+        r#"{"op":"delete_template","name":".1.partial","version":1}"#,
         r#"{"op":"drop_image","sandbox":"sbx_0123456789abcdef0123","image":{"kind":"checkpoint","name":"../../sbx_99999999999999999999"}}"#,
         r#"{"op":"drop_image","sandbox":"sbx_0123456789abcdef0123","image":{"kind":"fork","operation":"op_../../x"}}"#,
         r#"{"op":"start","sandbox":"sbx_0123456789abcdef0123","engine":"gvisor","from":{"kind":"image","source":"sbx_0123456789abcdef0123/../..","image":{"kind":"fork","operation":"op_00112233445566778899"}},"shape":{"memory_mib":512,"vcpus":1,"disk_mib":1024}}"#,
@@ -329,4 +339,19 @@ fn an_archive_build_carries_one_descriptor_and_nothing_else_does() {
         assert_eq!(request.fds(), expected, "{request:?}");
         assert!(request.fds() <= MAX_FDS);
     }
+}
+
+#[test]
+fn a_template_record_is_one_bounded_json_object() {
+    assert!(TemplateMetaJson::parse(r#"{"name": "base"}"#).is_ok());
+    for refused in ["[1, 2]", "\"base\"", "{", ""] {
+        assert!(TemplateMetaJson::parse(refused).is_err(), "{refused:?}");
+    }
+    let huge = format!(r#"{{"name": "{}"}}"#, "a".repeat(MAX_TEMPLATE_META));
+    assert!(TemplateMetaJson::parse(&huge).is_err());
+    let body = format!(
+        r#"{{"op": "publish_template", "template": {{"name": "base", "version": 3}}, "meta": {}}}"#,
+        serde_json::to_string(&huge).unwrap()
+    );
+    assert!(decode_request(body.as_bytes()).is_err());
 }

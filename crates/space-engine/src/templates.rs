@@ -1,0 +1,216 @@
+//! The seam between the platform's template logic and the root work it
+//! needs, as [`EngineHost`](crate::host::EngineHost) is for an engine.
+//!
+//! Template versions live under `templates/` of the data dir, which only
+//! root may write: [`TemplateHost`] is what the platform asks of it —
+//! each method one request of `space_privsep::proto`, taking checked names
+//! and versions and never a path. [`LocalTemplates`] does it in process
+//! (a server that runs as root); [`HelperHost`](crate::helper::HelperHost)
+//! asks the root helper, which serves it with a [`LocalTemplates`] of its
+//! own data dir.
+//!
+//! A snapshot template's new version is made in three requests:
+//! [`TemplateHost::begin_template`] makes the empty `.<version>.partial`
+//! (only for a version newer than every one there), the sandbox's image is
+//! saved into it (the engine's `SaveImage` of `ImageRef::Template`) or a
+//! checkpoint copied ([`TemplateHost::copy_checkpoint`]), and
+//! [`TemplateHost::publish_template`] seals and renames it.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use space_host::btrfs;
+use space_host::template::TemplateMeta;
+use space_privsep::layout::Layout;
+use space_privsep::proto::{
+    CheckpointName, ImageRef, SandboxId, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
+};
+
+use crate::EngineError;
+
+/// A template's `template.json`: its presence marks a complete version.
+pub const TEMPLATE_META: &str = "template.json";
+
+/// The root work of templates. Every method blocks.
+pub trait TemplateHost: Send + Sync {
+    /// `BeginTemplate`: the empty build dir of `template`'s version, which
+    /// must be newer than every version of the template there is.
+    fn begin_template(&self, template: &TemplateRef) -> Result<(), EngineError>;
+
+    /// `CopyCheckpoint`: `sandbox`'s checkpoint into the empty build dir
+    /// [`TemplateHost::begin_template`] made.
+    fn copy_checkpoint(
+        &self,
+        template: &TemplateRef,
+        sandbox: &SandboxId,
+        checkpoint: &CheckpointName,
+    ) -> Result<(), EngineError>;
+
+    /// `PublishTemplate`: the build's root sealed read-only, `meta` written
+    /// as its record, the build renamed to its version.
+    fn publish_template(&self, template: &TemplateRef, meta: &TemplateMetaJson) -> Result<(), EngineError>;
+
+    /// `DeleteTemplate`: one version (published or a build), or every one.
+    fn delete_template(&self, name: &TemplateName, version: Option<TemplateVersion>) -> Result<(), EngineError>;
+
+    /// `ClearStaleQuotas`: quota groups of subvolumes btrfs let go.
+    fn clear_stale_quotas(&self);
+
+    /// Whether `template`'s build dir is there and holds nothing yet: the
+    /// only place an engine may save a template's image into.
+    fn empty_build(&self, template: &TemplateRef) -> bool;
+}
+
+/// [`TemplateHost`] in this process, over the data dir `layout` names.
+#[derive(Debug, Clone)]
+pub struct LocalTemplates {
+    layout: Layout,
+}
+
+impl LocalTemplates {
+    pub fn new(layout: Layout) -> LocalTemplates {
+        LocalTemplates { layout }
+    }
+
+    /// The newest version of `name` on disk, published or being built;
+    /// names in any other spelling than a version's are not versions.
+    fn newest_version(&self, name: &TemplateName) -> Option<u32> {
+        let entries = fs::read_dir(self.layout.template_name_dir(name)).ok()?;
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let file_name = entry.file_name().into_string().ok()?;
+                let number = file_name.strip_prefix('.').and_then(|n| n.strip_suffix(".partial")).unwrap_or(&file_name);
+                let version: u32 = number.parse().ok()?;
+                (version.to_string() == number).then_some(version)
+            })
+            .max()
+    }
+}
+
+fn refused(message: String) -> EngineError {
+    EngineError::Runtime(message)
+}
+
+/// Removes a build dir, the subvolumes in it as subvolumes.
+fn remove_build(partial: &Path) -> Result<(), EngineError> {
+    btrfs::remove_tree(partial).map_err(EngineError::from)
+}
+
+fn is_empty_dir(path: &Path) -> bool {
+    // A symlink is no build dir, whatever it points at.
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+        && fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+impl TemplateHost for LocalTemplates {
+    fn begin_template(&self, template: &TemplateRef) -> Result<(), EngineError> {
+        let partial = self.layout.template_partial(template);
+        // A build of this very version a killed process left is stale:
+        // nothing else builds it (the platform builds a name at a time).
+        if partial.exists() {
+            remove_build(&partial)?;
+        }
+        if let Some(newest) = self.newest_version(&template.name) {
+            if newest >= template.version.get() {
+                return Err(refused(format!(
+                    "template {} has version {newest} already: a new one is newer than {newest}",
+                    template.name
+                )));
+            }
+        }
+        fs::create_dir_all(self.layout.template_name_dir(&template.name))
+            .map_err(EngineError::io("creating the template dir"))?;
+        fs::create_dir(&partial).map_err(EngineError::io("creating the build dir"))
+    }
+
+    fn copy_checkpoint(
+        &self,
+        template: &TemplateRef,
+        sandbox: &SandboxId,
+        checkpoint: &CheckpointName,
+    ) -> Result<(), EngineError> {
+        let partial = self.layout.template_partial(template);
+        if !is_empty_dir(&partial) {
+            return Err(refused(format!(
+                "template {} has no new build of version {}",
+                template.name,
+                template.version.get()
+            )));
+        }
+        let image = self.layout.image_dir(sandbox, &ImageRef::Checkpoint { name: checkpoint.clone() });
+        if !fs::symlink_metadata(&image).is_ok_and(|m| m.is_dir()) {
+            return Err(refused(format!("sandbox {sandbox} has no checkpoint {checkpoint}")));
+        }
+        // The root is a subvolume (snapshotted); memory and the rest are
+        // copied, sharing blocks where btrfs can.
+        for entry in fs::read_dir(&image).map_err(EngineError::io("reading the checkpoint"))?.flatten() {
+            let name = entry.file_name();
+            if btrfs::is_subvolume(&entry.path()) {
+                btrfs::snapshot(&entry.path(), &partial.join(&name))?;
+                continue;
+            }
+            let mut copy = Command::new("cp");
+            copy.args(["-a", "--reflink=auto", "--"]).arg(entry.path()).arg(partial.join(&name));
+            space_host::run(&mut copy)?;
+        }
+        Ok(())
+    }
+
+    fn publish_template(&self, template: &TemplateRef, meta: &TemplateMetaJson) -> Result<(), EngineError> {
+        let record: TemplateMeta =
+            serde_json::from_str(meta.as_str()).map_err(|err| refused(format!("not a template record: {err}")))?;
+        if record.name != template.name.as_str() || record.version != template.version.get() {
+            return Err(refused(format!(
+                "the record names {} version {}, not {} version {}",
+                record.name,
+                record.version,
+                template.name,
+                template.version.get()
+            )));
+        }
+        let partial = self.layout.template_partial(template);
+        if !fs::symlink_metadata(&partial).is_ok_and(|m| m.is_dir()) {
+            return Err(refused(format!(
+                "template {} has no build of version {}",
+                template.name,
+                template.version.get()
+            )));
+        }
+        let published = self.layout.template_dir(template);
+        if fs::symlink_metadata(&published).is_ok() {
+            return Err(refused(format!("template {} has version {} already", template.name, template.version.get())));
+        }
+        let root = partial.join("rootfs");
+        // A microVM's image keeps its root as a drive file.
+        if fs::symlink_metadata(&root).is_ok_and(|m| m.is_dir()) {
+            btrfs::set_read_only(&root)?;
+        }
+        // Written as read, not as sent: what the platform reads back is a
+        // record it can parse.
+        let json = serde_json::to_vec_pretty(&record).map_err(|err| refused(err.to_string()))?;
+        fs::write(partial.join(TEMPLATE_META), json).map_err(EngineError::io("writing template.json"))?;
+        fs::rename(&partial, &published).map_err(EngineError::io("publishing the template"))
+    }
+
+    fn delete_template(&self, name: &TemplateName, version: Option<TemplateVersion>) -> Result<(), EngineError> {
+        let Some(version) = version else {
+            return btrfs::remove_tree(&self.layout.template_name_dir(name)).map_err(EngineError::from);
+        };
+        let template = TemplateRef { name: name.clone(), version };
+        remove_build(&self.layout.template_partial(&template))?;
+        btrfs::remove_tree(&self.layout.template_dir(&template))?;
+        // A template whose one version went leaves no empty directory.
+        let _ = fs::remove_dir(self.layout.template_name_dir(name));
+        Ok(())
+    }
+
+    fn clear_stale_quotas(&self) {
+        btrfs::clear_stale_qgroups(self.layout.data_dir());
+    }
+
+    fn empty_build(&self, template: &TemplateRef) -> bool {
+        is_empty_dir(&self.layout.template_partial(template))
+    }
+}
