@@ -881,6 +881,9 @@ pub(crate) struct BenchArgs {
     /// root process and through the root helper beside a confined server).
     #[arg(long)]
     pub(crate) skip_split: bool,
+    /// Instead of the figures above: only the privilege split's.
+    #[arg(long)]
+    pub(crate) only_split: bool,
     /// Instead of the figures above: keep this many sandboxes alive at once
     /// and report what they cost (see `bench/density.rs`).
     #[arg(long)]

@@ -439,6 +439,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return result;
     }
+    if args.only_split {
+        return split_figures(&args, &shared);
+    }
     if args.only_restart {
         let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
         let result = crate::bench::restart::run(&args, &restart, args.restart_sandboxes);
@@ -467,15 +470,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         result?;
     }
     if !args.skip_split {
-        let one = shared.scratch(&format!("bench-one-{}", std::process::id()), &[&args.template])?;
-        let split = shared.scratch(&format!("bench-split-{}", std::process::id()), &[&args.template])?;
-        let result = crate::bench::split::run(&args, &one, &split);
-        for data in [&one, &split] {
-            space_host::btrfs::remove_tree(data.root())?;
-        }
-        result?;
+        split_figures(&args, &shared)?;
     }
     Ok(())
+}
+
+/// The privilege split's figures, on two fresh scratch data dirs.
+fn split_figures(args: &BenchArgs, shared: &DataDir) -> Result<()> {
+    let one = shared.scratch(&format!("bench-one-{}", std::process::id()), &[&args.template])?;
+    let split = shared.scratch(&format!("bench-split-{}", std::process::id()), &[&args.template])?;
+    let result = crate::bench::split::run(args, &one, &split);
+    for data in [&one, &split] {
+        space_host::btrfs::remove_tree(data.root())?;
+    }
+    result
 }
 
 /// An in-process server on a loopback port with `config`.

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use space_host::datadir::DataDir;
 use space_process::{ReapedChild, Reaper};
 
-use super::{delete_and_wait, egress_upstream, timed_create, timed_lifecycle, timed_true, Samples};
+use super::{delete_and_wait, egress_upstream, timed_create, timed_true, Samples, StepSamples};
 use crate::cli::BenchArgs;
 use crate::client::Client;
 
@@ -106,7 +106,22 @@ struct Figures {
     create: Samples,
     exec: Samples,
     suspend_resume: Samples,
+    /// The steps suspends and resumes timed, where the helper's part shows.
+    steps: StepSamples,
     egress: Vec<f64>,
+}
+
+/// Calls a lifecycle action and waits for its operation; how long, its
+/// steps into `steps`.
+fn lifecycle(client: &Client, id: &str, action: &str, steps: &mut StepSamples) -> Result<Duration> {
+    let started = Instant::now();
+    let accepted = client.post(&format!("/v1/sandboxes/{id}/{action}"), &serde_json::json!({}))?;
+    let operation = client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
+    if operation["state"] != "succeeded" {
+        bail!("{action} failed: {}", operation["error"]);
+    }
+    steps.add(&operation);
+    Ok(started.elapsed())
 }
 
 /// One turn on `client`: a create, execs, a suspend and resume, small
@@ -116,7 +131,8 @@ fn turn(client: &Client, template: &str, upstream: u16, execs: usize, figures: &
     for _ in 0..execs {
         timed_true(client, &id, &mut figures.exec)?;
     }
-    let cycle = timed_lifecycle(client, &id, "suspend")? + timed_lifecycle(client, &id, "resume")?;
+    let cycle = lifecycle(client, &id, "suspend", &mut figures.steps)?
+        + lifecycle(client, &id, "resume", &mut figures.steps)?;
     figures.suspend_resume.0.push(cycle);
     client.put(
         &format!("/v1/sandboxes/{id}/network"),
@@ -168,5 +184,10 @@ pub fn run(args: &BenchArgs, one: &DataDir, split: &DataDir) -> Result<()> {
     line("exec `true`", a.exec.percentile(50.0), b.exec.percentile(50.0));
     line("suspend + resume", a.suspend_resume.percentile(50.0), b.suspend_resume.percentile(50.0));
     line("small egress request (in the sandbox)", median(&mut a.egress), median(&mut b.egress));
+    for (step, one) in &a.steps.0 {
+        if let Some((_, split)) = b.steps.0.iter().find(|(name, _)| name == step) {
+            line(&format!("  suspend/resume step: {step}"), one.percentile(50.0), split.percentile(50.0));
+        }
+    }
     Ok(())
 }
