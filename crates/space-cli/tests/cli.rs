@@ -1130,3 +1130,33 @@ fn doctor_shows_the_privileges_of_a_running_helper() {
     let report = doctor();
     assert!(!report.contains(&heading), "a helper that ended is not shown:\n{report}");
 }
+
+#[test]
+fn doctor_shows_the_confined_server_as_security_md_says() {
+    let data = TestDataDir::new();
+    let (server, _) = serve(&data);
+    let pid = server.id();
+    let mut command = Command::new(SPACE);
+    command.arg("doctor").arg("--data-dir").arg(data.root()).arg("--agent-bin").arg(agent_bin());
+    let report = String::from_utf8(output_within(&mut command, CLI_PATIENCE).stdout).unwrap();
+    let heading = format!("  server    pid {pid}");
+    let block: Vec<&str> = report
+        .lines()
+        .skip_while(|l| *l != heading)
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with("            "))
+        .map(|(_, l)| l.trim())
+        .collect();
+    let field = |key: &str| {
+        block
+            .iter()
+            .find_map(|l| l.strip_prefix(key).map(str::trim))
+            .unwrap_or_else(|| panic!("no {key} for the server in: {report}"))
+    };
+    assert!(field("user").starts_with(&format!("{} (uid", common::TEST_USER)), "{report}");
+    assert_eq!(field("capabilities"), "none", "{report}");
+    assert_eq!(field("no_new_privs"), "yes", "{report}");
+    assert!(field("seccomp").starts_with("2"), "{report}");
+    assert!(field("landlock").starts_with("enforced ("), "the server recorded its ruleset: {report}");
+    stop(server);
+}

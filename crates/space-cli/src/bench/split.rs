@@ -131,8 +131,8 @@ fn turn(client: &Client, template: &str, upstream: u16, execs: usize, figures: &
     for _ in 0..execs {
         timed_true(client, &id, &mut figures.exec)?;
     }
-    let cycle = lifecycle(client, &id, "suspend", &mut figures.steps)?
-        + lifecycle(client, &id, "resume", &mut figures.steps)?;
+    let cycle =
+        lifecycle(client, &id, "suspend", &mut figures.steps)? + lifecycle(client, &id, "resume", &mut figures.steps)?;
     figures.suspend_resume.0.push(cycle);
     client.put(
         &format!("/v1/sandboxes/{id}/network"),

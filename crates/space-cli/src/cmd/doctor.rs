@@ -8,6 +8,8 @@ use crate::cli::EngineArgs;
 
 mod processes;
 
+pub(crate) use self::processes::CONFINED_RECORD;
+
 /// `space doctor`: each engine, available or not and why, what to do, the
 /// data dir's state, and the privileges of SPACE's running processes.
 /// Exits 1 when no engine can run.

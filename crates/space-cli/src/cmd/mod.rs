@@ -9,7 +9,7 @@ mod template;
 
 pub(crate) use self::code::{exec, run_code};
 pub(crate) use self::copy::copy;
-pub(crate) use self::doctor::doctor;
+pub(crate) use self::doctor::{doctor, CONFINED_RECORD};
 pub(crate) use self::keys::{keys, secret};
 pub(crate) use self::sandbox::{describe_event, sandbox};
 pub(crate) use self::template::template;

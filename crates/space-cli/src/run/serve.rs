@@ -41,6 +41,15 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
             landlock = ?confined.landlock,
             "confined: no capabilities, no_new_privs, seccomp filter"
         );
+        // Landlock shows nowhere outside the process: `space doctor` reads
+        // what it achieved here.
+        let record = serde_json::json!({
+            "pid": std::process::id(),
+            "landlock": format!("{:?}", confined.landlock).to_lowercase(),
+            "missing_paths": confined.missing.len(),
+        });
+        let path = space_host::datadir::state_dir(&config.data_dir).join(crate::cmd::CONFINED_RECORD);
+        std::fs::write(&path, record.to_string()).with_context(|| format!("writing {}", path.display()))?;
     }
     let platform = space_server::start_platform_with_helper(&config, args.helper_socket.as_deref())?;
     if let Some(node) = &node {

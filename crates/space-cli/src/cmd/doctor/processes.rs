@@ -121,8 +121,9 @@ fn seccomp_mode(status: &Status) -> String {
 /// SPACE's processes on this host by role. Neither process writes a pid
 /// file, so they are found by their command lines in /proc (readable to
 /// anyone, like the status files read below).
-fn find() -> Vec<(Role, u32)> {
-    let mut found: Vec<(Role, u32)> = std::fs::read_dir("/proc")
+/// Each with its command line.
+fn find() -> Vec<(Role, u32, Vec<String>)> {
+    let mut found: Vec<(Role, u32, Vec<String>)> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
@@ -131,12 +132,34 @@ fn find() -> Vec<(Role, u32)> {
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&cmdline);
             let argv: Vec<&str> = cmdline.split('\0').collect();
-            Some((Role::of(&argv)?, pid))
+            let role = Role::of(&argv)?;
+            Some((role, pid, argv.iter().map(|a| a.to_string()).collect()))
         })
         .collect();
-    found.sort_unstable_by_key(|&(role, pid)| (role.name(), pid));
+    found.sort_unstable_by_key(|(role, pid, _)| (role.name(), *pid));
     found
 }
+
+/// What a confined server recorded of its own Landlock ruleset
+/// (`state/confined.json` of the data dir on its command line), when the
+/// record is that process's: Landlock leaves no trace outside a process.
+fn recorded_landlock(pid: u32, argv: &[String]) -> Option<String> {
+    let at = argv.iter().position(|a| a == "--data-dir");
+    let data_dir = match at.and_then(|at| argv.get(at + 1)) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => argv
+            .iter()
+            .find_map(|a| a.strip_prefix("--data-dir="))
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| crate::cli::DEFAULT_DATA_DIR.into()),
+    };
+    let path = space_host::datadir::state_dir(&data_dir).join(CONFINED_RECORD);
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    (record["pid"].as_u64() == Some(u64::from(pid))).then(|| record["landlock"].as_str().map(str::to_string))?
+}
+
+/// Where `space serve --helper-socket` records what its confinement achieved.
+pub(crate) const CONFINED_RECORD: &str = "confined.json";
 
 fn user_name(uid: u32) -> String {
     match nix::unistd::User::from_uid(uid.into()) {
@@ -146,7 +169,13 @@ fn user_name(uid: u32) -> String {
 }
 
 /// The section's text.
+#[cfg(test)]
 fn render(found: &[(Role, u32)], landlock_abi: Option<i32>) -> String {
+    render_with(found, landlock_abi, &[])
+}
+
+/// [`render`], with what confined servers recorded of their Landlock.
+fn render_with(found: &[(Role, u32)], landlock_abi: Option<i32>, recorded: &[(u32, String)]) -> String {
     let landlock = match landlock_abi {
         Some(abi) => format!("kernel ABI {abi} (whether a process is restricted is not visible from outside it)"),
         None => "not offered by this kernel".into(),
@@ -174,7 +203,10 @@ fn render(found: &[(Role, u32)], landlock_abi: Option<i32>) -> String {
             detail(&mut out, "capabilities", &capability_names(status.cap_effective));
             detail(&mut out, "no_new_privs", if status.no_new_privs { "yes" } else { "no" });
             detail(&mut out, "seccomp", &seccomp_mode(&status));
-            detail(&mut out, "landlock", &landlock);
+            match recorded.iter().find(|(at, _)| *at == pid) {
+                Some((_, how)) => detail(&mut out, "landlock", &format!("enforced ({how}), as the process recorded")),
+                None => detail(&mut out, "landlock", &landlock),
+            }
             detail(&mut out, "reads", role.reads());
         }
     }
@@ -182,7 +214,14 @@ fn render(found: &[(Role, u32)], landlock_abi: Option<i32>) -> String {
 }
 
 pub(crate) fn report() {
-    print!("{}", render(&find(), confine::landlock_abi()));
+    let found = find();
+    let recorded: Vec<(u32, String)> = found
+        .iter()
+        .filter(|(role, _, _)| *role == Role::Server)
+        .filter_map(|(_, pid, argv)| Some((*pid, recorded_landlock(*pid, argv)?)))
+        .collect();
+    let found: Vec<(Role, u32)> = found.into_iter().map(|(role, pid, _)| (role, pid)).collect();
+    print!("{}", render_with(&found, confine::landlock_abi(), &recorded));
 }
 
 #[cfg(test)]
