@@ -376,8 +376,9 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
 
 /// Template work crosses the helper too: a confined server makes snapshot
 /// templates of a sandbox and of a checkpoint (the helper makes, fills and
-/// publishes the build dir), starts sandboxes from them, reclaims an old
-/// version and deletes templates, none of which it could do itself
+/// publishes the build dir), imports an OCI archive (the helper reads the
+/// descriptor the server opened), starts sandboxes from them, reclaims an
+/// old version and deletes templates, none of which it could do itself
 /// (`templates/` is read-only to it).
 #[test]
 fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
@@ -418,7 +419,36 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     wait_until("snap's old version reclaimed", PATIENCE, || !templates.join("snap/1").exists());
     split.assert_confined("reclaiming an old version");
 
-    for name in ["snap", "snapc"] {
+    // An OCI archive: the server opens the upload and the build's log and
+    // hands both to the helper, which reads and writes only those.
+    let archive = std::fs::read(common::busybox_image(data.root())).unwrap();
+    let import = |name: &str, archive: &[u8]| {
+        let path = format!("/v1/templates?name={name}");
+        let (status, body) = split.client.post_bytes(&path, &[("content-type", "application/x-tar")], archive).unwrap();
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+        let accepted: Value = serde_json::from_slice(&body).unwrap();
+        let id = accepted["operation"]["id"].as_str().unwrap().to_string();
+        (split.client.wait_for_operation_within(&id, Duration::from_secs(60)).unwrap(), id)
+    };
+    let (imported, operation) = import("img", &archive);
+    assert_eq!(imported.state, OperationState::Succeeded, "{imported:?}");
+    split.assert_confined("an OCI import");
+    assert_eq!(owner(&templates.join("img/1/rootfs")), 0);
+    assert_eq!(owner(&data.root().join("logs").join(format!("{operation}.log"))), split.uid, "the server's log");
+    let of_image = split.lifecycle("/v1/sandboxes", json!({"template": "img"})).sandbox_id.expect("its id");
+    assert_eq!(split.exec(&of_image, &["sh", "-c", "pwd; cat hello.txt"])["stdout"], "/srv\nfrom the image\n");
+    let answer = split.client.delete(&format!("/v1/sandboxes/{of_image}")).unwrap();
+    split.operation(&serde_json::from_value(answer["operation"].clone()).unwrap());
+    let (broken, operation) = import("broken", &[7u8; 4096]);
+    assert_eq!(broken.state, OperationState::Failed, "{broken:?}");
+    let told = broken.error.expect("why").message;
+    assert!(told.contains("not a tar archive"), "the input's fault is told: {told}");
+    let log = std::fs::read_to_string(data.root().join("logs").join(format!("{operation}.log"))).unwrap();
+    assert!(log.contains("import failed: the upload is not a tar archive"), "{log}");
+    assert!(!templates.join("broken").exists(), "a failed import leaves nothing");
+    split.assert_confined("a failed OCI import");
+
+    for name in ["snap", "snapc", "img"] {
         split.client.delete_empty(&format!("/v1/templates/{name}")).unwrap();
         assert!(!templates.join(name).exists(), "{name} is gone");
     }

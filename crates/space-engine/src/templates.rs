@@ -17,14 +17,16 @@
 //! [`TemplateHost::publish_template`] seals and renames it.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use space_host::btrfs;
+pub use space_host::oci::Imported;
+pub use space_host::template::BuildProgress;
 use space_host::template::TemplateMeta;
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    CheckpointName, ImageRef, SandboxId, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
+    CheckpointName, DiskMib, ImageRef, SandboxId, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::EngineError;
@@ -32,8 +34,29 @@ use crate::EngineError;
 /// A template's `template.json`: its presence marks a complete version.
 pub const TEMPLATE_META: &str = "template.json";
 
+/// What a template's root is built from.
+#[derive(Debug)]
+pub enum BuildInput {
+    /// An OCI image archive (`docker save` or an OCI layout tar), opened
+    /// by whoever received the upload.
+    OciArchive(fs::File),
+}
+
 /// The root work of templates. Every method blocks.
 pub trait TemplateHost: Send + Sync {
+    /// `BuildTemplate`: a new build dir of `template` (as
+    /// [`TemplateHost::begin_template`]) whose root, capped at `disk_mib`,
+    /// is built from `input`; steps go to `progress`, the build's log to
+    /// `log`. [`TemplateHost::publish_template`] publishes it.
+    fn build_template(
+        &self,
+        template: &TemplateRef,
+        input: BuildInput,
+        disk_mib: DiskMib,
+        log: fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<Imported, EngineError>;
+
     /// `BeginTemplate`: the empty build dir of `template`'s version, which
     /// must be newer than every version of the template there is.
     fn begin_template(&self, template: &TemplateRef) -> Result<(), EngineError>;
@@ -47,9 +70,15 @@ pub trait TemplateHost: Send + Sync {
         checkpoint: &CheckpointName,
     ) -> Result<(), EngineError>;
 
-    /// `PublishTemplate`: the build's root sealed read-only, `meta` written
-    /// as its record, the build renamed to its version.
-    fn publish_template(&self, template: &TemplateRef, meta: &TemplateMetaJson) -> Result<(), EngineError>;
+    /// `PublishTemplate`: the build's root sealed read-only, with `ext4` a
+    /// microVM's root drive of it made, `meta` written as its record, the
+    /// build renamed to its version.
+    fn publish_template(
+        &self,
+        template: &TemplateRef,
+        meta: &TemplateMetaJson,
+        ext4: Option<DiskMib>,
+    ) -> Result<(), EngineError>;
 
     /// `DeleteTemplate`: one version (published or a build), or every one.
     fn delete_template(&self, name: &TemplateName, version: Option<TemplateVersion>) -> Result<(), EngineError>;
@@ -66,11 +95,13 @@ pub trait TemplateHost: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct LocalTemplates {
     layout: Layout,
+    /// The guest agent put into the roots it builds.
+    agent_bin: PathBuf,
 }
 
 impl LocalTemplates {
-    pub fn new(layout: Layout) -> LocalTemplates {
-        LocalTemplates { layout }
+    pub fn new(layout: Layout, agent_bin: impl Into<PathBuf>) -> LocalTemplates {
+        LocalTemplates { layout, agent_bin: agent_bin.into() }
     }
 
     /// The newest version of `name` on disk, published or being built;
@@ -93,6 +124,27 @@ fn refused(message: String) -> EngineError {
     EngineError::Runtime(message)
 }
 
+/// A build's failure: the input's own fault keeps its text whole, so the
+/// platform can tell it to whoever sent the input.
+fn build_failed(err: space_host::HostError) -> EngineError {
+    match err {
+        space_host::HostError::Invalid(why) => EngineError::Runtime(format!("{INVALID_INPUT}{why}")),
+        other => EngineError::from(other),
+    }
+}
+
+/// How a build's failure that is the input's fault begins (see
+/// [`invalid_input`]).
+const INVALID_INPUT: &str = "invalid input: ";
+
+/// The input's fault a build's error tells, if it is one.
+pub fn invalid_input(err: &EngineError) -> Option<&str> {
+    match err {
+        EngineError::Runtime(message) => message.strip_prefix(INVALID_INPUT),
+        _ => None,
+    }
+}
+
 /// Removes a build dir, the subvolumes in it as subvolumes.
 fn remove_build(partial: &Path) -> Result<(), EngineError> {
     btrfs::remove_tree(partial).map_err(EngineError::from)
@@ -105,6 +157,28 @@ fn is_empty_dir(path: &Path) -> bool {
 }
 
 impl TemplateHost for LocalTemplates {
+    fn build_template(
+        &self,
+        template: &TemplateRef,
+        input: BuildInput,
+        disk_mib: DiskMib,
+        log: fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<Imported, EngineError> {
+        progress(BuildProgress::step("creating the root subvolume", 0));
+        self.begin_template(template)?;
+        let partial = self.layout.template_partial(template);
+        let rootfs = partial.join("rootfs");
+        let max_bytes = u64::from(disk_mib.get()) << 20;
+        btrfs::create_subvolume(&rootfs)?;
+        btrfs::limit_exclusive_bytes(&rootfs, max_bytes)?;
+        match input {
+            BuildInput::OciArchive(archive) => {
+                space_host::oci::fill_oci(&partial, &archive, &log, Some(max_bytes), &self.agent_bin, progress)
+                    .map_err(build_failed)
+            }
+        }
+    }
     fn begin_template(&self, template: &TemplateRef) -> Result<(), EngineError> {
         let partial = self.layout.template_partial(template);
         // A build of this very version a killed process left is stale:
@@ -158,7 +232,12 @@ impl TemplateHost for LocalTemplates {
         Ok(())
     }
 
-    fn publish_template(&self, template: &TemplateRef, meta: &TemplateMetaJson) -> Result<(), EngineError> {
+    fn publish_template(
+        &self,
+        template: &TemplateRef,
+        meta: &TemplateMetaJson,
+        ext4: Option<DiskMib>,
+    ) -> Result<(), EngineError> {
         let record: TemplateMeta =
             serde_json::from_str(meta.as_str()).map_err(|err| refused(format!("not a template record: {err}")))?;
         if record.name != template.name.as_str() || record.version != template.version.get() {
@@ -186,6 +265,10 @@ impl TemplateHost for LocalTemplates {
         // A microVM's image keeps its root as a drive file.
         if fs::symlink_metadata(&root).is_ok_and(|m| m.is_dir()) {
             btrfs::set_read_only(&root)?;
+            if let Some(room) = ext4 {
+                let image = partial.join(space_host::template::EXT4_IMAGE);
+                space_host::template::make_ext4(&root, &image, room.get())?;
+            }
         }
         // Written as read, not as sent: what the platform reads back is a
         // record it can parse.

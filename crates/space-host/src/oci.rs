@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
@@ -30,21 +30,33 @@ fn bad(reason: impl Into<String>) -> HostError {
 }
 
 /// What to import.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct OciImport {
     pub name: String,
-    /// The uploaded archive (a tar, or a gzip-compressed tar).
-    pub archive: PathBuf,
+    /// The uploaded archive (a tar, or a gzip-compressed tar), opened by
+    /// whoever received it: the importer reads this descriptor alone, at
+    /// positions of its own (never its shared offset), and opens no path
+    /// of the upload's.
+    pub archive: fs::File,
     /// Values given with the request; they win over the image's.
     pub overrides: DefaultsOverride,
     /// The tenant it is imported for; `None`: shared.
     pub owner: Option<String>,
     /// The engine its sandboxes run on; `None`: the server's default.
     pub engine: Option<String>,
-    /// Where the build log goes.
-    pub log: PathBuf,
+    /// The build log, opened for writing by whoever owns the log dir.
+    pub log: fs::File,
     /// The most the new root may hold; `None`: no cap.
     pub max_bytes: Option<u64>,
+}
+
+/// What an imported image says of itself: the template's source and the
+/// defaults its config sets (a request's own win over them).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Imported {
+    pub source: serde_json::Value,
+    pub defaults: DefaultsOverride,
 }
 
 /// Imports an OCI image archive as the next version of a template.
@@ -54,48 +66,88 @@ pub fn import_oci(
     agent_bin: &Path,
     mut progress: impl FnMut(BuildProgress),
 ) -> Result<TemplateInfo, HostError> {
-    let mut log = open_log(&import.log)?;
     let labels = (import.owner.clone(), import.engine.clone());
-    let result = publish(data, &import.name, labels, import.max_bytes, &mut progress, |partial, progress| {
-        let rootfs = partial.join("rootfs");
-        let step = |step: &str, done| BuildProgress::step(step, done);
-        progress(step("reading the archive", 0));
-        let archive = OuterArchive::open(&import.archive, partial, import.max_bytes)?;
-        let image = archive.image()?;
-        let _ = writeln!(log, "image: {} ({} layers)", image.format, image.layers.len());
-        let total: u64 = image.layers.iter().map(|l| l.size).sum();
-        let mut done = 0;
-        for (n, layer) in image.layers.iter().enumerate() {
-            let what = format!("applying layer {} of {}", n + 1, image.layers.len());
-            let _ = writeln!(log, "{what}: {} ({} bytes)", layer.member, layer.size);
-            let mut report = |bytes: u64| progress(BuildProgress::bytes(&what, 2, done + bytes, total));
-            apply_layer(&archive, layer, n + 1, &rootfs, &mut log, &mut report)?;
-            done += layer.size;
-        }
-        archive.discard();
-        progress(step("installing the agent", 3));
-        install_agent(&rootfs, agent_bin)?;
-        btrfs::set_read_only(&rootfs)?;
-        let defaults = import.overrides.apply(image.defaults);
-        let source = serde_json::json!({"oci": {
-            "format": image.format,
-            "digest": image.digest,
-            "layers": image.layers.len(),
-            "bytes": total,
-        }});
-        Ok((source, defaults))
-    });
+    publish(data, &import.name, labels, import.max_bytes, &mut progress, |partial, progress| {
+        let imported = fill_oci(partial, &import.archive, &import.log, import.max_bytes, agent_bin, progress)?;
+        Ok((imported.source, import.overrides.apply(imported.defaults)))
+    })
+}
+
+/// Fills a build dir's root subvolume (`partial/rootfs`, made and capped
+/// by the caller) with the image in `archive`, installs the agent and
+/// seals the root read-only; the build log goes to `log`.
+pub fn fill_oci(
+    partial: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    max_bytes: Option<u64>,
+    agent_bin: &Path,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, HostError> {
+    let mut log = log;
+    let result = fill_oci_logged(partial, archive, &mut log, max_bytes, agent_bin, progress);
     if let Err(err) = &result {
         let _ = writeln!(log, "import failed: {err}");
     }
     result
 }
 
-fn open_log(path: &Path) -> Result<fs::File, HostError> {
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
+fn fill_oci_logged(
+    partial: &Path,
+    archive: &fs::File,
+    log: &mut &fs::File,
+    max_bytes: Option<u64>,
+    agent_bin: &Path,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, HostError> {
+    let rootfs = partial.join("rootfs");
+    let step = |step: &str, done| BuildProgress::step(step, done);
+    progress(step("reading the archive", 0));
+    let archive = OuterArchive::open(archive, partial, max_bytes)?;
+    let image = archive.image()?;
+    let _ = writeln!(log, "image: {} ({} layers)", image.format, image.layers.len());
+    let total: u64 = image.layers.iter().map(|l| l.size).sum();
+    let mut done = 0;
+    for (n, layer) in image.layers.iter().enumerate() {
+        let what = format!("applying layer {} of {}", n + 1, image.layers.len());
+        let _ = writeln!(log, "{what}: {} ({} bytes)", layer.member, layer.size);
+        let mut report = |bytes: u64| progress(BuildProgress::bytes(&what, 2, done + bytes, total));
+        apply_layer(&archive, layer, n + 1, &rootfs, log, &mut report)?;
+        done += layer.size;
     }
-    fs::File::create(path).map_err(HostError::io("creating the build log"))
+    archive.discard();
+    progress(step("installing the agent", 3));
+    install_agent(&rootfs, agent_bin)?;
+    btrfs::set_read_only(&rootfs)?;
+    let source = serde_json::json!({"oci": {
+        "format": image.format,
+        "digest": image.digest,
+        "layers": image.layers.len(),
+        "bytes": total,
+    }});
+    Ok(Imported { source, defaults: image.defaults })
+}
+
+/// A member's bytes: a window of the archive read at positions of its
+/// own, so readers of one descriptor never move each other's offset.
+struct MemberReader<'a> {
+    file: &'a fs::File,
+    at: u64,
+    end: u64,
+}
+
+impl Read for MemberReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let left = self.end.saturating_sub(self.at);
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let read = self.file.read_at(&mut buf[..want], self.at)?;
+        self.at += read as u64;
+        Ok(read)
+    }
 }
 
 /// A member of the outer archive: its data in the file, or a link to another member.
@@ -106,9 +158,10 @@ enum Member {
 }
 
 /// The uploaded archive, indexed.
-struct OuterArchive {
-    path: PathBuf,
-    /// A decompressed copy, when the upload was gzip-compressed.
+struct OuterArchive<'a> {
+    /// The upload, or its decompressed copy.
+    file: Archived<'a>,
+    /// Where the decompressed copy is, to remove it.
     decompressed: Option<PathBuf>,
     members: HashMap<String, Member>,
 }
@@ -130,20 +183,42 @@ struct Layer {
     diff_id: String,
 }
 
-impl OuterArchive {
+/// The archive's bytes: the descriptor given, or a copy of our own.
+enum Archived<'a> {
+    Given(&'a fs::File),
+    Copy(fs::File),
+}
+
+impl Archived<'_> {
+    fn file(&self) -> &fs::File {
+        match self {
+            Archived::Given(file) => file,
+            Archived::Copy(file) => file,
+        }
+    }
+
+    fn whole(&self) -> MemberReader<'_> {
+        MemberReader { file: self.file(), at: 0, end: u64::MAX }
+    }
+}
+
+impl<'a> OuterArchive<'a> {
     /// Opens the upload; a gzip-compressed one is decompressed into `work`
     /// first, at most `max_bytes` of it (a small archive may expand a
     /// thousandfold).
-    fn open(upload: &Path, work: &Path, max_bytes: Option<u64>) -> Result<OuterArchive, HostError> {
-        let mut file = fs::File::open(upload).map_err(HostError::io("opening the uploaded archive"))?;
+    fn open(upload: &'a fs::File, work: &Path, max_bytes: Option<u64>) -> Result<OuterArchive<'a>, HostError> {
         let mut magic = [0u8; 2];
-        let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
-        let (path, decompressed) = if gzip {
+        let whole = || MemberReader { file: upload, at: 0, end: u64::MAX };
+        let gzip = whole().read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+        let (file, decompressed) = if gzip {
             let plain = work.join("image.tar");
-            let mut out = fs::File::create(&plain).map_err(HostError::io("decompressing the archive"))?;
-            let reader = flate2::read::MultiGzDecoder::new(BufReader::new(
-                fs::File::open(upload).map_err(HostError::io("opening the uploaded archive"))?,
-            ));
+            let mut out = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&plain)
+                .map_err(HostError::io("decompressing the archive"))?;
+            let reader = flate2::read::MultiGzDecoder::new(BufReader::new(whole()));
             let cap = max_bytes.unwrap_or(u64::MAX);
             let copied = io::copy(&mut BufReader::new(reader).take(cap.saturating_add(1)), &mut out)
                 .map_err(|e| bad(format!("the archive is gzip-compressed but does not decompress: {e}")))?;
@@ -155,12 +230,12 @@ impl OuterArchive {
                      (the tenant's quota left, or the host's free space above its reserve)"
                 )));
             }
-            (plain.clone(), Some(plain))
+            (Archived::Copy(out), Some(plain))
         } else {
-            (upload.to_path_buf(), None)
+            (Archived::Given(upload), None)
         };
-        let members = index_members(&path)?;
-        Ok(OuterArchive { path, decompressed, members })
+        let members = index_members(file.whole())?;
+        Ok(OuterArchive { file, decompressed, members })
     }
 
     fn discard(&self) {
@@ -170,14 +245,14 @@ impl OuterArchive {
     }
 
     /// A member's bytes, following member links.
-    fn open_member(&self, name: &str) -> Result<(io::Take<fs::File>, u64), HostError> {
+    fn open_member(&self, name: &str) -> Result<(MemberReader<'_>, u64), HostError> {
         let mut name = name.to_string();
         for _ in 0..8 {
             match self.members.get(&name) {
                 Some(Member::Data { offset, size }) => {
-                    let mut file = fs::File::open(&self.path).map_err(HostError::io("opening the archive"))?;
-                    file.seek(SeekFrom::Start(*offset)).map_err(HostError::io("reading the archive"))?;
-                    return Ok((file.take(*size), *size));
+                    let reader =
+                        MemberReader { file: self.file.file(), at: *offset, end: offset.saturating_add(*size) };
+                    return Ok((reader, *size));
                 }
                 Some(Member::Link(target)) => name = target.clone(),
                 None => return Err(bad(format!("the archive has no {name:?}, which the image refers to"))),
@@ -378,8 +453,7 @@ fn clean_name(name: &str) -> Result<String, HostError> {
 }
 
 /// Indexes the outer tar: each regular member's data offset and size, and links.
-fn index_members(path: &Path) -> Result<HashMap<String, Member>, HostError> {
-    let file = fs::File::open(path).map_err(HostError::io("opening the archive"))?;
+fn index_members(file: MemberReader<'_>) -> Result<HashMap<String, Member>, HostError> {
     let mut archive = tar::Archive::new(BufReader::new(file));
     let not_tar = |e: io::Error| bad(format!("the upload is not a tar archive: {e}"));
     let mut members = HashMap::new();

@@ -103,7 +103,8 @@ impl BuildProgress {
 
 /// Defaults given with a build request; unset values come from the image
 /// (for OCI imports) or the platform.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DefaultsOverride {
     pub vcpus: Option<u32>,
     pub memory_mib: Option<u32>,

@@ -176,10 +176,13 @@ fn engines_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Pa
 
 /// Who does templates' root work: this process, or the root helper at
 /// `helper_socket` when one is given (as for the gVisor engine).
-fn template_host_on(data: &DataDir, helper_socket: Option<&Path>) -> Arc<dyn TemplateHost> {
+fn template_host_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Path>) -> Arc<dyn TemplateHost> {
     match helper_socket {
         Some(socket) => Arc::new(space_engine::helper::HelperHost::new(socket, 0)),
-        None => Arc::new(LocalTemplates::new(space_engine::privsep::layout::Layout::new(data.root()))),
+        None => Arc::new(LocalTemplates::new(
+            space_engine::privsep::layout::Layout::new(data.root()),
+            config.agent_bin.clone(),
+        )),
     }
 }
 
@@ -263,7 +266,7 @@ pub fn start_platform_with_helper(
         (EngineChoice::Auto, _, _) => (gvisor, firecracker),
     };
     let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
-    let templates = template_host_on(&data, helper_socket);
+    let templates = template_host_on(config, &data, helper_socket);
     assemble(config, data, store, engine, report, templates)
 }
 
@@ -275,7 +278,7 @@ pub fn start_platform_with(config: &PlatformConfig, engine: Arc<dyn Engine>) -> 
     let data = DataDir::open_on_any_filesystem(&config.data_dir)?;
     let store = open_store(config, &data)?;
     let report = vec![engine.availability()];
-    let templates = template_host_on(&data, None);
+    let templates = template_host_on(config, &data, None);
     assemble(config, data, store, engine, report, templates)
 }
 

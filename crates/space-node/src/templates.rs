@@ -9,10 +9,11 @@ use space_api::{
     TemplateState,
 };
 use space_engine::privsep::layout::Layout;
-use space_engine::privsep::proto::{ProtoError, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion};
-use space_engine::templates::{LocalTemplates, TemplateHost};
-use space_host::oci::OciImport;
-use space_host::template::{valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, BUILD_STEPS};
+use space_engine::privsep::proto::{DiskMib, ProtoError, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion};
+use space_engine::templates::{BuildInput, LocalTemplates, TemplateHost};
+use space_host::template::{
+    valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, TemplateMeta, BUILD_STEPS,
+};
 use space_host::HostError;
 
 use crate::tenants::Caller;
@@ -54,9 +55,25 @@ fn wire<T>(checked: Result<T, ProtoError>) -> Result<T, HostError> {
     checked.map_err(|err| HostError::Invalid(err.to_string()))
 }
 
-/// The root work of a build failed: the detail stays in the logs.
+/// The root work of a build failed: the input's own fault is told, the
+/// rest stays in the logs.
 fn host_failed(err: space_engine::EngineError) -> HostError {
-    HostError::CommandFailed { command: "template host".into(), status: "failed".into(), stderr: err.to_string() }
+    match space_engine::templates::invalid_input(&err) {
+        Some(why) => HostError::Invalid(why.to_string()),
+        None => HostError::CommandFailed {
+            command: "template host".into(),
+            status: "failed".into(),
+            stderr: err.to_string(),
+        },
+    }
+}
+
+/// A build's log, in the log dir this server owns.
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, HostError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
+    }
+    std::fs::File::create(path).map_err(HostError::io("creating the build log"))
 }
 
 /// A build whose disk allowance could not be worked out does not start.
@@ -335,15 +352,20 @@ impl Platform {
             slot,
             Box::new(move |_, operation_id, progress| {
                 progress(BuildProgress::step("saving the sandbox's memory and disk", 1));
-                platform.publish_snapshot(meta, |template, partial| match &checkpoint {
-                    Some(name) => {
-                        let sandbox = wire(space_engine::privsep::proto::SandboxId::parse(&sandbox_id))?;
-                        let name = wire(space_engine::privsep::proto::CheckpointName::parse(name))?;
-                        platform.template_host().copy_checkpoint(template, &sandbox, &name).map_err(host_failed)
+                platform.publish_version(&meta.name.clone(), false, |template, partial| {
+                    let host = platform.template_host();
+                    host.begin_template(template).map_err(host_failed)?;
+                    match &checkpoint {
+                        Some(name) => {
+                            let sandbox = wire(space_engine::privsep::proto::SandboxId::parse(&sandbox_id))?;
+                            let name = wire(space_engine::privsep::proto::CheckpointName::parse(name))?;
+                            host.copy_checkpoint(template, &sandbox, &name).map_err(host_failed)?
+                        }
+                        None => runtime
+                            .block_on(platform.save_image_of(&sandbox_id, operation_id, partial))
+                            .map_err(|err| HostError::Invalid(err.to_string()))?,
                     }
-                    None => runtime
-                        .block_on(platform.save_image_of(&sandbox_id, operation_id, partial))
-                        .map_err(|err| HostError::Invalid(err.to_string())),
+                    Ok(meta)
                 })
             }),
         )
@@ -351,36 +373,41 @@ impl Platform {
 
     /// Who does templates' root work: this process, or the root helper.
     pub(crate) fn template_host(&self) -> Arc<dyn TemplateHost> {
-        self.template_host.get_or_init(|| Arc::new(LocalTemplates::new(Layout::new(self.data.root())))).clone()
+        self.template_host
+            .get_or_init(|| Arc::new(LocalTemplates::new(Layout::new(self.data.root()), self.agent_bin.clone())))
+            .clone()
     }
 
-    /// Publishes the next version of template `meta.name` as a snapshot
-    /// template: an empty build dir is made, `fill` saves the image into it
-    /// (the root at `rootfs/`, the memory beside it), and the build is
-    /// sealed and published with `meta` (its version and time set here).
-    /// On failure nothing of it is left.
-    fn publish_snapshot(
+    /// Publishes the next version of template `name`: `build` makes its
+    /// build dir (for the version in the [`TemplateRef`] it is given, at the
+    /// path beside it) and fills it, and returns the record to publish,
+    /// whose version and time are set here; with `ext4`, a microVM's root
+    /// drive is made of the root (with the record's `disk_mib` of room). On failure nothing of it is left.
+    fn publish_version(
         &self,
-        mut meta: space_host::template::TemplateMeta,
-        fill: impl FnOnce(&TemplateRef, &std::path::Path) -> Result<(), HostError>,
+        name: &str,
+        ext4: bool,
+        build: impl FnOnce(&TemplateRef, &std::path::Path) -> Result<TemplateMeta, HostError>,
     ) -> Result<TemplateInfo, HostError> {
-        if meta.image.is_none() {
-            return Err(HostError::Invalid(format!("not a snapshot template: {:?}", meta.name)));
-        }
-        meta.version = self.data.template(&meta.name).map(|t| t.meta.version + 1).unwrap_or(1);
-        meta.created_at = space_host::now_rfc3339();
-        let template = TemplateRef {
-            name: wire(TemplateName::parse(&meta.name))?,
-            version: wire(TemplateVersion::new(meta.version))?,
-        };
-        let record = serde_json::to_string(&meta).map_err(|err| HostError::Invalid(err.to_string()))?;
-        let record = wire(TemplateMetaJson::parse(&record))?;
+        let version = self.data.template(name).map(|t| t.meta.version + 1).unwrap_or(1);
+        let template =
+            TemplateRef { name: wire(TemplateName::parse(name))?, version: wire(TemplateVersion::new(version))? };
+        let layout = Layout::new(self.data.root());
         let host = self.template_host();
-        host.begin_template(&template).map_err(host_failed)?;
-        let partial = Layout::new(self.data.root()).template_partial(&template);
-        let published = fill(&template, &partial)
-            .and_then(|()| host.publish_template(&template, &record).map_err(host_failed))
-            .and_then(|()| TemplateInfo::load(&Layout::new(self.data.root()).template_dir(&template)));
+        let published = build(&template, &layout.template_partial(&template))
+            .and_then(|mut meta| {
+                meta.name = name.to_string();
+                meta.version = version;
+                meta.created_at = space_host::now_rfc3339();
+                let record = serde_json::to_string(&meta).map_err(|err| HostError::Invalid(err.to_string()))?;
+                let room = match ext4 {
+                    true => Some(wire(DiskMib::new(meta.defaults.disk_mib))?),
+                    false => None,
+                };
+                Ok((wire(TemplateMetaJson::parse(&record))?, room))
+            })
+            .and_then(|(record, room)| host.publish_template(&template, &record, room).map_err(host_failed))
+            .and_then(|()| TemplateInfo::load(&layout.template_dir(&template)));
         if published.is_err() {
             if let Err(err) = host.delete_template(&template.name, Some(template.version)) {
                 tracing::warn!(template = %template.name, "removing a failed build: {err}");
@@ -402,16 +429,35 @@ impl Platform {
             slot,
             Box::new(move |platform, operation_id, progress| {
                 let grant = platform.grant_build_allowance(&tenant).map_err(quota_unknown)?;
-                let import = OciImport {
-                    max_bytes: Some(grant.bytes),
-                    name,
-                    archive: upload.path.clone(),
-                    overrides,
-                    owner,
-                    engine,
-                    log: platform.data.log_path(operation_id),
-                };
-                let built = space_host::oci::import_oci(&platform.data, &import, &platform.agent_bin, progress);
+                // The server opens both, so whoever imports reads and
+                // writes these descriptors and opens no path of ours.
+                let log = open_log(&platform.data.log_path(operation_id))?;
+                let archive =
+                    std::fs::File::open(&upload.path).map_err(HostError::io("opening the uploaded archive"))?;
+                let disk_mib =
+                    wire(DiskMib::new((grant.bytes >> 20).clamp(DiskMib::MIN.into(), DiskMib::MAX.into()) as u32))?;
+                let ext4 = platform.data.ext4_images();
+                let built = platform.publish_version(&name, ext4, |template, _| {
+                    let input = BuildInput::OciArchive(archive);
+                    let imported = platform
+                        .template_host()
+                        .build_template(template, input, disk_mib, log, progress)
+                        .map_err(host_failed)?;
+                    let defaults = overrides.apply(imported.defaults);
+                    Ok(TemplateMeta {
+                        name: name.clone(),
+                        version: 0,
+                        created_at: String::new(),
+                        source: imported.source,
+                        defaults,
+                        warm_pool: None,
+                        hot_pool: None,
+                        owner,
+                        engine,
+                        image: None,
+                    })
+                });
+                drop(grant);
                 drop(upload);
                 built
             }),

@@ -143,7 +143,7 @@ impl BlockingClient {
     /// One `recvmsg`; descriptors that came with it are added to `fds`.
     fn recv_some(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, nix::errno::Errno> {
         let mut iov = [IoSliceMut::new(buf)];
-        let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+        let mut space = nix::cmsg_space!([RawFd; proto::RECV_FDS]);
         let msg = recvmsg::<()>(self.stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
         for cmsg in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(list) = cmsg {

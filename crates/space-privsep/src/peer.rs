@@ -298,7 +298,7 @@ async fn recv_some(stream: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) 
     let (n, received, truncated) = stream
         .async_io(Interest::READABLE, || {
             let mut iov = [IoSliceMut::new(&mut *buf)];
-            let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+            let mut space = nix::cmsg_space!([RawFd; proto::RECV_FDS]);
             let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
                 .map_err(io::Error::from)?;
             let mut received = Vec::new();

@@ -25,8 +25,15 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 4;
 /// The largest frame body either side sends or accepts.
 pub const MAX_FRAME: usize = 256 * 1024;
-/// The most file descriptors one message carries.
-pub const MAX_FDS: usize = 1;
+/// The most file descriptors one message carries (a build's log and its
+/// archive).
+pub const MAX_FDS: usize = 2;
+/// Room for the most descriptors one `recvmsg` can bring (the kernel's
+/// `SCM_MAX_FD`), so a message with more than [`MAX_FDS`] is never cut
+/// short: a cut one cannot be read safely, and the descriptors the kernel
+/// did install would stay open unseen. All that come are owned, counted
+/// and closed.
+pub const RECV_FDS: usize = 253;
 /// The most packages one Debian template build names.
 pub const MAX_PACKAGES: usize = 512;
 /// The most sandboxes one `List` answer names (a host runs far fewer).
@@ -498,7 +505,12 @@ pub enum Request {
     ConnectVmm {
         sandbox: SandboxId,
     },
-    /// Builds `template`'s root (never an existing version) under a quota.
+    /// Builds `template`'s root (never an existing version) under a quota
+    /// into a new build dir, as `BeginTemplate` makes it. Its descriptors:
+    /// the build log (opened for writing by the unprivileged side, which
+    /// owns the log dir), then for an archive the archive (opened for
+    /// reading). Answered with `Progress` replies while it runs, then
+    /// `Built` or a refusal; `PublishTemplate` publishes it.
     BuildTemplate {
         template: TemplateRef,
         source: BuildSource,
@@ -520,10 +532,12 @@ pub enum Request {
     },
     /// Makes the build's root read-only, writes `meta` (whose name and
     /// version must be the request's) as its `template.json`, and renames
-    /// the build dir to the version's.
+    /// the build dir to the version's; with `ext4`, a microVM's root drive
+    /// of the root is made first, with that much room for its writes.
     PublishTemplate {
         template: TemplateRef,
         meta: TemplateMetaJson,
+        ext4: Option<DiskMib>,
     },
     /// Removes one version of a template (published or still a build dir),
     /// or with no version the template's every version and build.
@@ -539,7 +553,8 @@ impl Request {
     /// How many descriptors travel with this request.
     pub fn fds(&self) -> usize {
         match self {
-            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 1,
+            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 2,
+            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } => 1,
             _ => 0,
         }
     }
@@ -602,6 +617,23 @@ pub struct StepTook {
     pub micros: u64,
 }
 
+/// What a build's progress counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AmountUnit {
+    Bytes,
+    Packages,
+}
+
+/// How much of a build step's work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amount {
+    pub unit: AmountUnit,
+    pub done: u64,
+    pub total: u64,
+}
+
 /// The most steps a `Started` reply names.
 pub const MAX_STEPS: usize = 16;
 
@@ -660,6 +692,19 @@ pub enum Reply {
     Sandboxes {
         sandboxes: Vec<SandboxId>,
     },
+    /// A build's step (at most [`MAX_MESSAGE`] bytes of it) and how much
+    /// of its work is done; more replies follow.
+    Progress {
+        step: String,
+        done: u64,
+        total: u64,
+        amount: Option<Amount>,
+    },
+    /// A build's root is made; `image` is what the image says of itself
+    /// (its source and defaults), for the record `PublishTemplate` writes.
+    Built {
+        image: TemplateMetaJson,
+    },
     /// At most [`MAX_MESSAGE`] bytes of `detail`.
     Availability {
         available: bool,
@@ -699,6 +744,9 @@ impl Reply {
             }
             Reply::States { states } if states.len() > MAX_LISTED => {
                 Err(ProtoError::Invalid(format!("{} states, over {MAX_LISTED}", states.len())))
+            }
+            Reply::Progress { step, .. } if step.len() > MAX_MESSAGE => {
+                Err(ProtoError::Invalid(format!("a build step of {} bytes", step.len())))
             }
             Reply::Log { text } if text.len() > MAX_MESSAGE => {
                 Err(ProtoError::Invalid(format!("a log of {} bytes", text.len())))

@@ -66,8 +66,9 @@ async fn requests_replies_and_descriptors_cross_the_socket() {
     let mut client = HelperClient::over(client);
     let serve = tokio::spawn(async move {
         let incoming = helper.recv().await.unwrap().unwrap();
-        let archive = incoming.fds.into_iter().next().unwrap();
-        assert_eq!(read_all(archive), b"an archive's bytes");
+        let mut fds = incoming.fds.into_iter();
+        assert_eq!(read_all(fds.next().unwrap()), b"a log");
+        assert_eq!(read_all(fds.next().unwrap()), b"an archive's bytes");
         let listener = pipe_with(b"a listener");
         helper.send(&Reply::Listening {}, &[listener.as_fd()]).await.unwrap();
         // The end of the stream between requests is a clean close.
@@ -79,8 +80,9 @@ async fn requests_replies_and_descriptors_cross_the_socket() {
         source: BuildSource::OciArchive {},
         disk_mib: DiskMib::new(100).unwrap(),
     };
-    let archive = pipe_with(b"an archive's bytes");
-    let (reply, fds) = timeout(DEADLINE, client.call(&request, &[archive.as_fd()])).await.unwrap().unwrap();
+    let (log, archive) = (pipe_with(b"a log"), pipe_with(b"an archive's bytes"));
+    let (reply, fds) =
+        timeout(DEADLINE, client.call(&request, &[log.as_fd(), archive.as_fd()])).await.unwrap().unwrap();
     assert_eq!(reply, Reply::Listening {});
     assert_eq!(read_all(fds.into_iter().next().unwrap()), b"a listener");
     drop(client);
@@ -121,7 +123,7 @@ async fn more_descriptors_than_a_message_may_carry_are_refused_and_closed() {
     let (helper, client) = pair();
     let frame = proto::encode(&Request::Pause { sandbox: sandbox() }).unwrap();
     let (read, write) = nix::unistd::pipe().unwrap();
-    let raw = [read.as_raw_fd(), read.as_raw_fd()];
+    let raw = [read.as_raw_fd(); space_privsep::proto::MAX_FDS + 1];
     let client = client.into_std().unwrap();
     client.set_nonblocking(false).unwrap();
     sendmsg::<()>(

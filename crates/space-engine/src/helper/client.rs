@@ -2,25 +2,29 @@
 //! helper, on a connection of its own while it runs (so calls from several
 //! threads go on at once, as they do with the in-process host).
 
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use space_privsep::client::BlockingClient;
 use space_privsep::peer::PeerError;
 use space_privsep::proto::{
-    CheckpointName, Engine, EngineState, ImageRef, PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, StartFrom,
-    TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
+    AmountUnit, BuildSource, CheckpointName, DiskMib, Engine, EngineState, ImageRef, PatienceMs, Reply, Request,
+    SandboxId, Shape, SlackNs, StartFrom, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::host::{EngineHost, Launched};
-use crate::templates::TemplateHost;
+use crate::templates::{BuildInput, BuildProgress, Imported, TemplateHost};
 use crate::EngineError;
 
 /// How long the helper may take to answer a request: its longest (a root
 /// snapshot, a checkpoint, a destroy of a large root) on a loaded host.
 const REPLY_PATIENCE: Duration = Duration::from_secs(600);
+/// How long a template build may take in all (a large image on a loaded
+/// host); each of its replies comes within the usual patience.
+const BUILD_PATIENCE: Duration = Duration::from_secs(3 * 3600);
 /// How long connecting to the helper and its hello may take.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -298,8 +302,62 @@ impl TemplateHost for HelperHost {
         })
     }
 
-    fn publish_template(&self, template: &TemplateRef, meta: &TemplateMetaJson) -> Result<(), EngineError> {
-        self.done(Request::PublishTemplate { template: template.clone(), meta: meta.clone() })
+    fn build_template(
+        &self,
+        template: &TemplateRef,
+        input: BuildInput,
+        disk_mib: DiskMib,
+        log: std::fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<Imported, EngineError> {
+        let BuildInput::OciArchive(archive) = input;
+        let request =
+            Request::BuildTemplate { template: template.clone(), source: BuildSource::OciArchive {}, disk_mib };
+        // A connection of its own: it is the build's until the build ends.
+        let client = self.connect()?;
+        client.send(&request, &[log.as_fd(), archive.as_fd()]).map_err(|err| transport(&request, err))?;
+        let deadline = Instant::now() + BUILD_PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Runtime(format!("the build did not end within {BUILD_PATIENCE:?}")));
+            }
+            let (reply, _) = client.recv(left.min(self.patience)).map_err(|err| transport(&request, err))?;
+            match reply {
+                Reply::Progress { step, done, total, amount } => progress(BuildProgress {
+                    step,
+                    done,
+                    total,
+                    amount: amount.map(|amount| space_host::template::Amount {
+                        unit: match amount.unit {
+                            AmountUnit::Bytes => "bytes",
+                            AmountUnit::Packages => "packages",
+                        },
+                        done: amount.done,
+                        total: amount.total,
+                    }),
+                }),
+                Reply::Built { image } => {
+                    self.give_back(client);
+                    return serde_json::from_str(image.as_str())
+                        .map_err(|err| EngineError::Runtime(format!("the helper's record of the image: {err}")));
+                }
+                Reply::Refused { message, .. } => {
+                    self.give_back(client);
+                    return Err(EngineError::Runtime(message));
+                }
+                other => return Err(unexpected(&request, &other)),
+            }
+        }
+    }
+
+    fn publish_template(
+        &self,
+        template: &TemplateRef,
+        meta: &TemplateMetaJson,
+        ext4: Option<DiskMib>,
+    ) -> Result<(), EngineError> {
+        self.done(Request::PublishTemplate { template: template.clone(), meta: meta.clone(), ext4 })
     }
 
     fn delete_template(&self, name: &TemplateName, version: Option<TemplateVersion>) -> Result<(), EngineError> {

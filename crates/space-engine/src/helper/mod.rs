@@ -33,7 +33,7 @@ use crate::Steps;
 pub async fn serve_gvisor(config: GvisorConfig, socket: &Path, allowed_uid: u32) -> Result<(), PeerError> {
     let listener = HelperListener::bind(socket, allowed_uid)?;
     let layout = Layout::new(crate::gvisor::data_dir_of(&config.state_dir));
-    let templates = LocalTemplates::new(layout.clone());
+    let templates = LocalTemplates::new(layout.clone(), config.agent_bin.clone());
     let host = LocalHost::new(LocalConfig {
         runsc: config.runsc,
         agent_bin: config.agent_bin,

@@ -5,11 +5,14 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
-use space_privsep::peer::{Connection, HelperListener, PeerError};
-use space_privsep::proto::{Engine, ImageRef, Refusal, Reply, Request, MAX_LISTED, MAX_MESSAGE};
+use space_privsep::peer::{Connection, HelperListener, Incoming, PeerError};
+use space_privsep::proto::{
+    Amount, AmountUnit, BuildSource, Engine, ImageRef, Refusal, Reply, Request, TemplateMetaJson, MAX_LISTED,
+    MAX_MESSAGE,
+};
 
 use crate::host::{EngineHost, Launched};
-use crate::templates::TemplateHost;
+use crate::templates::{BuildInput, BuildProgress, TemplateHost};
 use crate::EngineError;
 
 /// Serves `listener` with `host` until accepting fails: each accepted
@@ -80,6 +83,13 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
                 return;
             }
         };
+        if let Request::BuildTemplate { .. } = incoming.request {
+            if let Err(err) = serve_build(&connection, hosts.templates.clone(), incoming).await {
+                tracing::warn!(pid = peer.pid, "answering a build: {err}");
+                return;
+            }
+            continue;
+        }
         let hosts = hosts.clone();
         let answer = tokio::task::spawn_blocking(move || answer(&hosts, incoming.request))
             .await
@@ -109,6 +119,63 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
             return;
         }
     }
+}
+
+/// Runs a `BuildTemplate` on a blocking thread and answers each of its
+/// progress steps as it comes, then its end. A peer that went away stops
+/// the answers, not the build (its build dir is removed by the next build
+/// of that version, or a deletion).
+async fn serve_build(
+    connection: &Connection,
+    templates: Option<Arc<dyn TemplateHost>>,
+    incoming: Incoming,
+) -> Result<(), PeerError> {
+    let (Some(templates), Request::BuildTemplate { template, source, disk_mib }) = (templates, incoming.request) else {
+        return connection
+            .send(&Reply::refused(Refusal::BadRequest, "this helper does not build templates"), &[])
+            .await;
+    };
+    // The frame's check made sure of their number: the log, then the archive.
+    let mut fds = incoming.fds.into_iter().map(std::fs::File::from);
+    let (log, archive) = (fds.next(), fds.next());
+    let input = match (source, archive) {
+        (BuildSource::OciArchive {}, Some(archive)) => BuildInput::OciArchive(archive),
+        _ => {
+            let refusal = Reply::refused(Refusal::BadRequest, "this helper builds templates of OCI archives only");
+            return connection.send(&refusal, &[]).await;
+        }
+    };
+    let Some(log) = log else {
+        return connection.send(&Reply::refused(Refusal::BadRequest, "a build without its log"), &[]).await;
+    };
+    let (steps, mut stepped) = tokio::sync::mpsc::unbounded_channel();
+    let build = tokio::task::spawn_blocking(move || {
+        templates.build_template(&template, input, disk_mib, log, &mut |progress| {
+            let _ = steps.send(progress);
+        })
+    });
+    while let Some(progress) = stepped.recv().await {
+        connection.send(&progress_reply(progress), &[]).await?;
+    }
+    let reply = match build.await {
+        Ok(Ok(imported)) => match serde_json::to_string(&imported).map(|json| TemplateMetaJson::parse(&json)) {
+            Ok(Ok(image)) => Reply::Built { image },
+            Ok(Err(err)) => Reply::refused(Refusal::Failed, format!("the image's record: {err}")),
+            Err(err) => Reply::refused(Refusal::Failed, format!("the image's record: {err}")),
+        },
+        Ok(Err(err)) => failed(err),
+        Err(err) => Reply::refused(Refusal::Failed, format!("the build failed: {err}")),
+    };
+    connection.send(&reply, &[]).await
+}
+
+fn progress_reply(progress: BuildProgress) -> Reply {
+    let amount = progress.amount.map(|amount| Amount {
+        unit: if amount.unit == "packages" { AmountUnit::Packages } else { AmountUnit::Bytes },
+        done: amount.done,
+        total: amount.total,
+    });
+    Reply::Progress { step: tail(progress.step), done: progress.done, total: progress.total, amount }
 }
 
 /// The refusal an engine error becomes: its text, without the prefix the
@@ -221,7 +288,7 @@ fn answer_template(templates: &dyn TemplateHost, request: Request) -> Answer {
         Request::CopyCheckpoint { template, sandbox, checkpoint } => {
             done(templates.copy_checkpoint(&template, &sandbox, &checkpoint))
         }
-        Request::PublishTemplate { template, meta } => done(templates.publish_template(&template, &meta)),
+        Request::PublishTemplate { template, meta, ext4 } => done(templates.publish_template(&template, &meta, ext4)),
         Request::DeleteTemplate { name, version } => done(templates.delete_template(&name, version)),
         Request::ClearStaleQuotas {} => {
             templates.clear_stale_quotas();

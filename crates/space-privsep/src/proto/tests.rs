@@ -98,6 +98,7 @@ pub(crate) fn every_request() -> Vec<Request> {
         Request::PublishTemplate {
             template: template(),
             meta: TemplateMetaJson::parse(r#"{"name": "base", "version": 3}"#).unwrap(),
+            ext4: Some(DiskMib::new(1024).unwrap()),
         },
         Request::DeleteTemplate { name: template().name, version: Some(template().version) },
         Request::DeleteTemplate { name: template().name, version: None },
@@ -330,12 +331,13 @@ fn a_refused_text_is_not_echoed_whole() {
 }
 
 #[test]
-fn an_archive_build_carries_one_descriptor_and_nothing_else_does() {
+fn a_build_carries_its_log_and_archive_and_nothing_else_carries_a_descriptor() {
     for request in every_request() {
-        let expected = usize::from(matches!(
-            request,
-            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. }
-        ));
+        let expected = match request {
+            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 2,
+            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } => 1,
+            _ => 0,
+        };
         assert_eq!(request.fds(), expected, "{request:?}");
         assert!(request.fds() <= MAX_FDS);
     }
