@@ -150,7 +150,16 @@ fn engines_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Pa
         None => Gvisor::new(gvisor_config),
     };
     let guest = space_host::guest::existing(data);
-    let firecracker = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref()).map(|binary| {
+    let binary = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref());
+    if let (Some(binary), Some(_)) = (&binary, helper_socket) {
+        // Its jailer needs root, and the helper does not start it yet.
+        tracing::warn!(
+            "the Firecracker engine ({}) does not run beside the root helper yet: gVisor only",
+            binary.display()
+        );
+        return (gvisor, None);
+    }
+    let firecracker = binary.map(|binary| {
         let (kernel, initramfs) = match guest {
             Some(guest) => (guest.kernel, guest.initramfs),
             None => {
@@ -248,6 +257,12 @@ pub fn start_platform_with_helper(
             }
         }
     }
+    if let Some(socket) = helper_socket {
+        // What the engine says of each sandbox comes from the helper: one
+        // not answering yet would make every sandbox look gone to the
+        // reconciliation below.
+        wait_for_helper(socket, HELPER_PATIENCE)?;
+    }
     let (gvisor, firecracker) = engines_on(config, &data, helper_socket);
     let gvisor: Arc<dyn Engine> = Arc::new(gvisor);
     let firecracker: Option<Arc<dyn Engine>> = firecracker.map(|f| Arc::new(f) as Arc<dyn Engine>);
@@ -324,6 +339,27 @@ fn assemble(
     Ok(platform)
 }
 
+/// How long a server started beside the root helper waits for it to answer.
+const HELPER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until the root helper at `socket` accepts a connection (a helper
+/// started at the same time may not listen yet).
+fn wait_for_helper(socket: &Path, patience: std::time::Duration) -> Result<(), StartError> {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(_) => return Ok(()),
+            Err(err) if std::time::Instant::now() >= deadline => {
+                return Err(StartError::Startup(format!(
+                    "the root helper at {} does not answer ({err}); start `space helper` first",
+                    socket.display()
+                )))
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
 /// How long a starting server waits for a killed one's engine commands.
 const ORPHAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -339,5 +375,29 @@ fn raise_open_files_limit() {
         }
         Ok(_) => {}
         Err(err) => tracing::warn!("reading the open files limit: {err}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_waits_for_its_helper_and_says_so_when_none_answers() {
+        let dir = std::env::temp_dir().join(format!("space-helper-wait-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("helper.sock");
+        let refused = wait_for_helper(&socket, std::time::Duration::from_millis(200)).unwrap_err();
+        assert!(refused.to_string().contains("does not answer"), "{refused}");
+        // One that starts listening a little later is waited for.
+        let later = socket.clone();
+        let listening = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            std::os::unix::net::UnixListener::bind(later).unwrap()
+        });
+        wait_for_helper(&socket, std::time::Duration::from_secs(20)).unwrap();
+        drop(listening.join());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
