@@ -377,9 +377,9 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
 /// Template work crosses the helper too: a confined server makes snapshot
 /// templates of a sandbox and of a checkpoint (the helper makes, fills and
 /// publishes the build dir), imports an OCI archive (the helper reads the
-/// descriptor the server opened), starts sandboxes from them, reclaims an
-/// old version and deletes templates, none of which it could do itself
-/// (`templates/` is read-only to it).
+/// descriptor the server opened), builds a Debian template, starts
+/// sandboxes from them, reclaims an old version and deletes templates,
+/// none of which it could do itself (`templates/` is read-only to it).
 #[test]
 fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     let data = TestDataDir::new();
@@ -448,7 +448,35 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     assert!(!templates.join("broken").exists(), "a failed import leaves nothing");
     split.assert_confined("a failed OCI import");
 
-    for name in ["snap", "snapc", "img"] {
+    // A Debian build: mmdebstrap runs in the helper, its output goes to the
+    // log the server opened, its progress comes back as it goes.
+    let answer = split
+        .client
+        .post("/v1/templates", &json!({"name": "jqbox", "from": {"debian": {"packages": ["jq"]}}}))
+        .unwrap();
+    let operation = answer["operation"]["id"].as_str().unwrap().to_string();
+    let mut packages_seen = Vec::new();
+    let built = space_testkit::wait_for("the Debian build", Duration::from_secs(900), || {
+        let seen = split.client.get(&format!("/v1/operations/{operation}")).unwrap();
+        let amount = &seen["progress"]["amount"];
+        if amount["unit"] == "packages" {
+            packages_seen.push((amount["done"].as_u64().unwrap(), amount["total"].as_u64().unwrap()));
+        }
+        matches!(seen["state"].as_str(), Some("succeeded" | "failed")).then_some(seen)
+    });
+    assert_eq!(built["state"], "succeeded", "{built}");
+    assert!(!packages_seen.is_empty() && packages_seen.iter().all(|(done, total)| done <= total), "{packages_seen:?}");
+    let log_path = data.root().join("logs").join(format!("{operation}.log"));
+    assert_eq!(owner(&log_path), split.uid, "the server's log");
+    assert!(std::fs::read_to_string(&log_path).unwrap().contains("jq"), "the log has mmdebstrap's output");
+    split.assert_confined("a Debian build");
+    let of_debian = split.lifecycle("/v1/sandboxes", json!({"template": "jqbox"})).sandbox_id.expect("its id");
+    let ran = split.exec(&of_debian, &["sh", "-c", "echo '{\"a\": [1, 2]}' | jq -c '.a | length'"]);
+    assert_eq!(ran["stdout"], "2\n", "{ran}");
+    let answer = split.client.delete(&format!("/v1/sandboxes/{of_debian}")).unwrap();
+    split.operation(&serde_json::from_value(answer["operation"].clone()).unwrap());
+
+    for name in ["snap", "snapc", "img", "jqbox"] {
         split.client.delete_empty(&format!("/v1/templates/{name}")).unwrap();
         assert!(!templates.join(name).exists(), "{name} is gone");
     }

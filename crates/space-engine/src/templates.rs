@@ -26,7 +26,8 @@ pub use space_host::template::BuildProgress;
 use space_host::template::TemplateMeta;
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    CheckpointName, DiskMib, ImageRef, SandboxId, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
+    CheckpointName, DiskMib, ImageRef, PackageName, SandboxId, Suite, TemplateMetaJson, TemplateName, TemplateRef,
+    TemplateVersion,
 };
 
 use crate::EngineError;
@@ -40,6 +41,8 @@ pub enum BuildInput {
     /// An OCI image archive (`docker save` or an OCI layout tar), opened
     /// by whoever received the upload.
     OciArchive(fs::File),
+    /// Debian `suite` with `packages` (mmdebstrap from the host's mirror).
+    Debian { suite: Suite, packages: Vec<PackageName> },
 }
 
 /// The root work of templates. Every method blocks.
@@ -176,6 +179,22 @@ impl TemplateHost for LocalTemplates {
             BuildInput::OciArchive(archive) => {
                 space_host::oci::fill_oci(&partial, &archive, &log, Some(max_bytes), &self.agent_bin, progress)
                     .map_err(build_failed)
+            }
+            BuildInput::Debian { suite, packages } => {
+                let names: Vec<&str> = packages.iter().map(PackageName::as_str).collect();
+                let cache = self.layout.apt_cache();
+                space_host::template::fill_debian(
+                    &partial,
+                    suite.as_str(),
+                    &names,
+                    &self.agent_bin,
+                    &log,
+                    Some(&cache),
+                    progress,
+                )
+                .map_err(build_failed)?;
+                let source = serde_json::json!({"debian": {"suite": suite.as_str(), "packages": names}});
+                Ok(Imported { source, defaults: Default::default() })
             }
         }
     }

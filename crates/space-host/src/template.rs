@@ -179,10 +179,18 @@ pub fn build_debian(
     let packages: Vec<&str> = build.packages.iter().map(String::as_str).collect();
     let source = serde_json::json!({"debian": {"suite": build.suite, "packages": packages}});
     let labels = (build.owner.clone(), build.engine.clone());
+    let log = open_log(&build.log)?;
     publish(data, &build.name, labels, build.max_bytes, &mut progress, |partial, progress| {
-        build_into(partial, &build.suite, &packages, agent_bin, &build.log, build.apt_cache.as_deref(), progress)?;
+        fill_debian(partial, &build.suite, &packages, agent_bin, &log, build.apt_cache.as_deref(), progress)?;
         Ok((source, build.defaults.clone()))
     })
+}
+
+fn open_log(path: &Path) -> Result<fs::File, HostError> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
+    }
+    fs::File::create(path).map_err(HostError::io("creating the build log"))
 }
 
 /// Makes a template of a directory on the host (for local admins): its
@@ -304,22 +312,23 @@ fn remove_partial(partial: &Path) -> Result<(), HostError> {
     Ok(())
 }
 
-fn build_into(
+/// Fills a build dir's root subvolume (`dir/rootfs`, made and capped by
+/// the caller) with Debian `suite` and `packages` (mmdebstrap), installs
+/// the agent and seals the root read-only; mmdebstrap's output goes to
+/// `log`, which whoever owns the log dir opened.
+pub fn fill_debian(
     dir: &Path,
     suite: &str,
     packages: &[&str],
     agent_bin: &Path,
-    log_path: &Path,
+    log: &fs::File,
     apt_cache: Option<&Path>,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<(), HostError> {
     let rootfs = dir.join("rootfs");
     let step = BuildProgress::step;
     progress(step("installing Debian packages (mmdebstrap)", 1));
-    if let Some(parent) = log_path.parent() {
-        fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
-    }
-    let mut log = fs::File::create(log_path).map_err(HostError::io("creating the build log"))?;
+    let mut log = log;
     let mirror = packages::configured_mirror();
     let mut command = Command::new("mmdebstrap");
     command

@@ -9,11 +9,11 @@ use space_api::{
     TemplateState,
 };
 use space_engine::privsep::layout::Layout;
-use space_engine::privsep::proto::{DiskMib, ProtoError, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion};
-use space_engine::templates::{BuildInput, LocalTemplates, TemplateHost};
-use space_host::template::{
-    valid_name, BuildProgress, DebianBuild, DefaultsOverride, TemplateInfo, TemplateMeta, BUILD_STEPS,
+use space_engine::privsep::proto::{
+    DiskMib, PackageName, ProtoError, Suite, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
 };
+use space_engine::templates::{BuildInput, LocalTemplates, TemplateHost};
+use space_host::template::{valid_name, BuildProgress, DefaultsOverride, TemplateInfo, TemplateMeta, BUILD_STEPS};
 use space_host::HostError;
 
 use crate::tenants::Caller;
@@ -66,6 +66,12 @@ fn host_failed(err: space_engine::EngineError) -> HostError {
             stderr: err.to_string(),
         },
     }
+}
+
+/// A build's disk allowance as the quota the helper sets, in whole MiB.
+fn build_disk_mib(bytes: u64) -> Result<DiskMib, HostError> {
+    let mib = (bytes >> 20).clamp(DiskMib::MIN.into(), DiskMib::MAX.into());
+    wire(DiskMib::new(u32::try_from(mib).unwrap_or(DiskMib::MAX)))
 }
 
 /// A build's log, in the log dir this server owns.
@@ -248,18 +254,38 @@ impl Platform {
             slot,
             Box::new(move |platform, operation_id, progress| {
                 let grant = platform.grant_build_allowance(&tenant).map_err(quota_unknown)?;
-                let build = DebianBuild {
-                    max_bytes: Some(grant.bytes),
-                    name,
-                    suite,
-                    packages,
-                    defaults,
-                    owner,
-                    engine,
-                    log: platform.data.log_path(operation_id),
-                    apt_cache: Some(platform.data.apt_cache_dir()),
-                };
-                space_host::template::build_debian(&platform.data, &build, &platform.agent_bin, progress)
+                let suite = wire(Suite::parse(&suite))?;
+                // A package named twice is installed once.
+                let mut seen = std::collections::HashSet::new();
+                let packages: Vec<PackageName> = packages
+                    .iter()
+                    .filter(|name| seen.insert(name.as_str()))
+                    .map(|name| wire(PackageName::parse(name)))
+                    .collect::<Result<_, _>>()?;
+                let log = open_log(&platform.data.log_path(operation_id))?;
+                let disk_mib = build_disk_mib(grant.bytes)?;
+                let ext4 = platform.data.ext4_images();
+                let built = platform.publish_version(&name, ext4, |template, _| {
+                    let input = BuildInput::Debian { suite, packages };
+                    let built = platform
+                        .template_host()
+                        .build_template(template, input, disk_mib, log, progress)
+                        .map_err(host_failed)?;
+                    Ok(TemplateMeta {
+                        name: name.clone(),
+                        version: 0,
+                        created_at: String::new(),
+                        source: built.source,
+                        defaults,
+                        warm_pool: None,
+                        hot_pool: None,
+                        owner,
+                        engine,
+                        image: None,
+                    })
+                });
+                drop(grant);
+                built
             }),
         )
     }
@@ -434,8 +460,7 @@ impl Platform {
                 let log = open_log(&platform.data.log_path(operation_id))?;
                 let archive =
                     std::fs::File::open(&upload.path).map_err(HostError::io("opening the uploaded archive"))?;
-                let disk_mib =
-                    wire(DiskMib::new((grant.bytes >> 20).clamp(DiskMib::MIN.into(), DiskMib::MAX.into()) as u32))?;
+                let disk_mib = build_disk_mib(grant.bytes)?;
                 let ext4 = platform.data.ext4_images();
                 let built = platform.publish_version(&name, ext4, |template, _| {
                     let input = BuildInput::OciArchive(archive);

@@ -79,6 +79,11 @@ impl Layout {
         self.template_name_dir(&template.name).join(format!(".{}.partial", template.version.get()))
     }
 
+    /// Debian packages kept between template builds.
+    pub fn apt_cache(&self) -> PathBuf {
+        self.data_dir.join("cache").join("apt")
+    }
+
     /// `runsc --root`.
     pub fn runsc_state(&self) -> PathBuf {
         self.data_dir.join("run").join("runsc")

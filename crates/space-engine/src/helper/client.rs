@@ -310,12 +310,16 @@ impl TemplateHost for HelperHost {
         log: std::fs::File,
         progress: &mut dyn FnMut(BuildProgress),
     ) -> Result<Imported, EngineError> {
-        let BuildInput::OciArchive(archive) = input;
-        let request =
-            Request::BuildTemplate { template: template.clone(), source: BuildSource::OciArchive {}, disk_mib };
+        let (source, archive) = match input {
+            BuildInput::OciArchive(archive) => (BuildSource::OciArchive {}, Some(archive)),
+            BuildInput::Debian { suite, packages } => (BuildSource::Debian { suite, packages }, None),
+        };
+        let request = Request::BuildTemplate { template: template.clone(), source, disk_mib };
         // A connection of its own: it is the build's until the build ends.
         let client = self.connect()?;
-        client.send(&request, &[log.as_fd(), archive.as_fd()]).map_err(|err| transport(&request, err))?;
+        // The log first, then the archive (the order the helper reads them).
+        let fds: Vec<_> = std::iter::once(log.as_fd()).chain(archive.as_ref().map(AsFd::as_fd)).collect();
+        client.send(&request, &fds).map_err(|err| transport(&request, err))?;
         let deadline = Instant::now() + BUILD_PATIENCE;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -140,8 +140,9 @@ async fn serve_build(
     let (log, archive) = (fds.next(), fds.next());
     let input = match (source, archive) {
         (BuildSource::OciArchive {}, Some(archive)) => BuildInput::OciArchive(archive),
+        (BuildSource::Debian { suite, packages }, None) => BuildInput::Debian { suite, packages },
         _ => {
-            let refusal = Reply::refused(Refusal::BadRequest, "this helper builds templates of OCI archives only");
+            let refusal = Reply::refused(Refusal::BadRequest, "this helper builds from OCI archives and Debian only");
             return connection.send(&refusal, &[]).await;
         }
     };
