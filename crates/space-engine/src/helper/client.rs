@@ -22,8 +22,8 @@ use crate::EngineError;
 /// How long the helper may take to answer a request: its longest (a root
 /// snapshot, a checkpoint, a destroy of a large root) on a loaded host.
 const REPLY_PATIENCE: Duration = Duration::from_secs(600);
-/// How long a template build may take in all (a large image on a loaded
-/// host); each of its replies comes within the usual patience.
+/// How long a template build may take in all (a large image or a long
+/// package list on a loaded host).
 const BUILD_PATIENCE: Duration = Duration::from_secs(3 * 3600);
 /// How long connecting to the helper and its hello may take.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
@@ -326,7 +326,9 @@ impl TemplateHost for HelperHost {
             if left.is_zero() {
                 return Err(EngineError::Runtime(format!("the build did not end within {BUILD_PATIENCE:?}")));
             }
-            let (reply, _) = client.recv(left.min(self.patience)).map_err(|err| transport(&request, err))?;
+            // Not each reply's usual patience: a step may go quiet for long
+            // (a large package downloading, a layer of gigabytes).
+            let (reply, _) = client.recv(left).map_err(|err| transport(&request, err))?;
             match reply {
                 Reply::Progress { step, done, total, amount } => progress(BuildProgress {
                     step,
