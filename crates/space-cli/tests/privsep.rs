@@ -481,4 +481,35 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
         assert!(!templates.join(name).exists(), "{name} is gone");
     }
     split.assert_confined("deleting templates");
+
+    // A compromised server cannot have the helper write over a template:
+    // no image into a version that exists, no build of an old version, no
+    // record naming another template than the build's.
+    let me = Some((split.uid, split.gid));
+    let hello = request(json!({"op": "hello", "version": 1}));
+    let base = json!({"name": "base", "version": 1});
+    let evil = json!({"name": "evil", "version": 1});
+    let record = json!({"name": "base", "version": 1, "created_at": "", "source": {},
+        "defaults": {"vcpus": 1, "memory_mib": 512, "disk_mib": 1024, "env": {}, "workdir": "/", "user": "root"}});
+    let said = ask_helper_as(
+        &split.socket,
+        me,
+        &[
+            hello,
+            request(json!({"op": "save_image", "sandbox": source, "image": {"kind": "template", "template": base}})),
+            request(json!({"op": "begin_template", "template": base})),
+            request(json!({"op": "begin_template", "template": evil})),
+            request(json!({"op": "publish_template", "template": evil, "meta": record.to_string(), "ext4": null})),
+            request(json!({"op": "delete_template", "name": "evil", "version": null})),
+        ],
+    );
+    assert_eq!(said.len(), 6, "{said:?}");
+    let replies: Vec<Value> = said[1..].iter().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(replies[0]["refusal"], "conflict", "no image over a published template: {said:?}");
+    assert!(replies[1]["refusal"].is_string(), "no build of a version there is: {said:?}");
+    assert_eq!(replies[2]["reply"], "done", "{said:?}");
+    assert!(replies[3]["message"].as_str().unwrap().contains("names base"), "{said:?}");
+    assert_eq!(replies[4]["reply"], "done", "{said:?}");
+    assert!(!templates.join("evil").exists() && templates.join("base/1/template.json").exists());
+    assert!(!templates.join("base/.1.partial").exists(), "nothing was made beside base's version");
 }
