@@ -27,14 +27,6 @@ fn serve_with(data: &TestDataDir, args: &[&str]) -> (ReapedChild, String, Vec<St
     (child, url, seen)
 }
 
-/// [`serve`] in one root process: template builds and imports do not
-/// cross the root helper yet.
-fn serve_as_root(data: &TestDataDir) -> (ReapedChild, String) {
-    let (child, url, _, lines) = common::spawn_server_as_root(data, &["--dev", "--listen", "127.0.0.1:0"]);
-    std::thread::spawn(move || lines.for_each(drop)); // keep the pipe drained
-    (child, url)
-}
-
 fn space(data: &TestDataDir, url: &str, args: &[&str]) -> Output {
     let mut command = Command::new(SPACE);
     command.args(args).env("SPACE_URL", url).env("SPACE_DATA_DIR", data.root()).env_remove("SPACE_API_KEY");
@@ -260,7 +252,7 @@ fn dev_server_and_cli_run_a_sandbox() {
 #[test]
 fn an_image_archive_imports_from_the_cli_and_a_bad_one_shows_its_log() {
     let data = TestDataDir::new();
-    let (server, url) = serve_as_root(&data);
+    let (server, url) = serve(&data);
     let archive = common::busybox_image(data.root());
 
     let imported = space(&data, &url, &["template", "import-oci", archive.to_str().unwrap(), "--name", "cliimage"]);
@@ -373,7 +365,7 @@ fn printed(out: Output) -> String {
 #[test]
 fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cut_short() {
     let data = TestDataDir::new();
-    let (server, url) = serve_as_root(&data);
+    let (server, url) = serve(&data);
     let id = printed(space(&data, &url, &["sandbox", "create", "--quiet"])).trim().to_string();
     printed(space(&data, &url, &["exec", &id, "--", "sh", "-c", "echo one > /root/n"]));
     let forks = printed(space(&data, &url, &["sandbox", "fork", &id, "-n", "2", "--label", "kind=fork"]));
@@ -402,7 +394,7 @@ fn forks_checkpoints_and_snapshot_templates_from_the_cli_and_a_fork_a_sigkill_cu
     let accepted = client.post(&format!("/v1/sandboxes/{id}/fork"), &serde_json::json!({"count": 3})).unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     assert!(server.wait_timeout(std::time::Duration::from_secs(10)).is_some());
-    let (server, url) = serve_as_root(&data);
+    let (server, url) = serve(&data);
     let operation = accepted["operation"]["id"].as_str().unwrap();
     let waited = printed(space(&data, &url, &["op", "wait", operation]));
     assert!(waited.contains("\"succeeded\""), "{waited}");
@@ -711,7 +703,7 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     );
     assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
 
-    let (server, url) = serve_as_root(&data);
+    let (server, url) = serve(&data);
     let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let python = venv.join("bin/python");
     let mut tests = Command::new(&python);

@@ -32,16 +32,6 @@ pub fn spawn_server(
     spawn_in(data, "serve", &split)
 }
 
-/// [`spawn_server`] in one root process, for what does not cross the
-/// helper yet (template builds and imports).
-#[allow(dead_code)] // not every test binary uses it
-pub fn spawn_server_as_root(
-    data: &TestDataDir,
-    args: &[&str],
-) -> (ReapedChild, String, Vec<String>, Lines<BufReader<ChildStderr>>) {
-    spawn_in(data, "serve", args)
-}
-
 /// The user a confined test server runs as.
 pub const TEST_USER: &str = "space-test";
 

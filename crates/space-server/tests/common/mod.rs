@@ -20,6 +20,9 @@ pub struct TestServer {
     pub key: String,
     pub platform: Arc<Platform>,
     runtime: Option<tokio::runtime::Runtime>,
+    /// The root helper doing the engine's and templates' root work, over
+    /// its socket, as beside `space serve --helper-socket` (dropped last).
+    helper: Option<tokio::runtime::Runtime>,
     contract: Value,
 }
 
@@ -43,13 +46,47 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
     }
 }
 
+/// A helper serving `config`'s data dir to this process's uid; its runtime
+/// and socket.
+fn start_helper(config: &PlatformConfig) -> (tokio::runtime::Runtime, PathBuf) {
+    let helper = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let socket = config.data_dir.join("run").join("helper.sock");
+    let _ = std::fs::remove_file(&socket);
+    let gvisor = space_engine::gvisor::GvisorConfig {
+        runsc: config.runsc.clone(),
+        agent_bin: config.agent_bin.clone(),
+        state_dir: config.data_dir.join("run").join("runsc"),
+    };
+    let (at, uid) = (socket.clone(), nix::unistd::geteuid().as_raw());
+    helper.spawn(async move {
+        if let Err(err) = space_engine::helper::serve_gvisor(gvisor, &at, uid).await {
+            eprintln!("the test's helper stopped serving: {err}");
+        }
+    });
+    space_testkit::wait_until("the helper's socket", space_testkit::PATIENCE, || socket.exists());
+    (helper, socket)
+}
+
 impl TestServer {
     pub fn start(data: &TestDataDir) -> TestServer {
         Self::start_with(platform_config(data))
     }
 
+    /// The platform over `config` as it runs in production: every engine
+    /// and template call crosses the helper's socket to a helper (on a
+    /// runtime of its own, as its own process would be). The server itself
+    /// stays this test's root process (the confined process is tested from
+    /// the `space` binary's tests); `SPACE_TEST_ONE_PROCESS=1` runs the
+    /// engine's root work in the platform instead.
     pub fn start_with(config: PlatformConfig) -> TestServer {
-        let platform = space_server::start_platform(&config).expect("starting the platform");
+        let (platform, helper) = if std::env::var_os("SPACE_TEST_ONE_PROCESS").is_some() {
+            (space_server::start_platform(&config).expect("starting the platform"), None)
+        } else {
+            let (helper, socket) = start_helper(&config);
+            let platform =
+                space_server::start_platform_with_helper(&config, Some(&socket)).expect("starting the platform");
+            (platform, Some(helper))
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let key = format!("test-key-{}", std::process::id());
         runtime.block_on(platform.start()).expect("recovering what a previous server left");
@@ -57,7 +94,7 @@ impl TestServer {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(platform.clone(), key.clone());
         runtime.spawn(space_server::serve(listener, state, std::future::pending()));
-        let mut server = TestServer { url, key, platform, runtime: Some(runtime), contract: Value::Null };
+        let mut server = TestServer { url, key, platform, runtime: Some(runtime), helper, contract: Value::Null };
         let (status, doc) = server.call("GET", "/v1/openapi.json", None);
         assert_eq!(status, 200);
         server.contract = doc;
