@@ -1115,7 +1115,7 @@ fn doctor_shows_the_privileges_of_a_running_helper() {
     assert_eq!(field("no_new_privs"), "no");
     assert_eq!(field("seccomp"), "0 (disabled)");
     assert!(field("landlock").starts_with("kernel ABI ") || field("landlock") == "not offered by this kernel");
-    assert_eq!(field("reads"), "only the typed requests of the unprivileged server on its socket");
+    assert!(field("reads").starts_with("the typed requests of the unprivileged server on its socket"));
     assert!(report.contains("  server    "), "the server's part is there, running or not:\n{report}");
 
     assert!(helper.wait_timeout(std::time::Duration::from_secs(30)).is_some(), "the helper ended");

@@ -27,7 +27,10 @@ impl Role {
     /// What untrusted input a process of this role parses.
     fn reads(self) -> &'static str {
         match self {
-            Role::Helper => "only the typed requests of the unprivileged server on its socket",
+            Role::Helper => {
+                "the typed requests of the unprivileged server on its socket, and the image archives \
+                 it passes for template imports (parsed as root)"
+            }
             Role::Server => {
                 "HTTP, WebSocket and multipart bodies, tar and OCI archives, E2B Connect frames, \
                  egress request heads and TLS, agent frames, cluster peers"
