@@ -1056,17 +1056,7 @@ fn setup_makes_the_user_its_paths_and_units_once() {
 fn doctor_shows_the_privileges_of_a_running_helper() {
     let data = TestDataDir::with_templates(&[]);
     let socket = data.root().join("doctor-helper.sock");
-    let mut command = Command::new(SPACE);
-    command
-        .args(["helper", "--data-dir"])
-        .arg(data.root())
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--allow-uid", "65534", "--agent-bin"])
-        .arg(agent_bin())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let helper = Reaper::global().spawn(&mut command).unwrap();
+    let helper = common::spawn_helper(&data, &socket, 65534);
     let pid = helper.id();
     /// A helper left by a failing test would serve on.
     struct Kill(u32);
@@ -1077,12 +1067,6 @@ fn doctor_shows_the_privileges_of_a_running_helper() {
         }
     }
     let kill = Kill(pid);
-    let ended = std::cell::Cell::new(false);
-    space_testkit::wait_until("the helper's socket", PATIENCE, || {
-        ended.set(helper.wait_timeout(std::time::Duration::ZERO).is_some());
-        socket.exists() || ended.get()
-    });
-    assert!(!ended.get(), "space helper ended before it served");
     let doctor = || {
         let mut command = Command::new(SPACE);
         command.arg("doctor").arg("--data-dir").arg(data.root()).arg("--agent-bin").arg(agent_bin());

@@ -10,34 +10,14 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use space_api::OperationState;
 use space_client::Client;
-use space_process::{ReapedChild, Reaper};
-use space_testkit::{agent_bin, wait_until, TestDataDir, PATIENCE};
-
-use common::SPACE;
-
-/// The user the confined server runs as in tests (made once per host).
-const USER: &str = "space-test";
-
-/// Makes the test user if this host lacks it; its uid and gid.
-fn test_user() -> (u32, u32) {
-    if nix::unistd::User::from_name(USER).unwrap().is_none() {
-        let made = Command::new("useradd")
-            .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
-            .args(["--shell", "/usr/sbin/nologin", USER])
-            .output()
-            .expect("running useradd");
-        // Another test binary may have made it at the same time (exit 9).
-        assert!(made.status.success() || made.status.code() == Some(9), "useradd: {made:?}");
-    }
-    let user = nix::unistd::User::from_name(USER).unwrap().expect("the test user exists");
-    (user.uid.as_raw(), user.gid.as_raw())
-}
+use space_process::ReapedChild;
+use space_testkit::{wait_until, TestDataDir, PATIENCE};
 
 /// What `/proc/PID/status` says of a process's privileges.
 #[derive(Debug, PartialEq, Eq)]
@@ -81,22 +61,12 @@ struct Split {
 
 impl Split {
     fn start(data: &TestDataDir, extra: &[&str]) -> Split {
-        let (uid, gid) = test_user();
+        let (uid, gid) = common::test_user();
         let socket = data.root().join("run").join("helper.sock");
-        let mut helper = Command::new(SPACE);
-        helper
-            .args(["helper", "--data-dir"])
-            .arg(data.root())
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--allow-uid", &uid.to_string(), "--agent-bin"])
-            .arg(agent_bin())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        let helper = Reaper::global().spawn(&mut helper).expect("starting space helper");
-        wait_until("the helper's socket", PATIENCE, || socket.exists());
+        let helper = common::spawn_helper(data, &socket, uid);
         let socket_arg = socket.to_str().unwrap().to_string();
-        let mut args = vec!["--dev", "--listen", "127.0.0.1:0", "--helper-socket", &socket_arg, "--user", USER];
+        let mut args =
+            vec!["--dev", "--listen", "127.0.0.1:0", "--helper-socket", &socket_arg, "--user", common::TEST_USER];
         args.extend_from_slice(extra);
         let (server, url, _, lines) = common::spawn_server(data, &args);
         std::thread::spawn(move || lines.for_each(drop));

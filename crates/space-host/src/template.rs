@@ -255,16 +255,9 @@ pub(crate) fn publish(
                 make_ext4(&partial.join("rootfs"), &partial.join(EXT4_IMAGE), defaults.disk_mib)?;
             }
             let meta = TemplateMeta {
-                name: name.into(),
                 version,
                 created_at: crate::now_rfc3339(),
-                source,
-                defaults,
-                warm_pool: None,
-                hot_pool: None,
-                owner,
-                engine,
-                image: None,
+                ..TemplateMeta::unpublished(name, source, defaults, owner, engine)
             };
             seal(&partial, &meta, progress)
         });

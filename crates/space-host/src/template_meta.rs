@@ -67,6 +67,31 @@ pub struct TemplateMeta {
     pub image: Option<TemplateImage>,
 }
 
+impl TemplateMeta {
+    /// The record of a build not yet published: its version and time are
+    /// set when it is.
+    pub fn unpublished(
+        name: &str,
+        source: serde_json::Value,
+        defaults: TemplateDefaults,
+        owner: Option<String>,
+        engine: Option<String>,
+    ) -> TemplateMeta {
+        TemplateMeta {
+            name: name.to_string(),
+            version: 0,
+            created_at: String::new(),
+            source,
+            defaults,
+            warm_pool: None,
+            hot_pool: None,
+            owner,
+            engine,
+            image: None,
+        }
+    }
+}
+
 /// How the agent saved in a snapshot template greets its host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TemplateImage {

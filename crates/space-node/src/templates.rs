@@ -271,18 +271,7 @@ impl Platform {
                         .template_host()
                         .build_template(template, input, disk_mib, log, progress)
                         .map_err(host_failed)?;
-                    Ok(TemplateMeta {
-                        name: name.clone(),
-                        version: 0,
-                        created_at: String::new(),
-                        source: built.source,
-                        defaults,
-                        warm_pool: None,
-                        hot_pool: None,
-                        owner,
-                        engine,
-                        image: None,
-                    })
+                    Ok(TemplateMeta::unpublished(&name, built.source, defaults, owner, engine))
                 });
                 drop(grant);
                 built
@@ -360,16 +349,14 @@ impl Platform {
         self.check_disk_quota(&caller.tenant, image, "make a snapshot template (it holds the sandbox's memory)")?;
         let slot = self.reserve_build(&request.name, source.clone(), caller)?;
         let meta = space_host::template::TemplateMeta {
-            name: request.name.clone(),
-            version: 0,
-            created_at: String::new(),
-            source,
-            defaults,
-            warm_pool: None,
-            hot_pool: None,
-            owner: slot.owner.clone(),
-            engine: Some(record.sandbox.engine.clone()),
             image: Some(space_host::template::TemplateImage { agent_session, channel_key }),
+            ..TemplateMeta::unpublished(
+                &request.name,
+                source,
+                defaults,
+                slot.owner.clone(),
+                Some(record.sandbox.engine.clone()),
+            )
         };
         let (platform, sandbox_id) = (self.clone(), sandbox_id.to_string());
         let checkpoint = checkpoint.map(str::to_string);
@@ -469,18 +456,7 @@ impl Platform {
                         .build_template(template, input, disk_mib, log, progress)
                         .map_err(host_failed)?;
                     let defaults = overrides.apply(imported.defaults);
-                    Ok(TemplateMeta {
-                        name: name.clone(),
-                        version: 0,
-                        created_at: String::new(),
-                        source: imported.source,
-                        defaults,
-                        warm_pool: None,
-                        hot_pool: None,
-                        owner,
-                        engine,
-                        image: None,
-                    })
+                    Ok(TemplateMeta::unpublished(&name, imported.source, defaults, owner, engine))
                 });
                 drop(grant);
                 drop(upload);

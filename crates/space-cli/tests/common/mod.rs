@@ -72,21 +72,33 @@ fn helper_for(data: &TestDataDir) -> std::path::PathBuf {
     }
     let (uid, _) = test_user();
     let _ = std::fs::remove_file(&socket);
+    helpers.insert(data.root().to_path_buf(), spawn_helper(data, &socket, uid));
+    socket
+}
+
+/// `space helper` over `data`, serving `uid` on `socket` (it dies with the
+/// test), once it listens.
+#[allow(dead_code)] // not every test binary uses it
+pub fn spawn_helper(data: &TestDataDir, socket: &std::path::Path, uid: u32) -> ReapedChild {
     let mut command = Command::new(SPACE);
     command
         .args(["helper", "--data-dir"])
         .arg(data.root())
         .arg("--socket")
-        .arg(&socket)
+        .arg(socket)
         .args(["--allow-uid", &uid.to_string(), "--agent-bin"])
         .arg(agent_bin())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     die_with_test(&mut command);
     let helper = Reaper::global().spawn(&mut command).expect("starting space helper");
-    space_testkit::wait_until("the helper's socket", PATIENCE, || socket.exists());
-    helpers.insert(data.root().to_path_buf(), helper);
-    socket
+    let ended = std::cell::Cell::new(false);
+    space_testkit::wait_until("the helper's socket", PATIENCE, || {
+        ended.set(helper.wait_timeout(Duration::ZERO).is_some());
+        socket.exists() || ended.get()
+    });
+    assert!(!ended.get(), "space helper ended before it served");
+    helper
 }
 
 /// A child that dies with the test: one that panics before it stops its
