@@ -126,7 +126,7 @@ impl DataDir {
     /// The paths the server itself writes: `state/`, `logs/` and
     /// `run/uploads/`.
     pub fn server_paths(&self) -> [PathBuf; 3] {
-        [self.state_dir(), self.logs_dir(), self.run_dir().join("uploads")]
+        server_paths(&self.root)
     }
 
     /// Gives the server's paths ([`DataDir::server_paths`]), made if
@@ -306,6 +306,12 @@ impl DataDir {
 /// `state/` of the data dir at `root`.
 pub fn state_dir(root: &Path) -> PathBuf {
     root.join("state")
+}
+
+/// [`DataDir::server_paths`] of the data dir at `root`, without opening
+/// it (which may make or move files).
+pub fn server_paths(root: &Path) -> [PathBuf; 3] {
+    [state_dir(root), root.join("logs"), root.join("run").join("uploads")]
 }
 
 /// The dev-mode key of the data dir at `root`, read by the CLI without

@@ -139,8 +139,15 @@ fn confine(args: &ServeArgs, config: &space_server::PlatformConfig, socket: &Pat
     }
     let data = std::fs::canonicalize(&config.data_dir)
         .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
-    let data_dir = space_host::datadir::DataDir::open_on_any_filesystem(&data)?;
-    let read_write = vec![data_dir.state_dir(), data_dir.logs_dir(), data_dir.run_dir().join("uploads")];
+    // Not opened here: as root, opening would make (and so own) what the
+    // helper gives the server's user; the helper has made them by now.
+    let read_write = space_host::datadir::server_paths(&data).to_vec();
+    if let Some(missing) = read_write.iter().find(|dir| !dir.is_dir()) {
+        bail!(
+            "{} is missing: start `space helper` (or run `space setup`) first, which makes it for the server's user",
+            missing.display()
+        );
+    }
     let mut read_only: Vec<PathBuf> = [
         "/proc",
         "/sys/fs/cgroup",
@@ -179,11 +186,6 @@ fn confine(args: &ServeArgs, config: &space_server::PlatformConfig, socket: &Pat
         .flatten()
         .cloned(),
     );
-    for dir in [&read_write[1], &read_write[2]] {
-        if !dir.is_dir() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-    }
     let confinement = Confinement { read_write, read_only, user, require_full_landlock: false };
     space_privsep::confine::confine(&confinement).context("confining the server")
 }
