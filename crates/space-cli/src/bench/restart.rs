@@ -52,21 +52,38 @@ impl Drop for Served {
 /// `space serve` on `data`, with `pools` hot and warm members, pausing
 /// sandboxes idle for `idle_pause_s` (0: never).
 fn serve(args: &BenchArgs, data: &DataDir, pools: u32, idle_pause_s: u64) -> Result<Served> {
+    let pools = pools.to_string();
+    let idle = idle_pause_s.to_string();
+    // What N idle sandboxes cost is not what their promises add up to.
+    let capacity = u32::MAX.to_string();
+    let serve_args =
+        ["--warm-pool", &pools, "--hot-pool", &pools, "--auto-pause-s", &idle, "--capacity-mib", &capacity];
+    let spawned = Instant::now();
+    let (child, client) = spawn_serve(args, data, &serve_args, &format!("restart-{pools}"))?;
+    Ok(Served { child, client, spawned, stopped: false })
+}
+
+/// `space serve --dev` on a loopback port over `data` with `serve_args`,
+/// once it listens; it and its client. What it says after that goes to a
+/// log named by `log_name` in the temporary directory, for when a figure
+/// fails.
+pub(super) fn spawn_serve(
+    args: &BenchArgs,
+    data: &DataDir,
+    serve_args: &[&str],
+    log_name: &str,
+) -> Result<(ReapedChild, Client)> {
     let exe = std::env::current_exe().context("locating the space binary")?;
     let mut command = Command::new(exe);
-    let pools = pools.to_string();
     command
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", &pools, "--hot-pool", &pools])
-        .args(["--auto-pause-s", &idle_pause_s.to_string()])
-        // What N idle sandboxes cost is not what their promises add up to.
-        .args(["--capacity-mib", &u32::MAX.to_string()])
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0"])
+        .args(serve_args)
         .arg("--data-dir")
         .arg(data.root())
         .arg("--agent-bin")
         .arg(args.engine.agent_bin()?)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let spawned = Instant::now();
     let mut child = Reaper::global().spawn(&mut command).context("starting `space serve`")?;
     let stderr = child.child.stderr.take().context("the server's stderr")?;
     let mut lines = std::io::BufReader::new(stderr).lines();
@@ -76,8 +93,7 @@ fn serve(args: &BenchArgs, data: &DataDir, pools: u32, idle_pause_s: u64) -> Res
             break line[at + "listening on ".len()..].trim().to_string();
         }
     };
-    // Its log, for when a figure fails.
-    let log_path = std::env::temp_dir().join(format!("space-bench-restart-{}-{pools}.log", std::process::id()));
+    let log_path = std::env::temp_dir().join(format!("space-bench-{log_name}-{}.log", std::process::id()));
     let mut log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
@@ -85,7 +101,7 @@ fn serve(args: &BenchArgs, data: &DataDir, pools: u32, idle_pause_s: u64) -> Res
         }
     });
     let key = std::fs::read_to_string(data.dev_key_path()).context("the server's dev key")?;
-    Ok(Served { child, client: Client::new(&url, key.trim()), spawned, stopped: false })
+    Ok((child, Client::new(&url, key.trim())))
 }
 
 /// Runs `work` for every item on [`CLIENTS`] threads at once.

@@ -6,7 +6,6 @@
 //! is the helper's socket round trips on lifecycle calls and whatever the
 //! seccomp filter adds to the server's own system calls.
 
-use std::io::{BufRead as _, Write as _};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,36 +43,13 @@ impl Drop for Child {
 
 /// `space serve` on `data` with `extra` arguments; it and its client.
 fn serve(args: &BenchArgs, data: &DataDir, upstream: u16, extra: &[&str]) -> Result<(Child, Client)> {
-    let mut command = Command::new(std::env::current_exe().context("locating the space binary")?);
-    command
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--hot-pool", "0"])
-        .args(["--egress-host", &format!("{UPSTREAM}=127.0.0.1:{upstream}"), "--egress-allow-internal", "127.0.0.1/32"])
-        .args(extra)
-        .arg("--data-dir")
-        .arg(data.root())
-        .arg("--agent-bin")
-        .arg(args.engine.agent_bin()?)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = Reaper::global().spawn(&mut command).context("starting `space serve`")?;
-    let stderr = child.child.stderr.take().context("the server's stderr")?;
-    let child = Child(child);
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines.next().context("the server exited before it listened")??;
-        if let Some(at) = line.find("listening on ") {
-            break line[at + "listening on ".len()..].trim().to_string();
-        }
-    };
-    let log_path = std::env::temp_dir().join(format!("space-bench-split-{}-{}.log", std::process::id(), extra.len()));
-    let mut log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let _ = writeln!(log, "{line}");
-        }
-    });
-    let key = std::fs::read_to_string(data.dev_key_path()).context("the server's dev key")?;
-    Ok((child, Client::new(&url, key.trim())))
+    let answer = format!("{UPSTREAM}=127.0.0.1:{upstream}");
+    let mut serve_args = vec!["--warm-pool", "0", "--hot-pool", "0", "--egress-host", &answer];
+    serve_args.extend(["--egress-allow-internal", "127.0.0.1/32"]);
+    serve_args.extend_from_slice(extra);
+    let log_name = if extra.is_empty() { "one-process" } else { "split" };
+    let (child, client) = super::restart::spawn_serve(args, data, &serve_args, log_name)?;
+    Ok((Child(child), client))
 }
 
 /// The root helper over `data` for `uid`; it and its socket.
