@@ -67,6 +67,11 @@ pub(crate) enum Top {
     /// Serve the gVisor engine's root work to one unprivileged uid on a
     /// Unix socket (the privileged helper; `space serve --helper-socket`).
     Helper(HelperArgs),
+    /// The confined child that parses one image archive for a template
+    /// build: started by the helper (or a server without one), never by hand
+    /// (decision 027).
+    #[command(name = "import-oci-child", hide = true)]
+    ImportOciChild(ImportChildArgs),
     /// Tell which engines this host can run, and why not.
     Doctor {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
@@ -429,6 +434,8 @@ impl EngineArgs {
             data_dir: data_dir.to_path_buf(),
             runsc: self.runsc.clone(),
             agent_bin,
+            // This very binary parses image archives, in a confined child of its own.
+            importer_bin: std::env::current_exe().context("finding this binary, the importer")?,
             warm_pool: self.warm_pool,
             hot_pool: self.hot_pool,
             capacity_mib: self.capacity_mib,
@@ -491,6 +498,18 @@ pub(crate) struct HelperArgs {
     pub(crate) runsc: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
+}
+
+/// The hidden importer child's arguments (its archive is its stdin, its
+/// log its stderr; see `space_engine::templates::importer`).
+#[derive(Args)]
+pub(crate) struct ImportChildArgs {
+    /// The build dir holding `rootfs` and `work`; it becomes the child's root.
+    #[arg(long)]
+    pub(crate) build_dir: PathBuf,
+    /// The most a compressed archive may decompress to.
+    #[arg(long)]
+    pub(crate) max_bytes: Option<u64>,
 }
 
 /// A sandbox's egress policy on the command line.

@@ -88,6 +88,12 @@ fn run(cli: Cli) -> Result<i32> {
             forward::run(&client.client()?, &sandbox, local, remote).map(|()| 0)
         }
         Top::Helper(args) => run::helper(args).map(|()| 0),
+        // Before any thread: it confines itself first.
+        Top::ImportOciChild(args) => {
+            let args =
+                space_engine::templates::importer::ChildArgs { build_dir: args.build_dir, max_bytes: args.max_bytes };
+            Ok(space_engine::templates::importer::child_main(&args))
+        }
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
 }

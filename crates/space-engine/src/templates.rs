@@ -17,6 +17,7 @@
 //! [`TemplateHost::publish_template`] seals and renames it.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -31,6 +32,8 @@ use space_privsep::proto::{
 };
 
 use crate::EngineError;
+
+pub mod importer;
 
 /// A template's `template.json`: its presence marks a complete version.
 pub const TEMPLATE_META: &str = "template.json";
@@ -100,11 +103,20 @@ pub struct LocalTemplates {
     layout: Layout,
     /// The guest agent put into the roots it builds.
     agent_bin: PathBuf,
+    /// The `space` binary whose confined child parses image archives
+    /// ([`importer`]); without one, imports fail.
+    importer_bin: Option<PathBuf>,
 }
 
 impl LocalTemplates {
     pub fn new(layout: Layout, agent_bin: impl Into<PathBuf>) -> LocalTemplates {
-        LocalTemplates { layout, agent_bin: agent_bin.into() }
+        LocalTemplates { layout, agent_bin: agent_bin.into(), importer_bin: None }
+    }
+
+    /// Image archives are parsed by `space_bin`'s confined child (see
+    /// [`importer`]); this process never parses one itself.
+    pub fn with_importer(self, space_bin: impl Into<PathBuf>) -> LocalTemplates {
+        LocalTemplates { importer_bin: Some(space_bin.into()), ..self }
     }
 
     /// The newest version of `name` on disk, published or being built;
@@ -177,8 +189,18 @@ impl TemplateHost for LocalTemplates {
         btrfs::limit_exclusive_bytes(&rootfs, max_bytes)?;
         match input {
             BuildInput::OciArchive(archive) => {
-                space_host::oci::fill_oci(&partial, &archive, &log, Some(max_bytes), &self.agent_bin, progress)
-                    .map_err(build_failed)
+                let importer = self.importer_bin.as_deref().ok_or_else(|| {
+                    refused("no importer is configured: image archives are parsed only in its confined child".into())
+                })?;
+                let imported = importer::import(importer, &partial, &archive, &log, Some(max_bytes), progress)
+                    .map_err(build_failed)?;
+                // Root's own work, on what the child (ended, and with no
+                // process left behind) wrote.
+                if let Err(err) = space_host::oci::finish_oci(&rootfs, &self.agent_bin, progress) {
+                    let _ = writeln!(&log, "import failed: {err}");
+                    return Err(err.into());
+                }
+                Ok(imported)
             }
             BuildInput::Debian { suite, packages } => {
                 let names: Vec<&str> = packages.iter().map(PackageName::as_str).collect();

@@ -84,26 +84,52 @@ pub fn fill_oci(
     agent_bin: &Path,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Imported, HostError> {
+    let rootfs = partial.join("rootfs");
+    let imported = extract_oci(&rootfs, partial, archive, log, max_bytes, progress)?;
+    finish_oci(&rootfs, agent_bin, progress)?;
+    Ok(imported)
+}
+
+/// The part of [`fill_oci`] that reads the archive: its layers applied to
+/// `rootfs`, a gzip-compressed archive decompressed into `work` first (and
+/// removed again). It writes nowhere else, needs no capability but those
+/// of changing files' owners and modes, and runs no program: the
+/// confined importer child does it (decision 027).
+pub fn extract_oci(
+    rootfs: &Path,
+    work: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    max_bytes: Option<u64>,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, HostError> {
     let mut log = log;
-    let result = fill_oci_logged(partial, archive, &mut log, max_bytes, agent_bin, progress);
+    let result = extract_oci_logged(rootfs, work, archive, &mut log, max_bytes, progress);
     if let Err(err) = &result {
         let _ = writeln!(log, "import failed: {err}");
     }
     result
 }
 
-fn fill_oci_logged(
-    partial: &Path,
+/// The rest of [`fill_oci`] after [`extract_oci`]: the agent put into the
+/// root, the root sealed read-only.
+pub fn finish_oci(rootfs: &Path, agent_bin: &Path, progress: &mut dyn FnMut(BuildProgress)) -> Result<(), HostError> {
+    progress(BuildProgress::step("installing the agent", 3));
+    install_agent(rootfs, agent_bin)?;
+    btrfs::set_read_only(rootfs)
+}
+
+fn extract_oci_logged(
+    rootfs: &Path,
+    work: &Path,
     archive: &fs::File,
     log: &mut &fs::File,
     max_bytes: Option<u64>,
-    agent_bin: &Path,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Imported, HostError> {
-    let rootfs = partial.join("rootfs");
     let step = |step: &str, done| BuildProgress::step(step, done);
     progress(step("reading the archive", 0));
-    let archive = OuterArchive::open(archive, partial, max_bytes)?;
+    let archive = OuterArchive::open(archive, work, max_bytes)?;
     let image = archive.image()?;
     let _ = writeln!(log, "image: {} ({} layers)", image.format, image.layers.len());
     let total: u64 = image.layers.iter().map(|l| l.size).sum();
@@ -112,13 +138,10 @@ fn fill_oci_logged(
         let what = format!("applying layer {} of {}", n + 1, image.layers.len());
         let _ = writeln!(log, "{what}: {} ({} bytes)", layer.member, layer.size);
         let mut report = |bytes: u64| progress(BuildProgress::bytes(&what, 2, done + bytes, total));
-        apply_layer(&archive, layer, n + 1, &rootfs, log, &mut report)?;
+        apply_layer(&archive, layer, n + 1, rootfs, log, &mut report)?;
         done += layer.size;
     }
     archive.discard();
-    progress(step("installing the agent", 3));
-    install_agent(&rootfs, agent_bin)?;
-    btrfs::set_read_only(&rootfs)?;
     let source = serde_json::json!({"oci": {
         "format": image.format,
         "digest": image.digest,

@@ -75,6 +75,9 @@ pub struct PlatformConfig {
     pub data_dir: PathBuf,
     pub runsc: PathBuf,
     pub agent_bin: PathBuf,
+    /// The `space` binary whose confined child parses image archives
+    /// (decision 027); the platform never parses one itself.
+    pub importer_bin: PathBuf,
     /// Warm (paused) sandboxes kept per template (0 and no hot ones: every
     /// create is a cold start).
     pub warm_pool: u32,
@@ -188,10 +191,10 @@ fn engines_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Pa
 fn template_host_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Path>) -> Arc<dyn TemplateHost> {
     match helper_socket {
         Some(socket) => Arc::new(space_engine::helper::HelperHost::new(socket, 0)),
-        None => Arc::new(LocalTemplates::new(
-            space_engine::privsep::layout::Layout::new(data.root()),
-            config.agent_bin.clone(),
-        )),
+        None => Arc::new(
+            LocalTemplates::new(space_engine::privsep::layout::Layout::new(data.root()), config.agent_bin.clone())
+                .with_importer(&config.importer_bin),
+        ),
     }
 }
 

@@ -130,6 +130,102 @@ pub fn confine(confinement: &Confinement) -> Result<Confined, ConfineError> {
     Ok(Confined { landlock, missing, bounding_set_emptied })
 }
 
+/// Capability numbers (capability.h) a [`confine_keeping`] may keep.
+pub mod cap {
+    pub const CHOWN: u32 = 0;
+    pub const DAC_OVERRIDE: u32 = 1;
+    pub const FOWNER: u32 = 3;
+    pub const FSETID: u32 = 4;
+}
+
+/// What a root process that must keep a few capabilities (the template
+/// importer, decision 027) may keep: those capabilities, and the
+/// directories it writes; it reads no path but its own `/proc/self`.
+#[derive(Debug, Clone, Default)]
+pub struct Keeping {
+    /// Capability numbers ([`cap`]) left in the bounding, permitted and
+    /// effective sets; every other one goes from all of them.
+    pub capabilities: Vec<u32>,
+    /// Directories it reads and writes, with everything beneath them, but
+    /// executes nothing from: what it writes is a tenant's.
+    pub writable: Vec<PathBuf>,
+    /// Make this directory its root (and working directory) once the
+    /// Landlock rules are made: Landlock governs reading and writing but
+    /// not changing owners or modes, which the kept capabilities allow on
+    /// any file the process can name; in this root it names none outside.
+    pub root: Option<PathBuf>,
+    /// Refuse it every new process and thread (`clone`, `fork`, `vfork`):
+    /// once it ends, nothing it ran is left to race whoever reads what it
+    /// wrote.
+    pub no_new_processes: bool,
+}
+
+/// The mask of capability numbers `caps`, as `/proc/PID/status` shows one.
+pub fn capability_mask(caps: &[u32]) -> u64 {
+    caps.iter().fold(0, |mask, cap| mask | (1u64 << cap))
+}
+
+/// Confines the calling process, which stays root, to what `keeping`
+/// allows: `no_new_privs`, every capability but the kept ones gone from
+/// every set (ambient and inheritable empty), Landlock to its writable
+/// directories, optionally a root of its own, the deny-list of
+/// [`confine`] (and with [`Keeping::no_new_processes`] no process or
+/// thread creation).
+pub fn confine_keeping(keeping: &Keeping) -> Result<Confined, ConfineError> {
+    let threads = thread_count().map_err(os_err("counting this process's threads"))?;
+    if threads != 1 {
+        return Err(ConfineError::Threads(threads));
+    }
+    let kept = capability_mask(&keeping.capabilities);
+    set_no_new_privs()?;
+    // Dropping from the bounding set needs CAP_SETPCAP, which goes with
+    // the capset below: this comes first.
+    let last = last_cap()?;
+    for cap in (0..=last).filter(|cap| kept & (1u64 << cap) == 0) {
+        // SAFETY: PR_CAPBSET_DROP takes a capability number; no memory is passed.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
+            return Err(ConfineError::Os { what: "PR_CAPBSET_DROP", source: io::Error::last_os_error() });
+        }
+    }
+    clear_ambient()?;
+    let read_write = AccessFs::from_all(LANDLOCK_ABI) & !AccessFs::Execute;
+    let (landlock, missing) = restrict_paths_with(&keeping.writable, read_write, &[])?;
+    if let Some(root) = &keeping.root {
+        // Still holding CAP_SYS_CHROOT, which the capset below takes.
+        nix::unistd::chroot(root).map_err(|e| ConfineError::Os { what: "chroot", source: e.into() })?;
+        // A working directory left outside the new root would be a way out of it.
+        nix::unistd::chdir("/").map_err(|e| ConfineError::Os { what: "chdir to the new root", source: e.into() })?;
+    }
+    set_capabilities(kept)?;
+    apply_seccomp()?;
+    if keeping.no_new_processes {
+        seccompiler::apply_filter(&no_new_processes_program()?)?;
+    }
+    Ok(Confined { landlock, missing, bounding_set_emptied: kept == 0 })
+}
+
+/// Sets the effective and permitted sets to `mask`, the inheritable set empty.
+fn set_capabilities(mask: u64) -> Result<(), ConfineError> {
+    let mut header = CapHeader { version: CAP_V3, pid: 0 };
+    let word = |n: u32| (mask >> (32 * n)) as u32;
+    let data = [0, 1].map(|n| CapData { effective: word(n), permitted: word(n), inheritable: 0 });
+    // SAFETY: a v3 header and two data structs, as capset(2) documents.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
+        return Err(ConfineError::Os { what: "capset", source: io::Error::last_os_error() });
+    }
+    Ok(())
+}
+
+/// Refuses (`EPERM`) every way to a new process or thread: `clone` and
+/// `fork`/`vfork` (`clone3` already answers `ENOSYS`).
+fn no_new_processes_program() -> Result<BpfProgram, ConfineError> {
+    let mut denied = BTreeMap::from([(libc::SYS_clone, Vec::new())]);
+    #[cfg(target_arch = "x86_64")]
+    denied.extend([(libc::SYS_fork, Vec::new()), (libc::SYS_vfork, Vec::new())]);
+    let filter = SeccompFilter::new(denied, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), ARCH)?;
+    Ok(filter.try_into()?)
+}
+
 fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
@@ -240,6 +336,15 @@ pub fn switch_user(uid: u32, gid: u32) -> Result<(), ConfineError> {
 /// beneath them) and the process's own `/proc/self`, and scopes abstract Unix sockets and signals to this
 /// process and its children.
 pub fn restrict_paths(read_write: &[PathBuf], read_only: &[PathBuf]) -> Result<(Landlock, Vec<PathBuf>), ConfineError> {
+    restrict_paths_with(read_write, AccessFs::from_all(LANDLOCK_ABI), read_only)
+}
+
+/// [`restrict_paths`] with `read_write_access` the rights beneath `read_write`.
+fn restrict_paths_with(
+    read_write: &[PathBuf],
+    read_write_access: landlock::BitFlags<AccessFs>,
+    read_only: &[PathBuf],
+) -> Result<(Landlock, Vec<PathBuf>), ConfineError> {
     let existing = |paths: &[PathBuf], missing: &mut Vec<PathBuf>| -> Vec<PathBuf> {
         let (here, gone): (Vec<_>, Vec<_>) = paths.iter().cloned().partition(|p| Path::exists(p));
         missing.extend(gone);
@@ -257,7 +362,7 @@ pub fn restrict_paths(read_write: &[PathBuf], read_only: &[PathBuf]) -> Result<(
         .handle_access(all)?
         .scope(Scope::AbstractUnixSocket | Scope::Signal)?
         .create()?
-        .add_rules(path_beneath_rules(&read_write, all))?
+        .add_rules(path_beneath_rules(&read_write, read_write_access))?
         .add_rules(path_beneath_rules(&read_only, AccessFs::from_read(LANDLOCK_ABI)))?
         .restrict_self()?;
     Ok((status.ruleset.into(), missing))

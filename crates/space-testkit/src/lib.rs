@@ -38,6 +38,23 @@ pub fn agent_bin() -> PathBuf {
     path
 }
 
+/// The `space` binary (`SPACE_BIN`, else the one `cargo build -p
+/// space-cli` left beside this test binary's `deps/`): the platform a test
+/// runs in process starts it again as its confined image importer.
+pub fn space_bin() -> PathBuf {
+    let path = std::env::var_os("SPACE_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        let test_binary = std::env::current_exe().expect("this test binary's path");
+        // target/<profile>/deps/<test> → target/<profile>/space
+        test_binary.parent().and_then(Path::parent).map(|profile| profile.join("space")).unwrap_or_default()
+    });
+    assert!(
+        path.is_file(),
+        "the space binary {} is missing: run scripts/test.sh or `cargo build -p space-cli` (or set SPACE_BIN)",
+        path.display()
+    );
+    path
+}
+
 /// A statically linked busybox from Debian's `busybox-static` package
 /// (downloaded and unpacked once into the shared data dir), for images
 /// built in tests: it runs in any root without libraries.

@@ -32,12 +32,14 @@ pub(crate) fn helper(args: HelperArgs) -> Result<()> {
         agent_bin: find_agent_bin(args.agent_bin.as_deref())?,
         state_dir: data.run_dir().join("runsc"),
     };
+    // This very binary parses image archives, in a confined child of its own.
+    let importer = std::env::current_exe().context("finding this binary, the importer")?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let serving = space_engine::helper::serve_gvisor(config, &args.socket, args.allow_uid);
+        let serving = space_engine::helper::serve_gvisor(config, &importer, &args.socket, args.allow_uid);
         tracing::info!(socket = %args.socket.display(), uid = args.allow_uid, "SPACE helper starting");
         tokio::select! {
             served = serving => served.with_context(|| format!("serving {}", args.socket.display())),

@@ -28,12 +28,18 @@ use crate::templates::LocalTemplates;
 use crate::Steps;
 
 /// The root helper's work: the gVisor engine's host and the templates'
-/// in this process (which must be root), served at `socket` to processes of `allowed_uid`
-/// alone, until accepting fails.
-pub async fn serve_gvisor(config: GvisorConfig, socket: &Path, allowed_uid: u32) -> Result<(), PeerError> {
+/// in this process (which must be root; image archives are parsed by
+/// `importer_bin`'s confined child), served at `socket` to processes of
+/// `allowed_uid` alone, until accepting fails.
+pub async fn serve_gvisor(
+    config: GvisorConfig,
+    importer_bin: &Path,
+    socket: &Path,
+    allowed_uid: u32,
+) -> Result<(), PeerError> {
     let listener = HelperListener::bind(socket, allowed_uid)?;
     let layout = Layout::new(crate::gvisor::data_dir_of(&config.state_dir));
-    let templates = LocalTemplates::new(layout.clone(), config.agent_bin.clone());
+    let templates = LocalTemplates::new(layout.clone(), config.agent_bin.clone()).with_importer(importer_bin);
     let host = LocalHost::new(LocalConfig {
         runsc: config.runsc,
         agent_bin: config.agent_bin,

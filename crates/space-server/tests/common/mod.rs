@@ -31,6 +31,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         data_dir: data.root().to_path_buf(),
         runsc: PathBuf::from("runsc"),
         agent_bin: agent_bin(),
+        importer_bin: space_testkit::space_bin(),
         warm_pool: 0,
         hot_pool: 0,
         capacity_mib: None,
@@ -57,9 +58,9 @@ fn start_helper(config: &PlatformConfig) -> (tokio::runtime::Runtime, PathBuf) {
         agent_bin: config.agent_bin.clone(),
         state_dir: config.data_dir.join("run").join("runsc"),
     };
-    let (at, uid) = (socket.clone(), nix::unistd::geteuid().as_raw());
+    let (at, uid, importer) = (socket.clone(), nix::unistd::geteuid().as_raw(), config.importer_bin.clone());
     helper.spawn(async move {
-        if let Err(err) = space_engine::helper::serve_gvisor(gvisor, &at, uid).await {
+        if let Err(err) = space_engine::helper::serve_gvisor(gvisor, &importer, &at, uid).await {
             eprintln!("the test's helper stopped serving: {err}");
         }
     });

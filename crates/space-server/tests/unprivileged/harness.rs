@@ -62,6 +62,7 @@ impl World {
             data_dir: self.root.clone(),
             runsc: PathBuf::from("/nonexistent/runsc"),
             agent_bin: PathBuf::from("/nonexistent/space-agent"),
+            importer_bin: PathBuf::from("/nonexistent/space"),
             warm_pool: 0,
             hot_pool: 0,
             capacity_mib: Some(16 * 1024),

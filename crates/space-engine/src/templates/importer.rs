@@ -1,0 +1,398 @@
+//! The confined importer child (decision 027): an OCI archive is a
+//! tenant's bytes (tar, gzip, JSON), so the root process that builds a
+//! template (the helper, or a server without one) never parses it. It
+//! starts `space` again as [`SUBCOMMAND`]; that child confines itself
+//! ([`space_privsep::confine::confine_keeping`]: root, but only the
+//! capabilities of giving files their owners and modes, `no_new_privs`,
+//! Landlock to the build's root and work dir, the build dir as its root
+//! directory, the seccomp deny-list and no new processes) before it reads
+//! a byte, applies the layers, and reports on its stdout, one JSON
+//! [`Report`] a line. Its stdin is the archive and its stderr the build's
+//! log, both descriptors the parent was handed; it opens no path of
+//! either.
+//!
+//! What needs more than that stays with the parent: making and limiting
+//! the root subvolume before, installing the agent and sealing the root
+//! after, once the child has ended (it cannot leave a process behind).
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use space_host::oci::Imported;
+use space_host::template::BuildProgress;
+use space_host::HostError;
+use space_privsep::confine::{self, cap, Keeping};
+use space_process::{ExitStatus, ReapedChild, Reaper};
+
+/// The hidden `space` subcommand the child runs as.
+pub const SUBCOMMAND: &str = "import-oci-child";
+
+/// What the child keeps: giving files their owners (CAP_CHOWN), and their
+/// modes and times whoever owns them (CAP_FOWNER, CAP_FSETID for setuid
+/// and setgid bits), in directories of any mode (CAP_DAC_OVERRIDE).
+/// Layers' device nodes are skipped, not made (the engine provides
+/// `/dev`), so no CAP_MKNOD; no extended attribute is applied, so no
+/// CAP_SETFCAP.
+pub const KEPT_CAPABILITIES: [u32; 4] = [cap::CHOWN, cap::DAC_OVERRIDE, cap::FOWNER, cap::FSETID];
+
+/// Where the child finds the root and its work dir, inside its own root
+/// (the build dir).
+const ROOTFS_INSIDE: &str = "/rootfs";
+const WORK_INSIDE: &str = "/work";
+
+/// The longest the child may go without a report: a layer's one huge
+/// file is written without one, at disk speed.
+const SILENCE_PATIENCE: Duration = Duration::from_secs(600);
+/// How long the child may take to end once its stdout closed.
+const EXIT_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest report line read from the child (its result carries the
+/// image's environment, bounded by the config's size in the importer).
+const MAX_REPORT: usize = 16 << 20;
+
+/// One line of the child's stdout.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "report", rename_all = "snake_case", deny_unknown_fields)]
+enum Report {
+    /// Confinement is in place; nothing of the archive has been read yet.
+    Confined {
+        landlock: String,
+    },
+    Progress {
+        step: String,
+        done: u64,
+        bytes: Option<[u64; 2]>,
+    },
+    Imported {
+        imported: Imported,
+    },
+    /// `invalid`: the archive's fault, `message` told to whoever sent it.
+    Failed {
+        invalid: bool,
+        message: String,
+    },
+}
+
+/// A failure of the child itself, not of the archive.
+fn child_failed(message: String) -> HostError {
+    HostError::CommandFailed { command: format!("space {SUBCOMMAND}"), status: "failed".into(), stderr: message }
+}
+
+/// Applies the image in `archive` to `rootfs` (a directory of the build
+/// dir `partial`, made and limited by the caller) in a confined child
+/// started from `importer` (the `space` binary); a gzip-compressed archive
+/// is decompressed into `partial/work` (removed after). Steps go to
+/// `progress`, the child's log lines and failure to `log`.
+pub fn import(
+    importer: &Path,
+    partial: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    max_bytes: Option<u64>,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, HostError> {
+    let work = partial.join("work");
+    fs::create_dir(&work).map_err(HostError::io("creating the importer's work dir"))?;
+    let result = run_child(importer, partial, archive, log, max_bytes, progress);
+    let _ = fs::remove_dir_all(&work);
+    if let Err(ChildError::Parent(err)) = &result {
+        let mut log = log;
+        let _ = writeln!(log, "import failed: {err}");
+    }
+    result.map_err(ChildError::into_host)
+}
+
+enum ChildError {
+    /// Told by the child (and written to the log by it).
+    Child(HostError),
+    /// Found by the parent: the child could not start, died or misbehaved.
+    Parent(HostError),
+}
+
+impl ChildError {
+    fn into_host(self) -> HostError {
+        match self {
+            ChildError::Child(err) | ChildError::Parent(err) => err,
+        }
+    }
+}
+
+fn run_child(
+    importer: &Path,
+    partial: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    max_bytes: Option<u64>,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, ChildError> {
+    let parent = |err| ChildError::Parent(err);
+    let dup = |file: &fs::File, what: &str| file.try_clone().map_err(HostError::io(format!("passing the {what}")));
+    let mut command = Command::new(importer);
+    command
+        .arg(SUBCOMMAND)
+        .arg("--build-dir")
+        .arg(partial)
+        .args(max_bytes.map(|max| format!("--max-bytes={max}")))
+        .env_clear()
+        .current_dir("/")
+        .stdin(dup(archive, "archive").map_err(parent)?)
+        .stdout(Stdio::piped())
+        .stderr(dup(log, "log").map_err(parent)?);
+    // SAFETY: between fork and exec this only calls prctl, which is
+    // async-signal-safe and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            // A child outliving its parent would go on writing into a
+            // build dir a restarted helper may make anew.
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = Reaper::global().spawn(&mut command).map_err(|source| {
+        parent(HostError::Io {
+            what: format!("starting the importer {} (only it parses image archives)", importer.display()),
+            source,
+        })
+    })?;
+    let stdout = child.child.stdout.take().expect("piped");
+    let outcome = read_reports(&child, stdout, progress);
+    if outcome.is_err() {
+        stop(&child);
+    }
+    let status = child.wait_timeout(EXIT_PATIENCE).unwrap_or_else(|| {
+        stop(&child);
+        child.wait()
+    });
+    let imported = outcome?;
+    match (imported, status) {
+        (Some(imported), ExitStatus::Exited(0)) => Ok(imported),
+        (Some(_), status) => Err(parent(child_failed(format!("the importer ended {} after its result", said(status))))),
+        (None, status) => Err(parent(child_failed(format!(
+            "the importer ended {} without a result (what it wrote is in the build log)",
+            said(status)
+        )))),
+    }
+}
+
+/// How a child ended, in words.
+fn said(status: ExitStatus) -> String {
+    match status {
+        ExitStatus::Exited(code) => format!("with exit code {code}"),
+        // SIGSYS: a system call its seccomp filter kills for (another
+        // architecture's).
+        ExitStatus::Signaled(signal) if signal == nix::libc::SIGSYS => {
+            format!("killed by signal {signal} (SIGSYS: its seccomp filter)")
+        }
+        ExitStatus::Signaled(signal) => format!("killed by signal {signal}"),
+    }
+}
+
+fn stop(child: &ReapedChild) {
+    // Only while it is not reaped: its pid is its own until then.
+    if child.wait_timeout(Duration::ZERO).is_none() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGKILL);
+    }
+}
+
+/// Reads the child's reports until its stdout closes: its result (`None`
+/// when it ended without one), its failure, or a misbehaviour.
+fn read_reports(
+    child: &ReapedChild,
+    mut stdout: std::process::ChildStdout,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Option<Imported>, ChildError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let parent = |message: String| ChildError::Parent(child_failed(message));
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut confined = false;
+    let mut result = None;
+    let mut heard = Instant::now();
+    loop {
+        let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(0) => {
+                if heard.elapsed() > SILENCE_PATIENCE {
+                    return Err(parent(format!("the importer reported nothing for {}s", SILENCE_PATIENCE.as_secs())));
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(err) => return Err(parent(format!("waiting for the importer: {err}"))),
+        }
+        let read = match stdout.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(parent(format!("reading the importer's reports: {err}"))),
+        };
+        heard = Instant::now();
+        pending.extend_from_slice(&chunk[..read]);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let report: Report = serde_json::from_slice(&line)
+                .map_err(|err| parent(format!("the importer sent a report that does not parse: {err}")))?;
+            if result.is_some() {
+                return Err(parent("the importer reported after its result".into()));
+            }
+            match report {
+                Report::Confined { landlock } if !confined => {
+                    check_confined(child.id()).map_err(parent)?;
+                    tracing::debug!(pid = child.id(), landlock, "the importer is confined");
+                    confined = true;
+                }
+                _ if !confined => return Err(parent("the importer reported before it was confined".into())),
+                Report::Confined { .. } => return Err(parent("the importer reported its confinement twice".into())),
+                Report::Progress { step, done, bytes } => progress(checked_progress(step, done, bytes)),
+                Report::Imported { imported } => result = Some(imported),
+                Report::Failed { invalid: true, message } => {
+                    return Err(ChildError::Child(HostError::Invalid(message)))
+                }
+                Report::Failed { invalid: false, message } => return Err(ChildError::Child(child_failed(message))),
+            }
+        }
+        if pending.len() > MAX_REPORT {
+            return Err(parent(format!("the importer sent a report longer than {MAX_REPORT} bytes")));
+        }
+    }
+    Ok(result)
+}
+
+/// The child's report of a step, bounded as the parent's own would be.
+fn checked_progress(step: String, done: u64, bytes: Option<[u64; 2]>) -> BuildProgress {
+    let step: String = step.chars().take(200).collect();
+    let done = done.min(space_host::template::BUILD_STEPS);
+    match bytes {
+        Some([bytes_done, total]) => BuildProgress::bytes(&step, done, bytes_done, total),
+        None => BuildProgress::step(&step, done),
+    }
+}
+
+/// Checks from outside, once the child says it is confined, that it holds
+/// no more than it should (what it dropped it can never regain): a binary
+/// that confines itself less (an old or wrong `space`) is stopped and the
+/// build fails.
+fn check_confined(pid: u32) -> Result<(), String> {
+    let status = confine::status_of(pid).map_err(|err| format!("reading the importer's status: {err}"))?;
+    let kept = confine::capability_mask(&KEPT_CAPABILITIES);
+    let extra = (status.cap_effective
+        | status.cap_permitted
+        | status.cap_bounding
+        | status.cap_inheritable
+        | status.cap_ambient)
+        & !kept;
+    if extra != 0
+        || status.cap_inheritable != 0
+        || status.cap_ambient != 0
+        || !status.no_new_privs
+        || status.seccomp != 2
+    {
+        return Err(format!(
+            "the importer is not confined as it must be: {status:?} (only capabilities {kept:#x} may be kept)"
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The child's side.
+
+/// The arguments of [`SUBCOMMAND`].
+#[derive(Debug, Clone)]
+pub struct ChildArgs {
+    /// The build dir: the child's root, holding `rootfs` and `work`.
+    pub build_dir: PathBuf,
+    pub max_bytes: Option<u64>,
+}
+
+/// The child: confines itself, imports the archive on its stdin into the
+/// build dir, reports on its stdout. Call it first thing in `main`, with
+/// no other thread started. Returns the process's exit code.
+pub fn child_main(args: &ChildArgs) -> i32 {
+    let (archive, log) = match (dup_std(io::stdin().as_fd()), dup_std(io::stderr().as_fd())) {
+        (Ok(archive), Ok(log)) => (archive, log),
+        (Err(err), _) | (_, Err(err)) => {
+            report(&Report::Failed { invalid: false, message: format!("taking the archive and the log: {err}") });
+            return 1;
+        }
+    };
+    let keeping = Keeping {
+        capabilities: KEPT_CAPABILITIES.to_vec(),
+        writable: vec![args.build_dir.join("rootfs"), args.build_dir.join("work")],
+        root: Some(args.build_dir.clone()),
+        no_new_processes: true,
+    };
+    let confined = match confine::confine_keeping(&keeping) {
+        Ok(confined) if confined.missing.is_empty() => confined,
+        Ok(confined) => {
+            let message = format!("the build dir lacks {:?}", confined.missing);
+            report(&Report::Failed { invalid: false, message });
+            return 1;
+        }
+        Err(err) => {
+            report(&Report::Failed { invalid: false, message: format!("confining the importer: {err}") });
+            return 1;
+        }
+    };
+    report(&Report::Confined { landlock: format!("{:?}", confined.landlock) });
+    let mut progress = |step: BuildProgress| {
+        let bytes = step.amount.map(|amount| [amount.done, amount.total]);
+        report(&Report::Progress { step: step.step, done: step.done, bytes });
+    };
+    let rootfs = Path::new(ROOTFS_INSIDE);
+    let work = Path::new(WORK_INSIDE);
+    match space_host::oci::extract_oci(rootfs, work, &archive, &log, args.max_bytes, &mut progress) {
+        Ok(imported) => {
+            report(&Report::Imported { imported });
+            0
+        }
+        Err(HostError::Invalid(message)) => {
+            report(&Report::Failed { invalid: true, message });
+            1
+        }
+        Err(err) => {
+            report(&Report::Failed { invalid: false, message: err.to_string() });
+            1
+        }
+    }
+}
+
+fn dup_std(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<fs::File> {
+    Ok(fs::File::from(fd.try_clone_to_owned()?))
+}
+
+/// One report line; a parent gone is the end of the child's work anyway.
+fn report(report: &Report) {
+    let mut line = serde_json::to_vec(report).unwrap_or_default();
+    line.push(b'\n');
+    let mut stdout = io::stdout().lock();
+    let _ = stdout.write_all(&line).and_then(|()| stdout.flush());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_and_unknown_fields_are_refused() {
+        let progress = Report::Progress { step: "applying layer 1 of 2".into(), done: 2, bytes: Some([1, 9]) };
+        let line = serde_json::to_string(&progress).unwrap();
+        assert!(matches!(serde_json::from_str(&line).unwrap(), Report::Progress { done: 2, .. }));
+        assert!(serde_json::from_str::<Report>(r#"{"report":"confined","landlock":"Full","extra":1}"#).is_err());
+        let bounded = checked_progress("x".repeat(10_000), 99, Some([5, 3]));
+        assert_eq!((bounded.step.len(), bounded.done), (200, space_host::template::BUILD_STEPS));
+        assert_eq!(bounded.amount.map(|a| (a.done, a.total)), Some((3, 3)));
+    }
+
+    #[test]
+    fn the_kept_capabilities_are_the_file_owning_four() {
+        assert_eq!(confine::capability_mask(&KEPT_CAPABILITIES), 0x1b);
+    }
+}
