@@ -496,6 +496,10 @@ pub(crate) struct HelperArgs {
     /// The runsc binary.
     #[arg(long, env = "SPACE_RUNSC", default_value = "runsc")]
     pub(crate) runsc: PathBuf,
+    /// The firecracker binary (its jailer is looked for beside it): the
+    /// helper runs the server's microVMs when it is found.
+    #[arg(long, env = "FIRECRACKER_BIN")]
+    pub(crate) firecracker_bin: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
 }

@@ -279,7 +279,7 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
     let data = TestDataDir::new();
     let split = Split::start(&data, &[]);
     let victim = split.lifecycle("/v1/sandboxes", json!({"template": "base"})).sandbox_id.expect("its id");
-    let hello = request(json!({"op": "hello", "version": 1}));
+    let hello = request(json!({"op": "hello", "version": 2, "engine": "gvisor"}));
     let me = Some((split.uid, split.gid));
     let shape = json!({"memory_mib": 512, "vcpus": 1, "disk_mib": 1024});
     let template = json!({"kind": "template", "template": {"name": "base", "version": 1}});
@@ -456,7 +456,7 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     // no image into a version that exists, no build of an old version, no
     // record naming another template than the build's.
     let me = Some((split.uid, split.gid));
-    let hello = request(json!({"op": "hello", "version": 1}));
+    let hello = request(json!({"op": "hello", "version": 2, "engine": "gvisor"}));
     let base = json!({"name": "base", "version": 1});
     let evil = json!({"name": "evil", "version": 1});
     let record = json!({"name": "base", "version": 1, "created_at": "", "source": {},

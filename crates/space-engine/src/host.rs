@@ -112,6 +112,18 @@ pub trait EngineHost: Send + Sync {
 
     /// `EngineLog`: the last lines of the engine's output of the sandbox.
     fn engine_log(&self, sandbox: &SandboxId) -> String;
+
+    /// `HasCloneBase`: whether the template's microVM is saved for clones
+    /// of `shape` (an engine without clones has none).
+    fn has_clone_base(&self, _template: &TemplateRef, _shape: Shape) -> Result<bool, EngineError> {
+        Ok(false)
+    }
+
+    /// `SaveCloneBase`: saves the sandbox — the template's microVM, its
+    /// agent quiesced — as its template's clone base, then stops it.
+    fn save_clone_base(&self, sandbox: &SandboxId, template: &TemplateRef) -> Result<(), EngineError> {
+        Err(EngineError::Runtime(format!("{sandbox}: this engine makes no clone base (of template {})", template.name)))
+    }
 }
 
 /// What [`EngineState`] means to the rest of the platform.

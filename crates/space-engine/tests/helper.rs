@@ -17,8 +17,8 @@ use space_engine::EngineError;
 use space_privsep::client::BlockingClient;
 use space_privsep::peer::{HelperListener, PeerError};
 use space_privsep::proto::{
-    CheckpointName, DiskMib, EngineState, ImageRef, MemoryMib, PatienceMs, Refusal, Reply, Request, SandboxId, Shape,
-    SlackNs, StartFrom, Vcpus, PROTOCOL_VERSION,
+    CheckpointName, DiskMib, Engine, EngineState, ImageRef, MemoryMib, PatienceMs, Refusal, Reply, Request, SandboxId,
+    Shape, SlackNs, StartFrom, Vcpus, PROTOCOL_VERSION,
 };
 
 /// Every wait in these tests ends by then.
@@ -342,7 +342,8 @@ fn a_malformed_frame_closes_its_own_connection_only() {
     let other = helper.connect();
     let stream = UnixStream::connect(helper.socket()).unwrap();
     let client = BlockingClient::over(stream.try_clone().unwrap());
-    let (reply, _) = client.call(&Request::Hello { version: PROTOCOL_VERSION }, &[], DEADLINE).unwrap();
+    let hello = Request::Hello { version: PROTOCOL_VERSION, engine: Engine::Gvisor };
+    let (reply, _) = client.call(&hello, &[], DEADLINE).unwrap();
     assert!(matches!(reply, Reply::Hello { .. }));
     let body = br#"{"op":"pause","sandbox":"sbx_../../etc"}"#;
     (&stream).write_all(&(body.len() as u32).to_be_bytes()).unwrap();
@@ -357,6 +358,37 @@ fn a_malformed_frame_closes_its_own_connection_only() {
     let (reply, _) = other.call(&Request::Pause { sandbox: id(SBX) }, &[], DEADLINE).unwrap();
     assert_eq!(reply, Reply::Done {}, "another connection is served as before");
     assert_eq!(helper.host.take(), [format!("pause {SBX}")], "the malformed request reached no method");
+}
+
+/// A connection's requests go to the engine its hello named: this helper
+/// runs gVisor only, so a Firecracker connection is refused every engine
+/// request (its templates' requests are not the engine's), and a start
+/// naming another engine than its connection's is refused too.
+#[test]
+fn a_connection_is_served_by_the_engine_its_hello_names_and_no_other() {
+    let helper = Helper::start("engines", me());
+    let firecracker = BlockingClient::connect_for(&helper.socket(), me(), Engine::Firecracker, DEADLINE).unwrap();
+    for request in [
+        Request::Pause { sandbox: id(SBX) },
+        Request::Start { sandbox: id(SBX), engine: Engine::Firecracker, from: StartFrom::Suspended {}, shape: shape() },
+        Request::Availability {},
+        Request::Destroy { sandbox: id(SBX) },
+    ] {
+        let (reply, _) = firecracker.call(&request, &[], DEADLINE).unwrap();
+        assert!(
+            matches!(&reply, Reply::Refused { refusal: Refusal::BadRequest, message } if message.contains("runs no firecracker")),
+            "{request:?}: {reply:?}"
+        );
+    }
+    let gvisor = helper.connect();
+    let start =
+        Request::Start { sandbox: id(SBX), engine: Engine::Firecracker, from: StartFrom::Suspended {}, shape: shape() };
+    let (reply, _) = gvisor.call(&start, &[], DEADLINE).unwrap();
+    assert!(matches!(&reply, Reply::Refused { refusal: Refusal::BadRequest, .. }), "{reply:?}");
+    assert_eq!(helper.host.take(), Vec::<String>::new(), "no refused request reached the gVisor host");
+    let (reply, _) = gvisor.call(&Request::Pause { sandbox: id(SBX) }, &[], DEADLINE).unwrap();
+    assert_eq!(reply, Reply::Done {});
+    assert_eq!(helper.host.take(), [format!("pause {SBX}")]);
 }
 
 #[test]

@@ -152,38 +152,38 @@ fn engines_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Pa
         Some(socket) => Gvisor::through_helper(gvisor_config, socket, 0),
         None => Gvisor::new(gvisor_config),
     };
-    let guest = space_host::guest::existing(data);
     let binary = space_engine::firecracker::find_firecracker(config.firecracker_bin.as_deref());
-    if let (Some(binary), Some(_)) = (&binary, helper_socket) {
-        // Its jailer needs root, and the helper does not start it yet.
-        tracing::warn!(
-            "the Firecracker engine ({}) does not run beside the root helper yet: gVisor only",
-            binary.display()
-        );
-        return (gvisor, None);
-    }
-    let firecracker = binary.map(|binary| {
-        let (kernel, initramfs) = match guest {
-            Some(guest) => (guest.kernel, guest.initramfs),
-            None => {
-                let dir = space_host::guest::guest_dir(data);
-                (dir.join("vmlinux"), dir.join("initramfs.cpio"))
-            }
-        };
-        // Under the jailer when one is beside the binary: its own uid, a
-        // chroot in the data dir, cgroups, a new PID namespace.
-        let jailer = space_engine::firecracker::find_jailer(None, Some(&binary));
-        Firecracker::new(FirecrackerConfig {
-            firecracker: binary,
-            kernel,
-            initramfs,
-            jailer,
-            jail_base: data.run_dir().join("jail"),
-            jail_uid: space_engine::firecracker::JAIL_UID,
-            boot_patience: space_engine::firecracker::BOOT_PATIENCE,
-        })
+    let firecracker = binary.map(|binary| match helper_socket {
+        // The helper runs the VMMs (its own configuration says where the
+        // binary, jailer and guest are; its availability is the engine's).
+        Some(socket) => Firecracker::through_helper(data.root(), socket, 0, space_engine::firecracker::BOOT_PATIENCE),
+        None => Firecracker::new(firecracker_config(data, binary)),
     });
     (gvisor, firecracker)
+}
+
+/// How the Firecracker engine runs `binary` on `data`: the guest `space
+/// setup` made, and under the jailer when one is beside the binary (its
+/// own uid, a chroot in the data dir, cgroups, a new PID namespace).
+pub fn firecracker_config(data: &DataDir, binary: PathBuf) -> FirecrackerConfig {
+    let (kernel, initramfs) = match space_host::guest::existing(data) {
+        Some(guest) => (guest.kernel, guest.initramfs),
+        None => {
+            let dir = space_host::guest::guest_dir(data);
+            (dir.join("vmlinux"), dir.join("initramfs.cpio"))
+        }
+    };
+    let jailer = space_engine::firecracker::find_jailer(None, Some(&binary));
+    FirecrackerConfig {
+        firecracker: binary,
+        kernel,
+        initramfs,
+        jailer,
+        jail_base: data.run_dir().join("jail"),
+        jail_uid: space_engine::firecracker::JAIL_UID,
+        boot_patience: space_engine::firecracker::BOOT_PATIENCE,
+        data_dir: data.root().to_path_buf(),
+    }
 }
 
 /// Who does templates' root work: this process, or the root helper at

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{getsockopt, recv, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags};
 
 use crate::peer::{expect_fds, io_err, PeerCred, PeerError, FRAME_DEADLINE};
-use crate::proto::{self, Reply, Request, HEADER_LEN, MAX_FDS, PROTOCOL_VERSION};
+use crate::proto::{self, Engine, Reply, Request, HEADER_LEN, MAX_FDS, PROTOCOL_VERSION};
 
 /// A blocking connection to the helper.
 #[derive(Debug)]
@@ -25,8 +25,19 @@ pub struct BlockingClient {
 
 impl BlockingClient {
     /// Connects to the helper at `path`, checks that uid `helper_uid`
-    /// serves it, and exchanges hellos, all within `patience`.
+    /// serves it, and exchanges hellos, all within `patience`: a
+    /// connection about gVisor sandboxes.
     pub fn connect(path: &Path, helper_uid: u32, patience: Duration) -> Result<BlockingClient, PeerError> {
+        BlockingClient::connect_for(path, helper_uid, Engine::Gvisor, patience)
+    }
+
+    /// [`BlockingClient::connect`] for a connection about `engine`'s sandboxes.
+    pub fn connect_for(
+        path: &Path,
+        helper_uid: u32,
+        engine: Engine,
+        patience: Duration,
+    ) -> Result<BlockingClient, PeerError> {
         let stream = UnixStream::connect(path).map_err(io_err("connecting to the helper"))?;
         let cred = getsockopt(&stream, sockopt::PeerCredentials)
             .map_err(|e| PeerError::Io { context: "reading SO_PEERCRED", source: io::Error::from(e) })?;
@@ -35,7 +46,7 @@ impl BlockingClient {
             return Err(PeerError::UnexpectedHelper { uid: server.uid, expected: helper_uid });
         }
         let client = BlockingClient { stream };
-        match client.call(&Request::Hello { version: PROTOCOL_VERSION }, &[], patience)? {
+        match client.call(&Request::Hello { version: PROTOCOL_VERSION, engine }, &[], patience)? {
             (Reply::Hello { .. }, _) => Ok(client),
             (other, _) => Err(PeerError::UnexpectedReply(Box::new(other))),
         }

@@ -111,7 +111,9 @@ impl Layout {
             Request::Start { sandbox: id, from, .. } => {
                 sandbox(id);
                 match from {
-                    StartFrom::Template { template } | StartFrom::TemplateImage { template } => {
+                    StartFrom::Template { template }
+                    | StartFrom::TemplateImage { template }
+                    | StartFrom::Clone { template } => {
                         paths.extend([self.template_dir(template), self.template_partial(template)])
                     }
                     StartFrom::Suspended {} => {}
@@ -137,6 +139,11 @@ impl Layout {
             | Request::ListenAgent { sandbox: id }
             | Request::CloseAgent { sandbox: id }
             | Request::ConnectVmm { sandbox: id } => sandbox(id),
+            Request::HasCloneBase { template, .. } => paths.push(self.template_dir(template)),
+            Request::SaveCloneBase { sandbox: id, template } => {
+                sandbox(id);
+                paths.push(self.template_dir(template));
+            }
             Request::BuildTemplate { template, .. }
             | Request::BeginTemplate { template }
             | Request::PublishTemplate { template, .. } => {

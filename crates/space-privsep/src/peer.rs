@@ -21,7 +21,7 @@ use nix::sys::socket::{getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, Co
 use tokio::io::Interest;
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::proto::{self, ProtoError, Refusal, Reply, Request, HEADER_LEN, MAX_FDS, PROTOCOL_VERSION};
+use crate::proto::{self, Engine, ProtoError, Refusal, Reply, Request, HEADER_LEN, MAX_FDS, PROTOCOL_VERSION};
 
 /// How long the rest of a frame may take once its first byte arrived.
 pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
@@ -158,11 +158,12 @@ impl Connection {
     }
 
     /// Takes the peer's hello and answers it: the first exchange on every
-    /// connection.
-    pub async fn hello(&self) -> Result<(), PeerError> {
+    /// connection. Returns the engine the connection is about.
+    pub async fn hello(&self) -> Result<Engine, PeerError> {
         match self.recv().await? {
-            Some(Incoming { request: Request::Hello { .. }, .. }) => {
-                self.send(&Reply::Hello { version: PROTOCOL_VERSION }, &[]).await
+            Some(Incoming { request: Request::Hello { engine, .. }, .. }) => {
+                self.send(&Reply::Hello { version: PROTOCOL_VERSION }, &[]).await?;
+                Ok(engine)
             }
             Some(_) => {
                 self.send(&Reply::refused(Refusal::BadRequest, "the first message must be a hello"), &[]).await?;
@@ -200,7 +201,7 @@ impl HelperClient {
             return Err(PeerError::UnexpectedHelper { uid: server.uid, expected: helper_uid });
         }
         let mut client = HelperClient { stream };
-        match client.call(&Request::Hello { version: PROTOCOL_VERSION }, &[]).await? {
+        match client.call(&Request::Hello { version: PROTOCOL_VERSION, engine: Engine::Gvisor }, &[]).await? {
             (Reply::Hello { .. }, _) => Ok(client),
             (other, _) => Err(PeerError::UnexpectedReply(Box::new(other))),
         }

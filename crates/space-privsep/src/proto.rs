@@ -20,7 +20,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The version both sides must speak (`Hello`).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of a frame's length prefix.
 pub const HEADER_LEN: usize = 4;
 /// The largest frame body either side sends or accepts.
@@ -368,6 +368,10 @@ pub enum StartFrom {
     Image { source: SandboxId, image: ImageRef },
     /// A snapshot template's saved image.
     TemplateImage { template: TemplateRef },
+    /// A clone of the template's microVM, booted once and saved for the
+    /// start's shape (Firecracker; `HasCloneBase` tells whether it is
+    /// there, `SaveCloneBase` makes it).
+    Clone { template: TemplateRef },
 }
 
 /// What a template's root is built from. An archive is the request's one
@@ -398,9 +402,11 @@ pub enum Signal {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// The first message on a connection.
+    /// The first message on a connection: the engine whose sandboxes its
+    /// requests are about (template requests go on either).
     Hello {
         version: u32,
+        engine: Engine,
     },
     /// Root snapshot (a fresh id only), disk quota, cgroup, bundle written
     /// by the helper from `shape`, the agent's listener, then the engine.
@@ -505,6 +511,19 @@ pub enum Request {
     ConnectVmm {
         sandbox: SandboxId,
     },
+    /// Whether the template's microVM is saved for clones of `shape`;
+    /// answered `Has`.
+    HasCloneBase {
+        template: TemplateRef,
+        shape: Shape,
+    },
+    /// Saves `sandbox` — the template's microVM, booted from the template
+    /// and its agent quiesced by the unprivileged side — as the clone base
+    /// of its template for its shape, then stops it.
+    SaveCloneBase {
+        sandbox: SandboxId,
+        template: TemplateRef,
+    },
     /// Builds `template`'s root (never an existing version) under a quota
     /// into a new build dir, as `BeginTemplate` makes it. Its descriptors:
     /// the build log (opened for writing by the unprivileged side, which
@@ -562,7 +581,7 @@ impl Request {
     /// The checks one field's type cannot make alone.
     pub fn check(&self) -> Result<(), ProtoError> {
         match self {
-            Request::Hello { version } if *version != PROTOCOL_VERSION => {
+            Request::Hello { version, .. } if *version != PROTOCOL_VERSION => {
                 Err(ProtoError::Invalid(format!("protocol version {version}; this helper speaks {PROTOCOL_VERSION}")))
             }
             Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. }
@@ -678,6 +697,10 @@ pub enum Reply {
     Listening {},
     /// A connection to the VMM's API comes with it.
     Vmm {},
+    /// Whether what was asked for is there.
+    Has {
+        has: bool,
+    },
     State {
         state: EngineState,
     },

@@ -22,9 +22,9 @@ pub mod state;
 pub use space_e2b as e2b;
 pub use space_node::{
     access, actor, adoption, capacity, checkpoints, commands, contexts, disk, domain, egress, engine_report, engines,
-    idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, session, start_platform,
-    start_platform_with, start_platform_with_helper, store, templates, tenants, transcript, warm, EngineChoice,
-    Platform, PlatformConfig, UnknownEngine, DEFAULT_AUTO_PAUSE_S,
+    firecracker_config, idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, session,
+    start_platform, start_platform_with, start_platform_with_helper, store, templates, tenants, transcript, warm,
+    EngineChoice, Platform, PlatformConfig, UnknownEngine, DEFAULT_AUTO_PAUSE_S,
 };
 
 pub use router::app;

@@ -50,6 +50,7 @@ impl EngineHost for Counting {
             StartFrom::Suspended {} => "start from its snapshot",
             StartFrom::Image { .. } => "start from an image",
             StartFrom::TemplateImage { .. } => "start from a template's image",
+            StartFrom::Clone { .. } => "start as a clone",
         });
         self.inner.start(sandbox, from, shape)
     }

@@ -1,7 +1,8 @@
-//! `space helper`: the root helper. It does the gVisor engine's root work
-//! (runsc, roots and quotas, the bundle, the agent's socket, the freezer)
-//! for one unprivileged uid on a Unix socket; `space serve --helper-socket`
-//! asks it (decision 024).
+//! `space helper`: the root helper. It does the engines' root work (runsc,
+//! roots and quotas, the bundle, the agent's socket, the freezer; jailed
+//! Firecracker VMMs, their drives and snapshots) and templates' for one
+//! unprivileged uid on a Unix socket; `space serve --helper-socket` asks
+//! it (decisions 024, 026).
 
 use anyhow::{Context, Result};
 use space_engine::gvisor::GvisorConfig;
@@ -34,12 +35,15 @@ pub(crate) fn helper(args: HelperArgs) -> Result<()> {
     };
     // This very binary parses image archives, in a confined child of its own.
     let importer = std::env::current_exe().context("finding this binary, the importer")?;
+    // Beside gVisor, the microVMs of a host that runs them.
+    let firecracker = space_engine::firecracker::find_firecracker(args.firecracker_bin.as_deref())
+        .map(|binary| space_server::firecracker_config(&data, binary));
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let serving = space_engine::helper::serve_gvisor(config, &importer, &args.socket, args.allow_uid);
+        let serving = space_engine::helper::serve_helper(config, firecracker, &importer, &args.socket, args.allow_uid);
         tracing::info!(socket = %args.socket.display(), uid = args.allow_uid, "SPACE helper starting");
         tokio::select! {
             served = serving => served.with_context(|| format!("serving {}", args.socket.display())),

@@ -5,8 +5,10 @@
 
 pub mod api;
 mod engine;
+mod local;
 
 pub use self::engine::{Firecracker, FirecrackerConfig, BOOT_PATIENCE, JAIL_UID};
+pub use self::local::FirecrackerHost;
 
 use std::fs;
 use std::path::{Path, PathBuf};

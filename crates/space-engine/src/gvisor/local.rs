@@ -146,7 +146,7 @@ impl LocalHost {
     /// Where an image a sandbox starts from keeps its root and memory.
     fn image_dir(&self, from: &StartFrom) -> Option<PathBuf> {
         match from {
-            StartFrom::Template { .. } | StartFrom::Suspended {} => None,
+            StartFrom::Template { .. } | StartFrom::Suspended {} | StartFrom::Clone { .. } => None,
             StartFrom::Image { source, image } => Some(self.layout().image_dir(source, image)),
             StartFrom::TemplateImage { template } => Some(self.layout().template_dir(template)),
         }
@@ -176,6 +176,9 @@ impl EngineHost for LocalHost {
         // snapshot keeps its id; every caller destroys a failed start's
         // leftovers before starting again.
         let new_root = match from {
+            StartFrom::Clone { .. } => {
+                return Err(EngineError::Runtime("gVisor sandboxes are no clones of a saved microVM".into()))
+            }
             StartFrom::Template { .. } | StartFrom::TemplateImage { .. } => true,
             StartFrom::Image { source, .. } => source != sandbox,
             StartFrom::Suspended {} => false,
@@ -189,7 +192,7 @@ impl EngineHost for LocalHost {
         let (memory, lap) = match from {
             StartFrom::Template { template } => (None, self.prepare_root(sandbox, template, shape, &mut steps)?),
             StartFrom::Suspended {} => (Some(self.layout().snapshot_dir(sandbox)), Instant::now()),
-            StartFrom::Image { .. } | StartFrom::TemplateImage { .. } => {
+            StartFrom::Image { .. } | StartFrom::TemplateImage { .. } | StartFrom::Clone { .. } => {
                 let image = self.image_dir(from).unwrap_or_default();
                 self.prepare_from_image(sandbox, &image, shape)?;
                 (Some(image.join(IMAGE_MEMORY)), Instant::now())

@@ -32,6 +32,8 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 pub struct HelperHost {
     socket: PathBuf,
     helper_uid: u32,
+    /// Whose sandboxes this host's requests are about (each connection's hello says).
+    engine: Engine,
     patience: Duration,
     /// Connections between requests, reused.
     idle: Mutex<Vec<BlockingClient>>,
@@ -47,11 +49,17 @@ impl HelperHost {
     /// [`HelperHost::new`] whose requests wait at most `patience` for
     /// their answers (tests; the default suits a loaded host).
     pub fn with_patience(socket: impl Into<PathBuf>, helper_uid: u32, patience: Duration) -> HelperHost {
-        HelperHost { socket: socket.into(), helper_uid, patience, idle: Mutex::new(Vec::new()) }
+        HelperHost { socket: socket.into(), helper_uid, engine: Engine::Gvisor, patience, idle: Mutex::new(Vec::new()) }
+    }
+
+    /// [`HelperHost::new`] for `engine`'s sandboxes.
+    pub fn for_engine(socket: impl Into<PathBuf>, helper_uid: u32, engine: Engine) -> HelperHost {
+        HelperHost { engine, ..HelperHost::new(socket, helper_uid) }
     }
 
     fn connect(&self) -> Result<BlockingClient, EngineError> {
-        BlockingClient::connect(&self.socket, self.helper_uid, CONNECT_PATIENCE.min(self.patience)).map_err(|err| {
+        let patience = CONNECT_PATIENCE.min(self.patience);
+        BlockingClient::connect_for(&self.socket, self.helper_uid, self.engine, patience).map_err(|err| {
             EngineError::Runtime(format!("the helper at {} is not reachable: {err}", self.socket.display()))
         })
     }
@@ -135,7 +143,7 @@ fn unexpected(request: &Request, reply: &Reply) -> EngineError {
 
 impl EngineHost for HelperHost {
     fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
-        let request = Request::Start { sandbox: sandbox.clone(), engine: Engine::Gvisor, from: from.clone(), shape };
+        let request = Request::Start { sandbox: sandbox.clone(), engine: self.engine, from: from.clone(), shape };
         let client = self.send(&request)?;
         let (reply, mut fds) = client.recv(self.patience).map_err(|err| transport(&request, err))?;
         let (pid, steps) = match reply {
@@ -280,6 +288,18 @@ impl EngineHost for HelperHost {
             Ok((other, _)) => unexpected(&request, &other).to_string(),
             Err(err) => err.to_string(),
         }
+    }
+
+    fn has_clone_base(&self, template: &TemplateRef, shape: Shape) -> Result<bool, EngineError> {
+        let request = Request::HasCloneBase { template: template.clone(), shape };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::Has { has }, _) => Ok(has),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn save_clone_base(&self, sandbox: &SandboxId, template: &TemplateRef) -> Result<(), EngineError> {
+        self.done(Request::SaveCloneBase { sandbox: sandbox.clone(), template: template.clone() })
     }
 }
 

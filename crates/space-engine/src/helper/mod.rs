@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::HelperHost;
-pub use serve::{serve, serve_with_templates};
+pub use serve::{serve, serve_engines, serve_with_templates, Engines};
 use space_privsep::layout::Layout;
 use space_privsep::peer::{HelperListener, PeerError};
 use space_privsep::proto::{StartStep, StepTook};
 
+use crate::firecracker::{FirecrackerConfig, FirecrackerHost};
 use crate::gvisor::{GvisorConfig, LocalConfig, LocalHost};
 use crate::templates::LocalTemplates;
 use crate::Steps;
@@ -37,6 +38,18 @@ pub async fn serve_gvisor(
     socket: &Path,
     allowed_uid: u32,
 ) -> Result<(), PeerError> {
+    serve_helper(config, None, importer_bin, socket, allowed_uid).await
+}
+
+/// [`serve_gvisor`], and Firecracker microVMs' root work too when
+/// `firecracker` is given.
+pub async fn serve_helper(
+    config: GvisorConfig,
+    firecracker: Option<FirecrackerConfig>,
+    importer_bin: &Path,
+    socket: &Path,
+    allowed_uid: u32,
+) -> Result<(), PeerError> {
     let listener = HelperListener::bind(socket, allowed_uid)?;
     let layout = Layout::new(crate::gvisor::data_dir_of(&config.state_dir));
     let templates = LocalTemplates::new(layout.clone(), config.agent_bin.clone()).with_importer(importer_bin);
@@ -46,7 +59,12 @@ pub async fn serve_gvisor(
         state_dir: config.state_dir,
         layout,
     });
-    serve_with_templates(listener, Arc::new(host), Some(Arc::new(templates))).await
+    let engines = Engines {
+        gvisor: Some(Arc::new(host)),
+        firecracker: firecracker
+            .map(|config| Arc::new(FirecrackerHost::new(config)) as Arc<dyn crate::host::EngineHost>),
+    };
+    serve_engines(listener, engines, Some(Arc::new(templates))).await
 }
 
 /// The start steps the helper does, by the names the engine reports them

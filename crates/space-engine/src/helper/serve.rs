@@ -30,7 +30,17 @@ pub async fn serve_with_templates(
     host: Arc<dyn EngineHost>,
     templates: Option<Arc<dyn TemplateHost>>,
 ) -> Result<(), PeerError> {
-    let hosts = Hosts { engine: host, templates };
+    serve_engines(listener, Engines { gvisor: Some(host), firecracker: None }, templates).await
+}
+
+/// [`serve`] for each engine's host there is: a connection's requests go
+/// to the host of the engine its hello names (refused when there is none).
+pub async fn serve_engines(
+    listener: HelperListener,
+    engines: Engines,
+    templates: Option<Arc<dyn TemplateHost>>,
+) -> Result<(), PeerError> {
+    let hosts = Hosts { engines, templates };
     loop {
         match listener.accept().await {
             Ok(connection) => {
@@ -59,19 +69,48 @@ impl From<Reply> for Answer {
     }
 }
 
+/// The host of each engine a helper serves.
+#[derive(Clone, Default)]
+pub struct Engines {
+    pub gvisor: Option<Arc<dyn EngineHost>>,
+    pub firecracker: Option<Arc<dyn EngineHost>>,
+}
+
+impl Engines {
+    fn of(&self, engine: Engine) -> Option<Arc<dyn EngineHost>> {
+        match engine {
+            Engine::Gvisor => self.gvisor.clone(),
+            Engine::Firecracker => self.firecracker.clone(),
+        }
+    }
+}
+
 /// What the helper serves requests with.
 #[derive(Clone)]
 struct Hosts {
-    engine: Arc<dyn EngineHost>,
+    engines: Engines,
+    templates: Option<Arc<dyn TemplateHost>>,
+}
+
+/// What one connection's requests are answered with: the host of the
+/// engine its hello named, if this helper runs that engine.
+#[derive(Clone)]
+struct ConnectionHosts {
+    engine: Engine,
+    host: Option<Arc<dyn EngineHost>>,
     templates: Option<Arc<dyn TemplateHost>>,
 }
 
 async fn serve_connection(connection: Connection, hosts: Hosts) {
     let peer = connection.peer();
-    if let Err(err) = connection.hello().await {
-        tracing::debug!(pid = peer.pid, "a helper connection ended before its hello: {err}");
-        return;
-    }
+    let engine = match connection.hello().await {
+        Ok(engine) => engine,
+        Err(err) => {
+            tracing::debug!(pid = peer.pid, "a helper connection ended before its hello: {err}");
+            return;
+        }
+    };
+    let hosts = ConnectionHosts { engine, host: hosts.engines.of(engine), templates: hosts.templates };
     loop {
         let incoming = match connection.recv().await {
             Ok(Some(incoming)) => incoming,
@@ -193,16 +232,38 @@ fn done(result: Result<(), EngineError>) -> Answer {
     result.map_or_else(failed, |()| Reply::Done {}).into()
 }
 
-/// Runs `request` on the host method of the same name.
-fn answer(hosts: &Hosts, request: Request) -> Answer {
-    let host = hosts.engine.as_ref();
+/// Runs `request` on the host method of the same name: the template
+/// host's, or the connection's engine's.
+fn answer(hosts: &ConnectionHosts, request: Request) -> Answer {
+    match (request, hosts.host.as_deref()) {
+        (Request::Hello { version, .. }, _) => Reply::Hello { version }.into(),
+        (
+            request @ (Request::BeginTemplate { .. }
+            | Request::CopyCheckpoint { .. }
+            | Request::PublishTemplate { .. }
+            | Request::DeleteTemplate { .. }
+            | Request::ClearStaleQuotas {}),
+            _,
+        ) => match hosts.templates.as_deref() {
+            Some(templates) => answer_template(templates, request),
+            None => Reply::refused(Refusal::BadRequest, "this helper does not serve templates").into(),
+        },
+        (request, Some(host)) => answer_engine(hosts, host, request),
+        (_, None) => {
+            let refusal = format!("this helper runs no {:?} sandboxes", hosts.engine).to_lowercase();
+            Reply::refused(Refusal::BadRequest, refusal).into()
+        }
+    }
+}
+
+/// Runs an engine's `request` on its host's method of the same name.
+fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Request) -> Answer {
     let templates = hosts.templates.as_deref();
     match request {
-        Request::Hello { version } => Reply::Hello { version }.into(),
-        Request::Start { engine: Engine::Firecracker, .. } => {
-            Reply::refused(Refusal::BadRequest, "this helper starts gVisor sandboxes only").into()
+        Request::Start { engine, .. } if engine != hosts.engine => {
+            Reply::refused(Refusal::BadRequest, "a start names the engine its connection's hello named").into()
         }
-        Request::Start { sandbox, engine: Engine::Gvisor, from, shape } => match host.start(&sandbox, &from, shape) {
+        Request::Start { sandbox, from, shape, .. } => match host.start(&sandbox, &from, shape) {
             Ok(Launched { listener, pid, finished, steps }) => Answer {
                 reply: Reply::Started { pid, steps: super::steps_to_wire(&steps) },
                 listener: Some(listener),
@@ -268,15 +329,21 @@ fn answer(hosts: &Hosts, request: Request) -> Answer {
             Reply::Availability { available, detail: tail(detail) }.into()
         }
         Request::EngineLog { sandbox } => Reply::Log { text: tail(host.engine_log(&sandbox)) }.into(),
-        request @ (Request::BeginTemplate { .. }
+        Request::HasCloneBase { template, shape } => match host.has_clone_base(&template, shape) {
+            Ok(has) => Reply::Has { has }.into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::SaveCloneBase { sandbox, template } => done(host.save_clone_base(&sandbox, &template)),
+        Request::Hello { .. }
+        | Request::BeginTemplate { .. }
         | Request::CopyCheckpoint { .. }
         | Request::PublishTemplate { .. }
         | Request::DeleteTemplate { .. }
-        | Request::ClearStaleQuotas {}) => match templates {
-            Some(templates) => answer_template(templates, request),
-            None => Reply::refused(Refusal::BadRequest, "this helper does not serve templates").into(),
-        },
-        Request::Kill { .. } | Request::List {} | Request::ConnectVmm { .. } | Request::BuildTemplate { .. } => {
+        | Request::ClearStaleQuotas {}
+        | Request::Kill { .. }
+        | Request::List {}
+        | Request::ConnectVmm { .. }
+        | Request::BuildTemplate { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
         }
     }

@@ -26,7 +26,14 @@ pub(crate) fn every_request() -> Vec<Request> {
     let image = ImageRef::Checkpoint { name: CheckpointName::parse("before-upgrade").unwrap() };
     let fork = ImageRef::Fork { operation: OperationId::parse("op_00112233445566778899").unwrap() };
     vec![
-        Request::Hello { version: PROTOCOL_VERSION },
+        Request::Hello { version: PROTOCOL_VERSION, engine: Engine::Gvisor },
+        Request::Hello { version: PROTOCOL_VERSION, engine: Engine::Firecracker },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Firecracker,
+            from: StartFrom::Clone { template: template() },
+            shape: shape(),
+        },
         Request::Start {
             sandbox: sandbox(),
             engine: Engine::Gvisor,
@@ -73,6 +80,8 @@ pub(crate) fn every_request() -> Vec<Request> {
         Request::ListenAgent { sandbox: sandbox() },
         Request::CloseAgent { sandbox: sandbox() },
         Request::ConnectVmm { sandbox: sandbox() },
+        Request::HasCloneBase { template: template(), shape: shape() },
+        Request::SaveCloneBase { sandbox: sandbox(), template: template() },
         Request::BuildTemplate {
             template: template(),
             source: BuildSource::Debian {
@@ -125,6 +134,7 @@ fn replies_round_trip_and_say_what_they_carry() {
     let replies = [
         Reply::Hello { version: PROTOCOL_VERSION },
         Reply::Done {},
+        Reply::Has { has: true },
         Reply::Started { pid: 42, steps: vec![StepTook { step: StartStep::RootSnapshot, micros: 1200 }] },
         Reply::SlackSet { tasks: 12 },
         Reply::ImageSaved { frozen_us: 25_000 },
@@ -318,9 +328,11 @@ fn package_lists_are_bounded_and_hold_package_names_only() {
 
 #[test]
 fn a_hello_in_another_version_is_refused() {
-    assert!(decode_request(br#"{"op":"hello","version":1}"#).is_ok());
-    let err = hostile(r#"{"op":"hello","version":2}"#);
-    assert!(err.to_string().contains("protocol version 2"), "{err}");
+    assert!(decode_request(br#"{"op":"hello","version":2,"engine":"firecracker"}"#).is_ok());
+    let err = hostile(r#"{"op":"hello","version":1,"engine":"gvisor"}"#);
+    assert!(err.to_string().contains("protocol version 1"), "{err}");
+    // Every connection says which engine's sandboxes it is about.
+    assert!(decode_request(br#"{"op":"hello","version":2}"#).is_err());
 }
 
 #[test]

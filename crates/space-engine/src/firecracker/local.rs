@@ -1,0 +1,874 @@
+//! The Firecracker engine's root half: jails, root drives, VMM processes
+//! and their cgroups, the VMMs' API sockets, snapshots and their files.
+//! [`FirecrackerHost`] is the [`EngineHost`] of microVMs, in this process
+//! or in the root helper (`space helper`), which answers the same requests
+//! as for gVisor on connections whose hello names Firecracker.
+//!
+//! What it never does is talk to an agent: it binds the agent's listener
+//! and hands it over; waiting for the agent, its handshake and quiescing a
+//! template's microVM are the engine's ([`super::Firecracker`]), on the
+//! unprivileged side when there is one.
+//!
+//! Every path a VMM is given for its own files is relative to its working
+//! directory (the sandbox's directory, or `/` of its jail), so a snapshot
+//! names the same files wherever it is loaded.
+
+use std::collections::HashMap;
+use std::fs;
+use std::future::Future;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use space_privsep::layout::Layout;
+use space_privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef};
+
+use super::api::{BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, SnapshotLoad, Vsock, VsockOverride};
+use super::engine::FirecrackerConfig;
+use super::{Vmm, VmmLimits};
+use crate::host::{EngineHost, Launched};
+use crate::EngineError;
+
+const GUEST_CID: u32 = 3;
+pub(super) const AGENT_PORT: u32 = 1024;
+const BOOT_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off quiet";
+/// The ext4 root drive: in a template version's directory, in a sandbox's
+/// and in a template snapshot.
+const ROOT_DRIVE: &str = space_host::template::EXT4_IMAGE;
+/// A snapshot's device state and memory.
+const STATE: &str = "vm.state";
+/// The VMM's end of the hybrid vsock (the host listens on `<it>_<port>`).
+const VSOCK: &str = "vsock.sock";
+const MEMORY: &str = "vm.mem";
+/// How many uids jailed VMMs take one each from, from `jail_uid`.
+const JAIL_UIDS: u32 = 65536;
+/// How long a VMM a previous server (or helper) left has to tell its state.
+const ADOPT_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The jailer and firecracker take letters, digits and `-` in an id.
+pub(super) fn jail_id(id: &str) -> String {
+    id.replace('_', "-")
+}
+
+/// Where a VMM's files are, as the host and as the VMM see them.
+struct VmmFiles {
+    /// The VMM's working directory on the host: the sandbox's directory,
+    /// or the root of its jail.
+    host: PathBuf,
+    /// Whether the VMM is chrooted there.
+    jailed: bool,
+}
+
+impl VmmFiles {
+    /// A file of the VMM's own, as the VMM names it: relative to its
+    /// working directory, so a snapshot's paths hold for every clone.
+    fn own(name: &str) -> PathBuf {
+        PathBuf::from(name)
+    }
+
+    /// A file shared with other VMMs (kernel, a template snapshot): linked
+    /// into a jail under `name`, else named where it is.
+    fn shared(&self, name: &str, host: &Path) -> PathBuf {
+        if self.jailed {
+            PathBuf::from(name)
+        } else {
+            host.to_path_buf()
+        }
+    }
+
+    fn host(&self, name: &str) -> PathBuf {
+        self.host.join(name)
+    }
+
+    /// Where the host listens for the agent (Firecracker's hybrid vsock
+    /// connects the guest's CID 2 port to `<uds_path>_<port>`).
+    fn agent_socket(&self) -> PathBuf {
+        self.host(&format!("{VSOCK}_{AGENT_PORT}"))
+    }
+}
+
+/// A VMM this host runs, whether it is paused, and the shape it was
+/// started with (unknown for one taken back from a previous process).
+struct Running {
+    vmm: Vmm,
+    paused: bool,
+    shape: Option<Shape>,
+}
+
+/// The root work of Firecracker microVMs (see the module's doc).
+pub struct FirecrackerHost {
+    config: FirecrackerConfig,
+    layout: Layout,
+    vmms: Mutex<HashMap<SandboxId, Running>>,
+    /// Held while a jail's uid is chosen and its root made, so two jails
+    /// never take the same uid.
+    jail_uids: Mutex<()>,
+}
+
+impl FirecrackerHost {
+    pub fn new(config: FirecrackerConfig) -> FirecrackerHost {
+        let layout = Layout::new(config.data_dir.clone());
+        FirecrackerHost { config, layout, vmms: Mutex::new(HashMap::new()), jail_uids: Mutex::new(()) }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The sandbox's own snapshot.
+    fn snapshot_dir(&self, sandbox: &SandboxId) -> PathBuf {
+        self.layout.sandbox_dir(sandbox).join("snapshot")
+    }
+
+    /// The VMM's working directory: its jail's root, or the sandbox's dir.
+    fn vmm_dir(&self, sandbox: &SandboxId) -> PathBuf {
+        match &self.config.jailer {
+            Some(_) => Vmm::jail_root(&self.config.firecracker, &self.config.jail_base, &jail_id(sandbox.as_str())),
+            None => self.layout.sandbox_dir(sandbox),
+        }
+    }
+
+    fn files(&self, sandbox: &SandboxId) -> VmmFiles {
+        VmmFiles { host: self.vmm_dir(sandbox), jailed: self.config.jailer.is_some() }
+    }
+
+    /// A fresh listener where the agent dials (whatever stood there goes).
+    fn listen(&self, files: &VmmFiles) -> Result<UnixListener, EngineError> {
+        let path = files.agent_socket();
+        let _ = fs::remove_file(&path);
+        let listener = super::at_socket(&path, |p| UnixListener::bind(p))
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+            .map_err(EngineError::io("listening for the agent"))?;
+        if files.jailed {
+            // The jailed VMM connects as its own uid.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o777)).map_err(EngineError::io("socket mode"))?;
+        }
+        Ok(listener)
+    }
+
+    /// Prepares where this sandbox's VMM will find its files. Under the
+    /// jailer they are placed in its chroot — `own` files hard-linked and
+    /// owned by the VMM's uid, `shared` ones (the kernel and initramfs it
+    /// boots, a template snapshot) hard-linked read-only — and a uid no
+    /// other jail holds is chosen (the jail root's owner records it).
+    fn prepare(
+        &self,
+        sandbox: &SandboxId,
+        own: &[(&str, &Path)],
+        shared: &[(&str, &Path)],
+    ) -> Result<(VmmFiles, Option<u32>), EngineError> {
+        let files = self.files(sandbox);
+        if !files.jailed {
+            // A previous VMM's vsock socket would keep this one from binding.
+            let _ = fs::remove_file(files.host(VSOCK));
+            return Ok((files, None));
+        }
+        let root = files.host.clone();
+        let _ = fs::remove_dir_all(&root);
+        let uid = {
+            let _choosing = self.jail_uids.lock().unwrap_or_else(|e| e.into_inner());
+            let uid = self.free_uid()?;
+            fs::create_dir_all(&root).map_err(EngineError::io("creating the jail"))?;
+            std::os::unix::fs::chown(&root, Some(uid), Some(uid)).map_err(EngineError::io("chown of the jail"))?;
+            uid
+        };
+        for (name, source) in shared {
+            link_or_copy(source, &root.join(name))?;
+        }
+        for (name, source) in own {
+            let target = root.join(name);
+            fs::hard_link(source, &target).map_err(EngineError::io(format!("linking {name} into the jail")))?;
+            std::os::unix::fs::chown(&target, Some(uid), Some(uid)).map_err(EngineError::io("chown into the jail"))?;
+        }
+        Ok((files, Some(uid)))
+    }
+
+    /// The lowest uid of the jail range that no jail root is owned by.
+    fn free_uid(&self) -> Result<u32, EngineError> {
+        use std::os::unix::fs::MetadataExt;
+        let jails = self.config.jail_base.join(super::exec_name(&self.config.firecracker));
+        let taken: std::collections::HashSet<u32> = fs::read_dir(&jails)
+            .map(|entries| entries.flatten().filter_map(|e| fs::metadata(e.path().join("root")).ok()))
+            .into_iter()
+            .flatten()
+            .map(|meta| meta.uid())
+            .collect();
+        (self.config.jail_uid..self.config.jail_uid.saturating_add(JAIL_UIDS))
+            .find(|uid| !taken.contains(uid))
+            .ok_or_else(|| EngineError::Runtime(format!("all {JAIL_UIDS} jail uids are in use")))
+    }
+
+    /// Starts the sandbox's VMM (as `uid` under the jailer) and records it.
+    async fn spawn(&self, sandbox: &SandboxId, shape: Shape, uid: Option<u32>) -> Result<super::Api, EngineError> {
+        let id = jail_id(sandbox.as_str());
+        let vmm = match (&self.config.jailer, uid) {
+            (Some(jailer), Some(uid)) => {
+                let limits = VmmLimits { vcpus: shape.vcpus.get(), memory_mib: shape.memory_mib.get() };
+                Vmm::spawn_jailed(jailer, &self.config.firecracker, &self.config.jail_base, &id, uid, uid, limits).await
+            }
+            // Firecracker's --id takes the same characters as the jailer's.
+            _ => Vmm::spawn(&self.config.firecracker, &self.layout.sandbox_dir(sandbox), &id).await,
+        }?;
+        // VMMs outlive this process; a restarted one finds them by this.
+        let _ = fs::write(self.layout.sandbox_dir(sandbox).join("vmm.pid"), vmm.pid().to_string());
+        let api = vmm.api.clone();
+        let running = Running { vmm, paused: false, shape: Some(shape) };
+        let replaced = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).insert(sandbox.clone(), running);
+        if let Some(mut replaced) = replaced {
+            replaced.vmm.kill().await;
+        }
+        Ok(api)
+    }
+
+    /// A VMM started by an earlier process and still running, not yet
+    /// taken back: found by its pid file, and recognised by the binary it
+    /// runs (the configured firecracker, or its copy in the sandbox's
+    /// jail), not by its name.
+    fn adoptable(&self, sandbox: &SandboxId) -> Option<Vmm> {
+        if self.vmms.lock().unwrap_or_else(|e| e.into_inner()).contains_key(sandbox) {
+            return None;
+        }
+        let pid_file = self.layout.sandbox_dir(sandbox).join("vmm.pid");
+        let pid = fs::read_to_string(pid_file).ok()?.trim().parse::<i32>().ok()?;
+        let dir = self.vmm_dir(sandbox);
+        let binary = &self.config.firecracker;
+        match &self.config.jailer {
+            Some(_) => super::runs_binary(pid, &dir.join(super::exec_name(binary)))
+                .then(|| Vmm::adopted_jailed(binary, &self.config.jail_base, &jail_id(sandbox.as_str()), pid)),
+            None => super::runs_binary(pid, binary).then(|| Vmm::adopted(&dir, pid)),
+        }
+    }
+
+    /// Takes back the sandbox's VMM a previous process left running, in
+    /// the state its API tells (it may have been paused), unless another
+    /// caller took it back first. Blocking.
+    fn adopt(&self, sandbox: &SandboxId) {
+        let Some(vmm) = self.adoptable(sandbox) else { return };
+        let paused = match vmm.api.instance_info_blocking(ADOPT_PATIENCE) {
+            Ok(info) => info.state == "Paused",
+            Err(err) => {
+                tracing::warn!(%sandbox, "a VMM left running does not tell its state, taken as running: {err}");
+                false
+            }
+        };
+        let mut vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
+        match vmms.entry(sandbox.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => vmm.release(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(Running { vmm, paused, shape: None });
+            }
+        }
+    }
+
+    fn with_vmm<T>(&self, sandbox: &SandboxId, f: impl FnOnce(&mut Running) -> T) -> Result<T, EngineError> {
+        self.adopt(sandbox);
+        let mut vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
+        let running = vmms.get_mut(sandbox).ok_or_else(|| EngineError::Runtime(format!("no microVM for {sandbox}")))?;
+        Ok(f(running))
+    }
+
+    fn api(&self, sandbox: &SandboxId) -> Result<super::Api, EngineError> {
+        self.with_vmm(sandbox, |running| running.vmm.api.clone())
+    }
+
+    /// Stops the sandbox's VMM (its jail, log and cgroup go with it).
+    fn kill(&self, sandbox: &SandboxId) {
+        self.adopt(sandbox);
+        let running = self.vmms.lock().unwrap_or_else(|e| e.into_inner()).remove(sandbox);
+        if let Some(mut running) = running {
+            running.vmm.kill_blocking();
+        }
+    }
+
+    /// The sandbox's root drive: a reflink copy of `image`, grown by
+    /// `extra_mib` (what the sandbox asks for over the template's default).
+    fn copy_root_drive(&self, sandbox: &SandboxId, image: &Path, extra_mib: u32) -> Result<PathBuf, EngineError> {
+        let dir = self.layout.sandbox_dir(sandbox);
+        fs::create_dir_all(&dir).map_err(EngineError::io("creating the sandbox dir"))?;
+        let root = dir.join(ROOT_DRIVE);
+        space_host::run(Command::new("cp").arg("--reflink=auto").arg(image).arg(&root))?;
+        if extra_mib > 0 {
+            let size = fs::metadata(&root).map_err(EngineError::io("the root drive"))?.len();
+            let grown = size.div_ceil(1 << 20) + u64::from(extra_mib);
+            space_host::run(Command::new("resize2fs").arg("-f").arg(&root).arg(format!("{grown}M")))?;
+        }
+        Ok(root)
+    }
+
+    /// Boots a new microVM from the template's ext4 image, up to its start.
+    async fn boot(
+        &self,
+        sandbox: &SandboxId,
+        template: &TemplateRef,
+        shape: Shape,
+    ) -> Result<(UnixListener, u32), EngineError> {
+        let version = self.layout.template_dir(template);
+        let image = version.join(ROOT_DRIVE);
+        if !image.is_file() {
+            return Err(EngineError::Runtime(
+                "the template has no ext4 image; rebuild it on this host (or with --ext4-images true)".into(),
+            ));
+        }
+        let extra = template_defaults(&version).map_or(0, |d| shape.disk_mib.get().saturating_sub(d.disk_mib));
+        let root = self.copy_root_drive(sandbox, &image, extra)?;
+        let guest = [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())];
+        let (files, uid) = self.prepare(sandbox, &[(ROOT_DRIVE, &root)], &guest)?;
+        let listener = self.listen(&files)?;
+        let api = self.spawn(sandbox, shape, uid).await?;
+        api.boot_source(&BootSource {
+            kernel_image_path: files.shared("vmlinux", &self.config.kernel),
+            initrd_path: Some(files.shared("initramfs.cpio", &self.config.initramfs)),
+            boot_args: BOOT_ARGS.into(),
+        })
+        .await?;
+        api.machine_config(&MachineConfig {
+            vcpu_count: shape.vcpus.get(),
+            mem_size_mib: shape.memory_mib.get(),
+            smt: false,
+            track_dirty_pages: false,
+        })
+        .await?;
+        api.drive(&Drive {
+            drive_id: "root".into(),
+            path_on_host: VmmFiles::own(ROOT_DRIVE),
+            is_root_device: true,
+            is_read_only: false,
+        })
+        .await?;
+        api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: VmmFiles::own(VSOCK) }).await?;
+        api.start().await?;
+        Ok((listener, self.pid_of(sandbox)))
+    }
+
+    fn pid_of(&self, sandbox: &SandboxId) -> u32 {
+        self.with_vmm(sandbox, |running| running.vmm.pid() as u32).unwrap_or_default()
+    }
+
+    /// Pauses the VMM (if it is not) and saves a full snapshot of it into
+    /// `target` (`vm.state`, `vm.mem`).
+    async fn save(&self, sandbox: &SandboxId, target: &Path) -> Result<(), EngineError> {
+        let api = self.api(sandbox)?;
+        if !self.with_vmm(sandbox, |running| running.paused)? {
+            api.pause().await?;
+            self.with_vmm(sandbox, |running| running.paused = true)?;
+        }
+        let cwd = self.vmm_dir(sandbox);
+        for name in [STATE, MEMORY] {
+            let _ = fs::remove_file(cwd.join(name));
+        }
+        api.snapshot_create(&SnapshotCreate {
+            snapshot_type: "Full",
+            snapshot_path: VmmFiles::own(STATE),
+            mem_file_path: VmmFiles::own(MEMORY),
+        })
+        .await?;
+        fs::create_dir_all(target).map_err(EngineError::io("creating the snapshot dir"))?;
+        for name in [STATE, MEMORY] {
+            let (from, to) = (cwd.join(name), target.join(name));
+            if fs::rename(&from, &to).is_err() {
+                // Another file system (or subvolume): copy, then let go.
+                space_host::run(Command::new("cp").arg("--reflink=auto").arg(&from).arg(&to))?;
+                let _ = fs::remove_file(&from);
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the snapshot `state` + `memory` into a new VMM for `sandbox`
+    /// on the root drive `drive` (in the sandbox's directory), resumed. The
+    /// memory file is mapped privately. A `shared` snapshot (a template's,
+    /// an image) is only read; a sandbox's own becomes its new VMM's.
+    async fn load(
+        &self,
+        sandbox: &SandboxId,
+        shape: Shape,
+        drive: &Path,
+        (state, memory): (&Path, &Path),
+        shared: bool,
+    ) -> Result<(UnixListener, u32), EngineError> {
+        let snapshot = [(STATE, state), (MEMORY, memory)];
+        let drive = [(ROOT_DRIVE, drive)];
+        let (files, uid) = if shared {
+            self.prepare(sandbox, &drive, &snapshot)?
+        } else {
+            self.prepare(sandbox, &[drive[0], snapshot[0], snapshot[1]], &[])?
+        };
+        let listener = self.listen(&files)?;
+        let api = self.spawn(sandbox, shape, uid).await?;
+        // Linked into a jail under their names; else named where they are.
+        api.snapshot_load(&SnapshotLoad {
+            snapshot_path: files.shared(STATE, state),
+            mem_backend: MemBackend { backend_type: "File", backend_path: files.shared(MEMORY, memory) },
+            resume_vm: true,
+            vsock_override: Some(VsockOverride { uds_path: VmmFiles::own(VSOCK) }),
+        })
+        .await?;
+        Ok((listener, self.pid_of(sandbox)))
+    }
+
+    /// Where the template's microVM is saved for clones of `shape`, when
+    /// `shape` is the template's default one (clones have exactly the
+    /// template microVM's vCPUs, memory and disk). Named by the guest
+    /// kernel and initramfs too, so a new agent makes a new snapshot.
+    pub fn clone_base_dir(&self, template: &TemplateRef, shape: Shape) -> Option<PathBuf> {
+        let version = self.layout.template_dir(template);
+        let defaults = template_defaults(&version)?;
+        let wanted = (shape.vcpus.get(), shape.memory_mib.get(), shape.disk_mib.get());
+        if wanted != (defaults.vcpus, defaults.memory_mib, defaults.disk_mib) {
+            return None;
+        }
+        let mut guest = Vec::new();
+        for file in [&self.config.kernel, &self.config.initramfs] {
+            let meta = fs::metadata(file).ok()?;
+            guest.push((meta.len(), meta.modified().ok()));
+        }
+        let name = format!("{}cpu-{}mib-{:016x}", wanted.0, wanted.1, hash_of(&guest));
+        Some(version.join("firecracker").join(name))
+    }
+
+    fn image_dir(&self, sandbox: &SandboxId, image: &ImageRef) -> PathBuf {
+        self.layout.image_dir(sandbox, image)
+    }
+
+    /// The VMM's log lines, for an error message.
+    fn log_tail(&self, sandbox: &SandboxId) -> String {
+        let path = self.vmm_dir(sandbox).join("firecracker.log");
+        let text = fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(5).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    async fn start_async(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+    ) -> Result<(UnixListener, u32), EngineError> {
+        match from {
+            StartFrom::Template { template } => self.boot(sandbox, template, shape).await,
+            StartFrom::Clone { template } => {
+                let dir = self.clone_base_dir(template, shape).ok_or_else(|| {
+                    EngineError::Runtime(format!("a clone of {} has its default shape", template.name))
+                })?;
+                if !complete(&dir) {
+                    return Err(EngineError::Runtime(format!("template {} has no clone base", template.name)));
+                }
+                // A clone has its template's default shape: the drive as saved.
+                let root = self.copy_root_drive(sandbox, &dir.join(ROOT_DRIVE), 0)?;
+                self.load(sandbox, shape, &root, (&dir.join(STATE), &dir.join(MEMORY)), true).await
+            }
+            StartFrom::Suspended {} => {
+                let snapshot = self.snapshot_dir(sandbox);
+                if !(snapshot.join(STATE).is_file() && snapshot.join(MEMORY).is_file()) {
+                    return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
+                }
+                let root = self.layout.sandbox_dir(sandbox).join(ROOT_DRIVE);
+                self.load(sandbox, shape, &root, (&snapshot.join(STATE), &snapshot.join(MEMORY)), false).await
+            }
+            StartFrom::Image { source, image } => {
+                let image = self.image_dir(source, image);
+                self.load_image(sandbox, shape, &image).await
+            }
+            StartFrom::TemplateImage { template } => {
+                let image = self.layout.template_dir(template);
+                self.load_image(sandbox, shape, &image).await
+            }
+        }
+    }
+
+    /// A new microVM loads the image's snapshot (its memory mapped
+    /// privately, as clones of a template's are) on its own reflink copy
+    /// of the image's root drive.
+    async fn load_image(
+        &self,
+        sandbox: &SandboxId,
+        shape: Shape,
+        image: &Path,
+    ) -> Result<(UnixListener, u32), EngineError> {
+        if !(image.join(STATE).is_file() && image.join(MEMORY).is_file()) {
+            return Err(EngineError::Runtime("the image is not whole".into()));
+        }
+        self.kill(sandbox);
+        let root = self.copy_root_drive(sandbox, &image.join(ROOT_DRIVE), 0)?;
+        let _ = fs::remove_dir_all(self.snapshot_dir(sandbox));
+        self.load(sandbox, shape, &root, (&image.join(STATE), &image.join(MEMORY)), true).await
+    }
+}
+
+/// Whether a clone base (or a snapshot with its drive) is whole in `dir`.
+fn complete(dir: &Path) -> bool {
+    [STATE, MEMORY, ROOT_DRIVE].iter().all(|name| dir.join(name).is_file())
+}
+
+/// Runs `future` to its end on the runtime of the thread (a blocking
+/// thread of it: the engine's and the helper's calls come on those), or
+/// on a runtime of its own when there is none.
+fn block_on<F: Future>(future: F) -> F::Output {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle.block_on(future),
+        Err(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the VMM's API")
+            .block_on(future),
+    }
+}
+
+/// The template version's default sandbox shape, from its metadata.
+fn template_defaults(version: &Path) -> Option<space_host::template::TemplateDefaults> {
+    space_host::template::TemplateInfo::load(version).ok().map(|t| t.meta.defaults)
+}
+
+/// A short name for a value (not across Rust releases: it names caches).
+fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A hard link where the file system allows one (clones then share the
+/// file's pages), else a reflink or plain copy.
+fn link_or_copy(source: &Path, target: &Path) -> Result<(), EngineError> {
+    let _ = fs::remove_file(target);
+    if fs::hard_link(source, target).is_ok() {
+        return Ok(());
+    }
+    space_host::run(Command::new("cp").arg("--reflink=auto").arg(source).arg(target))?;
+    Ok(())
+}
+
+impl EngineHost for FirecrackerHost {
+    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+        // A new root (a template's, another sandbox's image) goes into a
+        // new sandbox only, as with gVisor; going back to its own image or
+        // snapshot keeps the sandbox.
+        let new_root = match from {
+            StartFrom::Template { .. } | StartFrom::TemplateImage { .. } | StartFrom::Clone { .. } => true,
+            StartFrom::Image { source, .. } => source != sandbox,
+            StartFrom::Suspended {} => false,
+        };
+        if new_root && fs::symlink_metadata(self.layout.sandbox_dir(sandbox)).is_ok() {
+            return Err(EngineError::Runtime(format!(
+                "sandbox {sandbox} exists: a start from a template or another sandbox's image makes a new one"
+            )));
+        }
+        let started = Instant::now();
+        let (listener, pid) = block_on(self.start_async(sandbox, from, shape))?;
+        Ok(Launched {
+            listener,
+            pid,
+            // The VMM runs once its API took the start (or the load).
+            finished: Box::new(|| Ok(())),
+            steps: vec![("microVM configured and started", started.elapsed())],
+        })
+    }
+
+    fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        let api = self.api(sandbox)?;
+        block_on(api.pause())?;
+        self.with_vmm(sandbox, |running| running.paused = true)
+    }
+
+    fn resume(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        let api = self.api(sandbox)?;
+        block_on(api.resume())?;
+        self.with_vmm(sandbox, |running| running.paused = false)
+    }
+
+    /// A paused microVM's vCPUs do not run: there is nothing to freeze.
+    fn freeze(&self, _sandbox: &SandboxId, _frozen: bool) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn set_timer_slack(&self, _sandbox: &SandboxId, _slack: Option<SlackNs>) -> Result<usize, EngineError> {
+        Ok(0)
+    }
+
+    fn suspend(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        let target = self.snapshot_dir(sandbox);
+        let _ = fs::remove_dir_all(&target);
+        block_on(self.save(sandbox, &target))?;
+        self.kill(sandbox);
+        Ok(())
+    }
+
+    /// The microVM paused for the instant: a full snapshot (state and
+    /// memory, whose page cache holds what the guest has not yet written
+    /// back) and a reflink copy of its root drive, then resumed.
+    fn save_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<Duration, EngineError> {
+        let target = self.image_dir(sandbox, image);
+        let was_paused = self.with_vmm(sandbox, |running| running.paused)?;
+        let started = Instant::now();
+        let saved = block_on(self.save(sandbox, &target)).and_then(|()| {
+            let (root, copy) = (self.layout.sandbox_dir(sandbox).join(ROOT_DRIVE), target.join(ROOT_DRIVE));
+            space_host::run(Command::new("cp").arg("--reflink=auto").arg(&root).arg(&copy))
+                .map(drop)
+                .map_err(EngineError::from)
+        });
+        let thawed = match was_paused {
+            true => Ok(()),
+            false => self.resume(sandbox),
+        };
+        let frozen = started.elapsed();
+        saved?;
+        thawed?;
+        Ok(frozen)
+    }
+
+    fn drop_image(&self, sandbox: &SandboxId, image: &ImageRef) -> Result<(), EngineError> {
+        match fs::remove_dir_all(self.image_dir(sandbox, image)) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(EngineError::io("removing the image")(err)),
+            _ => Ok(()),
+        }
+    }
+
+    /// A restored VMM maps its own links of the snapshot's files (or, not
+    /// jailed, the files themselves, which stay its until it stops): kept.
+    fn drop_snapshot(&self, _sandbox: &SandboxId) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn stop(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.kill(sandbox);
+        Ok(())
+    }
+
+    fn stop_strays(&self, _sandbox: &SandboxId) {}
+
+    fn settle_orphans(&self, _sandboxes: &[SandboxId], _patience: PatienceMs) {}
+
+    /// Stops the sandbox's VMM and removes its directory.
+    fn destroy(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.kill(sandbox);
+        let dir = self.layout.sandbox_dir(sandbox);
+        match fs::remove_dir_all(&dir) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                Err(EngineError::io("removing the sandbox dir")(err))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn state(&self, sandbox: &SandboxId) -> EngineState {
+        self.adopt(sandbox);
+        let vmms = self.vmms.lock().unwrap_or_else(|e| e.into_inner());
+        match vmms.get(sandbox) {
+            Some(running) if super::alive(running.vmm.pid()) => match running.paused {
+                true => EngineState::Paused,
+                false => EngineState::Running,
+            },
+            _ => EngineState::Missing,
+        }
+    }
+
+    fn states(&self, sandboxes: &[SandboxId]) -> Vec<EngineState> {
+        sandboxes.iter().map(|sandbox| self.state(sandbox)).collect()
+    }
+
+    fn listen_agent(&self, sandbox: &SandboxId) -> Result<UnixListener, EngineError> {
+        self.listen(&self.files(sandbox))
+    }
+
+    fn close_agent(&self, sandbox: &SandboxId) {
+        let _ = fs::remove_file(self.files(sandbox).agent_socket());
+    }
+
+    fn availability(&self) -> (bool, String) {
+        let availability =
+            super::availability(Some(&self.config.firecracker), Some((&self.config.kernel, &self.config.initramfs)));
+        (availability.available, availability.detail)
+    }
+
+    fn engine_log(&self, sandbox: &SandboxId) -> String {
+        self.log_tail(sandbox)
+    }
+
+    fn has_clone_base(&self, template: &TemplateRef, shape: Shape) -> Result<bool, EngineError> {
+        Ok(self.clone_base_dir(template, shape).is_some_and(|dir| complete(&dir)))
+    }
+
+    /// Saves the template's microVM (booted here from the template with
+    /// its default shape; its agent quiesced by the engine) for clones,
+    /// then stops it. Its files become root's, read-only to the clones'
+    /// uids; bases made for an older guest go.
+    fn save_clone_base(&self, sandbox: &SandboxId, template: &TemplateRef) -> Result<(), EngineError> {
+        let shape = self
+            .with_vmm(sandbox, |running| running.shape)?
+            .ok_or_else(|| EngineError::Runtime(format!("{sandbox}'s microVM was not started here")))?;
+        let dir = self.clone_base_dir(template, shape).ok_or_else(|| {
+            EngineError::Runtime(format!("{sandbox} does not have template {}'s default shape", template.name))
+        })?;
+        let building = dir.with_extension("building");
+        let _ = fs::remove_dir_all(&building);
+        let made = block_on(self.save(sandbox, &building)).and_then(|()| {
+            let root = self.layout.sandbox_dir(sandbox).join(ROOT_DRIVE);
+            space_host::run(Command::new("cp").arg("--reflink=auto").arg(&root).arg(building.join(ROOT_DRIVE)))?;
+            Ok(())
+        });
+        self.kill(sandbox);
+        let kept = made.and_then(|()| {
+            // Clones read it as their own uids: root's, read-only for them.
+            use std::os::unix::fs::PermissionsExt;
+            for name in [STATE, MEMORY, ROOT_DRIVE] {
+                let path = building.join(name);
+                std::os::unix::fs::chown(&path, Some(0), Some(0)).map_err(EngineError::io("chown of the snapshot"))?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
+                    .map_err(EngineError::io("the snapshot's mode"))?;
+            }
+            // Bases made for an older guest are of no more use.
+            if let Some(parent) = dir.parent() {
+                for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
+                    if entry.path() != building && entry.path() != dir {
+                        let _ = fs::remove_dir_all(entry.path());
+                    }
+                }
+            }
+            fs::rename(&building, &dir).map_err(EngineError::io("keeping the template snapshot"))
+        });
+        if kept.is_err() {
+            let _ = fs::remove_dir_all(&building);
+        }
+        kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use space_privsep::proto::{DiskMib, MemoryMib, TemplateName, TemplateVersion, Vcpus};
+
+    use super::*;
+    use crate::firecracker::{BOOT_PATIENCE, JAIL_UID};
+
+    /// A data dir with template `t` version 1 of the default shape 1 vCPU
+    /// / 128 MiB / 16 MiB of disk and its ext4 image.
+    fn data_dir(name: &str) -> (PathBuf, TemplateRef) {
+        let data = std::env::temp_dir().join(format!("space-fc-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&data);
+        let version = data.join("templates/t/1");
+        fs::create_dir_all(version.join("rootfs/etc")).unwrap();
+        fs::write(version.join("rootfs/etc/hostname"), "t\n").unwrap();
+        space_host::template::make_ext4(&version.join("rootfs"), &version.join(ROOT_DRIVE), 16).unwrap();
+        let meta = serde_json::json!({
+            "name": "t", "version": 1, "created_at": "2026-12-02T00:00:00Z", "source": {},
+            "defaults": {"vcpus": 1, "memory_mib": 128, "disk_mib": 16, "env": {}, "workdir": "/", "user": "root"},
+        });
+        fs::write(version.join("template.json"), meta.to_string()).unwrap();
+        let template =
+            TemplateRef { name: TemplateName::parse("t").unwrap(), version: TemplateVersion::new(1).unwrap() };
+        (data, template)
+    }
+
+    fn host(data: &Path, firecracker: &Path) -> FirecrackerHost {
+        let version = data.join("templates/t/1");
+        FirecrackerHost::new(FirecrackerConfig {
+            firecracker: firecracker.to_path_buf(),
+            kernel: version.join("template.json"),
+            initramfs: version.join(ROOT_DRIVE),
+            jailer: None,
+            jail_base: data.join("jail"),
+            jail_uid: JAIL_UID,
+            boot_patience: BOOT_PATIENCE,
+            data_dir: data.to_path_buf(),
+        })
+    }
+
+    fn shape(vcpus: u32, memory_mib: u32, disk_mib: u32) -> Shape {
+        Shape {
+            vcpus: Vcpus::new(vcpus).unwrap(),
+            memory_mib: MemoryMib::new(memory_mib).unwrap(),
+            disk_mib: DiskMib::new(disk_mib).unwrap(),
+        }
+    }
+
+    fn sandbox() -> SandboxId {
+        SandboxId::parse("sbx_000000000000000fc001").unwrap()
+    }
+
+    fn block_count(image: &Path) -> u64 {
+        let out = space_host::run(Command::new("dumpe2fs").arg("-h").arg(image)).unwrap();
+        let text = String::from_utf8_lossy(&out);
+        text.lines().find_map(|l| l.strip_prefix("Block count:")).unwrap().trim().parse().unwrap()
+    }
+
+    #[test]
+    fn a_root_drive_grows_by_the_disk_asked_for_over_the_template_default() {
+        let (data, template) = data_dir("grow");
+        let host = host(&data, Path::new("/nonexistent/firecracker"));
+        let version = host.layout().template_dir(&template);
+        let image = version.join(ROOT_DRIVE);
+        let default = template_defaults(&version).unwrap().disk_mib;
+        assert_eq!((16u32.saturating_sub(default), 48u32.saturating_sub(default)), (0, 32));
+        let same = host.copy_root_drive(&sandbox(), &image, 0).unwrap();
+        assert_eq!(fs::metadata(&same).unwrap().len(), fs::metadata(&image).unwrap().len(), "the default: a copy");
+        let grown = host.copy_root_drive(&sandbox(), &image, 32).unwrap();
+        let extra = fs::metadata(&grown).unwrap().len() - fs::metadata(&image).unwrap().len();
+        assert_eq!(extra, 32 << 20, "32 MiB more than the template's default");
+        assert!(block_count(&grown) > block_count(&image), "the file system was resized too");
+        space_host::run(Command::new("e2fsck").arg("-fn").arg(&grown)).expect("and is clean");
+        // The template's image is untouched.
+        space_host::run(Command::new("e2fsck").arg("-fn").arg(&image)).unwrap();
+        let _ = fs::remove_dir_all(&data);
+    }
+
+    /// A VMM a previous process left is taken back only if it runs the
+    /// configured binary: another program that is merely called
+    /// `firecracker` is not (its pid file may name a reused pid).
+    #[test]
+    fn only_a_process_of_the_configured_binary_is_adopted() {
+        let (data, _) = data_dir("adopt");
+        // Two different programs called `firecracker`: copies of `sleep`.
+        let (configured, impostor) = (data.join("configured/firecracker"), data.join("impostor/firecracker"));
+        for copy in [&configured, &impostor] {
+            fs::create_dir_all(copy.parent().unwrap()).unwrap();
+            fs::copy("/bin/sleep", copy).unwrap();
+        }
+        let dir = host(&data, &configured).layout().sandbox_dir(&sandbox());
+        fs::create_dir_all(&dir).unwrap();
+        let running = space_process::Reaper::global().spawn(Command::new(&configured).arg("30")).unwrap();
+        fs::write(dir.join("vmm.pid"), running.id().to_string()).unwrap();
+        // Until its exec has set up its arguments (the kernel switches its
+        // binary first), its command line reads empty.
+        let (exe, cmdline) = (format!("/proc/{}/exe", running.id()), format!("/proc/{}/cmdline", running.id()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs::read_link(&exe).ok().as_deref() != Some(configured.as_path())
+            || fs::read(&cmdline).unwrap_or_default().is_empty()
+        {
+            assert!(Instant::now() < deadline, "the program never started");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let state = host(&data, &impostor).state(&sandbox());
+        assert_eq!(state, EngineState::Missing, "a process of another binary is not the VMM");
+        let owner = host(&data, &configured);
+        assert_eq!(owner.state(&sandbox()), EngineState::Running, "the configured binary's process is");
+        owner.stop(&sandbox()).unwrap();
+        assert!(running.wait_timeout(Duration::from_secs(5)).is_some(), "and stopping the sandbox stops it");
+        let _ = fs::remove_dir_all(&data);
+    }
+
+    #[test]
+    fn only_the_template_default_shape_has_a_clone_base() {
+        let (data, template) = data_dir("shape");
+        let host = host(&data, Path::new("/nonexistent/firecracker"));
+        let default = shape(1, 128, 16);
+        let dir = host.clone_base_dir(&template, default).expect("the default shape is cloned");
+        let version = host.layout().template_dir(&template);
+        assert!(dir.starts_with(version.join("firecracker")), "kept with the template version: {}", dir.display());
+        assert_eq!(host.clone_base_dir(&template, default), Some(dir.clone()), "the same base every time");
+        for other in [shape(1, 128, 48), shape(1, 256, 16), shape(2, 128, 16)] {
+            assert_eq!(host.clone_base_dir(&template, other), None, "another shape boots");
+        }
+        assert!(!host.has_clone_base(&template, default).unwrap(), "none is made yet");
+        // A clone's start needs the base; the host never boots one itself.
+        let err = host.start(&sandbox(), &StartFrom::Clone { template: template.clone() }, default).err().unwrap();
+        assert!(err.to_string().contains("has no clone base"), "{err}");
+        // A new guest (kernel or initramfs) means a new base.
+        std::thread::sleep(Duration::from_millis(10));
+        fs::write(version.join("template.json"), fs::read(version.join("template.json")).unwrap()).unwrap();
+        assert_ne!(host.clone_base_dir(&template, default), Some(dir));
+        let _ = fs::remove_dir_all(&data);
+    }
+}
