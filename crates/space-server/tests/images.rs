@@ -5,6 +5,7 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::{platform_config, TestServer};
 use serde_json::{json, Value};
@@ -304,6 +305,118 @@ fn hostile_and_broken_archives_fail_cleanly_and_write_nothing_outside() {
         let answer = server.early_answer(&head, b"not an archive");
         assert!(answer.starts_with(&format!("HTTP/1.1 {expected}")), "{query} {content_type}: {answer}");
     }
+}
+
+/// An image whose one layer is a file of `mib` MiB, uncompressed: reading
+/// its digests and writing it keeps the importer at work long enough to be
+/// seen from outside.
+fn large_image(dir: &Path, mib: u64) -> PathBuf {
+    let layer = dir.join("large.tar");
+    {
+        let mut tar = tar::Builder::new(fs::File::create(&layer).unwrap());
+        let mut header = Layer::header(tar::EntryType::Regular, 0o644, mib << 20);
+        tar.append_data(&mut header, "large", std::io::Read::take(std::io::repeat(7), mib << 20)).unwrap();
+        tar.finish().unwrap();
+    }
+    let out = dir.join("large.image.tar");
+    write_archive(&out, ArchiveFormat::DockerSave, std::slice::from_ref(&layer), &ImageSettings::default()).unwrap();
+    fs::remove_file(layer).unwrap();
+    out
+}
+
+/// Uploads an archive; the import operation's id.
+fn start_import(server: &TestServer, name: &str, archive: &Path) -> String {
+    let (status, accepted) = server.upload(&format!("/v1/templates?name={name}"), "application/x-tar", archive);
+    assert_eq!(status, 202, "{accepted}");
+    accepted["operation"]["id"].as_str().unwrap().to_string()
+}
+
+/// The importer child building into `data`'s templates, once it has
+/// confined itself (its seccomp filter is the last step): its pid and
+/// `/proc/PID/status`. `None` once `done` says the import ended first.
+fn confined_importer(data: &TestDataDir, mut done: impl FnMut() -> bool) -> Option<(i32, String)> {
+    let templates = data.root().join("templates").to_string_lossy().into_owned();
+    space_testkit::wait_for("the importer child at work", Duration::from_secs(120), || {
+        let found = fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let ours = cmdline.contains(space_engine::templates::importer::SUBCOMMAND) && cmdline.contains(&templates);
+            let status = fs::read_to_string(entry.path().join("status")).ok()?;
+            (ours && status.lines().any(|l| l.split_whitespace().eq(["Seccomp:", "2"]))).then_some((pid, status))
+        });
+        match found {
+            Some(found) => Some(Some(found)),
+            None => done().then_some(None),
+        }
+    })
+}
+
+fn status_field<'a>(status: &'a str, name: &str) -> &'a str {
+    status.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim).unwrap_or("")
+}
+
+#[test]
+fn the_importer_child_holds_only_what_extracting_needs_and_its_death_fails_the_build() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let archive = large_image(&work_dir(&data, "large"), 96);
+    let ended = |operation: &str| {
+        let seen = server.ok("GET", &format!("/v1/operations/{operation}"), None);
+        matches!(seen["state"].as_str(), Some("succeeded" | "failed"))
+    };
+
+    // Seen from outside while it reads the archive: root, with only the
+    // four file-owning capabilities in every set, no_new_privs, seccomp,
+    // and the build dir as its root.
+    let operation = start_import(&server, "large", &archive);
+    let (pid, status) = confined_importer(&data, || ended(&operation)).expect("the importer child was never seen");
+    let kept = "000000000000001b";
+    for (field, want) in [
+        ("Uid", "0\t0\t0\t0"),
+        ("CapEff", kept),
+        ("CapPrm", kept),
+        ("CapBnd", kept),
+        ("CapInh", "0000000000000000"),
+        ("CapAmb", "0000000000000000"),
+        ("NoNewPrivs", "1"),
+        ("Seccomp", "2"),
+    ] {
+        assert_eq!(status_field(&status, field), want, "{field} of the importer: {status}");
+    }
+    let root = fs::read_link(format!("/proc/{pid}/root"));
+    let build = data.root().join("templates/large/.1.partial");
+    assert!(root.as_ref().is_ok_and(|r| *r == build) || ended(&operation), "its root is {root:?}, not {build:?}");
+    assert_eq!(server.wait_operation(&operation)["state"], "succeeded");
+    let rootfs = data.root().join("templates/large/1/rootfs");
+    assert_eq!(fs::metadata(rootfs.join("large")).unwrap().len(), 96 << 20);
+    assert!(rootfs.join(".space").is_dir(), "the parent installed the agent");
+    assert!(!data.root().join("templates/large/1/work").exists(), "the work dir is removed");
+
+    // Killed in the middle: a failed build that says so, nothing left.
+    let templates_before = tree(&data.root().join("templates"));
+    let operation = start_import(&server, "killed", &archive);
+    let (pid, _) = confined_importer(&data, || ended(&operation)).expect("the second importer was never seen");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    let failed = server.wait_operation(&operation);
+    assert_eq!((failed["state"].as_str(), failed["error"]["code"].as_str()), (Some("failed"), Some("build_failed")));
+    let log = fs::read_to_string(data.root().join("logs").join(format!("{operation}.log"))).unwrap();
+    assert!(log.contains("import failed: ") && log.contains("killed by signal 9"), "{log}");
+    server.error("GET", "/v1/templates/killed", None, 404, "template_not_found");
+    assert_eq!(tree(&data.root().join("templates")), templates_before, "no half-built template is left");
+    server.stop();
+
+    // No importer binary: the import fails saying so; nothing parses the
+    // archive in the root process instead.
+    let mut config = platform_config(&data);
+    config.importer_bin = PathBuf::from("/nonexistent/space");
+    let server = TestServer::start_with(config);
+    let archive = two_layer_image(&work_dir(&data, "no-importer"), ArchiveFormat::DockerSave);
+    let operation = start_import(&server, "orphan", &archive);
+    assert_eq!(server.wait_operation(&operation)["state"], "failed");
+    let log = fs::read_to_string(data.root().join("logs").join(format!("{operation}.log"))).unwrap();
+    assert!(log.contains("starting the importer /nonexistent/space"), "{log}");
+    server.error("GET", "/v1/templates/orphan", None, 404, "template_not_found");
 }
 
 #[test]

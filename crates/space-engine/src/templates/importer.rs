@@ -130,6 +130,17 @@ fn run_child(
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Imported, ChildError> {
     let parent = |err| ChildError::Parent(err);
+    let starting = |source| HostError::Io {
+        what: format!("starting the importer {} (only it parses image archives)", importer.display()),
+        source,
+    };
+    // Checked before the spawn: std's spawn waits for a child whose exec
+    // failed, and the process-wide reaper may have taken that status first.
+    match fs::metadata(importer) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Err(parent(starting(io::Error::from(io::ErrorKind::InvalidInput)))),
+        Err(err) => return Err(parent(starting(err))),
+    }
     let dup = |file: &fs::File, what: &str| file.try_clone().map_err(HostError::io(format!("passing the {what}")));
     let mut command = Command::new(importer);
     command
@@ -154,12 +165,7 @@ fn run_child(
             Ok(())
         });
     }
-    let mut child = Reaper::global().spawn(&mut command).map_err(|source| {
-        parent(HostError::Io {
-            what: format!("starting the importer {} (only it parses image archives)", importer.display()),
-            source,
-        })
-    })?;
+    let mut child = Reaper::global().spawn(&mut command).map_err(|source| parent(starting(source)))?;
     let stdout = child.child.stdout.take().expect("piped");
     let outcome = read_reports(&child, stdout, progress);
     if outcome.is_err() {
