@@ -155,7 +155,8 @@ fn api_key_path(data: &DataDir) -> PathBuf {
 fn systemd(data: &DataDir, args: &SetupArgs, user: &Account, changes: &mut Changes) -> Result<()> {
     let binary = std::env::current_exe().and_then(std::fs::canonicalize).context("locating the space binary")?;
     let agent_bin = args.engine.agent_bin().ok();
-    for path in std::iter::once(&binary).chain(agent_bin.as_ref()) {
+    let firecracker_bin = space_engine::firecracker::find_firecracker(None);
+    for path in std::iter::once(&binary).chain(agent_bin.as_ref()).chain(firecracker_bin.as_ref()) {
         anyhow::ensure!(units::plain(path), "{} cannot stand in a unit file: move it", path.display());
         // The units hide these from both processes.
         if ["/home", "/root", "/tmp", "/var/tmp", "/run/user"].iter().any(|hidden| path.starts_with(hidden)) {
@@ -188,6 +189,7 @@ fn systemd(data: &DataDir, args: &SetupArgs, user: &Account, changes: &mut Chang
         uid: user.uid,
         group: user.group.clone(),
         agent_bin,
+        firecracker_bin,
         api_key_file: api_key,
         server_writes,
     };

@@ -48,6 +48,9 @@ pub(crate) struct Units {
     /// The statically linked agent, when setup found one: under systemd
     /// neither process has the environment a shell gave setup.
     pub(crate) agent_bin: Option<PathBuf>,
+    /// The firecracker binary, when setup found one: the helper runs the
+    /// microVMs and the server asks it for them.
+    pub(crate) firecracker_bin: Option<PathBuf>,
     /// The operator's API key file the server reads.
     pub(crate) api_key_file: PathBuf,
     /// The paths the server may write: its own, all owned by `user`.
@@ -77,6 +80,9 @@ pub(crate) fn helper_unit(units: &Units) -> String {
     ];
     if let Some(agent) = &units.agent_bin {
         exec.extend(["--agent-bin".into(), arg(agent)]);
+    }
+    if let Some(firecracker) = &units.firecracker_bin {
+        exec.extend(["--firecracker-bin".into(), arg(firecracker)]);
     }
     format!(
         "\
@@ -128,6 +134,9 @@ pub(crate) fn server_unit(units: &Units) -> String {
     ];
     if let Some(agent) = &units.agent_bin {
         exec.extend(["--agent-bin".into(), arg(agent)]);
+    }
+    if let Some(firecracker) = &units.firecracker_bin {
+        exec.extend(["--firecracker-bin".into(), arg(firecracker)]);
     }
     let writes: Vec<String> = units.server_writes.iter().map(|p| arg(p)).collect();
     format!(
@@ -213,6 +222,7 @@ mod tests {
             uid: 998,
             group: "space".into(),
             agent_bin: Some("/usr/local/lib/space/space-agent".into()),
+            firecracker_bin: None,
             api_key_file: "/var/lib/space/state/api-key".into(),
             server_writes: vec!["/var/lib/space/state".into(), "/run/space".into()],
         }
@@ -239,6 +249,17 @@ mod tests {
         for line in ["ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes", "Delegate=yes"] {
             assert!(unit.lines().any(|l| l == line), "{line}");
         }
+    }
+
+    /// Under systemd neither process has the shell's FIRECRACKER_BIN: both
+    /// are told where the binary setup found is.
+    #[test]
+    fn both_units_name_the_firecracker_binary_setup_found() {
+        let with = Units { firecracker_bin: Some("/usr/local/bin/firecracker".into()), ..units() };
+        for unit in [helper_unit(&with), server_unit(&with)] {
+            assert!(value(&unit, "ExecStart")[0].contains(" --firecracker-bin /usr/local/bin/firecracker"), "{unit}");
+        }
+        assert!(!value(&helper_unit(&units()), "ExecStart")[0].contains("firecracker"), "none found: none named");
     }
 
     #[test]
