@@ -16,6 +16,7 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::{Component, Path};
+use std::sync::Arc;
 use std::time::Duration;
 
 use space_privsep::layout::Layout;
@@ -123,6 +124,90 @@ pub trait EngineHost: Send + Sync {
     /// agent quiesced — as its template's clone base, then stops it.
     fn save_clone_base(&self, sandbox: &SandboxId, template: &TemplateRef) -> Result<(), EngineError> {
         Err(EngineError::Runtime(format!("{sandbox}: this engine makes no clone base (of template {})", template.name)))
+    }
+}
+
+/// What every engine does the same way with its host: requests run off
+/// the async threads, specs turned into the ids they name (refused when the
+/// layout does not place them), states, redials and images.
+pub(crate) struct Hosted {
+    pub(crate) placed: Placed,
+    pub(crate) host: Arc<dyn EngineHost>,
+}
+
+impl Hosted {
+    pub(crate) fn new(layout: Layout, host: Arc<dyn EngineHost>) -> Hosted {
+        Hosted { placed: Placed::new(layout), host }
+    }
+
+    /// Runs `work` with the host off the async threads.
+    pub(crate) async fn on_host<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn EngineHost) -> T + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let host = self.host.clone();
+        tokio::task::spawn_blocking(move || work(host.as_ref())).await.map_err(|e| EngineError::Runtime(e.to_string()))
+    }
+
+    /// Runs one request on the sandbox's host off the async threads.
+    pub(crate) async fn ask<T: Send + 'static>(
+        &self,
+        spec: &SandboxSpec,
+        work: impl FnOnce(&dyn EngineHost, &SandboxId) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let sandbox = self.placed.sandbox(spec)?;
+        self.on_host(move |host| work(host, &sandbox)).await?
+    }
+
+    /// The sandbox's id for a blocking call, logged and None when its spec
+    /// is not one the layout places.
+    pub(crate) fn sandbox_of(&self, spec: &SandboxSpec) -> Option<SandboxId> {
+        self.placed.sandbox(spec).map_err(|err| tracing::warn!(sandbox = %spec.id, "{err}")).ok()
+    }
+
+    pub(crate) fn status(&self, spec: &SandboxSpec) -> LiveStatus {
+        match self.sandbox_of(spec) {
+            Some(sandbox) => live_status(self.host.state(&sandbox)),
+            None => LiveStatus::Gone,
+        }
+    }
+
+    /// Every spec's status in one `States` request (a spec the layout does
+    /// not place is gone).
+    pub(crate) fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
+        let ids: Vec<Option<SandboxId>> = specs.iter().map(|spec| self.sandbox_of(spec)).collect();
+        let placed: Vec<SandboxId> = ids.iter().flatten().cloned().collect();
+        let mut states = self.host.states(&placed).into_iter();
+        ids.iter().map(|id| id.as_ref().and_then(|_| states.next()).map_or(LiveStatus::Gone, live_status)).collect()
+    }
+
+    /// A fresh listener where the agent redials, whose socket goes once
+    /// the listener does.
+    pub(crate) async fn redial(&self, spec: &SandboxSpec) -> Result<crate::AgentListener, EngineError> {
+        let sandbox = self.placed.sandbox(spec)?;
+        let id = sandbox.clone();
+        let listener = self.on_host(move |host| host.listen_agent(&id)).await??;
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
+        let host = self.host.clone();
+        Ok(crate::AgentListener::closing(listener, move || host.close_agent(&sandbox)))
+    }
+
+    pub(crate) async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
+        let (_, image) = self.placed.image(image)?;
+        self.ask(spec, move |host, id| host.save_image(id, &image)).await
+    }
+
+    /// Drops an image the sandbox itself saved (never another's).
+    pub(crate) async fn drop_image(&self, spec: &SandboxSpec, image: &Path) -> Result<(), EngineError> {
+        let (owner, image) = self.placed.image(image)?;
+        if owner.as_str() != spec.id {
+            return Err(EngineError::Runtime(format!("the image is {owner}'s, not {}'s", spec.id)));
+        }
+        self.ask(spec, move |host, id| host.drop_image(id, &image)).await
+    }
+
+    pub(crate) fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.host.stop(&self.placed.sandbox(spec)?)
     }
 }
 

@@ -31,7 +31,7 @@ use space_privsep::proto::{SandboxId, Shape, StartFrom, TemplateRef};
 use tokio::net::UnixListener;
 
 use super::local::{jail_id, FirecrackerHost};
-use crate::host::{live_status, EngineHost, Placed};
+use crate::host::{EngineHost, Hosted, Placed};
 use crate::{AgentConn, AgentListener, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started};
 
 /// How long a microVM may take from start to the agent's hello, unless
@@ -68,8 +68,7 @@ pub struct FirecrackerConfig {
 type CloneBaseKey = (String, u32, (u32, u32, u32));
 
 pub struct Firecracker {
-    host: Arc<dyn EngineHost>,
-    placed: Placed,
+    hosted: Hosted,
     boot_patience: Duration,
     /// One lock per template clone base, so each is made once.
     clone_bases: Mutex<HashMap<CloneBaseKey, Arc<tokio::sync::Mutex<()>>>>,
@@ -93,26 +92,7 @@ impl Firecracker {
     /// The engine asking `host` for its root work, with sandboxes' paths
     /// checked against `layout`.
     pub fn with_host(layout: Layout, host: Arc<dyn EngineHost>, boot_patience: Duration) -> Firecracker {
-        Firecracker { host, placed: Placed::new(layout), boot_patience, clone_bases: Mutex::new(HashMap::new()) }
-    }
-
-    /// Runs `work` with the host off the async threads.
-    async fn on_host<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&dyn EngineHost) -> T + Send + 'static,
-    ) -> Result<T, EngineError> {
-        let host = self.host.clone();
-        tokio::task::spawn_blocking(move || work(host.as_ref())).await.map_err(|e| EngineError::Runtime(e.to_string()))
-    }
-
-    /// Runs one request on the sandbox's host off the async threads.
-    async fn ask<T: Send + 'static>(
-        &self,
-        spec: &SandboxSpec,
-        work: impl FnOnce(&dyn EngineHost, &SandboxId) -> Result<T, EngineError> + Send + 'static,
-    ) -> Result<T, EngineError> {
-        let sandbox = self.placed.sandbox(spec)?;
-        self.on_host(move |host| work(host, &sandbox)).await?
+        Firecracker { hosted: Hosted::new(layout, host), boot_patience, clone_bases: Mutex::new(HashMap::new()) }
     }
 
     /// Asks the host to start `sandbox` from `from`, then waits for its
@@ -126,7 +106,7 @@ impl Firecracker {
     ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
         let started = Instant::now();
         let id = sandbox.clone();
-        let launched = self.on_host(move |host| host.start(&id, &from, shape)).await??;
+        let launched = self.hosted.on_host(move |host| host.start(&id, &from, shape)).await??;
         // The VMM runs once its API took the start; its host says so.
         tokio::task::spawn_blocking(launched.finished).await.map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(launched.listener).map_err(EngineError::io("socket"))?;
@@ -135,13 +115,13 @@ impl Firecracker {
             Ok(accepted) => accepted.map_err(EngineError::io("accepting the agent")),
             Err(_) => {
                 let id = sandbox.clone();
-                let log = self.on_host(move |host| host.engine_log(&id)).await?;
+                let log = self.hosted.on_host(move |host| host.engine_log(&id)).await?;
                 Err(EngineError::Runtime(format!("the agent did not dial home within {patience:?}: {log}")))
             }
         };
         // Nobody else may connect: the socket goes away once the agent is in.
         let id = sandbox.clone();
-        self.on_host(move |host| host.close_agent(&id)).await?;
+        self.hosted.on_host(move |host| host.close_agent(&id)).await?;
         let (socket, _) = accepted?;
         Ok((socket, started.elapsed()))
     }
@@ -159,21 +139,21 @@ impl Firecracker {
     /// The maker is gone afterwards, whatever happened.
     async fn clone_base(&self, spec: &SandboxSpec, template: &TemplateRef, shape: Shape) -> Result<(), EngineError> {
         let has = |template: TemplateRef| move |host: &dyn EngineHost| host.has_clone_base(&template, shape);
-        if self.on_host(has(template.clone())).await?? {
+        if self.hosted.on_host(has(template.clone())).await?? {
             return Ok(());
         }
         let shape_key = (shape.vcpus.get(), shape.memory_mib.get(), shape.disk_mib.get());
         let key = (template.name.to_string(), template.version.get(), shape_key);
         let lock = self.clone_bases.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
         let _making = lock.lock().await;
-        if self.on_host(has(template.clone())).await?? {
+        if self.hosted.on_host(has(template.clone())).await?? {
             return Ok(());
         }
         let maker = SandboxId::parse(&format!("sbx_{:020x}", random_u128() >> 48))
             .map_err(|e| EngineError::Runtime(e.to_string()))?;
         let spec = SandboxSpec {
             id: maker.to_string(),
-            dir: self.placed.layout().sandbox_dir(&maker),
+            dir: self.hosted.placed.layout().sandbox_dir(&maker),
             hostname: "template".into(),
             env: Default::default(),
             ..spec.clone()
@@ -184,11 +164,11 @@ impl Firecracker {
             let agent = AgentConn::handshake(socket, crate::welcome_for(&spec), self.boot_patience).await?;
             agent.quiesce(QUIESCE_PATIENCE).await?;
             let (id, template) = (maker.clone(), template.clone());
-            self.on_host(move |host| host.save_clone_base(&id, &template)).await?
+            self.hosted.on_host(move |host| host.save_clone_base(&id, &template)).await?
         }
         .await;
         let id = maker.clone();
-        if let Err(err) = self.on_host(move |host| host.destroy(&id)).await? {
+        if let Err(err) = self.hosted.on_host(move |host| host.destroy(&id)).await? {
             tracing::warn!(sandbox = %maker, "removing a template's microVM: {err}");
         }
         made
@@ -196,7 +176,7 @@ impl Firecracker {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
         let (sandbox, template, shape) =
-            (self.placed.sandbox(spec)?, self.placed.template(spec)?, Placed::shape(spec)?);
+            (self.hosted.placed.sandbox(spec)?, self.hosted.placed.template(spec)?, Placed::shape(spec)?);
         if !Self::is_clone(spec) {
             let (socket, boot) = self.launch(&sandbox, StartFrom::Template { template }, shape).await?;
             let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.boot_patience).await?;
@@ -214,12 +194,6 @@ impl Firecracker {
     /// The sandbox's own snapshot.
     fn snapshot_dir(spec: &SandboxSpec) -> PathBuf {
         spec.dir.join("snapshot")
-    }
-
-    /// The sandbox's id for a blocking call, logged and None when its spec
-    /// is not one the layout places.
-    fn sandbox_of(&self, spec: &SandboxSpec) -> Option<SandboxId> {
-        self.placed.sandbox(spec).map_err(|err| tracing::warn!(sandbox = %spec.id, "{err}")).ok()
     }
 }
 
@@ -244,7 +218,7 @@ impl Engine for Firecracker {
 
     fn availability(&self) -> Availability {
         // Whoever runs the VMMs (this process or the root helper) knows.
-        let (available, detail) = self.host.availability();
+        let (available, detail) = self.hosted.host.availability();
         Availability { name: "firecracker", available, detail }
     }
 
@@ -259,22 +233,22 @@ impl Engine for Firecracker {
     }
 
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.pause(id)).await
+        self.hosted.ask(spec, |host, id| host.pause(id)).await
     }
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.resume(id)).await
+        self.hosted.ask(spec, |host, id| host.resume(id)).await
     }
 
     async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.suspend(id)).await
+        self.hosted.ask(spec, |host, id| host.suspend(id)).await
     }
 
     async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
         if !self.has_snapshot(spec) {
             return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
         }
-        let (sandbox, shape) = (self.placed.sandbox(spec)?, Placed::shape(spec)?);
+        let (sandbox, shape) = (self.hosted.placed.sandbox(spec)?, Placed::shape(spec)?);
         let (socket, _) = self.launch(&sandbox, StartFrom::Suspended {}, shape).await?;
         Ok(socket)
     }
@@ -284,34 +258,43 @@ impl Engine for Firecracker {
         snapshot.join(STATE).is_file() && snapshot.join(MEMORY).is_file()
     }
 
-    fn saves_images(&self, _spec: &SandboxSpec) -> bool {
-        true
+    fn status(&self, spec: &SandboxSpec) -> LiveStatus {
+        self.hosted.status(spec)
     }
 
-    /// The microVM paused for the instant: a full snapshot and a reflink
-    /// copy of its root drive, then resumed.
+    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
+        self.hosted.statuses(specs)
+    }
+
+    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
+        self.hosted.redial(spec).await
+    }
+
     async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
-        let (_, image) = self.placed.image(image)?;
-        self.ask(spec, move |host, id| host.save_image(id, &image)).await
+        self.hosted.save_image(spec, image).await
     }
 
     async fn drop_image(&self, spec: &SandboxSpec, image: &Path) -> Result<(), EngineError> {
-        let (owner, image) = self.placed.image(image)?;
-        if owner.as_str() != spec.id {
-            return Err(EngineError::Runtime(format!("the image is {owner}'s, not {}'s", spec.id)));
-        }
-        self.ask(spec, move |host, id| host.drop_image(id, &image)).await
+        self.hosted.drop_image(spec, image).await
+    }
+
+    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.hosted.stop(spec)
+    }
+
+    fn saves_images(&self, _spec: &SandboxSpec) -> bool {
+        true
     }
 
     /// A new microVM loads the image's snapshot (its memory mapped
     /// privately, as clones of a template's are) on its own reflink copy
     /// of the image's root drive.
     async fn start_from_image(&self, spec: &SandboxSpec, image: &Path) -> Result<tokio::net::UnixStream, EngineError> {
-        let from = self.placed.start_from_image(image)?;
+        let from = self.hosted.placed.start_from_image(image)?;
         if !(image.join(STATE).is_file() && image.join(MEMORY).is_file()) {
             return Err(EngineError::Runtime("the image is not whole".into()));
         }
-        let (sandbox, shape) = (self.placed.sandbox(spec)?, Placed::shape(spec)?);
+        let (sandbox, shape) = (self.hosted.placed.sandbox(spec)?, Placed::shape(spec)?);
         let (socket, _) = self.launch(&sandbox, from, shape).await?;
         Ok(socket)
     }
@@ -321,35 +304,8 @@ impl Engine for Firecracker {
         crate::cgroup_use(&Path::new(super::PARENT_CGROUP).join(jail_id(&spec.id)))
     }
 
-    fn status(&self, spec: &SandboxSpec) -> LiveStatus {
-        match self.sandbox_of(spec) {
-            Some(sandbox) => live_status(self.host.state(&sandbox)),
-            None => LiveStatus::Gone,
-        }
-    }
-
-    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
-        let ids: Vec<Option<SandboxId>> = specs.iter().map(|spec| self.sandbox_of(spec)).collect();
-        let placed: Vec<SandboxId> = ids.iter().flatten().cloned().collect();
-        let mut states = self.host.states(&placed).into_iter();
-        ids.iter().map(|id| id.as_ref().and_then(|_| states.next()).map_or(LiveStatus::Gone, live_status)).collect()
-    }
-
-    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
-        let sandbox = self.placed.sandbox(spec)?;
-        let id = sandbox.clone();
-        let listener = self.on_host(move |host| host.listen_agent(&id)).await??;
-        let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
-        let host = self.host.clone();
-        Ok(AgentListener::closing(listener, move || host.close_agent(&sandbox)))
-    }
-
-    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.host.stop(&self.placed.sandbox(spec)?)
-    }
-
     /// Stops the sandbox's VMM and removes its directory.
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.destroy(id)).await
+        self.hosted.ask(spec, |host, id| host.destroy(id)).await
     }
 }

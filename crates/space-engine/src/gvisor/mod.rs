@@ -22,7 +22,7 @@ use space_privsep::layout::Layout;
 use space_privsep::proto::{PatienceMs, SandboxId, SlackNs, StartFrom};
 use tokio::net::UnixListener;
 
-use crate::host::{live_status, EngineHost, Placed};
+use crate::host::{live_status, EngineHost, Hosted, Placed};
 use crate::{AgentConn, AgentListener, Availability, Engine, EngineError, LiveStatus, SandboxSpec, Started, Steps};
 
 /// How long a sandbox may take from `runsc run` to the agent's hello.
@@ -47,8 +47,7 @@ pub struct GvisorConfig {
 
 pub struct Gvisor {
     config: GvisorConfig,
-    placed: Placed,
-    host: Arc<dyn EngineHost>,
+    hosted: Hosted,
 }
 
 impl Gvisor {
@@ -75,7 +74,7 @@ impl Gvisor {
     /// The engine asking `host` for its privileged work, with sandboxes'
     /// paths checked against `layout`.
     pub fn with_host(config: GvisorConfig, layout: Layout, host: Arc<dyn EngineHost>) -> Gvisor {
-        Gvisor { config, placed: Placed::new(layout), host }
+        Gvisor { config, hosted: Hosted::new(layout, host) }
     }
 
     /// runsc with its global flags, for measuring runsc itself beside the
@@ -88,19 +87,10 @@ impl Gvisor {
     /// the agent's socket (before any handshake) and the time from spawning
     /// `runsc` to the connection, the engine's own floor.
     pub async fn boot(&self, spec: &SandboxSpec) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
-        let from = StartFrom::Template { template: self.placed.template(spec)? };
+        let from = StartFrom::Template { template: self.hosted.placed.template(spec)? };
         let (socket, steps) = self.launch(spec, from).await?;
         let dialed = steps.iter().find(|(name, _)| *name == UNTIL_DIAL).map(|(_, took)| *took);
         Ok((socket, dialed.unwrap_or_default()))
-    }
-
-    /// Runs `work` with the host off the async threads.
-    async fn on_host<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&dyn EngineHost) -> T + Send + 'static,
-    ) -> Result<T, EngineError> {
-        let host = self.host.clone();
-        tokio::task::spawn_blocking(move || work(host.as_ref())).await.map_err(|e| EngineError::Runtime(e.to_string()))
     }
 
     /// Asks the host to start the sandbox from `from`, then waits for its
@@ -110,10 +100,10 @@ impl Gvisor {
         spec: &SandboxSpec,
         from: StartFrom,
     ) -> Result<(tokio::net::UnixStream, Steps), EngineError> {
-        let sandbox = self.placed.sandbox(spec)?;
+        let sandbox = self.hosted.placed.sandbox(spec)?;
         let shape = Placed::shape(spec)?;
         let id = sandbox.clone();
-        let launched = self.on_host(move |host| host.start(&id, &from, shape)).await??;
+        let launched = self.hosted.on_host(move |host| host.start(&id, &from, shape)).await??;
         let (mut steps, finished) = (launched.steps, launched.finished);
         let listener = UnixListener::from_std(launched.listener).map_err(EngineError::io("socket"))?;
         let started = Instant::now();
@@ -133,7 +123,7 @@ impl Gvisor {
                         Ok(accepted) => accepted,
                         Err(_) => {
                             let id = sandbox.clone();
-                            let log = self.on_host(move |host| host.engine_log(&id)).await?;
+                            let log = self.hosted.on_host(move |host| host.engine_log(&id)).await?;
                             return Err(EngineError::Runtime(format!(
                                 "the agent did not dial home within {BOOT_PATIENCE:?}: {log}"
                             )));
@@ -148,7 +138,7 @@ impl Gvisor {
         let returned = Instant::now();
         // Nobody else may connect: the socket goes away once the agent is in.
         let id = sandbox.clone();
-        self.on_host(move |host| host.close_agent(&id)).await?;
+        self.hosted.on_host(move |host| host.close_agent(&id)).await?;
         if !runsc_finished {
             // `runsc run --detach` returns once the container started; don't
             // leave its exit status unobserved.
@@ -159,7 +149,7 @@ impl Gvisor {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
-        let from = StartFrom::Template { template: self.placed.template(spec)? };
+        let from = StartFrom::Template { template: self.hosted.placed.template(spec)? };
         let (socket, mut steps) = self.launch(spec, from).await?;
         let boot = steps.iter().find(|(name, _)| *name == UNTIL_DIAL).map(|(_, took)| *took).unwrap_or_default();
         let shaking = Instant::now();
@@ -171,22 +161,6 @@ impl Gvisor {
     /// The snapshot a suspend writes (where `has_snapshot` looks).
     fn snapshot_dir(&self, spec: &SandboxSpec) -> PathBuf {
         spec.dir.join("snapshot")
-    }
-
-    /// Runs one request on the sandbox's host off the async threads.
-    async fn ask<T: Send + 'static>(
-        &self,
-        spec: &SandboxSpec,
-        work: impl FnOnce(&dyn EngineHost, &SandboxId) -> Result<T, EngineError> + Send + 'static,
-    ) -> Result<T, EngineError> {
-        let sandbox = self.placed.sandbox(spec)?;
-        self.on_host(move |host| work(host, &sandbox)).await?
-    }
-
-    /// The sandbox's id for a blocking call, logged and None when its spec
-    /// is not one the layout places.
-    fn sandbox_of(&self, spec: &SandboxSpec) -> Option<SandboxId> {
-        self.placed.sandbox(spec).map_err(|err| tracing::warn!(sandbox = %spec.id, "{err}")).ok()
     }
 }
 
@@ -219,7 +193,7 @@ impl Engine for Gvisor {
 
     fn availability(&self) -> Availability {
         // Whoever runs runsc (this process or the root helper) knows.
-        let (available, detail) = self.host.availability();
+        let (available, detail) = self.hosted.host.availability();
         Availability { name: "gvisor", available, detail }
     }
 
@@ -258,8 +232,8 @@ impl Engine for Gvisor {
     /// ticking (≈ 3% of a core, measured, the same as running idle): the
     /// sandbox's cgroup is frozen too, so a paused sandbox costs no CPU.
     async fn pause(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.pause(id)).await?;
-        if let Err(err) = self.ask(spec, |host, id| host.freeze(id, true)).await {
+        self.hosted.ask(spec, |host, id| host.pause(id)).await?;
+        if let Err(err) = self.hosted.ask(spec, |host, id| host.freeze(id, true)).await {
             // Still paused; only the sentry's idle cost remains.
             tracing::warn!(sandbox = %spec.id, "freezing the paused sandbox's cgroup: {err}");
         }
@@ -267,12 +241,12 @@ impl Engine for Gvisor {
     }
 
     async fn resume(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.freeze(id, false)).await?;
-        self.ask(spec, |host, id| host.resume(id)).await
+        self.hosted.ask(spec, |host, id| host.freeze(id, false)).await?;
+        self.hosted.ask(spec, |host, id| host.resume(id)).await
     }
 
     async fn suspend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.suspend(id)).await
+        self.hosted.ask(spec, |host, id| host.suspend(id)).await
     }
 
     async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
@@ -280,7 +254,7 @@ impl Engine for Gvisor {
             return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
         }
         let (socket, _) = self.launch(spec, StartFrom::Suspended {}).await?;
-        self.ask(spec, |host, id| host.drop_snapshot(id)).await?;
+        self.hosted.ask(spec, |host, id| host.drop_snapshot(id)).await?;
         Ok(socket)
     }
 
@@ -288,25 +262,36 @@ impl Engine for Gvisor {
         self.snapshot_dir(spec).join("checkpoint.img").is_file()
     }
 
+    fn status(&self, spec: &SandboxSpec) -> LiveStatus {
+        self.hosted.status(spec)
+    }
+
+    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
+        self.hosted.statuses(specs)
+    }
+
+    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
+        self.hosted.redial(spec).await
+    }
+
+    async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
+        self.hosted.save_image(spec, image).await
+    }
+
+    async fn drop_image(&self, spec: &SandboxSpec, image: &Path) -> Result<(), EngineError> {
+        self.hosted.drop_image(spec, image).await
+    }
+
+    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        self.hosted.stop(spec)
+    }
+
     fn saves_images(&self, _spec: &SandboxSpec) -> bool {
         true
     }
 
-    async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
-        let (_, image) = self.placed.image(image)?;
-        self.ask(spec, move |host, id| host.save_image(id, &image)).await
-    }
-
-    async fn drop_image(&self, spec: &SandboxSpec, image: &Path) -> Result<(), EngineError> {
-        let (owner, image) = self.placed.image(image)?;
-        if owner.as_str() != spec.id {
-            return Err(EngineError::Runtime(format!("the image is {owner}'s, not {}'s", spec.id)));
-        }
-        self.ask(spec, move |host, id| host.drop_image(id, &image)).await
-    }
-
     async fn start_from_image(&self, spec: &SandboxSpec, image: &Path) -> Result<tokio::net::UnixStream, EngineError> {
-        let from = self.placed.start_from_image(image)?;
+        let from = self.hosted.placed.start_from_image(image)?;
         if !image.join(IMAGE_MEMORY).join("checkpoint.img").is_file() {
             return Err(EngineError::Runtime("the image is not whole".into()));
         }
@@ -320,49 +305,19 @@ impl Engine for Gvisor {
     }
 
     fn set_idle(&self, spec: &SandboxSpec, idle: bool) {
-        let Some(sandbox) = self.sandbox_of(spec) else { return };
+        let Some(sandbox) = self.hosted.sandbox_of(spec) else { return };
         let slack = idle.then(|| SlackNs::new(IDLE_TIMER_SLACK_NS)).transpose();
         let set = slack
             .map_err(|e| EngineError::Runtime(e.to_string()))
-            .and_then(|slack| self.host.set_timer_slack(&sandbox, slack));
+            .and_then(|slack| self.hosted.host.set_timer_slack(&sandbox, slack));
         if let Err(err) = set {
             tracing::debug!(sandbox = %spec.id, "setting the timer slack of its tasks: {err}");
         }
     }
 
-    fn status(&self, spec: &SandboxSpec) -> LiveStatus {
-        match self.sandbox_of(spec) {
-            Some(sandbox) => live_status(self.host.state(&sandbox)),
-            None => LiveStatus::Gone,
-        }
-    }
-
-    fn statuses(&self, specs: &[SandboxSpec]) -> Vec<LiveStatus> {
-        // Read from the state files runsc keeps, with the sandbox process
-        // checked alive: a `runsc state` (or `list`) each costs a process
-        // and a call into every sandbox, seconds for a hundred on two cores.
-        let ids: Vec<Option<SandboxId>> = specs.iter().map(|spec| self.sandbox_of(spec)).collect();
-        let placed: Vec<SandboxId> = ids.iter().flatten().cloned().collect();
-        let mut states = self.host.states(&placed).into_iter();
-        ids.iter().map(|id| id.as_ref().and_then(|_| states.next()).map_or(LiveStatus::Gone, live_status)).collect()
-    }
-
-    async fn redial(&self, spec: &SandboxSpec) -> Result<AgentListener, EngineError> {
-        let sandbox = self.placed.sandbox(spec)?;
-        let id = sandbox.clone();
-        let listener = self.on_host(move |host| host.listen_agent(&id)).await??;
-        let listener = UnixListener::from_std(listener).map_err(EngineError::io("socket"))?;
-        let host = self.host.clone();
-        Ok(AgentListener::closing(listener, move || host.close_agent(&sandbox)))
-    }
-
-    fn stop(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.host.stop(&self.placed.sandbox(spec)?)
-    }
-
     fn stop_strays(&self, spec: &SandboxSpec) {
-        if let Some(sandbox) = self.sandbox_of(spec) {
-            self.host.stop_strays(&sandbox);
+        if let Some(sandbox) = self.hosted.sandbox_of(spec) {
+            self.hosted.host.stop_strays(&sandbox);
         }
     }
 
@@ -371,14 +326,14 @@ impl Engine for Gvisor {
     /// sandbox runsc shows running was left so by something else, and
     /// keeps its agent from dialing in. Thawed.
     fn settle_running(&self, spec: &SandboxSpec) -> Option<String> {
-        let sandbox = self.sandbox_of(spec)?;
-        if self.host.states(std::slice::from_ref(&sandbox)).first().copied().map(live_status)
+        let sandbox = self.hosted.sandbox_of(spec)?;
+        if self.hosted.host.states(std::slice::from_ref(&sandbox)).first().copied().map(live_status)
             != Some(LiveStatus::Running)
         {
             return None;
         }
         let frozen = freezer_state(&spec.id).filter(|state| state != "THAWED" && state != "frozen 0")?;
-        match self.host.freeze(&sandbox, false) {
+        match self.hosted.host.freeze(&sandbox, false) {
             Ok(()) => Some(format!("its cgroup was left frozen ({frozen}) while runsc shows it running: thawed")),
             Err(err) => Some(format!("its cgroup was left frozen ({frozen}) while runsc shows it running: {err}")),
         }
@@ -389,12 +344,12 @@ impl Engine for Gvisor {
         let sandboxes: Vec<SandboxId> = ids.iter().filter_map(|id| SandboxId::parse(id).ok()).collect();
         let millis = patience.as_millis().clamp(PatienceMs::MIN.into(), PatienceMs::MAX.into()) as u32;
         if let Ok(patience) = PatienceMs::new(millis) {
-            self.host.settle_orphans(&sandboxes, patience);
+            self.hosted.host.settle_orphans(&sandboxes, patience);
         }
     }
 
     async fn destroy(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        self.ask(spec, |host, id| host.destroy(id)).await
+        self.hosted.ask(spec, |host, id| host.destroy(id)).await
     }
 }
 
