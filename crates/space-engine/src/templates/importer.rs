@@ -5,11 +5,13 @@
 //! ([`space_privsep::confine::confine_keeping`]: root, but only the
 //! capabilities of giving files their owners and modes, `no_new_privs`,
 //! Landlock to the build's root and work dir, the build dir as its root
-//! directory, the seccomp deny-list and no new processes) before it reads
-//! a byte, applies the layers, and reports on its stdout, one JSON
-//! [`Report`] a line. Its stdin is the archive and its stderr the build's
-//! log, both descriptors the parent was handed; it opens no path of
-//! either.
+//! directory, the seccomp deny-list and no new processes), says so, and
+//! reads no byte of the archive until the parent, having checked its
+//! `/proc/PID/status`, answers; then it applies the layers and reports,
+//! one JSON [`Report`] a line. Its stdout is a socket to the parent (the
+//! reports one way, the go-ahead the other); its stdin is the archive and
+//! its stderr the build's log, both descriptors the parent was handed; it
+//! opens no path of either.
 //!
 //! What needs more than that stays with the parent: making and limiting
 //! the root subvolume before, installing the agent and sealing the root
@@ -18,6 +20,7 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -141,6 +144,8 @@ fn run_child(
         Ok(_) => return Err(parent(starting(io::Error::from(io::ErrorKind::InvalidInput)))),
         Err(err) => return Err(parent(starting(err))),
     }
+    let (reports, child_end) = UnixStream::pair()
+        .map_err(|source| parent(HostError::Io { what: "a socket for the importer".into(), source }))?;
     let dup = |file: &fs::File, what: &str| file.try_clone().map_err(HostError::io(format!("passing the {what}")));
     let mut command = Command::new(importer);
     command
@@ -151,7 +156,7 @@ fn run_child(
         .env_clear()
         .current_dir("/")
         .stdin(dup(archive, "archive").map_err(parent)?)
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(child_end)))
         .stderr(dup(log, "log").map_err(parent)?);
     // SAFETY: between fork and exec this only calls prctl, which is
     // async-signal-safe and allocates nothing.
@@ -165,9 +170,11 @@ fn run_child(
             Ok(())
         });
     }
-    let mut child = Reaper::global().spawn(&mut command).map_err(|source| parent(starting(source)))?;
-    let stdout = child.child.stdout.take().expect("piped");
-    let outcome = read_reports(&child, stdout, progress);
+    let child = Reaper::global().spawn(&mut command).map_err(|source| parent(starting(source)))?;
+    // Closes this process's copy of the child's end, so that the child's
+    // exit is the end of the reports.
+    drop(command);
+    let outcome = read_reports(&child, reports, progress);
     if outcome.is_err() {
         stop(&child);
     }
@@ -210,7 +217,7 @@ fn stop(child: &ReapedChild) {
 /// when it ended without one), its failure, or a misbehaviour.
 fn read_reports(
     child: &ReapedChild,
-    mut stdout: std::process::ChildStdout,
+    mut stdout: UnixStream,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Option<Imported>, ChildError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -249,19 +256,22 @@ fn read_reports(
                 return Err(parent("the importer reported after its result".into()));
             }
             match report {
+                // Before it is confined it has read nothing of the archive:
+                // nothing can be the archive's fault.
+                Report::Failed { invalid, message } => {
+                    let err = if invalid && confined { HostError::Invalid(message) } else { child_failed(message) };
+                    return Err(ChildError::Child(err));
+                }
                 Report::Confined { landlock } if !confined => {
                     check_confined(child.id()).map_err(parent)?;
                     tracing::debug!(pid = child.id(), landlock, "the importer is confined");
                     confined = true;
+                    stdout.write_all(b"\n").map_err(|err| parent(format!("answering the importer: {err}")))?;
                 }
                 _ if !confined => return Err(parent("the importer reported before it was confined".into())),
                 Report::Confined { .. } => return Err(parent("the importer reported its confinement twice".into())),
                 Report::Progress { step, done, bytes } => progress(checked_progress(step, done, bytes)),
                 Report::Imported { imported } => result = Some(imported),
-                Report::Failed { invalid: true, message } => {
-                    return Err(ChildError::Child(HostError::Invalid(message)))
-                }
-                Report::Failed { invalid: false, message } => return Err(ChildError::Child(child_failed(message))),
             }
         }
         if pending.len() > MAX_REPORT {
@@ -339,15 +349,25 @@ pub fn child_main(args: &ChildArgs) -> i32 {
         Ok(confined) if confined.missing.is_empty() => confined,
         Ok(confined) => {
             let message = format!("the build dir lacks {:?}", confined.missing);
+            let _ = writeln!(&log, "import failed: {message}");
             report(&Report::Failed { invalid: false, message });
             return 1;
         }
         Err(err) => {
-            report(&Report::Failed { invalid: false, message: format!("confining the importer: {err}") });
+            let message = format!("confining the importer: {err}");
+            let _ = writeln!(&log, "import failed: {message}");
+            report(&Report::Failed { invalid: false, message });
             return 1;
         }
     };
     report(&Report::Confined { landlock: format!("{:?}", confined.landlock) });
+    // Nothing of the archive is read before the parent has seen this
+    // process confined; a parent gone (EOF) ends it.
+    let mut go = [0u8; 1];
+    let answered = io::stdout().as_fd().try_clone_to_owned().and_then(|fd| fs::File::from(fd).read(&mut go));
+    if !matches!(answered, Ok(1)) {
+        return 1;
+    }
     let mut progress = |step: BuildProgress| {
         let bytes = step.amount.map(|amount| [amount.done, amount.total]);
         report(&Report::Progress { step: step.step, done: step.done, bytes });
