@@ -85,6 +85,10 @@ const DEFENCES: &[(&str, &str)] = &[
     ("fill the disk through many suspend snapshots", "snapshots count against the tenant's disk quota"),
     ("fill the disk through a template build", "the build's root is capped at the quota left"),
     ("fill the disk through an image that decompresses a thousandfold", "decompression capped at the quota left"),
+    (
+        "write outside the build dir from an image's layers",
+        "the extractor's path checks, and its confined child: the build dir as its root, Landlock, four capabilities",
+    ),
     ("fill the disk through an upload", "uploads capped at half the quota left"),
     ("fill the host's disk past its reserve", "free-space reserve: 507 for new work"),
     ("use egress in a sandbox without it", "the gateway refuses: egress is none by default"),
@@ -802,6 +806,51 @@ while time.time() < end:
             && done["error"]["message"].as_str().is_some_and(|m| m.contains("decompresses to more than"))
             && usage["disk"]["total_bytes"] == 0,
         format!("{} | {done} | {usage}", answer.lines().next().unwrap_or("")),
+    );
+    // Layers that climb out: a `..` name, and a link to the host's /tmp
+    // with a file written through it (which must land in the image's own).
+    let escaped = std::env::temp_dir().join(format!("{marker}-layer"));
+    let climb = format!("../../../../../../../..{}", escaped.display());
+    let linked = format!("up/{marker}-layer");
+    let mut outcomes = Vec::new();
+    for (name, entries) in [
+        ("climb", vec![(tar::EntryType::Regular, climb.as_str(), "")]),
+        ("linked", vec![(tar::EntryType::Symlink, "up", "/tmp"), (tar::EntryType::Regular, linked.as_str(), "")]),
+    ] {
+        let layer = std::env::temp_dir().join(format!("{marker}-{name}.tar"));
+        let mut tar = tar::Builder::new(std::fs::File::create(&layer).unwrap());
+        for (kind, path, link) in entries {
+            // Written into the header's bytes, as the tar crate refuses `..`.
+            let mut header = tar::Header::new_old();
+            header.set_entry_type(kind);
+            header.set_mode(0o644);
+            header.set_size(if kind.is_file() { 3 } else { 0 });
+            header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+            header.set_cksum();
+            tar.append(&header, &b"out"[..if kind.is_file() { 3 } else { 0 }]).unwrap();
+        }
+        tar.finish().unwrap();
+        drop(tar);
+        let image = std::env::temp_dir().join(format!("{marker}-{name}.image.tar"));
+        space_host::oci::write_archive(
+            &image,
+            space_host::oci::ArchiveFormat::DockerSave,
+            std::slice::from_ref(&layer),
+            &Default::default(),
+        )
+        .unwrap();
+        let (_, accepted) = server.upload(&format!("/v1/templates?name=escape-{name}"), "application/x-tar", &image);
+        let done = wait_as(&server, &server.key, accepted["operation"]["id"].as_str().unwrap_or("op_none"));
+        outcomes.push(done["state"].as_str().unwrap_or("").to_string());
+        let _ = std::fs::remove_file(layer);
+        let _ = std::fs::remove_file(image);
+    }
+    let inside = data.root().join(format!("templates/escape-linked/1/rootfs/tmp/{marker}-layer"));
+    suite.check(
+        "write outside the build dir from an image's layers",
+        outcomes == ["failed", "succeeded"] && !escaped.exists() && inside.is_file(),
+        format!("{outcomes:?}, {} exists: {}", escaped.display(), escaped.exists()),
     );
     // The same layer uncompressed: the upload itself is over what is left.
     let answer = server.early_answer(
