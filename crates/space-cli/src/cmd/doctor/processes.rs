@@ -28,8 +28,10 @@ impl Role {
     fn reads(self) -> &'static str {
         match self {
             Role::Helper => {
-                "the typed requests of the unprivileged server on its socket, and the image archives \
-                 it passes for template imports (parsed as root)"
+                "the typed requests of the unprivileged server on its socket; the image archives it \
+                 passes for template imports go unread to a confined importer child (root with only \
+                 cap_chown, cap_dac_override, cap_fowner and cap_fsetid, no_new_privs, seccomp, \
+                 Landlock, the build dir as its root)"
             }
             Role::Server => {
                 "HTTP, WebSocket and multipart bodies, tar and OCI archives, E2B Connect frames, \
