@@ -58,9 +58,14 @@ fn start_helper(config: &PlatformConfig) -> (tokio::runtime::Runtime, PathBuf) {
         agent_bin: config.agent_bin.clone(),
         state_dir: config.data_dir.join("run").join("runsc"),
     };
+    // The microVMs too, when the test gives a firecracker binary.
+    let firecracker = config.firecracker_bin.clone().map(|binary| {
+        let data = space_host::datadir::DataDir::open(&config.data_dir).expect("the test's data dir");
+        space_server::firecracker_config(&data, binary)
+    });
     let (at, uid, importer) = (socket.clone(), nix::unistd::geteuid().as_raw(), config.importer_bin.clone());
     helper.spawn(async move {
-        if let Err(err) = space_engine::helper::serve_gvisor(gvisor, &importer, &at, uid).await {
+        if let Err(err) = space_engine::helper::serve_helper(gvisor, firecracker, &importer, &at, uid).await {
             eprintln!("the test's helper stopped serving: {err}");
         }
     });
