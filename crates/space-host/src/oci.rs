@@ -17,37 +17,15 @@ use std::path::{Component, Path, PathBuf};
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use sha2::{Digest, Sha256};
 
-use crate::datadir::DataDir;
 pub use crate::layer::apply_tar;
 use crate::layer::clean_relative;
-use crate::template::{install_agent, publish, BuildProgress, DefaultsOverride, TemplateInfo};
+use crate::template::{install_agent, BuildProgress, DefaultsOverride};
 use crate::{btrfs, HostError};
 
 /// The largest JSON document (manifest, index, config) read from an archive.
 const MAX_JSON: u64 = 8 << 20;
 fn bad(reason: impl Into<String>) -> HostError {
     HostError::Invalid(reason.into())
-}
-
-/// What to import.
-#[derive(Debug)]
-pub struct OciImport {
-    pub name: String,
-    /// The uploaded archive (a tar, or a gzip-compressed tar), opened by
-    /// whoever received it: the importer reads this descriptor alone, at
-    /// positions of its own (never its shared offset), and opens no path
-    /// of the upload's.
-    pub archive: fs::File,
-    /// Values given with the request; they win over the image's.
-    pub overrides: DefaultsOverride,
-    /// The tenant it is imported for; `None`: shared.
-    pub owner: Option<String>,
-    /// The engine its sandboxes run on; `None`: the server's default.
-    pub engine: Option<String>,
-    /// The build log, opened for writing by whoever owns the log dir.
-    pub log: fs::File,
-    /// The most the new root may hold; `None`: no cap.
-    pub max_bytes: Option<u64>,
 }
 
 /// What an imported image says of itself: the template's source and the
@@ -59,42 +37,12 @@ pub struct Imported {
     pub defaults: DefaultsOverride,
 }
 
-/// Imports an OCI image archive as the next version of a template.
-pub fn import_oci(
-    data: &DataDir,
-    import: &OciImport,
-    agent_bin: &Path,
-    mut progress: impl FnMut(BuildProgress),
-) -> Result<TemplateInfo, HostError> {
-    let labels = (import.owner.clone(), import.engine.clone());
-    publish(data, &import.name, labels, import.max_bytes, &mut progress, |partial, progress| {
-        let imported = fill_oci(partial, &import.archive, &import.log, import.max_bytes, agent_bin, progress)?;
-        Ok((imported.source, import.overrides.apply(imported.defaults)))
-    })
-}
-
-/// Fills a build dir's root subvolume (`partial/rootfs`, made and capped
-/// by the caller) with the image in `archive`, installs the agent and
-/// seals the root read-only; the build log goes to `log`.
-pub fn fill_oci(
-    partial: &Path,
-    archive: &fs::File,
-    log: &fs::File,
-    max_bytes: Option<u64>,
-    agent_bin: &Path,
-    progress: &mut dyn FnMut(BuildProgress),
-) -> Result<Imported, HostError> {
-    let rootfs = partial.join("rootfs");
-    let imported = extract_oci(&rootfs, partial, archive, log, max_bytes, progress)?;
-    finish_oci(&rootfs, agent_bin, progress)?;
-    Ok(imported)
-}
-
-/// The part of [`fill_oci`] that reads the archive: its layers applied to
-/// `rootfs`, a gzip-compressed archive decompressed into `work` first (and
-/// removed again). It writes nowhere else, needs no capability but those
-/// of changing files' owners and modes, and runs no program: the
-/// confined importer child does it (decision 027).
+/// Reads an image archive: its layers applied to `rootfs`, a
+/// gzip-compressed archive decompressed into `work` first (and removed
+/// again); the build log goes to `log`. It writes nowhere else, needs no
+/// capability but those of changing files' owners and modes, and runs no
+/// program: only the confined importer child calls it (decision 027),
+/// never a root process with its capabilities.
 pub fn extract_oci(
     rootfs: &Path,
     work: &Path,
@@ -111,8 +59,8 @@ pub fn extract_oci(
     result
 }
 
-/// The rest of [`fill_oci`] after [`extract_oci`]: the agent put into the
-/// root, the root sealed read-only.
+/// What a root needs after [`extract_oci`] (and its child ended): the
+/// agent put into it, and it sealed read-only.
 pub fn finish_oci(rootfs: &Path, agent_bin: &Path, progress: &mut dyn FnMut(BuildProgress)) -> Result<(), HostError> {
     progress(BuildProgress::step("installing the agent", 3));
     install_agent(rootfs, agent_bin)?;
