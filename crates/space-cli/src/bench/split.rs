@@ -132,6 +132,55 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Resamplings of each side for the ratio's interval.
+const RESAMPLES: usize = 2000;
+/// The cost the split may add (issue 35's goal): 5 %.
+const GOAL: f64 = 1.05;
+
+/// The ratio of `split`'s median to `one`'s, and its 95 % interval by the
+/// bootstrap (each side resampled with replacement, `RESAMPLES` times): a
+/// run shows the split within the goal only when the whole interval is.
+fn ratio_interval(one: &[f64], split: &[f64]) -> (f64, f64, f64) {
+    let ratio = median(&mut split.to_vec()) / median(&mut one.to_vec());
+    if one.is_empty() || split.is_empty() {
+        return (ratio, f64::NAN, f64::NAN);
+    }
+    let mut seed = [0u8; 8];
+    let _ = getrandom::getrandom(&mut seed);
+    let mut state = u64::from_le_bytes(seed) | 1;
+    // xorshift64: plenty for picking indices.
+    let mut pick = |len: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % len as u64) as usize
+    };
+    let mut ratios: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let mut a: Vec<f64> = (0..one.len()).map(|_| one[pick(one.len())]).collect();
+            let mut b: Vec<f64> = (0..split.len()).map(|_| split[pick(split.len())]).collect();
+            median(&mut b) / median(&mut a)
+        })
+        .collect();
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    (ratio, ratios[RESAMPLES * 25 / 1000], ratios[RESAMPLES * 975 / 1000])
+}
+
+/// What an interval says of the goal.
+fn verdict(low: f64, high: f64) -> &'static str {
+    if high <= GOAL {
+        "within 5 %"
+    } else if low > GOAL {
+        "over 5 %"
+    } else {
+        "not told apart"
+    }
+}
+
+fn ms(samples: &Samples) -> Vec<f64> {
+    samples.0.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
+}
+
 /// The figures, on `one` (a single root process) and `split` (the helper
 /// and the confined server), each fresh scratch data dirs.
 pub fn run(args: &BenchArgs, one: &DataDir, split: &DataDir) -> Result<()> {
@@ -146,24 +195,65 @@ pub fn run(args: &BenchArgs, one: &DataDir, split: &DataDir) -> Result<()> {
     let (_confined, confined) = serve(args, split, upstream, &["--helper-socket", &socket, "--user", USER])?;
     let (mut a, mut b) = (Figures::default(), Figures::default());
     let execs = args.execs.max(1);
-    for _ in 0..args.runs {
-        // Turn by turn, so a slower moment of the host falls on both.
-        turn(&single, &args.template, upstream, execs, &mut a)?;
-        turn(&confined, &args.template, upstream, execs, &mut b)?;
+    for run in 0..args.runs {
+        // Turn by turn, so a slower moment of the host falls on both, and
+        // in turns' order (one first, then split first), so going second
+        // favours neither.
+        if run % 2 == 0 {
+            turn(&single, &args.template, upstream, execs, &mut a)?;
+            turn(&confined, &args.template, upstream, execs, &mut b)?;
+        } else {
+            turn(&confined, &args.template, upstream, execs, &mut b)?;
+            turn(&single, &args.template, upstream, execs, &mut a)?;
+        }
     }
     println!();
-    println!("{:<44} {:>9} {:>9} {:>7}", "privilege split (p50 ms)", "one proc", "split", "split/1");
-    let line = |what: &str, one: f64, split: f64| {
-        println!("{what:<44} {one:>9.2} {split:>9.2} {:>7.3}", split / one);
+    println!(
+        "{:<44} {:>9} {:>9} {:>7} {:>15}  goal (split/1 <= {GOAL})",
+        "privilege split (p50 ms)", "one proc", "split", "split/1", "95 % interval"
+    );
+    let line = |what: &str, one: &[f64], split: &[f64]| {
+        let (ratio, low, high) = ratio_interval(one, split);
+        let (one, split) = (median(&mut one.to_vec()), median(&mut split.to_vec()));
+        println!(
+            "{what:<44} {one:>9.2} {split:>9.2} {ratio:>7.3} {:>15}  {}",
+            format!("{low:.3}-{high:.3}"),
+            verdict(low, high)
+        );
     };
-    line("create -> running", a.create.percentile(50.0), b.create.percentile(50.0));
-    line("exec `true`", a.exec.percentile(50.0), b.exec.percentile(50.0));
-    line("suspend + resume", a.suspend_resume.percentile(50.0), b.suspend_resume.percentile(50.0));
-    line("small egress request (in the sandbox)", median(&mut a.egress), median(&mut b.egress));
+    line("create -> running", &ms(&a.create), &ms(&b.create));
+    line("exec `true`", &ms(&a.exec), &ms(&b.exec));
+    line("suspend + resume", &ms(&a.suspend_resume), &ms(&b.suspend_resume));
+    line("small egress request (in the sandbox)", &a.egress, &b.egress);
     for (step, one) in &a.steps.0 {
         if let Some((_, split)) = b.steps.0.iter().find(|(name, _)| name == step) {
-            line(&format!("  suspend/resume step: {step}"), one.percentile(50.0), split.percentile(50.0));
+            line(&format!("  suspend/resume step: {step}"), &ms(one), &ms(split));
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` samples around `center`, spread evenly over ±`spread`.
+    fn around(center: f64, spread: f64, n: usize) -> Vec<f64> {
+        (0..n).map(|i| center + spread * (2.0 * i as f64 / (n - 1) as f64 - 1.0)).collect()
+    }
+
+    #[test]
+    fn the_interval_tells_within_over_and_undecided_apart() {
+        let (ratio, low, high) = ratio_interval(&around(100.0, 2.0, 40), &around(101.0, 2.0, 40));
+        assert!((ratio - 1.01).abs() < 0.001, "{ratio}");
+        assert!(low < ratio && ratio < high && high < 1.05, "{low} {high}");
+        assert_eq!(verdict(low, high), "within 5 %");
+        let (_, low, high) = ratio_interval(&around(100.0, 2.0, 40), &around(120.0, 2.0, 40));
+        assert_eq!(verdict(low, high), "over 5 %", "{low} {high}");
+        // Few samples spread ±50 %: nothing can be said.
+        let (_, low, high) = ratio_interval(&around(100.0, 50.0, 4), &around(100.0, 50.0, 4));
+        assert_eq!(verdict(low, high), "not told apart", "{low} {high}");
+        let (ratio, low, _) = ratio_interval(&[], &[1.0]);
+        assert!(ratio.is_nan() && low.is_nan());
+    }
 }
