@@ -1,18 +1,21 @@
 //! The seam between an engine's logic and the privileged work it needs.
 //!
-//! [`EngineHost`] is everything the gVisor engine asks of the host that
-//! needs root: each method is one request of `space_privsep::proto`
+//! [`EngineHost`] is everything an engine asks of the host that needs
+//! root: each method is one request of `space_privsep::proto`
 //! ([`Request`](space_privsep::proto::Request)), taking its checked types —
 //! canonical ids, bounded sizes — and never a path: whoever serves it
-//! derives paths from the ids inside its own data dir
-//! ([`Layout`]). Today the one implementation is in-process and root
-//! ([`crate::gvisor::LocalHost`]); a later one sends the same requests to
-//! the root helper over its socket, so the engine's own logic (the agent
-//! handshake, cgroup reads, what a status means) can run unprivileged.
+//! derives paths from the ids inside its own data dir ([`Layout`]). Each
+//! engine has one that does the work in process and as root (gVisor's
+//! [`crate::gvisor::LocalHost`], Firecracker's
+//! [`crate::firecracker::FirecrackerHost`]); [`crate::helper::HelperHost`]
+//! sends the same requests to the root helper over its socket, so the
+//! engine's own logic (the agent handshake, cgroup reads, what a status
+//! means) runs unprivileged.
 //!
 //! The [`Engine`](crate::Engine) trait still speaks in
 //! [`SandboxSpec`]s and paths; [`Placed`] turns them into the ids a request
-//! names and refuses any path that is not where [`Layout`] puts it.
+//! names and refuses any path that is not where [`Layout`] puts it, and
+//! `Hosted` is what both engines do alike with their host.
 
 use std::os::unix::net::UnixListener;
 use std::path::{Component, Path};
