@@ -175,11 +175,12 @@ fn run_child(
     // exit is the end of the reports.
     drop(command);
     let outcome = read_reports(&child, reports, progress);
-    if outcome.is_err() {
-        stop(&child);
-    }
-    let status = child.wait_timeout(EXIT_PATIENCE).unwrap_or_else(|| {
-        stop(&child);
+    // A child that misbehaved is stopped at once; one done gets a moment to exit.
+    let patience = if outcome.is_err() { Duration::ZERO } else { EXIT_PATIENCE };
+    // The status is taken once: until it is, the child is not reaped and
+    // its pid cannot be another process's.
+    let status = child.wait_timeout(patience).unwrap_or_else(|| {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGKILL);
         child.wait()
     });
     let imported = outcome?;
@@ -203,13 +204,6 @@ fn said(status: ExitStatus) -> String {
             format!("killed by signal {signal} (SIGSYS: its seccomp filter)")
         }
         ExitStatus::Signaled(signal) => format!("killed by signal {signal}"),
-    }
-}
-
-fn stop(child: &ReapedChild) {
-    // Only while it is not reaped: its pid is its own until then.
-    if child.wait_timeout(Duration::ZERO).is_none() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGKILL);
     }
 }
 
