@@ -417,6 +417,22 @@ fn the_importer_child_holds_only_what_extracting_needs_and_its_death_fails_the_b
     let log = fs::read_to_string(data.root().join("logs").join(format!("{operation}.log"))).unwrap();
     assert!(log.contains("starting the importer /nonexistent/space"), "{log}");
     server.error("GET", "/v1/templates/orphan", None, 404, "template_not_found");
+    server.stop();
+
+    // An importer that says it is confined but is not (root with every
+    // capability): the parent reads its status, stops it and fails the
+    // build before giving it the go-ahead to read.
+    let liar = work_dir(&data, "liar").join("liar.sh");
+    fs::write(&liar, "#!/bin/sh\necho '{\"report\":\"confined\",\"landlock\":\"Full\"}'\nexec sleep 30\n").unwrap();
+    fs::set_permissions(&liar, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut config = platform_config(&data);
+    config.importer_bin = liar;
+    let server = TestServer::start_with(config);
+    let operation = start_import(&server, "lied", &archive);
+    assert_eq!(server.wait_operation(&operation)["state"], "failed");
+    let log = fs::read_to_string(data.root().join("logs").join(format!("{operation}.log"))).unwrap();
+    assert!(log.contains("the importer is not confined as it must be"), "{log}");
+    server.error("GET", "/v1/templates/lied", None, 404, "template_not_found");
 }
 
 #[test]

@@ -235,7 +235,10 @@ fn read_reports(
             Err(err) => return Err(parent(format!("waiting for the importer: {err}"))),
         }
         let read = match stdout.read(&mut chunk) {
+            // A reset is an end too: the child closed its end without
+            // reading the go-ahead.
             Ok(0) => break,
+            Err(err) if err.kind() == io::ErrorKind::ConnectionReset => break,
             Ok(read) => read,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => return Err(parent(format!("reading the importer's reports: {err}"))),
