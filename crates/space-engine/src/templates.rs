@@ -95,6 +95,11 @@ pub trait TemplateHost: Send + Sync {
     /// Whether `template`'s build dir is there and holds nothing yet: the
     /// only place an engine may save a template's image into.
     fn empty_build(&self, template: &TemplateRef) -> bool;
+
+    /// `ExportTemplate`: a published version's root (not a snapshot
+    /// template's: it stays on its host) as a tar into `out`, for another
+    /// node of a cluster.
+    fn export_template(&self, template: &TemplateRef, out: fs::File) -> Result<(), EngineError>;
 }
 
 /// [`TemplateHost`] in this process, over the data dir `layout` names.
@@ -336,5 +341,19 @@ impl TemplateHost for LocalTemplates {
 
     fn empty_build(&self, template: &TemplateRef) -> bool {
         is_empty_dir(&self.layout.template_partial(template))
+    }
+
+    fn export_template(&self, template: &TemplateRef, out: fs::File) -> Result<(), EngineError> {
+        let version = self.layout.template_dir(template);
+        let info = space_host::template::TemplateInfo::load(&version).map_err(|_| {
+            refused(format!("template {} has no version {}", template.name, template.version.get()))
+        })?;
+        if info.meta.image.is_some() {
+            return Err(refused(format!(
+                "{} is a snapshot template: it stays on the host it was made on",
+                template.name
+            )));
+        }
+        space_host::template::write_root_tar(&self.layout.template_root(template), out).map_err(EngineError::from)
     }
 }

@@ -502,55 +502,17 @@ pub fn install_agent(rootfs: &Path, agent_bin: &Path) -> Result<(), HostError> {
     write_neutral_hostname(rootfs)
 }
 
-/// A template version written out for another host (cluster mode): a tar
-/// of its root, and its `template.json`.
-pub struct Export {
-    pub meta: TemplateMeta,
-    pub tar: PathBuf,
-    /// SHA-256 of the tar, hex: its address, which the puller checks.
-    pub sha256: String,
-}
-
-/// Writes the newest version of template `name` as a tar of its root under
-/// the data dir's `run/exports/` (made once per version, then reused).
-pub fn export(data: &DataDir, name: &str) -> Result<Export, HostError> {
-    use sha2::Digest;
-    let template = data.template(name).ok_or_else(|| HostError::Invalid(format!("no template {name:?}")))?;
-    if template.meta.image.is_some() {
-        return Err(HostError::Invalid(format!(
-            "{name:?} is a snapshot template: it stays on the host it was made on"
-        )));
-    }
-    let dir = data.run_dir().join("exports");
-    fs::create_dir_all(&dir).map_err(HostError::io("creating the exports dir"))?;
-    let stem = format!("{name}-{}", template.meta.version);
-    // One export at a time: several nodes pulling at once wait for the
-    // first, then share its file.
-    static EXPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = EXPORTING.lock().unwrap_or_else(|e| e.into_inner());
-    let tar = dir.join(format!("{stem}.tar"));
-    let sum = dir.join(format!("{stem}.sha256"));
-    if let (true, Ok(sha256)) = (tar.exists(), fs::read_to_string(&sum)) {
-        return Ok(Export { meta: template.meta, tar, sha256 });
-    }
-    let partial = dir.join(format!(".{stem}.partial"));
-    {
-        let file = fs::File::create(&partial).map_err(HostError::io("creating an export"))?;
-        let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
-        builder.follow_symlinks(false);
-        builder.append_dir_all(".", template.rootfs()).map_err(HostError::io("writing an export"))?;
-        builder
-            .into_inner()
-            .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
-            .map_err(HostError::io("writing an export"))?;
-    }
-    let mut hasher = sha2::Sha256::new();
-    let mut file = fs::File::open(&partial).map_err(HostError::io("reading an export"))?;
-    std::io::copy(&mut file, &mut hasher).map_err(HostError::io("hashing an export"))?;
-    let sha256: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    fs::write(&sum, &sha256).map_err(HostError::io("writing an export's sum"))?;
-    fs::rename(&partial, &tar).map_err(HostError::io("publishing an export"))?;
-    Ok(Export { meta: template.meta, tar, sha256 })
+/// Writes the root of a template version (`rootfs`) as a tar into `out`,
+/// for another host of a cluster: links stored as links, never followed.
+pub fn write_root_tar(rootfs: &Path, out: fs::File) -> Result<(), HostError> {
+    let mut builder = tar::Builder::new(std::io::BufWriter::new(out));
+    builder.follow_symlinks(false);
+    builder.append_dir_all(".", rootfs).map_err(HostError::io("writing an export"))?;
+    builder
+        .into_inner()
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .and_then(|file| file.sync_all())
+        .map_err(HostError::io("writing an export"))
 }
 
 /// Makes the next version of `meta.name` here from another host's export

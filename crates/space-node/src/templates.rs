@@ -74,6 +74,15 @@ fn build_disk_mib(bytes: u64) -> Result<DiskMib, HostError> {
     wire(DiskMib::new(u32::try_from(mib).unwrap_or(DiskMib::MAX)))
 }
 
+/// A template version written out for another node of the cluster: a
+/// tar of its root, and its `template.json`.
+pub struct Export {
+    pub meta: TemplateMeta,
+    pub tar: std::path::PathBuf,
+    /// SHA-256 of the tar, hex: its address, which the puller checks.
+    pub sha256: String,
+}
+
 /// A build's log, in the log dir this server owns.
 fn open_log(path: &std::path::Path) -> Result<std::fs::File, HostError> {
     if let Some(parent) = path.parent() {
@@ -427,6 +436,56 @@ impl Platform {
             }
         }
         published
+    }
+
+    /// The newest version of template `name` as a tar of its root, for
+    /// another node of the cluster: written once per version by whoever
+    /// does templates' root work (the helper reads every file of the root;
+    /// this server cannot) into a file of the uploads dir this server
+    /// opened, then reused.
+    pub fn export_template(&self, name: &str) -> Result<Export, HostError> {
+        use sha2::Digest as _;
+        let template = self.data.template(name).ok_or_else(|| HostError::Invalid(format!("no template {name:?}")))?;
+        if template.meta.image.is_some() {
+            return Err(HostError::Invalid(format!(
+                "{name:?} is a snapshot template: it stays on the host it was made on"
+            )));
+        }
+        let dir = self.uploads_dir();
+        std::fs::create_dir_all(&dir).map_err(HostError::io("creating the uploads dir"))?;
+        // Named as no tenant's upload is (those start with the tenant's name).
+        let stem = format!(".export-{name}-{}", template.meta.version);
+        // One export at a time: several nodes pulling at once wait for the
+        // first, then share its file.
+        static EXPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = EXPORTING.lock().unwrap_or_else(|e| e.into_inner());
+        let (tar, sum) = (dir.join(format!("{stem}.tar")), dir.join(format!("{stem}.sha256")));
+        if let (true, Ok(sha256)) = (tar.exists(), std::fs::read_to_string(&sum)) {
+            return Ok(Export { meta: template.meta, tar, sha256 });
+        }
+        let partial = dir.join(format!("{stem}.partial"));
+        let file = std::fs::File::create(&partial).map_err(HostError::io("creating an export"))?;
+        let reference = TemplateRef {
+            name: wire(TemplateName::parse(name))?,
+            version: wire(TemplateVersion::new(template.meta.version))?,
+        };
+        let written = self.template_host().export_template(&reference, file).map_err(host_failed);
+        let hashed = written.and_then(|()| {
+            let mut hasher = sha2::Sha256::new();
+            let mut file = std::fs::File::open(&partial).map_err(HostError::io("reading an export"))?;
+            std::io::copy(&mut file, &mut hasher).map_err(HostError::io("hashing an export"))?;
+            Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>())
+        });
+        let sha256 = match hashed {
+            Ok(sha256) => sha256,
+            Err(err) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(err);
+            }
+        };
+        std::fs::write(&sum, &sha256).map_err(HostError::io("writing an export's sum"))?;
+        std::fs::rename(&partial, &tar).map_err(HostError::io("publishing an export"))?;
+        Ok(Export { meta: template.meta, tar, sha256 })
     }
 
     /// Accepts an uploaded OCI image archive and imports it in the background.

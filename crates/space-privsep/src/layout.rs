@@ -145,6 +145,7 @@ impl Layout {
                 paths.push(self.template_dir(template));
             }
             Request::BuildTemplate { template, .. }
+            | Request::ExportTemplate { template }
             | Request::BeginTemplate { template }
             | Request::PublishTemplate { template, .. } => {
                 paths.extend([self.template_dir(template), self.template_partial(template)])

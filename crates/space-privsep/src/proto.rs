@@ -566,6 +566,12 @@ pub enum Request {
     },
     /// Removes the quota groups of subvolumes btrfs has let go.
     ClearStaleQuotas {},
+    /// Writes a published (not a snapshot) template version's root as a
+    /// tar into the request's one descriptor, a file the unprivileged side
+    /// opened for writing (another node of a cluster pulls it).
+    ExportTemplate {
+        template: TemplateRef,
+    },
 }
 
 impl Request {
@@ -573,7 +579,7 @@ impl Request {
     pub fn fds(&self) -> usize {
         match self {
             Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 2,
-            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } => 1,
+            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } | Request::ExportTemplate { .. } => 1,
             _ => 0,
         }
     }

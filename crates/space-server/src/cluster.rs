@@ -195,7 +195,7 @@ pub(crate) async fn export_template(
 ) -> Result<Response, ApiError> {
     use base64::Engine as _;
     let platform = state.platform.clone();
-    let export = tokio::task::spawn_blocking(move || space_host::template::export(platform.data(), &name))
+    let export = tokio::task::spawn_blocking(move || platform.export_template(&name))
         .await
         .map_err(|e| ApiError::internal("exporting a template", e))?
         .map_err(|e| ApiError::new(ErrorCode::TemplateNotFound, e.to_string()))?;

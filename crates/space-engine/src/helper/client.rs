@@ -399,6 +399,21 @@ impl TemplateHost for HelperHost {
     fn empty_build(&self, _template: &TemplateRef) -> bool {
         false
     }
+
+    fn export_template(&self, template: &TemplateRef, out: std::fs::File) -> Result<(), EngineError> {
+        let request = Request::ExportTemplate { template: template.clone() };
+        // A connection of its own for the request that carries a descriptor.
+        let client = self.connect()?;
+        client.send(&request, &[out.as_fd()]).map_err(|err| transport(&request, err))?;
+        drop(out);
+        let (reply, _) = client.recv(self.patience).map_err(|err| transport(&request, err))?;
+        self.give_back(client);
+        match reply {
+            Reply::Done {} => Ok(()),
+            Reply::Refused { message, .. } => Err(EngineError::Runtime(message)),
+            other => Err(unexpected(&request, &other)),
+        }
+    }
 }
 
 /// The agent's listener a reply carried, made non-blocking for the engine's

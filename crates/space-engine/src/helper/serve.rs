@@ -129,6 +129,21 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
             }
             continue;
         }
+        if let Request::ExportTemplate { template } = incoming.request {
+            // The frame's check made sure of its one descriptor: the file to write.
+            let (templates, out) = (hosts.templates.clone(), incoming.fds.into_iter().next().map(std::fs::File::from));
+            let exported = tokio::task::spawn_blocking(move || match (templates, out) {
+                (Some(templates), Some(out)) => done(templates.export_template(&template, out)).reply,
+                _ => Reply::refused(Refusal::BadRequest, "this helper does not serve templates"),
+            })
+            .await
+            .unwrap_or_else(|err| Reply::refused(Refusal::Failed, format!("the export failed: {err}")));
+            if let Err(err) = connection.send(&exported, &[]).await {
+                tracing::warn!(pid = peer.pid, "answering an export: {err}");
+                return;
+            }
+            continue;
+        }
         let hosts = hosts.clone();
         let answer = tokio::task::spawn_blocking(move || answer(&hosts, incoming.request))
             .await
@@ -343,7 +358,8 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
         | Request::Kill { .. }
         | Request::List {}
         | Request::ConnectVmm { .. }
-        | Request::BuildTemplate { .. } => {
+        | Request::BuildTemplate { .. }
+        | Request::ExportTemplate { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
         }
     }

@@ -112,6 +112,7 @@ pub(crate) fn every_request() -> Vec<Request> {
         Request::DeleteTemplate { name: template().name, version: Some(template().version) },
         Request::DeleteTemplate { name: template().name, version: None },
         Request::ClearStaleQuotas {},
+        Request::ExportTemplate { template: template() },
     ]
 }
 
@@ -347,7 +348,7 @@ fn a_build_carries_its_log_and_archive_and_nothing_else_carries_a_descriptor() {
     for request in every_request() {
         let expected = match request {
             Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 2,
-            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } => 1,
+            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } | Request::ExportTemplate { .. } => 1,
             _ => 0,
         };
         assert_eq!(request.fds(), expected, "{request:?}");
