@@ -514,6 +514,9 @@ pub(crate) struct ImportChildArgs {
     /// The most a compressed archive may decompress to.
     #[arg(long)]
     pub(crate) max_bytes: Option<u64>,
+    /// The archive is a template's root another node exported.
+    #[arg(long)]
+    pub(crate) root_tar: bool,
 }
 
 /// A sandbox's egress policy on the command line.

@@ -90,8 +90,11 @@ fn run(cli: Cli) -> Result<i32> {
         Top::Helper(args) => run::helper(args).map(|()| 0),
         // Before any thread: it confines itself first.
         Top::ImportOciChild(args) => {
-            let args =
-                space_engine::templates::importer::ChildArgs { build_dir: args.build_dir, max_bytes: args.max_bytes };
+            let args = space_engine::templates::importer::ChildArgs {
+                build_dir: args.build_dir,
+                max_bytes: args.max_bytes,
+                root_tar: args.root_tar,
+            };
             Ok(space_engine::templates::importer::child_main(&args))
         }
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),

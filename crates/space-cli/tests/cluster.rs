@@ -200,6 +200,9 @@ fn node(net: &NetNs, k: u8, data: &TestDataDir, id: &str, token: &Path, extra: &
     let token = token.to_str().unwrap();
     all.extend(["--node-token-file", token]);
     all.extend(extra.iter().map(String::as_str));
+    // A node runs as the split too: a root helper beside it, itself confined.
+    let split = common::split_args(data);
+    all.extend(split.iter().map(String::as_str));
     let (child, _, _, lines) = common::spawn_command(net.command(SPACE), data, "node", &all);
     // What goes wrong on a node shows in the test's output.
     let name = id.to_string();

@@ -44,6 +44,9 @@ pub enum BuildInput {
     /// An OCI image archive (`docker save` or an OCI layout tar), opened
     /// by whoever received the upload.
     OciArchive(fs::File),
+    /// A template's root as another node of a cluster exported it (a plain
+    /// tar), opened by whoever fetched it.
+    RootTar(fs::File),
     /// Debian `suite` with `packages` (mmdebstrap from the host's mirror).
     Debian { suite: Suite, packages: Vec<PackageName> },
 }
@@ -207,6 +210,18 @@ impl TemplateHost for LocalTemplates {
                 }
                 Ok(imported)
             }
+            BuildInput::RootTar(archive) => {
+                let importer = self.importer_bin.as_deref().ok_or_else(|| {
+                    refused("no importer is configured: pulled roots are parsed only in its confined child".into())
+                })?;
+                importer::import_root_tar(importer, &partial, &archive, &log, progress).map_err(build_failed)?;
+                // This host's agent, whatever the exporting host had.
+                if let Err(err) = space_host::oci::finish_oci(&rootfs, &self.agent_bin, progress) {
+                    let _ = writeln!(&log, "import failed: {err}");
+                    return Err(err.into());
+                }
+                Ok(Imported { source: serde_json::Value::Null, defaults: Default::default() })
+            }
             BuildInput::Debian { suite, packages } => {
                 let names: Vec<&str> = packages.iter().map(PackageName::as_str).collect();
                 let cache = self.layout.apt_cache();
@@ -345,9 +360,8 @@ impl TemplateHost for LocalTemplates {
 
     fn export_template(&self, template: &TemplateRef, out: fs::File) -> Result<(), EngineError> {
         let version = self.layout.template_dir(template);
-        let info = space_host::template::TemplateInfo::load(&version).map_err(|_| {
-            refused(format!("template {} has no version {}", template.name, template.version.get()))
-        })?;
+        let info = space_host::template::TemplateInfo::load(&version)
+            .map_err(|_| refused(format!("template {} has no version {}", template.name, template.version.get())))?;
         if info.meta.image.is_some() {
             return Err(refused(format!(
                 "{} is a snapshot template: it stays on the host it was made on",

@@ -515,18 +515,25 @@ pub fn write_root_tar(rootfs: &Path, out: fs::File) -> Result<(), HostError> {
         .map_err(HostError::io("writing an export"))
 }
 
-/// Makes the next version of `meta.name` here from another host's export
-/// (already checked against its SHA-256 by the caller): its root from the
-/// tar, its settings, owner and engine from `meta`.
-pub fn import_export(data: &DataDir, meta: &TemplateMeta, tar: &Path) -> Result<TemplateInfo, HostError> {
-    let mut progress = |_: BuildProgress| {};
-    publish(data, &meta.name, (meta.owner.clone(), meta.engine.clone()), None, &mut progress, |partial, _| {
-        let rootfs = partial.join("rootfs");
-        let file = fs::File::open(tar).map_err(HostError::io("opening a pulled template"))?;
-        apply_tar(&rootfs, std::io::BufReader::with_capacity(1 << 20, file), &mut std::io::sink(), &mut || {})?;
-        btrfs::set_read_only(&rootfs)?;
-        Ok((meta.source.clone(), meta.defaults.clone()))
-    })
+/// Applies another host's export of a template root (a plain tar, as
+/// [`write_root_tar`] writes it) to `rootfs`: the importer child's work
+/// for a template pulled from another node of a cluster. Steps go to
+/// `progress`, what went wrong to `log`.
+pub fn extract_root_tar(
+    rootfs: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<(), HostError> {
+    progress(BuildProgress::step("applying the pulled root", 2));
+    let mut log = log;
+    let mut entries = 0u64;
+    let applied =
+        apply_tar(rootfs, std::io::BufReader::with_capacity(1 << 20, archive), &mut log, &mut || entries += 1);
+    if let Err(err) = &applied {
+        let _ = writeln!(log, "import failed: {err}");
+    }
+    applied.map(drop)
 }
 
 #[cfg(test)]

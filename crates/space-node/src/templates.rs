@@ -488,6 +488,31 @@ impl Platform {
         Ok(Export { meta: template.meta, tar, sha256 })
     }
 
+    /// Makes the next version of `meta.name` here from another node's
+    /// export of it (`tar`, already checked against its SHA-256 by the
+    /// caller): its root applied by the confined importer child of
+    /// whoever does templates' root work, its settings, owner and engine
+    /// from `meta`.
+    pub fn import_pulled(&self, meta: &TemplateMeta, tar: std::fs::File) -> Result<TemplateInfo, HostError> {
+        let size = tar.metadata().map_err(HostError::io("the pulled template"))?.len();
+        // Room for the root the tar holds (its headers make it no smaller)
+        // and for this host's agent.
+        let disk_mib = build_disk_mib(size.saturating_add(256 << 20))?;
+        let log = open_log(&self.data.logs_dir().join(format!("pull-{}.log", meta.name)))?;
+        let ext4 = self.data.ext4_images();
+        self.publish_version(&meta.name, ext4, |template, _| {
+            let input = BuildInput::RootTar(tar);
+            self.template_host().build_template(template, input, disk_mib, log, &mut |_| {}).map_err(host_failed)?;
+            Ok(TemplateMeta::unpublished(
+                &meta.name,
+                meta.source.clone(),
+                meta.defaults.clone(),
+                meta.owner.clone(),
+                meta.engine.clone(),
+            ))
+        })
+    }
+
     /// Accepts an uploaded OCI image archive and imports it in the background.
     pub fn import_image(
         self: &Arc<Self>,

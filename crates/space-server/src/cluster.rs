@@ -274,9 +274,11 @@ async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: Pull
     if meta.name != request.name {
         return Err(ExchangeError::WrongTemplate { asked: request.name, got: meta.name });
     }
-    let dir = platform.data().run_dir().join("pulls");
-    tokio::fs::create_dir_all(&dir).await.map_err(ExchangeError::io("making the pulls directory"))?;
-    let path = dir.join(format!("{}-{}.tar", request.name, std::process::id()));
+    // In the uploads dir, the one of run/ this server writes; named as no
+    // tenant's upload is (those start with the tenant's name).
+    let dir = platform.uploads_dir();
+    tokio::fs::create_dir_all(&dir).await.map_err(ExchangeError::io("making the uploads directory"))?;
+    let path = dir.join(format!(".pull-{}-{}.tar", request.name, std::process::id()));
     let mut file = tokio::fs::File::create(&path).await.map_err(ExchangeError::io("creating the pulled archive"))?;
     let mut hasher = sha2::Sha256::new();
     let mut body = response.into_body().into_data_stream();
@@ -291,10 +293,13 @@ async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: Pull
     let result = match got == expected {
         true => {
             let (platform, tar) = (platform.clone(), path.clone());
-            tokio::task::spawn_blocking(move || space_host::template::import_export(platform.data(), &meta, &tar))
-                .await
-                .map_err(ExchangeError::ImportTask)
-                .and_then(|r| r.map(drop).map_err(ExchangeError::Import))
+            tokio::task::spawn_blocking(move || {
+                let tar = std::fs::File::open(&tar).map_err(space_host::HostError::io("opening a pulled template"))?;
+                platform.import_pulled(&meta, tar)
+            })
+            .await
+            .map_err(ExchangeError::ImportTask)
+            .and_then(|r| r.map(drop).map_err(ExchangeError::Import))
         }
         false => Err(ExchangeError::Digest { got, expected }),
     };

@@ -181,11 +181,14 @@ fn confine(args: &ServeArgs, config: &space_server::PlatformConfig, socket: &Pat
             &args.cluster_ca,
             &args.cluster_cert,
             &args.cluster_key,
+            &args.secrets_key_file,
         ]
         .into_iter()
         .flatten()
         .cloned(),
     );
+    // The extra upstream roots the egress gateway trusts, read as it starts.
+    read_only.extend(args.engine.egress_trust.iter().cloned());
     let confinement = Confinement { read_write, read_only, user, require_full_landlock: false };
     space_privsep::confine::confine(&confinement).context("confining the server")
 }

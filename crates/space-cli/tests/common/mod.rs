@@ -25,11 +25,19 @@ pub fn spawn_server(
         // The test runs a helper of its own.
         return spawn_in(data, "serve", args);
     }
+    let split = split_args(data);
+    let mut args: Vec<&str> = args.to_vec();
+    args.extend(split.iter().map(String::as_str));
+    spawn_in(data, "serve", &args)
+}
+
+/// What makes a server (or a node) of `data` run as the split: the socket
+/// of a helper serving `data` (started on first use, kept for the test's
+/// life) and the user it confines itself as.
+pub fn split_args(data: &TestDataDir) -> Vec<String> {
     let socket = helper_for(data);
     let socket = socket.to_str().expect("a socket path in UTF-8").to_string();
-    let mut split: Vec<&str> = args.to_vec();
-    split.extend(["--helper-socket", &socket, "--user", TEST_USER]);
-    spawn_in(data, "serve", &split)
+    vec!["--helper-socket".into(), socket, "--user".into(), TEST_USER.into()]
 }
 
 /// The user a confined test server runs as.

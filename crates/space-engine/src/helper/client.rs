@@ -332,6 +332,7 @@ impl TemplateHost for HelperHost {
     ) -> Result<Imported, EngineError> {
         let (source, archive) = match input {
             BuildInput::OciArchive(archive) => (BuildSource::OciArchive {}, Some(archive)),
+            BuildInput::RootTar(archive) => (BuildSource::RootTar {}, Some(archive)),
             BuildInput::Debian { suite, packages } => (BuildSource::Debian { suite, packages }, None),
         };
         let request = Request::BuildTemplate { template: template.clone(), source, disk_mib };

@@ -194,9 +194,11 @@ async fn serve_build(
     let (log, archive) = (fds.next(), fds.next());
     let input = match (source, archive) {
         (BuildSource::OciArchive {}, Some(archive)) => BuildInput::OciArchive(archive),
+        (BuildSource::RootTar {}, Some(archive)) => BuildInput::RootTar(archive),
         (BuildSource::Debian { suite, packages }, None) => BuildInput::Debian { suite, packages },
         _ => {
-            let refusal = Reply::refused(Refusal::BadRequest, "this helper builds from OCI archives and Debian only");
+            let refusal =
+                Reply::refused(Refusal::BadRequest, "an archive's build carries its archive, a Debian build none");
             return connection.send(&refusal, &[]).await;
         }
     };

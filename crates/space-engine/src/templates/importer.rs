@@ -98,9 +98,44 @@ pub fn import(
     max_bytes: Option<u64>,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Imported, HostError> {
+    import_as(Archive::Oci, importer, partial, archive, log, max_bytes, progress)
+}
+
+/// What an archive the child reads is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Archive {
+    /// An OCI image (`docker save` or an OCI layout tar).
+    Oci,
+    /// A template's root as another node of a cluster exported it (a plain
+    /// tar of the root, `space_host::template::write_root_tar`).
+    RootTar,
+}
+
+/// [`import`] of another node's export of a template root: the same
+/// confined child, applying a plain tar (a peer's bytes are parsed as
+/// little as a tenant's are).
+pub fn import_root_tar(
+    importer: &Path,
+    partial: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<(), HostError> {
+    import_as(Archive::RootTar, importer, partial, archive, log, None, progress).map(drop)
+}
+
+fn import_as(
+    kind: Archive,
+    importer: &Path,
+    partial: &Path,
+    archive: &fs::File,
+    log: &fs::File,
+    max_bytes: Option<u64>,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, HostError> {
     let work = partial.join("work");
     fs::create_dir(&work).map_err(HostError::io("creating the importer's work dir"))?;
-    let result = run_child(importer, partial, archive, log, max_bytes, progress);
+    let result = run_child(kind, importer, partial, archive, log, max_bytes, progress);
     let _ = fs::remove_dir_all(&work);
     if let Err(ChildError::Parent(err)) = &result {
         let mut log = log;
@@ -125,6 +160,7 @@ impl ChildError {
 }
 
 fn run_child(
+    kind: Archive,
     importer: &Path,
     partial: &Path,
     archive: &fs::File,
@@ -153,6 +189,7 @@ fn run_child(
         .arg("--build-dir")
         .arg(partial)
         .args(max_bytes.map(|max| format!("--max-bytes={max}")))
+        .args((kind == Archive::RootTar).then_some("--root-tar"))
         .env_clear()
         .current_dir("/")
         .stdin(dup(archive, "archive").map_err(parent)?)
@@ -323,6 +360,8 @@ pub struct ChildArgs {
     /// The build dir: the child's root, holding `rootfs` and `work`.
     pub build_dir: PathBuf,
     pub max_bytes: Option<u64>,
+    /// The archive is a template root another node exported, not an image.
+    pub root_tar: bool,
 }
 
 /// The child: confines itself, imports the archive on its stdin into the
@@ -371,7 +410,12 @@ pub fn child_main(args: &ChildArgs) -> i32 {
     };
     let rootfs = Path::new(ROOTFS_INSIDE);
     let work = Path::new(WORK_INSIDE);
-    match space_host::oci::extract_oci(rootfs, work, &archive, &log, args.max_bytes, &mut progress) {
+    let extracted = match args.root_tar {
+        true => space_host::template::extract_root_tar(rootfs, &archive, &log, &mut progress)
+            .map(|()| Imported { source: serde_json::Value::Null, defaults: Default::default() }),
+        false => space_host::oci::extract_oci(rootfs, work, &archive, &log, args.max_bytes, &mut progress),
+    };
+    match extracted {
         Ok(imported) => {
             report(&Report::Imported { imported });
             0
