@@ -140,7 +140,8 @@ fn in_use() -> Option<u64> {
 
 /// The kills the watcher made that may not show in usage yet: victims
 /// that still hold memory (a process dies a little after SIGKILL, the more
-/// so on a loaded host), and when the last kill was and usage then.
+/// so on a loaded host), and when the last kill was and what the other
+/// processes (all but the victims) used then.
 struct Kills {
     dying: Vec<i32>,
     last: Option<(Instant, u64)>,
@@ -156,14 +157,23 @@ const STILL_GROWING: u64 = 16 << 20;
 
 /// Whether to wait for earlier kills to free memory rather than kill
 /// again: a victim still holds memory, or the last kill was less than
-/// [`AFTER_KILL`] ago — unless usage has grown by [`STILL_GROWING`] since
-/// it. Then other processes are still allocating, and waiting for a slow
-/// death would let them carry the sandbox past the engine's limit (which
-/// stops the whole sandbox, or under gVisor kills the host process behind
-/// one of its processes and leaves that process hung).
-fn wait_for_earlier_kills(victims_dying: bool, last: Option<(Duration, u64)>, used: u64) -> bool {
-    let Some((since, used_then)) = last else { return false };
-    (victims_dying || since < AFTER_KILL) && used < used_then.saturating_add(STILL_GROWING)
+/// [`AFTER_KILL`] ago — unless the other processes' use (all but the
+/// victims still dying) has grown by [`STILL_GROWING`] since it. Then they
+/// are still allocating, and waiting for a slow death would let them carry
+/// the sandbox past the engine's limit (which stops the whole sandbox, or
+/// under gVisor kills the host process behind one of its processes and
+/// leaves that process hung). A victim's own growth is not theirs: a
+/// killed JVM's threads go on touching memory until the kill lands, the
+/// longer on a loaded host, and that is no reason to kill a neighbour.
+fn wait_for_earlier_kills(victims_dying: bool, last: Option<(Duration, u64)>, others: u64) -> bool {
+    let Some((since, others_then)) = last else { return false };
+    (victims_dying || since < AFTER_KILL) && others < others_then.saturating_add(STILL_GROWING)
+}
+
+/// What the processes other than `victims` use of `used`: the victims'
+/// resident sets taken off.
+fn others_use(used: u64, victims: &[i32]) -> u64 {
+    used.saturating_sub(victims.iter().filter_map(|victim| resident(*victim)).sum())
 }
 
 /// Kills the process with the largest resident set, as the kernel's OOM
@@ -172,8 +182,8 @@ fn wait_for_earlier_kills(victims_dying: bool, last: Option<(Duration, u64)>, us
 fn kill_largest(used: u64, limit: u64) {
     let mut kills = KILLS.lock().unwrap_or_else(|e| e.into_inner());
     kills.dying.retain(|victim| resident(*victim).is_some_and(|rss| rss > 0));
-    let last = kills.last.map(|(at, used_then)| (at.elapsed(), used_then));
-    if wait_for_earlier_kills(!kills.dying.is_empty(), last, used) {
+    let last = kills.last.map(|(at, others_then)| (at.elapsed(), others_then));
+    if wait_for_earlier_kills(!kills.dying.is_empty(), last, others_use(used, &kills.dying)) {
         return;
     }
     let me = std::process::id() as i32;
@@ -190,7 +200,8 @@ fn kill_largest(used: u64, limit: u64) {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     kills.dying.push(pid);
-    kills.last = Some((Instant::now(), used));
+    // What the others used then: the victims (this one too) taken off.
+    kills.last = Some((Instant::now(), others_use(used, &kills.dying)));
     eprintln!(
         "space-agent: out of memory ({} of {} MiB in use): killed process {pid} ({} MiB resident)",
         used >> 20,
@@ -239,6 +250,24 @@ mod tests {
         assert!(!wait_for_earlier_kills(false, Some((ms(200), 300 * MIB)), 320 * MIB));
         // Gone long ago and usage still over: the next one goes.
         assert!(!wait_for_earlier_kills(false, Some((ms(1500), 300 * MIB)), 290 * MIB));
+    }
+
+    /// A victim still growing until its kill lands (a JVM's threads) is not
+    /// another process allocating: what is compared leaves the victims out.
+    #[test]
+    fn a_dying_victims_own_growth_kills_no_neighbour() {
+        const MIB: u64 = 1 << 20;
+        let me = std::process::id() as i32;
+        let mine = resident(me).expect("this process's resident set");
+        // This process as the "victim": its resident set (read again, so
+        // within what the test's threads allocate meanwhile) is taken off.
+        let others = others_use(mine + 50 * MIB, &[me]);
+        assert!(others.abs_diff(50 * MIB) < 8 * MIB, "{others}");
+        assert_eq!(others_use(mine + 50 * MIB, &[]), mine + 50 * MIB);
+        // The others used 50 MiB at the kill and still do, while the sandbox's
+        // use grew with the victim: wait for it.
+        let others_now = others_use(resident(me).unwrap() + 50 * MIB, &[me]);
+        assert!(wait_for_earlier_kills(true, Some((Duration::from_millis(20), 50 * MIB)), others_now));
     }
 
     #[test]
