@@ -483,3 +483,49 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     assert!(!templates.join("evil").exists() && templates.join("base/1/template.json").exists());
     assert!(!templates.join("base/.1.partial").exists(), "nothing was made beside base's version");
 }
+
+/// Beside a helper given a firecracker binary, the confined server's
+/// Firecracker engine is the helper's: what `GET /v1/health` says of it is
+/// the helper's own finding (here, where the guest cannot boot, its
+/// reasons; on a host with vmx/svm and a guest, available), never that the
+/// helper did not answer or runs no microVMs. Without a binary the helper
+/// runs none, and says how to give it one.
+#[test]
+fn a_confined_server_asks_the_helper_for_its_microvms() {
+    let Some(binary) = std::env::var_os("FIRECRACKER_BIN") else {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED a_confined_server_asks_the_helper_for_its_microvms: FIRECRACKER_BIN is not set"
+        );
+        return;
+    };
+    let data = TestDataDir::new();
+    let split = Split::start(&data, &[]);
+    let health: Value = split.client.get("/v1/health").unwrap();
+    let firecracker = health["engines"].as_array().unwrap().iter().find(|e| e["name"] == "firecracker").cloned();
+    let firecracker = firecracker.expect("the health names the firecracker engine");
+    let detail = firecracker["detail"].as_str().unwrap();
+    assert!(!detail.contains("root helper"), "the helper's own finding: {detail}");
+    let local = space_engine::firecracker::availability(
+        Some(std::path::Path::new(&binary)),
+        space_host::guest::existing(&data.data).as_ref().map(|g| (g.kernel.as_path(), g.initramfs.as_path())),
+    );
+    assert_eq!((firecracker["available"].as_bool(), detail), (Some(local.available), local.detail.as_str()));
+    drop(split);
+
+    // A helper without the binary runs no microVMs and says so.
+    let mut helper = Command::new(common::SPACE);
+    helper.env_remove("FIRECRACKER_BIN");
+    // Served to root here, so this test can ask it directly.
+    let socket = data.root().join("run").join("helper-without.sock");
+    let without = common::spawn_helper_with(helper, &data, &socket, 0);
+    let host =
+        space_engine::helper::HelperHost::for_engine(&socket, 0, space_engine::privsep::proto::Engine::Firecracker);
+    let (available, detail) = {
+        use space_engine::host::EngineHost as _;
+        host.availability()
+    };
+    drop(without);
+    assert!(!available && detail.contains("runs no firecracker") && detail.contains("--firecracker-bin"), "{detail}");
+}

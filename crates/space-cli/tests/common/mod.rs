@@ -88,7 +88,13 @@ fn helper_for(data: &TestDataDir) -> std::path::PathBuf {
 /// test), once it listens.
 #[allow(dead_code)] // not every test binary uses it
 pub fn spawn_helper(data: &TestDataDir, socket: &std::path::Path, uid: u32) -> ReapedChild {
-    let mut command = Command::new(SPACE);
+    spawn_helper_with(Command::new(SPACE), data, socket, uid)
+}
+
+/// [`spawn_helper`] from `command` (`SPACE`, its environment as the test
+/// wants it).
+#[allow(dead_code)] // not every test binary uses it
+pub fn spawn_helper_with(mut command: Command, data: &TestDataDir, socket: &std::path::Path, uid: u32) -> ReapedChild {
     command
         .args(["helper", "--data-dir"])
         .arg(data.root())

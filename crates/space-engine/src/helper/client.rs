@@ -274,8 +274,18 @@ impl EngineHost for HelperHost {
 
     fn availability(&self) -> (bool, String) {
         let request = Request::Availability {};
-        match self.call(request.clone(), self.patience) {
+        let client = match self.send(&request) {
+            Ok(client) => client,
+            Err(err) => return (false, format!("the root helper does not answer: {err}")),
+        };
+        let answered = client.recv(self.patience);
+        if answered.is_ok() {
+            self.give_back(client);
+        }
+        match answered {
             Ok((Reply::Availability { available, detail }, _)) => (available, detail),
+            // The helper runs no such engine: the server cannot either.
+            Ok((Reply::Refused { message, .. }, _)) => (false, format!("the root helper: {message}")),
             Ok((other, _)) => (false, unexpected(&request, &other).to_string()),
             Err(err) => (false, format!("the root helper does not answer: {err}")),
         }

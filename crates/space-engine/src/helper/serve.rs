@@ -267,7 +267,13 @@ fn answer(hosts: &ConnectionHosts, request: Request) -> Answer {
         },
         (request, Some(host)) => answer_engine(hosts, host, request),
         (_, None) => {
-            let refusal = format!("this helper runs no {:?} sandboxes", hosts.engine).to_lowercase();
+            let engine = format!("{:?}", hosts.engine).to_lowercase();
+            let refusal = match hosts.engine {
+                Engine::Firecracker => format!(
+                    "this helper runs no {engine} sandboxes (start it with --firecracker-bin or FIRECRACKER_BIN)"
+                ),
+                Engine::Gvisor => format!("this helper runs no {engine} sandboxes"),
+            };
             Reply::refused(Refusal::BadRequest, refusal).into()
         }
     }
