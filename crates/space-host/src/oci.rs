@@ -333,6 +333,17 @@ impl<'a> OuterArchive<'a> {
             let mut layers = Vec::new();
             for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
                 let layer_digest = descriptor.digest().to_string();
+                // A foreign layer is fetched from URLs its image names: an
+                // import reads nothing but the archive it was given.
+                if descriptor.urls().as_ref().is_some_and(|urls| !urls.is_empty())
+                    || descriptor.media_type().to_string().contains("foreign")
+                    || descriptor.media_type().to_string().contains("nondistributable")
+                {
+                    return Err(bad(format!(
+                        "layer {layer_digest} is a foreign layer (its image says to fetch it from elsewhere): \
+                         only layers inside the archive are imported"
+                    )));
+                }
                 let member = blob_member(&layer_digest)?;
                 let (_, size) = self.open_member(&member)?;
                 if size != descriptor.size() {
@@ -489,6 +500,27 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
+/// How a layer's blob is compressed, told by its first bytes (a media
+/// type can lie; the bytes are what is decoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compression {
+    Gzip,
+    Zstd,
+    None,
+}
+
+/// The largest zstd window a layer may use, as a power of two: 128 MiB.
+const ZSTD_WINDOW_LOG_MAX: u32 = 27;
+
+/// A zstd decoder of `raw` that gives a frame at most a window of
+/// [`ZSTD_WINDOW_LOG_MAX`]: a frame may ask for up to 2 GiB of memory (a
+/// bomb in a few bytes), which is then refused, not allocated.
+fn zstd_decoder<R: io::BufRead>(raw: R) -> io::Result<zstd::stream::read::Decoder<'static, R>> {
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(raw)?;
+    decoder.window_log_max(ZSTD_WINDOW_LOG_MAX)?;
+    Ok(decoder)
+}
+
 fn apply_layer(
     archive: &OuterArchive,
     layer: &Layer,
@@ -504,14 +536,15 @@ fn apply_layer(
         BufReader::with_capacity(1 << 20, Hashing { inner: blob, hasher: Sha256::new(), count: read_so_far.clone() });
     let head = raw.fill_buf().map_err(|e| fail(format!("reading: {e}")))?;
     let compression = match head {
-        [0x1f, 0x8b, ..] => "gzip",
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => return Err(fail("zstd-compressed layers are not supported; use gzip".into())),
-        _ => "none",
+        [0x1f, 0x8b, ..] => Compression::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Zstd,
+        _ => Compression::None,
     };
     let diff_id = {
         let decoded: Box<dyn Read + '_> = match compression {
-            "gzip" => Box::new(flate2::bufread::MultiGzDecoder::new(&mut raw)),
-            _ => Box::new(&mut raw),
+            Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(&mut raw)),
+            Compression::Zstd => Box::new(zstd_decoder(&mut raw).map_err(|e| fail(format!("zstd: {e}")))?),
+            Compression::None => Box::new(&mut raw),
         };
         let uncompressed = Hashing { inner: decoded, hasher: Sha256::new(), count: Default::default() };
         let mut last_report = 0;
@@ -549,6 +582,8 @@ pub enum ArchiveFormat {
     DockerSave,
     /// An OCI image layout with gzip-compressed layers.
     OciLayout,
+    /// An OCI image layout with zstd-compressed layers.
+    OciLayoutZstd,
 }
 
 /// The runtime part of an image config.
@@ -582,19 +617,28 @@ pub fn write_archive(
                 append_file(&mut tar, &member, layer)?;
                 members.push(member);
             }
-            ArchiveFormat::OciLayout => {
-                let gz = layer.with_extension("tar.gz");
-                let mut encoder =
-                    flate2::write::GzEncoder::new(fs::File::create(&gz).map_err(err("gzip"))?, Default::default());
-                io::copy(&mut fs::File::open(layer).map_err(err("a layer"))?, &mut encoder).map_err(err("gzip"))?;
-                encoder.finish().map_err(err("gzip"))?;
-                let digest = format!("sha256:{}", hex(&file_sha256(&gz)?));
-                let size = fs::metadata(&gz).map_err(err("gzip"))?.len();
-                append_file(&mut tar, &blob_member(&digest)?, &gz)?;
-                fs::remove_file(&gz).map_err(err("gzip"))?;
-                blobs.push(serde_json::json!({
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest, "size": size,
-                }));
+            ArchiveFormat::OciLayout | ArchiveFormat::OciLayoutZstd => {
+                let zstd = format == ArchiveFormat::OciLayoutZstd;
+                let packed = layer.with_extension(if zstd { "tar.zst" } else { "tar.gz" });
+                let mut input = fs::File::open(layer).map_err(err("a layer"))?;
+                let output = fs::File::create(&packed).map_err(err("compressing a layer"))?;
+                if zstd {
+                    zstd::stream::copy_encode(&mut input, output, 3).map_err(err("zstd"))?;
+                } else {
+                    let mut encoder = flate2::write::GzEncoder::new(output, Default::default());
+                    io::copy(&mut input, &mut encoder).map_err(err("gzip"))?;
+                    encoder.finish().map_err(err("gzip"))?;
+                }
+                let digest = format!("sha256:{}", hex(&file_sha256(&packed)?));
+                let size = fs::metadata(&packed).map_err(err("compressing a layer"))?.len();
+                append_file(&mut tar, &blob_member(&digest)?, &packed)?;
+                fs::remove_file(&packed).map_err(err("compressing a layer"))?;
+                let media_type = if zstd {
+                    "application/vnd.oci.image.layer.v1.tar+zstd"
+                } else {
+                    "application/vnd.oci.image.layer.v1.tar+gzip"
+                };
+                blobs.push(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}));
             }
         }
         diff_ids.push(diff_id);
@@ -620,7 +664,7 @@ pub fn write_archive(
             let manifest = json(serde_json::json!([{"Config": config_member, "RepoTags": [], "Layers": members}]))?;
             append_bytes(&mut tar, "manifest.json", &manifest)?;
         }
-        ArchiveFormat::OciLayout => {
+        ArchiveFormat::OciLayout | ArchiveFormat::OciLayoutZstd => {
             append_bytes(&mut tar, &blob_member(&config_digest)?, &config)?;
             let manifest = json(serde_json::json!({
                 "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -664,6 +708,29 @@ fn append_bytes<W: Write>(tar: &mut tar::Builder<W>, name: &str, bytes: &[u8]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `data` zstd-compressed with a window of 2^`window_log` bytes, which
+    /// the frame's header asks of a decoder.
+    fn zstd_frame(data: &[u8], window_log: u32) -> Vec<u8> {
+        let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        encoder.set_parameter(zstd::stream::raw::CParameter::WindowLog(window_log)).unwrap();
+        encoder.include_contentsize(false).unwrap();
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn a_zstd_frame_gets_no_window_over_the_limit() {
+        let data = vec![b'x'; 1 << 20];
+        let mut decoded = Vec::new();
+        let frame = zstd_frame(&data, ZSTD_WINDOW_LOG_MAX);
+        zstd_decoder(&frame[..]).unwrap().read_to_end(&mut decoded).unwrap();
+        assert_eq!(decoded, data, "a frame within the limit decodes");
+        // A 1 GiB window: refused before anything that large is allocated.
+        let bomb = zstd_frame(&data, 30);
+        let err = zstd_decoder(&bomb[..]).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("memory"), "{err}");
+    }
 
     #[test]
     fn member_names_are_checked() {

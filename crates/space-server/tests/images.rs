@@ -209,6 +209,37 @@ fn the_same_image_as_an_oci_layout_gives_the_same_sandbox() {
     server.delete_sandbox(&id);
 }
 
+/// zstd-compressed layers (what newer builders push) import as gzip ones
+/// do; a zstd layer whose bytes were changed after its digest was taken is
+/// refused with nothing left behind (a frame asking for a huge window is
+/// `space-host`'s unit test).
+#[test]
+fn zstd_layers_import_and_broken_ones_are_refused() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let archive = two_layer_image(&work_dir(&data, "zstd"), ArchiveFormat::OciLayoutZstd);
+    let operation = import(&server, "zstdlayers", &archive);
+    assert_eq!(operation["state"], "succeeded", "{operation}");
+    let id = server.create_sandbox(json!({"template": "zstdlayers"}));
+    let seen = server.exec(&id, json!({"cmd": CHECK}));
+    assert_eq!((seen["stdout"].as_str(), seen["result"]["exit_code"].as_i64()), (Some(EXPECTED), Some(0)), "{seen}");
+    server.delete_sandbox(&id);
+
+    // One byte of the second layer's compressed stream changed.
+    let tampered = two_layer_image(&work_dir(&data, "zstd-tampered"), ArchiveFormat::OciLayoutZstd);
+    let mut bytes = fs::read(&tampered).unwrap();
+    let zstd_at = bytes.windows(4).rposition(|w| w == [0x28, 0xb5, 0x2f, 0xfd]).expect("a zstd layer");
+    bytes[zstd_at + 40] ^= 0xff;
+    fs::write(&tampered, &bytes).unwrap();
+
+    let templates_before = tree(&data.root().join("templates"));
+    let operation = import(&server, "zstdbroken", &tampered);
+    assert_eq!(operation["state"], "failed", "{operation}");
+    let message = operation["error"]["message"].as_str().unwrap();
+    assert!(message.contains("layer 2"), "{message}");
+    assert_eq!(tree(&data.root().join("templates")), templates_before, "no half-built template is left");
+}
+
 /// Every file and directory name under `dir`, recursively (not following links).
 fn tree(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
