@@ -138,19 +138,27 @@ fn in_use() -> Option<u64> {
     Some(total.saturating_sub(available))
 }
 
-/// The kills the watcher made that may not show in usage yet: victims
+/// The kills the watcher made that may not show in usage yet — victims
 /// that still hold memory (a process dies a little after SIGKILL, the more
-/// so on a loaded host), and when the last kill was and what the other
-/// processes (all but the victims) used then.
+/// so on a loaded host) or whose memory the kernel under the sandbox has
+/// not given back yet (gVisor's sentry releases a dead process's pages in
+/// the background, seconds later on a loaded host) — and when the last
+/// kill was and what the other processes used then.
 struct Kills {
-    dying: Vec<i32>,
+    victims: Vec<Victim>,
     last: Option<(Instant, u64)>,
 }
-static KILLS: Mutex<Kills> = Mutex::new(Kills { dying: Vec::new(), last: None });
+/// A process the watcher killed, and the most memory it was seen to hold:
+/// what may still count in usage until the kernel has freed it.
+struct Victim {
+    pid: i32,
+    peak: u64,
+}
+static KILLS: Mutex<Kills> = Mutex::new(Kills { victims: Vec::new(), last: None });
 /// How long after a kill usage may stay high before another process is
-/// killed: the kernel under the sandbox (gVisor's sentry, a guest kernel)
-/// frees a dead process's memory a little after the process is gone.
-const AFTER_KILL: Duration = Duration::from_millis(1000);
+/// killed, while nothing else grows: the kernel under the sandbox frees a
+/// dead process's memory some time after the process is gone.
+const AFTER_KILL: Duration = Duration::from_secs(3);
 /// Growth in use since the last kill that shows another process is still
 /// allocating: then it is not worth waiting for the victims' memory.
 const STILL_GROWING: u64 = 16 << 20;
@@ -158,22 +166,23 @@ const STILL_GROWING: u64 = 16 << 20;
 /// Whether to wait for earlier kills to free memory rather than kill
 /// again: a victim still holds memory, or the last kill was less than
 /// [`AFTER_KILL`] ago — unless the other processes' use (all but the
-/// victims still dying) has grown by [`STILL_GROWING`] since it. Then they
-/// are still allocating, and waiting for a slow death would let them carry
-/// the sandbox past the engine's limit (which stops the whole sandbox, or
+/// victims) has grown by [`STILL_GROWING`] since it. Then they are still
+/// allocating, and waiting for a slow death would let them carry the
+/// sandbox past the engine's limit (which stops the whole sandbox, or
 /// under gVisor kills the host process behind one of its processes and
-/// leaves that process hung). A victim's own growth is not theirs: a
-/// killed JVM's threads go on touching memory until the kill lands, the
-/// longer on a loaded host, and that is no reason to kill a neighbour.
+/// leaves that process hung). A victim's own memory is not theirs: a
+/// killed JVM's threads go on touching memory until the kill lands, and
+/// its pages count in usage until the kernel has taken them back; neither
+/// is a reason to kill a neighbour.
 fn wait_for_earlier_kills(victims_dying: bool, last: Option<(Duration, u64)>, others: u64) -> bool {
     let Some((since, others_then)) = last else { return false };
     (victims_dying || since < AFTER_KILL) && others < others_then.saturating_add(STILL_GROWING)
 }
 
-/// What the processes other than `victims` use of `used`: the victims'
-/// resident sets taken off.
-fn others_use(used: u64, victims: &[i32]) -> u64 {
-    used.saturating_sub(victims.iter().filter_map(|victim| resident(*victim)).sum())
+/// What the processes other than the victims use of `used`: each victim's
+/// peak taken off (once it is gone, its memory may still count).
+fn others_use(used: u64, victims: &[Victim]) -> u64 {
+    used.saturating_sub(victims.iter().map(|victim| victim.peak).sum())
 }
 
 /// Kills the process with the largest resident set, as the kernel's OOM
@@ -181,14 +190,22 @@ fn others_use(used: u64, victims: &[i32]) -> u64 {
 /// process group.
 fn kill_largest(used: u64, limit: u64) {
     let mut kills = KILLS.lock().unwrap_or_else(|e| e.into_inner());
-    kills.dying.retain(|victim| resident(*victim).is_some_and(|rss| rss > 0));
+    let mut dying = false;
+    for victim in &mut kills.victims {
+        let rss = resident(victim.pid).unwrap_or(0);
+        victim.peak = victim.peak.max(rss);
+        dying |= rss > 0;
+    }
     let last = kills.last.map(|(at, others_then)| (at.elapsed(), others_then));
-    if wait_for_earlier_kills(!kills.dying.is_empty(), last, others_use(used, &kills.dying)) {
+    if wait_for_earlier_kills(dying, last, others_use(used, &kills.victims)) {
         return;
     }
+    // The earlier victims' memory has had its time: gone, or not theirs.
+    kills.victims.retain(|victim| resident(victim.pid).is_some_and(|rss| rss > 0));
     let me = std::process::id() as i32;
+    let killed = |pid: i32| kills.victims.iter().any(|victim| victim.pid == pid);
     let Some((pid, rss)) =
-        processes().filter(|&(pid, _)| pid != me && pid > 1 && !kills.dying.contains(&pid)).max_by_key(|&(_, rss)| rss)
+        processes().filter(|&(pid, _)| pid != me && pid > 1 && !killed(pid)).max_by_key(|&(_, rss)| rss)
     else {
         return;
     };
@@ -199,9 +216,9 @@ fn kill_largest(used: u64, limit: u64) {
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    kills.dying.push(pid);
+    kills.victims.push(Victim { pid, peak: rss });
     // What the others used then: the victims (this one too) taken off.
-    kills.last = Some((Instant::now(), others_use(used, &kills.dying)));
+    kills.last = Some((Instant::now(), others_use(used, &kills.victims)));
     eprintln!(
         "space-agent: out of memory ({} of {} MiB in use): killed process {pid} ({} MiB resident)",
         used >> 20,
@@ -249,25 +266,27 @@ mod tests {
         assert!(wait_for_earlier_kills(false, Some((ms(200), 300 * MIB)), 300 * MIB));
         assert!(!wait_for_earlier_kills(false, Some((ms(200), 300 * MIB)), 320 * MIB));
         // Gone long ago and usage still over: the next one goes.
-        assert!(!wait_for_earlier_kills(false, Some((ms(1500), 300 * MIB)), 290 * MIB));
+        assert!(!wait_for_earlier_kills(false, Some((AFTER_KILL + ms(500), 300 * MIB)), 290 * MIB));
     }
 
-    /// A victim still growing until its kill lands (a JVM's threads) is not
-    /// another process allocating: what is compared leaves the victims out.
+    /// A victim's memory is not another process allocating: while it is
+    /// dying (a JVM's threads touch memory until the kill lands) and after
+    /// it is gone (the kernel under the sandbox takes its pages back
+    /// later), what is compared leaves its peak out.
     #[test]
-    fn a_dying_victims_own_growth_kills_no_neighbour() {
+    fn a_victims_own_memory_kills_no_neighbour() {
         const MIB: u64 = 1 << 20;
-        let me = std::process::id() as i32;
-        let mine = resident(me).expect("this process's resident set");
-        // This process as the "victim": its resident set (read again, so
-        // within what the test's threads allocate meanwhile) is taken off.
-        let others = others_use(mine + 50 * MIB, &[me]);
-        assert!(others.abs_diff(50 * MIB) < 8 * MIB, "{others}");
-        assert_eq!(others_use(mine + 50 * MIB, &[]), mine + 50 * MIB);
-        // The others used 50 MiB at the kill and still do, while the sandbox's
-        // use grew with the victim: wait for it.
-        let others_now = others_use(resident(me).unwrap() + 50 * MIB, &[me]);
-        assert!(wait_for_earlier_kills(true, Some((Duration::from_millis(20), 50 * MIB)), others_now));
+        let ms = Duration::from_millis;
+        // Killed at 600 MiB in use, 500 of them its own: the others had 100.
+        let mut victims = vec![Victim { pid: -1, peak: 500 * MIB }];
+        assert_eq!(others_use(600 * MIB, &victims), 100 * MIB);
+        // It grew to 560 MiB before dying; usage went to 660 MiB.
+        victims[0].peak = 560 * MIB;
+        assert!(wait_for_earlier_kills(true, Some((ms(300), 100 * MIB)), others_use(660 * MIB, &victims)));
+        // Gone, its pages still counted two seconds on: still waiting.
+        assert!(wait_for_earlier_kills(false, Some((ms(2000), 100 * MIB)), others_use(660 * MIB, &victims)));
+        // But a neighbour that grows by 16 MiB meanwhile is allocating.
+        assert!(!wait_for_earlier_kills(false, Some((ms(2000), 100 * MIB)), others_use(676 * MIB, &victims)));
     }
 
     #[test]
