@@ -240,6 +240,44 @@ fn zstd_layers_import_and_broken_ones_are_refused() {
     assert_eq!(tree(&data.root().join("templates")), templates_before, "no half-built template is left");
 }
 
+/// A template root another node of a cluster sent (`import_pulled`, what
+/// a pull does once the tar's SHA-256 matched): a good one becomes a
+/// template sandboxes run on; one whose members climb out of the build dir
+/// (a peer's bytes are no more trusted than a tenant's) fails in the
+/// confined importer child, writes nothing outside and leaves no template.
+#[test]
+fn a_pulled_root_is_applied_by_the_importer_child_and_a_hostile_one_is_refused() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let dir = work_dir(&data, "pulled");
+    let meta = |name: &str| {
+        serde_json::from_value::<space_host::template::TemplateMeta>(json!({
+            "name": name, "version": 1, "created_at": "2026-12-06T00:00:00Z", "source": {"pulled": true},
+            "defaults": {"vcpus": 1, "memory_mib": 256, "disk_mib": 1024, "env": {"FROM": "peer"},
+                         "workdir": "/", "user": "root"},
+        }))
+        .unwrap()
+    };
+    let good = base_layer(&dir).file("etc/peer.txt", 0o644, b"from a peer\n").finish();
+    let info = server.platform.import_pulled(&meta("pulled"), fs::File::open(&good).unwrap()).unwrap();
+    assert_eq!((info.meta.name.as_str(), info.meta.version), ("pulled", 1));
+    let id = server.create_sandbox(json!({"template": "pulled"}));
+    let seen = server.exec(&id, json!({"cmd": "cat /etc/peer.txt; echo $FROM"}));
+    assert_eq!(seen["stdout"], "from a peer\npeer\n", "{seen}");
+    server.delete_sandbox(&id);
+
+    let marker = format!("space-pulled-escape-{}", std::process::id());
+    let hostile =
+        Layer::new(&dir, "hostile").raw(tar::EntryType::Regular, &format!("../../../{marker}"), "", b"out").finish();
+    let templates_before = tree(&data.root().join("templates"));
+    let err = server.platform.import_pulled(&meta("hostile"), fs::File::open(&hostile).unwrap()).unwrap_err();
+    assert!(err.to_string().contains(".."), "{err}");
+    assert_eq!(tree(&data.root().join("templates")), templates_before, "no half-built template is left");
+    for place in [Path::new("/tmp"), Path::new("/"), data.root(), &data.root().join("templates")] {
+        assert!(!place.join(&marker).exists(), "{} was written", place.join(&marker).display());
+    }
+}
+
 /// Every file and directory name under `dir`, recursively (not following links).
 fn tree(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
