@@ -453,8 +453,11 @@ impl Platform {
         }
         let dir = self.uploads_dir();
         std::fs::create_dir_all(&dir).map_err(HostError::io("creating the uploads dir"))?;
-        // Named as no tenant's upload is (those start with the tenant's name).
-        let stem = format!(".export-{name}-{}", template.meta.version);
+        // Named as no tenant's upload is (those start with the tenant's
+        // name), and by when the version was made: a template deleted and
+        // made again starts at version 1, and must not get the old one's tar.
+        let made: String = template.meta.created_at.chars().filter(char::is_ascii_digit).collect();
+        let stem = format!(".export-{name}-{}-{made}", template.meta.version);
         // One export at a time: several nodes pulling at once wait for the
         // first, then share its file.
         static EXPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());

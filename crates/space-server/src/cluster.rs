@@ -278,7 +278,10 @@ async fn pull(platform: Arc<Platform>, links: &Links, token: &str, request: Pull
     // tenant's upload is (those start with the tenant's name).
     let dir = platform.uploads_dir();
     tokio::fs::create_dir_all(&dir).await.map_err(ExchangeError::io("making the uploads directory"))?;
-    let path = dir.join(format!(".pull-{}-{}.tar", request.name, std::process::id()));
+    // One file per pull: two asks for the same template may overlap.
+    static PULLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let pull = PULLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!(".pull-{}-{}-{pull}.tar", request.name, std::process::id()));
     let mut file = tokio::fs::File::create(&path).await.map_err(ExchangeError::io("creating the pulled archive"))?;
     let mut hasher = sha2::Sha256::new();
     let mut body = response.into_body().into_data_stream();
