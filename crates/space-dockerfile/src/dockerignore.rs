@@ -263,6 +263,9 @@ mod tests {
         assert!(excluded(&["a*"], "ab/c"));
         assert!(excluded(&["node_modules"], "node_modules/x/y.js"));
         assert!(!excluded(&["node_modules"], "src/node_modules_list.txt"));
+        // moby tests `**name` as a plain suffix, so it also takes `xname`.
+        assert!(excluded(&["**file"], "xfile"));
+        assert!(!excluded(&["**/file"], "xfile"));
     }
 
     /// moby's `ignorefile.ReadAll` case: comments, blank lines, leading `/`

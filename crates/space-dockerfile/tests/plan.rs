@@ -64,6 +64,7 @@ fn from_kinds() {
             Base::Image("registry.example/team/app@sha256:abc".into()),
         ),
         ("FROM --platform=$BUILDPLATFORM debian", Base::Image("debian".into())),
+        ("ARG BUILDPLATFORM\nFROM --platform=$BUILDPLATFORM debian", Base::Image("debian".into())),
         ("FROM scratch", Base::Scratch),
         ("FROM template:python-base", Base::Template("python-base".into())),
     ];
