@@ -72,8 +72,18 @@ pub fn plan_with_bases(
         }
     }
 
-    let mut planner =
-        Planner { escape, build_args, globals, lines, base_config, names: BTreeMap::new(), stages: Vec::new() };
+    let all_names =
+        parsed.stages().filter_map(|stage| stage.from.as_.as_ref().map(|(_, n)| n.value.to_lowercase())).collect();
+    let mut planner = Planner {
+        escape,
+        build_args,
+        globals,
+        lines,
+        base_config,
+        names: BTreeMap::new(),
+        all_names,
+        stages: Vec::new(),
+    };
     for (index, stage) in parsed.stages().enumerate() {
         let planned = planner.stage(index, stage.from, stage.instructions);
         if let Some((_, name)) = &stage.from.as_ {
@@ -92,6 +102,8 @@ struct Planner<'a> {
     base_config: &'a dyn Fn(&Base) -> Option<ImageConfig>,
     /// Names of the stages planned so far.
     names: BTreeMap<String, usize>,
+    /// Names of all stages, to tell a later stage from an image.
+    all_names: BTreeSet<String>,
     /// Every stage, planned or not: an error only matters if the target
     /// needs that stage.
     stages: Vec<Result<Stage, PlanError>>,
@@ -402,6 +414,9 @@ impl Planner<'_> {
         }
         if let Some(&index) = self.names.get(&from.to_lowercase()) {
             return Ok(CopyFrom::Stage(index));
+        }
+        if self.all_names.contains(&from.to_lowercase()) {
+            return Err(error(keyword, line, format!("--from={from}: only an earlier stage can be copied from")));
         }
         if from.is_empty() {
             return Err(error(keyword, line, "--from needs a stage or an image"));

@@ -255,12 +255,17 @@ fn refused_copy_forms() {
         ("FROM debian\nADD --checksum=sha256:00 a /b\n", "ADD", "--checksum"),
         ("FROM debian\nCOPY <<EOF /x\nhello\nEOF\n", "COPY", "heredocs"),
         ("FROM debian\nCOPY --from=1 a /b\n", "COPY", "earlier stage"),
+        ("FROM debian AS self\nCOPY --from=self a /b\n", "COPY", "earlier stage"),
     ];
     for (dockerfile, instruction, says) in cases {
         let e = refused(dockerfile);
         assert_eq!((e.instruction.as_str(), e.line), (*instruction, 2), "{dockerfile:?}: {e}");
         assert!(e.message.contains(says), "{dockerfile:?}: {e}");
     }
+    let e = plan_file("FROM debian AS first\nCOPY --from=later a /b\nFROM x AS later\n", &no_args(), Some("first"))
+        .unwrap_err();
+    assert_eq!((e.instruction.as_str(), e.line), ("COPY", 2), "{e}");
+    assert!(e.message.contains("earlier stage"), "{e}");
 }
 
 #[test]
