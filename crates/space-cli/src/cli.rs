@@ -517,6 +517,15 @@ pub(crate) struct ImportChildArgs {
     /// The archive is a template's root another node exported.
     #[arg(long)]
     pub(crate) root_tar: bool,
+    /// The archive is one layer blob, applied onto the root.
+    #[arg(long, conflicts_with = "root_tar")]
+    pub(crate) layer: bool,
+    /// The layer blob's digest, checked.
+    #[arg(long, requires = "layer")]
+    pub(crate) layer_digest: Option<String>,
+    /// The layer's uncompressed digest, checked.
+    #[arg(long, requires = "layer")]
+    pub(crate) diff_id: Option<String>,
 }
 
 /// A sandbox's egress policy on the command line.

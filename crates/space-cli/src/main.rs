@@ -94,6 +94,9 @@ fn run(cli: Cli) -> Result<i32> {
                 build_dir: args.build_dir,
                 max_bytes: args.max_bytes,
                 root_tar: args.root_tar,
+                layer: args.layer,
+                layer_digest: args.layer_digest,
+                diff_id: args.diff_id,
             };
             Ok(space_engine::templates::importer::child_main(&args))
         }

@@ -279,7 +279,7 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
     let data = TestDataDir::new();
     let split = Split::start(&data, &[]);
     let victim = split.lifecycle("/v1/sandboxes", json!({"template": "base"})).sandbox_id.expect("its id");
-    let hello = request(json!({"op": "hello", "version": 2, "engine": "gvisor"}));
+    let hello = request(json!({"op": "hello", "version": space_privsep::proto::PROTOCOL_VERSION, "engine": "gvisor"}));
     let me = Some((split.uid, split.gid));
     let shape = json!({"memory_mib": 512, "vcpus": 1, "disk_mib": 1024});
     let template = json!({"kind": "template", "template": {"name": "base", "version": 1}});
@@ -310,6 +310,18 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
             json!({"op": "start", "sandbox": victim, "engine": "gvisor",
             "from": {"kind": "image", "source": "sbx_00000000000000000003",
                 "image": {"kind": "fork", "operation": "op_00000000000000000001"}}, "shape": shape}),
+        ),
+        ("a layer chain by a path", json!({"op": "delete_layer", "chain": "../../templates/base"})),
+        (
+            "a layer without the log and blob it must carry",
+            json!({"op": "apply_layer", "parent": "0".repeat(64),
+            "layer": {"kind": "blob", "digest": format!("sha256:{}", "1".repeat(64)), "diff_id": null},
+            "disk_mib": 64}),
+        ),
+        (
+            "a template of a chain, without its log",
+            json!({"op": "build_template", "template": {"name": "hostile", "version": 1},
+            "source": {"kind": "layers", "top": "2".repeat(64)}, "disk_mib": 64}),
         ),
     ];
     for (what, body) in hostile {
@@ -456,7 +468,7 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     // no image into a version that exists, no build of an old version, no
     // record naming another template than the build's.
     let me = Some((split.uid, split.gid));
-    let hello = request(json!({"op": "hello", "version": 2, "engine": "gvisor"}));
+    let hello = request(json!({"op": "hello", "version": space_privsep::proto::PROTOCOL_VERSION, "engine": "gvisor"}));
     let base = json!({"name": "base", "version": 1});
     let evil = json!({"name": "evil", "version": 1});
     let record = json!({"name": "base", "version": 1, "created_at": "", "source": {},

@@ -27,8 +27,8 @@ pub use space_host::template::BuildProgress;
 use space_host::template::TemplateMeta;
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    CheckpointName, DiskMib, ImageRef, PackageName, SandboxId, Suite, TemplateMetaJson, TemplateName, TemplateRef,
-    TemplateVersion,
+    ChainId, CheckpointName, DiskMib, ImageRef, LayerKey, PackageName, SandboxId, Suite, TemplateMetaJson,
+    TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::EngineError;
@@ -49,6 +49,19 @@ pub enum BuildInput {
     RootTar(fs::File),
     /// Debian `suite` with `packages` (mmdebstrap from the host's mirror).
     Debian { suite: Suite, packages: Vec<PackageName> },
+    /// A writable snapshot of a layer chain of the cache
+    /// ([`TemplateHost::apply_layer`] made it).
+    Layers { top: ChainId },
+}
+
+/// A layer chain in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerReady {
+    pub chain: ChainId,
+    /// Bytes of layer applied to make it (0 when `cached`).
+    pub bytes: u64,
+    /// It was there already; its layer was not read.
+    pub cached: bool,
 }
 
 /// The root work of templates. Every method blocks.
@@ -103,6 +116,65 @@ pub trait TemplateHost: Send + Sync {
     /// template's: it stays on its host) as a tar into `out`, for another
     /// node of a cluster.
     fn export_template(&self, template: &TemplateRef, out: fs::File) -> Result<(), EngineError>;
+
+    /// `HasLayer`: whether the chain is in the cache.
+    fn has_layer(&self, chain: &ChainId) -> Result<bool, EngineError>;
+
+    /// `ApplyLayer`: the chain `layer` makes on `parent`, applied from
+    /// `blob` by the confined importer onto a snapshot of the parent
+    /// (capped at `disk_mib` of its own writes) and kept read-only; a chain
+    /// that is there already is answered at once, `blob` unread.
+    fn apply_layer(
+        &self,
+        parent: Option<&ChainId>,
+        layer: &LayerKey,
+        disk_mib: DiskMib,
+        blob: fs::File,
+        log: fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<LayerReady, EngineError>;
+
+    /// `DeleteLayer`: the chain out of the cache (roots made from it are
+    /// snapshots of their own and stay whole).
+    fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError>;
+}
+
+/// The chains being applied or deleted: one request at a time works on a
+/// chain, so two builds of one image never remove each other's partial.
+#[derive(Debug, Default)]
+struct ChainLocks {
+    busy: std::sync::Mutex<std::collections::HashSet<ChainId>>,
+    freed: std::sync::Condvar,
+}
+
+struct ChainGuard<'a> {
+    locks: &'a ChainLocks,
+    chain: ChainId,
+}
+
+impl ChainLocks {
+    fn lock(&self, chain: &ChainId) -> ChainGuard<'_> {
+        let mut busy = self.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        while busy.contains(chain) {
+            busy = self.freed.wait(busy).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        busy.insert(chain.clone());
+        ChainGuard { locks: self, chain: chain.clone() }
+    }
+
+    /// The chain's lock, unless someone holds it.
+    fn try_lock(&self, chain: &ChainId) -> Option<ChainGuard<'_>> {
+        let mut busy = self.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        busy.insert(chain.clone()).then(|| ChainGuard { locks: self, chain: chain.clone() })
+    }
+}
+
+impl Drop for ChainGuard<'_> {
+    fn drop(&mut self) {
+        let mut busy = self.locks.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        busy.remove(&self.chain);
+        self.locks.freed.notify_all();
+    }
 }
 
 /// [`TemplateHost`] in this process, over the data dir `layout` names.
@@ -114,11 +186,22 @@ pub struct LocalTemplates {
     /// The `space` binary whose confined child parses image archives
     /// ([`importer`]); without one, imports fail.
     importer_bin: Option<PathBuf>,
+    chains: std::sync::Arc<ChainLocks>,
 }
 
 impl LocalTemplates {
     pub fn new(layout: Layout, agent_bin: impl Into<PathBuf>) -> LocalTemplates {
-        LocalTemplates { layout, agent_bin: agent_bin.into(), importer_bin: None }
+        LocalTemplates { layout, agent_bin: agent_bin.into(), importer_bin: None, chains: Default::default() }
+    }
+
+    fn importer(&self, what: &str) -> Result<&Path, EngineError> {
+        self.importer_bin
+            .as_deref()
+            .ok_or_else(|| refused(format!("no importer is configured: {what} are parsed only in its confined child")))
+    }
+
+    fn has_chain(&self, chain: &ChainId) -> bool {
+        fs::symlink_metadata(self.layout.layer_root(chain)).is_ok_and(|m| m.is_dir())
     }
 
     /// Image archives are parsed by `space_bin`'s confined child (see
@@ -189,17 +272,35 @@ impl TemplateHost for LocalTemplates {
         progress: &mut dyn FnMut(BuildProgress),
     ) -> Result<Imported, EngineError> {
         progress(BuildProgress::step("creating the root subvolume", 0));
+        if let BuildInput::Layers { top } = &input {
+            if !self.has_chain(top) {
+                return Err(refused(format!("layer chain {top} is not in the cache")));
+            }
+        }
         self.begin_template(template)?;
         let partial = self.layout.template_partial(template);
         let rootfs = partial.join("rootfs");
         let max_bytes = u64::from(disk_mib.get()) << 20;
-        btrfs::create_subvolume(&rootfs)?;
+        match &input {
+            // Every extent of the chain shared: the template's own are
+            // only what it writes after (the agent).
+            BuildInput::Layers { top } => {
+                let _busy = self.chains.lock(top);
+                btrfs::snapshot(&self.layout.layer_root(top), &rootfs)?
+            }
+            _ => btrfs::create_subvolume(&rootfs)?,
+        }
         btrfs::limit_exclusive_bytes(&rootfs, max_bytes)?;
         match input {
+            BuildInput::Layers { .. } => {
+                if let Err(err) = space_host::oci::finish_oci(&rootfs, &self.agent_bin, progress) {
+                    let _ = writeln!(&log, "the build failed: {err}");
+                    return Err(err.into());
+                }
+                Ok(Imported { source: serde_json::Value::Null, defaults: Default::default() })
+            }
             BuildInput::OciArchive(archive) => {
-                let importer = self.importer_bin.as_deref().ok_or_else(|| {
-                    refused("no importer is configured: image archives are parsed only in its confined child".into())
-                })?;
+                let importer = self.importer("image archives")?;
                 let imported = importer::import(importer, &partial, &archive, &log, Some(max_bytes), progress)
                     .map_err(build_failed)?;
                 // Root's own work, on what the child (ended, and with no
@@ -211,9 +312,7 @@ impl TemplateHost for LocalTemplates {
                 Ok(imported)
             }
             BuildInput::RootTar(archive) => {
-                let importer = self.importer_bin.as_deref().ok_or_else(|| {
-                    refused("no importer is configured: pulled roots are parsed only in its confined child".into())
-                })?;
+                let importer = self.importer("pulled roots")?;
                 importer::import_root_tar(importer, &partial, &archive, &log, progress).map_err(build_failed)?;
                 // This host's agent, whatever the exporting host had.
                 if let Err(err) = space_host::oci::finish_oci(&rootfs, &self.agent_bin, progress) {
@@ -351,6 +450,7 @@ impl TemplateHost for LocalTemplates {
     }
 
     fn clear_stale_quotas(&self) {
+        self.sweep_layer_partials();
         btrfs::clear_stale_qgroups(self.layout.data_dir());
     }
 
@@ -369,5 +469,98 @@ impl TemplateHost for LocalTemplates {
             )));
         }
         space_host::template::write_root_tar(&self.layout.template_root(template), out).map_err(EngineError::from)
+    }
+
+    fn has_layer(&self, chain: &ChainId) -> Result<bool, EngineError> {
+        Ok(self.has_chain(chain))
+    }
+
+    fn apply_layer(
+        &self,
+        parent: Option<&ChainId>,
+        layer: &LayerKey,
+        disk_mib: DiskMib,
+        blob: fs::File,
+        log: fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<LayerReady, EngineError> {
+        let chain = ChainId::next(parent, layer);
+        let _busy = self.chains.lock(&chain);
+        if self.has_chain(&chain) {
+            return Ok(LayerReady { chain, bytes: 0, cached: true });
+        }
+        let importer = self.importer("layers")?;
+        let partial = self.layout.layer_partial(&chain);
+        // A partial of this chain is a killed apply's: nothing else works
+        // on the chain while this holds its lock.
+        remove_build(&partial)?;
+        fs::create_dir_all(self.layout.layer_cache()).map_err(EngineError::io("creating the layer cache"))?;
+        fs::create_dir(&partial).map_err(EngineError::io("creating a layer's build dir"))?;
+        let applied = self.fill_chain(importer, &partial, parent, layer, disk_mib, &blob, &log, progress);
+        let bytes = match applied {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                let _ = remove_build(&partial);
+                return Err(err);
+            }
+        };
+        fs::rename(&partial, self.layout.layer_dir(&chain)).map_err(EngineError::io("keeping a layer chain"))?;
+        Ok(LayerReady { chain, bytes, cached: false })
+    }
+
+    fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError> {
+        let _busy = self.chains.lock(chain);
+        remove_build(&self.layout.layer_partial(chain))?;
+        remove_build(&self.layout.layer_dir(chain))
+    }
+}
+
+impl LocalTemplates {
+    /// Removes the build dirs of chains a killed apply left (one being
+    /// applied now is locked and kept).
+    fn sweep_layer_partials(&self) {
+        let Ok(entries) = fs::read_dir(self.layout.layer_cache()) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let chain = name.to_str().and_then(|n| n.strip_prefix('.')).and_then(|n| n.strip_suffix(".partial"));
+            let Some(Ok(chain)) = chain.map(ChainId::parse) else { continue };
+            let Some(_busy) = self.chains.try_lock(&chain) else { continue };
+            if let Err(err) = remove_build(&self.layout.layer_partial(&chain)) {
+                tracing::warn!("removing a stale layer of chain {chain}: {err}");
+            }
+        }
+    }
+
+    /// The root of a chain's build dir `partial`: a snapshot of `parent`'s
+    /// (or a new subvolume), `blob` applied by the importer, sealed.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_chain(
+        &self,
+        importer: &Path,
+        partial: &Path,
+        parent: Option<&ChainId>,
+        layer: &LayerKey,
+        disk_mib: DiskMib,
+        blob: &fs::File,
+        log: &fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<u64, EngineError> {
+        let rootfs = partial.join("rootfs");
+        match parent {
+            Some(parent) if !self.has_chain(parent) => {
+                return Err(refused(format!("layer chain {parent} is not in the cache")));
+            }
+            Some(parent) => btrfs::snapshot(&self.layout.layer_root(parent), &rootfs)?,
+            None => btrfs::create_subvolume(&rootfs)?,
+        }
+        btrfs::limit_exclusive_bytes(&rootfs, u64::from(disk_mib.get()) << 20)?;
+        let (digest, diff_id) = match layer {
+            LayerKey::Blob { digest, diff_id } => (Some(digest), diff_id.as_ref()),
+            LayerKey::Step { .. } => (None, None),
+        };
+        let bytes =
+            importer::import_layer(importer, partial, blob, digest, diff_id, log, progress).map_err(build_failed)?;
+        btrfs::set_read_only(&rootfs)?;
+        Ok(bytes)
     }
 }

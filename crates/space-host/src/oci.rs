@@ -529,12 +529,53 @@ fn apply_layer(
     log: &mut dyn Write,
     report: &mut dyn FnMut(u64),
 ) -> Result<(), HostError> {
-    let fail = |why: String| bad(format!("layer {number} ({}): {why}", layer.member));
     let (blob, _) = archive.open_member(&layer.member)?;
+    let expected = LayerDigests { blob: layer.blob_digest.as_deref(), diff_id: Some(&layer.diff_id) };
+    apply_blob(blob, expected, root, log, report)
+        .map_err(|err| match err {
+            HostError::Invalid(why) => bad(format!("layer {number} ({}): {why}", layer.member)),
+            other => other,
+        })
+        .map(drop)?;
+    report(layer.size);
+    Ok(())
+}
+
+/// What a layer's bytes must hash to, where that is known.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LayerDigests<'a> {
+    /// The blob as stored (compressed or not), `sha256:…`.
+    pub blob: Option<&'a str>,
+    /// The uncompressed tar (the image config's `rootfs.diff_ids`).
+    pub diff_id: Option<&'a str>,
+}
+
+/// What [`apply_blob`] applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLayer {
+    pub blob_digest: String,
+    pub diff_id: String,
+    /// Bytes of the blob read.
+    pub blob_bytes: u64,
+}
+
+/// Applies one layer blob — gzip, zstd or a plain tar, told by its bytes —
+/// to `root` (whiteouts and opaque directories as OCI says, every path
+/// kept inside `root`), checking it against `expected` once it has all
+/// been read: a mismatch is the input's fault (`HostError::Invalid`), and
+/// what was written stays for the caller to throw away with the root.
+/// `report` is told how many blob bytes were read, every few MiB.
+pub fn apply_blob(
+    blob: impl Read,
+    expected: LayerDigests<'_>,
+    root: &Path,
+    log: &mut dyn Write,
+    report: &mut dyn FnMut(u64),
+) -> Result<AppliedLayer, HostError> {
     let read_so_far = std::rc::Rc::new(std::cell::Cell::new(0));
     let mut raw =
         BufReader::with_capacity(1 << 20, Hashing { inner: blob, hasher: Sha256::new(), count: read_so_far.clone() });
-    let head = raw.fill_buf().map_err(|e| fail(format!("reading: {e}")))?;
+    let head = raw.fill_buf().map_err(|e| bad(format!("reading: {e}")))?;
     let compression = match head {
         [0x1f, 0x8b, ..] => Compression::Gzip,
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Zstd,
@@ -543,7 +584,7 @@ fn apply_layer(
     let diff_id = {
         let decoded: Box<dyn Read + '_> = match compression {
             Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(&mut raw)),
-            Compression::Zstd => Box::new(zstd_decoder(&mut raw).map_err(|e| fail(format!("zstd: {e}")))?),
+            Compression::Zstd => Box::new(zstd_decoder(&mut raw).map_err(|e| bad(format!("zstd: {e}")))?),
             Compression::None => Box::new(&mut raw),
         };
         let uncompressed = Hashing { inner: decoded, hasher: Sha256::new(), count: Default::default() };
@@ -554,25 +595,23 @@ fn apply_layer(
                 report(last_report);
             }
         };
-        let mut uncompressed = apply_tar(root, uncompressed, log, &mut progress).map_err(|e| match e {
-            HostError::Invalid(why) => fail(why),
-            other => other,
-        })?;
-        io::copy(&mut uncompressed, &mut io::sink()).map_err(|e| fail(format!("reading the end: {e}")))?;
+        let mut uncompressed = apply_tar(root, uncompressed, log, &mut progress)?;
+        io::copy(&mut uncompressed, &mut io::sink()).map_err(|e| bad(format!("reading the end: {e}")))?;
         format!("sha256:{}", hex(&uncompressed.hasher.finalize()))
     };
-    io::copy(&mut raw, &mut io::sink()).map_err(|e| fail(format!("reading the end: {e}")))?;
+    io::copy(&mut raw, &mut io::sink()).map_err(|e| bad(format!("reading the end: {e}")))?;
     let blob_digest = format!("sha256:{}", hex(&raw.into_inner().hasher.finalize()));
-    if let Some(expected) = &layer.blob_digest {
-        if *expected != blob_digest {
-            return Err(fail(format!("the content does not match its digest {expected} (it is {blob_digest})")));
+    if let Some(expected) = expected.blob {
+        if expected != blob_digest {
+            return Err(bad(format!("the content does not match its digest {expected} (it is {blob_digest})")));
         }
     }
-    if layer.diff_id != diff_id {
-        return Err(fail(format!("the content does not match diff_id {} (it is {diff_id})", layer.diff_id)));
+    if let Some(expected) = expected.diff_id {
+        if expected != diff_id {
+            return Err(bad(format!("the content does not match diff_id {expected} (it is {diff_id})")));
+        }
     }
-    report(layer.size);
-    Ok(())
+    Ok(AppliedLayer { blob_digest, diff_id, blob_bytes: read_so_far.get() })
 }
 
 /// The two archive shapes [`write_archive`] makes.

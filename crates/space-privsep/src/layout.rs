@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::proto::{ImageRef, Request, SandboxId, StartFrom, TemplateName, TemplateRef};
+use crate::proto::{BuildSource, ChainId, ImageRef, Request, SandboxId, StartFrom, TemplateName, TemplateRef};
 
 /// Where the helper keeps what it makes, under the one data dir it was
 /// started with. Every path is the data dir joined with fixed names and
@@ -84,6 +84,27 @@ impl Layout {
         self.data_dir.join("cache").join("apt")
     }
 
+    /// The layer chains image templates are made of (root's, like the
+    /// apt cache).
+    pub fn layer_cache(&self) -> PathBuf {
+        self.data_dir.join("cache").join("layers")
+    }
+
+    /// A chain in the cache: `rootfs`, its read-only root.
+    pub fn layer_dir(&self, chain: &ChainId) -> PathBuf {
+        self.layer_cache().join(chain.as_str())
+    }
+
+    pub fn layer_root(&self, chain: &ChainId) -> PathBuf {
+        self.layer_dir(chain).join("rootfs")
+    }
+
+    /// A chain being applied (`rootfs` and the importer's `work`), renamed
+    /// to [`Layout::layer_dir`] when done.
+    pub fn layer_partial(&self, chain: &ChainId) -> PathBuf {
+        self.layer_cache().join(format!(".{}.partial", chain.as_str()))
+    }
+
     /// `runsc --root`.
     pub fn runsc_state(&self) -> PathBuf {
         self.data_dir.join("run").join("runsc")
@@ -144,6 +165,10 @@ impl Layout {
                 sandbox(id);
                 paths.push(self.template_dir(template));
             }
+            Request::BuildTemplate { template, source: BuildSource::Layers { top }, .. } => {
+                paths.extend([self.template_dir(template), self.template_partial(template)]);
+                paths.extend([self.layer_dir(top), self.layer_root(top)]);
+            }
             Request::BuildTemplate { template, .. }
             | Request::ExportTemplate { template }
             | Request::BeginTemplate { template }
@@ -157,6 +182,16 @@ impl Layout {
                     self.template_partial(template),
                     self.image_dir(id, &ImageRef::Checkpoint { name: checkpoint.clone() }),
                 ]);
+            }
+            Request::HasLayer { chain } | Request::DeleteLayer { chain } => {
+                paths.extend([self.layer_dir(chain), self.layer_root(chain), self.layer_partial(chain)])
+            }
+            Request::ApplyLayer { parent, layer, .. } => {
+                let chain = ChainId::next(parent.as_ref(), layer);
+                paths.extend([self.layer_dir(&chain), self.layer_root(&chain), self.layer_partial(&chain)]);
+                if let Some(parent) = parent {
+                    paths.extend([self.layer_dir(parent), self.layer_root(parent)]);
+                }
             }
             Request::DeleteTemplate { name, version } => {
                 paths.push(self.template_name_dir(name));

@@ -20,7 +20,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The version both sides must speak (`Hello`).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Bytes of a frame's length prefix.
 pub const HEADER_LEN: usize = 4;
 /// The largest frame body either side sends or accepts.
@@ -171,6 +171,74 @@ checked_name!(
     suite_name,
     "Debian suite"
 );
+
+/// Whether `text` is 64 lowercase hex digits (a sha256, as its digests
+/// and chain ids are spelled).
+fn sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+checked_name!(
+    /// A layer chain: the read-only root a list of layers makes, applied
+    /// in order from nothing (`ChainId::next`). Its id is 64 hex digits.
+    ChainId,
+    sha256_hex,
+    "layer chain id"
+);
+checked_name!(
+    /// A blob's digest, `sha256:` and 64 lowercase hex digits.
+    BlobDigest,
+    |t: &str| t.strip_prefix("sha256:").is_some_and(sha256_hex),
+    "sha256 digest"
+);
+checked_name!(
+    /// What a build step's layer was made from, hashed by the unprivileged
+    /// side (its tenant, its parent, its instruction and inputs): 64 hex.
+    StepKey,
+    sha256_hex,
+    "build step key"
+);
+
+/// What one layer of a chain is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LayerKey {
+    /// An image layer as a registry serves it: the chain is keyed by the
+    /// compressed blob's digest, which the unprivileged side checked while
+    /// it downloaded (and the importer checks again), so a chain is reached
+    /// only by images that hold that very blob. `diff_id`, when the image's
+    /// config names it, is checked too.
+    Blob { digest: BlobDigest, diff_id: Option<BlobDigest> },
+    /// A build step's layer (a tar the unprivileged side made, or what a
+    /// build sandbox wrote).
+    Step { key: StepKey },
+}
+
+impl LayerKey {
+    /// The one spelling a chain id is hashed from.
+    fn canonical(&self) -> String {
+        match self {
+            LayerKey::Blob { digest, .. } => format!("blob {digest}"),
+            LayerKey::Step { key } => format!("step {key}"),
+        }
+    }
+}
+
+impl ChainId {
+    /// The chain `key` makes on `parent` (`None`: on nothing):
+    /// sha256 of the parent's id and the key's canonical spelling. Both
+    /// sides compute it; the helper never takes a chain id for a layer it
+    /// applies from a request.
+    pub fn next(parent: Option<&ChainId>, key: &LayerKey) -> ChainId {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        hasher.update(parent.map_or("", ChainId::as_str).as_bytes());
+        hasher.update(b"\n");
+        hasher.update(key.canonical().as_bytes());
+        let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        ChainId(hex)
+    }
+}
 
 /// A template's `template.json` as the unprivileged side wrote it: one
 /// JSON object of at most [`MAX_TEMPLATE_META`] bytes. The helper reads
@@ -388,6 +456,10 @@ pub enum BuildSource {
     OciArchive {},
     /// A plain tar of a root directory.
     RootTar {},
+    /// A writable snapshot of a layer chain (`ApplyLayer` made it).
+    Layers {
+        top: ChainId,
+    },
 }
 
 /// The signals a sandbox's engine process may be sent.
@@ -572,14 +644,37 @@ pub enum Request {
     ExportTemplate {
         template: TemplateRef,
     },
+    /// Whether a layer chain is in the cache; answered `Has`.
+    HasLayer {
+        chain: ChainId,
+    },
+    /// Applies one layer onto a writable snapshot of `parent` (or onto
+    /// nothing), capped at `disk_mib` of its own writes, and keeps the
+    /// result read-only as the chain `ChainId::next(parent, layer)`. Its
+    /// descriptors: the build's log, then the layer (a blob, gzip, zstd or
+    /// a plain tar), read only by the confined importer. A chain that is
+    /// there already is answered at once, its descriptor unread. Answered
+    /// with `Progress` replies, then `LayerReady` or a refusal.
+    ApplyLayer {
+        parent: Option<ChainId>,
+        layer: LayerKey,
+        disk_mib: DiskMib,
+    },
+    /// Removes a chain from the cache (templates made from it keep their
+    /// roots: each is a snapshot of its own).
+    DeleteLayer {
+        chain: ChainId,
+    },
 }
 
 impl Request {
     /// How many descriptors travel with this request.
     pub fn fds(&self) -> usize {
         match self {
-            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 2,
-            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } | Request::ExportTemplate { .. } => 1,
+            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. }
+            | Request::ApplyLayer { .. } => 2,
+            Request::BuildTemplate { source: BuildSource::Debian { .. } | BuildSource::Layers { .. }, .. }
+            | Request::ExportTemplate { .. } => 1,
             _ => 0,
         }
     }
@@ -733,6 +828,13 @@ pub enum Reply {
     /// (its source and defaults), for the record `PublishTemplate` writes.
     Built {
         image: TemplateMetaJson,
+    },
+    /// A layer chain is in the cache: `bytes` of layer were applied to
+    /// make it, none when it was there already (`cached`).
+    LayerReady {
+        chain: ChainId,
+        bytes: u64,
+        cached: bool,
     },
     /// At most [`MAX_MESSAGE`] bytes of `detail`.
     Availability {

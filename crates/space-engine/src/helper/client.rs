@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use space_privsep::client::BlockingClient;
 use space_privsep::peer::PeerError;
 use space_privsep::proto::{
-    AmountUnit, BuildSource, CheckpointName, DiskMib, Engine, EngineState, ImageRef, PatienceMs, Reply, Request,
-    SandboxId, Shape, SlackNs, StartFrom, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
+    AmountUnit, BuildSource, ChainId, CheckpointName, DiskMib, Engine, EngineState, ImageRef, LayerKey, PatienceMs,
+    Reply, Request, SandboxId, Shape, SlackNs, StartFrom, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::host::{EngineHost, Launched};
-use crate::templates::{BuildInput, BuildProgress, Imported, TemplateHost};
+use crate::templates::{BuildInput, BuildProgress, Imported, LayerReady, TemplateHost};
 use crate::EngineError;
 
 /// How long the helper may take to answer a request: its longest (a root
@@ -102,6 +102,53 @@ impl HelperHost {
             Reply::Refused { message, .. } => Err(EngineError::Runtime(message)),
             Reply::Listening {} => Ok((reply, Some(listener_from(fds.pop(), &request)?))),
             reply => Ok((reply, None)),
+        }
+    }
+
+    /// Sends a request that streams `Progress` replies (a build, a layer)
+    /// on a connection of its own, passes them to `progress` and answers
+    /// its last reply; a refusal is an error.
+    fn streamed(
+        &self,
+        request: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<Reply, EngineError> {
+        // A connection of its own: it is the request's until it ends.
+        let client = self.connect()?;
+        client.send(request, fds).map_err(|err| transport(request, err))?;
+        let deadline = Instant::now() + BUILD_PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Runtime(format!("the build did not end within {BUILD_PATIENCE:?}")));
+            }
+            // Not each reply's usual patience: a step may go quiet for long
+            // (a large package downloading, a layer of gigabytes).
+            let (reply, _) = client.recv(left).map_err(|err| transport(request, err))?;
+            match reply {
+                Reply::Progress { step, done, total, amount } => progress(BuildProgress {
+                    step,
+                    done,
+                    total,
+                    amount: amount.map(|amount| space_host::template::Amount {
+                        unit: match amount.unit {
+                            AmountUnit::Bytes => "bytes",
+                            AmountUnit::Packages => "packages",
+                        },
+                        done: amount.done,
+                        total: amount.total,
+                    }),
+                }),
+                Reply::Refused { message, .. } => {
+                    self.give_back(client);
+                    return Err(EngineError::Runtime(message));
+                }
+                last => {
+                    self.give_back(client);
+                    return Ok(last);
+                }
+            }
         }
     }
 
@@ -344,47 +391,15 @@ impl TemplateHost for HelperHost {
             BuildInput::OciArchive(archive) => (BuildSource::OciArchive {}, Some(archive)),
             BuildInput::RootTar(archive) => (BuildSource::RootTar {}, Some(archive)),
             BuildInput::Debian { suite, packages } => (BuildSource::Debian { suite, packages }, None),
+            BuildInput::Layers { top } => (BuildSource::Layers { top }, None),
         };
         let request = Request::BuildTemplate { template: template.clone(), source, disk_mib };
-        // A connection of its own: it is the build's until the build ends.
-        let client = self.connect()?;
         // The log first, then the archive (the order the helper reads them).
         let fds: Vec<_> = std::iter::once(log.as_fd()).chain(archive.as_ref().map(AsFd::as_fd)).collect();
-        client.send(&request, &fds).map_err(|err| transport(&request, err))?;
-        let deadline = Instant::now() + BUILD_PATIENCE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(EngineError::Runtime(format!("the build did not end within {BUILD_PATIENCE:?}")));
-            }
-            // Not each reply's usual patience: a step may go quiet for long
-            // (a large package downloading, a layer of gigabytes).
-            let (reply, _) = client.recv(left).map_err(|err| transport(&request, err))?;
-            match reply {
-                Reply::Progress { step, done, total, amount } => progress(BuildProgress {
-                    step,
-                    done,
-                    total,
-                    amount: amount.map(|amount| space_host::template::Amount {
-                        unit: match amount.unit {
-                            AmountUnit::Bytes => "bytes",
-                            AmountUnit::Packages => "packages",
-                        },
-                        done: amount.done,
-                        total: amount.total,
-                    }),
-                }),
-                Reply::Built { image } => {
-                    self.give_back(client);
-                    return serde_json::from_str(image.as_str())
-                        .map_err(|err| EngineError::Runtime(format!("the helper's record of the image: {err}")));
-                }
-                Reply::Refused { message, .. } => {
-                    self.give_back(client);
-                    return Err(EngineError::Runtime(message));
-                }
-                other => return Err(unexpected(&request, &other)),
-            }
+        match self.streamed(&request, &fds, progress)? {
+            Reply::Built { image } => serde_json::from_str(image.as_str())
+                .map_err(|err| EngineError::Runtime(format!("the helper's record of the image: {err}"))),
+            other => Err(unexpected(&request, &other)),
         }
     }
 
@@ -409,6 +424,41 @@ impl TemplateHost for HelperHost {
     /// it is not known.
     fn empty_build(&self, _template: &TemplateRef) -> bool {
         false
+    }
+
+    fn has_layer(&self, chain: &ChainId) -> Result<bool, EngineError> {
+        let request = Request::HasLayer { chain: chain.clone() };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::Has { has }, _) => Ok(has),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn apply_layer(
+        &self,
+        parent: Option<&ChainId>,
+        layer: &LayerKey,
+        disk_mib: DiskMib,
+        blob: std::fs::File,
+        log: std::fs::File,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<LayerReady, EngineError> {
+        let request = Request::ApplyLayer { parent: parent.cloned(), layer: layer.clone(), disk_mib };
+        match self.streamed(&request, &[log.as_fd(), blob.as_fd()], progress)? {
+            Reply::LayerReady { chain, bytes, cached } => {
+                // The helper derives the chain itself; it must be the one
+                // this side computes, or the two disagree on what is cached.
+                if chain != ChainId::next(parent, layer) {
+                    return Err(EngineError::Runtime(format!("the helper made chain {chain}, not the one asked for")));
+                }
+                Ok(LayerReady { chain, bytes, cached })
+            }
+            other => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError> {
+        self.done(Request::DeleteLayer { chain: chain.clone() })
     }
 
     fn export_template(&self, template: &TemplateRef, out: std::fs::File) -> Result<(), EngineError> {

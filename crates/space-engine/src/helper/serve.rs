@@ -122,7 +122,7 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
                 return;
             }
         };
-        if let Request::BuildTemplate { .. } = incoming.request {
+        if let Request::BuildTemplate { .. } | Request::ApplyLayer { .. } = incoming.request {
             if let Err(err) = serve_build(&connection, hosts.templates.clone(), incoming).await {
                 tracing::warn!(pid = peer.pid, "answering a build: {err}");
                 return;
@@ -175,54 +175,72 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
     }
 }
 
-/// Runs a `BuildTemplate` on a blocking thread and answers each of its
-/// progress steps as it comes, then its end. A peer that went away stops
-/// the answers, not the build (its build dir is removed by the next build
-/// of that version, or a deletion).
+/// A request's work that reports its progress, then answers.
+type StreamedWork = Box<dyn FnOnce(&mut dyn FnMut(BuildProgress)) -> Reply + Send>;
+
+/// Runs a `BuildTemplate` or an `ApplyLayer` on a blocking thread and
+/// answers each of its progress steps as it comes, then its end. A peer
+/// that went away stops the answers, not the work (its build dir is
+/// removed by the next build of that version or chain, or a deletion).
 async fn serve_build(
     connection: &Connection,
     templates: Option<Arc<dyn TemplateHost>>,
     incoming: Incoming,
 ) -> Result<(), PeerError> {
-    let (Some(templates), Request::BuildTemplate { template, source, disk_mib }) = (templates, incoming.request) else {
+    let Some(templates) = templates else {
         return connection
             .send(&Reply::refused(Refusal::BadRequest, "this helper does not build templates"), &[])
             .await;
     };
-    // The frame's check made sure of their number: the log, then the archive.
+    // The frame's check made sure of their number: the log, then the
+    // archive or the layer.
     let mut fds = incoming.fds.into_iter().map(std::fs::File::from);
     let (log, archive) = (fds.next(), fds.next());
-    let input = match (source, archive) {
-        (BuildSource::OciArchive {}, Some(archive)) => BuildInput::OciArchive(archive),
-        (BuildSource::RootTar {}, Some(archive)) => BuildInput::RootTar(archive),
-        (BuildSource::Debian { suite, packages }, None) => BuildInput::Debian { suite, packages },
-        _ => {
-            let refusal =
-                Reply::refused(Refusal::BadRequest, "an archive's build carries its archive, a Debian build none");
-            return connection.send(&refusal, &[]).await;
-        }
-    };
     let Some(log) = log else {
         return connection.send(&Reply::refused(Refusal::BadRequest, "a build without its log"), &[]).await;
     };
+    let work: StreamedWork = match (incoming.request, archive) {
+        (Request::ApplyLayer { parent, layer, disk_mib }, Some(blob)) => Box::new(move |progress| {
+            match templates.apply_layer(parent.as_ref(), &layer, disk_mib, blob, log, progress) {
+                Ok(ready) => Reply::LayerReady { chain: ready.chain, bytes: ready.bytes, cached: ready.cached },
+                Err(err) => failed(err),
+            }
+        }),
+        (Request::BuildTemplate { template, source, disk_mib }, archive) => {
+            let input = match (source, archive) {
+                (BuildSource::OciArchive {}, Some(archive)) => BuildInput::OciArchive(archive),
+                (BuildSource::RootTar {}, Some(archive)) => BuildInput::RootTar(archive),
+                (BuildSource::Debian { suite, packages }, None) => BuildInput::Debian { suite, packages },
+                (BuildSource::Layers { top }, None) => BuildInput::Layers { top },
+                _ => {
+                    let refusal = Reply::refused(
+                        Refusal::BadRequest,
+                        "an archive's build carries its archive, a Debian or layers' build none",
+                    );
+                    return connection.send(&refusal, &[]).await;
+                }
+            };
+            Box::new(move |progress| match templates.build_template(&template, input, disk_mib, log, progress) {
+                Ok(imported) => match serde_json::to_string(&imported).map(|json| TemplateMetaJson::parse(&json)) {
+                    Ok(Ok(image)) => Reply::Built { image },
+                    Ok(Err(err)) => Reply::refused(Refusal::Failed, format!("the image's record: {err}")),
+                    Err(err) => Reply::refused(Refusal::Failed, format!("the image's record: {err}")),
+                },
+                Err(err) => failed(err),
+            })
+        }
+        _ => return connection.send(&Reply::refused(Refusal::BadRequest, "a layer without its blob"), &[]).await,
+    };
     let (steps, mut stepped) = tokio::sync::mpsc::unbounded_channel();
     let build = tokio::task::spawn_blocking(move || {
-        templates.build_template(&template, input, disk_mib, log, &mut |progress| {
+        work(&mut |progress| {
             let _ = steps.send(progress);
         })
     });
     while let Some(progress) = stepped.recv().await {
         connection.send(&progress_reply(progress), &[]).await?;
     }
-    let reply = match build.await {
-        Ok(Ok(imported)) => match serde_json::to_string(&imported).map(|json| TemplateMetaJson::parse(&json)) {
-            Ok(Ok(image)) => Reply::Built { image },
-            Ok(Err(err)) => Reply::refused(Refusal::Failed, format!("the image's record: {err}")),
-            Err(err) => Reply::refused(Refusal::Failed, format!("the image's record: {err}")),
-        },
-        Ok(Err(err)) => failed(err),
-        Err(err) => Reply::refused(Refusal::Failed, format!("the build failed: {err}")),
-    };
+    let reply = build.await.unwrap_or_else(|err| Reply::refused(Refusal::Failed, format!("the build failed: {err}")));
     connection.send(&reply, &[]).await
 }
 
@@ -259,7 +277,9 @@ fn answer(hosts: &ConnectionHosts, request: Request) -> Answer {
             | Request::CopyCheckpoint { .. }
             | Request::PublishTemplate { .. }
             | Request::DeleteTemplate { .. }
-            | Request::ClearStaleQuotas {}),
+            | Request::ClearStaleQuotas {}
+            | Request::HasLayer { .. }
+            | Request::DeleteLayer { .. }),
             _,
         ) => match hosts.templates.as_deref() {
             Some(templates) => answer_template(templates, request),
@@ -367,7 +387,10 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
         | Request::List {}
         | Request::ConnectVmm { .. }
         | Request::BuildTemplate { .. }
-        | Request::ExportTemplate { .. } => {
+        | Request::ExportTemplate { .. }
+        | Request::HasLayer { .. }
+        | Request::ApplyLayer { .. }
+        | Request::DeleteLayer { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
         }
     }
@@ -386,6 +409,11 @@ fn answer_template(templates: &dyn TemplateHost, request: Request) -> Answer {
             templates.clear_stale_quotas();
             Reply::Done {}.into()
         }
+        Request::HasLayer { chain } => match templates.has_layer(&chain) {
+            Ok(has) => Reply::Has { has }.into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::DeleteLayer { chain } => done(templates.delete_layer(&chain)),
         _ => Reply::refused(Refusal::BadRequest, "not a template request").into(),
     }
 }

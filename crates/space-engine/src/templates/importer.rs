@@ -30,6 +30,7 @@ use space_host::oci::Imported;
 use space_host::template::BuildProgress;
 use space_host::HostError;
 use space_privsep::confine::{self, cap, Keeping};
+use space_privsep::proto::BlobDigest;
 use space_process::{ExitStatus, ReapedChild, Reaper};
 
 /// The hidden `space` subcommand the child runs as.
@@ -103,12 +104,35 @@ pub fn import(
 
 /// What an archive the child reads is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Archive {
+pub enum Archive<'a> {
     /// An OCI image (`docker save` or an OCI layout tar).
     Oci,
     /// A template's root as another node of a cluster exported it (a plain
     /// tar of the root, `space_host::template::write_root_tar`).
     RootTar,
+    /// One layer blob (gzip, zstd or plain) onto the root, which holds the
+    /// layers below it: a layer chain of the cache.
+    Layer { digest: Option<&'a BlobDigest>, diff_id: Option<&'a BlobDigest> },
+}
+
+/// [`import`] of one layer blob onto `partial/rootfs`: its bytes are
+/// checked against `digest` and `diff_id`, where given, by the confined
+/// child, which answers with the blob's size.
+pub fn import_layer(
+    importer: &Path,
+    partial: &Path,
+    blob: &fs::File,
+    digest: Option<&BlobDigest>,
+    diff_id: Option<&BlobDigest>,
+    log: &fs::File,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<u64, HostError> {
+    let imported = import_as(Archive::Layer { digest, diff_id }, importer, partial, blob, log, None, progress)?;
+    imported
+        .source
+        .get("blob_bytes")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| child_failed("the importer's result of a layer lacks its size".into()))
 }
 
 /// [`import`] of another node's export of a template root: the same
@@ -125,7 +149,7 @@ pub fn import_root_tar(
 }
 
 fn import_as(
-    kind: Archive,
+    kind: Archive<'_>,
     importer: &Path,
     partial: &Path,
     archive: &fs::File,
@@ -160,7 +184,7 @@ impl ChildError {
 }
 
 fn run_child(
-    kind: Archive,
+    kind: Archive<'_>,
     importer: &Path,
     partial: &Path,
     archive: &fs::File,
@@ -190,6 +214,15 @@ fn run_child(
         .arg(partial)
         .args(max_bytes.map(|max| format!("--max-bytes={max}")))
         .args((kind == Archive::RootTar).then_some("--root-tar"))
+        .args(match kind {
+            Archive::Layer { digest, diff_id } => {
+                let mut args = vec!["--layer".to_string()];
+                args.extend(digest.map(|digest| format!("--layer-digest={digest}")));
+                args.extend(diff_id.map(|diff_id| format!("--diff-id={diff_id}")));
+                args
+            }
+            _ => Vec::new(),
+        })
         .env_clear()
         .current_dir("/")
         .stdin(dup(archive, "archive").map_err(parent)?)
@@ -362,6 +395,12 @@ pub struct ChildArgs {
     pub max_bytes: Option<u64>,
     /// The archive is a template root another node exported, not an image.
     pub root_tar: bool,
+    /// The archive is one layer blob, not an image.
+    pub layer: bool,
+    /// The layer blob's digest (`sha256:…`), when it is known.
+    pub layer_digest: Option<String>,
+    /// The layer's uncompressed digest, when its image names it.
+    pub diff_id: Option<String>,
 }
 
 /// The child: confines itself, imports the archive on its stdin into the
@@ -410,10 +449,18 @@ pub fn child_main(args: &ChildArgs) -> i32 {
     };
     let rootfs = Path::new(ROOTFS_INSIDE);
     let work = Path::new(WORK_INSIDE);
-    let extracted = match args.root_tar {
-        true => space_host::template::extract_root_tar(rootfs, &archive, &log, &mut progress)
+    let extracted = match (args.layer, args.root_tar) {
+        (true, _) => apply_one_layer(
+            rootfs,
+            &archive,
+            args.layer_digest.as_deref(),
+            args.diff_id.as_deref(),
+            &log,
+            &mut progress,
+        ),
+        (false, true) => space_host::template::extract_root_tar(rootfs, &archive, &log, &mut progress)
             .map(|()| Imported { source: serde_json::Value::Null, defaults: Default::default() }),
-        false => space_host::oci::extract_oci(rootfs, work, &archive, &log, args.max_bytes, &mut progress),
+        (false, false) => space_host::oci::extract_oci(rootfs, work, &archive, &log, args.max_bytes, &mut progress),
     };
     match extracted {
         Ok(imported) => {
@@ -427,6 +474,42 @@ pub fn child_main(args: &ChildArgs) -> i32 {
         Err(err) => {
             report(&Report::Failed { invalid: false, message: err.to_string() });
             1
+        }
+    }
+}
+
+/// The child's work of [`import_layer`]: its result names the layer's
+/// digests and the blob's size.
+fn apply_one_layer(
+    rootfs: &Path,
+    blob: &fs::File,
+    digest: Option<&str>,
+    diff_id: Option<&str>,
+    log: &fs::File,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Imported, HostError> {
+    let mut log = log;
+    let expected = space_host::oci::LayerDigests { blob: digest, diff_id };
+    let digest = digest.unwrap_or("(a build step's)");
+    let step = format!("applying layer {digest}");
+    // The blob is a file the parent opened (a pipe would say 0).
+    let total = blob.metadata().map(|meta| meta.len()).unwrap_or(0);
+    progress(BuildProgress::bytes(&step, 2, 0, total));
+    let applied = space_host::oci::apply_blob(blob, expected, rootfs, &mut log, &mut |bytes| {
+        progress(BuildProgress::bytes(&step, 2, bytes, total))
+    });
+    match applied {
+        Ok(applied) => {
+            let source = serde_json::json!({
+                "blob_digest": applied.blob_digest,
+                "diff_id": applied.diff_id,
+                "blob_bytes": applied.blob_bytes,
+            });
+            Ok(Imported { source, defaults: Default::default() })
+        }
+        Err(err) => {
+            let _ = writeln!(log, "layer {digest} failed: {err}");
+            Err(err)
         }
     }
 }

@@ -113,7 +113,31 @@ pub(crate) fn every_request() -> Vec<Request> {
         Request::DeleteTemplate { name: template().name, version: None },
         Request::ClearStaleQuotas {},
         Request::ExportTemplate { template: template() },
+        Request::BuildTemplate {
+            template: template(),
+            source: BuildSource::Layers { top: chain() },
+            disk_mib: DiskMib::new(4096).unwrap(),
+        },
+        Request::HasLayer { chain: chain() },
+        Request::ApplyLayer { parent: None, layer: blob_key(), disk_mib: DiskMib::new(4096).unwrap() },
+        Request::ApplyLayer {
+            parent: Some(chain()),
+            layer: LayerKey::Step { key: StepKey::parse(&"5".repeat(64)).unwrap() },
+            disk_mib: DiskMib::new(4096).unwrap(),
+        },
+        Request::DeleteLayer { chain: chain() },
     ]
+}
+
+fn chain() -> ChainId {
+    ChainId::next(None, &blob_key())
+}
+
+fn blob_key() -> LayerKey {
+    LayerKey::Blob {
+        digest: BlobDigest::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap(),
+        diff_id: Some(BlobDigest::parse(&format!("sha256:{}", "cd".repeat(32))).unwrap()),
+    }
 }
 
 fn body(frame: &[u8]) -> &[u8] {
@@ -329,11 +353,11 @@ fn package_lists_are_bounded_and_hold_package_names_only() {
 
 #[test]
 fn a_hello_in_another_version_is_refused() {
-    assert!(decode_request(br#"{"op":"hello","version":2,"engine":"firecracker"}"#).is_ok());
+    assert!(decode_request(br#"{"op":"hello","version":3,"engine":"firecracker"}"#).is_ok());
     let err = hostile(r#"{"op":"hello","version":1,"engine":"gvisor"}"#);
     assert!(err.to_string().contains("protocol version 1"), "{err}");
     // Every connection says which engine's sandboxes it is about.
-    assert!(decode_request(br#"{"op":"hello","version":2}"#).is_err());
+    assert!(decode_request(br#"{"op":"hello","version":3}"#).is_err());
 }
 
 #[test]
@@ -347,8 +371,10 @@ fn a_refused_text_is_not_echoed_whole() {
 fn a_build_carries_its_log_and_archive_and_nothing_else_carries_a_descriptor() {
     for request in every_request() {
         let expected = match request {
-            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. } => 2,
-            Request::BuildTemplate { source: BuildSource::Debian { .. }, .. } | Request::ExportTemplate { .. } => 1,
+            Request::BuildTemplate { source: BuildSource::OciArchive {} | BuildSource::RootTar {}, .. }
+            | Request::ApplyLayer { .. } => 2,
+            Request::BuildTemplate { source: BuildSource::Debian { .. } | BuildSource::Layers { .. }, .. }
+            | Request::ExportTemplate { .. } => 1,
             _ => 0,
         };
         assert_eq!(request.fds(), expected, "{request:?}");
@@ -369,4 +395,40 @@ fn a_template_record_is_one_bounded_json_object() {
         serde_json::to_string(&huge).unwrap()
     );
     assert!(decode_request(body.as_bytes()).is_err());
+}
+
+#[test]
+fn a_chain_id_is_the_hash_of_its_parent_and_its_layer_and_nothing_else() {
+    // Fixed (`printf "\nblob sha256:abab…" | sha256sum`): a change to the
+    // spelling would strand every cached chain.
+    let first = ChainId::next(None, &blob_key());
+    assert_eq!(first.as_str(), "700da283d8d99f43c2c8296fbfd4f77ed9f558377c199969c2d726df45103030");
+    // diff_id is checked, not hashed: the blob's digest names the layer.
+    let LayerKey::Blob { digest, .. } = blob_key() else { unreachable!() };
+    assert_eq!(ChainId::next(None, &LayerKey::Blob { digest, diff_id: None }), first);
+    let second = ChainId::next(Some(&first), &blob_key());
+    assert_ne!(second, first);
+    let step = LayerKey::Step { key: StepKey::parse(&"ab".repeat(32)).unwrap() };
+    assert_ne!(ChainId::next(None, &step), first, "a step never meets a blob of the same hex");
+}
+
+#[test]
+fn layer_ids_and_digests_in_any_other_spelling_are_refused() {
+    for json in [
+        r#"{"op":"has_layer","chain":"../../etc"}"#,
+        r#"{"op":"has_layer","chain":"ABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABAB"}"#,
+        r#"{"op":"delete_layer","chain":"abab"}"#,
+        r#"{"op":"apply_layer","parent":null,"layer":{"kind":"blob","digest":"sha512:ab","diff_id":null},"disk_mib":10}"#,
+        r#"{"op":"apply_layer","parent":null,"layer":{"kind":"blob","digest":"sha256:../x","diff_id":null},"disk_mib":10}"#,
+        r#"{"op":"apply_layer","parent":null,"layer":{"kind":"step","key":"x"},"disk_mib":10}"#,
+        r#"{"op":"apply_layer","parent":null,"layer":{"kind":"blob","digest":"sha256:aa","diff_id":null,"path":"/"},"disk_mib":10}"#,
+        r#"{"op":"apply_layer","parent":null,"layer":{"kind":"blob","digest":"sha256:aa","diff_id":null},"disk_mib":0}"#,
+    ] {
+        hostile(json);
+    }
+    let good = format!(
+        r#"{{"op":"apply_layer","parent":null,"layer":{{"kind":"blob","digest":"sha256:{}","diff_id":null}},"disk_mib":10}}"#,
+        "a".repeat(64)
+    );
+    assert!(decode_request(good.as_bytes()).is_ok());
 }
