@@ -29,12 +29,18 @@ pub enum ExpandError {
     UnsupportedModifier(char),
     #[error("{name}: {message}")]
     Required { name: String, message: String },
+    #[error("substitutions nested more than {MAX_DEPTH} deep")]
+    TooDeep,
 }
+
+/// Nesting `${A:-${B:-…}}` recurses; the text is the tenant's, and a
+/// stack overflow would abort the whole server.
+const MAX_DEPTH: usize = 64;
 
 /// Expands one word: variables are looked up with `lookup` (`None` =
 /// unset, which `${VAR-word}` tells apart from empty).
 pub fn expand<'v>(word: &str, escape: char, lookup: &dyn Fn(&str) -> Option<&'v str>) -> Result<String, ExpandError> {
-    let mut lexer = Lexer { chars: word.chars().peekable(), escape, lookup };
+    let mut lexer = Lexer { chars: word.chars().peekable(), escape, lookup, depth: 0 };
     let (out, _) = lexer.until(None)?;
     Ok(out)
 }
@@ -43,6 +49,7 @@ struct Lexer<'a, 'v> {
     chars: Peekable<Chars<'a>>,
     escape: char,
     lookup: &'a dyn Fn(&str) -> Option<&'v str>,
+    depth: usize,
 }
 
 impl Lexer<'_, '_> {
@@ -186,7 +193,13 @@ impl Lexer<'_, '_> {
     }
 
     fn braced_word(&mut self) -> Result<String, ExpandError> {
-        let (word, closed) = self.until(Some('}'))?;
+        if self.depth == MAX_DEPTH {
+            return Err(ExpandError::TooDeep);
+        }
+        self.depth += 1;
+        let read = self.until(Some('}'));
+        self.depth -= 1;
+        let (word, closed) = read?;
         if !closed {
             return Err(ExpandError::MissingBrace);
         }
@@ -321,6 +334,14 @@ mod tests {
         let err = run("${BAZ:?set BAZ$FOO}", &env).unwrap_err();
         assert_eq!(err.to_string(), "BAZ: set BAZxxx");
         assert!(run("${FOO=aaa}", &env).is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let deep = format!("{}x{}", "${A:-".repeat(100_000), "}".repeat(100_000));
+        assert_eq!(run(&deep, &[]), Err(ExpandError::TooDeep));
+        let fine = format!("{}x{}", "${A:-".repeat(MAX_DEPTH), "}".repeat(MAX_DEPTH));
+        assert_eq!(run(&fine, &[]).unwrap(), "x");
     }
 
     #[test]

@@ -481,22 +481,27 @@ struct Lines<'a> {
     text: &'a str,
     /// Where each instruction's keyword starts, sorted.
     starts: Vec<usize>,
+    /// Where each newline is: lines are found by binary search, so a long
+    /// Dockerfile costs n log n, not n².
+    newlines: Vec<usize>,
 }
 
 impl<'a> Lines<'a> {
     fn new(text: &'a str, instructions: &[Instruction]) -> Self {
         let mut starts: Vec<usize> = instructions.iter().map(|i| keyword(i).1).collect();
         starts.sort_unstable();
-        Lines { text, starts }
+        let newlines = text.match_indices('\n').map(|(at, _)| at).collect();
+        Lines { text, starts, newlines }
     }
 
     fn line(&self, offset: usize) -> usize {
-        self.text[..offset].matches('\n').count() + 1
+        self.newlines.partition_point(|&at| at < offset) + 1
     }
 
     /// The instruction starting at `start` as written, continuations joined.
     fn text(&self, start: usize, escape: char) -> String {
-        let end = self.starts.iter().copied().find(|&s| s > start).unwrap_or(self.text.len());
+        let next = self.starts.partition_point(|&s| s <= start);
+        let end = self.starts.get(next).copied().unwrap_or(self.text.len());
         let joined = join_continuations(&self.text[start..end], escape);
         joined.lines().next().unwrap_or("").trim_end().to_string()
     }

@@ -382,3 +382,67 @@ fn arg_defaults_and_build_args() {
     let plan = ok("FROM debian\nARG TARGETARCH\nRUN x\n");
     assert_eq!(plan.stages[0].steps[0].env, env(&[("TARGETARCH", "amd64")]));
 }
+
+#[test]
+fn a_typical_two_stage_python_dockerfile() {
+    let dockerfile = r#"# A comment before anything
+ARG PYTHON=3.12
+FROM python:${PYTHON}-slim AS deps
+ENV PIP_NO_CACHE_DIR=1 \
+    VIRTUAL_ENV=/venv
+ENV PATH="$VIRTUAL_ENV/bin:$PATH"
+WORKDIR /src
+COPY requirements.txt .
+RUN python -m venv $VIRTUAL_ENV \
+ && pip install -r requirements.txt
+
+FROM python:${PYTHON}-slim
+LABEL org.opencontainers.image.title="app"
+COPY --from=deps /venv /venv
+ENV PATH=/venv/bin:$PATH
+WORKDIR /app
+COPY --chown=1000:1000 . .
+USER 1000
+EXPOSE 8000
+CMD ["python", "-m", "app"]
+"#;
+    let plan = plan_file(dockerfile, &args(&[("PYTHON", "3.13")]), None).unwrap();
+    assert_eq!(plan.stages.len(), 2);
+    let deps = &plan.stages[0];
+    assert_eq!(deps.base, Base::Image("python:3.13-slim".into()));
+    let kinds: Vec<_> = deps.steps.iter().map(|s| (s.line, s.text.split(' ').next().unwrap().to_string())).collect();
+    assert_eq!(kinds, [(7, "WORKDIR".into()), (8, "COPY".into()), (9, "RUN".into())]);
+    assert_eq!(
+        deps.steps[1].kind,
+        StepKind::Copy(CopyStep {
+            from: CopyFrom::Context,
+            sources: vec!["requirements.txt".into()],
+            dest: "/src/".into(),
+            chown: None,
+            chmod: None,
+            unpack: false,
+        })
+    );
+    let run = &deps.steps[2];
+    assert_eq!(run.env, env(&[("PIP_NO_CACHE_DIR", "1"), ("VIRTUAL_ENV", "/venv"), ("PATH", "/venv/bin:")]));
+    assert_eq!(
+        run.kind,
+        StepKind::Run {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "python -m venv $VIRTUAL_ENV  && pip install -r requirements.txt".into()
+            ]
+        }
+    );
+    let app = &plan.stages[1];
+    assert_eq!(plan.target, 1);
+    assert!(matches!(&app.steps[0].kind, StepKind::Copy(c) if c.from == CopyFrom::Stage(0) && c.dest == "/venv"));
+    assert!(
+        matches!(&app.steps[2].kind, StepKind::Copy(c) if c.chown.as_deref() == Some("1000:1000") && c.dest == "/app/")
+    );
+    assert_eq!(app.config.user.as_deref(), Some("1000"));
+    assert_eq!(app.config.cmd, Some(vec!["python".to_string(), "-m".into(), "app".into()]));
+    assert_eq!(app.config.labels.get("org.opencontainers.image.title").map(String::as_str), Some("app"));
+    assert_eq!(app.config.env, env(&[("PATH", "/venv/bin:")]));
+}
