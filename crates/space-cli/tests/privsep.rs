@@ -330,6 +330,35 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
         let reply: Value = serde_json::from_str(&said[1]).unwrap_or_else(|_| json!({"raw": said[1]}));
         assert!(reply["refusal"].is_string() || said[1] == "closed", "{what} is refused: {said:?}");
     }
+    // Build sandboxes: a layer is kept only of a stopped sandbox the
+    // helper itself started on that chain, and only chains it has start.
+    let layer_abuse = [
+        (
+            "a layer of a running sandbox",
+            json!({"op": "save_layer", "sandbox": victim, "parent": "3".repeat(64), "key": "4".repeat(64)}),
+            "is running",
+        ),
+        (
+            "a layer of a sandbox never started from a chain",
+            json!({"op": "save_layer", "sandbox": "sbx_00000000000000000004", "parent": "3".repeat(64),
+            "key": "4".repeat(64)}),
+            "was not started from a layer chain",
+        ),
+        (
+            "a build sandbox on a chain that is not in the cache",
+            json!({"op": "start", "sandbox": "sbx_00000000000000000005", "engine": "gvisor",
+            "from": {"kind": "layer", "chain": "3".repeat(64)}, "shape": shape}),
+            "is not in the cache",
+        ),
+    ];
+    for (what, body, why) in layer_abuse {
+        let said = ask_helper_as(&split.socket, me, &[hello.clone(), request(body)]);
+        let reply: Value = serde_json::from_str(said.get(1).map_or("", String::as_str)).unwrap_or_default();
+        assert!(reply["message"].as_str().is_some_and(|message| message.contains(why)), "{what}: {said:?}");
+    }
+    let chains = std::fs::read_dir(data.root().join("cache/layers")).map_or(0, |entries| entries.count());
+    assert_eq!(chains, 0, "a refused save keeps no chain");
+    assert!(!data.root().join("sandboxes/sbx_00000000000000000005").exists(), "a refused start leaves nothing");
     // A frame claiming 4 GiB is refused from its header, before any of it
     // is read; one not in JSON closes the connection.
     let said = ask_helper_as(&split.socket, me, &[hello.clone(), u32::MAX.to_be_bytes().to_vec()]);

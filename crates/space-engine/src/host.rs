@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    CheckpointName, DiskMib, EngineState, ImageRef, MemoryMib, OperationId, PatienceMs, SandboxId, Shape, SlackNs,
-    StartFrom, TemplateName, TemplateRef, TemplateVersion, Vcpus,
+    ChainId, CheckpointName, DiskMib, EngineState, ImageRef, MemoryMib, OperationId, PatienceMs, SandboxId, Shape,
+    SlackNs, StartFrom, TemplateName, TemplateRef, TemplateVersion, Vcpus,
 };
 
 use crate::{EngineError, LiveStatus, SandboxSpec, Steps};
@@ -268,6 +268,24 @@ impl Placed {
         })
     }
 
+    /// Where a cold boot of the spec starts: its template root, or for a
+    /// build sandbox a layer chain of the cache (its `template_rootfs` the
+    /// chain's root, `Layout::layer_root`).
+    pub fn start_from(&self, spec: &SandboxSpec) -> Result<StartFrom, EngineError> {
+        if let Some(chain) = self.chain(&spec.template_rootfs) {
+            return Ok(StartFrom::Layer { chain });
+        }
+        Ok(StartFrom::Template { template: self.template(spec)? })
+    }
+
+    /// The layer chain whose root `path` is, if it is one.
+    pub fn chain(&self, path: &Path) -> Option<ChainId> {
+        let parts = self.under("cache", path)?;
+        let [layers, chain, root] = parts.as_slice() else { return None };
+        let chain = ChainId::parse(chain).ok().filter(|_| layers == "layers" && root == "rootfs")?;
+        (self.layout.layer_root(&chain) == path).then_some(chain)
+    }
+
     /// The sizes of the sandbox, in the request set's bounds.
     pub fn shape(spec: &SandboxSpec) -> Result<Shape, EngineError> {
         Ok(Shape {
@@ -433,6 +451,21 @@ mod tests {
             matches!(placed.image(&building).unwrap().1, ImageRef::Template { ref template } if template.version.get() == 7)
         );
         assert!(placed.start_from_image(&building).is_err(), "a template is started from once published");
+        // A build sandbox's spec names a layer chain's root.
+        assert!(matches!(placed.start_from(&spec).unwrap(), StartFrom::Template { .. }));
+        let chain = "ab".repeat(32);
+        let mut build = spec.clone();
+        build.template_rootfs = data.root().join("cache/layers").join(&chain).join("rootfs");
+        assert!(matches!(placed.start_from(&build).unwrap(), StartFrom::Layer { chain: ref c } if c.as_str() == chain));
+        for elsewhere in [
+            format!("cache/layers/{chain}"),
+            format!("cache/layers/.{chain}.partial/rootfs"),
+            format!("cache/apt/{chain}/rootfs"),
+            format!("cache/layers/{}/rootfs", "AB".repeat(32)),
+        ] {
+            build.template_rootfs = data.root().join(elsewhere);
+            assert!(placed.start_from(&build).is_err(), "{}", build.template_rootfs.display());
+        }
         let published = data.templates_dir().join("snap/7");
         assert!(
             matches!(placed.start_from_image(&published).unwrap(), StartFrom::TemplateImage { ref template } if template.name.as_str() == "snap")

@@ -27,13 +27,14 @@ pub use space_host::template::BuildProgress;
 use space_host::template::TemplateMeta;
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    ChainId, CheckpointName, DiskMib, ImageRef, LayerKey, PackageName, SandboxId, Suite, TemplateMetaJson,
+    ChainId, CheckpointName, DiskMib, ImageRef, LayerKey, PackageName, SandboxId, StepKey, Suite, TemplateMetaJson,
     TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::EngineError;
 
 pub mod importer;
+mod step_layer;
 
 /// A template's `template.json`: its presence marks a complete version.
 pub const TEMPLATE_META: &str = "template.json";
@@ -137,6 +138,14 @@ pub trait TemplateHost: Send + Sync {
     /// `DeleteLayer`: the chain out of the cache (roots made from it are
     /// snapshots of their own and stay whole).
     fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError>;
+
+    /// `SaveLayer`: what the root of build sandbox `sandbox` (started on
+    /// `parent`, `StartFrom::Layer`) became, without what the platform put
+    /// there, kept read-only as the chain of step `key` on `parent`; a
+    /// chain that is there already is answered at once. The sandbox's
+    /// engine must be stopped: the helper asks the engine and refuses
+    /// otherwise; a caller in process stops it first.
+    fn save_layer(&self, sandbox: &SandboxId, parent: &ChainId, key: &StepKey) -> Result<LayerReady, EngineError>;
 }
 
 /// The chains being applied or deleted: one request at a time works on a
@@ -512,6 +521,56 @@ impl TemplateHost for LocalTemplates {
         let _busy = self.chains.lock(chain);
         remove_build(&self.layout.layer_partial(chain))?;
         remove_build(&self.layout.layer_dir(chain))
+    }
+
+    fn save_layer(&self, sandbox: &SandboxId, parent: &ChainId, key: &StepKey) -> Result<LayerReady, EngineError> {
+        // Written by the start, beside the root where the sandbox cannot
+        // reach: a root is kept only as a layer on the chain it ran on.
+        let recorded = fs::read_to_string(self.layout.sandbox_chain(sandbox))
+            .ok()
+            .and_then(|text| ChainId::parse(text.trim()).ok())
+            .ok_or_else(|| refused(format!("sandbox {sandbox} was not started from a layer chain")))?;
+        if &recorded != parent {
+            return Err(refused(format!("sandbox {sandbox} was started from layer chain {recorded}, not {parent}")));
+        }
+        let root = self.layout.sandbox_root(sandbox);
+        if !fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir()) {
+            return Err(refused(format!("sandbox {sandbox} has no root")));
+        }
+        let chain = ChainId::next(Some(parent), &LayerKey::Step { key: key.clone() });
+        // The chain, then its parent: a chain's id is made from its
+        // parent's, so no two saves can each hold what the other waits for.
+        let _busy = self.chains.lock(&chain);
+        if self.has_chain(&chain) {
+            return Ok(LayerReady { chain, bytes: 0, cached: true });
+        }
+        let _parent_busy = self.chains.lock(parent);
+        // What the platform wrote over is put back from the parent.
+        if !self.has_chain(parent) {
+            return Err(refused(format!("layer chain {parent} is not in the cache")));
+        }
+        let partial = self.layout.layer_partial(&chain);
+        remove_build(&partial)?;
+        fs::create_dir_all(self.layout.layer_cache()).map_err(EngineError::io("creating the layer cache"))?;
+        fs::create_dir(&partial).map_err(EngineError::io("creating a layer's build dir"))?;
+        let rootfs = partial.join("rootfs");
+        let saved = btrfs::snapshot(&root, &rootfs).map_err(EngineError::from).and_then(|()| {
+            // What the sandbox wrote of its own (its agent's copy too),
+            // counted as of the snapshot's commit; 0 without quotas.
+            let bytes = btrfs::exclusive_bytes(&root).unwrap_or(0);
+            step_layer::strip_runtime(&rootfs, &self.layout.layer_root(parent))?;
+            btrfs::set_read_only(&rootfs)?;
+            Ok(bytes)
+        });
+        let bytes = match saved {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                let _ = remove_build(&partial);
+                return Err(err);
+            }
+        };
+        fs::rename(&partial, self.layout.layer_dir(&chain)).map_err(EngineError::io("keeping a layer chain"))?;
+        Ok(LayerReady { chain, bytes, cached: false })
     }
 }
 

@@ -54,6 +54,7 @@ fn shown(from: &StartFrom) -> String {
         StartFrom::Image { source, image } => format!("image {source} {}", image_shown(image)),
         StartFrom::TemplateImage { template } => format!("template-image {}/{}", template.name, template.version.get()),
         StartFrom::Clone { template } => format!("clone {}/{}", template.name, template.version.get()),
+        StartFrom::Layer { chain } => format!("layer {chain}"),
     }
 }
 

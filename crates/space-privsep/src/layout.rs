@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::proto::{BuildSource, ChainId, ImageRef, Request, SandboxId, StartFrom, TemplateName, TemplateRef};
+use crate::proto::{
+    BuildSource, ChainId, ImageRef, LayerKey, Request, SandboxId, StartFrom, TemplateName, TemplateRef,
+};
 
 /// Where the helper keeps what it makes, under the one data dir it was
 /// started with. Every path is the data dir joined with fixed names and
@@ -43,6 +45,13 @@ impl Layout {
 
     pub fn snapshot_dir(&self, sandbox: &SandboxId) -> PathBuf {
         self.sandbox_dir(sandbox).join("snapshot")
+    }
+
+    /// The layer chain a build sandbox started from (`StartFrom::Layer`),
+    /// written by the helper beside the root, out of the sandbox's reach:
+    /// `SaveLayer` keeps its root only as a layer on that chain.
+    pub fn sandbox_chain(&self, sandbox: &SandboxId) -> PathBuf {
+        self.sandbox_dir(sandbox).join("from-chain")
     }
 
     /// The file runsc writes its output of the sandbox to.
@@ -122,6 +131,7 @@ impl Layout {
                 self.socket_dir(id),
                 self.snapshot_dir(id),
                 self.engine_log(id),
+                self.sandbox_chain(id),
             ])
         };
         match request {
@@ -139,6 +149,7 @@ impl Layout {
                     }
                     StartFrom::Suspended {} => {}
                     StartFrom::Image { source, image } => paths.push(self.image_dir(source, image)),
+                    StartFrom::Layer { chain } => paths.extend([self.layer_dir(chain), self.layer_root(chain)]),
                 }
             }
             Request::SaveImage { sandbox: id, image } | Request::DropImage { sandbox: id, image } => {
@@ -192,6 +203,12 @@ impl Layout {
                 if let Some(parent) = parent {
                     paths.extend([self.layer_dir(parent), self.layer_root(parent)]);
                 }
+            }
+            Request::SaveLayer { sandbox: id, parent, key } => {
+                sandbox(id);
+                let chain = ChainId::next(Some(parent), &LayerKey::Step { key: key.clone() });
+                paths.extend([self.layer_dir(&chain), self.layer_root(&chain), self.layer_partial(&chain)]);
+                paths.extend([self.layer_dir(parent), self.layer_root(parent)]);
             }
             Request::DeleteTemplate { name, version } => {
                 paths.push(self.template_name_dir(name));

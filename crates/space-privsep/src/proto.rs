@@ -440,6 +440,10 @@ pub enum StartFrom {
     /// start's shape (Firecracker; `HasCloneBase` tells whether it is
     /// there, `SaveCloneBase` makes it).
     Clone { template: TemplateRef },
+    /// A build sandbox (gVisor only): a cold boot on a writable snapshot of
+    /// a layer chain of the cache, the agent put in, the chain recorded
+    /// beside the sandbox's root for `SaveLayer`.
+    Layer { chain: ChainId },
 }
 
 /// What a template's root is built from. An archive is the request's one
@@ -664,6 +668,17 @@ pub enum Request {
     /// roots: each is a snapshot of its own).
     DeleteLayer {
         chain: ChainId,
+    },
+    /// Keeps what a build sandbox's root became as the chain
+    /// `ChainId::next(parent, Step { key })`: refused unless the sandbox
+    /// was started from `parent` (`StartFrom::Layer`) and its engine is
+    /// stopped. A read-only snapshot of its root without what the platform
+    /// put there (the agent, mount points, hostname, egress CA). Answered
+    /// `LayerReady` (`cached` when the chain was there already).
+    SaveLayer {
+        sandbox: SandboxId,
+        parent: ChainId,
+        key: StepKey,
     },
 }
 

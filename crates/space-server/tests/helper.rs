@@ -51,6 +51,7 @@ impl EngineHost for Counting {
             StartFrom::Image { .. } => "start from an image",
             StartFrom::TemplateImage { .. } => "start from a template's image",
             StartFrom::Clone { .. } => "start as a clone",
+            StartFrom::Layer { .. } => "start on a layer chain",
         });
         self.inner.start(sandbox, from, shape)
     }

@@ -175,6 +175,9 @@ impl Firecracker {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
+        if self.hosted.placed.chain(&spec.template_rootfs).is_some() {
+            return Err(super::local::no_build_sandboxes());
+        }
         let (sandbox, template, shape) =
             (self.hosted.placed.sandbox(spec)?, self.hosted.placed.template(spec)?, Placed::shape(spec)?);
         if !Self::is_clone(spec) {

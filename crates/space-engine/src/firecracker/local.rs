@@ -476,6 +476,7 @@ impl FirecrackerHost {
                 let image = self.layout.template_dir(template);
                 self.load_image(sandbox, shape, &image).await
             }
+            StartFrom::Layer { .. } => Err(no_build_sandboxes()),
         }
     }
 
@@ -496,6 +497,14 @@ impl FirecrackerHost {
         let _ = fs::remove_dir_all(self.snapshot_dir(sandbox));
         self.load(sandbox, shape, &root, (&image.join(STATE), &image.join(MEMORY)), true).await
     }
+}
+
+/// A build sandbox's root is a layer chain's directory tree, written back
+/// as the next chain; a microVM's is an ext4 image of a published template.
+pub(super) fn no_build_sandboxes() -> EngineError {
+    EngineError::Runtime(
+        "the Firecracker engine does not run build sandboxes on layer chains: Dockerfile steps run on gVisor".into(),
+    )
 }
 
 /// Whether a clone base (or a snapshot with its drive) is whole in `dir`.
@@ -547,6 +556,7 @@ impl EngineHost for FirecrackerHost {
         // new sandbox only, as with gVisor; going back to its own image or
         // snapshot keeps the sandbox.
         let new_root = match from {
+            StartFrom::Layer { .. } => return Err(no_build_sandboxes()),
             StartFrom::Template { .. } | StartFrom::TemplateImage { .. } | StartFrom::Clone { .. } => true,
             StartFrom::Image { source, .. } => source != sandbox,
             StartFrom::Suspended {} => false,
@@ -865,6 +875,11 @@ mod tests {
         // A clone's start needs the base; the host never boots one itself.
         let err = host.start(&sandbox(), &StartFrom::Clone { template: template.clone() }, default).err().unwrap();
         assert!(err.to_string().contains("has no clone base"), "{err}");
+        // Nor does it run build sandboxes (their roots are layer chains).
+        let chain = space_privsep::proto::ChainId::parse(&"ab".repeat(32)).unwrap();
+        let err = host.start(&sandbox(), &StartFrom::Layer { chain }, default).err().unwrap();
+        assert!(err.to_string().contains("does not run build sandboxes"), "{err}");
+        assert!(!host.layout().sandbox_dir(&sandbox()).exists(), "a refused start makes nothing");
         // A new guest (kernel or initramfs) means a new base.
         std::thread::sleep(Duration::from_millis(10));
         fs::write(version.join("template.json"), fs::read(version.join("template.json")).unwrap()).unwrap();

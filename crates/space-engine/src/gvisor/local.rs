@@ -20,7 +20,9 @@ use oci_spec::runtime::{
 use space_host::btrfs;
 use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
 use space_privsep::layout::Layout;
-use space_privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef};
+use space_privsep::proto::{
+    ChainId, EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef,
+};
 use space_process::Reaper;
 
 use super::{cgroup_dir, cgroup_path, tasks_of, FREEZE_PATIENCE, SOCKET_NAME};
@@ -113,6 +115,43 @@ impl LocalHost {
         Ok(limited)
     }
 
+    /// A build sandbox's root: a writable snapshot of a layer chain, under
+    /// the disk quota, the agent and its mount points put in (a chain has
+    /// neither), the chain recorded for `SaveLayer`; then the socket
+    /// directory and bundle.
+    fn prepare_from_chain(
+        &self,
+        sandbox: &SandboxId,
+        chain: &ChainId,
+        shape: Shape,
+        steps: &mut Steps,
+    ) -> Result<Instant, EngineError> {
+        let mut lap = Instant::now();
+        let mut step = |name: &'static str| {
+            steps.push((name, lap.elapsed()));
+            lap = Instant::now();
+        };
+        let chain_root = self.layout().layer_root(chain);
+        if !fs::symlink_metadata(&chain_root).is_ok_and(|meta| meta.is_dir()) {
+            return Err(EngineError::Runtime(format!("layer chain {chain} is not in the cache")));
+        }
+        let root = self.layout().sandbox_root(sandbox);
+        fs::create_dir_all(self.layout().sandbox_dir(sandbox)).map_err(EngineError::io("creating the sandbox dir"))?;
+        // Recorded before the root exists: a root with no record is never
+        // kept as a layer, whatever failed half way.
+        fs::write(self.layout().sandbox_chain(sandbox), chain.as_str())
+            .map_err(EngineError::io("recording the sandbox's chain"))?;
+        btrfs::snapshot(&chain_root, &root)?;
+        step("root snapshot (btrfs)");
+        btrfs::limit_exclusive(&root, shape.disk_mib.get())?;
+        step("disk limit (btrfs qgroup)");
+        let limited = Instant::now();
+        space_host::template::install_agent(&root, &self.config.agent_bin)?;
+        self.make_socket_dir(sandbox)?;
+        self.write_bundle(sandbox, shape)?;
+        Ok(limited)
+    }
+
     /// The sandbox's own writable copy of an image's root (in place of any
     /// root it had), its socket directory and its bundle.
     fn prepare_from_image(&self, sandbox: &SandboxId, image: &Path, shape: Shape) -> Result<(), EngineError> {
@@ -146,7 +185,10 @@ impl LocalHost {
     /// Where an image a sandbox starts from keeps its root and memory.
     fn image_dir(&self, from: &StartFrom) -> Option<PathBuf> {
         match from {
-            StartFrom::Template { .. } | StartFrom::Suspended {} | StartFrom::Clone { .. } => None,
+            StartFrom::Template { .. }
+            | StartFrom::Suspended {}
+            | StartFrom::Clone { .. }
+            | StartFrom::Layer { .. } => None,
             StartFrom::Image { source, image } => Some(self.layout().image_dir(source, image)),
             StartFrom::TemplateImage { template } => Some(self.layout().template_dir(template)),
         }
@@ -179,7 +221,7 @@ impl EngineHost for LocalHost {
             StartFrom::Clone { .. } => {
                 return Err(EngineError::Runtime("gVisor sandboxes are no clones of a saved microVM".into()))
             }
-            StartFrom::Template { .. } | StartFrom::TemplateImage { .. } => true,
+            StartFrom::Template { .. } | StartFrom::TemplateImage { .. } | StartFrom::Layer { .. } => true,
             StartFrom::Image { source, .. } => source != sandbox,
             StartFrom::Suspended {} => false,
         };
@@ -191,6 +233,7 @@ impl EngineHost for LocalHost {
         let mut steps = Steps::new();
         let (memory, lap) = match from {
             StartFrom::Template { template } => (None, self.prepare_root(sandbox, template, shape, &mut steps)?),
+            StartFrom::Layer { chain } => (None, self.prepare_from_chain(sandbox, chain, shape, &mut steps)?),
             StartFrom::Suspended {} => (Some(self.layout().snapshot_dir(sandbox)), Instant::now()),
             StartFrom::Image { .. } | StartFrom::TemplateImage { .. } | StartFrom::Clone { .. } => {
                 let image = self.image_dir(from).unwrap_or_default();

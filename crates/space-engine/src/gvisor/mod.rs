@@ -87,7 +87,7 @@ impl Gvisor {
     /// the agent's socket (before any handshake) and the time from spawning
     /// `runsc` to the connection, the engine's own floor.
     pub async fn boot(&self, spec: &SandboxSpec) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
-        let from = StartFrom::Template { template: self.hosted.placed.template(spec)? };
+        let from = self.hosted.placed.start_from(spec)?;
         let (socket, steps) = self.launch(spec, from).await?;
         let dialed = steps.iter().find(|(name, _)| *name == UNTIL_DIAL).map(|(_, took)| *took);
         Ok((socket, dialed.unwrap_or_default()))
@@ -149,7 +149,7 @@ impl Gvisor {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
-        let from = StartFrom::Template { template: self.hosted.placed.template(spec)? };
+        let from = self.hosted.placed.start_from(spec)?;
         let (socket, mut steps) = self.launch(spec, from).await?;
         let boot = steps.iter().find(|(name, _)| *name == UNTIL_DIAL).map(|(_, took)| *took).unwrap_or_default();
         let shaking = Instant::now();

@@ -12,7 +12,8 @@ use space_privsep::client::BlockingClient;
 use space_privsep::peer::PeerError;
 use space_privsep::proto::{
     AmountUnit, BuildSource, ChainId, CheckpointName, DiskMib, Engine, EngineState, ImageRef, LayerKey, PatienceMs,
-    Reply, Request, SandboxId, Shape, SlackNs, StartFrom, TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
+    Reply, Request, SandboxId, Shape, SlackNs, StartFrom, StepKey, TemplateMetaJson, TemplateName, TemplateRef,
+    TemplateVersion,
 };
 
 use crate::host::{EngineHost, Launched};
@@ -459,6 +460,19 @@ impl TemplateHost for HelperHost {
 
     fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError> {
         self.done(Request::DeleteLayer { chain: chain.clone() })
+    }
+
+    fn save_layer(&self, sandbox: &SandboxId, parent: &ChainId, key: &StepKey) -> Result<LayerReady, EngineError> {
+        let request = Request::SaveLayer { sandbox: sandbox.clone(), parent: parent.clone(), key: key.clone() };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::LayerReady { chain, bytes, cached }, _) => {
+                if chain != ChainId::next(Some(parent), &LayerKey::Step { key: key.clone() }) {
+                    return Err(EngineError::Runtime(format!("the helper saved chain {chain}, not the one asked for")));
+                }
+                Ok(LayerReady { chain, bytes, cached })
+            }
+            (other, _) => Err(unexpected(&request, &other)),
+        }
     }
 
     fn export_template(&self, template: &TemplateRef, out: std::fs::File) -> Result<(), EngineError> {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use space_privsep::peer::{Connection, HelperListener, Incoming, PeerError};
 use space_privsep::proto::{
-    Amount, AmountUnit, BuildSource, Engine, ImageRef, Refusal, Reply, Request, TemplateMetaJson, MAX_LISTED,
-    MAX_MESSAGE,
+    Amount, AmountUnit, BuildSource, Engine, EngineState, ImageRef, Refusal, Reply, Request, TemplateMetaJson,
+    MAX_LISTED, MAX_MESSAGE,
 };
 
 use crate::host::{EngineHost, Launched};
@@ -377,6 +377,28 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
             Err(err) => failed(err).into(),
         },
         Request::SaveCloneBase { sandbox, template } => done(host.save_clone_base(&sandbox, &template)),
+        Request::SaveLayer { sandbox, parent, key } => {
+            let Some(templates) = templates else {
+                return Reply::refused(Refusal::BadRequest, "this helper does not serve templates").into();
+            };
+            // The root is kept as it is at rest, never while the step's
+            // processes may still write to it.
+            match host.state(&sandbox) {
+                EngineState::Stopped | EngineState::Missing => {}
+                running @ (EngineState::Running | EngineState::Paused) => {
+                    let state = format!("{running:?}").to_lowercase();
+                    return Reply::refused(
+                        Refusal::Conflict,
+                        format!("sandbox {sandbox} is {state}: a layer is saved of a stopped sandbox"),
+                    )
+                    .into();
+                }
+            }
+            match templates.save_layer(&sandbox, &parent, &key) {
+                Ok(ready) => Reply::LayerReady { chain: ready.chain, bytes: ready.bytes, cached: ready.cached }.into(),
+                Err(err) => failed(err).into(),
+            }
+        }
         Request::Hello { .. }
         | Request::BeginTemplate { .. }
         | Request::CopyCheckpoint { .. }

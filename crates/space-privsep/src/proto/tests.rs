@@ -126,6 +126,13 @@ pub(crate) fn every_request() -> Vec<Request> {
             disk_mib: DiskMib::new(4096).unwrap(),
         },
         Request::DeleteLayer { chain: chain() },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Gvisor,
+            from: StartFrom::Layer { chain: chain() },
+            shape: shape(),
+        },
+        Request::SaveLayer { sandbox: sandbox(), parent: chain(), key: StepKey::parse(&"7".repeat(64)).unwrap() },
     ]
 }
 
@@ -426,6 +433,20 @@ fn layer_ids_and_digests_in_any_other_spelling_are_refused() {
     ] {
         hostile(json);
     }
+    // A saved layer's parent and key in their one spelling, and nothing
+    // beside them (no path, no chain id of the helper's to take).
+    for json in [
+        r#"{"op":"save_layer","sandbox":"sbx_0123456789abcdef0123","parent":"../x","key":"aa"}"#,
+        r#"{"op":"start","sandbox":"sbx_0123456789abcdef0123","engine":"gvisor","from":{"kind":"layer","chain":"/etc"},"shape":{"memory_mib":512,"vcpus":1,"disk_mib":1024}}"#,
+    ] {
+        hostile(json);
+    }
+    let save = format!(
+        r#"{{"op":"save_layer","sandbox":"sbx_0123456789abcdef0123","parent":"{0}","key":"{0}","chain":"{0}"}}"#,
+        "a".repeat(64)
+    );
+    hostile(&save);
+    assert!(decode_request(save.replace(&format!(r#","chain":"{}""#, "a".repeat(64)), "").as_bytes()).is_ok());
     let good = format!(
         r#"{{"op":"apply_layer","parent":null,"layer":{{"kind":"blob","digest":"sha256:{}","diff_id":null}},"disk_mib":10}}"#,
         "a".repeat(64)
