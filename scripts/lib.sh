@@ -71,9 +71,20 @@ ensure_build_deps() {
 # The console's tests drive Debian's Chromium over WebDriver (chromedriver);
 # the PostgreSQL store's tests run throwaway clusters of Debian's postgresql;
 # the cluster test puts each node in a network namespace of its own (ip);
-# the README's tour, which a test runs, reads answers with jq.
+# the README's tour, which a test runs, reads answers with jq; the registry
+# tests run Debian's docker-registry on loopback and push to it with skopeo.
 ensure_test_packages() {
-    install_missing "what the tests use" chromium chromium-driver postgresql iproute2 jq
+    local had_registry=yes
+    dpkg-query -W -f='${Status}' docker-registry 2>/dev/null | grep -q "install ok installed" || had_registry=no
+    install_missing "what the tests use" chromium chromium-driver postgresql iproute2 jq docker-registry skopeo
+    # Under systemd the package starts a registry of its own on :5000 of
+    # every interface, with no auth: an open registry on the test machine's
+    # network. The tests run theirs on loopback with their own configs, so
+    # one this script installed is stopped and disabled (a package upgrade
+    # keeps it disabled); one that was there before is left as it was.
+    if [ "$had_registry" = no ] && [ -d /run/systemd/system ]; then
+        systemctl disable --now docker-registry.service || true
+    fi
 }
 
 # The guest agent is linked statically so it runs in any root filesystem.
