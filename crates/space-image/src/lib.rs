@@ -24,6 +24,17 @@
 //! It owns no storage and unpacks nothing: the caller decides where blobs
 //! go, and the confined importer applies them.
 //!
+//! How the server uses it: parse the tenant's text with
+//! [`ImageRef::parse`]; make one [`Client`] per build ([`Client::new`]);
+//! [`Client::resolve`] it with the tenant's [`Credential`], if any (an error
+//! with [`ImageError::is_input_error`] is the caller's: 422); check
+//! [`ResolvedImage::total_bytes`] against what the build may use; then
+//! [`Client::download_blob`] each layer with the same client (it keeps the
+//! credential and tokens, and renews an expired token once). Downloads of
+//! one image may run concurrently, each to a destination of its own. A
+//! registry that sends a blob slowly is bounded only by the per-read
+//! timeout (60 s of silence): the caller bounds a whole pull.
+//!
 //! ```no_run
 //! # async fn example() -> Result<(), space_image::ImageError> {
 //! use space_image::{Client, ImageRef, RegistryConfig};

@@ -428,31 +428,45 @@ async fn a_blob_longer_than_its_descriptor_is_cut_off_and_leaves_no_file() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_service_outside_the_credentials_hosts_gets_nothing() {
+async fn bearer_tokens_come_only_from_a_token_service_within_the_credentials_hosts_and_are_renewed() {
     let image = Arc::new(fake::FakeImage::new());
     let token_requests = Arc::new(AtomicUsize::new(0));
+    // Tokens are `tok-N`; bumping N expires every token given before.
+    let generation = Arc::new(AtomicUsize::new(1));
     let port = Arc::new(std::sync::OnceLock::<u16>::new());
-    let (served, counter, known_port) = (image.clone(), token_requests.clone(), port.clone());
+    let (served, counter, current, known_port) =
+        (image.clone(), token_requests.clone(), generation.clone(), port.clone());
     let expected_basic = basic(TEST_USER, TEST_PASSWORD);
     let fake = fake::serve(move |request| {
         let path = request.uri().path().to_string();
+        let query = request.uri().query().unwrap_or_default().to_string();
         let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let token = format!("tok-{}", current.load(Ordering::SeqCst));
         if path == "/token" {
             counter.fetch_add(1, Ordering::SeqCst);
-            return match authorization == Some(expected_basic.as_str()) {
-                true => fake::respond(StatusCode::OK, "application/json", br#"{"access_token":"tok-1"}"#.to_vec()),
-                false => fake::respond(StatusCode::UNAUTHORIZED, "application/json", b"{}".to_vec()),
+            // Repositories under public/ get anonymous tokens (named
+            // `token`), the others only with the credential (`access_token`).
+            return if query.contains("scope=repository%3Apublic%2F") {
+                fake::respond(StatusCode::OK, "application/json", format!(r#"{{"token":"{token}"}}"#).into_bytes())
+            } else if authorization == Some(expected_basic.as_str()) {
+                let body = format!(r#"{{"access_token":"{token}","expires_in":300}}"#);
+                fake::respond(StatusCode::OK, "application/json", body.into_bytes())
+            } else {
+                fake::respond(StatusCode::UNAUTHORIZED, "application/json", b"{}".to_vec())
             };
         }
-        if authorization == Some("Bearer tok-1") {
+        if authorization == Some(format!("Bearer {token}").as_str()) {
             return served.answer(&path);
         }
+        let repository = path.trim_start_matches("/v2/").split("/manifests/").next().unwrap_or_default();
+        let repository = repository.split("/blobs/").next().unwrap_or_default();
         // The repository named "outside" names a token service on another
         // loopback address.
-        let realm_host = if path.starts_with("/v2/outside/") { "127.0.0.2" } else { "127.0.0.1" };
+        let realm_host = if repository.starts_with("outside/") { "127.0.0.2" } else { "127.0.0.1" };
         let port = known_port.get().copied().unwrap_or_default();
-        let challenge =
-            format!(r#"Bearer realm="http://{realm_host}:{port}/token",service="fake",scope="repository:x:pull""#);
+        let challenge = format!(
+            r#"Bearer realm="http://{realm_host}:{port}/token",service="fake",scope="repository:{repository}:pull""#
+        );
         Response::builder()
             .status(StatusCode::UNAUTHORIZED)
             .header(header::WWW_AUTHENTICATE, challenge)
@@ -471,7 +485,10 @@ async fn a_token_service_outside_the_credentials_hosts_gets_nothing() {
     assert!(!err.to_string().contains(TEST_PASSWORD), "{err}");
     assert_eq!(token_requests.load(Ordering::SeqCst), 0, "the credential went nowhere");
 
-    // Without a credential the token service refuses: an auth failure.
+    // Without a credential: an anonymous token where the service gives
+    // one, an auth failure where it does not.
+    let public = reference(&format!("{}/public/app:1", fake.host), &config);
+    bounded("resolve", Client::new(&config).unwrap().resolve(&public, None)).await.unwrap();
     let inside = reference(&format!("{}/inside/app:1", fake.host), &config);
     let err = bounded("resolve", Client::new(&config).unwrap().resolve(&inside, None)).await.unwrap_err();
     assert!(matches!(err, ImageError::AuthFailed(_)), "{err}");
@@ -483,6 +500,11 @@ async fn a_token_service_outside_the_credentials_hosts_gets_nothing() {
     let before = token_requests.load(Ordering::SeqCst);
     download_all(&client, &resolved).await;
     assert_eq!(token_requests.load(Ordering::SeqCst), before, "the token is kept by the client");
+
+    // An expired token is renewed once, with the credential given to resolve.
+    generation.fetch_add(1, Ordering::SeqCst);
+    download_all(&client, &resolved).await;
+    assert_eq!(token_requests.load(Ordering::SeqCst), before + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
