@@ -536,12 +536,15 @@ async fn a_blob_redirect_to_a_loopback_address_is_refused_unless_listed_and_carr
         if !path.ends_with(&served.layer_digest) {
             return served.answer(&path);
         }
-        // The repository says where its blobs are: a loopback address, or
-        // a name that resolves to one.
-        let location = match path.starts_with("/v2/named/") {
-            true => format!("https://localhost:{storage_port}/storage/{}", served.layer_digest),
-            false => format!("http://127.0.0.1:{storage_port}/storage/{}", served.layer_digest),
+        // The repository says where its blobs are: a loopback address over
+        // HTTPS, a name resolving to one, or a loopback address over HTTP.
+        let repository = path.trim_start_matches("/v2/").split('/').next().unwrap_or_default();
+        let origin = match repository {
+            "named" => format!("https://localhost:{storage_port}"),
+            "address" => format!("https://127.0.0.1:{storage_port}"),
+            _ => format!("http://127.0.0.1:{storage_port}"),
         };
+        let location = format!("{origin}/storage/{}", served.layer_digest);
         Response::builder()
             .status(StatusCode::TEMPORARY_REDIRECT)
             .header(header::LOCATION, location)
@@ -554,7 +557,7 @@ async fn a_blob_redirect_to_a_loopback_address_is_refused_unless_listed_and_carr
     let dest = dir.join("blob");
 
     let only_registry = config(&[&registry.host]);
-    for repo in ["address", "named"] {
+    for (repo, why) in [("address", "loopback"), ("named", "localhost resolves only to"), ("plain", "plain HTTP")] {
         let client = Client::new(&only_registry).unwrap();
         let target = reference(&format!("{}/{repo}/app:1", registry.host), &only_registry);
         let resolved = bounded("resolve", client.resolve(&target, Some(&credential))).await.unwrap();
@@ -562,14 +565,14 @@ async fn a_blob_redirect_to_a_loopback_address_is_refused_unless_listed_and_carr
             .await
             .unwrap_err();
         assert!(matches!(err, ImageError::Refused(_)), "{repo}: {err}");
-        assert!(err.to_string().contains("redirect") || err.to_string().contains("localhost"), "{repo}: {err}");
+        assert!(err.to_string().contains(why), "{repo}: {err}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no file is left");
     }
     assert_eq!(storage_requests.load(Ordering::SeqCst), 0, "the storage host was never asked");
 
     let both = config(&[&registry.host, &storage.host]);
     let client = Client::new(&both).unwrap();
-    let target = reference(&format!("{}/address/app:1", registry.host), &both);
+    let target = reference(&format!("{}/plain/app:1", registry.host), &both);
     let resolved = bounded("resolve", client.resolve(&target, Some(&credential))).await.unwrap();
     bounded("a download", client.download_blob(&resolved, &resolved.layers[0], &dest, &mut |_| {})).await.unwrap();
     assert_eq!(sha256_file(&dest), image.layer_digest);
@@ -630,4 +633,50 @@ async fn a_mirror_is_tried_first_for_anonymous_pulls_of_the_default_registry_onl
     let resolved = bounded("resolve", client.resolve(&reference("team/app:1.0", &config), None)).await.unwrap();
     assert_eq!(resolved.manifest_digest, image.manifest_digest, "the mirror answered");
     download_all(&client, &resolved).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_come_over_https_from_a_host_whose_certificate_the_operator_trusts() {
+    let image = Arc::new(fake::FakeImage::new());
+    let dir = ScratchDir::new("ca");
+    let ca = space_testkit::TestCa::new(&dir, "storage-ca");
+    let layer = image.layer.clone();
+    let storage = fake::serve_tls(ca.server(&["127.0.0.1".to_string()]), move |_| {
+        fake::respond(StatusCode::OK, "application/octet-stream", layer.clone())
+    })
+    .await;
+    let (served, storage_port) = (image.clone(), storage.addr.port());
+    let registry = fake::serve(move |request| {
+        let path = request.uri().path().to_string();
+        if !path.ends_with(&served.layer_digest) {
+            return served.answer(&path);
+        }
+        let location = format!("https://127.0.0.1:{storage_port}/storage/{}", served.layer_digest);
+        Response::builder().status(StatusCode::FOUND).header(header::LOCATION, location).body(Body::empty()).unwrap()
+    })
+    .await;
+    let dest = dir.join("blob");
+    let target = format!("{}/app:1", registry.host);
+
+    // Without the operator's CA the certificate is not trusted.
+    let untrusting = config(&[&registry.host, &storage.host]);
+    let client = Client::new(&untrusting).unwrap();
+    let resolved = bounded("resolve", client.resolve(&reference(&target, &untrusting), None)).await.unwrap();
+    let err = bounded("a download", client.download_blob(&resolved, &resolved.layers[0], &dest, &mut |_| {}))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Network(_)), "{err}");
+    assert!(!dest.exists());
+
+    let trusting = RegistryConfig {
+        extra_ca_pem: vec![std::fs::read(&ca.file).unwrap()],
+        ..config(&[&registry.host, &storage.host])
+    };
+    let client = Client::new(&trusting).unwrap();
+    let resolved = bounded("resolve", client.resolve(&reference(&target, &trusting), None)).await.unwrap();
+    bounded("a download", client.download_blob(&resolved, &resolved.layers[0], &dest, &mut |_| {})).await.unwrap();
+    assert_eq!(sha256_file(&dest), image.layer_digest);
+
+    let bad_pem = RegistryConfig { extra_ca_pem: vec![b"not a certificate".to_vec()], ..config(&[]) };
+    assert!(matches!(Client::new(&bad_pem), Err(ImageError::Config(_))));
 }

@@ -98,16 +98,45 @@ impl Drop for Fake {
     }
 }
 
-pub async fn serve(handler: impl Fn(Request) -> Response + Send + Sync + 'static) -> Fake {
+fn router(handler: impl Fn(Request) -> Response + Send + Sync + 'static) -> axum::Router {
     let handler = Arc::new(handler);
-    let app = axum::Router::new().fallback(move |request: Request| {
+    axum::Router::new().fallback(move |request: Request| {
         let handler = handler.clone();
         async move { handler(request) }
-    });
+    })
+}
+
+pub async fn serve(handler: impl Fn(Request) -> Response + Send + Sync + 'static) -> Fake {
+    let app = router(handler);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0");
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
+    });
+    Fake { addr, host: addr.to_string(), task }
+}
+
+/// Like [`serve`], over TLS with `tls`'s certificate.
+pub async fn serve_tls(
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    handler: impl Fn(Request) -> Response + Send + Sync + 'static,
+) -> Fake {
+    let app = router(handler);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0");
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                // A client that refuses the certificate ends the handshake.
+                let Ok(stream) = acceptor.accept(tcp).await else { return };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
     });
     Fake { addr, host: addr.to_string(), task }
 }
