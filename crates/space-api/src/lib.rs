@@ -123,6 +123,8 @@ error_codes! {
     InvalidValue = ("invalid_value", 422),
     /// The template build failed; the message says at which step.
     BuildFailed = ("build_failed", 422),
+    /// The image named cannot be pulled: no such image or tag, credentials refused, no linux/amd64 manifest, a format not supported, or a registry address the server may not reach.
+    ImageUnavailable = ("image_unavailable", 422),
     /// The network policy asks for egress that the tenant or the host does not allow.
     EgressNotPermitted = ("egress_not_permitted", 422),
     /// The command's program does not exist in the sandbox.
@@ -151,6 +153,8 @@ error_codes! {
     NotInClusterMode = ("not_in_cluster_mode", 501),
     /// The node holding the sandbox does not answer.
     NodeUnreachable = ("node_unreachable", 502),
+    /// The registry an image was asked of does not answer, or answers outside its protocol.
+    RegistryUnreachable = ("registry_unreachable", 502),
     /// Nothing listens on that port inside the sandbox.
     PortClosed = ("port_closed", 502),
     /// The sandbox's port could not be reached.
@@ -926,6 +930,58 @@ pub struct TemplateDefaultsRequest {
     /// belong to a tenant).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// The template's start command, recorded for its users (an image's
+    /// `ENTRYPOINT` + `CMD` unless given): SPACE does not run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+}
+
+/// An image in an OCI registry: its reference alone, or with the tenant
+/// secret that holds the registry's credential.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ImageSource {
+    /// `registry.example/team/app:1.2`, `…@sha256:<hex>`, or a reference
+    /// without a registry host when the operator set a default registry.
+    Reference(String),
+    WithAuth(ImageSourceWithAuth),
+}
+
+impl ImageSource {
+    pub fn reference(&self) -> &str {
+        match self {
+            ImageSource::Reference(reference) => reference,
+            ImageSource::WithAuth(detail) => &detail.reference,
+        }
+    }
+
+    pub fn auth(&self) -> Option<&RegistryAuth> {
+        match self {
+            ImageSource::Reference(_) => None,
+            ImageSource::WithAuth(detail) => detail.auth.as_ref(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSourceWithAuth {
+    pub reference: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<RegistryAuth>,
+}
+
+/// A registry credential: the name of a tenant secret (`PUT
+/// /v1/secrets/{name}`) whose hosts cover the registry's host and, for a
+/// token service, its host. With `username` the secret is the password
+/// (Basic); without, the secret is a bearer token. The value is never
+/// written to the template, its log or the operation.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAuth {
+    pub secret: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -954,6 +1010,10 @@ pub struct TemplateSource {
     /// One of a sandbox's checkpoints: a snapshot template of that state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSource>,
+    /// An image pulled from an OCI registry (linux/amd64); its config's
+    /// env, working dir, user and start command become the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageSource>,
 }
 
 /// A checkpoint, named by its sandbox and its name.
@@ -995,6 +1055,10 @@ pub struct TemplateDefaults {
     pub user: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// The start command recorded with the template (an image's
+    /// `ENTRYPOINT` + `CMD`): not run by SPACE; run it with an exec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -403,6 +403,36 @@ pub(crate) struct EngineArgs {
     /// connections together (0: unlimited).
     #[arg(long, default_value_t = 0)]
     pub(crate) egress_rate_mib: u64,
+    /// A registry templates' images may be pulled from over plain HTTP and
+    /// at a private or loopback address, HOST[:PORT] (repeatable); every
+    /// other registry is HTTPS at a public address.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub(crate) insecure_registries: Vec<String>,
+    /// A fixed answer for a registry's name, NAME=IP (repeatable): that
+    /// name resolves to that address only (a registry without DNS).
+    #[arg(long = "registry-host", value_name = "NAME=IP")]
+    pub(crate) registry_hosts: Vec<String>,
+    /// The registry of image references that name no host
+    /// (`debian:bookworm-slim`); without one, such a reference is refused.
+    #[arg(long, env = "SPACE_DEFAULT_REGISTRY", value_name = "HOST[:PORT]")]
+    pub(crate) default_registry: Option<String>,
+    /// A namespace put before one-component repositories of the default
+    /// registry (`debian` → `NAMESPACE/debian`), for registries that keep
+    /// their official images under one.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub(crate) default_registry_namespace: Option<String>,
+    /// A pull-through mirror of the default registry, HOST[:PORT]: tried
+    /// first for anonymous pulls, the registry itself when it fails.
+    #[arg(long, env = "SPACE_REGISTRY_MIRROR", value_name = "HOST[:PORT]")]
+    pub(crate) registry_mirror: Option<String>,
+    /// PEM file of CA certificates registries' TLS is also checked against
+    /// (repeatable; besides the system's roots).
+    #[arg(long = "registry-ca", value_name = "FILE")]
+    pub(crate) registry_ca: Vec<PathBuf>,
+    /// Disk (MiB) the layer chains of pulled images may keep cached; the
+    /// least recently used go past it (templates made of them stay whole).
+    #[arg(long, env = "SPACE_LAYER_CACHE_MIB", default_value_t = space_server::DEFAULT_LAYER_CACHE_MIB)]
+    pub(crate) layer_cache_mib: u64,
 }
 
 impl EngineArgs {
@@ -448,6 +478,41 @@ impl EngineArgs {
             disk_reserve_mib: self.disk_reserve_mib,
             egress,
             database: None,
+            registry: self.registry_config()?,
+            layer_cache_mib: self.layer_cache_mib,
+        })
+    }
+
+    /// How templates' images are pulled (the CA files read now: a confined
+    /// server cannot open them later).
+    fn registry_config(&self) -> Result<space_image::RegistryConfig> {
+        let extra_ca_pem = self
+            .registry_ca
+            .iter()
+            .map(|path| std::fs::read(path).with_context(|| format!("reading --registry-ca {}", path.display())))
+            .collect::<Result<_>>()?;
+        let hosts = self
+            .registry_hosts
+            .iter()
+            .map(|pair| {
+                let (name, ip) = pair.split_once('=').with_context(|| format!("--registry-host {pair:?}: NAME=IP"))?;
+                let ip =
+                    ip.parse().with_context(|| format!("--registry-host {pair:?}: {ip:?} is not an IP address"))?;
+                anyhow::ensure!(
+                    !name.is_empty() && !name.contains(['/', ':', ' ']),
+                    "--registry-host {pair:?}: a bad name"
+                );
+                Ok((name.to_ascii_lowercase(), ip))
+            })
+            .collect::<Result<_>>()?;
+        Ok(space_image::RegistryConfig {
+            hosts,
+            insecure: self.insecure_registries.clone(),
+            mirror: self.registry_mirror.clone(),
+            default_registry: self.default_registry.clone(),
+            default_namespace: self.default_registry_namespace.clone(),
+            extra_ca_pem,
+            user_agent: format!("space/{}", env!("CARGO_PKG_VERSION")),
         })
     }
 }
@@ -745,6 +810,31 @@ pub(crate) enum TemplateCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Make a template of an image in an OCI registry, showing the pull's
+    /// progress: `space template create NAME --from-image REF`.
+    Create {
+        /// The new template's name.
+        name: String,
+        /// The image: `HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]` (a reference
+        /// without a host needs the server's --default-registry).
+        #[arg(long, value_name = "REF")]
+        from_image: String,
+        /// The tenant secret holding the registry's password (with
+        /// --registry-user) or token.
+        #[arg(long, value_name = "SECRET")]
+        registry_secret: Option<String>,
+        /// The registry user the secret is the password of.
+        #[arg(long, value_name = "USER", requires = "registry_secret")]
+        registry_user: Option<String>,
+        /// Default working directory (over the image's WorkingDir).
+        #[arg(long)]
+        workdir: Option<String>,
+        /// Default user (over the image's User).
+        #[arg(long)]
+        user: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Make a template of an OCI image archive (`docker save` output or an
     /// OCI image layout in a tar, optionally gzip-compressed).
     ImportOci {
@@ -768,7 +858,7 @@ pub(crate) enum TemplateCommand {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
         #[command(flatten)]
-        engine: EngineArgs,
+        engine: Box<EngineArgs>,
     },
     /// Make a snapshot template of a running sandbox (or of one of its
     /// checkpoints): its sandboxes start from that state instead of booting.

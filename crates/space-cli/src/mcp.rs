@@ -83,6 +83,14 @@ fn tools() -> Value {
         {"name": "restore_checkpoint",
          "description": "Roll a sandbox back to one of its checkpoints: memory, processes and files as they were then.",
          "inputSchema": checkpoint},
+        {"name": "template_from_image",
+         "description": "Make a template of an image in an OCI registry (host/repo:tag or host/repo@sha256:…) and wait until it is ready; sandboxes are then created with that template. Returns the template (its defaults.command is the image's start command, which SPACE does not run).",
+         "inputSchema": {"type": "object", "properties": {
+             "name": {"type": "string", "description": "The new template's name: a-z, 0-9, - and _"},
+             "image": {"type": "string", "description": "The image reference"},
+             "registry_secret": {"type": "string", "description": "A stored secret holding the registry's password (with registry_user) or token"},
+             "registry_user": {"type": "string"}},
+          "required": ["name", "image"], "additionalProperties": false}},
     ])
 }
 
@@ -214,6 +222,19 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
             let forks: Vec<Value> =
                 accepted["sandboxes"].as_array().into_iter().flatten().map(|s| s["id"].clone()).collect();
             Ok(text(&serde_json::to_string_pretty(&json!({"forks": forks})).unwrap_or_default()))
+        }
+        "template_from_image" => {
+            let (template, image) = (string(args, "name")?, string(args, "image")?);
+            let image = match (args["registry_secret"].as_str(), args["registry_user"].as_str()) {
+                (Some(secret), user) => json!({"reference": image, "auth": {"secret": secret, "username": user}}),
+                (None, Some(_)) => return Err("`registry_user` goes with `registry_secret`".into()),
+                (None, None) => json!(image),
+            };
+            let accepted =
+                client.post("/v1/templates", &json!({"name": template, "from": {"image": image}})).map_err(e)?;
+            finish(client, &accepted)?;
+            let made = client.get(&format!("/v1/templates/{}", encode(template))).map_err(e)?;
+            Ok(text(&serde_json::to_string_pretty(&made).unwrap_or_default()))
         }
         "checkpoint_sandbox" | "restore_checkpoint" => {
             let (id, checkpoint) = (encode(string(args, "sandbox_id")?), string(args, "name")?);

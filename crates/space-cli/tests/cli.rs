@@ -346,6 +346,23 @@ fn mcp(data: &TestDataDir, url: &str) -> (ReapedChild, std::process::ChildStdin,
     (child, stdin, McpAnswers(answers))
 }
 
+/// Sends one JSON-RPC request to `space mcp` and reads its answer.
+fn mcp_ask(
+    stdin: &mut std::process::ChildStdin,
+    lines: &mut McpAnswers,
+    id: u64,
+    method: &str,
+    params: serde_json::Value,
+) -> serde_json::Value {
+    use std::io::Write;
+    let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    writeln!(stdin, "{request}").unwrap();
+    stdin.flush().unwrap();
+    let answer = lines.next();
+    assert_eq!(answer["id"], id, "{answer}");
+    answer
+}
+
 /// The lines `space mcp` writes, each waited for with a deadline.
 struct McpAnswers(std::sync::mpsc::Receiver<String>);
 
@@ -553,18 +570,11 @@ fn doctor_tells_which_engine_runs_here_and_why_not() {
 
 #[test]
 fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
-    use std::io::Write;
     let data = TestDataDir::new();
     let (server, url) = serve(&data);
     let (child, mut stdin, mut lines) = mcp(&data, &url);
-    let mut ask = |id: u64, method: &str, params: serde_json::Value| -> serde_json::Value {
-        let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(stdin, "{request}").unwrap();
-        stdin.flush().unwrap();
-        let answer = lines.next();
-        assert_eq!(answer["id"], id, "{answer}");
-        answer
-    };
+    let mut ask =
+        |id: u64, method: &str, params: serde_json::Value| mcp_ask(&mut stdin, &mut lines, id, method, params);
     let init = ask(
         1,
         "initialize",
@@ -688,6 +698,54 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
 }
 
 #[test]
+fn a_template_from_a_registry_image_from_the_cli() {
+    let data = TestDataDir::new();
+    let registry = space_testkit::registry::Registry::start(None);
+    space_testkit::images::push_app_image(&registry, "cli/app", "2", None);
+    let (server, url, _) =
+        serve_with(&data, &["--dev", "--listen", "127.0.0.1:0", "--insecure-registry", &registry.host]);
+    let reference = format!("{}/cli/app:2", registry.host);
+
+    let made = space(&data, &url, &["template", "create", "pulled", "--from-image", &reference, "--workdir", "/etc"]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let template: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
+    assert_eq!(template["state"], "ready", "{template}");
+    assert_eq!(template["defaults"]["workdir"], "/etc", "the flag wins over the image's: {template}");
+    assert_eq!(template["defaults"]["command"], serde_json::json!(["/bin/sh", "run.sh"]), "{template}");
+    let created = space(&data, &url, &["sandbox", "create", "--quiet", "--template", "pulled"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let id = String::from_utf8(created.stdout).unwrap().trim().to_string();
+    let exec = space(&data, &url, &["exec", &id, "--", "cat", "greeting"]);
+    assert_eq!(String::from_utf8_lossy(&exec.stdout), space_testkit::images::GREETING, "{exec:?}");
+
+    // An image that is not there: refused before anything is built.
+    let missing = space(&data, &url, &["template", "create", "nope", "--from-image", &format!("{reference}-missing")]);
+    assert!(!missing.status.success());
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("image_unavailable") && said.contains("not found"), "{said}");
+    let listed = space(&data, &url, &["template", "ls"]);
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains("nope"));
+
+    // And as an agent would, through MCP.
+    let (child, mut stdin, mut lines) = mcp(&data, &url);
+    let mut ask =
+        |id: u64, method: &str, params: serde_json::Value| mcp_ask(&mut stdin, &mut lines, id, method, params);
+    let init = serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}});
+    ask(1, "initialize", init);
+    let call = |name: &str, image: &str| serde_json::json!({"name": "template_from_image", "arguments": {"name": name, "image": image}});
+    let made = ask(2, "tools/call", call("via-mcp", &reference));
+    assert_eq!(made["result"]["isError"], false, "{made}");
+    let said = made["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(said.contains("\"via-mcp\"") && said.contains("\"ready\""), "{said}");
+    let missing = ask(3, "tools/call", call("via-mcp-missing", &format!("{reference}-missing")));
+    assert_eq!(missing["result"]["isError"], true, "{missing}");
+    drop(stdin);
+    assert!(child.wait_timeout(std::time::Duration::from_secs(10)).is_some_and(|s| s.success()), "mcp ends");
+    stop(server);
+}
+
+#[test]
 fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
     let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);
@@ -703,7 +761,11 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     );
     assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
 
-    let (server, url) = serve(&data);
+    // An image in a registry on loopback, for `Template.from_image`.
+    let registry = space_testkit::registry::Registry::start(None);
+    space_testkit::images::push_app_image(&registry, "sdk/app", "1", None);
+    let (server, url, _) =
+        serve_with(&data, &["--dev", "--listen", "127.0.0.1:0", "--insecure-registry", &registry.host]);
     let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let python = venv.join("bin/python");
     let mut tests = Command::new(&python);
@@ -711,10 +773,12 @@ fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
         .args(["-m", "unittest", "discover", "-v", "-s"])
         .arg(repo.join("sdk/python/tests"))
         .env("SPACE_URL", &url)
-        .env("SPACE_API_KEY", &key);
+        .env("SPACE_API_KEY", &key)
+        .env("SPACE_TEST_IMAGE", format!("{}/sdk/app:1", registry.host));
     let ran = output_within(&mut tests, common::SUITE_PATIENCE);
     let report = String::from_utf8_lossy(&ran.stderr);
     assert!(ran.status.success() && report.contains("OK"), "the SDK's tests: {report}");
+    assert!(!report.contains("SPACE_TEST_IMAGE names no image"), "the image tests ran: {report}");
 
     // The walkthrough, unattended: a transcript directory stays, the sandbox goes.
     let walk = data.root().join("walk");

@@ -394,7 +394,9 @@ fn a_compromised_server_gets_nothing_from_the_helper_but_its_own_sandboxes_work(
 #[test]
 fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     let data = TestDataDir::new();
-    let split = Split::start(&data, &[]);
+    let registry = space_testkit::registry::Registry::start(None);
+    space_testkit::images::push_app_image(&registry, "team/app", "1", None);
+    let split = Split::start(&data, &["--insecure-registry", &registry.host]);
     let templates = data.root().join("templates");
     let owner = |path: &Path| std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(path).unwrap());
     let source = split.lifecycle("/v1/sandboxes", json!({"template": "base"})).sandbox_id.expect("its id");
@@ -459,6 +461,25 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     assert!(!templates.join("broken").exists(), "a failed import leaves nothing");
     split.assert_confined("a failed OCI import");
 
+    // A registry image: the confined server downloads and checks each
+    // layer, the helper applies it onto a layer chain through the importer
+    // child and makes the template a snapshot of the top chain.
+    let pull = json!({"name": "pulled", "from": {"image": format!("{}/team/app:1", registry.host)}});
+    let answer = split.client.post("/v1/templates", &pull).unwrap();
+    let operation = answer["operation"]["id"].as_str().unwrap().to_string();
+    let pulled = split.client.wait_for_operation_within(&operation, Duration::from_secs(120)).unwrap();
+    assert_eq!(pulled.state, OperationState::Succeeded, "{pulled:?}");
+    split.assert_confined("a registry pull");
+    let chains = data.root().join("cache/layers");
+    assert_eq!(owner(&chains), 0, "the layer cache is the helper's");
+    assert_eq!(std::fs::read_dir(&chains).unwrap().count(), 2, "one chain per layer");
+    assert_eq!(owner(&data.root().join("logs").join(format!("{operation}.log"))), split.uid, "the server's log");
+    let of_pull = split.lifecycle("/v1/sandboxes", json!({"template": "pulled"})).sandbox_id.expect("its id");
+    let ran = split.exec(&of_pull, &["/bin/sh", "-c", "cat /etc/greeting; echo; pwd"]);
+    assert_eq!(ran["stdout"], format!("{}\n/app\n", space_testkit::images::GREETING), "{ran}");
+    let answer = split.client.delete(&format!("/v1/sandboxes/{of_pull}")).unwrap();
+    split.operation(&serde_json::from_value(answer["operation"].clone()).unwrap());
+
     // A Debian build: mmdebstrap runs in the helper, its output goes to the
     // log the server opened, its progress comes back as it goes.
     let answer = split
@@ -487,7 +508,7 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     let answer = split.client.delete(&format!("/v1/sandboxes/{of_debian}")).unwrap();
     split.operation(&serde_json::from_value(answer["operation"].clone()).unwrap());
 
-    for name in ["snap", "snapc", "img", "jqbox"] {
+    for name in ["snap", "snapc", "img", "pulled", "jqbox"] {
         split.client.delete_empty(&format!("/v1/templates/{name}")).unwrap();
         assert!(!templates.join(name).exists(), "{name} is gone");
     }

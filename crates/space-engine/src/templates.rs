@@ -27,8 +27,8 @@ pub use space_host::template::BuildProgress;
 use space_host::template::TemplateMeta;
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    ChainId, CheckpointName, DiskMib, ImageRef, LayerKey, PackageName, SandboxId, StepKey, Suite, TemplateMetaJson,
-    TemplateName, TemplateRef, TemplateVersion,
+    ChainId, CheckpointName, DiskMib, ImageRef, LayerEntry, LayerKey, PackageName, SandboxId, StepKey, Suite,
+    TemplateMetaJson, TemplateName, TemplateRef, TemplateVersion,
 };
 
 use crate::EngineError;
@@ -146,6 +146,10 @@ pub trait TemplateHost: Send + Sync {
     /// engine must be stopped: the helper asks the engine and refuses
     /// otherwise; a caller in process stops it first.
     fn save_layer(&self, sandbox: &SandboxId, parent: &ChainId, key: &StepKey) -> Result<LayerReady, EngineError>;
+
+    /// `ListLayers`: the chains in the cache, least recently used first,
+    /// for the platform's eviction.
+    fn list_layers(&self) -> Result<Vec<LayerEntry>, EngineError>;
 }
 
 /// The chains being applied or deleted: one request at a time works on a
@@ -211,6 +215,21 @@ impl LocalTemplates {
 
     fn has_chain(&self, chain: &ChainId) -> bool {
         fs::symlink_metadata(self.layout.layer_root(chain)).is_ok_and(|m| m.is_dir())
+    }
+
+    /// Marks a chain used now (its directory's time: the cache's eviction
+    /// goes least recently used first, and the mark survives restarts).
+    fn touch_chain(&self, chain: &ChainId) {
+        let now = nix::sys::time::TimeSpec::from(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+        );
+        let _ = nix::sys::stat::utimensat(
+            None,
+            &self.layout.layer_dir(chain),
+            &now,
+            &now,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        );
     }
 
     /// Image archives are parsed by `space_bin`'s confined child (see
@@ -481,7 +500,28 @@ impl TemplateHost for LocalTemplates {
     }
 
     fn has_layer(&self, chain: &ChainId) -> Result<bool, EngineError> {
-        Ok(self.has_chain(chain))
+        let has = self.has_chain(chain);
+        if has {
+            self.touch_chain(chain);
+        }
+        Ok(has)
+    }
+
+    fn list_layers(&self) -> Result<Vec<LayerEntry>, EngineError> {
+        let Ok(entries) = fs::read_dir(self.layout.layer_cache()) else { return Ok(Vec::new()) };
+        let mut layers: Vec<LayerEntry> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let chain = ChainId::parse(entry.file_name().to_str()?).ok()?;
+                let meta = fs::symlink_metadata(entry.path()).ok().filter(fs::Metadata::is_dir)?;
+                let used_s = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+                let bytes = btrfs::exclusive_bytes(&self.layout.layer_root(&chain)).unwrap_or(0);
+                Some(LayerEntry { chain, bytes, used_s })
+            })
+            .collect();
+        layers.sort_by(|a, b| (a.used_s, &a.chain).cmp(&(b.used_s, &b.chain)));
+        layers.truncate(space_privsep::proto::MAX_LISTED);
+        Ok(layers)
     }
 
     fn apply_layer(
@@ -496,6 +536,7 @@ impl TemplateHost for LocalTemplates {
         let chain = ChainId::next(parent, layer);
         let _busy = self.chains.lock(&chain);
         if self.has_chain(&chain) {
+            self.touch_chain(&chain);
             return Ok(LayerReady { chain, bytes: 0, cached: true });
         }
         let importer = self.importer("layers")?;

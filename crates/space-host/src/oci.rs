@@ -378,6 +378,10 @@ struct RuntimeConfig {
     working_dir: Option<String>,
     #[serde(default)]
     user: Option<String>,
+    #[serde(default)]
+    entrypoint: Option<Vec<String>>,
+    #[serde(default)]
+    cmd: Option<Vec<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -404,6 +408,9 @@ fn image_defaults(config: &ImageConfig) -> DefaultsOverride {
     if let Some(user) = runtime.user.as_deref().filter(|u| !u.is_empty()) {
         defaults.user = Some(user.to_string());
     }
+    let command: Vec<String> =
+        runtime.entrypoint.iter().flatten().chain(runtime.cmd.iter().flatten()).cloned().collect();
+    defaults.command = (!command.is_empty()).then_some(command);
     defaults
 }
 

@@ -114,6 +114,8 @@ pub struct DefaultsOverride {
     pub workdir: Option<String>,
     pub user: Option<String>,
     pub network: Option<serde_json::Value>,
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
 }
 
 impl DefaultsOverride {
@@ -129,6 +131,7 @@ impl DefaultsOverride {
             workdir: self.workdir.clone().or(under.workdir),
             user: self.user.clone().or(under.user),
             network: self.network.clone().or(under.network),
+            command: self.command.clone().or(under.command),
         }
     }
 
@@ -144,6 +147,7 @@ impl DefaultsOverride {
             workdir: merged.workdir.unwrap_or(base.workdir),
             user: merged.user.unwrap_or(base.user),
             network: merged.network,
+            command: merged.command,
         }
     }
 }

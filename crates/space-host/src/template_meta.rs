@@ -24,6 +24,10 @@ pub struct TemplateDefaults {
     /// API's `Network`, checked by the server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<serde_json::Value>,
+    /// The start command recorded for the template's users (an image's
+    /// `ENTRYPOINT` + `CMD`); never run by the platform.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
 }
 
 impl Default for TemplateDefaults {
@@ -36,6 +40,7 @@ impl Default for TemplateDefaults {
             workdir: "/root".into(),
             user: "root".into(),
             network: None,
+            command: None,
         }
     }
 }

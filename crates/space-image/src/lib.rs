@@ -81,6 +81,11 @@ pub struct RegistryConfig {
     /// their official images under one (as Docker's hub does with
     /// `library`).
     pub default_namespace: Option<String>,
+    /// Fixed answers for registry names (`--registry-host NAME=IP`):
+    /// these names resolve to these addresses only, the system resolver
+    /// unasked (a registry without DNS, a test's). The address policy
+    /// applies to them as to any answer.
+    pub hosts: Vec<(String, std::net::IpAddr)>,
     /// Extra root certificates (PEM), beside the system bundle.
     pub extra_ca_pem: Vec<Vec<u8>>,
     /// Sent as `User-Agent`.

@@ -127,14 +127,26 @@ pub(crate) fn check_url(url: &Url, insecure: &Insecure) -> Result<(), AddressRef
 /// policy allows (all of them for an insecure-listed host).
 struct PublicOnly {
     insecure: Insecure,
+    /// The operator's fixed answers (`--registry-host NAME=IP`), asked
+    /// instead of the system resolver for those names.
+    fixed: Vec<(String, IpAddr)>,
 }
 
 impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
         let name = name.as_str().to_string();
         let listed = self.insecure.names_host(&name);
+        let fixed: Vec<SocketAddr> = self
+            .fixed
+            .iter()
+            .filter(|(fixed, _)| fixed.eq_ignore_ascii_case(&name))
+            .map(|(_, ip)| SocketAddr::new(*ip, 0))
+            .collect();
         Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let found: Vec<SocketAddr> = match fixed.is_empty() {
+                true => tokio::net::lookup_host((name.as_str(), 0)).await?.collect(),
+                false => fixed,
+            };
             let allowed = allowed_addresses(&name, found, listed)?;
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
@@ -177,7 +189,7 @@ pub(crate) fn http_client(config: &RegistryConfig, insecure: &Insecure) -> Resul
     });
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
-        .dns_resolver(Arc::new(PublicOnly { insecure: insecure.clone() }))
+        .dns_resolver(Arc::new(PublicOnly { insecure: insecure.clone(), fixed: config.hosts.clone() }))
         .redirect(policy)
         .referer(false)
         .no_proxy()

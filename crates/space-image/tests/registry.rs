@@ -121,7 +121,7 @@ fn partial(dest: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_pull_resolves_the_manifest_and_config_and_downloads_verified_layers() {
-    let Some(registry) = Registry::start_or_skip("an_anonymous_pull_…", None) else { return };
+    let registry = Registry::start(None);
     let written = push(&registry, "team/app", "1.0", &[layered_image()], PushFormat::Oci, false);
     let config = config(&[&registry.host]);
     let client = Client::new(&config).unwrap();
@@ -158,7 +158,7 @@ async fn an_anonymous_pull_resolves_the_manifest_and_config_and_downloads_verifi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn htpasswd_basic_auth_needs_the_credential_and_refuses_a_wrong_password() {
     let auth = Some((TEST_USER, TEST_PASSWORD));
-    let Some(registry) = Registry::start_or_skip("htpasswd_basic_auth_…", auth) else { return };
+    let registry = Registry::start(auth);
     push(&registry, "private/app", "v1", &[layered_image()], PushFormat::Oci, true);
     let config = config(&[&registry.host]);
     let target = reference(&format!("{}/private/app:v1", registry.host), &config);
@@ -187,7 +187,7 @@ async fn htpasswd_basic_auth_needs_the_credential_and_refuses_a_wrong_password()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_tags_repositories_and_pins_are_not_found_and_a_pin_is_checked() {
-    let Some(registry) = Registry::start_or_skip("unknown_tags_…", None) else { return };
+    let registry = Registry::start(None);
     let written = push(&registry, "team/app", "1.0", &[layered_image()], PushFormat::Oci, false);
     let config = config(&[&registry.host]);
     let client = Client::new(&config).unwrap();
@@ -214,7 +214,7 @@ async fn unknown_tags_repositories_and_pins_are_not_found_and_a_pin_is_checked()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_of_two_platforms_resolves_to_amd64() {
-    let Some(registry) = Registry::start_or_skip("an_index_of_two_platforms_…", None) else { return };
+    let registry = Registry::start(None);
     let platform_image = |arch: &str| Image {
         architecture: arch.into(),
         layers: vec![Layer::new(
@@ -257,7 +257,7 @@ async fn an_index_of_two_platforms_resolves_to_amd64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_docker_schema_2_manifest_resolves_and_downloads() {
-    let Some(registry) = Registry::start_or_skip("a_docker_schema_2_manifest_…", None) else { return };
+    let registry = Registry::start(None);
     let image = Image::amd64(vec![
         Layer::new(oci_layout::Compression::Gzip, vec![Member::file("one", "1")]),
         Layer::new(oci_layout::Compression::Gzip, vec![Member::file("two", "2")]),
@@ -282,7 +282,7 @@ async fn a_docker_schema_2_manifest_resolves_and_downloads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_blob_is_a_digest_mismatch_and_leaves_no_file() {
-    let Some(registry) = Registry::start_or_skip("a_corrupted_blob_…", None) else { return };
+    let registry = Registry::start(None);
     let written = push(&registry, "team/app", "1.0", &[layered_image()], PushFormat::Oci, false);
     let (digest, _) = &written.images[0].layers[0];
     let data = registry.blob_data(digest);
@@ -587,7 +587,7 @@ fn basic(user: &str, password: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_is_tried_first_for_anonymous_pulls_of_the_default_registry_only() {
-    let Some(registry) = Registry::start_or_skip("a_mirror_is_tried_first_…", None) else { return };
+    let registry = Registry::start(None);
     let written = push(&registry, "team/app", "1.0", &[layered_image()], PushFormat::Oci, false);
     let asked = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let record = asked.clone();

@@ -19,6 +19,7 @@ pub mod error;
 mod failures;
 pub mod follow;
 pub mod idle;
+mod images;
 mod job;
 pub mod lifecycle;
 pub mod metrics;
@@ -106,7 +107,15 @@ pub struct PlatformConfig {
     /// A PostgreSQL URL to keep state in, instead of the data dir's SQLite
     /// file (`None`).
     pub database: Option<String>,
+    /// How templates' images are pulled from registries.
+    pub registry: space_image::RegistryConfig,
+    /// Disk (MiB) the layer chains of pulled images may keep cached; the
+    /// least recently used go past it.
+    pub layer_cache_mib: u64,
 }
+
+/// The layer cache's size by default: a few dozen typical base images.
+pub const DEFAULT_LAYER_CACHE_MIB: u64 = 20 << 10;
 
 /// `--engine`: Firecracker where it can run, gVisor otherwise (`auto`), or
 /// one of them by name (an error when it cannot run here).
@@ -327,6 +336,10 @@ fn assemble(
     let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
     let _ = platform.template_host.set(templates);
+    let _ = platform.registry.set(config.registry.clone());
+    platform
+        .layer_cache_bytes
+        .store(config.layer_cache_mib.saturating_mul(1 << 20), std::sync::atomic::Ordering::Relaxed);
     use std::sync::atomic::Ordering::Relaxed;
     platform.auto_pause_s.store(config.auto_pause_s, Relaxed);
     platform.max_output_bytes.store(config.max_output_mib.saturating_mul(1 << 20), Relaxed);

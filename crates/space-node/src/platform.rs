@@ -80,6 +80,12 @@ pub struct Platform {
     pub(crate) engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
     /// Who does templates' root work (see `templates.rs`); set at start.
     pub(crate) template_host: std::sync::OnceLock<Arc<dyn space_engine::templates::TemplateHost>>,
+    /// How images are pulled from registries (operator flags); set at start.
+    pub(crate) registry: std::sync::OnceLock<space_image::RegistryConfig>,
+    /// Bytes the layer cache may keep (see `images.rs`).
+    pub(crate) layer_cache_bytes: std::sync::atomic::AtomicU64,
+    /// Layer chains pulls under way use, with how many use each: never evicted.
+    pub(crate) chains_in_use: Mutex<HashMap<String, usize>>,
     /// This server's id as a cluster's node (`space node --node-id`), which
     /// the sandboxes it creates record; unset on a single server.
     pub(crate) node_id: std::sync::OnceLock<String>,
@@ -161,6 +167,9 @@ impl Platform {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
             template_host: Default::default(),
+            registry: Default::default(),
+            layer_cache_bytes: (crate::DEFAULT_LAYER_CACHE_MIB << 20).into(),
+            chains_in_use: Default::default(),
             node_id: Default::default(),
             auto_pause_s: DEFAULT_AUTO_PAUSE_S.into(),
             max_sandbox_output_bytes: crate::state::disk::DEFAULT_MAX_SANDBOX_OUTPUT_BYTES.into(),

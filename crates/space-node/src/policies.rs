@@ -65,6 +65,9 @@ impl Platform {
                 // Quota groups of deleted sandboxes, once btrfs let them go.
                 let host = self.template_host();
                 let _ = tokio::task::spawn_blocking(move || host.clear_stale_quotas()).await;
+                // Layer chains past the cache's size, least recently used first.
+                let platform = self.clone();
+                let _ = tokio::task::spawn_blocking(move || platform.evict_layers()).await;
             }
             // Memory freed since the last tick may make room for warm members.
             self.fill_warm_pools();

@@ -28,9 +28,9 @@ pub use space_core::error::template_not_found;
 /// the build ends; dropping it frees the name.
 pub struct BuildSlot {
     platform: Arc<Platform>,
-    name: String,
-    owner: Option<String>,
-    tenant: String,
+    pub(crate) name: String,
+    pub(crate) owner: Option<String>,
+    pub(crate) tenant: String,
 }
 
 impl Drop for BuildSlot {
@@ -51,13 +51,13 @@ impl Drop for Upload {
 }
 
 /// A name or size out of the helper's bounds fails the build as the input's fault.
-fn wire<T>(checked: Result<T, ProtoError>) -> Result<T, HostError> {
+pub(crate) fn wire<T>(checked: Result<T, ProtoError>) -> Result<T, HostError> {
     checked.map_err(|err| HostError::Invalid(err.to_string()))
 }
 
 /// The root work of a build failed: the input's own fault is told, the
 /// rest stays in the logs.
-fn host_failed(err: space_engine::EngineError) -> HostError {
+pub(crate) fn host_failed(err: space_engine::EngineError) -> HostError {
     match space_engine::templates::invalid_input(&err) {
         Some(why) => HostError::Invalid(why.to_string()),
         None => HostError::CommandFailed {
@@ -69,7 +69,7 @@ fn host_failed(err: space_engine::EngineError) -> HostError {
 }
 
 /// A build's disk allowance as the quota the helper sets, in whole MiB.
-fn build_disk_mib(bytes: u64) -> Result<DiskMib, HostError> {
+pub(crate) fn build_disk_mib(bytes: u64) -> Result<DiskMib, HostError> {
     let mib = (bytes >> 20).clamp(DiskMib::MIN.into(), DiskMib::MAX.into());
     wire(DiskMib::new(u32::try_from(mib).unwrap_or(DiskMib::MAX)))
 }
@@ -84,7 +84,7 @@ pub struct Export {
 }
 
 /// A build's log, in the log dir this server owns.
-fn open_log(path: &std::path::Path) -> Result<std::fs::File, HostError> {
+pub(crate) fn open_log(path: &std::path::Path) -> Result<std::fs::File, HostError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(HostError::io("creating the log dir"))?;
     }
@@ -92,7 +92,7 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, HostError> {
 }
 
 /// A build whose disk allowance could not be worked out does not start.
-fn quota_unknown(err: NodeError) -> HostError {
+pub(crate) fn quota_unknown(err: NodeError) -> HostError {
     HostError::Invalid(format!("the build's disk allowance is unknown: {}", err.message))
 }
 
@@ -132,6 +132,15 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
         Some(network) => Some(serde_json::to_value(crate::domain::checked_network(network)?).unwrap_or_default()),
         None => None,
     };
+    if let Some(command) = &given.command {
+        let total: usize = command.iter().map(String::len).sum();
+        if command.is_empty() || command.len() > 256 || total > 64 << 10 || command.iter().any(|a| a.contains('\0')) {
+            return Err(NodeError::unprocessable(
+                "defaults.command is 1 to 256 arguments, 64 KiB in all, without NUL bytes",
+            )
+            .with_details(serde_json::json!({"field": "defaults.command"})));
+        }
+    }
     Ok(DefaultsOverride {
         network,
         vcpus: given.vcpus,
@@ -140,6 +149,7 @@ pub fn checked_overrides(given: TemplateDefaultsRequest) -> Result<DefaultsOverr
         env: given.env,
         workdir: given.workdir,
         user: given.user,
+        command: given.command,
     })
 }
 
@@ -175,6 +185,7 @@ fn api_template(info: &TemplateInfo, building: Option<String>) -> Template {
             workdir: d.workdir.clone(),
             user: d.user.clone(),
             network: d.network.clone().and_then(|n| serde_json::from_value(n).ok()),
+            command: d.command.clone(),
         }),
         created_at: space_api::Timestamp::parse(&info.meta.created_at),
         building_operation: building,
@@ -349,6 +360,7 @@ impl Platform {
             workdir: Some(base.workdir),
             user: Some(base.user),
             network: base.network,
+            command: base.command,
         });
         let source = match checkpoint {
             Some(name) => serde_json::json!({"checkpoint": {"sandbox": sandbox_id, "name": name}}),
@@ -405,7 +417,7 @@ impl Platform {
     /// path beside it) and fills it, and returns the record to publish,
     /// whose version and time are set here; with `ext4`, a microVM's root
     /// drive is made of the root (with the record's `disk_mib` of room). On failure nothing of it is left.
-    fn publish_version(
+    pub(crate) fn publish_version(
         &self,
         name: &str,
         ext4: bool,
@@ -553,7 +565,11 @@ impl Platform {
     }
 
     /// Creates the build operation for a reserved name and runs `job`.
-    fn start_build(self: &Arc<Self>, slot: BuildSlot, job: BuildJob) -> Result<(Template, Operation), NodeError> {
+    pub(crate) fn start_build(
+        self: &Arc<Self>,
+        slot: BuildSlot,
+        job: BuildJob,
+    ) -> Result<(Template, Operation), NodeError> {
         let name = slot.name.clone();
         let mut operation = new_operation(OperationKind::BuildTemplate, "", "queued", BUILD_STEPS);
         operation.sandbox_id = None;

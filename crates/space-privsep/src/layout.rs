@@ -135,7 +135,11 @@ impl Layout {
             ])
         };
         match request {
-            Request::Hello { .. } | Request::List {} | Request::Availability {} | Request::ClearStaleQuotas {} => {}
+            Request::Hello { .. }
+            | Request::List {}
+            | Request::Availability {}
+            | Request::ClearStaleQuotas {}
+            | Request::ListLayers {} => {}
             Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. } => {
                 sandboxes.iter().for_each(&mut sandbox)
             }

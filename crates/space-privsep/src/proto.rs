@@ -648,10 +648,14 @@ pub enum Request {
     ExportTemplate {
         template: TemplateRef,
     },
-    /// Whether a layer chain is in the cache; answered `Has`.
+    /// Whether a layer chain is in the cache (and, if so, that it was
+    /// used now, for the cache's eviction); answered `Has`.
     HasLayer {
         chain: ChainId,
     },
+    /// The chains in the cache, with their own bytes and when each was
+    /// last used; answered `Layers` (at most [`MAX_LISTED`]).
+    ListLayers {},
     /// Applies one layer onto a writable snapshot of `parent` (or onto
     /// nothing), capped at `disk_mib` of its own writes, and keeps the
     /// result read-only as the chain `ChainId::next(parent, layer)`. Its
@@ -723,6 +727,18 @@ impl Request {
             _ => Ok(()),
         }
     }
+}
+
+/// A chain of the layer cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerEntry {
+    pub chain: ChainId,
+    /// What its root holds on its own (its quota group's exclusive bytes;
+    /// 0 when quotas are off).
+    pub bytes: u64,
+    /// When it was last applied, found or built from (seconds since the epoch).
+    pub used_s: u64,
 }
 
 /// What the helper says of an engine's sandbox.
@@ -844,6 +860,10 @@ pub enum Reply {
     Built {
         image: TemplateMetaJson,
     },
+    /// The layer cache's chains, least recently used first.
+    Layers {
+        layers: Vec<LayerEntry>,
+    },
     /// A layer chain is in the cache: `bytes` of layer were applied to
     /// make it, none when it was there already (`cached`).
     LayerReady {
@@ -896,6 +916,9 @@ impl Reply {
             }
             Reply::Log { text } if text.len() > MAX_MESSAGE => {
                 Err(ProtoError::Invalid(format!("a log of {} bytes", text.len())))
+            }
+            Reply::Layers { layers } if layers.len() > MAX_LISTED => {
+                Err(ProtoError::Invalid(format!("{} layers listed, over {MAX_LISTED}", layers.len())))
             }
             Reply::Sandboxes { sandboxes } if sandboxes.len() > MAX_LISTED => {
                 Err(ProtoError::Invalid(format!("{} sandboxes listed, over {MAX_LISTED}", sandboxes.len())))

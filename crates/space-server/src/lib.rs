@@ -24,7 +24,7 @@ pub use space_node::{
     access, actor, adoption, capacity, checkpoints, commands, contexts, disk, domain, egress, engine_report, engines,
     firecracker_config, idle, ids, lifecycle, metrics, platform, policies, recovery, sampling, secrets, session,
     start_platform, start_platform_with, start_platform_with_helper, store, templates, tenants, transcript, warm,
-    EngineChoice, Platform, PlatformConfig, UnknownEngine, DEFAULT_AUTO_PAUSE_S,
+    EngineChoice, Platform, PlatformConfig, UnknownEngine, DEFAULT_AUTO_PAUSE_S, DEFAULT_LAYER_CACHE_MIB,
 };
 
 pub use router::app;

@@ -15,6 +15,8 @@ mod gateway;
 mod ports;
 #[path = "abuse/processes.rs"]
 mod processes;
+#[path = "abuse/registry.rs"]
+mod registry;
 #[path = "abuse/tenancy.rs"]
 mod tenancy;
 

@@ -6,11 +6,12 @@
 //! (`SPACE_AGENT_BIN`). Each test then gets its own scratch data dir inside
 //! it, with a snapshot of `base`, so tests never share sandboxes or state.
 //! Nothing here skips: a missing fixture is a loud failure naming the fix
-//! (except [`registry`], which tests skip loudly without Debian's
-//! `docker-registry`, as they do without Firecracker).
+//! (Debian's `docker-registry` and `skopeo` for [`registry`], which the
+//! test command installs).
 //! What a killed test leaves is swept by the tests after it ([`leftovers`]).
 
 mod bounded;
+pub mod images;
 pub mod leftovers;
 pub mod oci_layout;
 pub mod registry;

@@ -6,7 +6,7 @@ import threading
 import time
 import unittest
 
-from space_sdk import (AsyncSandbox, AsyncTemplate, Client, ConflictError, InvalidRequestError, NotFoundError, Sandbox,
+from space_sdk import (AsyncClient, AsyncSandbox, AsyncTemplate, Client, ConflictError, InvalidRequestError, NotFoundError, Sandbox,
                        SpaceError, Template)
 
 
@@ -212,6 +212,48 @@ class SnapshotsSdk(unittest.TestCase):
                     self.assertEqual((await child.commands.run("cat /root/n")).stdout, "async\n")
                 await sbx.client.request("DELETE", "/v1/templates/sdk-async-snapshot")
             await sbx.client.aclose()
+
+        asyncio.run(scenario())
+
+
+class ImagesSdk(unittest.TestCase):
+    """SPACE_TEST_IMAGE names an image in a registry the server may pull
+    from (the harness pushes one with a shell, /etc/greeting and a start
+    command)."""
+
+    def image(self) -> str:
+        import os
+        image = os.environ.get("SPACE_TEST_IMAGE")
+        if not image:
+            self.skipTest("SPACE_TEST_IMAGE names no image (the Rust harness that runs these tests sets it)")
+        return image
+
+    def test_a_template_from_a_registry_image(self):
+        image = self.image()
+        template = Template.from_image("sdk-image", image, workdir="/tmp")
+        try:
+            self.assertEqual(template["source"]["image"]["reference"], image)
+            self.assertEqual(template["defaults"]["workdir"], "/tmp")
+            self.assertEqual(template["defaults"]["command"], ["/bin/sh", "run.sh"])
+            with Sandbox.create(template="sdk-image") as sbx:
+                self.assertEqual(sbx.commands.run("cat /etc/greeting").stdout, "from the top layer")
+        finally:
+            Template.delete("sdk-image")
+        with self.assertRaises(InvalidRequestError) as raised:
+            Template.from_image("sdk-missing", image.rsplit(":", 1)[0] + ":no-such-tag")
+        self.assertEqual(raised.exception.code, "image_unavailable")
+        with self.assertRaises(TypeError):
+            Template.from_image("sdk-bad", image, username="someone")
+
+    def test_the_same_with_await(self):
+        image = self.image()
+
+        async def scenario():
+            client = AsyncClient()
+            template = await AsyncTemplate.from_image("sdk-async-image", image, client=client)
+            self.assertEqual(template["defaults"]["workdir"], "/app")
+            await client.request("DELETE", "/v1/templates/sdk-async-image")
+            await client.aclose()
 
         asyncio.run(scenario())
 

@@ -54,6 +54,22 @@ pub(crate) fn template(command: TemplateCommand) -> Result<()> {
             let accepted = client.post("/v1/templates", &request)?;
             follow_build(&client, &name, accepted["operation"]["id"].as_str().unwrap_or_default())?;
         }
+        TemplateCommand::Create { name, from_image, registry_secret, registry_user, workdir, user, client } => {
+            let client = client.client()?;
+            let image = match registry_secret {
+                Some(secret) => serde_json::json!({"reference": from_image,
+                    "auth": {"secret": secret, "username": registry_user}}),
+                None => serde_json::json!(from_image),
+            };
+            let mut request = serde_json::json!({"name": name, "from": {"image": image}});
+            for (key, value) in [("workdir", workdir), ("user", user)] {
+                if let Some(value) = value {
+                    request["defaults"][key] = value.into();
+                }
+            }
+            let accepted = client.post("/v1/templates", &request)?;
+            follow_build(&client, &name, accepted["operation"]["id"].as_str().unwrap_or_default())?;
+        }
         TemplateCommand::ImportOci { file, name, workdir, user, client } => {
             let client = client.client()?;
             let archive = std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use space_privsep::client::BlockingClient;
 use space_privsep::peer::PeerError;
 use space_privsep::proto::{
-    AmountUnit, BuildSource, ChainId, CheckpointName, DiskMib, Engine, EngineState, ImageRef, LayerKey, PatienceMs,
-    Reply, Request, SandboxId, Shape, SlackNs, StartFrom, StepKey, TemplateMetaJson, TemplateName, TemplateRef,
-    TemplateVersion,
+    AmountUnit, BuildSource, ChainId, CheckpointName, DiskMib, Engine, EngineState, ImageRef, LayerEntry, LayerKey,
+    PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, StartFrom, StepKey, TemplateMetaJson, TemplateName,
+    TemplateRef, TemplateVersion,
 };
 
 use crate::host::{EngineHost, Launched};
@@ -460,6 +460,14 @@ impl TemplateHost for HelperHost {
 
     fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError> {
         self.done(Request::DeleteLayer { chain: chain.clone() })
+    }
+
+    fn list_layers(&self) -> Result<Vec<LayerEntry>, EngineError> {
+        let request = Request::ListLayers {};
+        match self.call(request.clone(), self.patience)? {
+            (Reply::Layers { layers }, _) => Ok(layers),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
     }
 
     fn save_layer(&self, sandbox: &SandboxId, parent: &ChainId, key: &StepKey) -> Result<LayerReady, EngineError> {

@@ -279,6 +279,7 @@ fn answer(hosts: &ConnectionHosts, request: Request) -> Answer {
             | Request::DeleteTemplate { .. }
             | Request::ClearStaleQuotas {}
             | Request::HasLayer { .. }
+            | Request::ListLayers {}
             | Request::DeleteLayer { .. }),
             _,
         ) => match hosts.templates.as_deref() {
@@ -411,6 +412,7 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
         | Request::BuildTemplate { .. }
         | Request::ExportTemplate { .. }
         | Request::HasLayer { .. }
+        | Request::ListLayers {}
         | Request::ApplyLayer { .. }
         | Request::DeleteLayer { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
@@ -436,6 +438,10 @@ fn answer_template(templates: &dyn TemplateHost, request: Request) -> Answer {
             Err(err) => failed(err).into(),
         },
         Request::DeleteLayer { chain } => done(templates.delete_layer(&chain)),
+        Request::ListLayers {} => match templates.list_layers() {
+            Ok(layers) => Reply::Layers { layers }.into(),
+            Err(err) => failed(err).into(),
+        },
         _ => Reply::refused(Refusal::BadRequest, "not a template request").into(),
     }
 }

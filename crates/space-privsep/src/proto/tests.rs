@@ -126,6 +126,7 @@ pub(crate) fn every_request() -> Vec<Request> {
             disk_mib: DiskMib::new(4096).unwrap(),
         },
         Request::DeleteLayer { chain: chain() },
+        Request::ListLayers {},
         Request::Start {
             sandbox: sandbox(),
             engine: Engine::Gvisor,
@@ -176,6 +177,7 @@ fn replies_round_trip_and_say_what_they_carry() {
         Reply::States { states: vec![EngineState::Running, EngineState::Missing] },
         Reply::Log { text: "runsc: started".into() },
         Reply::Sandboxes { sandboxes: vec![sandbox()] },
+        Reply::Layers { layers: vec![LayerEntry { chain: chain(), bytes: 4096, used_s: 1_700_000_000 }] },
         Reply::refused(Refusal::Conflict, "that sandbox exists"),
     ];
     for reply in replies {

@@ -79,7 +79,12 @@ pub async fn create(
                 ApiError::new(ErrorCode::TooLarge, format!("the request body exceeds {} bytes", MAX_JSON_BODY))
             })?;
             let Json(request) = Json::<CreateTemplateRequest>::from_bytes(&body).map_err(json_rejection)?;
-            state.platform.build_template(request, &caller)?
+            match request.from.image.is_some() {
+                // Resolved before it is accepted: an image that is not there
+                // is the request's fault, told at once.
+                true => state.platform.image_template(request, &caller).await?,
+                false => state.platform.build_template(request, &caller)?,
+            }
         }
         "application/x-tar" | "application/tar" | "application/gzip" => import(&state, &caller, query, request).await?,
         _ => {
@@ -108,6 +113,7 @@ async fn import(
         env: Default::default(),
         workdir: query.workdir,
         user: query.user,
+        command: None,
         network: match query.network.as_deref() {
             Some(json) => Some(serde_json::from_str(json).map_err(|e| {
                 ApiError::bad_request(format!("network is a network as JSON: {e}"))

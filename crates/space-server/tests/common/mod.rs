@@ -44,6 +44,8 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         disk_reserve_mib: space_server::disk::DEFAULT_DISK_RESERVE_MIB,
         egress: Default::default(),
         database: None,
+        registry: Default::default(),
+        layer_cache_mib: space_server::DEFAULT_LAYER_CACHE_MIB,
     }
 }
 

@@ -77,6 +77,8 @@ impl World {
             disk_reserve_mib: 0,
             egress: Default::default(),
             database: None,
+            registry: Default::default(),
+            layer_cache_mib: space_server::DEFAULT_LAYER_CACHE_MIB,
         }
     }
 

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 import httpx
 
 from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, events_request, listing, template_from)
+                      command_body, config, create_body, events_request, image_template, listing, template_from)
 from ._errors import SpaceError, error_from_response
 
 
@@ -433,5 +433,17 @@ class AsyncTemplate:
         checkpoints); returns the template once it is ready."""
         client = sandbox.client if isinstance(sandbox, AsyncSandbox) else (client or AsyncClient())
         accepted = await client.json("POST", "/v1/templates", json=template_from(name, sandbox, checkpoint, defaults))
+        check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
+        return await client.json("GET", f"/v1/templates/{name}")
+
+    @staticmethod
+    async def from_image(name: str, reference: str, *, secret: Optional[str] = None,
+                         username: Optional[str] = None, client: Optional[AsyncClient] = None,
+                         timeout: float = 900.0, **defaults: Any) -> Dict[str, Any]:
+        """A template of an image in an OCI registry (see
+        ``Template.from_image``); returns the template once it is ready."""
+        client = client or AsyncClient()
+        body = image_template(name, reference, secret, username, defaults)
+        accepted = await client.json("POST", "/v1/templates", json=body)
         check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
         return await client.json("GET", f"/v1/templates/{name}")

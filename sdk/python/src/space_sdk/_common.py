@@ -73,6 +73,27 @@ def template_from(name: str, sandbox: Any, checkpoint: Optional[str], defaults: 
     return {"name": name, "from": source, "defaults": defaults}
 
 
+def image_template(name: str, reference: str, secret: Optional[str], username: Optional[str],
+                   defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """The body that makes a template of a registry image (with the tenant
+    secret holding the registry's password or token, when given)."""
+    unknown = set(defaults) - {"vcpus", "memory_mib", "disk_mib", "env", "workdir", "user", "network", "command"}
+    if unknown:
+        raise TypeError(f"unknown template defaults: {sorted(unknown)}")
+    if username is not None and secret is None:
+        raise TypeError("username is the registry user whose password the secret holds: give secret too")
+    image: Any = reference
+    if secret is not None:
+        auth: Dict[str, Any] = {"secret": secret}
+        if username is not None:
+            auth["username"] = username
+        image = {"reference": reference, "auth": auth}
+    body: Dict[str, Any] = {"name": name, "from": {"image": image}}
+    if defaults:
+        body["defaults"] = defaults
+    return body
+
+
 def command_body(cmd: Union[str, Sequence[str]], env: Optional[Dict[str, str]], cwd: Optional[str],
                  timeout: Optional[float], user: Optional[str], stdin: bool = False,
                  tag: Optional[str] = None) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 import httpx
 
 from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, events_request, listing, template_from)
+                      command_body, config, create_body, events_request, image_template, listing, template_from)
 from ._errors import SpaceError, error_from_response
 
 
@@ -474,6 +474,21 @@ class Template:
         of booting. Returns the template once it is ready."""
         client = sandbox.client if isinstance(sandbox, Sandbox) else _client(client)
         accepted = client.json("POST", "/v1/templates", json=template_from(name, sandbox, checkpoint, defaults))
+        check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
+        return client.json("GET", f"/v1/templates/{name}")
+
+    @staticmethod
+    def from_image(name: str, reference: str, *, secret: Optional[str] = None, username: Optional[str] = None,
+                   client: Optional[Client] = None, timeout: float = 900.0, **defaults: Any) -> Dict[str, Any]:
+        """A template of an image in an OCI registry
+        (``registry.example/team/app:1.2`` or ``…@sha256:…``), pulled by the
+        server: its env, working dir, user and start command become the
+        template's defaults (``defaults`` given here win). ``secret`` names
+        the tenant secret holding the registry's password (with
+        ``username``) or token. An image that cannot be pulled raises at
+        once; returns the template once it is ready."""
+        client = _client(client)
+        accepted = client.json("POST", "/v1/templates", json=image_template(name, reference, secret, username, defaults))
         check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
         return client.json("GET", f"/v1/templates/{name}")
 
