@@ -1009,6 +1009,14 @@ pub(crate) struct BenchArgs {
     /// Instead of the figures above: only the privilege split's.
     #[arg(long)]
     pub(crate) only_split: bool,
+    /// Instead of the figures above: a template of an image in a registry
+    /// on loopback, cold and cached, beside `skopeo copy` of the same image
+    /// (Debian's docker-registry and skopeo; see `bench/pull.rs`).
+    #[arg(long)]
+    pub(crate) only_pull: bool,
+    /// Size of the generated image for --only-pull, in MiB.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) pull_mib: u64,
     /// Instead of the figures above: keep this many sandboxes alive at once
     /// and report what they cost (see `bench/density.rs`).
     #[arg(long)]

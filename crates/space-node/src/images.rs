@@ -167,8 +167,9 @@ impl Platform {
         Ok(Credential { username: auth.username.clone(), value: value.into(), hosts })
     }
 
-    /// Downloads and applies every layer of `pull` whose chain is not in
-    /// the cache, lowest first; the top chain out.
+    /// Downloads and applies every layer of `pull` above the highest chain
+    /// the cache has, lowest first, the next layers downloading while one
+    /// is applied; the top chain out.
     fn pull_layers(
         &self,
         pull: &Pull,
@@ -185,70 +186,114 @@ impl Platform {
             image.reference, image.manifest_digest, image.total_bytes
         );
         let host = self.template_host();
+        // Every chain's id is known before a byte is read: applying starts
+        // above the highest one cached (a parent evicted under it costs
+        // nothing).
+        let chains = chain_ids(&pull.keys);
+        let mut start = 0;
+        for index in (0..count).rev() {
+            if host.has_layer(&chains[index]).map_err(host_failed)? {
+                start = index + 1;
+                break;
+            }
+        }
+        for (index, layer) in image.layers.iter().enumerate().take(start) {
+            let number = index + 1;
+            progress(BuildProgress::step(
+                &format!("cached layer {number} of {count} ({})", short_digest(&layer.digest)),
+                1,
+            ));
+            let _ = writeln!(&*log, "layer {number} of {count}: {} cached", layer.digest);
+        }
         let uploads = self.uploads_dir();
         std::fs::create_dir_all(&uploads).map_err(HostError::io("creating the uploads dir"))?;
-        let mut parent: Option<ChainId> = None;
-        for (index, (layer, key)) in image.layers.iter().zip(&pull.keys).enumerate() {
-            let number = index + 1;
-            let chain = ChainId::next(parent.as_ref(), key);
-            let short = short_digest(&layer.digest);
-            if host.has_layer(&chain).map_err(host_failed)? {
-                progress(BuildProgress::step(&format!("cached layer {number} of {count} ({short})"), 1));
-                let _ = writeln!(&*log, "layer {number} of {count}: {} cached", layer.digest);
-                parent = Some(chain);
-                continue;
+        // Named by the operation too: two builds pulling one blob at once
+        // each have their own file.
+        let blob_path = |index: usize| {
+            let hex = image.layers[index].digest.trim_start_matches("sha256:");
+            uploads.join(format!(".blob-{operation_id}-{hex}"))
+        };
+        let mut ahead: std::collections::VecDeque<Download> = std::collections::VecDeque::new();
+        let mut next = start;
+        let mut parent = start.checked_sub(1).map(|index| chains[index].clone());
+        let mut outcome = Ok(());
+        for index in start..count {
+            while next < count && ahead.len() < DOWNLOADS_AHEAD {
+                ahead.push_back(Download::start(pull, next, blob_path(next)));
+                next += 1;
             }
-            // Named by the operation too: two builds pulling one blob at
-            // once each have their own file.
-            let hex = layer.digest.trim_start_matches("sha256:");
-            let blob = uploads.join(format!(".blob-{operation_id}-{hex}"));
-            let step = format!("pulling layer {number} of {count} ({short}, {})", mib(layer.size));
-            let downloaded = self.download(pull, index, &blob, &step, progress);
-            let applied = downloaded.and_then(|()| {
-                let file = std::fs::File::open(&blob).map_err(HostError::io("opening a pulled layer"))?;
+            let Some(mut download) = ahead.pop_front() else { break };
+            let (number, layer, key) = (index + 1, &image.layers[index], &pull.keys[index]);
+            let step =
+                format!("pulling layer {number} of {count} ({}, {})", short_digest(&layer.digest), mib(layer.size));
+            let applied = download.finish(pull, &step, progress).and_then(|()| {
+                let file = std::fs::File::open(&download.path).map_err(HostError::io("opening a pulled layer"))?;
                 let log = log.try_clone().map_err(HostError::io("the build log"))?;
                 progress(BuildProgress::bytes(&format!("applying layer {number} of {count}"), 2, 0, layer.size));
                 host.apply_layer(parent.as_ref(), key, disk_mib, file, log, progress).map_err(host_failed)
             });
-            let _ = std::fs::remove_file(&blob);
-            let ready = applied?;
-            let _ = writeln!(&*log, "layer {number} of {count}: {} applied ({} bytes)", layer.digest, ready.bytes);
-            parent = Some(ready.chain);
+            let _ = std::fs::remove_file(&download.path);
+            match applied {
+                Ok(ready) => {
+                    let _ =
+                        writeln!(&*log, "layer {number} of {count}: {} applied ({} bytes)", layer.digest, ready.bytes);
+                    parent = Some(ready.chain);
+                }
+                Err(err) => {
+                    outcome = Err(err);
+                    break;
+                }
+            }
         }
+        // What still downloads is stopped, and its file goes.
+        for download in ahead {
+            download.cancel(pull);
+        }
+        outcome?;
         parent.ok_or_else(|| HostError::Invalid("the image has no layers".into()))
     }
+}
 
-    /// Downloads layer `index` of the pull to `blob` (its digest checked
-    /// before the file gets that name), its bytes told to `progress`.
-    fn download(
-        &self,
-        pull: &Pull,
-        index: usize,
-        blob: &std::path::Path,
-        step: &str,
-        progress: &mut dyn FnMut(BuildProgress),
-    ) -> Result<(), HostError> {
-        let (client, image, dest) = (pull.client.clone(), pull.image.clone(), blob.to_path_buf());
-        let total = image.layers[index].size;
-        let (said, heard) = std::sync::mpsc::channel::<u64>();
+/// How many layers download at once, the one being applied waited for
+/// first: on a fast registry applying is the slower half, and each one
+/// ahead takes its blob's disk.
+const DOWNLOADS_AHEAD: usize = 2;
+
+/// A layer blob downloading on the runtime into `path` (its digest checked
+/// before the file gets that name).
+struct Download {
+    index: usize,
+    path: std::path::PathBuf,
+    received: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<Result<(), ImageError>>,
+}
+
+impl Download {
+    fn start(pull: &Pull, index: usize, path: std::path::PathBuf) -> Download {
+        let (client, image, dest) = (pull.client.clone(), pull.image.clone(), path.clone());
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = received.clone();
         let task = pull.runtime.spawn(async move {
             let layer = &image.layers[index];
             client
                 .download_blob(&image, layer, &dest, &mut |bytes| {
-                    let _ = said.send(bytes);
+                    counter.store(bytes, std::sync::atomic::Ordering::Relaxed);
                 })
                 .await
         });
-        progress(BuildProgress::bytes(step, 1, 0, total));
-        // The sender goes with the task: this ends when the download does.
-        let mut last = 0;
-        for bytes in heard {
-            if bytes >= last + (1 << 20) || bytes == total {
-                last = bytes;
-                progress(BuildProgress::bytes(step, 1, bytes, total));
-            }
+        Download { index, path, received, task }
+    }
+
+    /// Waits for the download, its bytes told to `progress` as they come.
+    fn finish(&mut self, pull: &Pull, step: &str, progress: &mut dyn FnMut(BuildProgress)) -> Result<(), HostError> {
+        let total = pull.image.layers[self.index].size;
+        while !self.task.is_finished() {
+            let bytes = self.received.load(std::sync::atomic::Ordering::Relaxed);
+            progress(BuildProgress::bytes(step, 1, bytes, total));
+            std::thread::sleep(PROGRESS_EVERY);
         }
-        match pull.runtime.block_on(task) {
+        progress(BuildProgress::bytes(step, 1, total, total));
+        match pull.runtime.block_on(&mut self.task) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) if err.is_input_error() => Err(HostError::Invalid(err.to_string())),
             Ok(Err(err)) => Err(HostError::Io {
@@ -258,6 +303,30 @@ impl Platform {
             Err(err) => Err(HostError::Io { what: "downloading a layer".into(), source: std::io::Error::other(err) }),
         }
     }
+
+    /// Stops the download (its partial file goes with it) and removes
+    /// what it finished.
+    fn cancel(mut self, pull: &Pull) {
+        self.task.abort();
+        let _ = pull.runtime.block_on(&mut self.task);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How often a download's bytes are told while a pull waits for it.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// Each layer's chain, lowest first: what the helper computes from the
+/// same keys.
+fn chain_ids(keys: &[LayerKey]) -> Vec<ChainId> {
+    let mut parent: Option<ChainId> = None;
+    keys.iter()
+        .map(|key| {
+            let chain = ChainId::next(parent.as_ref(), key);
+            parent = Some(chain.clone());
+            chain
+        })
+        .collect()
 }
 
 /// The chains of an image, held in use (not evicted) while it is pulled.
@@ -268,13 +337,7 @@ struct ChainsInUse {
 
 impl ChainsInUse {
     fn hold(platform: Arc<Platform>, keys: &[LayerKey]) -> ChainsInUse {
-        let mut parent: Option<ChainId> = None;
-        let mut chains = Vec::new();
-        for key in keys {
-            let chain = ChainId::next(parent.as_ref(), key);
-            chains.push(chain.as_str().to_string());
-            parent = Some(chain);
-        }
+        let chains: Vec<String> = chain_ids(keys).into_iter().map(String::from).collect();
         let mut in_use = platform.chains_in_use.lock().unwrap_or_else(|e| e.into_inner());
         for chain in &chains {
             *in_use.entry(chain.clone()).or_default() += 1;

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod density;
+mod pull;
 mod restart;
 mod split;
 
@@ -441,6 +442,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.only_split {
         return split_figures(&args, &shared);
+    }
+    if args.only_pull {
+        let cold = shared.scratch(&format!("bench-pull-{}", std::process::id()), &[])?;
+        let cached = shared.scratch(&format!("bench-pull-cached-{}", std::process::id()), &[])?;
+        let result = crate::bench::pull::run(&args, &cold, &cached);
+        for data in [&cold, &cached] {
+            space_host::btrfs::remove_tree(data.root())?;
+        }
+        return result;
     }
     if args.only_restart {
         let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
