@@ -415,3 +415,121 @@ fn a_sandbox_slow_to_come_back_holds_up_no_other() {
     }
     common::stop(server);
 }
+
+/// A registry on loopback that serves one image but sends only the first
+/// MiB of its layer, then holds the connection open: a pull stays under way
+/// until the test ends.
+struct StallingRegistry {
+    host: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl StallingRegistry {
+    fn start() -> StallingRegistry {
+        use sha2::Digest;
+        let digest = |bytes: &[u8]| format!("sha256:{:x}", sha2::Sha256::digest(bytes));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let layer_size: usize = 8 << 20;
+        let layer_digest = format!("sha256:{}", "7".repeat(64));
+        let config = json!({"architecture": "amd64", "os": "linux", "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", "8".repeat(64))]}})
+        .to_string();
+        let manifest = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(config.as_bytes()),
+                "size": config.len()},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": layer_digest,
+                "size": layer_size}]})
+        .to_string();
+        let config_path = format!("/v2/stall/app/blobs/{}", digest(config.as_bytes()));
+        let layer_path = format!("/v2/stall/app/blobs/{layer_digest}");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                if stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                let mut request = [0u8; 4096];
+                let read = std::io::Read::read(&mut stream, &mut request).unwrap_or(0);
+                let line = String::from_utf8_lossy(&request[..read]).lines().next().unwrap_or("").to_string();
+                let path = line.split(' ').nth(1).unwrap_or("").to_string();
+                let (kind, body): (&str, &[u8]) = match path.as_str() {
+                    "/v2/" => ("application/json", b"{}"),
+                    "/v2/stall/app/manifests/1" => ("application/vnd.oci.image.manifest.v1+json", manifest.as_bytes()),
+                    p if p == config_path => ("application/octet-stream", config.as_bytes()),
+                    p if p == layer_path => {
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {layer_size}\r\n\r\n"
+                        );
+                        let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&vec![0x1f; 1 << 20]));
+                        let stopping = stopping.clone();
+                        // Held open, silent, until the test ends.
+                        std::thread::spawn(move || {
+                            while !stopping.load(Ordering::Relaxed) {
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                            drop(stream);
+                        });
+                        continue;
+                    }
+                    _ => ("application/json", b"{\"errors\":[{\"code\":\"NAME_UNKNOWN\"}]}"),
+                };
+                let status = if body.starts_with(b"{\"errors") { "404 Not Found" } else { "200 OK" };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body));
+            }
+        });
+        StallingRegistry { host, stop }
+    }
+}
+
+impl Drop for StallingRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so it sees the stop.
+        let _ = std::net::TcpStream::connect(&self.host);
+    }
+}
+
+#[test]
+fn a_pull_cut_short_by_a_killed_server_ends_failed_and_leaves_nothing() {
+    let data = TestDataDir::new();
+    let registry = StallingRegistry::start();
+    let args = ["--dev", "--listen", "127.0.0.1:0", "--insecure-registry", registry.host.as_str()];
+    let (mut server, url, _, lines) = common::spawn_server(&data, &args);
+    std::thread::spawn(move || lines.for_each(drop));
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
+    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let image = format!("{}/stall/app:1", registry.host);
+    let (status, accepted) =
+        client.call("POST", "/v1/templates", Some(json!({"name": "stalled", "from": {"image": image}}))).unwrap();
+    assert_eq!(status, 202, "{accepted}");
+    let operation = accepted["operation"]["id"].as_str().unwrap().to_string();
+    let uploads = data.root().join("run/uploads");
+    let blobs = || -> Vec<String> {
+        let names = std::fs::read_dir(&uploads).into_iter().flatten().flatten();
+        names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|name| name.starts_with(".blob-")).collect()
+    };
+    wait_until("the layer to be downloading", PATIENCE, || !blobs().is_empty());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+    assert!(!blobs().is_empty(), "the killed pull left its blob");
+
+    let (restarted, url, _, lines) = common::spawn_server(&data, &args);
+    std::thread::spawn(move || lines.for_each(drop));
+    server = restarted;
+    *client.url.write().unwrap() = url;
+    let (_, op) = client.call_until_answered("GET", &format!("/v1/operations/{operation}"));
+    assert_eq!(op["state"], "failed", "{op}");
+    assert!(op["error"]["message"].as_str().unwrap_or("").contains("restarted"), "{op}");
+    let (status, _) = client.call_until_answered("GET", "/v1/templates/stalled");
+    assert_eq!(status, 404, "no template, nor one building");
+    assert!(blobs().is_empty(), "the blob was swept: {:?}", blobs());
+    drop(registry);
+    common::stop(server);
+}

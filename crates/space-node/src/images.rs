@@ -103,6 +103,21 @@ impl Platform {
                 resolved.layers.len()
             ))));
         }
+        // The layers as they download must fit what the tenant's quota and
+        // the host's reserve leave (what they unpack to is capped the same
+        // way, layer by layer, while they are applied).
+        let allowance = self.build_allowance(&caller.tenant)?;
+        if resolved.total_bytes > allowance {
+            return Err(crate::disk::quota_exceeded(
+                &caller.tenant,
+                "disk",
+                format!(
+                    "the image's layers are {} bytes compressed; the tenant's disk quota (or the host's free space \
+                     above its reserve) leaves {allowance}",
+                    resolved.total_bytes
+                ),
+            ));
+        }
         // Each is checked as a wire type now, so the job cannot fail on it.
         let keys = layer_keys(&resolved).map_err(|err| image_error(ImageError::Unsupported(err.to_string())))?;
         let source = image_source(image, &resolved);
@@ -251,6 +266,18 @@ impl Platform {
         }
         outcome?;
         parent.ok_or_else(|| HostError::Invalid("the image has no layers".into()))
+    }
+}
+
+impl Platform {
+    /// Removes the blobs a killed server was pulling (at start: no pull
+    /// of this process has begun yet).
+    pub(crate) fn sweep_pulled_blobs(&self) {
+        for entry in std::fs::read_dir(self.uploads_dir()).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(".blob-") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 

@@ -352,6 +352,7 @@ fn assemble(
     let unsettled = platform.unsettled().map_err(|e| StartError::Startup(e.message))?;
     platform.engine.settle_orphans(&unsettled, ORPHAN_PATIENCE);
     platform.reconcile().map_err(|e| StartError::Startup(e.message))?;
+    platform.sweep_pulled_blobs();
     Ok(platform)
 }
 

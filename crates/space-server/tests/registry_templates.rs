@@ -200,6 +200,25 @@ fn bad_images_are_refused_at_once_or_fail_leaving_nothing() {
         let refused = server.error("POST", "/v1/templates", Some(body), 422, code);
         assert_eq!(refused["error"]["details"]["field"], "from.image", "{what}: {refused}");
     }
+    // An image bigger than what the tenant's disk quota leaves: 429 at
+    // once, nothing downloaded.
+    let noise: Vec<u8> = (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let big = ScratchDir::new("big-layout");
+    oci_layout::write(
+        &big,
+        "1",
+        &[Image::amd64(vec![Layer::new(Compression::None, vec![Member::file("big", noise)])])],
+    );
+    oci_layout::push(&big, "1", host, "team/big", None, PushFormat::Oci);
+    let quotas = space_server::store::Quotas { max_disk_mib: Some(1), ..Default::default() };
+    let (_, small) = space_server::tenants::create_key(server.platform.store(), "small", Some(&quotas)).unwrap();
+    let (status, refused) = server.call_as(
+        &small,
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "big", "from": {"image": format!("{host}/team/big:1")}})),
+    );
+    assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
     // Two sources at once.
     let both = json!({"name": "bad", "from": {"image": format!("{host}/team/app:ok"), "debian": {"packages": ["jq"]}}});
     server.error("POST", "/v1/templates", Some(both), 422, "invalid_value");
