@@ -1038,6 +1038,32 @@ pub struct CreateTemplateRequest {
     pub engine: Option<String>,
 }
 
+/// Part `build` of `POST /v1/templates/builds` (multipart; part `context`,
+/// a tar of the build context, follows it).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DockerfileBuildRequest {
+    pub name: String,
+    /// The Dockerfile's text.
+    pub dockerfile: String,
+    /// `--build-arg`s.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub build_args: BTreeMap<String, String>,
+    /// The stage to build (the last one when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The network of the build's RUN steps (none when absent); the
+    /// tenant's egress ceiling applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+    /// Over what the final stage's ENV, WORKDIR, USER, ENTRYPOINT and CMD give.
+    #[serde(default)]
+    pub defaults: TemplateDefaultsRequest,
+    /// `gvisor` or `firecracker`: the engine its sandboxes run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TemplateState {

@@ -35,14 +35,14 @@ use crate::tenants::Caller;
 
 /// How long resolving an image may take before the request is answered
 /// with why not (a registry that answers slowly is not one to pull from).
-const RESOLVE_PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const RESOLVE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The most layers an image may have (Docker's own limit is 127).
-const MAX_LAYERS: usize = 256;
+pub(crate) const MAX_LAYERS: usize = 256;
 
 /// An image error as the API tells it: the request's fault (a 422 naming
 /// `from.image`) or the registry's (a 502).
-fn image_error(err: ImageError) -> NodeError {
+pub(crate) fn image_error(err: ImageError) -> NodeError {
     let error = match err.is_input_error() {
         true => NodeError::new(ErrorCode::ImageUnavailable, format!("the image cannot be pulled: {err}")),
         false => NodeError::new(ErrorCode::RegistryUnreachable, format!("the registry failed: {err}")),
@@ -185,7 +185,7 @@ impl Platform {
     /// Downloads and applies every layer of `pull` above the highest chain
     /// the cache has, lowest first, the next layers downloading while one
     /// is applied; the top chain out.
-    fn pull_layers(
+    pub(crate) fn pull_layers(
         &self,
         pull: &Pull,
         operation_id: &str,
@@ -357,14 +357,27 @@ fn chain_ids(keys: &[LayerKey]) -> Vec<ChainId> {
 }
 
 /// The chains of an image, held in use (not evicted) while it is pulled.
-struct ChainsInUse {
+pub(crate) struct ChainsInUse {
     platform: Arc<Platform>,
     chains: Vec<String>,
 }
 
 impl ChainsInUse {
-    fn hold(platform: Arc<Platform>, keys: &[LayerKey]) -> ChainsInUse {
+    pub(crate) fn hold(platform: Arc<Platform>, keys: &[LayerKey]) -> ChainsInUse {
         let chains: Vec<String> = chain_ids(keys).into_iter().map(String::from).collect();
+        let mut in_use = platform.chains_in_use.lock().unwrap_or_else(|e| e.into_inner());
+        for chain in &chains {
+            *in_use.entry(chain.clone()).or_default() += 1;
+        }
+        drop(in_use);
+        ChainsInUse { platform, chains }
+    }
+}
+
+impl ChainsInUse {
+    /// Holds `chains` (a Dockerfile build's own steps) as in use.
+    pub(crate) fn hold_chains(platform: Arc<Platform>, chains: &[ChainId]) -> ChainsInUse {
+        let chains: Vec<String> = chains.iter().map(|chain| chain.as_str().to_string()).collect();
         let mut in_use = platform.chains_in_use.lock().unwrap_or_else(|e| e.into_inner());
         for chain in &chains {
             *in_use.entry(chain.clone()).or_default() += 1;
@@ -430,15 +443,15 @@ fn evictable<'a>(
 }
 
 /// What a pull job carries from the request.
-struct Pull {
-    runtime: tokio::runtime::Handle,
-    client: Arc<Client>,
-    image: Arc<ResolvedImage>,
+pub(crate) struct Pull {
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) client: Arc<Client>,
+    pub(crate) image: Arc<ResolvedImage>,
     /// Each layer's chain key, as the helper checks it.
-    keys: Vec<LayerKey>,
+    pub(crate) keys: Vec<LayerKey>,
 }
 
-fn layer_keys(image: &ResolvedImage) -> Result<Vec<LayerKey>, space_privsep::proto::ProtoError> {
+pub(crate) fn layer_keys(image: &ResolvedImage) -> Result<Vec<LayerKey>, space_privsep::proto::ProtoError> {
     image
         .layers
         .iter()

@@ -14,6 +14,7 @@ pub mod checkpoints;
 pub mod commands;
 pub mod contexts;
 pub mod disk;
+pub mod dockerfile_builds;
 pub mod egress;
 pub mod error;
 mod failures;

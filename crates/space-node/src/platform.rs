@@ -664,6 +664,7 @@ mod tests {
         ("commands.rs", include_str!("commands.rs")),
         ("contexts.rs", include_str!("contexts.rs")),
         ("disk.rs", include_str!("disk.rs")),
+        ("dockerfile_builds.rs", include_str!("dockerfile_builds.rs")),
         ("egress.rs", include_str!("egress.rs")),
         ("idle.rs", include_str!("idle.rs")),
         ("lifecycle.rs", include_str!("lifecycle.rs")),

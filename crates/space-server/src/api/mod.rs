@@ -81,6 +81,10 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
             "/v1/templates",
             get(templates::list).post(templates::create).layer(axum::extract::DefaultBodyLimit::disable()),
         )
+        .route(
+            "/v1/templates/builds",
+            axum::routing::post(templates::build).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/events", get(events::events))

@@ -218,3 +218,107 @@ pub async fn log(path: OperationPath, State(state): State<AppState>, _: NoQuery)
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     Ok(response)
 }
+
+/// The multipart form of `POST /v1/templates/builds`, as the document shows it.
+#[allow(dead_code)]
+#[derive(utoipa::ToSchema)]
+pub struct DockerfileBuildForm {
+    /// JSON: the build (first).
+    build: space_api::DockerfileBuildRequest,
+    /// A tar of the build context (after `build`; may be left out when
+    /// nothing is copied from it).
+    #[schema(value_type = Option<String>, format = Binary)]
+    context: Option<Vec<u8>>,
+}
+
+#[utoipa::path(post, path = "/v1/templates/builds", tag = "templates",
+    request_body(description = "multipart/form-data: part `build` (JSON: the Dockerfile's text, build args, \
+        target, the RUN steps' network, defaults), then part `context` (a tar of the build context)",
+        content((DockerfileBuildForm = "multipart/form-data"))),
+    responses((status = 202, description = "Accepted; follow the build operation", body = TemplateOperation),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, description = "An instruction not supported (named with its line), a bad name, \
+            defaults or network", body = ErrorBody),
+        (status = 429, description = "The tenant's disk quota is used up", body = ErrorBody),
+        (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
+pub async fn build(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    _: NoQuery,
+    request: Request,
+) -> Result<(StatusCode, Json<TemplateOperation>), ApiError> {
+    use axum::extract::FromRequest as _;
+    let mut form = axum::extract::Multipart::from_request(request, &()).await.map_err(|e| {
+        ApiError::new(
+            ErrorCode::UnsupportedMediaType,
+            format!("send multipart/form-data: part `build` (JSON), then part `context` (a tar): {e}"),
+        )
+    })?;
+    let multipart = |e: axum::extract::multipart::MultipartError| {
+        let why = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+        ApiError::bad_request(format!("the form: {e}: {why}"))
+    };
+    let first = form.next_field().await.map_err(multipart)?;
+    let Some(first) = first.filter(|field| field.name() == Some("build")) else {
+        return Err(ApiError::bad_request("the first part of the form is `build` (JSON)"));
+    };
+    let mut json = Vec::new();
+    let mut first = first;
+    while let Some(chunk) = first.chunk().await.map_err(multipart)? {
+        json.extend_from_slice(&chunk);
+        if json.len() > MAX_JSON_BODY + space_node::dockerfile_builds::MAX_DOCKERFILE_BYTES {
+            return Err(ApiError::new(ErrorCode::TooLarge, "part `build` is too large"));
+        }
+    }
+    // A part holds the form until it is dropped.
+    drop(first);
+    let Json(build) = Json::<space_api::DockerfileBuildRequest>::from_bytes(&json).map_err(json_rejection)?;
+    // Planned (and its name reserved) before a byte of the context is read.
+    let planned = state.platform.plan_dockerfile_build(build, &caller)?;
+    let context = match form.next_field().await.map_err(multipart)? {
+        None => None,
+        Some(field) if field.name() == Some("context") => Some(store_context(&state, &caller, field).await?),
+        Some(_) => return Err(ApiError::bad_request("the second part of the form is `context` (a tar)")),
+    };
+    if form.next_field().await.map_err(multipart)?.is_some() {
+        return Err(ApiError::bad_request("the form has two parts: `build`, then `context`"));
+    }
+    let (template, operation) = state.platform.start_dockerfile_build(planned, context)?;
+    Ok((StatusCode::ACCEPTED, Json(TemplateOperation { template, operation })))
+}
+
+/// Streams a build context to the uploads dir, within half of what the
+/// tenant may use for a build (the other half is for its layers).
+async fn store_context(
+    state: &AppState,
+    caller: &Caller,
+    mut field: axum::extract::multipart::Field<'_>,
+) -> Result<Upload, ApiError> {
+    let (free, _) = state.platform.data().disk_space();
+    let allowance = state.platform.build_allowance(&caller.tenant)?;
+    let limit = MAX_IMAGE_BYTES.min(free / 2).min(allowance / 2);
+    let dir = state.platform.uploads_dir();
+    tokio::fs::create_dir_all(&dir).await.map_err(|e| ApiError::internal("creating the upload dir", e))?;
+    let file_name = format!("{}{}.tar", crate::disk::upload_prefix(&caller.tenant), crate::ids::new_id("context"));
+    let upload = Upload { path: dir.join(file_name) };
+    let mut file =
+        tokio::fs::File::create(&upload.path).await.map_err(|e| ApiError::internal("storing the context", e))?;
+    let mut written = 0u64;
+    while let Some(chunk) =
+        field.chunk().await.map_err(|e| ApiError::bad_request(format!("reading the context: {e}")))?
+    {
+        written += chunk.len() as u64;
+        if written > limit {
+            return Err(crate::disk::quota_exceeded(
+                &caller.tenant,
+                "disk",
+                format!("the build context exceeds {limit} bytes: half of what the tenant's build may use"),
+            )
+            .into());
+        }
+        file.write_all(&chunk).await.map_err(|e| ApiError::internal("storing the context", e))?;
+    }
+    file.flush().await.map_err(|e| ApiError::internal("storing the context", e))?;
+    Ok(upload)
+}
