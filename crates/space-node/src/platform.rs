@@ -667,6 +667,7 @@ mod tests {
         ("dockerfile_builds.rs", include_str!("dockerfile_builds.rs")),
         ("egress.rs", include_str!("egress.rs")),
         ("idle.rs", include_str!("idle.rs")),
+        ("images.rs", include_str!("images.rs")),
         ("lifecycle.rs", include_str!("lifecycle.rs")),
         ("policies.rs", include_str!("policies.rs")),
         ("recovery.rs", include_str!("recovery.rs")),
