@@ -364,17 +364,9 @@ pub(crate) struct ChainsInUse {
 
 impl ChainsInUse {
     pub(crate) fn hold(platform: Arc<Platform>, keys: &[LayerKey]) -> ChainsInUse {
-        let chains: Vec<String> = chain_ids(keys).into_iter().map(String::from).collect();
-        let mut in_use = platform.chains_in_use.lock().unwrap_or_else(|e| e.into_inner());
-        for chain in &chains {
-            *in_use.entry(chain.clone()).or_default() += 1;
-        }
-        drop(in_use);
-        ChainsInUse { platform, chains }
+        ChainsInUse::hold_chains(platform, &chain_ids(keys))
     }
-}
 
-impl ChainsInUse {
     /// Holds `chains` (a Dockerfile build's own steps) as in use.
     pub(crate) fn hold_chains(platform: Arc<Platform>, chains: &[ChainId]) -> ChainsInUse {
         let chains: Vec<String> = chains.iter().map(|chain| chain.as_str().to_string()).collect();
