@@ -798,15 +798,37 @@ pub(crate) struct ExecArgs {
 
 #[derive(Subcommand)]
 pub(crate) enum TemplateCommand {
-    /// Build a template from Debian packages, showing progress.
+    /// Build a template from a Dockerfile (`space template build NAME -f
+    /// Dockerfile DIR`: RUN steps run in sandboxes of the build, each step
+    /// a cached layer) or from Debian packages (`--debian-packages`),
+    /// showing progress.
     Build {
+        /// The template's name (or --name).
+        #[arg(value_name = "NAME")]
+        template: Option<String>,
+        /// The build context, sent as a tar without what its `.dockerignore`
+        /// excludes (with -f; default: the current directory).
+        #[arg(value_name = "DIR", requires = "file")]
+        context: Option<PathBuf>,
         #[arg(long)]
-        name: String,
+        name: Option<String>,
+        /// The Dockerfile to build.
+        #[arg(short = 'f', long = "file", value_name = "DOCKERFILE", conflicts_with_all = ["debian_packages", "suite"])]
+        file: Option<PathBuf>,
+        /// A build argument, KEY=VALUE (repeatable).
+        #[arg(long = "build-arg", value_name = "KEY=VALUE", value_parser = parse_pair, requires = "file")]
+        build_args: Vec<(String, String)>,
+        /// The stage to build (default: the last).
+        #[arg(long, requires = "file")]
+        target: Option<String>,
         /// Packages, comma-separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',')]
         debian_packages: Vec<String>,
-        #[arg(long, default_value = "bookworm")]
-        suite: String,
+        #[arg(long)]
+        suite: Option<String>,
+        /// The network of the build's RUN steps (default: none).
+        #[command(flatten)]
+        network: NetworkArgs,
         #[command(flatten)]
         client: ClientArgs,
     },

@@ -83,6 +83,15 @@ fn tools() -> Value {
         {"name": "restore_checkpoint",
          "description": "Roll a sandbox back to one of its checkpoints: memory, processes and files as they were then.",
          "inputSchema": checkpoint},
+        {"name": "template_build",
+         "description": "Build a template from a Dockerfile (FROM template:NAME, a registry image or scratch; RUN, COPY, ENV, WORKDIR, USER, CMD, multi-stage…) and the files its COPY lines name, and wait until it is ready. RUN steps have no network. Returns the template, or the failing step and line.",
+         "inputSchema": {"type": "object", "properties": {
+             "name": {"type": "string", "description": "The new template's name: a-z, 0-9, - and _"},
+             "dockerfile": {"type": "string", "description": "The Dockerfile's text"},
+             "files": {"type": "object", "additionalProperties": {"type": "string"},
+                 "description": "The build context: relative path -> text content"},
+             "build_args": {"type": "object", "additionalProperties": {"type": "string"}}},
+          "required": ["name", "dockerfile"], "additionalProperties": false}},
         {"name": "template_from_image",
          "description": "Make a template of an image in an OCI registry (host/repo:tag or host/repo@sha256:…) and wait until it is ready; sandboxes are then created with that template. Returns the template (its defaults.command is the image's start command, which SPACE does not run).",
          "inputSchema": {"type": "object", "properties": {
@@ -222,6 +231,25 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
             let forks: Vec<Value> =
                 accepted["sandboxes"].as_array().into_iter().flatten().map(|s| s["id"].clone()).collect();
             Ok(text(&serde_json::to_string_pretty(&json!({"forks": forks})).unwrap_or_default()))
+        }
+        "template_build" => {
+            let (template, dockerfile) = (string(args, "name")?, string(args, "dockerfile")?);
+            let mut tar = tar::Builder::new(Vec::new());
+            for (path, content) in args["files"].as_object().into_iter().flatten() {
+                let content = content.as_str().ok_or_else(|| format!("files.{path} is a string"))?;
+                let mut header = tar::Header::new_gnu();
+                header.set_size(content.len() as u64);
+                header.set_mode(0o644);
+                tar.append_data(&mut header, path, content.as_bytes()).map_err(|e| format!("files.{path}: {e}"))?;
+            }
+            let context = tar.into_inner().map_err(|e| e.to_string())?;
+            let request = json!({"name": template, "dockerfile": dockerfile,
+                "build_args": args["build_args"].as_object().cloned().unwrap_or_default()});
+            let accepted =
+                crate::cmd::template::post_build_form(client, &request, &context[..]).map_err(|e| e.to_string())?;
+            finish(client, &accepted)?;
+            let made = client.get(&format!("/v1/templates/{}", encode(template))).map_err(e)?;
+            Ok(text(&serde_json::to_string_pretty(&made).unwrap_or_default()))
         }
         "template_from_image" => {
             let (template, image) = (string(args, "name")?, string(args, "image")?);

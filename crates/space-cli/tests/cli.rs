@@ -746,6 +746,69 @@ fn a_template_from_a_registry_image_from_the_cli() {
 }
 
 #[test]
+fn a_template_from_a_dockerfile_from_the_cli() {
+    let data = TestDataDir::new();
+    let (server, url) = serve(&data);
+    let context = data.root().join("context");
+    std::fs::create_dir_all(context.join("app")).unwrap();
+    std::fs::write(context.join("app/hello.txt"), "hello from the context\n").unwrap();
+    std::fs::write(context.join("secret.txt"), "never sent\n").unwrap();
+    std::fs::write(context.join(".dockerignore"), "secret.txt\n").unwrap();
+    let dockerfile = context.join("Dockerfile");
+    std::fs::write(
+        &dockerfile,
+        "FROM template:base\nARG GREETING=hi\nCOPY . /srv/\nRUN echo \"$GREETING\" > /srv/greeting\nWORKDIR /srv\n",
+    )
+    .unwrap();
+    let (file, dir) = (dockerfile.to_str().unwrap(), context.to_str().unwrap());
+    let built = space(&data, &url, &["template", "build", "fromfile", "-f", file, dir, "--build-arg", "GREETING=hey"]);
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let template: serde_json::Value = serde_json::from_slice(&built.stdout).unwrap();
+    assert_eq!(template["defaults"]["workdir"], "/srv", "{template}");
+    let created = space(&data, &url, &["sandbox", "create", "--quiet", "--template", "fromfile"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let id = String::from_utf8(created.stdout).unwrap().trim().to_string();
+    let seen = space(&data, &url, &["exec", &id, "--", "sh", "-c", "cat app/hello.txt greeting; ls -a"]);
+    let seen = String::from_utf8_lossy(&seen.stdout).into_owned();
+    assert!(seen.starts_with("hello from the context\nhey\n"), "{seen}");
+    assert!(!seen.contains("secret.txt"), "an ignored file was sent: {seen}");
+
+    // An instruction not built: refused at once, naming it and its line.
+    std::fs::write(&dockerfile, "FROM template:base\nHEALTHCHECK CMD true\n").unwrap();
+    let refused = space(&data, &url, &["template", "build", "nope", "-f", file, dir]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("line 2: HEALTHCHECK"), "{said}");
+    // Neither a Dockerfile nor packages, or both.
+    let neither = space(&data, &url, &["template", "build", "nope"]);
+    assert!(!neither.status.success());
+    let both = space(&data, &url, &["template", "build", "nope", "-f", file, "--debian-packages", "jq"]);
+    assert!(!both.status.success());
+
+    // An agent's way: the Dockerfile and its files through MCP.
+    let (child, mut stdin, mut lines) = mcp(&data, &url);
+    let mut ask =
+        |id: u64, method: &str, params: serde_json::Value| mcp_ask(&mut stdin, &mut lines, id, method, params);
+    let init = serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}});
+    ask(1, "initialize", init);
+    let build = serde_json::json!({"name": "template_build", "arguments": {"name": "via-mcp",
+        "dockerfile": "FROM template:base\nCOPY notes.txt /srv/notes.txt\nRUN wc -c /srv/notes.txt > /srv/size\n",
+        "files": {"notes.txt": "four"}}});
+    let made = ask(2, "tools/call", build);
+    assert_eq!(made["result"]["isError"], false, "{made}");
+    let failing = serde_json::json!({"name": "template_build", "arguments": {"name": "via-mcp-failing",
+        "dockerfile": "FROM template:base\nRUN exit 3\n"}});
+    let failed = ask(3, "tools/call", failing);
+    assert_eq!(failed["result"]["isError"], true, "{failed}");
+    let said = failed["result"]["content"][0]["text"].as_str().unwrap_or("");
+    assert!(said.contains("line 2"), "the failing step is named: {said}");
+    drop(stdin);
+    assert!(child.wait_timeout(std::time::Duration::from_secs(10)).is_some_and(|s| s.success()), "mcp ends");
+    stop(server);
+}
+
+#[test]
 fn python_sdk_in_a_fresh_venv_and_the_walkthrough_against_a_real_server() {
     use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
     let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);

@@ -258,6 +258,43 @@ class ImagesSdk(unittest.TestCase):
         asyncio.run(scenario())
 
 
+class DockerfileSdk(unittest.TestCase):
+    def test_a_template_from_a_dockerfile_and_a_context(self):
+        import os
+        import tempfile
+        with tempfile.TemporaryDirectory() as context:
+            os.makedirs(os.path.join(context, "app"))
+            with open(os.path.join(context, "app", "main.py"), "w") as f:
+                f.write("print('built by the sdk')\n")
+            with open(os.path.join(context, "private.key"), "w") as f:
+                f.write("never leaves this machine\n")
+            with open(os.path.join(context, ".dockerignore"), "w") as f:
+                f.write("*.key\n")
+            dockerfile = "FROM template:base\nCOPY . /srv/\nRUN python3 /srv/app/main.py > /srv/out.txt\n"
+            template = Template.build("sdk-dockerfile", dockerfile, context, memory_mib=512)
+            try:
+                self.assertEqual(template["defaults"]["memory_mib"], 512)
+                with Sandbox.create(template="sdk-dockerfile") as sbx:
+                    self.assertEqual(sbx.commands.run("cat /srv/out.txt").stdout, "built by the sdk\n")
+                    self.assertNotEqual(sbx.commands.run("test -e /srv/private.key").exit_code, 0)
+            finally:
+                Template.delete("sdk-dockerfile")
+        with self.assertRaises(InvalidRequestError) as raised:
+            Template.build("sdk-bad", "FROM template:base\nONBUILD RUN true\n")
+        self.assertIn("line 2", raised.exception.message)
+
+    def test_the_same_with_await(self):
+        async def scenario():
+            client = AsyncClient()
+            template = await AsyncTemplate.build("sdk-async-dockerfile", "FROM template:base\nRUN echo ok > /ok\n",
+                                                 client=client)
+            self.assertEqual(template["state"], "ready")
+            await client.request("DELETE", "/v1/templates/sdk-async-dockerfile")
+            await client.aclose()
+
+        asyncio.run(scenario())
+
+
 class ContextsSdk(unittest.TestCase):
     def test_a_context_keeps_state_and_gives_rich_results(self):
         with Sandbox.create(template="code-interpreter", memory_mib=1024) as sbx:

@@ -5,7 +5,7 @@ mod copy;
 mod doctor;
 mod keys;
 mod sandbox;
-mod template;
+pub(crate) mod template;
 
 pub(crate) use self::code::{exec, run_code};
 pub(crate) use self::copy::copy;

@@ -1,5 +1,8 @@
 //! `space template …`: builds, imports and the list.
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
 use anyhow::{bail, Context, Result};
 
 use super::print_json;
@@ -47,11 +50,37 @@ pub(crate) fn follow_build(client: &client::Client, name: &str, op: &str) -> Res
 
 pub(crate) fn template(command: TemplateCommand) -> Result<()> {
     match command {
-        TemplateCommand::Build { name, debian_packages, suite, client } => {
+        TemplateCommand::Build {
+            template,
+            context,
+            name,
+            file,
+            build_args,
+            target,
+            debian_packages,
+            suite,
+            network,
+            client,
+        } => {
+            let name = match (template, name) {
+                (Some(name), None) | (None, Some(name)) => name,
+                (Some(_), Some(_)) => bail!("name the template once: NAME or --name"),
+                (None, None) => bail!("name the template: space template build NAME -f Dockerfile DIR"),
+            };
             let client = client.client()?;
-            let request =
-                serde_json::json!({"name": name, "from": {"debian": {"suite": suite, "packages": debian_packages}}});
-            let accepted = client.post("/v1/templates", &request)?;
+            let accepted = match (file, debian_packages.is_empty()) {
+                (Some(file), true) => {
+                    let build = DockerfileBuild { name: &name, file: &file, build_args, target, network };
+                    post_dockerfile_build(&client, &build, &context.unwrap_or_else(|| PathBuf::from(".")))?
+                }
+                (None, false) => {
+                    let suite = suite.unwrap_or_else(|| "bookworm".into());
+                    let request = serde_json::json!({"name": name,
+                        "from": {"debian": {"suite": suite, "packages": debian_packages}}});
+                    client.post("/v1/templates", &request)?
+                }
+                _ => bail!("build from a Dockerfile (-f FILE DIR) or from Debian packages (--debian-packages)"),
+            };
             follow_build(&client, &name, accepted["operation"]["id"].as_str().unwrap_or_default())?;
         }
         TemplateCommand::Create { name, from_image, registry_secret, registry_user, workdir, user, client } => {
@@ -127,6 +156,105 @@ pub(crate) fn template(command: TemplateCommand) -> Result<()> {
         TemplateCommand::Rm { name, client } => {
             client.client()?.delete_empty(&format!("/v1/templates/{name}"))?;
             eprintln!("deleted template {name}");
+        }
+    }
+    Ok(())
+}
+
+/// A `space template build -f` request.
+struct DockerfileBuild<'a> {
+    name: &'a str,
+    file: &'a Path,
+    build_args: Vec<(String, String)>,
+    target: Option<String>,
+    network: crate::cli::NetworkArgs,
+}
+
+/// Posts a Dockerfile build: the form's part `build` (the request), then
+/// part `context` (`dir` as a tar without what its `.dockerignore`
+/// excludes, streamed from a file made beside it in the temp dir).
+fn post_dockerfile_build(
+    client: &client::Client,
+    build: &DockerfileBuild<'_>,
+    dir: &Path,
+) -> Result<serde_json::Value> {
+    let dockerfile = std::fs::read_to_string(build.file)
+        .with_context(|| format!("reading the Dockerfile {}", build.file.display()))?;
+    let mut request = serde_json::json!({"name": build.name, "dockerfile": dockerfile,
+        "build_args": build.build_args.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()});
+    if let Some(target) = &build.target {
+        request["target"] = target.clone().into();
+    }
+    if let Some(network) = build.network.to_json() {
+        request["network"] = network;
+    }
+    let ignore = match std::fs::read_to_string(dir.join(".dockerignore")) {
+        Ok(text) => space_dockerfile::Ignore::parse(&text).map_err(|e| anyhow::anyhow!(".dockerignore: {e}"))?,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => space_dockerfile::Ignore::default(),
+        Err(err) => return Err(err).context("reading .dockerignore"),
+    };
+    // The Dockerfile as the context names it, when it is inside it.
+    let in_context = build.file.strip_prefix(dir).ok().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut tar_file = tempfile_in(&std::env::temp_dir())?;
+    {
+        let mut tar = tar::Builder::new(std::io::BufWriter::new(&mut tar_file));
+        tar.follow_symlinks(false);
+        append_context(&mut tar, dir, Path::new(""), &ignore, &in_context)?;
+        tar.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+    }
+    std::io::Seek::rewind(&mut tar_file)?;
+    post_build_form(client, &request, tar_file)
+}
+
+/// `POST /v1/templates/builds`: the form's part `build` (`request`), then
+/// part `context` (a tar, streamed).
+pub(crate) fn post_build_form(
+    client: &client::Client,
+    request: &serde_json::Value,
+    context: impl Read,
+) -> Result<serde_json::Value> {
+    let boundary = format!("space-build-{}", std::process::id());
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"build\"\r\nContent-Type: application/json\r\n\r\n{request}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"context\"; filename=\"context.tar\"\r\n\
+         Content-Type: application/x-tar\r\n\r\n"
+    );
+    let tail = format!("\r\n--{boundary}--\r\n");
+    let body = std::io::Cursor::new(head.into_bytes()).chain(context).chain(std::io::Cursor::new(tail.into_bytes()));
+    Ok(client.post_stream("/v1/templates/builds", &format!("multipart/form-data; boundary={boundary}"), body)?)
+}
+
+/// An unnamed file in `dir` (removed as soon as it is made).
+fn tempfile_in(dir: &Path) -> Result<std::fs::File> {
+    let path =
+        dir.join(format!("space-context-{}-{}.tar", std::process::id(), std::time::UNIX_EPOCH.elapsed()?.as_nanos()));
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
+/// Adds what `dir/rel` holds to `tar`, named relative to the context root,
+/// except what `.dockerignore` excludes; links are kept as links.
+fn append_context<W: std::io::Write>(
+    tar: &mut tar::Builder<W>,
+    root: &Path,
+    rel: &Path,
+    ignore: &space_dockerfile::Ignore,
+    dockerfile: &str,
+) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(root.join(rel))
+        .with_context(|| format!("reading {}", root.join(rel).display()))?
+        .collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(|entry| entry.file_name());
+    for entry in entries {
+        let name = rel.join(entry.file_name());
+        let text = name.to_string_lossy();
+        if ignore.sends(&text, dockerfile) {
+            tar.append_path_with_name(entry.path(), &name).with_context(|| format!("packing {text}"))?;
+        }
+        // Into an excluded directory too: a `!` line may send what is in it.
+        if entry.file_type()?.is_dir() {
+            append_context(tar, root, &name, ignore, dockerfile)?;
         }
     }
     Ok(())

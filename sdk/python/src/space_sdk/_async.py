@@ -10,7 +10,8 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 import httpx
 
 from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, events_request, image_template, listing, template_from)
+                      command_body, config, create_body, dockerfile_build, events_request, image_template, listing,
+                      template_from)
 from ._errors import SpaceError, error_from_response
 
 
@@ -445,5 +446,17 @@ class AsyncTemplate:
         client = client or AsyncClient()
         body = image_template(name, reference, secret, username, defaults)
         accepted = await client.json("POST", "/v1/templates", json=body)
+        check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
+        return await client.json("GET", f"/v1/templates/{name}")
+
+    @staticmethod
+    async def build(name: str, dockerfile: str, context_dir: Optional[str] = None, *,
+                    build_args: Optional[Dict[str, str]] = None, target: Optional[str] = None,
+                    network: Optional[Dict[str, Any]] = None, client: Optional[AsyncClient] = None,
+                    timeout: float = 1800.0, **defaults: Any) -> Dict[str, Any]:
+        """A template built from a Dockerfile (see ``Template.build``)."""
+        client = client or AsyncClient()
+        form = dockerfile_build(name, dockerfile, context_dir, build_args, target, network, defaults)
+        accepted = await client.json("POST", "/v1/templates/builds", files=form)
         check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
         return await client.json("GET", f"/v1/templates/{name}")

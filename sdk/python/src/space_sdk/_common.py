@@ -94,6 +94,67 @@ def image_template(name: str, reference: str, secret: Optional[str], username: O
     return body
 
 
+def dockerfile_build(name: str, dockerfile: str, context_dir: Optional[str], build_args: Optional[Dict[str, str]],
+                     target: Optional[str], network: Optional[Dict[str, Any]],
+                     defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """The multipart form of a Dockerfile build (for httpx's ``files=``):
+    part ``build`` (the request), then part ``context`` (``context_dir`` as
+    a tar without what its ``.dockerignore`` leaves out)."""
+    unknown = set(defaults) - {"vcpus", "memory_mib", "disk_mib", "env", "workdir", "user", "network", "command"}
+    if unknown:
+        raise TypeError(f"unknown template defaults: {sorted(unknown)}")
+    request: Dict[str, Any] = {"name": name, "dockerfile": dockerfile, "build_args": dict(build_args or {}),
+                               "defaults": defaults}
+    if target is not None:
+        request["target"] = target
+    if network is not None:
+        request["network"] = network
+    form: Dict[str, Any] = {"build": (None, json.dumps(request), "application/json")}
+    if context_dir is not None:
+        form["context"] = ("context.tar", context_tar(context_dir), "application/x-tar")
+    return form
+
+
+def context_tar(context_dir: str) -> Any:
+    """``context_dir`` as a tar in a temporary file, without what its
+    ``.dockerignore`` excludes (patterns matched with ``fnmatch`` on each
+    path and its parents, ``!`` re-including, the last match winning; the
+    server applies the file exactly as Docker does to what it receives)."""
+    import fnmatch
+    import os
+    import tarfile
+    import tempfile
+    patterns: List[str] = []
+    ignore = os.path.join(context_dir, ".dockerignore")
+    if os.path.exists(ignore):
+        with open(ignore) as lines:
+            patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+    def excluded(path: str) -> bool:
+        parts = path.split("/")
+        candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+        verdict = False
+        for pattern in patterns:
+            negated = pattern.startswith("!")
+            bare = pattern[1:] if negated else pattern
+            bare = bare.strip("/").removeprefix("./")
+            if any(fnmatch.fnmatchcase(candidate, bare) for candidate in candidates):
+                verdict = not negated
+        return verdict and path != ".dockerignore"
+
+    out = tempfile.TemporaryFile()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for top, dirs, files in os.walk(context_dir):
+            dirs.sort()
+            for name in sorted(dirs) + sorted(files):
+                full = os.path.join(top, name)
+                rel = os.path.relpath(full, context_dir)
+                if not excluded(rel):
+                    tar.add(full, arcname=rel, recursive=False)
+    out.seek(0)
+    return out
+
+
 def command_body(cmd: Union[str, Sequence[str]], env: Optional[Dict[str, str]], cwd: Optional[str],
                  timeout: Optional[float], user: Optional[str], stdin: bool = False,
                  tag: Optional[str] = None) -> Dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 import httpx
 
 from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, events_request, image_template, listing, template_from)
+                      command_body, config, create_body, dockerfile_build, events_request, image_template, listing,
+                      template_from)
 from ._errors import SpaceError, error_from_response
 
 
@@ -489,6 +490,22 @@ class Template:
         once; returns the template once it is ready."""
         client = _client(client)
         accepted = client.json("POST", "/v1/templates", json=image_template(name, reference, secret, username, defaults))
+        check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
+        return client.json("GET", f"/v1/templates/{name}")
+
+    @staticmethod
+    def build(name: str, dockerfile: str, context_dir: Optional[str] = None, *,
+              build_args: Optional[Dict[str, str]] = None, target: Optional[str] = None,
+              network: Optional[Dict[str, Any]] = None, client: Optional[Client] = None, timeout: float = 1800.0,
+              **defaults: Any) -> Dict[str, Any]:
+        """A template built from a Dockerfile (its text) and the files of
+        ``context_dir``: RUN steps run in sandboxes of the build with
+        ``network`` (none when not given), each step a cached layer. An
+        instruction not supported raises at once; returns the template
+        once it is ready."""
+        client = _client(client)
+        form = dockerfile_build(name, dockerfile, context_dir, build_args, target, network, defaults)
+        accepted = client.json("POST", "/v1/templates/builds", files=form)
         check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
         return client.json("GET", f"/v1/templates/{name}")
 
