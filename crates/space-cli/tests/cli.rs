@@ -757,7 +757,8 @@ fn a_template_from_a_dockerfile_from_the_cli() {
     let dockerfile = context.join("Dockerfile");
     std::fs::write(
         &dockerfile,
-        "FROM template:base\nARG GREETING=hi\nCOPY . /srv/\nRUN echo \"$GREETING\" > /srv/greeting\nWORKDIR /srv\n",
+        "FROM template:base\nARG GREETING=hi\nCOPY . /srv/\nRUN echo \"$GREETING\" > /srv/greeting\nWORKDIR /srv\n\
+         COPY --chown=nobody:nogroup app/hello.txt /srv/owned.txt\n",
     )
     .unwrap();
     let (file, dir) = (dockerfile.to_str().unwrap(), context.to_str().unwrap());
@@ -768,11 +769,22 @@ fn a_template_from_a_dockerfile_from_the_cli() {
     let created = space(&data, &url, &["sandbox", "create", "--quiet", "--template", "fromfile"]);
     assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
     let id = String::from_utf8(created.stdout).unwrap().trim().to_string();
-    let seen = space(&data, &url, &["exec", &id, "--", "sh", "-c", "cat app/hello.txt greeting; ls -a"]);
+    let seen = space(
+        &data,
+        &url,
+        &["exec", &id, "--", "sh", "-c", "cat app/hello.txt greeting; stat -c %u:%g owned.txt; ls -a"],
+    );
     let seen = String::from_utf8_lossy(&seen.stdout).into_owned();
-    assert!(seen.starts_with("hello from the context\nhey\n"), "{seen}");
+    // Names in --chown are the image's own (Debian's nobody and nogroup).
+    assert!(seen.starts_with("hello from the context\nhey\n65534:65534\n"), "{seen}");
     assert!(!seen.contains("secret.txt"), "an ignored file was sent: {seen}");
 
+    // A user the image does not have: the build fails naming it.
+    std::fs::write(&dockerfile, "FROM template:base\nCOPY --chown=nosuchuser app/hello.txt /srv/\n").unwrap();
+    let failed = space(&data, &url, &["template", "build", "unowned", "-f", file, dir]);
+    assert!(!failed.status.success());
+    let said = String::from_utf8_lossy(&failed.stderr);
+    assert!(said.contains("no user \"nosuchuser\""), "{said}");
     // An instruction not built: refused at once, naming it and its line.
     std::fs::write(&dockerfile, "FROM template:base\nHEALTHCHECK CMD true\n").unwrap();
     let refused = space(&data, &url, &["template", "build", "nope", "-f", file, dir]);

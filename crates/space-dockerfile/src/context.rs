@@ -37,7 +37,7 @@ pub enum CopyError {
     NotFound(String),
     #[error("COPY failed: {0:?} is outside the build context")]
     OutsideContext(String),
-    #[error("--chown={0}: user and group names are not supported yet; use numeric ids (uid[:gid])")]
+    #[error("--chown={0}: a layer takes numeric ids (uid[:gid]); names are looked up in the image first")]
     OwnerName(String),
     #[error("COPY failed: {0:?} matches more than one file: the destination must be a directory ending in /")]
     ManyToOneFile(String),

@@ -187,7 +187,7 @@ fn chown_and_chmod_set_owner_and_mode() {
     copy.chown = Some("app:app".into());
     let e = run(&sample(), &none(), &copy).unwrap_err();
     assert!(matches!(&e, CopyError::OwnerName(name) if name == "app:app"), "{e}");
-    assert!(e.to_string().contains("names are not supported yet"), "{e}");
+    assert!(e.to_string().contains("names are looked up in the image first"), "{e}");
 }
 
 #[test]

@@ -394,42 +394,90 @@ impl Build {
                     }
                 }
             }
-            StepKind::Copy(copy) => match &copy.from {
-                CopyFrom::Context => {
-                    let tar = self.layer_file("copy")?;
-                    let inputs = self.copy_from_context(step, copy, &tar.path)?;
-                    let key = self.key(parent_hex, step, Some(&inputs))?;
-                    match parent.map(|parent| self.cached(parent, &key, &title)).transpose()?.flatten() {
-                        Some(chain) => chain,
-                        None => {
-                            self.say(&title);
-                            self.apply(parent, &key, &tar.path)?
+            StepKind::Copy(copy) => {
+                let resolved = self.numeric_owner(parent, step, copy)?;
+                let copy = &resolved;
+                match &copy.from {
+                    CopyFrom::Context => {
+                        let tar = self.layer_file("copy")?;
+                        let inputs = self.copy_from_context(step, copy, &tar.path)?;
+                        let key = self.key(parent_hex, step, Some(&inputs))?;
+                        match parent.map(|parent| self.cached(parent, &key, &title)).transpose()?.flatten() {
+                            Some(chain) => chain,
+                            None => {
+                                self.say(&title);
+                                self.apply(parent, &key, &tar.path)?
+                            }
                         }
                     }
-                }
-                CopyFrom::Stage(index) => {
-                    let source = tops[*index]
-                        .clone()
-                        .ok_or_else(|| self.failed(step, "COPY --from names a stage with nothing in it".into()))?;
-                    // The source stage's top chain names its content whole.
-                    let key = self.key(parent_hex, step, Some(source.as_str()))?;
-                    match parent.map(|parent| self.cached(parent, &key, &title)).transpose()?.flatten() {
-                        Some(chain) => chain,
-                        None => {
-                            self.say(&title);
-                            let tar = self.layer_file("copy")?;
-                            self.copy_from_stage(step, copy, &source, &tar.path)?;
-                            self.apply(parent, &key, &tar.path)?
+                    CopyFrom::Stage(index) => {
+                        let source = tops[*index]
+                            .clone()
+                            .ok_or_else(|| self.failed(step, "COPY --from names a stage with nothing in it".into()))?;
+                        // The source stage's top chain names its content whole.
+                        let key = self.key(parent_hex, step, Some(source.as_str()))?;
+                        match parent.map(|parent| self.cached(parent, &key, &title)).transpose()?.flatten() {
+                            Some(chain) => chain,
+                            None => {
+                                self.say(&title);
+                                let tar = self.layer_file("copy")?;
+                                self.copy_from_stage(step, copy, &source, &tar.path)?;
+                                self.apply(parent, &key, &tar.path)?
+                            }
                         }
                     }
+                    CopyFrom::Image(image) => {
+                        return Err(self.failed(step, format!("COPY --from={image} is not supported")));
+                    }
                 }
-                CopyFrom::Image(image) => {
-                    return Err(self.failed(step, format!("COPY --from={image} is not supported")));
-                }
-            },
+            }
         };
         self.hold(&chain);
         Ok(chain)
+    }
+
+    /// The COPY with its `--chown` names turned into ids, looked up in the
+    /// `/etc/passwd` and `/etc/group` of the image it copies into (read
+    /// through the agent of a build sandbox on `parent`, so a link there
+    /// resolves inside the image); a user without a group gets its uid as
+    /// its gid, as Docker does.
+    fn numeric_owner(&self, parent: Option<&ChainId>, step: &Step, copy: &CopyStep) -> Result<CopyStep, HostError> {
+        let Some(chown) = &copy.chown else { return Ok(copy.clone()) };
+        let (user, group) = chown.split_once(':').map_or((chown.as_str(), None), |(u, g)| (u, Some(g)));
+        let numeric = |text: &str| text.parse::<u32>().ok();
+        if numeric(user).is_some() && group.is_none_or(|g| numeric(g).is_some()) {
+            return Ok(copy.clone());
+        }
+        let parent = parent.ok_or_else(|| {
+            self.failed(step, format!("--chown={chown}: names are looked up in the image, and FROM scratch has none"))
+        })?;
+        let sandbox = self.start_sandbox(parent, false)?;
+        let read = self.runtime.block_on(async {
+            tokio::time::timeout(START_PATIENCE, async {
+                (read_small(&sandbox.agent, "/etc/passwd").await, read_small(&sandbox.agent, "/etc/group").await)
+            })
+            .await
+        });
+        drop(sandbox);
+        let Ok((passwd, groups)) = read else {
+            return Err(self.failed(step, "reading the image's /etc/passwd took too long".into()));
+        };
+        let id_of = |table: &str, name: &str| {
+            table.lines().find_map(|line| {
+                let fields: Vec<&str> = line.split(':').collect();
+                (fields.len() >= 3 && fields[0] == name).then(|| numeric(fields[2])).flatten()
+            })
+        };
+        let uid = numeric(user).or_else(|| id_of(&passwd, user)).ok_or_else(|| {
+            self.failed(step, format!("--chown={chown}: the image's /etc/passwd has no user {user:?}"))
+        })?;
+        let gid = match group {
+            None => uid,
+            Some(group) => numeric(group).or_else(|| id_of(&groups, group)).ok_or_else(|| {
+                self.failed(step, format!("--chown={chown}: the image's /etc/group has no group {group:?}"))
+            })?,
+        };
+        Ok(CopyStep { chown: Some(format!("{uid}:{gid}")), ..copy.clone() })
     }
 
     fn failed(&self, step: &Step, why: String) -> HostError {
@@ -651,6 +699,23 @@ async fn run_logged(
         }
     }
     Err("the sandbox's agent went away".into())
+}
+
+/// The text of a small file of a build sandbox (at most 1 MiB of it; an
+/// absent or unreadable one is empty: a lookup in it finds nothing).
+async fn read_small(agent: &AgentConn, path: &str) -> String {
+    use space_engine::agent::FileRead;
+    const MAX: usize = 1 << 20;
+    let Ok(FileRead::File { mut data, .. }) = agent.read_file(path, false).await else { return String::new() };
+    let mut bytes = Vec::new();
+    while let Ok(Some(chunk)) = data.next_chunk().await {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > MAX {
+            bytes.truncate(MAX);
+            break;
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Reads `sources` (absolute paths of a build sandbox) into a tar at
