@@ -3,10 +3,16 @@
 //! `.dockerignore`d file; a rebuild with its last RUN changed runs that
 //! step alone; multi-stage `COPY --from`; `FROM` an image of a loopback
 //! registry; a failing RUN fails the build naming its step and line and
-//! leaves no template and no build sandbox; an instruction SPACE does not
-//! build is a 422 with its line and reserves nothing.
+//! leaves no template and no build sandbox; a RUN of a build without a
+//! network reaches nothing, and with an allowlist reaches what it names; an
+//! instruction SPACE does not build is a 422 with its line and reserves
+//! nothing.
 
 mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
 
 use common::{platform_config, TestServer};
 use serde_json::{json, Value};
@@ -190,4 +196,67 @@ fn a_dockerfile_from_a_registry_image_runs_in_its_shell() {
     assert_eq!(operation["state"], "succeeded", "{operation}\n{log}");
     let sandbox = server.create_sandbox(json!({"template": "onimage"}));
     assert_eq!(shell(&server, &sandbox, "cat /from-run; pwd"), "hello from the config\n/app\n");
+}
+
+/// An HTTP server on loopback answering `reached <path>`; the request lines
+/// it saw.
+fn upstream() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            // Read whole: a close with unread bytes would reset the answer.
+            let mut header = String::new();
+            while reader.read_line(&mut header).unwrap_or(0) > 0 && header != "\r\n" {
+                header.clear();
+            }
+            let line = line.trim_end().to_string();
+            log.lock().unwrap().push(line.clone());
+            let body = format!("reached {}", line.split(' ').nth(1).unwrap_or_default());
+            let _ =
+                write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_build_without_a_network_reaches_nothing_and_one_with_an_allowlist_reaches_its_host() {
+    let (port, seen) = upstream();
+    let data = TestDataDir::new();
+    let mut config = platform_config(&data);
+    config.egress = space_server::egress::EgressSettings::parse(
+        &["upstream.space.test=127.0.0.1".into()],
+        &["127.0.0.1/32".into()],
+    )
+    .unwrap();
+    let server = TestServer::start_with(config);
+    // The proxy variables every command has, so the name is the gateway's
+    // to resolve; the timeout bounds a refusal that never answers.
+    let dockerfile = format!(
+        "FROM template:base\nRUN echo before > /before\n\
+         RUN python3 -c \"import urllib.request; print(urllib.request.urlopen('http://upstream.space.test:{port}/from-build', timeout=20).read().decode())\"\n"
+    );
+
+    let (operation, log) = build(&server, json!({"name": "closed", "dockerfile": dockerfile}), None);
+    assert_eq!(operation["state"], "failed", "{operation}\n{log}");
+    let message = operation["error"]["message"].as_str().unwrap();
+    assert!(message.contains("step 2 (line 3): RUN exited with 1"), "{message}");
+    assert!(log.contains("[step 2/2 line 3] "), "{log}");
+    assert!(seen.lock().unwrap().is_empty(), "reached without a network: {:?}", seen.lock().unwrap());
+    assert_eq!(server.call("GET", "/v1/templates/closed", None).0, 404);
+    assert!(sandbox_dirs(&data).is_empty(), "build sandboxes left: {:?}", sandbox_dirs(&data));
+
+    let network = json!({"egress": "allowlist", "allow": [format!("upstream.space.test:{port}")]});
+    let (operation, log) = build(&server, json!({"name": "open", "dockerfile": dockerfile, "network": network}), None);
+    assert_eq!(operation["state"], "succeeded", "{operation}\n{log}");
+    assert!(log.contains("[step 2/2 line 3] reached /from-build"), "{log}");
+    assert_eq!(*seen.lock().unwrap(), vec!["GET /from-build HTTP/1.1".to_string()]);
+    assert_eq!(server.ok("GET", "/v1/templates/open", None)["name"], "open");
+    assert!(sandbox_dirs(&data).is_empty(), "build sandboxes left: {:?}", sandbox_dirs(&data));
 }
