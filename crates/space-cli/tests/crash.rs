@@ -4,7 +4,8 @@
 //! Afterwards every answered command still has its result and transcript,
 //! every operation has ended, every sandbox is in a usable state (none
 //! failed because of a restart), every accepted delete was carried out,
-//! and nothing of a deleted sandbox is left on the host.
+//! and nothing of a deleted sandbox is left on the host. A pull or a
+//! Dockerfile build cut short by a kill ends failed and leaves nothing.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -531,5 +532,75 @@ fn a_pull_cut_short_by_a_killed_server_ends_failed_and_leaves_nothing() {
     assert_eq!(status, 404, "no template, nor one building");
     assert!(blobs().is_empty(), "the blob was swept: {:?}", blobs());
     drop(registry);
+    common::stop(server);
+}
+
+/// Sends a Dockerfile build (`POST /v1/templates/builds`, its `build` part
+/// alone); the status and the answer.
+fn send_build(client: &Client, build: &Value) -> (u16, Value) {
+    const BOUNDARY: &str = "space-crash-boundary";
+    let body = format!(
+        "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"build\"\r\nContent-Type: application/json\r\n\r\n\
+         {build}\r\n--{BOUNDARY}--\r\n"
+    );
+    let content_type = format!("multipart/form-data; boundary={BOUNDARY}");
+    let answer = client
+        .api(Duration::from_secs(90))
+        .send_with("POST", "/v1/templates/builds", &[("Content-Type", content_type.as_str())], body.as_bytes())
+        .unwrap();
+    (answer.status, answer.body)
+}
+
+#[test]
+fn a_dockerfile_build_killed_in_a_run_step_ends_failed_and_its_build_sandbox_is_swept() {
+    let data = TestDataDir::new();
+    // No pooled sandboxes: every sandbox dir is the build's.
+    let args = ["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--hot-pool", "0"];
+    let (mut server, url, _, lines) = common::spawn_server(&data, &args);
+    std::thread::spawn(move || lines.for_each(drop));
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
+    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let dockerfile = |last: &str| format!("FROM template:base\nRUN echo one > /one\nRUN {last}\n");
+    let (status, accepted) = send_build(&client, &json!({"name": "cut", "dockerfile": dockerfile("sleep 30")}));
+    assert_eq!(status, 202, "{accepted}");
+    let operation = accepted["operation"]["id"].as_str().unwrap().to_string();
+    let sandboxes = data.root().join("sandboxes");
+    let build_sandboxes = || -> Vec<String> {
+        let names = std::fs::read_dir(&sandboxes).into_iter().flatten().flatten();
+        names.map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    };
+    let running = wait_for("the RUN step to run in its build sandbox", PATIENCE, || {
+        let (_, op) = client.call("GET", &format!("/v1/operations/{operation}"), None)?;
+        let step = op["progress"]["step"].as_str().unwrap_or_default();
+        let ids = build_sandboxes();
+        (step.contains("RUN sleep 30") && ids.len() == 1 && processes_mentioning(&ids[0]) > 0).then(|| ids[0].clone())
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+    assert!(processes_mentioning(&running) > 0, "the build sandbox outlives its server");
+
+    let (restarted, url, _, lines) = common::spawn_server(&data, &args);
+    std::thread::spawn(move || lines.for_each(drop));
+    server = restarted;
+    *client.url.write().unwrap() = url;
+    let (_, op) = client.call_until_answered("GET", &format!("/v1/operations/{operation}"));
+    assert_eq!(op["state"], "failed", "{op}");
+    assert!(op["error"]["message"].as_str().unwrap_or("").contains("restarted"), "{op}");
+    let (status, template) = client.call_until_answered("GET", "/v1/templates/cut");
+    assert_eq!(status, 404, "no template, nor one building: {template}");
+    // The start-up sweep runs in the background.
+    wait_until("the build sandbox to be swept", PATIENCE, || {
+        build_sandboxes().is_empty() && processes_mentioning(&running) == 0
+    });
+
+    let (status, accepted) = send_build(&client, &json!({"name": "cut", "dockerfile": dockerfile("true")}));
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["operation"]["id"].as_str().unwrap();
+    let op = client.wait_operation(id).expect("the rebuild ends");
+    let log = client.api(Duration::from_secs(30)).get_text(&format!("/v1/operations/{id}/log")).unwrap_or_default();
+    assert_eq!(op["state"], "succeeded", "{op}\n{log}");
+    assert_eq!(log.matches(": cached").count(), 1, "the step before the cut one is reused: {log}");
+    assert_eq!(log.matches(": saved").count(), 1, "{log}");
+    assert!(build_sandboxes().is_empty(), "build sandboxes left: {:?}", build_sandboxes());
     common::stop(server);
 }
