@@ -445,7 +445,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.only_pull {
         let cold = shared.scratch(&format!("bench-pull-{}", std::process::id()), &[])?;
-        let cached = shared.scratch(&format!("bench-pull-cached-{}", std::process::id()), &[])?;
+        let cached = shared.scratch(&format!("bench-pull-cached-{}", std::process::id()), &[&args.template])?;
         let result = crate::bench::pull::run(&args, &cold, &cached);
         for data in [&cold, &cached] {
             space_host::btrfs::remove_tree(data.root())?;
