@@ -1062,6 +1062,11 @@ pub struct DockerfileBuildRequest {
     /// `gvisor` or `firecracker`: the engine its sandboxes run on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// The credential for the registry images `FROM` names: sent to those
+    /// whose host is within the secret's hosts (the others are pulled
+    /// anonymously).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

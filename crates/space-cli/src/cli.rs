@@ -821,6 +821,13 @@ pub(crate) enum TemplateCommand {
         /// The stage to build (default: the last).
         #[arg(long, requires = "file")]
         target: Option<String>,
+        /// The tenant secret holding the password (with --registry-user) or
+        /// token of the registry a `FROM` image is in.
+        #[arg(long, value_name = "SECRET", requires = "file")]
+        registry_secret: Option<String>,
+        /// The registry user the secret is the password of.
+        #[arg(long, value_name = "USER", requires = "registry_secret")]
+        registry_user: Option<String>,
         /// Packages, comma-separated.
         #[arg(long, value_delimiter = ',')]
         debian_packages: Vec<String>,

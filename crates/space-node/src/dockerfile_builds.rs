@@ -62,6 +62,8 @@ pub struct PlannedBuild {
     network: Network,
     given: DefaultsOverride,
     engine: Option<String>,
+    /// The registry credential, opened for this build only.
+    credential: Option<space_image::Credential>,
 }
 
 /// A plan error as the API tells it.
@@ -133,8 +135,10 @@ impl Platform {
             "steps": plan.stages.iter().map(|s| s.steps.len()).sum::<usize>(),
             "target": request.target,
         }});
+        let credential =
+            request.registry_auth.as_ref().map(|auth| self.registry_credential(&caller.tenant, auth)).transpose()?;
         let slot = self.reserve_build(&request.name, source, caller)?;
-        Ok(PlannedBuild { slot, request, plan, network, given, engine })
+        Ok(PlannedBuild { slot, request, plan, network, given, engine, credential })
     }
 
     /// Runs a planned build with its context (`None`: nothing is copied
@@ -144,7 +148,7 @@ impl Platform {
         planned: PlannedBuild,
         context: Option<Upload>,
     ) -> Result<(Template, Operation), NodeError> {
-        let PlannedBuild { slot, request, plan, network, given, engine } = planned;
+        let PlannedBuild { slot, request, plan, network, given, engine, credential } = planned;
         let (name, owner, tenant) = (slot.name.clone(), slot.owner.clone(), slot.tenant.clone());
         let platform = self.clone();
         let runtime = tokio::runtime::Handle::current();
@@ -164,6 +168,7 @@ impl Platform {
                     context: context.as_ref().map(|upload| upload.path.clone()),
                     ignore: Ignore::default(),
                     network,
+                    credential,
                     held: Vec::new(),
                     number: 0,
                     total: 0,
@@ -205,6 +210,7 @@ struct Build {
     context: Option<PathBuf>,
     ignore: Ignore,
     network: Network,
+    credential: Option<space_image::Credential>,
     /// The chains this build made or uses, kept from eviction until it ends.
     held: Vec<ChainsInUse>,
     /// The step running (1-based) of `total`.
@@ -313,7 +319,14 @@ impl Build {
         progress(BuildProgress::step(&format!("resolving {reference}"), 1));
         let resolved = self
             .runtime
-            .block_on(async { tokio::time::timeout(RESOLVE_PATIENCE, client.resolve(&parsed, None)).await })
+            .block_on(async {
+                // The build's credential, for a registry within its secret's hosts.
+                let credential = self
+                    .credential
+                    .as_ref()
+                    .filter(|credential| space_core::secrets::within(parsed.registry_host(), &credential.hosts));
+                tokio::time::timeout(RESOLVE_PATIENCE, client.resolve(&parsed, credential)).await
+            })
             .map_err(|_| HostError::Invalid(format!("FROM {reference}: the registry did not answer in time")))?
             .map_err(|e| invalid(image_error(e)))?;
         if resolved.layers.is_empty() || resolved.layers.len() > crate::images::MAX_LAYERS {

@@ -161,7 +161,7 @@ impl Platform {
 
     /// A tenant's secret as a registry credential for one build: 422 when
     /// there is no such secret.
-    fn registry_credential(&self, tenant: &str, auth: &RegistryAuth) -> Result<Credential, NodeError> {
+    pub(crate) fn registry_credential(&self, tenant: &str, auth: &RegistryAuth) -> Result<Credential, NodeError> {
         let fail = |why: String| {
             NodeError::unprocessable(format!("from.image.auth: {why}"))
                 .with_details(serde_json::json!({"field": "from.image.auth"}))

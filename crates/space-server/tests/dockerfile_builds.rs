@@ -184,6 +184,33 @@ fn a_multi_stage_build_copies_from_an_earlier_stage() {
 }
 
 #[test]
+fn a_dockerfile_from_a_private_image_pulls_it_with_the_builds_registry_secret() {
+    use space_testkit::registry::{TEST_PASSWORD, TEST_USER};
+    let registry = Registry::start(Some((TEST_USER, TEST_PASSWORD)));
+    push_app_image(&registry, "private/app", "1", Some((TEST_USER, TEST_PASSWORD)));
+    let data = TestDataDir::new();
+    let port = registry.host.rsplit(':').next().unwrap();
+    let host = "registry.space.test";
+    let mut config = platform_config(&data);
+    config.registry.insecure = vec![format!("{host}:{port}")];
+    config.registry.hosts = vec![(host.to_string(), std::net::Ipv4Addr::LOCALHOST.into())];
+    let server = TestServer::start_with(config);
+    server.ok("PUT", "/v1/secrets/registry", Some(json!({"value": TEST_PASSWORD, "hosts": [host]})));
+    let dockerfile = format!("FROM {host}:{port}/private/app:1\nRUN cat /etc/greeting > /copied\n");
+
+    let (anonymous, log) = build(&server, json!({"name": "private", "dockerfile": dockerfile}), None);
+    assert_eq!(anonymous["state"], "failed", "{anonymous}");
+    assert!(log.contains("authentication failed"), "{log}");
+    let auth = json!({"secret": "registry", "username": TEST_USER});
+    let (operation, log) =
+        build(&server, json!({"name": "private", "dockerfile": dockerfile, "registry_auth": auth}), None);
+    assert_eq!(operation["state"], "succeeded", "{operation}\n{log}");
+    assert!(!log.contains(TEST_PASSWORD), "the secret's value is in the log");
+    let sandbox = server.create_sandbox(json!({"template": "private"}));
+    assert_eq!(shell(&server, &sandbox, "cat /copied"), space_testkit::images::GREETING);
+}
+
+#[test]
 fn a_dockerfile_from_a_registry_image_runs_in_its_shell() {
     let registry = Registry::start(None);
     push_app_image(&registry, "team/app", "1.2", None);

@@ -57,6 +57,8 @@ pub(crate) fn template(command: TemplateCommand) -> Result<()> {
             file,
             build_args,
             target,
+            registry_secret,
+            registry_user,
             debian_packages,
             suite,
             network,
@@ -70,7 +72,9 @@ pub(crate) fn template(command: TemplateCommand) -> Result<()> {
             let client = client.client()?;
             let accepted = match (file, debian_packages.is_empty()) {
                 (Some(file), true) => {
-                    let build = DockerfileBuild { name: &name, file: &file, build_args, target, network };
+                    let auth =
+                        registry_secret.map(|secret| serde_json::json!({"secret": secret, "username": registry_user}));
+                    let build = DockerfileBuild { name: &name, file: &file, build_args, target, network, auth };
                     post_dockerfile_build(&client, &build, &context.unwrap_or_else(|| PathBuf::from(".")))?
                 }
                 (None, false) => {
@@ -168,6 +172,8 @@ struct DockerfileBuild<'a> {
     build_args: Vec<(String, String)>,
     target: Option<String>,
     network: crate::cli::NetworkArgs,
+    /// The registry credential for `FROM` images (`{secret, username}`).
+    auth: Option<serde_json::Value>,
 }
 
 /// Posts a Dockerfile build: the form's part `build` (the request), then
@@ -187,6 +193,9 @@ fn post_dockerfile_build(
     }
     if let Some(network) = build.network.to_json() {
         request["network"] = network;
+    }
+    if let Some(auth) = &build.auth {
+        request["registry_auth"] = auth.clone();
     }
     let ignore = match std::fs::read_to_string(dir.join(".dockerignore")) {
         Ok(text) => space_dockerfile::Ignore::parse(&text).map_err(|e| anyhow::anyhow!(".dockerignore: {e}"))?,

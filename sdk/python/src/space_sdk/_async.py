@@ -452,11 +452,12 @@ class AsyncTemplate:
     @staticmethod
     async def build(name: str, dockerfile: str, context_dir: Optional[str] = None, *,
                     build_args: Optional[Dict[str, str]] = None, target: Optional[str] = None,
-                    network: Optional[Dict[str, Any]] = None, client: Optional[AsyncClient] = None,
+                    network: Optional[Dict[str, Any]] = None, secret: Optional[str] = None,
+                    username: Optional[str] = None, client: Optional[AsyncClient] = None,
                     timeout: float = 1800.0, **defaults: Any) -> Dict[str, Any]:
         """A template built from a Dockerfile (see ``Template.build``)."""
         client = client or AsyncClient()
-        form = dockerfile_build(name, dockerfile, context_dir, build_args, target, network, defaults)
+        form = dockerfile_build(name, dockerfile, context_dir, build_args, target, network, secret, username, defaults)
         accepted = await client.json("POST", "/v1/templates/builds", files=form)
         check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
         return await client.json("GET", f"/v1/templates/{name}")

@@ -95,8 +95,8 @@ def image_template(name: str, reference: str, secret: Optional[str], username: O
 
 
 def dockerfile_build(name: str, dockerfile: str, context_dir: Optional[str], build_args: Optional[Dict[str, str]],
-                     target: Optional[str], network: Optional[Dict[str, Any]],
-                     defaults: Dict[str, Any]) -> Dict[str, Any]:
+                     target: Optional[str], network: Optional[Dict[str, Any]], secret: Optional[str],
+                     username: Optional[str], defaults: Dict[str, Any]) -> Dict[str, Any]:
     """The multipart form of a Dockerfile build (for httpx's ``files=``):
     part ``build`` (the request), then part ``context`` (``context_dir`` as
     a tar without what its ``.dockerignore`` leaves out)."""
@@ -109,6 +109,10 @@ def dockerfile_build(name: str, dockerfile: str, context_dir: Optional[str], bui
         request["target"] = target
     if network is not None:
         request["network"] = network
+    if username is not None and secret is None:
+        raise TypeError("username is the registry user whose password the secret holds: give secret too")
+    if secret is not None:
+        request["registry_auth"] = {"secret": secret, **({"username": username} if username is not None else {})}
     form: Dict[str, Any] = {"build": (None, json.dumps(request), "application/json")}
     if context_dir is not None:
         form["context"] = ("context.tar", context_tar(context_dir), "application/x-tar")

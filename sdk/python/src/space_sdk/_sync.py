@@ -496,7 +496,8 @@ class Template:
     @staticmethod
     def build(name: str, dockerfile: str, context_dir: Optional[str] = None, *,
               build_args: Optional[Dict[str, str]] = None, target: Optional[str] = None,
-              network: Optional[Dict[str, Any]] = None, client: Optional[Client] = None, timeout: float = 1800.0,
+              network: Optional[Dict[str, Any]] = None, secret: Optional[str] = None,
+              username: Optional[str] = None, client: Optional[Client] = None, timeout: float = 1800.0,
               **defaults: Any) -> Dict[str, Any]:
         """A template built from a Dockerfile (its text) and the files of
         ``context_dir``: RUN steps run in sandboxes of the build with
@@ -504,7 +505,7 @@ class Template:
         instruction not supported raises at once; returns the template
         once it is ready."""
         client = _client(client)
-        form = dockerfile_build(name, dockerfile, context_dir, build_args, target, network, defaults)
+        form = dockerfile_build(name, dockerfile, context_dir, build_args, target, network, secret, username, defaults)
         accepted = client.json("POST", "/v1/templates/builds", files=form)
         check_operation(client.wait_operation(accepted["operation"]["id"], timeout))
         return client.json("GET", f"/v1/templates/{name}")
