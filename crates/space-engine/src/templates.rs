@@ -540,22 +540,9 @@ impl TemplateHost for LocalTemplates {
             return Ok(LayerReady { chain, bytes: 0, cached: true });
         }
         let importer = self.importer("layers")?;
-        let partial = self.layout.layer_partial(&chain);
-        // A partial of this chain is a killed apply's: nothing else works
-        // on the chain while this holds its lock.
-        remove_build(&partial)?;
-        fs::create_dir_all(self.layout.layer_cache()).map_err(EngineError::io("creating the layer cache"))?;
-        fs::create_dir(&partial).map_err(EngineError::io("creating a layer's build dir"))?;
-        let applied = self.fill_chain(importer, &partial, parent, layer, disk_mib, &blob, &log, progress);
-        let bytes = match applied {
-            Ok(bytes) => bytes,
-            Err(err) => {
-                let _ = remove_build(&partial);
-                return Err(err);
-            }
-        };
-        fs::rename(&partial, self.layout.layer_dir(&chain)).map_err(EngineError::io("keeping a layer chain"))?;
-        Ok(LayerReady { chain, bytes, cached: false })
+        self.keep_chain(chain, |partial| {
+            self.fill_chain(importer, partial, parent, layer, disk_mib, &blob, &log, progress)
+        })
     }
 
     fn delete_layer(&self, chain: &ChainId) -> Result<(), EngineError> {
@@ -590,20 +577,35 @@ impl TemplateHost for LocalTemplates {
         if !self.has_chain(parent) {
             return Err(refused(format!("layer chain {parent} is not in the cache")));
         }
+        self.keep_chain(chain, |partial| {
+            let rootfs = partial.join("rootfs");
+            btrfs::snapshot(&root, &rootfs).map_err(EngineError::from).and_then(|()| {
+                // What the sandbox wrote of its own (its agent's copy too),
+                // counted as of the snapshot's commit; 0 without quotas.
+                let bytes = btrfs::exclusive_bytes(&root).unwrap_or(0);
+                step_layer::strip_runtime(&rootfs, &self.layout.layer_root(parent))?;
+                btrfs::set_read_only(&rootfs)?;
+                Ok(bytes)
+            })
+        })
+    }
+}
+
+impl LocalTemplates {
+    /// Makes `chain` in the cache: its build dir `.<chain>.partial` (a
+    /// killed request's stale one removed first: the caller holds the
+    /// chain's lock), filled by `fill` (its bytes out), renamed into place;
+    /// on failure nothing of it is left.
+    fn keep_chain(
+        &self,
+        chain: ChainId,
+        fill: impl FnOnce(&Path) -> Result<u64, EngineError>,
+    ) -> Result<LayerReady, EngineError> {
         let partial = self.layout.layer_partial(&chain);
         remove_build(&partial)?;
         fs::create_dir_all(self.layout.layer_cache()).map_err(EngineError::io("creating the layer cache"))?;
         fs::create_dir(&partial).map_err(EngineError::io("creating a layer's build dir"))?;
-        let rootfs = partial.join("rootfs");
-        let saved = btrfs::snapshot(&root, &rootfs).map_err(EngineError::from).and_then(|()| {
-            // What the sandbox wrote of its own (its agent's copy too),
-            // counted as of the snapshot's commit; 0 without quotas.
-            let bytes = btrfs::exclusive_bytes(&root).unwrap_or(0);
-            step_layer::strip_runtime(&rootfs, &self.layout.layer_root(parent))?;
-            btrfs::set_read_only(&rootfs)?;
-            Ok(bytes)
-        });
-        let bytes = match saved {
+        let bytes = match fill(&partial) {
             Ok(bytes) => bytes,
             Err(err) => {
                 let _ = remove_build(&partial);
@@ -613,9 +615,7 @@ impl TemplateHost for LocalTemplates {
         fs::rename(&partial, self.layout.layer_dir(&chain)).map_err(EngineError::io("keeping a layer chain"))?;
         Ok(LayerReady { chain, bytes, cached: false })
     }
-}
 
-impl LocalTemplates {
     /// Removes the build dirs of chains a killed apply left (one being
     /// applied now is locked and kept).
     fn sweep_layer_partials(&self) {
