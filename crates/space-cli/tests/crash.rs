@@ -561,7 +561,8 @@ fn a_dockerfile_build_killed_in_a_run_step_ends_failed_and_its_build_sandbox_is_
     let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     let client = Client { url: Arc::new(RwLock::new(url)), key };
     let dockerfile = |last: &str| format!("FROM template:base\nRUN echo one > /one\nRUN {last}\n");
-    let (status, accepted) = send_build(&client, &json!({"name": "cut", "dockerfile": dockerfile("sleep 30")}));
+    let running_step = "echo started; sleep 30";
+    let (status, accepted) = send_build(&client, &json!({"name": "cut", "dockerfile": dockerfile(running_step)}));
     assert_eq!(status, 202, "{accepted}");
     let operation = accepted["operation"]["id"].as_str().unwrap().to_string();
     let sandboxes = data.root().join("sandboxes");
@@ -569,11 +570,12 @@ fn a_dockerfile_build_killed_in_a_run_step_ends_failed_and_its_build_sandbox_is_
         let names = std::fs::read_dir(&sandboxes).into_iter().flatten().flatten();
         names.map(|e| e.file_name().to_string_lossy().into_owned()).collect()
     };
+    // Running, not starting: its output is in the log (a kill while runsc
+    // still starts the sandbox would take the start down with the server).
     let running = wait_for("the RUN step to run in its build sandbox", PATIENCE, || {
-        let (_, op) = client.call("GET", &format!("/v1/operations/{operation}"), None)?;
-        let step = op["progress"]["step"].as_str().unwrap_or_default();
+        let log = client.api(Duration::from_secs(30)).get_text(&format!("/v1/operations/{operation}/log")).ok()?;
         let ids = build_sandboxes();
-        (step.contains("RUN sleep 30") && ids.len() == 1 && processes_mentioning(&ids[0]) > 0).then(|| ids[0].clone())
+        (log.contains("] started") && ids.len() == 1 && processes_mentioning(&ids[0]) > 0).then(|| ids[0].clone())
     });
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
