@@ -363,8 +363,7 @@ fn a_sandbox_slow_to_come_back_holds_up_no_other() {
     let suspend = answer["operation"]["id"].as_str().unwrap().to_string();
     let (_, op) = client.call("GET", &format!("/v1/operations/{suspend}"), None).unwrap();
     assert!(matches!(op["state"].as_str(), Some("pending" | "running")), "still under way at the kill: {op}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+    kill_server(&server);
     let (server, url) = serve_with_pool(&data, "0");
     *client.url.write().unwrap() = url;
 
@@ -415,6 +414,27 @@ fn a_sandbox_slow_to_come_back_holds_up_no_other() {
         });
     }
     common::stop(server);
+}
+
+/// SIGKILLs the server and reaps it.
+fn kill_server(server: &ReapedChild) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+}
+
+/// `space serve ARGS` again on `data`, `client` pointed at it.
+fn restart_server(data: &TestDataDir, args: &[&str], client: &Client) -> ReapedChild {
+    let (restarted, url, _, lines) = common::spawn_server(data, args);
+    std::thread::spawn(move || lines.for_each(drop));
+    *client.url.write().unwrap() = url;
+    restarted
+}
+
+/// `operation`, cut short by the kill, ended failed, saying why.
+fn assert_ended_by_restart(client: &Client, operation: &str) {
+    let (_, op) = client.call_until_answered("GET", &format!("/v1/operations/{operation}"));
+    assert_eq!(op["state"], "failed", "{op}");
+    assert!(op["error"]["message"].as_str().unwrap_or("").contains("restarted"), "{op}");
 }
 
 /// A registry on loopback that serves one image but sends only the first
@@ -517,17 +537,11 @@ fn a_pull_cut_short_by_a_killed_server_ends_failed_and_leaves_nothing() {
         names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|name| name.starts_with(".blob-")).collect()
     };
     wait_until("the layer to be downloading", PATIENCE, || !blobs().is_empty());
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+    kill_server(&server);
     assert!(!blobs().is_empty(), "the killed pull left its blob");
 
-    let (restarted, url, _, lines) = common::spawn_server(&data, &args);
-    std::thread::spawn(move || lines.for_each(drop));
-    server = restarted;
-    *client.url.write().unwrap() = url;
-    let (_, op) = client.call_until_answered("GET", &format!("/v1/operations/{operation}"));
-    assert_eq!(op["state"], "failed", "{op}");
-    assert!(op["error"]["message"].as_str().unwrap_or("").contains("restarted"), "{op}");
+    server = restart_server(&data, &args, &client);
+    assert_ended_by_restart(&client, &operation);
     let (status, _) = client.call_until_answered("GET", "/v1/templates/stalled");
     assert_eq!(status, 404, "no template, nor one building");
     assert!(blobs().is_empty(), "the blob was swept: {:?}", blobs());
@@ -577,17 +591,11 @@ fn a_dockerfile_build_killed_in_a_run_step_ends_failed_and_its_build_sandbox_is_
         let ids = build_sandboxes();
         (log.contains("] started") && ids.len() == 1 && processes_mentioning(&ids[0]) > 0).then(|| ids[0].clone())
     });
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    server.wait_timeout(Duration::from_secs(10)).expect("the killed server is reaped");
+    kill_server(&server);
     assert!(processes_mentioning(&running) > 0, "the build sandbox outlives its server");
 
-    let (restarted, url, _, lines) = common::spawn_server(&data, &args);
-    std::thread::spawn(move || lines.for_each(drop));
-    server = restarted;
-    *client.url.write().unwrap() = url;
-    let (_, op) = client.call_until_answered("GET", &format!("/v1/operations/{operation}"));
-    assert_eq!(op["state"], "failed", "{op}");
-    assert!(op["error"]["message"].as_str().unwrap_or("").contains("restarted"), "{op}");
+    server = restart_server(&data, &args, &client);
+    assert_ended_by_restart(&client, &operation);
     let (status, template) = client.call_until_answered("GET", "/v1/templates/cut");
     assert_eq!(status, 404, "no template, nor one building: {template}");
     // The start-up sweep runs in the background.

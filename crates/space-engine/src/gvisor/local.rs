@@ -98,21 +98,7 @@ impl LocalHost {
         shape: Shape,
         steps: &mut Steps,
     ) -> Result<Instant, EngineError> {
-        let mut lap = Instant::now();
-        let mut step = |name: &'static str| {
-            steps.push((name, lap.elapsed()));
-            lap = Instant::now();
-        };
-        let root = self.layout().sandbox_root(sandbox);
-        fs::create_dir_all(self.layout().sandbox_dir(sandbox)).map_err(EngineError::io("creating the sandbox dir"))?;
-        btrfs::snapshot(&self.layout().template_root(template), &root)?;
-        step("root snapshot (btrfs)");
-        btrfs::limit_exclusive(&root, shape.disk_mib.get())?;
-        step("disk limit (btrfs qgroup)");
-        let limited = Instant::now();
-        self.make_socket_dir(sandbox)?;
-        self.write_bundle(sandbox, shape)?;
-        Ok(limited)
+        self.root_from(sandbox, &self.layout().template_root(template), shape, steps, false)
     }
 
     /// A build sandbox's root: a writable snapshot of a layer chain, under
@@ -126,27 +112,44 @@ impl LocalHost {
         shape: Shape,
         steps: &mut Steps,
     ) -> Result<Instant, EngineError> {
-        let mut lap = Instant::now();
-        let mut step = |name: &'static str| {
-            steps.push((name, lap.elapsed()));
-            lap = Instant::now();
-        };
         let chain_root = self.layout().layer_root(chain);
         if !fs::symlink_metadata(&chain_root).is_ok_and(|meta| meta.is_dir()) {
             return Err(EngineError::Runtime(format!("layer chain {chain} is not in the cache")));
         }
-        let root = self.layout().sandbox_root(sandbox);
         fs::create_dir_all(self.layout().sandbox_dir(sandbox)).map_err(EngineError::io("creating the sandbox dir"))?;
         // Recorded before the root exists: a root with no record is never
         // kept as a layer, whatever failed half way.
         fs::write(self.layout().sandbox_chain(sandbox), chain.as_str())
             .map_err(EngineError::io("recording the sandbox's chain"))?;
-        btrfs::snapshot(&chain_root, &root)?;
+        self.root_from(sandbox, &chain_root, shape, steps, true)
+    }
+
+    /// The sandbox's root as a writable snapshot of `source` under the disk
+    /// quota (with the agent put in when `with_agent`), then its socket
+    /// directory and bundle; when the quota was set.
+    fn root_from(
+        &self,
+        sandbox: &SandboxId,
+        source: &Path,
+        shape: Shape,
+        steps: &mut Steps,
+        with_agent: bool,
+    ) -> Result<Instant, EngineError> {
+        let mut lap = Instant::now();
+        let mut step = |name: &'static str| {
+            steps.push((name, lap.elapsed()));
+            lap = Instant::now();
+        };
+        let root = self.layout().sandbox_root(sandbox);
+        fs::create_dir_all(self.layout().sandbox_dir(sandbox)).map_err(EngineError::io("creating the sandbox dir"))?;
+        btrfs::snapshot(source, &root)?;
         step("root snapshot (btrfs)");
         btrfs::limit_exclusive(&root, shape.disk_mib.get())?;
         step("disk limit (btrfs qgroup)");
         let limited = Instant::now();
-        space_host::template::install_agent(&root, &self.config.agent_bin)?;
+        if with_agent {
+            space_host::template::install_agent(&root, &self.config.agent_bin)?;
+        }
         self.make_socket_dir(sandbox)?;
         self.write_bundle(sandbox, shape)?;
         Ok(limited)
