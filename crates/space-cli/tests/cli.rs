@@ -346,6 +346,11 @@ fn mcp(data: &TestDataDir, url: &str) -> (ReapedChild, std::process::ChildStdin,
     (child, stdin, McpAnswers(answers))
 }
 
+/// The `initialize` parameters of a test's MCP session.
+fn mcp_initialize() -> serde_json::Value {
+    serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}})
+}
+
 /// Sends one JSON-RPC request to `space mcp` and reads its answer.
 fn mcp_ask(
     stdin: &mut std::process::ChildStdin,
@@ -575,11 +580,7 @@ fn mcp_lists_its_tools_and_runs_echo_in_a_new_sandbox() {
     let (child, mut stdin, mut lines) = mcp(&data, &url);
     let mut ask =
         |id: u64, method: &str, params: serde_json::Value| mcp_ask(&mut stdin, &mut lines, id, method, params);
-    let init = ask(
-        1,
-        "initialize",
-        serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
-    );
+    let init = ask(1, "initialize", mcp_initialize());
     assert_eq!(init["result"]["serverInfo"]["name"], "space");
     let tools = ask(2, "tools/list", serde_json::json!({}));
     let names: Vec<&str> =
@@ -730,9 +731,7 @@ fn a_template_from_a_registry_image_from_the_cli() {
     let (child, mut stdin, mut lines) = mcp(&data, &url);
     let mut ask =
         |id: u64, method: &str, params: serde_json::Value| mcp_ask(&mut stdin, &mut lines, id, method, params);
-    let init = serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"}});
-    ask(1, "initialize", init);
+    ask(1, "initialize", mcp_initialize());
     let call = |name: &str, image: &str| serde_json::json!({"name": "template_from_image", "arguments": {"name": name, "image": image}});
     let made = ask(2, "tools/call", call("via-mcp", &reference));
     assert_eq!(made["result"]["isError"], false, "{made}");
@@ -801,9 +800,7 @@ fn a_template_from_a_dockerfile_from_the_cli() {
     let (child, mut stdin, mut lines) = mcp(&data, &url);
     let mut ask =
         |id: u64, method: &str, params: serde_json::Value| mcp_ask(&mut stdin, &mut lines, id, method, params);
-    let init = serde_json::json!({"protocolVersion": "2024-11-05", "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"}});
-    ask(1, "initialize", init);
+    ask(1, "initialize", mcp_initialize());
     let build = serde_json::json!({"name": "template_build", "arguments": {"name": "via-mcp",
         "dockerfile": "FROM template:base\nCOPY notes.txt /srv/notes.txt\nRUN wc -c /srv/notes.txt > /srv/size\n",
         "files": {"notes.txt": "four"}}});
