@@ -91,6 +91,10 @@ error_codes! {
     CheckpointNotFound = ("checkpoint_not_found", 404),
     /// No such file or directory inside the sandbox.
     FileNotFound = ("file_not_found", 404),
+    /// No volume of that name for this caller (another tenant's volumes are not found either).
+    VolumeNotFound = ("volume_not_found", 404),
+    /// No snapshot of that name of this volume.
+    SnapshotNotFound = ("snapshot_not_found", 404),
     /// The path exists, but not with this method.
     MethodNotAllowed = ("method_not_allowed", 405),
     /// The resource is not in a state that allows this (`details.state` says which); for example exec in a paused sandbox.
@@ -115,6 +119,8 @@ error_codes! {
     DirectoryNotEmpty = ("directory_not_empty", 409),
     /// A file of that name already exists.
     AlreadyExists = ("already_exists", 409),
+    /// A sandbox mounts the volume in a way that refuses this (`details.sandbox_id` names the holder): a second read-write mount, a delete, a restore or a move while it is mounted, a write through the files routes while a sandbox mounts it read-write.
+    VolumeInUse = ("volume_in_use", 409),
     /// The body, or what it unpacks to, is larger than allowed.
     TooLarge = ("too_large", 413),
     /// The body's content type is not one this route takes.
@@ -384,6 +390,121 @@ pub struct CreateSandboxRequest {
     pub lifecycle: Option<Lifecycle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// Volumes of the tenant to mount (at most [`MAX_MOUNTS`]), each at
+    /// its own absolute path; any number read-only, one read-write mount
+    /// of a volume at a time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// Volumes one sandbox may mount.
+pub const MAX_MOUNTS: usize = 16;
+
+/// One volume mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    /// The volume's name.
+    pub name: String,
+    /// Where it appears: an absolute path, not `/` and not under `/proc`,
+    /// `/sys`, `/dev` or `/.space`, without `.` or `..` components.
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolumeRequest {
+    /// 1-63 of `a-z`, `0-9`, `-`, `_`, starting with a letter or digit;
+    /// unique among the tenant's volumes.
+    pub name: String,
+    /// Its size quota: writes past it fail with `EDQUOT` inside a sandbox
+    /// and 422 `io_error` through the files routes. Counted in full
+    /// against the tenant's disk quota. Default 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_mib: Option<u32>,
+    /// Start as a copy-on-write copy of one of the tenant's volume snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotRef>,
+}
+
+/// A snapshot of one of the caller's volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRef {
+    pub volume: String,
+    pub snapshot: String,
+}
+
+/// Storage that outlives sandboxes: a directory tree with a size quota,
+/// mounted into sandboxes at create.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Volume {
+    pub name: String,
+    pub size_mib: u32,
+    /// What its files hold on disk now.
+    pub used_bytes: u64,
+    pub created_at: Timestamp,
+    /// The live sandboxes (running, paused or suspended) that mount it.
+    pub mounted_by: Vec<VolumeHolder>,
+    /// Its snapshots, oldest first.
+    pub snapshots: Vec<VolumeSnapshot>,
+    /// The snapshot it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotRef>,
+    /// In a cluster: the node that holds it (sandboxes that mount it are
+    /// placed there). Absent on a single server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// A sandbox that mounts a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeHolder {
+    pub sandbox_id: String,
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// `GET /v1/volumes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VolumeList {
+    pub volumes: Vec<Volume>,
+}
+
+/// `POST /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolumeSnapshotRequest {
+    /// 1-63 of `a-z`, `0-9`, `-`, `_`; unique within the volume.
+    pub name: String,
+}
+
+/// A volume's files at one instant, read-only, kept until deleted (a
+/// copy-on-write snapshot: it holds on disk only what changed since).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VolumeSnapshot {
+    pub name: String,
+    pub volume: String,
+    pub created_at: Timestamp,
+    /// What only it holds on disk (counted against the tenant's disk quota).
+    pub size_bytes: u64,
+}
+
+/// `GET /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VolumeSnapshotList {
+    pub snapshots: Vec<VolumeSnapshot>,
+}
+
+/// `POST /v1/volumes/{name}/move` (a cluster only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveVolumeRequest {
+    /// The node to move it to.
+    pub node: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -415,6 +536,9 @@ pub struct Sandbox {
     /// node). Absent on a single server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The volumes it mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
 }
 
 /// `POST /v1/sandboxes/{id}/checkpoints`.

@@ -309,6 +309,7 @@ pub async fn create(
         labels: body.metadata,
         lifecycle: Some(lifecycle_for(SystemTime::now(), timeout_s, body.auto_pause, &NO_LIFECYCLE)),
         network,
+        volumes: Vec::new(),
     };
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
     let key = header(&headers, "idempotency-key").map(str::to_string);

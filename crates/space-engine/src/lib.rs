@@ -17,6 +17,7 @@ pub mod helper;
 pub mod host;
 pub mod oom_relief;
 pub mod templates;
+pub mod volumes;
 
 /// The request set whose types [`host::EngineHost`] speaks.
 pub use space_privsep as privsep;
@@ -74,6 +75,19 @@ pub struct SandboxSpec {
     pub engine: Option<String>,
     /// The sandbox's egress CA (PEM), which its programs trust.
     pub trust_pem: Option<String>,
+    /// Volumes bound into it (issue 37): checked by the platform, and by
+    /// the helper again.
+    pub volumes: Vec<VolumeMountSpec>,
+}
+
+/// One volume bound into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeMountSpec {
+    /// The volume's id (`vol_…`).
+    pub volume: String,
+    /// An absolute path inside the sandbox.
+    pub path: String,
+    pub read_only: bool,
 }
 
 /// How long a redial waits for the agent to dial in.

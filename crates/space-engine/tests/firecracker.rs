@@ -180,6 +180,7 @@ fn sandbox(data: &TestDataDir, template: &Path, id: &str, memory_mib: u32, disk_
         user: None,
         engine: None,
         trust_pem: None,
+        volumes: Vec::new(),
     }
 }
 

@@ -74,6 +74,7 @@ fn spec(id: &str, env: &[(&str, &str)]) -> SandboxSpec {
         user: None,
         engine: None,
         trust_pem: None,
+        volumes: Vec::new(),
     }
 }
 

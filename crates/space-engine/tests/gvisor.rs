@@ -25,6 +25,7 @@ fn spec(data: &TestDataDir, id: &str) -> SandboxSpec {
         user: None,
         engine: None,
         trust_pem: None,
+        volumes: Vec::new(),
     }
 }
 

@@ -110,6 +110,7 @@ impl Platform {
             failure_reason: None,
             forked_from: None,
             node: self.node_id.get().cloned(),
+            volumes: Vec::new(),
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
         self.metrics.create_started(&operation.id, warm.as_ref().map(|m| if m.is_hot() { "hot" } else { "warm" }));

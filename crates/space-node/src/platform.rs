@@ -618,6 +618,7 @@ impl Platform {
             memory_mib: sandbox.memory_mib,
             disk_mib: sandbox.disk_mib,
             env: record.env.clone(),
+            volumes: Vec::new(),
         }
     }
 }

@@ -374,6 +374,7 @@ async fn sweep_one(
         user: None,
         engine: None,
         trust_pem: None,
+        volumes: Vec::new(),
     };
     if spec.dir.exists() {
         let (strays, stray_spec) = (engine.clone(), spec.clone());

@@ -246,6 +246,7 @@ impl WarmPools {
             user: Some(defaults.user.clone()),
             engine: template.meta.engine.clone(),
             trust_pem: Some(egress_ca.cert_pem.clone()),
+            volumes: Vec::new(),
             id,
         };
         let agent = host.boot(&spec).await.map_err(WarmError::Boot)?;

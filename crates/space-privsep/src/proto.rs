@@ -160,6 +160,18 @@ checked_name!(
     "checkpoint name"
 );
 checked_name!(
+    /// A volume's id, `vol_` and 20 lowercase hex digits (issue 37).
+    VolumeId,
+    |t| canonical_id(t, "vol"),
+    "volume id"
+);
+checked_name!(
+    /// A volume snapshot's name (the same rule as a template's).
+    SnapshotName,
+    component_name,
+    "volume snapshot name"
+);
+checked_name!(
     /// A Debian package to install into a template.
     PackageName,
     package_name,

@@ -77,6 +77,7 @@ impl SandboxRecord {
                 updated_at: space_api::Timestamp::parse(created).expect("a sample's time"),
                 lifecycle,
                 network: space_api::Network::default(),
+                volumes: Vec::new(),
                 last_activity_at: space_api::Timestamp::parse(active).expect("a sample's time"),
                 auto_paused: false,
                 failure_reason: None,

@@ -627,6 +627,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
             user: None,
             engine: None,
             trust_pem: None,
+            volumes: Vec::new(),
         };
         let boot = runtime.block_on(async {
             let (mut socket, elapsed) = raw_engine.boot(&spec).await?;
