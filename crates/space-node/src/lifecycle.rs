@@ -127,6 +127,7 @@ impl Platform {
                 channel_key: None,
                 tenant: tenant.to_string(),
                 egress_ca: Some(egress_ca),
+                volume_ids: Vec::new(),
             };
             self.store.node().put_sandbox(&record)?;
             self.store.node().put_operation(&operation, tenant, idempotency_key)?;

@@ -24,6 +24,7 @@ mod events;
 pub mod migrate;
 mod node;
 mod tenancy;
+mod volumes;
 
 use rusqlite::Connection;
 
@@ -32,6 +33,7 @@ use self::db::{Conn, Db, Value};
 pub use self::events::{new_event, EventFilter, EventReader, FeedEvent, RawEvent, EVENTS_KEPT};
 pub use self::node::{EgressCa, NodeStore, SandboxRecord, EGRESS_EVENTS_KEPT};
 pub use self::tenancy::{KeyInfo, Quotas, SealedSecret, TenancyStore, TenantSecret, OPERATOR_TENANT};
+pub use self::volumes::{SnapshotRecord, VolumeRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -24,13 +24,17 @@ pub struct Migration {
 }
 
 /// The migrations of the embedded store, in order.
-pub const SQLITE: &[Migration] =
-    &[Migration { version: 1, name: "initial", sql: include_str!("../migrations/sqlite/0001_initial.sql") }];
+pub const SQLITE: &[Migration] = &[
+    Migration { version: 1, name: "initial", sql: include_str!("../migrations/sqlite/0001_initial.sql") },
+    Migration { version: 2, name: "volumes", sql: include_str!("../migrations/sqlite/0002_volumes.sql") },
+];
 
 /// The migrations of the cluster store, in order: the same versions and
 /// names as [`SQLITE`], in PostgreSQL's dialect.
-pub const POSTGRES: &[Migration] =
-    &[Migration { version: 1, name: "initial", sql: include_str!("../migrations/pg/0001_initial.sql") }];
+pub const POSTGRES: &[Migration] = &[
+    Migration { version: 1, name: "initial", sql: include_str!("../migrations/pg/0001_initial.sql") },
+    Migration { version: 2, name: "volumes", sql: include_str!("../migrations/pg/0002_volumes.sql") },
+];
 
 /// What SQLite's `PRAGMA user_version` said before versions: migration 1's
 /// schema was "schema 3".
@@ -300,17 +304,18 @@ mod tests {
         drop(Store::open(&dir.db()).unwrap());
         let before = recorded(&dir.db());
         let mut migrations = SQLITE.to_vec();
-        migrations.push(Migration { version: 2, name: "good", sql: "CREATE TABLE extra (id TEXT);" });
-        migrations.push(Migration { version: 3, name: "bad", sql: "ALTER TABLE nowhere ADD COLUMN x TEXT;" });
+        let good = newest(SQLITE) + 1;
+        migrations.push(Migration { version: good, name: "good", sql: "CREATE TABLE extra (id TEXT);" });
+        migrations.push(Migration { version: good + 1, name: "bad", sql: "ALTER TABLE nowhere ADD COLUMN x TEXT;" });
         let mut conn = Connection::open(dir.db()).unwrap();
         let err = sqlite(&mut conn, &migrations).unwrap_err().to_string();
-        assert!(err.contains("0003_bad"), "{err}");
+        assert!(err.contains(&format!("{:04}_bad", good + 1)), "{err}");
         let extra: i64 =
             conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE name = 'extra'", [], |r| r.get(0)).unwrap();
-        assert_eq!(extra, 0, "migration 2 went back with 3");
+        assert_eq!(extra, 0, "the good migration went back with the bad one");
         drop(conn);
         assert_eq!(recorded(&dir.db()), before);
-        assert_eq!(user_version(&dir.db()), LEGACY_SCHEMA);
+        assert_eq!(user_version(&dir.db()), LEGACY_SCHEMA + newest(SQLITE) - 1);
     }
 
     #[test]

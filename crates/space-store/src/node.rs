@@ -34,6 +34,9 @@ pub struct SandboxRecord {
     /// trusts) and its key, sealed; never returned by the API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_ca: Option<EgressCa>,
+    /// The id of each volume in `sandbox.volumes`, in its order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_ids: Vec<String>,
 }
 
 /// A sandbox's egress CA as kept.
@@ -90,6 +93,7 @@ impl SandboxRecord {
             channel_key: None,
             egress_ca: None,
             tenant: "default".into(),
+            volume_ids: Vec::new(),
         }
     }
 }
