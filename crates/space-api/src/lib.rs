@@ -1020,6 +1020,12 @@ pub struct DiskUsage {
     pub templates_bytes: u64,
     /// Image archives being uploaded.
     pub uploads_bytes: u64,
+    /// The volumes' sizes, reserved (a volume over its size: what it holds).
+    #[serde(default)]
+    pub volumes_reserved_bytes: u64,
+    /// What only the volumes' snapshots hold.
+    #[serde(default)]
+    pub volume_snapshots_bytes: u64,
 }
 
 /// What a tenant uses and may use: `GET /v1/usage`.

@@ -37,6 +37,8 @@ pub struct CreateSpec {
     /// The request's network, else the template's; `None`: the tenant's
     /// default applies.
     pub network: Option<Network>,
+    /// Volumes to mount (checked against the tenant's volumes at create).
+    pub volumes: Vec<space_api::VolumeMount>,
 }
 
 /// 422 unless labels are few and short (keys 1-63 characters without
@@ -113,6 +115,7 @@ impl CreateSpec {
             env,
             labels: request.labels,
             lifecycle,
+            volumes: request.volumes,
             network: match request.network {
                 Some(network) => Some(checked_network(network)?),
                 // A template's network that does not read is a bug to see,

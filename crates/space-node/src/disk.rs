@@ -138,12 +138,33 @@ impl Platform {
                 usage.uploads_bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
             }
         }
+        (usage.volumes_reserved_bytes, usage.volume_snapshots_bytes) = self.volumes_disk(tenant)?;
         usage.total_bytes = usage.roots_reserved_bytes
+            + usage.volumes_reserved_bytes
+            + usage.volume_snapshots_bytes
             + usage.transcripts_bytes
             + usage.snapshots_bytes
             + usage.templates_bytes
             + usage.uploads_bytes;
         Ok(usage)
+    }
+
+    /// What `tenant`'s volumes hold against its disk quota: each volume's
+    /// size, and what only its snapshots hold.
+    fn volumes_disk(&self, tenant: &str) -> Result<(u64, u64), NodeError> {
+        let mut reserved = 0;
+        let mut snapshots = 0;
+        let root = self.data.root().join("volumes");
+        for record in self.store.node().tenant_volumes(tenant)? {
+            let dir = root.join(&record.id);
+            let used = space_host::btrfs::exclusive_bytes(&dir.join("data")).unwrap_or(0);
+            reserved += (u64::from(record.size_mib) << 20).max(used);
+            for snapshot in self.store.node().volume_snapshots(&record.id)? {
+                snapshots +=
+                    space_host::btrfs::exclusive_bytes(&dir.join("snapshots").join(&snapshot.name)).unwrap_or(0);
+            }
+        }
+        Ok((reserved, snapshots))
     }
 
     /// Bytes `tenant` may still add under its disk quota (`None`: no quota).

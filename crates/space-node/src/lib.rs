@@ -36,6 +36,7 @@ pub use space_core::{domain, ids, keyring, tenants};
 pub use space_store as store;
 pub mod templates;
 pub mod transcript;
+pub mod volumes;
 pub mod warm;
 
 use std::path::{Path, PathBuf};

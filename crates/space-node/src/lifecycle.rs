@@ -78,6 +78,8 @@ impl Platform {
         }
         disk_the_engine_gives(&engine, template.meta.image.is_some(), spec.disk_mib, defaults.disk_mib)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        // Held until the record is written: no second writer gets in between.
+        let volume_ids = self.resolve_mounts(tenant, &spec.volumes, &engine)?;
         let quotas = self.store.tenancy().tenant_quotas(tenant)?;
         tenants::check_quotas(&self.store, tenant, &quotas, (spec.vcpus, spec.memory_mib), 1)?;
         // On a node, the control plane may have told a disk quota.
@@ -110,7 +112,7 @@ impl Platform {
             failure_reason: None,
             forked_from: None,
             node: self.node_id.get().cloned(),
-            volumes: Vec::new(),
+            volumes: spec.volumes,
         };
         let operation = new_operation(OperationKind::Create, &sandbox.id, "queued", 3);
         self.metrics.create_started(&operation.id, warm.as_ref().map(|m| if m.is_hot() { "hot" } else { "warm" }));
@@ -127,7 +129,7 @@ impl Platform {
                 channel_key: None,
                 tenant: tenant.to_string(),
                 egress_ca: Some(egress_ca),
-                volume_ids: Vec::new(),
+                volume_ids,
             };
             self.store.node().put_sandbox(&record)?;
             self.store.node().put_operation(&operation, tenant, idempotency_key)?;
@@ -167,6 +169,7 @@ impl Platform {
             return Err(NodeError::invalid_state("sandbox", state.as_str(), "fork it (resume it first)"));
         }
         self.can_save_images(&source)?;
+        self.refuse_copy_with_writer(&source)?;
         let mut labels_all = source.sandbox.labels.clone();
         labels_all.extend(labels);
         crate::domain::check_labels(&labels_all)?;

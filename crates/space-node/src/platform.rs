@@ -80,6 +80,10 @@ pub struct Platform {
     pub(crate) engine_report: std::sync::OnceLock<Vec<space_engine::Availability>>,
     /// Who does templates' root work (see `templates.rs`); set at start.
     pub(crate) template_host: std::sync::OnceLock<Arc<dyn space_engine::templates::TemplateHost>>,
+    /// Who does volumes' root work (see `volumes.rs`); set at start.
+    pub(crate) volume_host: std::sync::OnceLock<Arc<dyn space_engine::volumes::VolumeHost>>,
+    /// Volumes a restore or a files write works on (no read-write mount meanwhile).
+    pub(crate) busy_volumes: crate::volumes::BusyVolumes,
     /// How images are pulled from registries (operator flags); set at start.
     pub(crate) registry: std::sync::OnceLock<space_image::RegistryConfig>,
     /// Bytes the layer cache may keep (see `images.rs`).
@@ -167,6 +171,8 @@ impl Platform {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES.into(),
             engine_report: Default::default(),
             template_host: Default::default(),
+            volume_host: Default::default(),
+            busy_volumes: Default::default(),
             registry: Default::default(),
             layer_cache_bytes: (crate::DEFAULT_LAYER_CACHE_MIB << 20).into(),
             chains_in_use: Default::default(),
@@ -618,7 +624,16 @@ impl Platform {
             memory_mib: sandbox.memory_mib,
             disk_mib: sandbox.disk_mib,
             env: record.env.clone(),
-            volumes: Vec::new(),
+            volumes: record
+                .volume_ids
+                .iter()
+                .zip(&record.sandbox.volumes)
+                .map(|(volume, mount)| space_engine::VolumeMountSpec {
+                    volume: volume.clone(),
+                    path: mount.path.clone(),
+                    read_only: mount.read_only,
+                })
+                .collect(),
         }
     }
 }
@@ -677,6 +692,7 @@ mod tests {
         ("secrets.rs", include_str!("secrets.rs")),
         ("session.rs", include_str!("session.rs")),
         ("templates.rs", include_str!("templates.rs")),
+        ("volumes.rs", include_str!("volumes.rs")),
     ];
 
     /// The methods a file's `impl Platform` blocks define.

@@ -239,6 +239,8 @@ impl Platform {
     /// tasks: [`Platform::shutdown`] stops it wherever it is.
     pub async fn start(self: &Arc<Self>) -> Result<(), NodeError> {
         self.store_egress_events();
+        // Before any request: a volume made now must not look like a leftover.
+        self.sweep_volumes().await;
         let leftovers = self.leftovers();
         if !leftovers.is_empty() {
             self.sweeping.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -323,6 +323,15 @@ impl Platform {
             return Err(crate::checkpoints::checkpoint_not_found(sandbox_id, name));
         }
         self.can_save_images(&record)?;
+        if let Some(mount) = record.sandbox.volumes.first() {
+            return Err(NodeError::new(
+                space_api::ErrorCode::NotSupported,
+                format!(
+                    "sandbox {} mounts volume {:?}: a template carries no volume; make it from a sandbox without volumes",
+                    record.sandbox.id, mount.name
+                ),
+            ));
+        }
         let given = checked_overrides(request.defaults.clone())?;
         if given.vcpus.is_some() || given.memory_mib.is_some() {
             return Err(NodeError::unprocessable("a snapshot template keeps its sandbox's vcpus and memory_mib"));

@@ -372,6 +372,10 @@ pub(crate) fn take<H: WarmHost>(host: &Arc<H>, spec: &CreateSpec, template: &Tem
     if (spec.vcpus, spec.memory_mib, spec.disk_mib) != (defaults.vcpus, defaults.memory_mib, defaults.disk_mib) {
         return None;
     }
+    // A member was started without mounts: a sandbox with volumes starts cold.
+    if !spec.volumes.is_empty() {
+        return None;
+    }
     let version = template.meta.version;
     let taken = {
         let mut members = host.warm().members.lock().unwrap_or_else(|e| e.into_inner());

@@ -217,3 +217,38 @@ impl FromRequestParts<AppState> for NamePath {
         Ok(NamePath { name: param(&params, "name").to_string(), caller })
     }
 }
+
+/// `/v1/volumes/{name}`: a volume of the caller's tenant, loaded from its
+/// tenant's names only (another tenant's is the 404 an unknown name gets).
+pub struct VolumePath {
+    pub volume: crate::store::VolumeRecord,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for VolumePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let volume = state.platform.volume_record(&caller.tenant, param(&params, "name"))?;
+        Ok(VolumePath { volume, caller })
+    }
+}
+
+/// `/v1/volumes/{name}/snapshots/{snapshot}`: the volume loaded as
+/// [`VolumePath`] does, and the snapshot's name (looked up in that volume).
+pub struct VolumeSnapshotPath {
+    pub volume: crate::store::VolumeRecord,
+    pub snapshot: String,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for VolumeSnapshotPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (params, caller) = params(parts, state).await?;
+        let volume = state.platform.volume_record(&caller.tenant, param(&params, "name"))?;
+        Ok(VolumeSnapshotPath { volume, snapshot: param(&params, "snapshot").to_string(), caller })
+    }
+}

@@ -26,20 +26,20 @@ pub use space_node::MAX_FILE_BYTES;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct FileQuery {
-    /// Absolute path inside the sandbox.
-    path: String,
+    /// Absolute path inside the sandbox (or the volume).
+    pub(crate) path: String,
     /// For PUT: permission bits in octal (default 0644).
-    mode: Option<String>,
+    pub(crate) mode: Option<String>,
     /// For DELETE: remove a directory with everything in it.
-    recursive: Option<bool>,
+    pub(crate) recursive: Option<bool>,
     /// `tar`: GET a directory as a tar archive, or PUT one to unpack into
     /// the directory `path`.
-    format: Option<String>,
+    pub(crate) format: Option<String>,
 }
 
 /// What a files request does, for the parameters that apply to it.
 #[derive(Clone, Copy, PartialEq)]
-enum FileAction {
+pub(crate) enum FileAction {
     Read,
     Write,
     Delete,
@@ -48,7 +48,7 @@ enum FileAction {
 impl FileQuery {
     /// The query, refused (400) where it names a parameter the action
     /// would not honour.
-    fn checked(self, action: FileAction) -> Result<FileQuery, ApiError> {
+    pub(crate) fn checked(self, action: FileAction) -> Result<FileQuery, ApiError> {
         let refuse = |why: &str| Err(ApiError::bad_request(why.to_string()));
         if self.mode.is_some() && (action != FileAction::Write || self.format.is_some()) {
             return refuse("mode applies to writing a single file (a tar's entries carry their own)");
@@ -62,7 +62,7 @@ impl FileQuery {
         Ok(self)
     }
 
-    fn tar(&self) -> Result<bool, ApiError> {
+    pub(crate) fn tar(&self) -> Result<bool, ApiError> {
         match self.format.as_deref() {
             None => Ok(false),
             Some("tar") => Ok(true),
@@ -95,7 +95,7 @@ pub struct DirListing {
     pub entries: Vec<FileEntry>,
 }
 
-fn checked_path(path: &str) -> Result<&str, ApiError> {
+pub(crate) fn checked_path(path: &str) -> Result<&str, ApiError> {
     if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
         return Err(ApiError::bad_request(format!("path must be an absolute path, got {path:?}")));
     }
@@ -122,10 +122,23 @@ pub async fn read(
     ApiQuery(query): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     let query = query.checked(FileAction::Read)?;
-    let path = checked_path(&query.path)?;
-    let tar = query.tar()?;
+    checked_path(&query.path)?;
+    query.tar()?;
     let (agent, work) = agent_for(&state, &sandbox).await?;
     state.platform.mark_active(&sandbox);
+    read_with(&agent, work, &query).await
+}
+
+/// A read through `agent` (a sandbox's, or a volume's files child), whose
+/// body keeps `keep` until it has streamed.
+pub(crate) async fn read_with<K: Send + 'static>(
+    agent: &AgentConn,
+    keep: K,
+    query: &FileQuery,
+) -> Result<Response, ApiError> {
+    let path = checked_path(&query.path)?;
+    let tar = query.tar()?;
+    let work = keep;
     match agent.read_file(path, tar).await.map_err(file_error)? {
         FileRead::Dir(listing) => {
             let entries = listing
@@ -183,17 +196,35 @@ pub async fn write(
 ) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
     let query = query.checked(FileAction::Write)?;
     let path = checked_path(&query.path)?.to_string();
-    let mode = match &query.mode {
-        None => 0o644,
-        Some(text) => u32::from_str_radix(text, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| {
-            ApiError::bad_request(format!("mode must be octal permission bits such as 0644, got {text:?}"))
-        })?,
-    };
+    let mode = write_mode(&query)?;
     let tar = query.tar()?;
     let (agent, _work) = agent_for(&state, &sandbox).await?;
     // The file lands in the sandbox's root, under its own quota; the host's
     // reserve still comes first.
     state.platform.check_reserve("upload a file", 0)?;
+    let written = write_with(&agent, path, mode, tar, body).await?;
+    state.platform.mark_active(&sandbox);
+    Ok(written)
+}
+
+/// The mode a PUT asks for (default 0644).
+pub(crate) fn write_mode(query: &FileQuery) -> Result<u32, ApiError> {
+    match &query.mode {
+        None => Ok(0o644),
+        Some(text) => u32::from_str_radix(text, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| {
+            ApiError::bad_request(format!("mode must be octal permission bits such as 0644, got {text:?}"))
+        }),
+    }
+}
+
+/// A write of `body` through `agent` (a file, or a tar unpacked into `path`).
+pub(crate) async fn write_with(
+    agent: &AgentConn,
+    path: String,
+    mode: u32,
+    tar: bool,
+    body: Body,
+) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
     let upload = agent.write_file(&path, mode, tar).await.map_err(file_error)?;
     let mut stream = body.into_data_stream();
     let mut size = 0usize;
@@ -208,7 +239,6 @@ pub async fn write(
         }
     }
     upload.finish().await.map_err(file_error)?;
-    state.platform.mark_active(&sandbox);
     Ok((StatusCode::CREATED, Json(FileWritten { path, size: size as u64 })))
 }
 

@@ -19,6 +19,7 @@ mod sandboxes;
 mod secrets;
 mod templates;
 mod usage;
+mod volumes;
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,19 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/events", get(events::events))
+        .route("/v1/volumes", get(volumes::list).post(volumes::create))
+        .route("/v1/volumes/{name}", get(volumes::get).delete(volumes::delete))
+        .route("/v1/volumes/{name}/snapshots", get(volumes::snapshots).post(volumes::snapshot))
+        .route("/v1/volumes/{name}/snapshots/{snapshot}", axum::routing::delete(volumes::delete_snapshot))
+        .route("/v1/volumes/{name}/snapshots/{snapshot}/restore", axum::routing::post(volumes::restore))
+        .route("/v1/volumes/{name}/move", axum::routing::post(volumes::move_volume))
+        .route(
+            "/v1/volumes/{name}/files",
+            get(volumes::read_file)
+                .put(volumes::write_file)
+                .delete(volumes::delete_file)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/v1/secrets", get(secrets::list))
         .route("/v1/secrets/{name}", axum::routing::put(secrets::put).delete(secrets::delete))
         .route("/v1/openapi.json", get(openapi::document))

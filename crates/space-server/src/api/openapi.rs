@@ -7,7 +7,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     attach, checkpoints, commands, contexts, egress, events, files, health, operations, output, ports, sandboxes,
-    secrets, templates, usage,
+    secrets, templates, usage, volumes,
 };
 
 #[derive(OpenApi)]
@@ -36,6 +36,9 @@ use super::{
         files::read, files::write, files::delete,
         usage::usage, usage::sandbox, events::events, egress::log, egress::set_network,
         secrets::put, secrets::list, secrets::delete, ports::proxy, ports::proxy_root,
+        volumes::create, volumes::list, volumes::get, volumes::delete, volumes::snapshot, volumes::snapshots,
+        volumes::delete_snapshot, volumes::restore, volumes::move_volume, volumes::read_file, volumes::write_file,
+        volumes::delete_file,
     ),
     components(schemas(templates::DockerfileBuildForm, commands::SignalRequest, commands::ResizeRequest, files::FileWritten, files::DirListing, files::FileEntry)),
     modifiers(&BearerAuth, &UniqueOperationIds, &ErrorCodes),
