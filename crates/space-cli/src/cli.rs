@@ -1043,6 +1043,11 @@ pub(crate) struct BenchArgs {
     /// (Debian's docker-registry and skopeo; see `bench/pull.rs`).
     #[arg(long)]
     pub(crate) only_pull: bool,
+    /// Instead of the figures above: volumes — create, a 1 GiB write to a
+    /// volume against the sandbox's root, a snapshot of 1 GiB — beside the
+    /// same work on the host (see `bench/volumes.rs`).
+    #[arg(long)]
+    pub(crate) only_volumes: bool,
     /// Size of the generated image for --only-pull, in MiB.
     #[arg(long, default_value_t = 200)]
     pub(crate) pull_mib: u64,

@@ -36,6 +36,8 @@ impl Resources {
             ("checkpoints", "name") => "checkpoints",
             ("templates", "name") => "templates",
             ("secrets", "name") => "secrets",
+            ("volumes", "name") => "volumes",
+            ("snapshots", "snapshot") => "snapshots",
             ("ports", "port") => "ports",
             (_, "path") => "path",
             _ => panic!("the route matrix does not know what to put in {{{name}}} after /{before}/: add it here"),
@@ -220,6 +222,12 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
         Some(json!({"value": "alice-secret-value", "hosts": ["api.test"]})),
     );
     assert_eq!(status, 200, "{secret}");
+    let (status, volume) =
+        server.call_as(&alice, "POST", "/v1/volumes", Some(json!({"name": "alicevol", "size_mib": 32})));
+    assert_eq!(status, 201, "{volume}");
+    let (status, snapshot) =
+        server.call_as(&alice, "POST", "/v1/volumes/alicevol/snapshots", Some(json!({"name": "first"})));
+    assert_eq!(status, 201, "{snapshot}");
 
     let resources = Resources {
         by_segment: BTreeMap::from([
@@ -230,6 +238,8 @@ fn no_route_gives_one_tenant_another_tenants_resources() {
             ("checkpoints", "first".to_string()),
             ("templates", "alicetpl".to_string()),
             ("secrets", "alice-token".to_string()),
+            ("volumes", "alicevol".to_string()),
+            ("snapshots", "first".to_string()),
             ("ports", "8080".to_string()),
             ("path", "x".to_string()),
         ]),

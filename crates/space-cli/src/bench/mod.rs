@@ -7,6 +7,7 @@ mod density;
 mod pull;
 mod restart;
 mod split;
+mod volumes;
 
 use std::time::{Duration, Instant};
 
@@ -450,6 +451,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for data in [&cold, &cached] {
             space_host::btrfs::remove_tree(data.root())?;
         }
+        return result;
+    }
+    if args.only_volumes {
+        let data = shared.scratch(&format!("bench-volumes-{}", std::process::id()), &[&args.template])?;
+        let result = crate::bench::volumes::run(&args, &data);
+        space_host::btrfs::remove_tree(data.root())?;
         return result;
     }
     if args.only_restart {
