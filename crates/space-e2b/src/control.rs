@@ -209,7 +209,17 @@ struct CreateBody {
     network: Option<Value>,
     mcp: Option<Value>,
     iam: Option<Value>,
-    volume_mounts: Option<Value>,
+    /// SPACE volumes of the caller's tenant, mounted read-write.
+    #[serde(default)]
+    volume_mounts: Vec<E2bVolumeMount>,
+}
+
+/// One of E2B's `volumeMounts`: a volume's name and where it appears.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct E2bVolumeMount {
+    name: String,
+    path: String,
 }
 
 impl CreateBody {
@@ -250,7 +260,7 @@ impl CreateBody {
         if self.auto_resume.as_ref().is_some_and(|v| !v.is_null() && resumes(v)) {
             return Err(unsupported("resuming a paused sandbox on traffic (autoResume)"));
         }
-        for (field, value) in [("mcp", &self.mcp), ("iam", &self.iam), ("volumeMounts", &self.volume_mounts)] {
+        for (field, value) in [("mcp", &self.mcp), ("iam", &self.iam)] {
             if given(value) {
                 return Err(unsupported(field));
             }
@@ -309,7 +319,11 @@ pub async fn create(
         labels: body.metadata,
         lifecycle: Some(lifecycle_for(SystemTime::now(), timeout_s, body.auto_pause, &NO_LIFECYCLE)),
         network,
-        volumes: Vec::new(),
+        volumes: body
+            .volume_mounts
+            .into_iter()
+            .map(|m| space_api::VolumeMount { name: m.name, path: m.path, read_only: false })
+            .collect(),
     };
     let spec = CreateSpec::new(request, &template.meta.defaults)?;
     let key = header(&headers, "idempotency-key").map(str::to_string);

@@ -186,7 +186,7 @@ fn e2b_network(server: &TestServer, suite: &mut Suite) {
     let asks = [
         json!({"templateID": "base", "allow_internet_access": true, "network": {"denyOut": ["0.0.0.0/0"]}}),
         json!({"templateID": "base", "network": {"allowOut": ["10.0.0.1"], "denyOut": ["0.0.0.0/0"]}}),
-        json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data"}]}),
+        json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data", "readOnly": true}]}),
         json!({"templateID": "base", "autoPauseMemory": false}),
         json!({"templateID": "base", "someFutureRule": {"deny": "everything"}}),
     ];
