@@ -158,6 +158,9 @@ pub struct Keeping {
     /// once it ends, nothing it ran is left to race whoever reads what it
     /// wrote.
     pub no_new_processes: bool,
+    /// With [`Keeping::no_new_processes`], still allow threads of this
+    /// process (`clone` with `CLONE_THREAD`): a new process stays refused.
+    pub threads: bool,
 }
 
 /// The mask of capability numbers `caps`, as `/proc/PID/status` shows one.
@@ -199,7 +202,7 @@ pub fn confine_keeping(keeping: &Keeping) -> Result<Confined, ConfineError> {
     set_capabilities(kept)?;
     apply_seccomp()?;
     if keeping.no_new_processes {
-        seccompiler::apply_filter(&no_new_processes_program()?)?;
+        seccompiler::apply_filter(&no_new_processes_program(keeping.threads)?)?;
     }
     Ok(Confined { landlock, missing, bounding_set_emptied: kept == 0 })
 }
@@ -217,9 +220,21 @@ fn set_capabilities(mask: u64) -> Result<(), ConfineError> {
 }
 
 /// Refuses (`EPERM`) every way to a new process or thread: `clone` and
-/// `fork`/`vfork` (`clone3` already answers `ENOSYS`).
-fn no_new_processes_program() -> Result<BpfProgram, ConfineError> {
-    let mut denied = BTreeMap::from([(libc::SYS_clone, Vec::new())]);
+/// `fork`/`vfork` (`clone3` already answers `ENOSYS`). With `threads`, a
+/// `clone` with `CLONE_THREAD` (a thread of this process, what
+/// `pthread_create` falls back to) is let through.
+fn no_new_processes_program(threads: bool) -> Result<BpfProgram, ConfineError> {
+    let clone_rules = match threads {
+        false => Vec::new(),
+        // Refused when the flags (the first argument) lack CLONE_THREAD.
+        true => vec![SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+            0,
+        )?])?],
+    };
+    let mut denied = BTreeMap::from([(libc::SYS_clone, clone_rules)]);
     #[cfg(target_arch = "x86_64")]
     denied.extend([(libc::SYS_fork, Vec::new()), (libc::SYS_vfork, Vec::new())]);
     let filter = SeccompFilter::new(denied, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), ARCH)?;

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::proto::{
-    BuildSource, ChainId, ImageRef, LayerKey, Request, SandboxId, StartFrom, TemplateName, TemplateRef,
+    BuildSource, ChainId, ImageRef, LayerKey, Request, SandboxId, SnapshotName, StartFrom, TemplateName, TemplateRef,
+    VolumeId,
 };
 
 /// Where the helper keeps what it makes, under the one data dir it was
@@ -114,6 +115,58 @@ impl Layout {
         self.layer_cache().join(format!(".{}.partial", chain.as_str()))
     }
 
+    /// Every volume (issue 37, decision 031), root's.
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.data_dir.join("volumes")
+    }
+
+    /// A volume: its `data`, its `snapshots`, what a restore leaves.
+    pub fn volume_dir(&self, volume: &VolumeId) -> PathBuf {
+        self.volumes_dir().join(volume.as_str())
+    }
+
+    /// The volume's files: the subvolume a sandbox binds, under its limit.
+    pub fn volume_data(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_dir(volume).join("data")
+    }
+
+    /// A restore's new `data`, made beside it and renamed over it.
+    pub fn volume_data_new(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_dir(volume).join("data.new")
+    }
+
+    /// The `data` a restore moved aside, removed once the new one is in.
+    pub fn volume_data_old(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_dir(volume).join("data.old")
+    }
+
+    /// The volume's size limit in MiB, written when it is made (a restore
+    /// puts its new `data` under the same one).
+    pub fn volume_limit(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_dir(volume).join("limit-mib")
+    }
+
+    pub fn volume_snapshots(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_dir(volume).join("snapshots")
+    }
+
+    /// A read-only snapshot of the volume's `data`.
+    pub fn volume_snapshot(&self, volume: &VolumeId, snapshot: &SnapshotName) -> PathBuf {
+        self.volume_snapshots(volume).join(snapshot.as_str())
+    }
+
+    /// Every path of a volume a request can lead to.
+    fn volume_paths(&self, volume: &VolumeId) -> [PathBuf; 6] {
+        [
+            self.volume_dir(volume),
+            self.volume_data(volume),
+            self.volume_data_new(volume),
+            self.volume_data_old(volume),
+            self.volume_limit(volume),
+            self.volume_snapshots(volume),
+        ]
+    }
+
     /// `runsc --root`.
     pub fn runsc_state(&self) -> PathBuf {
         self.data_dir.join("run").join("runsc")
@@ -140,11 +193,15 @@ impl Layout {
             | Request::Availability {}
             | Request::ClearStaleQuotas {}
             | Request::ListLayers {} => {}
+            Request::ListVolumes {} => paths.push(self.volumes_dir()),
             Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. } => {
                 sandboxes.iter().for_each(&mut sandbox)
             }
-            Request::Start { sandbox: id, from, .. } => {
+            Request::Start { sandbox: id, from, mounts, .. } => {
                 sandbox(id);
+                for mount in mounts {
+                    paths.extend(self.volume_paths(&mount.volume));
+                }
                 match from {
                     StartFrom::Template { template }
                     | StartFrom::TemplateImage { template }
@@ -213,6 +270,21 @@ impl Layout {
                 let chain = ChainId::next(Some(parent), &LayerKey::Step { key: key.clone() });
                 paths.extend([self.layer_dir(&chain), self.layer_root(&chain), self.layer_partial(&chain)]);
                 paths.extend([self.layer_dir(parent), self.layer_root(parent)]);
+            }
+            Request::CreateVolume { volume, from, .. } => {
+                paths.extend(self.volume_paths(volume));
+                if let Some((source, snapshot)) = from {
+                    paths.push(self.volume_snapshot(source, snapshot));
+                }
+            }
+            Request::DeleteVolume { volume } | Request::VolumeUsage { volume } | Request::VolumeFiles { volume } => {
+                paths.extend(self.volume_paths(volume))
+            }
+            Request::SnapshotVolume { volume, snapshot }
+            | Request::DeleteVolumeSnapshot { volume, snapshot }
+            | Request::RestoreVolume { volume, snapshot } => {
+                paths.extend(self.volume_paths(volume));
+                paths.push(self.volume_snapshot(volume, snapshot));
             }
             Request::DeleteTemplate { name, version } => {
                 paths.push(self.template_name_dir(name));

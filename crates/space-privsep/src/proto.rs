@@ -20,7 +20,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The version both sides must speak (`Hello`).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Bytes of a frame's length prefix.
 pub const HEADER_LEN: usize = 4;
 /// The largest frame body either side sends or accepts.
@@ -42,6 +42,13 @@ pub const MAX_LISTED: usize = 4096;
 pub const MAX_MESSAGE: usize = 4096;
 /// The longest `template.json` a published template is given.
 pub const MAX_TEMPLATE_META: usize = 64 * 1024;
+/// The most volumes one sandbox mounts.
+pub const MAX_MOUNTS: usize = 16;
+/// The longest path a volume is mounted at (Linux's `PATH_MAX`).
+pub const MAX_MOUNT_PATH: usize = 4096;
+/// The most snapshots one `Volumes` or `VolumeUsage` answer names of a
+/// volume.
+pub const MAX_VOLUME_SNAPSHOTS: usize = 1024;
 
 /// Why a frame or a message was refused.
 #[derive(Debug, thiserror::Error)]
@@ -292,6 +299,116 @@ impl From<TemplateMetaJson> for String {
     }
 }
 
+/// Where a volume is mounted inside a sandbox: an absolute path of plain
+/// names (no `.`, `..`, empty component or `//`), at most
+/// [`MAX_MOUNT_PATH`] bytes, no NUL, not `/`, and neither one of the
+/// places the platform or the kernel owns in a sandbox nor anything under
+/// them ([`MountPath::RESERVED`]). The platform checks a request's path
+/// with [`MountPath::parse`] (its message is fit to show the user), and
+/// the helper checks it again as it parses a `Start`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MountPath(String);
+
+impl MountPath {
+    /// Places no volume may be mounted at or under: the kernel's
+    /// (`/proc`, `/sys`, `/dev`), the sandbox's own `/tmp` (a bind of its
+    /// root), and `/.space`, where the agent and its host socket are.
+    pub const RESERVED: [&'static str; 5] = ["/proc", "/sys", "/dev", "/tmp", "/.space"];
+
+    pub fn parse(text: &str) -> Result<MountPath, ProtoError> {
+        let refuse = |why: &str| Err(ProtoError::Invalid(format!("mount path {:?} {why}", Shown(text))));
+        if text.len() > MAX_MOUNT_PATH {
+            return refuse(&format!("is longer than {MAX_MOUNT_PATH} bytes"));
+        }
+        if text.contains('\0') {
+            return refuse("holds a NUL byte");
+        }
+        let Some(rest) = text.strip_prefix('/') else {
+            return refuse("is not absolute (it must start with /)");
+        };
+        if rest.is_empty() {
+            return refuse("is the sandbox's root: a volume is mounted at a directory below /");
+        }
+        for component in rest.split('/') {
+            match component {
+                "" => return refuse("has an empty component (// or a trailing /)"),
+                "." | ".." => return refuse("has a . or .. component"),
+                name if name.len() > 255 => return refuse("has a component longer than 255 bytes"),
+                _ => {}
+            }
+        }
+        if let Some(reserved) = Self::RESERVED.iter().find(|r| Self::is_at_or_under(text, r)) {
+            return refuse(&format!("is {reserved} or under it, which the sandbox's system owns"));
+        }
+        Ok(MountPath(text.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `self` is `other` or a path below it (by whole components).
+    pub fn is_at_or_under_path(&self, other: &MountPath) -> bool {
+        Self::is_at_or_under(&self.0, &other.0)
+    }
+
+    fn is_at_or_under(path: &str, top: &str) -> bool {
+        path == top || path.strip_prefix(top).is_some_and(|rest| rest.starts_with('/'))
+    }
+}
+
+impl TryFrom<String> for MountPath {
+    type Error = ProtoError;
+    fn try_from(text: String) -> Result<Self, ProtoError> {
+        Self::parse(&text)
+    }
+}
+
+impl From<MountPath> for String {
+    fn from(path: MountPath) -> String {
+        path.0
+    }
+}
+
+impl fmt::Display for MountPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One volume bound into a sandbox: its `volumes/<volume>/data` at `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    pub volume: VolumeId,
+    pub path: MountPath,
+    pub read_only: bool,
+}
+
+/// The checks a sandbox's mounts make together: at most [`MAX_MOUNTS`],
+/// no two at one path, none under another's path.
+pub fn check_mounts(mounts: &[Mount]) -> Result<(), ProtoError> {
+    if mounts.len() > MAX_MOUNTS {
+        return Err(ProtoError::Invalid(format!("{} volumes mounted, over {MAX_MOUNTS}", mounts.len())));
+    }
+    for (i, mount) in mounts.iter().enumerate() {
+        for other in &mounts[i + 1..] {
+            if mount.path == other.path {
+                return Err(ProtoError::Invalid(format!("two volumes are mounted at {}", mount.path)));
+            }
+            let (outer, inner) =
+                match (mount.path.is_at_or_under_path(&other.path), other.path.is_at_or_under_path(&mount.path)) {
+                    (true, _) => (&other.path, &mount.path),
+                    (_, true) => (&mount.path, &other.path),
+                    _ => continue,
+                };
+            return Err(ProtoError::Invalid(format!("a volume at {inner} would be under the one at {outer}")));
+        }
+    }
+    Ok(())
+}
+
 /// At most 64 characters of a refused text, so a refusal never echoes a
 /// frame's worth of it.
 struct Shown<'a>(&'a str);
@@ -502,11 +619,17 @@ pub enum Request {
     /// the engine process runs (the agent may dial before that process
     /// returns), then `Done` or a refusal once it returned (`runsc run
     /// --detach`: the sandbox runs, or why not).
+    ///
+    /// `mounts`: the volumes bound into it, checked together
+    /// ([`check_mounts`]); the helper refuses a start whose volume is not
+    /// there.
     Start {
         sandbox: SandboxId,
         engine: Engine,
         from: StartFrom,
         shape: Shape,
+        #[serde(default)]
+        mounts: Vec<Mount>,
     },
     Pause {
         sandbox: SandboxId,
@@ -696,6 +819,47 @@ pub enum Request {
         parent: ChainId,
         key: StepKey,
     },
+    /// Makes `volumes/<volume>/data` (refused if the volume is there): an
+    /// empty subvolume, or a writable snapshot of `from`'s snapshot, under
+    /// a quota group limit of `size` on its own writes (issue 37).
+    CreateVolume {
+        volume: VolumeId,
+        size: DiskMib,
+        from: Option<(VolumeId, SnapshotName)>,
+    },
+    /// Removes a volume with its snapshots (none there is no error).
+    DeleteVolume {
+        volume: VolumeId,
+    },
+    /// A read-only snapshot of the volume's `data` (refused if one of that
+    /// name is there).
+    SnapshotVolume {
+        volume: VolumeId,
+        snapshot: SnapshotName,
+    },
+    /// Removes a snapshot of a volume (none there is no error).
+    DeleteVolumeSnapshot {
+        volume: VolumeId,
+        snapshot: SnapshotName,
+    },
+    /// The volume's `data` becomes a writable snapshot of `snapshot`, made
+    /// as `data.new` and swapped in by renames.
+    RestoreVolume {
+        volume: VolumeId,
+        snapshot: SnapshotName,
+    },
+    /// What a volume and its snapshots hold; answered `VolumeUsage`.
+    VolumeUsage {
+        volume: VolumeId,
+    },
+    /// Every volume on disk with its snapshots; answered `Volumes`.
+    ListVolumes {},
+    /// A socket whose other end a confined child serves the agent's file
+    /// protocol on, the volume's `data` its root; answered `VolumeFiles` +
+    /// the socket.
+    VolumeFiles {
+        volume: VolumeId,
+    },
 }
 
 impl Request {
@@ -723,6 +887,10 @@ impl Request {
             }
             Request::Start { from: StartFrom::Image { image: ImageRef::Template { .. }, .. }, .. } => {
                 Err(ProtoError::Invalid("a start from a template's image names the template".into()))
+            }
+            Request::Start { mounts, .. } => check_mounts(mounts),
+            Request::CreateVolume { volume, from: Some((source, _)), .. } if source == volume => {
+                Err(ProtoError::Invalid(format!("volume {volume} cannot be made from its own snapshot")))
             }
             Request::BuildTemplate { source: BuildSource::Debian { packages, .. }, .. } => {
                 if packages.is_empty() || packages.len() > MAX_PACKAGES {
@@ -892,12 +1060,41 @@ pub enum Reply {
         refusal: Refusal,
         message: String,
     },
+    /// What a volume holds: its `data`'s referenced bytes, and what only
+    /// each snapshot holds (at most [`MAX_VOLUME_SNAPSHOTS`]).
+    VolumeUsage {
+        used_bytes: u64,
+        snapshots: Vec<SnapshotUsage>,
+    },
+    /// Every volume on disk (at most [`MAX_LISTED`]).
+    Volumes {
+        volumes: Vec<VolumeEntry>,
+    },
+    /// The socket to a volume's files child comes with it.
+    VolumeFiles {},
+}
+
+/// A snapshot of a volume and the bytes only it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotUsage {
+    pub snapshot: SnapshotName,
+    pub bytes: u64,
+}
+
+/// A volume found on disk, with its snapshots (at most
+/// [`MAX_VOLUME_SNAPSHOTS`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeEntry {
+    pub volume: VolumeId,
+    pub snapshots: Vec<SnapshotName>,
 }
 
 impl Reply {
     pub fn fds(&self) -> usize {
         match self {
-            Reply::Started { .. } | Reply::Listening {} | Reply::Vmm {} => 1,
+            Reply::Started { .. } | Reply::Listening {} | Reply::Vmm {} | Reply::VolumeFiles {} => 1,
             _ => 0,
         }
     }
@@ -937,6 +1134,15 @@ impl Reply {
             }
             Reply::Refused { message, .. } if message.len() > MAX_MESSAGE => {
                 Err(ProtoError::Invalid(format!("a refusal of {} bytes", message.len())))
+            }
+            Reply::VolumeUsage { snapshots, .. } if snapshots.len() > MAX_VOLUME_SNAPSHOTS => {
+                Err(ProtoError::Invalid(format!("{} snapshots, over {MAX_VOLUME_SNAPSHOTS}", snapshots.len())))
+            }
+            Reply::Volumes { volumes } if volumes.len() > MAX_LISTED => {
+                Err(ProtoError::Invalid(format!("{} volumes listed, over {MAX_LISTED}", volumes.len())))
+            }
+            Reply::Volumes { volumes } if volumes.iter().any(|v| v.snapshots.len() > MAX_VOLUME_SNAPSHOTS) => {
+                Err(ProtoError::Invalid(format!("a volume listed with over {MAX_VOLUME_SNAPSHOTS} snapshots")))
             }
             _ => Ok(()),
         }

@@ -226,6 +226,7 @@ fn child(case: &str, dir: &Path) {
                 writable: vec![host_build.join("rootfs"), host_build.join("work")],
                 root: Some(host_build.clone()),
                 no_new_processes: true,
+                threads: false,
             };
             match confine::confine_keeping(&keeping) {
                 Ok(done) => {

@@ -419,6 +419,7 @@ pub fn child_main(args: &ChildArgs) -> i32 {
         writable: vec![args.build_dir.join("rootfs"), args.build_dir.join("work")],
         root: Some(args.build_dir.clone()),
         no_new_processes: true,
+        threads: false,
     };
     let confined = match confine::confine_keeping(&keeping) {
         Ok(confined) if confined.missing.is_empty() => confined,

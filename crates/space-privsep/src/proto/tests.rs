@@ -33,30 +33,35 @@ pub(crate) fn every_request() -> Vec<Request> {
             engine: Engine::Firecracker,
             from: StartFrom::Clone { template: template() },
             shape: shape(),
+            mounts: vec![],
         },
         Request::Start {
             sandbox: sandbox(),
             engine: Engine::Gvisor,
             from: StartFrom::Template { template: template() },
             shape: shape(),
+            mounts: vec![],
         },
         Request::Start {
             sandbox: sandbox(),
             engine: Engine::Firecracker,
             from: StartFrom::Suspended {},
             shape: shape(),
+            mounts: vec![],
         },
         Request::Start {
             sandbox: sandbox(),
             engine: Engine::Gvisor,
             from: StartFrom::Image { source: sandbox(), image: fork.clone() },
             shape: shape(),
+            mounts: vec![],
         },
         Request::Start {
             sandbox: sandbox(),
             engine: Engine::Gvisor,
             from: StartFrom::TemplateImage { template: template() },
             shape: shape(),
+            mounts: vec![],
         },
         Request::Pause { sandbox: sandbox() },
         Request::Resume { sandbox: sandbox() },
@@ -132,9 +137,45 @@ pub(crate) fn every_request() -> Vec<Request> {
             engine: Engine::Gvisor,
             from: StartFrom::Layer { chain: chain() },
             shape: shape(),
+            mounts: vec![],
         },
         Request::SaveLayer { sandbox: sandbox(), parent: chain(), key: StepKey::parse(&"7".repeat(64)).unwrap() },
+        Request::Start {
+            sandbox: sandbox(),
+            engine: Engine::Gvisor,
+            from: StartFrom::Template { template: template() },
+            shape: shape(),
+            mounts: vec![mount(VOL, "/workspace", false), mount(OTHER_VOL, "/data/ro", true)],
+        },
+        Request::CreateVolume { volume: volume(), size: DiskMib::new(1024).unwrap(), from: None },
+        Request::CreateVolume {
+            volume: volume(),
+            size: DiskMib::new(1024).unwrap(),
+            from: Some((VolumeId::parse(OTHER_VOL).unwrap(), snapshot())),
+        },
+        Request::DeleteVolume { volume: volume() },
+        Request::SnapshotVolume { volume: volume(), snapshot: snapshot() },
+        Request::DeleteVolumeSnapshot { volume: volume(), snapshot: snapshot() },
+        Request::RestoreVolume { volume: volume(), snapshot: snapshot() },
+        Request::VolumeUsage { volume: volume() },
+        Request::ListVolumes {},
+        Request::VolumeFiles { volume: volume() },
     ]
+}
+
+const VOL: &str = "vol_0123456789abcdef0123";
+const OTHER_VOL: &str = "vol_fedcba9876543210fedc";
+
+fn volume() -> VolumeId {
+    VolumeId::parse(VOL).unwrap()
+}
+
+fn snapshot() -> SnapshotName {
+    SnapshotName::parse("before-refactor").unwrap()
+}
+
+fn mount(volume: &str, path: &str, read_only: bool) -> Mount {
+    Mount { volume: VolumeId::parse(volume).unwrap(), path: MountPath::parse(path).unwrap(), read_only }
 }
 
 fn chain() -> ChainId {
@@ -179,6 +220,9 @@ fn replies_round_trip_and_say_what_they_carry() {
         Reply::Sandboxes { sandboxes: vec![sandbox()] },
         Reply::Layers { layers: vec![LayerEntry { chain: chain(), bytes: 4096, used_s: 1_700_000_000 }] },
         Reply::refused(Refusal::Conflict, "that sandbox exists"),
+        Reply::VolumeUsage { used_bytes: 4096, snapshots: vec![SnapshotUsage { snapshot: snapshot(), bytes: 16384 }] },
+        Reply::Volumes { volumes: vec![VolumeEntry { volume: volume(), snapshots: vec![snapshot()] }] },
+        Reply::VolumeFiles {},
     ];
     for reply in replies {
         let frame = encode(&reply).unwrap();
@@ -188,6 +232,104 @@ fn replies_round_trip_and_say_what_they_carry() {
     let steps = vec![StepTook { step: StartStep::DiskLimit, micros: 1 }; MAX_STEPS + 1];
     assert!(decode_reply(&encode(&Reply::Started { pid: 1, steps }).unwrap()[HEADER_LEN..]).is_err());
     assert_eq!(Reply::Done {}.fds(), 0);
+    assert_eq!(Reply::VolumeFiles {}.fds(), 1);
+    let snapshots = vec![SnapshotUsage { snapshot: snapshot(), bytes: 1 }; MAX_VOLUME_SNAPSHOTS + 1];
+    assert!(decode_reply(&encode(&Reply::VolumeUsage { used_bytes: 0, snapshots }).unwrap()[HEADER_LEN..]).is_err());
+}
+
+#[test]
+fn a_mount_path_is_absolute_plain_and_nowhere_the_system_owns() {
+    for good in ["/workspace", "/data/ro", "/home/user/work", "/procfs", "/tmpdir", "/.spacey", "/srv/..x", "/a b"] {
+        assert_eq!(MountPath::parse(good).unwrap().as_str(), good);
+    }
+    let long_ok = format!("/{}", vec!["a".repeat(200); 20].join("/"));
+    assert!(long_ok.len() <= MAX_MOUNT_PATH && MountPath::parse(&long_ok).is_ok());
+    for (bad, why) in [
+        ("/", "root"),
+        ("", "absolute"),
+        ("workspace", "absolute"),
+        ("./workspace", "absolute"),
+        ("/work/../etc", ".."),
+        ("/..", ".."),
+        ("/work/./x", "."),
+        ("//work", "empty"),
+        ("/work//x", "empty"),
+        ("/work/", "empty"),
+        ("/work\0x", "NUL"),
+        ("/proc", "/proc"),
+        ("/proc/1/root", "/proc"),
+        ("/sys", "/sys"),
+        ("/sys/fs", "/sys"),
+        ("/dev", "/dev"),
+        ("/dev/shm", "/dev"),
+        ("/tmp", "/tmp"),
+        ("/tmp/x", "/tmp"),
+        ("/.space", "/.space"),
+        ("/.space/space-agent", "/.space"),
+        ("/.space/host", "/.space"),
+    ] {
+        match MountPath::parse(bad) {
+            Err(ProtoError::Invalid(message)) => assert!(message.contains(why), "{bad:?}: {message}"),
+            other => panic!("{bad:?} was not refused: {other:?}"),
+        }
+    }
+    let too_long = format!("/{}", "a/".repeat(MAX_MOUNT_PATH / 2) + "a");
+    assert!(MountPath::parse(&too_long).is_err());
+    let long_name = format!("/{}", "a".repeat(256));
+    assert!(MountPath::parse(&long_name).is_err());
+    // A path in a request is checked as it parses, not only when made here.
+    let start = |path: &str| {
+        format!(
+            r#"{{"op":"start","sandbox":"{SBX}","engine":"gvisor","from":{{"kind":"template","template":{{"name":"base","version":1}}}},"shape":{{"memory_mib":512,"vcpus":1,"disk_mib":1024}},"mounts":[{{"volume":"{VOL}","path":"{path}","read_only":false}}]}}"#
+        )
+    };
+    assert!(decode_request(start("/workspace").as_bytes()).is_ok());
+    for bad in ["/", "/proc", "relative", "/a/../b", "/.space/host"] {
+        assert!(decode_request(start(bad).as_bytes()).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn a_sandboxs_mounts_are_bounded_and_never_meet() {
+    let start = |mounts: Vec<Mount>| Request::Start {
+        sandbox: sandbox(),
+        engine: Engine::Gvisor,
+        from: StartFrom::Template { template: template() },
+        shape: shape(),
+        mounts,
+    };
+    let round = |request: &Request| decode_request(body(&encode(request).unwrap()));
+    let ok = start(vec![mount(VOL, "/a", false), mount(VOL, "/ab", true), mount(OTHER_VOL, "/b/c", true)]);
+    assert!(round(&ok).is_ok());
+    for (mounts, why) in [
+        (vec![mount(VOL, "/work", false), mount(OTHER_VOL, "/work", true)], "two volumes"),
+        (vec![mount(VOL, "/work", false), mount(OTHER_VOL, "/work/sub", true)], "under"),
+        (vec![mount(VOL, "/work/sub/deeper", false), mount(OTHER_VOL, "/work", true)], "under"),
+    ] {
+        match round(&start(mounts)) {
+            Err(ProtoError::Invalid(message)) => assert!(message.contains(why), "{message}"),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+    let many: Vec<Mount> = (0..=MAX_MOUNTS).map(|i| mount(VOL, &format!("/m{i}"), true)).collect();
+    assert!(round(&start(many[..MAX_MOUNTS].to_vec())).is_ok());
+    assert!(matches!(round(&start(many)), Err(ProtoError::Invalid(m)) if m.contains("over")));
+    // A volume made from its own snapshot is refused; ids and names keep their rules.
+    let own =
+        Request::CreateVolume { volume: volume(), size: DiskMib::new(1).unwrap(), from: Some((volume(), snapshot())) };
+    assert!(round(&own).is_err());
+    assert!(matches!(
+        hostile(r#"{"op":"snapshot_volume","volume":"vol_../../etc","snapshot":"x"}"#),
+        ProtoError::Malformed(_)
+    ));
+    assert!(matches!(
+        hostile(r#"{"op":"snapshot_volume","volume":"vol_0123456789abcdef0123","snapshot":"../x"}"#),
+        ProtoError::Malformed(_)
+    ));
+    assert!(matches!(
+        hostile(r#"{"op":"create_volume","volume":"vol_0123456789abcdef0123","size":0,"from":null}"#),
+        ProtoError::Malformed(_)
+    ));
 }
 
 #[test]
@@ -362,9 +504,9 @@ fn package_lists_are_bounded_and_hold_package_names_only() {
 
 #[test]
 fn a_hello_in_another_version_is_refused() {
-    assert!(decode_request(br#"{"op":"hello","version":3,"engine":"firecracker"}"#).is_ok());
-    let err = hostile(r#"{"op":"hello","version":1,"engine":"gvisor"}"#);
-    assert!(err.to_string().contains("protocol version 1"), "{err}");
+    assert!(decode_request(br#"{"op":"hello","version":4,"engine":"firecracker"}"#).is_ok());
+    let err = hostile(r#"{"op":"hello","version":3,"engine":"gvisor"}"#);
+    assert!(err.to_string().contains("protocol version 3"), "{err}");
     // Every connection says which engine's sandboxes it is about.
     assert!(decode_request(br#"{"op":"hello","version":3}"#).is_err());
 }
