@@ -1,6 +1,7 @@
-//! File operations on paths inside the sandbox. Paths are resolved by this
-//! (sandboxed) process, so `..` and symlinks can only ever lead to other
-//! paths of the sandbox.
+//! File operations on paths inside the sandbox (or, in the volume files
+//! child, inside the volume: its root directory). Paths are resolved by
+//! this (sandboxed or confined) process, so `..` and symlinks can only
+//! ever lead to other paths of its own view.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -294,7 +295,7 @@ fn copy_across(from: &Path, to: &Path, is_dir: bool) -> std::io::Result<()> {
 
 /// Where an upload's bytes go.
 pub enum Sink {
-    File(File),
+    File(Staged),
     /// A tar archive being unpacked by a worker; it reports when done.
     Unpack {
         chunks: std::sync::mpsc::Sender<Vec<u8>>,
@@ -336,18 +337,78 @@ pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
             fs::create_dir_all(parent).map_err(|e| failure(e, &request.path))?;
         }
         let mode = request.mode.unwrap_or(0o644) & 0o7777;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(path)
-            .map_err(|e| failure(e, &request.path))?;
-        // The mode given wins over the umask and over an existing file's.
-        fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| failure(e, &request.path))?;
-        Ok(Sink::File(file))
+        Staged::open(path, mode).map(Sink::File).map_err(|e| failure(e, &request.path))
     })();
     uploads.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, opened);
+}
+
+/// A file being written: its bytes go to a new file beside `path`, renamed
+/// over it once all are in and synced, so whoever reads `path` (or a
+/// host killed mid-write) finds the old file or the new one, never part of
+/// one. Dropped before [`Staged::commit`], the new file goes.
+pub struct Staged {
+    file: File,
+    temp: std::path::PathBuf,
+    path: std::path::PathBuf,
+    done: bool,
+}
+
+impl Staged {
+    fn open(path: &Path, mode: u32) -> std::io::Result<Staged> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(std::io::Error::from(ErrorKind::InvalidInput));
+        };
+        // What stands at `path` is replaced, never written through: a
+        // directory there is refused as writing into it was.
+        let existing = fs::symlink_metadata(path).ok();
+        if existing.as_ref().is_some_and(|meta| meta.is_dir()) {
+            return Err(std::io::Error::from(ErrorKind::IsADirectory));
+        }
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        for attempt in 0u32.. {
+            let temp = dir.join(format!(
+                ".{}.space-write-{}-{nanos:x}-{attempt}",
+                name.to_string_lossy().chars().take(64).collect::<String>(),
+                std::process::id()
+            ));
+            let opened = OpenOptions::new().write(true).create_new(true).mode(mode).open(&temp);
+            let file = match opened {
+                Err(err) if err.kind() == ErrorKind::AlreadyExists && attempt < 64 => continue,
+                opened => opened?,
+            };
+            let staged = Staged { file, temp, path: path.to_path_buf(), done: false };
+            // The mode given wins over the umask; a file replaced keeps
+            // its owner.
+            staged.file.set_permissions(fs::Permissions::from_mode(mode))?;
+            if let Some(meta) = existing.filter(|meta| meta.is_file()) {
+                std::os::unix::fs::fchown(&staged.file, Some(meta.uid()), Some(meta.gid()))?;
+                // A chown clears setuid and setgid bits: the mode again.
+                staged.file.set_permissions(fs::Permissions::from_mode(mode))?;
+            }
+            return Ok(staged);
+        }
+        unreachable!("the loop returns")
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(bytes)
+    }
+
+    /// Syncs the new file and renames it over `path`.
+    fn commit(mut self) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        fs::rename(&self.temp, &self.path)?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_file(&self.temp);
+        }
+    }
 }
 
 /// Appends data to a file being written; a failure is kept for the end.
@@ -373,10 +434,13 @@ pub fn write_data(stream: u32, bytes: &[u8], uploads: &Uploads) {
 pub fn end_write(stream: u32, uploads: &Uploads, outbox: &SyncSender<Frame>) {
     let entry = uploads.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
     let frame = match entry {
-        Some(Ok(Sink::File(file))) => match file.sync_all() {
-            Ok(()) => Frame::new(stream, FrameKind::FileDone, Vec::new()),
-            Err(err) => Frame::message(stream, FrameKind::FileFailed, &failure(err, "sync")),
-        },
+        Some(Ok(Sink::File(staged))) => {
+            let shown = staged.path.to_string_lossy().into_owned();
+            match staged.commit() {
+                Ok(()) => Frame::new(stream, FrameKind::FileDone, Vec::new()),
+                Err(err) => Frame::message(stream, FrameKind::FileFailed, &failure(err, &shown)),
+            }
+        }
         Some(Ok(Sink::Unpack { chunks, done })) => {
             drop(chunks); // end of the archive
             match done.recv() {
@@ -496,4 +560,59 @@ pub fn path_op(stream: u32, request: PathRequest, outbox: &SyncSender<Frame>) {
         };
         let _ = outbox.send(frame);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("space-agent-files-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn request(path: &Path) -> FileRequest {
+        FileRequest { path: path.to_string_lossy().into_owned(), mode: Some(0o600), recursive: false, tar: false }
+    }
+
+    /// A write lands whole or not at all: until its end the old file is
+    /// what a reader sees, and a write never ended leaves nothing behind.
+    #[test]
+    fn a_write_replaces_the_file_by_rename_and_an_unfinished_one_leaves_it() {
+        let dir = scratch("atomic");
+        let target = dir.join("notes.txt");
+        fs::write(&target, "old").unwrap();
+        let uploads = Uploads::default();
+        let (outbox, answers) = std::sync::mpsc::sync_channel(8);
+
+        begin_write(1, request(&target), &uploads);
+        write_data(1, b"new bytes", &uploads);
+        assert_eq!(fs::read_to_string(&target).unwrap(), "old", "nothing in place before the end");
+        end_write(1, &uploads, &outbox);
+        assert_eq!(answers.recv().unwrap().kind, FrameKind::FileDone);
+        assert_eq!(fs::read_to_string(&target).unwrap(), "new bytes");
+        assert_eq!(fs::metadata(&target).unwrap().permissions().mode() & 0o7777, 0o600);
+
+        begin_write(2, request(&target), &uploads);
+        write_data(2, b"half of a", &uploads);
+        uploads.lock().unwrap().clear();
+        assert_eq!(fs::read_to_string(&target).unwrap(), "new bytes");
+        let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["notes.txt"], "no temporary file is left");
+
+        // A link at the path is replaced, its target untouched.
+        let elsewhere = dir.join("elsewhere");
+        fs::write(&elsewhere, "keep").unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        begin_write(3, request(&link), &uploads);
+        write_data(3, b"written", &uploads);
+        end_write(3, &uploads, &outbox);
+        assert_eq!(answers.recv().unwrap().kind, FrameKind::FileDone);
+        assert_eq!(fs::read_to_string(&elsewhere).unwrap(), "keep");
+        assert!(fs::symlink_metadata(&link).unwrap().is_file());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -11,12 +11,9 @@
 mod cgroup;
 mod egress;
 mod exec;
-mod files;
 mod init;
 mod memory;
-mod pool;
 mod spawn;
-mod users;
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
@@ -25,6 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use std::{env, io, process, thread};
 
+// The file code, shared with the host's volume files child.
+use space_agent::{files, pool, users};
 use space_proto::{
     read_frame, write_frame, ExecRequest, Frame, FrameKind, Hello, Identity, ProtocolErrorMessage, SignalRequest,
     Welcome, CONTROL_STREAM, PROTOCOL_VERSION,

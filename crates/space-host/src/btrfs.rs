@@ -21,6 +21,12 @@ pub fn snapshot(source: &Path, dest: &Path) -> Result<(), HostError> {
     run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(source).arg(dest)).map(drop)
 }
 
+/// A read-only snapshot of `source` at `dest`, made read-only as it is
+/// made (never writable for an instant).
+pub fn snapshot_read_only(source: &Path, dest: &Path) -> Result<(), HostError> {
+    run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(source).arg(dest)).map(drop)
+}
+
 #[repr(C)]
 struct QuotaCtlArgs {
     cmd: u64,
@@ -60,6 +66,18 @@ fn sysfs_dir(dir: &std::fs::File) -> std::io::Result<String> {
 /// count: under simple quotas, what it wrote itself), when quotas are on.
 /// `path` must be the subvolume's root directory.
 pub fn exclusive_bytes(path: &Path) -> Option<u64> {
+    qgroup_counter(path, "exclusive")
+}
+
+/// The bytes a subvolume's files reference, shared or not (its quota
+/// group's referenced count), when quotas are on. `path` must be the
+/// subvolume's root directory.
+pub fn referenced_bytes(path: &Path) -> Option<u64> {
+    qgroup_counter(path, "referenced")
+}
+
+/// One counter of the quota group of the subvolume whose root is `path`.
+fn qgroup_counter(path: &Path, counter: &str) -> Option<u64> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = std::fs::OpenOptions::new()
         .read(true)
@@ -71,7 +89,7 @@ pub fn exclusive_bytes(path: &Path) -> Option<u64> {
     let mut args = InoLookupArgs { treeid: 0, objectid: 256, name: [0; 4080] };
     // SAFETY: the fd is a directory and `args` is the struct the ioctl fills.
     unsafe { btrfs_ino_lookup(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut args) }.ok()?;
-    let file = format!("{}/qgroups/0_{}/exclusive", sysfs_dir(&dir).ok()?, args.treeid);
+    let file = format!("{}/qgroups/0_{}/{counter}", sysfs_dir(&dir).ok()?, args.treeid);
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
