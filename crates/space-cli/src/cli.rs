@@ -72,6 +72,15 @@ pub(crate) enum Top {
     /// (decision 027).
     #[command(name = "import-oci-child", hide = true)]
     ImportOciChild(ImportChildArgs),
+    /// The confined child that serves one volume's files on its stdin and
+    /// stdout: started by the helper (or a server without one), never by
+    /// hand (decision 031).
+    #[command(name = "volume-files-child", hide = true)]
+    VolumeFilesChild {
+        /// The volume's `data`; it becomes the child's root.
+        #[arg(long)]
+        data: PathBuf,
+    },
     /// Tell which engines this host can run, and why not.
     Doctor {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]

@@ -100,6 +100,10 @@ fn run(cli: Cli) -> Result<i32> {
             };
             Ok(space_engine::templates::importer::child_main(&args))
         }
+        // Before any thread: it confines itself first.
+        Top::VolumeFilesChild { data } => {
+            Ok(space_engine::volumes::files_child_main(&space_engine::volumes::FilesChildArgs { data }))
+        }
         Top::Doctor { data_dir, engine } => doctor(&data_dir, &engine),
     }
 }

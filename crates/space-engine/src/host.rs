@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    ChainId, CheckpointName, DiskMib, EngineState, ImageRef, MemoryMib, OperationId, PatienceMs, SandboxId, Shape,
-    SlackNs, StartFrom, TemplateName, TemplateRef, TemplateVersion, Vcpus,
+    ChainId, CheckpointName, DiskMib, EngineState, ImageRef, MemoryMib, Mount, MountPath, OperationId, PatienceMs,
+    SandboxId, Shape, SlackNs, StartFrom, TemplateName, TemplateRef, TemplateVersion, Vcpus, VolumeId,
 };
 
 use crate::{EngineError, LiveStatus, SandboxSpec, Steps};
@@ -50,8 +50,16 @@ pub struct Launched {
 pub trait EngineHost: Send + Sync {
     /// `Start`: the sandbox's root (a snapshot of `from`'s, under its
     /// disk quota) and bundle when it needs new ones, its agent's listener,
-    /// then the engine.
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError>;
+    /// then the engine. `mounts` are the volumes bound into it (checked
+    /// together, `space_privsep::proto::check_mounts`); a start whose
+    /// volume is not there is refused.
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        mounts: &[Mount],
+    ) -> Result<Launched, EngineError>;
 
     /// `Pause`: the engine stops the guest's tasks.
     fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError>;
@@ -284,6 +292,24 @@ impl Placed {
         let [layers, chain, root] = parts.as_slice() else { return None };
         let chain = ChainId::parse(chain).ok().filter(|_| layers == "layers" && root == "rootfs")?;
         (self.layout.layer_root(&chain) == path).then_some(chain)
+    }
+
+    /// The volumes bound into the sandbox, as a `Start` names them: each
+    /// id and path checked, and all of them together.
+    pub fn mounts(spec: &SandboxSpec) -> Result<Vec<Mount>, EngineError> {
+        let mounts = spec
+            .volumes
+            .iter()
+            .map(|mount| {
+                Ok(Mount {
+                    volume: VolumeId::parse(&mount.volume).map_err(refused)?,
+                    path: MountPath::parse(&mount.path).map_err(refused)?,
+                    read_only: mount.read_only,
+                })
+            })
+            .collect::<Result<Vec<Mount>, EngineError>>()?;
+        space_privsep::proto::check_mounts(&mounts).map_err(refused)?;
+        Ok(mounts)
     }
 
     /// The sizes of the sandbox, in the request set's bounds.

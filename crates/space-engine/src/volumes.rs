@@ -10,8 +10,14 @@
 //! that runs as root); [`HelperHost`](crate::helper::HelperHost) asks the
 //! root helper, which serves it with a `LocalVolumes` of its own data dir.
 
+mod files_child;
+mod local;
+
 use std::os::unix::net::UnixStream;
 
+pub use files_child::{child_main as files_child_main, FilesChildArgs, SUBCOMMAND as FILES_SUBCOMMAND};
+pub(crate) use local::settle;
+pub use local::LocalVolumes;
 pub use space_privsep::proto::{DiskMib, SnapshotName, VolumeId};
 
 use crate::EngineError;

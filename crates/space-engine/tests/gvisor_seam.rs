@@ -13,7 +13,7 @@ use space_engine::gvisor::{Gvisor, GvisorConfig, IDLE_TIMER_SLACK_NS};
 use space_engine::host::{EngineHost, Launched};
 use space_engine::{Engine, EngineError, LiveStatus, SandboxSpec};
 use space_privsep::layout::Layout;
-use space_privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom};
+use space_privsep::proto::{EngineState, ImageRef, Mount, PatienceMs, SandboxId, Shape, SlackNs, StartFrom};
 
 const SBX: &str = "sbx_0123456789abcdef0123";
 const FORK: &str = "sbx_99999999999999999999";
@@ -67,10 +67,20 @@ fn image_shown(image: &ImageRef) -> String {
 }
 
 impl EngineHost for Recording {
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        mounts: &[Mount],
+    ) -> Result<Launched, EngineError> {
         let listener = self.dialed_listener(sandbox);
         let (memory, vcpus, disk) = (shape.memory_mib.get(), shape.vcpus.get(), shape.disk_mib.get());
-        self.note(format!("start {sandbox} {} {memory}/{vcpus}/{disk}", shown(from)));
+        let mounts: String = mounts
+            .iter()
+            .map(|m| format!(" {}@{}{}", m.volume, m.path, if m.read_only { ":ro" } else { "" }))
+            .collect();
+        self.note(format!("start {sandbox} {} {memory}/{vcpus}/{disk}{mounts}", shown(from)));
         Ok(Launched { listener, pid: 1, finished: Box::new(|| Ok(())), steps: Vec::new() })
     }
     fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
@@ -337,4 +347,63 @@ async fn nothing_is_asked_for_a_sandbox_or_image_the_layout_does_not_place() {
         assert!(engine.start_from_image(&source, &image).await.is_err(), "{image:?}");
     }
     assert_eq!(host.take(), Vec::<String>::new(), "not one request");
+}
+
+/// Every start of a sandbox that mounts volumes names them to the host —
+/// a create, a restore from its suspend, a fork's and a checkpoint's — and
+/// mounts the platform could not have checked ask for nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_start_carries_the_specs_volumes() {
+    let Setup { data, host, engine } = &setup("volumes");
+    let with_volumes = |id: &str| SandboxSpec {
+        volumes: vec![
+            space_engine::VolumeMountSpec {
+                volume: "vol_0123456789abcdef0123".into(),
+                path: "/workspace".into(),
+                read_only: false,
+            },
+            space_engine::VolumeMountSpec {
+                volume: "vol_fedcba9876543210fedc".into(),
+                path: "/srv/shared".into(),
+                read_only: true,
+            },
+        ],
+        ..spec(data, id)
+    };
+    let (source, fork) = (with_volumes(SBX), with_volumes(FORK));
+    let mounts = " vol_0123456789abcdef0123@/workspace vol_fedcba9876543210fedc@/srv/shared:ro";
+
+    assert!(engine.create(&source).await.is_err(), "the stand-in agent says no hello");
+    assert_eq!(host.take()[0], format!("start {SBX} template base/3 512/2/2048{mounts}"));
+    whole(&source.dir.join("snapshot"));
+    engine.restore(&source).await.unwrap();
+    assert_eq!(host.take()[0], format!("start {SBX} suspended 512/2/2048{mounts}"));
+    let image = source.dir.join("images/op_00112233445566778899");
+    whole(&image.join("memory"));
+    engine.start_from_image(&fork, &image).await.unwrap();
+    assert_eq!(host.take()[0], format!("start {FORK} image {SBX} fork op_00112233445566778899 512/2/2048{mounts}"));
+    let checkpoint = source.dir.join("checkpoints/before");
+    whole(&checkpoint.join("memory"));
+    engine.start_from_image(&source, &checkpoint).await.unwrap();
+    assert_eq!(host.take()[0], format!("start {SBX} image {SBX} checkpoint before 512/2/2048{mounts}"));
+
+    // A restore with a whole snapshot, so that only its mounts can refuse it.
+    whole(&fork.dir.join("snapshot"));
+    for (volume, path) in [
+        ("vol_0123456789abcdef0123", "/"),
+        ("vol_0123456789abcdef0123", "/proc"),
+        ("vol_0123456789abcdef0123", "relative"),
+        ("vol_0123456789abcdef0123", "/a/../b"),
+        ("vol_../../etc", "/workspace"),
+    ] {
+        let mut bad = spec(data, FORK);
+        bad.volumes = vec![space_engine::VolumeMountSpec { volume: volume.into(), path: path.into(), read_only: true }];
+        let err = engine.restore(&bad).await.err().unwrap();
+        assert!(!err.to_string().contains("snapshot"), "{volume} at {path}: {err}");
+    }
+    let mut twice = with_volumes(FORK);
+    twice.volumes[1].path = "/workspace/sub".into();
+    let err = engine.restore(&twice).await.err().unwrap();
+    assert!(err.to_string().contains("under"), "{err}");
+    assert!(host.take().iter().all(|request| !request.starts_with("start")), "no start was asked for");
 }

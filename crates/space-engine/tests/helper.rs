@@ -17,8 +17,8 @@ use space_engine::EngineError;
 use space_privsep::client::BlockingClient;
 use space_privsep::peer::{HelperListener, PeerError};
 use space_privsep::proto::{
-    CheckpointName, DiskMib, Engine, EngineState, ImageRef, MemoryMib, PatienceMs, Refusal, Reply, Request, SandboxId,
-    Shape, SlackNs, StartFrom, Vcpus, PROTOCOL_VERSION,
+    CheckpointName, DiskMib, Engine, EngineState, ImageRef, MemoryMib, Mount, PatienceMs, Refusal, Reply, Request,
+    SandboxId, Shape, SlackNs, StartFrom, Vcpus, PROTOCOL_VERSION,
 };
 
 /// Every wait in these tests ends by then.
@@ -80,7 +80,13 @@ impl Recording {
 }
 
 impl EngineHost for Recording {
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        _mounts: &[Mount],
+    ) -> Result<Launched, EngineError> {
         let from = match from {
             StartFrom::Template { template } => format!("template {}/{}", template.name, template.version.get()),
             StartFrom::Suspended {} => "suspended".into(),
@@ -249,7 +255,7 @@ fn every_request_reaches_the_host_method_of_its_name_and_its_answer_comes_back()
         version: space_privsep::proto::TemplateVersion::new(3).unwrap(),
     };
 
-    let launched = host.start(&sandbox, &StartFrom::Template { template }, shape()).unwrap();
+    let launched = host.start(&sandbox, &StartFrom::Template { template }, shape(), &[]).unwrap();
     assert_eq!(launched.pid, 4321);
     assert_eq!(
         launched.steps,
@@ -270,7 +276,7 @@ fn every_request_reaches_the_host_method_of_its_name_and_its_answer_comes_back()
     assert_eq!(host.set_timer_slack(&sandbox, None).unwrap(), 7);
     assert_eq!(host.save_image(&sandbox, &checkpoint).unwrap(), Duration::from_millis(25));
     host.suspend(&sandbox).unwrap();
-    let restored = host.start(&sandbox, &StartFrom::Suspended {}, shape()).unwrap();
+    let restored = host.start(&sandbox, &StartFrom::Suspended {}, shape(), &[]).unwrap();
     (restored.finished)().unwrap();
     host.drop_snapshot(&sandbox).unwrap();
     let redial = host.listen_agent(&sandbox).unwrap();
@@ -330,7 +336,7 @@ fn a_failing_request_is_refused_and_its_connection_goes_on() {
     assert_eq!(err.to_string(), format!("the engine failed: {FAILING} is broken"));
     host.destroy(&id(SBX)).unwrap();
     // A start whose engine command fails says so once it returns.
-    let launched = host.start(&id(FAILING), &StartFrom::Suspended {}, shape()).unwrap();
+    let launched = host.start(&id(FAILING), &StartFrom::Suspended {}, shape(), &[]).unwrap();
     let err = (launched.finished)().unwrap_err();
     assert!(err.to_string().contains("runsc run failed: no such template"), "{err}");
     host.pause(&id(SBX)).unwrap();
@@ -370,7 +376,13 @@ fn a_connection_is_served_by_the_engine_its_hello_names_and_no_other() {
     let firecracker = BlockingClient::connect_for(&helper.socket(), me(), Engine::Firecracker, DEADLINE).unwrap();
     for request in [
         Request::Pause { sandbox: id(SBX) },
-        Request::Start { sandbox: id(SBX), engine: Engine::Firecracker, from: StartFrom::Suspended {}, shape: shape() },
+        Request::Start {
+            sandbox: id(SBX),
+            engine: Engine::Firecracker,
+            from: StartFrom::Suspended {},
+            shape: shape(),
+            mounts: vec![],
+        },
         Request::Availability {},
         Request::Destroy { sandbox: id(SBX) },
     ] {
@@ -381,8 +393,13 @@ fn a_connection_is_served_by_the_engine_its_hello_names_and_no_other() {
         );
     }
     let gvisor = helper.connect();
-    let start =
-        Request::Start { sandbox: id(SBX), engine: Engine::Firecracker, from: StartFrom::Suspended {}, shape: shape() };
+    let start = Request::Start {
+        sandbox: id(SBX),
+        engine: Engine::Firecracker,
+        from: StartFrom::Suspended {},
+        shape: shape(),
+        mounts: vec![],
+    };
     let (reply, _) = gvisor.call(&start, &[], DEADLINE).unwrap();
     assert!(matches!(&reply, Reply::Refused { refusal: Refusal::BadRequest, .. }), "{reply:?}");
     assert_eq!(helper.host.take(), Vec::<String>::new(), "no refused request reached the gVisor host");

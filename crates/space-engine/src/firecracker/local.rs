@@ -23,7 +23,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use space_privsep::layout::Layout;
-use space_privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef};
+use space_privsep::proto::{
+    EngineState, ImageRef, Mount, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef,
+};
 
 use super::api::{BootSource, Drive, MachineConfig, MemBackend, SnapshotCreate, SnapshotLoad, Vsock, VsockOverride};
 use super::engine::FirecrackerConfig;
@@ -501,6 +503,11 @@ impl FirecrackerHost {
 
 /// A build sandbox's root is a layer chain's directory tree, written back
 /// as the next chain; a microVM's is an ext4 image of a published template.
+/// Why a Firecracker sandbox that mounts a volume does not start.
+pub(super) fn no_volumes() -> EngineError {
+    EngineError::Runtime("volumes are not supported on the firecracker engine yet".into())
+}
+
 pub(super) fn no_build_sandboxes() -> EngineError {
     EngineError::Runtime(
         "the Firecracker engine does not run build sandboxes on layer chains: Dockerfile steps run on gVisor".into(),
@@ -551,7 +558,16 @@ fn link_or_copy(source: &Path, target: &Path) -> Result<(), EngineError> {
 }
 
 impl EngineHost for FirecrackerHost {
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        mounts: &[Mount],
+    ) -> Result<Launched, EngineError> {
+        if !mounts.is_empty() {
+            return Err(no_volumes());
+        }
         // A new root (a template's, another sandbox's image) goes into a
         // new sandbox only, as with gVisor; going back to its own image or
         // snapshot keeps the sandbox.
@@ -873,12 +889,21 @@ mod tests {
         }
         assert!(!host.has_clone_base(&template, default).unwrap(), "none is made yet");
         // A clone's start needs the base; the host never boots one itself.
-        let err = host.start(&sandbox(), &StartFrom::Clone { template: template.clone() }, default).err().unwrap();
+        let err = host.start(&sandbox(), &StartFrom::Clone { template: template.clone() }, default, &[]).err().unwrap();
         assert!(err.to_string().contains("has no clone base"), "{err}");
         // Nor does it run build sandboxes (their roots are layer chains).
         let chain = space_privsep::proto::ChainId::parse(&"ab".repeat(32)).unwrap();
-        let err = host.start(&sandbox(), &StartFrom::Layer { chain }, default).err().unwrap();
+        let err = host.start(&sandbox(), &StartFrom::Layer { chain }, default, &[]).err().unwrap();
         assert!(err.to_string().contains("does not run build sandboxes"), "{err}");
+        // Nor, yet, sandboxes that mount volumes.
+        let mount = Mount {
+            volume: space_privsep::proto::VolumeId::parse("vol_0123456789abcdef0123").unwrap(),
+            path: space_privsep::proto::MountPath::parse("/workspace").unwrap(),
+            read_only: false,
+        };
+        let from = StartFrom::Template { template: template.clone() };
+        let err = host.start(&sandbox(), &from, shape(1, 256, 16), &[mount]).err().unwrap();
+        assert!(err.to_string().contains("volumes are not supported on the firecracker engine"), "{err}");
         assert!(!host.layout().sandbox_dir(&sandbox()).exists(), "a refused start makes nothing");
         // A new guest (kernel or initramfs) means a new base.
         std::thread::sleep(Duration::from_millis(10));

@@ -21,7 +21,7 @@ use space_host::btrfs;
 use space_host::template::{AGENT_PATH_IN_ROOT, HOST_DIR_IN_ROOT};
 use space_privsep::layout::Layout;
 use space_privsep::proto::{
-    ChainId, EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef,
+    ChainId, EngineState, ImageRef, Mount, PatienceMs, SandboxId, Shape, SlackNs, StartFrom, TemplateRef,
 };
 use space_process::Reaper;
 
@@ -73,11 +73,19 @@ impl LocalHost {
     }
 
     /// Writes the OCI bundle: `config.json` with the sandbox's own root,
-    /// the agent as PID 1, and the binds it needs.
-    fn write_bundle(&self, sandbox: &SandboxId, shape: Shape) -> Result<(), EngineError> {
+    /// the agent as PID 1, the binds it needs and its volumes (each one
+    /// there, a restore a killed process left half done finished first).
+    fn write_bundle(&self, sandbox: &SandboxId, shape: Shape, mounts: &[Mount]) -> Result<(), EngineError> {
+        for mount in mounts {
+            crate::volumes::settle(self.layout(), &mount.volume)?;
+            let data = self.layout().volume_data(&mount.volume);
+            if !fs::symlink_metadata(&data).is_ok_and(|meta| meta.is_dir()) {
+                return Err(EngineError::Runtime(format!("volume {} is not on this host", mount.volume)));
+            }
+        }
         let bundle = self.layout().bundle_dir(sandbox);
         fs::create_dir_all(&bundle).map_err(EngineError::io("creating the bundle dir"))?;
-        let config = oci_config(self.layout(), sandbox, shape, &self.config.agent_bin)?;
+        let config = oci_config(self.layout(), sandbox, shape, &self.config.agent_bin, mounts)?;
         let json = serde_json::to_vec_pretty(&config).map_err(|e| EngineError::Runtime(e.to_string()))?;
         fs::write(bundle.join("config.json"), json).map_err(EngineError::io("writing config.json"))
     }
@@ -89,7 +97,7 @@ impl LocalHost {
     }
 
     /// A fresh root from the template's, under the disk quota, and the
-    /// socket directory and bundle. Returns when the quota was set (the
+    /// socket directory. Returns when the quota was set (the
     /// bundle counts with the agent's socket as one step).
     fn prepare_root(
         &self,
@@ -151,7 +159,6 @@ impl LocalHost {
             space_host::template::install_agent(&root, &self.config.agent_bin)?;
         }
         self.make_socket_dir(sandbox)?;
-        self.write_bundle(sandbox, shape)?;
         Ok(limited)
     }
 
@@ -165,8 +172,7 @@ impl LocalHost {
         let _ = fs::remove_dir_all(self.layout().snapshot_dir(sandbox));
         btrfs::snapshot(&image.join(IMAGE_ROOT), &root)?;
         btrfs::limit_exclusive(&root, shape.disk_mib.get())?;
-        self.make_socket_dir(sandbox)?;
-        self.write_bundle(sandbox, shape)
+        self.make_socket_dir(sandbox)
     }
 
     /// `/tmp` made safe and the agent's socket bound, just before runsc
@@ -214,7 +220,13 @@ impl LocalHost {
 }
 
 impl EngineHost for LocalHost {
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        mounts: &[Mount],
+    ) -> Result<Launched, EngineError> {
         // A new root (a template's, another sandbox's image) goes into a new
         // sandbox only: whoever asks may not replace a root someone else's
         // sandbox runs on. A sandbox going back to its own image or
@@ -244,6 +256,9 @@ impl EngineHost for LocalHost {
                 (Some(image.join(IMAGE_MEMORY)), Instant::now())
             }
         };
+        // Every start writes its bundle anew, a restore from a suspend too:
+        // the volumes are the spec's now, never those of an older bundle.
+        self.write_bundle(sandbox, shape, mounts)?;
         let listener = self.bind_agent(sandbox)?;
         steps.push(("bundle and agent socket", lap.elapsed()));
 
@@ -697,6 +712,7 @@ pub(super) fn oci_config(
     sandbox: &SandboxId,
     shape: Shape,
     agent_bin: &Path,
+    volumes: &[Mount],
 ) -> Result<Spec, EngineError> {
     let invalid = |e: oci_spec::OciSpecError| EngineError::Runtime(format!("building the OCI spec: {e}"));
     let (memory_mib, vcpus) = (shape.memory_mib.get(), shape.vcpus.get());
@@ -775,6 +791,22 @@ pub(super) fn oci_config(
             .build()
             .map_err(invalid)?,
     );
+    // Volumes after the platform's own mounts (whose places a mount path
+    // can never be, `MountPath`): each one's `data` subvolume, through the
+    // gofer like the root, so the sentry resolves every link in it inside
+    // the sandbox's own view.
+    for volume in volumes {
+        let access = if volume.read_only { "ro" } else { "rw" };
+        mounts.push(
+            MountBuilder::default()
+                .destination(volume.path.as_str())
+                .typ("bind")
+                .source(layout.volume_data(&volume.volume))
+                .options(vec!["rbind".to_string(), access.to_string()])
+                .build()
+                .map_err(invalid)?,
+        );
+    }
 
     // The sentry and gofer run in a cgroup of their own (`space/<id>`):
     // memory (the guest's share plus the sentry's own), CPU quota, and
@@ -826,7 +858,8 @@ mod tests {
             disk_mib: DiskMib::new(1024).unwrap(),
         };
         let config =
-            serde_json::to_value(oci_config(&layout, &sandbox, shape, Path::new("/opt/space-agent")).unwrap()).unwrap();
+            serde_json::to_value(oci_config(&layout, &sandbox, shape, Path::new("/opt/space-agent"), &[]).unwrap())
+                .unwrap();
         assert_eq!(config["process"]["args"][0], "/.space/space-agent");
         assert_eq!(config["root"]["path"], "/data/sandboxes/sbx_0123456789abcdef0123/rootfs");
         assert_eq!(config["hostname"], "sbx-0123456789abcdef0123");
@@ -851,6 +884,44 @@ mod tests {
         let namespaces: Vec<&str> =
             config["linux"]["namespaces"].as_array().unwrap().iter().map(|n| n["type"].as_str().unwrap()).collect();
         assert!(namespaces.contains(&"network") && namespaces.contains(&"pid"), "{namespaces:?}");
+    }
+
+    #[test]
+    fn each_volume_is_bound_at_its_path_after_the_platforms_mounts() {
+        use space_privsep::proto::{MountPath, VolumeId};
+        let layout = Layout::new("/data");
+        let sandbox = SandboxId::parse("sbx_0123456789abcdef0123").unwrap();
+        let shape = Shape {
+            memory_mib: MemoryMib::new(256).unwrap(),
+            vcpus: Vcpus::new(1).unwrap(),
+            disk_mib: DiskMib::new(1024).unwrap(),
+        };
+        let mount = |volume: &str, path: &str, read_only| Mount {
+            volume: VolumeId::parse(volume).unwrap(),
+            path: MountPath::parse(path).unwrap(),
+            read_only,
+        };
+        let volumes = [
+            mount("vol_0123456789abcdef0123", "/workspace", false),
+            mount("vol_fedcba9876543210fedc", "/srv/shared", true),
+        ];
+        let config = oci_config(&layout, &sandbox, shape, Path::new("/opt/space-agent"), &volumes).unwrap();
+        let config = serde_json::to_value(config).unwrap();
+        let mounts = config["mounts"].as_array().unwrap();
+        let last: Vec<(&str, &str, Vec<&str>)> = mounts[mounts.len() - 2..]
+            .iter()
+            .map(|m| {
+                let options = m["options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap()).collect();
+                (m["destination"].as_str().unwrap(), m["source"].as_str().unwrap(), options)
+            })
+            .collect();
+        assert_eq!(
+            last,
+            [
+                ("/workspace", "/data/volumes/vol_0123456789abcdef0123/data", vec!["rbind", "rw"]),
+                ("/srv/shared", "/data/volumes/vol_fedcba9876543210fedc/data", vec!["rbind", "ro"]),
+            ]
+        );
     }
 
     #[test]

@@ -102,8 +102,9 @@ impl Gvisor {
     ) -> Result<(tokio::net::UnixStream, Steps), EngineError> {
         let sandbox = self.hosted.placed.sandbox(spec)?;
         let shape = Placed::shape(spec)?;
+        let mounts = Placed::mounts(spec)?;
         let id = sandbox.clone();
-        let launched = self.hosted.on_host(move |host| host.start(&id, &from, shape)).await??;
+        let launched = self.hosted.on_host(move |host| host.start(&id, &from, shape, &mounts)).await??;
         let (mut steps, finished) = (launched.steps, launched.finished);
         let listener = UnixListener::from_std(launched.listener).map_err(EngineError::io("socket"))?;
         let started = Instant::now();

@@ -2,7 +2,7 @@
 //! helper, on a connection of its own while it runs (so calls from several
 //! threads go on at once, as they do with the in-process host).
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -12,12 +12,13 @@ use space_privsep::client::BlockingClient;
 use space_privsep::peer::PeerError;
 use space_privsep::proto::{
     AmountUnit, BuildSource, ChainId, CheckpointName, DiskMib, Engine, EngineState, ImageRef, LayerEntry, LayerKey,
-    PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, StartFrom, StepKey, TemplateMetaJson, TemplateName,
-    TemplateRef, TemplateVersion,
+    Mount, PatienceMs, Reply, Request, SandboxId, Shape, SlackNs, SnapshotName, StartFrom, StepKey, TemplateMetaJson,
+    TemplateName, TemplateRef, TemplateVersion, VolumeId,
 };
 
 use crate::host::{EngineHost, Launched};
 use crate::templates::{BuildInput, BuildProgress, Imported, LayerReady, TemplateHost};
+use crate::volumes::{VolumeHost, VolumeOnDisk, VolumeUsage};
 use crate::EngineError;
 
 /// How long the helper may take to answer a request: its longest (a root
@@ -94,15 +95,15 @@ impl HelperHost {
     }
 
     /// One request and its reply; a refusal is the error it carries.
-    fn call(&self, request: Request, patience: Duration) -> Result<(Reply, Option<UnixListener>), EngineError> {
+    fn call(&self, request: Request, patience: Duration) -> Result<(Reply, Option<OwnedFd>), EngineError> {
         let client = self.send(&request)?;
         // A connection whose reply did not come whole is out of step: dropped.
         let (reply, mut fds) = client.recv(patience).map_err(|err| transport(&request, err))?;
         self.give_back(client);
         match reply {
             Reply::Refused { message, .. } => Err(EngineError::Runtime(message)),
-            Reply::Listening {} => Ok((reply, Some(listener_from(fds.pop(), &request)?))),
-            reply => Ok((reply, None)),
+            // The frame's check made sure of the descriptor a reply carries.
+            reply => Ok((reply, fds.pop())),
         }
     }
 
@@ -170,7 +171,7 @@ impl HelperHost {
 
     fn listening(&self, request: Request) -> Result<UnixListener, EngineError> {
         match self.call(request.clone(), self.patience)? {
-            (Reply::Listening {}, Some(listener)) => Ok(listener),
+            (Reply::Listening {}, fd) => listener_from(fd, &request),
             (other, _) => Err(unexpected(&request, &other)),
         }
     }
@@ -190,8 +191,20 @@ fn unexpected(request: &Request, reply: &Reply) -> EngineError {
 }
 
 impl EngineHost for HelperHost {
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
-        let request = Request::Start { sandbox: sandbox.clone(), engine: self.engine, from: from.clone(), shape };
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        mounts: &[Mount],
+    ) -> Result<Launched, EngineError> {
+        let request = Request::Start {
+            sandbox: sandbox.clone(),
+            engine: self.engine,
+            from: from.clone(),
+            shape,
+            mounts: mounts.to_vec(),
+        };
         let client = self.send(&request)?;
         let (reply, mut fds) = client.recv(self.patience).map_err(|err| transport(&request, err))?;
         let (pid, steps) = match reply {
@@ -499,9 +512,68 @@ impl TemplateHost for HelperHost {
     }
 }
 
+/// The volume work of a confined server: each method one request.
+impl VolumeHost for HelperHost {
+    fn create_volume(
+        &self,
+        volume: &VolumeId,
+        size: DiskMib,
+        from: Option<(&VolumeId, &SnapshotName)>,
+    ) -> Result<(), EngineError> {
+        let from = from.map(|(source, snapshot)| (source.clone(), snapshot.clone()));
+        self.done(Request::CreateVolume { volume: volume.clone(), size, from })
+    }
+
+    fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
+        self.done(Request::DeleteVolume { volume: volume.clone() })
+    }
+
+    fn snapshot_volume(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
+        self.done(Request::SnapshotVolume { volume: volume.clone(), snapshot: snapshot.clone() })
+    }
+
+    fn delete_volume_snapshot(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
+        self.done(Request::DeleteVolumeSnapshot { volume: volume.clone(), snapshot: snapshot.clone() })
+    }
+
+    fn restore_volume(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
+        self.done(Request::RestoreVolume { volume: volume.clone(), snapshot: snapshot.clone() })
+    }
+
+    fn volume_usage(&self, volume: &VolumeId) -> Result<VolumeUsage, EngineError> {
+        let request = Request::VolumeUsage { volume: volume.clone() };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::VolumeUsage { used_bytes, snapshots }, _) => Ok(VolumeUsage {
+                used_bytes,
+                snapshots: snapshots.into_iter().map(|usage| (usage.snapshot, usage.bytes)).collect(),
+            }),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn list_volumes(&self) -> Result<Vec<VolumeOnDisk>, EngineError> {
+        let request = Request::ListVolumes {};
+        match self.call(request.clone(), self.patience)? {
+            (Reply::Volumes { volumes }, _) => Ok(volumes
+                .into_iter()
+                .map(|entry| VolumeOnDisk { volume: entry.volume, snapshots: entry.snapshots })
+                .collect()),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn volume_files(&self, volume: &VolumeId) -> Result<std::os::unix::net::UnixStream, EngineError> {
+        let request = Request::VolumeFiles { volume: volume.clone() };
+        match self.call(request.clone(), self.patience)? {
+            (Reply::VolumeFiles {}, Some(socket)) => Ok(std::os::unix::net::UnixStream::from(socket)),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+}
+
 /// The agent's listener a reply carried, made non-blocking for the engine's
 /// async accept.
-fn listener_from(fd: Option<std::os::fd::OwnedFd>, request: &Request) -> Result<UnixListener, EngineError> {
+fn listener_from(fd: Option<OwnedFd>, request: &Request) -> Result<UnixListener, EngineError> {
     let listener = UnixListener::from(
         fd.ok_or_else(|| EngineError::Runtime(format!("the helper answered {} without a listener", op(request))))?,
     );

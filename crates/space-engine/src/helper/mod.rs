@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::HelperHost;
-pub use serve::{serve, serve_engines, serve_with_templates, Engines};
+pub use serve::{serve, serve_all, serve_engines, serve_with_templates, Engines};
 use space_privsep::layout::Layout;
 use space_privsep::peer::{HelperListener, PeerError};
 use space_privsep::proto::{StartStep, StepTook};
@@ -26,11 +26,13 @@ use space_privsep::proto::{StartStep, StepTook};
 use crate::firecracker::{FirecrackerConfig, FirecrackerHost};
 use crate::gvisor::{GvisorConfig, LocalConfig, LocalHost};
 use crate::templates::LocalTemplates;
+use crate::volumes::LocalVolumes;
 use crate::Steps;
 
-/// The root helper's work: the gVisor engine's host and the templates'
-/// in this process (which must be root; image archives are parsed by
-/// `importer_bin`'s confined child), served at `socket` to processes of
+/// The root helper's work: the gVisor engine's host, the templates' and
+/// the volumes' in this process (which must be root; image archives are
+/// parsed, and volumes' files served, by `importer_bin`'s confined
+/// children), served at `socket` to processes of
 /// `allowed_uid` alone, until accepting fails.
 pub async fn serve_gvisor(
     config: GvisorConfig,
@@ -53,6 +55,8 @@ pub async fn serve_helper(
     let listener = HelperListener::bind(socket, allowed_uid)?;
     let layout = Layout::new(crate::gvisor::data_dir_of(&config.state_dir));
     let templates = LocalTemplates::new(layout.clone(), config.agent_bin.clone()).with_importer(importer_bin);
+    // The same binary serves a volume's files from its confined child.
+    let volumes = LocalVolumes::new(layout.clone(), importer_bin);
     let host = LocalHost::new(LocalConfig {
         runsc: config.runsc,
         agent_bin: config.agent_bin,
@@ -64,7 +68,7 @@ pub async fn serve_helper(
         firecracker: firecracker
             .map(|config| Arc::new(FirecrackerHost::new(config)) as Arc<dyn crate::host::EngineHost>),
     };
-    serve_engines(listener, engines, Some(Arc::new(templates))).await
+    serve_all(listener, engines, Some(Arc::new(templates)), Some(Arc::new(volumes))).await
 }
 
 /// The start steps the helper does, by the names the engine reports them

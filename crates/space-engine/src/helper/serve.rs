@@ -1,18 +1,18 @@
 //! The helper's side: one task per connection, one request at a time on
 //! each, every request run on a blocking thread against the host.
 
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixListener;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use space_privsep::peer::{Connection, HelperListener, Incoming, PeerError};
 use space_privsep::proto::{
-    Amount, AmountUnit, BuildSource, Engine, EngineState, ImageRef, Refusal, Reply, Request, TemplateMetaJson,
-    MAX_LISTED, MAX_MESSAGE,
+    Amount, AmountUnit, BuildSource, Engine, EngineState, ImageRef, Refusal, Reply, Request, SnapshotUsage,
+    TemplateMetaJson, VolumeEntry, MAX_LISTED, MAX_MESSAGE,
 };
 
 use crate::host::{EngineHost, Launched};
 use crate::templates::{BuildInput, BuildProgress, TemplateHost};
+use crate::volumes::VolumeHost;
 use crate::EngineError;
 
 /// Serves `listener` with `host` until accepting fails: each accepted
@@ -40,7 +40,18 @@ pub async fn serve_engines(
     engines: Engines,
     templates: Option<Arc<dyn TemplateHost>>,
 ) -> Result<(), PeerError> {
-    let hosts = Hosts { engines, templates };
+    serve_all(listener, engines, templates, None).await
+}
+
+/// [`serve_engines`], volume requests answered by `volumes` when given
+/// (refused otherwise).
+pub async fn serve_all(
+    listener: HelperListener,
+    engines: Engines,
+    templates: Option<Arc<dyn TemplateHost>>,
+    volumes: Option<Arc<dyn VolumeHost>>,
+) -> Result<(), PeerError> {
+    let hosts = Hosts { engines, templates, volumes };
     loop {
         match listener.accept().await {
             Ok(connection) => {
@@ -54,18 +65,18 @@ pub async fn serve_engines(
     }
 }
 
-/// What a request is answered with: a reply, the descriptor it carries,
-/// and for a start the wait for its engine command, whose outcome is the
-/// second reply.
+/// What a request is answered with: a reply, the descriptor it carries
+/// (an agent's listener, a volume files child's socket), and for a start
+/// the wait for its engine command, whose outcome is the second reply.
 struct Answer {
     reply: Reply,
-    listener: Option<UnixListener>,
+    fd: Option<OwnedFd>,
     finished: Option<Box<dyn FnOnce() -> Result<(), EngineError> + Send>>,
 }
 
 impl From<Reply> for Answer {
     fn from(reply: Reply) -> Answer {
-        Answer { reply, listener: None, finished: None }
+        Answer { reply, fd: None, finished: None }
     }
 }
 
@@ -90,6 +101,7 @@ impl Engines {
 struct Hosts {
     engines: Engines,
     templates: Option<Arc<dyn TemplateHost>>,
+    volumes: Option<Arc<dyn VolumeHost>>,
 }
 
 /// What one connection's requests are answered with: the host of the
@@ -99,6 +111,7 @@ struct ConnectionHosts {
     engine: Engine,
     host: Option<Arc<dyn EngineHost>>,
     templates: Option<Arc<dyn TemplateHost>>,
+    volumes: Option<Arc<dyn VolumeHost>>,
 }
 
 async fn serve_connection(connection: Connection, hosts: Hosts) {
@@ -110,7 +123,8 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
             return;
         }
     };
-    let hosts = ConnectionHosts { engine, host: hosts.engines.of(engine), templates: hosts.templates };
+    let hosts =
+        ConnectionHosts { engine, host: hosts.engines.of(engine), templates: hosts.templates, volumes: hosts.volumes };
     loop {
         let incoming = match connection.recv().await {
             Ok(Some(incoming)) => incoming,
@@ -148,12 +162,12 @@ async fn serve_connection(connection: Connection, hosts: Hosts) {
         let answer = tokio::task::spawn_blocking(move || answer(&hosts, incoming.request))
             .await
             .unwrap_or_else(|err| Reply::refused(Refusal::Failed, format!("the request failed: {err}")).into());
-        let sent = match &answer.listener {
-            Some(listener) => connection.send(&answer.reply, &[listener.as_fd()]).await,
+        let sent = match &answer.fd {
+            Some(fd) => connection.send(&answer.reply, &[fd.as_fd()]).await,
             None => connection.send(&answer.reply, &[]).await,
         };
-        // The peer holds its own copy of the listener now.
-        drop(answer.listener);
+        // The peer holds its own copy of the descriptor now.
+        drop(answer.fd);
         if let Some(finished) = answer.finished {
             let outcome = tokio::task::spawn_blocking(finished).await;
             let reply = match outcome {
@@ -286,6 +300,20 @@ fn answer(hosts: &ConnectionHosts, request: Request) -> Answer {
             Some(templates) => answer_template(templates, request),
             None => Reply::refused(Refusal::BadRequest, "this helper does not serve templates").into(),
         },
+        (
+            request @ (Request::CreateVolume { .. }
+            | Request::DeleteVolume { .. }
+            | Request::SnapshotVolume { .. }
+            | Request::DeleteVolumeSnapshot { .. }
+            | Request::RestoreVolume { .. }
+            | Request::VolumeUsage { .. }
+            | Request::ListVolumes {}
+            | Request::VolumeFiles { .. }),
+            _,
+        ) => match hosts.volumes.as_deref() {
+            Some(volumes) => answer_volume(volumes, request),
+            None => Reply::refused(Refusal::BadRequest, "this helper does not serve volumes").into(),
+        },
         (request, Some(host)) => answer_engine(hosts, host, request),
         (_, None) => {
             let engine = format!("{:?}", hosts.engine).to_lowercase();
@@ -307,10 +335,10 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
         Request::Start { engine, .. } if engine != hosts.engine => {
             Reply::refused(Refusal::BadRequest, "a start names the engine its connection's hello named").into()
         }
-        Request::Start { sandbox, from, shape, .. } => match host.start(&sandbox, &from, shape) {
+        Request::Start { sandbox, from, shape, mounts, .. } => match host.start(&sandbox, &from, shape, &mounts) {
             Ok(Launched { listener, pid, finished, steps }) => Answer {
                 reply: Reply::Started { pid, steps: super::steps_to_wire(&steps) },
-                listener: Some(listener),
+                fd: Some(listener.into()),
                 finished: Some(finished),
             },
             Err(err) => failed(err).into(),
@@ -361,7 +389,7 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
             Reply::States { states }.into()
         }
         Request::ListenAgent { sandbox } => match host.listen_agent(&sandbox) {
-            Ok(listener) => Answer { reply: Reply::Listening {}, listener: Some(listener), finished: None },
+            Ok(listener) => Answer { reply: Reply::Listening {}, fd: Some(listener.into()), finished: None },
             Err(err) => failed(err).into(),
         },
         Request::CloseAgent { sandbox } => {
@@ -414,7 +442,15 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
         | Request::HasLayer { .. }
         | Request::ListLayers {}
         | Request::ApplyLayer { .. }
-        | Request::DeleteLayer { .. } => {
+        | Request::DeleteLayer { .. }
+        | Request::CreateVolume { .. }
+        | Request::DeleteVolume { .. }
+        | Request::SnapshotVolume { .. }
+        | Request::DeleteVolumeSnapshot { .. }
+        | Request::RestoreVolume { .. }
+        | Request::VolumeUsage { .. }
+        | Request::ListVolumes {}
+        | Request::VolumeFiles { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
         }
     }
@@ -443,6 +479,51 @@ fn answer_template(templates: &dyn TemplateHost, request: Request) -> Answer {
             Err(err) => failed(err).into(),
         },
         _ => Reply::refused(Refusal::BadRequest, "not a template request").into(),
+    }
+}
+
+/// Runs a volume request on the [`VolumeHost`] method of its name.
+fn answer_volume(volumes: &dyn VolumeHost, request: Request) -> Answer {
+    match request {
+        Request::CreateVolume { volume, size, from } => {
+            done(volumes.create_volume(&volume, size, from.as_ref().map(|(source, snapshot)| (source, snapshot))))
+        }
+        Request::DeleteVolume { volume } => done(volumes.delete_volume(&volume)),
+        Request::SnapshotVolume { volume, snapshot } => done(volumes.snapshot_volume(&volume, &snapshot)),
+        Request::DeleteVolumeSnapshot { volume, snapshot } => done(volumes.delete_volume_snapshot(&volume, &snapshot)),
+        Request::RestoreVolume { volume, snapshot } => done(volumes.restore_volume(&volume, &snapshot)),
+        Request::VolumeUsage { volume } => match volumes.volume_usage(&volume) {
+            Ok(usage) => Reply::VolumeUsage {
+                used_bytes: usage.used_bytes,
+                snapshots: usage
+                    .snapshots
+                    .into_iter()
+                    .take(space_privsep::proto::MAX_VOLUME_SNAPSHOTS)
+                    .map(|(snapshot, bytes)| SnapshotUsage { snapshot, bytes })
+                    .collect(),
+            }
+            .into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::ListVolumes {} => match volumes.list_volumes() {
+            Ok(found) => Reply::Volumes {
+                volumes: found
+                    .into_iter()
+                    .take(MAX_LISTED)
+                    .map(|mut entry| {
+                        entry.snapshots.truncate(space_privsep::proto::MAX_VOLUME_SNAPSHOTS);
+                        VolumeEntry { volume: entry.volume, snapshots: entry.snapshots }
+                    })
+                    .collect(),
+            }
+            .into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::VolumeFiles { volume } => match volumes.volume_files(&volume) {
+            Ok(socket) => Answer { reply: Reply::VolumeFiles {}, fd: Some(socket.into()), finished: None },
+            Err(err) => failed(err).into(),
+        },
+        _ => Reply::refused(Refusal::BadRequest, "not a volume request").into(),
     }
 }
 

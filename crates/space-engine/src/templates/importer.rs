@@ -330,7 +330,7 @@ fn read_reports(
                     return Err(ChildError::Child(err));
                 }
                 Report::Confined { landlock } if !confined => {
-                    check_confined(child.id()).map_err(parent)?;
+                    check_confined(child.id(), "the importer").map_err(parent)?;
                     tracing::debug!(pid = child.id(), landlock, "the importer is confined");
                     confined = true;
                     stdout.write_all(b"\n").map_err(|err| parent(format!("answering the importer: {err}")))?;
@@ -361,9 +361,10 @@ fn checked_progress(step: String, done: u64, bytes: Option<[u64; 2]>) -> BuildPr
 /// Checks from outside, once the child says it is confined, that it holds
 /// no more than it should (what it dropped it can never regain): a binary
 /// that confines itself less (an old or wrong `space`) is stopped and the
-/// build fails.
-fn check_confined(pid: u32) -> Result<(), String> {
-    let status = confine::status_of(pid).map_err(|err| format!("reading the importer's status: {err}"))?;
+/// build fails. The volume files child is held to the same (`what` names
+/// the child in the message).
+pub(crate) fn check_confined(pid: u32, what: &str) -> Result<(), String> {
+    let status = confine::status_of(pid).map_err(|err| format!("reading {what}'s status: {err}"))?;
     let kept = confine::capability_mask(&KEPT_CAPABILITIES);
     let extra = (status.cap_effective
         | status.cap_permitted
@@ -378,7 +379,7 @@ fn check_confined(pid: u32) -> Result<(), String> {
         || status.seccomp != 2
     {
         return Err(format!(
-            "the importer is not confined as it must be: {status:?} (only capabilities {kept:#x} may be kept)"
+            "{what} is not confined as it must be: {status:?} (only capabilities {kept:#x} may be kept)"
         ));
     }
     Ok(())

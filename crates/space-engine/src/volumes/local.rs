@@ -1,0 +1,243 @@
+//! [`LocalVolumes`]: a volume's root work in this process, as root
+//! (decision 031). Every path comes from [`Layout`] and checked ids.
+//!
+//! A restore makes the snapshot's writable copy as `data.new`, then
+//! renames `data` to `data.old`, `data.new` to `data`, and removes
+//! `data.old`; [`settle`], which every request on a volume calls first,
+//! finishes what a killed process left of that: between the renames the
+//! new data goes in, before them the half-made copy goes.
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use space_host::btrfs;
+use space_privsep::layout::Layout;
+use space_privsep::proto::{DiskMib, SnapshotName, VolumeId, MAX_LISTED, MAX_VOLUME_SNAPSHOTS};
+
+use super::{VolumeHost, VolumeOnDisk, VolumeUsage};
+use crate::EngineError;
+
+/// [`VolumeHost`] in this process (which must be root), its files served
+/// by a confined child started from `files_bin` (the `space` binary).
+pub struct LocalVolumes {
+    layout: Layout,
+    files_bin: PathBuf,
+    /// One change of volumes at a time: a restore's renames and a
+    /// snapshot of the same `data` never interleave.
+    changing: Mutex<()>,
+}
+
+impl LocalVolumes {
+    pub fn new(layout: Layout, files_bin: impl Into<PathBuf>) -> LocalVolumes {
+        LocalVolumes { layout, files_bin: files_bin.into(), changing: Mutex::new(()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.changing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The volume's `data`, settled, when the volume is there.
+    fn data_of(&self, volume: &VolumeId) -> Result<PathBuf, EngineError> {
+        settle(&self.layout, volume)?;
+        let data = self.layout.volume_data(volume);
+        match is_dir(&data) {
+            true => Ok(data),
+            false => Err(not_here(volume)),
+        }
+    }
+
+    /// The limit a volume was made with, for a restore's new `data`.
+    fn limit_of(&self, volume: &VolumeId) -> Result<DiskMib, EngineError> {
+        let path = self.layout.volume_limit(volume);
+        let text = fs::read_to_string(&path).map_err(EngineError::io(format!("reading {}", path.display())))?;
+        text.trim()
+            .parse::<u32>()
+            .ok()
+            .and_then(|mib| DiskMib::new(mib).ok())
+            .ok_or_else(|| EngineError::Runtime(format!("{} holds no size: {text:?}", path.display())))
+    }
+
+    /// The volume's snapshots by name, in order (others in the directory
+    /// are not the platform's and are left out).
+    fn snapshots_of(&self, volume: &VolumeId) -> Vec<SnapshotName> {
+        let Ok(entries) = fs::read_dir(self.layout.volume_snapshots(volume)) else { return Vec::new() };
+        let mut names: Vec<SnapshotName> =
+            entries.flatten().filter_map(|entry| SnapshotName::parse(entry.file_name().to_str()?).ok()).collect();
+        names.sort();
+        names.truncate(MAX_VOLUME_SNAPSHOTS);
+        names
+    }
+}
+
+impl VolumeHost for LocalVolumes {
+    fn create_volume(
+        &self,
+        volume: &VolumeId,
+        size: DiskMib,
+        from: Option<(&VolumeId, &SnapshotName)>,
+    ) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        let dir = self.layout.volume_dir(volume);
+        if fs::symlink_metadata(&dir).is_ok() {
+            return Err(EngineError::Runtime(format!("volume {volume} exists")));
+        }
+        let source = match from {
+            Some((source, snapshot)) => {
+                let path = self.layout.volume_snapshot(source, snapshot);
+                if !is_dir(&path) {
+                    return Err(EngineError::Runtime(format!("volume {source} has no snapshot {snapshot}")));
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        fs::create_dir_all(self.layout.volume_snapshots(volume)).map_err(EngineError::io("creating the volume dir"))?;
+        let made = (|| {
+            fs::write(self.layout.volume_limit(volume), size.get().to_string())
+                .map_err(EngineError::io("recording the volume's size"))?;
+            let data = self.layout.volume_data(volume);
+            match &source {
+                Some(snapshot) => btrfs::snapshot(snapshot, &data)?,
+                None => btrfs::create_subvolume(&data)?,
+            }
+            btrfs::limit_exclusive(&data, size.get())?;
+            Ok(())
+        })();
+        if made.is_err() {
+            // Nothing of a volume that could not be made stays.
+            let _ = btrfs::remove_tree(&dir);
+        }
+        made
+    }
+
+    fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        btrfs::remove_tree(&self.layout.volume_dir(volume)).map_err(EngineError::from)
+    }
+
+    fn snapshot_volume(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        let data = self.data_of(volume)?;
+        let path = self.layout.volume_snapshot(volume, snapshot);
+        if fs::symlink_metadata(&path).is_ok() {
+            return Err(EngineError::Runtime(format!("volume {volume} has a snapshot {snapshot}")));
+        }
+        fs::create_dir_all(self.layout.volume_snapshots(volume)).map_err(EngineError::io("creating snapshots"))?;
+        // Made read-only as it is made: one atomic btrfs operation.
+        btrfs::snapshot_read_only(&data, &path).map_err(EngineError::from)
+    }
+
+    fn delete_volume_snapshot(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        settle(&self.layout, volume)?;
+        btrfs::delete_subvolume(&self.layout.volume_snapshot(volume, snapshot)).map_err(EngineError::from)
+    }
+
+    fn restore_volume(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        let data = self.data_of(volume)?;
+        let source = self.layout.volume_snapshot(volume, snapshot);
+        if !is_dir(&source) {
+            return Err(EngineError::Runtime(format!("volume {volume} has no snapshot {snapshot}")));
+        }
+        let limit = self.limit_of(volume)?;
+        let (new, old) = (self.layout.volume_data_new(volume), self.layout.volume_data_old(volume));
+        let made = btrfs::snapshot(&source, &new).and_then(|()| btrfs::limit_exclusive(&new, limit.get()));
+        if let Err(err) = made {
+            let _ = btrfs::delete_subvolume(&new);
+            return Err(err.into());
+        }
+        // The swap: from the first rename on, `settle` finishes it.
+        fs::rename(&data, &old).map_err(EngineError::io("moving the volume's data aside"))?;
+        fs::rename(&new, &data).map_err(EngineError::io("putting the restored data in place"))?;
+        btrfs::delete_subvolume(&old).map_err(EngineError::from)
+    }
+
+    fn volume_usage(&self, volume: &VolumeId) -> Result<VolumeUsage, EngineError> {
+        let _changing = self.lock();
+        let data = self.data_of(volume)?;
+        // No quotas (a host that never turned them on): nothing is counted.
+        let used_bytes = btrfs::referenced_bytes(&data).unwrap_or(0);
+        let snapshots = self
+            .snapshots_of(volume)
+            .into_iter()
+            .map(|name| {
+                let bytes = btrfs::exclusive_bytes(&self.layout.volume_snapshot(volume, &name)).unwrap_or(0);
+                (name, bytes)
+            })
+            .collect();
+        Ok(VolumeUsage { used_bytes, snapshots })
+    }
+
+    fn list_volumes(&self) -> Result<Vec<VolumeOnDisk>, EngineError> {
+        let _changing = self.lock();
+        let entries = match fs::read_dir(self.layout.volumes_dir()) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) => return Err(EngineError::io("listing the volumes")(err)),
+        };
+        let mut volumes: Vec<VolumeId> =
+            entries.flatten().filter_map(|entry| VolumeId::parse(entry.file_name().to_str()?).ok()).collect();
+        volumes.sort();
+        volumes.truncate(MAX_LISTED);
+        Ok(volumes
+            .into_iter()
+            .map(|volume| {
+                if let Err(err) = settle(&self.layout, &volume) {
+                    tracing::warn!(%volume, "finishing a restore: {err}");
+                }
+                VolumeOnDisk { snapshots: self.snapshots_of(&volume), volume }
+            })
+            .collect())
+    }
+
+    fn volume_files(&self, volume: &VolumeId) -> Result<UnixStream, EngineError> {
+        let data = {
+            let _changing = self.lock();
+            self.data_of(volume)?
+        };
+        super::files_child::spawn(&self.files_bin, &data)
+    }
+}
+
+fn is_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
+}
+
+fn not_here(volume: &VolumeId) -> EngineError {
+    EngineError::Runtime(format!("volume {volume} is not on this host"))
+}
+
+/// Finishes what a killed process left of a restore of `volume`: with the
+/// old data moved aside, the new goes in (whether it was in yet or not),
+/// then the old goes; a new copy made before the first rename goes (that
+/// restore never happened). Anything else is left as it is.
+pub(crate) fn settle(layout: &Layout, volume: &VolumeId) -> Result<(), EngineError> {
+    let (data, new, old) = (layout.volume_data(volume), layout.volume_data_new(volume), layout.volume_data_old(volume));
+    let there = |path: &Path| fs::symlink_metadata(path).is_ok();
+    match (there(&data), there(&new), there(&old)) {
+        (false, true, true) => {
+            tracing::info!(%volume, "finishing a restore a killed process left between its renames");
+            fs::rename(&new, &data).map_err(EngineError::io("putting the restored data in place"))?;
+            btrfs::delete_subvolume(&old)?;
+        }
+        (true, new_there, true) => {
+            btrfs::delete_subvolume(&old)?;
+            if new_there {
+                btrfs::delete_subvolume(&new)?;
+            }
+        }
+        (true, true, false) => {
+            tracing::info!(%volume, "removing a restore's copy a killed process left before its swap");
+            btrfs::delete_subvolume(&new)?;
+        }
+        // Neither `data` nor a copy to swap in: the old data is put back.
+        (false, false, true) => {
+            fs::rename(&old, &data).map_err(EngineError::io("putting the volume's data back"))?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
