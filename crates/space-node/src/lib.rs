@@ -45,6 +45,7 @@ use std::sync::Arc;
 use space_engine::firecracker::{Firecracker, FirecrackerConfig};
 use space_engine::gvisor::{Gvisor, GvisorConfig};
 use space_engine::templates::{LocalTemplates, TemplateHost};
+use space_engine::volumes::VolumeHost;
 use space_engine::Engine;
 use space_host::datadir::DataDir;
 
@@ -209,6 +210,18 @@ fn template_host_on(config: &PlatformConfig, data: &DataDir, helper_socket: Opti
     }
 }
 
+/// Who does volumes' root work: this process, or the root helper at
+/// `helper_socket` (the same one templates and the engine use).
+fn volume_host_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Path>) -> Arc<dyn VolumeHost> {
+    match helper_socket {
+        Some(socket) => Arc::new(space_engine::helper::HelperHost::new(socket, 0)),
+        None => Arc::new(space_engine::volumes::LocalVolumes::new(
+            space_engine::privsep::layout::Layout::new(data.root()),
+            &config.importer_bin,
+        )),
+    }
+}
+
 /// Each engine's availability on this host, and why.
 pub fn engine_report(config: &PlatformConfig, data: &DataDir) -> Vec<space_engine::Availability> {
     let (gvisor, firecracker) = engines(config, data);
@@ -295,8 +308,8 @@ pub fn start_platform_with_helper(
         (EngineChoice::Auto, _, _) => (gvisor, firecracker),
     };
     let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
-    let templates = template_host_on(config, &data, helper_socket);
-    assemble(config, data, store, engine, report, templates)
+    let hosts = (template_host_on(config, &data, helper_socket), volume_host_on(config, &data, helper_socket));
+    assemble(config, data, store, engine, report, hosts)
 }
 
 /// [`start_platform`] with `engine` in place of this host's engines, on a
@@ -307,8 +320,8 @@ pub fn start_platform_with(config: &PlatformConfig, engine: Arc<dyn Engine>) -> 
     let data = DataDir::open_on_any_filesystem(&config.data_dir)?;
     let store = open_store(config, &data)?;
     let report = vec![engine.availability()];
-    let templates = template_host_on(config, &data, None);
-    assemble(config, data, store, engine, report, templates)
+    let hosts = (template_host_on(config, &data, None), volume_host_on(config, &data, None));
+    assemble(config, data, store, engine, report, hosts)
 }
 
 /// The platform's state: PostgreSQL, or SQLite in the data dir.
@@ -330,7 +343,7 @@ fn assemble(
     store: store::Store,
     engine: Arc<dyn Engine>,
     report: Vec<space_engine::Availability>,
-    templates: Arc<dyn TemplateHost>,
+    (templates, volumes): (Arc<dyn TemplateHost>, Arc<dyn VolumeHost>),
 ) -> Result<Arc<Platform>, StartError> {
     let capacity = config.capacity_mib.unwrap_or_else(capacity::default_capacity_mib);
     tracing::info!("engine: {}", engine.name());
@@ -338,6 +351,7 @@ fn assemble(
     let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
     let _ = platform.template_host.set(templates);
+    let _ = platform.volume_host.set(volumes);
     let _ = platform.registry.set(config.registry.clone());
     platform
         .layer_cache_bytes

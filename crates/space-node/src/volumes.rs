@@ -122,21 +122,11 @@ fn holds_mounts(state: SandboxState) -> bool {
 /// The mount rule in one place for the API's answer: an absolute, normal
 /// path, not `/` and not where the platform mounts its own.
 pub fn check_mount_path(path: &str) -> Result<(), String> {
-    const RESERVED: [&str; 5] = ["/proc", "/sys", "/dev", "/tmp", "/.space"];
-    if !path.starts_with('/') || path.len() > 4096 || path.contains('\0') {
-        return Err(format!("{path:?} is not an absolute path"));
+    match space_engine::privsep::proto::MountPath::parse(path) {
+        Ok(_) => Ok(()),
+        Err(space_engine::privsep::proto::ProtoError::Invalid(why)) => Err(why),
+        Err(other) => Err(other.to_string()),
     }
-    let trimmed = path.trim_end_matches('/');
-    if trimmed.is_empty() {
-        return Err("a volume cannot be mounted at /".into());
-    }
-    if trimmed[1..].split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-        return Err(format!("{path:?} has an empty, '.' or '..' component"));
-    }
-    if let Some(reserved) = RESERVED.iter().find(|r| trimmed == **r || trimmed.starts_with(&format!("{r}/"))) {
-        return Err(format!("{path:?} is {reserved} or under it, which the platform mounts"));
-    }
-    Ok(())
 }
 
 impl Platform {
@@ -507,7 +497,7 @@ impl Platform {
             check_mount_path(&mount.path).map_err(|why| {
                 NodeError::unprocessable(format!("volumes[{i}].path: {why}")).with_details(field(i, "path"))
             })?;
-            if !paths.insert(mount.path.trim_end_matches('/').to_string()) {
+            if !paths.insert(mount.path.clone()) {
                 return Err(NodeError::unprocessable(format!("two volumes are mounted at {:?}", mount.path))
                     .with_details(field(i, "path")));
             }
@@ -522,7 +512,7 @@ impl Platform {
             ids.push(record.id);
         }
         // One under another would hide the outer volume's files there.
-        let sorted: Vec<&str> = mounts.iter().map(|m| m.path.trim_end_matches('/')).collect();
+        let sorted: Vec<&str> = mounts.iter().map(|m| m.path.as_str()).collect();
         for a in &sorted {
             for b in &sorted {
                 if a != b && b.starts_with(&format!("{a}/")) {

@@ -19,7 +19,7 @@ use space_engine::helper::serve;
 use space_engine::host::{EngineHost, Launched};
 use space_engine::privsep::layout::Layout;
 use space_engine::privsep::peer::HelperListener;
-use space_engine::privsep::proto::{EngineState, ImageRef, PatienceMs, SandboxId, Shape, SlackNs, StartFrom};
+use space_engine::privsep::proto::{EngineState, ImageRef, Mount, PatienceMs, SandboxId, Shape, SlackNs, StartFrom};
 use space_engine::EngineError;
 use space_server::AppState;
 use space_testkit::{processes_mentioning, TestDataDir};
@@ -44,7 +44,13 @@ impl Counting {
 }
 
 impl EngineHost for Counting {
-    fn start(&self, sandbox: &SandboxId, from: &StartFrom, shape: Shape) -> Result<Launched, EngineError> {
+    fn start(
+        &self,
+        sandbox: &SandboxId,
+        from: &StartFrom,
+        shape: Shape,
+        mounts: &[Mount],
+    ) -> Result<Launched, EngineError> {
         self.count(match from {
             StartFrom::Template { .. } => "start from a template",
             StartFrom::Suspended {} => "start from its snapshot",
@@ -53,7 +59,7 @@ impl EngineHost for Counting {
             StartFrom::Clone { .. } => "start as a clone",
             StartFrom::Layer { .. } => "start on a layer chain",
         });
-        self.inner.start(sandbox, from, shape)
+        self.inner.start(sandbox, from, shape, mounts)
     }
     fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
         self.count("pause");

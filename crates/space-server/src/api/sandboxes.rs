@@ -41,7 +41,8 @@ pub(super) fn replay(
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe key")),
     responses(
         (status = 202, description = "Accepted; follow the operation", body = SandboxOperation),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, description = "Unknown template", body = ErrorBody),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, description = "Unknown template, or a volume the tenant lacks", body = ErrorBody),
+        (status = 409, description = "A volume asked read-write is mounted read-write by another sandbox (`volume_in_use`), or the template's engine takes no volumes", body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 429, description = "Past the tenant's quota", body = ErrorBody),
         (status = 503, body = ErrorBody),
         (status = 507, description = "The host's free disk is under its reserve", body = ErrorBody)))]
