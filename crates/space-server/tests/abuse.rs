@@ -19,6 +19,8 @@ mod processes;
 mod registry;
 #[path = "abuse/tenancy.rs"]
 mod tenancy;
+#[path = "abuse/volumes.rs"]
+mod volumes;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
