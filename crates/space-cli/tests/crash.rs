@@ -614,3 +614,129 @@ fn a_dockerfile_build_killed_in_a_run_step_ends_failed_and_its_build_sandbox_is_
     assert!(build_sandboxes().is_empty(), "build sandboxes left: {:?}", build_sandboxes());
     common::stop(server);
 }
+
+/// A body that sends `first` bytes of `fill`, then waits (up to the test's
+/// patience) until `go_on` is set, and ends with an error: a client cut
+/// off in the middle of an upload.
+struct HeldBody {
+    left: usize,
+    fill: u8,
+    go_on: Arc<AtomicBool>,
+}
+
+impl std::io::Read for HeldBody {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            wait_until("the server to be killed", PATIENCE, || self.go_on.load(Ordering::SeqCst));
+            return Err(std::io::Error::other("the upload is cut off"));
+        }
+        let n = buf.len().min(self.left);
+        buf[..n].fill(self.fill);
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+/// The one volume's `data` directory on disk (a single-volume data dir).
+fn volume_data(data: &TestDataDir) -> std::path::PathBuf {
+    let volumes = std::fs::read_dir(data.root().join("volumes")).unwrap().flatten();
+    let dirs: Vec<_> = volumes.map(|e| e.path()).filter(|p| p.join("data").is_dir()).collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].join("data")
+}
+
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_volume_stays_whole_when_the_server_is_killed_during_a_write_and_during_snapshots() {
+    let data = TestDataDir::new();
+    let args = ["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--hot-pool", "0"];
+    let (mut server, url, _, lines) = common::spawn_server(&data, &args);
+    std::thread::spawn(move || lines.for_each(drop));
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
+    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let (status, made) = client.call("POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 256}))).unwrap();
+    assert_eq!(status, 201, "{made}");
+    let api = |client: &Client| client.api(Duration::from_secs(60));
+    let written = api(&client).call_bytes("PUT", "/v1/volumes/ws/files?path=/data", &[], Some(b"old")).unwrap();
+    assert_eq!(written.status, 201);
+    let on_disk = volume_data(&data);
+
+    // A write of 8 MiB of a new version, cut off by the kill.
+    let go_on = Arc::new(AtomicBool::new(false));
+    let body = HeldBody { left: 8 << 20, fill: b'n', go_on: go_on.clone() };
+    let writer = {
+        let api = api(&client);
+        std::thread::spawn(move || api.send_with("PUT", "/v1/volumes/ws/files?path=/data", &[], body).map(|a| a.status))
+    };
+    let staged = || names_in(&on_disk).into_iter().any(|name| name.contains("space-write"));
+    wait_until("the new version to be staged beside /data", PATIENCE, staged);
+    kill_server(&server);
+    go_on.store(true, Ordering::SeqCst);
+    assert!(writer.join().unwrap().is_err(), "the cut-off write was not answered as written");
+    server = restart_server(&data, &args, &client);
+    let (status, _) = client.call_until_answered("GET", "/v1/volumes/ws");
+    assert_eq!(status, 200);
+    let read = api(&client).call_bytes("GET", "/v1/volumes/ws/files?path=/data", &[], None).unwrap();
+    assert_eq!((read.status, read.body), (200, b"old".to_vec()), "the old file, whole");
+    wait_until("the cut-off write's staging file to go", PATIENCE, || !staged());
+    assert_eq!(names_in(&on_disk), ["data"]);
+
+    // Snapshots taken one after another while the server is killed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(Mutex::new(Vec::<String>::new()));
+    let snapshotter = {
+        let (client, stop, answered) = (client.clone(), stop.clone(), answered.clone());
+        std::thread::spawn(move || {
+            for n in 0..200 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let name = format!("s{n}");
+                match client.call("POST", "/v1/volumes/ws/snapshots", Some(json!({"name": name}))) {
+                    Some((201, _)) => answered.lock().unwrap().push(name),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        })
+    };
+    wait_until("a few snapshots to be answered", PATIENCE, || answered.lock().unwrap().len() >= 3);
+    kill_server(&server);
+    stop.store(true, Ordering::SeqCst);
+    snapshotter.join().unwrap();
+    server = restart_server(&data, &args, &client);
+    let (status, listed) = client.call_until_answered("GET", "/v1/volumes/ws/snapshots");
+    assert_eq!(status, 200, "{listed}");
+    let listed: Vec<String> =
+        listed["snapshots"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    eprintln!("snapshots answered before the kill: {}, kept: {}", answered.lock().unwrap().len(), listed.len());
+    for name in answered.lock().unwrap().iter() {
+        assert!(listed.contains(name), "snapshot {name} was answered, and is kept: {listed:?}");
+    }
+    // What is on disk is what is listed: a snapshot cut short was swept.
+    let mut expected = listed.clone();
+    expected.sort();
+    assert_eq!(names_in(&on_disk.with_file_name("snapshots")), expected);
+    // Each holds the volume as it was.
+    for name in &listed {
+        let from = json!({"name": format!("from-{name}"), "from_snapshot": {"volume": "ws", "snapshot": name}});
+        let (status, made) = client.call("POST", "/v1/volumes", Some(from)).unwrap();
+        assert_eq!(status, 201, "{made}");
+        let read =
+            api(&client).call_bytes("GET", &format!("/v1/volumes/from-{name}/files?path=/data"), &[], None).unwrap();
+        assert_eq!((read.status, read.body), (200, b"old".to_vec()), "snapshot {name}");
+        client.call("DELETE", &format!("/v1/volumes/from-{name}"), None).unwrap();
+    }
+    assert_eq!(processes_mentioning("volume-files-child"), 0, "no files child outlived its request");
+    common::stop(server);
+}
