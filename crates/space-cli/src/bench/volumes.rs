@@ -5,7 +5,8 @@
 //!   record), against `btrfs subvolume create` + `btrfs qgroup limit` run
 //!   here on the same filesystem;
 //! - a 1 GiB sequential write (`dd … conv=fsync`) inside one sandbox to a
-//!   volume, against the same write to the sandbox's own root, alternately;
+//!   volume, against the same write to the sandbox's own root and the same
+//!   write on the host into the data dir's filesystem, in turn;
 //! - a snapshot of a volume holding 1 GiB (`POST /v1/volumes/{name}/snapshots`
 //!   answered), against `btrfs subvolume snapshot -r` of a 1 GiB subvolume
 //!   here.
@@ -45,6 +46,23 @@ fn run_in(client: &Client, sandbox: &str, cmd: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(ms / 1000.0))
 }
 
+/// The floor of the write: 1 GiB in 1 MiB writes, then fsync, here on the
+/// data dir's filesystem (what `dd … conv=fsync` does).
+fn host_write(path: &std::path::Path) -> Result<Duration> {
+    use std::io::Write;
+    let chunk = vec![0u8; 1 << 20];
+    let (_, took) = timed(|| {
+        let mut file = std::fs::File::create(path)?;
+        for _ in 0..1024 {
+            file.write_all(&chunk)?;
+        }
+        file.sync_all()?;
+        Ok(())
+    })?;
+    std::fs::remove_file(path)?;
+    Ok(took)
+}
+
 pub(crate) fn run(args: &BenchArgs, data: &DataDir) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let mut config = args.engine.platform_config(data.root())?;
@@ -81,10 +99,11 @@ pub(crate) fn run(args: &BenchArgs, data: &DataDir) -> Result<()> {
     )?;
     let sandbox = accepted["sandbox"]["id"].as_str().context("a sandbox id")?.to_string();
     client.wait_operation(accepted["operation"]["id"].as_str().unwrap_or_default())?;
-    let (mut to_volume, mut to_root) = (Samples(vec![]), Samples(vec![]));
+    let (mut to_volume, mut to_root, mut on_host) = (Samples(vec![]), Samples(vec![]), Samples(vec![]));
     for _ in 0..ROUNDS {
         to_volume.0.push(run_in(&client, &sandbox, &GIB_WRITE.replace("FILE", "/vol/gib"))?);
         to_root.0.push(run_in(&client, &sandbox, &GIB_WRITE.replace("FILE", "/root/gib"))?);
+        on_host.0.push(host_write(&floor_dir.join("gib"))?);
     }
     // A volume holding 1 GiB, snapshotted.
     run_in(&client, &sandbox, "dd if=/dev/zero of=/vol/held bs=1M count=1024 conv=fsync status=none")?;
@@ -120,7 +139,7 @@ pub(crate) fn run(args: &BenchArgs, data: &DataDir) -> Result<()> {
 
     let mbps = |samples: &Samples| 1024.0 * 1.048_576 / (samples.percentile(50.0) / 1000.0);
     let (create_ms, floor_create_ms) = (created.percentile(50.0), floor_created.percentile(50.0));
-    let (volume_mbps, root_mbps) = (mbps(&to_volume), mbps(&to_root));
+    let (volume_mbps, root_mbps, host_mbps) = (mbps(&to_volume), mbps(&to_root), mbps(&on_host));
     let (snapshot_ms, floor_snapshot_ms) = (snapshots.percentile(50.0), floor_snapshots.percentile(50.0));
     let verdict = |met: bool| if met { "goal met" } else { "goal missed" };
     println!("{:<48} {:>9.1} ms", "volume create (API), p50", create_ms);
@@ -129,6 +148,8 @@ pub(crate) fn run(args: &BenchArgs, data: &DataDir) -> Result<()> {
     println!("{:<48} {:>9} ({CREATE_GOAL_MS} ms)", "create goal", verdict(create_ms <= CREATE_GOAL_MS));
     println!("{:<48} {:>9.0} MB/s", "1 GiB write in a sandbox to a volume, p50", volume_mbps);
     println!("{:<48} {:>9.0} MB/s", "1 GiB write in a sandbox to its root, p50", root_mbps);
+    println!("{:<48} {:>9.0} MB/s", "1 GiB write on the host, same disk (floor), p50", host_mbps);
+    println!("{:<48} {:>9.2} ×", "volume / host", volume_mbps / host_mbps);
     println!(
         "{:<48} {:>9.2} × ({} ≥ {WRITE_GOAL}×)",
         "volume / root",
