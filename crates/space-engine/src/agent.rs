@@ -64,6 +64,8 @@ struct Shared {
     welcome: Welcome,
     /// Takes the egress connections the agent opens; none: they are closed.
     egress: Mutex<Option<EgressHandler>>,
+    /// The socket in use, for [`AgentConn::hang_up`].
+    socket: Mutex<Option<std::os::unix::net::UnixStream>>,
 }
 
 /// What the host does with each egress connection the agent relays.
@@ -344,6 +346,7 @@ impl AgentConn {
             writers,
             welcome,
             egress: Mutex::new(None),
+            socket: Mutex::new(closer.try_clone().ok()),
         });
         let (outbox, queued) = mpsc::channel(256);
         tokio::spawn(write_loop(queued, new_writers));
@@ -392,6 +395,11 @@ impl AgentConn {
     /// restore): same identity, same streams; checks health with a ping.
     pub async fn reattach(&self, socket: UnixStream, patience: Duration) -> Result<(), AgentError> {
         let (read_half, write_half, _hello, _key) = greet(socket, &self.shared.welcome, patience).await?;
+        let socket = {
+            use std::os::fd::AsFd;
+            read_half.as_ref().as_fd().try_clone_to_owned().ok().map(std::os::unix::net::UnixStream::from)
+        };
+        *self.shared.socket.lock().unwrap_or_else(|e| e.into_inner()) = socket;
         self.shared.quiescing.store(false, Ordering::Release);
         self.shared.writers.send(write_half).map_err(|_| AgentError::Disconnected)?;
         tokio::spawn(read_loop(read_half, self.clone()));
@@ -400,6 +408,16 @@ impl AgentConn {
 
     pub fn hello(&self) -> &Hello {
         &self.hello
+    }
+
+    /// Ends the connection from this side: its socket is shut down, so
+    /// the peer sees its end (a volume's files child then exits) and every
+    /// call on it fails. A sandbox's agent would redial; this is for peers
+    /// that serve one connection.
+    pub fn hang_up(&self) {
+        if let Some(socket) = self.shared.socket.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     pub fn is_closed(&self) -> bool {

@@ -146,6 +146,12 @@ impl Layout {
         self.volume_dir(volume).join("limit-mib")
     }
 
+    /// A read-only bind mount of the volume's `data`, what read-only mounts
+    /// bind (the kernel, not only the engine, refuses their writes).
+    pub fn volume_read_only(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_dir(volume).join("ro")
+    }
+
     pub fn volume_snapshots(&self, volume: &VolumeId) -> PathBuf {
         self.volume_dir(volume).join("snapshots")
     }
@@ -156,8 +162,9 @@ impl Layout {
     }
 
     /// Every path of a volume a request can lead to.
-    fn volume_paths(&self, volume: &VolumeId) -> [PathBuf; 6] {
+    fn volume_paths(&self, volume: &VolumeId) -> [PathBuf; 7] {
         [
+            self.volume_read_only(volume),
             self.volume_dir(volume),
             self.volume_data(volume),
             self.volume_data_new(volume),

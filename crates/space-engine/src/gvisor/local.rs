@@ -82,6 +82,9 @@ impl LocalHost {
             if !fs::symlink_metadata(&data).is_ok_and(|meta| meta.is_dir()) {
                 return Err(EngineError::Runtime(format!("volume {} is not on this host", mount.volume)));
             }
+            if mount.read_only {
+                crate::volumes::read_only_view(self.layout(), &mount.volume)?;
+            }
         }
         let bundle = self.layout().bundle_dir(sandbox);
         fs::create_dir_all(&bundle).map_err(EngineError::io("creating the bundle dir"))?;
@@ -794,14 +797,19 @@ pub(super) fn oci_config(
     // Volumes after the platform's own mounts (whose places a mount path
     // can never be, `MountPath`): each one's `data` subvolume, through the
     // gofer like the root, so the sentry resolves every link in it inside
-    // the sandbox's own view.
+    // the sandbox's own view. A read-only one binds the volume's read-only
+    // view, which the host's kernel keeps read-only whatever the engine
+    // does (`volumes::read_only_view`).
     for volume in volumes {
-        let access = if volume.read_only { "ro" } else { "rw" };
+        let (access, source) = match volume.read_only {
+            true => ("ro", layout.volume_read_only(&volume.volume)),
+            false => ("rw", layout.volume_data(&volume.volume)),
+        };
         mounts.push(
             MountBuilder::default()
                 .destination(volume.path.as_str())
                 .typ("bind")
-                .source(layout.volume_data(&volume.volume))
+                .source(source)
                 .options(vec!["rbind".to_string(), access.to_string()])
                 .build()
                 .map_err(invalid)?,
@@ -919,7 +927,7 @@ mod tests {
             last,
             [
                 ("/workspace", "/data/volumes/vol_0123456789abcdef0123/data", vec!["rbind", "rw"]),
-                ("/srv/shared", "/data/volumes/vol_fedcba9876543210fedc/data", vec!["rbind", "ro"]),
+                ("/srv/shared", "/data/volumes/vol_fedcba9876543210fedc/ro", vec!["rbind", "ro"]),
             ]
         );
     }

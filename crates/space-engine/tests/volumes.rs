@@ -1,0 +1,399 @@
+//! Volumes on the real thing (issue 37, decision 031): btrfs subvolumes
+//! under quota limits, made, snapshotted, restored and removed in process
+//! and through the real helper; their files served by the confined files
+//! child over the agent's protocol; bound into gVisor sandboxes read-write
+//! and read-only, with the quota and links resolved in the sandbox's view.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+mod common;
+
+use common::{run, sh};
+use space_engine::gvisor::{Gvisor, GvisorConfig};
+use space_engine::helper::{serve_all, Engines, HelperHost};
+use space_engine::volumes::{LocalVolumes, VolumeHost};
+use space_engine::{AgentConn, Engine, FileRead, SandboxSpec, VolumeMountSpec};
+use space_host::template::BASE_TEMPLATE;
+use space_privsep::layout::Layout;
+use space_privsep::peer::HelperListener;
+use space_privsep::proto::{DiskMib, SnapshotName, VolumeId};
+use space_testkit::{agent_bin, space_bin, TestDataDir};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A volume id unique to this test process and `tag`.
+fn new_volume(tag: u8) -> VolumeId {
+    VolumeId::parse(&format!("vol_{:012x}{tag:08x}", std::process::id())).unwrap()
+}
+
+fn snapshot(name: &str) -> SnapshotName {
+    SnapshotName::parse(name).unwrap()
+}
+
+fn mib(n: u32) -> DiskMib {
+    DiskMib::new(n).unwrap()
+}
+
+/// Create, usage, snapshot, restore, a volume from a snapshot, deletes:
+/// what the platform asks of either host.
+fn lifecycle(host: &dyn VolumeHost, layout: &Layout, data: &TestDataDir, tag: u8) {
+    let volume = new_volume(tag);
+    let files = layout.volume_data(&volume);
+    host.create_volume(&volume, mib(64), None).unwrap();
+    assert!(space_host::btrfs::is_subvolume(&files), "a subvolume of its own");
+    let again = host.create_volume(&volume, mib(64), None).expect_err("a volume is made once");
+    assert!(again.to_string().contains("exists"), "{again}");
+
+    std::fs::write(files.join("notes.txt"), "first").unwrap();
+    std::fs::write(files.join("blob"), vec![7u8; 2 << 20]).unwrap();
+    data.sync();
+    let usage = host.volume_usage(&volume).unwrap();
+    assert!(usage.used_bytes >= 2 << 20, "its files are counted: {usage:?}");
+
+    host.snapshot_volume(&volume, &snapshot("one")).unwrap();
+    let kept = layout.volume_snapshot(&volume, &snapshot("one"));
+    let write = std::fs::write(kept.join("notes.txt"), "changed");
+    assert_eq!(write.err().and_then(|e| e.raw_os_error()), Some(nix::libc::EROFS), "a snapshot is read-only");
+    assert!(host.snapshot_volume(&volume, &snapshot("one")).is_err(), "a snapshot's name is taken once");
+
+    std::fs::write(files.join("notes.txt"), "second").unwrap();
+    std::fs::write(files.join("added"), "after the snapshot").unwrap();
+    host.restore_volume(&volume, &snapshot("one")).unwrap();
+    assert_eq!(std::fs::read_to_string(files.join("notes.txt")).unwrap(), "first");
+    assert!(!files.join("added").exists(), "the restore is the snapshot, whole");
+    assert!(!layout.volume_data_new(&volume).exists() && !layout.volume_data_old(&volume).exists());
+    std::fs::write(files.join("notes.txt"), "writable again").unwrap();
+    let missing = host.restore_volume(&volume, &snapshot("nope")).expect_err("no such snapshot");
+    assert!(missing.to_string().contains("no snapshot"), "{missing}");
+
+    let copy = new_volume(tag + 1);
+    host.create_volume(&copy, mib(16), Some((&volume, &snapshot("one")))).unwrap();
+    assert_eq!(std::fs::read_to_string(layout.volume_data(&copy).join("notes.txt")).unwrap(), "first");
+    let no_source = host.create_volume(&new_volume(tag + 2), mib(16), Some((&volume, &snapshot("nope"))));
+    assert!(no_source.is_err() && !layout.volume_dir(&new_volume(tag + 2)).exists(), "nothing of it stays");
+
+    let listed = host.list_volumes().unwrap();
+    let ours: Vec<_> = listed.iter().filter(|v| v.volume == volume || v.volume == copy).collect();
+    assert_eq!(ours.len(), 2, "{listed:?}");
+    assert_eq!(ours.iter().find(|v| v.volume == volume).unwrap().snapshots, [snapshot("one")]);
+
+    host.delete_volume_snapshot(&volume, &snapshot("one")).unwrap();
+    host.delete_volume_snapshot(&volume, &snapshot("one")).unwrap();
+    assert!(!kept.exists());
+    host.delete_volume(&volume).unwrap();
+    host.delete_volume(&copy).unwrap();
+    host.delete_volume(&copy).unwrap();
+    assert!(!layout.volume_dir(&volume).exists() && !layout.volume_dir(&copy).exists());
+    assert!(host.volume_usage(&volume).is_err(), "a deleted volume is not there");
+}
+
+#[test]
+fn a_volume_is_made_snapshotted_restored_and_deleted_in_process() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    lifecycle(&LocalVolumes::new(layout.clone(), space_bin()), &layout, &data, 1);
+}
+
+/// The helper and a host asking it, on a socket of the data dir.
+struct Helper {
+    runtime: tokio::runtime::Runtime,
+    client: HelperHost,
+}
+
+fn helper(data: &TestDataDir, layout: &Layout) -> Helper {
+    let volumes: Arc<dyn VolumeHost> = Arc::new(LocalVolumes::new(layout.clone(), space_bin()));
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let socket = data.root().join("volumes-helper.sock");
+    let me = nix::unistd::geteuid().as_raw();
+    let listener = runtime.block_on(async { HelperListener::bind(&socket, me) }).unwrap();
+    runtime.spawn(serve_all(listener, Engines::default(), None, Some(volumes)));
+    Helper { runtime, client: HelperHost::with_patience(&socket, me, PATIENCE) }
+}
+
+#[test]
+fn a_volume_is_made_snapshotted_restored_and_deleted_through_the_helper() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    let Helper { runtime, client } = helper(&data, &layout);
+    lifecycle(&client, &layout, &data, 11);
+    runtime.shutdown_timeout(PATIENCE);
+}
+
+/// A restore killed between its renames (the old data moved aside, the
+/// new not yet in) is finished by the next request on the volume; one
+/// killed before its swap leaves the old data, its copy removed.
+#[test]
+fn a_restore_killed_half_way_is_finished_by_the_next_request() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    let host = LocalVolumes::new(layout.clone(), space_bin());
+    let volume = new_volume(21);
+    let (files, new, old) =
+        (layout.volume_data(&volume), layout.volume_data_new(&volume), layout.volume_data_old(&volume));
+    host.create_volume(&volume, mib(16), None).unwrap();
+    std::fs::write(files.join("state"), "snapshotted").unwrap();
+    host.snapshot_volume(&volume, &snapshot("s")).unwrap();
+    std::fs::write(files.join("state"), "current").unwrap();
+    let kept = layout.volume_snapshot(&volume, &snapshot("s"));
+
+    // Killed between the renames: `data` moved aside, `data.new` made.
+    space_host::btrfs::snapshot(&kept, &new).unwrap();
+    std::fs::rename(&files, &old).unwrap();
+    assert!(!files.exists());
+    host.volume_usage(&volume).unwrap();
+    assert_eq!(std::fs::read_to_string(files.join("state")).unwrap(), "snapshotted", "the new data is in");
+    assert!(!new.exists() && !old.exists(), "nothing of the swap is left");
+
+    // Killed before the swap: only the copy was made.
+    std::fs::write(files.join("state"), "current").unwrap();
+    space_host::btrfs::snapshot(&kept, &new).unwrap();
+    host.snapshot_volume(&volume, &snapshot("t")).unwrap();
+    assert_eq!(std::fs::read_to_string(files.join("state")).unwrap(), "current", "the old data stays");
+    assert!(!new.exists(), "the unused copy is gone");
+    assert_eq!(
+        std::fs::read_to_string(layout.volume_snapshot(&volume, &snapshot("t")).join("state")).unwrap(),
+        "current"
+    );
+    host.delete_volume(&volume).unwrap();
+}
+
+fn welcome(volume: &VolumeId) -> space_proto::Welcome {
+    space_proto::Welcome {
+        protocol_version: space_proto::PROTOCOL_VERSION,
+        sandbox_id: volume.to_string(),
+        hostname: "volume".into(),
+        env: Default::default(),
+        workdir: None,
+        user: None,
+        memory_mib: None,
+        session: 1,
+        clock_unix_ms: None,
+        channel_key: None,
+        trust_pem: None,
+    }
+}
+
+async fn read_all(agent: &AgentConn, path: &str) -> Result<Vec<u8>, space_engine::AgentError> {
+    match agent.read_file(path, false).await? {
+        FileRead::File { mut data, .. } => {
+            let mut bytes = Vec::new();
+            while let Some(chunk) = data.next_chunk().await? {
+                bytes.extend(chunk);
+            }
+            Ok(bytes)
+        }
+        FileRead::Dir(listing) => panic!("{path} is a directory: {listing:?}"),
+    }
+}
+
+async fn write_all(agent: &AgentConn, path: &str, bytes: &[u8]) -> Result<(), space_engine::AgentError> {
+    let upload = agent.write_file(path, 0o644, false).await?;
+    upload.send(bytes.to_vec()).await?;
+    upload.finish().await
+}
+
+fn not_found(result: Result<Vec<u8>, space_engine::AgentError>, what: &str) {
+    match result {
+        Err(space_engine::AgentError::File(error)) => {
+            assert_eq!(error.reason, space_proto::FileFailure::NotFound, "{what}: {}", error.message)
+        }
+        Err(other) => panic!("{what}: {other}"),
+        Ok(bytes) => panic!("{what} was read: {:?}", String::from_utf8_lossy(&bytes)),
+    }
+}
+
+/// What the server does with a volume's files: the socket `volume_files`
+/// answers, a handshake as with an agent, then the agent's file calls.
+/// Links in the volume resolve inside it, never on the host.
+async fn files_through_the_child(host: &dyn VolumeHost, layout: &Layout, data: &TestDataDir, tag: u8) {
+    let volume = new_volume(tag);
+    host.create_volume(&volume, mib(32), None).unwrap();
+    let files = layout.volume_data(&volume);
+    // What only the host has: beside the volume's data, and in the data dir.
+    std::fs::write(data.root().join("host-only"), "host secret").unwrap();
+    let host_only = data.root().join("host-only").to_string_lossy().into_owned();
+    std::os::unix::fs::symlink("/", files.join("link-root")).unwrap();
+    std::os::unix::fs::symlink("..", files.join("link-up")).unwrap();
+    std::os::unix::fs::symlink("/proc/1/root", files.join("link-proc")).unwrap();
+    std::os::unix::fs::symlink(&host_only, files.join("link-host")).unwrap();
+
+    let socket = host.volume_files(&volume).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let socket = tokio::net::UnixStream::from_std(socket).unwrap();
+    let agent = AgentConn::handshake(socket, welcome(&volume), PATIENCE).await.expect("the child greets as an agent");
+
+    write_all(&agent, "/work/notes.txt", b"from the files routes").await.unwrap();
+    assert_eq!(std::fs::read_to_string(files.join("work/notes.txt")).unwrap(), "from the files routes");
+    assert_eq!(read_all(&agent, "/work/notes.txt").await.unwrap(), b"from the files routes");
+    write_all(&agent, "/work/notes.txt", b"replaced").await.unwrap();
+    assert_eq!(read_all(&agent, "/work/notes.txt").await.unwrap(), b"replaced");
+    let FileRead::Dir(listing) = agent.read_file("/", false).await.unwrap() else { panic!("/ is a directory") };
+    let names: Vec<&str> = listing.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["link-host", "link-proc", "link-root", "link-up", "work"], "the volume is its root");
+
+    // Every way out leads back into the volume.
+    assert_eq!(read_all(&agent, "/link-root/work/notes.txt").await.unwrap(), b"replaced");
+    assert_eq!(read_all(&agent, "/link-up/work/notes.txt").await.unwrap(), b"replaced");
+    assert_eq!(read_all(&agent, "/../../work/notes.txt").await.unwrap(), b"replaced");
+    not_found(read_all(&agent, "/link-host").await, "a link to a host file");
+    not_found(read_all(&agent, &format!("/link-root{host_only}")).await, "a host file through a link to /");
+    not_found(read_all(&agent, &format!("/link-up/../..{host_only}")).await, "a host file through ..");
+    not_found(read_all(&agent, "/link-up/limit-mib").await, "the volume's own record beside its data");
+    not_found(read_all(&agent, "/link-proc/etc/hostname").await, "the host's /proc/1/root");
+    not_found(read_all(&agent, "/proc/self/status").await, "a /proc");
+    // A write through a link lands in the volume, never on the host.
+    write_all(&agent, "/link-root/written-through", b"inside").await.unwrap();
+    assert_eq!(std::fs::read_to_string(files.join("written-through")).unwrap(), "inside");
+
+    agent.delete_path("/work", true).await.unwrap();
+    assert!(!files.join("work").exists());
+    assert_eq!(std::fs::read_to_string(data.root().join("host-only")).unwrap(), "host secret");
+    agent.hang_up();
+    agent.closed().await;
+    // The child ends once its socket is closed.
+    let path = files.to_string_lossy().into_owned();
+    space_testkit::wait_until("the files child ends", PATIENCE, || space_testkit::processes_mentioning(&path) == 0);
+    host.delete_volume(&volume).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volumes_files_are_served_by_its_confined_child_in_process() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    let host = LocalVolumes::new(layout.clone(), space_bin());
+    files_through_the_child(&host, &layout, &data, 31).await;
+}
+
+#[test]
+fn a_volumes_files_are_served_by_its_confined_child_through_the_helper() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    let Helper { runtime, client } = helper(&data, &layout);
+    let test = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    test.block_on(files_through_the_child(&client, &layout, &data, 41));
+    runtime.shutdown_timeout(PATIENCE);
+}
+
+// ---------------------------------------------------------------------------
+// In gVisor sandboxes.
+
+fn engine(data: &TestDataDir) -> Gvisor {
+    Gvisor::new(GvisorConfig {
+        runsc: "runsc".into(),
+        agent_bin: agent_bin(),
+        state_dir: data.data.run_dir().join("runsc"),
+    })
+}
+
+fn sandbox(data: &TestDataDir, tag: u8, volumes: Vec<VolumeMountSpec>) -> SandboxSpec {
+    let id = format!("sbx_{:012x}{tag:08x}", std::process::id());
+    SandboxSpec {
+        dir: data.data.sandbox_dir(&id),
+        template_rootfs: data.data.template(BASE_TEMPLATE).unwrap().rootfs(),
+        hostname: id.clone(),
+        id,
+        vcpus: 1,
+        memory_mib: 256,
+        disk_mib: 1024,
+        volumes,
+        ..Default::default()
+    }
+}
+
+fn mount(volume: &VolumeId, path: &str, read_only: bool) -> VolumeMountSpec {
+    VolumeMountSpec { volume: volume.to_string(), path: path.into(), read_only }
+}
+
+/// A sandbox writes to its read-write mount; another reads it read-only
+/// (EROFS on a write); a write past the size is EDQUOT inside; links in
+/// the volume resolve in the sandbox's own view.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_mount_a_volume_read_write_and_read_only() {
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let layout = Layout::new(data.root());
+    let volumes = LocalVolumes::new(layout.clone(), space_bin());
+    let engine = engine(&data);
+    assert!(engine.availability().available, "{}", engine.availability().detail);
+    let volume = new_volume(51);
+    volumes.create_volume(&volume, mib(16), None).unwrap();
+    std::fs::write(data.root().join("host-only"), "host secret").unwrap();
+    let host_only = data.root().join("host-only").to_string_lossy().into_owned();
+
+    let writer = sandbox(&data, 51, vec![mount(&volume, "/workspace", false)]);
+    let agent = engine.create(&writer).await.expect("a sandbox with a volume starts").agent;
+    sh(&agent, "echo from-a > /workspace/shared.txt && mkdir -p /workspace/dir && sync").await;
+    assert_eq!(std::fs::read_to_string(layout.volume_data(&volume).join("shared.txt")).unwrap(), "from-a\n");
+
+    // Past the volume's 16 MiB: the sandbox's own writes fail with EDQUOT.
+    let (_, err, exited) =
+        run(&agent, &["dd", "if=/dev/zero", "of=/workspace/big", "bs=1M", "count=64", "conv=fsync"]).await;
+    let said = String::from_utf8_lossy(&err);
+    assert_ne!(exited.exit_code, Some(0), "a write past the volume's size fails: {said}");
+    assert!(said.contains("quota"), "EDQUOT (Disk quota exceeded): {said}");
+    sh(&agent, "rm -f /workspace/big").await;
+    // The sandbox's root is its own, not the volume's quota.
+    sh(&agent, "dd if=/dev/zero of=/root/big bs=1M count=24 conv=fsync 2>/dev/null && rm /root/big").await;
+
+    // Links made inside resolve in the sandbox's view, not the host's.
+    sh(&agent, "echo in-sandbox > /marker && ln -s / /workspace/link-root && ln -s .. /workspace/link-up").await;
+    sh(&agent, "ln -s /proc/1/root /workspace/link-proc && ln -s /proc/self/root /workspace/link-self").await;
+    assert_eq!(sh(&agent, "cat /workspace/link-root/marker").await, "in-sandbox\n");
+    assert_eq!(sh(&agent, "cat /workspace/link-up/marker").await, "in-sandbox\n");
+    assert_eq!(sh(&agent, "cat /workspace/link-self/marker").await, "in-sandbox\n");
+    // PID 1 is the sandbox's agent, which no one may look into (it is
+    // not dumpable): the link is refused inside, never the host's root.
+    let (out, err, _) = run(&agent, &["cat", "/workspace/link-proc/marker"]).await;
+    let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+    assert!(out == "in-sandbox\n" || err.contains("Permission denied"), "{out} {err}");
+    for path in [
+        format!("/workspace/link-root{host_only}"),
+        format!("/workspace/link-up{host_only}"),
+        format!("/workspace/link-proc{host_only}"),
+        format!("/workspace/link-self{host_only}"),
+        "/workspace/link-up/limit-mib".to_string(),
+    ] {
+        let (_, _, exited) = run(&agent, &["cat", &path]).await;
+        assert_ne!(exited.exit_code, Some(0), "{path} is not the host's");
+    }
+    // A link the host made in the volume, read inside, is the sandbox's too.
+    std::os::unix::fs::symlink(&host_only, layout.volume_data(&volume).join("link-host")).unwrap();
+    let (_, _, exited) = run(&agent, &["cat", "/workspace/link-host"]).await;
+    assert_ne!(exited.exit_code, Some(0), "a link to a host path resolves in the sandbox");
+
+    // A second sandbox mounts it read-only and reads what the first wrote.
+    let reader = sandbox(&data, 52, vec![mount(&volume, "/srv/data", true)]);
+    let reading = engine.create(&reader).await.expect("a read-only mount starts").agent;
+    assert_eq!(sh(&reading, "cat /srv/data/shared.txt").await, "from-a\n");
+    let (_, err, exited) = run(&reading, &["sh", "-c", "echo no > /srv/data/shared.txt"]).await;
+    assert_ne!(exited.exit_code, Some(0));
+    assert!(
+        String::from_utf8_lossy(&err).contains("Read-only file system"),
+        "EROFS: {}",
+        String::from_utf8_lossy(&err)
+    );
+    let (_, _, exited) = run(&reading, &["mkdir", "/srv/data/new"]).await;
+    assert_ne!(exited.exit_code, Some(0), "nothing is made in a read-only mount");
+    // A refused write changed nothing (an `O_TRUNC` open included).
+    let (_, _, exited) = run(&reading, &["truncate", "-s", "0", "/srv/data/shared.txt"]).await;
+    assert_ne!(exited.exit_code, Some(0));
+    assert_eq!(std::fs::read_to_string(layout.volume_data(&volume).join("shared.txt")).unwrap(), "from-a\n");
+    // The writer still writes, and the reader sees it.
+    sh(&agent, "echo again > /workspace/later.txt").await;
+    assert_eq!(sh(&reading, "cat /srv/data/later.txt").await, "again\n");
+
+    // The writer is gone; what it wrote stays for the next sandbox.
+    engine.destroy(&writer).await.unwrap();
+    assert_eq!(sh(&reading, "cat /srv/data/shared.txt").await, "from-a\n");
+    engine.destroy(&reader).await.unwrap();
+    assert_eq!(std::fs::read_to_string(layout.volume_data(&volume).join("shared.txt")).unwrap(), "from-a\n");
+
+    // A start whose volume is not there is refused, and leaves nothing.
+    let ghost = sandbox(&data, 53, vec![mount(&new_volume(59), "/workspace", false)]);
+    let Err(err) = engine.create(&ghost).await else { panic!("a start with no such volume") };
+    assert!(err.to_string().contains("is not on this host"), "{err}");
+    assert!(!ghost.dir.exists());
+    volumes.delete_volume(&volume).unwrap();
+    assert!(!layout.volume_dir(&volume).exists(), "its read-only view went with it");
+}
