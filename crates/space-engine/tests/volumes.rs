@@ -397,3 +397,39 @@ async fn sandboxes_mount_a_volume_read_write_and_read_only() {
     volumes.delete_volume(&volume).unwrap();
     assert!(!layout.volume_dir(&volume).exists(), "its read-only view went with it");
 }
+
+/// A suspend and a restore keep the sandbox's volumes: the restore's
+/// bundle names them again, and the volume's files are the host's, as
+/// they are now (not as they were at the suspend).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mount_survives_a_suspend_and_a_restore() {
+    space_process::become_subreaper().unwrap();
+    let data = TestDataDir::new();
+    let layout = Layout::new(data.root());
+    let volumes = LocalVolumes::new(layout.clone(), space_bin());
+    let engine = engine(&data);
+    let (volume, shared) = (new_volume(61), new_volume(62));
+    volumes.create_volume(&volume, mib(64), None).unwrap();
+    volumes.create_volume(&shared, mib(16), None).unwrap();
+    std::fs::write(layout.volume_data(&shared).join("seed"), "seeded").unwrap();
+    let spec = sandbox(&data, 61, vec![mount(&volume, "/workspace", false), mount(&shared, "/seed", true)]);
+    let agent = engine.create(&spec).await.expect("create").agent;
+    sh(&agent, "echo before > /workspace/kept.txt").await;
+
+    agent.quiesce(PATIENCE).await.expect("quiesce");
+    engine.suspend(&spec).await.expect("suspend");
+    // Written while it slept, on the host: the restore sees it.
+    std::fs::write(layout.volume_data(&volume).join("while-asleep"), "host").unwrap();
+    let socket = engine.restore(&spec).await.expect("a restore with its volumes");
+    agent.reattach(socket, PATIENCE).await.expect("reattach");
+    assert_eq!(sh(&agent, "cat /workspace/kept.txt /workspace/while-asleep /seed/seed").await, "before\nhostseeded");
+    sh(&agent, "echo after > /workspace/after.txt").await;
+    assert_eq!(std::fs::read_to_string(layout.volume_data(&volume).join("after.txt")).unwrap(), "after\n");
+    let (_, _, exited) = run(&agent, &["sh", "-c", "echo x > /seed/seed"]).await;
+    assert_ne!(exited.exit_code, Some(0), "still read-only");
+    assert_eq!(std::fs::read_to_string(layout.volume_data(&shared).join("seed")).unwrap(), "seeded");
+
+    engine.destroy(&spec).await.unwrap();
+    volumes.delete_volume(&volume).unwrap();
+    volumes.delete_volume(&shared).unwrap();
+}

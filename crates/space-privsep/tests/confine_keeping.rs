@@ -35,8 +35,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
     let names: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let cases: [(&str, Case); 2] = [
+    let cases: [(&str, Case); 3] = [
         ("a_kept_root_process_holds_its_four_capabilities_and_its_build_dir_alone", kept),
+        ("a_kept_process_allowed_threads_starts_threads_but_no_process", threads),
         ("without_confinement_the_same_attempts_succeed", control),
     ];
     if flag("--list") {
@@ -173,6 +174,7 @@ fn kept() -> Result<(), String> {
             // What it wrote it cannot run, and it starts nothing.
             ("exec_written", "EACCES"),
             ("fork", "EPERM"),
+            ("thread", "EPERM"),
             ("mount", "EPERM"),
             ("unshare_user", "EPERM"),
             ("chroot", "EPERM"),
@@ -205,7 +207,32 @@ fn control() -> Result<(), String> {
             ("write_through_link_to_host", "ok"),
             ("exec_written", "ENOEXEC"),
             ("fork", "ok"),
+            ("thread", "ok"),
             ("rename_rootfs", "ok"),
+        ],
+    )
+}
+
+/// The volume files child's confinement: the same, but threads of its
+/// own are let through (its file code runs on them); a new process is not.
+fn threads() -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("this test confines a root process: run it as root".into());
+    }
+    let scratch = Scratch::new("threads");
+    let report = run_child("threads", &scratch.0)?;
+    expect_all(
+        &report,
+        &[
+            ("confine", "ok"),
+            ("CapEff", KEPT_MASK),
+            ("NoNewPrivs", "1"),
+            ("Seccomp", "2"),
+            ("write_rootfs", "ok"),
+            ("write_host_path", "ENOENT"),
+            ("thread", "ok"),
+            ("fork", "EPERM"),
+            ("exec_written", "EACCES"),
         ],
     )
 }
@@ -220,13 +247,13 @@ fn child(case: &str, dir: &Path) {
     // Its status, opened while /proc is still in its root (read after).
     let mut status_file = std::fs::File::open("/proc/self/status").expect("this process's status");
     let build = match case {
-        "kept" => {
+        "kept" | "threads" => {
             let keeping = Keeping {
                 capabilities: vec![cap::CHOWN, cap::DAC_OVERRIDE, cap::FOWNER, cap::FSETID],
                 writable: vec![host_build.join("rootfs"), host_build.join("work")],
                 root: Some(host_build.clone()),
                 no_new_processes: true,
-                threads: false,
+                threads: case == "threads",
             };
             match confine::confine_keeping(&keeping) {
                 Ok(done) => {
@@ -292,6 +319,10 @@ fn child(case: &str, dir: &Path) {
         });
     println!("exec_written={}", said(exec));
     println!("fork={}", said(fork_and_reap()));
+    let thread = std::thread::Builder::new()
+        .spawn(|| ())
+        .and_then(|handle| handle.join().map_err(|_| std::io::Error::other("the thread panicked")));
+    println!("thread={}", io(thread));
     let mount = nix::mount::mount(Some("tmpfs"), &rootfs, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>);
     if mount.is_ok() {
         let _ = nix::mount::umount(&rootfs);
