@@ -597,3 +597,12 @@ fn layer_ids_and_digests_in_any_other_spelling_are_refused() {
     );
     assert!(decode_request(good.as_bytes()).is_ok());
 }
+
+#[test]
+fn the_fuzz_seeds_of_volume_requests_decode() {
+    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/privsep_request");
+    for seed in ["start_mounts.json", "create_volume.json", "restore_volume.json", "volume_files.json"] {
+        let body = std::fs::read(seeds.join(seed)).unwrap();
+        decode_request(&body).unwrap_or_else(|err| panic!("{seed}: {err}"));
+    }
+}
