@@ -246,6 +246,50 @@ async fn files_through_the_child(host: &dyn VolumeHost, layout: &Layout, data: &
     write_all(&agent, "/link-root/written-through", b"inside").await.unwrap();
     assert_eq!(std::fs::read_to_string(files.join("written-through")).unwrap(), "inside");
 
+    // A tar up into a directory, and the directory down as a tar.
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(5);
+    header.set_mode(0o640);
+    header.set_cksum();
+    archive.append_data(&mut header, "sub/hello.txt", &b"hello"[..]).unwrap();
+    let archive = archive.into_inner().unwrap();
+    let upload = agent.write_file("/unpacked", 0o755, true).await.unwrap();
+    upload.send(archive).await.unwrap();
+    upload.finish().await.unwrap();
+    assert_eq!(std::fs::read_to_string(files.join("unpacked/sub/hello.txt")).unwrap(), "hello");
+    let FileRead::File { data: mut tar_stream, .. } = agent.read_file("/unpacked", true).await.unwrap() else {
+        panic!("a tar of a directory")
+    };
+    let mut tarred = Vec::new();
+    while let Some(chunk) = tar_stream.next_chunk().await.unwrap() {
+        tarred.extend(chunk);
+    }
+    let names: Vec<String> = tar::Archive::new(&tarred[..])
+        .entries()
+        .unwrap()
+        .map(|entry| entry.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|name| name.ends_with("sub/hello.txt")), "{names:?}");
+    // An archive that climbs out is refused whole.
+    let mut bad = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    header.set_link_name(&host_only).unwrap();
+    header.set_cksum();
+    bad.append_data(&mut header, "escape", &b""[..]).unwrap();
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    header.set_cksum();
+    bad.append_data(&mut header, "escape/x", &b"x"[..]).unwrap();
+    let upload = agent.write_file("/bad", 0o755, true).await.unwrap();
+    upload.send(bad.into_inner().unwrap()).await.unwrap();
+    assert!(upload.finish().await.is_err(), "an entry through a link out is refused");
+    assert_eq!(std::fs::read_to_string(data.root().join("host-only")).unwrap(), "host secret");
+
     agent.delete_path("/work", true).await.unwrap();
     assert!(!files.join("work").exists());
     assert_eq!(std::fs::read_to_string(data.root().join("host-only")).unwrap(), "host secret");
