@@ -46,7 +46,13 @@ pub(crate) enum Top {
     /// Build, list, inspect and delete templates.
     #[command(subcommand)]
     Template(TemplateCommand),
-    /// Copy a file or directory into or out of a sandbox: `LOCAL SBX:/path` or `SBX:/path LOCAL`.
+    /// Volumes: storage of yours that outlives sandboxes, mounted into
+    /// them at create (`space sandbox create --volume NAME:/path`).
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Copy a file or directory into or out of a sandbox or a volume:
+    /// `LOCAL SBX:/path`, `SBX:/path LOCAL`, `LOCAL vol:NAME:/path`,
+    /// `vol:NAME:/path LOCAL`, or between a sandbox and a volume.
     Cp {
         from: String,
         to: String,
@@ -655,6 +661,10 @@ pub(crate) enum SandboxCommand {
         /// Label, key=value (repeatable).
         #[arg(long = "label", value_parser = parse_pair)]
         labels: Vec<(String, String)>,
+        /// Mount a volume of yours: NAME:/path, or NAME:/path:ro for
+        /// read-only (repeatable; one read-write mount of a volume at a time).
+        #[arg(long = "volume", value_name = "NAME:/PATH[:ro]", value_parser = parse_mount)]
+        volumes: Vec<space_api::VolumeMount>,
         #[command(flatten)]
         network: NetworkArgs,
         /// Return once accepted, without waiting for the sandbox to run.
@@ -931,6 +941,102 @@ pub(crate) enum TemplateCommand {
 }
 
 #[derive(Subcommand)]
+pub(crate) enum VolumeCommand {
+    /// Make a volume (empty, or a copy of one of your volumes' snapshots).
+    Create {
+        name: String,
+        /// Its size quota (writes past it fail; default 1024), counted
+        /// against your disk quota.
+        #[arg(long)]
+        size_mib: Option<u32>,
+        /// Start as a copy of a snapshot: VOLUME/SNAPSHOT.
+        #[arg(long, value_name = "VOLUME/SNAPSHOT", value_parser = parse_snapshot_ref)]
+        from_snapshot: Option<space_api::SnapshotRef>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List your volumes: size, use and who mounts them.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one volume as JSON (its mounts and snapshots too).
+    Get {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a volume and its snapshots (refused while a sandbox mounts it).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make, list, delete and restore a volume's snapshots.
+    #[command(subcommand)]
+    Snapshot(VolumeSnapshotCommand),
+    /// List a directory of a volume, no sandbox needed (`space cp` with
+    /// `vol:NAME:/path` copies files in and out).
+    Ls {
+        name: String,
+        #[arg(default_value = "/")]
+        path: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a file (or, with --recursive, a directory) from a volume.
+    Rm {
+        name: String,
+        path: String,
+        #[arg(long, short)]
+        recursive: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Move a volume to another node of a cluster (copied while nothing
+    /// mounts it; sandboxes that mount it are then placed there).
+    Move {
+        name: String,
+        #[arg(long)]
+        node: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum VolumeSnapshotCommand {
+    /// Snapshot a volume's files as they are now (copy-on-write: cheap).
+    Create {
+        volume: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List a volume's snapshots.
+    List {
+        volume: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a snapshot of a volume.
+    Delete {
+        volume: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Put a volume's files back as a snapshot holds them (refused while a
+    /// sandbox mounts it; the snapshot stays).
+    Restore {
+        volume: String,
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
 pub(crate) enum OpCommand {
     /// Show an operation, optionally waiting for it to finish.
     Get {
@@ -953,6 +1059,31 @@ pub(crate) fn parse_pair(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
+}
+
+/// `--volume NAME:/path[:ro]` (`:rw` is accepted too); the server checks
+/// the name and the path.
+pub(crate) fn parse_mount(text: &str) -> Result<space_api::VolumeMount, String> {
+    let (name, rest) = text
+        .split_once(':')
+        .filter(|(name, _)| !name.is_empty())
+        .ok_or_else(|| format!("expected NAME:/PATH[:ro], got {text:?}"))?;
+    let (path, read_only) = match (rest.strip_suffix(":ro"), rest.strip_suffix(":rw")) {
+        (Some(path), _) => (path, true),
+        (None, Some(path)) => (path, false),
+        (None, None) => (rest, false),
+    };
+    Ok(space_api::VolumeMount { name: name.to_string(), path: path.to_string(), read_only })
+}
+
+/// `--from-snapshot VOLUME/SNAPSHOT`.
+pub(crate) fn parse_snapshot_ref(text: &str) -> Result<space_api::SnapshotRef, String> {
+    match text.split_once('/') {
+        Some((volume, snapshot)) if !volume.is_empty() && !snapshot.is_empty() => {
+            Ok(space_api::SnapshotRef { volume: volume.to_string(), snapshot: snapshot.to_string() })
+        }
+        _ => Err(format!("expected VOLUME/SNAPSHOT, got {text:?}")),
+    }
 }
 
 /// How `space serve` writes its log.

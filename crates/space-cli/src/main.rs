@@ -16,7 +16,7 @@ use clap::Parser;
 use space_client as client;
 
 use crate::cli::{Cli, NodeArgs, OpCommand, Top};
-use crate::cmd::{copy, describe_event, doctor, exec, keys, print_json, run_code, sandbox, secret, template};
+use crate::cmd::{copy, describe_event, doctor, exec, keys, print_json, run_code, sandbox, secret, template, volume};
 use crate::run::{control_plane, serve, NodeRole};
 
 fn main() {
@@ -62,6 +62,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Top::Template(command) => template(command).map(|()| 0),
         Top::Secret(command) => secret(command).map(|()| 0),
+        Top::Volume(command) => volume(command).map(|()| 0),
         Top::Cp { from, to, mode, client } => copy(&client.client()?, &from, &to, mode).map(|()| 0),
         Top::Bench(args) => bench::run(args).map(|()| 0),
         Top::Keys(command) => keys(command).map(|()| 0),

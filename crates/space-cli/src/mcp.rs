@@ -16,6 +16,7 @@ const PROTOCOL_VERSION: &str = "2024-11-05";
 fn tools() -> Value {
     let id = json!({"type": "string", "description": "The sandbox id (sbx_…)"});
     let env = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let volume = json!({"type": "string", "description": "Volume name: a-z, 0-9, - and _"});
     let only_id = json!({"type": "object", "properties": {"sandbox_id": id}, "required": ["sandbox_id"], "additionalProperties": false});
     let checkpoint = json!({"type": "object", "properties": {
             "sandbox_id": id, "name": {"type": "string", "description": "Checkpoint name: a-z, 0-9, - and _"}},
@@ -30,7 +31,13 @@ fn tools() -> Value {
              "allow_hosts": {"type": "array", "items": {"type": "string"},
                  "description": "Hosts the sandbox may reach through its egress proxy: name, *.suffix, IP or CIDR, optional :ports (default: no egress)"},
              "secrets": {"type": "object", "additionalProperties": {"type": "string"},
-                 "description": "Environment variable -> name of a stored secret: the variable holds a placeholder, and the gateway adds the secret on HTTPS requests to the secret's hosts"}},
+                 "description": "Environment variable -> name of a stored secret: the variable holds a placeholder, and the gateway adds the secret on HTTPS requests to the secret's hosts"},
+             "volumes": {"type": "array", "description": "Volumes to mount (see volume_create): files there outlive the sandbox. One sandbox at a time may mount a volume read-write; any number read-only",
+                 "items": {"type": "object", "properties": {
+                     "name": {"type": "string", "description": "The volume's name"},
+                     "path": {"type": "string", "description": "Absolute path inside the sandbox, such as /workspace"},
+                     "read_only": {"type": "boolean", "description": "Default false"}},
+                  "required": ["name", "path"], "additionalProperties": false}}},
           "additionalProperties": false}},
         {"name": "run_command",
          "description": "Run a shell command (or an argv) in a sandbox and wait for it: stdout, stderr and exit code.",
@@ -100,6 +107,25 @@ fn tools() -> Value {
              "registry_secret": {"type": "string", "description": "A stored secret holding the registry's password (with registry_user) or token"},
              "registry_user": {"type": "string"}},
           "required": ["name", "image"], "additionalProperties": false}},
+        {"name": "volume_create",
+         "description": "Make a volume: storage that outlives sandboxes, mounted into them with create_sandbox's `volumes` (a workspace to keep, or to hand from one sandbox to the next). Returns the volume.",
+         "inputSchema": {"type": "object", "properties": {
+             "name": volume,
+             "size_mib": {"type": "integer", "minimum": 1, "description": "Its size quota (default 1024)"},
+             "from_snapshot": {"type": "object", "description": "Start as a copy of this snapshot (see volume_snapshot)",
+                 "properties": {"volume": {"type": "string"}, "snapshot": {"type": "string"}},
+                 "required": ["volume", "snapshot"], "additionalProperties": false}},
+          "required": ["name"], "additionalProperties": false}},
+        {"name": "volume_list", "description": "List your volumes: size, use and the sandboxes that mount them.",
+         "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false}},
+        {"name": "volume_delete",
+         "description": "Delete a volume, its files and its snapshots (refused while a sandbox mounts it).",
+         "inputSchema": {"type": "object", "properties": {"name": volume}, "required": ["name"], "additionalProperties": false}},
+        {"name": "volume_snapshot",
+         "description": "Snapshot a volume's files as they are now (cheap, copy-on-write), to make a new volume from later with volume_create's from_snapshot. Returns the snapshot.",
+         "inputSchema": {"type": "object", "properties": {
+             "volume": volume, "name": {"type": "string", "description": "Snapshot name: a-z, 0-9, - and _"}},
+          "required": ["volume", "name"], "additionalProperties": false}},
     ])
 }
 
@@ -133,7 +159,7 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
     match name {
         "create_sandbox" => {
             let mut body = json!({"template": args["template"].as_str().unwrap_or("base")});
-            for key in ["env", "vcpus", "memory_mib", "disk_mib"] {
+            for key in ["env", "vcpus", "memory_mib", "disk_mib", "volumes"] {
                 if !args[key].is_null() {
                     body[key] = args[key].clone();
                 }
@@ -319,6 +345,42 @@ fn call(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
             content.insert(0, json!({"type": "text", "text": text}));
             Ok(json!({"content": content, "isError": failed}))
         }
+        "volume_create" => {
+            let mut body = json!({"name": string(args, "name")?});
+            for key in ["size_mib", "from_snapshot"] {
+                if !args[key].is_null() {
+                    body[key] = args[key].clone();
+                }
+            }
+            let made = client.post("/v1/volumes", &body).map_err(e)?;
+            Ok(text(&serde_json::to_string_pretty(&made).unwrap_or_default()))
+        }
+        "volume_list" => {
+            let list = client.get("/v1/volumes").map_err(e)?;
+            let rows: Vec<Value> = list["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| {
+                    json!({"name": v["name"], "size_mib": v["size_mib"], "used_bytes": v["used_bytes"],
+                           "mounted_by": v["mounted_by"],
+                           "snapshots": v["snapshots"].as_array().into_iter().flatten().map(|s| s["name"].clone()).collect::<Vec<_>>()})
+                })
+                .collect();
+            Ok(text(&serde_json::to_string_pretty(&rows).unwrap_or_default()))
+        }
+        "volume_delete" => {
+            let volume = string(args, "name")?;
+            client.delete_empty(&format!("/v1/volumes/{}", encode(volume))).map_err(e)?;
+            Ok(text(&format!("volume {volume} deleted")))
+        }
+        "volume_snapshot" => {
+            let (volume, snapshot) = (string(args, "volume")?, string(args, "name")?);
+            let made = client
+                .post(&format!("/v1/volumes/{}/snapshots", encode(volume)), &json!({"name": snapshot}))
+                .map_err(e)?;
+            Ok(text(&serde_json::to_string_pretty(&made).unwrap_or_default()))
+        }
         other => Err(format!("no tool {other:?}")),
     }
 }
@@ -339,7 +401,7 @@ fn handle(client: &Client, message: &Value) -> Option<Value> {
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {"tools": {"listChanged": false}},
             "serverInfo": {"name": "space", "version": env!("CARGO_PKG_VERSION")},
-            "instructions": "Isolated Linux sandboxes: create one, run commands and move files in it, then delete it.",
+            "instructions": "Isolated Linux sandboxes: create one, run commands and move files in it, then delete it. Files to keep beyond a sandbox go in a volume it mounts.",
         }))),
         "ping" => reply(Ok(json!({}))),
         "tools/list" => reply(Ok(json!({"tools": tools()}))),

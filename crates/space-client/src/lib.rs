@@ -404,29 +404,63 @@ impl Client {
         self.accept(self.request("GET", path).call())?.into_string().map_err(ClientError::io("reading the answer"))
     }
 
-    // Files.
+    // Files: a sandbox's (`FilesOf::Sandbox`) or a volume's, through the
+    // same query and answers.
 
     /// Streams a local file into a sandbox.
     pub fn upload(&self, sandbox: &str, path: &str, mode: &str, file: std::fs::File) -> Result<()> {
-        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&mode={mode}", encode(path));
-        self.accept(self.request("PUT", &target).send(file)).map(drop)
+        self.upload_to(FilesOf::Sandbox(sandbox), path, Some(mode), file)
     }
 
     /// Writes `bytes` to `path` in a sandbox.
     pub fn upload_bytes(&self, sandbox: &str, path: &str, bytes: &[u8]) -> Result<()> {
-        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
-        self.accept(self.request("PUT", &target).send_bytes(bytes)).map(drop)
+        self.upload_bytes_to(FilesOf::Sandbox(sandbox), path, bytes)
     }
 
     /// Sends a tar archive to unpack into directory `path` of a sandbox.
     pub fn upload_tar(&self, sandbox: &str, path: &str, archive: Vec<u8>) -> Result<()> {
-        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));
-        self.accept(self.request("PUT", &target).send_bytes(&archive)).map(drop)
+        self.upload_tar_to(FilesOf::Sandbox(sandbox), path, &archive)
     }
 
     /// A directory of a sandbox as a tar archive.
     pub fn download_tar(&self, sandbox: &str, path: &str) -> Result<Vec<u8>> {
-        let target = format!("/v1/sandboxes/{sandbox}/files?path={}&format=tar", encode(path));
+        self.download_tar_from(FilesOf::Sandbox(sandbox), path)
+    }
+
+    /// Whether `path` in a sandbox is a directory.
+    pub fn is_dir(&self, sandbox: &str, path: &str) -> Result<bool> {
+        self.is_dir_in(FilesOf::Sandbox(sandbox), path)
+    }
+
+    /// Streams a file out of a sandbox into `out`.
+    pub fn download(&self, sandbox: &str, path: &str, out: &mut impl Write) -> Result<()> {
+        self.download_from(FilesOf::Sandbox(sandbox), path, out)
+    }
+
+    /// Streams `body` into file `path` (parents made; permission bits
+    /// `mode`, octal, when given).
+    pub fn upload_to(&self, files: FilesOf<'_>, path: &str, mode: Option<&str>, body: impl Read) -> Result<()> {
+        let mut target = files.route(path);
+        if let Some(mode) = mode {
+            target.push_str(&format!("&mode={}", encode(mode)));
+        }
+        self.accept(self.request("PUT", &target).send(body)).map(drop)
+    }
+
+    /// Writes `bytes` to file `path` (parents made).
+    pub fn upload_bytes_to(&self, files: FilesOf<'_>, path: &str, bytes: &[u8]) -> Result<()> {
+        self.accept(self.request("PUT", &files.route(path)).send_bytes(bytes)).map(drop)
+    }
+
+    /// Sends a tar archive to unpack into directory `path`.
+    pub fn upload_tar_to(&self, files: FilesOf<'_>, path: &str, archive: &[u8]) -> Result<()> {
+        let target = format!("{}&format=tar", files.route(path));
+        self.accept(self.request("PUT", &target).send_bytes(archive)).map(drop)
+    }
+
+    /// Directory `path` as a tar archive.
+    pub fn download_tar_from(&self, files: FilesOf<'_>, path: &str) -> Result<Vec<u8>> {
+        let target = format!("{}&format=tar", files.route(path));
         let response = self.accept(self.request("GET", &target).call())?;
         let mut archive = Vec::new();
         std::io::Read::read_to_end(&mut response.into_reader(), &mut archive)
@@ -434,21 +468,39 @@ impl Client {
         Ok(archive)
     }
 
-    /// Whether `path` in a sandbox is a directory.
-    pub fn is_dir(&self, sandbox: &str, path: &str) -> Result<bool> {
-        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
-        Ok(self.accept(self.request("GET", &target).call())?.content_type() == "application/json")
+    /// Whether `path` is a directory.
+    pub fn is_dir_in(&self, files: FilesOf<'_>, path: &str) -> Result<bool> {
+        Ok(self.accept(self.request("GET", &files.route(path)).call())?.content_type() == "application/json")
     }
 
-    /// Streams a file out of a sandbox into `out`.
-    pub fn download(&self, sandbox: &str, path: &str, out: &mut impl Write) -> Result<()> {
-        let target = format!("/v1/sandboxes/{sandbox}/files?path={}", encode(path));
-        let response = self.accept(self.request("GET", &target).call())?;
+    /// Streams file `path` into `out`.
+    pub fn download_from(&self, files: FilesOf<'_>, path: &str, out: &mut impl Write) -> Result<()> {
+        let response = self.accept(self.request("GET", &files.route(path)).call())?;
         if response.content_type() == "application/json" {
             return Err(ClientError::Protocol(format!("{path} is a directory (download_tar takes directories)")));
         }
         std::io::copy(&mut response.into_reader(), out).map_err(ClientError::io("receiving the file"))?;
         Ok(())
+    }
+
+    /// Directory `path`'s listing (`{entries: [...]}`), as the server sent it.
+    pub fn list_dir(&self, files: FilesOf<'_>, path: &str) -> Result<Value> {
+        let response = self.accept(self.request("GET", &files.route(path)).call())?;
+        if response.content_type() != "application/json" {
+            return Err(ClientError::Protocol(format!("{path} is a file, not a directory")));
+        }
+        let text = response.into_string().map_err(ClientError::io("reading the answer"))?;
+        serde_json::from_str(&text).map_err(ClientError::decode("reading the answer"))
+    }
+
+    /// Removes file or directory `path` (a directory with what it holds
+    /// only when `recursive`).
+    pub fn remove_file(&self, files: FilesOf<'_>, path: &str, recursive: bool) -> Result<()> {
+        let mut target = files.route(path);
+        if recursive {
+            target.push_str("&recursive=true");
+        }
+        self.delete_empty(&target)
     }
 
     // Operations, events and output.
@@ -578,6 +630,26 @@ impl Client {
                 return Err(ClientError::Protocol("the output stream kept breaking before the exit frame".into()));
             }
             let _ = writeln!(stderr, "space: output stream ended early; re-attaching at offset {offset}");
+        }
+    }
+}
+
+/// Whose files a files call is on: the routes of a sandbox's files and of
+/// a volume's take the same query and give the same answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilesOf<'a> {
+    /// A sandbox, by id.
+    Sandbox(&'a str),
+    /// A volume of the caller's, by name (no sandbox needed).
+    Volume(&'a str),
+}
+
+impl FilesOf<'_> {
+    /// The files route with `path` in its query (more `&key=value` may follow).
+    fn route(&self, path: &str) -> String {
+        match self {
+            FilesOf::Sandbox(id) => format!("/v1/sandboxes/{}/files?path={}", encode(id), encode(path)),
+            FilesOf::Volume(name) => format!("/v1/volumes/{}/files?path={}", encode(name), encode(path)),
         }
     }
 }

@@ -6,6 +6,7 @@ mod doctor;
 mod keys;
 mod sandbox;
 pub(crate) mod template;
+mod volume;
 
 pub(crate) use self::code::{exec, run_code};
 pub(crate) use self::copy::copy;
@@ -13,6 +14,7 @@ pub(crate) use self::doctor::{doctor, CONFINED_RECORD};
 pub(crate) use self::keys::{keys, secret};
 pub(crate) use self::sandbox::{describe_event, sandbox};
 pub(crate) use self::template::template;
+pub(crate) use self::volume::volume;
 
 pub(crate) fn print_json(value: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());

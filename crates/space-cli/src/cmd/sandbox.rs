@@ -15,6 +15,7 @@ pub(crate) fn sandbox(command: SandboxCommand) -> Result<()> {
             disk_mib,
             env,
             labels,
+            volumes,
             network,
             no_wait,
             quiet,
@@ -31,7 +32,7 @@ pub(crate) fn sandbox(command: SandboxCommand) -> Result<()> {
                 labels: labels.into_iter().collect(),
                 lifecycle: None,
                 network,
-                volumes: Vec::new(),
+                volumes,
             };
             let accepted = client.post("/v1/sandboxes", &serde_json::to_value(&request)?)?;
             let id = accepted["sandbox"]["id"].as_str().unwrap_or_default().to_string();
