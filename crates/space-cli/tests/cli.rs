@@ -10,6 +10,8 @@ use space_process::{ExitStatus, Output, ReapedChild, Reaper};
 use space_testkit::{agent_bin, output_within, within, TestDataDir, PATIENCE};
 
 mod common;
+#[path = "cli/volumes.rs"]
+mod volumes;
 
 use common::{stop, SPACE};
 

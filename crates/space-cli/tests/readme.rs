@@ -127,3 +127,60 @@ fn the_readme_tour_with_the_python_sdk_runs() {
     assert!(stdout.contains("b'42\\n'"), "the file read back: {stdout}");
     stop(server);
 }
+
+/// The fenced blocks of the README's section `heading` (up to the next
+/// `## `), in order, each with its language.
+fn section_blocks(heading: &str) -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section =
+        readme.split_once(&format!("\n{heading}\n")).unwrap_or_else(|| panic!("no {heading:?} in README.md")).1;
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("\n```")
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .filter_map(|pair| pair.get(1))
+        .filter_map(|block| block.split_once('\n'))
+        .map(|(lang, body)| (lang.to_string(), body.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_readme_volumes_with_curl_the_cli_and_the_python_sdk_run() {
+    let data = TestDataDir::new();
+    let blocks = section_blocks("## Volumes");
+    let langs: Vec<&str> = blocks.iter().map(|(lang, _)| lang.as_str()).collect();
+    assert_eq!(langs, ["sh", "sh", "python"], "curl, the CLI, the SDK");
+    let venv = data.root().join("venv");
+    let made = output_within(Command::new("python3").args(["-m", "venv"]).arg(&venv), PATIENCE);
+    assert!(made.status.success(), "python3 -m venv: {}", String::from_utf8_lossy(&made.stderr));
+    let pip = output_within(
+        Command::new(venv.join("bin/pip")).args(["install", "-q"]).arg(repo().join("sdk/python")),
+        common::PIP_PATIENCE,
+    );
+    assert!(pip.status.success(), "pip install ./sdk/python: {}", String::from_utf8_lossy(&pip.stderr));
+    let (server, url, key) = dev_server(&data);
+
+    let out = bash(&data, &url, &key, &blocks[0].1);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"ws"), "{out}");
+    assert_eq!(lines.iter().filter(|l| **l == "succeeded").count(), 2, "the create and the delete: {out}");
+    assert!(lines.contains(&"SEEDED"), "the sandbox's write, read after it is gone: {out}");
+    assert_eq!(lines.last(), Some(&"204"), "{out}");
+
+    bash(&data, &url, &key, &blocks[1].1);
+    let count = std::fs::read_to_string(data.root().join("tour/count")).unwrap();
+    assert_eq!(count, "1\n", "the line count the sandbox wrote, fetched after it is gone");
+
+    let ran = output_within(
+        Command::new(venv.join("bin/python"))
+            .args(["-c", &blocks[2].1])
+            .env("SPACE_URL", &url)
+            .env("SPACE_API_KEY", &key),
+        TOUR_PATIENCE,
+    );
+    let (stdout, stderr) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    assert!(ran.status.success(), "the volumes' Python failed: {stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "b'kds eht morf\\n'");
+    stop(server);
+}

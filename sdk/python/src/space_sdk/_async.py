@@ -9,9 +9,9 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, dockerfile_build, events_request, image_template, listing,
-                      template_from)
+from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, VolumeMount, as_bytes,
+                      check_operation, command_body, config, create_body, dockerfile_build, events_request, image_template,
+                      listing, template_from, volume_body)
 from ._errors import SpaceError, error_from_response
 
 
@@ -223,26 +223,30 @@ class AsyncCommands:
 
 
 class AsyncFiles:
-    def __init__(self, sandbox: "AsyncSandbox") -> None:
-        self.sandbox = sandbox
+    """The files of a sandbox (`sandbox.files`) or of a volume
+    (`volume.files`, no sandbox needed): the same calls on either."""
+
+    def __init__(self, client: AsyncClient, route: str) -> None:
+        self.client = client
+        self._route = route
 
     def _path(self) -> str:
-        return f"/v1/sandboxes/{self.sandbox.id}/files"
+        return self._route
 
     async def write(self, path: str, data: Union[str, bytes], mode: Optional[str] = None) -> Dict[str, Any]:
         params = {"path": path}
         if mode:
             params["mode"] = mode
-        return await self.sandbox.client.json("PUT", self._path(), params=params, content=as_bytes(data))
+        return await self.client.json("PUT", self._path(), params=params, content=as_bytes(data))
 
     async def read(self, path: str) -> bytes:
-        response = await self.sandbox.client.request("GET", self._path(), params={"path": path})
+        response = await self.client.request("GET", self._path(), params={"path": path})
         if response.headers.get("content-type", "").startswith("application/json"):
             raise SpaceError(f"{path} is a directory; use files.list", code="is_a_directory")
         return response.content
 
     async def list(self, path: str) -> List[Dict[str, Any]]:
-        response = await self.sandbox.client.request("GET", self._path(), params={"path": path})
+        response = await self.client.request("GET", self._path(), params={"path": path})
         if not response.headers.get("content-type", "").startswith("application/json"):
             raise SpaceError(f"{path} is a file; use files.read", code="not_a_directory")
         return listing(response.json())
@@ -251,7 +255,17 @@ class AsyncFiles:
         params = {"path": path}
         if recursive:
             params["recursive"] = "true"
-        await self.sandbox.client.request("DELETE", self._path(), params=params)
+        await self.client.request("DELETE", self._path(), params=params)
+
+    async def upload_tar(self, path: str, archive: Any) -> Dict[str, Any]:
+        """Unpacks a tar archive (bytes, or a binary file) into directory
+        `path`, made if missing."""
+        body = archive.read() if hasattr(archive, "read") else bytes(archive)
+        return await self.client.json("PUT", self._path(), params={"path": path, "format": "tar"}, content=body)
+
+    async def download_tar(self, path: str) -> bytes:
+        """Directory `path` and what it holds as a tar archive."""
+        return (await self.client.request("GET", self._path(), params={"path": path, "format": "tar"})).content
 
 
 class AsyncContext:
@@ -319,7 +333,7 @@ class AsyncSandbox:
         self.client = client
         self.keep = keep
         self.commands = AsyncCommands(self)
-        self.files = AsyncFiles(self)
+        self.files = AsyncFiles(client, f"/v1/sandboxes/{self.id}/files")
         self.contexts = AsyncContexts(self)
 
     def __repr__(self) -> str:
@@ -461,3 +475,66 @@ class AsyncTemplate:
         accepted = await client.json("POST", "/v1/templates/builds", files=form)
         check_operation(await client.wait_operation(accepted["operation"]["id"], timeout))
         return await client.json("GET", f"/v1/templates/{name}")
+
+
+class AsyncVolume:
+    """A volume of yours (see `Volume`), with `await`."""
+
+    def __init__(self, info: Dict[str, Any], client: AsyncClient) -> None:
+        self.info = info
+        self.name: str = info["name"]
+        self.client = client
+        self.files = AsyncFiles(client, f"/v1/volumes/{self.name}/files")
+
+    def __repr__(self) -> str:
+        return f"AsyncVolume({self.name!r}, size_mib={self.info.get('size_mib')!r})"
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/volumes/{self.name}{suffix}"
+
+    @classmethod
+    async def create(cls, name: str, *, size_mib: Optional[int] = None, from_snapshot: Any = None,
+                     client: Optional[AsyncClient] = None) -> "AsyncVolume":
+        """Makes a volume: empty, or a copy of a snapshot (`"VOLUME/SNAPSHOT"`)."""
+        client = client or AsyncClient()
+        return cls(await client.json("POST", "/v1/volumes", json=volume_body(name, size_mib, from_snapshot)), client)
+
+    @classmethod
+    async def get(cls, name: str, *, client: Optional[AsyncClient] = None) -> "AsyncVolume":
+        client = client or AsyncClient()
+        return cls(await client.json("GET", f"/v1/volumes/{name}"), client)
+
+    @classmethod
+    async def list(cls, *, client: Optional[AsyncClient] = None) -> List["AsyncVolume"]:
+        client = client or AsyncClient()
+        return [cls(v, client) for v in (await client.json("GET", "/v1/volumes"))["volumes"]]
+
+    async def refresh(self) -> Dict[str, Any]:
+        self.info = await self.client.json("GET", self._path())
+        return self.info
+
+    def mount(self, path: str, read_only: bool = False) -> VolumeMount:
+        """This volume at `path`, for `AsyncSandbox.create(volumes=[...])`."""
+        return VolumeMount(self.name, path, read_only)
+
+    async def delete(self) -> None:
+        await self.client.request("DELETE", self._path())
+
+    async def snapshot(self, name: str) -> Dict[str, Any]:
+        return await self.client.json("POST", self._path("/snapshots"), json={"name": name})
+
+    async def snapshots(self) -> List[Dict[str, Any]]:
+        return (await self.client.json("GET", self._path("/snapshots")))["snapshots"]
+
+    async def restore(self, snapshot: str) -> Dict[str, Any]:
+        self.info = await self.client.json("POST", self._path(f"/snapshots/{snapshot}/restore"))
+        return self.info
+
+    async def delete_snapshot(self, name: str) -> None:
+        await self.client.request("DELETE", self._path(f"/snapshots/{name}"))
+
+    async def move(self, node: str) -> Dict[str, Any]:
+        answer = await self.client.json("POST", self._path("/move"), json={"node": node})
+        if isinstance(answer, dict) and (answer.get("operation") or {}).get("id"):
+            check_operation(await self.client.wait_operation(answer["operation"]["id"]))
+        return await self.refresh()

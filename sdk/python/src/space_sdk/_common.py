@@ -50,15 +50,65 @@ def events_request(follow: bool, from_id: Optional[int], types: Optional[Sequenc
 STREAM_BREAKS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)
 
 
+SANDBOX_SETTINGS = ("vcpus", "memory_mib", "disk_mib", "env", "labels", "lifecycle", "network", "volumes")
+
+
 def create_body(template: str, spec: Dict[str, Any]) -> Dict[str, Any]:
-    body: Dict[str, Any] = {"template": template}
-    for key in ("vcpus", "memory_mib", "disk_mib", "env", "labels", "lifecycle", "network"):
-        if spec.get(key) is not None:
-            body[key] = spec[key]
-    unknown = set(spec) - {"vcpus", "memory_mib", "disk_mib", "env", "labels", "lifecycle", "network"}
+    unknown = set(spec) - set(SANDBOX_SETTINGS)
     if unknown:
         raise TypeError(f"unknown sandbox settings: {sorted(unknown)}")
+    body: Dict[str, Any] = {"template": template}
+    for key in SANDBOX_SETTINGS:
+        if spec.get(key) is not None:
+            body[key] = spec[key]
+    if "volumes" in body:
+        body["volumes"] = [mount_body(mount) for mount in body["volumes"]]
     return body
+
+
+@dataclass
+class VolumeMount:
+    """A volume mounted into a sandbox at create: `Sandbox.create(volumes=[VolumeMount("ws", "/workspace")])`
+    (or `volume.mount("/workspace")`, or the dict `{"name", "path", "read_only"}`)."""
+    name: str
+    path: str
+    read_only: bool = False
+
+
+def mount_body(mount: Any) -> Dict[str, Any]:
+    """One mount as the API takes it, from a `VolumeMount` or a dict."""
+    if isinstance(mount, VolumeMount):
+        return {"name": mount.name, "path": mount.path, "read_only": mount.read_only}
+    if isinstance(mount, dict):
+        unknown = set(mount) - {"name", "path", "read_only"}
+        if unknown or "name" not in mount or "path" not in mount:
+            raise TypeError(f"a mount is {{'name', 'path', 'read_only'}}, got {mount!r}")
+        return {"name": mount["name"], "path": mount["path"], "read_only": bool(mount.get("read_only", False))}
+    raise TypeError(f"a mount is a VolumeMount or a dict, got {mount!r}")
+
+
+def volume_body(name: str, size_mib: Optional[int], from_snapshot: Any) -> Dict[str, Any]:
+    """`POST /v1/volumes`'s body; `from_snapshot` is `"VOLUME/SNAPSHOT"`, a
+    `(volume, snapshot)` pair or `{"volume", "snapshot"}`."""
+    body: Dict[str, Any] = {"name": name}
+    if size_mib is not None:
+        body["size_mib"] = size_mib
+    if from_snapshot is not None:
+        if isinstance(from_snapshot, str):
+            volume, sep, snapshot = from_snapshot.partition("/")
+            if not sep:
+                raise TypeError(f"from_snapshot is 'VOLUME/SNAPSHOT', got {from_snapshot!r}")
+            from_snapshot = {"volume": volume, "snapshot": snapshot}
+        elif isinstance(from_snapshot, (tuple, list)):
+            volume, snapshot = from_snapshot
+            from_snapshot = {"volume": volume, "snapshot": snapshot}
+        body["from_snapshot"] = dict(from_snapshot)
+    return body
+
+
+def tar_body(archive: Any) -> Any:
+    """A tar archive to upload: bytes, or a binary file object (streamed)."""
+    return bytes(archive) if isinstance(archive, (bytes, bytearray, memoryview)) else archive
 
 
 def template_from(name: str, sandbox: Any, checkpoint: Optional[str], defaults: Dict[str, Any]) -> Dict[str, Any]:

@@ -53,6 +53,25 @@ class CapacityError(SpaceError):
     """503: the host is out of capacity or the engine is unavailable."""
 
 
+class VolumeNotFoundError(NotFoundError):
+    """404 `volume_not_found`: no volume of that name is yours."""
+
+
+class SnapshotNotFoundError(NotFoundError):
+    """404 `snapshot_not_found`: the volume has no snapshot of that name."""
+
+
+class VolumeInUseError(ConflictError):
+    """409 `volume_in_use`: a sandbox mounts the volume in a way that refuses
+    this (a second read-write mount, a delete, a restore, a write through
+    the files routes while it is mounted read-write); `holder` names it."""
+
+    @property
+    def holder(self) -> Optional[str]:
+        """The sandbox that mounts the volume, when the server named it."""
+        return self.details.get("sandbox_id")
+
+
 class OperationFailedError(SpaceError):
     """An accepted operation (create, pause, …) ended in failure."""
 
@@ -70,8 +89,16 @@ _BY_STATUS = {
 }
 
 
+# Codes with an exception of their own (a subclass of their status's).
+_BY_CODE = {
+    "volume_not_found": VolumeNotFoundError,
+    "snapshot_not_found": SnapshotNotFoundError,
+    "volume_in_use": VolumeInUseError,
+}
+
+
 def error_from_response(status: int, body: Any) -> SpaceError:
     error = body.get("error", {}) if isinstance(body, dict) else {}
-    cls = _BY_STATUS.get(status, SpaceError)
+    cls = _BY_CODE.get(error.get("code", "")) or _BY_STATUS.get(status, SpaceError)
     return cls(error.get("message") or f"the server answered {status}", status=status,
                code=error.get("code", "error"), details=error.get("details") or {})

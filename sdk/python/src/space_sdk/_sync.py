@@ -8,9 +8,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import httpx
 
-from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, as_bytes, check_operation,
-                      command_body, config, create_body, dockerfile_build, events_request, image_template, listing,
-                      template_from)
+from ._common import (STREAM_BREAKS, TERMINAL, CommandResult, Execution, OutputCollector, OutputEvent, VolumeMount, as_bytes,
+                      check_operation, command_body, config, create_body, dockerfile_build, events_request, image_template,
+                      listing, tar_body, template_from, volume_body)
 from ._errors import SpaceError, error_from_response
 
 
@@ -250,26 +250,30 @@ class Commands:
 
 
 class Files:
-    def __init__(self, sandbox: "Sandbox") -> None:
-        self.sandbox = sandbox
+    """The files of a sandbox (`sandbox.files`) or of a volume
+    (`volume.files`, no sandbox needed): the same calls on either."""
+
+    def __init__(self, client: Client, route: str) -> None:
+        self.client = client
+        self._route = route
 
     def _path(self) -> str:
-        return f"/v1/sandboxes/{self.sandbox.id}/files"
+        return self._route
 
     def write(self, path: str, data: Union[str, bytes], mode: Optional[str] = None) -> Dict[str, Any]:
         params = {"path": path}
         if mode:
             params["mode"] = mode
-        return self.sandbox.client.json("PUT", self._path(), params=params, content=as_bytes(data))
+        return self.client.json("PUT", self._path(), params=params, content=as_bytes(data))
 
     def read(self, path: str) -> bytes:
-        response = self.sandbox.client.request("GET", self._path(), params={"path": path})
+        response = self.client.request("GET", self._path(), params={"path": path})
         if response.headers.get("content-type", "").startswith("application/json"):
             raise SpaceError(f"{path} is a directory; use files.list", code="is_a_directory")
         return response.content
 
     def list(self, path: str) -> List[Dict[str, Any]]:
-        response = self.sandbox.client.request("GET", self._path(), params={"path": path})
+        response = self.client.request("GET", self._path(), params={"path": path})
         if not response.headers.get("content-type", "").startswith("application/json"):
             raise SpaceError(f"{path} is a file; use files.read", code="not_a_directory")
         return listing(response.json())
@@ -278,7 +282,17 @@ class Files:
         params = {"path": path}
         if recursive:
             params["recursive"] = "true"
-        self.sandbox.client.request("DELETE", self._path(), params=params)
+        self.client.request("DELETE", self._path(), params=params)
+
+    def upload_tar(self, path: str, archive: Any) -> Dict[str, Any]:
+        """Unpacks a tar archive (bytes, or a binary file streamed) into
+        directory `path`, made if missing."""
+        return self.client.json("PUT", self._path(), params={"path": path, "format": "tar"},
+                                content=tar_body(archive))
+
+    def download_tar(self, path: str) -> bytes:
+        """Directory `path` and what it holds as a tar archive."""
+        return self.client.request("GET", self._path(), params={"path": path, "format": "tar"}).content
 
 
 class Context:
@@ -353,7 +367,7 @@ class Sandbox:
         self.client = client
         self.keep = keep
         self.commands = Commands(self)
-        self.files = Files(self)
+        self.files = Files(client, f"/v1/sandboxes/{self.id}/files")
         self.contexts = Contexts(self)
 
     def __repr__(self) -> str:
@@ -517,3 +531,84 @@ class Template:
     @staticmethod
     def delete(name: str, *, client: Optional[Client] = None) -> None:
         _client(client).request("DELETE", f"/v1/templates/{name}")
+
+
+class Volume:
+    """A volume of yours: storage that outlives sandboxes, mounted into them
+    at create (`Sandbox.create(volumes=[volume.mount("/workspace")])`); its
+    files are reachable without a sandbox too (`volume.files`)."""
+
+    def __init__(self, info: Dict[str, Any], client: Client) -> None:
+        self.info = info
+        self.name: str = info["name"]
+        self.client = client
+        self.files = Files(client, f"/v1/volumes/{self.name}/files")
+
+    def __repr__(self) -> str:
+        return f"Volume({self.name!r}, size_mib={self.info.get('size_mib')!r})"
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/volumes/{self.name}{suffix}"
+
+    @classmethod
+    def create(cls, name: str, *, size_mib: Optional[int] = None, from_snapshot: Any = None,
+               client: Optional[Client] = None) -> "Volume":
+        """Makes a volume: empty, or a copy of one of your volumes' snapshots
+        (`from_snapshot="VOLUME/SNAPSHOT"`). `size_mib` is its quota
+        (default 1024), counted against your tenant's disk quota."""
+        client = _client(client)
+        return cls(client.json("POST", "/v1/volumes", json=volume_body(name, size_mib, from_snapshot)), client)
+
+    @classmethod
+    def get(cls, name: str, *, client: Optional[Client] = None) -> "Volume":
+        client = _client(client)
+        return cls(client.json("GET", f"/v1/volumes/{name}"), client)
+
+    @classmethod
+    def list(cls, *, client: Optional[Client] = None) -> List["Volume"]:
+        client = _client(client)
+        return [cls(v, client) for v in client.json("GET", "/v1/volumes")["volumes"]]
+
+    def refresh(self) -> Dict[str, Any]:
+        self.info = self.client.json("GET", self._path())
+        return self.info
+
+    @property
+    def used_bytes(self) -> int:
+        return self.refresh()["used_bytes"]
+
+    @property
+    def mounted_by(self) -> List[Dict[str, Any]]:
+        """The live sandboxes that mount it: `{"sandbox_id", "path", "read_only"}`."""
+        return self.refresh()["mounted_by"]
+
+    def mount(self, path: str, read_only: bool = False) -> VolumeMount:
+        """This volume at `path`, for `Sandbox.create(volumes=[...])`."""
+        return VolumeMount(self.name, path, read_only)
+
+    def delete(self) -> None:
+        """Deletes it with its snapshots (`VolumeInUseError` while mounted)."""
+        self.client.request("DELETE", self._path())
+
+    def snapshot(self, name: str) -> Dict[str, Any]:
+        """Snapshots its files as they are now (copy-on-write: cheap)."""
+        return self.client.json("POST", self._path("/snapshots"), json={"name": name})
+
+    def snapshots(self) -> List[Dict[str, Any]]:
+        return self.client.json("GET", self._path("/snapshots"))["snapshots"]
+
+    def restore(self, snapshot: str) -> Dict[str, Any]:
+        """Puts its files back as snapshot `snapshot` holds them (the
+        snapshot stays; `VolumeInUseError` while mounted)."""
+        self.info = self.client.json("POST", self._path(f"/snapshots/{snapshot}/restore"))
+        return self.info
+
+    def delete_snapshot(self, name: str) -> None:
+        self.client.request("DELETE", self._path(f"/snapshots/{name}"))
+
+    def move(self, node: str) -> Dict[str, Any]:
+        """In a cluster: copies it to `node` (while nothing mounts it)."""
+        answer = self.client.json("POST", self._path("/move"), json={"node": node})
+        if isinstance(answer, dict) and (answer.get("operation") or {}).get("id"):
+            check_operation(self.client.wait_operation(answer["operation"]["id"]))
+        return self.refresh()
