@@ -60,8 +60,17 @@ fn volumes_from_the_cli_files_without_a_sandbox_and_a_mount_that_outlives_it() {
         .collect();
     for reader in &readers {
         assert_eq!(printed(run(&["exec", reader, "--", "cat", "/data/out.txt"])), "from the sandbox\n");
-        let write = run(&["exec", reader, "--", "sh", "-c", "echo x > /data/out.txt"]);
-        assert!(!write.status.success(), "a read-only mount refuses a write");
+        for write in ["echo x > /data/new.txt", "echo x >> /data/out.txt"] {
+            let refused = run(&["exec", reader, "--", "sh", "-c", write]);
+            assert!(!refused.status.success(), "a read-only mount refuses {write:?}");
+        }
+        assert_eq!(
+            printed(run(&["exec", reader, "--", "cat", "/data/out.txt"])),
+            "from the sandbox\n",
+            "a refused write through a read-only mount leaves the file whole"
+        );
+    }
+    for reader in &readers {
         printed(run(&["sandbox", "rm", reader]));
     }
 
@@ -170,5 +179,33 @@ fn mcp_makes_mounts_snapshots_and_deletes_volumes() {
     assert!(failed, "{bad}");
     drop(stdin);
     assert!(child.wait_timeout(std::time::Duration::from_secs(10)).is_some_and(|s| s.success()), "mcp ends");
+    stop(server);
+}
+
+/// A reader cannot change a volume: a shell's `>` (open with O_TRUNC)
+/// and `>>` on a read-only mount are refused and the file stays whole,
+/// inside and on the host.
+#[test]
+fn a_refused_write_through_a_read_only_mount_leaves_the_file_whole() {
+    let data = TestDataDir::new();
+    let (server, url) = serve(&data);
+    let run = |args: &[&str]| space(&data, &url, args);
+    let local = data.root().join("whole.txt");
+    std::fs::write(&local, "seventeen bytes!\n").unwrap();
+    printed(run(&["volume", "create", "ws", "--size-mib", "16"]));
+    printed(run(&["cp", local.to_str().unwrap(), "vol:ws:/whole.txt"]));
+    let reader = printed(run(&["sandbox", "create", "--quiet", "--volume", "ws:/data:ro"])).trim().to_string();
+    for write in ["echo x > /data/whole.txt", "echo x >> /data/whole.txt", "truncate -s 0 /data/whole.txt"] {
+        let refused = run(&["exec", &reader, "--", "sh", "-c", &format!("({write}) 2>&1")]);
+        assert!(!refused.status.success(), "a read-only mount refuses {write:?}");
+        assert!(String::from_utf8_lossy(&refused.stdout).contains("Read-only file system"), "{write:?}");
+        let inside = printed(run(&["exec", &reader, "--", "cat", "/data/whole.txt"]));
+        assert_eq!(inside, "seventeen bytes!\n", "after {write:?}, inside");
+        let back = data.root().join("back.txt");
+        printed(run(&["cp", "vol:ws:/whole.txt", back.to_str().unwrap()]));
+        assert_eq!(std::fs::read_to_string(&back).unwrap(), "seventeen bytes!\n", "after {write:?}, on the host");
+    }
+    printed(run(&["sandbox", "rm", &reader]));
+    printed(run(&["volume", "delete", "ws"]));
     stop(server);
 }
