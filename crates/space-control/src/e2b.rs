@@ -130,12 +130,12 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     let name = body.template_id.as_deref().unwrap_or("base");
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let wanted = |template| Wanted { template, vcpus: None, memory_mib: None };
-    let placed = place(cp, caller, &wanted(name), key.as_deref()).await;
+    let placed = place(cp, caller, &wanted(name), key.as_deref(), None).await;
     let (node, allowance) = match placed {
         // E2B's code interpreter template, served by SPACE's (as on a node).
         Err(err) if err.code == ErrorCode::TemplateNotFound && name == space_api::e2b::E2B_CODE_INTERPRETER => {
             let served = wanted(space_host::template::CODE_INTERPRETER_TEMPLATE);
-            place(cp, caller, &served, key.as_deref()).await?
+            place(cp, caller, &served, key.as_deref(), None).await?
         }
         placed => placed?,
     };

@@ -13,10 +13,11 @@
 //!
 //! Files import downwards only: `error`, `tasks` ← `state` ← `forward`
 //! (relaying a user's request) ← `node_client` (the control plane's own
-//! calls to a node, typed) ← `record` ← `quotas` ← `place` ← the request
-//! handlers (`lists`, `templates`, `secrets`, `e2b`) and the background
-//! loops (`feeds`, `templates`) ← this file's router, which also starts
-//! the loops (`ControlPlane::start`).
+//! calls to a node, typed) ← `record` ← `quotas` ← `volumes` (which node
+//! holds each volume, and its move) ← `place` ← the request handlers
+//! (`lists`, `templates`, `secrets`, `e2b`) and the background loops
+//! (`feeds`, `templates`) ← this file's router, which also starts the
+//! loops (`ControlPlane::start`).
 
 mod e2b;
 pub mod error;
@@ -30,6 +31,7 @@ mod record;
 mod secrets;
 pub mod state;
 mod templates;
+mod volumes;
 
 use std::sync::Arc;
 
@@ -189,6 +191,16 @@ async fn route(cp: Shared, request: Request) -> Result<Response, ControlError> {
             }
             let node = live_node(&cp, &node_id)?;
             forward::forward(&cp, &node, &caller, request).await
+        }
+        (&Method::POST, ["v1", "volumes"]) => volumes::create(&cp, &caller, request).await,
+        (&Method::GET, ["v1", "volumes"]) => volumes::list(&cp, &caller).await,
+        (&Method::POST, ["v1", "volumes", name, "move"]) => {
+            let name = name.to_string();
+            volumes::move_volume(&cp, &caller, &name, request).await
+        }
+        (_, ["v1", "volumes", name, ..]) => {
+            let name = name.to_string();
+            volumes::volume_request(&cp, &caller, &name, request).await
         }
         (&Method::GET, ["v1", "templates"]) => lists::templates(&cp, &caller).await,
         (&Method::GET | &Method::DELETE, ["v1", "templates", name]) => {

@@ -1,7 +1,9 @@
 //! The control plane's own calls to a node, typed in and out with
 //! `space_api`'s types: the lists and usage it gathers, a sandbox it looks
 //! up, the feed of events it follows, the template pulls and secrets it
-//! sends, and the 202 answers it records placements from.
+//! sends, the 202 answers it records placements from, and what a volume's
+//! placement and move ask of a node (its free disk, a volume, its files as
+//! a tar).
 //!
 //! A user's request sent on to its node is not one of these: it is
 //! relayed as it came (`forward.rs`), bytes and upgrades alike; only when
@@ -15,11 +17,11 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use space_api::cluster::{FeedEvent, PullRequest, EVENTS_PATH, SECRETS_PATH, TEMPLATE_PULL_PATH};
+use space_api::cluster::{DiskAllowance, FeedEvent, PullRequest, EVENTS_PATH, SECRETS_PATH, TEMPLATE_PULL_PATH};
 use space_api::e2b::{CreatedSandbox, ListedSandbox};
 use space_api::{
-    ErrorBody, ErrorCode, ForkAccepted, Operation, OperationList, Sandbox, SandboxList, SandboxOperation, TemplateList,
-    TemplateOperation, Usage,
+    CreateVolumeRequest, ErrorBody, ErrorCode, ForkAccepted, Health, Operation, OperationList, Sandbox, SandboxList,
+    SandboxOperation, TemplateList, TemplateOperation, Usage, Volume, VolumeList,
 };
 use space_core::secrets::SecretSet;
 use space_core::tenants::Caller;
@@ -145,6 +147,75 @@ impl<'a> NodeClient<'a> {
         read_ok(response, "a sandbox", "a Sandbox").await.map(Some)
     }
 
+    /// `GET /v1/health`: what it runs and its free disk.
+    pub(crate) async fn health(&self) -> Result<Health, CallError> {
+        self.get(&Caller::operator(), "/v1/health", "its health", "a Health").await
+    }
+
+    /// `GET /v1/volumes` as `caller`.
+    pub(crate) async fn list_volumes(&self, caller: &Caller) -> Result<VolumeList, CallError> {
+        self.get(caller, "/v1/volumes", "listing its volumes", "a VolumeList").await
+    }
+
+    /// `GET /v1/volumes/{name}` as `caller`; `None` if the node has no such
+    /// volume.
+    pub(crate) async fn volume(&self, caller: &Caller, name: &str) -> Result<Option<Volume>, CallError> {
+        let response = self.send(caller, get(&volume_path(name, ""))?).await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        read_ok(response, "a volume", "a Volume").await.map(Some)
+    }
+
+    /// `POST /v1/volumes` as `caller`, with the tenant's disk allowance.
+    pub(crate) async fn create_volume(
+        &self,
+        caller: &Caller,
+        create: &CreateVolumeRequest,
+        allowance: DiskAllowance,
+    ) -> Result<Volume, CallError> {
+        let mut request = json_request("POST", "/v1/volumes", create)?;
+        request.extensions_mut().insert(allowance);
+        let response = self.send(caller, request).await?;
+        read_ok(response, "making a volume", "a Volume").await
+    }
+
+    /// `DELETE /v1/volumes/{name}` as `caller`.
+    pub(crate) async fn delete_volume(&self, caller: &Caller, name: &str) -> Result<(), CallError> {
+        let request = Request::delete(volume_path(name, ""))
+            .body(Body::empty())
+            .map_err(|e| CallError::Unreachable(ControlError::internal("a request to a node", e)))?;
+        let response = self.send(caller, request).await?;
+        if !response.status().is_success() {
+            return Err(refusal(response, "deleting a volume").await);
+        }
+        Ok(())
+    }
+
+    /// `GET /v1/volumes/{name}/files?path=/&format=tar` as `caller`: the
+    /// whole volume as a tar, its body unread (to stream on).
+    pub(crate) async fn volume_tar(&self, caller: &Caller, name: &str) -> Result<Body, CallError> {
+        let response = self.send(caller, get(&volume_path(name, "/files?path=/&format=tar"))?).await?;
+        if response.status() != StatusCode::OK {
+            return Err(refusal(response, "reading a volume's files").await);
+        }
+        Ok(response.into_body())
+    }
+
+    /// `PUT /v1/volumes/{name}/files?path=/&format=tar` as `caller`: `tar`
+    /// unpacked into the volume, streamed as it comes.
+    pub(crate) async fn put_volume_tar(&self, caller: &Caller, name: &str, tar: Body) -> Result<(), CallError> {
+        let request = Request::put(volume_path(name, "/files?path=/&format=tar"))
+            .header(header::CONTENT_TYPE, "application/x-tar")
+            .body(tar)
+            .map_err(|e| CallError::Unreachable(ControlError::internal("a request to a node", e)))?;
+        let response = self.send(caller, request).await?;
+        if !response.status().is_success() {
+            return Err(refusal(response, "writing a volume's files").await);
+        }
+        Ok(())
+    }
+
     /// E2B's `GET /e2b/.../sandboxes?QUERY` as `caller` (`path_and_query`
     /// as E2B's SDK sent it, but for its paging: the control plane pages
     /// the whole cluster's). A refusal is E2B's shape, not SPACE's: it is
@@ -248,13 +319,7 @@ impl<'a> NodeClient<'a> {
     /// A POST of `body` as JSON, as the operator; a success answer's body
     /// (none, or an acknowledgement) is not read.
     async fn post(&self, path: &str, body: &impl Serialize, what: &'static str) -> Result<(), CallError> {
-        let body = serde_json::to_vec(body)
-            .map_err(|e| CallError::Unreachable(ControlError::internal("writing a request to a node", e)))?;
-        let request = Request::post(path)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body))
-            .map_err(|e| CallError::Unreachable(ControlError::internal("a request to a node", e)))?;
-        let response = self.send(&Caller::operator(), request).await?;
+        let response = self.send(&Caller::operator(), json_request("POST", path, body)?).await?;
         if !response.status().is_success() {
             return Err(refusal(response, what).await);
         }
@@ -309,6 +374,23 @@ fn get(path_and_query: &str) -> Result<Request, CallError> {
     Request::get(path_and_query)
         .body(Body::empty())
         .map_err(|e| CallError::Unreachable(ControlError::bad_request(format!("{path_and_query:?}: {e}"))))
+}
+
+/// `/v1/volumes/{name}` and what follows (`rest`); `name` as the node
+/// recorded it (of `a-z`, `0-9`, `-` and `_`: nothing to escape).
+fn volume_path(name: &str, rest: &str) -> String {
+    format!("/v1/volumes/{name}{rest}")
+}
+
+fn json_request(method: &str, path: &str, body: &impl Serialize) -> Result<Request, CallError> {
+    let body = serde_json::to_vec(body)
+        .map_err(|e| CallError::Unreachable(ControlError::internal("writing a request to a node", e)))?;
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .map_err(|e| CallError::Unreachable(ControlError::internal("a request to a node", e)))
 }
 
 fn with_query(path: &str, query: Option<&str>) -> String {

@@ -1,7 +1,8 @@
 //! Where a sandbox goes and where a request about one goes: a create is
 //! placed on a live node that has its template and the most memory left
-//! (once the tenant's quotas allow it); a request about a sandbox goes to
-//! its node, and one whose node is lost answers as failed.
+//! (once the tenant's quotas allow it), or, when it mounts volumes, on
+//! their node; a request about a sandbox goes to its node, and one whose
+//! node is lost answers as failed.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -16,7 +17,8 @@ use crate::error::ControlError;
 use crate::node_client::Expect;
 use crate::quotas::{check_quotas, create_size, disk_allowance, Wanted};
 use crate::record::forward_recording;
-use crate::state::{live_node, lost_sandbox, mark_gone, nodes, placed_sandbox, ControlPlane};
+use crate::state::{live_node, lost_sandbox, mark_gone, nodes, placed_sandbox, ControlPlane, Node};
+use crate::volumes::volumes_node;
 
 /// Places a new sandbox: a live node that has the template, with the most
 /// memory left once what was placed since its last report is counted.
@@ -31,18 +33,22 @@ pub(crate) async fn create(cp: &ControlPlane, caller: &Caller, request: Request)
         axum::Json::<CreateSandboxRequest>::from_bytes(&bytes).map_err(space_http::extract::json_rejection)?;
     let wanted = Wanted { template: &request.template, vcpus: request.vcpus, memory_mib: request.memory_mib };
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let (node, allowance) = place(cp, caller, &wanted, key.as_deref()).await?;
+    let names: Vec<&str> = request.volumes.iter().map(|mount| mount.name.as_str()).collect();
+    let home = volumes_node(cp, caller, &names)?;
+    let (node, allowance) = place(cp, caller, &wanted, key.as_deref(), home.as_deref()).await?;
     parts.extensions.insert(allowance);
     forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes)), Expect::Sandbox).await
 }
 
 /// The node a new sandbox goes to, once the tenant's quotas allow it, and
-/// the tenant's disk allowance there.
+/// the tenant's disk allowance there; with `only` (the node of the volumes
+/// it mounts), that node or none.
 pub(crate) async fn place(
     cp: &ControlPlane,
     caller: &Caller,
     wanted: &Wanted<'_>,
     key: Option<&str>,
+    only: Option<&str>,
 ) -> Result<(NodeRow, DiskAllowance), ControlError> {
     let template = wanted.template.to_string();
     let quotas = cp.store.tenancy().tenant_quotas(&caller.tenant)?;
@@ -54,7 +60,8 @@ pub(crate) async fn place(
     // A template built to run on one engine goes to a node that has it.
     let engine = nodes.iter().find_map(|n| n.report.pinned.get(&template)).cloned();
     let mut best: Option<(i64, NodeRow)> = None;
-    for node in nodes.into_iter().filter(|n| n.alive && n.report.can_run(&template, engine.as_deref())) {
+    let eligible = |n: &Node| only.is_none_or(|only| n.row.id == only);
+    for node in nodes.into_iter().filter(|n| n.alive && eligible(n) && n.report.can_run(&template, engine.as_deref())) {
         // What was placed since its last report, which could not count it.
         let mut placed_since: i64 = 0;
         for placement in cp.store.cluster().placements_since(&node.row.id, node.reported_ms())? {
@@ -81,16 +88,23 @@ pub(crate) async fn place(
         return Ok((node, allowance));
     }
     let Some((free, node)) = best else {
-        return Err(match (anywhere, &engine) {
-            (true, Some(engine)) => {
+        return Err(match (anywhere, &engine, only) {
+            (true, _, Some(only)) => ControlError::unavailable(format!(
+                "node {only}, which holds the volumes it mounts, is lost or cannot run template {template:?}{}",
+                engine.as_ref().map(|e| format!(" on {e}")).unwrap_or_default()
+            )),
+            (true, Some(engine), None) => {
                 ControlError::unavailable(format!("no live node that runs {engine} has template {template:?}"))
             }
-            (true, None) => ControlError::unavailable(format!("no live node has template {template:?}")),
-            (false, _) => space_core::error::template_not_found(&template).into(),
+            (true, None, None) => ControlError::unavailable(format!("no live node has template {template:?}")),
+            (false, _, _) => space_core::error::template_not_found(&template).into(),
         });
     };
     if free < memory as i64 {
-        return Err(ControlError::unavailable(format!("no node has {memory} MiB free for this sandbox")));
+        return Err(ControlError::unavailable(match only {
+            Some(only) => format!("node {only}, which holds the volumes it mounts, has not {memory} MiB free"),
+            None => format!("no node has {memory} MiB free for this sandbox"),
+        }));
     }
     let allowance = disk_allowance(cp, caller, quotas.max_disk_mib, &node.id).await?;
     Ok((node, allowance))

@@ -1,6 +1,7 @@
 //! What the control plane of a cluster keeps (decision 009): the nodes with
-//! their leases, and where each sandbox and operation lives. Its tables
-//! are in the first migration of each dialect.
+//! their leases, and where each sandbox, operation and volume lives. Its
+//! tables are in the first migration of each dialect, but for the
+//! volumes' (`volume_nodes`, migration 3).
 
 use super::db::{vals, Conn};
 use super::{Store, StoreError};
@@ -23,6 +24,35 @@ pub struct Placement {
     pub sandbox: String,
     /// When the control plane placed it (ms since the epoch).
     pub placed_at_ms: i64,
+}
+
+/// The node that holds a tenant's volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeNode {
+    pub tenant: String,
+    pub name: String,
+    pub node_id: String,
+    /// When the control plane claimed the name (ms since the epoch).
+    pub created_at_ms: i64,
+    /// Until when a move holds it (ms since the epoch; 0 or past: none).
+    pub moving_until_ms: i64,
+}
+
+const VOLUME_NODE: &str = "SELECT tenant, name, node_id, created_at_ms, moving_until_ms FROM volume_nodes";
+
+fn volume_nodes_of(c: &mut dyn Conn, filter: &str, values: &[super::db::Value]) -> Result<Vec<VolumeNode>, StoreError> {
+    c.query(&format!("{VOLUME_NODE} {filter}"), values)?
+        .iter()
+        .map(|r| {
+            Ok(VolumeNode {
+                tenant: r.text(0)?,
+                name: r.text(1)?,
+                node_id: r.text(2)?,
+                created_at_ms: r.int(3)?,
+                moving_until_ms: r.int(4)?,
+            })
+        })
+        .collect()
 }
 
 const PLACEMENT: &str = "SELECT node_id, tenant, sandbox, placed_at_ms FROM placements";
@@ -207,5 +237,100 @@ impl ClusterStore<'_> {
             c.query_one("SELECT node_id, tenant FROM operation_nodes WHERE operation_id = ?1", vals![operation_id])
         })?;
         row.map(|r| Ok((r.text(0)?, r.text(1)?))).transpose()
+    }
+
+    /// Claims volume `name` of `tenant` for `node_id` before the node is
+    /// asked to make it; `false` if the tenant already has a volume of
+    /// that name (recorded by any replica).
+    pub fn claim_volume(&self, tenant: &str, name: &str, node_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let claimed = self.0.tx(|c| {
+            c.execute(
+                "INSERT INTO volume_nodes (tenant, name, node_id, created_at_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (tenant, name) DO NOTHING",
+                vals![tenant, name, node_id, now_ms],
+            )
+        })?;
+        Ok(claimed > 0)
+    }
+
+    pub fn volume_node(&self, tenant: &str, name: &str) -> Result<Option<VolumeNode>, StoreError> {
+        Ok(self
+            .0
+            .tx(|c| volume_nodes_of(c, "WHERE tenant = ?1 AND name = ?2", vals![tenant, name]))?
+            .into_iter()
+            .next())
+    }
+
+    /// A tenant's volumes, by name.
+    pub fn volume_nodes(&self, tenant: &str) -> Result<Vec<VolumeNode>, StoreError> {
+        self.0.tx(|c| volume_nodes_of(c, "WHERE tenant = ?1 ORDER BY name", vals![tenant]))
+    }
+
+    /// Forgets volume `name` of `tenant` if it is still recorded on
+    /// `node_id` as first claimed at `created_at_ms` (a volume of the
+    /// same name made again since, or moved, stays); whether it did.
+    pub fn forget_volume(
+        &self,
+        tenant: &str,
+        name: &str,
+        node_id: &str,
+        created_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let removed = self.0.tx(|c| {
+            c.execute(
+                "DELETE FROM volume_nodes WHERE tenant = ?1 AND name = ?2 AND node_id = ?3 AND created_at_ms = ?4",
+                vals![tenant, name, node_id, created_at_ms],
+            )
+        })?;
+        Ok(removed > 0)
+    }
+
+    /// Holds volume `name` of `tenant` on `node_id` for a move until
+    /// `until_ms`, if no other move holds it at `now_ms`; renewing a hold
+    /// is claiming it again with the same `node_id` while it still holds
+    /// (`renew`). Whether it holds now.
+    pub fn hold_volume_move(
+        &self,
+        tenant: &str,
+        name: &str,
+        node_id: &str,
+        now_ms: i64,
+        until_ms: i64,
+        renew: bool,
+    ) -> Result<bool, StoreError> {
+        let held = self.0.tx(|c| {
+            let condition = if renew { "moving_until_ms >= ?4" } else { "moving_until_ms < ?4" };
+            c.execute(
+                &format!(
+                    "UPDATE volume_nodes SET moving_until_ms = ?5
+                     WHERE tenant = ?1 AND name = ?2 AND node_id = ?3 AND {condition}"
+                ),
+                vals![tenant, name, node_id, now_ms, until_ms],
+            )
+        })?;
+        Ok(held > 0)
+    }
+
+    /// Records that volume `name` of `tenant` is on `to` now, if it was
+    /// on `from` (a move's hold, if any, stays); whether it was.
+    pub fn relocate_volume(&self, tenant: &str, name: &str, from: &str, to: &str) -> Result<bool, StoreError> {
+        let moved = self.0.tx(|c| {
+            c.execute(
+                "UPDATE volume_nodes SET node_id = ?4 WHERE tenant = ?1 AND name = ?2 AND node_id = ?3",
+                vals![tenant, name, from, to],
+            )
+        })?;
+        Ok(moved > 0)
+    }
+
+    /// Ends a move's hold on volume `name` of `tenant`, wherever it is.
+    pub fn release_volume_move(&self, tenant: &str, name: &str) -> Result<(), StoreError> {
+        self.0.tx(|c| {
+            c.execute(
+                "UPDATE volume_nodes SET moving_until_ms = 0 WHERE tenant = ?1 AND name = ?2",
+                vals![tenant, name],
+            )
+        })?;
+        Ok(())
     }
 }

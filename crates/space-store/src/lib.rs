@@ -28,7 +28,7 @@ mod volumes;
 
 use rusqlite::Connection;
 
-pub use self::cluster::{ClusterStore, NodeRow, Placement};
+pub use self::cluster::{ClusterStore, NodeRow, Placement, VolumeNode};
 use self::db::{Conn, Db, Value};
 pub use self::events::{new_event, EventFilter, EventReader, FeedEvent, RawEvent, EVENTS_KEPT};
 pub use self::node::{EgressCa, NodeStore, SandboxRecord, EGRESS_EVENTS_KEPT};
