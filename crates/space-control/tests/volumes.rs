@@ -347,6 +347,16 @@ async fn a_volume_is_made_on_the_node_with_most_free_disk_and_found_there_by_its
     assert_eq!(unknown.0, StatusCode::NOT_FOUND);
     assert_eq!((c.asked(&c.a).len(), c.asked(&c.b).len()), asked_before, "a node was asked about another's volume");
     assert!(c.on(&c.b, "other", "ws"));
+
+    // A claim whose node never made the volume (its replica killed in
+    // between) is taken back once old enough and its node has none; a
+    // fresh one is not.
+    assert!(c.cp.store.cluster().claim_volume("team", "ghost", "node-a", now_ms() - 60_000).unwrap());
+    assert!(c.cp.store.cluster().claim_volume("team", "young", "node-a", now_ms()).unwrap());
+    let (status, made) = c.call(&c.team, "POST", "/v1/volumes", Some(json!({"name": "ghost"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let (status, taken) = c.call(&c.team, "POST", "/v1/volumes", Some(json!({"name": "young"}))).await;
+    assert_eq!((status, taken["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("name_taken")), "{taken}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
