@@ -1,0 +1,241 @@
+//! Volumes in a cluster (issue 37) with real processes on loopback: a
+//! throwaway PostgreSQL, a control plane (`space serve --cluster`) and two
+//! nodes (`space node`, each with its own btrfs data dir and root helper).
+//! A volume made through the control plane lands on a node and a sandbox
+//! that mounts it is placed there; another tenant can neither see, mount,
+//! write nor delete it; a move to the other node refuses while the volume
+//! is mounted and otherwise carries its files (a link, a mode and 64 MiB
+//! streamed between the nodes);
+//! a sandbox that mounts volumes of both nodes is refused, naming both.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use space_process::ReapedChild;
+use space_testkit::{output_within, wait_for, PgCluster, TestDataDir, PATIENCE};
+
+mod common;
+use common::SPACE;
+
+/// A tenant's view of the control plane.
+struct Api {
+    url: String,
+    key: String,
+}
+
+impl Api {
+    fn client(&self) -> space_client::Client {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+        space_client::Client::with_agent(&self.url, &self.key, agent)
+    }
+
+    /// The status and the answer.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let answer = self
+            .client()
+            .call_with(method, path, &[], body.as_ref())
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        (answer.status, answer.body)
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.call(method, path, body);
+        assert!((200..300).contains(&status), "{method} {path} -> {status}: {value}");
+        value
+    }
+
+    /// A request of raw bytes: the status and the body as sent.
+    fn bytes(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
+        let answer = self.client().call_bytes(method, path, &[], body).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        (answer.status, answer.body)
+    }
+
+    /// A sandbox that mounts `volumes`, running: its id and node.
+    fn sandbox_with(&self, volumes: Value) -> (String, String) {
+        let (status, accepted) =
+            self.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "volumes": volumes})));
+        assert_eq!(status, 202, "{accepted}");
+        let op = accepted["operation"]["id"].as_str().unwrap();
+        let done = self.client().wait_for_operation_within(op, Duration::from_secs(120)).unwrap();
+        assert_eq!(done.state, space_api::OperationState::Succeeded, "{done:?}");
+        let node = accepted["sandbox"]["node"].as_str().expect("the sandbox's node").to_string();
+        (accepted["sandbox"]["id"].as_str().unwrap().to_string(), node)
+    }
+
+    fn exec(&self, id: &str, cmd: &str) -> String {
+        let ran = self.ok("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": cmd})));
+        assert_eq!(ran["result"]["exit_code"], 0, "{cmd}: {ran}");
+        ran["stdout"].as_str().unwrap().to_string()
+    }
+
+    fn delete_sandbox(&self, id: &str) {
+        let accepted = self.ok("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        let op = accepted["operation"]["id"].as_str().unwrap();
+        let done = self.client().wait_for_operation_within(op, Duration::from_secs(60)).unwrap();
+        assert_eq!(done.state, space_api::OperationState::Succeeded, "{done:?}");
+    }
+}
+
+fn write_secret(dir: &Path, name: &str) -> std::path::PathBuf {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()).unwrap();
+    path
+}
+
+fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
+    let mut keys = Command::new(SPACE);
+    keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]);
+    keys.env("SPACE_DATA_DIR", data.root());
+    let made = output_within(&mut keys, PATIENCE);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    String::from_utf8(made.stdout).unwrap().trim().to_string()
+}
+
+/// Node `id` on loopback, reporting to the control plane at `control`.
+fn node(data: &TestDataDir, id: &str, control: &str, token: &Path) -> ReapedChild {
+    let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control]
+        .map(str::to_string)
+        .to_vec();
+    args.extend(["--node-token-file".to_string(), token.to_str().unwrap().to_string()]);
+    args.extend(common::split_args(data));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (child, _, _, lines) = common::spawn_in(data, "node", &args);
+    let name = id.to_string();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+            eprintln!("[{name}] {line}");
+        }
+    });
+    child
+}
+
+#[test]
+fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files() {
+    let pg = PgCluster::start();
+    let control = TestDataDir::new();
+    let token = write_secret(control.root(), "node-token");
+    let operator_key = write_secret(control.root(), "api-key");
+    let cp_args = [
+        "--cluster",
+        "--database",
+        pg.url.as_str(),
+        "--node-token-file",
+        token.to_str().unwrap(),
+        "--api-key-file",
+        operator_key.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let (_cp, cp_url, _, lines) = common::spawn_in(&control, "serve", &cp_args);
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+            eprintln!("[control plane] {line}");
+        }
+    });
+    let datas = [TestDataDir::new(), TestDataDir::new()];
+    let _nodes: Vec<ReapedChild> =
+        ["node-a", "node-b"].iter().zip(&datas).map(|(id, data)| node(data, id, &cp_url, &token)).collect();
+    let operator = Api { url: cp_url.clone(), key: std::fs::read_to_string(&operator_key).unwrap() };
+    wait_for("two live nodes", Duration::from_secs(60), || {
+        let nodes = operator.ok("GET", "/v1/health", None)["nodes"].as_array().cloned().unwrap_or_default();
+        (nodes.iter().filter(|n| n["alive"] == true).count() == 2).then_some(())
+    });
+    let team = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "team") };
+    let other = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "other") };
+
+    // Made through the control plane: on a node, named, seeded without a sandbox.
+    let (status, made) = team.call("POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 256})));
+    assert_eq!(status, 201, "{made}");
+    let home = made["node"].as_str().expect("the volume's node").to_string();
+    let away = if home == "node-a" { "node-b" } else { "node-a" };
+    let (status, wrote) = team.bytes("PUT", "/v1/volumes/ws/files?path=/hello.txt", Some(b"seeded through the cp"));
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&wrote));
+    assert_eq!(team.ok("GET", "/v1/volumes/ws", None)["node"], home.as_str());
+    let listed = team.ok("GET", "/v1/volumes", None);
+    assert_eq!(listed["volumes"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed["volumes"][0]["node"], home.as_str(), "{listed}");
+
+    // Its sandbox goes to its node, every time, and sees and writes its files.
+    let (sandbox, placed) = team.sandbox_with(json!([{"name": "ws", "path": "/workspace"}]));
+    assert_eq!(placed, home, "a sandbox that mounts ws goes where ws is");
+    assert_eq!(team.exec(&sandbox, "cat /workspace/hello.txt"), "seeded through the cp");
+    team.exec(
+        &sandbox,
+        "echo written inside > /workspace/inside.txt && chmod 600 /workspace/inside.txt \
+         && mkdir -p /workspace/d && ln -s ../hello.txt /workspace/d/link",
+    );
+    // Big enough that a move that read it whole would show.
+    let big = team.exec(&sandbox, "head -c 67108864 /dev/urandom > /workspace/big && sha256sum /workspace/big");
+
+    // Another tenant: not seen, not mounted, not written, not deleted, not moved.
+    assert_eq!(other.ok("GET", "/v1/volumes", None)["volumes"], json!([]));
+    for (method, path, body) in [
+        ("GET", "/v1/volumes/ws", None),
+        ("DELETE", "/v1/volumes/ws", None),
+        ("GET", "/v1/volumes/ws/files?path=/hello.txt", None),
+        ("POST", "/v1/volumes/ws/move", Some(json!({"node": away}))),
+        ("POST", "/v1/sandboxes", Some(json!({"template": "base", "volumes": [{"name": "ws", "path": "/w"}]}))),
+    ] {
+        let (status, refused) = other.call(method, path, body);
+        assert_eq!((status, refused["error"]["code"].as_str()), (404, Some("volume_not_found")), "{method} {path}");
+    }
+    let (status, _) = other.bytes("PUT", "/v1/volumes/ws/files?path=/x", Some(b"x"));
+    assert_eq!(status, 404);
+
+    // Mounted: it does not move.
+    let (status, refused) = team.call("POST", "/v1/volumes/ws/move", Some(json!({"node": away})));
+    assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("volume_in_use")), "{refused}");
+    assert_eq!(refused["error"]["details"]["sandbox_id"], sandbox.as_str());
+    team.delete_sandbox(&sandbox);
+
+    // Unmounted: moved with its files, its link and its mode.
+    let moved = team.ok("POST", "/v1/volumes/ws/move", Some(json!({"node": away})));
+    assert_eq!((moved["node"].as_str(), moved["size_mib"].as_u64()), (Some(away), Some(256)), "{moved}");
+    assert_eq!(team.ok("GET", "/v1/volumes/ws", None)["node"], away);
+    let (status, read) = team.bytes("GET", "/v1/volumes/ws/files?path=/inside.txt", None);
+    assert_eq!((status, String::from_utf8_lossy(&read).as_ref()), (200, "written inside\n"));
+    let (sandbox, placed) = team.sandbox_with(json!([{"name": "ws", "path": "/workspace", "read_only": true}]));
+    assert_eq!(placed, away, "its sandboxes follow it");
+    assert_eq!(team.exec(&sandbox, "cat /workspace/d/link"), "seeded through the cp");
+    assert_eq!(team.exec(&sandbox, "stat -c %a /workspace/inside.txt"), "600\n");
+    assert_eq!(team.exec(&sandbox, "sha256sum /workspace/big"), big, "64 MiB moved whole");
+    let listed = team.ok("GET", "/v1/volumes", None);
+    assert_eq!(listed["volumes"].as_array().map(Vec::len), Some(1), "{listed}");
+    // Each node asked itself (as the control plane asks it): the old copy is gone.
+    let node_token = std::fs::read_to_string(&token).unwrap();
+    for node in operator.ok("GET", "/v1/health", None)["nodes"].as_array().unwrap() {
+        let client = space_client::Client::new(node["url"].as_str().unwrap(), node_token.trim());
+        let held = client.call_with("GET", "/v1/volumes", &[("X-Space-Tenant", "team")], None).unwrap();
+        let names: Vec<&str> =
+            held.body["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+        let here = node["id"] == away;
+        assert_eq!(names, if here { vec!["ws"] } else { vec![] }, "on {}: {}", node["id"], held.body);
+    }
+
+    // Volumes of two nodes in one sandbox: refused, naming both.
+    let (status, near) = team.call("POST", "/v1/volumes", Some(json!({"name": "near", "size_mib": 64})));
+    assert_eq!(status, 201, "{near}");
+    if near["node"] == away {
+        let other_node = if away == "node-a" { "node-b" } else { "node-a" };
+        team.ok("POST", "/v1/volumes/near/move", Some(json!({"node": other_node})));
+    }
+    let mounts = json!([{"name": "ws", "path": "/workspace", "read_only": true}, {"name": "near", "path": "/near"}]);
+    let (status, refused) = team.call("POST", "/v1/sandboxes", Some(json!({"template": "base", "volumes": mounts})));
+    assert_eq!((status, refused["error"]["details"]["field"].as_str()), (422, Some("volumes")), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("node-a") && message.contains("node-b"), "{message}");
+
+    // Deleted through the control plane: gone from its node and the list.
+    team.delete_sandbox(&sandbox);
+    for name in ["ws", "near"] {
+        let (status, body) = team.call("DELETE", &format!("/v1/volumes/{name}"), None);
+        assert_eq!(status, 204, "{body}");
+    }
+    assert_eq!(team.ok("GET", "/v1/volumes", None)["volumes"], json!([]));
+    let (status, _) = team.call("GET", "/v1/volumes/ws", None);
+    assert_eq!(status, 404);
+}
