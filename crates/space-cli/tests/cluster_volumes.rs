@@ -48,7 +48,8 @@ impl Api {
 
     /// A request of raw bytes: the status and the body as sent.
     fn bytes(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
-        let answer = self.client().call_bytes(method, path, &[], body).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let answer =
+            self.client().call_bytes(method, path, &[], body).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         (answer.status, answer.body)
     }
 
@@ -97,9 +98,8 @@ fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
 
 /// Node `id` on loopback, reporting to the control plane at `control`.
 fn node(data: &TestDataDir, id: &str, control: &str, token: &Path) -> ReapedChild {
-    let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control]
-        .map(str::to_string)
-        .to_vec();
+    let mut args: Vec<String> =
+        ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control].map(str::to_string).to_vec();
     args.extend(["--node-token-file".to_string(), token.to_str().unwrap().to_string()]);
     args.extend(common::split_args(data));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -39,7 +39,7 @@ const STALE_CLAIM: Duration = Duration::from_secs(30);
 
 /// 404 `volume_not_found`, as a node answers it.
 pub(crate) fn volume_not_found(name: &str) -> ControlError {
-    ControlError::new(ErrorCode::VolumeNotFound, format!("no volume {name:?}"))
+    ControlError::new(ErrorCode::VolumeNotFound, format!("no volume named {name:?}"))
         .with_details(serde_json::json!({"kind": "volume", "id": name}))
 }
 
@@ -142,8 +142,8 @@ async fn claim(cp: &ControlPlane, caller: &Caller, name: &str, node: &str) -> Re
         return Ok(now);
     }
     let taken = || {
-        ControlError::new(ErrorCode::NameTaken, format!("a volume named {name:?} already exists"))
-            .with_details(serde_json::json!({"kind": "volume", "id": name}))
+        ControlError::new(ErrorCode::NameTaken, format!("a volume named {name:?} exists"))
+            .with_details(serde_json::json!({"field": "name"}))
     };
     let Some(held) = cp.store.cluster().volume_node(&caller.tenant, name)? else {
         // Deleted since: claim it again (once).
@@ -224,8 +224,8 @@ async fn with_node(response: Response, node: &str) -> Result<Response, ControlEr
 }
 
 /// `GET /v1/volumes`: the caller's volumes on every live node, each as
-/// its node has it (a copy a move left behind is not listed), oldest
-/// first.
+/// its node has it (a copy a move left behind is not listed), by name as
+/// a node lists them.
 pub(crate) async fn list(cp: &ControlPlane, caller: &Caller) -> Result<Response, ControlError> {
     let records = cp.store.cluster().volume_nodes(&caller.tenant)?;
     let mut volumes = Vec::new();
@@ -239,7 +239,7 @@ pub(crate) async fn list(cp: &ControlPlane, caller: &Caller) -> Result<Response,
             }
         }
     }
-    volumes.sort_by(|a, b| (a.created_at, &a.name).cmp(&(b.created_at, &b.name)));
+    volumes.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(axum::Json(VolumeList { volumes }).into_response())
 }
 

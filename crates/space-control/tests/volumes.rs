@@ -58,7 +58,7 @@ fn refusal(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 fn not_found(name: &str) -> Response {
-    refusal(StatusCode::NOT_FOUND, "volume_not_found", &format!("no volume {name:?}"))
+    refusal(StatusCode::NOT_FOUND, "volume_not_found", &format!("no volume named {name:?}"))
 }
 
 async fn health(State(node): State<Node>) -> Response {
