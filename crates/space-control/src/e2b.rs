@@ -20,6 +20,7 @@ use crate::node_client::NodeClient;
 use crate::place::place;
 use crate::quotas::Wanted;
 use crate::state::{live_node, mark_gone, nodes, now_ms, ControlPlane};
+use crate::volumes::volumes_node;
 
 /// An error in E2B's REST shape, `{"code": <status>, "message": "..."}`,
 /// as a node's E2B adapter answers it (the SDK reads `code` as a number
@@ -112,6 +113,15 @@ pub(crate) async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response,
 struct E2bCreateBody {
     #[serde(rename = "templateID")]
     template_id: Option<String>,
+    /// SPACE volumes to mount: the sandbox goes to their node.
+    #[serde(rename = "volumeMounts", default)]
+    volume_mounts: Vec<E2bMountName>,
+}
+
+/// The name of one of E2B's `volumeMounts` (the node reads the rest).
+#[derive(Debug, serde::Deserialize)]
+struct E2bMountName {
+    name: String,
 }
 
 /// E2B's create: placed like `/v1`'s (its `templateID`, default `base`),
@@ -130,12 +140,14 @@ async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<
     let name = body.template_id.as_deref().unwrap_or("base");
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let wanted = |template| Wanted { template, vcpus: None, memory_mib: None };
-    let placed = place(cp, caller, &wanted(name), key.as_deref(), None).await;
+    let names: Vec<&str> = body.volume_mounts.iter().map(|mount| mount.name.as_str()).collect();
+    let home = volumes_node(cp, caller, &names)?;
+    let placed = place(cp, caller, &wanted(name), key.as_deref(), home.as_deref()).await;
     let (node, allowance) = match placed {
         // E2B's code interpreter template, served by SPACE's (as on a node).
         Err(err) if err.code == ErrorCode::TemplateNotFound && name == space_api::e2b::E2B_CODE_INTERPRETER => {
             let served = wanted(space_host::template::CODE_INTERPRETER_TEMPLATE);
-            place(cp, caller, &served, key.as_deref(), None).await?
+            place(cp, caller, &served, key.as_deref(), home.as_deref()).await?
         }
         placed => placed?,
     };

@@ -156,13 +156,32 @@ async fn create_sandbox(State(node): State<Node>) -> Response {
     let mut fake = node.lock().unwrap();
     fake.sandboxes += 1;
     let id = format!("sbx-{}-{}", fake.id, fake.sandboxes);
-    let sandbox = json!({"id": id, "template": "base", "state": "creating", "vcpus": 1, "memory_mib": 512,
-        "disk_mib": 1024, "labels": {}, "engine": "gvisor", "created_at": "2026-01-01T00:00:00Z",
-        "updated_at": "2026-01-01T00:00:00Z", "lifecycle": {}, "network": {"egress": "none"},
-        "last_activity_at": "2026-01-01T00:00:00Z", "node": fake.id});
+    let sandbox = sandbox_json(&fake.id, &id);
     let operation = json!({"id": format!("op-{id}"), "kind": "create", "sandbox_id": id, "state": "pending",
         "progress": {"step": "queued", "done": 0, "total": 1}, "created_at": "2026-01-01T00:00:00Z"});
     (StatusCode::ACCEPTED, axum::Json(json!({"sandbox": sandbox, "operation": operation}))).into_response()
+}
+
+fn sandbox_json(node: &str, id: &str) -> Value {
+    json!({"id": id, "template": "base", "state": "running", "vcpus": 1, "memory_mib": 512,
+        "disk_mib": 1024, "labels": {}, "engine": "gvisor", "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z", "lifecycle": {}, "network": {"egress": "none"},
+        "last_activity_at": "2026-01-01T00:00:00Z", "node": node})
+}
+
+/// E2B's create, as a node's adapter answers it.
+async fn e2b_create(State(node): State<Node>) -> Response {
+    let mut fake = node.lock().unwrap();
+    fake.sandboxes += 1;
+    let id = format!("sbx-{}-{}", fake.id, fake.sandboxes);
+    axum::Json(json!({"templateID": "base", "sandboxID": id, "clientID": "c", "alias": "base",
+        "envdVersion": "0.2.0", "envdAccessToken": "t", "trafficAccessToken": "t", "domain": null}))
+    .into_response()
+}
+
+async fn sandbox(State(node): State<Node>, Path(id): Path<String>) -> Response {
+    let fake = node.lock().unwrap();
+    axum::Json(sandbox_json(&fake.id, &id)).into_response()
 }
 
 /// Counts every request the node is asked.
@@ -181,6 +200,8 @@ async fn fake_node(id: &str, free_bytes: u64) -> (Node, String) {
         .route("/v1/volumes/{name}", get(one).delete(delete))
         .route("/v1/volumes/{name}/files", get(read_files).put(write_files))
         .route("/v1/sandboxes", post(create_sandbox))
+        .route("/v1/sandboxes/{id}", get(sandbox))
+        .route("/e2b/sandboxes", post(e2b_create))
         .layer(axum::middleware::from_fn_with_state(node.clone(), count))
         .with_state(node.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
@@ -402,6 +423,33 @@ async fn a_sandbox_that_mounts_volumes_is_placed_on_their_node_or_refused_clearl
     }
     assert_eq!((c.asked(&c.a).len(), c.asked(&c.b).len()), before, "a node was asked");
     assert_eq!((c.a.lock().unwrap().sandboxes, c.b.lock().unwrap().sandboxes), (0, 3));
+
+    // E2B's create with volumeMounts is placed the same way.
+    let e2b = |mounts: Value| {
+        let request = hyper::Request::builder()
+            .method("POST")
+            .uri("/e2b/sandboxes")
+            .header("x-api-key", c.team.as_str())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(json!({"templateID": "base", "volumeMounts": mounts}).to_string()))
+            .expect("a request");
+        let url = c.url.clone();
+        async move {
+            let response = Links::default().send(&url, request, None).await.expect("an answer");
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("the body");
+            (status, serde_json::from_slice::<Value>(&body).expect("JSON"))
+        }
+    };
+    let (status, created) = e2b(json!([{"name": "data", "path": "/data"}])).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    assert_eq!(created["sandboxID"], "sbx-node-b-4", "{created}");
+    let placement = c.cp.store.cluster().placement("sbx-node-b-4").unwrap().expect("placed");
+    assert_eq!(placement.node_id, "node-b");
+    let (status, refused) = e2b(json!([{"name": "nothing", "path": "/data"}])).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{refused}");
+    let (status, refused) = e2b(json!([{"name": "ws", "path": "/w"}, {"name": "far", "path": "/f"}])).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
