@@ -97,14 +97,29 @@ pub(crate) async fn usage(cp: &ControlPlane, caller: &Caller) -> Result<Response
         total.sandboxes += answer.sandboxes;
         total.vcpus += answer.vcpus;
         total.memory_mib += answer.memory_mib;
-        let (disk, more) = (&mut total.disk, answer.disk);
-        disk.total_bytes += more.total_bytes;
-        disk.roots_reserved_bytes += more.roots_reserved_bytes;
-        disk.roots_used_bytes += more.roots_used_bytes;
-        disk.transcripts_bytes += more.transcripts_bytes;
-        disk.snapshots_bytes += more.snapshots_bytes;
-        disk.templates_bytes += more.templates_bytes;
-        disk.uploads_bytes += more.uploads_bytes;
+        // Every field named, so that one added to the node's figures is
+        // added up here too (or the build says why not).
+        let DiskUsage {
+            total_bytes,
+            roots_reserved_bytes,
+            roots_used_bytes,
+            transcripts_bytes,
+            snapshots_bytes,
+            templates_bytes,
+            uploads_bytes,
+            volumes_reserved_bytes,
+            volume_snapshots_bytes,
+        } = answer.disk;
+        let disk = &mut total.disk;
+        disk.total_bytes += total_bytes;
+        disk.roots_reserved_bytes += roots_reserved_bytes;
+        disk.roots_used_bytes += roots_used_bytes;
+        disk.transcripts_bytes += transcripts_bytes;
+        disk.snapshots_bytes += snapshots_bytes;
+        disk.templates_bytes += templates_bytes;
+        disk.uploads_bytes += uploads_bytes;
+        disk.volumes_reserved_bytes += volumes_reserved_bytes;
+        disk.volume_snapshots_bytes += volume_snapshots_bytes;
     }
     Ok(axum::Json(total).into_response())
 }

@@ -184,6 +184,20 @@ async fn sandbox(State(node): State<Node>, Path(id): Path<String>) -> Response {
     axum::Json(sandbox_json(&fake.id, &id)).into_response()
 }
 
+/// What the tenant holds here: its volumes' sizes, and 1 MiB of snapshots.
+async fn usage(State(node): State<Node>, headers: HeaderMap) -> Response {
+    let fake = node.lock().unwrap();
+    let tenant = tenant(&headers);
+    let reserved: u64 =
+        fake.volumes.iter().filter(|((t, _), _)| *t == tenant).map(|(_, k)| u64::from(k.volume.size_mib) << 20).sum();
+    axum::Json(json!({"tenant": tenant, "quotas": {"max_sandboxes": null, "max_vcpus": null, "max_memory_mib": null,
+        "max_disk_mib": null}, "sandboxes": 0, "vcpus": 0, "memory_mib": 0,
+        "disk": {"total_bytes": reserved + (1 << 20), "roots_reserved_bytes": 0, "roots_used_bytes": 0,
+            "transcripts_bytes": 0, "snapshots_bytes": 0, "templates_bytes": 0, "uploads_bytes": 0,
+            "volumes_reserved_bytes": reserved, "volume_snapshots_bytes": 1 << 20}}))
+    .into_response()
+}
+
 /// Counts every request the node is asked.
 async fn count(State(node): State<Node>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let asked = format!("{} {}", request.method(), request.uri());
@@ -196,6 +210,7 @@ async fn fake_node(id: &str, free_bytes: u64) -> (Node, String) {
     let node: Node = Arc::new(Mutex::new(Fake { id: id.into(), free_bytes, ..Fake::default() }));
     let router = Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/usage", get(usage))
         .route("/v1/volumes", get(list).post(create))
         .route("/v1/volumes/{name}", get(one).delete(delete))
         .route("/v1/volumes/{name}/files", get(read_files).put(write_files))
@@ -333,6 +348,12 @@ async fn a_volume_is_made_on_the_node_with_most_free_disk_and_found_there_by_its
     assert_eq!((&listed["volumes"][0]["name"], &listed["volumes"][0]["node"]), (&json!("ws"), &json!("node-a")));
     let (_, listed) = c.call(&c.other, "GET", "/v1/volumes", None).await;
     assert_eq!(listed["volumes"][0]["node"], "node-b", "{listed}");
+
+    // The usage adds up the volumes of both nodes.
+    let (status, used) = c.call(&c.team, "GET", "/v1/usage", None).await;
+    assert_eq!(status, StatusCode::OK, "{used}");
+    assert_eq!(used["disk"]["volumes_reserved_bytes"], 64u64 << 20, "{used}");
+    assert_eq!(used["disk"]["volume_snapshots_bytes"], 2u64 << 20, "one MiB from each node: {used}");
 
     // A request about it goes to its node; another tenant's is unknown,
     // answered exactly so, and no node is asked.
