@@ -6,7 +6,8 @@
 //! write nor delete it; a move to the other node refuses while the volume
 //! is mounted and otherwise carries its files (a link, a mode and 64 MiB
 //! streamed between the nodes);
-//! a sandbox that mounts volumes of both nodes is refused, naming both.
+//! a tenant whose disk quota holds a volume once can still move it; a
+//! sandbox that mounts volumes of both nodes is refused, naming both.
 
 use std::path::Path;
 use std::process::Command;
@@ -87,9 +88,9 @@ fn write_secret(dir: &Path, name: &str) -> std::path::PathBuf {
     path
 }
 
-fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str) -> String {
+fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str, quotas: &[&str]) -> String {
     let mut keys = Command::new(SPACE);
-    keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]);
+    keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]).args(quotas);
     keys.env("SPACE_DATA_DIR", data.root());
     let made = output_within(&mut keys, PATIENCE);
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
@@ -144,8 +145,8 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
         let nodes = operator.ok("GET", "/v1/health", None)["nodes"].as_array().cloned().unwrap_or_default();
         (nodes.iter().filter(|n| n["alive"] == true).count() == 2).then_some(())
     });
-    let team = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "team") };
-    let other = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "other") };
+    let team = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "team", &[]) };
+    let other = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "other", &[]) };
 
     // Made through the control plane: on a node, named, seeded without a sandbox.
     let (status, made) = team.call("POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 256})));
@@ -228,6 +229,17 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
     assert_eq!((status, refused["error"]["details"]["field"].as_str()), (422, Some("volumes")), "{refused}");
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(message.contains("node-a") && message.contains("node-b"), "{message}");
+
+    // A tenant whose disk quota holds the volume once (not twice) moves it:
+    // the copy being moved away is not counted against the new one.
+    let tight = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "tight", &["--max-disk-mib", "100"]) };
+    let (status, made) = tight.call("POST", "/v1/volumes", Some(json!({"name": "snug", "size_mib": 64})));
+    assert_eq!(status, 201, "{made}");
+    let (status, refused) = tight.call("POST", "/v1/volumes", Some(json!({"name": "more", "size_mib": 64})));
+    assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("quota_exceeded")), "{refused}");
+    let there = if made["node"] == "node-a" { "node-b" } else { "node-a" };
+    let moved = tight.ok("POST", "/v1/volumes/snug/move", Some(json!({"node": there})));
+    assert_eq!(moved["node"], there, "{moved}");
 
     // Deleted through the control plane: gone from its node and the list.
     team.delete_sandbox(&sandbox);
