@@ -5,9 +5,9 @@
 //! that mounts it is placed there; another tenant can neither see, mount,
 //! write nor delete it; a move to the other node refuses while the volume
 //! is mounted and otherwise carries its files (a link, a mode and 64 MiB
-//! streamed between the nodes);
-//! a tenant whose disk quota holds a volume once can still move it; a
-//! sandbox that mounts volumes of both nodes is refused, naming both.
+//! streamed between the nodes); a tenant whose disk quota holds a volume
+//! once can still move it; a sandbox that mounts volumes of both nodes is
+//! refused, naming both.
 
 use std::path::Path;
 use std::process::Command;
