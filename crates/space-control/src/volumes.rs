@@ -121,12 +121,9 @@ pub(crate) async fn create(cp: &ControlPlane, caller: &Caller, request: Request)
         return forward(cp, &node, caller, request).await;
     }
     let claimed = claim(cp, caller, &create.name, &node.id).await?;
-    let response = match forward(cp, &node, caller, request).await {
-        Ok(response) => response,
-        // Whether the node made it is not known: the claim stays, and is
-        // taken back once its node says it has no such volume.
-        Err(err) => return Err(err),
-    };
+    // Unanswered, whether the node made it is not known: the claim stays,
+    // and is taken back once its node says it has no such volume.
+    let response = forward(cp, &node, caller, request).await?;
     if !response.status().is_success() {
         cp.store.cluster().forget_volume(&caller.tenant, &create.name, &node.id, claimed)?;
         return Ok(response);
