@@ -1,6 +1,7 @@
 //! A cluster's control plane (decision 009, `space serve --cluster`): it
 //! keeps tenants, keys, the nodes with their leases and where each sandbox
-//! lives in PostgreSQL, places new sandboxes, counts tenants' quotas
+//! and volume lives in PostgreSQL, places new sandboxes (with the volumes
+//! they mount), moves volumes between nodes, counts tenants' quotas
 //! cluster-wide, and forwards each request to its sandbox's node as a
 //! stream. Nodes speak the v1 API; the messages that are the cluster's own
 //! (a node's report, its event feed, a template pull, the disk allowance)
