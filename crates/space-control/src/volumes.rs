@@ -284,12 +284,17 @@ pub(crate) async fn move_volume(
     name: &str,
     request: Request,
 ) -> Result<Response, ControlError> {
-    let body = axum::body::to_bytes(request.into_body(), space_http::extract::MAX_JSON_BODY)
+    // Refused in the order a node's extractors refuse: the volume, the
+    // query, the body.
+    let volume = record(cp, caller, name)?;
+    let (mut parts, body) = request.into_parts();
+    use axum::extract::FromRequestParts as _;
+    space_http::extract::NoQuery::from_request_parts(&mut parts, &()).await?;
+    let body = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
         .await
         .map_err(|_| ControlError::new(ErrorCode::TooLarge, "the request body is too large"))?;
     let axum::Json(wanted) =
         axum::Json::<MoveVolumeRequest>::from_bytes(&body).map_err(space_http::extract::json_rejection)?;
-    let volume = record(cp, caller, name)?;
     let Some(target) = cp.store.cluster().node(&wanted.node)? else {
         return Err(ControlError::new(ErrorCode::InvalidValue, format!("no node {:?} in the cluster", wanted.node))
             .with_details(serde_json::json!({"field": "node"})));

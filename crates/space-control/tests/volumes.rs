@@ -376,7 +376,8 @@ async fn a_volume_is_made_on_the_node_with_most_free_disk_and_found_there_by_its
         ("POST", "/v1/volumes/mine/move"),
     ] {
         let body = match path {
-            p if p.ends_with("/move") => Some(json!({"node": "node-a"})),
+            // Not a move's body: the volume is refused first, as on a node.
+            p if p.ends_with("/move") => Some(json!({"bogus": true})),
             p if p.ends_with("/snapshots") => Some(json!({"name": "s"})),
             _ => None,
         };
@@ -503,7 +504,9 @@ async fn a_move_carries_the_files_and_a_failure_midway_leaves_the_volume_where_i
     assert_eq!((status, refused["error"]["details"]["state"].as_str()), (StatusCode::CONFLICT, Some("has_snapshots")));
     c.a.lock().unwrap().volumes.get_mut(&("team".into(), "ws".into())).unwrap().volume.snapshots.clear();
 
-    // To a node that is not there: refused.
+    // With a query, or to a node that is not there: refused.
+    let (status, refused) = c.call(&c.team, "POST", "/v1/volumes/ws/move?x=1", Some(json!({"node": "node-b"}))).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
     let (status, refused) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-z"}))).await;
     assert_eq!(
         (status, refused["error"]["details"]["field"].as_str()),
