@@ -472,6 +472,23 @@ async fn a_sandbox_that_mounts_volumes_is_placed_on_their_node_or_refused_clearl
     assert_eq!(status, StatusCode::NOT_FOUND, "{refused}");
     let (status, refused) = e2b(json!([{"name": "ws", "path": "/w"}, {"name": "far", "path": "/f"}])).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+
+    // Their node lost (its lease run out): a sandbox that mounts them is
+    // not placed elsewhere, and the volume answers that its node is lost.
+    let b_url = c.cp.store.cluster().node("node-b").unwrap().expect("node-b").url;
+    let report = c.cp.store.cluster().node("node-b").unwrap().expect("node-b").report;
+    c.cp.store.cluster().heartbeat_node("node-b", &b_url, &report, now_ms() - 1).unwrap();
+    let mounts = json!([{"name": "ws", "path": "/workspace"}]);
+    let (status, refused) =
+        c.call(&c.team, "POST", "/v1/sandboxes", Some(json!({"template": "base", "volumes": mounts}))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("node-b"), "{refused}");
+    let (status, lost) = c.call(&c.team, "GET", "/v1/volumes/ws", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{lost}");
+    let (_, listed) = c.call(&c.team, "GET", "/v1/volumes", None).await;
+    let names: Vec<&str> = listed["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+    assert_eq!(names, ["far"], "the live node's: {listed}");
+    assert_eq!((c.a.lock().unwrap().sandboxes, c.b.lock().unwrap().sandboxes), (0, 4));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
