@@ -5,9 +5,10 @@
 //! that mounts it is placed there; another tenant can neither see, mount,
 //! write nor delete it; a move to the other node refuses while the volume
 //! is mounted and otherwise carries its files (a link, a mode and 64 MiB
-//! streamed between the nodes); a tenant whose disk quota holds a volume
-//! once can still move it; a sandbox that mounts volumes of both nodes is
-//! refused, naming both.
+//! streamed between the nodes); one with a snapshot stays, and a volume
+//! made from that snapshot is made beside it; a tenant whose disk quota
+//! holds a volume once can still move it; a sandbox that mounts volumes
+//! of both nodes is refused, naming both.
 
 use std::path::Path;
 use std::process::Command;
@@ -217,6 +218,19 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
         assert_eq!(names, if here { vec!["ws"] } else { vec![] }, "on {}: {}", node["id"], held.body);
     }
 
+    // A snapshot stays with its volume: a volume that has one does not
+    // move (once nothing mounts it), and a volume made from it is made
+    // beside it.
+    team.delete_sandbox(&sandbox);
+    team.ok("POST", "/v1/volumes/ws/snapshots", Some(json!({"name": "s1"})));
+    let (status, refused) = team.call("POST", "/v1/volumes/ws/move", Some(json!({"node": home})));
+    assert_eq!((status, refused["error"]["details"]["state"].as_str()), (409, Some("has_snapshots")), "{refused}");
+    let from = json!({"name": "branch", "from_snapshot": {"volume": "ws", "snapshot": "s1"}});
+    let (status, branch) = team.call("POST", "/v1/volumes", Some(from));
+    assert_eq!((status, branch["node"].as_str()), (201, Some(away)), "{branch}");
+    let (status, read) = team.bytes("GET", "/v1/volumes/branch/files?path=/hello.txt", None);
+    assert_eq!((status, String::from_utf8_lossy(&read).as_ref()), (200, "seeded through the cp"));
+
     // Volumes of two nodes in one sandbox: refused, naming both.
     let (status, near) = team.call("POST", "/v1/volumes", Some(json!({"name": "near", "size_mib": 64})));
     assert_eq!(status, 201, "{near}");
@@ -242,10 +256,9 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
     assert_eq!(moved["node"], there, "{moved}");
 
     // Deleted through the control plane: gone from its node and the list.
-    team.delete_sandbox(&sandbox);
-    for name in ["ws", "near"] {
-        let (status, body) = team.call("DELETE", &format!("/v1/volumes/{name}"), None);
-        assert_eq!(status, 204, "{body}");
+    for path in ["branch", "ws/snapshots/s1", "ws", "near"] {
+        let (status, body) = team.call("DELETE", &format!("/v1/volumes/{path}"), None);
+        assert_eq!(status, 204, "{path}: {body}");
     }
     assert_eq!(team.ok("GET", "/v1/volumes", None)["volumes"], json!([]));
     let (status, _) = team.call("GET", "/v1/volumes/ws", None);
