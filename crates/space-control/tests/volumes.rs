@@ -43,6 +43,9 @@ struct Fake {
     asked: Vec<String>,
     /// Its next PUT of files fails (a node that breaks mid-move).
     fail_put: bool,
+    /// A sandbox mounts the volume as its files are read (a create that
+    /// raced a move's check).
+    mount_on_read: bool,
     /// The sandbox creates it took.
     sandboxes: usize,
 }
@@ -131,8 +134,16 @@ async fn read_files(
         (query.get("path").map(String::as_str), query.get("format").map(String::as_str)),
         (Some("/"), Some("tar"))
     );
-    match node.lock().unwrap().volumes.get(&(tenant(&headers), name.clone())) {
-        Some(kept) => kept.files.clone().into_response(),
+    let mut fake = node.lock().unwrap();
+    let mount = std::mem::take(&mut fake.mount_on_read);
+    match fake.volumes.get_mut(&(tenant(&headers), name.clone())) {
+        Some(kept) => {
+            if mount {
+                let holder = VolumeHolder { sandbox_id: "sbx-late".into(), path: "/w".into(), read_only: false };
+                kept.volume.mounted_by.push(holder);
+            }
+            kept.files.clone().into_response()
+        }
         None => not_found(&name),
     }
 }
@@ -539,6 +550,17 @@ async fn a_move_carries_the_files_and_a_failure_midway_leaves_the_volume_where_i
     assert!(c.on(&c.a, "team", "ws"));
     let kept = c.cp.store.cluster().volume_node("team", "ws").unwrap().unwrap();
     assert_eq!((kept.node_id.as_str(), kept.moving_until_ms), ("node-a", 0), "the record is as it was, unheld");
+
+    // A sandbox that mounted it while its files were copied (its create
+    // checked before the move's hold) keeps it where it is: the old copy
+    // is not deleted under it, the record goes back, the new copy goes.
+    c.a.lock().unwrap().mount_on_read = true;
+    let (status, failed) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-b"}))).await;
+    assert_eq!((status, failed["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("volume_in_use")), "{failed}");
+    assert!(!c.on(&c.b, "team", "ws") && c.on(&c.a, "team", "ws"));
+    let kept = c.cp.store.cluster().volume_node("team", "ws").unwrap().unwrap();
+    assert_eq!((kept.node_id.as_str(), kept.moving_until_ms), ("node-a", 0));
+    c.a.lock().unwrap().volumes.get_mut(&("team".into(), "ws".into())).unwrap().volume.mounted_by.clear();
 
     // A move that works: same size, same files, on node-b only, found there.
     let (status, moved) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-b"}))).await;
