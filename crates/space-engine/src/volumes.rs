@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 
 pub use files_child::{child_main as files_child_main, FilesChildArgs, SUBCOMMAND as FILES_SUBCOMMAND};
 pub use local::LocalVolumes;
-pub(crate) use local::{read_only_view, settle};
+pub(crate) use local::{drop_views, mount_view, settle};
 pub use space_privsep::proto::{DiskMib, SnapshotName, VolumeId};
 
 use crate::EngineError;

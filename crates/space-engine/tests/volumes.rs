@@ -409,6 +409,9 @@ async fn sandboxes_mount_a_volume_read_write_and_read_only() {
     // A second sandbox mounts it read-only and reads what the first wrote.
     let reader = sandbox(&data, 52, vec![mount(&volume, "/srv/data", true)]);
     let reading = engine.create(&reader).await.expect("a read-only mount starts").agent;
+    // Its read-only view was the host's only while runsc set the sandbox up.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&reader.id), "no mount of the sandbox is left on the host: {mounts}");
     assert_eq!(sh(&reading, "cat /srv/data/shared.txt").await, "from-a\n");
     let (_, err, exited) = run(&reading, &["sh", "-c", "echo no > /srv/data/shared.txt"]).await;
     assert_ne!(exited.exit_code, Some(0));

@@ -55,6 +55,19 @@ impl Layout {
         self.sandbox_dir(sandbox).join("from-chain")
     }
 
+    /// Where a start mounts the read-only views of the volumes the sandbox
+    /// mounts read-only, while its engine sets up its mounts.
+    pub fn volume_views(&self, sandbox: &SandboxId) -> PathBuf {
+        self.sandbox_dir(sandbox).join("volume-views")
+    }
+
+    /// A read-only bind mount of a volume's `data`, what a read-only mount
+    /// of the sandbox binds (the host's kernel refuses its writes, not
+    /// only the engine).
+    pub fn volume_view(&self, sandbox: &SandboxId, volume: &VolumeId) -> PathBuf {
+        self.volume_views(sandbox).join(volume.as_str())
+    }
+
     /// The file runsc writes its output of the sandbox to.
     pub fn engine_log(&self, sandbox: &SandboxId) -> PathBuf {
         self.sandbox_dir(sandbox).join("runsc.log")
@@ -146,12 +159,6 @@ impl Layout {
         self.volume_dir(volume).join("limit-mib")
     }
 
-    /// A read-only bind mount of the volume's `data`, what read-only mounts
-    /// bind (the kernel, not only the engine, refuses their writes).
-    pub fn volume_read_only(&self, volume: &VolumeId) -> PathBuf {
-        self.volume_dir(volume).join("ro")
-    }
-
     pub fn volume_snapshots(&self, volume: &VolumeId) -> PathBuf {
         self.volume_dir(volume).join("snapshots")
     }
@@ -162,9 +169,8 @@ impl Layout {
     }
 
     /// Every path of a volume a request can lead to.
-    fn volume_paths(&self, volume: &VolumeId) -> [PathBuf; 7] {
+    fn volume_paths(&self, volume: &VolumeId) -> [PathBuf; 6] {
         [
-            self.volume_read_only(volume),
             self.volume_dir(volume),
             self.volume_data(volume),
             self.volume_data_new(volume),
@@ -206,8 +212,10 @@ impl Layout {
             }
             Request::Start { sandbox: id, from, mounts, .. } => {
                 sandbox(id);
+                paths.push(self.volume_views(id));
                 for mount in mounts {
                     paths.extend(self.volume_paths(&mount.volume));
+                    paths.push(self.volume_view(id, &mount.volume));
                 }
                 match from {
                     StartFrom::Template { template }

@@ -74,16 +74,20 @@ impl LocalHost {
 
     /// Writes the OCI bundle: `config.json` with the sandbox's own root,
     /// the agent as PID 1, the binds it needs and its volumes (each one
-    /// there, a restore a killed process left half done finished first).
+    /// there, a restore a killed process left half done finished first;
+    /// the read-only ones' views mounted, for [`crate::volumes::drop_views`]
+    /// once runsc has its own copies).
     fn write_bundle(&self, sandbox: &SandboxId, shape: Shape, mounts: &[Mount]) -> Result<(), EngineError> {
+        crate::volumes::drop_views(&self.layout().volume_views(sandbox));
         for mount in mounts {
             crate::volumes::settle(self.layout(), &mount.volume)?;
             let data = self.layout().volume_data(&mount.volume);
             if !fs::symlink_metadata(&data).is_ok_and(|meta| meta.is_dir()) {
                 return Err(EngineError::Runtime(format!("volume {} is not on this host", mount.volume)));
             }
-            if mount.read_only {
-                crate::volumes::read_only_view(self.layout(), &mount.volume)?;
+            let view = self.layout().volume_view(sandbox, &mount.volume);
+            if mount.read_only && !view.exists() {
+                crate::volumes::mount_view(&data, &view)?;
             }
         }
         let bundle = self.layout().bundle_dir(sandbox);
@@ -220,6 +224,58 @@ impl LocalHost {
         let alive = String::from_utf8_lossy(&cmdline).contains(sandbox.as_str());
         Some(if alive { engine_state(state["status"].as_str()) } else { EngineState::Missing })
     }
+
+    /// The agent's socket bound, then `runsc run` (no `memory`) or `runsc
+    /// restore` of the bundle; the volumes' views go once runsc returned
+    /// (the sandbox's mounts are its own copies by then).
+    fn launch(
+        &self,
+        sandbox: &SandboxId,
+        memory: Option<PathBuf>,
+        lap: Instant,
+        mut steps: Steps,
+    ) -> Result<Launched, EngineError> {
+        let views = self.layout().volume_views(sandbox);
+        let listener = self.bind_agent(sandbox)?;
+        steps.push(("bundle and agent socket", lap.elapsed()));
+
+        let log_path = self.layout().engine_log(sandbox);
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(EngineError::io("opening runsc.log"))?;
+        let log_err = log.try_clone().map_err(EngineError::io("runsc.log"))?;
+        let mut run = self.runsc();
+        let how = match &memory {
+            None => {
+                run.args(["run", "--detach"]);
+                "run"
+            }
+            Some(memory) => {
+                run.args(["restore", "--detach", "--image-path"]).arg(memory);
+                "restore"
+            }
+        };
+        run.arg("--bundle")
+            .arg(self.layout().bundle_dir(sandbox))
+            .arg(sandbox.as_str())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        let child = Reaper::global().spawn(&mut run).map_err(EngineError::io("starting runsc"))?;
+        let pid = child.id();
+        let finished = Box::new(move || {
+            let status = child.wait();
+            crate::volumes::drop_views(&views);
+            if status.success() {
+                Ok(())
+            } else {
+                Err(EngineError::Runtime(format!("runsc {how} failed ({status:?}): {}", log_tail(&log_path))))
+            }
+        });
+        Ok(Launched { listener, pid, finished, steps })
+    }
 }
 
 impl EngineHost for LocalHost {
@@ -261,45 +317,13 @@ impl EngineHost for LocalHost {
         };
         // Every start writes its bundle anew, a restore from a suspend too:
         // the volumes are the spec's now, never those of an older bundle.
-        self.write_bundle(sandbox, shape, mounts)?;
-        let listener = self.bind_agent(sandbox)?;
-        steps.push(("bundle and agent socket", lap.elapsed()));
-
-        let log_path = self.layout().engine_log(sandbox);
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(EngineError::io("opening runsc.log"))?;
-        let log_err = log.try_clone().map_err(EngineError::io("runsc.log"))?;
-        let mut run = self.runsc();
-        let how = match &memory {
-            None => {
-                run.args(["run", "--detach"]);
-                "run"
-            }
-            Some(memory) => {
-                run.args(["restore", "--detach", "--image-path"]).arg(memory);
-                "restore"
-            }
-        };
-        run.arg("--bundle")
-            .arg(self.layout().bundle_dir(sandbox))
-            .arg(sandbox.as_str())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
-        let child = Reaper::global().spawn(&mut run).map_err(EngineError::io("starting runsc"))?;
-        let pid = child.id();
-        let finished = Box::new(move || {
-            let status = child.wait();
-            if status.success() {
-                Ok(())
-            } else {
-                Err(EngineError::Runtime(format!("runsc {how} failed ({status:?}): {}", log_tail(&log_path))))
-            }
-        });
-        Ok(Launched { listener, pid, finished, steps })
+        let views = self.layout().volume_views(sandbox);
+        let launched =
+            self.write_bundle(sandbox, shape, mounts).and_then(|()| self.launch(sandbox, memory, lap, steps));
+        if launched.is_err() {
+            crate::volumes::drop_views(&views);
+        }
+        launched
     }
 
     fn pause(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
@@ -447,6 +471,9 @@ impl EngineHost for LocalHost {
         let _ = set_frozen(sandbox.as_str(), false);
         let _ = space_host::run(self.runsc().args(["delete", "--force", sandbox.as_str()]));
         remove_cgroups(sandbox.as_str());
+        // A start killed before its runsc returned leaves its views mounted:
+        // they go before anything below the sandbox's dir is removed.
+        crate::volumes::drop_views(&self.layout().volume_views(sandbox));
         btrfs::delete_subvolume(&self.layout().sandbox_root(sandbox))?;
         // Images (a fork's, checkpoints) hold subvolumes of their own.
         let dir = self.layout().sandbox_dir(sandbox);
@@ -799,10 +826,10 @@ pub(super) fn oci_config(
     // gofer like the root, so the sentry resolves every link in it inside
     // the sandbox's own view. A read-only one binds the volume's read-only
     // view, which the host's kernel keeps read-only whatever the engine
-    // does (`volumes::read_only_view`).
+    // does (`volumes::mount_view`).
     for volume in volumes {
         let (access, source) = match volume.read_only {
-            true => ("ro", layout.volume_read_only(&volume.volume)),
+            true => ("ro", layout.volume_view(sandbox, &volume.volume)),
             false => ("rw", layout.volume_data(&volume.volume)),
         };
         mounts.push(
@@ -927,7 +954,11 @@ mod tests {
             last,
             [
                 ("/workspace", "/data/volumes/vol_0123456789abcdef0123/data", vec!["rbind", "rw"]),
-                ("/srv/shared", "/data/volumes/vol_fedcba9876543210fedc/ro", vec!["rbind", "ro"]),
+                (
+                    "/srv/shared",
+                    "/data/sandboxes/sbx_0123456789abcdef0123/volume-views/vol_fedcba9876543210fedc",
+                    vec!["rbind", "ro"]
+                ),
             ]
         );
     }

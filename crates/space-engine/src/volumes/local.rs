@@ -7,11 +7,11 @@
 //! finishes what a killed process left of that: between the renames the
 //! new data goes in, before them the half-made copy goes.
 //!
-//! Read-only mounts bind `ro`, a read-only bind mount of `data` made when
-//! a sandbox first needs it ([`read_only_view`]): gVisor's own check of a
-//! read-only bind is not enough (the runsc this host runs truncates a file
-//! opened with `O_TRUNC` before it answers `EROFS`), the kernel's is. It
-//! goes before anything replaces or removes `data`.
+//! A sandbox's read-only mount binds a read-only view of `data`
+//! ([`mount_view`]) that its start makes and takes away once the engine
+//! has its own copy of the mount: gVisor's own check of a read-only bind
+//! is not enough (the runsc this host runs truncates a file opened with
+//! `O_TRUNC` before it answers `EROFS`), the kernel's is.
 
 use std::fs;
 use std::os::unix::net::UnixStream;
@@ -120,7 +120,6 @@ impl VolumeHost for LocalVolumes {
 
     fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
         let _changing = self.lock();
-        drop_read_only_view(&self.layout, volume)?;
         btrfs::remove_tree(&self.layout.volume_dir(volume)).map_err(EngineError::from)
     }
 
@@ -155,11 +154,6 @@ impl VolumeHost for LocalVolumes {
         if let Err(err) = made {
             let _ = btrfs::delete_subvolume(&new);
             return Err(err.into());
-        }
-        // The read-only view shows the old data: it goes, made anew when next needed.
-        if let Err(err) = drop_read_only_view(&self.layout, volume) {
-            let _ = btrfs::delete_subvolume(&new);
-            return Err(err);
         }
         // The swap: from the first rename on, `settle` finishes it.
         fs::rename(&data, &old).map_err(EngineError::io("moving the volume's data aside"))?;
@@ -229,9 +223,6 @@ fn not_here(volume: &VolumeId) -> EngineError {
 pub(crate) fn settle(layout: &Layout, volume: &VolumeId) -> Result<(), EngineError> {
     let (data, new, old) = (layout.volume_data(volume), layout.volume_data_new(volume), layout.volume_data_old(volume));
     let there = |path: &Path| fs::symlink_metadata(path).is_ok();
-    if there(&new) || there(&old) {
-        drop_read_only_view(layout, volume)?;
-    }
     match (there(&data), there(&new), there(&old)) {
         (false, true, true) => {
             tracing::info!(%volume, "finishing a restore a killed process left between its renames");
@@ -257,62 +248,55 @@ pub(crate) fn settle(layout: &Layout, volume: &VolumeId) -> Result<(), EngineErr
     Ok(())
 }
 
-/// The read-only view of the volume's `data` that read-only mounts bind:
-/// `ro`, a bind mount of `data` made read-only, mounted now unless it is
-/// there already (a reboot or a restore took the last one away).
-pub(crate) fn read_only_view(layout: &Layout, volume: &VolumeId) -> Result<PathBuf, EngineError> {
-    use nix::mount::{mount, MsFlags};
-    use std::os::unix::fs::MetadataExt;
-    let (data, view) = (layout.volume_data(volume), layout.volume_read_only(volume));
-    let data_meta = fs::symlink_metadata(&data).map_err(|_| not_here(volume))?;
-    let mounted = |view: &Path| {
-        let same = fs::metadata(view).is_ok_and(|m| m.dev() == data_meta.dev() && m.ino() == data_meta.ino());
-        let read_only =
-            nix::sys::statvfs::statvfs(view).is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
-        same && read_only
-    };
-    if mounted(&view) {
-        return Ok(view);
-    }
-    // Whatever stands there (a stale view, an empty directory) goes first.
-    drop_read_only_view(layout, volume)?;
-    match fs::create_dir(&view) {
-        Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(EngineError::io("making the volume's read-only view")(err))
-        }
-        _ => {}
+/// Mounts at `view` a read-only bind of a volume's `data` (a directory
+/// made for it; whatever was mounted there goes first).
+pub(crate) fn mount_view(data: &Path, view: &Path) -> Result<(), EngineError> {
+    use nix::mount::{mount, MntFlags, MsFlags};
+    unmount_all(view)?;
+    match fs::create_dir_all(view) {
+        Ok(()) => {}
+        Err(err) => return Err(EngineError::io("making a volume's read-only view")(err)),
     }
     let io = |what: &'static str| move |err: nix::Error| EngineError::io(what)(std::io::Error::from(err));
-    mount(Some(&data), &view, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(io("binding the volume"))?;
+    mount(Some(data), view, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(io("binding a volume"))?;
     let read_only =
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    if let Err(err) = mount(None::<&str>, &view, None::<&str>, read_only, None::<&str>) {
-        let _ = nix::mount::umount2(&view, nix::mount::MntFlags::MNT_DETACH);
-        return Err(io("making the volume's view read-only")(err));
+    let made_read_only = mount(None::<&str>, view, None::<&str>, read_only, None::<&str>)
+        .map_err(io("making a volume's view read-only"))
+        .and_then(|()| match nix::sys::statvfs::statvfs(view) {
+            Ok(stat) if stat.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) => Ok(()),
+            _ => Err(EngineError::Runtime(format!("{} did not come up read-only", view.display()))),
+        });
+    if made_read_only.is_err() {
+        let _ = nix::mount::umount2(view, MntFlags::MNT_DETACH);
     }
-    if !mounted(&view) {
-        let _ = nix::mount::umount2(&view, nix::mount::MntFlags::MNT_DETACH);
-        return Err(EngineError::Runtime(format!("volume {volume}'s read-only view did not come up read-only")));
-    }
-    Ok(view)
+    made_read_only
 }
 
-/// Takes the read-only view away (every mount stacked there), leaving
-/// an empty directory or nothing.
-pub(crate) fn drop_read_only_view(layout: &Layout, volume: &VolumeId) -> Result<(), EngineError> {
-    let view = layout.volume_read_only(volume);
-    loop {
-        match nix::mount::umount2(&view, nix::mount::MntFlags::MNT_DETACH) {
-            Ok(()) => continue,
-            // Not a mount point (any more), or not there at all.
-            Err(nix::Error::EINVAL | nix::Error::ENOENT) => break,
-            Err(err) => return Err(EngineError::io("unmounting the volume's read-only view")(err.into())),
+/// Takes away every view under `views` (each mount detached, then its
+/// empty directory), and `views` itself. Never removes a file: what is
+/// still there is left.
+pub(crate) fn drop_views(views: &Path) {
+    if let Ok(entries) = fs::read_dir(views) {
+        for entry in entries.flatten() {
+            let view = entry.path();
+            if let Err(err) = unmount_all(&view) {
+                tracing::warn!(view = %view.display(), "{err}");
+            }
+            let _ = fs::remove_dir(&view);
         }
     }
-    match fs::remove_dir(&view) {
-        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-            Err(EngineError::io("removing the volume's read-only view")(err))
+    let _ = fs::remove_dir(views);
+}
+
+/// Detaches every mount stacked at `path` (none there is no error).
+fn unmount_all(path: &Path) -> Result<(), EngineError> {
+    loop {
+        match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => continue,
+            // Not a mount point (any more), or not there at all.
+            Err(nix::Error::EINVAL | nix::Error::ENOENT) => return Ok(()),
+            Err(err) => return Err(EngineError::io("unmounting a volume's view")(err.into())),
         }
-        _ => Ok(()),
     }
 }
