@@ -10,6 +10,7 @@
 //! exist: both are a name the caller's tenant has no record of, refused
 //! before any node is asked.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -279,7 +280,7 @@ pub(crate) async fn volume_request(
 /// them). A failure midway deletes the new copy and leaves the volume
 /// where it was.
 pub(crate) async fn move_volume(
-    cp: &ControlPlane,
+    cp: &Arc<ControlPlane>,
     caller: &Caller,
     name: &str,
     request: Request,
@@ -314,18 +315,25 @@ pub(crate) async fn move_volume(
     if !cp.store.cluster().hold_volume_move(&caller.tenant, name, &source.id, now, until, false)? {
         return Err(being_moved(name, "move it"));
     }
-    let moved = {
-        let copy = copy_to(cp, caller, name, &source, &target);
+    // Carried through to its end (or its undoing) in a task of its own: a
+    // caller that goes away midway must not leave a copy on each node.
+    let (owned, who, what) = (cp.clone(), caller.clone(), name.to_string());
+    let (from, to) = (source.clone(), target.clone());
+    let task = tokio::spawn(async move {
+        let (cp, caller, name) = (&*owned, &who, what.as_str());
+        let copy = copy_to(cp, caller, name, &from, &to);
         tokio::pin!(copy);
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + MOVE_RENEW, MOVE_RENEW);
-        loop {
+        let moved = loop {
             tokio::select! {
                 moved = &mut copy => break moved,
                 _ = renew.tick() => renew_hold(cp, caller, name),
             }
-        }
-    };
-    cp.store.cluster().release_volume_move(&caller.tenant, name)?;
+        };
+        cp.store.cluster().release_volume_move(&caller.tenant, name)?;
+        moved
+    });
+    let moved = task.await.map_err(|e| ControlError::internal("moving a volume", e))?;
     let mut shown = moved?;
     shown.node = Some(target.id.clone());
     tracing::info!(tenant = %caller.tenant, volume = name, from = %source.id, to = %target.id, "moved a volume");

@@ -43,6 +43,8 @@ struct Fake {
     asked: Vec<String>,
     /// Its next PUT of files fails (a node that breaks mid-move).
     fail_put: bool,
+    /// How long its PUT of files takes, in ms.
+    put_delay_ms: u64,
     /// A sandbox mounts the volume as its files are read (a create that
     /// raced a move's check).
     mount_on_read: bool,
@@ -150,6 +152,8 @@ async fn read_files(
 
 async fn write_files(State(node): State<Node>, headers: HeaderMap, Path(name): Path<String>, body: Body) -> Response {
     let bytes = axum::body::to_bytes(body, 1 << 30).await.unwrap();
+    let delay = node.lock().unwrap().put_delay_ms;
+    tokio::time::sleep(Duration::from_millis(delay)).await;
     let mut fake = node.lock().unwrap();
     if std::mem::take(&mut fake.fail_put) {
         return refusal(StatusCode::UNPROCESSABLE_ENTITY, "io_error", "the disk broke");
@@ -574,6 +578,27 @@ async fn a_move_carries_the_files_and_a_failure_midway_leaves_the_volume_where_i
     assert_eq!(got["node"], "node-b");
     let (status, again) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-b"}))).await;
     assert_eq!((status, again["node"].as_str()), (StatusCode::OK, Some("node-b")), "a repeated move is done: {again}");
+
+    // A caller that goes away midway does not stop the move: it ends
+    // with the volume on one node, unheld.
+    c.a.lock().unwrap().put_delay_ms = 500;
+    let body = Some(json!({"node": "node-a"}));
+    let gone = tokio::time::timeout(Duration::from_millis(100), c.call(&c.team, "POST", "/v1/volumes/ws/move", body));
+    assert!(gone.await.is_err(), "the move answered before its caller went away");
+    let moved_back = || {
+        let kept = c.cp.store.cluster().volume_node("team", "ws").unwrap().unwrap();
+        kept.node_id == "node-a" && kept.moving_until_ms == 0
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !moved_back() {
+        assert!(std::time::Instant::now() < deadline, "the move did not end without its caller");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(c.on(&c.a, "team", "ws") && !c.on(&c.b, "team", "ws"), "one copy, on node-a");
+    assert_eq!(c.a.lock().unwrap().volumes[&("team".to_string(), "ws".to_string())].files, files);
+    c.a.lock().unwrap().put_delay_ms = 0;
+    let (status, _) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-b"}))).await;
+    assert_eq!(status, StatusCode::OK);
 
     // While a move holds it, changes and mounts wait; reads go on.
     let now = now_ms();
