@@ -138,10 +138,16 @@ pub async fn restore(
 #[utoipa::path(post, path = "/v1/volumes/{name}/move", tag = "volumes",
     request_body = MoveVolumeRequest,
     params(("name" = String, Path, description = "Volume name")),
-    responses((status = 200, description = "Moved (a cluster's control plane only)", body = Volume),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody),
-        (status = 501, description = "A single server keeps every volume on its own disk", body = ErrorBody)))]
+    responses(
+        (status = 200, description = "Moved (a cluster's control plane only): made on `node` with its size, its files copied as a tar, the old copy deleted. Snapshots are not carried: a volume that has any is refused", body = Volume),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, description = "No volume of that name for the caller", body = ErrorBody),
+        (status = 409, description = "`volume_in_use` while a sandbox mounts it (`details.sandbox_id`); `invalid_state` while it has snapshots (`details.state` `has_snapshots`) or another move holds it (`moving`)", body = ErrorBody),
+        (status = 422, description = "`details.field` `node`: no node of that name", body = ErrorBody),
+        (status = 429, description = "The copy would take the tenant past its disk quota on the target", body = ErrorBody),
+        (status = 501, description = "A single server keeps every volume on its own disk", body = ErrorBody),
+        (status = 502, description = "A node did not answer", body = ErrorBody),
+        (status = 503, description = "The volume's node or the target is lost", body = ErrorBody)))]
 pub async fn move_volume(
     VolumePath { volume, .. }: VolumePath,
     _: NoQuery,
