@@ -181,6 +181,6 @@ fn the_readme_volumes_with_curl_the_cli_and_the_python_sdk_run() {
     );
     let (stdout, stderr) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
     assert!(ran.status.success(), "the volumes' Python failed: {stdout}\n{stderr}");
-    assert_eq!(stdout.trim(), "b'kds eht morf\\n'");
+    assert_eq!(stdout.trim(), "b'kds eht morf'");
     stop(server);
 }
