@@ -75,7 +75,7 @@ class VolumesSdk(unittest.TestCase):
         b = Sandbox.create(volumes=[VolumeMount("sdk-ws", "/data", read_only=True)])
         try:
             self.assertEqual(b.commands.run("cat /data/out/result.txt").stdout, "from A\n")
-            for write in ("echo more >> /data/out/result.txt", "echo new > /data/new.txt"):
+            for write in ("echo more > /data/out/result.txt", "echo more >> /data/out/result.txt", "echo new > /data/new.txt"):
                 refused = b.commands.run(write)
                 self.assertNotEqual(refused.exit_code, 0, f"a read-only mount refuses {write!r}")
             # Any number of read-only mounts at once.

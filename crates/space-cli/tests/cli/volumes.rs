@@ -60,7 +60,7 @@ fn volumes_from_the_cli_files_without_a_sandbox_and_a_mount_that_outlives_it() {
         .collect();
     for reader in &readers {
         assert_eq!(printed(run(&["exec", reader, "--", "cat", "/data/out.txt"])), "from the sandbox\n");
-        for write in ["echo x > /data/new.txt", "echo x >> /data/out.txt"] {
+        for write in ["echo x > /data/new.txt", "echo x > /data/out.txt", "echo x >> /data/out.txt"] {
             let refused = run(&["exec", reader, "--", "sh", "-c", write]);
             assert!(!refused.status.success(), "a read-only mount refuses {write:?}");
         }
