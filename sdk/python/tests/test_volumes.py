@@ -82,6 +82,11 @@ class VolumesSdk(unittest.TestCase):
             with Sandbox.create(volumes=[{"name": "sdk-ws", "path": "/data", "read_only": True}]) as c:
                 self.assertEqual(c.commands.run("cat /data/out/result.txt").stdout, "from A\n")
                 self.assertEqual(len(ws.mounted_by), 2)
+                # A sandbox's files as a tar, and back into it elsewhere.
+                archive = c.files.download_tar("/data/out")
+                self.assertEqual(names_in(archive), ["result.txt"])
+                c.files.upload_tar("/root/copy", archive)
+                self.assertEqual(c.commands.run("cat /root/copy/result.txt").stdout, "from A\n")
             self.assertEqual(ws.files.read("/out/result.txt"), b"from A\n")
         finally:
             b.delete()

@@ -70,6 +70,14 @@ fn volumes_from_the_cli_files_without_a_sandbox_and_a_mount_that_outlives_it() {
             "a refused write through a read-only mount leaves the file whole"
         );
     }
+    // Between a sandbox and a volume, a file and a tree, through here.
+    let reader = readers[0].as_str();
+    printed(run(&["exec", reader, "--", "sh", "-c", "mkdir -p /root/made/sub && echo made > /root/made/sub/m.txt"]));
+    printed(run(&["cp", &format!("{reader}:/root/made"), "vol:ws:/made"]));
+    printed(run(&["cp", &format!("{reader}:/root/made/sub/m.txt"), "vol:ws:/m.txt"]));
+    assert_eq!(printed(run(&["exec", reader, "--", "cat", "/data/made/sub/m.txt", "/data/m.txt"])), "made\nmade\n");
+    printed(run(&["cp", "vol:ws:/tree", &format!("{reader}:/root/tree")]));
+    assert_eq!(printed(run(&["exec", reader, "--", "cat", "/root/tree/sub/deep.txt"])), "deep\n");
     for reader in &readers {
         printed(run(&["sandbox", "rm", reader]));
     }
