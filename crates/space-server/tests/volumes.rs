@@ -321,3 +321,46 @@ fn a_mount_survives_pause_suspend_resume_and_a_server_restart() {
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
     assert_eq!(get(&server, "ws", "/f"), (200, b"one\ntwo\nthree\n".to_vec()));
 }
+
+/// The accepted operation of a lifecycle call, waited for; it succeeded.
+fn succeeded(server: &TestServer, path: &str, body: Option<Value>) -> Value {
+    let (status, accepted) = server.call("POST", path, body);
+    assert_eq!(status, 202, "{path}: {accepted}");
+    let operation = server.wait_operation(accepted["operation"]["id"].as_str().unwrap());
+    assert_eq!(operation["state"], "succeeded", "{path}: {operation}");
+    accepted
+}
+
+#[test]
+fn a_fork_shares_read_only_mounts_and_a_checkpoint_leaves_the_volume_as_it_is() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    create_volume(&server, "lib", 32);
+    create_volume(&server, "ws", 32);
+    assert_eq!(put(&server, "lib", "/version", b"1").0, 201);
+
+    // A reader forks: the fork reads the same volume, read-only too.
+    let mounts = json!([{"name": "lib", "path": "/lib-data", "read_only": true}]);
+    let reader = server.create_sandbox(json!({"template": "base", "volumes": mounts}));
+    let accepted = succeeded(&server, &format!("/v1/sandboxes/{reader}/fork"), Some(json!({})));
+    let fork = accepted["sandboxes"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(accepted["sandboxes"][0]["volumes"], mounts);
+    assert_eq!(stdout(&sh(&server, &fork, "cat /lib-data/version")), "1");
+    let refused = sh(&server, &fork, "(echo 2 > /lib-data/version) 2>&1");
+    assert!(stdout(&refused).contains("Read-only file system"), "{refused}");
+    let holders = server.ok("GET", "/v1/volumes/lib", None)["mounted_by"].as_array().unwrap().len();
+    assert_eq!(holders, 2, "the source and its fork");
+
+    // A writer's checkpoint saves the sandbox, not the volume: a restore
+    // finds the volume as it is now, still mounted and writable.
+    let writer = server.create_sandbox(json!({"template": "base", "volumes": [{"name": "ws", "path": "/ws"}]}));
+    assert_eq!(sh(&server, &writer, "echo before > /ws/f && echo before > /root/f")["result"]["exit_code"], 0);
+    succeeded(&server, &format!("/v1/sandboxes/{writer}/checkpoints"), Some(json!({"name": "one"})));
+    assert_eq!(sh(&server, &writer, "echo after > /ws/f && echo after > /root/f")["result"]["exit_code"], 0);
+    succeeded(&server, &format!("/v1/sandboxes/{writer}/checkpoints/one/restore"), None);
+    assert_eq!(stdout(&sh(&server, &writer, "cat /root/f")), "before\n", "the sandbox's own disk rolled back");
+    assert_eq!(stdout(&sh(&server, &writer, "cat /ws/f")), "after\n", "the volume did not");
+    assert_eq!(sh(&server, &writer, "echo again >> /ws/f")["result"]["exit_code"], 0);
+    assert_eq!(server.delete_sandbox(&writer)["state"], "succeeded");
+    assert_eq!(get(&server, "ws", "/f"), (200, b"after\nagain\n".to_vec()));
+}
