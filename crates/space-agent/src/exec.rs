@@ -516,25 +516,13 @@ mod tests {
     use std::sync::mpsc::sync_channel;
     use std::time::{Duration, Instant};
 
-    use space_proto::{ExecRequest, Exited, Frame, FrameKind, Welcome, PROTOCOL_VERSION};
+    use space_proto::{ExecRequest, Exited, Frame, FrameKind, Welcome};
 
     use super::DRAIN_GRACE;
     use crate::Sessions;
 
     fn identity() -> Welcome {
-        Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            sandbox_id: "sbx_t".into(),
-            hostname: "t".into(),
-            env: Default::default(),
-            workdir: None,
-            user: None,
-            memory_mib: None,
-            session: 1,
-            clock_unix_ms: None,
-            channel_key: None,
-            trust_pem: None,
-        }
+        Welcome::plain("sbx_t", "t", 1)
     }
 
     /// The host reads nothing until well after the process has ended and

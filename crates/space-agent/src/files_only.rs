@@ -112,19 +112,7 @@ mod tests {
         host.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let hello: Hello = read_frame(&mut host).unwrap().expect(FrameKind::Hello).unwrap();
         assert!(!hello.reconnect);
-        let welcome = Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            sandbox_id: "vol_0123456789abcdef0123".into(),
-            hostname: "volume".into(),
-            env: Default::default(),
-            workdir: None,
-            user: None,
-            memory_mib: None,
-            session: 1,
-            clock_unix_ms: None,
-            channel_key: None,
-            trust_pem: None,
-        };
+        let welcome = Welcome::plain("vol_0123456789abcdef0123", "volume", 1);
         write_frame(&mut host, &Frame::message(CONTROL_STREAM, FrameKind::Welcome, &welcome)).unwrap();
         write_frame(&mut host, &Frame::new(1, FrameKind::Ping, b"hi".to_vec())).unwrap();
         let pong = read_frame(&mut host).unwrap();

@@ -778,19 +778,7 @@ mod tests {
     use super::*;
 
     fn welcome() -> Welcome {
-        Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            sandbox_id: "sbx_t".into(),
-            hostname: "t".into(),
-            env: BTreeMap::new(),
-            workdir: None,
-            user: None,
-            memory_mib: None,
-            session: 1,
-            clock_unix_ms: None,
-            channel_key: None,
-            trust_pem: None,
-        }
+        Welcome::plain("sbx_t", "t", 1)
     }
 
     fn exec_x() -> ExecRequest {

@@ -159,19 +159,7 @@ fn a_restore_killed_half_way_is_finished_by_the_next_request() {
 }
 
 fn welcome(volume: &VolumeId) -> space_proto::Welcome {
-    space_proto::Welcome {
-        protocol_version: space_proto::PROTOCOL_VERSION,
-        sandbox_id: volume.to_string(),
-        hostname: "volume".into(),
-        env: Default::default(),
-        workdir: None,
-        user: None,
-        memory_mib: None,
-        session: 1,
-        clock_unix_ms: None,
-        channel_key: None,
-        trust_pem: None,
-    }
+    space_proto::Welcome::plain(volume.to_string(), "volume", 1)
 }
 
 async fn read_all(agent: &AgentConn, path: &str) -> Result<Vec<u8>, space_engine::AgentError> {

@@ -445,19 +445,7 @@ impl Platform {
         socket.set_nonblocking(true).map_err(|e| NodeError::internal("a volume's files socket", e))?;
         let stream =
             tokio::net::UnixStream::from_std(socket).map_err(|e| NodeError::internal("a volume's files socket", e))?;
-        let welcome = space_proto::Welcome {
-            protocol_version: space_proto::PROTOCOL_VERSION,
-            sandbox_id: record.id.clone(),
-            hostname: record.name.clone(),
-            env: Default::default(),
-            workdir: None,
-            user: None,
-            memory_mib: None,
-            session: 0,
-            clock_unix_ms: None,
-            channel_key: None,
-            trust_pem: None,
-        };
+        let welcome = space_proto::Welcome::plain(record.id.clone(), record.name.clone(), 0);
         let agent = AgentConn::handshake(stream, welcome, FILES_PATIENCE)
             .await
             .map_err(|e| NodeError::internal("starting a volume's files", e))?;

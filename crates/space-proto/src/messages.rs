@@ -71,6 +71,27 @@ pub struct Welcome {
     pub trust_pem: Option<String>,
 }
 
+impl Welcome {
+    /// The identity of `sandbox_id` under `hostname` in this protocol's
+    /// version, with nothing else: no environment, defaults, memory cap,
+    /// key or CA, and session `session`.
+    pub fn plain(sandbox_id: impl Into<String>, hostname: impl Into<String>, session: u64) -> Welcome {
+        Welcome {
+            protocol_version: crate::PROTOCOL_VERSION,
+            sandbox_id: sandbox_id.into(),
+            hostname: hostname.into(),
+            env: BTreeMap::new(),
+            workdir: None,
+            user: None,
+            memory_mib: None,
+            session,
+            clock_unix_ms: None,
+            channel_key: None,
+            trust_pem: None,
+        }
+    }
+}
+
 /// What a sandbox taken from a warm pool becomes when it is handed out.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
