@@ -416,6 +416,15 @@ fn a_sandbox_slow_to_come_back_holds_up_no_other() {
     common::stop(server);
 }
 
+/// `space serve ARGS` (a `--dev` server) on `data`, its log read and
+/// dropped, and a client of it with the dev key.
+fn serve_dev(data: &TestDataDir, args: &[&str]) -> (ReapedChild, Client) {
+    let (server, url, _, lines) = common::spawn_server(data, args);
+    std::thread::spawn(move || lines.for_each(drop));
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
+    (server, Client { url: Arc::new(RwLock::new(url)), key })
+}
+
 /// SIGKILLs the server and reaps it.
 fn kill_server(server: &ReapedChild) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -522,10 +531,7 @@ fn a_pull_cut_short_by_a_killed_server_ends_failed_and_leaves_nothing() {
     let data = TestDataDir::new();
     let registry = StallingRegistry::start();
     let args = ["--dev", "--listen", "127.0.0.1:0", "--insecure-registry", registry.host.as_str()];
-    let (mut server, url, _, lines) = common::spawn_server(&data, &args);
-    std::thread::spawn(move || lines.for_each(drop));
-    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
-    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let (mut server, client) = serve_dev(&data, &args);
     let image = format!("{}/stall/app:1", registry.host);
     let (status, accepted) =
         client.call("POST", "/v1/templates", Some(json!({"name": "stalled", "from": {"image": image}}))).unwrap();
@@ -570,10 +576,7 @@ fn a_dockerfile_build_killed_in_a_run_step_ends_failed_and_its_build_sandbox_is_
     let data = TestDataDir::new();
     // No pooled sandboxes: every sandbox dir is the build's.
     let args = ["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--hot-pool", "0"];
-    let (mut server, url, _, lines) = common::spawn_server(&data, &args);
-    std::thread::spawn(move || lines.for_each(drop));
-    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
-    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let (mut server, client) = serve_dev(&data, &args);
     let dockerfile = |last: &str| format!("FROM template:base\nRUN echo one > /one\nRUN {last}\n");
     let running_step = "echo started; sleep 30";
     let (status, accepted) = send_build(&client, &json!({"name": "cut", "dockerfile": dockerfile(running_step)}));
@@ -660,10 +663,7 @@ fn names_in(dir: &std::path::Path) -> Vec<String> {
 fn a_volume_stays_whole_when_the_server_is_killed_during_a_write_and_during_snapshots() {
     let data = TestDataDir::new();
     let args = ["--dev", "--listen", "127.0.0.1:0", "--warm-pool", "0", "--hot-pool", "0"];
-    let (mut server, url, _, lines) = common::spawn_server(&data, &args);
-    std::thread::spawn(move || lines.for_each(drop));
-    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
-    let client = Client { url: Arc::new(RwLock::new(url)), key };
+    let (mut server, client) = serve_dev(&data, &args);
     let (status, made) = client.call("POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 256}))).unwrap();
     assert_eq!(status, 201, "{made}");
     let api = |client: &Client| client.api(Duration::from_secs(60));

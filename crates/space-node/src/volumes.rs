@@ -109,6 +109,12 @@ fn in_use(volume: &str, holder: &SandboxRecord, why: &str) -> NodeError {
     .with_details(serde_json::json!({"volume": volume, "sandbox_id": holder.sandbox.id}))
 }
 
+/// A recorded volume's id as the volume host takes it (ours, so a bad one
+/// is a fault of the server's).
+fn volume_id(id: &str) -> Result<VolumeId, NodeError> {
+    VolumeId::parse(id).map_err(|e| NodeError::internal("a volume's record", e))
+}
+
 fn host_failed(what: &str) -> impl FnOnce(space_engine::EngineError) -> NodeError + '_ {
     move |err| NodeError::internal(what, err)
 }
@@ -182,7 +188,7 @@ impl Platform {
     /// A volume as the API shows it: usage from its host, holders from the
     /// sandboxes' records.
     async fn volume_object(&self, record: VolumeRecord) -> Result<Volume, NodeError> {
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a volume's record", e))?;
+        let id = volume_id(&record.id)?;
         let usage = self.on_volume_host("reading a volume's usage", move |host| host.volume_usage(&id)).await?;
         let mounted_by = self
             .holders(&record.id)?
@@ -264,11 +270,11 @@ impl Platform {
             created_at: ids::now(),
             from_snapshot: request.from_snapshot.clone(),
         };
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a new volume's id", e))?;
+        let id = volume_id(&record.id)?;
         let size = DiskMib::new(size_mib).map_err(|e| NodeError::unprocessable(e.to_string()))?;
         let source = match from {
             Some((volume, snapshot)) => Some((
-                VolumeId::parse(&volume).map_err(|e| NodeError::internal("a volume's record", e))?,
+                volume_id(&volume)?,
                 SnapshotName::parse(&snapshot).map_err(|e| NodeError::unprocessable(e.to_string()))?,
             )),
             None => None,
@@ -340,7 +346,7 @@ impl Platform {
             // crash leaves a subvolume the sweep removes.
             self.store.node().delete_volume(&record.id)?;
         }
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a volume's record", e))?;
+        let id = volume_id(&record.id)?;
         self.on_volume_host("removing a volume", move |host| host.delete_volume(&id)).await?;
         tracing::info!(volume = %record.id, tenant, name, "volume deleted");
         Ok(())
@@ -367,7 +373,7 @@ impl Platform {
         }
         self.check_disk_quota(tenant, 0, "snapshot a volume")?;
         self.check_reserve("snapshot a volume", 0)?;
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a volume's record", e))?;
+        let id = volume_id(&record.id)?;
         let snap = SnapshotName::parse(snapshot).map_err(|e| NodeError::unprocessable(e.to_string()))?;
         self.on_volume_host("snapshotting a volume", move |host| host.snapshot_volume(&id, &snap)).await?;
         let kept = SnapshotRecord { volume_id: record.id.clone(), name: snapshot.to_string(), created_at: ids::now() };
@@ -392,7 +398,7 @@ impl Platform {
             return Err(snapshot_not_found(name, snapshot));
         }
         self.store.node().delete_volume_snapshot(&record.id, snapshot)?;
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a volume's record", e))?;
+        let id = volume_id(&record.id)?;
         let snap = SnapshotName::parse(snapshot).map_err(|e| NodeError::internal("a snapshot's record", e))?;
         self.on_volume_host("removing a volume snapshot", move |host| host.delete_volume_snapshot(&id, &snap)).await
     }
@@ -414,7 +420,7 @@ impl Platform {
             self.refuse_if_held(&record, false, "unmount it (delete the sandbox) before a restore")?;
             self.mark_busy(&record, "being restored")
         };
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a volume's record", e))?;
+        let id = volume_id(&record.id)?;
         let snap = SnapshotName::parse(snapshot).map_err(|e| NodeError::internal("a snapshot's record", e))?;
         self.on_volume_host("restoring a volume", move |host| host.restore_volume(&id, &snap)).await?;
         tracing::info!(volume = %record.id, tenant, name, snapshot, "volume restored");
@@ -439,7 +445,7 @@ impl Platform {
                 Some(self.mark_busy(&record, "being written through the files routes"))
             }
         };
-        let id = VolumeId::parse(&record.id).map_err(|e| NodeError::internal("a volume's record", e))?;
+        let id = volume_id(&record.id)?;
         let socket = self.on_volume_host("opening a volume's files", move |host| host.volume_files(&id)).await?;
         let kept = socket.try_clone().map_err(|e| NodeError::internal("a volume's files socket", e))?;
         socket.set_nonblocking(true).map_err(|e| NodeError::internal("a volume's files socket", e))?;
