@@ -31,6 +31,47 @@ pub fn template_export_path(name: &str) -> String {
     format!("/internal/v1/templates/{name}")
 }
 
+/// Let go of a volume of the shared store for another node to take: a
+/// [`ReleaseVolume`] (`POST`, on a node), answered a [`HandedVolume`].
+pub const VOLUME_RELEASE_PATH: &str = "/internal/v1/volumes/release";
+/// Take a volume of the shared store another node let go of: a
+/// [`HandedVolume`] (`POST`, on a node), answered the `Volume`.
+pub const VOLUME_ADOPT_PATH: &str = "/internal/v1/volumes/adopt";
+
+/// Which volume a node is to let go of (decision 032).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseVolume {
+    pub tenant: String,
+    pub name: String,
+}
+
+/// A volume of a shared store one node let go of, with what another needs
+/// to take it: its records (its image holds the rest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedVolume {
+    /// The shared store it is in; a node of another store refuses it.
+    pub store: String,
+    pub tenant: String,
+    /// `vol_…`: its image's name.
+    pub id: String,
+    pub name: String,
+    pub size_mib: u32,
+    pub created_at: crate::Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<crate::SnapshotRef>,
+    pub snapshots: Vec<HandedSnapshot>,
+}
+
+/// A snapshot of a [`HandedVolume`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedSnapshot {
+    pub name: String,
+    pub created_at: crate::Timestamp,
+}
+
 /// The tenant a request from the control plane is made for.
 pub const TENANT_HEADER: &str = "x-space-tenant";
 /// `true` when that tenant is the operator (the cluster's own key).
@@ -70,6 +111,10 @@ pub struct NodeReport {
     /// the control plane counts a tenant's quotas and a node's room by it.
     #[serde(default)]
     pub sizes: BTreeMap<String, TemplateSize>,
+    /// The shared store its volumes are kept in (decision 032): nodes that
+    /// name the same one hand volumes over without a copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_store: Option<String>,
 }
 
 impl NodeReport {
@@ -174,6 +219,7 @@ mod tests {
             pinned: Default::default(),
             local: vec![],
             sizes: Default::default(),
+            volume_store: None,
         }
     }
 

@@ -448,6 +448,12 @@ pub(crate) struct EngineArgs {
     /// least recently used go past it (templates made of them stay whole).
     #[arg(long, env = "SPACE_LAYER_CACHE_MIB", default_value_t = space_server::DEFAULT_LAYER_CACHE_MIB)]
     pub(crate) layer_cache_mib: u64,
+    /// Keep volumes as images in DIR, a filesystem every node of a cluster
+    /// mounts at the same path (NFS, CephFS), owned by root: a volume then
+    /// goes to whichever node a sandbox that mounts it is placed on. A
+    /// server beside a root helper needs the helper started with it too.
+    #[arg(long, env = "SPACE_SHARED_VOLUMES", value_name = "DIR")]
+    pub(crate) shared_volumes: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -495,6 +501,7 @@ impl EngineArgs {
             database: None,
             registry: self.registry_config()?,
             layer_cache_mib: self.layer_cache_mib,
+            shared_volumes: self.shared_volumes.clone(),
         })
     }
 
@@ -580,6 +587,10 @@ pub(crate) struct HelperArgs {
     /// helper runs the server's microVMs when it is found.
     #[arg(long, env = "FIRECRACKER_BIN")]
     pub(crate) firecracker_bin: Option<PathBuf>,
+    /// Keep volumes as images in DIR, shared by every node (see `space
+    /// serve --shared-volumes`).
+    #[arg(long, env = "SPACE_SHARED_VOLUMES", value_name = "DIR")]
+    pub(crate) shared_volumes: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
 }

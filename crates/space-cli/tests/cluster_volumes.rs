@@ -99,11 +99,11 @@ fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str, quotas: &[&str])
 }
 
 /// Node `id` on loopback, reporting to the control plane at `control`.
-fn node(data: &TestDataDir, id: &str, control: &str, token: &Path) -> ReapedChild {
+fn node(data: &TestDataDir, id: &str, control: &str, token: &Path, split: &[String]) -> ReapedChild {
     let mut args: Vec<String> =
         ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control].map(str::to_string).to_vec();
     args.extend(["--node-token-file".to_string(), token.to_str().unwrap().to_string()]);
-    args.extend(common::split_args(data));
+    args.extend(split.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (child, _, _, lines) = common::spawn_in(data, "node", &args);
     let name = id.to_string();
@@ -115,8 +115,20 @@ fn node(data: &TestDataDir, id: &str, control: &str, token: &Path) -> ReapedChil
     child
 }
 
-#[test]
-fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files() {
+/// A control plane on PostgreSQL and two live nodes, `node-a` and
+/// `node-b`, their volumes in the shared store `store` when one is given.
+struct Cluster {
+    pg: PgCluster,
+    control: TestDataDir,
+    cp_url: String,
+    token: std::path::PathBuf,
+    operator: Api,
+    _nodes: Vec<ReapedChild>,
+    _helpers: Vec<ReapedChild>,
+    _datas: [TestDataDir; 2],
+}
+
+fn cluster(store: Option<&Path>) -> Cluster {
     let pg = PgCluster::start();
     let control = TestDataDir::new();
     let token = write_secret(control.root(), "node-token");
@@ -139,15 +151,41 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
         }
     });
     let datas = [TestDataDir::new(), TestDataDir::new()];
-    let _nodes: Vec<ReapedChild> =
-        ["node-a", "node-b"].iter().zip(&datas).map(|(id, data)| node(data, id, &cp_url, &token)).collect();
+    let mut helpers = Vec::new();
+    let nodes: Vec<ReapedChild> = ["node-a", "node-b"]
+        .iter()
+        .zip(&datas)
+        .map(|(id, data)| match store {
+            None => node(data, id, &cp_url, &token, &common::split_args(data)),
+            // The store on both the helper and the node, as an operator
+            // sets it (the node checks that its helper has it too).
+            Some(store) => {
+                let socket = data.root().join("run").join("shared-helper.sock");
+                let mut command = Command::new(SPACE);
+                command.env("SPACE_SHARED_VOLUMES", store);
+                helpers.push(common::spawn_helper_with(command, data, &socket, common::test_user().0));
+                let split = ["--helper-socket", socket.to_str().unwrap(), "--user", common::TEST_USER];
+                let mut args: Vec<String> = split.map(str::to_string).to_vec();
+                args.extend(["--shared-volumes".to_string(), store.to_str().unwrap().to_string()]);
+                node(data, id, &cp_url, &token, &args)
+            }
+        })
+        .collect();
     let operator = Api { url: cp_url.clone(), key: std::fs::read_to_string(&operator_key).unwrap() };
     wait_for("two live nodes", Duration::from_secs(60), || {
         let nodes = operator.ok("GET", "/v1/health", None)["nodes"].as_array().cloned().unwrap_or_default();
         (nodes.iter().filter(|n| n["alive"] == true).count() == 2).then_some(())
     });
-    let team = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "team", &[]) };
-    let other = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "other", &[]) };
+    Cluster { pg, control, cp_url, token, operator, _nodes: nodes, _helpers: helpers, _datas: datas }
+}
+
+#[test]
+fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files() {
+    let cluster = cluster(None);
+    let (pg, control, cp_url, token, operator) =
+        (&cluster.pg, &cluster.control, &cluster.cp_url, &cluster.token, &cluster.operator);
+    let team = Api { url: cp_url.clone(), key: tenant_key(pg, control, "team", &[]) };
+    let other = Api { url: cp_url.clone(), key: tenant_key(pg, control, "other", &[]) };
 
     // Made through the control plane: on a node, named, seeded without a sandbox.
     let (status, made) = team.call("POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 256})));
@@ -208,7 +246,7 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
     let listed = team.ok("GET", "/v1/volumes", None);
     assert_eq!(listed["volumes"].as_array().map(Vec::len), Some(1), "{listed}");
     // Each node asked itself (as the control plane asks it): the old copy is gone.
-    let node_token = std::fs::read_to_string(&token).unwrap();
+    let node_token = std::fs::read_to_string(token).unwrap();
     for node in operator.ok("GET", "/v1/health", None)["nodes"].as_array().unwrap() {
         let client = space_client::Client::new(node["url"].as_str().unwrap(), node_token.trim());
         let held = client.call_with("GET", "/v1/volumes", &[("X-Space-Tenant", "team")], None).unwrap();
@@ -246,7 +284,7 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
 
     // A tenant whose disk quota holds the volume once (not twice) moves it:
     // the copy being moved away is not counted against the new one.
-    let tight = Api { url: cp_url.clone(), key: tenant_key(&pg, &control, "tight", &["--max-disk-mib", "100"]) };
+    let tight = Api { url: cp_url.clone(), key: tenant_key(pg, control, "tight", &["--max-disk-mib", "100"]) };
     let (status, made) = tight.call("POST", "/v1/volumes", Some(json!({"name": "snug", "size_mib": 64})));
     assert_eq!(status, 201, "{made}");
     let (status, refused) = tight.call("POST", "/v1/volumes", Some(json!({"name": "more", "size_mib": 64})));
@@ -263,4 +301,117 @@ fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files(
     assert_eq!(team.ok("GET", "/v1/volumes", None)["volumes"], json!([]));
     let (status, _) = team.call("GET", "/v1/volumes/ws", None);
     assert_eq!(status, 404);
+}
+
+/// The volume images in `store` (decision 032).
+fn images(store: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(store)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().filter(|n| n.ends_with(".img")).map(str::to_string))
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn volumes_in_a_shared_store_go_wherever_their_sandbox_is_placed_and_are_never_mounted_twice() {
+    // The store an operator would mount from NFS or CephFS on every node:
+    // here a directory both nodes' helpers use, root's.
+    let shared = TestDataDir::new();
+    let store = shared.root().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let cluster = cluster(Some(&store));
+    let team = Api { url: cluster.cp_url.clone(), key: tenant_key(&cluster.pg, &cluster.control, "team", &[]) };
+    let other_of = |node: &str| if node == "node-a" { "node-b" } else { "node-a" }.to_string();
+
+    // Made as an image in the store, seeded, and given a snapshot.
+    let (status, made) = team.call("POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 64})));
+    assert_eq!(status, 201, "{made}");
+    let home = made["node"].as_str().expect("the volume's node").to_string();
+    let image = images(&store);
+    assert_eq!(image.len(), 1, "one image in the store: {image:?}");
+    let (status, _) = team.bytes("PUT", "/v1/volumes/ws/files?path=/hello.txt", Some(b"in the store"));
+    assert_eq!(status, 201);
+    team.ok("POST", "/v1/volumes/ws/snapshots", Some(json!({"name": "s1"})));
+
+    // A move hands it over: no copy, its snapshot goes with it (a copy
+    // between nodes' own disks refuses a volume that has one).
+    let away = other_of(&home);
+    let moved = team.ok("POST", "/v1/volumes/ws/move", Some(json!({"node": away})));
+    assert_eq!(moved["node"], away.as_str(), "{moved}");
+    assert_eq!(moved["snapshots"][0]["name"], "s1", "{moved}");
+    assert_eq!(images(&store), image, "the same image, not a copy");
+    let (status, read) = team.bytes("GET", "/v1/volumes/ws/files?path=/hello.txt", None);
+    assert_eq!((status, String::from_utf8_lossy(&read).as_ref()), (200, "in the store"));
+
+    // Two volumes on two nodes: a sandbox that mounts both is placed
+    // anyway, and both go to its node.
+    let (status, near) = team.call("POST", "/v1/volumes", Some(json!({"name": "near", "size_mib": 64})));
+    assert_eq!(status, 201, "{near}");
+    if near["node"] == away.as_str() {
+        team.ok("POST", "/v1/volumes/near/move", Some(json!({"node": home})));
+    }
+    let mounts = json!([{"name": "ws", "path": "/workspace"}, {"name": "near", "path": "/near", "read_only": true}]);
+    let (sandbox, placed) = team.sandbox_with(mounts);
+    assert_eq!(team.ok("GET", "/v1/volumes/ws", None)["node"], placed.as_str());
+    assert_eq!(team.ok("GET", "/v1/volumes/near", None)["node"], placed.as_str());
+    assert_eq!(team.exec(&sandbox, "cat /workspace/hello.txt"), "in the store");
+    team.exec(&sandbox, "echo from the sandbox > /workspace/out.txt");
+    // The size holds inside, in the store too.
+    let ran = team.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sandbox}/exec"),
+        Some(json!({"cmd": "head -c 100000000 /dev/zero > /workspace/big; echo $?; sync"})),
+    );
+    assert_ne!(ran["stdout"], "0\n", "a 95 MiB write into a 64 MiB volume fails: {ran}");
+    assert!(ran["stderr"].as_str().unwrap().contains("quota"), "{ran}");
+    team.exec(&sandbox, "rm -f /workspace/big");
+
+    // Mounted, it stays: a move is refused, and a second sandbox that
+    // mounts it goes where it is.
+    let (status, refused) = team.call("POST", "/v1/volumes/ws/move", Some(json!({"node": other_of(&placed)})));
+    assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("volume_in_use")), "{refused}");
+    let (reader, with) = team.sandbox_with(json!([{"name": "ws", "path": "/ws", "read_only": true}]));
+    assert_eq!(with, placed, "a mounted volume keeps its readers beside it");
+    assert_eq!(team.exec(&reader, "cat /ws/out.txt"), "from the sandbox\n");
+
+    // The second fence: the node that mounts it holds its lock in the store,
+    // and another node asked to take it (as only the control plane may)
+    // refuses while it does.
+    let node_token = std::fs::read_to_string(&cluster.token).unwrap();
+    let nodes = cluster.operator.ok("GET", "/v1/health", None)["nodes"].as_array().cloned().unwrap();
+    let url_of = |id: &str| nodes.iter().find(|n| n["id"] == id).unwrap()["url"].as_str().unwrap().to_string();
+    let holder = space_client::Client::new(&url_of(&placed), node_token.trim());
+    let stranger = space_client::Client::new(&url_of(&other_of(&placed)), node_token.trim());
+    let volume_id = image[0].trim_end_matches(".img").to_string();
+    let store_id = std::fs::read_to_string(store.join("store-id")).unwrap().trim().to_string();
+    let handed = json!({
+        "store": store_id, "tenant": "team", "id": volume_id, "name": "ws", "size_mib": 64,
+        "created_at": made["created_at"], "snapshots": [],
+    });
+    let taken = stranger.call_with("POST", "/internal/v1/volumes/adopt", &[], Some(&handed)).unwrap();
+    assert!(taken.status >= 400, "a volume mounted elsewhere is not taken: {}", taken.body);
+    assert!(taken.body.to_string().contains("another node"), "{}", taken.body);
+    // And it is still whole where it is.
+    assert_eq!(team.exec(&sandbox, "cat /workspace/out.txt"), "from the sandbox\n");
+    // Internal routes want the node token.
+    let tenant_key = space_client::Client::new(&url_of(&placed), &team.key);
+    let refused = tenant_key
+        .call_with("POST", "/internal/v1/volumes/release", &[], Some(&json!({"tenant": "team", "name": "ws"})))
+        .unwrap();
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    let refused = holder
+        .call_with("POST", "/internal/v1/volumes/release", &[], Some(&json!({"tenant": "team", "name": "ws"})))
+        .unwrap();
+    assert_eq!(refused.status, 409, "a mounted volume is not let go of: {}", refused.body);
+
+    // Unmounted, deleted: its image goes from the store.
+    team.delete_sandbox(&reader);
+    team.delete_sandbox(&sandbox);
+    for path in ["ws/snapshots/s1", "ws", "near"] {
+        let (status, body) = team.call("DELETE", &format!("/v1/volumes/{path}"), None);
+        assert_eq!(status, 204, "{path}: {body}");
+    }
+    assert_eq!(images(&store), Vec::<String>::new(), "no image is left in the store");
 }

@@ -17,7 +17,10 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use space_api::cluster::{DiskAllowance, FeedEvent, PullRequest, EVENTS_PATH, SECRETS_PATH, TEMPLATE_PULL_PATH};
+use space_api::cluster::{
+    DiskAllowance, FeedEvent, HandedVolume, PullRequest, ReleaseVolume, EVENTS_PATH, SECRETS_PATH, TEMPLATE_PULL_PATH,
+    VOLUME_ADOPT_PATH, VOLUME_RELEASE_PATH,
+};
 use space_api::e2b::{CreatedSandbox, ListedSandbox};
 use space_api::{
     CreateVolumeRequest, ErrorBody, ErrorCode, ForkAccepted, Health, Operation, OperationList, Sandbox, SandboxList,
@@ -231,6 +234,21 @@ impl<'a> NodeClient<'a> {
         }
         let (_, listed) = read_kept(response, "its E2B sandboxes", "a list of E2B's ListedSandbox").await?;
         Ok(Ok(listed))
+    }
+
+    /// `POST /internal/v1/volumes/release`: the node lets go of `caller`'s
+    /// volume `name` of the shared store, for another to take.
+    pub(crate) async fn release_volume(&self, caller: &Caller, name: &str) -> Result<HandedVolume, CallError> {
+        let body = ReleaseVolume { tenant: caller.tenant.clone(), name: name.to_string() };
+        let response = self.send(&Caller::operator(), json_request("POST", VOLUME_RELEASE_PATH, &body)?).await?;
+        read_ok(response, "releasing a volume", "a HandedVolume").await
+    }
+
+    /// `POST /internal/v1/volumes/adopt`: the node takes a volume another
+    /// let go of.
+    pub(crate) async fn adopt_volume(&self, handed: &HandedVolume) -> Result<Volume, CallError> {
+        let response = self.send(&Caller::operator(), json_request("POST", VOLUME_ADOPT_PATH, handed)?).await?;
+        read_ok(response, "taking a volume", "a Volume").await
     }
 
     /// `POST /internal/v1/templates/pull`: fetch `pull.name` from another

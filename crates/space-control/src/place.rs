@@ -18,11 +18,15 @@ use crate::node_client::Expect;
 use crate::quotas::{check_quotas, create_size, disk_allowance, Wanted};
 use crate::record::forward_recording;
 use crate::state::{live_node, lost_sandbox, mark_gone, nodes, placed_sandbox, ControlPlane, Node};
-use crate::volumes::volumes_node;
+use crate::volumes::{gather, volumes_node, volumes_store};
 
 /// Places a new sandbox: a live node that has the template, with the most
 /// memory left once what was placed since its last report is counted.
-pub(crate) async fn create(cp: &ControlPlane, caller: &Caller, request: Request) -> Result<Response, ControlError> {
+pub(crate) async fn create(
+    cp: &std::sync::Arc<ControlPlane>,
+    caller: &Caller,
+    request: Request,
+) -> Result<Response, ControlError> {
     let (mut parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, space_http::extract::MAX_JSON_BODY)
         .await
@@ -34,8 +38,26 @@ pub(crate) async fn create(cp: &ControlPlane, caller: &Caller, request: Request)
     let wanted = Wanted { template: &request.template, vcpus: request.vcpus, memory_mib: request.memory_mib };
     let key = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let names: Vec<&str> = request.volumes.iter().map(|mount| mount.name.as_str()).collect();
-    let home = volumes_node(cp, caller, &names)?;
-    let (node, allowance) = place(cp, caller, &wanted, key.as_deref(), home.as_deref()).await?;
+    let (node, allowance) = match volumes_store(cp, caller, &names)? {
+        // Volumes of a shared store go where the sandbox is placed (among
+        // the nodes that share it), unless something mounts them where
+        // they are: then the sandbox goes there (decision 032).
+        Some(store) => {
+            let (node, allowance) = place_among(cp, caller, &wanted, key.as_deref(), None, Some(&store)).await?;
+            match gather(cp, caller, &names, &node).await {
+                Ok(()) => (node, allowance),
+                Err(err) if err.code == ErrorCode::VolumeInUse => {
+                    let home = volumes_node(cp, caller, &names)?;
+                    place(cp, caller, &wanted, key.as_deref(), home.as_deref()).await?
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        None => {
+            let home = volumes_node(cp, caller, &names)?;
+            place(cp, caller, &wanted, key.as_deref(), home.as_deref()).await?
+        }
+    };
     parts.extensions.insert(allowance);
     forward_recording(cp, caller, node, Request::from_parts(parts, Body::from(bytes)), Expect::Sandbox).await
 }
@@ -50,6 +72,19 @@ pub(crate) async fn place(
     key: Option<&str>,
     only: Option<&str>,
 ) -> Result<(NodeRow, DiskAllowance), ControlError> {
+    place_among(cp, caller, wanted, key, only, None).await
+}
+
+/// [`place`], among the nodes that report the shared volume store `store`
+/// when it is given.
+async fn place_among(
+    cp: &ControlPlane,
+    caller: &Caller,
+    wanted: &Wanted<'_>,
+    key: Option<&str>,
+    only: Option<&str>,
+    store: Option<&str>,
+) -> Result<(NodeRow, DiskAllowance), ControlError> {
     let template = wanted.template.to_string();
     let quotas = cp.store.tenancy().tenant_quotas(&caller.tenant)?;
     let nodes = nodes(cp)?;
@@ -60,7 +95,9 @@ pub(crate) async fn place(
     // A template built to run on one engine goes to a node that has it.
     let engine = nodes.iter().find_map(|n| n.report.pinned.get(&template)).cloned();
     let mut best: Option<(i64, NodeRow)> = None;
-    let eligible = |n: &Node| only.is_none_or(|only| n.row.id == only);
+    let eligible = |n: &Node| {
+        only.is_none_or(|only| n.row.id == only) && store.is_none_or(|s| n.report.volume_store.as_deref() == Some(s))
+    };
     for node in nodes.into_iter().filter(|n| n.alive && eligible(n) && n.report.can_run(&template, engine.as_deref())) {
         // What was placed since its last report, which could not count it.
         let mut placed_since: i64 = 0;

@@ -152,6 +152,7 @@ mod tests {
                         (t.to_string(), TemplateSize { vcpus: *vcpus, memory_mib: *memory_mib })
                     })
                     .collect(),
+                volume_store: None,
             };
             let row =
                 NodeRow { id: "n".into(), url: "http://n.test:1".into(), lease_until_ms: 0, report: String::new() };

@@ -310,18 +310,38 @@ pub(crate) async fn move_volume(
         return Ok(axum::Json(shown).into_response());
     }
     let target = live_node(cp, &target.id)?;
+    let shown = carry(cp, caller, name, source, target).await?;
+    Ok((StatusCode::OK, axum::Json(shown)).into_response())
+}
+
+/// Moves volume `name` from `source` to `target` under a hold that refuses
+/// writes and mounts meanwhile: handed over when both nodes share a volume
+/// store (decision 032), else its files copied.
+async fn carry(
+    cp: &Arc<ControlPlane>,
+    caller: &Caller,
+    name: &str,
+    source: NodeRow,
+    target: NodeRow,
+) -> Result<Volume, ControlError> {
     let now = now_ms();
     let until = now + MOVE_HOLD.as_millis() as i64;
     if !cp.store.cluster().hold_volume_move(&caller.tenant, name, &source.id, now, until, false)? {
         return Err(being_moved(name, "move it"));
     }
+    let shared = store_of(&source).is_some() && store_of(&source) == store_of(&target);
     // Carried through to its end (or its undoing) in a task of its own: a
     // caller that goes away midway must not leave a copy on each node.
     let (owned, who, what) = (cp.clone(), caller.clone(), name.to_string());
     let (from, to) = (source.clone(), target.clone());
     let task = tokio::spawn(async move {
         let (cp, caller, name) = (&*owned, &who, what.as_str());
-        let copy = copy_to(cp, caller, name, &from, &to);
+        let copy = async {
+            match shared {
+                true => hand_over(cp, caller, name, &from, &to).await,
+                false => copy_to(cp, caller, name, &from, &to).await,
+            }
+        };
         tokio::pin!(copy);
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + MOVE_RENEW, MOVE_RENEW);
         let moved = loop {
@@ -336,8 +356,88 @@ pub(crate) async fn move_volume(
     let moved = task.await.map_err(|e| ControlError::internal("moving a volume", e))?;
     let mut shown = moved?;
     shown.node = Some(target.id.clone());
-    tracing::info!(tenant = %caller.tenant, volume = name, from = %source.id, to = %target.id, "moved a volume");
-    Ok((StatusCode::OK, axum::Json(shown)).into_response())
+    tracing::info!(tenant = %caller.tenant, volume = name, from = %source.id, to = %target.id, shared, "moved a volume");
+    Ok(shown)
+}
+
+/// The shared volume store a node reported (decision 032), if any.
+fn store_of(node: &NodeRow) -> Option<String> {
+    serde_json::from_str::<space_api::cluster::NodeReport>(&node.report).ok().and_then(|report| report.volume_store)
+}
+
+/// The shared store all of the volumes `names` are in, when they are all
+/// in one (decision 032); `None` when any is on a node's own disk.
+pub(crate) fn volumes_store(
+    cp: &ControlPlane,
+    caller: &Caller,
+    names: &[&str],
+) -> Result<Option<String>, ControlError> {
+    let mut common: Option<String> = None;
+    for name in names {
+        let volume = record(cp, caller, name)?;
+        let store = cp.store.cluster().node(&volume.node_id)?.as_ref().and_then(store_of);
+        match (store, &common) {
+            (None, _) => return Ok(None),
+            (Some(store), Some(seen)) if store != *seen => return Ok(None),
+            (Some(store), _) => common = Some(store),
+        }
+    }
+    Ok(common)
+}
+
+/// Brings every volume of `names` (all in one shared store) to `node`,
+/// handing over each one that is elsewhere: how a sandbox that mounts
+/// volumes of a shared store goes wherever placement puts it. One that
+/// something mounts where it is refuses (409 `volume_in_use`).
+pub(crate) async fn gather(
+    cp: &Arc<ControlPlane>,
+    caller: &Caller,
+    names: &[&str],
+    node: &NodeRow,
+) -> Result<(), ControlError> {
+    for name in names {
+        let volume = record(cp, caller, name)?;
+        if volume.node_id == node.id {
+            continue;
+        }
+        let source = live_node(cp, &volume.node_id)?;
+        carry(cp, caller, name, source, node.clone()).await?;
+    }
+    Ok(())
+}
+
+/// The steps of a move between nodes that share a volume store (decision
+/// 032) while its hold is kept: the source lets go of the volume (refused
+/// while anything mounts it), the record moves, the target takes it. No
+/// file is copied and its snapshots go with it. A failure after the
+/// source let go gives it back to the source.
+async fn hand_over(
+    cp: &ControlPlane,
+    caller: &Caller,
+    name: &str,
+    source: &NodeRow,
+    target: &NodeRow,
+) -> Result<Volume, ControlError> {
+    let (from, to) = (NodeClient::new(cp, source), NodeClient::new(cp, target));
+    let handed = from.release_volume(caller, name).await.map_err(|e| e.into_control(&source.id))?;
+    let taken = async {
+        if !cp.store.cluster().relocate_volume(&caller.tenant, name, &source.id, &target.id)? {
+            return Err(ControlError::internal("moving a volume's record", "it is no longer on its source node"));
+        }
+        to.adopt_volume(&handed).await.map_err(|e| e.into_control(&target.id))
+    }
+    .await;
+    if let Err(err) = &taken {
+        tracing::warn!(tenant = %caller.tenant, volume = name, node = %target.id, "handing a volume over: {}", err.message);
+        if let Err(store) = cp.store.cluster().relocate_volume(&caller.tenant, name, &target.id, &source.id) {
+            tracing::error!(tenant = %caller.tenant, volume = name, "moving a volume's record back: {store}");
+        }
+        if let Err(back) = from.adopt_volume(&handed).await {
+            tracing::error!(tenant = %caller.tenant, volume = name, node = %source.id,
+                "a volume its node let go of could not be given back: {back}");
+        }
+    }
+    taken
 }
 
 /// The steps of a move while its hold is kept: the volume on `target`

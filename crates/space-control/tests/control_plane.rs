@@ -48,6 +48,7 @@ fn report(cp: &ControlPlane, id: &str, url: &str) {
         pinned: Default::default(),
         local: vec![],
         sizes: Default::default(),
+        volume_store: None,
     };
     let json = serde_json::to_string(&report).expect("a report as JSON");
     cp.store.cluster().heartbeat_node(id, url, &json, now_ms() + LEASE.as_millis() as i64).expect("a heartbeat");

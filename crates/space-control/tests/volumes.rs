@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
-use space_api::cluster::{NodeReport, LEASE, TENANT_HEADER};
+use space_api::cluster::{HandedSnapshot, HandedVolume, NodeReport, ReleaseVolume, LEASE, TENANT_HEADER};
 use space_api::{CreateVolumeRequest, Volume, VolumeHolder, VolumeSnapshot};
 use space_control::{Config, ControlPlane, Links};
 use space_store::Store;
@@ -50,6 +50,8 @@ struct Fake {
     mount_on_read: bool,
     /// The sandbox creates it took.
     sandboxes: usize,
+    /// Its next adopt of a handed-over volume fails.
+    fail_adopt: bool,
 }
 
 type Node = Arc<Mutex<Fake>>;
@@ -221,6 +223,68 @@ async fn count(State(node): State<Node>, request: axum::extract::Request, next: 
 }
 
 /// A fake node `id` with `free_bytes` of disk, serving on loopback.
+/// `POST /internal/v1/volumes/release`: the volume, as a shared store's
+/// node hands it over (its snapshots with it).
+async fn release(State(node): State<Node>, axum::Json(wanted): axum::Json<ReleaseVolume>) -> Response {
+    let mut fake = node.lock().unwrap();
+    let key = (wanted.tenant.clone(), wanted.name.clone());
+    match fake.volumes.get(&key) {
+        None => not_found(&wanted.name),
+        Some(kept) if !kept.volume.mounted_by.is_empty() => refusal(StatusCode::CONFLICT, "volume_in_use", "mounted"),
+        Some(_) => {
+            let kept = fake.volumes.remove(&key).unwrap();
+            let handed = HandedVolume {
+                store: STORE.into(),
+                tenant: wanted.tenant,
+                id: format!("vol_{}", kept.volume.name),
+                name: kept.volume.name,
+                size_mib: kept.volume.size_mib,
+                created_at: kept.volume.created_at,
+                from_snapshot: None,
+                snapshots: kept
+                    .volume
+                    .snapshots
+                    .iter()
+                    .map(|s| HandedSnapshot { name: s.name.clone(), created_at: s.created_at.clone() })
+                    .collect(),
+            };
+            axum::Json(handed).into_response()
+        }
+    }
+}
+
+/// `POST /internal/v1/volumes/adopt`.
+async fn adopt(State(node): State<Node>, axum::Json(handed): axum::Json<HandedVolume>) -> Response {
+    let mut fake = node.lock().unwrap();
+    if std::mem::take(&mut fake.fail_adopt) {
+        return refusal(StatusCode::CONFLICT, "volume_in_use", "its lock is held elsewhere");
+    }
+    let volume = Volume {
+        name: handed.name.clone(),
+        size_mib: handed.size_mib,
+        used_bytes: 0,
+        created_at: handed.created_at,
+        mounted_by: vec![],
+        snapshots: handed
+            .snapshots
+            .iter()
+            .map(|s| VolumeSnapshot {
+                name: s.name.clone(),
+                volume: handed.name.clone(),
+                size_bytes: 0,
+                created_at: s.created_at.clone(),
+            })
+            .collect(),
+        from_snapshot: None,
+        node: None,
+    };
+    fake.volumes.insert((handed.tenant, handed.name), Kept { volume: volume.clone(), files: Vec::new() });
+    axum::Json(volume).into_response()
+}
+
+/// The shared volume store the fake nodes of [`shared_cluster`] report.
+const STORE: &str = "0123456789abcdef0123456789abcdef";
+
 async fn fake_node(id: &str, free_bytes: u64) -> (Node, String) {
     let node: Node = Arc::new(Mutex::new(Fake { id: id.into(), free_bytes, ..Fake::default() }));
     let router = Router::new()
@@ -232,6 +296,8 @@ async fn fake_node(id: &str, free_bytes: u64) -> (Node, String) {
         .route("/v1/sandboxes", post(create_sandbox))
         .route("/v1/sandboxes/{id}", get(sandbox))
         .route("/e2b/sandboxes", post(e2b_create))
+        .route("/internal/v1/volumes/release", post(release))
+        .route("/internal/v1/volumes/adopt", post(adopt))
         .layer(axum::middleware::from_fn_with_state(node.clone(), count))
         .with_state(node.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
@@ -245,6 +311,10 @@ fn now_ms() -> i64 {
 }
 
 fn report(cp: &ControlPlane, id: &str, url: &str) {
+    report_with(cp, id, url, None)
+}
+
+fn report_with(cp: &ControlPlane, id: &str, url: &str, volume_store: Option<&str>) {
     let report = NodeReport {
         id: id.into(),
         url: url.into(),
@@ -258,6 +328,7 @@ fn report(cp: &ControlPlane, id: &str, url: &str) {
         pinned: Default::default(),
         local: vec![],
         sizes: Default::default(),
+        volume_store: volume_store.map(str::to_string),
     };
     let json = serde_json::to_string(&report).expect("a report as JSON");
     cp.store.cluster().heartbeat_node(id, url, &json, now_ms() + LEASE.as_millis() as i64).expect("a heartbeat");
@@ -275,6 +346,15 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
+    cluster_with(None).await
+}
+
+/// Two fake nodes that keep their volumes in one shared store.
+async fn shared_cluster() -> Cluster {
+    cluster_with(Some(STORE)).await
+}
+
+async fn cluster_with(store: Option<&str>) -> Cluster {
     let cp = Arc::new(ControlPlane::new(Config {
         store: Store::open(std::path::Path::new(":memory:")).expect("an in-memory store"),
         api_key: "cluster-key".into(),
@@ -285,8 +365,8 @@ async fn cluster() -> Cluster {
     }));
     let (a, a_url) = fake_node("node-a", 900 << 30).await;
     let (b, b_url) = fake_node("node-b", 100 << 30).await;
-    report(&cp, "node-a", &a_url);
-    report(&cp, "node-b", &b_url);
+    report_with(&cp, "node-a", &a_url, store);
+    report_with(&cp, "node-b", &b_url, store);
     let (_, team) = space_core::tenants::create_key(&cp.store, "team", None).expect("a key");
     let (_, other) = space_core::tenants::create_key(&cp.store, "other", None).expect("a key");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
@@ -610,4 +690,61 @@ async fn a_move_carries_the_files_and_a_failure_midway_leaves_the_volume_where_i
         c.call(&c.team, "POST", "/v1/sandboxes", Some(json!({"template": "base", "volumes": mounts}))).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(c.call(&c.team, "GET", "/v1/volumes/ws", None).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn between_nodes_of_a_shared_store_a_volume_is_handed_over_and_follows_its_sandbox() {
+    let c = shared_cluster().await;
+    let (status, made) = c.call(&c.team, "POST", "/v1/volumes", Some(json!({"name": "ws", "size_mib": 64}))).await;
+    assert_eq!((status, made["node"].as_str()), (StatusCode::CREATED, Some("node-a")), "{made}");
+    // A snapshot: a copy between nodes' own disks would refuse to move it.
+    c.a.lock().unwrap().volumes.get_mut(&("team".into(), "ws".into())).unwrap().volume.snapshots.push(VolumeSnapshot {
+        name: "s1".into(),
+        volume: "ws".into(),
+        size_bytes: 0,
+        created_at: space_api::Timestamp::now(),
+    });
+
+    // Handed over: released by one, taken by the other, no file copied.
+    let (status, moved) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-b"}))).await;
+    assert_eq!(status, StatusCode::OK, "{moved}");
+    assert_eq!((moved["node"].as_str(), moved["snapshots"][0]["name"].as_str()), (Some("node-b"), Some("s1")));
+    assert!(!c.on(&c.a, "team", "ws") && c.on(&c.b, "team", "ws"));
+    assert!(c.asked(&c.a).iter().any(|a| a == "POST /internal/v1/volumes/release"), "{:?}", c.asked(&c.a));
+    assert!(c.asked(&c.b).iter().any(|a| a == "POST /internal/v1/volumes/adopt"), "{:?}", c.asked(&c.b));
+    let copied = |node: &Node| c.asked(node).iter().any(|a| a.contains("/files"));
+    assert!(!copied(&c.a) && !copied(&c.b), "no files route is asked");
+
+    // The target cannot take it: it goes back to the source, and stays
+    // recorded there.
+    c.a.lock().unwrap().fail_adopt = true;
+    let (status, refused) = c.call(&c.team, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-a"}))).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("volume_in_use")), "{refused}");
+    assert!(!c.on(&c.a, "team", "ws") && c.on(&c.b, "team", "ws"), "given back to its node");
+    let (_, shown) = c.call(&c.team, "GET", "/v1/volumes/ws", None).await;
+    assert_eq!(shown["node"], "node-b", "{shown}");
+
+    // A sandbox that mounts it is placed like any other (node-a: listed
+    // first, as much room), and the volume follows it there.
+    let mounts = json!({"template": "base", "volumes": [{"name": "ws", "path": "/workspace"}]});
+    let (status, accepted) = c.call(&c.team, "POST", "/v1/sandboxes", Some(mounts.clone())).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    assert_eq!((c.a.lock().unwrap().sandboxes, c.b.lock().unwrap().sandboxes), (1, 0));
+    assert!(c.on(&c.a, "team", "ws") && !c.on(&c.b, "team", "ws"), "the volume followed its sandbox");
+
+    // Mounted where it is: the next sandbox goes there, though node-b has
+    // more room now (the first sandbox is counted on node-a).
+    c.a.lock().unwrap().volumes.get_mut(&("team".into(), "ws".into())).unwrap().volume.mounted_by.push(VolumeHolder {
+        sandbox_id: "sbx_1".into(),
+        path: "/workspace".into(),
+        read_only: false,
+    });
+    let (status, accepted) = c.call(&c.team, "POST", "/v1/sandboxes", Some(mounts)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    assert_eq!((c.a.lock().unwrap().sandboxes, c.b.lock().unwrap().sandboxes), (2, 0));
+    let releases = c.asked(&c.a).iter().filter(|a| *a == "POST /internal/v1/volumes/release").count();
+    assert_eq!(releases, 2, "placed on node-b first, the volume refused to leave: {:?}", c.asked(&c.a));
+    // Another tenant still finds nothing.
+    let (status, _) = c.call(&c.other, "POST", "/v1/volumes/ws/move", Some(json!({"node": "node-b"}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

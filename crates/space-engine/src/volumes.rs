@@ -12,12 +12,14 @@
 
 mod files_child;
 mod local;
+mod shared;
 
 use std::os::unix::net::UnixStream;
 
 pub use files_child::{child_main as files_child_main, FilesChildArgs, SUBCOMMAND as FILES_SUBCOMMAND};
 pub use local::LocalVolumes;
 pub(crate) use local::{drop_views, mount_view, settle};
+pub use shared::SharedStore;
 pub use space_privsep::proto::{DiskMib, SnapshotName, VolumeId};
 
 use crate::EngineError;
@@ -72,6 +74,18 @@ pub trait VolumeHost: Send + Sync {
 
     /// `ListVolumes`: every volume on disk.
     fn list_volumes(&self) -> Result<Vec<VolumeOnDisk>, EngineError>;
+
+    /// `VolumeStore`: the name of the shared store volumes are kept in
+    /// (decision 032), or `None` when they are on this node's own disk.
+    fn shared_store(&self) -> Result<Option<String>, EngineError>;
+
+    /// `AttachVolume`: mounts a volume of the shared store here (mounted
+    /// already is no error); refused while another node holds it.
+    fn attach_volume(&self, volume: &VolumeId) -> Result<(), EngineError>;
+
+    /// `DetachVolume`: unmounts a volume of the shared store from here,
+    /// leaving its image for another node (not mounted is no error).
+    fn detach_volume(&self, volume: &VolumeId) -> Result<(), EngineError>;
 
     /// `VolumeFiles`: one end of a socket whose other end a confined child
     /// serves the agent's file protocol on (its `Hello` first, then file

@@ -115,6 +115,10 @@ pub struct PlatformConfig {
     /// Disk (MiB) the layer chains of pulled images may keep cached; the
     /// least recently used go past it.
     pub layer_cache_mib: u64,
+    /// A shared store of volume images (decision 032): a directory every
+    /// node mounts (NFS, CephFS), root's. Without one, volumes are
+    /// subvolumes of the data dir.
+    pub shared_volumes: Option<PathBuf>,
 }
 
 /// The layer cache's size by default: a few dozen typical base images.
@@ -212,13 +216,23 @@ fn template_host_on(config: &PlatformConfig, data: &DataDir, helper_socket: Opti
 
 /// Who does volumes' root work: this process, or the root helper at
 /// `helper_socket` (the same one templates and the engine use).
-fn volume_host_on(config: &PlatformConfig, data: &DataDir, helper_socket: Option<&Path>) -> Arc<dyn VolumeHost> {
+fn volume_host_on(
+    config: &PlatformConfig,
+    data: &DataDir,
+    helper_socket: Option<&Path>,
+) -> Result<Arc<dyn VolumeHost>, space_engine::EngineError> {
     match helper_socket {
-        Some(socket) => Arc::new(space_engine::helper::HelperHost::new(socket, 0)),
-        None => Arc::new(space_engine::volumes::LocalVolumes::new(
-            space_engine::privsep::layout::Layout::new(data.root()),
-            &config.importer_bin,
-        )),
+        Some(socket) => Ok(Arc::new(space_engine::helper::HelperHost::new(socket, 0))),
+        None => {
+            let volumes = space_engine::volumes::LocalVolumes::new(
+                space_engine::privsep::layout::Layout::new(data.root()),
+                &config.importer_bin,
+            );
+            match &config.shared_volumes {
+                Some(dir) => Ok(Arc::new(volumes.with_shared(space_engine::volumes::SharedStore::open(dir)?))),
+                None => Ok(Arc::new(volumes)),
+            }
+        }
     }
 }
 
@@ -308,7 +322,8 @@ pub fn start_platform_with_helper(
         (EngineChoice::Auto, _, _) => (gvisor, firecracker),
     };
     let engine: Arc<dyn Engine> = Arc::new(space_engine::Engines::new(default, other.into_iter().collect()));
-    let hosts = (template_host_on(config, &data, helper_socket), volume_host_on(config, &data, helper_socket));
+    let volumes = volume_host_on(config, &data, helper_socket).map_err(|e| StartError::Startup(e.to_string()))?;
+    let hosts = (template_host_on(config, &data, helper_socket), volumes);
     assemble(config, data, store, engine, report, hosts)
 }
 
@@ -320,7 +335,8 @@ pub fn start_platform_with(config: &PlatformConfig, engine: Arc<dyn Engine>) -> 
     let data = DataDir::open_on_any_filesystem(&config.data_dir)?;
     let store = open_store(config, &data)?;
     let report = vec![engine.availability()];
-    let hosts = (template_host_on(config, &data, None), volume_host_on(config, &data, None));
+    let volumes = volume_host_on(config, &data, None).map_err(|e| StartError::Startup(e.to_string()))?;
+    let hosts = (template_host_on(config, &data, None), volumes);
     assemble(config, data, store, engine, report, hosts)
 }
 
@@ -351,6 +367,19 @@ fn assemble(
     let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
     let _ = platform.template_host.set(templates);
+    let store = volumes.shared_store().map_err(|e| StartError::Startup(format!("asking the volume host: {e}")))?;
+    match (&config.shared_volumes, &store) {
+        (Some(dir), None) => {
+            return Err(StartError::Startup(format!(
+                "volumes are to be kept in {}, but the root helper keeps them on its own disk: start it with \
+                 --shared-volumes too",
+                dir.display()
+            )))
+        }
+        (_, Some(store)) => tracing::info!(store, "volumes: images in a shared store"),
+        (None, None) => {}
+    }
+    let _ = platform.volume_store.set(store);
     let _ = platform.volume_host.set(volumes);
     let _ = platform.registry.set(config.registry.clone());
     platform

@@ -82,6 +82,8 @@ pub struct Platform {
     pub(crate) template_host: std::sync::OnceLock<Arc<dyn space_engine::templates::TemplateHost>>,
     /// Who does volumes' root work (see `volumes.rs`); set at start.
     pub(crate) volume_host: std::sync::OnceLock<Arc<dyn space_engine::volumes::VolumeHost>>,
+    /// The shared store its volumes are kept in (decision 032), if any.
+    pub(crate) volume_store: std::sync::OnceLock<Option<String>>,
     /// Volumes a restore or a files write works on (no read-write mount meanwhile).
     pub(crate) busy_volumes: crate::volumes::BusyVolumes,
     /// How images are pulled from registries (operator flags); set at start.
@@ -172,6 +174,7 @@ impl Platform {
             engine_report: Default::default(),
             template_host: Default::default(),
             volume_host: Default::default(),
+            volume_store: Default::default(),
             busy_volumes: Default::default(),
             registry: Default::default(),
             layer_cache_bytes: (crate::DEFAULT_LAYER_CACHE_MIB << 20).into(),

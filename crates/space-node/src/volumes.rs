@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use space_api::cluster::{HandedSnapshot, HandedVolume};
 use space_api::{
     CreateVolumeRequest, ErrorCode, SandboxState, SnapshotRef, Volume, VolumeHolder, VolumeMount, VolumeSnapshot,
 };
@@ -534,15 +535,140 @@ impl Platform {
         }
     }
 
+    /// The shared store this node keeps volumes in (decision 032), if any.
+    pub fn volume_store(&self) -> Option<String> {
+        self.volume_store.get().cloned().flatten()
+    }
+
+    fn shared_store(&self) -> Result<String, NodeError> {
+        self.volume_store().ok_or_else(|| {
+            NodeError::new(ErrorCode::InvalidState, "this node keeps volumes on its own disk: they move by a copy")
+                .with_details(serde_json::json!({"state": "local_volumes"}))
+        })
+    }
+
+    /// Cluster (decision 032): lets go of a volume of the shared store for
+    /// another node to take, refused while anything mounts it or works on
+    /// it. Its records go first (nothing here can mount it from then on),
+    /// then its image is unmounted; one that cannot be keeps its records.
+    pub async fn release_volume(&self, tenant: &str, name: &str) -> Result<HandedVolume, NodeError> {
+        let store = self.shared_store()?;
+        let record = self.volume_record(tenant, name)?;
+        let snapshots = self.store.node().volume_snapshots(&record.id)?;
+        {
+            let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+            self.refuse_if_held(&record, false, "a volume changes node while nothing mounts it")?;
+            self.store.node().delete_volume(&record.id)?;
+        }
+        let id = volume_id(&record.id)?;
+        let host = self.volume_host()?;
+        let detached = tokio::task::spawn_blocking(move || host.detach_volume(&id))
+            .await
+            .map_err(|e| NodeError::internal("detaching a volume", e))?;
+        if let Err(err) = detached {
+            self.store.node().adopt_volume(&record, &snapshots)?;
+            return Err(NodeError::new(
+                ErrorCode::VolumeInUse,
+                format!("volume {name:?} cannot be unmounted from this node: {err}"),
+            )
+            .with_details(serde_json::json!({"volume": name})));
+        }
+        tracing::info!(volume = %record.id, tenant, name, "volume released to another node");
+        Ok(HandedVolume {
+            store,
+            tenant: record.tenant,
+            id: record.id,
+            name: record.name,
+            size_mib: record.size_mib,
+            created_at: record.created_at,
+            from_snapshot: record.from_snapshot,
+            snapshots: snapshots
+                .into_iter()
+                .map(|s| HandedSnapshot { name: s.name, created_at: s.created_at })
+                .collect(),
+        })
+    }
+
+    /// Cluster (decision 032): takes a volume of the shared store another
+    /// node let go of (taken already is no error).
+    pub async fn adopt_volume(&self, handed: HandedVolume) -> Result<Volume, NodeError> {
+        let store = self.shared_store()?;
+        if handed.store != store {
+            return Err(NodeError::unprocessable(format!(
+                "volume {:?} is in shared store {}; this node's is {store}",
+                handed.name, handed.store
+            ))
+            .with_details(serde_json::json!({"field": "store"})));
+        }
+        checked_name(&handed.name, "volume name", "name")?;
+        for snapshot in &handed.snapshots {
+            checked_name(&snapshot.name, "snapshot name", "snapshots")?;
+        }
+        if !(MIN_VOLUME_MIB..=MAX_VOLUME_MIB).contains(&handed.size_mib) || handed.snapshots.len() > MAX_SNAPSHOTS {
+            return Err(NodeError::unprocessable("a handed volume's size or snapshots are out of bounds"));
+        }
+        let id = volume_id(&handed.id)?;
+        let attached = id.clone();
+        let host = self.volume_host()?;
+        let mounted = tokio::task::spawn_blocking(move || host.attach_volume(&attached))
+            .await
+            .map_err(|e| NodeError::internal("attaching a volume", e))?;
+        // Held by another node (its lock in the store), or not mountable.
+        if let Err(err) = mounted {
+            return Err(NodeError::new(
+                ErrorCode::VolumeInUse,
+                format!("volume {:?} cannot be mounted on this node: {err}", handed.name),
+            )
+            .with_details(serde_json::json!({"volume": handed.name})));
+        }
+        let record = VolumeRecord {
+            id: handed.id.clone(),
+            tenant: handed.tenant,
+            name: handed.name,
+            size_mib: handed.size_mib,
+            created_at: handed.created_at,
+            from_snapshot: handed.from_snapshot,
+        };
+        let snapshots: Vec<SnapshotRecord> = handed
+            .snapshots
+            .into_iter()
+            .map(|s| SnapshotRecord { volume_id: handed.id.clone(), name: s.name, created_at: s.created_at })
+            .collect();
+        if !self.store.node().adopt_volume(&record, &snapshots)? {
+            let _ = self.on_volume_host("detaching a volume", move |host| host.detach_volume(&id)).await;
+            return Err(NodeError::new(ErrorCode::NameTaken, format!("a volume named {:?} exists", record.name))
+                .with_details(serde_json::json!({"field": "name"})));
+        }
+        tracing::info!(volume = %record.id, tenant = %record.tenant, name = %record.name, "volume taken from another node");
+        self.volume_object(record).await
+    }
+
     /// At start: removes what a crash left of volumes and snapshots no
-    /// record names (made before their record, or deleted after it).
+    /// record names (made before their record, or deleted after it). With
+    /// a shared store, every recorded volume is mounted again, and one no
+    /// record names is only unmounted: its image may be another node's now.
     pub(crate) async fn sweep_volumes(&self) {
         let result = async {
-            let on_disk = self.on_volume_host("listing volumes", |host| host.list_volumes()).await?;
             let records = self.store.node().all_volumes()?;
+            let shared = self.volume_store().is_some();
+            if shared {
+                for record in &records {
+                    let id = volume_id(&record.id)?;
+                    let attached = self.on_volume_host("attaching a volume", move |host| host.attach_volume(&id));
+                    if let Err(err) = attached.await {
+                        tracing::error!(volume = %record.id, "mounting a volume of the shared store: {}", err.message);
+                    }
+                }
+            }
+            let on_disk = self.on_volume_host("listing volumes", |host| host.list_volumes()).await?;
             let known: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
             for found in on_disk {
                 let id = found.volume.clone();
+                if !known.contains(id.as_str()) && shared {
+                    tracing::info!(volume = %id, "unmounting a volume of the shared store no record here names");
+                    self.on_volume_host("detaching a volume", move |host| host.detach_volume(&id)).await?;
+                    continue;
+                }
                 if !known.contains(id.as_str()) {
                     tracing::info!(volume = %id, "removing a volume no record names");
                     self.on_volume_host("removing a volume", move |host| host.delete_volume(&id)).await?;

@@ -205,6 +205,7 @@ impl Layout {
             | Request::List {}
             | Request::Availability {}
             | Request::ClearStaleQuotas {}
+            | Request::VolumeStore {}
             | Request::ListLayers {} => {}
             Request::ListVolumes {} => paths.push(self.volumes_dir()),
             Request::States { sandboxes } | Request::SettleOrphans { sandboxes, .. } => {
@@ -292,9 +293,11 @@ impl Layout {
                     paths.push(self.volume_snapshot(source, snapshot));
                 }
             }
-            Request::DeleteVolume { volume } | Request::VolumeUsage { volume } | Request::VolumeFiles { volume } => {
-                paths.extend(self.volume_paths(volume))
-            }
+            Request::DeleteVolume { volume }
+            | Request::VolumeUsage { volume }
+            | Request::VolumeFiles { volume }
+            | Request::AttachVolume { volume }
+            | Request::DetachVolume { volume } => paths.extend(self.volume_paths(volume)),
             Request::SnapshotVolume { volume, snapshot }
             | Request::DeleteVolumeSnapshot { volume, snapshot }
             | Request::RestoreVolume { volume, snapshot } => {

@@ -860,6 +860,17 @@ pub enum Request {
     VolumeFiles {
         volume: VolumeId,
     },
+    /// The shared store volumes are kept in; answered `VolumeStore`.
+    VolumeStore {},
+    /// Mounts a volume's image from the shared store at `volumes/<volume>`
+    /// once its lock is taken (decision 032).
+    AttachVolume {
+        volume: VolumeId,
+    },
+    /// Unmounts a volume's image and lets go of its lock, leaving the image.
+    DetachVolume {
+        volume: VolumeId,
+    },
 }
 
 impl Request {
@@ -1072,6 +1083,11 @@ pub enum Reply {
     },
     /// The socket to a volume's files child comes with it.
     VolumeFiles {},
+    /// The name of the shared store volumes are kept in (32 hex digits),
+    /// or none when they are on the helper's own disk.
+    VolumeStore {
+        store: Option<String>,
+    },
 }
 
 /// A snapshot of a volume and the bytes only it holds.
@@ -1143,6 +1159,11 @@ impl Reply {
             }
             Reply::Volumes { volumes } if volumes.iter().any(|v| v.snapshots.len() > MAX_VOLUME_SNAPSHOTS) => {
                 Err(ProtoError::Invalid(format!("a volume listed with over {MAX_VOLUME_SNAPSHOTS} snapshots")))
+            }
+            Reply::VolumeStore { store: Some(store) }
+                if store.len() != 32 || !store.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                Err(ProtoError::Invalid("a volume store's name is not 32 hex digits".into()))
             }
             _ => Ok(()),
         }

@@ -49,6 +49,7 @@ pub fn report(platform: &Platform, id: &str, url: &str) -> NodeReport {
                 (t.meta.name.clone(), size)
             })
             .collect(),
+        volume_store: platform.volume_store(),
     }
 }
 
@@ -319,6 +320,26 @@ pub(crate) async fn take_secrets(
 ) -> Result<StatusCode, ApiError> {
     state.platform.take_secrets(set)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /internal/v1/volumes/release` on a node: lets go of a volume of
+/// the shared store for another node to take (decision 032).
+pub(crate) async fn release_volume(
+    State(state): State<AppState>,
+    _token: NodeToken,
+    space_http::extract::ApiJson(wanted): space_http::extract::ApiJson<space_api::cluster::ReleaseVolume>,
+) -> Result<axum::Json<space_api::cluster::HandedVolume>, ApiError> {
+    Ok(axum::Json(state.platform.release_volume(&wanted.tenant, &wanted.name).await?))
+}
+
+/// `POST /internal/v1/volumes/adopt` on a node: takes a volume of the
+/// shared store another node let go of.
+pub(crate) async fn adopt_volume(
+    State(state): State<AppState>,
+    _token: NodeToken,
+    space_http::extract::ApiJson(handed): space_http::extract::ApiJson<space_api::cluster::HandedVolume>,
+) -> Result<axum::Json<space_api::Volume>, ApiError> {
+    Ok(axum::Json(state.platform.adopt_volume(handed).await?))
 }
 
 /// An idle feed sends an empty line this often, so a dead control plane

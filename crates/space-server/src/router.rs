@@ -17,6 +17,8 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/templates/{name}", get(cluster::export_template))
         .route("/internal/v1/templates/pull", post(cluster::pull_template))
         .route("/internal/v1/events", get(cluster::feed))
+        .route(space_api::cluster::VOLUME_RELEASE_PATH, post(cluster::release_volume))
+        .route(space_api::cluster::VOLUME_ADOPT_PATH, post(cluster::adopt_volume))
         .route(
             "/internal/v1/secrets",
             post(cluster::take_secrets).layer(axum::extract::DefaultBodyLimit::max(crate::secrets::MAX_SECRET_SET)),

@@ -53,6 +53,34 @@ impl NodeStore<'_> {
         })
     }
 
+    /// Records a volume another node handed over, with its snapshots, in
+    /// one transaction; `false` (nothing written) when the tenant has one
+    /// of that name already. The same volume recorded already is `true`.
+    pub fn adopt_volume(&self, volume: &VolumeRecord, snapshots: &[SnapshotRecord]) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(volume)?;
+        let bodies: Vec<String> = snapshots.iter().map(serde_json::to_string).collect::<Result<_, _>>()?;
+        self.0.tx(|c| {
+            let taken = c.query_one(
+                "SELECT id FROM volumes WHERE tenant = ?1 AND name = ?2",
+                vals![volume.tenant.as_str(), volume.name.as_str()],
+            )?;
+            if let Some(row) = taken {
+                return Ok(row.text(0)? == volume.id);
+            }
+            c.execute(
+                "INSERT INTO volumes (id, tenant, name, body) VALUES (?1, ?2, ?3, ?4)",
+                vals![volume.id.as_str(), volume.tenant.as_str(), volume.name.as_str(), body.as_str()],
+            )?;
+            for (snapshot, body) in snapshots.iter().zip(&bodies) {
+                c.execute(
+                    "INSERT INTO volume_snapshots (volume_id, name, body) VALUES (?1, ?2, ?3)",
+                    vals![volume.id.as_str(), snapshot.name.as_str(), body.as_str()],
+                )?;
+            }
+            Ok(true)
+        })
+    }
+
     /// The tenant's volume of that name.
     pub fn volume_named(&self, tenant: &str, name: &str) -> Result<Option<VolumeRecord>, StoreError> {
         self.0.one("SELECT body FROM volumes WHERE tenant = ?1 AND name = ?2", vals![tenant, name])

@@ -159,8 +159,24 @@ pub(crate) fn remove_data_dir(root: &Path) {
         std::thread::sleep(std::time::Duration::from_millis(20));
         cgroups.retain(|dir| std::fs::remove_dir(dir).is_err());
     }
+    unmount_under(root);
     if let Err(err) = space_host::btrfs::remove_tree(root) {
         eprintln!("removing a test data dir: {err}");
+    }
+}
+
+/// Detaches every mount under `root`, deepest first: what a test that
+/// failed half way left mounted there (a volume's image, a read-only view).
+fn unmount_under(root: &Path) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let mut points: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(PathBuf::from))
+        .filter(|point| point.starts_with(root) && point != root)
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    for point in points {
+        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 

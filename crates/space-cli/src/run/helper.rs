@@ -43,7 +43,9 @@ pub(crate) fn helper(args: HelperArgs) -> Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let serving = space_engine::helper::serve_helper(config, firecracker, &importer, &args.socket, args.allow_uid);
+        let volumes = args.shared_volumes.as_deref();
+        let serving =
+            space_engine::helper::serve_helper(config, firecracker, volumes, &importer, &args.socket, args.allow_uid);
         tracing::info!(socket = %args.socket.display(), uid = args.allow_uid, "SPACE helper starting");
         tokio::select! {
             served = serving => served.with_context(|| format!("serving {}", args.socket.display())),

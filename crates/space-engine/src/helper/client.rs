@@ -562,6 +562,22 @@ impl VolumeHost for HelperHost {
         }
     }
 
+    fn shared_store(&self) -> Result<Option<String>, EngineError> {
+        let request = Request::VolumeStore {};
+        match self.call(request.clone(), self.patience)? {
+            (Reply::VolumeStore { store }, _) => Ok(store),
+            (other, _) => Err(unexpected(&request, &other)),
+        }
+    }
+
+    fn attach_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
+        self.done(Request::AttachVolume { volume: volume.clone() })
+    }
+
+    fn detach_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
+        self.done(Request::DetachVolume { volume: volume.clone() })
+    }
+
     fn volume_files(&self, volume: &VolumeId) -> Result<std::os::unix::net::UnixStream, EngineError> {
         let request = Request::VolumeFiles { volume: volume.clone() };
         match self.call(request.clone(), self.patience)? {

@@ -40,14 +40,16 @@ pub async fn serve_gvisor(
     socket: &Path,
     allowed_uid: u32,
 ) -> Result<(), PeerError> {
-    serve_helper(config, None, importer_bin, socket, allowed_uid).await
+    serve_helper(config, None, None, importer_bin, socket, allowed_uid).await
 }
 
 /// [`serve_gvisor`], and Firecracker microVMs' root work too when
-/// `firecracker` is given.
+/// `firecracker` is given; volumes kept as images in the shared store at
+/// `shared_volumes` when it is given.
 pub async fn serve_helper(
     config: GvisorConfig,
     firecracker: Option<FirecrackerConfig>,
+    shared_volumes: Option<&Path>,
     importer_bin: &Path,
     socket: &Path,
     allowed_uid: u32,
@@ -57,6 +59,13 @@ pub async fn serve_helper(
     let templates = LocalTemplates::new(layout.clone(), config.agent_bin.clone()).with_importer(importer_bin);
     // The same binary serves a volume's files from its confined child.
     let volumes = LocalVolumes::new(layout.clone(), importer_bin);
+    let volumes = match shared_volumes {
+        Some(dir) => volumes.with_shared(crate::volumes::SharedStore::open(dir).map_err(|e| PeerError::Io {
+            context: "opening the shared volume store",
+            source: std::io::Error::other(e.to_string()),
+        })?),
+        None => volumes,
+    };
     let host = LocalHost::new(LocalConfig {
         runsc: config.runsc,
         agent_bin: config.agent_bin,

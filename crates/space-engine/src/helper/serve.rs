@@ -308,7 +308,10 @@ fn answer(hosts: &ConnectionHosts, request: Request) -> Answer {
             | Request::RestoreVolume { .. }
             | Request::VolumeUsage { .. }
             | Request::ListVolumes {}
-            | Request::VolumeFiles { .. }),
+            | Request::VolumeFiles { .. }
+            | Request::VolumeStore {}
+            | Request::AttachVolume { .. }
+            | Request::DetachVolume { .. }),
             _,
         ) => match hosts.volumes.as_deref() {
             Some(volumes) => answer_volume(volumes, request),
@@ -450,7 +453,10 @@ fn answer_engine(hosts: &ConnectionHosts, host: &dyn EngineHost, request: Reques
         | Request::RestoreVolume { .. }
         | Request::VolumeUsage { .. }
         | Request::ListVolumes {}
-        | Request::VolumeFiles { .. } => {
+        | Request::VolumeFiles { .. }
+        | Request::VolumeStore {}
+        | Request::AttachVolume { .. }
+        | Request::DetachVolume { .. } => {
             Reply::refused(Refusal::BadRequest, "this helper does not serve that request yet").into()
         }
     }
@@ -519,6 +525,12 @@ fn answer_volume(volumes: &dyn VolumeHost, request: Request) -> Answer {
             .into(),
             Err(err) => failed(err).into(),
         },
+        Request::VolumeStore {} => match volumes.shared_store() {
+            Ok(store) => Reply::VolumeStore { store }.into(),
+            Err(err) => failed(err).into(),
+        },
+        Request::AttachVolume { volume } => done(volumes.attach_volume(&volume)),
+        Request::DetachVolume { volume } => done(volumes.detach_volume(&volume)),
         Request::VolumeFiles { volume } => match volumes.volume_files(&volume) {
             Ok(socket) => Answer { reply: Reply::VolumeFiles {}, fd: Some(socket.into()), finished: None },
             Err(err) => failed(err).into(),

@@ -22,6 +22,7 @@ use space_host::btrfs;
 use space_privsep::layout::Layout;
 use space_privsep::proto::{DiskMib, SnapshotName, VolumeId, MAX_LISTED, MAX_VOLUME_SNAPSHOTS};
 
+use super::shared::SharedStore;
 use super::{VolumeHost, VolumeOnDisk, VolumeUsage};
 use crate::EngineError;
 
@@ -30,6 +31,8 @@ use crate::EngineError;
 pub struct LocalVolumes {
     layout: Layout,
     files_bin: PathBuf,
+    /// Where volumes are kept when not on this node's own disk.
+    shared: Option<SharedStore>,
     /// One change of volumes at a time: a restore's renames and a
     /// snapshot of the same `data` never interleave.
     changing: Mutex<()>,
@@ -37,7 +40,19 @@ pub struct LocalVolumes {
 
 impl LocalVolumes {
     pub fn new(layout: Layout, files_bin: impl Into<PathBuf>) -> LocalVolumes {
-        LocalVolumes { layout, files_bin: files_bin.into(), changing: Mutex::new(()) }
+        LocalVolumes { layout, files_bin: files_bin.into(), shared: None, changing: Mutex::new(()) }
+    }
+
+    /// Keeps volumes as images in `store` (decision 032), taking the lock
+    /// of each one still mounted here.
+    pub fn with_shared(mut self, store: SharedStore) -> LocalVolumes {
+        store.relock(&self.layout.volumes_dir());
+        self.shared = Some(store);
+        self
+    }
+
+    fn shared(&self) -> Result<&SharedStore, EngineError> {
+        self.shared.as_ref().ok_or_else(|| EngineError::Runtime("this node keeps volumes on its own disk".into()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -99,28 +114,52 @@ impl VolumeHost for LocalVolumes {
             }
             None => None,
         };
-        fs::create_dir_all(self.layout.volume_snapshots(volume)).map_err(EngineError::io("creating the volume dir"))?;
+        if let Some(store) = &self.shared {
+            if store.has_image(volume) {
+                return Err(EngineError::Runtime(format!("volume {volume} exists in the shared store")));
+            }
+            store.make(volume, size, &dir)?;
+        }
         let made = (|| {
+            fs::create_dir_all(self.layout.volume_snapshots(volume))
+                .map_err(EngineError::io("creating the volume dir"))?;
             fs::write(self.layout.volume_limit(volume), size.get().to_string())
                 .map_err(EngineError::io("recording the volume's size"))?;
             let data = self.layout.volume_data(volume);
-            match &source {
-                Some(snapshot) => btrfs::snapshot(snapshot, &data)?,
-                None => btrfs::create_subvolume(&data)?,
+            match (&source, &self.shared) {
+                (Some(snapshot), None) => btrfs::snapshot(snapshot, &data)?,
+                // Another image is another filesystem: its files are copied.
+                (Some(snapshot), Some(_)) => {
+                    btrfs::create_subvolume(&data)?;
+                    let mut copy = std::process::Command::new("cp");
+                    copy.args(["-a", "--reflink=auto", "--"]).arg(snapshot.join(".")).arg(&data);
+                    space_host::run(&mut copy)?;
+                }
+                (None, _) => btrfs::create_subvolume(&data)?,
             }
             btrfs::limit_exclusive(&data, size.get())?;
             Ok(())
         })();
         if made.is_err() {
             // Nothing of a volume that could not be made stays.
-            let _ = btrfs::remove_tree(&dir);
+            match &self.shared {
+                Some(store) => {
+                    let _ = store.remove(volume, &dir);
+                }
+                None => {
+                    let _ = btrfs::remove_tree(&dir);
+                }
+            }
         }
         made
     }
 
     fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
         let _changing = self.lock();
-        btrfs::remove_tree(&self.layout.volume_dir(volume)).map_err(EngineError::from)
+        match &self.shared {
+            Some(store) => store.remove(volume, &self.layout.volume_dir(volume)),
+            None => btrfs::remove_tree(&self.layout.volume_dir(volume)).map_err(EngineError::from),
+        }
     }
 
     fn snapshot_volume(&self, volume: &VolumeId, snapshot: &SnapshotName) -> Result<(), EngineError> {
@@ -186,6 +225,17 @@ impl VolumeHost for LocalVolumes {
         };
         let mut volumes: Vec<VolumeId> =
             entries.flatten().filter_map(|entry| VolumeId::parse(entry.file_name().to_str()?).ok()).collect();
+        if let Some(store) = &self.shared {
+            // Those mounted here; the directory a detach left goes.
+            volumes.retain(|volume| {
+                let dir = self.layout.volume_dir(volume);
+                let attached = store.is_attached(volume, &dir);
+                if !attached {
+                    let _ = fs::remove_dir(&dir);
+                }
+                attached
+            });
+        }
         volumes.sort();
         volumes.truncate(MAX_LISTED);
         Ok(volumes
@@ -197,6 +247,21 @@ impl VolumeHost for LocalVolumes {
                 VolumeOnDisk { snapshots: self.snapshots_of(&volume), volume }
             })
             .collect())
+    }
+
+    fn shared_store(&self) -> Result<Option<String>, EngineError> {
+        Ok(self.shared.as_ref().map(|store| store.id().to_string()))
+    }
+
+    fn attach_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        self.shared()?.attach(volume, &self.layout.volume_dir(volume))?;
+        settle(&self.layout, volume)
+    }
+
+    fn detach_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
+        let _changing = self.lock();
+        self.shared()?.detach(volume, &self.layout.volume_dir(volume))
     }
 
     fn volume_files(&self, volume: &VolumeId) -> Result<UnixStream, EngineError> {

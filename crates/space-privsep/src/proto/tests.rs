@@ -160,6 +160,9 @@ pub(crate) fn every_request() -> Vec<Request> {
         Request::VolumeUsage { volume: volume() },
         Request::ListVolumes {},
         Request::VolumeFiles { volume: volume() },
+        Request::VolumeStore {},
+        Request::AttachVolume { volume: volume() },
+        Request::DetachVolume { volume: volume() },
     ]
 }
 
@@ -223,6 +226,8 @@ fn replies_round_trip_and_say_what_they_carry() {
         Reply::VolumeUsage { used_bytes: 4096, snapshots: vec![SnapshotUsage { snapshot: snapshot(), bytes: 16384 }] },
         Reply::Volumes { volumes: vec![VolumeEntry { volume: volume(), snapshots: vec![snapshot()] }] },
         Reply::VolumeFiles {},
+        Reply::VolumeStore { store: Some("0123456789abcdef0123456789abcdef".into()) },
+        Reply::VolumeStore { store: None },
     ];
     for reply in replies {
         let frame = encode(&reply).unwrap();

@@ -46,6 +46,7 @@ pub fn platform_config(data: &TestDataDir) -> PlatformConfig {
         database: None,
         registry: Default::default(),
         layer_cache_mib: space_server::DEFAULT_LAYER_CACHE_MIB,
+        shared_volumes: None,
     }
 }
 
@@ -67,7 +68,7 @@ fn start_helper(config: &PlatformConfig) -> (tokio::runtime::Runtime, PathBuf) {
     });
     let (at, uid, importer) = (socket.clone(), nix::unistd::geteuid().as_raw(), config.importer_bin.clone());
     helper.spawn(async move {
-        if let Err(err) = space_engine::helper::serve_helper(gvisor, firecracker, &importer, &at, uid).await {
+        if let Err(err) = space_engine::helper::serve_helper(gvisor, firecracker, None, &importer, &at, uid).await {
             eprintln!("the test's helper stopped serving: {err}");
         }
     });

@@ -79,6 +79,7 @@ impl World {
             database: None,
             registry: Default::default(),
             layer_cache_mib: space_server::DEFAULT_LAYER_CACHE_MIB,
+            shared_volumes: None,
         }
     }
 
