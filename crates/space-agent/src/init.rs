@@ -70,6 +70,44 @@ pub fn boot() -> Result<(), String> {
     Ok(())
 }
 
+/// Mounts the microVM's volume drives (ext4, `nosuid,nodev`, `ro` for a
+/// read-only mount) where the host's welcome says, each mount point made
+/// first. Called once, before any command runs; a drive that is not there
+/// or does not mount is an error (the sandbox must not run without it:
+/// its writes would land on the root drive).
+pub fn mount_volumes(volumes: &[space_proto::GuestVolume]) -> Result<(), String> {
+    for volume in volumes {
+        let device = volume_device(&volume.device)?;
+        if !volume.path.starts_with('/') || volume.path == "/" {
+            return Err(format!("volume path {:?} is not a directory below /", volume.path));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !Path::new(&device).exists() {
+            if Instant::now() > deadline {
+                return Err(format!("{device} did not appear"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs::create_dir_all(&volume.path).map_err(|e| format!("creating {}: {e}", volume.path))?;
+        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if volume.read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        mount(Some(device.as_str()), volume.path.as_str(), Some("ext4"), flags, None::<&str>)
+            .map_err(|e| format!("mounting {device} at {}: {e}", volume.path))?;
+    }
+    Ok(())
+}
+
+/// `/dev/<name>` for a volume drive's name: `vdb` to `vdz` (`vda` is the
+/// root drive), nothing else.
+fn volume_device(name: &str) -> Result<String, String> {
+    match name.as_bytes() {
+        [b'v', b'd', letter] if (b'b'..=b'z').contains(letter) => Ok(format!("/dev/{name}")),
+        _ => Err(format!("{name:?} is not a volume drive")),
+    }
+}
+
 /// A stream to the host over vsock, usable wherever a Unix stream is (both
 /// are plain stream sockets to read, write and shut down).
 pub fn dial_vsock() -> std::io::Result<std::os::unix::net::UnixStream> {
@@ -260,6 +298,15 @@ fn copy_dev(from: &Path, to: &Path, submounts: &[String]) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_drives_after_the_root_are_volumes() {
+        assert_eq!(volume_device("vdb").unwrap(), "/dev/vdb");
+        assert_eq!(volume_device("vdz").unwrap(), "/dev/vdz");
+        for bad in ["vda", "vd", "sda", "vdb1", "../vdb", "vd{", ""] {
+            assert!(volume_device(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_mounts_under_dev_are_found_by_name() {

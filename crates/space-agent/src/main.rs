@@ -81,6 +81,10 @@ fn run() -> Result<(), String> {
     let mut key = None;
     let (mut reader, writer, welcome) = connect(&socket_path, Some(Duration::from_secs(10)), false, &mut key, None)?;
     take_welcome(&welcome);
+    if init::booted_vm() {
+        // Before the first request is served: no command runs without them.
+        init::mount_volumes(&welcome.volumes).map_err(|e| format!("mounting the volumes: {e}"))?;
+    }
     memory::start();
 
     let (outbox, queued) = sync_channel::<Frame>(OUTBOX_DEPTH);

@@ -179,6 +179,7 @@ pub fn welcome_for(spec: &SandboxSpec) -> space_proto::Welcome {
         clock_unix_ms: None,
         channel_key: None,
         trust_pem: spec.trust_pem.clone(),
+        volumes: Vec::new(),
     }
 }
 

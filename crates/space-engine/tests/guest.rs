@@ -60,6 +60,73 @@ impl Drop for Processes {
     }
 }
 
+/// A guest under QEMU: its processes (killed when it is dropped), the
+/// socket its agent dials and its console's log.
+struct Vm {
+    processes: Processes,
+    qemu_pid: u32,
+    listener: tokio::net::UnixListener,
+    console: PathBuf,
+}
+
+impl Vm {
+    /// Boots the kernel and `initramfs` on the root drive `root` (`vda`)
+    /// and the extra drives `drives` (`vdb` onwards, each read-only or
+    /// not), in `dir`, with a vsock device as Firecracker's.
+    async fn boot(dir: &Path, bzimage: &Path, initramfs: &Path, root: &Path, drives: &[(&Path, bool)]) -> Vm {
+        let qemu = tool("qemu-system-x86_64", "SPACE_QEMU_BIN");
+        let vhost = tool("vhost-device-vsock", "SPACE_VHOST_VSOCK_BIN");
+        let listener = tokio::net::UnixListener::bind(dir.join("vm.vsock_1024")).unwrap();
+        let mut processes = Processes(Vec::new());
+        let control = dir.join("vhost.sock");
+        let mut device = Command::new(&vhost);
+        device.args(["--guest-cid", "3", "--socket"]).arg(&control).arg("--uds-path").arg(dir.join("vm.vsock"));
+        device.stdin(Stdio::null()).stdout(std::fs::File::create(dir.join("vhost.log")).unwrap()).stderr(Stdio::null());
+        processes.0.push(Reaper::global().spawn(&mut device).expect("starting vhost-device-vsock"));
+        let started = Instant::now();
+        while !control.exists() {
+            assert!(started.elapsed() < PATIENCE, "vhost-device-vsock did not listen");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let console = dir.join("console.log");
+        let mut vm = Command::new(&qemu);
+        vm.args(["-M", "microvm,memory-backend=mem", "-cpu", "max", "-m", "512"])
+            .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
+            .args(["-nographic", "-no-reboot"])
+            // A clock far off the host's: the agent must set it from the welcome.
+            .args(["-rtc", "base=2001-01-01T00:00:00"])
+            .arg("-kernel")
+            .arg(bzimage)
+            .arg("-initrd")
+            .arg(initramfs)
+            .arg("-append")
+            .arg(format!("console=ttyS0 reboot=k panic=1 quiet tsc_early_khz={} tsc=reliable", tsc_khz()));
+        // Firecracker attaches the root drive first, then the others in
+        // order; the guest names them vda, vdb, ... as it finds them.
+        let all = std::iter::once((root, false)).chain(drives.iter().copied());
+        for (index, (drive, read_only)) in all.enumerate() {
+            let read_only = if read_only { ",readonly=on" } else { "" };
+            vm.arg("-drive")
+                .arg(format!("id=drive{index},file={},format=raw,if=none{read_only}", drive.display()))
+                .args(["-device", &format!("virtio-blk-device,drive=drive{index}")]);
+        }
+        vm.arg("-chardev")
+            .arg(format!("socket,id=vsock,path={}", control.display()))
+            .args(["-device", "vhost-user-vsock-device,chardev=vsock"])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&console).unwrap())
+            .stderr(Stdio::null());
+        let qemu = Reaper::global().spawn(&mut vm).expect("starting qemu");
+        let qemu_pid = qemu.id();
+        processes.0.push(qemu);
+        Vm { processes, qemu_pid, listener, console }
+    }
+
+    fn qemu(&self) -> &ReapedChild {
+        self.processes.0.iter().find(|child| child.id() == self.qemu_pid).unwrap()
+    }
+}
+
 fn spec(id: &str, env: &[(&str, &str)]) -> SandboxSpec {
     SandboxSpec {
         id: id.into(),
@@ -132,8 +199,6 @@ fn now() -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
     space_process::become_subreaper().unwrap();
-    let qemu = tool("qemu-system-x86_64", "SPACE_QEMU_BIN");
-    let vhost = tool("vhost-device-vsock", "SPACE_VHOST_VSOCK_BIN");
     let shared = DataDir::open(&shared_data_dir()).expect("the shared test data dir: run scripts/test.sh");
     let guest = space_host::guest::existing(&shared).expect("guest artifacts: run `space setup` (scripts/test.sh)");
     // QEMU loads the bzImage Debian ships (Firecracker the ELF unpacked from it).
@@ -145,47 +210,12 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
     let drive = dir.join("root.ext4");
     space_host::template::make_ext4(&base.rootfs(), &drive, 64).unwrap();
 
-    let listener = tokio::net::UnixListener::bind(dir.join("vm.vsock_1024")).unwrap();
-    let mut processes = Processes(Vec::new());
-    let control = dir.join("vhost.sock");
-    let mut device = Command::new(&vhost);
-    device.args(["--guest-cid", "3", "--socket"]).arg(&control).arg("--uds-path").arg(dir.join("vm.vsock"));
-    device.stdin(Stdio::null()).stdout(std::fs::File::create(dir.join("vhost.log")).unwrap()).stderr(Stdio::null());
-    processes.0.push(Reaper::global().spawn(&mut device).expect("starting vhost-device-vsock"));
-    let started = Instant::now();
-    while !control.exists() {
-        assert!(started.elapsed() < PATIENCE, "vhost-device-vsock did not listen");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let console = dir.join("console.log");
-    let mut vm = Command::new(&qemu);
-    vm.args(["-M", "microvm,memory-backend=mem", "-cpu", "max", "-m", "512"])
-        .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
-        .args(["-nographic", "-no-reboot"])
-        // A clock far off the host's: the agent must set it from the welcome.
-        .args(["-rtc", "base=2001-01-01T00:00:00"])
-        .arg("-kernel")
-        .arg(&bzimage)
-        .arg("-initrd")
-        .arg(&guest.initramfs)
-        .arg("-append")
-        .arg(format!("console=ttyS0 reboot=k panic=1 quiet tsc_early_khz={} tsc=reliable", tsc_khz()))
-        .arg("-drive")
-        .arg(format!("id=root,file={},format=raw,if=none", drive.display()))
-        .args(["-device", "virtio-blk-device,drive=root"])
-        .arg("-chardev")
-        .arg(format!("socket,id=vsock,path={}", control.display()))
-        .args(["-device", "vhost-user-vsock-device,chardev=vsock"])
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&console).unwrap())
-        .stderr(Stdio::null());
-    let qemu = Reaper::global().spawn(&mut vm).expect("starting qemu");
-    let qemu_pid = qemu.id();
-    processes.0.push(qemu);
-    let qemu = processes.0.iter().find(|child| child.id() == qemu_pid).unwrap();
+    let vm = Vm::boot(&dir, &bzimage, &guest.initramfs, &drive, &[]).await;
+    let (listener, console) = (&vm.listener, &vm.console);
+    let qemu = vm.qemu();
 
     // The first sandbox: the agent booted the root drive and dialed home.
-    let socket = accept(&listener, "boot", &console, qemu).await;
+    let socket = accept(listener, "boot", console, qemu).await;
     let first = spec("sbx_guest_a", &[("ROLE", "first")]);
     let agent = AgentConn::handshake(socket, space_engine::welcome_for(&first), PATIENCE).await.expect("handshake");
     assert_eq!(agent.hello().pid, 1, "the agent is PID 1");
@@ -225,15 +255,147 @@ async fn the_microvm_guest_boots_under_qemu_and_its_agent_serves_over_vsock() {
     // sandbox (as a clone of a template snapshot is), it becomes that one.
     let running = agent.exec(&common::request(&["sleep", "1000"])).await.expect("a command that outlives it");
     agent.quiesce(PATIENCE).await.expect("quiesce");
-    let socket = accept(&listener, "redial", &console, qemu).await;
+    let socket = accept(listener, "redial", console, qemu).await;
     let clone = spec("sbx_guest_b", &[("ROLE", "clone")]);
     let agent = AgentConn::handshake(socket, space_engine::welcome_for(&clone), PATIENCE).await.expect("handshake");
     assert!(agent.hello().reconnect, "it knows it is a redial");
     assert_eq!(sh(&agent, "hostname; echo $ROLE").await, "sbx-guest-b\nclone\n", "the new sandbox's identity");
     drop(running);
 
-    let said = std::fs::read_to_string(&console).unwrap();
+    let said = std::fs::read_to_string(console).unwrap();
     for failure in ["space-agent: setting", "space-agent: reseeding", "space-agent: mixing"] {
         assert!(!said.contains(failure), "the agent reported a failure ({failure}):\n{said}");
     }
+}
+
+/// A guest dir in `data` with the shared one's kernel and an initramfs of
+/// this build's agent (`SPACE_AGENT_BIN`): the volume test needs the agent
+/// that mounts volume drives, whatever the shared data dir was set up with.
+fn guest_of_this_agent(shared: &DataDir, data: &DataDir) -> space_host::guest::GuestArtifacts {
+    let (from, to) = (space_host::guest::guest_dir(shared), space_host::guest::guest_dir(data));
+    std::fs::create_dir_all(&to).unwrap();
+    for name in ["release", "vmlinux", "vmlinuz", "kernel-package"] {
+        std::os::unix::fs::symlink(from.join(name), to.join(name)).unwrap();
+    }
+    space_host::guest::prepare(data, &space_testkit::agent_bin(), &|_| {}).expect("the initramfs of this agent")
+}
+
+/// A file's bytes in an ext4 image, read on the host without mounting it
+/// (the journal replayed first: the guest was killed, not shut down).
+fn file_in_image(image: &Path, path: &str) -> String {
+    let fsck = Command::new("e2fsck").args(["-fy"]).arg(image).output().unwrap();
+    assert!(fsck.status.code().is_some_and(|c| c <= 1), "e2fsck: {}", String::from_utf8_lossy(&fsck.stdout));
+    let out = Command::new("debugfs").args(["-R", &format!("cat {path}")]).arg(image).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Firecracker's volumes are ext4 images attached as drives after the root
+/// (decision 031). The engine tells the agent which drive goes where; the
+/// agent mounts them (`nosuid,nodev`, `ro` for a read-only mount) before
+/// it serves anything. What a guest writes and syncs is in the image when
+/// the microVM is killed; a read-only drive refuses writes (the guest
+/// kernel's `EROFS`, under it a read-only drive the VMM would refuse to
+/// write too); and a link in a volume resolves in the guest's own tree.
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_drives_are_mounted_by_the_agent_read_write_and_read_only() {
+    space_process::become_subreaper().unwrap();
+    let shared = DataDir::open(&shared_data_dir()).expect("the shared test data dir: run scripts/test.sh");
+    let data = TestDataDir::new();
+    let guest = guest_of_this_agent(&shared, &data.data);
+    let bzimage = space_host::guest::guest_dir(&data.data).join("vmlinuz");
+    let dir = data.root().join("qemu");
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = data.data.template(BASE_TEMPLATE).unwrap();
+    let root = dir.join("root.ext4");
+    space_host::template::make_ext4(&base.rootfs(), &root, 64).unwrap();
+    // The read-write volume: empty, as a Firecracker node makes one.
+    let workspace = dir.join("workspace.ext4");
+    space_host::template::make_volume_image(&workspace, 32).unwrap();
+    // The read-only one holds a file.
+    let seed = dir.join("seed");
+    std::fs::create_dir_all(&seed).unwrap();
+    std::fs::write(seed.join("kept"), "seeded\n").unwrap();
+    let seeded = dir.join("seeded.ext4");
+    space_host::template::make_ext4(&seed, &seeded, 8).unwrap();
+    // A file only the host has, at a path the guest's links will try.
+    let host_only = dir.join("host-only");
+    std::fs::write(&host_only, "the host's\n").unwrap();
+
+    let vm = Vm::boot(&dir, &bzimage, &guest.initramfs, &root, &[(&workspace, false), (&seeded, true)]).await;
+    let socket = accept(&vm.listener, "boot", &vm.console, vm.qemu()).await;
+    let mut sandbox = spec("sbx_guest_volumes", &[]);
+    sandbox.volumes = vec![
+        space_engine::VolumeMountSpec {
+            volume: "vol_00000000000000000001".into(),
+            path: "/workspace".into(),
+            read_only: false,
+        },
+        space_engine::VolumeMountSpec {
+            volume: "vol_00000000000000000002".into(),
+            path: "/srv/seed".into(),
+            read_only: true,
+        },
+    ];
+    let mut welcome = space_engine::welcome_for(&sandbox);
+    welcome.volumes = space_engine::firecracker::guest_volumes(&sandbox);
+    assert_eq!(
+        welcome.volumes.iter().map(|v| v.device.as_str()).collect::<Vec<_>>(),
+        ["vdb", "vdc"],
+        "the drives after the root, in the mounts' order"
+    );
+    let agent = AgentConn::handshake(socket, welcome, PATIENCE).await.expect("handshake");
+    agent.ping(PATIENCE).await.expect("the agent serves once its volumes are mounted");
+
+    let mounts = sh(&agent, "cat /proc/mounts").await;
+    let options = |path: &str| -> Vec<String> {
+        let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(path));
+        let line = line.unwrap_or_else(|| panic!("{path} is not mounted: {mounts}"));
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields[2], "ext4", "{line}");
+        fields[3].split(',').map(str::to_string).collect()
+    };
+    let (rw, ro) = (options("/workspace"), options("/srv/seed"));
+    assert!(mounts.contains("/dev/vdb /workspace ") && mounts.contains("/dev/vdc /srv/seed "), "{mounts}");
+    for (opts, mode) in [(&rw, "rw"), (&ro, "ro")] {
+        for wanted in [mode, "nosuid", "nodev"] {
+            assert!(opts.iter().any(|o| o == wanted), "{wanted} in {opts:?}");
+        }
+    }
+
+    // Read-write: written and synced inside, in the image once the guest
+    // is gone.
+    sh(&agent, "echo written-inside > /workspace/hello && sync").await;
+    // Read-only: the seed is there; a write, a new file and a truncation
+    // are refused with EROFS and change nothing.
+    assert_eq!(sh(&agent, "cat /srv/seed/kept").await, "seeded\n");
+    for attempt in ["echo x > /srv/seed/new", ": > /srv/seed/kept", "rm /srv/seed/kept", "mkdir /srv/seed/d"] {
+        let (_, err, exited) = common::run(&agent, &["sh", "-c", attempt]).await;
+        assert_ne!(exited.exit_code, Some(0), "{attempt} succeeded");
+        assert!(String::from_utf8_lossy(&err).contains("Read-only file system"), "{attempt}: {err:?}");
+    }
+    assert_eq!(sh(&agent, "cat /srv/seed/kept").await, "seeded\n", "the truncation changed nothing");
+
+    // Links to /, .. and /proc/1/root in the volume: the guest's kernel
+    // resolves them in the guest's own tree (the host never opens the
+    // volume's files: the VMM only reads and writes the image's blocks),
+    // so they reach the guest's root, never the host's.
+    sh(&agent, "cd /workspace && ln -s / root && ln -s .. up && ln -s /proc/1/root init-root && sync").await;
+    let marker = host_only.display().to_string();
+    for link in ["root", "up", "init-root"] {
+        let seen = sh(
+            &agent,
+            &format!("cat /workspace/{link}/etc/hostname; test -e /workspace/{link}{marker} || echo absent"),
+        )
+        .await;
+        assert_eq!(seen, "sbx-guest-volumes\nabsent\n", "/workspace/{link} is the guest's root, not the host's");
+    }
+    assert_eq!(sh(&agent, "readlink -f /workspace/up/..").await, "/\n");
+
+    // The guest goes as a killed microVM does: no unmount, no shutdown.
+    drop(agent);
+    drop(vm);
+    assert_eq!(file_in_image(&workspace, "/hello"), "written-inside\n", "the write is in the volume's image");
+    let out = Command::new("debugfs").args(["-R", "stat /root"]).arg(&workspace).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Type: symlink"), "the link is a link in the image");
+    assert_eq!(std::fs::read_to_string(&host_only).unwrap(), "the host's\n");
 }

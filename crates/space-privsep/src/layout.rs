@@ -9,6 +9,9 @@ use crate::proto::{
     VolumeId,
 };
 
+/// A Firecracker volume's ext4 image, in its `data` subvolume.
+pub const VOLUME_IMAGE: &str = "disk.ext4";
+
 /// Where the helper keeps what it makes, under the one data dir it was
 /// started with. Every path is the data dir joined with fixed names and
 /// validated ids, so none leaves it.
@@ -57,6 +60,12 @@ impl Layout {
 
     /// Where a start mounts the read-only views of the volumes the sandbox
     /// mounts read-only, while its engine sets up its mounts.
+    /// A read-only Firecracker mount's own copy of the volume's image,
+    /// taken at its start: the `index`th mount of the sandbox.
+    pub fn volume_copy(&self, sandbox: &SandboxId, index: usize) -> PathBuf {
+        self.sandbox_dir(sandbox).join(format!("volume-{index}.ext4"))
+    }
+
     pub fn volume_views(&self, sandbox: &SandboxId) -> PathBuf {
         self.sandbox_dir(sandbox).join("volume-views")
     }
@@ -141,6 +150,12 @@ impl Layout {
     /// The volume's files: the subvolume a sandbox binds, under its limit.
     pub fn volume_data(&self, volume: &VolumeId) -> PathBuf {
         self.volume_dir(volume).join("data")
+    }
+
+    /// On a Firecracker node, the volume's ext4 image in its `data`: the
+    /// drive a microVM mounts it from (decision 031).
+    pub fn volume_image(&self, volume: &VolumeId) -> PathBuf {
+        self.volume_data(volume).join(VOLUME_IMAGE)
     }
 
     /// A restore's new `data`, made beside it and renamed over it.

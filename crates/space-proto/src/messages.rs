@@ -69,6 +69,21 @@ pub struct Welcome {
     /// trusted certificates, and points every command's TLS settings there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_pem: Option<String>,
+    /// In a microVM: the volume drives the agent mounts before anything
+    /// runs (under gVisor the runtime binds volumes itself: none here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<GuestVolume>,
+}
+
+/// A volume drive of a microVM: the block device the host attached it as
+/// (`vdb` onwards, in the order of the sandbox's mounts; `vda` is the
+/// root) and where the agent mounts it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GuestVolume {
+    pub device: String,
+    pub path: String,
+    pub read_only: bool,
 }
 
 impl Welcome {
@@ -88,6 +103,7 @@ impl Welcome {
             clock_unix_ms: None,
             channel_key: None,
             trust_pem: None,
+            volumes: Vec::new(),
         }
     }
 }

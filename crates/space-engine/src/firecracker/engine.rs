@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use space_privsep::layout::Layout;
-use space_privsep::proto::{SandboxId, Shape, StartFrom, TemplateRef};
+use space_privsep::proto::{Mount, SandboxId, Shape, StartFrom, TemplateRef};
 use tokio::net::UnixListener;
 
 use super::local::{jail_id, FirecrackerHost};
@@ -103,10 +103,11 @@ impl Firecracker {
         sandbox: &SandboxId,
         from: StartFrom,
         shape: Shape,
+        mounts: Vec<Mount>,
     ) -> Result<(tokio::net::UnixStream, Duration), EngineError> {
         let started = Instant::now();
         let id = sandbox.clone();
-        let launched = self.hosted.on_host(move |host| host.start(&id, &from, shape, &[])).await??;
+        let launched = self.hosted.on_host(move |host| host.start(&id, &from, shape, &mounts)).await??;
         // The VMM runs once its API took the start; its host says so.
         tokio::task::spawn_blocking(launched.finished).await.map_err(|e| EngineError::Runtime(e.to_string()))??;
         let listener = UnixListener::from_std(launched.listener).map_err(EngineError::io("socket"))?;
@@ -128,9 +129,12 @@ impl Firecracker {
 
     /// Whether `spec` has its template's default shape: a clone of the
     /// template's saved microVM (with exactly its vCPUs, memory and disk).
+    /// A sandbox that mounts volumes boots: a snapshot's devices are fixed,
+    /// and the template's has no volume drives.
     fn is_clone(spec: &SandboxSpec) -> bool {
-        template_defaults(spec)
-            .is_some_and(|d| (spec.vcpus, spec.memory_mib, spec.disk_mib) == (d.vcpus, d.memory_mib, d.disk_mib))
+        spec.volumes.is_empty()
+            && template_defaults(spec)
+                .is_some_and(|d| (spec.vcpus, spec.memory_mib, spec.disk_mib) == (d.vcpus, d.memory_mib, d.disk_mib))
     }
 
     /// Makes the template's clone base for `shape` unless there is one:
@@ -160,7 +164,7 @@ impl Firecracker {
         };
         let made = async {
             let from = StartFrom::Template { template: template.clone() };
-            let (socket, _) = self.launch(&maker, from, shape).await?;
+            let (socket, _) = self.launch(&maker, from, shape, Vec::new()).await?;
             let agent = AgentConn::handshake(socket, crate::welcome_for(&spec), self.boot_patience).await?;
             agent.quiesce(QUIESCE_PATIENCE).await?;
             let (id, template) = (maker.clone(), template.clone());
@@ -181,12 +185,23 @@ impl Firecracker {
         let (sandbox, template, shape) =
             (self.hosted.placed.sandbox(spec)?, self.hosted.placed.template(spec)?, Placed::shape(spec)?);
         if !Self::is_clone(spec) {
-            let (socket, boot) = self.launch(&sandbox, StartFrom::Template { template }, shape).await?;
-            let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.boot_patience).await?;
+            let mounts = Placed::mounts(spec)?;
+            let from = StartFrom::Template { template };
+            let (socket, boot) = self.launch(&sandbox, from, shape, mounts).await?;
+            let mut welcome = crate::welcome_for(spec);
+            welcome.volumes = guest_volumes(spec);
+            let agent = AgentConn::handshake(socket, welcome, self.boot_patience).await?;
+            if !spec.volumes.is_empty() {
+                // The agent mounts them before it serves anything; one
+                // that could not ends (and the microVM with it).
+                agent.ping(self.boot_patience).await.map_err(|e| {
+                    EngineError::Runtime(format!("the guest did not mount its volumes (see its console): {e}"))
+                })?;
+            }
             return Ok(Started { agent, boot, steps: Vec::new() });
         }
         self.clone_base(spec, &template, shape).await?;
-        let (socket, boot) = self.launch(&sandbox, StartFrom::Clone { template }, shape).await?;
+        let (socket, boot) = self.launch(&sandbox, StartFrom::Clone { template }, shape, Vec::new()).await?;
         // The welcome makes the clone this sandbox (id, hostname, env); the
         // entropy reseeds the random state every clone woke up with.
         let agent = AgentConn::handshake(socket, crate::welcome_for(spec), self.boot_patience).await?;
@@ -226,7 +241,6 @@ impl Engine for Firecracker {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Started, EngineError> {
-        no_volumes(spec)?;
         let started = self.start(spec).await;
         if started.is_err() {
             if let Err(cleanup) = self.destroy(spec).await {
@@ -248,13 +262,15 @@ impl Engine for Firecracker {
         self.hosted.ask(spec, |host, id| host.suspend(id)).await
     }
 
+    /// A suspended sandbox's snapshot names its volume drives: they are
+    /// attached again as they were (the guest's mounts come back with its
+    /// memory).
     async fn restore(&self, spec: &SandboxSpec) -> Result<tokio::net::UnixStream, EngineError> {
-        no_volumes(spec)?;
         if !self.has_snapshot(spec) {
             return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
         }
-        let (sandbox, shape) = (self.hosted.placed.sandbox(spec)?, Placed::shape(spec)?);
-        let (socket, _) = self.launch(&sandbox, StartFrom::Suspended {}, shape).await?;
+        let (sandbox, shape, mounts) = (self.hosted.placed.sandbox(spec)?, Placed::shape(spec)?, Placed::mounts(spec)?);
+        let (socket, _) = self.launch(&sandbox, StartFrom::Suspended {}, shape, mounts).await?;
         Ok(socket)
     }
 
@@ -276,6 +292,7 @@ impl Engine for Firecracker {
     }
 
     async fn save_image(&self, spec: &SandboxSpec, image: &Path) -> Result<Duration, EngineError> {
+        no_volumes(spec)?;
         self.hosted.save_image(spec, image).await
     }
 
@@ -301,7 +318,7 @@ impl Engine for Firecracker {
             return Err(EngineError::Runtime("the image is not whole".into()));
         }
         let (sandbox, shape) = (self.hosted.placed.sandbox(spec)?, Placed::shape(spec)?);
-        let (socket, _) = self.launch(&sandbox, from, shape).await?;
+        let (socket, _) = self.launch(&sandbox, from, shape, Vec::new()).await?;
         Ok(socket)
     }
 
@@ -316,12 +333,28 @@ impl Engine for Firecracker {
     }
 }
 
-/// Volumes would be a second drive of the microVM (decision 031), not
-/// built yet: a sandbox that mounts one is refused, never started without
-/// it.
+/// A checkpoint of a microVM holds its guest's page cache of each volume:
+/// loaded later (or into a fork) over the volume as it is by then, that
+/// cache would tear the file system. A microVM that mounts volumes is not
+/// checkpointed (decision 031).
 fn no_volumes(spec: &SandboxSpec) -> Result<(), EngineError> {
     match spec.volumes.is_empty() {
         true => Ok(()),
-        false => Err(super::local::no_volumes()),
+        false => Err(super::local::no_volume_checkpoints()),
     }
+}
+
+/// The volume drives as the guest finds them: after the root drive
+/// (`vda`), one per mount in the sandbox's order, as the host attaches
+/// them.
+pub fn guest_volumes(spec: &SandboxSpec) -> Vec<space_proto::GuestVolume> {
+    spec.volumes
+        .iter()
+        .enumerate()
+        .map(|(index, mount)| space_proto::GuestVolume {
+            device: super::local::volume_device(index),
+            path: mount.path.clone(),
+            read_only: mount.read_only,
+        })
+        .collect()
 }

@@ -156,11 +156,17 @@ impl FirecrackerHost {
     /// owned by the VMM's uid, `shared` ones (the kernel and initramfs it
     /// boots, a template snapshot) hard-linked read-only — and a uid no
     /// other jail holds is chosen (the jail root's owner records it).
+    ///
+    /// A volume's own image (a read-write mount) cannot be linked there
+    /// (it is in another subvolume): it is bound onto a file of the jail,
+    /// and given to the VMM's uid; a read-only mount's copy is the
+    /// sandbox's own, linked like its root drive.
     fn prepare(
         &self,
         sandbox: &SandboxId,
         own: &[(&str, &Path)],
         shared: &[(&str, &Path)],
+        volumes: &[VolumeDrive],
     ) -> Result<(VmmFiles, Option<u32>), EngineError> {
         let files = self.files(sandbox);
         if !files.jailed {
@@ -169,6 +175,8 @@ impl FirecrackerHost {
             return Ok((files, None));
         }
         let root = files.host.clone();
+        // A volume bound into a previous jail is let go before it goes.
+        super::unmount_under(&root);
         let _ = fs::remove_dir_all(&root);
         let uid = {
             let _choosing = self.jail_uids.lock().unwrap_or_else(|e| e.into_inner());
@@ -180,10 +188,19 @@ impl FirecrackerHost {
         for (name, source) in shared {
             link_or_copy(source, &root.join(name))?;
         }
-        for (name, source) in own {
+        let copies = volumes.iter().filter(|v| v.read_only).map(|v| (v.name.as_str(), v.host.as_path()));
+        for (name, source) in own.iter().copied().chain(copies) {
             let target = root.join(name);
             fs::hard_link(source, &target).map_err(EngineError::io(format!("linking {name} into the jail")))?;
             std::os::unix::fs::chown(&target, Some(uid), Some(uid)).map_err(EngineError::io("chown into the jail"))?;
+        }
+        for volume in volumes.iter().filter(|v| !v.read_only) {
+            let target = root.join(&volume.name);
+            fs::File::create(&target).map_err(EngineError::io("a volume's place in the jail"))?;
+            nix::mount::mount(Some(&volume.host), &target, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+                .map_err(|e| EngineError::io("binding a volume into the jail")(e.into()))?;
+            std::os::unix::fs::chown(&volume.host, Some(uid), Some(uid))
+                .map_err(EngineError::io("giving a volume's image to the jail"))?;
         }
         Ok((files, Some(uid)))
     }
@@ -306,6 +323,7 @@ impl FirecrackerHost {
         sandbox: &SandboxId,
         template: &TemplateRef,
         shape: Shape,
+        mounts: &[Mount],
     ) -> Result<(UnixListener, u32), EngineError> {
         let version = self.layout.template_dir(template);
         let image = version.join(ROOT_DRIVE);
@@ -316,8 +334,9 @@ impl FirecrackerHost {
         }
         let extra = template_defaults(&version).map_or(0, |d| shape.disk_mib.get().saturating_sub(d.disk_mib));
         let root = self.copy_root_drive(sandbox, &image, extra)?;
+        let volumes = self.volume_drives(sandbox, mounts, true)?;
         let guest = [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())];
-        let (files, uid) = self.prepare(sandbox, &[(ROOT_DRIVE, &root)], &guest)?;
+        let (files, uid) = self.prepare(sandbox, &[(ROOT_DRIVE, &root)], &guest, &volumes)?;
         let listener = self.listen(&files)?;
         let api = self.spawn(sandbox, shape, uid).await?;
         api.boot_source(&BootSource {
@@ -340,6 +359,17 @@ impl FirecrackerHost {
             is_read_only: false,
         })
         .await?;
+        // After the root (`vda`), in the mounts' order: `vdb` onwards, as
+        // the engine tells the agent.
+        for (index, volume) in volumes.iter().enumerate() {
+            api.drive(&Drive {
+                drive_id: format!("volume{index}"),
+                path_on_host: files.volume(volume),
+                is_root_device: false,
+                is_read_only: volume.read_only,
+            })
+            .await?;
+        }
         api.vsock(&Vsock { guest_cid: GUEST_CID, uds_path: VmmFiles::own(VSOCK) }).await?;
         api.start().await?;
         Ok((listener, self.pid_of(sandbox)))
@@ -390,13 +420,14 @@ impl FirecrackerHost {
         drive: &Path,
         (state, memory): (&Path, &Path),
         shared: bool,
+        volumes: &[VolumeDrive],
     ) -> Result<(UnixListener, u32), EngineError> {
         let snapshot = [(STATE, state), (MEMORY, memory)];
         let drive = [(ROOT_DRIVE, drive)];
         let (files, uid) = if shared {
-            self.prepare(sandbox, &drive, &snapshot)?
+            self.prepare(sandbox, &drive, &snapshot, volumes)?
         } else {
-            self.prepare(sandbox, &[drive[0], snapshot[0], snapshot[1]], &[])?
+            self.prepare(sandbox, &[drive[0], snapshot[0], snapshot[1]], &[], volumes)?
         };
         let listener = self.listen(&files)?;
         let api = self.spawn(sandbox, shape, uid).await?;
@@ -448,9 +479,10 @@ impl FirecrackerHost {
         sandbox: &SandboxId,
         from: &StartFrom,
         shape: Shape,
+        mounts: &[Mount],
     ) -> Result<(UnixListener, u32), EngineError> {
         match from {
-            StartFrom::Template { template } => self.boot(sandbox, template, shape).await,
+            StartFrom::Template { template } => self.boot(sandbox, template, shape, mounts).await,
             StartFrom::Clone { template } => {
                 let dir = self.clone_base_dir(template, shape).ok_or_else(|| {
                     EngineError::Runtime(format!("a clone of {} has its default shape", template.name))
@@ -460,7 +492,7 @@ impl FirecrackerHost {
                 }
                 // A clone has its template's default shape: the drive as saved.
                 let root = self.copy_root_drive(sandbox, &dir.join(ROOT_DRIVE), 0)?;
-                self.load(sandbox, shape, &root, (&dir.join(STATE), &dir.join(MEMORY)), true).await
+                self.load(sandbox, shape, &root, (&dir.join(STATE), &dir.join(MEMORY)), true, &[]).await
             }
             StartFrom::Suspended {} => {
                 let snapshot = self.snapshot_dir(sandbox);
@@ -468,7 +500,11 @@ impl FirecrackerHost {
                     return Err(EngineError::Runtime("the sandbox has no complete snapshot".into()));
                 }
                 let root = self.layout.sandbox_dir(sandbox).join(ROOT_DRIVE);
-                self.load(sandbox, shape, &root, (&snapshot.join(STATE), &snapshot.join(MEMORY)), false).await
+                // The drives the snapshot names, as they were: a read-only
+                // mount keeps the copy it started with.
+                let volumes = self.volume_drives(sandbox, mounts, false)?;
+                let snapshot = (snapshot.join(STATE), snapshot.join(MEMORY));
+                self.load(sandbox, shape, &root, (&snapshot.0, &snapshot.1), false, &volumes).await
             }
             StartFrom::Image { source, image } => {
                 let image = self.image_dir(source, image);
@@ -497,17 +533,123 @@ impl FirecrackerHost {
         self.kill(sandbox);
         let root = self.copy_root_drive(sandbox, &image.join(ROOT_DRIVE), 0)?;
         let _ = fs::remove_dir_all(self.snapshot_dir(sandbox));
-        self.load(sandbox, shape, &root, (&image.join(STATE), &image.join(MEMORY)), true).await
+        self.load(sandbox, shape, &root, (&image.join(STATE), &image.join(MEMORY)), true, &[]).await
+    }
+}
+
+/// Why a microVM that mounts volumes is not checkpointed or started from
+/// a snapshot other than its own (decision 031).
+pub(super) fn no_volume_checkpoints() -> EngineError {
+    EngineError::Runtime(
+        "a Firecracker sandbox that mounts volumes cannot be checkpointed, forked or cloned: its memory holds \
+         its view of the volumes"
+            .into(),
+    )
+}
+
+/// The guest's name for the `index`th volume drive: `vdb` onwards (the
+/// root drive is `vda`).
+pub(super) fn volume_device(index: usize) -> String {
+    let letter = b'b' + u8::try_from(index).unwrap_or(u8::MAX).min(b'z' - b'b');
+    format!("vd{}", letter as char)
+}
+
+/// A volume drive of a microVM: the file on the host, the name the VMM
+/// knows it by (in its jail, or beside its root drive), and whether the
+/// guest only reads it.
+struct VolumeDrive {
+    name: String,
+    host: PathBuf,
+    read_only: bool,
+}
+
+impl VmmFiles {
+    /// The path the VMM opens a volume drive at: its name in a jail; the
+    /// sandbox's copy by name (the sandbox's dir is the VMM's working
+    /// directory), a volume's own image where it is.
+    fn volume(&self, volume: &VolumeDrive) -> PathBuf {
+        match self.jailed || volume.read_only {
+            true => PathBuf::from(&volume.name),
+            false => volume.host.clone(),
+        }
+    }
+}
+
+impl FirecrackerHost {
+    /// The mounted volume's ext4 image (a restore a killed process left
+    /// half done finished first).
+    fn volume_image(&self, mount: &Mount) -> Result<PathBuf, EngineError> {
+        crate::volumes::settle(&self.layout, &mount.volume)?;
+        let image = self.layout.volume_image(&mount.volume);
+        match fs::symlink_metadata(&image).is_ok_and(|meta| meta.is_file()) {
+            true => Ok(image),
+            false => Err(EngineError::Runtime(format!(
+                "volume {} has no ext4 image: it was made for gVisor (a Firecracker node's volumes are images)",
+                mount.volume
+            ))),
+        }
+    }
+
+    /// The sandbox's volume drives, one per mount in order: a read-write
+    /// mount's is the volume's own image; a read-only mount's is a copy
+    /// of it, taken now (`fresh`) or at the sandbox's start — a reflink
+    /// (one atomic clone of the file, however a writer's VMM is writing
+    /// it), its journal replayed, so the reader's file system is whole: the
+    /// volume as a power cut at that instant would have left it.
+    fn volume_drives(
+        &self,
+        sandbox: &SandboxId,
+        mounts: &[Mount],
+        fresh: bool,
+    ) -> Result<Vec<VolumeDrive>, EngineError> {
+        let mut drives = Vec::with_capacity(mounts.len());
+        for (index, mount) in mounts.iter().enumerate() {
+            let image = self.volume_image(mount)?;
+            let name = format!("volume-{index}.ext4");
+            if !mount.read_only {
+                drives.push(VolumeDrive { name, host: image, read_only: false });
+                continue;
+            }
+            let copy = self.layout.volume_copy(sandbox, index);
+            if fresh {
+                fs::create_dir_all(self.layout.sandbox_dir(sandbox)).map_err(EngineError::io("the sandbox dir"))?;
+                let _ = fs::remove_file(&copy);
+                space_host::run(Command::new("cp").arg("--reflink=always").arg(&image).arg(&copy))?;
+                replay_journal(&copy)?;
+            } else if !copy.is_file() {
+                return Err(EngineError::Runtime(format!(
+                    "the copy of volume {} the sandbox started with is gone",
+                    mount.volume
+                )));
+            }
+            drives.push(VolumeDrive { name, host: copy, read_only: true });
+        }
+        Ok(drives)
+    }
+}
+
+/// Replays the journal of the ext4 image `image` (a copy of a volume a
+/// writer had mounted: its journal needs recovery, which a read-only drive
+/// could not take), and nothing else.
+fn replay_journal(image: &Path) -> Result<(), EngineError> {
+    let out = Command::new("e2fsck")
+        .args(["-y", "-E", "journal_only"])
+        .arg(image)
+        .output()
+        .map_err(EngineError::io("running e2fsck"))?;
+    // 0: clean; 1: the journal was replayed.
+    match out.status.code() {
+        Some(0 | 1) => Ok(()),
+        _ => Err(EngineError::Runtime(format!(
+            "replaying the journal of a volume's copy: e2fsck {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))),
     }
 }
 
 /// A build sandbox's root is a layer chain's directory tree, written back
 /// as the next chain; a microVM's is an ext4 image of a published template.
-/// Why a Firecracker sandbox that mounts a volume does not start.
-pub(super) fn no_volumes() -> EngineError {
-    EngineError::Runtime("volumes are not supported on the firecracker engine yet".into())
-}
-
 pub(super) fn no_build_sandboxes() -> EngineError {
     EngineError::Runtime(
         "the Firecracker engine does not run build sandboxes on layer chains: Dockerfile steps run on gVisor".into(),
@@ -565,8 +707,14 @@ impl EngineHost for FirecrackerHost {
         shape: Shape,
         mounts: &[Mount],
     ) -> Result<Launched, EngineError> {
-        if !mounts.is_empty() {
-            return Err(no_volumes());
+        // Volume drives go into a boot (the template has none in its clone
+        // base) or back into their own sandbox's snapshot.
+        if !mounts.is_empty() && !matches!(from, StartFrom::Template { .. } | StartFrom::Suspended {}) {
+            return Err(no_volume_checkpoints());
+        }
+        space_privsep::proto::check_mounts(mounts).map_err(|e| EngineError::Runtime(e.to_string()))?;
+        for mount in mounts {
+            self.volume_image(mount)?;
         }
         // A new root (a template's, another sandbox's image) goes into a
         // new sandbox only, as with gVisor; going back to its own image or
@@ -583,7 +731,7 @@ impl EngineHost for FirecrackerHost {
             )));
         }
         let started = Instant::now();
-        let (listener, pid) = block_on(self.start_async(sandbox, from, shape))?;
+        let (listener, pid) = block_on(self.start_async(sandbox, from, shape, mounts))?;
         Ok(Launched {
             listener,
             pid,
@@ -895,7 +1043,7 @@ mod tests {
         let chain = space_privsep::proto::ChainId::parse(&"ab".repeat(32)).unwrap();
         let err = host.start(&sandbox(), &StartFrom::Layer { chain }, default, &[]).err().unwrap();
         assert!(err.to_string().contains("does not run build sandboxes"), "{err}");
-        // Nor, yet, sandboxes that mount volumes.
+        // Nor a sandbox that mounts a volume without an image.
         let mount = Mount {
             volume: space_privsep::proto::VolumeId::parse("vol_0123456789abcdef0123").unwrap(),
             path: space_privsep::proto::MountPath::parse("/workspace").unwrap(),
@@ -903,7 +1051,7 @@ mod tests {
         };
         let from = StartFrom::Template { template: template.clone() };
         let err = host.start(&sandbox(), &from, shape(1, 256, 16), &[mount]).err().unwrap();
-        assert!(err.to_string().contains("volumes are not supported on the firecracker engine"), "{err}");
+        assert!(err.to_string().contains("has no ext4 image"), "{err}");
         assert!(!host.layout().sandbox_dir(&sandbox()).exists(), "a refused start makes nothing");
         // A new guest (kernel or initramfs) means a new base.
         std::thread::sleep(Duration::from_millis(10));

@@ -7,7 +7,7 @@ pub mod api;
 mod engine;
 mod local;
 
-pub use self::engine::{Firecracker, FirecrackerConfig, BOOT_PATIENCE, JAIL_UID};
+pub use self::engine::{guest_volumes, Firecracker, FirecrackerConfig, BOOT_PATIENCE, JAIL_UID};
 pub use self::local::FirecrackerHost;
 
 use std::fs;
@@ -234,6 +234,47 @@ pub(crate) fn runs_binary(pid: i32, binary: &Path) -> bool {
     running.as_os_str().as_encoded_bytes() == format!("{} (deleted)", expected.display()).as_bytes()
 }
 
+/// Detaches every mount at or under `dir` in this process's mount
+/// namespace (a volume's image bound into a jail), deepest first.
+pub(crate) fn unmount_under(dir: &Path) {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| PathBuf::from(unescape_mount_point(point)))
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    for point in points {
+        if let Err(err) = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(mount = %point.display(), "detaching a volume from a jail: {err}");
+        }
+    }
+}
+
+/// A mount point as mountinfo shows it, with its octal escapes (`\040`
+/// for a space) undone.
+fn unescape_mount_point(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal =
+            bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match octal {
+            Some(digits) => {
+                out.push(digits.iter().fold(0u8, |n, d| n.wrapping_mul(8).wrapping_add(d - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Whether `pid` is a process that has not ended (a zombie has).
 fn alive(pid: i32) -> bool {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -428,6 +469,9 @@ impl Vmm {
         move || {
             let _ = fs::remove_file(socket);
             for path in leftovers {
+                // A volume bound into the jail is let go first (were it
+                // not, its file is a busy mount point: never removed).
+                unmount_under(&path);
                 let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
             }
             if let Some(id) = cgroup {
