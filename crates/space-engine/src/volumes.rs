@@ -53,6 +53,14 @@ pub trait VolumeHost: Send + Sync {
         from: Option<(&VolumeId, &SnapshotName)>,
     ) -> Result<(), EngineError>;
 
+    /// `CreateVolume` with `image`: a Firecracker node's volume (decision
+    /// 031), `volumes/<volume>/data` holding `disk.ext4`, an empty ext4
+    /// image of exactly `size` (sparse) the microVMs mount as a drive.
+    /// Inside, its size is the limit (a full image is `ENOSPC`, where a
+    /// gVisor volume's quota says `EDQUOT`); the subvolume's quota group
+    /// limit is only a backstop for what btrfs keeps of rewritten extents.
+    fn create_image_volume(&self, volume: &VolumeId, size: DiskMib) -> Result<(), EngineError>;
+
     /// `DeleteVolume`: the volume with its snapshots (none there is not an
     /// error).
     fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError>;

@@ -120,6 +120,94 @@ fn a_volume_is_made_snapshotted_restored_and_deleted_through_the_helper() {
     runtime.shutdown_timeout(PATIENCE);
 }
 
+/// An ext4 image mounted on the host through a loop device (as root),
+/// unmounted when dropped.
+struct LoopMount(std::path::PathBuf);
+
+impl LoopMount {
+    fn new(image: &std::path::Path, at: &std::path::Path) -> LoopMount {
+        std::fs::create_dir_all(at).unwrap();
+        let mut mount = std::process::Command::new("mount");
+        space_host::run(mount.args(["-o", "loop,nosuid,nodev"]).arg(image).arg(at)).expect("mount -o loop");
+        LoopMount(at.to_path_buf())
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let _ = space_host::run(std::process::Command::new("umount").arg(&self.0));
+    }
+}
+
+/// A Firecracker node's volume (decision 031): its subvolume holds an ext4
+/// image of exactly its size, sparse, root's alone; inside, the size is
+/// the limit (ENOSPC); snapshots, a restore and a volume from a snapshot
+/// carry the image as they carry any file.
+fn image_lifecycle(host: &dyn VolumeHost, layout: &Layout, data: &TestDataDir, tag: u8) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let volume = new_volume(tag);
+    host.create_image_volume(&volume, mib(32)).unwrap();
+    let image = layout.volume_image(&volume);
+    let meta = std::fs::metadata(&image).unwrap();
+    assert_eq!(meta.len(), 32 << 20, "exactly its size");
+    assert!(meta.blocks() * 512 < 8 << 20, "sparse: {} bytes on disk", meta.blocks() * 512);
+    assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (0, 0o600), "root's alone");
+    space_host::run(std::process::Command::new("e2fsck").arg("-fn").arg(&image)).expect("a clean file system");
+    assert!(space_host::btrfs::is_subvolume(&layout.volume_data(&volume)));
+    let again = host.create_image_volume(&volume, mib(32)).expect_err("a volume is made once");
+    assert!(again.to_string().contains("exists"), "{again}");
+
+    let inside = data.root().join(format!("inside-{tag}"));
+    {
+        let _mounted = LoopMount::new(&image, &inside);
+        let root = std::fs::metadata(&inside).unwrap();
+        assert_eq!((root.uid(), root.gid(), root.permissions().mode() & 0o777), (0, 0, 0o755));
+        std::fs::write(inside.join("notes.txt"), "first").unwrap();
+        // The size is the limit: a write past it is ENOSPC (no blocks are
+        // kept back for root).
+        let full = std::fs::write(inside.join("big"), vec![1u8; 40 << 20]);
+        assert_eq!(full.err().and_then(|e| e.raw_os_error()), Some(nix::libc::ENOSPC), "past the size");
+        std::fs::remove_file(inside.join("big")).unwrap();
+    }
+    data.sync();
+    host.snapshot_volume(&volume, &snapshot("one")).unwrap();
+    assert!(layout.volume_snapshot(&volume, &snapshot("one")).join("disk.ext4").is_file(), "the image goes with it");
+    {
+        let _mounted = LoopMount::new(&image, &inside);
+        std::fs::write(inside.join("notes.txt"), "second").unwrap();
+    }
+    host.restore_volume(&volume, &snapshot("one")).unwrap();
+    {
+        let _mounted = LoopMount::new(&layout.volume_image(&volume), &inside);
+        assert_eq!(std::fs::read_to_string(inside.join("notes.txt")).unwrap(), "first", "restored");
+    }
+    let copy = new_volume(tag + 1);
+    host.create_volume(&copy, mib(32), Some((&volume, &snapshot("one")))).unwrap();
+    {
+        let _mounted = LoopMount::new(&layout.volume_image(&copy), &inside);
+        assert_eq!(std::fs::read_to_string(inside.join("notes.txt")).unwrap(), "first", "a copy is an image too");
+    }
+    host.delete_volume(&volume).unwrap();
+    host.delete_volume(&copy).unwrap();
+    assert!(!layout.volume_dir(&volume).exists() && !layout.volume_dir(&copy).exists());
+}
+
+#[test]
+fn an_image_volume_is_made_snapshotted_restored_and_deleted_in_process() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    image_lifecycle(&LocalVolumes::new(layout.clone(), space_bin()), &layout, &data, 31);
+}
+
+#[test]
+fn an_image_volume_is_made_through_the_helper() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    let Helper { runtime, client } = helper(&data, &layout);
+    image_lifecycle(&client, &layout, &data, 41);
+    runtime.shutdown_timeout(PATIENCE);
+}
+
 /// A restore killed between its renames (the old data moved aside, the
 /// new not yet in) is finished by the next request on the volume; one
 /// killed before its swap leaves the old data, its copy removed.

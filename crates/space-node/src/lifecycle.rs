@@ -79,7 +79,7 @@ impl Platform {
         disk_the_engine_gives(&engine, template.meta.image.is_some(), spec.disk_mib, defaults.disk_mib)?;
         let _admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         // Held until the record is written: no second writer gets in between.
-        let volume_ids = self.resolve_mounts(tenant, &spec.volumes, &engine)?;
+        let volume_ids = self.resolve_mounts(tenant, &spec.volumes)?;
         let quotas = self.store.tenancy().tenant_quotas(tenant)?;
         tenants::check_quotas(&self.store, tenant, &quotas, (spec.vcpus, spec.memory_mib), 1)?;
         // On a node, the control plane may have told a disk quota.

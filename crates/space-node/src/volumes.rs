@@ -281,8 +281,12 @@ impl Platform {
             None => None,
         };
         let made = id.clone();
-        self.on_volume_host("making a volume", move |host| {
-            host.create_volume(&made, size, source.as_ref().map(|(v, s)| (v, s)))
+        // A Firecracker node's volumes are ext4 images its microVMs mount
+        // as drives; a copy of a snapshot is of its source's kind.
+        let image = source.is_none() && self.engine.name() == "firecracker";
+        self.on_volume_host("making a volume", move |host| match image {
+            true => host.create_image_volume(&made, size),
+            false => host.create_volume(&made, size, source.as_ref().map(|(v, s)| (v, s))),
         })
         .await?;
         // Written once the subvolume is there: a crash before leaves one
@@ -464,12 +468,7 @@ impl Platform {
     /// path, and no read-write mount of a volume another live sandbox
     /// mounts read-write (409 naming it). Called under the admission lock,
     /// which the caller holds until the sandbox's record is written.
-    pub(crate) fn resolve_mounts(
-        &self,
-        tenant: &str,
-        mounts: &[VolumeMount],
-        engine: &str,
-    ) -> Result<Vec<String>, NodeError> {
+    pub(crate) fn resolve_mounts(&self, tenant: &str, mounts: &[VolumeMount]) -> Result<Vec<String>, NodeError> {
         if mounts.is_empty() {
             return Ok(Vec::new());
         }
@@ -477,13 +476,6 @@ impl Platform {
         if mounts.len() > space_api::MAX_MOUNTS {
             return Err(NodeError::unprocessable(format!("at most {} volumes per sandbox", space_api::MAX_MOUNTS))
                 .with_details(serde_json::json!({"field": "volumes"})));
-        }
-        if engine == "firecracker" {
-            return Err(NodeError::new(
-                ErrorCode::NotSupported,
-                "volumes are not supported on the firecracker engine yet; use a gvisor template",
-            )
-            .with_details(serde_json::json!({"field": "volumes"})));
         }
         let mut paths = HashSet::new();
         let mut seen = HashSet::new();

@@ -821,11 +821,16 @@ pub enum Request {
     },
     /// Makes `volumes/<volume>/data` (refused if the volume is there): an
     /// empty subvolume, or a writable snapshot of `from`'s snapshot, under
-    /// a quota group limit of `size` on its own writes (issue 37).
+    /// a quota group limit of `size` on its own writes (issue 37). An
+    /// `image` volume (a Firecracker node's, decision 031) holds an ext4
+    /// image of `size` in its subvolume; a volume from a snapshot is of its
+    /// source's kind, so it takes no `image`.
     CreateVolume {
         volume: VolumeId,
         size: DiskMib,
         from: Option<(VolumeId, SnapshotName)>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        image: bool,
     },
     /// Removes a volume with its snapshots (none there is no error).
     DeleteVolume {
@@ -902,6 +907,9 @@ impl Request {
             Request::Start { mounts, .. } => check_mounts(mounts),
             Request::CreateVolume { volume, from: Some((source, _)), .. } if source == volume => {
                 Err(ProtoError::Invalid(format!("volume {volume} cannot be made from its own snapshot")))
+            }
+            Request::CreateVolume { from: Some(_), image: true, .. } => {
+                Err(ProtoError::Invalid("a volume made from a snapshot is of its source's kind: no image".into()))
             }
             Request::BuildTemplate { source: BuildSource::Debian { packages, .. }, .. } => {
                 if packages.is_empty() || packages.len() > MAX_PACKAGES {

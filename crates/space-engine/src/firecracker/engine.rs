@@ -304,8 +304,9 @@ impl Engine for Firecracker {
         self.hosted.stop(spec)
     }
 
-    fn saves_images(&self, _spec: &SandboxSpec) -> bool {
-        true
+    /// Not of a microVM that mounts volumes: see [`no_volumes`].
+    fn saves_images(&self, spec: &SandboxSpec) -> bool {
+        spec.volumes.is_empty()
     }
 
     /// A new microVM loads the image's snapshot (its memory mapped

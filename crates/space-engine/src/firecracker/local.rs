@@ -632,16 +632,15 @@ impl FirecrackerHost {
 /// writer had mounted: its journal needs recovery, which a read-only drive
 /// could not take), and nothing else.
 fn replay_journal(image: &Path) -> Result<(), EngineError> {
-    let out = Command::new("e2fsck")
-        .args(["-y", "-E", "journal_only"])
-        .arg(image)
-        .output()
-        .map_err(EngineError::io("running e2fsck"))?;
+    let mut fsck = Command::new("e2fsck");
+    fsck.args(["-y", "-E", "journal_only"]).arg(image);
+    // Through the reaper: the helper reaps its children there.
+    let out = space_process::Reaper::global().output(&mut fsck).map_err(EngineError::io("running e2fsck"))?;
     // 0: clean; 1: the journal was replayed.
-    match out.status.code() {
-        Some(0 | 1) => Ok(()),
+    match out.status {
+        space_process::ExitStatus::Exited(0 | 1) => Ok(()),
         _ => Err(EngineError::Runtime(format!(
-            "replaying the journal of a volume's copy: e2fsck {}: {}",
+            "replaying the journal of a volume's copy: e2fsck {:?}: {}",
             out.status,
             String::from_utf8_lossy(&out.stdout).trim()
         ))),

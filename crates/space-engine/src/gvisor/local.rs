@@ -85,6 +85,12 @@ impl LocalHost {
             if !fs::symlink_metadata(&data).is_ok_and(|meta| meta.is_dir()) {
                 return Err(EngineError::Runtime(format!("volume {} is not on this host", mount.volume)));
             }
+            if fs::symlink_metadata(self.layout().volume_image(&mount.volume)).is_ok() {
+                return Err(EngineError::Runtime(format!(
+                    "volume {} is an ext4 image, made for Firecracker sandboxes: gVisor mounts directory volumes",
+                    mount.volume
+                )));
+            }
             let view = self.layout().volume_view(sandbox, &mount.volume);
             if mount.read_only && !view.exists() {
                 crate::volumes::mount_view(&data, &view)?;

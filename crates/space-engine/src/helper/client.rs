@@ -521,7 +521,11 @@ impl VolumeHost for HelperHost {
         from: Option<(&VolumeId, &SnapshotName)>,
     ) -> Result<(), EngineError> {
         let from = from.map(|(source, snapshot)| (source.clone(), snapshot.clone()));
-        self.done(Request::CreateVolume { volume: volume.clone(), size, from })
+        self.done(Request::CreateVolume { volume: volume.clone(), size, from, image: false })
+    }
+
+    fn create_image_volume(&self, volume: &VolumeId, size: DiskMib) -> Result<(), EngineError> {
+        self.done(Request::CreateVolume { volume: volume.clone(), size, from: None, image: true })
     }
 
     fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {

@@ -491,7 +491,10 @@ fn answer_template(templates: &dyn TemplateHost, request: Request) -> Answer {
 /// Runs a volume request on the [`VolumeHost`] method of its name.
 fn answer_volume(volumes: &dyn VolumeHost, request: Request) -> Answer {
     match request {
-        Request::CreateVolume { volume, size, from } => {
+        Request::CreateVolume { volume, size, from: None, image: true } => {
+            done(volumes.create_image_volume(&volume, size))
+        }
+        Request::CreateVolume { volume, size, from, image: _ } => {
             done(volumes.create_volume(&volume, size, from.as_ref().map(|(source, snapshot)| (source, snapshot))))
         }
         Request::DeleteVolume { volume } => done(volumes.delete_volume(&volume)),

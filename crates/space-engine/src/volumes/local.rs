@@ -26,6 +26,9 @@ use super::shared::SharedStore;
 use super::{VolumeHost, VolumeOnDisk, VolumeUsage};
 use crate::EngineError;
 
+/// Over twice an image volume's size, what its subvolume may hold.
+const IMAGE_SLACK_MIB: u32 = 64;
+
 /// [`VolumeHost`] in this process (which must be root), its files served
 /// by a confined child started from `files_bin` (the `space` binary).
 pub struct LocalVolumes {
@@ -90,14 +93,15 @@ impl LocalVolumes {
         names.truncate(MAX_VOLUME_SNAPSHOTS);
         names
     }
-}
 
-impl VolumeHost for LocalVolumes {
-    fn create_volume(
+    /// A new volume (see [`VolumeHost::create_volume`]), an image one
+    /// when `image`.
+    fn make(
         &self,
         volume: &VolumeId,
         size: DiskMib,
         from: Option<(&VolumeId, &SnapshotName)>,
+        image: bool,
     ) -> Result<(), EngineError> {
         let _changing = self.lock();
         let dir = self.layout.volume_dir(volume);
@@ -137,7 +141,10 @@ impl VolumeHost for LocalVolumes {
                 }
                 (None, _) => btrfs::create_subvolume(&data)?,
             }
-            btrfs::limit_exclusive(&data, size.get())?;
+            if image {
+                space_host::template::make_volume_image(&self.layout.volume_image(volume), size.get())?;
+            }
+            btrfs::limit_exclusive(&data, subvolume_limit(&data, size))?;
             Ok(())
         })();
         if made.is_err() {
@@ -152,6 +159,21 @@ impl VolumeHost for LocalVolumes {
             }
         }
         made
+    }
+}
+
+impl VolumeHost for LocalVolumes {
+    fn create_volume(
+        &self,
+        volume: &VolumeId,
+        size: DiskMib,
+        from: Option<(&VolumeId, &SnapshotName)>,
+    ) -> Result<(), EngineError> {
+        self.make(volume, size, from, false)
+    }
+
+    fn create_image_volume(&self, volume: &VolumeId, size: DiskMib) -> Result<(), EngineError> {
+        self.make(volume, size, None, true)
     }
 
     fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
@@ -189,7 +211,8 @@ impl VolumeHost for LocalVolumes {
         }
         let limit = self.limit_of(volume)?;
         let (new, old) = (self.layout.volume_data_new(volume), self.layout.volume_data_old(volume));
-        let made = btrfs::snapshot(&source, &new).and_then(|()| btrfs::limit_exclusive(&new, limit.get()));
+        let made =
+            btrfs::snapshot(&source, &new).and_then(|()| btrfs::limit_exclusive(&new, subvolume_limit(&new, limit)));
         if let Err(err) = made {
             let _ = btrfs::delete_subvolume(&new);
             return Err(err.into());
@@ -270,6 +293,18 @@ impl VolumeHost for LocalVolumes {
             self.data_of(volume)?
         };
         super::files_child::spawn(&self.files_bin, &data)
+    }
+}
+
+/// The quota group limit of a volume's subvolume `data` of `size`: the
+/// size itself; for an image volume (`data` holds its image, where ext4
+/// has all of the size) a backstop, looser by what btrfs may keep of
+/// extents a rewrite only partly replaced (more than the file's size at
+/// worst).
+fn subvolume_limit(data: &Path, size: DiskMib) -> u32 {
+    match fs::symlink_metadata(data.join(space_privsep::layout::VOLUME_IMAGE)).is_ok_and(|m| m.is_file()) {
+        true => size.get().saturating_mul(2).saturating_add(IMAGE_SLACK_MIB),
+        false => size.get(),
     }
 }
 

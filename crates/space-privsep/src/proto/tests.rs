@@ -147,11 +147,13 @@ pub(crate) fn every_request() -> Vec<Request> {
             shape: shape(),
             mounts: vec![mount(VOL, "/workspace", false), mount(OTHER_VOL, "/data/ro", true)],
         },
-        Request::CreateVolume { volume: volume(), size: DiskMib::new(1024).unwrap(), from: None },
+        Request::CreateVolume { volume: volume(), size: DiskMib::new(1024).unwrap(), from: None, image: false },
+        Request::CreateVolume { volume: volume(), size: DiskMib::new(1024).unwrap(), from: None, image: true },
         Request::CreateVolume {
             volume: volume(),
             size: DiskMib::new(1024).unwrap(),
             from: Some((VolumeId::parse(OTHER_VOL).unwrap(), snapshot())),
+            image: false,
         },
         Request::DeleteVolume { volume: volume() },
         Request::SnapshotVolume { volume: volume(), snapshot: snapshot() },
@@ -320,9 +322,22 @@ fn a_sandboxs_mounts_are_bounded_and_never_meet() {
     assert!(round(&start(many[..MAX_MOUNTS].to_vec())).is_ok());
     assert!(matches!(round(&start(many)), Err(ProtoError::Invalid(m)) if m.contains("over")));
     // A volume made from its own snapshot is refused; ids and names keep their rules.
-    let own =
-        Request::CreateVolume { volume: volume(), size: DiskMib::new(1).unwrap(), from: Some((volume(), snapshot())) };
+    let own = Request::CreateVolume {
+        volume: volume(),
+        size: DiskMib::new(1).unwrap(),
+        from: Some((volume(), snapshot())),
+        image: false,
+    };
     assert!(round(&own).is_err());
+    // A volume from a snapshot is of its source's kind: it names no image.
+    let from = Some((VolumeId::parse(OTHER_VOL).unwrap(), snapshot()));
+    let image_from = Request::CreateVolume { volume: volume(), size: DiskMib::new(1).unwrap(), from, image: true };
+    assert!(matches!(round(&image_from), Err(ProtoError::Invalid(m)) if m.contains("source's kind")));
+    // An old client's request (no `image`) is a directory volume.
+    let old = serde_json::from_str::<Request>(
+        r#"{"op":"create_volume","volume":"vol_0123456789abcdef0123","size":8,"from":null}"#,
+    );
+    assert!(matches!(old, Ok(Request::CreateVolume { image: false, .. })), "{old:?}");
     assert!(matches!(
         hostile(r#"{"op":"snapshot_volume","volume":"vol_../../etc","snapshot":"x"}"#),
         ProtoError::Malformed(_)
