@@ -556,3 +556,16 @@ async fn a_mount_survives_a_suspend_and_a_restore() {
     volumes.delete_volume(&volume).unwrap();
     volumes.delete_volume(&shared).unwrap();
 }
+
+/// A Firecracker node's volume is an image: gVisor binds directories, and
+/// refuses it rather than show the sandbox the image file.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_refuses_to_mount_an_image_volume() {
+    let data = TestDataDir::new();
+    let layout = Layout::new(data.root());
+    let volume = new_volume(51);
+    LocalVolumes::new(layout.clone(), space_bin()).create_image_volume(&volume, mib(16)).unwrap();
+    let spec = sandbox(&data, 51, vec![mount(&volume, "/workspace", false)]);
+    let err = engine(&data).create(&spec).await.err().expect("refused");
+    assert!(err.to_string().contains("is an ext4 image"), "{err}");
+}

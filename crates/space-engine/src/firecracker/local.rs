@@ -911,7 +911,7 @@ impl EngineHost for FirecrackerHost {
 
 #[cfg(test)]
 mod tests {
-    use space_privsep::proto::{DiskMib, MemoryMib, TemplateName, TemplateVersion, Vcpus};
+    use space_privsep::proto::{DiskMib, MemoryMib, MountPath, TemplateName, TemplateVersion, Vcpus};
 
     use super::*;
     use crate::firecracker::{BOOT_PATIENCE, JAIL_UID};
@@ -1020,6 +1020,70 @@ mod tests {
         owner.stop(&sandbox()).unwrap();
         assert!(running.wait_timeout(Duration::from_secs(5)).is_some(), "and stopping the sandbox stops it");
         let _ = fs::remove_dir_all(&data);
+    }
+
+    /// A read-only mount's drive is a copy of the volume's image taken at
+    /// the sandbox's start, while a writer has it mounted (here the host
+    /// kernel through a loop device, in place of a writer's microVM): the
+    /// copy's journal is replayed, so the reader's file system is whole
+    /// (a read-only drive could not take the recovery a writer's image
+    /// always needs) and holds what the writer had synced; the writer's
+    /// later writes are not in it. A read-write mount's drive is the
+    /// image itself.
+    #[test]
+    fn a_read_only_mount_gets_a_whole_copy_of_an_image_a_writer_has_mounted() {
+        use crate::volumes::{LocalVolumes, VolumeHost};
+        let data = space_testkit::TestDataDir::with_templates(&[]);
+        let layout = Layout::new(data.root());
+        let volume = space_privsep::proto::VolumeId::parse("vol_00000000000000fc0a01").unwrap();
+        let volumes = LocalVolumes::new(layout.clone(), "/nonexistent/space");
+        volumes.create_image_volume(&volume, DiskMib::new(32).unwrap()).unwrap();
+        let image = layout.volume_image(&volume);
+        let writer = data.root().join("writer");
+        fs::create_dir_all(&writer).unwrap();
+        space_host::run(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&writer)).unwrap();
+        /// Unmounts the writer's view however the test ends.
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = space_host::run(Command::new("umount").arg(self.0));
+            }
+        }
+        let mounted = Unmount(&writer);
+        fs::write(writer.join("synced"), "before the start").unwrap();
+        nix::unistd::sync();
+        let config_host = host(data.root(), Path::new("/nonexistent/firecracker"));
+        let mounts = [
+            Mount { volume: volume.clone(), path: MountPath::parse("/ro").unwrap(), read_only: true },
+            Mount { volume: volume.clone(), path: MountPath::parse("/rw").unwrap(), read_only: false },
+        ];
+        let copied = config_host.volume_drives(&sandbox(), &mounts, true).unwrap();
+        fs::write(writer.join("later"), "after the start").unwrap();
+        drop(mounted);
+        let (ro, rw) = (&copied[0], &copied[1]);
+        assert!(ro.read_only && !rw.read_only);
+        assert_eq!(rw.host, image, "the writer's drive is the image itself");
+        assert_eq!(ro.host, layout.volume_copy(&sandbox(), 0), "the reader's is the sandbox's own copy");
+        let dumped = space_host::run(Command::new("dumpe2fs").arg("-h").arg(&ro.host)).unwrap();
+        let features = String::from_utf8_lossy(&dumped);
+        let features = features.lines().find(|l| l.starts_with("Filesystem features:")).unwrap();
+        assert!(!features.contains("needs_recovery"), "the copy's journal was replayed: {features}");
+        space_host::run(Command::new("e2fsck").arg("-fn").arg(&ro.host)).expect("the copy is whole");
+        let read = |path: &str| {
+            let out = space_host::run(Command::new("debugfs").args(["-R", &format!("cat {path}")]).arg(&ro.host));
+            String::from_utf8_lossy(&out.unwrap()).into_owned()
+        };
+        assert_eq!(read("/synced"), "before the start", "what the writer synced is in the copy");
+        assert_eq!(read("/later"), "", "the writer's later writes are not");
+        // Restored from its snapshot, the sandbox finds the copy it started with.
+        let again = host(data.root(), Path::new("/nonexistent/firecracker"))
+            .volume_drives(
+                &sandbox(),
+                &[Mount { volume, path: MountPath::parse("/ro").unwrap(), read_only: true }],
+                false,
+            )
+            .unwrap();
+        assert_eq!(again[0].host, ro.host);
     }
 
     #[test]
