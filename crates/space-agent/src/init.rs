@@ -95,8 +95,83 @@ pub fn mount_volumes(volumes: &[space_proto::GuestVolume]) -> Result<(), String>
         }
         mount(Some(device.as_str()), volume.path.as_str(), Some("ext4"), flags, None::<&str>)
             .map_err(|e| format!("mounting {device} at {}: {e}", volume.path))?;
+        MOUNTED.lock().unwrap_or_else(|e| e.into_inner()).push(volume.path.clone());
     }
     Ok(())
+}
+
+/// The volumes [`mount_volumes`] mounted, for [`stop`].
+static MOUNTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Where the SIGINT handler says Ctrl-Alt-Del came (a pipe's write end).
+static STOP_PIPE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn on_sigint(_: nix::libc::c_int) {
+    let fd = STOP_PIPE.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: write(2) is async-signal-safe; the buffer is a static byte.
+    unsafe { nix::libc::write(fd, b"!".as_ptr().cast(), 1) };
+}
+
+/// How long the guest's processes have to be gone before the volumes are
+/// unmounted regardless (lazily, after a sync).
+const STOP_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Makes Ctrl-Alt-Del (what the host's `SendCtrlAltDel` presses) stop the
+/// microVM cleanly: the kernel sends the init SIGINT instead of resetting,
+/// and the agent then [`stop`]s. A handler, not a blocked signal: the
+/// programs it starts inherit a mask but not a handler.
+pub fn stop_on_ctrl_alt_del() -> Result<(), String> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("a pipe: {e}"))?;
+    STOP_PIPE.store(std::os::fd::IntoRawFd::into_raw_fd(write), std::sync::atomic::Ordering::Relaxed);
+    let action = SigAction::new(SigHandler::Handler(on_sigint), SaFlags::SA_RESTART, SigSet::empty());
+    // SAFETY: the handler only writes a byte to a pipe.
+    unsafe { sigaction(Signal::SIGINT, &action) }.map_err(|e| format!("handling SIGINT: {e}"))?;
+    // SAFETY: reboot(2) with LINUX_REBOOT_CMD_CAD_OFF takes no pointer.
+    if unsafe { nix::libc::reboot(nix::libc::LINUX_REBOOT_CMD_CAD_OFF) } != 0 {
+        return Err(format!("turning Ctrl-Alt-Del into SIGINT: {}", std::io::Error::last_os_error()));
+    }
+    std::thread::Builder::new()
+        .name("stop".into())
+        .spawn(move || {
+            let mut byte = [0u8; 1];
+            let mut read = fs::File::from(read);
+            if std::io::Read::read(&mut read, &mut byte).is_ok_and(|n| n == 1) {
+                stop();
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("the stop thread: {e}"))
+}
+
+/// Stops the microVM so that nothing written to a volume is lost: every
+/// process is killed, the volumes are unmounted (their page cache written
+/// back, their journal closed), everything else synced, and the kernel
+/// restarts — which ends the VMM.
+fn stop() {
+    eprintln!("space-agent: stopping: unmounting the volumes");
+    // SAFETY: kill(-1) signals every process but this one (PID 1).
+    unsafe { nix::libc::kill(-1, nix::libc::SIGKILL) };
+    let volumes: Vec<String> = MOUNTED.lock().unwrap_or_else(|e| e.into_inner()).iter().rev().cloned().collect();
+    let deadline = Instant::now() + STOP_PATIENCE;
+    for path in &volumes {
+        loop {
+            match nix::mount::umount2(path.as_str(), nix::mount::MntFlags::empty()) {
+                Ok(()) => break,
+                // Killed processes still let go of their files.
+                Err(nix::errno::Errno::EBUSY) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(err) => {
+                    eprintln!("space-agent: unmounting {path}: {err}; syncing it instead");
+                    break;
+                }
+            }
+        }
+    }
+    nix::unistd::sync();
+    // SAFETY: reboot(2) with LINUX_REBOOT_CMD_RESTART takes no pointer.
+    unsafe { nix::libc::reboot(nix::libc::LINUX_REBOOT_CMD_RESTART) };
 }
 
 /// `/dev/<name>` for a volume drive's name: `vdb` to `vdz` (`vda` is the

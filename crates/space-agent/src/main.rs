@@ -50,6 +50,7 @@ fn run() -> Result<(), String> {
     // the root drive first, then reaches the host over vsock.
     let socket_path = if init::in_initramfs() {
         init::boot()?;
+        init::stop_on_ctrl_alt_del()?;
         memory::exempt_agent_from_kernel_oom();
         VSOCK.to_string()
     } else {

@@ -203,6 +203,12 @@ impl Api {
         self.command(Method::PUT, "/actions", &serde_json::json!({"action_type": "InstanceStart"})).await
     }
 
+    /// Presses Ctrl-Alt-Del on the guest's keyboard controller (x86): the
+    /// agent, as init, then stops the guest cleanly.
+    pub async fn send_ctrl_alt_del(&self) -> Result<(), EngineError> {
+        self.command(Method::PUT, "/actions", &serde_json::json!({"action_type": "SendCtrlAltDel"})).await
+    }
+
     pub async fn pause(&self) -> Result<(), EngineError> {
         self.command(Method::PATCH, "/vm", &serde_json::json!({"state": "Paused"})).await
     }

@@ -36,6 +36,15 @@ use crate::EngineError;
 const GUEST_CID: u32 = 3;
 pub(super) const AGENT_PORT: u32 = 1024;
 const BOOT_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off quiet";
+/// What a guest with volume drives boots with besides: the keyboard
+/// controller Firecracker emulates, found at once, so Ctrl-Alt-Del reaches
+/// the agent (which unmounts the volumes before the guest stops).
+const KEYBOARD_ARGS: &str = "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+/// In a sandbox's directory: present when its microVM mounts volumes, so
+/// it is stopped by Ctrl-Alt-Del before it is killed.
+const HAS_VOLUMES: &str = "volume-drives";
+/// How long a microVM with volumes has to stop by itself.
+const STOP_PATIENCE: Duration = Duration::from_secs(5);
 /// The ext4 root drive: in a template version's directory, in a sandbox's
 /// and in a template snapshot.
 const ROOT_DRIVE: &str = space_host::template::EXT4_IMAGE;
@@ -337,12 +346,18 @@ impl FirecrackerHost {
         let volumes = self.volume_drives(sandbox, mounts, true)?;
         let guest = [("vmlinux", self.config.kernel.as_path()), ("initramfs.cpio", self.config.initramfs.as_path())];
         let (files, uid) = self.prepare(sandbox, &[(ROOT_DRIVE, &root)], &guest, &volumes)?;
+        let mut boot_args = BOOT_ARGS.to_string();
+        if !volumes.is_empty() {
+            fs::write(self.layout.sandbox_dir(sandbox).join(HAS_VOLUMES), "")
+                .map_err(EngineError::io("marking a sandbox with volumes"))?;
+            boot_args = format!("{boot_args} {KEYBOARD_ARGS}");
+        }
         let listener = self.listen(&files)?;
         let api = self.spawn(sandbox, shape, uid).await?;
         api.boot_source(&BootSource {
             kernel_image_path: files.shared("vmlinux", &self.config.kernel),
             initrd_path: Some(files.shared("initramfs.cpio", &self.config.initramfs)),
-            boot_args: BOOT_ARGS.into(),
+            boot_args,
         })
         .await?;
         api.machine_config(&MachineConfig {
@@ -576,6 +591,39 @@ impl VmmFiles {
 }
 
 impl FirecrackerHost {
+    /// Lets a running microVM that mounts volumes stop by itself first:
+    /// Ctrl-Alt-Del, on which its agent kills every process, unmounts the
+    /// volumes (what the guest had not written back is written) and
+    /// restarts the guest, which ends the VMM; waited for at most
+    /// [`STOP_PATIENCE`] (then it is killed as any other). Blocking.
+    fn stop_cleanly(&self, sandbox: &SandboxId) {
+        if !self.layout.sandbox_dir(sandbox).join(HAS_VOLUMES).exists() {
+            return;
+        }
+        let Ok((api, pid, paused)) =
+            self.with_vmm(sandbox, |running| (running.vmm.api.clone(), running.vmm.pid(), running.paused))
+        else {
+            return;
+        };
+        let pressed = block_on(async {
+            if paused {
+                api.resume().await?;
+            }
+            api.send_ctrl_alt_del().await
+        });
+        if let Err(err) = pressed {
+            tracing::warn!(%sandbox, "stopping a microVM with volumes by Ctrl-Alt-Del: {err}");
+            return;
+        }
+        let deadline = Instant::now() + STOP_PATIENCE;
+        while super::alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if super::alive(pid) {
+            tracing::warn!(%sandbox, "a microVM with volumes did not stop within {STOP_PATIENCE:?}: killed");
+        }
+    }
+
     /// The mounted volume's ext4 image (a restore a killed process left
     /// half done finished first).
     fn volume_image(&self, mount: &Mount) -> Result<PathBuf, EngineError> {
@@ -806,6 +854,7 @@ impl EngineHost for FirecrackerHost {
     }
 
     fn stop(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.stop_cleanly(sandbox);
         self.kill(sandbox);
         Ok(())
     }
@@ -816,6 +865,7 @@ impl EngineHost for FirecrackerHost {
 
     /// Stops the sandbox's VMM and removes its directory.
     fn destroy(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
+        self.stop_cleanly(sandbox);
         self.kill(sandbox);
         let dir = self.layout.sandbox_dir(sandbox);
         match fs::remove_dir_all(&dir) {
