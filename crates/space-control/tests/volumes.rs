@@ -245,7 +245,7 @@ async fn release(State(node): State<Node>, axum::Json(wanted): axum::Json<Releas
                     .volume
                     .snapshots
                     .iter()
-                    .map(|s| HandedSnapshot { name: s.name.clone(), created_at: s.created_at.clone() })
+                    .map(|s| HandedSnapshot { name: s.name.clone(), created_at: s.created_at })
                     .collect(),
             };
             axum::Json(handed).into_response()
@@ -272,7 +272,7 @@ async fn adopt(State(node): State<Node>, axum::Json(handed): axum::Json<HandedVo
                 name: s.name.clone(),
                 volume: handed.name.clone(),
                 size_bytes: 0,
-                created_at: s.created_at.clone(),
+                created_at: s.created_at,
             })
             .collect(),
         from_snapshot: None,
@@ -308,10 +308,6 @@ async fn fake_node(id: &str, free_bytes: u64) -> (Node, String) {
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("a clock after 1970").as_millis() as i64
-}
-
-fn report(cp: &ControlPlane, id: &str, url: &str) {
-    report_with(cp, id, url, None)
 }
 
 fn report_with(cp: &ControlPlane, id: &str, url: &str, volume_store: Option<&str>) {
