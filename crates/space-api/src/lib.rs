@@ -1321,6 +1321,54 @@ pub struct Event {
     pub command: Option<Command>,
 }
 
+/// Who may open a port of a sandbox on its preview host name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PortAccess {
+    pub port: u16,
+    /// Anyone with its URL (true), or only requests with the sandbox's
+    /// preview token or a signed link's cookie (false, the default).
+    pub public: bool,
+    /// `{scheme}://{port}-{sandbox id}.{preview domain}/`; absent when the
+    /// server has no preview domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// `PUT /v1/sandboxes/{id}/ports/{port}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortAccessUpdate {
+    pub public: bool,
+}
+
+/// `GET /v1/sandboxes/{id}/ports`: how the sandbox's ports are reached on
+/// their preview host names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PortList {
+    /// The server's preview domain (absent: previews are not served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_domain: Option<String>,
+    /// The sandbox's preview token: sent as `X-Space-Preview-Token`, it
+    /// opens any of its ports. A secret, like an API key.
+    pub preview_token: String,
+    /// Every port is public (an E2B sandbox created with public traffic).
+    pub all_public: bool,
+    /// The ports made public.
+    pub ports: Vec<PortAccess>,
+}
+
+/// `GET /v1/sandboxes/{id}/ports/{port}/link`: a URL that lets a browser
+/// into one port of the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PreviewLink {
+    /// Opened before `expires_at`, it sets a cookie for the port's host
+    /// alone and redirects to `/` there.
+    pub url: String,
+    pub expires_at: Timestamp,
+    pub port: u16,
+    pub public: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,6 +277,12 @@ pub(crate) struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub(crate) tls_key: Option<PathBuf>,
+    /// Serve each sandbox port also on a host name of its own,
+    /// `{port}-{sandbox id}.DOMAIN` (point wildcard DNS, and for HTTPS a
+    /// wildcard certificate, for `*.DOMAIN` at this server). The API is
+    /// never served on a host under DOMAIN.
+    #[arg(long, value_name = "DOMAIN")]
+    pub(crate) preview_domain: Option<String>,
     /// Serve plain HTTP on a non-loopback address (keys then cross the
     /// network in clear text; only behind a TLS-terminating proxy).
     #[arg(long)]

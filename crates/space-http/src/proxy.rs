@@ -137,7 +137,14 @@ fn presented_credentials(headers: &HeaderMap) -> Vec<Vec<u8>> {
     use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
     use base64::Engine as _;
     let mut plain: Vec<Vec<u8>> = Vec::new();
-    for name in ["authorization", "proxy-authorization", "x-api-key", "x-access-token", "e2b-traffic-access-token"] {
+    for name in [
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "x-access-token",
+        "e2b-traffic-access-token",
+        "x-space-preview-token",
+    ] {
         for value in headers.get_all(name) {
             let value = value.as_bytes().trim_ascii();
             // `Bearer <key>`: the key; a bare token: itself.

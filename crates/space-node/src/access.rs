@@ -10,7 +10,7 @@ use space_api::{Command, EgressEvent, Lifecycle, Operation, SecretInfo, Usage};
 use crate::error::NodeError;
 use crate::ids::{OperationId, SandboxId};
 use crate::platform::Platform;
-use crate::store::SandboxRecord;
+use crate::store::{PortAccess, SandboxRecord};
 use crate::tenants::Caller;
 
 /// A sandbox its caller may act on. Only [`Platform::sandbox_for`] makes
@@ -75,6 +75,58 @@ impl Platform {
             Ok(None) => Err(TokenRefused::NotFound),
             Err(err) => Err(TokenRefused::Node(err.into())),
         }
+    }
+
+    /// The sandbox `id` for a request to one of its ports on its preview
+    /// host name, which carries no API key: `proven` says whether the
+    /// request holds a proof derived from the id alone (its preview token,
+    /// a link or cookie signed for it), checked before anything is looked
+    /// up; without one, only a port its owner made public is served.
+    /// Refused without a proof or a public port alike, whether the sandbox
+    /// exists or not ([`TokenRefused::Wrong`]), so the answer tells a
+    /// stranger nothing.
+    pub fn sandbox_for_preview(&self, id: &SandboxId, port: u16, proven: bool) -> Result<OwnedSandbox, TokenRefused> {
+        let access = self.store.node().port_access(id.as_str()).map_err(|e| TokenRefused::Node(e.into()))?;
+        if !proven && !access.as_ref().is_some_and(|a| a.is_public(port)) {
+            return Err(TokenRefused::Wrong);
+        }
+        match self.store.node().sandbox(id.as_str()) {
+            Ok(Some(record)) if access.is_some() => Ok(OwnedSandbox { id: id.clone(), record }),
+            Ok(_) => Err(TokenRefused::NotFound),
+            Err(err) => Err(TokenRefused::Node(err.into())),
+        }
+    }
+
+    /// Who may open the sandbox's ports without its preview token.
+    pub fn port_access(&self, sandbox: &OwnedSandbox) -> Result<PortAccess, NodeError> {
+        let access = self.store.node().port_access(sandbox.id())?;
+        access.ok_or_else(|| NodeError::not_found("sandbox", sandbox.id()))
+    }
+
+    /// Makes one port of the sandbox public (`true`) or private again.
+    pub fn set_port_public(&self, sandbox: &OwnedSandbox, port: u16, public: bool) -> Result<PortAccess, NodeError> {
+        let mut access = self.port_access(sandbox)?;
+        match public {
+            true => access.public.insert(port),
+            false => access.public.remove(&port),
+        };
+        self.store_port_access(sandbox, &access)?;
+        Ok(access)
+    }
+
+    /// Makes every port of the sandbox public, or only those made public
+    /// one by one (E2B's `allowPublicTraffic`).
+    pub fn set_all_ports_public(&self, sandbox: &OwnedSandbox, all: bool) -> Result<(), NodeError> {
+        let mut access = self.port_access(sandbox)?;
+        access.all_public = all;
+        self.store_port_access(sandbox, &access)
+    }
+
+    fn store_port_access(&self, sandbox: &OwnedSandbox, access: &PortAccess) -> Result<(), NodeError> {
+        if !self.store.node().set_port_access(sandbox.id(), access)? {
+            return Err(NodeError::not_found("sandbox", sandbox.id()));
+        }
+        Ok(())
     }
 
     /// The operation `id` if `caller`'s tenant owns it; 404 otherwise.

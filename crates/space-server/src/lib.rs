@@ -14,6 +14,7 @@ mod disk_quota;
 pub mod error;
 mod host_facts;
 pub mod http;
+pub mod preview;
 mod router;
 pub mod state;
 

@@ -32,5 +32,7 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), api::observe_request))
         .layer(middleware::from_fn(space_http::server::close_if_body_unread))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
+        // Outermost: a preview host's request never reaches the API.
+        .layer(middleware::from_fn_with_state(state.clone(), crate::preview::route_preview))
         .with_state(state)
 }

@@ -24,12 +24,24 @@ pub struct AppState {
     pub node_token: Option<Arc<String>>,
     /// On a node: how it reaches other members (template pulls).
     pub links: Links,
+    /// `--preview-domain`: sandboxes' ports on host names of their own.
+    pub preview: Option<Arc<crate::preview::PreviewDomain>>,
+    /// The server serves HTTPS itself (a preview's cookie is `Secure`).
+    pub tls: bool,
 }
 
 impl AppState {
     pub fn new(platform: Arc<Platform>, api_key: String) -> AppState {
         let health = Arc::new(HostFacts::probe(&platform));
-        AppState { platform, api_key: Arc::new(api_key), health, node_token: None, links: Default::default() }
+        AppState {
+            platform,
+            api_key: Arc::new(api_key),
+            health,
+            node_token: None,
+            links: Default::default(),
+            preview: None,
+            tls: false,
+        }
     }
 
     /// A node's state: only the control plane, with `token`, calls it.
@@ -40,6 +52,12 @@ impl AppState {
         state.node_token = Some(Arc::new(token));
         state.links = links;
         state
+    }
+
+    /// This state serving previews under `domain`.
+    pub fn with_preview(mut self, domain: crate::preview::PreviewDomain) -> AppState {
+        self.preview = Some(Arc::new(domain));
+        self
     }
 }
 

@@ -31,7 +31,7 @@ use rusqlite::Connection;
 pub use self::cluster::{ClusterStore, NodeRow, Placement, VolumeNode};
 use self::db::{Conn, Db, Value};
 pub use self::events::{new_event, EventFilter, EventReader, FeedEvent, RawEvent, EVENTS_KEPT};
-pub use self::node::{EgressCa, NodeStore, SandboxRecord, EGRESS_EVENTS_KEPT};
+pub use self::node::{EgressCa, NodeStore, PortAccess, SandboxRecord, EGRESS_EVENTS_KEPT};
 pub use self::tenancy::{KeyInfo, Quotas, SealedSecret, TenancyStore, TenantSecret, OPERATOR_TENANT};
 pub use self::volumes::{SnapshotRecord, VolumeRecord};
 

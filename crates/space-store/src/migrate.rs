@@ -28,6 +28,7 @@ pub const SQLITE: &[Migration] = &[
     Migration { version: 1, name: "initial", sql: include_str!("../migrations/sqlite/0001_initial.sql") },
     Migration { version: 2, name: "volumes", sql: include_str!("../migrations/sqlite/0002_volumes.sql") },
     Migration { version: 3, name: "volume_nodes", sql: include_str!("../migrations/sqlite/0003_volume_nodes.sql") },
+    Migration { version: 4, name: "port_access", sql: include_str!("../migrations/sqlite/0004_port_access.sql") },
 ];
 
 /// The migrations of the cluster store, in order: the same versions and
@@ -36,6 +37,7 @@ pub const POSTGRES: &[Migration] = &[
     Migration { version: 1, name: "initial", sql: include_str!("../migrations/pg/0001_initial.sql") },
     Migration { version: 2, name: "volumes", sql: include_str!("../migrations/pg/0002_volumes.sql") },
     Migration { version: 3, name: "volume_nodes", sql: include_str!("../migrations/pg/0003_volume_nodes.sql") },
+    Migration { version: 4, name: "port_access", sql: include_str!("../migrations/pg/0004_port_access.sql") },
 ];
 
 /// What SQLite's `PRAGMA user_version` said before versions: migration 1's

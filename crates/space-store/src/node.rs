@@ -39,6 +39,23 @@ pub struct SandboxRecord {
     pub volume_ids: Vec<String>,
 }
 
+/// Who may open a sandbox's ports on its preview host name without its
+/// preview token or a signed link: the ports made public, or every port
+/// (an E2B sandbox created with public traffic).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortAccess {
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub public: std::collections::BTreeSet<u16>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all_public: bool,
+}
+
+impl PortAccess {
+    pub fn is_public(&self, port: u16) -> bool {
+        self.all_public || self.public.contains(&port)
+    }
+}
+
 /// A sandbox's egress CA as kept.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EgressCa {
@@ -199,6 +216,24 @@ impl NodeStore<'_> {
     pub fn set_sandbox_lifecycle(&self, id: &str, lifecycle: &space_api::Lifecycle) -> Result<bool, StoreError> {
         let json = serde_json::to_string(lifecycle)?;
         Ok(self.0.tx(|c| c.execute("UPDATE sandboxes SET lifecycle = ?2 WHERE id = ?1", vals![id, json]))? > 0)
+    }
+
+    /// Who may open the sandbox's ports on its preview host name (all
+    /// private when never set); `None`: no such sandbox.
+    pub fn port_access(&self, id: &str) -> Result<Option<PortAccess>, StoreError> {
+        let row = self.0.tx(|c| c.query_one("SELECT port_access FROM sandboxes WHERE id = ?1", vals![id]))?;
+        let Some(row) = row else { return Ok(None) };
+        match row.opt_text(0)? {
+            Some(json) => Ok(Some(serde_json::from_str(&json)?)),
+            None => Ok(Some(PortAccess::default())),
+        }
+    }
+
+    /// Replaces who may open the sandbox's ports, without touching the
+    /// record the sandbox's actor owns; false: no such sandbox.
+    pub fn set_port_access(&self, id: &str, access: &PortAccess) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(access)?;
+        Ok(self.0.tx(|c| c.execute("UPDATE sandboxes SET port_access = ?2 WHERE id = ?1", vals![id, json]))? > 0)
     }
 
     /// Records an operation; `tenant` and the key are kept from the first write.

@@ -30,6 +30,12 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
             args.listen
         );
     }
+    let preview = args
+        .preview_domain
+        .as_deref()
+        .map(space_server::preview::PreviewDomain::new)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let mut config = args.engine.platform_config(&args.data_dir)?;
     config.database = args.database.clone();
     if let Some(socket) = &args.helper_socket {
@@ -89,6 +95,7 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         platform.start().await.map_err(|e| anyhow::anyhow!(e.message))?;
+        let is_node = node.is_some();
         let state = match (node, node_token) {
             (Some(node), Some(token)) => {
                 let scheme = if cluster_tls.is_some() { "https" } else { "http" };
@@ -110,6 +117,12 @@ pub(crate) fn serve(args: ServeArgs, node: Option<NodeRole>) -> Result<()> {
             }
             _ => space_server::AppState::new(platform, key),
         };
+        let mut state = state;
+        state.tls = tls.is_some() && !is_node;
+        if let Some(preview) = preview {
+            tracing::info!("previews on {{port}}-{{sandbox id}}.{}", preview.as_str());
+            state = state.with_preview(preview);
+        }
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!("SPACE listening on {scheme}://{}", listener.local_addr()?);
         let shutdown = async move {

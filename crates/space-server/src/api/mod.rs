@@ -68,8 +68,12 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         .route("/v1/sandboxes/{id}/egress", get(egress::log))
         .route("/v1/sandboxes/{id}/metrics", get(usage::sandbox))
         .route("/v1/sandboxes/{id}/network", axum::routing::put(egress::set_network))
-        .route("/v1/sandboxes/{id}/ports/{port}", axum::routing::any(ports::proxy_root))
+        .route("/v1/sandboxes/{id}/ports", get(ports::list))
+        // The port's own resource takes PUT and its link GET; every other
+        // method (and every other path) is the server in the sandbox's.
+        .route("/v1/sandboxes/{id}/ports/{port}", axum::routing::put(ports::set_access).fallback(ports::proxy_root))
         .route("/v1/sandboxes/{id}/ports/{port}/", axum::routing::any(ports::proxy_root))
+        .route("/v1/sandboxes/{id}/ports/{port}/link", get(ports::link).fallback(ports::proxy))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", axum::routing::any(ports::proxy))
         .route(
             "/v1/sandboxes/{id}/files",

@@ -35,7 +35,7 @@ use super::{
         output::output, attach::attach,
         files::read, files::write, files::delete,
         usage::usage, usage::sandbox, events::events, egress::log, egress::set_network,
-        secrets::put, secrets::list, secrets::delete, ports::proxy, ports::proxy_root,
+        secrets::put, secrets::list, secrets::delete, ports::proxy, ports::proxy_root, ports::list, ports::set_access, ports::link,
         volumes::create, volumes::list, volumes::get, volumes::delete, volumes::snapshot, volumes::snapshots,
         volumes::delete_snapshot, volumes::restore, volumes::move_volume, volumes::read_file, volumes::write_file,
         volumes::delete_file,
