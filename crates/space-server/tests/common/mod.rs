@@ -15,6 +15,9 @@ use space_api::{CommandRequest, CreateSandboxRequest, SandboxState};
 use space_server::{AppState, Platform, PlatformConfig};
 use space_testkit::{agent_bin, TestDataDir};
 
+/// The preview domain every test server serves (`--preview-domain`).
+pub const PREVIEW_DOMAIN: &str = "preview.space.test";
+
 pub struct TestServer {
     pub url: String,
     pub key: String,
@@ -101,7 +104,8 @@ impl TestServer {
         runtime.block_on(platform.start()).expect("recovering what a previous server left");
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = AppState::new(platform.clone(), key.clone());
+        let preview = space_server::preview::PreviewDomain::new(PREVIEW_DOMAIN).unwrap();
+        let state = AppState::new(platform.clone(), key.clone()).with_preview(preview);
         runtime.spawn(space_server::serve(listener, state, std::future::pending()));
         let mut server = TestServer { url, key, platform, runtime: Some(runtime), helper, contract: Value::Null };
         let (status, doc) = server.call("GET", "/v1/openapi.json", None);
