@@ -13,6 +13,8 @@ mod edges;
 mod gateway;
 #[path = "abuse/ports.rs"]
 mod ports;
+#[path = "abuse/previews.rs"]
+mod previews;
 #[path = "abuse/processes.rs"]
 mod processes;
 #[path = "abuse/registry.rs"]
