@@ -121,7 +121,8 @@ fn sandbox_json(state: &E2bState, record: &SandboxRecord) -> Result<Value, E2bEr
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": envd_token(&state.platform, &record.sandbox.id)?,
         "trafficAccessToken": traffic_token(&state.platform, &record.sandbox.id)?,
-        "domain": null,
+        // Where `get_host(port)` points: `{port}-{sandboxID}.{domain}`.
+        "domain": state.preview_domain,
     }))
 }
 
@@ -329,7 +330,12 @@ pub async fn create(
     let key = header(&headers, "idempotency-key").map(str::to_string);
     let (sandbox, operation) = platform.create_sandbox(spec, &template, &caller.tenant, key.as_deref())?;
     settle(&state, &operation.id).await?;
-    let record = platform.sandbox_named(&caller, &sandbox.id)?.into_record();
+    let owned = platform.sandbox_named(&caller, &sandbox.id)?;
+    // E2B's ports are public unless `network.allowPublicTraffic` is false
+    // (then its traffic token opens them).
+    let public = body.network.as_ref().and_then(|n| n.get("allowPublicTraffic")).and_then(Value::as_bool);
+    platform.set_all_ports_public(&owned, public.unwrap_or(true))?;
+    let record = owned.into_record();
     Ok((StatusCode::CREATED, Json(sandbox_json(&state, &record)?)))
 }
 
@@ -373,7 +379,7 @@ pub async fn detail(
     let record = sandbox.record();
     let mut detail = listed_json(record, e2b_state);
     detail["envdAccessToken"] = json!(envd_token(&state.platform, &id)?);
-    detail["domain"] = Value::Null;
+    detail["domain"] = json!(state.preview_domain);
     detail["allowInternetAccess"] = json!(record.sandbox.network.egress != Egress::None);
     let on_timeout = if pauses_on_timeout(&record.sandbox.lifecycle) { "pause" } else { "kill" };
     detail["lifecycle"] = json!({"onTimeout": on_timeout, "autoResume": false});

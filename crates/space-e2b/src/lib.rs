@@ -62,6 +62,8 @@ pub struct E2bState {
     pub caller: Authenticate,
     /// Whether the host's default engine can run sandboxes (probed once).
     pub engine_available: bool,
+    /// The server's preview domain, E2B's sandbox `domain` (`get_host`).
+    pub preview_domain: Option<String>,
 }
 
 /// Both E2B surfaces, mounted under `/e2b` on the API's listener.

@@ -243,8 +243,41 @@ pub(crate) async fn route_preview(State(state): State<AppState>, request: Reques
     match zone {
         Zone::Api => next.run(request).await,
         Zone::Unknown => not_a_preview().into_response(),
+        Zone::Port { id, port } if E2B_PORTS.contains(&port) => match to_envd(request, &id, port) {
+            // Routed afresh (a layer's rewrite would not be): the E2B
+            // adapter's routes alone.
+            Ok(request) => {
+                let envd = space_e2b::router::<()>(crate::state::e2b_state(&state));
+                // A router is always ready for a call.
+                let mut envd = envd.into_service::<Body>();
+                match tower_service::Service::call(&mut envd, request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+            Err(err) => err.into_response(),
+        },
         Zone::Port { id, port } => serve(state, id, port, request).await.unwrap_or_else(IntoResponse::into_response),
     }
+}
+
+/// The ports E2B's SDK reaches envd and its code interpreter on (as
+/// `{port}-{id}.{domain}` when no `E2B_SANDBOX_URL` is set): served by the
+/// E2B adapter's envd routes, with their own access token, for that one
+/// sandbox.
+pub const E2B_PORTS: [u16; 2] = [49983, 49999];
+
+/// `request` as the E2B adapter's envd routes take it: under `/e2b/envd`,
+/// naming the host's sandbox and port (whatever the client said).
+fn to_envd(mut request: Request, id: &SandboxId, port: u16) -> Result<Request, ApiError> {
+    let path = request.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let uri: axum::http::Uri =
+        format!("/e2b/envd{path}").parse().map_err(|e| ApiError::bad_request(format!("{path:?}: {e}")))?;
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.insert("e2b-sandbox-id", HeaderValue::from_str(id.as_str()).expect("an id is a header value"));
+    headers.insert("e2b-sandbox-port", HeaderValue::from(port));
+    Ok(request)
 }
 
 fn forwarded_host(state: &AppState, headers: &HeaderMap) -> Option<Vec<u8>> {
@@ -259,8 +292,9 @@ fn not_a_preview() -> ApiError {
 }
 
 fn private_port(port: u16) -> ApiError {
+    // 403 as E2B's proxy answers it (its SDK's tests look for it).
     ApiError::new(
-        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
         format!(
             "port {port} of this sandbox is private: send its preview token in X-Space-Preview-Token, or open \
              a link from GET /v1/sandboxes/{{id}}/ports/{{port}}/link"

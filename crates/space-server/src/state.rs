@@ -108,5 +108,6 @@ pub fn e2b_state(state: &AppState) -> space_e2b::E2bState {
         platform: state.platform.clone(),
         caller: std::sync::Arc::new(caller),
         engine_available: state.health.engine_available,
+        preview_domain: state.preview.as_ref().map(|d| d.as_str().to_string()),
     }
 }

@@ -96,17 +96,17 @@ fn a_port_on_its_own_host_is_private_until_its_token_link_or_owner_opens_it() {
     let page = preview_url(&server, &id, 8000, "/");
     let auth = format!("Bearer {}", server.key);
 
-    // Private: nothing, the API key, a wrong token all get the same 401;
+    // Private: nothing, the API key, a wrong token all get the same 403;
     // so does a sandbox that does not exist (nothing says whether it does).
     let refused = send(&web, "GET", &page, &[], None);
-    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert_eq!(refused.status, 403, "{}", refused.body);
     let refused: Value = serde_json::from_str(&refused.body).unwrap();
-    assert_eq!(refused["error"]["code"], "unauthorized");
-    assert_eq!(send(&web, "GET", &page, &[("Authorization", &auth)], None).status, 401);
-    assert_eq!(send(&web, "GET", &page, &[("X-Space-Preview-Token", "0123456789abcdef")], None).status, 401);
+    assert_eq!(refused["error"]["code"], "forbidden");
+    assert_eq!(send(&web, "GET", &page, &[("Authorization", &auth)], None).status, 403);
+    assert_eq!(send(&web, "GET", &page, &[("X-Space-Preview-Token", "0123456789abcdef")], None).status, 403);
     let nobody = preview_url(&server, "sbx_00000000000000000000", 8000, "/");
     let unknown = send(&web, "GET", &nobody, &[], None);
-    assert_eq!((unknown.status, serde_json::from_str::<Value>(&unknown.body).unwrap()), (401, refused));
+    assert_eq!((unknown.status, serde_json::from_str::<Value>(&unknown.body).unwrap()), (403, refused));
     // A name in the domain that names no port: 404, never the API.
     for host_path in [format!("http://{PREVIEW_DOMAIN}"), format!("http://api.{PREVIEW_DOMAIN}")] {
         let listener = server.url.rsplit(':').next().unwrap();
@@ -186,7 +186,7 @@ fn a_port_on_its_own_host_is_private_until_its_token_link_or_owner_opens_it() {
     let got = seen(&send(&web, "GET", &preview_url(&server, &id, 8000, "/seen"), &[("Cookie", &with_cookie)], None));
     assert_eq!(got["cookie"], "app_session=mine", "{got}");
     // Another port, or another sandbox, takes neither the cookie nor the link.
-    assert_eq!(send(&web, "GET", &preview_url(&server, &id, 8001, "/"), &[("Cookie", &pair)], None).status, 401);
+    assert_eq!(send(&web, "GET", &preview_url(&server, &id, 8001, "/"), &[("Cookie", &pair)], None).status, 403);
     let elsewhere = url.replace("8000-", "8001-");
     assert_eq!(send(&web, "GET", &elsewhere, &[], None).status, 403);
     // A link tampered with, or past its time, is refused.
@@ -202,7 +202,7 @@ fn a_port_on_its_own_host_is_private_until_its_token_link_or_owner_opens_it() {
     assert_eq!(made["public"], true);
     assert!(made["url"].as_str().unwrap().starts_with(&page), "{made}");
     assert_eq!(seen(&send(&web, "GET", &preview_url(&server, &id, 8000, "/open"), &[], None))["path"], "/open");
-    assert_eq!(send(&web, "GET", &preview_url(&server, &id, 8001, "/"), &[], None).status, 401, "one port only");
+    assert_eq!(send(&web, "GET", &preview_url(&server, &id, 8001, "/"), &[], None).status, 403, "one port only");
     let listed = server.ok("GET", &format!("/v1/sandboxes/{id}/ports"), None);
     assert_eq!(listed["ports"][0]["port"], 8000);
     server.error(
@@ -230,7 +230,7 @@ fn a_port_on_its_own_host_is_private_until_its_token_link_or_owner_opens_it() {
         send(&web, "GET", &preview_url(&server, &id, 8000, "/after"), &[], None).status == 200
     });
     server.ok("PUT", &format!("/v1/sandboxes/{id}/ports/8000"), Some(json!({"public": false})));
-    assert_eq!(send(&web, "GET", &preview_url(&server, &id, 8000, "/"), &[], None).status, 401);
+    assert_eq!(send(&web, "GET", &preview_url(&server, &id, 8000, "/"), &[], None).status, 403);
     // The token, derived and not stored, still opens it.
     let token_after = server.ok("GET", &format!("/v1/sandboxes/{id}/ports"), None)["preview_token"].clone();
     assert_eq!(token_after, token.as_str());
@@ -275,4 +275,61 @@ fn a_sandbox_used_only_through_a_preview_is_not_idle_paused_and_one_asleep_wakes
         .count();
     assert_eq!(idle_pauses, 1, "only the pause before the preview was used: {ops}");
     server.delete_sandbox(&id);
+}
+
+#[test]
+fn an_e2b_sandbox_answers_its_preview_domain_and_serves_envd_and_public_ports_there() {
+    let data = TestDataDir::new();
+    let server = TestServer::start(&data);
+    let web = browser(&server);
+    let created = send(
+        &web,
+        "POST",
+        &format!("{}/e2b/sandboxes", server.url),
+        &[("X-API-KEY", &server.key), ("Content-Type", "application/json")],
+        Some(r#"{"templateID": "base", "timeout": 300}"#),
+    );
+    assert_eq!(created.status, 201, "{}", created.body);
+    let created: Value = serde_json::from_str(&created.body).unwrap();
+    assert_eq!(created["domain"], PREVIEW_DOMAIN, "get_host builds {{port}}-{{id}}.{{domain}} from it: {created}");
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let envd_token = created["envdAccessToken"].as_str().unwrap().to_string();
+    let detail = send(&web, "GET", &format!("{}/e2b/sandboxes/{id}", server.url), &[("X-API-KEY", &server.key)], None);
+    assert_eq!(serde_json::from_str::<Value>(&detail.body).unwrap()["domain"], PREVIEW_DOMAIN);
+
+    // envd on its port's host, as the SDK reaches it without E2B_SANDBOX_URL,
+    // with E2B's id spelling; its own token still required.
+    let envd = preview_url(&server, &id, 49983, "/health").replace("sbx-", "sbx_");
+    assert_eq!(send(&web, "GET", &envd, &[("X-Access-Token", &envd_token)], None).status, 204);
+    assert_eq!(send(&web, "GET", &envd, &[], None).status, 401);
+    // The host names the sandbox, whatever a header says.
+    let other = server.create_sandbox(json!({"template": "base"}));
+    let forced = send(&web, "GET", &envd, &[("X-Access-Token", &envd_token), ("E2b-Sandbox-Id", &other)], None);
+    assert_eq!(forced.status, 204, "{}", forced.body);
+
+    // E2B's ports are public by default (its allowPublicTraffic).
+    start_webapp(&server, &id, 8000);
+    let answer = send(&web, "GET", &preview_url(&server, &id, 8000, "/e2b").replace("sbx-", "sbx_"), &[], None);
+    assert_eq!(seen(&answer)["path"], "/e2b");
+    assert_eq!(server.ok("GET", &format!("/v1/sandboxes/{id}/ports"), None)["all_public"], true);
+    // A SPACE sandbox's are not.
+    start_webapp(&server, &other, 8000);
+    assert_eq!(send(&web, "GET", &preview_url(&server, &other, 8000, "/"), &[], None).status, 403);
+    // E2B's traffic token opens a private port: its own sandbox's only.
+    let traffic = created["trafficAccessToken"].as_str().unwrap();
+    let other_page = preview_url(&server, &other, 8000, "/seen");
+    assert_eq!(send(&web, "GET", &other_page, &[("e2b-traffic-access-token", traffic)], None).status, 403);
+    let connected = send(
+        &web,
+        "POST",
+        &format!("{}/e2b/sandboxes/{other}/connect", server.url),
+        &[("X-API-KEY", &server.key), ("Content-Type", "application/json")],
+        Some(r#"{"timeout": 300}"#),
+    );
+    let connected: Value = serde_json::from_str(&connected.body).unwrap();
+    let own = connected["trafficAccessToken"].as_str().unwrap_or_else(|| panic!("{connected}"));
+    let got = seen(&send(&web, "GET", &other_page, &[("e2b-traffic-access-token", own)], None));
+    assert!(!got["headers"].as_object().unwrap().contains_key("e2b-traffic-access-token"), "{got}");
+    server.delete_sandbox(&id);
+    server.delete_sandbox(&other);
 }

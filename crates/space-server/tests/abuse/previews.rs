@@ -29,7 +29,7 @@ const DEFENCES: &[(&str, &str)] = &[
     (
         "learn whether a sandbox exists from its preview host",
         "proofs are derived from the id and checked before any lookup: an unknown sandbox and a private port answer \
-         the same 401",
+         the same 403",
     ),
     (
         "open a private port with a forged cookie or a link signed for another port",
@@ -91,7 +91,7 @@ fn previews_attempts_all_fail() {
          X-Space-Preview-Token: {token}\r\nConnection: close\r\n\r\n"
     ));
     let got = seen(&server, &id);
-    let unauthorized = server.by_hand(format!(
+    let private_api = server.by_hand(format!(
         "GET /v1/openapi.json HTTP/1.1\r\nHost: {app_host}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
     ));
     let console = server.by_hand(format!("GET / HTTP/1.1\r\nHost: api.{PREVIEW_DOMAIN}\r\nConnection: close\r\n\r\n"));
@@ -103,12 +103,12 @@ fn previews_attempts_all_fail() {
         answer.starts_with("HTTP/1.1 200")
             && got.contains("GET /v1/sandboxes HTTP")
             && !answer.contains("\"sandboxes\"")
-            && unauthorized.starts_with("HTTP/1.1 401")
-            && !unauthorized.contains("openapi")
+            && private_api.starts_with("HTTP/1.1 403")
+            && !private_api.contains("openapi")
             && console.starts_with("HTTP/1.1 404")
             && bare.starts_with("HTTP/1.1 404")
             && !bare.contains("\"ok\""),
-        format!("{answer}\n{unauthorized}\n{console}\n{bare}\nthe app got:\n{got}"),
+        format!("{answer}\n{private_api}\n{console}\n{bare}\nthe app got:\n{got}"),
     );
 
     let shouted = server.by_hand(format!(
@@ -150,7 +150,7 @@ fn previews_attempts_all_fail() {
     let body = |answer: &str| answer.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     suite.check(
         "learn whether a sandbox exists from its preview host",
-        private.starts_with("HTTP/1.1 401") && nobody.starts_with("HTTP/1.1 401") && body(&private) == body(&nobody),
+        private.starts_with("HTTP/1.1 403") && nobody.starts_with("HTTP/1.1 403") && body(&private) == body(&nobody),
         format!("{private}\n{nobody}"),
     );
 
@@ -165,7 +165,7 @@ fn previews_attempts_all_fail() {
     ));
     suite.check(
         "open a private port with a forged cookie or a link signed for another port",
-        moved.starts_with("HTTP/1.1 403") && !moved.contains("set-cookie") && forged.starts_with("HTTP/1.1 401"),
+        moved.starts_with("HTTP/1.1 403") && !moved.contains("set-cookie") && forged.starts_with("HTTP/1.1 403"),
         format!("{moved}\n{forged}"),
     );
 
@@ -175,7 +175,7 @@ fn previews_attempts_all_fail() {
     ));
     suite.check(
         "open one sandbox's port with another sandbox's preview token",
-        crossed.starts_with("HTTP/1.1 401"),
+        crossed.starts_with("HTTP/1.1 403"),
         &crossed,
     );
 
