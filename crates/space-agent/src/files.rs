@@ -69,14 +69,19 @@ pub fn read(stream: u32, request: FileRequest, outbox: &SyncSender<Frame>) {
             }
             if meta.is_dir() {
                 let mut entries = Vec::new();
+                let names = crate::users::Names::read();
                 for entry in fs::read_dir(path).map_err(|e| failure(e, &request.path))?.flatten() {
                     let Ok(meta) = entry.path().symlink_metadata() else { continue };
+                    let target = meta.file_type().is_symlink().then(|| fs::read_link(entry.path()).ok()).flatten();
                     entries.push(DirEntry {
                         name: entry.file_name().to_string_lossy().into_owned(),
                         kind: kind_of(&meta).into(),
                         size: meta.len(),
                         mode: meta.mode() & 0o7777,
                         mtime: meta.mtime(),
+                        owner: Some(names.user(meta.uid())),
+                        group: Some(names.group(meta.gid())),
+                        target: target.map(|t| t.to_string_lossy().into_owned()),
                     });
                 }
                 entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -293,9 +298,52 @@ fn copy_across(from: &Path, to: &Path, is_dir: bool) -> std::io::Result<()> {
     }
 }
 
+/// The uid and gid of the account a request names as the owner of what it
+/// makes (`None`: root's, nothing to change).
+fn owner_ids(owner: Option<&str>, shown: &str) -> Result<Option<(u32, u32)>, FileError> {
+    let Some(owner) = owner else { return Ok(None) };
+    let account = crate::users::resolve(Some(owner))
+        .map_err(|message| FileError { reason: FileFailure::Invalid, message: format!("{shown}: {message}") })?;
+    Ok(Some((account.uid, account.gid)))
+}
+
+/// Makes `dir` and its missing parents, giving those it makes to `owner`.
+fn make_dirs(dir: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    let missing: Vec<std::path::PathBuf> =
+        dir.ancestors().take_while(|a| fs::symlink_metadata(a).is_err()).map(Path::to_path_buf).collect();
+    fs::create_dir_all(dir)?;
+    if let Some((uid, gid)) = owner {
+        for made in missing.iter().rev() {
+            std::os::unix::fs::lchown(made, Some(uid), Some(gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Opens `path` for a write in place: truncated if it is there (keeping
+/// its owner and mode), else made with `mode` and given to `owner`.
+fn open_in_place(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> std::io::Result<File> {
+    if fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+        return Err(std::io::Error::from(ErrorKind::IsADirectory));
+    }
+    match OpenOptions::new().write(true).create_new(true).mode(mode).open(path) {
+        Ok(file) => {
+            file.set_permissions(fs::Permissions::from_mode(mode))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+            }
+            Ok(file)
+        }
+        Err(err) if err.kind() == ErrorKind::AlreadyExists => OpenOptions::new().write(true).truncate(true).open(path),
+        Err(err) => Err(err),
+    }
+}
+
 /// Where an upload's bytes go.
 pub enum Sink {
     File(Staged),
+    /// A file written where it is ([`FileRequest::in_place`]).
+    InPlace(File),
     /// A tar archive being unpacked by a worker; it reports when done.
     Unpack {
         chunks: std::sync::mpsc::Sender<Vec<u8>>,
@@ -333,11 +381,17 @@ pub fn begin_write(stream: u32, request: FileRequest, uploads: &Uploads) {
     }
     let opened = (|| {
         let path = absolute(&request.path)?;
+        let owner = owner_ids(request.owner.as_deref(), &request.path)?;
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| failure(e, &request.path))?;
+            make_dirs(parent, owner).map_err(|e| failure(e, &request.path))?;
         }
         let mode = request.mode.unwrap_or(0o644) & 0o7777;
-        Staged::open(path, mode).map(Sink::File).map_err(|e| failure(e, &request.path))
+        if request.in_place {
+            return open_in_place(path, mode, owner).map(Sink::InPlace).map_err(|e| failure(e, &request.path));
+        }
+        let mut staged = Staged::open(path, mode).map_err(|e| failure(e, &request.path))?;
+        staged.owner = owner;
+        Ok(Sink::File(staged))
     })();
     uploads.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, opened);
 }
@@ -351,6 +405,9 @@ pub struct Staged {
     temp: std::path::PathBuf,
     path: std::path::PathBuf,
     done: bool,
+    /// Given the file if it is new (a file replaced keeps its owner).
+    owner: Option<(u32, u32)>,
+    replaces: bool,
 }
 
 impl Staged {
@@ -376,7 +433,8 @@ impl Staged {
                 Err(err) if err.kind() == ErrorKind::AlreadyExists && attempt < 64 => continue,
                 opened => opened?,
             };
-            let staged = Staged { file, temp, path: path.to_path_buf(), done: false };
+            let replaces = existing.as_ref().is_some_and(|meta| meta.is_file());
+            let staged = Staged { file, temp, path: path.to_path_buf(), done: false, owner: None, replaces };
             // The mode given wins over the umask; a file replaced keeps
             // its owner.
             staged.file.set_permissions(fs::Permissions::from_mode(mode))?;
@@ -396,6 +454,11 @@ impl Staged {
 
     /// Syncs the new file and renames it over `path`.
     fn commit(mut self) -> std::io::Result<()> {
+        if let (Some((uid, gid)), false) = (self.owner, self.replaces) {
+            let mode = self.file.metadata()?.permissions();
+            std::os::unix::fs::fchown(&self.file, Some(uid), Some(gid))?;
+            self.file.set_permissions(mode)?;
+        }
         self.file.sync_all()?;
         fs::rename(&self.temp, &self.path)?;
         self.done = true;
@@ -417,6 +480,7 @@ pub fn write_data(stream: u32, bytes: &[u8], uploads: &Uploads) {
     if let Some(entry) = uploads.get_mut(&stream) {
         let failed = match entry {
             Ok(Sink::File(file)) => file.write_all(bytes).err().map(|err| failure(err, "write")),
+            Ok(Sink::InPlace(file)) => file.write_all(bytes).err().map(|err| failure(err, "write")),
             // If the unpacking stopped, `end_write` reports why.
             Ok(Sink::Unpack { chunks, .. }) => {
                 let _ = chunks.send(bytes.to_vec());
@@ -440,6 +504,10 @@ pub fn end_write(stream: u32, uploads: &Uploads, outbox: &SyncSender<Frame>) {
                 Ok(()) => Frame::new(stream, FrameKind::FileDone, Vec::new()),
                 Err(err) => Frame::message(stream, FrameKind::FileFailed, &failure(err, &shown)),
             }
+        }
+        Some(Ok(Sink::InPlace(file))) => {
+            drop(file);
+            Frame::new(stream, FrameKind::FileDone, Vec::new())
         }
         Some(Ok(Sink::Unpack { chunks, done })) => {
             drop(chunks); // end of the archive
@@ -502,7 +570,7 @@ fn kind_of(meta: &fs::Metadata) -> &'static str {
 }
 
 /// What `ls -l` shows of `path` (a symlink itself, with its target).
-fn describe(path: &Path) -> std::io::Result<PathInfo> {
+pub fn describe(path: &Path) -> std::io::Result<PathInfo> {
     let meta = fs::symlink_metadata(path)?;
     let target = meta.file_type().is_symlink().then(|| fs::read_link(path).ok()).flatten();
     Ok(PathInfo {
@@ -543,7 +611,8 @@ pub fn path_op(stream: u32, request: PathRequest, outbox: &SyncSender<Frame>) {
                         }
                         Err(_) => {}
                     }
-                    fs::create_dir_all(path).map_err(at)?;
+                    let owner = owner_ids(request.owner.as_deref(), &request.path)?;
+                    make_dirs(path, owner).map_err(at)?;
                     describe(path).map_err(at)
                 }
                 PathOpKind::Move => {
@@ -574,7 +643,7 @@ mod tests {
     }
 
     fn request(path: &Path) -> FileRequest {
-        FileRequest { path: path.to_string_lossy().into_owned(), mode: Some(0o600), recursive: false, tar: false }
+        FileRequest { path: path.to_string_lossy().into_owned(), mode: Some(0o600), ..FileRequest::default() }
     }
 
     /// A write lands whole or not at all: until its end the old file is

@@ -121,7 +121,7 @@ mod tests {
         write_frame(&mut host, &Frame::message(3, FrameKind::Exec, &exec)).unwrap();
         let refused = read_frame(&mut host).unwrap();
         assert_eq!(refused.kind, FrameKind::Error, "{refused:?}");
-        let missing = FileRequest { path: "/no/such/file".into(), mode: None, recursive: false, tar: false };
+        let missing = FileRequest { path: "/no/such/file".into(), ..FileRequest::default() };
         write_frame(&mut host, &Frame::message(5, FrameKind::FileRead, &missing)).unwrap();
         let failed = read_frame(&mut host).unwrap();
         assert_eq!((failed.stream, failed.kind), (5, FrameKind::FileFailed));

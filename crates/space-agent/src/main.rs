@@ -14,6 +14,7 @@ mod exec;
 mod init;
 mod memory;
 mod spawn;
+mod watch;
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
@@ -39,6 +40,11 @@ const CAP_SYS_ADMIN: libc::c_ulong = 21;
 const OUTBOX_DEPTH: usize = 256;
 
 fn main() {
+    // Run as a program in the sandbox, not as its init (see `watch`).
+    let args: Vec<String> = env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("watch") {
+        process::exit(watch::main(&args[1..]));
+    }
     if let Err(err) = run() {
         eprintln!("space-agent: {err}");
         process::exit(1);

@@ -33,6 +33,30 @@ pub fn group_name(gid: u32) -> String {
     name_in(&fs::read_to_string("/etc/group").unwrap_or_default(), gid)
 }
 
+/// The user and group tables read once, to name the owners of many paths
+/// (a directory's listing).
+pub struct Names {
+    passwd: String,
+    group: String,
+}
+
+impl Names {
+    pub fn read() -> Names {
+        Names {
+            passwd: fs::read_to_string("/etc/passwd").unwrap_or_default(),
+            group: fs::read_to_string("/etc/group").unwrap_or_default(),
+        }
+    }
+
+    pub fn user(&self, uid: u32) -> String {
+        name_in(&self.passwd, uid)
+    }
+
+    pub fn group(&self, gid: u32) -> String {
+        name_in(&self.group, gid)
+    }
+}
+
 /// The first name whose third field is `id`, in passwd or group text.
 fn name_in(table: &str, id: u32) -> String {
     table

@@ -528,7 +528,7 @@ impl AgentConn {
     pub async fn read_file(&self, path: &str, tar: bool) -> Result<FileRead, AgentError> {
         let (stream, mut frames) = self.open_stream()?;
         let guard = StreamGuard { stream, conn: self.clone() };
-        let request = FileRequest { path: path.into(), mode: None, recursive: false, tar };
+        let request = FileRequest { path: path.into(), tar, ..FileRequest::default() };
         self.send(Frame::message(stream, FrameKind::FileRead, &request)).await?;
         let first = frames.recv().await.ok_or(AgentError::Disconnected)?;
         match first.kind {
@@ -544,9 +544,13 @@ impl AgentConn {
     /// Starts writing a file (parents are created; an existing file is replaced).
     /// With `tar`, the bytes are a tar archive unpacked into directory `path`.
     pub async fn write_file(&self, path: &str, mode: u32, tar: bool) -> Result<FileUpload, AgentError> {
+        self.write_file_with(FileRequest { path: path.into(), mode: Some(mode), tar, ..FileRequest::default() }).await
+    }
+
+    /// Starts a write as `request` asks (its owner, in place or not).
+    pub async fn write_file_with(&self, request: FileRequest) -> Result<FileUpload, AgentError> {
         let (stream, frames) = self.open_stream()?;
         let guard = StreamGuard { stream, conn: self.clone() };
-        let request = FileRequest { path: path.into(), mode: Some(mode), recursive: false, tar };
         self.send(Frame::message(stream, FrameKind::FileWrite, &request)).await?;
         Ok(FileUpload { frames, guard })
     }
@@ -555,7 +559,7 @@ impl AgentConn {
     pub async fn delete_path(&self, path: &str, recursive: bool) -> Result<(), AgentError> {
         let (stream, mut frames) = self.open_stream()?;
         let _guard = StreamGuard { stream, conn: self.clone() };
-        let request = FileRequest { path: path.into(), mode: None, recursive, tar: false };
+        let request = FileRequest { path: path.into(), recursive, ..FileRequest::default() };
         self.send(Frame::message(stream, FrameKind::FileDelete, &request)).await?;
         let frame = frames.recv().await.ok_or(AgentError::Disconnected)?;
         match frame.kind {
@@ -567,9 +571,13 @@ impl AgentConn {
 
     /// Stats a path, makes a directory or moves a path (see [`PathOpKind`]).
     pub async fn path_op(&self, op: PathOpKind, path: &str, to: Option<&str>) -> Result<PathInfo, AgentError> {
+        self.path_op_with(PathRequest { op, path: path.into(), to: to.map(str::to_string), owner: None }).await
+    }
+
+    /// A path operation as `request` asks (a mkdir's owner).
+    pub async fn path_op_with(&self, request: PathRequest) -> Result<PathInfo, AgentError> {
         let (stream, mut frames) = self.open_stream()?;
         let _guard = StreamGuard { stream, conn: self.clone() };
-        let request = PathRequest { op, path: path.into(), to: to.map(str::to_string) };
         self.send(Frame::message(stream, FrameKind::PathOp, &request)).await?;
         let frame = frames.recv().await.ok_or(AgentError::Disconnected)?;
         match frame.kind {

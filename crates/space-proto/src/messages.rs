@@ -210,7 +210,7 @@ pub struct ProtocolErrorMessage {
 }
 
 /// A file operation on a path inside the sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct FileRequest {
     /// Absolute path, resolved inside the sandbox.
@@ -224,6 +224,17 @@ pub struct FileRequest {
     /// For reads and writes of a directory: the bytes are a tar archive of it.
     #[serde(default)]
     pub tar: bool,
+    /// For writes: the account (a name in the sandbox's `/etc/passwd`)
+    /// given the file and the directories the write makes; root's when
+    /// absent. A file replaced keeps its owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// For writes of a file: truncate and write it where it is, as a
+    /// program in the sandbox would (one create, one write, watchers see
+    /// the file's own name), instead of writing a new file beside it and
+    /// renaming it over (readers never see half a file).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -244,6 +255,15 @@ pub struct DirEntry {
     pub mode: u32,
     /// Seconds since the epoch.
     pub mtime: i64,
+    /// The owning user's and group's names (numbers when unnamed); absent
+    /// from an agent older than them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// For a symlink: where it points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -273,6 +293,10 @@ pub struct PathRequest {
     /// For a move: where to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
+    /// For a mkdir: the account given the directories made (see
+    /// [`FileRequest::owner`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// A path as `ls -l` would show it.
