@@ -107,11 +107,13 @@ pub fn end(error: Option<&RpcError>) -> Bytes {
 }
 
 /// A streaming response whose envelopes come from `frames` as they are
-/// produced (each is written and flushed on its own).
-pub fn stream_response(frames: mpsc::Receiver<Bytes>) -> Response {
+/// produced (each is written and flushed on its own). An `Err` breaks the
+/// response off where it is, with no end-of-stream envelope: what envd's
+/// clients see when the sandbox under a stream goes away.
+pub fn stream_response(frames: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
     let body = Body::from_stream(futures_util::stream::unfold(frames, |mut frames| async move {
         let frame = frames.recv().await?;
-        Some((Ok::<_, std::convert::Infallible>(frame), frames))
+        Some((frame, frames))
     }));
     let mut response = Response::new(body);
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(STREAM_CONTENT_TYPE));

@@ -36,6 +36,7 @@ mod filesystem;
 mod interpreter;
 mod process;
 pub mod target;
+mod watch;
 pub mod wire;
 
 use std::sync::Arc;
@@ -87,6 +88,10 @@ pub fn router<S: Clone + Send + Sync + 'static>(state: E2bState) -> Router<S> {
             "/e2b/envd/files",
             get(envd::read_file).post(envd::write_files).layer(axum::extract::DefaultBodyLimit::disable()),
         )
+        // Where the SDK's `download_url`/`upload_url` point with
+        // `E2B_SANDBOX_URL` set (it joins `/files` to the URL's host):
+        // signed URLs only, matched to their sandbox by the signature.
+        .route("/files", get(envd::read_file).post(envd::write_files).layer(axum::extract::DefaultBodyLimit::disable()))
         .route(
             "/e2b/envd/{service}/{method}",
             post(envd::rpc).layer(axum::extract::DefaultBodyLimit::max(envd::MAX_RPC_BODY)),

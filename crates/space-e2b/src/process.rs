@@ -14,7 +14,8 @@ use space_engine::AgentConn;
 use tokio::sync::mpsc;
 
 use super::connect::{end, message, stream_response, Envelopes, RpcError};
-use super::target::{agent, Target};
+use super::envd::acting;
+use super::target::Target;
 use super::wire::header;
 use crate::domain::CommandSpec;
 use crate::transcript::Stream;
@@ -71,24 +72,48 @@ fn end_event(result: &ProcessResult) -> Value {
     json!({"event": {"end": end}})
 }
 
+/// How a stream of a command's events ends, given how the command did.
+enum Ending {
+    /// Its `end` event, then end-of-stream.
+    Event(Value),
+    /// No `end` event: the command's deadline (`Connect-Timeout-Ms`)
+    /// passed, which envd reports as the call's own error.
+    Error(RpcError),
+    /// The stream breaks off: the sandbox went away under it (killed, or
+    /// stopped), as a connection to envd inside it would. The SDK then asks
+    /// `/health` and says the sandbox is gone.
+    Break,
+}
+
+fn ending(result: &ProcessResult) -> Ending {
+    if result.timed_out {
+        return Ending::Error(RpcError::new("deadline_exceeded", "the command's timeout elapsed: it was killed"));
+    }
+    if result.exit_code.is_none() && result.signal.is_none() {
+        // The platform's record for a command whose end it could not see.
+        return Ending::Break;
+    }
+    Ending::Event(end_event(result))
+}
+
 /// Streams a command's events: `start` with its pid, its output as it
-/// comes (keepalives while it is quiet), its `end`, then end-of-stream.
+/// comes (keepalives while it is quiet), then how it ended ([`Ending`]).
 fn events(state: &E2bState, sandbox_id: &str, command: &Command, tty: bool, keepalive: Duration) -> Response {
     let followed = match follow(&state.platform, sandbox_id, &command.id, 0, true) {
         Ok(followed) => followed,
         Err(err) => return RpcError::from(err).into_response(),
     };
-    let (frames, out) = mpsc::channel::<Bytes>(16);
+    let (frames, out) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let pid = command.pid;
     tokio::spawn(async move {
         let mut followed = followed;
-        let _ = frames.send(message(&json!({"event": {"start": {"pid": pid}}}))).await;
+        let _ = frames.send(Ok(message(&json!({"event": {"start": {"pid": pid}}})))).await;
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
         let outcome = loop {
             let item = tokio::select! {
                 item = followed.recv() => item,
                 _ = ticker.tick() => {
-                    if frames.send(message(&json!({"event": {"keepalive": {}}}))).await.is_err() {
+                    if frames.send(Ok(message(&json!({"event": {"keepalive": {}}})))).await.is_err() {
                         return;
                     }
                     continue;
@@ -103,18 +128,22 @@ fn events(state: &E2bState, sandbox_id: &str, command: &Command, tty: bool, keep
                     };
                     json!({"event": {"data": {name: b64(&chunk.bytes)}}})
                 }
-                Some(Emitted::Exit(result)) => {
-                    let _ = frames.send(message(&end_event(&result))).await;
-                    break None;
-                }
-                None => break Some(RpcError::new("unavailable", "the process's end was not observed")),
+                Some(Emitted::Exit(result)) => break ending(&result),
+                None => break Ending::Break,
             };
-            if frames.send(message(&frame)).await.is_err() {
+            if frames.send(Ok(message(&frame))).await.is_err() {
                 return; // the client went away; the process goes on
             }
             ticker.reset();
         };
-        let _ = frames.send(end(outcome.as_ref())).await;
+        let _ = match outcome {
+            Ending::Event(end_event) => {
+                let _ = frames.send(Ok(message(&end_event))).await;
+                frames.send(Ok(end(None))).await
+            }
+            Ending::Error(error) => frames.send(Ok(end(Some(&error)))).await,
+            Ending::Break => frames.send(Err(std::io::Error::other("the sandbox went away under the stream"))).await,
+        };
     });
     stream_response(out)
 }
@@ -157,11 +186,17 @@ pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: B
         },
     };
     let pty = request.get("pty").filter(|p| p.is_object());
+    // As E2B's default user (in its home) unless the call names another.
+    let mut target = target;
+    let (agent, work) = match acting(&state, &mut target).await {
+        Ok(found) => found,
+        Err(refused) => return refused.into_response(),
+    };
     let spec = CommandSpec::try_from(CommandRequest {
         argv: Some(argv),
         cmd: None,
         env,
-        cwd: text(process, "cwd").filter(|c| !c.is_empty()).map(|c| target.path(c)),
+        cwd: Some(target.path(text(process, "cwd").unwrap_or_default())),
         user: target.user.clone(),
         // A pty is the process's input whatever `stdin` says, as in E2B's envd.
         stdin: Some(request.get("stdin").and_then(Value::as_bool).unwrap_or(false) || pty.is_some()),
@@ -172,10 +207,6 @@ pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: B
     let spec = match spec {
         Ok(spec) => spec,
         Err(err) => return RpcError::from(err).into_response(),
-    };
-    let (agent, work) = match agent(&state, &target).await {
-        Ok(found) => found,
-        Err(refused) => return refused.into_response(),
     };
     let command = match state.platform.start_command(&work, spec).await {
         Ok(command) => command,
@@ -226,7 +257,8 @@ pub async fn connect(state: E2bState, target: Target, headers: &HeaderMap, body:
         Ok(found) => found,
         Err(err) => return err.into_response(),
     };
-    events(&state, &target.id, &command, false, keepalive(headers))
+    let tty = command.tty == Some(true);
+    events(&state, &target.id, &command, tty, keepalive(headers))
 }
 
 fn decode_input(input: &Value) -> Result<Vec<u8>, RpcError> {
@@ -256,14 +288,14 @@ pub async fn stream_input(state: E2bState, target: Target, body: Body) -> Respon
         Ok::<(), RpcError>(())
     }
     .await;
-    let (frames, out) = mpsc::channel::<Bytes>(2);
+    let (frames, out) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
     match result {
         Ok(()) => {
-            let _ = frames.try_send(message(&json!({})));
-            let _ = frames.try_send(end(None));
+            let _ = frames.try_send(Ok(message(&json!({}))));
+            let _ = frames.try_send(Ok(end(None)));
         }
         Err(err) => {
-            let _ = frames.try_send(end(Some(&err)));
+            let _ = frames.try_send(Ok(end(Some(&err))));
         }
     }
     drop(frames);
@@ -351,5 +383,21 @@ mod tests {
         let mut timed_out = result(None, Some("KILL"));
         timed_out.timed_out = true;
         assert!(end_event(&timed_out)["event"]["end"]["error"].as_str().unwrap().contains("timeout"));
+    }
+
+    #[test]
+    fn a_deadline_ends_with_its_error_and_a_lost_sandbox_breaks_the_stream() {
+        let mut timed_out = result(None, Some("KILL"));
+        timed_out.timed_out = true;
+        assert!(matches!(ending(&timed_out), Ending::Error(e) if e.code == "deadline_exceeded"));
+        let command: Command = serde_json::from_value(json!({
+            "id": "cmd_1", "sandbox_id": "sbx_1", "state": "running", "argv": ["sleep", "60"], "pid": 7,
+            "started_at": "2026-01-01T00:00:00Z", "attach": {"output": "", "stdin": "", "ws": ""}
+        }))
+        .unwrap();
+        let lost = space_node::commands::lost_result(&command, "the sandbox was deleted");
+        assert!(matches!(ending(&lost), Ending::Break));
+        assert!(matches!(ending(&result(Some(0), None)), Ending::Event(_)));
+        assert!(matches!(ending(&result(None, Some("TERM"))), Ending::Event(_)));
     }
 }

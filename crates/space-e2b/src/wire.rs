@@ -10,10 +10,13 @@ use serde_json::Value;
 
 use super::error::E2bError;
 
-/// The envd version SPACE answers with: the SDK turns on features by it,
-/// and 0.5.7 is the highest whose features are all served here (closing
-/// stdin, raw and gzip uploads; no file metadata or watchers).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// The envd version SPACE answers with: the SDK turns on features by it.
+/// 0.6.4's are served: closing stdin, raw and gzip uploads (0.5.7), file
+/// metadata asked for (0.6.2) is refused with a clear error rather than
+/// dropped (envd keeps it in user extended attributes, which gVisor's
+/// filesystems do not hold), watchers with entries (0.6.3) and the
+/// network-mount flag (0.6.4: a sandbox's directories are all local).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// A header's text, if present and readable.
 pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
