@@ -328,7 +328,11 @@ fn open_in_place(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> std::io::
     }
     match OpenOptions::new().write(true).create_new(true).mode(mode).open(path) {
         Ok(file) => {
-            file.set_permissions(fs::Permissions::from_mode(mode))?;
+            // One change of attributes at most (a watcher sees each): the
+            // mode only if the umask took something off.
+            if file.metadata()?.mode() & 0o7777 != mode {
+                file.set_permissions(fs::Permissions::from_mode(mode))?;
+            }
             if let Some((uid, gid)) = owner {
                 std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
             }
