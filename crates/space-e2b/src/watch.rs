@@ -292,9 +292,9 @@ pub async fn unary(agent: &AgentConn, target: &Target, method: &str, request: &V
     }
 }
 
-/// `WatchDir`: a stream of `{"event": {"start": {}}}` once the watcher
-/// watches, then `{"event": {"filesystem": FilesystemEvent}}` for each
-/// change (keepalives while quiet), until the client goes, the directory
+/// `WatchDir`: a stream of `{"start": {}}` once the watcher watches (the
+/// response's oneof, written without its name), then `{"filesystem":
+/// FilesystemEvent}` for each change (keepalives while quiet), until the client goes, the directory
 /// goes, or `Connect-Timeout-Ms` passes (then `deadline_exceeded`, as
 /// Connect ends a call past its deadline).
 pub async fn stream(agent: &AgentConn, target: &Target, headers: &HeaderMap, request: &Value) -> Response {
@@ -315,13 +315,13 @@ pub async fn stream(agent: &AgentConn, target: &Target, headers: &HeaderMap, req
     tokio::spawn(async move {
         let mut watcher = watcher;
         let send = |value: Value| frames.send(Ok(message(&value)));
-        if send(json!({"event": {"start": {}}})).await.is_err() {
+        if send(json!({"start": {}})).await.is_err() {
             return;
         }
         let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         let ending = loop {
             for event in watcher.take() {
-                if send(json!({"event": {"filesystem": event}})).await.is_err() {
+                if send(json!({"filesystem": event})).await.is_err() {
                     return; // the client went away: the watcher goes with it
                 }
             }
@@ -335,7 +335,7 @@ pub async fn stream(agent: &AgentConn, target: &Target, headers: &HeaderMap, req
                     }
                 }
                 _ = tokio::time::sleep(keepalive) => {
-                    if send(json!({"event": {"keepalive": {}}})).await.is_err() {
+                    if send(json!({"keepalive": {}})).await.is_err() {
                         return;
                     }
                 }
