@@ -31,8 +31,8 @@ use space_node::MAX_FILE_BYTES;
 /// sandbox without it (a template of SPACE's own), envd acts as root.
 pub const DEFAULT_USER: &str = "user";
 
-/// Whether each sandbox has E2B's default user (read once per sandbox from
-/// its `/etc/passwd`: the account comes with the template).
+/// The sandboxes known to have E2B's default user (read from their
+/// `/etc/passwd`: the account comes with the template).
 fn has_default_user_cache() -> &'static std::sync::Mutex<std::collections::HashMap<String, bool>> {
     static CACHE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, bool>>> =
         std::sync::OnceLock::new();
@@ -58,11 +58,14 @@ async fn has_default_user(agent: &AgentConn, sandbox_id: &str) -> bool {
         }
     }
     let found = passwd_has(&String::from_utf8_lossy(&passwd), DEFAULT_USER);
-    let mut cache = has_default_user_cache().lock().unwrap_or_else(|e| e.into_inner());
-    if cache.len() > 4096 {
-        cache.clear();
+    if found {
+        // Only a yes is kept: an account made later is found next time.
+        let mut cache = has_default_user_cache().lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() > 4096 {
+            cache.clear();
+        }
+        cache.insert(sandbox_id.to_string(), true);
     }
-    cache.insert(sandbox_id.to_string(), found);
     found
 }
 

@@ -196,7 +196,8 @@ pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: B
         argv: Some(argv),
         cmd: None,
         env,
-        cwd: Some(target.path(text(process, "cwd").unwrap_or_default())),
+        // None: the account's own home (from the sandbox's passwd).
+        cwd: text(process, "cwd").filter(|c| !c.is_empty()).map(|c| target.path(c)),
         user: target.user.clone(),
         // A pty is the process's input whatever `stdin` says, as in E2B's envd.
         stdin: Some(request.get("stdin").and_then(Value::as_bool).unwrap_or(false) || pty.is_some()),
