@@ -22,6 +22,44 @@ pub const WRONG_TOKEN: &str = "missing or wrong access token for this sandbox";
 /// A list's page when the query names no `limit`.
 pub const PAGE: usize = 100;
 
+/// The start of a SPACE key in E2B's form (see [`e2b_key`]).
+pub const E2B_KEY_PREFIX: &str = "e2b_";
+
+/// A SPACE key in the shape E2B's SDK insists on (`e2b_` and lowercase hex
+/// digits, refused otherwise unless `E2B_VALIDATE_API_KEY=false`): the
+/// key's own bytes in hex. The same secret, only spelled differently: it
+/// is as valid as the key, revoked with it, and never kept or logged.
+pub fn e2b_key(space_key: &str) -> String {
+    let mut out = String::with_capacity(E2B_KEY_PREFIX.len() + 2 * space_key.len());
+    out.push_str(E2B_KEY_PREFIX);
+    for byte in space_key.bytes() {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// The SPACE key an `X-API-KEY` stands for: the key itself, or the key an
+/// [`e2b_key`] form spells (`None` for `e2b_` text that spells no SPACE
+/// key, which then matches no key at all).
+pub fn presented_key(presented: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let Some(hex) = presented.strip_prefix(E2B_KEY_PREFIX) else {
+        return Some(std::borrow::Cow::Borrowed(presented));
+    };
+    // Twice the longest key a server accepts.
+    if hex.len() % 2 != 0 || hex.len() > 256 {
+        return None;
+    }
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    let bytes: Vec<u8> =
+        hex.as_bytes().chunks(2).map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?)).collect::<Option<_>>()?;
+    let key = String::from_utf8(bytes).ok()?;
+    key.starts_with("space_").then_some(std::borrow::Cow::Owned(key))
+}
+
 /// An RFC 3339 time as E2B sends it; one that does not parse is now.
 pub fn parse_time(text: &str) -> SystemTime {
     humantime::parse_rfc3339_weak(text).unwrap_or_else(|_| SystemTime::now())
@@ -197,5 +235,18 @@ mod tests {
     fn a_time_that_does_not_parse_is_now() {
         assert_eq!(parse_time("2024-01-02T03:04:05Z"), SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_164_645));
         assert!(parse_time("yesterday") > SystemTime::now() - Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_key_in_e2b_form_spells_the_key_and_nothing_else() {
+        let key = "space_dev_0123456789abcdef";
+        let e2b = e2b_key(key);
+        assert!(e2b.starts_with("e2b_") && e2b[4..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        assert_eq!(presented_key(&e2b).as_deref(), Some(key));
+        assert_eq!(presented_key(key).as_deref(), Some(key), "a plain key is taken as it is");
+        // E2B text that spells no SPACE key matches none.
+        for bad in ["e2b_", "e2b_0", "e2b_zz", "e2b_6162", "e2b_ABCD", &format!("e2b_{}", "61".repeat(200))] {
+            assert_eq!(presented_key(bad), None, "{bad}");
+        }
     }
 }

@@ -189,7 +189,14 @@ pub(crate) enum KeysCommand {
         /// template name no network (repeatable).
         #[arg(long = "default-allow-host", value_name = "RULE")]
         default_allow: Vec<String>,
+        /// Print the key in the shape E2B's SDK checks for (`e2b_` and hex:
+        /// the same key, for `E2B_API_KEY`) instead.
+        #[arg(long)]
+        e2b: bool,
     },
+    /// Print a key read from standard input (the server's own key, the dev
+    /// key) in the shape E2B's SDK checks for: `e2b_` and hex, the same key.
+    E2b,
     /// List keys (ids, tenants, dates; never the keys).
     Ls {
         #[arg(long, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]

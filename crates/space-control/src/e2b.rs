@@ -80,12 +80,23 @@ pub(crate) async fn e2b(cp: &ControlPlane, request: Request) -> Result<Response,
     }
     let key = request.headers().get("x-api-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let key = key.ok_or_else(|| E2bError::new(StatusCode::UNAUTHORIZED, "missing API key: send X-API-KEY"))?;
-    let caller = crate::caller_for_key(cp, key)?;
+    // A SPACE key, or the same key in the shape E2B's SDK checks for.
+    let key = space_api::e2b::presented_key(key).unwrap_or_default();
+    let caller = crate::caller_for_key(cp, &key)?;
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let method = request.method().clone();
     match (&method, parts.as_slice()) {
         (&Method::POST, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => create(cp, &caller, request).await,
         (&Method::GET, ["e2b", "sandboxes"] | ["e2b", "v2", "sandboxes"]) => list(cp, &caller, request).await,
+        // New sandboxes and templates a node would make where the control
+        // plane could not place them: not through a cluster yet.
+        (_, ["e2b", "sandboxes", _, "fork" | "snapshots"] | ["e2b", "snapshots"] | ["e2b", "templates", ..]) => {
+            Err(E2bError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "E2B's fork and snapshots are not served through a cluster's control plane: use \
+                 /v1/sandboxes/{id}/fork and /v1/templates",
+            ))
+        }
         (_, ["e2b", "sandboxes", id, ..] | ["e2b", "v2", "sandboxes", id, ..]) => {
             let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
             let placement =

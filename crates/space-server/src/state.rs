@@ -102,7 +102,9 @@ pub fn e2b_state(state: &AppState) -> space_e2b::E2bState {
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(|| NodeError::new(ErrorCode::Unauthorized, "missing API key: send X-API-KEY"))?;
-        Ok(caller_for_key(&host, key)?)
+        // A SPACE key, or the same key in the shape E2B's SDK checks for.
+        let key = space_api::e2b::presented_key(key).unwrap_or_default();
+        Ok(caller_for_key(&host, &key)?)
     };
     space_e2b::E2bState {
         platform: state.platform.clone(),

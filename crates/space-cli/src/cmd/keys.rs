@@ -28,6 +28,7 @@ pub(crate) fn keys(command: KeysCommand) -> Result<()> {
             max_disk_mib,
             egress_ceiling,
             default_allow,
+            e2b,
         } => {
             if !space_server::tenants::valid_tenant(&tenant) || tenant == space_server::store::OPERATOR_TENANT {
                 bail!(
@@ -51,7 +52,19 @@ pub(crate) fn keys(command: KeysCommand) -> Result<()> {
             let given = (quotas != Quotas::default()).then_some(&quotas);
             let (info, key) = space_server::tenants::create_key(&store, &tenant, given)?;
             eprintln!("key {} for tenant {tenant}; it is shown once, keep it now:", info.id);
-            println!("{key}");
+            match e2b {
+                true => println!("{}", space_api::e2b::e2b_key(&key)),
+                false => println!("{key}"),
+            }
+        }
+        KeysCommand::E2b => {
+            let mut key = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut key).context("reading a key")?;
+            let key = key.trim();
+            if !key.starts_with("space_") {
+                bail!("give a SPACE key (space_…) on standard input");
+            }
+            println!("{}", space_api::e2b::e2b_key(key));
         }
         KeysCommand::Ls { data_dir, database } => {
             println!("{:<26} {:<20} {:<26} REVOKED", "ID", "TENANT", "CREATED");
