@@ -32,13 +32,13 @@ const NO_LIFECYCLE: Lifecycle =
     Lifecycle { idle_timeout_s: None, on_idle: None, max_lifetime_s: None, auto_pause: None };
 
 /// E2B's default sandbox lifetime, in seconds.
-const DEFAULT_TIMEOUT_S: u64 = 300;
+pub(crate) const DEFAULT_TIMEOUT_S: u64 = 300;
 /// The longest a synchronous call waits for its operation.
 const OPERATION_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The caller of an E2B control-plane request, from `X-API-KEY` (a SPACE
 /// key: the server's own or a tenant's).
-fn caller(state: &E2bState, headers: &HeaderMap) -> Result<Caller, E2bError> {
+pub(crate) fn caller(state: &E2bState, headers: &HeaderMap) -> Result<Caller, E2bError> {
     let caller = (state.caller)(headers)?;
     tracing::Span::current().record("tenant", caller.tenant.as_str());
     Ok(caller)
@@ -55,7 +55,7 @@ fn owned(state: &E2bState, caller: &Caller, id: &str) -> Result<OwnedSandbox, E2
 }
 
 /// A sandbox of the caller as E2B sees it (running or paused), or 404.
-fn visible(state: &E2bState, caller: &Caller, id: &str) -> Result<(OwnedSandbox, &'static str), E2bError> {
+pub(crate) fn visible(state: &E2bState, caller: &Caller, id: &str) -> Result<(OwnedSandbox, &'static str), E2bError> {
     let sandbox = owned(state, caller, id)?;
     match e2b_state(sandbox.record()) {
         Some(e2b_state) => Ok((sandbox, e2b_state)),
@@ -112,7 +112,7 @@ fn pauses_on_timeout(lifecycle: &Lifecycle) -> bool {
 }
 
 /// E2B's `Sandbox` (what create and connect answer).
-fn sandbox_json(state: &E2bState, record: &SandboxRecord) -> Result<Value, E2bError> {
+pub(crate) fn sandbox_json(state: &E2bState, record: &SandboxRecord) -> Result<Value, E2bError> {
     Ok(json!({
         "templateID": record.sandbox.template,
         "sandboxID": record.sandbox.id,
@@ -146,7 +146,7 @@ fn listed_json(record: &SandboxRecord, state: &str) -> Value {
 }
 
 /// Waits for an operation to end; an error unless it succeeded.
-async fn settle(state: &E2bState, operation_id: &str) -> Result<(), E2bError> {
+pub(crate) async fn settle(state: &E2bState, operation_id: &str) -> Result<(), E2bError> {
     let platform = &state.platform;
     let deadline = Instant::now() + OPERATION_PATIENCE;
     let operation =
@@ -166,7 +166,7 @@ async fn settle(state: &E2bState, operation_id: &str) -> Result<(), E2bError> {
 
 /// The sandbox once no transition is under way (E2B has no states
 /// between running and paused: its calls wait instead).
-async fn settled(state: &E2bState, sandbox: &OwnedSandbox) -> Result<SandboxRecord, E2bError> {
+pub(crate) async fn settled(state: &E2bState, sandbox: &OwnedSandbox) -> Result<SandboxRecord, E2bError> {
     let platform = &state.platform;
     let stable = |r: &SandboxRecord| {
         !matches!(r.sandbox.state, SandboxState::Creating | SandboxState::Suspending | SandboxState::Resuming)
@@ -238,22 +238,6 @@ impl CreateBody {
             Some(Value::Array(items)) => !items.is_empty(),
             Some(_) => true,
         };
-        if given(&self.network) {
-            let rules: Vec<&str> = match &self.network {
-                Some(Value::Object(map)) => map.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k.as_str()).collect(),
-                _ => vec!["network"],
-            };
-            // Egress here is all or nothing: `allow_internet_access`.
-            return Err(E2bError::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "network rules are not supported by SPACE's E2B API yet (given: {}); the sandbox was not \
-                     created. Give allow_internet_access alone (false: no egress at all), or use SPACE's own \
-                     API for an allow list",
-                    rules.join(", ")
-                ),
-            ));
-        }
         if self.auto_pause_memory == Some(false) {
             return Err(unsupported("a pause without memory (autoPauseMemory: false)"));
         }
@@ -270,7 +254,7 @@ impl CreateBody {
     }
 }
 
-fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, E2bError> {
+pub(crate) fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, E2bError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -306,10 +290,12 @@ pub async fn create(
         ));
     }
     let timeout_s = body.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
-    let network = match body.allow_internet_access {
-        Some(true) => Some(Network { egress: Egress::Public, ..Default::default() }),
-        Some(false) => Some(Network::default()),
-        None => None,
+    // E2B's rules as SPACE's egress policy (or refused); neither given:
+    // the template's (or the tenant's) default network.
+    let rules = crate::network::from_create(body.network.as_ref())?;
+    let network = match (&body.network, body.allow_internet_access) {
+        (None | Some(Value::Null), None) => None,
+        _ => Some(rules.to_space(body.allow_internet_access)?),
     };
     let request = CreateSandboxRequest {
         template: name,
@@ -381,9 +367,36 @@ pub async fn detail(
     detail["envdAccessToken"] = json!(envd_token(&state.platform, &id)?);
     detail["domain"] = json!(state.preview_domain);
     detail["allowInternetAccess"] = json!(record.sandbox.network.egress != Egress::None);
+    detail["network"] = network_json(&record.sandbox.network);
     let on_timeout = if pauses_on_timeout(&record.sandbox.lifecycle) { "pause" } else { "kill" };
     detail["lifecycle"] = json!({"onTimeout": on_timeout, "autoResume": false});
     Ok(Json(detail))
+}
+
+/// A SPACE network as E2B's rules: the reverse of `network::E2bNetwork`.
+fn network_json(network: &Network) -> Value {
+    match network.egress {
+        Egress::None => json!({"denyOut": ["0.0.0.0/0"]}),
+        Egress::Allowlist => json!({"denyOut": ["0.0.0.0/0"], "allowOut": network.allow}),
+        Egress::Public => json!({"denyOut": network.deny}),
+    }
+}
+
+/// `PUT /sandboxes/{id}/network`: E2B's rules replace the sandbox's
+/// network at once (what an update leaves out is cleared: all traffic
+/// allowed, as E2B's default is), or are refused and change nothing.
+pub async fn update_network(
+    State(state): State<E2bState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, E2bError> {
+    let caller = caller(&state, &headers)?;
+    let (sandbox, _) = visible(&state, &caller, &id)?;
+    let rules: crate::network::E2bNetwork = json_body(&body)?;
+    let network = rules.to_space(None)?;
+    state.platform.set_network(&sandbox, network)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `DELETE /sandboxes/{id}`: answers once the sandbox is gone.
@@ -403,6 +416,13 @@ pub async fn kill(
 #[serde(deny_unknown_fields)]
 struct TimeoutBody {
     timeout: Option<u64>,
+}
+
+/// A pause's body: `memory: false` asks for a pause that drops memory.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    memory: Option<bool>,
 }
 
 /// A connect's (or the deprecated resume's) body.
@@ -436,7 +456,7 @@ pub async fn set_timeout(
 
 /// Sets the sandbox's end `timeout_s` from now; `shorten: false` keeps a
 /// later end it already had.
-fn extend(state: &E2bState, sandbox: &OwnedSandbox, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
+pub(crate) fn extend(state: &E2bState, sandbox: &OwnedSandbox, timeout_s: u64, shorten: bool) -> Result<(), E2bError> {
     let record = sandbox.record();
     let lifecycle = &record.sandbox.lifecycle;
     let wanted = SystemTime::now() + Duration::from_secs(timeout_s);
@@ -456,9 +476,20 @@ pub async fn pause(
     State(state): State<E2bState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let caller = caller(&state, &headers)?;
     let (sandbox, _) = visible(&state, &caller, &id)?;
+    let body: PauseBody = json_body(&body)?;
+    if body.memory == Some(false) {
+        // SPACE keeps a paused sandbox's memory (a suspend writes it to
+        // disk) and has no pause that drops it to cold-boot later.
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "a pause without memory (keep_memory=False) is not supported by SPACE: pause keeps memory; the \
+             sandbox was not paused",
+        ));
+    }
     if e2b_state(&settled(&state, &sandbox).await?) != Some("running") {
         return Err(E2bError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
@@ -523,7 +554,8 @@ pub async fn resume(
 }
 
 /// `GET /sandboxes/{id}/metrics`: the sandbox's samples between `start`
-/// and `end` (unix seconds; default: all kept), else one taken now.
+/// and `end` (unix seconds; default: all kept), else one taken now if now
+/// is between them.
 pub async fn metrics(
     State(state): State<E2bState>,
     headers: HeaderMap,
@@ -558,8 +590,11 @@ pub async fn metrics(
         .filter(|(at, _)| (start..=end).contains(&unix(*at)))
         .map(|(at, p)| sample(at, p.cpu_percent, p.memory_bytes, p.disk_bytes))
         .collect();
-    if samples.is_empty() {
-        samples.push(sample(SystemTime::now(), usage.cpu_percent, usage.memory_bytes, usage.disk_bytes));
+    // A new sandbox has no sample kept yet: one taken now stands in, when
+    // now is in the range asked for (a range in the past gets none).
+    let now = SystemTime::now();
+    if samples.is_empty() && (start..=end).contains(&unix(now)) {
+        samples.push(sample(now, usage.cpu_percent, usage.memory_bytes, usage.disk_bytes));
     }
     Ok(Json(Value::Array(samples)))
 }

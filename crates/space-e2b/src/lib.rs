@@ -34,7 +34,9 @@ mod envd;
 pub mod error;
 mod filesystem;
 mod interpreter;
+mod network;
 mod process;
+mod snapshots;
 pub mod target;
 mod watch;
 pub mod wire;
@@ -79,6 +81,14 @@ pub fn router<S: Clone + Send + Sync + 'static>(state: E2bState) -> Router<S> {
         .route("/e2b/sandboxes/{id}/resume", post(control::resume))
         .route("/e2b/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
+        .route(
+            "/e2b/sandboxes/{id}/network",
+            axum::routing::put(control::update_network).fallback(control::unsupported),
+        )
+        .route("/e2b/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/e2b/sandboxes/{id}/snapshots", post(snapshots::create_snapshot))
+        .route("/e2b/snapshots", get(snapshots::list_snapshots))
+        .route("/e2b/templates/{id}", axum::routing::delete(snapshots::delete_template).fallback(control::unsupported))
         .route("/e2b/envd/health", get(envd::health))
         .route("/e2b/envd/execute", post(interpreter::execute))
         .route("/e2b/envd/contexts", get(interpreter::list).post(interpreter::create))
