@@ -19,9 +19,28 @@ pub const AGENT_PATH_IN_ROOT: &str = ".space/space-agent";
 pub const HOST_DIR_IN_ROOT: &str = ".space/host";
 /// Firecracker's root drive inside a template version's directory.
 pub const EXT4_IMAGE: &str = "rootfs.ext4";
-/// The default template and what it holds.
+/// The default template and what it holds: Python, and what E2B's base
+/// has that code written for it expects (`sudo`, `curl`, `python` on PATH).
 pub const BASE_TEMPLATE: &str = "base";
-pub const BASE_PACKAGES: &[&str] = &["python3", "coreutils", "procps", "ca-certificates"];
+pub const BASE_PACKAGES: &[&str] =
+    &["python3", "python-is-python3", "coreutils", "procps", "ca-certificates", "curl", "sudo"];
+
+/// The unprivileged account every Debian template has (E2B's default user):
+/// uid 1000, home `/home/user`, and passwordless `sudo` where the template
+/// has sudo. SPACE's own API runs as the template's user (root) unless a
+/// request names another.
+pub const DEFAULT_ACCOUNT: &str = "user";
+
+/// mmdebstrap hooks that add [`DEFAULT_ACCOUNT`] to a fresh root.
+fn account_hooks() -> [String; 2] {
+    [
+        format!("--customize-hook=chroot \"$1\" useradd --create-home --user-group --shell /bin/bash --uid 1000 {DEFAULT_ACCOUNT}"),
+        format!(
+            "--customize-hook=if [ -d \"$1/etc/sudoers.d\" ]; then echo '{DEFAULT_ACCOUNT} ALL=(ALL:ALL) NOPASSWD: ALL' \
+             > \"$1/etc/sudoers.d/{DEFAULT_ACCOUNT}\" && chmod 0440 \"$1/etc/sudoers.d/{DEFAULT_ACCOUNT}\"; fi"
+        ),
+    ]
+}
 /// The developer's toolbox, built on request (`space setup --with-template
 /// polyglot`; the test command builds it): a JDK, Go, Node, a C toolchain,
 /// git and Python.
@@ -330,7 +349,8 @@ pub fn fill_debian(
     let mut command = Command::new("mmdebstrap");
     command
         .args(["--variant=minbase", "--mode=root", "--format=directory", "--verbose"])
-        .arg(format!("--include={}", packages.join(",")));
+        .arg(format!("--include={}", packages.join(",")))
+        .args(account_hooks());
     if let Some(cache) = apt_cache {
         // mmdebstrap's documented way to share /var/cache/apt/archives:
         // copy the cache in before, and the (grown) cache out after; the
