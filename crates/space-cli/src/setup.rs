@@ -59,8 +59,9 @@ pub fn run(args: SetupArgs) -> Result<()> {
 }
 
 /// Builds the template `name` (one `space setup` knows) unless it is there
-/// with the packages this version of `space` puts in it (a newer list
-/// makes a new version; sandboxes of the old one keep it).
+/// with the packages and the account this version of `space` puts in it
+/// (a newer list, or a root without the `user` account, makes a new
+/// version; sandboxes of the old one keep it).
 fn ensure_template(data: &DataDir, args: &SetupArgs, name: &str, say: impl Fn(&str)) -> Result<()> {
     let packages = known_packages(name).with_context(|| format!("no template named {name} is known to setup"))?;
     if let Some(template) = data.template(name) {
@@ -68,13 +69,16 @@ fn ensure_template(data: &DataDir, args: &SetupArgs, name: &str, say: impl Fn(&s
             list.iter().filter_map(|p| p.as_str()).map(str::to_string).collect::<std::collections::BTreeSet<_>>()
         });
         let wanted: std::collections::BTreeSet<String> = packages.iter().map(|p| p.to_string()).collect();
-        if built_with.is_none_or(|built| built == wanted) {
+        let home = template.rootfs().join("home").join(space_host::template::DEFAULT_ACCOUNT);
+        let account = std::fs::symlink_metadata(home).is_ok_and(|meta| meta.is_dir());
+        if built_with.is_none_or(|built| built == wanted) && account {
             say(&format!("template {name}: version {} present", template.meta.version));
             return Ok(());
         }
         say(&format!(
-            "template {name}: version {} lacks packages this version adds; building anew",
-            template.meta.version
+            "template {name}: version {} lacks packages or the {} account this version adds; building anew",
+            template.meta.version,
+            space_host::template::DEFAULT_ACCOUNT
         ));
     }
     let agent = args.engine.agent_bin()?;
