@@ -3,6 +3,8 @@
 //! with E2B's three environment variables only (`tests/e2b/test_e2b_sdk.py`),
 //! and so does E2B's code interpreter SDK (`test_e2b_code_interpreter.py`).
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::process::Command;
 
 use space_host::template::{BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE};
@@ -23,12 +25,74 @@ fn the_e2b_sdk_drives_space_unchanged() {
     assert!(other.status.success(), "{}", String::from_utf8_lossy(&other.stderr));
     let other_key = String::from_utf8(other.stdout).unwrap().trim().to_string();
 
-    let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
+    // Two names the sandboxes' gateway resolves to one local server, for
+    // E2B's network rules (`tests/e2b/test_e2b_control.py`).
+    let upstream = upstream();
+    let hosts = [format!("allowed.space.test=127.0.0.1:{upstream}"), format!("denied.space.test=127.0.0.1:{upstream}")];
+    let (server, url, _, lines) = common::spawn_server(
+        &data,
+        &[
+            "--dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--egress-host",
+            &hosts[0],
+            "--egress-host",
+            &hosts[1],
+            "--egress-allow-internal",
+            "127.0.0.1/32",
+        ],
+    );
     std::thread::spawn(move || lines.for_each(drop));
     let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
     common::run_e2b_suite(&data, &url, &key, &other_key);
+    // What E2B's control plane has beyond that (network rules, fork,
+    // snapshots, the base's account), with the key in E2B's own shape.
+    let mut e2b_form = Command::new(SPACE);
+    e2b_form.args(["keys", "e2b"]).stdin(std::process::Stdio::piped());
+    let e2b_key = {
+        let mut child = e2b_form.stdout(std::process::Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert!(e2b_key.starts_with("e2b_"), "{e2b_key}");
+    let packages = ["e2b>=2.63,<3"];
+    let env = [("SPACE_KEY", key.as_str())];
+    common::run_e2b_tests_with(&data, "e2b-venv", &packages, "test_e2b_control", &url, &e2b_key, &other_key, &env);
     // E2B's code interpreter SDK (`tests/e2b/test_e2b_code_interpreter.py`).
     let packages = ["e2b-code-interpreter>=2.11,<3"];
     common::run_e2b_tests(&data, "e2b-ci-venv", &packages, "test_e2b_code_interpreter", &url, &key, &other_key);
     common::stop(server);
+}
+
+/// A local server that answers every request with `upstream saw <request
+/// line>`; its port.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                }
+                let body = format!("upstream saw {}", line.trim_end());
+                let mut stream = stream;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
 }

@@ -8,7 +8,9 @@
 //! goes through the same platform methods as SPACE's own handlers.
 //! - `control`: E2B's REST control plane (`/e2b/v2/sandboxes`, ...),
 //!   authenticated with `X-API-KEY`, answering synchronously where E2B
-//!   does (create, kill, pause, connect wait for their operation).
+//!   does (create, kill, pause, connect wait for their operation);
+//!   `network`: its network rules as SPACE's egress policy; `snapshots`:
+//!   its fork and snapshots over SPACE's fork and snapshot templates.
 //! - `envd`: the in-sandbox API E2B's SDK talks to (`/e2b/envd/...`,
 //!   routed by the `E2b-Sandbox-Id` header, authenticated with the
 //!   sandbox's `X-Access-Token`): Connect RPCs for processes and the

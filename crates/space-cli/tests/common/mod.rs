@@ -235,6 +235,22 @@ pub fn run_e2b_tests(
     key: &str,
     other_key: &str,
 ) {
+    run_e2b_tests_with(data, venv, packages, module, url, key, other_key, &[]);
+}
+
+#[allow(dead_code)] // not every test binary uses it
+#[allow(clippy::too_many_arguments)]
+/// [`run_e2b_tests`] with more environment variables for the module.
+pub fn run_e2b_tests_with(
+    data: &TestDataDir,
+    venv: &str,
+    packages: &[&str],
+    module: &str,
+    url: &str,
+    key: &str,
+    other_key: &str,
+    env: &[(&str, &str)],
+) {
     let venv = python_venv(data, venv, packages);
     let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b");
     let mut run = Command::new(venv.join("bin/python"));
@@ -246,7 +262,8 @@ pub fn run_e2b_tests(
         .env("SPACE_OTHER_KEY", other_key)
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .envs(env.iter().copied());
     let ran = output_within(&mut run, SUITE_PATIENCE);
     let report = String::from_utf8_lossy(&ran.stderr);
     eprintln!("{report}");
