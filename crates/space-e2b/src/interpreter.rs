@@ -41,7 +41,29 @@ const FIELDS: &[(&str, &str)] = &[
     ("text/latex", "latex"),
     ("application/json", "json"),
     ("application/javascript", "javascript"),
+    ("e2b/data", "data"),
+    ("e2b/chart", "chart"),
 ];
+
+/// Where E2B's contexts start when the caller names no directory: the
+/// home of E2B's default user (the interpreter itself runs as root, as
+/// E2B's does).
+const E2B_CWD: &str = "/home/user";
+
+/// The languages E2B's code interpreter starts a context of on a new
+/// sandbox (its listing shows them).
+const DEFAULT_LANGUAGES: &[&str] = &["python", "javascript"];
+
+/// A result's text as E2B's server gives it: one pair of quotes around a
+/// repr (`'/home/user'`) taken off.
+fn e2b_text(text: &str) -> &str {
+    for quote in ['\'', '"'] {
+        if text.len() >= 2 && text.starts_with(quote) && text.ends_with(quote) {
+            return &text[1..text.len() - 1];
+        }
+    }
+    text
+}
 
 #[derive(Deserialize)]
 struct ExecuteBody {
@@ -71,10 +93,11 @@ fn language(given: Option<&str>) -> Result<String, E2bError> {
     match given.unwrap_or("python") {
         "python" | "python3" => Ok("python".into()),
         "javascript" | "js" => Ok("javascript".into()),
+        "typescript" | "ts" => Ok("typescript".into()),
         "bash" | "sh" => Ok("bash".into()),
         other => Err(E2bError::new(
             StatusCode::BAD_REQUEST,
-            format!("language {other:?} is not served here: python, javascript or bash"),
+            format!("language {other:?} is not served here: python, javascript, typescript or bash"),
         )),
     }
 }
@@ -105,19 +128,35 @@ pub async fn create(State(state): State<E2bState>, headers: HeaderMap, body: Byt
                 cwd: body.cwd,
                 env: Default::default(),
             };
-            let context = state.platform.create_context(&session, request).await?;
+            let context = state.platform.create_context_preferring(&session, request, E2B_CWD).await?;
             Ok(Json(context_json(&context)))
         }
         .await,
     )
 }
 
-/// `GET /contexts`: the sandbox's contexts, oldest first.
+/// `GET /contexts`: the sandbox's contexts, oldest first. E2B's server
+/// starts a python and a javascript context with the sandbox, and its
+/// listing shows them: they are started here if they are not yet (a
+/// language the template cannot run is left out), and listed first, as
+/// made with the sandbox.
 pub async fn list(State(state): State<E2bState>, headers: HeaderMap) -> Response {
     answer(
         async {
             let target = target_on(&state, &headers, INTERPRETER_PORT)?;
             let contexts = state.platform.contexts(&target.sandbox)?;
+            let missing = DEFAULT_LANGUAGES
+                .iter()
+                .any(|language| !contexts.iter().any(|c| c.language == *language && c.state != "dead"));
+            if missing {
+                let (target, session) = awake(&state, &headers).await?;
+                for language in DEFAULT_LANGUAGES {
+                    if let Err(err) = state.platform.default_context(&session, language, E2B_CWD).await {
+                        tracing::debug!(sandbox = %target.sandbox.id(), "no default {language} context: {err}");
+                    }
+                }
+            }
+            let contexts = state.platform.contexts_defaults_first(&target.sandbox)?;
             Ok(Json(Value::Array(contexts.iter().map(context_json).collect())))
         }
         .await,
@@ -161,6 +200,16 @@ struct Unfinished {
     ended: bool,
 }
 
+impl Unfinished {
+    /// Whether the sandbox still runs (its interpreter died on its own)
+    /// or not (it was killed, or is being).
+    fn sandbox_runs(&self) -> bool {
+        self.platform
+            .reload(&self.sandbox)
+            .is_ok_and(|now| now.record().sandbox.state == space_api::SandboxState::Running)
+    }
+}
+
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if !self.ended {
@@ -190,6 +239,13 @@ fn e2b_lines(event: &Value, errored: &mut bool) -> Vec<Value> {
             let mut extra = Map::new();
             for (mime, value) in event["data"].as_object().into_iter().flatten() {
                 match FIELDS.iter().find(|(known, _)| known == mime) {
+                    Some((_, "text")) => result.insert(
+                        "text".into(),
+                        match value.as_str() {
+                            Some(text) => json!(e2b_text(text)),
+                            None => value.clone(),
+                        },
+                    ),
                     Some((_, field)) => result.insert((*field).into(), value.clone()),
                     None => extra.insert(mime.clone(), value.clone()),
                 };
@@ -232,7 +288,9 @@ pub async fn execute(State(state): State<E2bState>, headers: HeaderMap, body: By
             let (target, session) = awake(&state, &headers).await?;
             let context = match body.context_id {
                 Some(id) => id,
-                None => state.platform.default_context(&session, &language(body.language.as_deref())?).await?.id,
+                None => {
+                    state.platform.default_context(&session, &language(body.language.as_deref())?, E2B_CWD).await?.id
+                }
             };
             let request = RunCodeRequest { code: body.code, timeout_s: None, env: body.env_vars.unwrap_or_default() };
             let run = state.platform.run_code(&session, &context, request).await?;
@@ -249,9 +307,16 @@ pub async fn execute(State(state): State<E2bState>, headers: HeaderMap, body: By
                 let (mut events, mut unfinished, mut errored) = state?;
                 let event = events.recv().await?;
                 let end = event["type"] == "end";
+                if end && event["status"] == "died" && !unfinished.sandbox_runs() {
+                    // E2B's connection drops with a killed sandbox: its SDK
+                    // then finds the sandbox gone and says so.
+                    unfinished.ended = true;
+                    let gone = std::io::Error::other("the sandbox stopped during the run");
+                    return Some((Err(gone), None));
+                }
                 let text: String = e2b_lines(&event, &mut errored).iter().map(|line| format!("{line}\n")).collect();
                 unfinished.ended = end;
-                Some((Ok::<_, std::convert::Infallible>(text), (!end).then_some((events, unfinished, errored))))
+                Some((Ok::<_, std::io::Error>(text), (!end).then_some((events, unfinished, errored))))
             });
             let mut response = Response::new(Body::from_stream(lines));
             response

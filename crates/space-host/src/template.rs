@@ -63,7 +63,8 @@ pub const POLYGLOT_PACKAGES: &[&str] = &[
 ];
 
 /// Code contexts' template: Python with a Jupyter kernel and the usual
-/// data stack (charts come back as images), and Node.js.
+/// data stack (charts come back as images and as data), and Node.js with
+/// TypeScript's compiler (TypeScript cells).
 pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter";
 pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3",
@@ -73,6 +74,7 @@ pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3-pandas",
     "python3-matplotlib",
     "nodejs",
+    "node-typescript",
     "coreutils",
     "procps",
     "ca-certificates",

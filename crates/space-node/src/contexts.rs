@@ -27,8 +27,9 @@ use crate::session::Session;
 pub(crate) use crate::state::contexts::SavedContext;
 use crate::state::contexts::{CurrentRun, LiveContext, NotReady};
 
-/// The Python driver (IPython's shell in the driver's process), run as `python3 -c`.
-const PYTHON_DRIVER: &str = include_str!("contexts/python_driver.py");
+/// The Python driver (IPython's shell in the driver's process, after what reads charts), run as `python3 -c`.
+const PYTHON_DRIVER: &str =
+    concat!(include_str!("contexts/python_charts.py"), include_str!("contexts/python_driver.py"));
 /// The bash driver (a Python script keeping one bash), run as `python3 -c`.
 const BASH_DRIVER: &str = include_str!("contexts/bash_driver.py");
 /// The JavaScript driver, run as `node -e`.
@@ -37,6 +38,21 @@ const JS_DRIVER: &str = include_str!("contexts/js_driver.js");
 const READY_PATIENCE: Duration = Duration::from_secs(120);
 /// What of the driver's stderr is kept to say why it did not start.
 const STDERR_KEPT: usize = 4096;
+
+/// The languages a context speaks (TypeScript: the JavaScript driver,
+/// each cell transpiled first).
+pub const LANGUAGES: &[&str] = &["python", "javascript", "typescript", "bash"];
+
+fn is_javascript(language: &str) -> bool {
+    language == "javascript" || language == "typescript"
+}
+
+/// Whether bash can take `name` as a variable's name.
+fn is_shell_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
 
 pub fn context_not_found(id: &str) -> NodeError {
     NodeError::not_found("context", id)
@@ -58,9 +74,9 @@ impl Platform {
     ) -> Result<CodeContext, NodeError> {
         let sandbox_id = session.id();
         let language = request.language.unwrap_or_else(|| "python".into());
-        if !["python", "javascript", "bash"].contains(&language.as_str()) {
+        if !LANGUAGES.contains(&language.as_str()) {
             return Err(NodeError::unprocessable(format!(
-                "language must be python, javascript or bash, got {language:?}"
+                "language must be python, javascript, typescript or bash, got {language:?}"
             )));
         }
         crate::domain::validate_env(&request.env)?;
@@ -90,7 +106,10 @@ impl Platform {
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Arc<LiveContext>, NodeError> {
         let argv: Vec<String> = match info.language.as_str() {
-            "javascript" => vec!["node".into(), "-e".into(), JS_DRIVER.into()],
+            // Node's own REPL rewrite of top-level `await` is internal.
+            "javascript" | "typescript" => {
+                vec!["node".into(), "--expose-internals".into(), "-e".into(), JS_DRIVER.into(), info.language.clone()]
+            }
             "bash" => vec!["python3".into(), "-c".into(), BASH_DRIVER.into()],
             _ => vec!["python3".into(), "-c".into(), PYTHON_DRIVER.into()],
         };
@@ -123,13 +142,36 @@ impl Platform {
         }
     }
 
+    /// Starts a context in `cwd` when that directory exists, else in the
+    /// template's (E2B's contexts start in its user's home, which a
+    /// template may lack).
+    pub async fn create_context_preferring(
+        self: &Arc<Self>,
+        session: &Session,
+        mut request: CreateContextRequest,
+        cwd: &str,
+    ) -> Result<CodeContext, NodeError> {
+        if request.cwd.is_some() {
+            return self.create_context(session, request).await;
+        }
+        request.cwd = Some(cwd.to_string());
+        match self.create_context(session, request.clone()).await {
+            Err(err) if err.code == ErrorCode::InvalidCwd => {
+                request.cwd = None;
+                self.create_context(session, request).await
+            }
+            other => other,
+        }
+    }
+
     /// The context runs that name none go to, for `language` (E2B's code
     /// interpreter): the sandbox's default context of that language,
-    /// started on first use.
+    /// started on first use (in `cwd` when that exists).
     pub async fn default_context(
         self: &Arc<Self>,
         session: &Session,
         language: &str,
+        cwd: &str,
     ) -> Result<CodeContext, NodeError> {
         let sandbox_id = session.id();
         // One default is started at a time, so two first runs make one.
@@ -148,7 +190,7 @@ impl Platform {
             return Ok(found);
         }
         let request = CreateContextRequest { language: Some(language.into()), cwd: None, env: Default::default() };
-        let created = self.create_context(session, request).await?;
+        let created = self.create_context_preferring(session, request, cwd).await?;
         let live = self.contexts.lock().unwrap_or_else(|e| e.into_inner()).get(&created.id).cloned();
         if let Some(live) = live {
             live.default.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -237,6 +279,24 @@ impl Platform {
         Ok(found)
     }
 
+    /// A sandbox's contexts, its default ones (E2B's) first, then oldest
+    /// first.
+    pub fn contexts_defaults_first(
+        &self,
+        sandbox: &crate::access::OwnedSandbox,
+    ) -> Result<Vec<CodeContext>, NodeError> {
+        let sandbox_id = sandbox.id();
+        self.sandbox(sandbox_id)?;
+        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut found: Vec<(bool, CodeContext)> = contexts
+            .values()
+            .map(|c| (!c.default.load(std::sync::atomic::Ordering::SeqCst), c.info()))
+            .filter(|(_, c)| c.sandbox_id == sandbox_id)
+            .collect();
+        found.sort_by_key(|(later, c)| (*later, c.created_at));
+        Ok(found.into_iter().map(|(_, c)| c).collect())
+    }
+
     /// Whether a run goes on in one of the sandbox's contexts (it is not
     /// idle then).
     pub(crate) fn has_busy_context(&self, sandbox_id: &str) -> bool {
@@ -254,10 +314,13 @@ impl Platform {
         let sandbox_id = session.id();
         let live = self.context(sandbox_id, id)?;
         crate::domain::validate_env(&request.env)?;
-        if !request.env.is_empty() && live.info().language == "bash" {
-            return Err(NodeError::unprocessable(
-                "env for one run is for python and javascript contexts; give a bash context its env when creating it",
-            ));
+        if live.info().language == "bash" {
+            if let Some(bad) = request.env.keys().find(|name| !is_shell_name(name)) {
+                return Err(NodeError::unprocessable(format!(
+                    "environment variable {bad:?}: a bash context takes names of letters, digits and '_', not starting with a digit"
+                ))
+                .with_details(json!({"field": "env"})));
+            }
         }
         let held = live.running.clone().try_lock_owned().map_err(|_| {
             NodeError::new(ErrorCode::ContextBusy, "a run is going on in this context; wait for its end")
@@ -270,7 +333,7 @@ impl Platform {
         }
         let (events, receiver) = mpsc::unbounded_channel();
         let run_id = ids::new_id("run");
-        let started = live.info().language != "javascript";
+        let started = !is_javascript(&live.info().language);
         *live.run.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(CurrentRun { id: run_id.clone(), events, started, interrupted: false });
         live.set_state("busy");
@@ -297,13 +360,13 @@ impl Platform {
                 (run.id.clone(), run.started)
             })
         };
-        match (live.info().language.as_str(), asked) {
+        match (is_javascript(&live.info().language), asked) {
             (_, None) => {}
             // A JavaScript run blocks its driver's thread: only a signal
             // reaches it, and only once it has started (see `pump`).
-            ("javascript", Some((_, true))) => live.signal(nix::sys::signal::Signal::SIGINT).await?,
-            ("javascript", Some((_, false))) => {}
-            (_, Some((run, _))) => live.send(json!({"op": "interrupt", "run": run})).await?,
+            (true, Some((_, true))) => live.signal(nix::sys::signal::Signal::SIGINT).await?,
+            (true, Some((_, false))) => {}
+            (false, Some((run, _))) => live.send(json!({"op": "interrupt", "run": run})).await?,
         }
         Ok(live.info())
     }

@@ -485,6 +485,7 @@ fn the_drivers_take_an_interrupt_right_behind_its_run() {
     let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
     let sources = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for file in [
+        "../space-node/src/contexts/python_charts.py",
         "../space-node/src/contexts/python_driver.py",
         "../space-node/src/contexts/js_driver.js",
         "../space-node/src/contexts/bash_driver.py",
@@ -511,5 +512,95 @@ fn the_drivers_take_an_interrupt_right_behind_its_run() {
         );
         assert_eq!(result["state_kept"], true, "{language}: {result}");
     }
+    assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
+}
+
+/// Starts a context of `language` in sandbox `id` and returns its id.
+fn context_of(server: &TestServer, id: &str, language: &str) -> String {
+    let (status, context) =
+        server.call("POST", &format!("/v1/sandboxes/{id}/contexts"), Some(json!({"language": language})));
+    assert_eq!(status, 201, "{language}: {context}");
+    context["id"].as_str().unwrap().to_string()
+}
+
+fn stdout_of(events: &[Value]) -> String {
+    of_type(events, "stdout").iter().map(|e| e["text"].as_str().unwrap()).collect()
+}
+
+/// What code written for E2B's code interpreter expects of the drivers:
+/// per-run env in bash, ES module imports and top-level `await` in
+/// JavaScript, TypeScript cells, a DataFrame's columns and a chart's data
+/// beside their pictures, and `Image.save` showing the image.
+#[test]
+fn the_drivers_run_what_code_interpreter_users_write() {
+    let data = data();
+    let server = TestServer::start(&data);
+    let id = server.create_sandbox(json!({"template": CODE_INTERPRETER_TEMPLATE}));
+
+    // Bash: a run's env is exported for it alone, quotes and all; a name
+    // bash cannot take is refused.
+    let shell = context_of(&server, &id, "bash");
+    let with = run(&server, &id, &shell, json!({"code": "echo \"$WHO\"", "env": {"WHO": "it's \"e2b\""}}));
+    assert_eq!(stdout_of(&with), "it's \"e2b\"\n", "{with:?}");
+    let without = code(&server, &id, &shell, "echo ${WHO:-unset}");
+    assert_eq!(stdout_of(&without), "unset\n", "{without:?}");
+    let path = format!("/v1/sandboxes/{id}/contexts/{shell}/run");
+    server.error("POST", &path, Some(json!({"code": "true", "env": {"NOT-A-NAME": "x"}})), 422, "invalid_value");
+
+    // JavaScript: `import` declarations and top-level `await`; what an
+    // awaiting cell declares stays for the next.
+    let js = context_of(&server, &id, "javascript");
+    let imported = code(
+        &server,
+        &id,
+        &js,
+        "import { readFileSync } from 'fs'\nimport * as os from 'os'\nconsole.log(typeof readFileSync, typeof os.cpus)",
+    );
+    assert_eq!(stdout_of(&imported), "function function\n", "{imported:?}");
+    let awaited = code(&server, &id, &js, "const later = await Promise.resolve(20);\nlater + 1");
+    assert_eq!(main_text(&awaited).as_deref(), Some("21"), "{awaited:?}");
+    assert_eq!(main_text(&code(&server, &id, &js, "later * 2")).as_deref(), Some("40"));
+    let rejected = code(&server, &id, &js, "await Promise.reject(new TypeError('no'))");
+    assert_eq!(of_type(&rejected, "error")[0]["name"], "TypeError", "{rejected:?}");
+    assert_eq!(rejected.last().unwrap()["status"], "error");
+
+    // TypeScript: types erased, the rest as JavaScript.
+    let ts = context_of(&server, &id, "typescript");
+    let typed = code(&server, &id, &ts, "interface P { x: number }\nconst p: P = { x: 41 };\np.x + 1");
+    assert_eq!(main_text(&typed).as_deref(), Some("42"), "{typed:?}");
+
+    // Python: a DataFrame's columns, a chart's data and an image saved.
+    let py = context_of(&server, &id, "python");
+    let frame =
+        code(&server, &id, &py, "import pandas as pd\npd.DataFrame({'a': [1, 2, 3], 'b': [0.5, float('nan'), 2]})");
+    let result = of_type(&frame, "result")[0];
+    assert_eq!(result["data"]["e2b/data"], json!({"a": [1, 2, 3], "b": [0.5, null, 2.0]}), "{frame:?}");
+    let chart = code(
+        &server,
+        &id,
+        &py,
+        "import matplotlib.pyplot as plt\nplt.bar(['x', 'y'], [3, 4], label='n')\nplt.title('T')\nplt.ylabel('Count (n)')\nplt.show()",
+    );
+    let shown = of_type(&chart, "result")[0];
+    assert!(shown["data"]["image/png"].is_string(), "{chart:?}");
+    let drawn = &shown["data"]["e2b/chart"];
+    assert_eq!(
+        (&drawn["type"], &drawn["title"], &drawn["y_unit"]),
+        (&json!("bar"), &json!("T"), &json!("n")),
+        "{drawn}"
+    );
+    assert_eq!(
+        drawn["elements"],
+        json!([{"label": "x", "group": "n", "value": 3.0}, {"label": "y", "group": "n", "value": 4.0}])
+    );
+    let saved = code(
+        &server,
+        &id,
+        &py,
+        "from PIL import Image\nImage.new('RGB', (4, 4)).save('/tmp/x.png')\nImage.open('/tmp/x.png').size",
+    );
+    let results = of_type(&saved, "result");
+    assert!(results.iter().any(|r| r["data"]["image/png"].is_string() && r["is_main_result"] == false), "{saved:?}");
+    assert_eq!(main_text(&saved).as_deref(), Some("(4, 4)"));
     assert_eq!(server.delete_sandbox(&id)["state"], "succeeded");
 }

@@ -1,13 +1,17 @@
 """The unmodified `e2b-code-interpreter` SDK against SPACE, configured with
 E2B's environment variables only (E2B_API_URL, E2B_SANDBOX_URL,
-E2B_API_KEY): its default template, runs with rich results, contexts,
-per-run env, a client-side timeout that interrupts the run, and the
+E2B_API_KEY): its default template, runs with rich results (text as E2B
+gives it, a DataFrame's data, charts), contexts (the default python and
+javascript ones listed, started in /home/user), per-run env in every
+language, ES modules, top-level await and TypeScript, a client-side
+timeout that interrupts the run, a sandbox killed during a run, and the
 tokens the context routes need."""
 
 import base64
 import json
 import os
 import struct
+import threading
 import time
 import unittest
 import urllib.error
@@ -80,9 +84,9 @@ class CodeInterpreter(unittest.TestCase):
         ctx = self.sbx.create_code_context(cwd="/tmp")
         self.assertEqual(ctx.cwd, "/tmp")
         self.assertEqual(ctx.language, "python")
-        self.assertEqual(self.sbx.run_code("import os; os.getcwd()", context=ctx).text, "'/tmp'")
+        self.assertEqual(self.sbx.run_code("import os; os.getcwd()", context=ctx).text, "/tmp")
         self.sbx.run_code("only_here = 'ctx'", context=ctx)
-        self.assertEqual(self.sbx.run_code("only_here", context=ctx).text, "'ctx'")
+        self.assertEqual(self.sbx.run_code("only_here", context=ctx).text, "ctx")
         # The default context does not see it.
         self.assertEqual(self.sbx.run_code("only_here").error.name, "NameError")
         self.assertIn(ctx.id, [c.id for c in self.sbx.list_code_contexts()])
@@ -101,8 +105,64 @@ class CodeInterpreter(unittest.TestCase):
 
     def test_env_for_one_run(self):
         execution = self.sbx.run_code("import os; os.environ.get('WHO')", envs={"WHO": "e2b"})
-        self.assertEqual(execution.text, "'e2b'")
-        self.assertEqual(self.sbx.run_code("repr(os.environ.get('WHO'))").text, "'None'")
+        self.assertEqual(execution.text, "e2b")
+        self.assertEqual(self.sbx.run_code("repr(os.environ.get('WHO'))").text, "None")
+        shell = self.sbx.run_code("echo \"$WHO\"", language="bash", envs={"WHO": "it's"})
+        self.assertEqual(shell.logs.stdout, ["it's\n"])
+        after = self.sbx.run_code("echo ${WHO:-unset}", language="bash")
+        self.assertEqual(after.logs.stdout, ["unset\n"])
+
+    def test_text_as_e2b_gives_it(self):
+        # E2B's server takes one pair of quotes off a result's text.
+        self.assertEqual(self.sbx.run_code("'quoted'").text, "quoted")
+        self.assertEqual(self.sbx.run_code("'it' + \"'s\"").text, "it's")
+        self.assertEqual(self.sbx.run_code("['a']").text, "['a']")
+        self.assertEqual(self.sbx.run_code("'js'", language="javascript").text, "js")
+
+    def test_the_default_contexts_and_their_directory(self):
+        languages = [c.language for c in self.sbx.list_code_contexts()]
+        self.assertIn("python", languages)
+        self.assertIn("javascript", languages)
+        for language, code in [("python", "import os; os.getcwd()"), ("javascript", "process.cwd()")]:
+            self.assertEqual(self.sbx.run_code(code, language=language).text, "/home/user", language)
+        shell = self.sbx.create_code_context(language="bash")  # the default one may have moved
+        self.assertEqual(self.sbx.run_code("pwd", context=shell).logs.stdout, ["/home/user\n"])
+        self.assertEqual(self.sbx.create_code_context().cwd, "/home/user")
+
+    def test_javascript_modules_await_and_typescript(self):
+        imported = self.sbx.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)",
+                                     language="js")
+        self.assertEqual(imported.logs.stdout, ["function\n"])
+        self.assertEqual(self.sbx.run_code("await Promise.resolve('later')", language="js").text, "later")
+        typed = self.sbx.run_code("const typed: number = 41; console.log(typed + 1)", language="ts")
+        self.assertEqual(typed.logs.stdout, ["42\n"], typed)
+
+    def test_data_charts_and_saved_images(self):
+        frame = self.sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})")
+        self.assertEqual(frame.results[0].data, {"a": [1, 2, 3]})
+        drawn = self.sbx.run_code(
+            "import matplotlib.pyplot as plt\nplt.figure()\nplt.plot([1, 2], [3, 4], label='up')\n"
+            "plt.xlabel('Time (s)')\nplt.title('Rise')\nplt.show()"
+        )
+        chart = drawn.results[0].chart
+        self.assertEqual((chart.type, chart.title, chart.x_unit), ("line", "Rise", "s"))
+        self.assertEqual([(e.label, e.points) for e in chart.elements], [("up", [(1.0, 3.0), (2.0, 4.0)])])
+        self.assertFalse(drawn.results[0].extra)
+        saved = self.sbx.run_code("from PIL import Image\nImage.new('RGB', (8, 8)).save('/tmp/e2b.png')")
+        self.assertEqual(png_size(base64.b64decode(saved.results[0].png)), (8, 8))
+
+    def test_a_sandbox_killed_during_a_run(self):
+        # E2B's connection drops with the sandbox: the SDK finds it gone.
+        doomed = Sandbox.create(metadata={"suite": "code-interpreter"})
+        self.assertEqual(doomed.run_code("1").text, "1")
+        killer = threading.Timer(2.0, doomed.kill)
+        killer.start()
+        try:
+            with self.assertRaisesRegex(TimeoutException, "killed while the request was in progress"):
+                doomed.run_code("import time; time.sleep(120)", timeout=100)
+        finally:
+            killer.cancel()
+            doomed.kill()
 
     def test_a_timeout_interrupts_the_run(self):
         with self.assertRaises(TimeoutException):

@@ -2,7 +2,7 @@
 # DRIVER`: keeps one bash process alive in a session of its own (its
 # variables, functions, cwd and exports carry from run to run) and speaks
 # the same JSON lines with the host on stdin/stdout as the Python driver:
-# requests {"op": "run", "id", "code", "timeout_s"}, {"op": "interrupt",
+# requests {"op": "run", "id", "code", "timeout_s", "env"}, {"op": "interrupt",
 # "run"}, {"op": "restart"}; events {"type": "ready"} ("restarted": true
 # after a restart), per run {"run", "type": "stdout"|"stderr", "text"},
 # {"run", "type": "error", ...} and last {"run", "type": "end", "status":
@@ -10,7 +10,8 @@
 # "exit_code"}; {"type": "died", "why"} when the shell exits. A run's code
 # is sourced from a here-document (its stdin is that, read to the end) and
 # ends at a marker printed after it on stdout and stderr; a non-zero exit
-# is an `ExitStatus` error.
+# is an `ExitStatus` error. A run's `env` is exported around the sourced
+# code and put back as it was after it (unset if it was), interrupted or not.
 # An interrupt unwinds the whole run, as Ctrl-C does at a prompt, and keeps
 # the shell: SIGINT to the shell's process group ends a foreground program,
 # and the shell's INT trap sets a DEBUG trap that returns (extdebug: status
@@ -122,9 +123,10 @@ class Shell:
         self.exit_code = None
         body = request["code"].encode()
         delimiter = b"__SPACE_CELL_" + uuid.uuid4().hex.encode()
-        script = b"source /dev/stdin <<'" + delimiter + b"'\n" + body + (b"" if body.endswith(b"\n") else b"\n") + \
-            delimiter + b"\n__space_status=$?; printf '%s %d\\n' " + self.marker + \
-            b" $__space_status; printf '%s\\n' " + self.marker + b" >&2\n"
+        before, after = run_env(request.get("env") or {})
+        script = before + b"source /dev/stdin <<'" + delimiter + b"'\n" + body + \
+            (b"" if body.endswith(b"\n") else b"\n") + delimiter + b"\n__space_status=$?; " + after + \
+            b"printf '%s %d\\n' " + self.marker + b" $__space_status; printf '%s\\n' " + self.marker + b" >&2\n"
         try:
             self.proc.stdin.write(script)
             self.proc.stdin.flush()
@@ -156,6 +158,24 @@ class Shell:
         self.count += 1
         return {"type": "end", "status": "error" if self.exit_code else "ok", "execution_count": self.count,
                 "exit_code": self.exit_code}
+
+
+def quoted(text):
+    return b"'" + text.encode().replace(b"'", b"'\\''") + b"'"
+
+
+def run_env(env):
+    """Shell lines that export a run's variables, and those that put them
+    back (the host lets only shell names through)."""
+    before, after = b"", b""
+    for n, (name, value) in enumerate(sorted(env.items())):
+        saved = b"__space_env_%d" % n
+        name = name.encode()
+        before += saved + b"_set=${" + name + b"+x}; " + saved + b"=${" + name + b"-}; export " + name + b"=" + \
+            quoted(value) + b"\n"
+        after += b"if [ -n \"$" + saved + b"_set\" ]; then " + name + b"=\"$" + saved + b"\"; else unset " + name + \
+            b"; fi; unset " + saved + b" " + saved + b"_set; "
+    return before, after
 
 
 def spawn():

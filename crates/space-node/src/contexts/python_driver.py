@@ -37,8 +37,9 @@ ENVIRON = dict(os.environ)
 # Missing IPython fails here, with the host still reading our stderr.
 from IPython.core.displayhook import DisplayHook  # noqa: E402
 from IPython.core.displaypub import DisplayPublisher  # noqa: E402
+from IPython.core.formatters import BaseFormatter  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
-from traitlets import Type  # noqa: E402
+from traitlets import ObjectName, Type, Unicode  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 COLOUR = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -72,10 +73,38 @@ EARLY = set()
 
 
 def encode(value):
-    """JSON for what a display formatter returns: bytes (PNG, JPEG) as base64."""
+    """JSON for what a display formatter returns: bytes (PNG, JPEG) as
+    base64, numpy's numbers as numbers."""
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(value).decode()
+    if hasattr(value, "item") and hasattr(value, "dtype"):
+        try:
+            return value.item()
+        except ValueError:
+            pass
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
     return repr(value)
+
+
+def finite(value):
+    """`value` with NaN and the infinities as null (JSON has none)."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(event):
+    try:
+        return json.dumps(event, default=encode, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite(json.loads(json.dumps(event, default=encode))))
 
 
 def emit(event, now=False):
@@ -87,7 +116,7 @@ def emit(event, now=False):
         return
     if run is not None:
         event["run"] = run
-    line = json.dumps(event, default=encode) + "\n"
+    line = dumps(event) + "\n"
     with LOCK:
         PENDING.append(line)
         PENDING_SIZE[0] += len(line)
@@ -358,12 +387,99 @@ def run(shell, request):
         RUN["id"] = None
 
 
+class TableFormatter(BaseFormatter):
+    """`e2b/data`: a pandas DataFrame as its columns (E2B's code
+    interpreter shows it as `result.data`)."""
+
+    format_type = Unicode("e2b/data")
+    print_method = ObjectName("_repr_e2b_data_")
+    _return_type = (dict, str)
+
+    def __call__(self, obj):
+        # Only a cell that imported pandas can show a DataFrame.
+        pandas = sys.modules.get("pandas")
+        if pandas is not None and isinstance(obj, pandas.DataFrame):
+            columns = obj.to_dict(orient="list")
+            for name, values in columns.items():
+                columns[name] = [v.isoformat() if isinstance(v, pandas.Timestamp) else v for v in values]
+            return columns
+        return super().__call__(obj)
+
+
+class ChartFormatter(BaseFormatter):
+    """`e2b/chart`: what a matplotlib figure draws, as data (`chart_of`)."""
+
+    format_type = Unicode("e2b/chart")
+    print_method = ObjectName("_repr_e2b_chart_")
+    _return_type = (dict, str)
+
+    def __call__(self, obj):
+        figure = sys.modules.get("matplotlib.figure")
+        if figure is not None and isinstance(obj, figure.Figure):
+            try:
+                return chart_of(obj)
+            except Exception:  # noqa: BLE001 - a figure it cannot read is shown as an image only
+                return None
+        return super().__call__(obj)
+
+
+def show_saved_images(module):
+    """`Image.save(path)` displays the image too (as E2B's code interpreter
+    does)."""
+    saved = module.Image.save
+
+    def save(image, fp, format=None, **params):
+        if isinstance(fp, (str, os.PathLike)):
+            from IPython.display import display
+
+            display(image)
+        return saved(image, fp, format, **params)
+
+    module.Image.save = save
+
+
+class AfterImport:
+    """Imports these modules as they are, then changes them (`PATCHES`),
+    without importing any before a cell does."""
+
+    PATCHES = {"PIL.Image": show_saved_images, "matplotlib.axes._axes": keep_box_stats}
+
+    def find_spec(self, name, path=None, target=None):
+        patch = self.PATCHES.get(name)
+        if patch is None:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loaded = spec.loader.exec_module
+
+        def exec_module(module):
+            loaded(module)
+            try:
+                patch(module)
+            except Exception:  # noqa: BLE001 - another version of the module: left as it is
+                pass
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def add_formats(shell):
+    formatters = shell.display_formatter.formatters
+    formatters["e2b/data"] = TableFormatter(parent=shell.display_formatter)
+    formatters["e2b/chart"] = ChartFormatter(parent=shell.display_formatter)
+    sys.meta_path.insert(0, AfterImport())
+
+
 def main():
     sys.stdout, sys.stderr = Stream("stdout", 1), Stream("stderr", 2)
     config = Config()
     config.HistoryManager.enabled = False
     config.InteractiveShell.colors = "NoColor"
     shell = Shell.instance(config=config)
+    add_formats(shell)
     signal.signal(signal.SIGINT, on_sigint)
     if CUT:
         cut = json.loads(CUT)

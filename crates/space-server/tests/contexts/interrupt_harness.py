@@ -19,8 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROUNDS = int(sys.argv[1])
 PATIENCE = 20.0
 LANGUAGES = {
-    "python": (["python3", "-c"], "python_driver.py", "n = 0", "while True:\n    n += 1", "print(n > 0)"),
-    "javascript": (["node", "-e"], "js_driver.js", "var n = 0", "for (;;) { n++ }",
+    "python": (["python3", "-c"], ("python_charts.py", "python_driver.py"), "n = 0", "while True:\n    n += 1",
+               "print(n > 0)"),
+    "javascript": (["node", "--expose-internals", "-e"], "js_driver.js", "var n = 0", "for (;;) { n++ }",
                    "console.log(n > 0 ? 'True' : 'False')"),
     "bash": (["python3", "-c"], "bash_driver.py", "n=0", "while :; do n=$((n+1)); done",
              "(( n > 0 )) && echo True || echo False"),
@@ -29,8 +30,11 @@ LANGUAGES = {
 
 class Driver:
     def __init__(self, command, source):
-        with open(os.path.join(HERE, source)) as file:
-            code = file.read()
+        # The host runs some drivers after a file of helpers, as one program.
+        code = ""
+        for name in (source,) if isinstance(source, str) else source:
+            with open(os.path.join(HERE, name)) as file:
+                code += file.read()
         self.proc = subprocess.Popen(command + [code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         self.events, self.seen = [], threading.Condition()
