@@ -577,8 +577,8 @@ pub const MAX_CHECKPOINTS: usize = 32;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateContextRequest {
-    /// `python` (IPython's shell; the default), `javascript` (Node.js) or
-    /// `bash`.
+    /// `python` (IPython's shell; the default), `javascript` (Node.js),
+    /// `typescript` (Node.js, each cell transpiled first) or `bash`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
     /// Its working directory (the template's by default).
@@ -617,8 +617,8 @@ pub struct RunCodeRequest {
     /// Interrupt the run after this many seconds (the context stays).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
-    /// Environment for this run only, over the context's (Python and
-    /// JavaScript contexts; restored when the run ends).
+    /// Environment for this run only, over the context's (restored when
+    /// the run ends; bash takes names of letters, digits and `_`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
 }

@@ -591,7 +591,7 @@ fn the_drivers_run_what_code_interpreter_users_write() {
     );
     assert_eq!(
         drawn["elements"],
-        json!([{"label": "x", "group": "n", "value": 3.0}, {"label": "y", "group": "n", "value": 4.0}])
+        json!([{"label": "x", "group": "n", "value": 3}, {"label": "y", "group": "n", "value": 4}])
     );
     let saved = code(
         &server,

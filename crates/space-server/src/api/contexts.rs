@@ -98,7 +98,8 @@ pub async fn restart(
     params(("id" = String, Path, description = "Sandbox id"), ("cid" = String, Path, description = "Context id")),
     responses((status = 200, description = "NDJSON as it happens (SSE with `Accept: text/event-stream`, the type as the event's name): `stdout`/`stderr` (`text`), `result` (`data`: a MIME bundle, `is_main_result`), `error` (`name`, `value`, `traceback`), and last `end` (`status`: ok, error, interrupted, timeout or died; `execution_count`)", content_type = "application/x-ndjson"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "Another run is going on, or the interpreter died", body = ErrorBody)))]
+        (status = 409, description = "Another run is going on, or the interpreter died", body = ErrorBody),
+        (status = 422, description = "An `env` the context cannot take (bash: names of letters, digits and `_`)", body = ErrorBody)))]
 pub async fn run(
     path: ContextPath,
     State(state): State<AppState>,
