@@ -72,11 +72,14 @@ ensure_build_deps() {
 # the PostgreSQL store's tests run throwaway clusters of Debian's postgresql;
 # the cluster test puts each node in a network namespace of its own (ip);
 # the README's tour, which a test runs, reads answers with jq; the registry
-# tests run Debian's docker-registry on loopback and push to it with skopeo.
+# tests run Debian's docker-registry on loopback and push to it with skopeo;
+# E2B's npm SDK test runs its packages with Node.js and npm.
 ensure_test_packages() {
     local had_registry=yes
     dpkg-query -W -f='${Status}' docker-registry 2>/dev/null | grep -q "install ok installed" || had_registry=no
     install_missing "what the tests use" chromium chromium-driver postgresql iproute2 jq docker-registry skopeo
+    # E2B's npm packages run under Node.js (Debian's, unless one is there).
+    command -v npm >/dev/null || install_missing "the npm SDK test" nodejs npm
     # Under systemd the package starts a registry of its own on :5000 of
     # every interface, with no auth: an open registry on the test machine's
     # network. The tests run theirs on loopback with their own configs, so

@@ -1,7 +1,9 @@
 //! The unmodified `e2b` SDK (from PyPI, pinned `>=2.63,<3`) drives a real
 //! `space serve` and real sandboxes through the E2B-compatible API, set up
 //! with E2B's three environment variables only (`tests/e2b/test_e2b_sdk.py`),
-//! and so does E2B's code interpreter SDK (`test_e2b_code_interpreter.py`).
+//! and so does E2B's code interpreter SDK (`test_e2b_code_interpreter.py`);
+//! the npm packages `e2b` and `@e2b/code-interpreter` do too, under Node.js
+//! (`test_e2b_npm.mjs`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -95,4 +97,40 @@ fn upstream() -> u16 {
         }
     });
     port
+}
+
+/// The unmodified npm packages (`e2b`, `@e2b/code-interpreter`, from the
+/// npm registry, pinned to major 2) under Node.js, configured with E2B's
+/// three variables only.
+#[test]
+fn the_npm_e2b_packages_drive_space_unchanged() {
+    let data = TestDataDir::with_templates(&[BASE_TEMPLATE, CODE_INTERPRETER_TEMPLATE]);
+    let project = data.root().join("npm-e2b");
+    std::fs::create_dir_all(&project).unwrap();
+    let mut install = Command::new("npm");
+    install
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "e2b@^2", "@e2b/code-interpreter@^2"])
+        .current_dir(&project);
+    let installed = output_within(&mut install, common::PIP_PATIENCE);
+    assert!(installed.status.success(), "npm install: {}", String::from_utf8_lossy(&installed.stderr));
+    // Node resolves the packages from the script's own directory.
+    let script = project.join("test_e2b_npm.mjs");
+    std::fs::copy(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/test_e2b_npm.mjs"), &script)
+        .unwrap();
+
+    let (server, url, _, lines) = common::spawn_server(&data, &["--dev", "--listen", "127.0.0.1:0"]);
+    std::thread::spawn(move || lines.for_each(drop));
+    let key = std::fs::read_to_string(space_host::datadir::dev_key_path(data.root())).unwrap().trim().to_string();
+    let mut run = Command::new("node");
+    run.arg(&script)
+        .current_dir(&project)
+        .env("E2B_API_URL", format!("{url}/e2b"))
+        .env("E2B_SANDBOX_URL", format!("{url}/e2b/envd"))
+        .env("E2B_API_KEY", &key)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN");
+    let ran = output_within(&mut run, common::SUITE_PATIENCE);
+    let (stdout, stderr) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    assert!(ran.status.success() && stdout.contains("NPM SDK OK"), "the npm SDKs' script failed: {stdout}\n{stderr}");
+    common::stop(server);
 }
