@@ -327,3 +327,23 @@ pub async fn execute(State(state): State<E2bState>, headers: HeaderMap, body: By
         .await,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_reads_as_e2b_gives_it() {
+        let event = json!({"type": "result", "is_main_result": true, "data": {
+            "text/plain": "'/home/user'", "e2b/data": {"a": [1]}, "e2b/chart": {"type": "bar"},
+            "application/x-other": "kept"}});
+        let line = &e2b_lines(&event, &mut false)[0];
+        assert_eq!(line["text"], "/home/user");
+        assert_eq!(line["data"], json!({"a": [1]}));
+        assert_eq!(line["chart"], json!({"type": "bar"}));
+        assert_eq!(line["extra"], json!({"application/x-other": "kept"}));
+        for (given, shown) in [("\"q\"", "q"), ("'", "'"), ("['a']", "['a']"), ("'a' 'b'", "a' 'b"), ("42", "42")] {
+            assert_eq!(e2b_text(given), shown, "{given}");
+        }
+    }
+}
