@@ -563,6 +563,17 @@ fn the_drivers_run_what_code_interpreter_users_write() {
     let rejected = code(&server, &id, &js, "await Promise.reject(new TypeError('no'))");
     assert_eq!(of_type(&rejected, "error")[0]["name"], "TypeError", "{rejected:?}");
     assert_eq!(rejected.last().unwrap()["status"], "error");
+    // A cell awaiting what never settles ends at its interrupt, or its
+    // timeout, and the context goes on.
+    let waiting = Running::start(&server, &id, &js, "await new Promise(() => {})");
+    space_testkit::wait_until("the awaiting run to start", space_testkit::PATIENCE, || {
+        server.ok("GET", &format!("/v1/sandboxes/{id}/contexts/{js}"), None)["state"] == "busy"
+    });
+    interrupt(&server, &id, &js);
+    assert_interrupted("an awaiting cell", &waiting.end("an awaiting cell"));
+    let timed = run(&server, &id, &js, json!({"code": "await new Promise(() => {})", "timeout_s": 1}));
+    assert_eq!(timed.last().unwrap()["status"], "timeout", "{timed:?}");
+    assert_eq!(main_text(&code(&server, &id, &js, "later")).as_deref(), Some("20"));
 
     // TypeScript: types erased, the rest as JavaScript.
     let ts = context_of(&server, &id, "typescript");
