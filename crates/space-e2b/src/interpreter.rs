@@ -200,14 +200,17 @@ struct Unfinished {
     ended: bool,
 }
 
-impl Unfinished {
-    /// Whether the sandbox still runs (its interpreter died on its own)
-    /// or not (it was killed, or is being).
-    fn sandbox_runs(&self) -> bool {
-        self.platform
-            .reload(&self.sandbox)
-            .is_ok_and(|now| now.record().sandbox.state == space_api::SandboxState::Running)
-    }
+/// Whether the sandbox still runs (its interpreter died on its own) or not
+/// (it was killed, or is being).
+fn sandbox_runs(platform: &Platform, sandbox: &OwnedSandbox) -> bool {
+    platform.reload(sandbox).is_ok_and(|now| now.record().sandbox.state == space_api::SandboxState::Running)
+}
+
+/// An answer whose connection drops before its first line: E2B's SDK then
+/// asks whether the sandbox runs, and says it was killed.
+fn dropped() -> Response {
+    let gone = std::io::Error::other("the sandbox stopped during the run");
+    Response::new(Body::from_stream(futures_util::stream::once(async move { Err::<Bytes, _>(gone) })))
 }
 
 impl Drop for Unfinished {
@@ -286,15 +289,26 @@ pub async fn execute(State(state): State<E2bState>, headers: HeaderMap, body: By
         async {
             let body: ExecuteBody = parse(&body)?;
             let (target, session) = awake(&state, &headers).await?;
-            let context = match body.context_id {
-                Some(id) => id,
-                None => {
-                    state.platform.default_context(&session, &language(body.language.as_deref())?, E2B_CWD).await?.id
-                }
-            };
-            let request = RunCodeRequest { code: body.code, timeout_s: None, env: body.env_vars.unwrap_or_default() };
-            let run = state.platform.run_code(&session, &context, request).await?;
+            let language = language(body.language.as_deref())?;
+            let started = async {
+                let context = match body.context_id {
+                    Some(id) => id,
+                    None => state.platform.default_context(&session, &language, E2B_CWD).await?.id,
+                };
+                let request =
+                    RunCodeRequest { code: body.code, timeout_s: None, env: body.env_vars.unwrap_or_default() };
+                let run = state.platform.run_code(&session, &context, request).await?;
+                Ok::<_, space_node::error::NodeError>((context, run))
+            }
+            .await;
             drop(session);
+            let (context, run) = match started {
+                Ok(started) => started,
+                // Killed while its default context started: the connection
+                // drops, as when it is killed during the run.
+                Err(_) if !sandbox_runs(&state.platform, &target.sandbox) => return Ok(dropped()),
+                Err(err) => return Err(err.into()),
+            };
             let Run { events, held } = run;
             let unfinished = Unfinished {
                 platform: state.platform.clone(),
@@ -307,7 +321,7 @@ pub async fn execute(State(state): State<E2bState>, headers: HeaderMap, body: By
                 let (mut events, mut unfinished, mut errored) = state?;
                 let event = events.recv().await?;
                 let end = event["type"] == "end";
-                if end && event["status"] == "died" && !unfinished.sandbox_runs() {
+                if end && event["status"] == "died" && !sandbox_runs(&unfinished.platform, &unfinished.sandbox) {
                     // E2B's connection drops with a killed sandbox: its SDK
                     // then finds the sandbox gone and says so.
                     unfinished.ended = true;

@@ -153,16 +153,20 @@ class CodeInterpreter(unittest.TestCase):
 
     def test_a_sandbox_killed_during_a_run(self):
         # E2B's connection drops with the sandbox: the SDK finds it gone.
-        doomed = Sandbox.create(metadata={"suite": "code-interpreter"})
-        self.assertEqual(doomed.run_code("1").text, "1")
-        killer = threading.Timer(2.0, doomed.kill)
-        killer.start()
-        try:
-            with self.assertRaisesRegex(TimeoutException, "killed while the request was in progress"):
-                doomed.run_code("import time; time.sleep(120)", timeout=100)
-        finally:
-            killer.cancel()
-            doomed.kill()
+        # Killed during a run, and (most likely) while the run's default
+        # context still starts.
+        for warm, after in [(True, 2.0), (False, 0.3)]:
+            doomed = Sandbox.create(metadata={"suite": "code-interpreter"})
+            if warm:
+                self.assertEqual(doomed.run_code("1").text, "1")
+            killer = threading.Timer(after, doomed.kill)
+            killer.start()
+            try:
+                with self.assertRaisesRegex(TimeoutException, "killed while the request was in progress"):
+                    doomed.run_code("import time; time.sleep(120)", timeout=100)
+            finally:
+                killer.cancel()
+                doomed.kill()
 
     def test_a_timeout_interrupts_the_run(self):
         with self.assertRaises(TimeoutException):
