@@ -339,6 +339,8 @@ pub async fn stream(agent: &AgentConn, target: &Target, headers: &HeaderMap, req
                         return;
                     }
                 }
+                // The client went away: the watcher goes at once.
+                _ = frames.closed() => return,
                 _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
                     break Some(RpcError::new("deadline_exceeded", "the watch's timeout elapsed"));
                 }

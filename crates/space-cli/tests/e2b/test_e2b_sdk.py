@@ -303,6 +303,7 @@ class Envd(unittest.TestCase):
             )
         finally:
             handle.stop()
+        self.assert_no_watcher_left()
         with self.assertRaises(FileNotFoundException):
             self.sbx.files.watch_dir("not-there")
         with self.assertRaises(SandboxException):
@@ -324,6 +325,14 @@ class Envd(unittest.TestCase):
             await handle.stop()
 
         asyncio.run(watch())
+        self.assert_no_watcher_left()
+
+    def assert_no_watcher_left(self):
+        # A watcher is a process in the sandbox: stopped, it is gone.
+        wait_until(
+            "the watcher to end",
+            lambda: "space-agent watch" not in self.sbx.commands.run("ps -eo args", user="root").stdout,
+        )
 
     def test_signed_file_urls(self):
         self.sbx.files.write("signed.txt", "signed")
