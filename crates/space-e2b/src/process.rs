@@ -98,7 +98,16 @@ fn ending(result: &ProcessResult) -> Ending {
 
 /// Streams a command's events: `start` with its pid, its output as it
 /// comes (keepalives while it is quiet), then how it ended ([`Ending`]).
-fn events(state: &E2bState, sandbox_id: &str, command: &Command, tty: bool, keepalive: Duration) -> Response {
+/// `deadline`: when the call itself ends with `deadline_exceeded` (a
+/// `Connect` past its `Connect-Timeout-Ms`; the process goes on).
+fn events(
+    state: &E2bState,
+    sandbox_id: &str,
+    command: &Command,
+    tty: bool,
+    keepalive: Duration,
+    deadline: Option<tokio::time::Instant>,
+) -> Response {
     let followed = match follow(&state.platform, sandbox_id, &command.id, 0, true) {
         Ok(followed) => followed,
         Err(err) => return RpcError::from(err).into_response(),
@@ -110,8 +119,12 @@ fn events(state: &E2bState, sandbox_id: &str, command: &Command, tty: bool, keep
         let _ = frames.send(Ok(message(&json!({"event": {"start": {"pid": pid}}})))).await;
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
         let outcome = loop {
+            let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
             let item = tokio::select! {
                 item = followed.recv() => item,
+                _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
+                    break Ending::Error(RpcError::new("deadline_exceeded", "the call's timeout elapsed"));
+                }
                 _ = ticker.tick() => {
                     if frames.send(Ok(message(&json!({"event": {"keepalive": {}}})))).await.is_err() {
                         return;
@@ -219,7 +232,8 @@ pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: B
             let _ = agent.resize(stream, size).await;
         }
     }
-    events(&state, &target.id, &command, pty.is_some(), keepalive(headers))
+    // Start's deadline is the command's own timeout (it is killed then).
+    events(&state, &target.id, &command, pty.is_some(), keepalive(headers), None)
 }
 
 fn terminal_size(size: &Value) -> Option<space_proto::TerminalSize> {
@@ -259,7 +273,11 @@ pub async fn connect(state: E2bState, target: Target, headers: &HeaderMap, body:
         Err(err) => return err.into_response(),
     };
     let tty = command.tty == Some(true);
-    events(&state, &target.id, &command, tty, keepalive(headers))
+    let deadline = header(headers, "connect-timeout-ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+    events(&state, &target.id, &command, tty, keepalive(headers), deadline)
 }
 
 fn decode_input(input: &Value) -> Result<Vec<u8>, RpcError> {
