@@ -688,4 +688,52 @@ mod tests {
         assert!(fs::symlink_metadata(&link).unwrap().is_file());
         fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// In place: the file itself is truncated and written (its inode and
+    /// owner stay); a new one, and the directories made for it, go to the
+    /// owner asked for.
+    #[test]
+    fn a_write_in_place_keeps_the_file_and_gives_what_it_makes_to_its_owner() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: giving files to another account needs root");
+            return;
+        }
+        let dir = scratch("in-place");
+        let nobody = crate::users::resolve(Some("nobody")).expect("the host has `nobody`");
+        let uploads = Uploads::default();
+        let (outbox, answers) = std::sync::mpsc::sync_channel(8);
+        let made = dir.join("made/deeper/new.txt");
+        let in_place = |path: &Path| FileRequest {
+            owner: Some("nobody".into()),
+            in_place: true,
+            mode: Some(0o644),
+            ..request(path)
+        };
+
+        begin_write(1, in_place(&made), &uploads);
+        write_data(1, b"fresh", &uploads);
+        end_write(1, &uploads, &outbox);
+        assert_eq!(answers.recv().unwrap().kind, FrameKind::FileDone);
+        for path in [made.clone(), dir.join("made/deeper"), dir.join("made")] {
+            let meta = fs::metadata(&path).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (nobody.uid, nobody.gid), "{}", path.display());
+        }
+        assert_eq!(fs::metadata(&dir).unwrap().uid(), 0, "what was there keeps its owner");
+        assert_eq!(fs::metadata(&made).unwrap().mode() & 0o7777, 0o644);
+
+        let existing = dir.join("existing.txt");
+        fs::write(&existing, "a longer old content").unwrap();
+        let inode = fs::metadata(&existing).unwrap().ino();
+        begin_write(2, in_place(&existing), &uploads);
+        write_data(2, b"short", &uploads);
+        end_write(2, &uploads, &outbox);
+        assert_eq!(answers.recv().unwrap().kind, FrameKind::FileDone);
+        let meta = fs::metadata(&existing).unwrap();
+        assert_eq!((fs::read_to_string(&existing).unwrap().as_str(), meta.ino(), meta.uid()), ("short", inode, 0));
+
+        begin_write(3, in_place(&dir.join("made")), &uploads);
+        end_write(3, &uploads, &outbox);
+        assert_eq!(answers.recv().unwrap().kind, FrameKind::FileFailed, "a directory is not written over");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
