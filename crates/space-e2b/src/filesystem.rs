@@ -148,6 +148,9 @@ fn path_of(request: &Value, field: &str, target: &Target) -> Result<String, RpcE
     Ok(target.path(given))
 }
 
+/// How long a `MakeDir` may take.
+const MKDIR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Most entries one `ListDir` answers with.
 const MAX_LISTED: usize = 100_000;
 
@@ -169,7 +172,12 @@ pub async fn unary(state: &E2bState, target: &mut Target, method: &str, request:
         "MakeDir" => {
             let path = path_of(&request, "path", target)?;
             let made = PathRequest { op: PathOpKind::Mkdir, path: path.clone(), to: None, owner: owner_of(target) };
-            let info = agent.path_op_with(made).await.map_err(|e| failure(e, &path))?;
+            // Bounded: an agent older than the request's owner field (a
+            // sandbox adopted across an upgrade) never answers it.
+            let info = tokio::time::timeout(MKDIR_PATIENCE, agent.path_op_with(made))
+                .await
+                .map_err(|_| RpcError::new("unavailable", "the sandbox's agent did not answer"))?
+                .map_err(|e| failure(e, &path))?;
             Ok(json!({"entry": entry(&info, &path)}))
         }
         "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
