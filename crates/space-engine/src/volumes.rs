@@ -18,7 +18,7 @@ use std::os::unix::net::UnixStream;
 
 pub use files_child::{child_main as files_child_main, FilesChildArgs, SUBCOMMAND as FILES_SUBCOMMAND};
 pub use local::LocalVolumes;
-pub(crate) use local::{drop_views, mount_view, settle};
+pub(crate) use local::{drop_views, mount_view, replay_journal, settle};
 pub use shared::SharedStore;
 pub use space_privsep::proto::{DiskMib, SnapshotName, VolumeId};
 
@@ -99,6 +99,9 @@ pub trait VolumeHost: Send + Sync {
     /// serves the agent's file protocol on (its `Hello` first, then file
     /// and path requests only), with the volume's `data` as its root
     /// directory (decision 031): [`crate::AgentConn::handshake`] speaks to
-    /// it. The child ends when the socket closes.
-    fn volume_files(&self, volume: &VolumeId) -> Result<UnixStream, EngineError>;
+    /// it. The child ends when the socket closes. An image volume's files
+    /// are its image's, mounted through a loop device for the child: the
+    /// image itself when `write`, else a copy of it taken now, its journal
+    /// replayed, mounted read-only (a sandbox may be writing the image).
+    fn volume_files(&self, volume: &VolumeId, write: bool) -> Result<UnixStream, EngineError>;
 }

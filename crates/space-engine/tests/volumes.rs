@@ -294,7 +294,7 @@ async fn files_through_the_child(host: &dyn VolumeHost, layout: &Layout, data: &
     std::os::unix::fs::symlink("/proc/1/root", files.join("link-proc")).unwrap();
     std::os::unix::fs::symlink(&host_only, files.join("link-host")).unwrap();
 
-    let socket = host.volume_files(&volume).unwrap();
+    let socket = host.volume_files(&volume, true).unwrap();
     socket.set_nonblocking(true).unwrap();
     let socket = tokio::net::UnixStream::from_std(socket).unwrap();
     let agent = AgentConn::handshake(socket, welcome(&volume), PATIENCE).await.expect("the child greets as an agent");
@@ -568,4 +568,92 @@ async fn gvisor_refuses_to_mount_an_image_volume() {
     let spec = sandbox(&data, 51, vec![mount(&volume, "/workspace", false)]);
     let err = engine(&data).create(&spec).await.err().expect("refused");
     assert!(err.to_string().contains("is an ext4 image"), "{err}");
+}
+
+/// The files child on an image volume (decision 031), as the server opens
+/// it: `write` the image itself through a loop device, else a copy taken
+/// now. Shut down when dropped, as the server does, which ends the child.
+struct ImageFiles(AgentConn, std::os::unix::net::UnixStream);
+
+impl Drop for ImageFiles {
+    fn drop(&mut self) {
+        let _ = self.1.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+async fn image_files(host: &dyn VolumeHost, volume: &VolumeId, write: bool) -> ImageFiles {
+    let socket = host.volume_files(volume, write).unwrap();
+    let kept = socket.try_clone().unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let socket = tokio::net::UnixStream::from_std(socket).unwrap();
+    let agent = AgentConn::handshake(socket, welcome(volume), PATIENCE).await.expect("the child greets as an agent");
+    ImageFiles(agent, kept)
+}
+
+/// Waits until no loop mount or copy of the volume's files children is
+/// left (each goes once its child ended).
+async fn files_mounts_gone(layout: &Layout, volume: &VolumeId) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let left: Vec<_> = std::fs::read_dir(layout.volume_dir(volume))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("files-"))
+            .map(|e| e.path())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Files routes without a sandbox on a Firecracker node's volume: a write
+/// lands in the image; a read, taken while a writer (here the host kernel
+/// through a loop device, in place of a microVM) has the image mounted,
+/// sees a whole copy holding what the writer had synced, and never the
+/// writer's later writes; nothing of either stays once they end.
+async fn image_volume_files(host: &dyn VolumeHost, layout: &Layout, data: &TestDataDir, tag: u8) {
+    let volume = new_volume(tag);
+    host.create_image_volume(&volume, mib(32)).unwrap();
+
+    let files = image_files(host, &volume, true).await;
+    write_all(&files.0, "/seed.txt", b"through the files routes").await.unwrap();
+    assert!(!layout.volume_data(&volume).join("seed.txt").exists(), "in the image, not beside it");
+    drop(files);
+    files_mounts_gone(layout, &volume).await;
+
+    let writer = data.root().join(format!("writer-{tag}"));
+    let _mounted = LoopMount::new(&layout.volume_image(&volume), &writer);
+    assert_eq!(std::fs::read_to_string(writer.join("seed.txt")).unwrap(), "through the files routes");
+    std::fs::write(writer.join("synced.txt"), "synced").unwrap();
+    nix::unistd::sync();
+    let files = image_files(host, &volume, false).await;
+    let agent = &files.0;
+    std::fs::write(writer.join("later.txt"), "later").unwrap();
+    nix::unistd::sync();
+    assert_eq!(read_all(agent, "/synced.txt").await.unwrap(), b"synced");
+    assert_eq!(read_all(agent, "/seed.txt").await.unwrap(), b"through the files routes");
+    not_found(read_all(agent, "/later.txt").await, "a write after the copy");
+    let refused = write_all(agent, "/new.txt", b"x").await;
+    assert!(refused.is_err(), "a read's copy is mounted read-only");
+    drop(files);
+    files_mounts_gone(layout, &volume).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_volumes_files_are_served_from_its_mounted_image_in_process() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    image_volume_files(&LocalVolumes::new(layout.clone(), space_bin()), &layout, &data, 61).await;
+}
+
+#[test]
+fn an_image_volumes_files_are_served_from_its_mounted_image_through_the_helper() {
+    let data = TestDataDir::with_templates(&[]);
+    let layout = Layout::new(data.root());
+    let Helper { runtime, client } = helper(&data, &layout);
+    runtime.block_on(image_volume_files(&client, &layout, &data, 71));
+    runtime.shutdown_timeout(PATIENCE);
 }

@@ -451,7 +451,7 @@ impl Platform {
             }
         };
         let id = volume_id(&record.id)?;
-        let socket = self.on_volume_host("opening a volume's files", move |host| host.volume_files(&id)).await?;
+        let socket = self.on_volume_host("opening a volume's files", move |host| host.volume_files(&id, write)).await?;
         let kept = socket.try_clone().map_err(|e| NodeError::internal("a volume's files socket", e))?;
         socket.set_nonblocking(true).map_err(|e| NodeError::internal("a volume's files socket", e))?;
         let stream =

@@ -310,7 +310,7 @@ impl Layout {
             }
             Request::DeleteVolume { volume }
             | Request::VolumeUsage { volume }
-            | Request::VolumeFiles { volume }
+            | Request::VolumeFiles { volume, .. }
             | Request::AttachVolume { volume }
             | Request::DetachVolume { volume } => paths.extend(self.volume_paths(volume)),
             Request::SnapshotVolume { volume, snapshot }

@@ -861,9 +861,14 @@ pub enum Request {
     ListVolumes {},
     /// A socket whose other end a confined child serves the agent's file
     /// protocol on, the volume's `data` its root; answered `VolumeFiles` +
-    /// the socket.
+    /// the socket. On an image volume (decision 031) the child serves the
+    /// image mounted through a loop device: the image itself when `write`
+    /// (the platform lets no sandbox write it meanwhile), else a copy of
+    /// it, mounted read-only.
     VolumeFiles {
         volume: VolumeId,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        write: bool,
     },
     /// The shared store volumes are kept in; answered `VolumeStore`.
     VolumeStore {},

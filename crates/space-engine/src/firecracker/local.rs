@@ -663,7 +663,7 @@ impl FirecrackerHost {
                 fs::create_dir_all(self.layout.sandbox_dir(sandbox)).map_err(EngineError::io("the sandbox dir"))?;
                 let _ = fs::remove_file(&copy);
                 space_host::run(Command::new("cp").arg("--reflink=always").arg(&image).arg(&copy))?;
-                replay_journal(&copy)?;
+                crate::volumes::replay_journal(&copy)?;
             } else if !copy.is_file() {
                 return Err(EngineError::Runtime(format!(
                     "the copy of volume {} the sandbox started with is gone",
@@ -673,25 +673,6 @@ impl FirecrackerHost {
             drives.push(VolumeDrive { name, host: copy, read_only: true });
         }
         Ok(drives)
-    }
-}
-
-/// Replays the journal of the ext4 image `image` (a copy of a volume a
-/// writer had mounted: its journal needs recovery, which a read-only drive
-/// could not take), and nothing else.
-fn replay_journal(image: &Path) -> Result<(), EngineError> {
-    let mut fsck = Command::new("e2fsck");
-    fsck.args(["-y", "-E", "journal_only"]).arg(image);
-    // Through the reaper: the helper reaps its children there.
-    let out = space_process::Reaper::global().output(&mut fsck).map_err(EngineError::io("running e2fsck"))?;
-    // 0: clean; 1: the journal was replayed.
-    match out.status {
-        space_process::ExitStatus::Exited(0 | 1) => Ok(()),
-        _ => Err(EngineError::Runtime(format!(
-            "replaying the journal of a volume's copy: e2fsck {:?}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim()
-        ))),
     }
 }
 

@@ -582,8 +582,8 @@ impl VolumeHost for HelperHost {
         self.done(Request::DetachVolume { volume: volume.clone() })
     }
 
-    fn volume_files(&self, volume: &VolumeId) -> Result<std::os::unix::net::UnixStream, EngineError> {
-        let request = Request::VolumeFiles { volume: volume.clone() };
+    fn volume_files(&self, volume: &VolumeId, write: bool) -> Result<std::os::unix::net::UnixStream, EngineError> {
+        let request = Request::VolumeFiles { volume: volume.clone(), write };
         match self.call(request.clone(), self.patience)? {
             (Reply::VolumeFiles {}, Some(socket)) => Ok(std::os::unix::net::UnixStream::from(socket)),
             (other, _) => Err(unexpected(&request, &other)),

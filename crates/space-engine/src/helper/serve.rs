@@ -534,7 +534,7 @@ fn answer_volume(volumes: &dyn VolumeHost, request: Request) -> Answer {
         },
         Request::AttachVolume { volume } => done(volumes.attach_volume(&volume)),
         Request::DetachVolume { volume } => done(volumes.detach_volume(&volume)),
-        Request::VolumeFiles { volume } => match volumes.volume_files(&volume) {
+        Request::VolumeFiles { volume, write } => match volumes.volume_files(&volume, write) {
             Ok(socket) => Answer { reply: Reply::VolumeFiles {}, fd: Some(socket.into()), finished: None },
             Err(err) => failed(err).into(),
         },

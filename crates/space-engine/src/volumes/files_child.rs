@@ -39,8 +39,10 @@ const CONFINE_PATIENCE: Duration = Duration::from_secs(10);
 const MAX_LINE: usize = 4096;
 
 /// Starts the confined child on the volume's `data` and returns the
-/// parent's end of its socket, the agent's protocol next on it.
-pub(super) fn spawn(files_bin: &Path, data: &Path) -> Result<UnixStream, EngineError> {
+/// parent's end of its socket, the agent's protocol next on it. `after`
+/// runs once the child has ended (or was never started).
+pub(super) fn spawn(files_bin: &Path, data: &Path, after: Box<dyn FnOnce() + Send>) -> Result<UnixStream, EngineError> {
+    let after = After(Some(after));
     let starting = |source| EngineError::Io {
         what: format!("starting the volume files child {} (only it opens a volume's files)", files_bin.display()),
         source,
@@ -98,11 +100,23 @@ pub(super) fn spawn(files_bin: &Path, data: &Path) -> Result<UnixStream, EngineE
             ExitStatus::Exited(0) => {}
             status => tracing::warn!(pid, "the volume files child ended {status:?}"),
         };
+        drop(after);
     });
     if let Err(err) = waiting {
         tracing::warn!(pid, "waiting for the volume files child: {err}");
     }
     Ok(ours)
+}
+
+/// What runs when it is dropped: after the child, on every path.
+struct After(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for After {
+    fn drop(&mut self) {
+        if let Some(after) = self.0.take() {
+            after();
+        }
+    }
 }
 
 /// The child's first line, within [`CONFINE_PATIENCE`].

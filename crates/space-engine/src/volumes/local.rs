@@ -178,6 +178,8 @@ impl VolumeHost for LocalVolumes {
 
     fn delete_volume(&self, volume: &VolumeId) -> Result<(), EngineError> {
         let _changing = self.lock();
+        // A files child's mount of its image a killed process left.
+        crate::firecracker::unmount_under(&self.layout.volume_dir(volume));
         match &self.shared {
             Some(store) => store.remove(volume, &self.layout.volume_dir(volume)),
             None => btrfs::remove_tree(&self.layout.volume_dir(volume)).map_err(EngineError::from),
@@ -287,12 +289,19 @@ impl VolumeHost for LocalVolumes {
         self.shared()?.detach(volume, &self.layout.volume_dir(volume))
     }
 
-    fn volume_files(&self, volume: &VolumeId) -> Result<UnixStream, EngineError> {
+    fn volume_files(&self, volume: &VolumeId, write: bool) -> Result<UnixStream, EngineError> {
         let data = {
             let _changing = self.lock();
             self.data_of(volume)?
         };
-        super::files_child::spawn(&self.files_bin, &data)
+        let image = self.layout.volume_image(volume);
+        if !fs::symlink_metadata(&image).is_ok_and(|meta| meta.is_file()) {
+            return super::files_child::spawn(&self.files_bin, &data, Box::new(|| {}));
+        }
+        let mounted = ImageMount::new(&self.layout.volume_dir(volume), &image, write)?;
+        let root = mounted.dir.clone();
+        // Unmounted (and its copy removed) once the child has ended.
+        super::files_child::spawn(&self.files_bin, &root, Box::new(move || drop(mounted)))
     }
 }
 
@@ -308,12 +317,85 @@ fn subvolume_limit(data: &Path, size: DiskMib) -> u32 {
     }
 }
 
+/// An image volume's file system mounted for its files child: through a
+/// loop device, `nosuid,nodev,noexec`, at a fresh directory of the
+/// volume's own (root's, mode 0700). Unmounted, with its directory and
+/// any copy, when dropped.
+struct ImageMount {
+    dir: PathBuf,
+    copy: Option<PathBuf>,
+}
+
+impl ImageMount {
+    /// The image itself (`write`), or a reflink copy of it taken now with
+    /// its journal replayed, read-only: a reader never sees a file system
+    /// a sandbox's microVM is halfway through writing, and the host never
+    /// mounts an image a guest has mounted.
+    fn new(volume_dir: &Path, image: &Path, write: bool) -> Result<ImageMount, EngineError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut tag = [0u8; 8];
+        getrandom::getrandom(&mut tag).map_err(|e| EngineError::Runtime(format!("no random bytes: {e}")))?;
+        let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = volume_dir.join(format!("files-{tag}"));
+        fs::DirBuilder::new().mode(0o700).create(&dir).map_err(EngineError::io("a mount point for a volume"))?;
+        let mut mounted = ImageMount { dir, copy: None };
+        let source = match write {
+            true => image.to_path_buf(),
+            false => {
+                let copy = volume_dir.join(format!("files-{tag}.ext4"));
+                mounted.copy = Some(copy.clone());
+                space_host::run(std::process::Command::new("cp").arg("--reflink=always").arg(image).arg(&copy))?;
+                replay_journal(&copy)?;
+                copy
+            }
+        };
+        let options = if write { "loop,nosuid,nodev,noexec" } else { "loop,ro,nosuid,nodev,noexec" };
+        let mut mount = std::process::Command::new("mount");
+        mount.args(["-t", "ext4", "-o", options]).arg(&source).arg(&mounted.dir);
+        space_host::run(&mut mount)?;
+        Ok(mounted)
+    }
+}
+
+impl Drop for ImageMount {
+    fn drop(&mut self) {
+        // The loop device goes with the mount (mount's autoclear).
+        if let Err(err) = space_host::run(std::process::Command::new("umount").arg(&self.dir)) {
+            tracing::warn!(dir = %self.dir.display(), "unmounting a volume's image: {err}");
+            let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = fs::remove_dir(&self.dir);
+        if let Some(copy) = &self.copy {
+            let _ = fs::remove_file(copy);
+        }
+    }
+}
+
 fn is_dir(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
 }
 
 fn not_here(volume: &VolumeId) -> EngineError {
     EngineError::Runtime(format!("volume {volume} is not on this host"))
+}
+
+/// Replays the journal of the ext4 image `image` (a copy of a volume a
+/// writer had mounted: its journal needs recovery, which a read-only drive
+/// could not take), and nothing else.
+pub(crate) fn replay_journal(image: &Path) -> Result<(), EngineError> {
+    let mut fsck = std::process::Command::new("e2fsck");
+    fsck.args(["-y", "-E", "journal_only"]).arg(image);
+    // Through the reaper: the helper reaps its children there.
+    let out = space_process::Reaper::global().output(&mut fsck).map_err(EngineError::io("running e2fsck"))?;
+    // 0: clean; 1: the journal was replayed.
+    match out.status {
+        space_process::ExitStatus::Exited(0 | 1) => Ok(()),
+        _ => Err(EngineError::Runtime(format!(
+            "replaying the journal of a volume's copy: e2fsck {:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))),
+    }
 }
 
 /// Finishes what a killed process left of a restore of `volume`: with the
