@@ -1117,6 +1117,50 @@ mod tests {
         assert_eq!(again[0].host, ro.host);
     }
 
+    /// Under the jailer a read-write mount's image (in the volume's own
+    /// subvolume: no hard link reaches it) is bound onto a file of the
+    /// jail and given to the VMM's uid; a read-only mount's copy is linked
+    /// in like the root drive. The jail goes without its binds: a new
+    /// jail's preparation and the VMM's leftovers let go of them first,
+    /// and the volume's image is untouched.
+    #[test]
+    fn a_jail_gets_its_volumes_bound_and_lets_go_of_them() {
+        use std::os::unix::fs::MetadataExt;
+
+        use crate::volumes::{LocalVolumes, VolumeHost};
+        let data = space_testkit::TestDataDir::with_templates(&[]);
+        let layout = Layout::new(data.root());
+        let volume = space_privsep::proto::VolumeId::parse("vol_00000000000000fc0a02").unwrap();
+        LocalVolumes::new(layout.clone(), "/nonexistent/space")
+            .create_image_volume(&volume, DiskMib::new(16).unwrap())
+            .unwrap();
+        let image = layout.volume_image(&volume);
+        let mut config_host = host(data.root(), Path::new("/nonexistent/firecracker"));
+        config_host.config.jailer = Some(PathBuf::from("/nonexistent/jailer"));
+        let mounts = [
+            Mount { volume: volume.clone(), path: MountPath::parse("/rw").unwrap(), read_only: false },
+            Mount { volume: volume.clone(), path: MountPath::parse("/ro").unwrap(), read_only: true },
+        ];
+        let drives = config_host.volume_drives(&sandbox(), &mounts, true).unwrap();
+        let (files, uid) = config_host.prepare(&sandbox(), &[], &[], &drives).unwrap();
+        let uid = uid.expect("a jail's uid");
+        let (bound, linked) = (files.host.join("volume-0.ext4"), files.host.join("volume-1.ext4"));
+        let (bound_meta, image_meta) = (fs::metadata(&bound).unwrap(), fs::metadata(&image).unwrap());
+        assert_eq!((bound_meta.dev(), bound_meta.ino()), (image_meta.dev(), image_meta.ino()), "the image itself");
+        assert_eq!(image_meta.uid(), uid, "given to the VMM's uid");
+        let copy = fs::metadata(layout.volume_copy(&sandbox(), 1)).unwrap();
+        assert_eq!(fs::metadata(&linked).unwrap().ino(), copy.ino(), "the copy, linked");
+        assert_eq!(files.volume(&drives[0]), PathBuf::from("volume-0.ext4"), "named in the jail");
+        // A new jail for the same sandbox (a restore) starts clean.
+        let (files, _) = config_host.prepare(&sandbox(), &[], &[], &drives).unwrap();
+        super::super::unmount_under(&files.host);
+        fs::remove_dir_all(files.host.parent().unwrap()).expect("nothing bound is left in the jail");
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mountinfo.contains(files.host.to_str().unwrap()), "{mountinfo}");
+        assert_eq!(fs::metadata(&image).unwrap().len(), 16 << 20, "the image stays");
+        space_host::run(Command::new("e2fsck").arg("-fn").arg(&image)).expect("and is whole");
+    }
+
     #[test]
     fn only_the_template_default_shape_has_a_clone_base() {
         let (data, template) = data_dir("shape");
