@@ -42,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
             clock_unix_ms: None,
             channel_key: Some(KEY.to_string()),
             trust_pem: None,
+            volumes: Vec::new(),
         };
         let taken = AgentConn::handshake(host, welcome, Duration::from_millis(200)).await;
         let _ = writer.await;

@@ -546,6 +546,102 @@ fn firecracker_engine_boots_a_microvm_jailed_and_not_and_waits_for_its_agent() {
     }
 }
 
+/// A file's bytes in an ext4 image, read without mounting it (its journal
+/// replayed first).
+fn file_in_image(image: &Path, path: &str) -> String {
+    let fsck =
+        space_process::Reaper::global().output(std::process::Command::new("e2fsck").arg("-fy").arg(image)).unwrap();
+    assert!(matches!(fsck.status, space_process::ExitStatus::Exited(0 | 1)), "e2fsck: {fsck:?}");
+    let cat = std::process::Command::new("debugfs").args(["-R", &format!("cat {path}")]).arg(image).output();
+    String::from_utf8_lossy(&cat.unwrap().stdout).into_owned()
+}
+
+/// Volumes on Firecracker (decision 031): an image volume mounted
+/// read-write and another read-only are drives of the microVM, jailed and
+/// not, in process and through the helper; the agent mounts them; a write
+/// never synced reaches the image when the sandbox is destroyed (its
+/// agent unmounts them on Ctrl-Alt-Del); a write to the read-only one is
+/// EROFS. Without hardware virtualization everything before the guest
+/// (the images, copies, binds into the jail) must still work and leave
+/// nothing behind.
+#[test]
+fn firecracker_engine_mounts_image_volumes_jailed_and_not() {
+    use space_engine::volumes::{LocalVolumes, VolumeHost};
+    let test = "firecracker_engine_mounts_image_volumes_jailed_and_not";
+    let Some((binary, data, template, jailers)) = engine_test(test) else { return };
+    let layout = space_engine::privsep::layout::Layout::new(data.root());
+    let volumes = LocalVolumes::new(layout.clone(), space_testkit::space_bin());
+    let (workspace, seed) = (
+        space_engine::privsep::proto::VolumeId::parse("vol_000000000000000f0a01").unwrap(),
+        space_engine::privsep::proto::VolumeId::parse("vol_000000000000000f0a02").unwrap(),
+    );
+    volumes.create_image_volume(&workspace, DiskMib::new(32).unwrap()).unwrap();
+    volumes.create_image_volume(&seed, DiskMib::new(16).unwrap()).unwrap();
+    let mut round = 0;
+    for jailer in jailers {
+        let jailed = jailer.is_some();
+        let config = engine_config(&binary, jailer, &data);
+        for (how, engine, _helper) in ways(&config, &data) {
+            round += 1;
+            let id = format!("sbx_000000000000000f0b{round:02x}");
+            let mut spec = sandbox(&data, &template, &id, 256, 48);
+            spec.volumes = vec![
+                space_engine::VolumeMountSpec {
+                    volume: workspace.to_string(),
+                    path: "/workspace".into(),
+                    read_only: false,
+                },
+                space_engine::VolumeMountSpec { volume: seed.to_string(), path: "/seed".into(), read_only: true },
+            ];
+            let what = format!("jailed {jailed}, {how}");
+            runtime().block_on(async {
+                let created = engine.create(&spec).await;
+                if space_host::hardware_virtualization() {
+                    let agent = created.expect("the microVM runs with its volumes").agent;
+                    let run = |line: String| {
+                        let agent = &agent;
+                        async move {
+                            let request = space_proto::ExecRequest {
+                                argv: vec!["sh".into(), "-c".into(), line],
+                                env: Default::default(),
+                                cwd: None,
+                                user: None,
+                                stdin: false,
+                                tty: false,
+                            };
+                            let mut stream = agent.exec(&request).await.expect("exec");
+                            let mut out = Vec::new();
+                            while let Some(space_engine::ExecEvent::Stdout(b) | space_engine::ExecEvent::Stderr(b)) =
+                                stream.next().await
+                            {
+                                out.extend(b);
+                            }
+                            String::from_utf8_lossy(&out).into_owned()
+                        }
+                    };
+                    run(format!("echo {round} > /workspace/round")).await;
+                    let refused = run("echo x > /seed/new".into()).await;
+                    assert!(refused.contains("Read-only file system"), "{what}: {refused}");
+                } else {
+                    let err = created.err().expect("no guest on this host").to_string();
+                    assert!(err.contains("did not dial home"), "{what}: it failed before the agent: {err}");
+                }
+                engine.destroy(&spec).await.unwrap();
+                assert_gone(&data, &spec);
+            });
+            if space_host::hardware_virtualization() {
+                let written = file_in_image(&layout.volume_image(&workspace), "/round");
+                assert_eq!(written, format!("{round}\n"), "{what}: the unsynced write reached the image");
+            }
+        }
+    }
+    for volume in [&workspace, &seed] {
+        let image = layout.volume_image(volume);
+        let fsck = space_process::Reaper::global().output(std::process::Command::new("e2fsck").arg("-fy").arg(&image));
+        assert!(matches!(fsck.unwrap().status, space_process::ExitStatus::Exited(0 | 1)), "{volume} is whole");
+    }
+}
+
 #[test]
 fn firecracker_engine_clones_a_template_snapshot_jailed_and_not() {
     use std::os::unix::fs::MetadataExt;

@@ -403,7 +403,9 @@ async fn volume_drives_are_mounted_by_the_agent_read_write_and_read_only() {
 
     // Booted again on the same image (its journal recovered by the mount),
     // then stopped as the host stops a microVM, by Ctrl-Alt-Del (here its
-    // SIGINT to the agent, which is what the kernel turns it into): the
+    // SIGINT to the agent, which is what the kernel turns it into; QEMU's
+    // microvm tells the guest it has no keyboard controller, so the key
+    // press itself is left to the Firecracker engine test): the
     // agent unmounts the volume before the guest ends, so a write never
     // synced is in the image and the file system is clean.
     let again = data.root().join("qemu-again");

@@ -39,7 +39,7 @@ const BOOT_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off quiet";
 /// What a guest with volume drives boots with besides: the keyboard
 /// controller Firecracker emulates, found at once, so Ctrl-Alt-Del reaches
 /// the agent (which unmounts the volumes before the guest stops).
-const KEYBOARD_ARGS: &str = "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+pub const KEYBOARD_ARGS: &str = "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
 /// In a sandbox's directory: present when its microVM mounts volumes, so
 /// it is stopped by Ctrl-Alt-Del before it is killed.
 const HAS_VOLUMES: &str = "volume-drives";

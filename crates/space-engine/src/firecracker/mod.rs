@@ -8,7 +8,7 @@ mod engine;
 mod local;
 
 pub use self::engine::{guest_volumes, Firecracker, FirecrackerConfig, BOOT_PATIENCE, JAIL_UID};
-pub use self::local::FirecrackerHost;
+pub use self::local::{FirecrackerHost, KEYBOARD_ARGS};
 
 use std::fs;
 use std::path::{Path, PathBuf};
