@@ -41,7 +41,8 @@ const BOOT_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off quiet";
 /// the agent (which unmounts the volumes before the guest stops).
 pub const KEYBOARD_ARGS: &str = "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
 /// In a sandbox's directory: present when its microVM mounts volumes, so
-/// it is stopped by Ctrl-Alt-Del before it is killed.
+/// it is stopped by Ctrl-Alt-Del before it is killed; it names the
+/// volumes mounted read-write, whose images go back to root afterwards.
 const HAS_VOLUMES: &str = "volume-drives";
 /// How long a microVM with volumes has to stop by itself.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
@@ -348,8 +349,6 @@ impl FirecrackerHost {
         let (files, uid) = self.prepare(sandbox, &[(ROOT_DRIVE, &root)], &guest, &volumes)?;
         let mut boot_args = BOOT_ARGS.to_string();
         if !volumes.is_empty() {
-            fs::write(self.layout.sandbox_dir(sandbox).join(HAS_VOLUMES), "")
-                .map_err(EngineError::io("marking a sandbox with volumes"))?;
             boot_args = format!("{boot_args} {KEYBOARD_ARGS}");
         }
         let listener = self.listen(&files)?;
@@ -624,6 +623,20 @@ impl FirecrackerHost {
         }
     }
 
+    /// The images of the volumes the sandbox mounted read-write go back to
+    /// root once its VMM is gone (a jailed VMM was given them).
+    fn give_back_volumes(&self, sandbox: &SandboxId) {
+        let listed = fs::read_to_string(self.layout.sandbox_dir(sandbox).join(HAS_VOLUMES)).unwrap_or_default();
+        for volume in listed.lines().filter_map(|line| space_privsep::proto::VolumeId::parse(line).ok()) {
+            let image = self.layout.volume_image(&volume);
+            if fs::symlink_metadata(&image).is_ok_and(|meta| meta.is_file()) {
+                if let Err(err) = std::os::unix::fs::chown(&image, Some(0), Some(0)) {
+                    tracing::warn!(%sandbox, %volume, "giving a volume's image back to root: {err}");
+                }
+            }
+        }
+    }
+
     /// The mounted volume's ext4 image (a restore a killed process left
     /// half done finished first).
     fn volume_image(&self, mount: &Mount) -> Result<PathBuf, EngineError> {
@@ -650,6 +663,12 @@ impl FirecrackerHost {
         mounts: &[Mount],
         fresh: bool,
     ) -> Result<Vec<VolumeDrive>, EngineError> {
+        if fresh && !mounts.is_empty() {
+            let writers: String = mounts.iter().filter(|m| !m.read_only).map(|m| format!("{}\n", m.volume)).collect();
+            fs::create_dir_all(self.layout.sandbox_dir(sandbox)).map_err(EngineError::io("the sandbox dir"))?;
+            fs::write(self.layout.sandbox_dir(sandbox).join(HAS_VOLUMES), writers)
+                .map_err(EngineError::io("marking a sandbox with volumes"))?;
+        }
         let mut drives = Vec::with_capacity(mounts.len());
         for (index, mount) in mounts.iter().enumerate() {
             let image = self.volume_image(mount)?;
@@ -837,6 +856,7 @@ impl EngineHost for FirecrackerHost {
     fn stop(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
         self.stop_cleanly(sandbox);
         self.kill(sandbox);
+        self.give_back_volumes(sandbox);
         Ok(())
     }
 
@@ -848,6 +868,7 @@ impl EngineHost for FirecrackerHost {
     fn destroy(&self, sandbox: &SandboxId) -> Result<(), EngineError> {
         self.stop_cleanly(sandbox);
         self.kill(sandbox);
+        self.give_back_volumes(sandbox);
         let dir = self.layout.sandbox_dir(sandbox);
         match fs::remove_dir_all(&dir) {
             Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
@@ -1153,6 +1174,9 @@ mod tests {
         assert_eq!(files.volume(&drives[0]), PathBuf::from("volume-0.ext4"), "named in the jail");
         // A new jail for the same sandbox (a restore) starts clean.
         let (files, _) = config_host.prepare(&sandbox(), &[], &[], &drives).unwrap();
+        // Its destroy gives the image back to root.
+        config_host.destroy(&sandbox()).unwrap();
+        assert_eq!(fs::metadata(&image).unwrap().uid(), 0, "the image is root's again");
         super::super::unmount_under(&files.host);
         fs::remove_dir_all(files.host.parent().unwrap()).expect("nothing bound is left in the jail");
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
