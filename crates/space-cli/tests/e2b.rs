@@ -50,15 +50,15 @@ fn the_e2b_sdk_drives_space_unchanged() {
     common::run_e2b_suite(&data, &url, &key, &other_key);
     // What E2B's control plane has beyond that (network rules, fork,
     // snapshots, the base's account), with the key in E2B's own shape.
-    let mut e2b_form = Command::new(SPACE);
-    e2b_form.args(["keys", "e2b"]).stdin(std::process::Stdio::piped());
-    let e2b_key = {
-        let mut child = e2b_form.stdout(std::process::Stdio::piped()).spawn().unwrap();
-        child.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
+    let key_file = data.root().join("dev-key-for-e2b-form");
+    std::fs::write(&key_file, &key).unwrap();
+    // The key on standard input (`output_within` gives the child none).
+    let mut e2b_form = Command::new("sh");
+    e2b_form.args(["-c", "exec \"$0\" keys e2b < \"$1\"", SPACE]).arg(&key_file);
+    let e2b_form = output_within(&mut e2b_form, PATIENCE);
+    assert!(e2b_form.status.success(), "{}", String::from_utf8_lossy(&e2b_form.stderr));
+    let e2b_key = String::from_utf8(e2b_form.stdout).unwrap().trim().to_string();
+    assert_eq!(e2b_key, space_api::e2b::e2b_key(&key));
     assert!(e2b_key.starts_with("e2b_"), "{e2b_key}");
     let packages = ["e2b>=2.63,<3"];
     let env = [("SPACE_KEY", key.as_str())];
