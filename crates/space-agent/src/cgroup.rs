@@ -138,6 +138,40 @@ pub fn spawn_in_new_group<T>(spawn: impl FnOnce() -> T) -> (T, Option<CommandGro
     (spawned, Some(group))
 }
 
+/// Runs `spawn` on a thread inside the cgroup of process `pid` (a command
+/// the agent started, or what it started), so whatever it starts belongs
+/// to that command: a kill of the command reaches it. Where `pid` is in no
+/// command's cgroup, or commands have none, `spawn` runs as it is.
+pub fn spawn_in_group_of<T>(pid: i32, spawn: impl FnOnce() -> T) -> T {
+    let Some(root) = hierarchy() else { return spawn() };
+    let listing = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let Some(name) = command_group_in(&listing) else { return spawn() };
+    if let Err(err) = move_this_thread(root, &name) {
+        eprintln!("space-agent: joining {name}: {err}");
+        return spawn();
+    }
+    let spawned = spawn();
+    if let Err(err) = move_this_thread(root, "") {
+        eprintln!("space-agent: leaving a command's cgroup: {err}");
+    }
+    spawned
+}
+
+/// The command's cgroup (`cmd-N`) a `/proc/PID/cgroup` listing names in
+/// the `pids` hierarchy, if any.
+fn command_group_in(listing: &str) -> Option<String> {
+    listing.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        if !controllers.split(',').any(|c| c == "pids") {
+            return None;
+        }
+        let name = path.strip_prefix('/')?;
+        let number = name.strip_prefix("cmd-")?;
+        (!number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())).then(|| name.to_string())
+    })
+}
+
 impl CommandGroup {
     /// The processes in the cgroup now, never the agent.
     pub fn members(&self) -> Vec<i32> {
@@ -213,6 +247,14 @@ mod tests {
         assert_eq!(parse_members("1\n17\n42\n", 1), vec![17, 42]);
         assert_eq!(parse_members("5\n17\nx\n", 17), vec![5]);
         assert!(parse_members("", 1).is_empty());
+    }
+
+    #[test]
+    fn only_a_commands_own_cgroup_is_joined() {
+        assert_eq!(command_group_in("3:cpu:/\n5:pids:/cmd-12\n").as_deref(), Some("cmd-12"));
+        assert_eq!(command_group_in("5:pids:/\n"), None);
+        assert_eq!(command_group_in("5:pids:/cmd-1/../x\n"), None);
+        assert_eq!(command_group_in("5:memory:/cmd-3\n"), None);
     }
 
     #[test]

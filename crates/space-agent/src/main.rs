@@ -14,6 +14,7 @@ mod exec;
 mod init;
 mod memory;
 mod spawn;
+mod sudo;
 mod watch;
 
 use std::collections::HashMap;
@@ -44,6 +45,14 @@ fn main() {
     let args: Vec<String> = env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("watch") {
         process::exit(watch::main(&args[1..]));
+    }
+    // Installed as the sandbox's `sudo` (a link to the agent), or asked by name.
+    let name = env::args_os().next().map(std::path::PathBuf::from);
+    if name.as_deref().and_then(std::path::Path::file_name).is_some_and(|n| n == "sudo") {
+        process::exit(sudo::main(&args));
+    }
+    if args.first().map(String::as_str) == Some("sudo") {
+        process::exit(sudo::main(&args[1..]));
     }
     if let Err(err) = run() {
         eprintln!("space-agent: {err}");
@@ -80,6 +89,7 @@ fn run() -> Result<(), String> {
     // Before any command runs, so every command gets a cgroup of its own
     // and finds /dev capped.
     cgroup::init();
+    sudo::serve();
     if !init::booted_vm() {
         if let Err(err) = init::cap_dev() {
             eprintln!("space-agent: /dev keeps no size limit: {err}");
