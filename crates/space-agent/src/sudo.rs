@@ -30,7 +30,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
-use nix::sys::socket::{getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{
+    recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags, UnixCredentials,
+};
 use serde_json::{json, Value};
 use space_process::{ExitStatus, Reaper};
 
@@ -245,7 +247,9 @@ fn ask(options: &Options) -> Result<i32, String> {
     let first = sendmsg::<()>(
         stream.as_raw_fd(),
         &[IoSlice::new(&message)],
-        &[ControlMessage::ScmRights(&fds)],
+        // The kernel checks these are the caller's own (SCM_CREDENTIALS):
+        // the agent decides by them.
+        &[ControlMessage::ScmRights(&fds), ControlMessage::ScmCredentials(&UnixCredentials::new())],
         MsgFlags::empty(),
         None,
     )
@@ -334,22 +338,38 @@ fn listen() -> io::Result<UnixListener> {
 struct Request {
     body: Value,
     fds: Vec<OwnedFd>,
+    /// The caller, as the kernel vouches for it.
+    peer: UnixCredentials,
 }
 
 fn read_request(stream: &UnixStream) -> Result<Request, String> {
+    // gVisor's SO_PEERCRED answers with the asker's own credentials (the
+    // agent's: root), never the peer's; credentials passed with the
+    // message, which the kernel checks against the sender, are the peer's
+    // under gVisor and Linux alike.
+    setsockopt(stream, sockopt::PassCred, &true).map_err(|e| format!("SO_PASSCRED: {e}"))?;
     let mut length = [0u8; 4];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let mut space = nix::cmsg_space!([RawFd; 3], libc::ucred);
     let mut iov = [IoSliceMut::new(&mut length)];
     let received = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
         .map_err(|e| format!("reading the request: {e}"))?;
     let mut fds = Vec::new();
+    let mut peer = None;
     for message in received.cmsgs().map_err(|e| e.to_string())? {
-        if let ControlMessageOwned::ScmRights(passed) = message {
-            // SAFETY: the kernel just installed these descriptors for us;
-            // nothing else owns them.
-            fds.extend(passed.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        match message {
+            ControlMessageOwned::ScmRights(passed) => fds.extend(passed.into_iter().map(|fd| {
+                // SAFETY: the kernel just installed these descriptors for
+                // us; nothing else owns them.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            })),
+            ControlMessageOwned::ScmCredentials(credentials) => peer = Some(credentials),
+            _ => {}
         }
     }
+    if received.flags.contains(MsgFlags::MSG_CTRUNC) {
+        return Err("the request passed more than its standard streams".into());
+    }
+    let peer = peer.ok_or("the request carried no credentials")?;
     let got = received.bytes;
     if got < 4 {
         (&*stream).read_exact(&mut length[got..]).map_err(|e| format!("reading the request: {e}"))?;
@@ -364,7 +384,7 @@ fn read_request(stream: &UnixStream) -> Result<Request, String> {
         return Err("the request passed no standard streams".into());
     }
     let body = serde_json::from_slice(&body).map_err(|e| format!("a malformed request: {e}"))?;
-    Ok(Request { body, fds })
+    Ok(Request { body, fds, peer })
 }
 
 fn reply(mut stream: &UnixStream, answer: Value) {
@@ -372,12 +392,12 @@ fn reply(mut stream: &UnixStream, answer: Value) {
 }
 
 fn answer(stream: UnixStream) {
-    let Ok(peer) = getsockopt(&stream, sockopt::PeerCredentials) else { return };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let request = match read_request(&stream) {
         Ok(request) => request,
         Err(message) => return reply(&stream, json!({ "error": message })),
     };
+    let peer = request.peer;
     let _ = stream.set_read_timeout(None);
     let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
     let groups = fs::read_to_string("/etc/group").unwrap_or_default();

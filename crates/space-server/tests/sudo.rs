@@ -8,6 +8,23 @@ use common::TestServer;
 use serde_json::{json, Value};
 use space_testkit::TestDataDir;
 
+/// Asks the agent directly, claiming uid 0 in the credentials passed.
+const FORGE: &str = r#"
+import json, os, socket, struct
+body = json.dumps({"command": ["id", "-u"], "env": [], "cwd": "/"}).encode()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("/run/space-sudo.sock")
+fds = struct.pack("3i", 0, 1, 2)
+creds = struct.pack("3i", os.getpid(), 0, 0)
+try:
+    s.sendmsg([struct.pack(">I", len(body)) + body],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds), (socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+except PermissionError:
+    print("refused")
+else:
+    print("sent:", s.makefile().readline().strip())
+"#;
+
 fn run(server: &TestServer, id: &str, user: &str, cmd: &str) -> Value {
     server.exec(id, json!({"cmd": cmd, "user": user}))
 }
@@ -89,6 +106,10 @@ fn sudo_raises_members_of_group_sudo_and_refuses_everyone_else() {
     assert_eq!(exit_code(&refused), 1);
     let nothing = run(&server, &id, "root", "test -e /root/by-plain && echo there || echo absent");
     assert_eq!(nothing["stdout"], "absent\n");
+
+    // Claiming root's credentials is the kernel's to refuse.
+    let forged = server.exec(&id, json!({"argv": ["python3", "-c", FORGE], "user": "plain"}));
+    assert_eq!(forged["stdout"], "refused\n", "{forged}");
 
     // Options that could be misread are refused by name.
     let unsupported = run(&server, &id, "user", "sudo -l");
