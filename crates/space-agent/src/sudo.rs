@@ -50,6 +50,10 @@ const ENV_KEEP: &[&str] =
     &["TERM", "COLORS", "DISPLAY", "HOSTNAME", "LS_COLORS", "XAUTHORITY", "LANG", "LANGUAGE", "LINGUAS", "TZ"];
 /// The largest request the agent reads (argv and environment).
 const MAX_REQUEST: usize = 4 << 20;
+/// Requests still being read (not yet authorized) at once: more are
+/// turned away, so no one's idle connections pile up threads in the agent.
+const MAX_PENDING: usize = 64;
+static PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Signals the shim passes on to the command.
 const FORWARDED: [Signal; 7] = [
     Signal::SIGINT,
@@ -392,8 +396,15 @@ fn reply(mut stream: &UnixStream, answer: Value) {
 }
 
 fn answer(stream: UnixStream) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let request = match read_request(&stream) {
+    use std::sync::atomic::Ordering;
+    if PENDING.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING {
+        PENDING.fetch_sub(1, Ordering::SeqCst);
+        return reply(&stream, json!({ "error": "too many requests at once" }));
+    }
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let read = read_request(&stream);
+    PENDING.fetch_sub(1, Ordering::SeqCst);
+    let request = match read {
         Ok(request) => request,
         Err(message) => return reply(&stream, json!({ "error": message })),
     };

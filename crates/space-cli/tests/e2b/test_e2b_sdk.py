@@ -211,7 +211,9 @@ class Envd(unittest.TestCase):
         cls.sbx = Sandbox.create(timeout=600, metadata={"suite": RUN, "part": "envd"})
         # E2B's sandboxes have the account `user`; SPACE's E2B template
         # brings it, and a sandbox that has it is served as E2B serves.
-        cls.sbx.commands.run("id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user", user="root")
+        # Made here (a template built before it lacks it), `user` is in
+        # group sudo; the template build's sudoers file grants it too.
+        cls.sbx.commands.run("id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash -G sudo user", user="root")
 
     @classmethod
     def tearDownClass(cls):
@@ -225,6 +227,12 @@ class Envd(unittest.TestCase):
         self.assertEqual((entry.path, entry.owner, entry.group), ("/home/user/owned/by-user.txt", "user", "user"))
         self.assertEqual(self.sbx.files.get_info("owned").owner, "user", "the directories a write makes are the user's")
         self.assertEqual(self.sbx.files.get_info("/root", user="root").path, "/root")
+
+    def test_sudo_raises_the_default_user(self):
+        # gVisor honours no setuid bit: the sandbox's sudo asks its agent.
+        self.assertEqual(self.sbx.commands.run("sudo whoami").stdout, "root\n")
+        self.assertEqual(self.sbx.commands.run('sudo echo "$FOO"', envs={"FOO": "bar"}).stdout, "bar\n")
+        self.assertEqual(self.sbx.commands.run("sudo -u user id -un").stdout, "user\n")
 
     def test_a_pty_reconnected_answers_as_a_pty(self):
         terminal = self.sbx.pty.create(PtySize(80, 24))
