@@ -26,15 +26,16 @@ pub const BASE_PACKAGES: &[&str] =
     &["python3", "python-is-python3", "coreutils", "procps", "ca-certificates", "curl", "sudo"];
 
 /// The unprivileged account every Debian template has (E2B's default user):
-/// uid 1000, home `/home/user`, and passwordless `sudo` where the template
-/// has sudo. SPACE's own API runs as the template's user (root) unless a
+/// uid 1000, home `/home/user`, in group `sudo` (the sandbox's `sudo`, the
+/// agent's, lets that group run anything: decision 034), and passwordless
+/// in sudoers where the template has sudo. SPACE's own API runs as the template's user (root) unless a
 /// request names another.
 pub const DEFAULT_ACCOUNT: &str = "user";
 
 /// mmdebstrap hooks that add [`DEFAULT_ACCOUNT`] to a fresh root.
 fn account_hooks() -> [String; 2] {
     [
-        format!("--customize-hook=chroot \"$1\" useradd --create-home --user-group --shell /bin/bash --uid 1000 {DEFAULT_ACCOUNT}"),
+        format!("--customize-hook=chroot \"$1\" useradd --create-home --user-group --groups sudo --shell /bin/bash --uid 1000 {DEFAULT_ACCOUNT}"),
         format!(
             "--customize-hook=if [ -d \"$1/etc/sudoers.d\" ]; then echo '{DEFAULT_ACCOUNT} ALL=(ALL:ALL) NOPASSWD: ALL' \
              > \"$1/etc/sudoers.d/{DEFAULT_ACCOUNT}\" && chmod 0440 \"$1/etc/sudoers.d/{DEFAULT_ACCOUNT}\"; fi"
