@@ -731,6 +731,9 @@ fn plan(body: &Value, caller: &Account, caller_gid: u32, passwd: &str, groups: &
         None if login => target.home.clone(),
         None => body["cwd"].as_str().unwrap_or("/").to_string(),
     };
+    if !Path::new(&cwd).is_dir() {
+        return Err(format!("unable to change directory to {cwd}: No such file or directory"));
+    }
     let mut gids: Vec<libc::gid_t> = member_of(groups, &target.name).into_iter().map(|(_, gid)| gid).collect();
     if !gids.contains(&target.gid) {
         gids.insert(0, target.gid);
@@ -807,7 +810,8 @@ mod tests {
         assert_eq!(passwordless_rule("Defaults env_reset"), None);
     }
 
-    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n";
+    // `user`'s home is `/`: a directory the test host has.
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/:/bin/bash\n";
 
     fn planned(body: Value) -> Plan {
         let caller = lookup(PASSWD, "user").unwrap();
@@ -841,7 +845,8 @@ mod tests {
     fn a_login_shell_runs_the_command_quoted_in_the_targets_home() {
         let plan = planned(json!({ "command": ["echo", "a b;c"], "login": true, "user": "user", "cwd": "/tmp" }));
         assert_eq!(plan.argv, vec!["-bash".to_string(), "-c".into(), "echo a\\ b\\;c".into()]);
-        assert_eq!((plan.program.to_str(), plan.cwd.as_str()), (Some("/bin/bash"), "/home/user"));
+        assert_eq!((plan.program.to_str(), plan.cwd.as_str()), (Some("/bin/bash"), "/"));
+        assert_eq!(plan.env["HOME"], "/");
     }
 
     #[test]
@@ -851,5 +856,7 @@ mod tests {
         assert_eq!(err.unwrap_err(), "unknown user nobody-here");
         let err = plan(&json!({ "command": ["no-such-command-x"] }), &caller, 1000, PASSWD, GROUPS);
         assert_eq!(err.unwrap_err(), "no-such-command-x: command not found");
+        let err = plan(&json!({ "command": ["true"], "cwd": "/no/such/dir" }), &caller, 1000, PASSWD, GROUPS);
+        assert_eq!(err.unwrap_err(), "unable to change directory to /no/such/dir: No such file or directory");
     }
 }

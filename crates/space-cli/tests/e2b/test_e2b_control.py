@@ -190,10 +190,12 @@ class Base(unittest.TestCase):
             out = sbx.commands.run("whoami; echo $HOME; cd && pwd", user="user").stdout
             self.assertEqual(out, "user\n/home/user\n/home/user\n")
             out = sbx.commands.run("python --version; command -v curl sudo", user="user").stdout
-            self.assertTrue(out.startswith("Python 3.") and out.endswith("/curl\n/usr/bin/sudo\n"), out)
-            # Passwordless sudo is the account's policy (gVisor never lets a
-            # setuid program raise privileges, so only a VM engine can use it).
-            out = sbx.commands.run("sudo -n -l -U user", user="root").stdout
+            # The sandbox's sudo asks the agent (gVisor never lets a setuid
+            # program raise privileges); Debian's stays at /usr/bin/sudo.
+            self.assertTrue(out.startswith("Python 3.") and out.endswith("/curl\n/usr/local/bin/sudo\n"), out)
+            self.assertEqual(sbx.commands.run("sudo whoami", user="user").stdout, "root\n")
+            # Passwordless sudo is also the account's policy in sudoers.
+            out = sbx.commands.run("/usr/bin/sudo -n -l -U user", user="root").stdout
             self.assertIn("(ALL : ALL) NOPASSWD: ALL", out)
         finally:
             sbx.kill()
