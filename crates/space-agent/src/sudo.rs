@@ -9,8 +9,10 @@
 //! stderr (`SCM_RIGHTS`), argv, environment and working directory, forwards
 //! the signals it gets, and exits with the command's status.
 //!
-//! The agent decides by the caller's credentials as the kernel gives them
-//! (`SO_PEERCRED`), never by what the caller says: root; an account in group
+//! The agent decides by the caller's credentials as the kernel vouches for
+//! them (`SCM_CREDENTIALS` sent with the request, which the kernel checks
+//! against the sender; gVisor's `SO_PEERCRED` gives the asker's own), never
+//! by what the caller says: root; an account in group
 //! `sudo`; or one sudoers grants `NOPASSWD: ALL` (by name or `%group`) in a
 //! root-owned `/etc/sudoers` or `/etc/sudoers.d/*`. Everyone else is refused
 //! with sudo's message and exit status 1. The command runs in a session of
