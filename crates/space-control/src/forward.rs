@@ -55,7 +55,10 @@ pub(crate) async fn relay_to(
         let hop = space_http::proxy::HOP_BY_HOP.contains(&name.as_str());
         // A tenant's key (in either header) never reaches a node.
         let key = (name == header::AUTHORIZATION && caller.is_some()) || name == "x-api-key";
-        let ours = key || name == header::HOST || name.as_str().starts_with("x-space-");
+        // A preview's own proofs and host go on to the node, which checks
+        // them (and drops them before the sandbox).
+        let preview = caller.is_none() && name.as_str().starts_with("x-space-preview-");
+        let ours = key || name == header::HOST || (name.as_str().starts_with("x-space-") && !preview);
         if hop || ours || name == header::SEC_WEBSOCKET_PROTOCOL {
             continue;
         }
@@ -78,6 +81,13 @@ pub(crate) async fn relay_to(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, upgrade);
     }
+    // The host the caller asked for, which the node's answers may name (a
+    // preview's link).
+    if let (Some(_), Some(host), false) =
+        (caller, parts.headers.get(header::HOST), incoming.contains_key("x-forwarded-host"))
+    {
+        headers.insert("x-forwarded-host", host.clone());
+    }
     if let Some(caller) = caller {
         headers.insert(
             header::AUTHORIZATION,
@@ -98,4 +108,24 @@ pub(crate) async fn relay_to(
         response.headers_mut().insert(NODE_HEADER, value);
     }
     Ok(response)
+}
+
+/// A request to a preview host, sent on to the node of its sandbox as it
+/// is (its preview token or cookie, which the node checks and never passes
+/// into the sandbox), less any API key, with the host it named and the node
+/// token that makes the node take that host's word.
+pub(crate) async fn relay_preview(
+    cp: &ControlPlane,
+    node: &NodeRow,
+    host: &HeaderValue,
+    request: Request,
+) -> Result<Response, ControlError> {
+    let (mut parts, body) = request.into_parts();
+    parts.headers.remove(header::AUTHORIZATION);
+    parts.headers.remove("x-api-key");
+    parts.headers.insert(space_http::preview::FORWARDED_HOST, host.clone());
+    let token = HeaderValue::from_str(&format!("Bearer {}", cp.node_token))
+        .map_err(|e| ControlError::internal("the node token", e))?;
+    parts.headers.insert(header::AUTHORIZATION, token);
+    relay_to(cp, node, None, Request::from_parts(parts, body)).await
 }

@@ -37,7 +37,7 @@ mod volumes;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -75,7 +75,49 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .merge(space_http::console::router())
         .fallback(public)
         .layer(axum::middleware::from_fn(space_http::server::close_if_body_unread))
+        // Outermost: a preview host's request never reaches the API.
+        .layer(axum::middleware::from_fn_with_state(control_plane.clone(), preview_first))
         .with_state(control_plane)
+}
+
+/// A request for a preview host goes to its sandbox's node, whatever its
+/// path; a name in the preview domain that names no port is 404; every
+/// other request goes on to the API.
+async fn preview_first(State(cp): State<Shared>, request: Request, next: axum::middleware::Next) -> Response {
+    use space_http::preview::Zone;
+    let Some(domain) = cp.preview.get() else { return next.run(request).await };
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let (host, more) = (hosts.next().cloned(), hosts.next().is_some());
+    let authority = request.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+    let host = match (host, authority) {
+        _ if more => return ControlError::bad_request("more than one Host header (RFC 9112 §3.2)").into_response(),
+        (Some(host), Some(authority)) if !host.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) => {
+            return ControlError::bad_request("the Host header and the request's authority differ").into_response()
+        }
+        (Some(host), _) | (None, Some(host)) => host,
+        (None, None) => return next.run(request).await,
+    };
+    match domain.classify(host.as_bytes()) {
+        Zone::Api => next.run(request).await,
+        Zone::Unknown => ControlError::new(ErrorCode::NotFound, space_http::preview::NO_SUCH_PREVIEW).into_response(),
+        Zone::Port { id, port } => {
+            // Without the node's keyring nothing here can check a proof: an
+            // id placed nowhere answers as a private port does.
+            let placed = match cp.store.cluster().placement(id.as_str()) {
+                Ok(placed) => placed,
+                Err(err) => return ControlError::from(err).into_response(),
+            };
+            let Some(placement) = placed else {
+                return ControlError::new(ErrorCode::Forbidden, space_http::preview::private_port(port))
+                    .into_response();
+            };
+            let node = match live_node(&cp, &placement.node_id) {
+                Ok(node) => node,
+                Err(lost) => return lost.into_response(),
+            };
+            forward::relay_preview(&cp, &node, &host, request).await.unwrap_or_else(IntoResponse::into_response)
+        }
+    }
 }
 
 /// The control plane's listener for nodes alone (`--cluster-listen`, over

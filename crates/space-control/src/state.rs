@@ -31,6 +31,9 @@ pub struct ControlPlane {
     pub openapi: String,
     /// Its loops and what they start, stopped by [`ControlPlane::shutdown`].
     pub(crate) tasks: Tasks,
+    /// `--preview-domain`: a preview host's requests go to the sandbox's
+    /// node as they are (see [`ControlPlane::serve_previews`]).
+    pub(crate) preview: std::sync::OnceLock<space_http::preview::PreviewDomain>,
 }
 
 /// What a control plane is made of (see [`ControlPlane`]'s fields).
@@ -53,7 +56,23 @@ impl ControlPlane {
     /// started (`ControlPlane::start`, in `lib.rs`, over the loops).
     pub fn new(config: Config) -> ControlPlane {
         let Config { store, api_key, node_token, keyring, links, openapi } = config;
-        ControlPlane { store, api_key, node_token, keyring, links, openapi, tasks: Tasks::default() }
+        ControlPlane {
+            store,
+            api_key,
+            node_token,
+            keyring,
+            links,
+            openapi,
+            tasks: Tasks::default(),
+            preview: Default::default(),
+        }
+    }
+
+    /// Serves previews under `domain`: a request for `{port}-{id}.{domain}`
+    /// goes to the sandbox's node (which has the same domain) whatever its
+    /// path, with its host named in `X-Space-Preview-Host`.
+    pub fn serve_previews(&self, domain: space_http::preview::PreviewDomain) {
+        let _ = self.preview.set(domain);
     }
 
     /// Stops every background task and waits until they ended (up to

@@ -19,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod links;
+pub mod preview;
 pub mod proxy;
 pub mod server;
 pub mod stream;

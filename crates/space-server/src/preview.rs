@@ -39,9 +39,7 @@ pub const COOKIE: &str = "space_preview";
 /// The path on a preview host that takes a signed link; the server in the
 /// sandbox never sees it.
 pub const LINK_PATH: &str = "/__space/preview-link";
-/// What a control plane sends a node a preview request's host in (with
-/// the node token): the node's own `Host` is the control plane's link.
-pub const FORWARDED_HOST: &str = "x-space-preview-host";
+pub use space_http::preview::{PreviewDomain, Zone, FORWARDED_HOST};
 /// How long a signed link may be opened.
 pub const LINK_TTL: Duration = Duration::from_secs(300);
 /// How long the cookie it sets lasts.
@@ -51,101 +49,6 @@ pub const COOKIE_TTL: Duration = Duration::from_secs(12 * 3600);
 const TOKEN_PURPOSE: &str = "space-preview";
 const LINK_PURPOSE: &str = "space-preview-link";
 const COOKIE_PURPOSE: &str = "space-preview-cookie";
-
-/// The operator's preview domain (`--preview-domain`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreviewDomain {
-    domain: String,
-}
-
-impl PreviewDomain {
-    /// A domain as the operator wrote it: lower-case labels of letters,
-    /// digits and `-`, at least two of them (`preview.example.test`).
-    pub fn new(domain: &str) -> Result<PreviewDomain, String> {
-        let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
-        let labels: Vec<&str> = domain.split('.').collect();
-        let label_ok = |l: &&str| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        };
-        if labels.len() < 2 || !labels.iter().all(label_ok) || domain.len() > 200 {
-            return Err(format!(
-                "a preview domain is a DNS name of at least two labels (such as preview.example.test), not {domain:?}"
-            ));
-        }
-        Ok(PreviewDomain { domain })
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.domain
-    }
-
-    /// The host name of a sandbox's port: the id's `_` written `-`, which a
-    /// DNS name and a certificate take (`8000-sbx-4f1c….domain`).
-    pub fn host(&self, id: &str, port: u16) -> String {
-        format!("{port}-{}.{}", id.replace('_', "-"), self.domain)
-    }
-
-    /// Where a host falls: outside the domain (the API's), a sandbox's port,
-    /// or in the domain but naming none (refused, never the API).
-    pub fn classify(&self, host: &[u8]) -> Zone {
-        // An optional `:port`, then an optional final dot (a fully
-        // qualified name is the same name).
-        let (name, bad_port) = match host.iter().rposition(|b| *b == b':') {
-            Some(at) if !host.contains(&b']') => {
-                let port = &host[at + 1..];
-                (&host[..at], port.is_empty() || !port.iter().all(u8::is_ascii_digit))
-            }
-            _ => (host, false),
-        };
-        let trimmed = name.iter().rposition(|b| *b != b'.').map_or(&name[..0], |end| &name[..=end]);
-        let dots = name.len() - trimmed.len();
-        let name = trimmed;
-        let lower = name.to_ascii_lowercase();
-        let domain = self.domain.as_bytes();
-        let inside = lower == domain
-            || (lower.len() > domain.len() && lower.ends_with(domain) && lower[lower.len() - domain.len() - 1] == b'.');
-        if !inside {
-            return Zone::Api;
-        }
-        // Strict from here: written in lower case, one label before the
-        // domain, `{port}-{id}`.
-        if lower != name || lower.len() == domain.len() || dots > 1 || bad_port {
-            return Zone::Unknown;
-        }
-        let label = &name[..name.len() - domain.len() - 1];
-        let Ok(label) = std::str::from_utf8(label) else { return Zone::Unknown };
-        let Some((port, id)) = label.split_once('-') else { return Zone::Unknown };
-        let port = match port.parse::<u16>() {
-            Ok(p) if p > 0 && !port.starts_with('0') && port.bytes().all(|b| b.is_ascii_digit()) => p,
-            _ => return Zone::Unknown,
-        };
-        // `sbx-…` (as a DNS name has it) or `sbx_…` (as E2B's SDK writes it).
-        let id = match id.strip_prefix("sbx-") {
-            Some(rest) => format!("sbx_{rest}"),
-            None => id.to_string(),
-        };
-        match SandboxId::parse(&id) {
-            Some(id) => Zone::Port { id, port },
-            None => Zone::Unknown,
-        }
-    }
-}
-
-/// Where a request's host falls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Zone {
-    Api,
-    Port {
-        id: SandboxId,
-        port: u16,
-    },
-    /// In the preview domain, naming no port of a sandbox.
-    Unknown,
-}
 
 /// The sandbox's preview token (derived, never stored).
 pub fn token(state: &AppState, id: &str) -> Result<String, ApiError> {
@@ -240,6 +143,7 @@ pub(crate) async fn route_preview(State(state): State<AppState>, request: Reques
         (None, Some(host)) => domain.classify(host),
         (None, None) => Zone::Api,
     };
+    let public_host = forwarded.or(host).and_then(|h| HeaderValue::from_bytes(&h).ok());
     match zone {
         Zone::Api => next.run(request).await,
         Zone::Unknown => not_a_preview().into_response(),
@@ -257,7 +161,9 @@ pub(crate) async fn route_preview(State(state): State<AppState>, request: Reques
             }
             Err(err) => err.into_response(),
         },
-        Zone::Port { id, port } => serve(state, id, port, request).await.unwrap_or_else(IntoResponse::into_response),
+        Zone::Port { id, port } => {
+            serve(state, id, port, public_host, request).await.unwrap_or_else(IntoResponse::into_response)
+        }
     }
 }
 
@@ -288,18 +194,12 @@ fn forwarded_host(state: &AppState, headers: &HeaderMap) -> Option<Vec<u8>> {
 }
 
 fn not_a_preview() -> ApiError {
-    ApiError::new(ErrorCode::NotFound, "no such preview: a preview's host is {port}-{sandbox_id} under the domain")
+    ApiError::new(ErrorCode::NotFound, space_http::preview::NO_SUCH_PREVIEW)
 }
 
 fn private_port(port: u16) -> ApiError {
     // 403 as E2B's proxy answers it (its SDK's tests look for it).
-    ApiError::new(
-        ErrorCode::Forbidden,
-        format!(
-            "port {port} of this sandbox is private: send its preview token in X-Space-Preview-Token, or open \
-             a link from GET /v1/sandboxes/{{id}}/ports/{{port}}/link"
-        ),
-    )
+    ApiError::new(ErrorCode::Forbidden, space_http::preview::private_port(port))
 }
 
 /// The cookie's value this request holds, if any.
@@ -330,7 +230,13 @@ fn proven(state: &AppState, headers: &HeaderMap, id: &str, port: u16) -> Result<
     Ok(ok)
 }
 
-async fn serve(state: AppState, id: SandboxId, port: u16, request: Request) -> Result<Response, ApiError> {
+async fn serve(
+    state: AppState,
+    id: SandboxId,
+    port: u16,
+    host: Option<HeaderValue>,
+    request: Request,
+) -> Result<Response, ApiError> {
     if request.uri().path() == LINK_PATH {
         return open_link(&state, &id, port, &request);
     }
@@ -346,7 +252,7 @@ async fn serve(state: AppState, id: SandboxId, port: u16, request: Request) -> R
     }
     let https = https(&state, request.headers());
     let path = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
-    let forwarded = Forwarded { prefix: None, proto: Some(if https { "https" } else { "http" }) };
+    let forwarded = Forwarded { prefix: None, proto: Some(if https { "https" } else { "http" }), host };
     crate::api::ports::to_port(state, sandbox, port, path, request, forwarded).await
 }
 
@@ -356,6 +262,9 @@ pub(crate) struct Forwarded {
     pub prefix: Option<String>,
     /// The scheme the client used (`X-Forwarded-Proto`).
     pub proto: Option<&'static str>,
+    /// The host the client asked for (`X-Forwarded-Host`), when not the
+    /// request's own `Host` (a control plane's link to a node).
+    pub host: Option<HeaderValue>,
 }
 
 /// A signed link opened: the cookie for this one host, and on to `/`.
@@ -408,55 +317,6 @@ pub(crate) fn without_preview_cookie(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const ID: &str = "sbx_4f1c0a9e2b7d3c5a8e61";
-
-    fn domain() -> PreviewDomain {
-        PreviewDomain::new("preview.space.test").unwrap()
-    }
-
-    fn port(host: &str) -> Zone {
-        domain().classify(host.as_bytes())
-    }
-
-    #[test]
-    fn a_host_names_a_port_of_a_sandbox_strictly() {
-        let at = |port| Zone::Port { id: SandboxId::parse(ID).unwrap(), port };
-        assert_eq!(port("8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test"), at(8000));
-        assert_eq!(port("8000-sbx_4f1c0a9e2b7d3c5a8e61.preview.space.test"), at(8000));
-        assert_eq!(port("8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test:7070"), at(8000));
-        assert_eq!(port("8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test."), at(8000));
-        assert_eq!(domain().host(ID, 8000), "8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test");
-        for unknown in [
-            "preview.space.test",
-            "PREVIEW.space.test",
-            "8000-SBX-4F1C0A9E2B7D3C5A8E61.preview.space.test",
-            "08000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test",
-            "0-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test",
-            "65536-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test",
-            "+80-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test",
-            "8000-sbx-4f1c.preview.space.test",
-            "a.8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test",
-            "8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test:x",
-            "api.preview.space.test",
-            "8000-sbx-4f1c0a9e2b7d3c5a8e61.preview.space.test..",
-        ] {
-            assert_eq!(port(unknown), Zone::Unknown, "{unknown}");
-        }
-        for api in
-            ["api.space.test", "127.0.0.1:7070", "xpreview.space.test", "preview.space.test.example", "[::1]:7070"]
-        {
-            assert_eq!(port(api), Zone::Api, "{api}");
-        }
-    }
-
-    #[test]
-    fn a_domain_is_a_dns_name() {
-        assert_eq!(PreviewDomain::new("Preview.Space.Test.").unwrap().as_str(), "preview.space.test");
-        for bad in ["", "test", "a..test", "-a.test", "a_b.test", "a.test/x", "*.a.test"] {
-            assert!(PreviewDomain::new(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn the_preview_cookie_is_dropped_and_the_apps_stay() {

@@ -48,6 +48,10 @@ pub(crate) fn control_plane(args: ServeArgs) -> Result<()> {
         // The contract a node serves, served the same by the control plane.
         openapi: space_server::api::openapi::document_json(),
     }));
+    if let Some(domain) = &args.preview_domain {
+        // Its nodes serve the same domain (their --preview-domain).
+        cp.serve_previews(space_server::preview::PreviewDomain::new(domain).map_err(anyhow::Error::msg)?);
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         cp.start();

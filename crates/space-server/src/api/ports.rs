@@ -179,7 +179,7 @@ async fn forward(
     let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
     let uri = format!("/{}{query}", path_in_sandbox(request.uri().path()).unwrap_or(&path));
     let prefix = format!("/v1/sandboxes/{}/ports/{port}", sandbox.id());
-    to_port(state, sandbox, port, uri, request, Forwarded { prefix: Some(prefix), proto: None }).await
+    to_port(state, sandbox, port, uri, request, Forwarded { prefix: Some(prefix), proto: None, host: None }).await
 }
 
 /// Relays `request` to `port` of `sandbox` as `uri` (a path and query),
@@ -221,7 +221,7 @@ pub(crate) async fn to_port(
     if let Some(proto) = forwarded.proto {
         headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     }
-    let host = parts.headers.get(header::HOST).cloned();
+    let host = forwarded.host.or_else(|| parts.headers.get(header::HOST).cloned());
     let host = host.or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
     if let Some(host) = host {
         headers.insert("x-forwarded-host", host);
