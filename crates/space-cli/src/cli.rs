@@ -1212,6 +1212,12 @@ pub(crate) struct BenchArgs {
     /// same work on the host (see `bench/volumes.rs`).
     #[arg(long)]
     pub(crate) only_volumes: bool,
+    /// Instead of the figures above: only the previews' (a port's request
+    /// on its own host name against the path form, and a 100 MiB download
+    /// through a preview against the files route), which the full run
+    /// also prints.
+    #[arg(long)]
+    pub(crate) only_previews: bool,
     /// Size of the generated image for --only-pull, in MiB.
     #[arg(long, default_value_t = 200)]
     pub(crate) pull_mib: u64,

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod density;
+mod previews;
 mod pull;
 mod restart;
 mod split;
@@ -459,6 +460,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         space_host::btrfs::remove_tree(data.root())?;
         return result;
     }
+    if args.only_previews {
+        let data = shared.scratch(&format!("bench-previews-{}", std::process::id()), &[&args.template])?;
+        let result = previews::run(&args, &data);
+        space_host::btrfs::remove_tree(data.root())?;
+        return result;
+    }
     if args.only_restart {
         let restart = shared.scratch(&format!("bench-restart-{}", std::process::id()), &[&args.template])?;
         let result = crate::bench::restart::run(&args, &restart, args.restart_sandboxes);
@@ -515,7 +522,8 @@ pub(crate) fn start_server(
     let key: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let url = format!("http://{}", listener.local_addr()?);
-    let state = space_server::AppState::new(platform.clone(), key.clone());
+    let preview = space_server::preview::PreviewDomain::new(previews::DOMAIN).map_err(anyhow::Error::msg)?;
+    let state = space_server::AppState::new(platform.clone(), key.clone()).with_preview(preview);
     runtime.spawn(space_server::serve(listener, state, std::future::pending()));
     Ok((Client::new(&url, &key), platform))
 }
@@ -562,6 +570,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
     let (mut observed, mut unobserved) = (Samples(vec![]), Samples(vec![]));
     let events_seen = follow_events(&client);
     let mut throughput: Option<Throughput> = None;
+    let mut previews: Option<Vec<String>> = None;
     let mut egress: Option<Egress> = None;
     eprintln!(
         "bench: {} sandboxes each side, interleaved; {} API execs and {} raw execs per sandbox",
@@ -591,6 +600,7 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
         unobserved.0.extend(off.0);
         if i == 0 {
             throughput = Some(measure_throughput(&client, &id)?);
+            previews = Some(previews::measure(&client, &id, args.execs.max(20))?);
             egress = Some(measure_egress(&client, &id)?);
         }
         if let Some(&pss) = crate::bench::density::pss_by_sandbox(std::slice::from_ref(&id)).get(&id) {
@@ -731,6 +741,9 @@ fn bench(args: &BenchArgs, scratch: &DataDir, warm_scratch: &DataDir, hot_scratc
         println!("{:<44} {:>9.2}", "ratio API/pipe inside gVisor", t.api_stream / t.guest_pipe);
         println!("{:<44} {:>9.0} MB/s", "file upload (PUT 64 MiB)", t.upload);
         println!("{:<44} {:>9.0} MB/s", "file download (GET 64 MiB)", t.download);
+    }
+    for line in previews.iter().flatten() {
+        println!("{line}");
     }
     if let Some(e) = &egress {
         println!("{:<44} {:>9.0} MB/s", "download through egress (1 GiB, urllib)", e.through);
