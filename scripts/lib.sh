@@ -77,7 +77,7 @@ ensure_build_deps() {
 ensure_test_packages() {
     local had_registry=yes
     dpkg-query -W -f='${Status}' docker-registry 2>/dev/null | grep -q "install ok installed" || had_registry=no
-    install_missing "what the tests use" chromium chromium-driver postgresql iproute2 jq docker-registry skopeo
+    install_missing "what the tests use" chromium chromium-driver postgresql iproute2 jq docker-registry skopeo curl
     # E2B's npm packages run under Node.js (Debian's, unless one is there).
     command -v npm >/dev/null || install_missing "the npm SDK test" nodejs npm
     # Under systemd the package starts a registry of its own on :5000 of

@@ -18,6 +18,8 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Requests an HTTP/2 connection may have open at once.
+pub const MAX_STREAMS: u32 = 128;
 /// How long open connections get to finish at shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -34,12 +36,14 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
     let chain = certificates(cert)?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("reading the private key", key, &e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError(format!("TLS: {e}")))?
         .with_no_client_auth()
         .with_single_cert(chain, key_der)
         .map_err(|e| TlsError(format!("TLS: the key does not fit the certificate: {e}")))?;
+    // HTTP/2 for clients that offer it (browsers on previews), else 1.1.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -105,14 +109,25 @@ pub async fn serve(
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder
+    // HTTP/1.1, and HTTP/2 (by ALPN over TLS, by its preface in clear
+    // text, each decided before a builder sees the connection, so the head
+    // timeouts hold from its first byte); a WebSocket upgrade is 1.1's.
+    let mut http1 = auto::Builder::new(TokioExecutor::new()).http1_only();
+    http1
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .max_headers(MAX_HEADERS)
         .max_buf_size(MAX_HEAD_BYTES);
-    let builder = Arc::new(builder);
+    let mut http2 = auto::Builder::new(TokioExecutor::new()).http2_only();
+    http2
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(MAX_STREAMS)
+        .keep_alive_interval(Some(HEADER_TIMEOUT))
+        .keep_alive_timeout(HEADER_TIMEOUT);
+    let builders = Arc::new((http1, http2));
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -129,15 +144,22 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let (builder, watcher, acceptor) = (builder.clone(), graceful.watcher(), acceptor.clone());
+        let (builders, watcher, acceptor) = (builders.clone(), graceful.watcher(), acceptor.clone());
         tokio::spawn(async move {
+            let (http1, http2) = &*builders;
             let result = match acceptor {
-                None => {
-                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    watcher.watch(connection.into_owned()).await
-                }
+                None => match cleartext_http2(&stream).await {
+                    Some(h2) => {
+                        let builder = if h2 { http2 } else { http1 };
+                        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        watcher.watch(connection.into_owned()).await
+                    }
+                    None => Err("no request head in time".into()),
+                },
                 Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
+                        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                        let builder = if h2 { http2 } else { http1 };
                         let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
                         watcher.watch(connection.into_owned()).await
                     }
@@ -151,6 +173,33 @@ pub async fn serve(
         });
     }
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+}
+
+/// Whether a clear-text connection opens with HTTP/2's preface (prior
+/// knowledge) rather than an HTTP/1.1 head, looked at without reading it;
+/// `None` when it sends neither within [`HEADER_TIMEOUT`], or closes.
+async fn cleartext_http2(stream: &tokio::net::TcpStream) -> Option<bool> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let deadline = tokio::time::Instant::now() + HEADER_TIMEOUT;
+    let mut buf = [0u8; PREFACE.len()];
+    loop {
+        let seen = tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await.ok()?.ok()?;
+        if seen == 0 {
+            return None;
+        }
+        if buf[..seen] != PREFACE[..seen] {
+            return Some(false);
+        }
+        if seen == PREFACE.len() {
+            return Some(true);
+        }
+        // Part of the preface so far: the rest is on its way, or the
+        // deadline comes first (peeking what is there returns at once).
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A request body that notes when it has been read to its end.

@@ -153,6 +153,23 @@ fn a_port_on_its_own_host_is_private_until_its_token_link_or_owner_opens_it() {
     }
     drop(socket);
 
+    // HTTP/2 (cleartext, prior knowledge) reaches the app as well.
+    let listener = server.url.rsplit(':').next().unwrap();
+    let h2_host = format!("8000-{}.{PREVIEW_DOMAIN}", id.replace('_', "-"));
+    let mut curl = std::process::Command::new("curl");
+    curl.args(["-sS", "--http2-prior-knowledge", "--max-time", "60", "-w", "\n%{http_version}"])
+        .args(["--resolve", &format!("{h2_host}:{listener}:127.0.0.1")])
+        .args(["-H", &format!("X-Space-Preview-Token: {token}")])
+        .arg(format!("http://{h2_host}:{listener}/over-h2"));
+    // The server's reaper waits for every child of this process.
+    let curl = space_process::Reaper::global().output(&mut curl).expect("curl (scripts/lib.sh installs it)");
+    let said = String::from_utf8_lossy(&curl.stdout);
+    let (body, version) = said.rsplit_once('\n').unwrap_or_default();
+    assert_eq!(version, "2", "{said} {}", String::from_utf8_lossy(&curl.stderr));
+    let got: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert_eq!(got["path"], "/over-h2");
+    assert!(!got.to_string().contains(&token), "{got}");
+
     // Server-sent events stream through.
     let events = send(&web, "GET", &preview_url(&server, &id, 8000, "/events"), &by_token, None);
     assert_eq!(events.body, "data: tick 0\n\ndata: tick 1\n\ndata: tick 2\n\n");

@@ -42,6 +42,10 @@ const DEFENCES: &[(&str, &str)] = &[
          subprotocols and any header holding a presented credential",
     ),
     (
+        "hold a connection open with nothing, or half of HTTP/2's preface",
+        "the protocol is decided before a builder sees the connection, within the 10 s head timeout",
+    ),
+    (
         "smuggle through a preview with Content-Length and Transfer-Encoding",
         "refused (400) or framed by one of them: the app gets one framing and one Host",
     ),
@@ -240,6 +244,25 @@ fn previews_attempts_all_fail() {
             && one_framing
             && !got.contains("/smuggled"),
         format!("{answer}\nthe app got:\n{got}"),
+    );
+
+    // HTTP/2 is served beside 1.1 now: a connection that sends nothing, or
+    // stops inside the preface, is cut off as a slow head is.
+    let held = |opening: &[u8]| {
+        use std::io::{Read, Write};
+        let started = std::time::Instant::now();
+        let mut socket = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+        socket.write_all(opening).unwrap();
+        socket.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest);
+        started.elapsed()
+    };
+    let (silent, half) = (held(b""), held(b"PRI * HTTP/2.0\r\n"));
+    suite.check(
+        "hold a connection open with nothing, or half of HTTP/2's preface",
+        silent < std::time::Duration::from_secs(25) && half < std::time::Duration::from_secs(25),
+        format!("{silent:?} {half:?}"),
     );
 
     server.delete_sandbox(&id);
