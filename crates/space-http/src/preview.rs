@@ -1,6 +1,6 @@
 //! A preview's host name, `{port}-{sandbox_id}.{domain}`: which requests
 //! a server (a node, or a cluster's control plane) takes for a sandbox's
-//! port rather than for its API (decision 032). The node's `preview`
+//! port rather than for its API (decision 035). The node's `preview`
 //! module serves them; a control plane sends them on to the sandbox's node.
 
 use space_core::ids::SandboxId;

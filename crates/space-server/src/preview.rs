@@ -1,6 +1,6 @@
 //! Previews: a sandbox's port on a host name of its own,
 //! `{port}-{sandbox_id}.{domain}` under the operator's `--preview-domain`
-//! (decision 032). Every request whose host is in that domain is a
+//! (decision 035). Every request whose host is in that domain is a
 //! preview's, decided here before the API's router sees it: the API and the
 //! console are never served on a preview's origin (an API path there goes
 //! to the sandbox), so a page a sandbox serves never shares an origin with
