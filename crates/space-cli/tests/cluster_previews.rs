@@ -6,46 +6,21 @@
 //! signed link's cookie or its owner opens it; a WebSocket goes through; a
 //! sandbox placed nowhere answers as a private port does.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use space_process::ReapedChild;
-use space_testkit::{wait_for, wait_until, PgCluster, TestDataDir, PATIENCE};
+use space_testkit::{wait_for, wait_until, TestDataDir, PATIENCE};
 use tungstenite::client::IntoClientRequest;
 use tungstenite::Message;
 
 mod common;
+use common::cluster::{control_plane, node};
 
 const DOMAIN: &str = "preview.space.test";
 /// The web app of the server's preview tests (an echoing WebSocket, what
 /// a request looked like).
 const WEBAPP: &str = include_str!("../../space-server/tests/common/webapp.py");
-
-fn write_secret(dir: &Path, name: &str) -> std::path::PathBuf {
-    let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()).unwrap();
-    path
-}
-
-fn node(data: &TestDataDir, id: &str, control: &str, token: &Path) -> ReapedChild {
-    let mut args: Vec<String> =
-        ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control].map(str::to_string).to_vec();
-    args.extend(["--node-token-file".to_string(), token.to_str().unwrap().to_string()]);
-    args.extend(["--preview-domain".to_string(), DOMAIN.to_string()]);
-    args.extend(common::split_args(data));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (child, _, _, lines) = common::spawn_in(data, "node", &args);
-    let name = id.to_string();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
-            eprintln!("[{name}] {line}");
-        }
-    });
-    child
-}
 
 /// A client of the control plane that resolves every name to it (wildcard
 /// DNS) and follows no redirect.
@@ -87,33 +62,19 @@ fn json_of(response: ureq::Response) -> Value {
 
 #[test]
 fn previews_through_the_control_plane_reach_the_sandboxs_node() {
-    let pg = PgCluster::start();
-    let control = TestDataDir::new();
-    let token = write_secret(control.root(), "node-token");
-    let operator_key = write_secret(control.root(), "api-key");
-    let cp_args = [
-        "--cluster",
-        "--database",
-        pg.url.as_str(),
-        "--node-token-file",
-        token.to_str().unwrap(),
-        "--api-key-file",
-        operator_key.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--preview-domain",
-        DOMAIN,
-    ];
-    let (_cp, cp_url, _, lines) = common::spawn_in(&control, "serve", &cp_args);
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
-            eprintln!("[control plane] {line}");
-        }
-    });
+    let cp = control_plane(&["--preview-domain", DOMAIN]);
+    let (cp_url, operator_key) = (cp.url.clone(), &cp.operator_key);
     let datas = [TestDataDir::new(), TestDataDir::new()];
-    let _nodes: Vec<ReapedChild> =
-        ["node-a", "node-b"].iter().zip(&datas).map(|(id, data)| node(data, id, &cp_url, &token)).collect();
-    let key = std::fs::read_to_string(&operator_key).unwrap();
+    let _nodes: Vec<ReapedChild> = ["node-a", "node-b"]
+        .iter()
+        .zip(&datas)
+        .map(|(id, data)| {
+            let mut args = vec!["--preview-domain".to_string(), DOMAIN.to_string()];
+            args.extend(common::split_args(data));
+            node(data, id, &cp, &args)
+        })
+        .collect();
+    let key = std::fs::read_to_string(operator_key).unwrap();
     let auth = format!("Bearer {key}");
     let web = agent(&cp_url);
     let api = |method: &str, path: &str, body: Option<Value>| {

@@ -19,6 +19,7 @@ use space_process::ReapedChild;
 use space_testkit::{output_within, wait_for, PgCluster, TestDataDir, PATIENCE};
 
 mod common;
+use common::cluster::{control_plane, node, ControlPlane};
 use common::SPACE;
 
 /// A tenant's view of the control plane.
@@ -81,14 +82,6 @@ impl Api {
     }
 }
 
-fn write_secret(dir: &Path, name: &str) -> std::path::PathBuf {
-    let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()).unwrap();
-    path
-}
-
 fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str, quotas: &[&str]) -> String {
     let mut keys = Command::new(SPACE);
     keys.args(["keys", "create", "--tenant", tenant, "--database", &pg.url]).args(quotas);
@@ -98,30 +91,10 @@ fn tenant_key(pg: &PgCluster, data: &TestDataDir, tenant: &str, quotas: &[&str])
     String::from_utf8(made.stdout).unwrap().trim().to_string()
 }
 
-/// Node `id` on loopback, reporting to the control plane at `control`.
-fn node(data: &TestDataDir, id: &str, control: &str, token: &Path, split: &[String]) -> ReapedChild {
-    let mut args: Vec<String> =
-        ["--listen", "127.0.0.1:0", "--node-id", id, "--control-plane", control].map(str::to_string).to_vec();
-    args.extend(["--node-token-file".to_string(), token.to_str().unwrap().to_string()]);
-    args.extend(split.iter().cloned());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (child, _, _, lines) = common::spawn_in(data, "node", &args);
-    let name = id.to_string();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
-            eprintln!("[{name}] {line}");
-        }
-    });
-    child
-}
-
 /// A control plane on PostgreSQL and two live nodes, `node-a` and
 /// `node-b`, their volumes in the shared store `store` when one is given.
 struct Cluster {
-    pg: PgCluster,
-    control: TestDataDir,
-    cp_url: String,
-    token: std::path::PathBuf,
+    cp: ControlPlane,
     operator: Api,
     _nodes: Vec<ReapedChild>,
     _helpers: Vec<ReapedChild>,
@@ -129,34 +102,14 @@ struct Cluster {
 }
 
 fn cluster(store: Option<&Path>) -> Cluster {
-    let pg = PgCluster::start();
-    let control = TestDataDir::new();
-    let token = write_secret(control.root(), "node-token");
-    let operator_key = write_secret(control.root(), "api-key");
-    let cp_args = [
-        "--cluster",
-        "--database",
-        pg.url.as_str(),
-        "--node-token-file",
-        token.to_str().unwrap(),
-        "--api-key-file",
-        operator_key.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-    ];
-    let (_cp, cp_url, _, lines) = common::spawn_in(&control, "serve", &cp_args);
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok).filter(|l| l.contains("WARN") || l.contains("ERROR")) {
-            eprintln!("[control plane] {line}");
-        }
-    });
+    let cp = control_plane(&[]);
     let datas = [TestDataDir::new(), TestDataDir::new()];
     let mut helpers = Vec::new();
     let nodes: Vec<ReapedChild> = ["node-a", "node-b"]
         .iter()
         .zip(&datas)
         .map(|(id, data)| match store {
-            None => node(data, id, &cp_url, &token, &common::split_args(data)),
+            None => node(data, id, &cp, &common::split_args(data)),
             // The store on both the helper and the node, as an operator
             // sets it (the node checks that its helper has it too).
             Some(store) => {
@@ -167,23 +120,23 @@ fn cluster(store: Option<&Path>) -> Cluster {
                 let split = ["--helper-socket", socket.to_str().unwrap(), "--user", common::TEST_USER];
                 let mut args: Vec<String> = split.map(str::to_string).to_vec();
                 args.extend(["--shared-volumes".to_string(), store.to_str().unwrap().to_string()]);
-                node(data, id, &cp_url, &token, &args)
+                node(data, id, &cp, &args)
             }
         })
         .collect();
-    let operator = Api { url: cp_url.clone(), key: std::fs::read_to_string(&operator_key).unwrap() };
+    let operator = Api { url: cp.url.clone(), key: std::fs::read_to_string(&cp.operator_key).unwrap() };
     wait_for("two live nodes", Duration::from_secs(60), || {
         let nodes = operator.ok("GET", "/v1/health", None)["nodes"].as_array().cloned().unwrap_or_default();
         (nodes.iter().filter(|n| n["alive"] == true).count() == 2).then_some(())
     });
-    Cluster { pg, control, cp_url, token, operator, _nodes: nodes, _helpers: helpers, _datas: datas }
+    Cluster { cp, operator, _nodes: nodes, _helpers: helpers, _datas: datas }
 }
 
 #[test]
 fn volumes_live_on_a_node_place_their_sandboxes_there_and_move_with_their_files() {
     let cluster = cluster(None);
     let (pg, control, cp_url, token, operator) =
-        (&cluster.pg, &cluster.control, &cluster.cp_url, &cluster.token, &cluster.operator);
+        (&cluster.cp.pg, &cluster.cp.data, &cluster.cp.url, &cluster.cp.token, &cluster.operator);
     let team = Api { url: cp_url.clone(), key: tenant_key(pg, control, "team", &[]) };
     let other = Api { url: cp_url.clone(), key: tenant_key(pg, control, "other", &[]) };
 
@@ -322,7 +275,7 @@ fn volumes_in_a_shared_store_go_wherever_their_sandbox_is_placed_and_are_never_m
     let store = shared.root().join("store");
     std::fs::create_dir(&store).unwrap();
     let cluster = cluster(Some(&store));
-    let team = Api { url: cluster.cp_url.clone(), key: tenant_key(&cluster.pg, &cluster.control, "team", &[]) };
+    let team = Api { url: cluster.cp.url.clone(), key: tenant_key(&cluster.cp.pg, &cluster.cp.data, "team", &[]) };
     let other_of = |node: &str| if node == "node-a" { "node-b" } else { "node-a" }.to_string();
 
     // Made as an image in the store, seeded, and given a snapshot.
@@ -379,7 +332,7 @@ fn volumes_in_a_shared_store_go_wherever_their_sandbox_is_placed_and_are_never_m
     // The second fence: the node that mounts it holds its lock in the store,
     // and another node asked to take it (as only the control plane may)
     // refuses while it does.
-    let node_token = std::fs::read_to_string(&cluster.token).unwrap();
+    let node_token = std::fs::read_to_string(&cluster.cp.token).unwrap();
     let nodes = cluster.operator.ok("GET", "/v1/health", None)["nodes"].as_array().cloned().unwrap();
     let url_of = |id: &str| nodes.iter().find(|n| n["id"] == id).unwrap()["url"].as_str().unwrap().to_string();
     let holder = space_client::Client::new(&url_of(&placed), node_token.trim());

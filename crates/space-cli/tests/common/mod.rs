@@ -7,6 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_process::{ReapedChild, Reaper};
+
+#[allow(dead_code)] // not every test binary runs a cluster
+pub mod cluster;
 use space_testkit::{agent_bin, output_within, TestDataDir, PATIENCE};
 
 pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
