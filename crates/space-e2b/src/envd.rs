@@ -352,9 +352,11 @@ pub async fn write_files(State(state): State<E2bState>, request: Request) -> Res
 pub async fn rpc(
     State(state): State<E2bState>,
     Path((service, method)): Path<(String, String)>,
+    reset: Option<axum::Extension<space_http::server::ResetOnClose>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let reset = reset.map(|axum::Extension(reset)| reset);
     let mut target = match target(&state, &headers) {
         Ok(target) => target,
         Err(refused) => return refused.into_response(),
@@ -372,8 +374,8 @@ pub async fn rpc(
             };
             super::watch::stream(&agent, &target, &headers, &request).await
         }
-        ("process.Process", "Start") => process::start(state, target, &headers, body).await,
-        ("process.Process", "Connect") => process::connect(state, target, &headers, body).await,
+        ("process.Process", "Start") => process::start(state, target, &headers, body, reset).await,
+        ("process.Process", "Connect") => process::connect(state, target, &headers, body, reset).await,
         ("process.Process", "StreamInput") => process::stream_input(state, target, body).await,
         ("process.Process", _) | ("filesystem.Filesystem", _) => {
             let request = match unary_request(body).await {

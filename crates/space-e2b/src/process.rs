@@ -2,6 +2,7 @@
 //! the SDK starts is a SPACE command (with its transcript), and E2B's pid
 //! is the process's real pid in the sandbox.
 
+use space_http::server::ResetOnClose;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -99,7 +100,9 @@ fn ending(result: &ProcessResult) -> Ending {
 /// Streams a command's events: `start` with its pid, its output as it
 /// comes (keepalives while it is quiet), then how it ended ([`Ending`]).
 /// `deadline`: when the call itself ends with `deadline_exceeded` (a
-/// `Connect` past its `Connect-Timeout-Ms`; the process goes on).
+/// `Connect` past its `Connect-Timeout-Ms`; the process goes on). A break
+/// resets the connection (`reset`), as one to envd in a killed sandbox
+/// ends: E2B's SDK names the sandbox killed only then.
 fn events(
     state: &E2bState,
     sandbox_id: &str,
@@ -107,6 +110,7 @@ fn events(
     tty: bool,
     keepalive: Duration,
     deadline: Option<tokio::time::Instant>,
+    reset: Option<ResetOnClose>,
 ) -> Response {
     let followed = match follow(&state.platform, sandbox_id, &command.id, 0, true) {
         Ok(followed) => followed,
@@ -155,7 +159,12 @@ fn events(
                 frames.send(Ok(end(None))).await
             }
             Ending::Error(error) => frames.send(Ok(end(Some(&error)))).await,
-            Ending::Break => frames.send(Err(std::io::Error::other("the sandbox went away under the stream"))).await,
+            Ending::Break => {
+                if let Some(reset) = &reset {
+                    reset.arm();
+                }
+                frames.send(Err(std::io::Error::other("the sandbox went away under the stream"))).await
+            }
         };
     });
     stream_response(out)
@@ -175,7 +184,13 @@ async fn only_message(body: Body) -> Result<Value, RpcError> {
 
 /// `Start`: runs `process.cmd` with `process.args` (the SDK sends
 /// `/bin/bash -l -c <command>`), answering with its events.
-pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: Body) -> Response {
+pub async fn start(
+    state: E2bState,
+    target: Target,
+    headers: &HeaderMap,
+    body: Body,
+    reset: Option<ResetOnClose>,
+) -> Response {
     let request = match only_message(body).await {
         Ok(request) => request,
         Err(err) => return err.into_response(),
@@ -233,7 +248,7 @@ pub async fn start(state: E2bState, target: Target, headers: &HeaderMap, body: B
         }
     }
     // Start's deadline is the command's own timeout (it is killed then).
-    events(&state, &target.id, &command, pty.is_some(), keepalive(headers), None)
+    events(&state, &target.id, &command, pty.is_some(), keepalive(headers), None, reset)
 }
 
 fn terminal_size(size: &Value) -> Option<space_proto::TerminalSize> {
@@ -263,7 +278,13 @@ fn running(state: &E2bState, target: &Target, selector: &Value) -> Result<(Comma
 
 /// `Connect`: the events of a running process, its output so far first
 /// (envd sends only what comes after; replaying loses nothing).
-pub async fn connect(state: E2bState, target: Target, headers: &HeaderMap, body: Body) -> Response {
+pub async fn connect(
+    state: E2bState,
+    target: Target,
+    headers: &HeaderMap,
+    body: Body,
+    reset: Option<ResetOnClose>,
+) -> Response {
     let request = match only_message(body).await {
         Ok(request) => request,
         Err(err) => return err.into_response(),
@@ -277,7 +298,7 @@ pub async fn connect(state: E2bState, target: Target, headers: &HeaderMap, body:
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
-    events(&state, &target.id, &command, tty, keepalive(headers), deadline)
+    events(&state, &target.id, &command, tty, keepalive(headers), deadline, reset)
 }
 
 fn decode_input(input: &Value) -> Result<Vec<u8>, RpcError> {

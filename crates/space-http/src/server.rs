@@ -23,6 +23,41 @@ pub const MAX_STREAMS: u32 = 128;
 /// How long open connections get to finish at shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// The connection an HTTP/1.1 request came on, in its extensions: a
+/// handler whose answer breaks off because what it relayed went away (a
+/// sandbox killed under a stream) calls [`ResetOnClose::arm`], and the
+/// connection then ends with a reset instead of an orderly close, as a
+/// connection to that peer itself would — which clients tell apart from a
+/// clean end. It holds a duplicate of the socket's descriptor, so it never
+/// touches another socket that reuses the number.
+#[derive(Debug, Clone)]
+pub struct ResetOnClose(Arc<std::os::fd::OwnedFd>);
+
+impl ResetOnClose {
+    fn of(socket: &impl std::os::fd::AsFd) -> Option<ResetOnClose> {
+        socket.as_fd().try_clone_to_owned().ok().map(|fd| ResetOnClose(Arc::new(fd)))
+    }
+
+    /// The connection's close becomes a reset (`SO_LINGER` 0): what it
+    /// had not sent yet is dropped.
+    pub fn arm(&self) {
+        let linger = nix::libc::linger { l_onoff: 1, l_linger: 0 };
+        if let Err(err) = nix::sys::socket::setsockopt(&*self.0, nix::sys::socket::sockopt::Linger, &linger) {
+            tracing::debug!("arming a connection's reset: {err}");
+        }
+    }
+}
+
+/// `router` for one connection: HTTP/1.1's requests carry the
+/// connection's [`ResetOnClose`] (an HTTP/2 connection carries many
+/// requests, which a reset would all end).
+fn for_connection(router: &axum::Router, reset: Option<ResetOnClose>) -> axum::Router {
+    match reset {
+        Some(reset) => router.clone().layer(axum::Extension(reset)),
+        None => router.clone(),
+    }
+}
+
 /// Why a TLS configuration could not be made from its files.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -143,7 +178,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let (router, reset) = (router.clone(), ResetOnClose::of(&stream));
         let (builders, watcher, acceptor) = (builders.clone(), graceful.watcher(), acceptor.clone());
         tokio::spawn(async move {
             let (http1, http2) = &*builders;
@@ -151,6 +186,7 @@ pub async fn serve(
                 None => match cleartext_http2(&stream).await {
                     Some(h2) => {
                         let builder = if h2 { http2 } else { http1 };
+                        let service = TowerToHyperService::new(for_connection(&router, reset.filter(|_| !h2)));
                         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                         watcher.watch(connection.into_owned()).await
                     }
@@ -160,6 +196,7 @@ pub async fn serve(
                     Ok(Ok(tls)) => {
                         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
                         let builder = if h2 { http2 } else { http1 };
+                        let service = TowerToHyperService::new(for_connection(&router, reset.filter(|_| !h2)));
                         let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
                         watcher.watch(connection.into_owned()).await
                     }
@@ -251,4 +288,85 @@ pub async fn close_if_body_unread(
         response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+    use std::io::Write as _;
+
+    use axum::body::Body;
+    use axum::routing::get;
+    use futures_util::StreamExt as _;
+
+    use super::*;
+
+    type Go = Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>;
+
+    /// A server whose one route sends a first chunk, then, once `go` says
+    /// so (the client read it), breaks off, its connection armed to reset
+    /// first when `reset` says so.
+    async fn breaking_server(reset: bool, go: Go) -> std::net::SocketAddr {
+        let route = move |armed: Option<axum::Extension<ResetOnClose>>| async move {
+            let armed = armed.map(|axum::Extension(armed)| armed);
+            let go = go.lock().unwrap().take();
+            let first = futures_util::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"first"))]);
+            let broken = futures_util::stream::once(async move {
+                if let Some(go) = go {
+                    let _ = go.await;
+                }
+                if let (Some(armed), true) = (&armed, reset) {
+                    armed.arm();
+                }
+                Err(std::io::Error::other("the source went away"))
+            });
+            Body::from_stream(first.chain(broken))
+        };
+        let router = axum::Router::new().route("/", get(route));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router, None, std::future::pending()));
+        address
+    }
+
+    /// What a client reads of the answer: its bytes, and how the
+    /// connection ended (an error kind, or `None` for an orderly close);
+    /// `go` once the first chunk came.
+    fn read_all(
+        address: std::net::SocketAddr,
+        go: tokio::sync::oneshot::Sender<()>,
+    ) -> (String, Option<std::io::ErrorKind>) {
+        let mut client = std::net::TcpStream::connect(address).unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\nHost: x.test\r\n\r\n").unwrap();
+        let (mut read, mut buffer, mut go) = (Vec::new(), [0u8; 4096], Some(go));
+        loop {
+            match client.read(&mut buffer) {
+                Ok(0) => return (String::from_utf8_lossy(&read).into_owned(), None),
+                Ok(n) => read.extend_from_slice(&buffer[..n]),
+                Err(err) => return (String::from_utf8_lossy(&read).into_owned(), Some(err.kind())),
+            }
+            if String::from_utf8_lossy(&read).contains("first") {
+                if let Some(go) = go.take() {
+                    let _ = go.send(());
+                }
+            }
+        }
+    }
+
+    async fn ending(reset: bool) -> (String, Option<std::io::ErrorKind>) {
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let address = breaking_server(reset, Arc::new(std::sync::Mutex::new(Some(wait)))).await;
+        tokio::task::spawn_blocking(move || read_all(address, go)).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_armed_connection_ends_with_a_reset_and_another_with_an_orderly_close() {
+        let (read, ended) = ending(true).await;
+        assert!(read.contains("first"), "the first chunk came: {read:?}");
+        assert_eq!(ended, Some(std::io::ErrorKind::ConnectionReset), "{read:?}");
+        let (read, ended) = ending(false).await;
+        assert!(read.contains("first"), "{read:?}");
+        assert_eq!(ended, None, "not armed: an orderly close");
+    }
 }

@@ -388,11 +388,12 @@ class Envd(unittest.TestCase):
         sbx = Sandbox.create(metadata={"suite": RUN, "part": "killed"})
         handle = sbx.commands.run("sleep 60", background=True)
         sbx.kill()
-        # The stream breaks off, as a connection to envd in a sandbox that
-        # is gone does; the SDK raises its timeout error (over HTTP/2 it also
-        # names the kill, from a stream reset: plain HTTP/1.1 has none).
-        with self.assertRaises(TimeoutException):
+        # The stream breaks off with a reset, as a connection to envd in a
+        # sandbox that is gone does: the SDK raises its timeout error and,
+        # the sandbox gone, names the kill.
+        with self.assertRaises(TimeoutException) as raised:
             handle.wait()
+        self.assertIn("sandbox was killed or reached its end of life", str(raised.exception))
 
 
 class ControlPlane(unittest.TestCase):
