@@ -613,7 +613,7 @@ fn a_cluster_spreads_sandboxes_forwards_everything_and_survives_losing_a_node() 
 
     // The unmodified e2b SDK's suite, through the control plane (the
     // replica left standing).
-    common::run_e2b_suite(&control, &second, &key, &other.key);
+    common::run_e2b_suite_through_a_control_plane(&control, &second, &key, &other.key);
 
     // Running, or paused by its node for being idle (30 s by default),
     // which the next command resumes.

@@ -519,9 +519,16 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     // record naming another template than the build's.
     let me = Some((split.uid, split.gid));
     let hello = request(json!({"op": "hello", "version": space_privsep::proto::PROTOCOL_VERSION, "engine": "gvisor"}));
-    let base = json!({"name": "base", "version": 1});
+    // The base version the data dir holds (a changed package list or account makes a new one).
+    let version: u32 = std::fs::read_dir(templates.join("base"))
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .max()
+        .expect("a published base");
+    let base = json!({"name": "base", "version": version});
     let evil = json!({"name": "evil", "version": 1});
-    let record = json!({"name": "base", "version": 1, "created_at": "", "source": {},
+    let record = json!({"name": "base", "version": version, "created_at": "", "source": {},
         "defaults": {"vcpus": 1, "memory_mib": 512, "disk_mib": 1024, "env": {}, "workdir": "/", "user": "root"}});
     let said = ask_helper_as(
         &split.socket,
@@ -542,8 +549,8 @@ fn a_confined_server_makes_and_deletes_templates_through_the_helper() {
     assert_eq!(replies[2]["reply"], "done", "{said:?}");
     assert!(replies[3]["message"].as_str().unwrap().contains("names base"), "{said:?}");
     assert_eq!(replies[4]["reply"], "done", "{said:?}");
-    assert!(!templates.join("evil").exists() && templates.join("base/1/template.json").exists());
-    assert!(!templates.join("base/.1.partial").exists(), "nothing was made beside base's version");
+    assert!(!templates.join("evil").exists() && templates.join(format!("base/{version}/template.json")).exists());
+    assert!(!templates.join(format!("base/.{version}.partial")).exists(), "nothing was made beside base's version");
 }
 
 /// Beside a helper given a firecracker binary, the confined server's

@@ -367,7 +367,16 @@ fn assemble(
     let platform = Platform::new(data, store, engine, pools, capacity, config.agent_bin.clone());
     let _ = platform.engine_report.set(report);
     let _ = platform.template_host.set(templates);
-    let store = volumes.shared_store().map_err(|e| StartError::Startup(format!("asking the volume host: {e}")))?;
+    // A volume host that cannot say (a helper that serves no volumes) keeps
+    // none in a shared store.
+    let store = match (volumes.shared_store(), &config.shared_volumes) {
+        (Ok(store), _) => store,
+        (Err(err), Some(_)) => return Err(StartError::Startup(format!("asking the volume host: {err}"))),
+        (Err(err), None) => {
+            tracing::debug!("the volume host names no shared store: {err}");
+            None
+        }
+    };
     match (&config.shared_volumes, &store) {
         (Some(dir), None) => {
             return Err(StartError::Startup(format!(

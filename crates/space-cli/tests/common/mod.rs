@@ -226,6 +226,15 @@ pub fn run_e2b_suite(data: &TestDataDir, url: &str, key: &str, other_key: &str) 
 }
 
 #[allow(dead_code)] // not every test binary uses it
+/// [`run_e2b_suite`] through a cluster's control plane, which does not
+/// serve what only a node can (signed file URLs, whose path names no
+/// sandbox to place them by).
+pub fn run_e2b_suite_through_a_control_plane(data: &TestDataDir, url: &str, key: &str, other_key: &str) {
+    let env = [("SPACE_THROUGH_CONTROL_PLANE", "1")];
+    run_e2b_tests_with(data, "e2b-venv", &["e2b>=2.63,<3"], "test_e2b_sdk", url, key, other_key, &env);
+}
+
+#[allow(dead_code)] // not every test binary uses it
 /// Runs `tests/e2b/<module>.py` with `packages` (E2B's SDKs, from PyPI) in a
 /// venv under `data`, against the server at `url`, configured with E2B's
 /// own environment variables only.

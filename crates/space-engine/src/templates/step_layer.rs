@@ -1,8 +1,8 @@
 //! What a build sandbox's root holds that its step did not make, taken out
 //! before the root is kept as a layer chain (`SaveLayer`): the agent and
 //! its directory, the mount points a start made for a chain that had none,
-//! the hostname files the start and the agent write, and the egress CA the
-//! agent adds to the trusted certificates. What the chain below had at
+//! the hostname files the start and the agent write, the egress CA the
+//! agent adds to the trusted certificates, and its `sudo` socket and shim. What the chain below had at
 //! those places is put back, so the next chain holds exactly the step's
 //! work on its parent, as Docker commits a RUN without its `/etc/hostname`.
 //!
@@ -26,13 +26,16 @@ const CA_FILE: &str = "usr/local/share/ca-certificates/space-egress-ca.crt";
 const BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
 /// Written by the start (a neutral name) and the agent (the sandbox's,
 /// through the file beside it): the chain's own goes back.
-const PUT_BACK: &[&str] = &["etc/hostname", "etc/.hostname.space-agent", CA_FILE];
+/// The agent's `sudo` socket and the shim it links (decision 034) go too.
+const PUT_BACK: &[&str] =
+    &["etc/hostname", "etc/.hostname.space-agent", CA_FILE, "run/space-sudo.sock", "usr/local/bin/sudo"];
 /// Directories the start or the agent make when the chain lacks them
 /// (mount points; the CA's and the bundle's), deepest first: removed when
 /// the chain had none and the step left them empty.
 const MADE_DIRS: &[&str] = &[
     "usr/local/share/ca-certificates",
     "usr/local/share",
+    "usr/local/bin",
     "usr/local",
     "usr",
     "etc/ssl/certs",
@@ -42,6 +45,7 @@ const MADE_DIRS: &[&str] = &[
     "dev",
     "sys",
     "tmp",
+    "run",
 ];
 /// The most of a CA file read (a certificate is a few KiB).
 const MAX_CA: u64 = 64 << 10;

@@ -77,7 +77,7 @@ pub async fn proxy_root(
     forward(state, sandbox, port, String::new(), request).await
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", tag = "sandboxes",
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", tag = "sandboxes", operation_id = "list_ports",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, description = "The sandbox's preview token and its public ports", body = PortList),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]

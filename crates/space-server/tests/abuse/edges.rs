@@ -29,8 +29,9 @@ const DEFENCES: &[(&str, &str)] = &[
     ),
     (
         "ask E2B for a locked-down sandbox and get an open one",
-        "E2B's create refuses network rules, every other field SPACE does not honour and unknown fields with an \
-         E2B-shaped 400; no sandbox is made",
+        "E2B's network rules become the sandbox's egress policy (deny-all gives none or an allowlist, never \
+         public); rules SPACE would enforce otherwise, every other field it does not honour and unknown fields \
+         get an E2B-shaped 400 and make no sandbox",
     ),
     (
         "leave part of a refused tar upload behind",
@@ -180,38 +181,56 @@ fn internal_routes(server: &TestServer, suite: &mut Suite) {
 
 fn e2b_network(server: &TestServer, suite: &mut Suite) {
     let count = || server.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().map_or(0, Vec::len);
-    let before = count();
     let mut evidence = Vec::new();
     let mut held = true;
-    let asks = [
+    // Rules SPACE enforces become the sandbox's egress policy (decision
+    // 033): never an open one. What it would enforce otherwise, or does
+    // not know, is refused and makes nothing.
+    let locked = [
         json!({"templateID": "base", "allow_internet_access": true, "network": {"denyOut": ["0.0.0.0/0"]}}),
         json!({"templateID": "base", "network": {"allowOut": ["10.0.0.1"], "denyOut": ["0.0.0.0/0"]}}),
+    ];
+    let refused = [
+        json!({"templateID": "base", "network": {"allowOut": ["10.0.0.1"], "denyOut": ["10.0.0.0/8"]}}),
+        json!({"templateID": "base", "network": {"allowOut": ["a.example"]}}),
         json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data", "readOnly": true}]}),
         json!({"templateID": "base", "autoPauseMemory": false}),
         json!({"templateID": "base", "someFutureRule": {"deny": "everything"}}),
     ];
     let client = server.client();
-    for ask in asks {
-        let headers = [("X-API-KEY", server.key.as_str()), ("Content-Type", "application/json")];
+    let headers = [("X-API-KEY", server.key.as_str()), ("Content-Type", "application/json")];
+    for ask in locked {
         let (status, body) = client.post_bytes("/e2b/v2/sandboxes", &headers, ask.to_string().as_bytes()).unwrap();
         let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
-        let refused = status == 400 && answer["code"] == 400 && answer["message"].is_string();
-        if !refused {
+        let Some(id) = answer["sandboxID"].as_str() else {
             held = false;
-            let egress = answer["sandboxID"]
-                .as_str()
-                .map(|id| server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["network"]["egress"].clone());
-            evidence.push(format!("{ask} answered {status} (egress {egress:?})"));
+            evidence.push(format!("{ask} answered {status} without a sandbox"));
+            continue;
+        };
+        let egress = server.ok("GET", &format!("/v1/sandboxes/{id}"), None)["network"]["egress"].clone();
+        if !(egress == "none" || egress == "allowlist") {
+            held = false;
+            evidence.push(format!("{ask} answered {status} with egress {egress}"));
+        }
+        server.delete_sandbox(id);
+    }
+    let before_refused = count();
+    for ask in refused {
+        let (status, body) = client.post_bytes("/e2b/v2/sandboxes", &headers, ask.to_string().as_bytes()).unwrap();
+        let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+        if !(status == 400 && answer["code"] == 400 && answer["message"].is_string()) {
+            held = false;
+            evidence.push(format!("{ask} answered {status}"));
             if let Some(id) = answer["sandboxID"].as_str() {
                 server.delete_sandbox(id);
             }
         }
     }
-    let made = count() - before;
+    let made = count() - before_refused;
     suite.check(
         "ask E2B for a locked-down sandbox and get an open one",
         held && made == 0,
-        format!("{}; sandboxes made: {made}", evidence.join("; ")),
+        format!("{}; sandboxes made by refused asks: {made}", evidence.join("; ")),
     );
 }
 
